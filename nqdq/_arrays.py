@@ -1,0 +1,82 @@
+"""Argument checking for arrays and dtypes, shared by the API functions.
+
+Every error names the argument it is about.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_FLOAT_INPUTS = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", BFLOAT16: "bfloat16"}
+_DTYPE_NAMES = {"float32": np.float32, "float16": np.float16, "bfloat16": BFLOAT16, "float64": np.float64}
+
+
+def host(a):
+    """A NumPy view of ``a`` (CuPy arrays are copied to the host); None stays None."""
+    if a is None or isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "get") and hasattr(a, "__cuda_array_interface__"):
+        return a.get()
+    return np.asarray(a)
+
+
+def float_input(x, argname: str, *, allow_float64: bool = False):
+    """Return ``(x as float32 ndarray, original dtype name)``; float16/bfloat16 convert
+    exactly. float64 is kept as float64 when ``allow_float64`` (for exact encoding)."""
+    if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
+        raise TypeError(
+            f"{argname} is a GPU array; this build of nqdq runs the NumPy reference only: "
+            f"pass {argname}.get() (CuPy) or a NumPy array"
+        )
+    if not isinstance(x, np.ndarray):
+        if isinstance(x, (list, tuple, float, int)):
+            x = np.asarray(x)
+        else:
+            raise TypeError(f"{argname} must be a NumPy array, got {type(x).__name__}")
+    dt = x.dtype
+    if dt == np.float64 and allow_float64:
+        return x, "float64"
+    if dt in _FLOAT_INPUTS:
+        return x.astype(np.float32), _FLOAT_INPUTS[dt]
+    if dt == np.float64:
+        raise TypeError(
+            f"{argname} has dtype float64; nqdq quantizes float32, float16 and bfloat16 "
+            f"(pass {argname}.astype(np.float32); nqdq.encode accepts float64 directly)"
+        )
+    kind = {"i": "integer", "u": "unsigned integer", "b": "boolean", "c": "complex"}.get(dt.kind, str(dt))
+    raise TypeError(f"{argname} has {kind} dtype {dt}; expected float32, float16 or bfloat16")
+
+
+def float_dtype(dtype, argname: str, *, allow_float64: bool = False) -> np.dtype:
+    """Parse an output dtype: float32, float16 or bfloat16 (names or dtype objects)."""
+    try:
+        dt = np.dtype(_DTYPE_NAMES.get(dtype, dtype)) if isinstance(dtype, str) else np.dtype(dtype)
+    except TypeError:
+        dt = None
+    ok = set(_FLOAT_INPUTS) | ({np.dtype(np.float64)} if allow_float64 else set())
+    if dt not in ok:
+        names = ", ".join(sorted(_FLOAT_INPUTS.values()) + (["float64"] if allow_float64 else []))
+        raise TypeError(f"{argname}={dtype!r} is not one of {names}")
+    return dt
+
+
+def check_device(device):
+    if device not in (None, "cpu"):
+        raise ValueError(f"device={device!r}: this build runs on 'cpu' (the NumPy reference) only")
+
+
+def static_scale(scale, scale_shape):
+    """Check caller-given scales: float32-representable, positive and finite, broadcastable."""
+    s = np.asarray(host(scale))
+    if s.dtype.kind not in "fiu":
+        raise TypeError(f"scale must be a real number or array, got dtype {s.dtype}")
+    s = s.astype(np.float32)
+    try:
+        s = np.broadcast_to(s, scale_shape)
+    except ValueError:
+        raise ValueError(f"scale with shape {s.shape} does not broadcast to the scale shape {scale_shape}") from None
+    if not (np.isfinite(s).all() and (s > 0).all()):
+        raise ValueError("scale must be positive and finite")
+    return s

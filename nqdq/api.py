@@ -1,0 +1,201 @@
+"""The public API: quantize, dequantize, encode, decode. Thin: it checks arguments, picks a
+backend and wraps the result; the numerics live in ``nqdq.reference`` (and the kernels)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _arrays
+from .formats import FloatFormat, IntFormat, ScaleFormat, get_format
+from .quantized import QuantizedTensor
+from .reference import codec
+from .reference import quantize as ref
+from .reference.packing import pack_codes, unpack_codes
+from .schemes import resolve_scheme
+
+__all__ = ["quantize", "dequantize", "encode", "decode"]
+
+_ROUNDINGS = ("nearest", "stochastic")
+_LAYOUTS = ("linear",)
+_NONFINITE = ("propagate", "raise")
+
+
+def quantize(
+    x,
+    scheme,
+    *,
+    granularity=None,
+    axis=-1,
+    group_size=None,
+    block_shape=None,
+    scale=None,
+    symmetric=True,
+    scale_rounding=None,
+    rounding="nearest",
+    seed=None,
+    scale_layout="linear",
+    device=None,
+    nonfinite="propagate",
+) -> QuantizedTensor:
+    """Quantize a float32 / float16 / bfloat16 array.
+
+    Parameters
+    ----------
+    x : array of float32, float16 or ml_dtypes.bfloat16, at least 1-D.
+    scheme : a preset (``"mxfp4"``, ``"nvfp4"``, ``"fp8_1x128"``, ...) or an element format
+        (``"e4m3"``, ``"int8"``, ...); see :func:`nqdq.schemes`.
+    granularity : ``"tensor" | "row" | "column" | "group" | "block"`` for element formats.
+    axis : the axis a row / group runs along, or the channel axis of ``"column"``.
+    group_size, block_shape : group length (default 128) and tile (default 128x128).
+    scale : static float32 scales (dequantization scales, ``x ~ code * scale``), a scalar
+        or an array broadcastable to the scale shape; computed from the data when None.
+    symmetric : False for integer formats with zero points (uint codes).
+    scale_rounding : MX schemes: ``"rceil"`` (default), ``"floor"`` or ``"even"``.
+    rounding : ``"nearest"`` (to even) or ``"stochastic"`` (needs ``seed``).
+    scale_layout : ``"linear"``.
+    device : None or ``"cpu"`` (the NumPy reference).
+    nonfinite : ``"propagate"`` (a NaN/inf makes its scale group NaN) or ``"raise"``.
+    """
+    x32, dtype_name = _arrays.float_input(x, "x")
+    if x32.ndim == 0:
+        raise ValueError("x must have at least one dimension, got a 0-d array")
+    if rounding not in _ROUNDINGS:
+        raise ValueError(f"rounding={rounding!r} is not one of {_ROUNDINGS}")
+    if rounding == "stochastic":
+        if seed is None:
+            raise ValueError("rounding='stochastic' needs seed=<int> (results are deterministic for a seed)")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**64:
+            raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    elif seed is not None:
+        raise ValueError("seed is only used with rounding='stochastic'")
+    if scale_layout not in _LAYOUTS:
+        raise ValueError(f"scale_layout={scale_layout!r} is not one of {_LAYOUTS}")
+    if nonfinite not in _NONFINITE:
+        raise ValueError(f"nonfinite={nonfinite!r} is not one of {_NONFINITE}")
+    _arrays.check_device(device)
+
+    sch = resolve_scheme(
+        scheme,
+        granularity=granularity,
+        axis=axis,
+        group_size=group_size,
+        block_shape=block_shape,
+        symmetric=symmetric,
+        scale_rounding=scale_rounding,
+        static_scale=scale is not None,
+    )
+    _check_shape(sch, x32.shape)
+    if scale is not None:
+        scale = _arrays.static_scale(scale, sch.scale_shape(x32.shape))
+    if nonfinite == "raise" and not np.isfinite(x32).all():
+        raise ValueError("x contains NaN or inf and nonfinite='raise'")
+
+    parts = ref.quantize(x32, sch, scale=scale, seed=None if rounding == "nearest" else int(seed))
+    codes = parts.codes
+    if sch.code_bits < 8:
+        codes = pack_codes(codes, sch.code_bits)
+    return QuantizedTensor(
+        codes=codes,
+        scales=parts.scales,
+        scheme=sch,
+        shape=tuple(x32.shape),
+        dtype=dtype_name,
+        scale_layout=scale_layout,
+        zero_points=parts.zero_points,
+        tensor_scale=parts.tensor_scale,
+        means=parts.means,
+    )
+
+
+def _check_shape(sch, shape):
+    nd = len(shape)
+    if sch.granularity in ("block", "column") and nd < 2:
+        raise ValueError(f"granularity={sch.granularity!r} needs x with at least 2 dimensions, got shape {shape}")
+    if sch.granularity in ("row", "column", "group") and not -nd <= sch.axis < nd:
+        raise ValueError(f"axis={sch.axis} is out of range for x with {nd} dimensions")
+    if sch.granularity == "group" and sch.axis % nd != nd - 1 and sch.code_bits < 8:
+        raise ValueError(
+            f"axis={sch.axis}: {sch.code_bits}-bit codes are packed along the last axis, so their "
+            f"groups must run along it too; transpose x (e.g. np.moveaxis(x, {sch.axis}, -1)) first"
+        )
+
+
+def dequantize(q: QuantizedTensor, dtype=np.float32):
+    """Decode ``q`` to ``dtype`` (float32, float16 or bfloat16): values are computed in
+    float32, then rounded to ``dtype`` (nearest even)."""
+    if not isinstance(q, QuantizedTensor):
+        raise TypeError(f"q must be a QuantizedTensor (from nqdq.quantize or nqdq.load), got {type(q).__name__}")
+    out_dtype = _arrays.float_dtype(dtype, "dtype")
+    if q.scale_layout not in _LAYOUTS:
+        raise ValueError(f"q.scale_layout={q.scale_layout!r} is not one of {_LAYOUTS}")
+    sch = q.scheme
+    codes = q.unpacked_codes()
+    parts = ref.QuantParts(
+        codes=codes,
+        scales=_arrays.host(q.scales),
+        zero_points=_arrays.host(q.zero_points),
+        tensor_scale=_arrays.host(q.tensor_scale),
+        means=_arrays.host(q.means),
+    )
+    if codes.shape != tuple(q.shape):
+        raise ValueError(f"q.codes unpack to shape {codes.shape}, but q.shape is {tuple(q.shape)}")
+    return ref.dequantize(parts, sch, tuple(q.shape)).astype(out_dtype)
+
+
+def encode(x, fmt, *, saturate=True, packed=True):
+    """Element codes of ``x`` in ``fmt`` (uint8; int8 for ``"int8"``), round-to-nearest-even.
+
+    Float formats equal ``x.astype(ml_dtypes.<fmt>)`` bit for bit when ``saturate=False``;
+    with ``saturate=True`` (default) finite overflow and +-inf become +-max instead of
+    inf/NaN. Integer formats round to nearest even and always saturate to
+    ``[-2^(b-1), 2^(b-1) - 1]``. 4- and 6-bit codes are packed along the last axis when
+    ``packed`` (see ``nqdq.reference.packing``). ``x``: float16/bfloat16/float32/float64.
+    """
+    f = get_format(fmt)
+    if isinstance(f, ScaleFormat):
+        if f.name == "ue4m3":
+            x32, _ = _arrays.float_input(x, "x")
+            if (x32 < 0).any():
+                raise ValueError("ue4m3 codes are unsigned: x has negative values")
+            return codec.encode_float(x32, get_format("e4m3"), saturate=saturate)
+        if f.name == "e8m0":
+            return codec.encode_e8m0(_arrays.float_input(x, "x")[0])
+        raise ValueError(f"fmt={fmt!r} is not an encodable format")
+    xs, _ = _arrays.float_input(x, "x", allow_float64=True)
+    if isinstance(f, FloatFormat):
+        codes = codec.encode_float(xs, f, saturate=saturate)
+    else:
+        if not saturate:
+            raise ValueError(f"saturate=False is not available for {f.name}: integer codes always saturate")
+        lo, hi = -(1 << (f.bits - 1)), (1 << (f.bits - 1)) - 1
+        v = np.clip(xs, lo, hi)
+        codes = np.rint(np.where(np.isnan(v), 0, v)).astype(np.int8)
+    if packed and f.bits < 8:
+        return pack_codes(codes, f.bits)
+    return codes
+
+
+def decode(codes, fmt, *, packed=True, dtype=np.float32, length=None):
+    """Values of ``fmt`` codes as ``dtype``. Packed 4/6-bit ``codes`` unpack along the last
+    axis to ``length`` elements (default: every slot, including any padding)."""
+    f = get_format(fmt)
+    out_dtype = _arrays.float_dtype(dtype, "dtype", allow_float64=True)
+    c = _arrays.host(codes)
+    if not isinstance(c, np.ndarray) or c.dtype not in (np.uint8, np.int8):
+        raise TypeError(f"codes must be a uint8 or int8 array, got {getattr(c, 'dtype', type(c).__name__)}")
+    if c.ndim == 0 and packed and f.bits < 8:
+        raise ValueError("packed codes need at least one dimension")
+    if packed and f.bits < 8:
+        n = length if length is not None else (c.shape[-1] * 8) // f.bits
+        c = unpack_codes(c, f.bits, n)
+    elif length is not None:
+        raise ValueError("length is only used with packed 4/6-bit codes")
+    if isinstance(f, FloatFormat):
+        return codec.decode_float(c, f).astype(out_dtype)
+    if isinstance(f, IntFormat):
+        return codec.decode_int(c, f, symmetric=True).astype(out_dtype)
+    if f.name == "e8m0":
+        return codec.decode_e8m0(c).astype(out_dtype)
+    if f.name == "ue4m3":
+        return codec.decode_float(c, get_format("e4m3")).astype(out_dtype)
+    raise ValueError(f"fmt={fmt!r} has no codes to decode")

@@ -1,0 +1,159 @@
+"""Scale computation: blocked reductions and the scale formulas of every scheme.
+
+All arithmetic is float32 with one IEEE rounding per operation, written in the order a
+kernel performs it; that order is part of the spec (a kernel that reassociates gives
+different bits). Non-finite policy: a NaN or +-inf anywhere in a scale group makes that
+group's scale NaN (float32 NaN, e8m0 0xFF, ue4m3 0x7F), so the whole group decodes to NaN;
+other groups are unaffected (for NVFP4 the tensor amax is taken over finite values only).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..formats import E4M3, FloatFormat
+from .codec import decode_e8m0, decode_float, encode_float
+
+__all__ = [
+    "blocked",
+    "expand",
+    "block_amax",
+    "float_scale",
+    "mx_scale_code",
+    "nvfp4_tensor_encode_scale",
+    "nvfp4_block_scale_code",
+    "nvfp4_element_multiplier",
+    "halving_sum",
+]
+
+F32 = np.float32
+FLT_MAX = F32(np.finfo(np.float32).max)
+
+
+def blocked(x: np.ndarray, block: tuple[int, ...], fill=0.0):
+    """View ``x`` as ``(n0, b0, n1, b1, ...)`` blocks, padding each axis with ``fill``.
+
+    Returns ``(view, axes)`` where reducing ``view`` over ``axes`` gives one value per block.
+    """
+    pad = [(0, -d % b) for d, b in zip(x.shape, block)]
+    if any(p for _, p in pad):
+        x = np.pad(x, pad, constant_values=fill)
+    shape = []
+    for d, b in zip(x.shape, block):
+        shape += [d // b, b]
+    return x.reshape(shape), tuple(range(1, 2 * x.ndim, 2))
+
+
+def expand(s: np.ndarray, block: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+    """Broadcast one value per block back to every element of an input of ``shape``."""
+    out = s
+    for ax, b in enumerate(block):
+        if b != 1:
+            out = np.repeat(out, b, axis=ax)
+    return out[tuple(slice(0, d) for d in shape)]
+
+
+def block_amax(x: np.ndarray, block) -> np.ndarray:
+    """max |x| per block (NaN if the block holds a NaN); padding contributes 0."""
+    v, axes = blocked(np.abs(x), block)
+    return np.max(v, axis=axes) if v.size else np.zeros([v.shape[i] for i in range(0, v.ndim, 2)], F32)
+
+
+def float_scale(amax: np.ndarray, max_elem: float) -> np.ndarray:
+    """float32 dequantization scale ``amax / max_elem`` (float32 division).
+
+    A scale that would be 0 (an all-zero block, or amax so small the quotient underflows)
+    is 1.0, so every code decodes to 0 and nothing divides by zero; a non-finite amax
+    gives NaN.
+    """
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        s = (amax.astype(F32) / F32(max_elem)).astype(F32)
+    s = np.where(s == 0, F32(1.0), s)
+    return np.where(np.isfinite(amax), s, F32(np.nan)).astype(F32)
+
+
+def mx_scale_code(amax: np.ndarray, elem: FloatFormat, rounding: str) -> np.ndarray:
+    """OCP MX shared scale as an e8m0 code (uint8), per ``rounding`` (see schemes.SCALE_ROUNDINGS).
+
+    floor:  k = floor(log2 amax) - emax_elem, clamped to [-127, 127]; amax = 0 or an fp32
+            subnormal amax gives k = -127 (microxcaling adds FP32_MIN_NORMAL; same code).
+    even:   as floor after rounding amax half-up to the element's mantissa width
+            (adding 2^(22 - mbits) to the bits and clearing the mantissa); a carry into
+            the inf exponent gives NaN.
+    rceil:  v = amax * fp32(1 / max_elem); the smallest 2^k >= v, k in [-127, 127]
+            (TransformerEngine float_to_e8m0 / cvt.rp.satfinite.ue8m0x2.f32).
+    """
+    a = np.asarray(amax, F32)
+    bits = a.view(np.uint32).astype(np.int64)
+    if rounding in ("floor", "even"):
+        if rounding == "even":
+            bits = (bits + (1 << (22 - elem.mbits))) & 0xFF800000
+        ef = (bits >> 23) & 0xFF
+        code = np.clip(ef - 127 - elem.emax, -127, 127) + 127
+        bad = ~np.isfinite(a) | (ef == 0xFF)
+    elif rounding == "rceil":
+        v = (a * F32(1.0 / elem.max_value)).astype(F32)
+        vb = v.view(np.uint32).astype(np.int64)
+        ef = (vb >> 23) & 0xFF
+        man = vb & 0x7FFFFF
+        up = (man > 0) & (ef != 0xFE) & ~((ef == 0) & (man <= 0x400000))
+        code = ef + up
+        bad = ~np.isfinite(v)
+    else:
+        raise ValueError(f"scale_rounding={rounding!r} is not one of ('floor', 'rceil', 'even')")
+    return np.where(bad, 0xFF, code).astype(np.uint8)
+
+
+def mx_scale_value(code: np.ndarray) -> np.ndarray:
+    """The float32 value 2^(code-127) that elements are divided by (NaN for 0xFF)."""
+    return decode_e8m0(code)
+
+
+# --- NVFP4 (TransformerEngine, transformer_engine/common/cast/nvfp4/core_nvfp4.cuh) -------
+
+_NVFP4_FP8_MAX = F32(448.0)
+_NVFP4_FP4_MAX = F32(6.0)
+
+
+def nvfp4_tensor_encode_scale(finite_amax: F32) -> F32:
+    """S_enc = 448 * 6 / amax (float32), min(., FLT_MAX); 1.0 when amax is 0 or S_enc is 0."""
+    a = F32(finite_amax)
+    if a == 0:
+        return F32(1.0)
+    with np.errstate(divide="ignore", over="ignore"):
+        s = F32(_NVFP4_FP8_MAX * _NVFP4_FP4_MAX) / a
+    s = min(F32(s), FLT_MAX)
+    return F32(1.0) if s == 0 else F32(s)
+
+
+def nvfp4_block_scale_code(block_amax: np.ndarray, s_enc: F32) -> np.ndarray:
+    """ue4m3 block scale: e4m3(block_amax * (S_enc * fp32(1/6))), RN, saturating."""
+    t = F32(s_enc * F32(1.0 / 6.0))
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = (block_amax.astype(F32) * t).astype(F32)
+    code = encode_float(v, E4M3, saturate=True)
+    return np.where(np.isfinite(block_amax), code, np.uint8(E4M3.nan_code)).astype(np.uint8)
+
+
+def nvfp4_element_multiplier(code: np.ndarray, s_enc: F32) -> tuple[np.ndarray, F32]:
+    """Per-block multiplier fmin(1 / (float(s_b) * (1 / S_enc)), FLT_MAX) and S_dec = 1 / S_enc."""
+    s_dec = F32(F32(1.0) / F32(s_enc))
+    sb = decode_float(code, E4M3)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        mult = np.fmin((F32(1.0) / (sb * s_dec).astype(F32)).astype(F32), FLT_MAX)
+    return mult.astype(F32), s_dec
+
+
+def halving_sum(v: np.ndarray) -> np.ndarray:
+    """Sum over the last axis by repeated halving (v[:h] + v[h:]) in float32, after padding
+    the axis with zeros to a power of two. This fixed tree is the order a warp's shuffle
+    reduction adds in, so a kernel can reproduce the sum bit for bit."""
+    n = v.shape[-1]
+    p = 1 << max(n - 1, 0).bit_length()
+    if p != n:
+        v = np.concatenate([v, np.zeros(v.shape[:-1] + (p - n,), v.dtype)], axis=-1)
+    v = v.astype(F32)
+    while v.shape[-1] > 1:
+        h = v.shape[-1] // 2
+        v = (v[..., :h] + v[..., h:]).astype(F32)
+    return v[..., 0]
