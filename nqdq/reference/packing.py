@@ -33,12 +33,12 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     c = c & np.uint8((1 << bits) - 1)
     if pad:
         c = np.concatenate([c, np.zeros(c.shape[:-1] + (pad,), np.uint8)], axis=-1)
-    g = c.reshape(c.shape[:-1] + (-1, per)).astype(np.uint32)
+    g = c.reshape(c.shape[:-1] + (c.shape[-1] // per, per)).astype(np.uint32)
     word = np.zeros(g.shape[:-1], np.uint32)
     for j in range(per):
         word |= g[..., j] << np.uint32(bits * j)
     out = np.stack([(word >> np.uint32(8 * k)).astype(np.uint8) for k in range(nbytes)], axis=-1)
-    return out.reshape(codes.shape[:-1] + (-1,))
+    return out.reshape(codes.shape[:-1] + (g.shape[-2] * nbytes,))
 
 
 def unpack_codes(packed: np.ndarray, bits: int, n: int, *, signed: bool = False) -> np.ndarray:
@@ -48,7 +48,7 @@ def unpack_codes(packed: np.ndarray, bits: int, n: int, *, signed: bool = False)
         out = packed
     else:
         per, nbytes = _GROUP[bits]
-        g = packed.reshape(packed.shape[:-1] + (-1, nbytes)).astype(np.uint32)
+        g = packed.reshape(packed.shape[:-1] + (packed.shape[-1] // nbytes, nbytes)).astype(np.uint32)
         word = np.zeros(g.shape[:-1], np.uint32)
         for k in range(nbytes):
             word |= g[..., k] << np.uint32(8 * k)
@@ -56,7 +56,7 @@ def unpack_codes(packed: np.ndarray, bits: int, n: int, *, signed: bool = False)
             [((word >> np.uint32(bits * j)) & np.uint32((1 << bits) - 1)).astype(np.uint8) for j in range(per)],
             axis=-1,
         )
-        out = codes.reshape(packed.shape[:-1] + (-1,))[..., :n]
+        out = codes.reshape(packed.shape[:-1] + (g.shape[-2] * per,))[..., :n]
     if signed:
         s = out.astype(np.int16)
         s = np.where(s >= (1 << (bits - 1)), s - (1 << bits), s)

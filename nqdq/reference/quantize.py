@@ -89,7 +89,7 @@ def quantize(x: np.ndarray, scheme: Scheme, *, scale=None, seed=None) -> QuantPa
         ones, _ = S.blocked(np.ones(x.shape, F32), block)
         count = ones.sum(axis=axes).astype(F32)
         flat = np.moveaxis(v, axes, tuple(range(v.ndim - len(axes), v.ndim)))
-        flat = flat.reshape(flat.shape[: v.ndim - len(axes)] + (-1,))
+        flat = flat.reshape(flat.shape[: v.ndim - len(axes)] + (int(np.prod(block)),))
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = (S.halving_sum(flat) / np.maximum(count, F32(1))).astype(F32)
             c = (x - S.expand(mean, block, x.shape)).astype(F32)
