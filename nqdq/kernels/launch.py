@@ -1,0 +1,614 @@
+"""Low-overhead launches of compiled Numba CUDA kernels, capturable in CUDA graphs.
+
+Numba's ``kernel[grid, block, stream](*args)`` types every argument, resolves the overload
+and marshals each array through its own device-array wrapper on every call: about 120 us
+of host time per launch with CuPy arguments (H100, numba-cuda 0.30). A decode step that
+quantizes a 64 x 7168 activation runs for a few microseconds on the device, so that host
+time *is* the cost. :class:`FastKernel` does the same launch for a few microseconds:
+
+* compile once per argument signature (``dispatcher.compile(sig)``, Numba's own compiled
+  module and ``CUkernel`` handle: same cubin, same linking, same module setup);
+* per call, build a small cache key from the arguments (dtype, ndim, layout of arrays;
+  Python type of scalars), look the compiled entry up in an LRU, pack the arguments into a
+  thread-local parameter buffer with one precompiled ``struct.Struct.pack_into`` and call
+  ``cuLaunchKernel`` (``cuda.bindings``) with a fixed ``void*[]`` pointing into it.
+
+Numba's kernel ABI, which the packer follows (``numba.cuda.dispatcher._Kernel._prepare_args``;
+checked against the ``.entry`` parameter list of the kernel's PTX when an entry is built):
+an array argument of ``ndim`` dimensions expands to ``meminfo (u64, 0), parent (u64, 0),
+nitems (i64), itemsize (i64), data (u64), shape[ndim] (i64), strides[ndim] (i64, bytes)``;
+an integer to its own width, float32/float64 to ``f32``/``f64``, float16 to its 16 bits,
+bool to one byte, complex to two floats. Each parameter sits at an offset aligned to its
+size, which is what ``struct``'s native (``@``) mode does.
+
+The launch only calls ``cuLaunchKernel`` on the stream it is given, so it can be captured
+in a CUDA graph (``stream.begin_capture()`` ... ``end_capture()`` in CuPy). Compile before
+capturing: the first launch of a signature loads a module, which must not happen inside
+a capture.
+
+Under ``NUMBA_ENABLE_CUDASIM=1`` (and for kernels the fast path does not cover: debug or
+cooperative kernels, launch-config-sensitive kernels, record/tuple arguments), every
+launch goes through Numba's own ``kernel[grid, block, stream, shared_mem](*args)``, so the
+simulator runs the same kernels with the same results. ``NQDQ_FAST_LAUNCH=0`` forces that
+path everywhere.
+
+Example (``x``, ``out`` CuPy arrays)::
+
+    @cuda.jit
+    def scale_rows(x, out, f):
+        i, j = cuda.grid(2)
+        if i < x.shape[0] and j < x.shape[1]:
+            out[i, j] = x[i, j] * f
+
+    k = fast_kernel(scale_rows)          # one FastKernel per dispatcher
+    k[(4, 64), (16, 16)](x, out, 2.0)    # Numba's launch syntax, ~5 us of host time
+    k.launch((4, 64), (16, 16), (x, out, 2.0), stream=s)
+
+Limits: arguments must be device arrays (CuPy, Numba device arrays, anything with
+``__cuda_array_interface__``) or scalars: unlike Numba, host NumPy arrays are refused, not
+copied. One device: the compiled entry is bound to the device current when it was built.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import re
+import struct
+import sys
+import threading
+import weakref
+
+__all__ = ["FastKernel", "PreparedLaunch", "fast_kernel", "simulated", "param_format", "ptx_param_sizes"]
+
+
+def simulated() -> bool:
+    """True when Numba runs kernels in its CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
+    try:
+        from numba.cuda.core import config
+    except ImportError:  # older numba-cuda
+        from numba import config
+    return bool(config.ENABLE_CUDASIM)
+
+
+def _fast_path_allowed() -> bool:
+    return os.environ.get("NQDQ_FAST_LAUNCH", "1") != "0" and not simulated()
+
+
+# ---------------------------------------------------------------------------------------
+# The parameter layout (pure Python: testable without a GPU)
+
+_INT_CODES = {(8, True): "b", (8, False): "B", (16, True): "h", (16, False): "H",
+              (32, True): "i", (32, False): "I", (64, True): "q", (64, False): "Q"}  # fmt: skip
+
+
+def _arg_codes(ty) -> tuple[str, str]:
+    """(struct codes, kind) of one Numba argument type; kind in array/scalar/complex/half.
+
+    Raises NotImplementedError for types the fast path does not pack."""
+    from numba.core import types
+
+    if isinstance(ty, types.Array):
+        return "QQqqQ" + "q" * (2 * ty.ndim), "array"
+    if isinstance(ty, types.Boolean):
+        return "?", "scalar"
+    if isinstance(ty, types.Integer):
+        return _INT_CODES[(ty.bitwidth, ty.signed)], "scalar"
+    if isinstance(ty, types.Float):
+        return {16: "e", 32: "f", 64: "d"}[ty.bitwidth], "scalar"
+    if isinstance(ty, types.Complex):
+        return ("ff" if ty.bitwidth == 64 else "dd"), "complex"
+    raise NotImplementedError(f"no fast packing for argument type {ty}")
+
+
+def param_format(argtypes) -> str:
+    """The ``struct`` format (native alignment) of a kernel's flattened parameters."""
+    return "@" + "".join(_arg_codes(t)[0] for t in argtypes)
+
+
+def _param_offsets(fmt: str) -> list[int]:
+    codes = fmt[1:]
+    return [struct.calcsize("@" + codes[: i + 1]) - struct.calcsize("@" + c) for i, c in enumerate(codes)]
+
+
+_PTX_WIDTH = re.compile(r"\.[busf](8|16|32|64)$")
+_PTX_COUNT = re.compile(r"\[(\d+)\]$")
+
+
+def ptx_param_sizes(ptx: str, entry: str) -> list[int]:
+    """Byte sizes of the parameters of ``.entry <entry>`` in PTX text, in order."""
+    start = ptx.find(f".entry {entry}(")
+    if start < 0:
+        raise ValueError(f"entry {entry!r} not found in the PTX")
+    body = ptx[ptx.index("(", start) + 1 : ptx.index(")", start)]
+    sizes = []
+    for line in body.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        tokens = line.rstrip(",").split()  # .param [.ptr .align N] .type name[count]
+        widths = [int(m.group(1)) for t in tokens[1:-1] if (m := _PTX_WIDTH.match(t))]
+        if tokens[0] != ".param" or len(widths) != 1:
+            raise ValueError(f"cannot read PTX parameter line {line!r}")
+        count = _PTX_COUNT.search(tokens[-1])
+        sizes.append(widths[0] // 8 * (int(count.group(1)) if count else 1))
+    return sizes
+
+
+# ---------------------------------------------------------------------------------------
+# Argument keys: cheap per call, and the Numba types they stand for
+
+
+class _ArrayKey(tuple):
+    """(dtype, ndim, layout) of a device array argument."""
+
+    __slots__ = ()
+
+
+_cupy_ndarray = None  # set once cupy is seen in sys.modules
+
+
+def _cupy_type():
+    global _cupy_ndarray
+    if _cupy_ndarray is None:
+        cp = sys.modules.get("cupy")
+        if cp is not None:
+            _cupy_ndarray = cp.ndarray
+    return _cupy_ndarray
+
+
+def _c_strides(shape, itemsize):
+    strides, acc = [], itemsize
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def _cai_layout(shape, strides, itemsize) -> str:
+    # as numba.cuda.typing.typeof._typeof_cuda_array_interface_cached
+    if not shape or strides is None or tuple(strides) == _c_strides(shape, itemsize):
+        return "C"
+    if tuple(strides) == tuple(reversed(_c_strides(tuple(reversed(shape)), itemsize))):
+        return "F"
+    return "A"
+
+
+def _arg_key(a):
+    t = type(a)
+    if t is _cupy_ndarray:
+        f = a.flags
+        return _ArrayKey((a.dtype, a.ndim, "C" if f.c_contiguous else "F" if f.f_contiguous else "A"))
+    if t in _SCALAR_TYPES:
+        return t
+    return _arg_key_slow(a, t)
+
+
+def _arg_key_slow(a, t):
+    import numpy as np
+
+    if _cupy_ndarray is None and _cupy_type() is not None and t is _cupy_ndarray:
+        return _arg_key(a)
+    if isinstance(a, np.generic):
+        _SCALAR_TYPES.add(t)
+        return t
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        dt = np.dtype(cai["typestr"])
+        shape = tuple(cai["shape"])
+        return _ArrayKey((dt, len(shape), _cai_layout(shape, cai.get("strides"), dt.itemsize)))
+    if hasattr(a, "__array_interface__") or hasattr(a, "__array__"):
+        raise TypeError("a host (NumPy) array; FastKernel launches take device arrays (CuPy, Numba device arrays)")
+    raise TypeError(f"an argument of type {t.__name__}, which FastKernel cannot pass")
+
+
+_SCALAR_TYPES = {int, float, bool, complex}
+
+
+def _numba_type(key):
+    from numba.core import types
+    from numba.np import numpy_support
+
+    if isinstance(key, _ArrayKey):
+        dt, ndim, layout = key
+        return types.Array(numpy_support.from_dtype(dt), ndim, layout)
+    if key is bool:
+        return types.boolean
+    if key is int:
+        return types.int64
+    if key is float:
+        return types.float64
+    if key is complex:
+        return types.complex128
+    import numpy as np
+
+    return numpy_support.from_dtype(np.dtype(key))
+
+
+def _fits(key, ty) -> bool:
+    """Can an argument with this key be passed where the kernel was compiled for ``ty``?"""
+    from numba.core import types
+
+    if isinstance(ty, types.Array):
+        if not isinstance(key, _ArrayKey):
+            return False
+        dt, ndim, layout = key
+        if ndim != ty.ndim or _numba_type(_ArrayKey((dt, ndim, "A"))).dtype != ty.dtype:
+            return False
+        return ty.layout == "A" or layout == ty.layout or (ndim <= 1 and layout in "CF")
+    if isinstance(key, _ArrayKey):
+        return False
+    kt = _numba_type(key)
+    if isinstance(ty, types.Boolean):
+        return isinstance(kt, types.Boolean)
+    if isinstance(ty, types.Integer):
+        return isinstance(kt, (types.Integer, types.Boolean))
+    if isinstance(ty, types.Float):
+        return isinstance(kt, (types.Integer, types.Float))
+    if isinstance(ty, types.Complex):
+        return isinstance(kt, (types.Integer, types.Float, types.Complex))
+    return False
+
+
+# ---------------------------------------------------------------------------------------
+# Per-call helpers
+
+
+def _array_fields(a):
+    """Numba's flattened array parameters, for a CuPy array or any CAI object."""
+    if type(a) is _cupy_ndarray:
+        return (0, 0, a.size, a.itemsize, a.data.ptr, *a.shape, *a.strides)
+    import numpy as np
+
+    cai = a.__cuda_array_interface__
+    itemsize = np.dtype(cai["typestr"]).itemsize
+    shape = tuple(cai["shape"])
+    strides = cai.get("strides") or _c_strides(shape, itemsize)
+    size = 1
+    for d in shape:
+        size *= d
+    return (0, 0, size, itemsize, cai["data"][0], *shape, *strides)
+
+
+def _stream_handle(stream) -> int:
+    if stream is None:
+        cp = sys.modules.get("cupy")
+        return cp.cuda.get_current_stream().ptr if cp is not None else 0
+    if type(stream) is int:
+        return stream
+    ptr = getattr(stream, "ptr", None)  # CuPy
+    if ptr is not None:
+        return int(ptr)
+    if hasattr(stream, "__cuda_stream__"):  # cuda.core, Numba
+        return int(stream.__cuda_stream__()[1])
+    h = getattr(stream, "handle", None)
+    if h is not None:
+        return int(getattr(h, "value", h) or 0)
+    raise TypeError(f"stream: cannot get a CUDA stream handle from {type(stream).__name__}")
+
+
+def _dim3(d) -> tuple[int, int, int]:
+    if type(d) is int:
+        return d, 1, 1
+    d = tuple(int(v) for v in d)
+    if not 1 <= len(d) <= 3:
+        raise ValueError(f"a grid or block must have 1 to 3 dimensions, got {d}")
+    return d + (1,) * (3 - len(d))
+
+
+_cu_launch = None
+
+
+def _driver():
+    global _cu_launch
+    if _cu_launch is None:
+        from cuda.bindings import driver
+
+        _cu_launch = driver.cuLaunchKernel
+    return _cu_launch
+
+
+def _raise_launch_error(err, name):
+    from cuda.bindings import driver
+
+    _, msg = driver.cuGetErrorString(err)
+    raise RuntimeError(f"cuLaunchKernel({name}) failed: {err!r}: {msg.decode() if msg else ''}")
+
+
+# ---------------------------------------------------------------------------------------
+# Compiled entries
+
+
+class _Entry:
+    """One compiled signature: kernel handle, packer, and thread-local parameter buffers."""
+
+    __slots__ = ("kernel", "argtypes", "handle", "name", "struct", "offsets", "pack", "_tls", "__weakref__")
+
+    def __init__(self, kernel, argtypes, argnames):
+        self.kernel = kernel
+        self.argtypes = tuple(argtypes)
+        kernel.bind()  # loads the module into the current context, runs its setup
+        cufunc = kernel._codelibrary.get_cufunc()
+        self.handle = int(cufunc.handle)
+        self.name = kernel.entry_name
+        fmt = param_format(self.argtypes)
+        self.struct = struct.Struct(fmt)
+        self.offsets = _param_offsets(fmt)
+        self.pack = _make_packer(self.argtypes, argnames, self.struct.pack_into)
+        self._tls = threading.local()
+
+    def check_abi(self, cc):
+        """Compare the packer's parameter sizes with the kernel's PTX ``.entry`` list."""
+        ptx = self.kernel.inspect_asm(cc)
+        want = ptx_param_sizes(ptx, self.name)
+        have = [struct.calcsize("@" + c) for c in self.struct.format[1:]]
+        if want != have:
+            raise RuntimeError(
+                f"{self.name}: parameter sizes {have} do not match the PTX entry's {want}; "
+                "Numba's kernel ABI changed, use the plain Numba launch (NQDQ_FAST_LAUNCH=0)"
+            )
+
+    def new_buffer(self):
+        buf = ctypes.create_string_buffer(max(self.struct.size, 1))
+        base = ctypes.addressof(buf)
+        ptrs = (ctypes.c_void_p * max(len(self.offsets), 1))(*[base + o for o in self.offsets])
+        return buf, ptrs, ctypes.addressof(ptrs)
+
+    def buffer(self):
+        try:
+            return self._tls.b
+        except AttributeError:
+            self._tls.b = b = self.new_buffer()
+            return b
+
+
+def _make_packer(argtypes, argnames, pack_into):
+    """``pack(buf, args)``: one ``pack_into`` call over every flattened parameter."""
+    parts = []
+    for i, ty in enumerate(argtypes):
+        _, kind = _arg_codes(ty)
+        if kind == "array":
+            parts.append(f"*_array_fields(a[{i}])")
+        elif kind == "complex":
+            parts.append(f"a[{i}].real, a[{i}].imag")
+        else:
+            parts.append(f"a[{i}]")
+    src = f"def pack(buf, a):\n    _pack_into(buf, 0, {', '.join(parts)})\n" if parts else "def pack(buf, a):\n    pass\n"
+    ns = {"_pack_into": pack_into, "_array_fields": _array_fields}
+    exec(compile(src, f"<nqdq.launch packer {len(argtypes)} args>", "exec"), ns)
+    return ns["pack"]
+
+
+# ---------------------------------------------------------------------------------------
+# The public objects
+
+
+class FastKernel:
+    """A Numba ``@cuda.jit`` kernel launched through ``cuLaunchKernel`` with packed arguments.
+
+    Parameters
+    ----------
+    kernel : a ``numba.cuda`` dispatcher (the object ``@cuda.jit`` returns).
+    signature : optional Numba signature (string, ``void(...)`` signature or tuple of
+        types). With it, one entry is compiled (on first launch) and every launch must fit
+        it; without it, an entry is compiled per argument signature, like Numba does.
+    max_entries : how many signatures the LRU keeps.
+    """
+
+    def __init__(self, kernel, signature=None, *, max_entries: int = 32):
+        self.kernel = kernel
+        self.max_entries = int(max_entries)
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._fixed = None
+        self._fixed_entry = None
+        self._cc = None
+        py = getattr(kernel, "py_func", None)
+        import inspect
+
+        self.argnames = tuple(inspect.signature(py).parameters) if py is not None else ()
+        self.fast = _fast_path_allowed() and hasattr(kernel, "compile") and hasattr(kernel, "overloads")
+        if self.fast:
+            try:
+                _driver()
+            except ImportError:
+                self.fast = False
+        if signature is not None:
+            from numba.core import sigutils
+
+            if isinstance(signature, tuple):
+                argtypes = signature
+            else:
+                argtypes, _ = sigutils.normalize_signature(signature)
+            self._fixed = tuple(argtypes)
+            for t in self._fixed:
+                try:
+                    _arg_codes(t)
+                except NotImplementedError:
+                    self.fast = False
+
+    # -- launches
+
+    def launch(self, grid, block, args, stream=None, shared_mem: int = 0):
+        """Launch on ``stream`` (None: CuPy's current stream, else the legacy default)."""
+        if not self.fast:
+            return self._numba_launch(grid, block, args, stream, shared_mem)
+        try:
+            key = tuple(map(_arg_key, args))
+        except TypeError:
+            self._explain_args(args)
+            raise
+        entries = self._entries
+        entry = entries.get(key)
+        if entry is None:
+            entry = self._entry_for(key)
+            if entry is None:  # a signature the fast path cannot pack
+                return self._numba_launch(grid, block, args, stream, shared_mem)
+        else:
+            try:
+                entries.move_to_end(key)  # LRU order
+            except KeyError:  # evicted by another thread meanwhile
+                pass
+        buf, _, addr = entry.buffer()
+        try:
+            entry.pack(buf, args)
+        except struct.error as e:
+            raise TypeError(f"{self._name()}: an argument does not fit its parameter type: {e}") from None
+        g = (grid, 1, 1) if type(grid) is int else _dim3(grid)
+        b = (block, 1, 1) if type(block) is int else _dim3(block)
+        err = _cu_launch(entry.handle, *g, *b, shared_mem, _stream_handle(stream), addr, 0)[0]
+        if err:
+            _raise_launch_error(err, self._name())
+
+    def __getitem__(self, config):
+        """``fk[grid, block]``, ``fk[grid, block, stream]``, ``fk[grid, block, stream, shared_mem]``."""
+        if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
+            raise ValueError("launch configuration must be [grid, block(, stream(, shared_mem))]")
+        grid, block, *rest = config
+        stream = rest[0] if rest else None
+        shared_mem = rest[1] if len(rest) > 1 else 0
+        launch = self.launch
+
+        def configured(*args):
+            launch(grid, block, args, stream, shared_mem)
+
+        return configured
+
+    def prepare(self, grid, block, args, shared_mem: int = 0) -> PreparedLaunch:
+        """Pack once for fixed arguments (a decode loop over the same buffers); see
+        :class:`PreparedLaunch`. Under the simulator it launches through Numba."""
+        if not self.fast:
+            return PreparedLaunch(self, None, grid, block, args, shared_mem)
+        key = tuple(map(_arg_key, args))
+        entry = self._entries.get(key) or self._entry_for(key)
+        return PreparedLaunch(self, entry, grid, block, args, shared_mem)
+
+    def compile(self, args):
+        """Build (or find) the entry for these arguments without launching; returns it
+        (None on the Numba path). Call before capturing a graph."""
+        if not self.fast:
+            return None
+        key = tuple(map(_arg_key, args))
+        return self._entries.get(key) or self._entry_for(key)
+
+    # -- internals
+
+    def _name(self):
+        return getattr(getattr(self.kernel, "py_func", None), "__name__", repr(self.kernel))
+
+    def _numba_launch(self, grid, block, args, stream, shared_mem):
+        if stream is None:
+            cp = sys.modules.get("cupy")
+            stream = 0
+            if cp is not None and not simulated():
+                from numba import cuda
+
+                stream = cuda.external_stream(cp.cuda.get_current_stream().ptr)
+        self.kernel[grid, block, stream, shared_mem](*args)
+
+    def _explain_args(self, args):
+        for i, a in enumerate(args):
+            try:
+                _arg_key(a)
+            except TypeError as e:
+                name = self.argnames[i] if i < len(self.argnames) else f"#{i}"
+                raise TypeError(f"{self._name()}: argument {name!r} is {e}") from None
+
+    def _entry_for(self, key):
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                return entry
+            if self._fixed is not None:
+                if len(key) != len(self._fixed):
+                    raise TypeError(f"{self._name()} takes {len(self._fixed)} arguments, got {len(key)}")
+                for i, (k, t) in enumerate(zip(key, self._fixed)):
+                    if not _fits(k, t):
+                        name = self.argnames[i] if i < len(self.argnames) else f"#{i}"
+                        raise TypeError(f"{self._name()}: argument {name!r} ({k}) does not fit the signature's {t}")
+                argtypes = self._fixed
+                same = self._fixed_entry
+            else:
+                argtypes = tuple(_numba_type(k) for k in key)
+                same = None
+            if same is None:
+                try:
+                    for t in argtypes:
+                        _arg_codes(t)
+                except NotImplementedError:
+                    entry = None
+                else:
+                    _cupy_type()
+                    entry = _Entry(self.kernel.compile(argtypes), argtypes, self.argnames)
+                    if self._cc is None:
+                        from numba import cuda
+
+                        self._cc = cuda.get_current_device().compute_capability
+                    entry.check_abi(self._cc)
+                if self._fixed is not None:
+                    self._fixed_entry = entry
+            else:
+                entry = same
+            self._entries[key] = entry
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+            return entry
+
+
+class PreparedLaunch:
+    """A launch whose parameters were packed once: calling it only calls ``cuLaunchKernel``.
+
+    It keeps references to its arguments (so their memory stays alive) and its own
+    parameter buffer. ``prepared(stream=None)`` launches on ``stream``.
+    """
+
+    def __init__(self, fk: FastKernel, entry, grid, block, args, shared_mem):
+        self.fk = fk
+        self.entry = entry
+        self.args = tuple(args)
+        self.grid = _dim3(grid)
+        self.block = _dim3(block)
+        self.shared_mem = int(shared_mem)
+        if entry is not None:
+            self._buf, self._ptrs, self._addr = entry.new_buffer()
+            entry.pack(self._buf, self.args)
+
+    def __call__(self, stream=None):
+        if self.entry is None:
+            return self.fk._numba_launch(self.grid, self.block, self.args, stream, self.shared_mem)
+        err = _cu_launch(
+            self.entry.handle, *self.grid, *self.block, self.shared_mem, _stream_handle(stream), self._addr, 0
+        )[0]
+        if err:
+            _raise_launch_error(err, self.fk._name())
+
+
+_by_dispatcher: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_by_id: dict = {}
+
+
+def fast_kernel(kernel) -> FastKernel:
+    """The one :class:`FastKernel` of a dispatcher (created on first use)."""
+    try:
+        fk = _by_dispatcher.get(kernel)
+    except TypeError:  # not weak-referenceable
+        fk = _by_id.get(id(kernel))
+        if fk is None:
+            fk = _by_id[id(kernel)] = FastKernel(kernel)
+        return fk
+    if fk is None:
+        fk = _by_dispatcher[kernel] = FastKernel(kernel)
+    return fk
+
+
+def _init():
+    if _fast_path_allowed():
+        try:
+            _driver()
+        except ImportError:
+            pass
+    _cupy_type()
+
+
+_init()

@@ -1,0 +1,344 @@
+"""nqdq.kernels.launch: the packed-parameter launch path and its Numba fallback.
+
+Without a GPU (CI: the conftest turns the CUDA simulator on) FastKernel launches through
+Numba, so the toy kernel's results are checked through the same API; the parameter layout
+is checked against the PTX Numba emits when NVVM is installed (a subprocess without the
+simulator). With ``NQDQ_TEST_GPU=1`` on a GPU machine, the ``gpu`` tests compare the raw
+``cuLaunchKernel`` path with Numba's own launch, bit for bit, and replay a CUDA graph.
+"""
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from numba import cuda, types
+
+import nqdq
+from nqdq.kernels import launch
+from nqdq.kernels.launch import FastKernel, fast_kernel, param_format, ptx_param_sizes
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import toy_fp8_row  # noqa: E402
+
+ON_GPU = os.environ.get("NQDQ_TEST_GPU") == "1"
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs NQDQ_TEST_GPU=1 and a CUDA GPU")
+
+
+def bf16_rows(rng, rows, cols):
+    """Random bf16 rows with per-row magnitudes from 2^-30 to 2^8 (tiny rows give subnormal codes)."""
+    mag = np.exp2(rng.uniform(-30, 8, (rows, 1)))
+    return (rng.standard_normal((rows, cols)) * mag).astype(ml_dtypes.bfloat16)
+
+
+def reference_fp8_row(x):
+    q = nqdq.quantize(x, "fp8_row")
+    return q.codes.view(np.uint8), q.scales.reshape(-1)
+
+
+# --- the parameter layout (pure Python) ------------------------------------------------
+
+
+def test_param_format_follows_numba_array_abi():
+    # meminfo, parent, nitems, itemsize, data, shape[2], strides[2]; then a 1-D array
+    assert param_format((types.float32[:, ::1], types.uint8[:])) == "@QQqqQqqqq" + "QQqqQqq"
+
+
+@pytest.mark.parametrize(
+    "ty, code",
+    [(types.int8, "b"), (types.uint16, "H"), (types.int32, "i"), (types.uint64, "Q"), (types.boolean, "?"),
+     (types.float16, "e"), (types.float32, "f"), (types.float64, "d"), (types.complex64, "ff"),
+     (types.complex128, "dd")],
+)  # fmt: skip
+def test_param_format_scalars(ty, code):
+    assert param_format((ty,)) == "@" + code
+
+
+def test_param_offsets_are_aligned_to_size():
+    # int32 then an array: the array's first u64 goes to offset 8, not 4
+    fmt = param_format((types.int32, types.float32[:], types.uint8, types.float64))
+    offs = launch._param_offsets(fmt)
+    assert offs[:2] == [0, 8]
+    assert offs[-2:] == [64, 72]  # uint8 at 64, float64 aligned up to 72
+    assert struct.calcsize(fmt) == 80
+
+
+def test_unsupported_argument_types_are_refused_by_the_packer():
+    with pytest.raises(NotImplementedError):
+        param_format((types.UniTuple(types.int32, 2),))
+
+
+PTX_ENTRY = """
+.visible .entry _Z1kPfi(
+	.param .u64 _Z1kPfi_param_0,
+	.param .u64 .ptr .align 1 _Z1kPfi_param_1,
+	.param .u32 _Z1kPfi_param_2,
+	.param .f64 _Z1kPfi_param_3,
+	.param .u8 _Z1kPfi_param_4,
+	.param .align 8 .b8 _Z1kPfi_param_5[24]
+)
+{
+	ret;
+}
+"""
+
+
+def test_ptx_param_sizes_reads_an_entry():
+    assert ptx_param_sizes(PTX_ENTRY, "_Z1kPfi") == [8, 8, 4, 8, 1, 24]
+    with pytest.raises(ValueError, match="not found"):
+        ptx_param_sizes(PTX_ENTRY, "other")
+
+
+def test_packer_matches_numba_prepare_args_order():
+    """The packed bytes are exactly Numba's kernelargs list for a CAI array and scalars."""
+
+    class FakeDeviceArray:  # a CUDA-array-interface object, strided (every 2nd column)
+        __cuda_array_interface__ = {
+            "shape": (3, 5), "typestr": "<f4", "data": (0x7F0000001000, False),
+            "strides": (40, 8), "version": 3,
+        }  # fmt: skip
+
+    argtypes = (types.float32[:, :], types.int32, types.float32, types.boolean)
+    fmt = param_format(argtypes)
+    st = struct.Struct(fmt)
+    pack = launch._make_packer(argtypes, ("a", "n", "f", "b"), st.pack_into)
+    buf = bytearray(st.size)
+    pack(buf, (FakeDeviceArray(), 7, 0.5, True))
+    assert st.unpack(buf) == (0, 0, 15, 4, 0x7F0000001000, 3, 5, 40, 8, 7, 0.5, True)
+
+
+def test_arg_keys_and_layouts():
+    class Cai:
+        def __init__(self, shape, strides, typestr="<u2"):
+            self.__cuda_array_interface__ = {"shape": shape, "strides": strides, "typestr": typestr,
+                                             "data": (4096, False), "version": 3}  # fmt: skip
+
+    assert launch._arg_key(Cai((4, 6), None)) == (np.dtype(np.uint16), 2, "C")
+    assert launch._arg_key(Cai((4, 6), (12, 2))) == (np.dtype(np.uint16), 2, "C")
+    assert launch._arg_key(Cai((4, 6), (2, 8))) == (np.dtype(np.uint16), 2, "F")
+    assert launch._arg_key(Cai((4, 6), (24, 2))) == (np.dtype(np.uint16), 2, "A")
+    assert launch._arg_key(3) is int and launch._arg_key(np.float32(1)) is np.float32
+    with pytest.raises(TypeError, match="host"):
+        launch._arg_key(np.zeros(3))
+
+
+def test_fits_signature_rules():
+    key_c = launch._ArrayKey((np.dtype(np.float32), 2, "C"))
+    key_a = launch._ArrayKey((np.dtype(np.float32), 2, "A"))
+    assert launch._fits(key_c, types.float32[:, ::1]) and launch._fits(key_c, types.float32[:, :])
+    assert launch._fits(key_a, types.float32[:, :]) and not launch._fits(key_a, types.float32[:, ::1])
+    assert not launch._fits(key_c, types.float64[:, ::1]) and not launch._fits(key_c, types.float32[:])
+    assert launch._fits(int, types.int32) and launch._fits(float, types.float32) and not launch._fits(float, types.int32)
+
+
+_PTX_CHECK = textwrap.dedent(
+    """
+    import sys, types as pt
+    import numba.cuda.dispatcher as D
+    D.get_current_device = lambda: pt.SimpleNamespace(compute_capability=(9, 0))  # no GPU here
+    from numba import cuda, types
+    sys.path.insert(0, sys.argv[1])
+    from nqdq.kernels.launch import param_format, ptx_param_sizes
+    import toy_fp8_row, struct, re
+
+    def mixed(a, b, n, f, flag, d, u8, h, c):
+        if flag:
+            b[0] = a[0, 0] * f + d + u8 + c.real + n + h
+
+    sigs = [
+        (mixed, (types.float32[:, :], types.float64[::1], types.int32, types.float32, types.boolean,
+                 types.float64, types.uint8, types.float16, types.complex64)),
+        (toy_fp8_row.fp8_row_bf16.py_func, (types.uint32[:, ::1], types.uint16[:, ::1], types.float32[::1])),
+    ]
+    for fn, sig in sigs:
+        ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0))
+        entry = re.search(r"\\.entry (\\w+)\\(", ptx).group(1)
+        have = [struct.calcsize("@" + c) for c in param_format(sig)[1:]]
+        assert ptx_param_sizes(ptx, entry) == have, (fn.__name__, ptx_param_sizes(ptx, entry), have)
+    print("ok")
+    """
+)
+
+
+def test_layout_matches_numba_ptx_entry():
+    """The packer's parameter sizes equal those of the .entry Numba compiles (needs NVVM)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", _PTX_CHECK, str(root / "benchmarks")], env=env,
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    if r.returncode != 0 and "AssertionError" not in r.stderr:  # no toolchain here (no NVVM wheel)
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        pytest.skip(f"cannot compile PTX here (pip install numba-cuda[cu13]): {last[:200]}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().endswith("ok")
+
+
+# --- the launch API (simulator in CI, the real path on a GPU) ----------------------------
+
+
+def _device(a):
+    if ON_GPU:
+        import cupy
+
+        return cupy.asarray(a)
+    return a
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def _toy_run(launcher, x, stream=None):
+    rows, cols = x.shape
+    xd = _device(x)
+    codes = _device(np.full((rows, cols), 0xA5, np.uint8))  # poisoned: every byte must be written
+    scales = _device(np.full(rows, np.nan, np.float32))
+    grid, block, args = toy_fp8_row.launch_args(xd, codes, scales)
+    launcher(grid, block, args, stream)
+    return _host(codes), _host(scales)
+
+
+def test_fast_kernel_toy_fp8_row_matches_reference():
+    rng = np.random.default_rng(1)
+    x = bf16_rows(rng, 3, 64)
+    x[1] = 0  # amax 0 -> scale 1.0
+    fk = FastKernel(toy_fp8_row.fp8_row_bf16)
+    codes, scales = _toy_run(fk.launch, x)
+    ref_codes, ref_scales = reference_fp8_row(x)
+    np.testing.assert_array_equal(codes, ref_codes)
+    np.testing.assert_array_equal(scales.view(np.uint32), ref_scales.view(np.uint32))
+
+
+def test_simulator_uses_numba_launch():
+    fk = FastKernel(toy_fp8_row.fp8_row_bf16)
+    assert fk.fast == (ON_GPU and os.environ.get("NQDQ_FAST_LAUNCH", "1") != "0")
+
+
+def test_getitem_prepare_and_fast_kernel_memo():
+    rng = np.random.default_rng(2)
+    x = bf16_rows(rng, 2, 32)
+    fk = fast_kernel(toy_fp8_row.fp8_row_bf16)
+    assert fast_kernel(toy_fp8_row.fp8_row_bf16) is fk
+    ref_codes, _ = reference_fp8_row(x)
+
+    codes, _ = _toy_run(lambda g, b, a, s: fk[g, b](*a), x)
+    np.testing.assert_array_equal(codes, ref_codes)
+    codes, _ = _toy_run(lambda g, b, a, s: fk.prepare(g, b, a)(), x)
+    np.testing.assert_array_equal(codes, ref_codes)
+
+
+# --- GPU only: the raw path against Numba's launch -------------------------------------
+
+
+@cuda.jit
+def _mixed(a, out, n, f, flag, d, u8, c):
+    """Every scalar kind, a strided 2-D input; out[i] depends on each argument."""
+    i = cuda.grid(1)
+    if i < a.shape[0]:
+        v = a[i, 0] * f + d + u8 + c.real - c.imag + n + a.shape[1] + a.strides[0]
+        out[i] = v if flag else -v
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_raw_launch_equals_numba_launch_all_argument_kinds():
+    import cupy
+
+    rng = np.random.default_rng(3)
+    base = cupy.asarray(rng.standard_normal((50, 12)).astype(np.float32))
+    a = base[::2, ::3]  # strided: layout A
+    args_common = (np.int32(-7), np.float32(1.5), True, 0.25, np.uint8(200), np.complex64(2 - 3j))
+    out_numba = cupy.full(a.shape[0], np.nan, np.float64)
+    out_fast = cupy.full(a.shape[0], np.nan, np.float64)
+    _mixed[1, 64](a, out_numba, *args_common)
+    fk = FastKernel(_mixed)
+    assert fk.fast
+    fk.launch(1, 64, (a, out_fast) + args_common)
+    cupy.cuda.runtime.deviceSynchronize()
+    np.testing.assert_array_equal(out_fast.get(), out_numba.get())
+    assert not np.isnan(out_fast.get()).any()
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_toy_kernel_fast_equals_numba_and_reference():
+    import cupy
+
+    rng = np.random.default_rng(4)
+    x = bf16_rows(rng, 64, 7168)
+    ref_codes, ref_scales = reference_fp8_row(x)
+
+    def numba_launch(g, b, a, s):
+        toy_fp8_row.fp8_row_bf16[g, b](*a)
+
+    for launcher in (numba_launch, FastKernel(toy_fp8_row.fp8_row_bf16).launch):
+        codes, scales = _toy_run(launcher, x)
+        cupy.cuda.runtime.deviceSynchronize()
+        np.testing.assert_array_equal(codes, ref_codes)
+        np.testing.assert_array_equal(scales.view(np.uint32), ref_scales.view(np.uint32))
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_graph_capture_and_replay():
+    import cupy
+
+    rng = np.random.default_rng(5)
+    rows, cols = 64, 7168
+    xd = cupy.asarray(bf16_rows(rng, rows, cols))
+    codes = cupy.empty((rows, cols), np.uint8)
+    scales = cupy.empty(rows, np.float32)
+    grid, block, args = toy_fp8_row.launch_args(xd, codes, scales)
+    fk = FastKernel(toy_fp8_row.fp8_row_bf16, "void(uint32[:, ::1], uint16[:, ::1], float32[::1])")
+    fk.compile(args)  # load the module before capturing
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        fk.launch(grid, block, args)  # stream=None: CuPy's current stream, the capturing one
+        graph = s.end_capture()
+    for trial in range(2):  # new data in the same buffers, then replay
+        x = bf16_rows(rng, rows, cols)
+        xd[...] = cupy.asarray(x)
+        codes.fill(0xA5)
+        graph.launch(s)
+        s.synchronize()
+        ref_codes, ref_scales = reference_fp8_row(x)
+        np.testing.assert_array_equal(codes.get(), ref_codes)
+        np.testing.assert_array_equal(scales.get().view(np.uint32), ref_scales.view(np.uint32))
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_streams_of_every_kind():
+    import cupy
+
+    rng = np.random.default_rng(6)
+    x = bf16_rows(rng, 8, 256)
+    ref_codes, _ = reference_fp8_row(x)
+    fk = FastKernel(toy_fp8_row.fp8_row_bf16)
+    for stream in (cupy.cuda.Stream(), cuda.stream(), 0, cupy.cuda.Stream().ptr):
+        codes, _ = _toy_run(fk.launch, x, stream)
+        cupy.cuda.runtime.deviceSynchronize()
+        np.testing.assert_array_equal(codes, ref_codes)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_errors_name_the_argument():
+    import cupy
+
+    fk = FastKernel(toy_fp8_row.fp8_row_bf16, "void(uint32[:, ::1], uint16[:, ::1], float32[::1])")
+    x2 = cupy.zeros((2, 4), np.uint32)
+    codes = cupy.zeros((2, 4), np.uint16)
+    with pytest.raises(TypeError, match="'scales'.*host"):
+        fk.launch(2, 256, (x2, codes, np.zeros(2, np.float32)))
+    with pytest.raises(TypeError, match="'codes2'"):
+        fk.launch(2, 256, (x2, codes.astype(np.int16), cupy.zeros(2, np.float32)))
+    with pytest.raises(TypeError, match="'x2'"):
+        fk.launch(2, 256, (x2[:, ::2], codes, cupy.zeros(2, np.float32)))  # not C-contiguous
