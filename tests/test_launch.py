@@ -186,7 +186,7 @@ def _device(a):
     if ON_GPU:
         import cupy
 
-        return cupy.asarray(a)
+        return cupy.asarray(a.view(np.uint16) if a.dtype == ml_dtypes.bfloat16 else a)
     return a
 
 
@@ -213,6 +213,15 @@ def test_fast_kernel_toy_fp8_row_matches_reference():
     ref_codes, ref_scales = reference_fp8_row(x)
     np.testing.assert_array_equal(codes, ref_codes)
     np.testing.assert_array_equal(scales.view(np.uint32), ref_scales.view(np.uint32))
+
+
+def test_kernels_needing_numba_launch_are_recognised():
+    from types import SimpleNamespace as NS
+
+    assert not launch._needs_numba_launch(NS(targetoptions={}), NS(debug=False, cooperative=False, extensions=[]))
+    assert launch._needs_numba_launch(NS(targetoptions={}), NS(debug=True))
+    assert launch._needs_numba_launch(NS(targetoptions={}), NS(cooperative=True))
+    assert launch._needs_numba_launch(NS(targetoptions={"extensions": [object()]}), NS())
 
 
 def test_simulator_uses_numba_launch():
@@ -291,7 +300,7 @@ def test_gpu_graph_capture_and_replay():
 
     rng = np.random.default_rng(5)
     rows, cols = 64, 7168
-    xd = cupy.asarray(bf16_rows(rng, rows, cols))
+    xd = cupy.asarray(bf16_rows(rng, rows, cols).view(np.uint16))
     codes = cupy.empty((rows, cols), np.uint8)
     scales = cupy.empty(rows, np.float32)
     grid, block, args = toy_fp8_row.launch_args(xd, codes, scales)
@@ -304,7 +313,7 @@ def test_gpu_graph_capture_and_replay():
         graph = s.end_capture()
     for trial in range(2):  # new data in the same buffers, then replay
         x = bf16_rows(rng, rows, cols)
-        xd[...] = cupy.asarray(x)
+        xd[...] = cupy.asarray(x.view(np.uint16))
         codes.fill(0xA5)
         graph.launch(s)
         s.synchronize()

@@ -443,13 +443,12 @@ class FastKernel:
         entry = entries.get(key)
         if entry is None:
             entry = self._entry_for(key)
-            if entry is None:  # a signature the fast path cannot pack
-                return self._numba_launch(grid, block, args, stream, shared_mem)
-        else:
-            try:
-                entries.move_to_end(key)  # LRU order
-            except KeyError:  # evicted by another thread meanwhile
-                pass
+        if entry is _NUMBA_LAUNCH:  # a signature or kernel the fast path does not cover
+            return self._numba_launch(grid, block, args, stream, shared_mem)
+        try:
+            entries.move_to_end(key)  # LRU order
+        except KeyError:  # evicted by another thread meanwhile
+            pass
         buf, _, addr = entry.buffer()
         try:
             entry.pack(buf, args)
@@ -482,7 +481,7 @@ class FastKernel:
             return PreparedLaunch(self, None, grid, block, args, shared_mem)
         key = tuple(map(_arg_key, args))
         entry = self._entries.get(key) or self._entry_for(key)
-        return PreparedLaunch(self, entry, grid, block, args, shared_mem)
+        return PreparedLaunch(self, None if entry is _NUMBA_LAUNCH else entry, grid, block, args, shared_mem)
 
     def compile(self, args):
         """Build (or find) the entry for these arguments without launching; returns it
@@ -490,7 +489,8 @@ class FastKernel:
         if not self.fast:
             return None
         key = tuple(map(_arg_key, args))
-        return self._entries.get(key) or self._entry_for(key)
+        entry = self._entries.get(key) or self._entry_for(key)
+        return None if entry is _NUMBA_LAUNCH else entry
 
     # -- internals
 
@@ -537,10 +537,15 @@ class FastKernel:
                     for t in argtypes:
                         _arg_codes(t)
                 except NotImplementedError:
-                    entry = None
+                    entry = _NUMBA_LAUNCH
                 else:
                     _cupy_type()
-                    entry = _Entry(self.kernel.compile(argtypes), argtypes, self.argnames)
+                    compiled = self.kernel.compile(argtypes)
+                    if _needs_numba_launch(self.kernel, compiled):
+                        entry = _NUMBA_LAUNCH
+                    else:
+                        entry = _Entry(compiled, argtypes, self.argnames)
+                if entry is not _NUMBA_LAUNCH:
                     if self._cc is None:
                         from numba import cuda
 
@@ -554,6 +559,22 @@ class FastKernel:
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
             return entry
+
+
+_NUMBA_LAUNCH = object()  # cache value: launch this signature through Numba
+
+
+def _needs_numba_launch(dispatcher, compiled) -> bool:
+    """Kernels whose launch does more than cuLaunchKernel: debug kernels (exception
+    flags read back), cooperative launches, launch-config-sensitive kernels, argument
+    extensions."""
+    return bool(
+        getattr(compiled, "debug", False)
+        or getattr(compiled, "cooperative", False)
+        or getattr(compiled, "launch_config_sensitive", False)
+        or getattr(compiled, "extensions", None)
+        or getattr(dispatcher, "targetoptions", {}).get("extensions")
+    )
 
 
 class PreparedLaunch:

@@ -1,0 +1,161 @@
+"""Host time per kernel launch: Numba's dispatcher vs nqdq.kernels.launch.FastKernel.
+
+    python3 benchmarks/launch_overhead.py [--json FILE] [--rows 64 --cols 7168] [--calls 1000]
+
+The kernel is the toy per-row FP8 quantizer (benchmarks/toy_fp8_row.py) on a bf16
+``rows x cols`` activation (64 x 7168: a decode step), CuPy arguments, legacy default
+stream. For each launch path: warm-up (compilation, module load) excluded, then
+``calls`` launches timed with ``time.perf_counter``; ``host us/call`` is the loop alone,
+``+sync us/call`` includes the final synchronize (when the device is slower than the host
+this is device time). Graph rows: one launch captured in a CUDA graph (CuPy), replayed;
+and 100 launches captured in one graph, per launch. The device time of one launch is
+measured with events over a graph of 100 launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")  # 64 blocks: no warning per call
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+
+def host_time(fn, calls, sync, warm=50):
+    for _ in range(warm):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    sync()
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--cols", type=int, default=7168)
+    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+
+    import cupy as cp
+    import ml_dtypes
+    import numpy as np
+
+    import nqdq
+    import toy_fp8_row
+    from nqdq.kernels import launch
+    from nqdq.kernels.launch import FastKernel
+
+    rows, cols = args.rows, args.cols
+    rng = np.random.default_rng(0)
+    xh = (rng.standard_normal((rows, cols)) * np.exp2(rng.uniform(-4, 4, (rows, 1)))).astype(ml_dtypes.bfloat16)
+    x = cp.asarray(xh.view(np.uint16))
+    codes = cp.full((rows, cols), 0xA5, cp.uint8)
+    scales = cp.full(rows, np.nan, cp.float32)
+    grid, block, kargs = toy_fp8_row.launch_args(x, codes, scales)
+    sync = cp.cuda.runtime.deviceSynchronize
+    k = toy_fp8_row.fp8_row_bf16
+    fk = FastKernel(k)
+    configured = fk[grid, block]
+    results = []
+
+    def row(name, fn, calls=args.calls):
+        h, hs = host_time(fn, calls, sync)
+        results.append(dict(path=name, host_us=h, host_sync_us=hs))
+        print(f"{name:46s} host {h:8.2f} us/call   +sync {hs:8.2f} us/call", flush=True)
+
+    # correctness first: both paths, poisoned outputs, vs the NumPy reference
+    ref = nqdq.quantize(xh, "fp8_row", device="cpu")
+    for name, fn in (("numba", lambda: k[grid, block](*kargs)), ("fast", lambda: fk.launch(grid, block, kargs))):
+        codes.fill(0xA5)
+        scales.fill(np.nan)
+        fn()
+        sync()
+        ok = np.array_equal(codes.get(), ref.codes.view(np.uint8)) and np.array_equal(
+            scales.get().view(np.uint32), ref.scales.reshape(-1).view(np.uint32)
+        )
+        print(f"check {name}: {'bit-exact vs reference' if ok else 'MISMATCH'}")
+        results.append(dict(path=f"check {name}", ok=bool(ok)))
+
+    row("numba kernel[grid, block](*args)", lambda: k[grid, block](*kargs))
+    row("FastKernel.launch(grid, block, args)", lambda: fk.launch(grid, block, kargs))
+    row("FastKernel[grid, block](*args)", lambda: configured(*kargs))
+    prepared = fk.prepare(grid, block, kargs)
+    row("PreparedLaunch()", prepared)
+
+    # floors: the driver call alone, through cuda.bindings and through CuPy's driver module
+    entry = fk.compile(kargs)
+    buf, ptrs, addr = entry.new_buffer()
+    entry.pack(buf, kargs)
+    cu = launch._cu_launch
+    h = entry.handle
+    row("cuda.bindings cuLaunchKernel (pre-packed)", lambda: cu(h, grid, 1, 1, block, 1, 1, 0, 0, addr, 0))
+    try:
+        from cupy.cuda import driver as cpdrv
+
+        lk = cpdrv.launchKernel
+        row("cupy driver.launchKernel (pre-packed)", lambda: lk(h, grid, 1, 1, block, 1, 1, 0, 0, addr, 0))
+    except Exception as e:
+        print(f"cupy driver.launchKernel: {type(e).__name__}: {e}")
+
+    # CUDA graphs (captured on a non-default stream through the FastKernel path)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        fk.launch(grid, block, kargs)
+        g1 = s.end_capture()
+        s.begin_capture()
+        for _ in range(100):
+            fk.launch(grid, block, kargs)
+        g100 = s.end_capture()
+    codes.fill(0xA5)
+    g1.launch(s)
+    s.synchronize()
+    ok = np.array_equal(codes.get(), ref.codes.view(np.uint8))
+    print(f"check graph replay: {'bit-exact vs reference' if ok else 'MISMATCH'}")
+    results.append(dict(path="check graph", ok=bool(ok)))
+    row("graph (1 launch) replay: graph.launch(s)", lambda: g1.launch(s))
+    h100, hs100 = host_time(lambda: g100.launch(s), max(args.calls // 100, 10), s.synchronize)
+    results.append(dict(path="graph (100 launches), per launch", host_us=h100 / 100, host_sync_us=hs100 / 100))
+    print(f"{'graph (100 launches) replay, per launch':46s} host {h100 / 100:8.2f} us/call   +sync {hs100 / 100:8.2f} us/call")
+
+    # device time per launch: events around graph replays of 100 launches
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for _ in range(20):
+        e0.record(s)
+        g100.launch(s)
+        e1.record(s)
+        e1.synchronize()
+        times.append(cp.cuda.get_elapsed_time(e0, e1) * 1000 / 100)
+    dev_us = float(np.median(times))
+    nbytes = rows * cols * 2 + rows * cols + rows * 4
+    print(f"device time per launch (graph of 100, median of 20): {dev_us:.2f} us = {nbytes / dev_us / 1e3:.0f} GB/s")
+    results.append(dict(path="device us per launch", device_us=dev_us, gbs=nbytes / dev_us / 1e3))
+
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    print()
+    print(f"| launch path ({rows}x{cols} bf16, toy fp8_row kernel) | host us/call | us/call incl. sync |")
+    print("|---|---:|---:|")
+    for r in results:
+        if "host_us" in r:
+            print(f"| {r['path']} | {r['host_us']:.2f} | {r['host_sync_us']:.2f} |")
+    print(f"| device time per launch (events, graph of 100) | - | {dev_us:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

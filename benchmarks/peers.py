@@ -1,0 +1,365 @@
+"""Quantization kernels side by side with their peers, in one run on one GPU.
+
+    python3 benchmarks/peers.py [--json FILE] [--quick]
+
+For bfloat16 inputs of 8192x8192, 16384x7168 and 64x7168 it times, with CUDA events:
+
+* ``copy``: a device-to-device ``cudaMemcpyAsync`` of the input (the bandwidth ceiling;
+  bytes = read + written);
+* ``triton fp8_row``: a per-token dynamic FP8 quantizer in the style of aiter's
+  ``_dynamic_per_token_quant_fp8_i8_kernel`` (one program per row, amax, scale = amax/448,
+  x * (1/scale) -> e4m3);
+* ``torch.compile fp8_row``: the same math through ``torch.compile``;
+* ``nqdq <scheme>``: ``nqdq.quantize`` on CuPy arrays for fp8_row, mxfp8, mxfp4, nvfp4,
+  fp8_1x128, when this nqdq has a GPU path (else the row says why not);
+* ``toy fp8_row (stand-in)``: ``benchmarks/toy_fp8_row.py`` launched through
+  ``nqdq.kernels.launch.FastKernel``: not nqdq's kernel, a stand-in while it is missing.
+
+Method (docs/performance.md): fresh random inputs (never zeros), several input sets
+rotated so that what one launch reads is not in L2 from the one before (sets x bytes
+>= 4 x L2), warm-up launches excluded, then a sleep kernel is queued so that the host
+runs ahead of the device (host launch overhead stays out of device times; a run where
+the host fell behind anyway is flagged ``host-bound``), events around each group of
+launches, median over groups. GB/s counts bytes read + bytes written once each.
+torch and triton are optional: their rows are skipped when they are not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+SIZES = [(8192, 8192), (16384, 7168), (64, 7168)]
+NQDQ_SCHEMES = ["fp8_row", "mxfp8", "mxfp4", "nvfp4", "fp8_1x128"]
+
+
+# ---------------------------------------------------------------------------------------
+# timing
+
+
+def _spin_kernel():
+    from numba import cuda
+
+    @cuda.jit
+    def spin(n_us):
+        if cuda.threadIdx.x == 0:
+            for _ in range(n_us):
+                cuda.nanosleep(1000)
+
+    return spin
+
+
+class Timer:
+    """CUDA-event timing on the legacy default stream (where CuPy, torch, Triton, Numba and
+    FastKernel all launch by default), with a sleep kernel that lets the host run ahead."""
+
+    def __init__(self):
+        import cupy
+
+        self.cp = cupy
+        self.spin = _spin_kernel()
+        self.spin[1, 32](1)
+        cupy.cuda.runtime.deviceSynchronize()
+        # calibrate: how long does spin(n) take on this device?
+        a, b = cupy.cuda.Event(), cupy.cuda.Event()
+        a.record()
+        self.spin[1, 32](2000)
+        b.record()
+        b.synchronize()
+        self.us_per_unit = max(cupy.cuda.get_elapsed_time(a, b) * 1000 / 2000, 0.05)
+        self.l2_bytes = cupy.cuda.Device().attributes["L2CacheSize"]
+
+    def sleep_us(self, us):
+        self.spin[1, 32](int(us / self.us_per_unit) + 1)
+
+    def device_us(self, launch, n_sets, *, groups=25, per_group=None, bytes_per_launch=0, warmup=5):
+        """Median device time of ``launch(i)`` (i: input set index), in microseconds."""
+        cp = self.cp
+        if per_group is None:
+            per_group = 1 if bytes_per_launch > self.l2_bytes else 20
+        for i in range(warmup):
+            launch(i % n_sets)
+        cp.cuda.runtime.deviceSynchronize()
+        t0 = time.perf_counter()
+        for i in range(3):
+            launch(i % n_sets)
+        host_us = (time.perf_counter() - t0) / 3 * 1e6
+        cp.cuda.runtime.deviceSynchronize()
+        n = groups * per_group
+        self.sleep_us(min(1.5 * n * host_us + 2000, 3_000_000))
+        slept = cp.cuda.Event()
+        slept.record()
+        evs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(groups)]
+        k = 0
+        for start, end in evs:
+            start.record()
+            for _ in range(per_group):
+                launch(k % n_sets)
+                k += 1
+            end.record()
+        host_bound = slept.done  # the device finished sleeping before the host queued all
+        evs[-1][1].synchronize()
+        times = [cp.cuda.get_elapsed_time(s, e) * 1000 / per_group for s, e in evs]
+        return statistics.median(times), host_bound
+
+
+# ---------------------------------------------------------------------------------------
+# inputs
+
+
+def random_bf16_sets(shape, n_sets, seed=0):
+    """``n_sets`` CuPy arrays of random bf16 (standard normal times 2^U(-4, 4) per row),
+    stored as uint16 bit patterns (truncated float32)."""
+    import cupy as cp
+
+    rng = cp.random.default_rng(seed)
+    out = []
+    for _ in range(n_sets):
+        f = rng.standard_normal(shape, dtype=cp.float32)
+        f *= cp.exp2(rng.uniform(-4, 4, (shape[0], 1), dtype=cp.float32))
+        out.append((f.view(cp.uint32) >> 16).astype(cp.uint16))
+    return out
+
+
+def n_sets_for(bytes_per_set, l2_bytes, cap=256):
+    return int(min(cap, max(2, math.ceil(4 * l2_bytes / max(bytes_per_set, 1)))))
+
+
+# ---------------------------------------------------------------------------------------
+# peers (optional)
+
+
+def _triton_fp8_row():
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def per_token_fp8(q_ptr, s_ptr, x_ptr, cols, stride_x, stride_q, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < cols
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        amax = tl.max(tl.abs(x), axis=0)
+        scale = amax / 448.0
+        q = (x * (1.0 / scale)).to(q_ptr.dtype.element_ty)
+        tl.store(s_ptr + row, scale)
+        tl.store(q_ptr + row * stride_q + offs, q, mask=mask, cache_modifier=".cs")
+
+    def run(x, q, s):
+        rows, cols = x.shape
+        per_token_fp8[(rows,)](q, s, x, cols, x.stride(0), q.stride(0), BLOCK=triton.next_power_of_2(cols))
+
+    return run, torch
+
+
+def _torch_compile_fp8_row():
+    import torch
+
+    @torch.compile(dynamic=False)
+    def per_token_fp8(x):
+        xf = x.float()
+        scale = xf.abs().amax(dim=1, keepdim=True) / 448.0
+        q = (xf / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return q, scale
+
+    return per_token_fp8
+
+
+def _nqdq_gpu_quantize():
+    import nqdq
+
+    return nqdq.quantize
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def bench_size(timer, shape, rows_out, *, quick=False, log=print):
+    import cupy as cp
+    import ml_dtypes
+
+    rows, cols = shape
+    in_bytes = rows * cols * 2
+    # input + fp8 codes + per-row scales: the largest working set of the fp8_row peers
+    n_sets = n_sets_for(in_bytes + rows * cols + rows * 4, timer.l2_bytes)
+    if quick:
+        n_sets = min(n_sets, 4)
+    xs = random_bf16_sets(shape, n_sets, seed=rows * 31 + cols)
+    groups = 10 if quick else 25
+
+    def add(impl, us, nbytes, host_bound, note=""):
+        gbs = nbytes / (us * 1e-6) / 1e9
+        rows_out.append(dict(shape=f"{rows}x{cols}", impl=impl, us=us, bytes=nbytes, gbs=gbs,
+                             host_bound=bool(host_bound), note=note))  # fmt: skip
+        log(f"  {impl:38s} {us:10.2f} us {gbs:8.0f} GB/s{'  host-bound' if host_bound else ''} {note}")
+
+    def skip(impl, why):
+        rows_out.append(dict(shape=f"{rows}x{cols}", impl=impl, us=None, bytes=None, gbs=None, note=why))
+        log(f"  {impl:38s} skipped: {why}")
+
+    log(f"{rows}x{cols} bf16: {n_sets} input sets")
+
+    # copy: the ceiling
+    dst = cp.empty_like(xs[0])
+
+    def copy(i):
+        dst.data.copy_from_device_async(xs[i].data, in_bytes)
+
+    us, hb = timer.device_us(copy, n_sets, groups=groups, bytes_per_launch=2 * in_bytes)
+    add("copy (cudaMemcpyAsync D2D)", us, 2 * in_bytes, hb)
+
+    # toy per-row FP8 through FastKernel (stand-in)
+    import toy_fp8_row
+
+    from nqdq.kernels.launch import FastKernel
+
+    fk = FastKernel(toy_fp8_row.fp8_row_bf16)
+    codes = [cp.empty((rows, cols), cp.uint8) for _ in range(n_sets)]
+    scales = [cp.empty(rows, cp.float32) for _ in range(n_sets)]
+    launches = [toy_fp8_row.launch_args(xs[i], codes[i], scales[i]) for i in range(n_sets)]
+
+    def toy(i):
+        g, b, a = launches[i]
+        fk.launch(g, b, a)
+
+    us, hb = timer.device_us(toy, n_sets, groups=groups, bytes_per_launch=in_bytes)
+    nbytes = in_bytes + rows * cols + rows * 4
+    # correctness against nqdq's NumPy reference on one set
+    import nqdq
+
+    check = min(rows, 64)  # rows are independent: check the first 64 against the reference
+    xh = xs[0][:check].get().view(ml_dtypes.bfloat16)
+    toy(0)
+    ref = nqdq.quantize(xh, "fp8_row", device="cpu")
+    ref_codes = ref.codes.view(np.uint8)
+    ok = np.array_equal(codes[0][:check].get(), ref_codes) and np.array_equal(
+        scales[0][:check].get().view(np.uint32), ref.scales.reshape(-1).view(np.uint32)
+    )
+    add("toy fp8_row (stand-in, FastKernel)", us, nbytes, hb, "bit-exact vs reference" if ok else "MISMATCH vs reference")
+
+    # triton + torch.compile
+    try:
+        triton_run, torch = _triton_fp8_row()
+    except Exception as e:  # torch/triton absent
+        skip("triton fp8_row (aiter-style)", f"{type(e).__name__}: {e}")
+        torch = None
+    if torch is not None:
+        tx = [torch.as_tensor(x.view(cp.int16), device="cuda").view(torch.bfloat16) for x in xs]
+        tq = [torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device="cuda") for _ in range(n_sets)]
+        ts = [torch.empty(rows, dtype=torch.float32, device="cuda") for _ in range(n_sets)]
+
+        def tri(i):
+            triton_run(tx[i], tq[i], ts[i])
+
+        us, hb = timer.device_us(tri, n_sets, groups=groups, bytes_per_launch=in_bytes)
+        tri(0)
+        torch.cuda.synchronize()
+        agree = float(np.mean(tq[0][:check].view(torch.uint8).cpu().numpy() == ref_codes))
+        add("triton fp8_row (aiter-style)", us, nbytes, hb, f"codes = reference: {agree:.4%}")
+        try:
+            comp = _torch_compile_fp8_row()
+            t0 = time.perf_counter()
+            comp(tx[0])
+            torch.cuda.synchronize()
+            log(f"    torch.compile took {time.perf_counter() - t0:.1f} s")
+
+            def tc(i):
+                comp(tx[i])
+
+            us, hb = timer.device_us(tc, n_sets, groups=groups, bytes_per_launch=in_bytes)
+            q, _ = comp(tx[0])
+            torch.cuda.synchronize()
+            agree = float(np.mean(q[:check].view(torch.uint8).cpu().numpy() == ref_codes))
+            add("torch.compile fp8_row", us, nbytes, hb, f"codes = reference: {agree:.4%}")
+        except Exception as e:
+            skip("torch.compile fp8_row", f"{type(e).__name__}: {e}")
+        del tx, tq, ts
+
+    # nqdq's own kernels, when this nqdq has a GPU path
+    quantize = _nqdq_gpu_quantize()
+    xb = [x.view(ml_dtypes.bfloat16) for x in xs]
+    for scheme in NQDQ_SCHEMES:
+        name = f"nqdq {scheme}"
+        try:
+            q = quantize(xb[0], scheme)
+            if not hasattr(q.codes, "__cuda_array_interface__"):
+                raise TypeError("returned host arrays")
+        except Exception as e:
+            skip(name, f"no GPU path: {type(e).__name__}: {str(e)[:120]}")
+            continue
+        out_bytes = sum(int(getattr(a, "nbytes", 0)) for a in (q.codes, q.scales, q.zero_points, q.tensor_scale)
+                        if a is not None)  # fmt: skip
+
+        def nq(i, scheme=scheme):
+            quantize(xb[i], scheme)
+
+        try:
+            us, hb = timer.device_us(nq, n_sets, groups=groups, bytes_per_launch=in_bytes)
+        except Exception as e:
+            skip(name, f"{type(e).__name__}: {str(e)[:120]}")
+            continue
+        add(name, us, in_bytes + out_bytes, hb)
+    del xs, xb, codes, scales, dst
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+def table(rows):
+    """Markdown table; % of copy is against the copy of the same input size."""
+    copy = {r["shape"]: r["gbs"] for r in rows if r["impl"].startswith("copy") and r["gbs"]}
+    peak = max(copy.values()) if copy else None
+    lines = ["| shape (bf16) | implementation | us (median) | GB/s | % of copy (same size) | % of peak copy |",
+             "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        if r["gbs"] is None:
+            lines.append(f"| {r['shape']} | {r['impl']} | - | - | - | - |")
+            continue
+        c = copy.get(r["shape"])
+        pc = f"{100 * r['gbs'] / c:.0f}%" if c else "-"
+        pp = f"{100 * r['gbs'] / peak:.0f}%" if peak else "-"
+        flag = " (host-bound)" if r.get("host_bound") else ""
+        lines.append(f"| {r['shape']} | {r['impl']}{flag} | {r['us']:.2f} | {r['gbs']:.0f} | {pc} | {pp} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--quick", action="store_true", help="fewer sets and groups (smoke test)")
+    ap.add_argument("--sizes", default=None, help="e.g. 64x7168,8192x8192")
+    args = ap.parse_args(argv)
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        print("peers.py needs CuPy and a CUDA GPU")
+        return 2
+    sizes = SIZES if not args.sizes else [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
+    timer = Timer()
+    print(f"spin calibration: {timer.us_per_unit:.3f} us per unit; L2 {timer.l2_bytes / 2**20:.0f} MiB")
+    rows = []
+    for shape in sizes:
+        try:
+            bench_size(timer, shape, rows, quick=args.quick)
+        except Exception:
+            traceback.print_exc()
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    print()
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

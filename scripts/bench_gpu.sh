@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: checks and times the launch path and the peers benchmark.
+#   run: bash scripts/bench_gpu.sh        (carry .whl; logs and JSON under $OUT)
+# Prints the short tables last. See docs/performance.md for the method.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/nqdq-bench}"; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then  # the image's numpy 2.5 breaks numba-cuda 0.30 (GPU.md)
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$HOME/site" .whl/*.whl || exit 1
+  export PYTHONPATH="$HOME/site:$PWD"
+else
+  export PYTHONPATH="$PWD"
+fi
+export PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/device.txt"
+python3 -c "import numpy, numba, numba_cuda, cupy; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__)" | tee -a "$OUT/device.txt"
+date -u +%Y-%m-%dT%H:%MZ | tee -a "$OUT/device.txt"
+
+echo "== tests (NQDQ_TEST_GPU=1) =="
+NQDQ_TEST_GPU=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_launch.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
+echo "== launch overhead =="
+timeout 200 python3 benchmarks/launch_overhead.py --json "$OUT/launch.json" > "$OUT/launch.log" 2>&1; echo "rc=$?"
+grep -E "^check|^device" "$OUT/launch.log"
+echo "== peers =="
+timeout 400 python3 benchmarks/peers.py --json "$OUT/peers.json" ${PEERS_ARGS:-} > "$OUT/peers.log" 2>&1; echo "rc=$?"
+grep -E "MISMATCH|Error|error" "$OUT/peers.log" | head -20
+echo
+sed -n '/^| launch path/,$p' "$OUT/launch.log"
+echo
+sed -n '/^| shape/,$p' "$OUT/peers.log"
