@@ -29,7 +29,7 @@ def quantize(
     group_size=None,
     block_shape=None,
     scale=None,
-    symmetric=True,
+    symmetric=None,
     scale_rounding=None,
     rounding="nearest",
     seed=None,
@@ -49,7 +49,8 @@ def quantize(
     group_size, block_shape : group length (default 128) and tile (default 128x128).
     scale : static float32 scales (dequantization scales, ``x ~ code * scale``), a scalar
         or an array broadcastable to the scale shape; computed from the data when None.
-    symmetric : False for integer formats with zero points (uint codes).
+    symmetric : False for integer formats with zero points (uint codes); None (default)
+        means the scheme's own choice: True, except for the ``*_asym`` presets.
     scale_rounding : MX schemes: ``"rceil"`` (default), ``"floor"`` or ``"even"``.
     rounding : ``"nearest"`` (to even) or ``"stochastic"`` (needs ``seed``).
     scale_layout : ``"linear"``.
@@ -57,8 +58,6 @@ def quantize(
     nonfinite : ``"propagate"`` (a NaN/inf makes its scale group NaN) or ``"raise"``.
     """
     x32, dtype_name = _arrays.float_input(x, "x")
-    if x32.ndim == 0:
-        raise ValueError("x must have at least one dimension, got a 0-d array")
     if rounding not in _ROUNDINGS:
         raise ValueError(f"rounding={rounding!r} is not one of {_ROUNDINGS}")
     if rounding == "stochastic":
@@ -84,7 +83,7 @@ def quantize(
         scale_rounding=scale_rounding,
         static_scale=scale is not None,
     )
-    _check_shape(sch, x32.shape)
+    sch.check_shape(x32.shape)
     if scale is not None:
         scale = _arrays.static_scale(scale, sch.scale_shape(x32.shape))
     if nonfinite == "raise" and not np.isfinite(x32).all():
@@ -105,19 +104,6 @@ def quantize(
         tensor_scale=parts.tensor_scale,
         means=parts.means,
     )
-
-
-def _check_shape(sch, shape):
-    nd = len(shape)
-    if sch.granularity in ("block", "column") and nd < 2:
-        raise ValueError(f"granularity={sch.granularity!r} needs x with at least 2 dimensions, got shape {shape}")
-    if sch.granularity in ("row", "column", "group") and not -nd <= sch.axis < nd:
-        raise ValueError(f"axis={sch.axis} is out of range for x with {nd} dimensions")
-    if sch.granularity == "group" and sch.axis % nd != nd - 1 and sch.code_bits < 8:
-        raise ValueError(
-            f"axis={sch.axis}: {sch.code_bits}-bit codes are packed along the last axis, so their "
-            f"groups must run along it too; transpose x (e.g. np.moveaxis(x, {sch.axis}, -1)) first"
-        )
 
 
 def dequantize(q: QuantizedTensor, dtype=np.float32):

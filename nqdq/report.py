@@ -4,7 +4,7 @@ Pure functions, no argument parsing (that is ``nqdq.cli``):
 
 * :func:`sample_weight` builds the built-in sample tensor;
 * :func:`open_tensors` reads ``.npy`` / ``.npz`` / ``.safetensors`` files lazily, one tensor
-  at a time (bfloat16 included, straight from the safetensors header);
+  at a time (see :mod:`nqdq.tensorfile`);
 * :func:`report_tensor` quantizes one tensor under each scheme and returns one
   :class:`Row` per scheme, plus notes for the schemes or tensors it skipped;
 * :func:`format_report` / :func:`format_schemes` turn rows into aligned text tables.
@@ -20,16 +20,14 @@ x̂ = dequantize(quantize(x)):
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
-import struct
 from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
 
 from .api import dequantize, quantize
+from .tensorfile import TensorFileError as ReportError, TensorSource, open_tensors
 from .schemes import Scheme, bits_per_value, resolve_scheme, schemes
 
 __all__ = [
@@ -51,16 +49,6 @@ __all__ = [
 
 SAMPLE_SHAPE = (1024, 4096)
 SAMPLE_SEED = 0
-SUFFIXES = (".npy", ".npz", ".safetensors")
-
-
-class ReportError(ValueError):
-    """A bad input to the report (missing file, unknown scheme or tensor...). ``argname``
-    is the command-line argument it is about."""
-
-    def __init__(self, argname: str, message: str):
-        super().__init__(f"argument {argname}: {message}")
-        self.argname = argname
 
 
 # --------------------------------------------------------------------------- the sample
@@ -209,8 +197,10 @@ def resolve_schemes(names=None) -> tuple[list[tuple[str, Scheme]], list[str]]:
 
 
 def _skip_reason(sch: Scheme, shape: tuple) -> str | None:
-    if sch.granularity in ("block", "column") and len(shape) < 2:
-        return f"{sch.granularity} scales need a tensor with at least 2 dimensions, shape is {shape}"
+    try:
+        sch.check_shape(shape)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 
@@ -420,120 +410,6 @@ def format_schemes(rows: list[dict]) -> str:
 
 
 # --------------------------------------------------------------------------- files
-
-
-_SAFETENSORS_DTYPES = {
-    "F64": np.dtype("<f8"),
-    "F32": np.dtype("<f4"),
-    "F16": np.dtype("<f2"),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "I64": np.dtype("<i8"),
-    "I32": np.dtype("<i4"),
-    "I16": np.dtype("<i2"),
-    "I8": np.dtype("i1"),
-    "U64": np.dtype("<u8"),
-    "U32": np.dtype("<u4"),
-    "U16": np.dtype("<u2"),
-    "U8": np.dtype("u1"),
-    "BOOL": np.dtype("?"),
-}
-
-
-@dataclass
-class TensorSource:
-    """A named tensor in a file, read on demand (``load()``), so that a large checkpoint
-    is never held in memory whole. ``dtype``: the file's name for it (``"BF16"``...), or
-    "" when only loading tells."""
-
-    name: str
-    dtype: str
-    load: object  # () -> np.ndarray | None (None: a dtype NumPy cannot hold)
-
-
-def _read_safetensors(path: str) -> list[TensorSource]:
-    """Parse the safetensors header ourselves (8-byte little-endian length, JSON, data),
-    so every dtype works, bfloat16 included, whatever the safetensors NumPy API supports."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as fh:
-        head = fh.read(8)
-        if len(head) < 8:
-            raise ReportError("FILE", f"{path} is not a safetensors file (too short)")
-        (n,) = struct.unpack("<Q", head)
-        if n > size - 8:
-            raise ReportError("FILE", f"{path} is not a safetensors file (header length {n} beyond the file)")
-        try:
-            header = json.loads(fh.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ReportError("FILE", f"{path} is not a safetensors file (bad header: {exc})") from None
-    if not isinstance(header, dict):
-        raise ReportError("FILE", f"{path} is not a safetensors file (header is not a JSON object)")
-    start = 8 + n
-    out = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (b, e) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise ReportError("FILE", f"{path}: bad header entry for tensor {name!r}") from None
-        npdt = _SAFETENSORS_DTYPES.get(dtype)
-        if not 0 <= b <= e <= size - start or (npdt is not None and e - b != math.prod(shape) * npdt.itemsize):
-            raise ReportError("FILE", f"{path}: tensor {name!r} has data offsets {[b, e]} that do not fit its "
-                                      f"dtype {dtype}, shape {list(shape)} and the file")
-
-        def load(b=b, e=e, npdt=npdt, shape=shape):
-            if npdt is None:
-                return None
-            with open(path, "rb") as fh:
-                fh.seek(start + b)
-                return np.frombuffer(fh.read(e - b), dtype=npdt).reshape(shape)
-
-        out.append(TensorSource(name, dtype, load))
-    return out
-
-
-def _npz_sources(path: str) -> list[TensorSource]:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            names = list(z.files)
-    except (OSError, ValueError) as exc:
-        raise ReportError("FILE", f"{path} is not a readable .npz file ({exc})") from None
-
-    def loader(name):
-        def load():
-            with np.load(path, allow_pickle=False) as z:
-                try:
-                    return z[name]
-                except ValueError:  # an object array (would need pickles): not a tensor
-                    return None
-        return load
-
-    return [TensorSource(name, "", loader(name)) for name in names]
-
-
-def open_tensors(path) -> list[TensorSource]:
-    """The tensors of a ``.npy`` (one, named after the file), ``.npz`` or ``.safetensors``."""
-    path = os.fspath(path)
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix not in SUFFIXES:
-        raise ReportError("FILE", f"unsupported file extension {suffix or '(none)'!r} of {path}; "
-                                  f"expected one of {', '.join(SUFFIXES)}")
-    if not os.path.exists(path):
-        raise ReportError("FILE", f"no such file: {path}")
-    if os.path.isdir(path):
-        raise ReportError("FILE", f"{path} is a directory, not a tensor file")
-    if suffix == ".safetensors":
-        return _read_safetensors(path)
-    if suffix == ".npz":
-        return _npz_sources(path)
-    try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise ReportError("FILE", f"{path} is not a readable .npy file ({exc})") from None
-    name = os.path.splitext(os.path.basename(path))[0]
-    return [TensorSource(name, str(arr.dtype), lambda: np.array(arr))]
 
 
 def _dtype_name(dt) -> str:

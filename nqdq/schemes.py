@@ -30,6 +30,8 @@ Presets:
     subtracted and stored, the rest is symmetric INT8; the GEMM restores the mean.
 ``fp8_tensor``, ``fp8_row``, ``int8_row``, ``int8_column``, ``int4_group``
     Shorthands for the common element/granularity pairs.
+``int8_asym``, ``int4_asym``
+    Asymmetric integers (uint codes + zero point) per row / per 1x128 group.
 """
 
 from __future__ import annotations
@@ -111,6 +113,21 @@ class Scheme:
             return tuple(1 if i == ax else max(d, 1) for i, d in enumerate(shape))
         return tuple(self.group_size if i == ax else 1 for i in range(nd))  # group
 
+    def check_shape(self, shape: tuple[int, ...]) -> None:
+        """Raise ValueError (naming the argument) if an input of ``shape`` cannot use this scheme."""
+        nd = len(shape)
+        if nd == 0:
+            raise ValueError("x must have at least one dimension, got a 0-d array")
+        if self.granularity in ("block", "column") and nd < 2:
+            raise ValueError(f"granularity={self.granularity!r} needs x with at least 2 dimensions, got shape {tuple(shape)}")
+        if self.granularity in ("row", "column", "group") and not -nd <= self.axis < nd:
+            raise ValueError(f"axis={self.axis} is out of range for x with {nd} dimensions")
+        if self.granularity == "group" and self.axis % nd != nd - 1 and self.code_bits < 8:
+            raise ValueError(
+                f"axis={self.axis}: {self.code_bits}-bit codes are packed along the last axis, so their "
+                f"groups must run along it too; transpose x (e.g. np.moveaxis(x, {self.axis}, -1)) first"
+            )
+
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """Shape of the (linear-layout) scale array for an input of ``shape``."""
         return tuple(-(-d // b) for d, b in zip(shape, self.block_for(shape)))
@@ -157,6 +174,8 @@ _PRESETS: dict[str, dict] = {
     "int8_row": dict(fmt="int8", granularity="row"),
     "int8_column": dict(fmt="int8", granularity="column"),
     "int4_group": dict(fmt="int4", granularity="group", group_size=_DEFAULT_GROUP),
+    "int8_asym": dict(fmt="int8", granularity="row", symmetric=False),
+    "int4_asym": dict(fmt="int4", granularity="group", group_size=_DEFAULT_GROUP, symmetric=False),
 }
 
 # Default granularity when only an element format is named (documented in the README):
@@ -191,7 +210,7 @@ def resolve_scheme(
     axis=-1,
     group_size=None,
     block_shape=None,
-    symmetric=True,
+    symmetric=None,
     scale_rounding=None,
     static_scale=False,
 ) -> Scheme:
@@ -260,8 +279,12 @@ def resolve_scheme(
             raise ValueError(f"scale_rounding={scale_rounding!r} is not one of {tuple(SCALE_ROUNDINGS)}")
         spec["scale_rounding"] = scale_rounding
 
-    if not isinstance(symmetric, bool):
-        raise TypeError(f"symmetric must be a bool, got {type(symmetric).__name__}")
+    if symmetric is None:
+        symmetric = spec.get("symmetric", True)
+    elif not isinstance(symmetric, bool):
+        raise TypeError(f"symmetric must be a bool or None, got {type(symmetric).__name__}")
+    elif "symmetric" in spec and symmetric != spec["symmetric"]:
+        raise ValueError(f"symmetric={symmetric} conflicts with scheme={scheme!r}")
     if not symmetric:
         if fmt.kind != "int":
             raise ValueError(f"symmetric=False (zero points) needs an integer format, not {fmt.name!r}")

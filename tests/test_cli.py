@@ -184,7 +184,7 @@ def test_npz_multi_tensor_with_notes(capsys, tmp_path):
     assert "input: " in out and "(6 tensors)" in out
     assert "note: scalar: skipped: a 0-d tensor (shape ())" in out
     assert "note: empty: skipped: an empty tensor (shape (0, 32))" in out
-    assert "note: bias: fp8_128x128 skipped: block scales need a tensor with at least 2 dimensions" in out
+    assert "note: bias: fp8_128x128 skipped: granularity='block' needs x with at least 2 dimensions" in out
     assert "note: bias: int8_column skipped" in out
     assert "note: ids: skipped: integer tensor (int64)" in out
     assert "note: w64: float64 input converted to float32" in out
