@@ -110,6 +110,24 @@ def main(argv=None):
     except Exception as e:
         print(f"cupy driver.launchKernel: {type(e).__name__}: {e}")
 
+    # where the FastKernel.launch time goes (no launch in these loops)
+    keyf = launch._arg_key
+    sh = launch._stream_handle
+    for name, fn in (
+        ("  part: argument keys", lambda: tuple(map(keyf, kargs))),
+        ("  part: pack_into", lambda: entry.pack(buf, kargs)),
+        ("  part: current stream handle", lambda: sh(None)),
+    ):
+        t0 = time.perf_counter()
+        for _ in range(10000):
+            fn()
+        us = (time.perf_counter() - t0) / 10000 * 1e6
+        results.append(dict(path=name, host_us=us, host_sync_us=float("nan")))
+        print(f"{name:46s} host {us:8.2f} us/call")
+    saved, launch._cupy_launch = launch._cupy_launch, None
+    row("FastKernel.launch via cuda.bindings", lambda: fk.launch(grid, block, kargs))
+    launch._cupy_launch = saved
+
     # CUDA graphs (captured on a non-default stream through the FastKernel path)
     s = cp.cuda.Stream(non_blocking=True)
     with s:
@@ -144,6 +162,24 @@ def main(argv=None):
     nbytes = rows * cols * 2 + rows * cols + rows * 4
     print(f"device time per launch (graph of 100, median of 20): {dev_us:.2f} us = {nbytes / dev_us / 1e3:.0f} GB/s")
     results.append(dict(path="device us per launch", device_us=dev_us, gbs=nbytes / dev_us / 1e3))
+
+    # nqdq's own launcher (nqdq.kernels.quantize, fp8_row), end to end per call: as it is
+    # (Numba launches) and with its launch helper routed through FastKernel
+    try:
+        from peers import fastkernel_in_launchers, nqdq_launcher
+
+        run = nqdq_launcher("fp8_row")
+        calls = max(args.calls // 5, 50)
+        row("nqdq.kernels fp8_row launcher, Numba launch", lambda: run(x), calls)
+        with fastkernel_in_launchers():
+            parts = run(x)
+            sync()
+            ok = np.array_equal(parts.codes.get(), ref.codes.view(np.uint8))
+            print(f"check nqdq.kernels fp8_row + FastKernel: {'bit-exact vs reference' if ok else 'MISMATCH'}")
+            results.append(dict(path="check nqdq.kernels+FastKernel", ok=bool(ok)))
+            row("nqdq.kernels fp8_row launcher, FastKernel", lambda: run(x), calls)
+    except Exception as e:
+        print(f"nqdq.kernels launcher: {type(e).__name__}: {e}")
 
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

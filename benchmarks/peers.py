@@ -27,6 +27,7 @@ torch and triton are optional: their rows are skipped when they are not installe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -184,6 +185,44 @@ def _nqdq_gpu_quantize():
     return nqdq.quantize
 
 
+@contextlib.contextmanager
+def fastkernel_in_launchers(arrays_as_is=True):
+    """Route ``nqdq.kernels.quantize``'s launches through FastKernel, without editing it:
+    its one launch helper ``_launch(kernel, grid, block, stream, *args)`` becomes
+    ``fast_kernel(kernel).launch(grid, block, args, stream)``, and (``arrays_as_is``) CuPy
+    arrays are passed as they are instead of through ``numba.cuda.as_cuda_array``."""
+    import nqdq.kernels.quantize as KQ
+    from nqdq.kernels import _interop
+    from nqdq.kernels.launch import fast_kernel
+
+    old_launch, old_arg = KQ._launch, _interop.Allocator.kernel_arg
+
+    def _launch(kernel, grid, block, stream, *args):
+        fast_kernel(kernel).launch(grid, block, args, stream or None)
+
+    def kernel_arg(self, a):
+        if self.cp is not None and isinstance(a, self.cp.ndarray):
+            return a
+        return old_arg(self, a)
+
+    KQ._launch = _launch
+    if arrays_as_is:
+        _interop.Allocator.kernel_arg = kernel_arg
+    try:
+        yield
+    finally:
+        KQ._launch, _interop.Allocator.kernel_arg = old_launch, old_arg
+
+
+def nqdq_launcher(scheme_name):
+    """``x_uint16 -> QuantParts`` through ``nqdq.kernels.quantize.quantize`` (bf16 bits)."""
+    import nqdq.kernels.quantize as KQ
+    from nqdq.schemes import resolve_scheme
+
+    sch = resolve_scheme(scheme_name)
+    return lambda x: KQ.quantize(x, sch, dtype="bfloat16")
+
+
 # ---------------------------------------------------------------------------------------
 
 
@@ -299,6 +338,7 @@ def bench_size(timer, shape, rows_out, *, quick=False, log=print):
                 raise TypeError("returned host arrays")
         except Exception as e:
             skip(name, f"no GPU path: {type(e).__name__}: {str(e)[:120]}")
+            bench_launcher(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log)
             continue
         out_bytes = sum(int(getattr(a, "nbytes", 0)) for a in (q.codes, q.scales, q.zero_points, q.tensor_scale)
                         if a is not None)  # fmt: skip
@@ -314,6 +354,40 @@ def bench_size(timer, shape, rows_out, *, quick=False, log=print):
         add(name, us, in_bytes + out_bytes, hb)
     del xs, xb, codes, scales, dst
     cp.get_default_memory_pool().free_all_blocks()
+
+
+def bench_launcher(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
+    """``nqdq.kernels.quantize.quantize`` called directly (while ``nqdq.quantize`` has no GPU
+    path), its launches through FastKernel; codes and scales checked on the first rows."""
+    import ml_dtypes
+
+    import nqdq
+
+    name = f"nqdq.kernels {scheme} (launcher, FastKernel)"
+    try:
+        run = nqdq_launcher(scheme)
+        with fastkernel_in_launchers():
+            parts = run(xs[0])
+            us, hb = timer.device_us(lambda i: run(xs[i]), n_sets, groups=groups, bytes_per_launch=in_bytes)
+    except Exception as e:
+        skip(name, f"{type(e).__name__}: {str(e)[:160]}")
+        return
+    out = [parts.codes, parts.scales, parts.zero_points, parts.tensor_scale, parts.means]
+    out_bytes = sum(int(a.nbytes) for a in out if a is not None and hasattr(a, "nbytes"))
+    note = ""
+    try:  # row-wise schemes: the first rows alone are a valid input; nvfp4's tensor scale is global
+        if scheme != "nvfp4":
+            check = min(xs[0].shape[0], 128)
+            ref = nqdq.quantize(xs[0][:check].get().view(ml_dtypes.bfloat16), scheme, device="cpu")
+            got_codes = parts.codes[:check].get()
+            got_scales = parts.scales[: ref.scales.shape[0]].get()
+            same = np.array_equal(got_codes, ref.codes) and np.array_equal(
+                got_scales.view(np.uint8), np.ascontiguousarray(ref.scales).view(np.uint8)
+            )
+            note = f"first {check} rows {'bit-exact' if same else 'DIFFER from'} reference"
+    except Exception as e:
+        note = f"check failed: {type(e).__name__}: {str(e)[:80]}"
+    add(name, us, in_bytes + out_bytes, hb, note)
 
 
 def table(rows):

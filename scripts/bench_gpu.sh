@@ -17,12 +17,12 @@ python3 -c "import numpy, numba, numba_cuda, cupy; print('numpy', numpy.__versio
 date -u +%Y-%m-%dT%H:%MZ | tee -a "$OUT/device.txt"
 
 echo "== tests (NQDQ_TEST_GPU=1) =="
-NQDQ_TEST_GPU=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_launch.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
+NQDQ_TEST_GPU=1 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_launch.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
 echo "== launch overhead =="
-timeout 200 python3 benchmarks/launch_overhead.py --json "$OUT/launch.json" > "$OUT/launch.log" 2>&1; echo "rc=$?"
+timeout 100 python3 benchmarks/launch_overhead.py --json "$OUT/launch.json" > "$OUT/launch.log" 2>&1; echo "rc=$?"
 grep -E "^check|^device" "$OUT/launch.log"
 echo "== peers =="
-timeout 400 python3 benchmarks/peers.py --json "$OUT/peers.json" ${PEERS_ARGS:-} > "$OUT/peers.log" 2>&1; echo "rc=$?"
+timeout 330 python3 benchmarks/peers.py --json "$OUT/peers.json" ${PEERS_ARGS:-} > "$OUT/peers.log" 2>&1; echo "rc=$?"
 grep -E "MISMATCH|Error|error" "$OUT/peers.log" | head -20
 echo
 sed -n '/^| launch path/,$p' "$OUT/launch.log"

@@ -118,18 +118,19 @@ def test_arg_keys_and_layouts():
             self.__cuda_array_interface__ = {"shape": shape, "strides": strides, "typestr": typestr,
                                              "data": (4096, False), "version": 3}  # fmt: skip
 
-    assert launch._arg_key(Cai((4, 6), None)) == (np.dtype(np.uint16), 2, "C")
-    assert launch._arg_key(Cai((4, 6), (12, 2))) == (np.dtype(np.uint16), 2, "C")
-    assert launch._arg_key(Cai((4, 6), (2, 8))) == (np.dtype(np.uint16), 2, "F")
-    assert launch._arg_key(Cai((4, 6), (24, 2))) == (np.dtype(np.uint16), 2, "A")
+    assert launch._arg_key(Cai((4, 6), None)) == ("H", 2, "C")
+    assert launch._arg_key(Cai((4, 6), (12, 2))) == ("H", 2, "C")
+    assert launch._arg_key(Cai((4, 6), (2, 8))) == ("H", 2, "F")
+    assert launch._arg_key(Cai((4, 6), (24, 2))) == ("H", 2, "A")
+    assert launch._numba_type(("H", 2, "A")) == types.uint16[:, :]
     assert launch._arg_key(3) is int and launch._arg_key(np.float32(1)) is np.float32
     with pytest.raises(TypeError, match="host"):
         launch._arg_key(np.zeros(3))
 
 
 def test_fits_signature_rules():
-    key_c = launch._ArrayKey((np.dtype(np.float32), 2, "C"))
-    key_a = launch._ArrayKey((np.dtype(np.float32), 2, "A"))
+    key_c = ("f", 2, "C")
+    key_a = ("f", 2, "A")
     assert launch._fits(key_c, types.float32[:, ::1]) and launch._fits(key_c, types.float32[:, :])
     assert launch._fits(key_a, types.float32[:, :]) and not launch._fits(key_a, types.float32[:, ::1])
     assert not launch._fits(key_c, types.float64[:, ::1]) and not launch._fits(key_c, types.float32[:])
@@ -331,7 +332,8 @@ def test_gpu_streams_of_every_kind():
     x = bf16_rows(rng, 8, 256)
     ref_codes, _ = reference_fp8_row(x)
     fk = FastKernel(toy_fp8_row.fp8_row_bf16)
-    for stream in (cupy.cuda.Stream(), cuda.stream(), 0, cupy.cuda.Stream().ptr):
+    keep = cupy.cuda.Stream()  # a raw handle's stream must outlive the launch
+    for stream in (cupy.cuda.Stream(), cuda.stream(), 0, keep.ptr):
         codes, _ = _toy_run(fk.launch, x, stream)
         cupy.cuda.runtime.deviceSynchronize()
         np.testing.assert_array_equal(codes, ref_codes)
