@@ -21,6 +21,27 @@ NQDQ_TEST_GPU=1 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_
 echo "== launch overhead =="
 timeout 100 python3 benchmarks/launch_overhead.py --json "$OUT/launch.json" > "$OUT/launch.log" 2>&1; echo "rc=$?"
 grep -E "^check|^device" "$OUT/launch.log"
+echo "== asv benchmarks (asv_bench/benchmarks/bench_kernels.py): setup + 20 timed calls each =="
+timeout 150 python3 - > "$OUT/asv_smoke.log" 2>&1 <<'PY'
+import itertools, sys, time
+sys.path[:0] = ["asv_bench", "."]
+from benchmarks import bench_kernels as b
+for cls in (b.TimeLaunch, b.TimeQuantizeGPU):
+    grid = cls.params if isinstance(cls.params, tuple) else (cls.params,)
+    for ps in itertools.product(*grid):
+        bench = cls()
+        try:
+            bench.setup(*ps)
+        except NotImplementedError as e:
+            print(f"{cls.__name__}{ps}: skipped ({e})")
+            continue
+        fn = getattr(bench, [m for m in dir(bench) if m.startswith("time_")][0])
+        t0 = time.perf_counter()
+        for _ in range(20):
+            fn(*ps)
+        print(f"{cls.__name__}{ps}: {(time.perf_counter() - t0) / 20 * 1e6:.1f} us per call (synchronized)")
+PY
+echo "rc=$?"; cat "$OUT/asv_smoke.log" | tail -16
 echo "== peers =="
 timeout 330 python3 benchmarks/peers.py --json "$OUT/peers.json" ${PEERS_ARGS:-} > "$OUT/peers.log" 2>&1; echo "rc=$?"
 grep -E "MISMATCH|Error|error" "$OUT/peers.log" | head -20

@@ -1,0 +1,125 @@
+"""GPU kernels: quantization on CuPy arrays, and the host cost of one kernel launch.
+
+Every benchmark needs CuPy and a CUDA GPU; without them ``setup`` raises
+NotImplementedError, which asv reports as skipped. ``setup`` does the warm-up (kernel
+compilation, module load, CuPy's memory pool), and each timed call synchronizes the device,
+so a time is one complete quantization (or launch), not the time to queue it.
+
+The quantizer is ``nqdq.quantize`` when it accepts CuPy arrays, else the kernels' launcher
+``nqdq.kernels.quantize.quantize`` (bf16 given as uint16 bits) while the API has no GPU
+path yet. Peer comparisons (Triton, torch.compile, copy bandwidth) are in
+``benchmarks/peers.py``, which times with CUDA events instead.
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SCHEMES = ["fp8_row", "mxfp8", "mxfp4", "nvfp4", "fp8_1x128"]
+SHAPES = ["64x7168", "8192x8192"]
+
+
+def _cupy():
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise NotImplementedError("no CUDA GPU")
+        return cupy
+    except NotImplementedError:
+        raise
+    except Exception as e:  # not installed, no driver, no device
+        raise NotImplementedError(f"needs CuPy and a CUDA GPU ({type(e).__name__})") from None
+
+
+def _bf16_bits(cp, shape, seed=0):
+    """Random bf16 (normal, per-row magnitudes 2^U(-4, 4)) as uint16 bits; never zeros."""
+    rng = cp.random.default_rng(seed)
+    f = rng.standard_normal(shape, dtype=cp.float32)
+    f *= cp.exp2(rng.uniform(-4, 4, (shape[0], 1), dtype=cp.float32))
+    return (f.view(cp.uint32) >> 16).astype(cp.uint16)
+
+
+def _quantizer(scheme):
+    """``x_uint16 -> quantized`` on the GPU, or NotImplementedError."""
+    import ml_dtypes
+
+    import nqdq
+
+    try:
+        import cupy as cp
+
+        nqdq.quantize(cp.ones((1, 128), np.uint16).view(ml_dtypes.bfloat16), scheme)
+        return lambda x: nqdq.quantize(x.view(ml_dtypes.bfloat16), scheme)
+    except Exception:
+        pass
+    try:
+        from nqdq.kernels.quantize import quantize as launcher
+        from nqdq.schemes import resolve_scheme
+    except Exception as e:
+        raise NotImplementedError(f"this nqdq has no GPU quantize ({type(e).__name__})") from None
+    sch = resolve_scheme(scheme)
+    return lambda x: launcher(x, sch, dtype="bfloat16")
+
+
+class TimeQuantizeGPU:
+    params = (SCHEMES, SHAPES)
+    param_names = ["scheme", "shape"]
+    timeout = 300
+
+    def setup(self, scheme, shape):
+        self.cp = _cupy()
+        rows, cols = (int(v) for v in shape.split("x"))
+        self.x = _bf16_bits(self.cp, (rows, cols))
+        self.run = _quantizer(scheme)
+        self.run(self.x)  # warm-up: compile and load every kernel the scheme uses
+        self.cp.cuda.runtime.deviceSynchronize()
+
+    def time_quantize(self, scheme, shape):
+        self.run(self.x)
+        self.cp.cuda.runtime.deviceSynchronize()
+
+
+class TimeLaunch:
+    """One launch of a small per-row FP8 kernel (benchmarks/toy_fp8_row.py, 64x7168 bf16),
+    through Numba's dispatcher and through nqdq.kernels.launch.FastKernel."""
+
+    params = ["numba", "fastkernel", "prepared", "graph"]
+    param_names = ["path"]
+
+    def setup(self, path):
+        cp = self.cp = _cupy()
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+        import toy_fp8_row
+
+        from nqdq.kernels.launch import FastKernel
+
+        x = _bf16_bits(cp, (64, 7168))
+        self.codes = cp.empty((64, 7168), cp.uint8)
+        self.scales = cp.empty(64, cp.float32)
+        grid, block, args = toy_fp8_row.launch_args(x, self.codes, self.scales)
+        self.keep = (x, args)
+        kernel = toy_fp8_row.fp8_row_bf16
+        fk = FastKernel(kernel)
+        if path == "numba":
+            self.fn = lambda: kernel[grid, block](*args)
+        elif path == "fastkernel":
+            self.fn = lambda: fk.launch(grid, block, args)
+        elif path == "prepared":
+            self.fn = fk.prepare(grid, block, args)
+        else:
+            fk.compile(args)
+            self.stream = cp.cuda.Stream(non_blocking=True)
+            with self.stream:
+                self.stream.begin_capture()
+                fk.launch(grid, block, args)
+                graph = self.stream.end_capture()
+            self.fn = lambda: graph.launch(self.stream)
+        for _ in range(3):
+            self.fn()
+        cp.cuda.runtime.deviceSynchronize()
+
+    def time_launch(self, path):
+        self.fn()
+        self.cp.cuda.runtime.deviceSynchronize()
