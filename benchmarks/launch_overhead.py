@@ -178,6 +178,21 @@ def main(argv=None):
             print(f"check nqdq.kernels fp8_row + FastKernel: {'bit-exact vs reference' if ok else 'MISMATCH'}")
             results.append(dict(path="check nqdq.kernels+FastKernel", ok=bool(ok)))
             row("nqdq.kernels fp8_row launcher, FastKernel", lambda: run(x), calls)
+            # where the launcher's remaining host time goes (written to the log)
+            import cProfile
+            import io
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(200):
+                run(x)
+            prof.disable()
+            sync()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+            print("profile of 200 nqdq.kernels fp8_row launcher calls (FastKernel), by own time:")
+            print("\n".join(text.getvalue().splitlines()[:40]))
     except Exception as e:
         print(f"nqdq.kernels launcher: {type(e).__name__}: {e}")
 

@@ -427,15 +427,20 @@ def table(rows):
     peak = max(copy.values()) if copy else None
     lines = ["| shape (bf16) | implementation | us (median) | GB/s | % of copy (same size) | % of peak copy |",
              "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    skipped = {}
     for r in rows:
         if r["gbs"] is None:
-            lines.append(f"| {r['shape']} | {r['impl']} | - | - | - | - |")
+            skipped.setdefault(f"{r['impl']}: {r['note']}", []).append(r["shape"])
             continue
         c = copy.get(r["shape"])
         pc = f"{100 * r['gbs'] / c:.0f}%" if c else "-"
         pp = f"{100 * r['gbs'] / peak:.0f}%" if peak else "-"
         flag = " (host-bound)" if r.get("host_bound") else ""
         lines.append(f"| {r['shape']} | {r['impl']}{flag} | {r['us']:.2f} | {r['gbs']:.0f} | {pc} | {pp} |")
+    if skipped:
+        lines.append("")
+    for what, shapes in skipped.items():
+        lines.append(f"skipped ({', '.join(shapes)}): {what}")
     return "\n".join(lines)
 
 

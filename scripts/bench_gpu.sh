@@ -44,7 +44,7 @@ PY
 echo "rc=$?"; cat "$OUT/asv_smoke.log" | tail -16
 echo "== peers =="
 timeout 330 python3 benchmarks/peers.py --json "$OUT/peers.json" ${PEERS_ARGS:-} > "$OUT/peers.log" 2>&1; echo "rc=$?"
-grep -E "MISMATCH|Error|error" "$OUT/peers.log" | head -20
+grep -E "MISMATCH|DIFFER|Traceback|failed" "$OUT/peers.log" | head -20
 echo
 sed -n '/^| launch path/,$p' "$OUT/launch.log"
 echo
