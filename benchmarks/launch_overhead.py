@@ -166,18 +166,18 @@ def main(argv=None):
     # nqdq's own launcher (nqdq.kernels.quantize, fp8_row), end to end per call: as it is
     # (Numba launches) and with its launch helper routed through FastKernel
     try:
-        from peers import fastkernel_in_launchers, nqdq_launcher
+        from peers import fastkernel_in_launchers, nqdq_runner
 
-        run = nqdq_launcher("fp8_row")
+        label, run = nqdq_runner("fp8_row", x)
         calls = max(args.calls // 5, 50)
-        row("nqdq.kernels fp8_row launcher, Numba launch", lambda: run(x), calls)
+        row(f"{label} fp8_row, as it is (Numba launches)", lambda: run(x), calls)
         with fastkernel_in_launchers():
             parts = run(x)
             sync()
             ok = np.array_equal(parts.codes.get(), ref.codes.view(np.uint8))
-            print(f"check nqdq.kernels fp8_row + FastKernel: {'bit-exact vs reference' if ok else 'MISMATCH'}")
-            results.append(dict(path="check nqdq.kernels+FastKernel", ok=bool(ok)))
-            row("nqdq.kernels fp8_row launcher, FastKernel", lambda: run(x), calls)
+            print(f"check {label} fp8_row + FastKernel: {'bit-exact vs reference' if ok else 'MISMATCH'}")
+            results.append(dict(path=f"check {label}+FastKernel", ok=bool(ok)))
+            row(f"{label} fp8_row, launches through FastKernel", lambda: run(x), calls)
             # where the launcher's remaining host time goes (written to the log)
             import cProfile
             import io
@@ -191,10 +191,10 @@ def main(argv=None):
             sync()
             text = io.StringIO()
             pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
-            print("profile of 200 nqdq.kernels fp8_row launcher calls (FastKernel), by own time:")
+            print(f"profile of 200 {label} fp8_row calls (FastKernel), by own time:")
             print("\n".join(text.getvalue().splitlines()[:40]))
     except Exception as e:
-        print(f"nqdq.kernels launcher: {type(e).__name__}: {e}")
+        print(f"nqdq GPU quantize: {type(e).__name__}: {e}")
 
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

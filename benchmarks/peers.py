@@ -179,12 +179,6 @@ def _torch_compile_fp8_row():
     return per_token_fp8
 
 
-def _nqdq_gpu_quantize():
-    import nqdq
-
-    return nqdq.quantize
-
-
 @contextlib.contextmanager
 def fastkernel_in_launchers(arrays_as_is=True):
     """Route ``nqdq.kernels.quantize``'s launches through FastKernel, without editing it:
@@ -221,6 +215,31 @@ def nqdq_launcher(scheme_name):
 
     sch = resolve_scheme(scheme_name)
     return lambda x: KQ.quantize(x, sch, dtype="bfloat16")
+
+
+def nqdq_runner(scheme_name, x_u16):
+    """``(label, run)``: ``run(x_uint16)`` quantizes bf16 bits on the GPU with
+    ``nqdq.quantize`` when it takes CuPy arrays (as uint16 + ``dtype="bfloat16"``, or as a
+    CuPy bfloat16 array), else with the kernels' launcher. Raises when neither works."""
+    import ml_dtypes
+
+    import nqdq
+
+    tries = [
+        ("nqdq.quantize", lambda x: nqdq.quantize(x, scheme_name, dtype="bfloat16")),
+        ("nqdq.quantize", lambda x: nqdq.quantize(x.view(ml_dtypes.bfloat16), scheme_name)),
+        ("nqdq.kernels launcher", nqdq_launcher(scheme_name)),
+    ]
+    errors = []
+    for label, run in tries:
+        try:
+            q = run(x_u16)
+            if not hasattr(q.codes, "__cuda_array_interface__"):
+                raise TypeError("returned host arrays")
+            return label, run
+        except Exception as e:
+            errors.append(f"{label}: {type(e).__name__}: {str(e)[:100]}")
+    raise RuntimeError("; ".join(errors))
 
 
 # ---------------------------------------------------------------------------------------
@@ -328,53 +347,31 @@ def bench_size(timer, shape, rows_out, *, quick=False, log=print):
         del tx, tq, ts
 
     # nqdq's own kernels, when this nqdq has a GPU path
-    quantize = _nqdq_gpu_quantize()
-    xb = [x.view(ml_dtypes.bfloat16) for x in xs]
     for scheme in NQDQ_SCHEMES:
-        name = f"nqdq {scheme}"
-        try:
-            q = quantize(xb[0], scheme)
-            if not hasattr(q.codes, "__cuda_array_interface__"):
-                raise TypeError("returned host arrays")
-        except Exception as e:
-            skip(name, f"no GPU path in nqdq.quantize ({type(e).__name__})")
-            bench_launcher(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log)
-            continue
-        out_bytes = sum(int(getattr(a, "nbytes", 0)) for a in (q.codes, q.scales, q.zero_points, q.tensor_scale)
-                        if a is not None)  # fmt: skip
-
-        def nq(i, scheme=scheme):
-            quantize(xb[i], scheme)
-
-        try:
-            us, hb = timer.device_us(nq, n_sets, groups=groups, bytes_per_launch=in_bytes)
-        except Exception as e:
-            skip(name, f"{type(e).__name__}: {str(e)[:120]}")
-            continue
-        add(name, us, in_bytes + out_bytes, hb)
-    del xs, xb, codes, scales, dst
-    cp.get_default_memory_pool().free_all_blocks()
+        bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log)
 
 
-def bench_launcher(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
-    """``nqdq.kernels.quantize.quantize`` called directly (while ``nqdq.quantize`` has no GPU
-    path), its launches through FastKernel. The launcher's host work per call (allocation,
-    argument handling, any synchronisation) is far above its kernels' device time, so the
-    whole-call timing used for the other rows would measure the host. Instead each kernel
-    launch is wrapped: a spin kernel (longer than the host's work between it and the
-    kernel), a start event, the kernel, an end event; the device time of one call is the
-    sum over its kernels, median over calls. Codes and scales checked on the first rows."""
+def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
+    """nqdq's kernels for ``scheme``: through ``nqdq.quantize`` on CuPy arrays, or the
+    kernels' launcher while the API has no GPU path; launches routed through FastKernel.
+    The host work per call (argument handling, allocation, any synchronisation) is far
+    above the kernels' device time, so the whole-call timing used for the other rows would
+    measure the host. Instead each kernel launch is wrapped: a spin kernel (longer than
+    the host's work between it and the kernel), a start event, the kernel, an end event;
+    the device time of one call is the sum over its kernels, median over calls. Codes and
+    scales are checked against the NumPy reference on the first rows."""
     import cupy as cp
     import ml_dtypes
 
     import nqdq
     import nqdq.kernels.quantize as KQ
 
-    name = f"nqdq.kernels {scheme} (launcher, FastKernel; kernel time)"
+    name = f"nqdq {scheme}"
     calls = []
     try:
-        run = nqdq_launcher(scheme)
         with fastkernel_in_launchers():
+            label, run = nqdq_runner(scheme, xs[0])
+            name = f"nqdq {scheme} ({label}, FastKernel; kernel time)"
             parts = run(xs[0])
             for i in range(3):  # warm-up: every kernel of this scheme compiled and loaded
                 run(xs[i % n_sets])
@@ -403,12 +400,12 @@ def bench_launcher(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
     except Exception as e:
         skip(name, f"{type(e).__name__}: {str(e)[:160]}")
         return
-    out = [parts.codes, parts.scales, parts.zero_points, parts.tensor_scale, parts.means]
+    out = [getattr(parts, f, None) for f in ("codes", "scales", "zero_points", "tensor_scale", "means")]
     out_bytes = sum(int(a.nbytes) for a in out if a is not None and hasattr(a, "nbytes"))
     note = f"{n_kernels} kernel(s)"
     try:  # row-wise schemes: the first rows alone are a valid input; nvfp4's tensor scale is global
-        if scheme != "nvfp4":
-            check = min(xs[0].shape[0], 128)
+        check = min(xs[0].shape[0], 128)
+        if scheme != "nvfp4" or check == xs[0].shape[0]:
             ref = nqdq.quantize(xs[0][:check].get().view(ml_dtypes.bfloat16), scheme, device="cpu")
             got_codes = parts.codes[:check].get()
             got_scales = parts.scales[: ref.scales.shape[0]].get()
@@ -464,6 +461,7 @@ def main(argv=None):
             bench_size(timer, shape, rows, quick=args.quick)
         except Exception:
             traceback.print_exc()
+        cupy.get_default_memory_pool().free_all_blocks()  # this size's inputs are garbage now
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     print()
