@@ -1,0 +1,121 @@
+"""Per-element device functions shared by every quantize / dequantize kernel: encode one
+element given its group's parameters, decode one code, and the packing of codes along the
+last axis (reference/packing.py: element i at bits [b*i, b*i + b) of the row's byte stream).
+
+Format constants travel as a tuple ``fmt`` = (is_float, mbits, emin, max_code, nan_code,
+nbits, qlo, qhi, ebits, nan_style), built on the host by :func:`format_tuple`; the kernel
+factories close over it, so after inlining every branch on it folds away.
+"""
+
+from __future__ import annotations
+
+from ..formats import FloatFormat
+from ._codec import (
+    F32,
+    ZERO,
+    encode_float_bits,
+    encode_int_f32,
+    f32_bits,
+    philox4x32_10,
+    rint_stochastic_f32,
+)
+from ._scales import MODE_ASYM, MODE_CENTRED, MODE_NVFP4
+from ._target import devfn
+
+_NAN_STYLE = {"none": 0, "all_ones": 1, "ieee": 2}
+
+
+def format_tuple(scheme) -> tuple:
+    """Compile-time constants of the scheme's element format (see module docstring)."""
+    elem = scheme.element
+    if isinstance(elem, FloatFormat):
+        nan_code = elem.nan_code if elem.nan_code is not None else -1
+        return (1, elem.mbits, elem.emin, elem.max_code, nan_code, elem.bits, 0, 0, elem.ebits, _NAN_STYLE[elem.nan])
+    lo, hi = elem.qrange(scheme.symmetric)
+    return (0, 0, 0, 0, -1, elem.bits, lo, hi, 0, 0)
+
+
+@devfn
+def encode_element(x, p0, p1, pz, mode, fmt, stoch, r):
+    """Code (0..255; an int8 code in two's complement) of float32 ``x`` in a group with
+    parameters (p0, p1, pz) (see _scales), exactly as reference/quantize.py."""
+    if mode == MODE_NVFP4:
+        v = x * p0
+    elif mode == MODE_CENTRED:
+        v = (x - p1) / p0
+    else:
+        v = x / p0
+    if mode == MODE_ASYM:
+        qmax = fmt[7]
+        lim = F32(qmax + 1)
+        if v != v:
+            v = ZERO
+        elif v < -lim:
+            v = -lim
+        elif v > lim:
+            v = lim
+        q = int(rint_stochastic_f32(v, stoch, r)) + pz
+        if q < 0:
+            q = 0
+        if q > qmax:
+            q = qmax
+        return q
+    if fmt[0] == 1:
+        if x != x:
+            # A NaN operand propagates itself (sign included) through the host FPU's
+            # divide/multiply that the reference runs on; the GPU would return its
+            # canonical positive NaN. The code depends on the NaN's sign, so keep x's.
+            v = x
+        return encode_float_bits(f32_bits(v), fmt[1], fmt[2], fmt[3], fmt[4], fmt[5], stoch, r)
+    return encode_int_f32(v, fmt[6], fmt[7], stoch, r) & 0xFF
+
+
+@devfn
+def random_word(idx, key_lo, key_hi, cache):
+    """Philox bits of element ``idx``; ``cache`` (int64[5] local array: block, 4 words)
+    keeps the last block so a run of consecutive elements costs one Philox per 4."""
+    blk = idx >> 2
+    if cache[0] != blk:
+        w0, w1, w2, w3 = philox4x32_10(blk & 0xFFFFFFFF, blk >> 32, key_lo, key_hi)
+        cache[0] = blk
+        cache[1] = w0
+        cache[2] = w1
+        cache[3] = w2
+        cache[4] = w3
+    return int(cache[1 + (idx & 3)])
+
+
+@devfn
+def store_unit(codes, rowbase, c, q, ncols, pcols, nbits, packed):
+    """Write the codes ``q[0..3]`` of columns c..c+3 of a row (c % 4 == 0 when packing;
+    codes past ``ncols`` are 0) at ``codes[rowbase:]``: 8-bit (or unpacked) one per byte,
+    4-bit two per byte (low nibble first), 6-bit four per three bytes (LSB first)."""
+    if nbits == 8 or not packed:
+        for j in range(4):
+            if c + j < ncols:
+                codes[rowbase + c + j] = q[j] & 0xFF
+    elif nbits == 4:
+        b = c >> 1
+        codes[rowbase + b] = (q[0] & 0xF) | ((q[1] & 0xF) << 4)
+        if b + 1 < pcols:
+            codes[rowbase + b + 1] = (q[2] & 0xF) | ((q[3] & 0xF) << 4)
+    else:
+        w = (q[0] & 0x3F) | ((q[1] & 0x3F) << 6) | ((q[2] & 0x3F) << 12) | ((q[3] & 0x3F) << 18)
+        b = (c >> 2) * 3
+        codes[rowbase + b] = w & 0xFF
+        codes[rowbase + b + 1] = (w >> 8) & 0xFF
+        codes[rowbase + b + 2] = (w >> 16) & 0xFF
+
+
+@devfn
+def load_code(codes, rowbase, c, nbits, packed):
+    """The code of column ``c`` of a row stored at ``codes[rowbase:]`` (inverse of
+    store_unit), as an unsigned int of ``nbits`` bits (8 bits when unpacked)."""
+    if nbits == 8 or not packed:
+        return int(codes[rowbase + c])
+    if nbits == 4:
+        byte = int(codes[rowbase + (c >> 1)])
+        return (byte >> (4 * (c & 1))) & 0xF
+    b = rowbase + (c >> 2) * 3
+    w = int(codes[b]) | (int(codes[b + 1]) << 8) | (int(codes[b + 2]) << 16)
+    return (w >> (6 * (c & 3))) & 0x3F

@@ -1,0 +1,274 @@
+"""Arrays in and out of the kernels, without importing any array library but CuPy (and
+that only when it is installed and the input is on a GPU).
+
+Inputs accepted on the device path:
+
+* NumPy arrays: under the CUDA simulator they are used as they are; on a real GPU they
+  are copied to the device and the results copied back (``device="cuda"``);
+* CuPy arrays, and any object with ``__cuda_array_interface__`` (Numba device arrays,
+  PyTorch/JAX CUDA tensors that export it): used in place, no copy;
+* any object with ``__dlpack__`` on a CUDA device (JAX, PyTorch, ...), including bfloat16,
+  which no CUDA-array-interface exporter can describe: the DLPack capsule is read here with
+  ctypes and the data used in place.
+
+bfloat16 / float16 may also come as a uint16 array of their bits plus ``dtype=`` (CuPy has
+no bfloat16 dtype). Results go back in the input's library: CuPy for CuPy (and for
+``__cuda_array_interface__`` / DLPack inputs when CuPy is installed, Numba device arrays
+otherwise), NumPy for NumPy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._codec import KIND_BF16, KIND_F16, KIND_F32
+from ._target import SIMULATOR
+
+_KINDS = {"float32": KIND_F32, "bfloat16": KIND_BF16, "float16": KIND_F16}
+
+
+def _cupy():
+    try:
+        import cupy
+
+        return cupy
+    except Exception:  # not installed, or no usable CUDA
+        return None
+
+
+def is_cupy(a) -> bool:
+    return type(a).__module__.split(".")[0] == "cupy"
+
+
+def is_device_array(a) -> bool:
+    """True for arrays that live on a GPU (CUDA array interface or a CUDA DLPack device)."""
+    if isinstance(a, np.ndarray) or a is None:
+        return False
+    if hasattr(a, "__cuda_array_interface__"):
+        return True
+    dev = getattr(a, "__dlpack_device__", None)
+    if dev is not None:
+        try:
+            return int(dev()[0]) in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+        except Exception:
+            return False
+    return False
+
+
+@dataclass
+class DeviceInput:
+    """The input as the kernels read it: a 1-D array (float32, or uint16 bits), its kind,
+    logical shape, dtype name and the library results go back to."""
+
+    arr: object
+    kind: int
+    shape: tuple
+    dtype: str
+    lib: str  # "numpy" (results on the host), "cupy" or "numba"
+    keepalive: object = None
+
+
+def _dtype_name(dt, argname, explicit):
+    """Name of the floating dtype the elements hold."""
+    dt = np.dtype(dt) if not isinstance(dt, str) else dt
+    name = str(dt)
+    if explicit is not None:
+        want = str(explicit) if not isinstance(explicit, type) else np.dtype(explicit).name
+        want = {"bf16": "bfloat16"}.get(want, want)
+        if want not in _KINDS:
+            raise TypeError(f"dtype={explicit!r} is not one of float32, float16, bfloat16")
+        if want == "float32":
+            if name != "float32":
+                raise TypeError(f"dtype='float32' needs {argname} of dtype float32, got {name}")
+        elif name not in ("uint16", "int16", want):
+            raise TypeError(f"dtype={want!r} needs {argname} holding its bits as uint16, got dtype {name}")
+        return want
+    if name in _KINDS:
+        return name
+    if name in ("uint16", "int16"):
+        raise TypeError(
+            f"{argname} has dtype {name}; pass dtype='bfloat16' (or 'float16') to read it as the bits of those"
+        )
+    raise TypeError(f"{argname} has dtype {name}; expected float32, float16 or bfloat16")
+
+
+def device_input(x, argname: str = "x", dtype=None) -> DeviceInput:
+    """Wrap ``x`` for the kernels (no copy where it is already on the device)."""
+    if isinstance(x, np.ndarray):
+        name = _dtype_name(x.dtype, argname, dtype)
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        flat = x.reshape(-1)
+        flat = flat.view(np.uint16) if name != "float32" else flat.view(np.float32)
+        if SIMULATOR:
+            return DeviceInput(flat, _KINDS[name], tuple(x.shape), name, "numpy")
+        from numba import cuda
+
+        return DeviceInput(cuda.to_device(flat), _KINDS[name], tuple(x.shape), name, "numpy")
+    if SIMULATOR:
+        raise TypeError(f"{argname} is a {type(x).__name__}; under the CUDA simulator only NumPy arrays run")
+    from numba import cuda
+
+    keep = None
+    lib = "cupy" if (is_cupy(x) or _cupy() is not None) else "numba"
+    if hasattr(x, "__cuda_array_interface__"):
+        dev = cuda.as_cuda_array(x)
+    elif hasattr(x, "__dlpack__"):
+        dev, keep = from_dlpack(x, argname)
+    else:
+        raise TypeError(f"{argname} must be a NumPy or GPU array, got {type(x).__name__}")
+    if dlpack_is_bf16(keep):
+        if dtype not in (None, "bfloat16", "bf16"):
+            raise TypeError(f"{argname} is a bfloat16 DLPack tensor but dtype={dtype!r}")
+        name = "bfloat16"
+    else:
+        name = _dtype_name(dev.dtype, argname, dtype)
+    if not dev.is_c_contiguous():
+        raise ValueError(f"{argname} must be C-contiguous on the device (make a contiguous copy first)")
+    flat = dev.reshape(dev.size) if dev.ndim != 1 else dev
+    if name != "float32" and flat.dtype != np.uint16:
+        flat = flat.view(np.uint16)
+    return DeviceInput(flat, _KINDS[name], tuple(dev.shape), name, lib, keep)
+
+
+# ----------------------------------------------------------------------------- DLPack
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DLManagedTensor._fields_ = [
+    ("dl_tensor", _DLTensor),
+    ("manager_ctx", ctypes.c_void_p),
+    ("deleter", ctypes.CFUNCTYPE(None, ctypes.c_void_p)),
+]
+
+_DL_TYPES = {(2, 32): "<f4", (2, 16): "<f2", (4, 16): "<u2", (1, 16): "<u2", (0, 16): "<i2"}  # bf16 -> bits
+
+
+class _DLPackOwner:
+    """Owns a consumed DLPack capsule: calls the producer's deleter when collected."""
+
+    def __init__(self, managed_ptr, source):
+        self._ptr = managed_ptr
+        self._source = source  # keep the producer alive too
+
+    def __del__(self):
+        try:
+            m = _DLManagedTensor.from_address(self._ptr)
+            if m.deleter:
+                m.deleter(self._ptr)
+        except Exception:
+            pass
+
+
+def from_dlpack(x, argname="x"):
+    """A Numba device array over a CUDA DLPack tensor (bfloat16 arrives as uint16 bits)."""
+    from numba import cuda
+
+    get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+    get_ptr.restype = ctypes.c_void_p
+    get_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    rename = ctypes.pythonapi.PyCapsule_SetName
+    rename.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    try:
+        capsule = x.__dlpack__(stream=None)
+    except TypeError:
+        capsule = x.__dlpack__()
+    ptr = get_ptr(capsule, b"dltensor")
+    m = _DLManagedTensor.from_address(ptr)
+    t = m.dl_tensor
+    if t.device.device_type not in (2, 3, 13):
+        raise TypeError(f"{argname} is a DLPack tensor on device type {t.device.device_type}, not CUDA")
+    key = (t.dtype.code, t.dtype.bits)
+    if key not in _DL_TYPES or t.dtype.lanes != 1:
+        raise TypeError(f"{argname} has DLPack dtype code {t.dtype.code}/{t.dtype.bits} bits; expected float32, float16 or bfloat16")
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    itemsize = t.dtype.bits // 8
+    if t.strides:
+        strides = tuple(t.strides[i] * itemsize for i in range(t.ndim))
+    else:
+        strides = None
+    rename(capsule, b"used_dltensor")
+    owner = _DLPackOwner(ptr, x)
+    desc = {
+        "shape": shape,
+        "strides": strides,
+        "typestr": _DL_TYPES[key],
+        "data": (t.data + t.byte_offset, False),
+        "version": 3,
+    }
+    arr = cuda.from_cuda_array_interface(desc, owner=owner, sync=False)
+    return arr, (owner, t.dtype.code == 4)
+
+
+def dlpack_is_bf16(keepalive) -> bool:
+    return bool(keepalive and keepalive[1])
+
+
+# ----------------------------------------------------------------------------- outputs
+class Allocator:
+    """Allocates outputs in one library and converts them for the kernels."""
+
+    def __init__(self, lib: str):
+        self.lib = lib
+        self.cp = _cupy() if lib == "cupy" else None
+
+    def empty(self, n, dtype):
+        if SIMULATOR:
+            return np.empty(n, dtype)
+        if self.cp is not None:
+            return self.cp.empty(n, dtype)
+        from numba import cuda
+
+        return cuda.device_array(n, dtype)
+
+    def kernel_arg(self, a):
+        """What to pass to a kernel for array ``a``."""
+        if SIMULATOR or isinstance(a, np.ndarray):
+            return a
+        from numba import cuda
+
+        return cuda.as_cuda_array(a) if not hasattr(a, "gpu_data") else a
+
+    def to_lib(self, a, shape):
+        """``a`` (flat) reshaped, in the result library (NumPy results are copied back)."""
+        if a is None:
+            return None
+        if SIMULATOR:
+            return a.reshape(shape)
+        if self.lib == "numpy":
+            host = a.get() if hasattr(a, "get") and not hasattr(a, "copy_to_host") else a.copy_to_host()
+            return np.asarray(host).reshape(shape)
+        return a.reshape(shape)
+
+    def stream(self):
+        """The stream kernels launch on: CuPy's current stream when CuPy is in use."""
+        if SIMULATOR or self.cp is None:
+            return 0
+        from numba import cuda
+
+        ptr = self.cp.cuda.get_current_stream().ptr
+        return cuda.external_stream(ptr) if ptr else 0

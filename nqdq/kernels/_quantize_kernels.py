@@ -1,0 +1,616 @@
+"""Kernel bodies. Each ``make_*`` factory builds one ``@cuda.jit`` kernel for a tuple of
+compile-time constants (input kind, mode, element format, group geometry, packing,
+rounding) and caches it; the launchers in ``quantize.py`` pick the factory and the constants.
+
+=====================  ==========================================================  =========
+kernel                 does                                                        passes
+=====================  ==========================================================  =========
+group (stash)          groups of G <= SEG_MAX along the last axis: a block stages  1 read
+                       a segment of groups in shared memory, reduces each group
+                       with a team of threads, encodes and packs                   1 write
+group (long)           the same, one block per group, G > SEG_MAX: the group is    1 read
+                       re-read from L1/L2 for each pass                            (+cache)
+strided_params         groups along any axis, one thread per group: scales only    1 read
+tile_params            one block per B0 x B1 tile: scales only                     1 read
+column_partials        per-channel partial statistics over chunks of the other     1 read
+                       axes (no atomics: finalize reduces the chunks)
+tensor_partials        per-block statistics of the whole tensor                    1 read
+finalize               chunks -> statistics -> scales (column, tensor, NVFP4 S_enc)
+encode                 elementwise encode + pack with scales looked up per element 1 read
+dequant                elementwise unpack + decode                                 1 read
+=====================  ==========================================================  =========
+
+Reductions use shared memory and __syncthreads only (no warp shuffles: the CUDA simulator
+and numba-hip both run them), and every reduction is order-independent except the centred
+INT8 sum, which follows reference/scales.halving_sum exactly (see _scales).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, float32, int32, int64
+
+from ._codec import (
+    F32,
+    FLT_MAX,
+    NAN,
+    ONE,
+    ZERO,
+    bits_f32,
+    decode_e8m0,
+    decode_float_code,
+    f32_bits,
+    load_f32,
+    mul_rn,
+    nanmax_f32,
+    nanmin_f32,
+)
+from ._elements import encode_element, load_code, random_word, store_unit
+from ._scales import (
+    MODE_ASYM,
+    MODE_CENTRED,
+    MODE_FLOAT,
+    MODE_MX,
+    MODE_NVFP4,
+    STACK_DEPTH,
+    asym_params,
+    float_scale,
+    mx_scale_code,
+    next_bitrev,
+    nvfp4_block_scale_code,
+    nvfp4_element_multiplier,
+    nvfp4_tensor_encode_scale,
+    pairwise_push,
+)
+from ._target import devfn
+
+SEG_MAX = 8192  # float32 elements staged per block (32 KiB of shared memory)
+
+
+@devfn
+def abs_bits(v):
+    return f32_bits(v) & 0x7FFFFFFF
+
+
+@devfn
+def group_params(mode, amax_bits, mn, mx, max_elem, mx_rounding, mx_mbits, mx_emax, mx_inv, s_enc):
+    """Scale code/value and element parameters of one group from its statistics.
+    Returns (scale_out, p0, pz): scale_out is what the scales array stores (float32 value,
+    or an e8m0 / ue4m3 code as float32)."""
+    amax = bits_f32(amax_bits)
+    if mode == MODE_MX:
+        code = mx_scale_code(amax, mx_rounding, mx_mbits, mx_emax, mx_inv)
+        return F32(code), decode_e8m0(code), 0
+    if mode == MODE_NVFP4:
+        code = nvfp4_block_scale_code(amax, s_enc)
+        return F32(code), nvfp4_element_multiplier(code, s_enc), 0
+    if mode == MODE_ASYM:
+        s, zp = asym_params(mn, mx, max_elem)
+        return s, s, zp
+    s = float_scale(amax, max_elem)
+    return s, s, 0
+
+
+@devfn
+def store_scale(scales, i, mode, val):
+    if mode == MODE_MX or mode == MODE_NVFP4:
+        scales[i] = int(val)
+    else:
+        scales[i] = val
+
+
+def _pow2ceil(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+# =============================================================================== group kernel
+@lru_cache(maxsize=None)
+def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, stash_on, packed, stoch):
+    """Groups of G consecutive elements along the last axis of a (rows, cols) view.
+
+    Block b owns ``gpb`` group slots: with one group per row (``ngroups == 1``) slot k is
+    row b*gpb + k; otherwise the block owns groups s*gpb .. s*gpb + gpb - 1 of row b // segs
+    (s = b % segs). Thread t is lane t % team of slot t // team.
+    """
+    E = P // team  # elements per lane (pow2: the lane's residue class in halving order)
+    SEG = gpb * G if stash_on else 1
+    NBITS = fmt[5]
+    MAXE = F32(max_elem)
+    MXR, MXM, MXE, MXI = mx_cfg[0], mx_cfg[1], mx_cfg[2], F32(mx_cfg[3])
+    STASH = stash_on
+    GPB = gpb
+    TEAM = team
+    NT = nt
+    assert team * gpb == nt and P % team == 0
+
+    @devfn
+    def slot(k, b, rows, cols, ngroups, segs):
+        """(row, group, length) of slot k of block b; length 0 for an empty slot."""
+        if ngroups == 1:
+            r = b * GPB + k
+            if r >= rows:
+                return 0, 0, 0
+            return r, 0, cols
+        r = b // segs
+        g = (b - r * segs) * GPB + k
+        if g >= ngroups:
+            return r, g, 0
+        n = cols - g * G
+        return r, g, G if n > G else n
+
+    @devfn
+    def elem(x, stash, k, j, row, g, cols):
+        if STASH:
+            return stash[k * G + j]
+        return load_f32(x, row * cols + g * G + j, kind)
+
+    @cuda.jit
+    def group_kernel(x, rows, cols, ngroups, segs, codes, pcols, scales, zps, means, sparams, key_lo, key_hi):
+        tid = cuda.threadIdx.x
+        b = cuda.blockIdx.x
+        stash = cuda.shared.array(SEG, float32)
+        red_i = cuda.shared.array(NT, int64)
+        red_a = cuda.shared.array(NT, float32)
+        red_b = cuda.shared.array(NT, float32)
+        p0s = cuda.shared.array(GPB, float32)
+        p1s = cuda.shared.array(GPB, float32)
+        pzs = cuda.shared.array(GPB, int32)
+
+        # ---- stage 1: stage the block's groups in shared memory (zeros past the ends)
+        if STASH:
+            for i in range(tid, GPB * G, NT):
+                k = i // G
+                j = i - k * G
+                row, g, n = slot(k, b, rows, cols, ngroups, segs)
+                v = ZERO
+                if j < n:
+                    v = load_f32(x, row * cols + g * G + j, kind)
+                stash[i] = v
+            cuda.syncthreads()
+
+        # ---- stage 2: per-lane statistics over the lane's residue class
+        k = tid // TEAM
+        lane = tid - k * TEAM
+        row, g, n = slot(k, b, rows, cols, ngroups, segs)
+        if mode == MODE_CENTRED:
+            stack = cuda.local.array(STACK_DEPTH, float32)
+            sp = 0
+            rev = 0
+            for s in range(E):
+                j = lane + TEAM * rev
+                v = ZERO
+                if j < n:
+                    v = elem(x, stash, k, j, row, g, cols)
+                sp = pairwise_push(stack, sp, s, v)
+                rev = next_bitrev(rev, E)
+            red_a[tid] = stack[0]
+        else:
+            acc = 0
+            mn = ZERO
+            mx = ZERO
+            for m in range(E):
+                j = lane + TEAM * m
+                if j < n:
+                    v = elem(x, stash, k, j, row, g, cols)
+                    if mode == MODE_ASYM:
+                        mn = nanmin_f32(mn, v)
+                        mx = nanmax_f32(mx, v)
+                    else:
+                        acc = max(acc, abs_bits(v))
+            red_i[tid] = acc
+            red_a[tid] = mn
+            red_b[tid] = mx
+        cuda.syncthreads()
+
+        # ---- stage 3: lane 0 of each slot combines its team and computes the parameters
+        sidx = row * ngroups + g
+        if lane == 0 and n > 0:
+            if mode == MODE_CENTRED:
+                stack2 = cuda.local.array(STACK_DEPTH, float32)
+                sp = 0
+                rev = 0
+                for s in range(TEAM):
+                    sp = pairwise_push(stack2, sp, s, red_a[k * TEAM + rev])
+                    rev = next_bitrev(rev, TEAM)
+                p1s[k] = stack2[0] / F32(n)  # the group mean: sum / element count
+            else:
+                acc = 0
+                mn = ZERO
+                mx = ZERO
+                for j in range(TEAM):
+                    acc = max(acc, red_i[k * TEAM + j])
+                    mn = nanmin_f32(mn, red_a[k * TEAM + j])
+                    mx = nanmax_f32(mx, red_b[k * TEAM + j])
+                s_enc = sparams[0] if mode == MODE_NVFP4 else ONE
+                sv, p0, pz = group_params(mode, acc, mn, mx, MAXE, MXR, MXM, MXE, MXI, s_enc)
+                p0s[k] = p0
+                pzs[k] = pz
+                store_scale(scales, sidx, mode, sv)
+                if mode == MODE_ASYM:
+                    zps[sidx] = pz
+        cuda.syncthreads()
+
+        if mode == MODE_CENTRED:
+            # ---- stage 3b: amax of the centred values x - mean, then the scale
+            acc = 0
+            if n > 0:
+                mean = p1s[k]
+                for m in range(E):
+                    j = lane + TEAM * m
+                    if j < n:
+                        acc = max(acc, abs_bits(elem(x, stash, k, j, row, g, cols) - mean))
+            red_i[tid] = acc
+            cuda.syncthreads()
+            if lane == 0 and n > 0:
+                acc = 0
+                for j in range(TEAM):
+                    acc = max(acc, red_i[k * TEAM + j])
+                sv = float_scale(bits_f32(acc), MAXE)
+                p0s[k] = sv
+                scales[sidx] = sv
+                means[sidx] = p1s[k]
+            cuda.syncthreads()
+
+        # ---- stage 4: encode and pack, four consecutive columns of a row per work item
+        q = cuda.local.array(4, int64)
+        cache = cuda.local.array(5, int64)
+        cache[0] = -1
+        if ngroups == 1:
+            upr = (cols + 3) // 4
+            total = GPB * upr
+            c0 = 0
+            cend = cols
+        else:
+            r = b // segs
+            c0 = (b - r * segs) * GPB * G
+            cend = min(c0 + GPB * G, cols)
+            upr = 1
+            total = (cend - c0 + 3) // 4
+        for u in range(tid, total, NT):
+            if ngroups == 1:
+                kk = u // upr
+                row = b * GPB + kk
+                c = (u - kk * upr) * 4
+                g = 0
+            else:
+                kk = 0
+                row = b // segs
+                c = c0 + 4 * u
+            if row < rows:
+                for j in range(4):
+                    cj = c + j
+                    code = 0
+                    if cj < cend:
+                        if ngroups == 1:
+                            ks = kk
+                            jj = cj
+                        else:
+                            off = cj - c0
+                            ks = off // G
+                            jj = off - ks * G
+                            g = c0 // G + ks
+                        xv = elem(x, stash, ks, jj, row, g, cols)
+                        rb = 0
+                        if stoch:
+                            rb = random_word(row * cols + cj, key_lo, key_hi, cache)
+                        code = encode_element(xv, p0s[ks], p1s[ks], pzs[ks], mode, fmt, stoch, rb)
+                    q[j] = code
+                store_unit(codes, row * pcols, c, q, cols, pcols, NBITS, packed)
+
+    return group_kernel
+
+
+# =============================================================================== strided params
+@lru_cache(maxsize=None)
+def make_strided_params_kernel(kind, mode, fmt, mx_cfg, max_elem):
+    """Groups of G along the middle axis of an (O, L, I) view, one thread per group
+    (o, g, i): writes the scale arrays (and zero points / means); ``encode`` does the rest."""
+    MAXE = F32(max_elem)
+    MXR, MXM, MXE, MXI = mx_cfg[0], mx_cfg[1], mx_cfg[2], F32(mx_cfg[3])
+
+    @cuda.jit
+    def strided_params(x, O, L, I, G, P, scales, zps, means):
+        t = cuda.grid(1)
+        ng = (L + G - 1) // G
+        if t >= O * ng * I:
+            return
+        i = t % I
+        og = t // I
+        g = og % ng
+        o = og // ng
+        n = min(G, L - g * G)
+        base = (o * L + g * G) * I + i
+        if mode == MODE_CENTRED:
+            stack = cuda.local.array(STACK_DEPTH, float32)
+            sp = 0
+            rev = 0
+            for s in range(P):
+                v = ZERO
+                if rev < n:
+                    v = load_f32(x, base + rev * I, kind)
+                sp = pairwise_push(stack, sp, s, v)
+                rev = next_bitrev(rev, P)
+            mean = stack[0] / F32(n)
+            acc = 0
+            for j in range(n):
+                acc = max(acc, abs_bits(load_f32(x, base + j * I, kind) - mean))
+            scales[t] = float_scale(bits_f32(acc), MAXE)
+            means[t] = mean
+            return
+        acc = 0
+        mn = ZERO
+        mx = ZERO
+        for j in range(n):
+            v = load_f32(x, base + j * I, kind)
+            if mode == MODE_ASYM:
+                mn = nanmin_f32(mn, v)
+                mx = nanmax_f32(mx, v)
+            else:
+                acc = max(acc, abs_bits(v))
+        sv, p0, pz = group_params(mode, acc, mn, mx, MAXE, MXR, MXM, MXE, MXI, ONE)
+        store_scale(scales, t, mode, sv)
+        if mode == MODE_ASYM:
+            zps[t] = pz
+
+    return strided_params
+
+
+# =============================================================================== tile params
+@lru_cache(maxsize=None)
+def make_tile_params_kernel(kind, mode, max_elem, nt):
+    """One block per B0 x B1 tile of a (batch, R, C) view: float or asymmetric scales."""
+    MAXE = F32(max_elem)
+    NT = nt
+
+    @cuda.jit
+    def tile_params(x, R, C, B0, B1, scales, zps):
+        tid = cuda.threadIdx.x
+        t = cuda.blockIdx.x
+        nR = (R + B0 - 1) // B0
+        nC = (C + B1 - 1) // B1
+        tj = t % nC
+        ti = (t // nC) % nR
+        bt = t // (nC * nR)
+        red_i = cuda.shared.array(NT, int64)
+        red_a = cuda.shared.array(NT, float32)
+        red_b = cuda.shared.array(NT, float32)
+        acc = 0
+        mn = ZERO
+        mx = ZERO
+        for e in range(tid, B0 * B1, NT):
+            ii = e // B1
+            jj = e - ii * B1
+            r = ti * B0 + ii
+            c = tj * B1 + jj
+            if r < R and c < C:
+                v = load_f32(x, (bt * R + r) * C + c, kind)
+                if mode == MODE_ASYM:
+                    mn = nanmin_f32(mn, v)
+                    mx = nanmax_f32(mx, v)
+                else:
+                    acc = max(acc, abs_bits(v))
+        red_i[tid] = acc
+        red_a[tid] = mn
+        red_b[tid] = mx
+        cuda.syncthreads()
+        if tid == 0:
+            for j in range(1, NT):
+                acc = max(acc, red_i[j])
+                mn = nanmin_f32(mn, red_a[j])
+                mx = nanmax_f32(mx, red_b[j])
+            sv, p0, pz = group_params(mode, acc, mn, mx, MAXE, 0, 0, 0, ONE, ONE)
+            scales[t] = sv
+            if mode == MODE_ASYM:
+                zps[t] = pz
+
+    return tile_params
+
+
+# =============================================================================== partial statistics
+@lru_cache(maxsize=None)
+def make_column_partials_kernel(kind, mode):
+    """Statistics of x[o, j] over a chunk of o, for every column j of an (O, J) view:
+    thread j of block (., chunk) writes part_*[chunk, j]."""
+
+    @cuda.jit
+    def column_partials(x, O, J, OC, part_i, part_a, part_b):
+        j = cuda.grid(1)
+        cb = cuda.blockIdx.y
+        if j >= J:
+            return
+        acc = 0
+        mn = ZERO
+        mx = ZERO
+        for o in range(cb * OC, min(cb * OC + OC, O)):
+            v = load_f32(x, o * J + j, kind)
+            if mode == MODE_ASYM:
+                mn = nanmin_f32(mn, v)
+                mx = nanmax_f32(mx, v)
+            else:
+                acc = max(acc, abs_bits(v))
+        part_i[cb * J + j] = acc
+        part_a[cb * J + j] = mn
+        part_b[cb * J + j] = mx
+
+    return column_partials
+
+
+@lru_cache(maxsize=None)
+def make_tensor_partials_kernel(kind, mode, nt):
+    """Per-block statistics of the whole tensor: amax bits (NVFP4: amax over finite values),
+    NaN-propagating min and max."""
+    NT = nt
+
+    @cuda.jit
+    def tensor_partials(x, N, part_i, part_a, part_b):
+        tid = cuda.threadIdx.x
+        red_i = cuda.shared.array(NT, int64)
+        red_a = cuda.shared.array(NT, float32)
+        red_b = cuda.shared.array(NT, float32)
+        acc = 0
+        mn = ZERO
+        mx = ZERO
+        for e in range(cuda.grid(1), N, cuda.gridsize(1)):
+            v = load_f32(x, e, kind)
+            if mode == MODE_ASYM:
+                mn = nanmin_f32(mn, v)
+                mx = nanmax_f32(mx, v)
+            else:
+                a = abs_bits(v)
+                if mode != MODE_NVFP4 or a < 0x7F800000:
+                    acc = max(acc, a)
+        red_i[tid] = acc
+        red_a[tid] = mn
+        red_b[tid] = mx
+        cuda.syncthreads()
+        if tid == 0:
+            for j in range(1, NT):
+                acc = max(acc, red_i[j])
+                mn = nanmin_f32(mn, red_a[j])
+                mx = nanmax_f32(mx, red_b[j])
+            b = cuda.blockIdx.x
+            part_i[b] = acc
+            part_a[b] = mn
+            part_b[b] = mx
+
+    return tensor_partials
+
+
+@lru_cache(maxsize=None)
+def make_finalize_kernel(mode, max_elem):
+    """Scale group q's statistics from part_*[c, q*I + i] (all chunks c, all i), then its
+    scale (float / asymmetric) or, for NVFP4 (one group), S_enc and S_dec."""
+    MAXE = F32(max_elem)
+
+    @cuda.jit
+    def finalize(part_i, part_a, part_b, nchunks, ngroups, I, scales, zps, sparams, tscale):
+        q = cuda.grid(1)
+        if q >= ngroups:
+            return
+        acc = 0
+        mn = ZERO
+        mx = ZERO
+        for c in range(nchunks):
+            for i in range(I):
+                e = (c * ngroups + q) * I + i
+                acc = max(acc, int(part_i[e]))
+                mn = nanmin_f32(mn, part_a[e])
+                mx = nanmax_f32(mx, part_b[e])
+        if mode == MODE_NVFP4:
+            s_enc = nvfp4_tensor_encode_scale(bits_f32(acc))
+            sparams[0] = s_enc
+            tscale[0] = ONE / s_enc
+            return
+        sv, p0, pz = group_params(mode, acc, mn, mx, MAXE, 0, 0, 0, ONE, ONE)
+        scales[q] = sv
+        if mode == MODE_ASYM:
+            zps[q] = pz
+
+    return finalize
+
+
+# =============================================================================== encode / dequant
+@devfn
+def scale_index(row, c, d1, d2, b0, b1, b2, bc, n1, n2, nc):
+    """Scale index of element (row, c) of a (d0, d1, d2, C) view whose scale groups are
+    b0 x b1 x b2 x bc (scale array n0 x n1 x n2 x nc)."""
+    i2 = row % d2
+    r01 = row // d2
+    i1 = r01 % d1
+    i0 = r01 // d1
+    return (((i0 // b0) * n1 + i1 // b1) * n2 + i2 // b2) * nc + c // bc
+
+
+@lru_cache(maxsize=None)
+def make_encode_kernel(kind, mode, fmt, nt, packed, stoch):
+    """Elementwise encode + pack of a (rows, C) view, scales read per element."""
+    NBITS = fmt[5]
+
+    @cuda.jit
+    def encode(x, rows, C, d1, d2, b0, b1, b2, bc, n1, n2, nc, codes, pcols, scales, zps, means, key_lo, key_hi):
+        upr = (C + 3) // 4
+        q = cuda.local.array(4, int64)
+        cache = cuda.local.array(5, int64)
+        cache[0] = -1
+        for u in range(cuda.grid(1), rows * upr, cuda.gridsize(1)):
+            row = u // upr
+            c = (u - row * upr) * 4
+            for j in range(4):
+                cj = c + j
+                code = 0
+                if cj < C:
+                    si = scale_index(row, cj, d1, d2, b0, b1, b2, bc, n1, n2, nc)
+                    xv = load_f32(x, row * C + cj, kind)
+                    p1 = ZERO
+                    pz = 0
+                    if mode == MODE_MX:
+                        p0 = decode_e8m0(int(scales[si]))
+                    else:
+                        p0 = scales[si]
+                    if mode == MODE_ASYM:
+                        pz = int(zps[si])
+                    if mode == MODE_CENTRED:
+                        p1 = means[si]
+                    rb = 0
+                    if stoch:
+                        rb = random_word(row * C + cj, key_lo, key_hi, cache)
+                    code = encode_element(xv, p0, p1, pz, mode, fmt, stoch, rb)
+                q[j] = code
+            store_unit(codes, row * pcols, c, q, C, pcols, NBITS, packed)
+
+    return encode
+
+
+@lru_cache(maxsize=None)
+def make_dequant_kernel(mode, fmt, symmetric, packed):
+    """float32 values of (packed) codes of a (rows, C) view (reference quantize.dequantize)."""
+    NBITS = fmt[5]
+    IS_FLOAT = fmt[0] == 1
+    EBITS, MBITS, NAN_STYLE = fmt[8], fmt[1], fmt[9]
+
+    @cuda.jit
+    def dequant(codes, rows, C, pcols, d1, d2, b0, b1, b2, bc, n1, n2, nc, scales, zps, means, tscale, out):
+        for e in range(cuda.grid(1), rows * C, cuda.gridsize(1)):
+            row = e // C
+            c = e - row * C
+            code = load_code(codes, row * pcols, c, NBITS, packed)
+            if IS_FLOAT:
+                val = decode_float_code(code, EBITS, MBITS, NAN_STYLE)
+            elif symmetric:
+                width = NBITS if packed else 8
+                if code >= (1 << (width - 1)):
+                    code -= 1 << width
+                val = F32(code)
+            else:
+                val = F32(code)
+            si = scale_index(row, c, d1, d2, b0, b1, b2, bc, n1, n2, nc)
+            if mode == MODE_MX:
+                res = val * decode_e8m0(int(scales[si]))
+            elif mode == MODE_NVFP4:
+                res = val * (decode_float_code(int(scales[si]), 4, 3, 1) * tscale[0])
+            elif mode == MODE_CENTRED:
+                res = mul_rn(val, scales[si]) + means[si]
+            elif mode == MODE_ASYM:
+                res = (val - F32(int(zps[si]))) * scales[si]
+            else:
+                res = val * scales[si]
+            out[e] = res
+
+    return dequant
+
+
+@cuda.jit
+def f32_to_bf16_kernel(src, dst, n):
+    """float32 -> bfloat16 bits, round to nearest even (NaN -> quiet NaN of the same sign)."""
+    for e in range(cuda.grid(1), n, cuda.gridsize(1)):
+        u = f32_bits(src[e])
+        if (u & 0x7FFFFFFF) > 0x7F800000:
+            dst[e] = 0xFFC0 if (u >> 31) == 1 else 0x7FC0
+        else:
+            dst[e] = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+
+
+# silence "imported but unused" for names used only inside kernels
+_ = (FLT_MAX, NAN, MODE_FLOAT)

@@ -1,0 +1,20 @@
+"""Which target the kernels are built for, and the decorator for device functions.
+
+``SIMULATOR`` is read from Numba's config once, at import: with NUMBA_ENABLE_CUDASIM=1 the
+kernels run as Python in Numba's CUDA simulator (on NumPy arrays), otherwise they are
+compiled by NVVM. The few target-specific helpers (libdevice's ``fmul_rn``) pick their
+portable twin from this flag.
+"""
+
+from __future__ import annotations
+
+from numba import config, cuda
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+if SIMULATOR:
+    devfn = cuda.jit(device=True)
+else:
+    # forceinline: every device function is inlined into its kernel, so the compile-time
+    # constants the kernel factories pass in fold the per-scheme branches away.
+    devfn = cuda.jit(device=True, forceinline=True)

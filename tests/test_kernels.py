@@ -1,0 +1,344 @@
+"""The kernels against the reference, bit for bit: codes, scales, zero points, tensor scale
+and means compared as integer views (atol=0, rtol=0), dequantized values too.
+
+In CI this runs in Numba's CUDA simulator (conftest sets NUMBA_ENABLE_CUDASIM=1), so the
+cases are small; with NQDQ_TEST_GPU=1 the same file runs the compiled kernels on a GPU
+(NumPy inputs are copied there and back). Every output is poisoned (every byte 0xA5) before
+a kernel runs, so an element a kernel forgets to write fails.
+
+Two documented exceptions to "integer views": NaN *payloads* in float32 outputs that are
+computed, not chosen (centred means of a group holding NaN, dequantized NaNs) follow the
+host FPU in the reference (x86 keeps the first NaN operand, the GPU returns its canonical
+NaN); those compare as "both NaN". Every NaN a scale holds is the canonical 0x7FC00000 on
+both sides and is compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from numba import cuda
+
+import nqdq
+import nqdq.kernels.quantize as kq
+from nqdq.kernels import _codec
+from nqdq.kernels import _quantize_kernels as K
+from nqdq.reference import codec as rcodec
+from nqdq.reference import quantize as ref
+from nqdq.reference.packing import pack_codes
+from nqdq.reference.rng import random_bits
+from nqdq.schemes import resolve_scheme, schemes
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN/inf arithmetic in the simulator
+
+POISON = 0xA5
+RNG = np.random.default_rng(20261120)
+
+
+# ----------------------------------------------------------------------------- helpers
+def _bits(a):
+    a = np.asarray(a)
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+
+
+def assert_same(got, want, what, *, nan_equal=False, x=None):
+    """Bit-identical (integer views); with ``nan_equal`` any two NaNs match."""
+    if want is None:
+        assert got is None, f"{what}: kernel returned an array, reference None"
+        return
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != reference {want.shape}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != reference {want.dtype}"
+    gb, wb = _bits(got), _bits(want)
+    bad = gb != wb
+    if nan_equal and (got.dtype.kind == "f" or got.dtype == ml_dtypes.bfloat16):
+        bad &= ~(np.isnan(got.astype(np.float32)) & np.isnan(want.astype(np.float32)))
+    if bad.any():
+        i = tuple(int(v) for v in np.argwhere(bad)[0])
+        extra = ""
+        if x is not None and x.shape == got.shape:
+            xv = np.asarray(x, np.float32)[i]
+            extra = f", x={xv!r} (bits {np.float32(xv).view(np.uint32):#010x})"
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.size} differ; first at {i}: kernel {got[i]!r} "
+            f"(bits {int(gb[i]):#x}) vs reference {want[i]!r} (bits {int(wb[i]):#x}){extra}"
+        )
+
+
+def check(x, sch, *, seed=None, scale=None, threads=None, x_ref=None):
+    """Quantize and dequantize ``x`` with the kernels and the reference; compare everything."""
+    xr = np.asarray(x if x_ref is None else x_ref, np.float32)
+    got = kq.quantize(x, sch, seed=seed, scale=scale, threads=threads, out_fill=POISON)
+    want = ref.quantize(xr, sch, seed=seed, scale=scale)
+    wcodes = want.codes if sch.code_bits == 8 else pack_codes(want.codes, sch.code_bits)
+    assert_same(got.codes, wcodes, f"{sch.name} codes", x=xr if sch.code_bits == 8 else None)
+    assert_same(got.scales, want.scales, f"{sch.name} scales")
+    assert_same(got.zero_points, want.zero_points, f"{sch.name} zero points")
+    assert_same(got.tensor_scale, want.tensor_scale, f"{sch.name} tensor scale")
+    assert_same(got.means, want.means, f"{sch.name} means", nan_equal=True)
+    # unpacked codes too (the kernels can write one code per byte, as the reference does)
+    if sch.code_bits < 8:
+        un = kq.quantize(x, sch, seed=seed, scale=scale, threads=threads, packed=False, out_fill=POISON)
+        assert_same(un.codes, want.codes, f"{sch.name} unpacked codes", x=xr)
+    deq = kq.dequantize(got, sch, xr.shape, threads=threads, out_fill=POISON)
+    assert_same(deq, ref.dequantize(want, sch, xr.shape), f"{sch.name} dequantized", nan_equal=True)
+    return got
+
+
+def edge_data(shape, *, scale=3.0, seed=0):
+    """Gaussian data with NaN, +-inf, signed zeros, subnormals, format maxima and ties mixed in."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * scale).astype(np.float32)
+    f = x.reshape(-1)
+    specials = np.array(
+        [0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1e-40, -1e-45, 448.0, 449.0, 464.0, -480.0,
+         57344.0, 6.0, 5.0, 0.25, 0.75, 3.4e38, -3.4e38, 1e-30, 2.0**-127, 2.5, -3.5, 7.5, 28.0],
+        np.float32,
+    )
+    idx = rng.choice(f.size, min(len(specials), f.size // 3), replace=False)
+    f[idx] = specials[: len(idx)]
+    return x
+
+
+def wide_data(shape, seed=1):
+    """Values spread over 16 decades: sums where the addition order shows in the last bit."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 8, shape)).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- every scheme
+@pytest.mark.parametrize("name", schemes())
+def test_every_scheme_random(name):
+    check(RNG.standard_normal((3, 70)).astype(np.float32), resolve_scheme(name))
+
+
+@pytest.mark.parametrize("name", schemes())
+def test_every_scheme_edge_values(name):
+    check(edge_data((5, 64), seed=hash(name) % 1000), resolve_scheme(name))
+
+
+@pytest.mark.parametrize("name", ["mxfp8", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4"])
+@pytest.mark.parametrize("rounding", ["floor", "rceil", "even"])
+def test_mx_scale_roundings(name, rounding):
+    x = edge_data((4, 96), scale=10.0 ** RNG.integers(-3, 4))
+    x[0, :32] = 2.0 ** RNG.integers(-140, 127, 32)  # powers of two: floor/rceil/even boundaries
+    x[1, 32:64] *= 1e-38  # subnormal amax
+    check(x, resolve_scheme(name, scale_rounding=rounding))
+
+
+@pytest.mark.parametrize(
+    "name, kw",
+    [
+        ("fp8_row", {}),
+        ("e5m2", {"granularity": "tensor"}),
+        ("mxfp4", {}),
+        ("mxfp6_e3m2", {}),
+        ("nvfp4", {}),
+        ("int8_row", {}),
+        ("int4_group", {"group_size": 32}),
+        ("int8_centred", {"group_size": 32}),
+        ("int4_asym", {"group_size": 32}),
+        ("int8", {"granularity": "column", "symmetric": False}),
+    ],
+)
+@pytest.mark.parametrize("seed", [7, 2**40 + 12345])
+def test_stochastic_rounding(name, kw, seed):
+    check(edge_data((3, 70), seed=seed % 97), resolve_scheme(name, **kw), seed=seed)
+
+
+def test_stochastic_rounding_is_independent_of_launch_shape():
+    x = RNG.standard_normal((5, 96)).astype(np.float32)
+    sch = resolve_scheme("mxfp4")
+    a = kq.quantize(x, sch, seed=3, threads=32)
+    b = kq.quantize(x, sch, seed=3, threads=128)
+    assert_same(a.codes, b.codes, "codes under two block sizes")
+
+
+# ----------------------------------------------------------------------------- static scales
+@pytest.mark.parametrize(
+    "name, kw, scale",
+    [
+        ("fp8_tensor", {}, 0.05),
+        ("e4m3", {"granularity": "row"}, np.array([[0.01], [0.1], [1.0]], np.float32)),
+        ("int8", {"granularity": "group", "group_size": 16}, None),
+        ("int4", {"granularity": "block", "block_shape": (2, 16)}, None),
+        ("e2m1", {"granularity": "column"}, None),
+    ],
+)
+def test_static_scales(name, kw, scale):
+    x = edge_data((3, 70))
+    sch = resolve_scheme(name, static_scale=True, **kw)
+    if scale is None:
+        scale = (RNG.random(sch.scale_shape(x.shape)) + 0.01).astype(np.float32)
+    check(x, sch, scale=scale)
+
+
+# ----------------------------------------------------------------------------- shapes and axes
+@pytest.mark.parametrize(
+    "name, kw, shape",
+    [
+        ("e4m3", {"granularity": "row", "axis": 1}, (2, 3, 40)),
+        ("e4m3", {"granularity": "row", "axis": 0}, (3, 2, 5)),
+        ("int4", {"granularity": "row", "axis": 0}, (5, 7)),
+        ("int8", {"granularity": "group", "axis": 0, "group_size": 2}, (5, 3, 8)),
+        ("int8", {"granularity": "column", "axis": 1}, (2, 3, 40)),
+        ("int8", {"granularity": "column", "axis": 0}, (6, 20)),
+        ("int4", {"granularity": "column", "axis": 0}, (2, 4, 5)),
+        ("int4", {"granularity": "column"}, (2, 3, 9)),
+        ("mxfp8", {"axis": 1}, (2, 40, 3)),
+        ("mxfp4", {}, (2, 3, 40)),
+        ("fp8_128x128", {"block_shape": (4, 16)}, (2, 9, 40)),
+        ("int8", {"granularity": "block", "block_shape": (3, 5), "symmetric": False}, (7, 11)),
+        ("e2m1", {"granularity": "block", "block_shape": (3, 5)}, (7, 11)),
+        ("int8_centred", {"axis": 0, "group_size": 4}, (9, 3, 2)),
+        ("int8_centred", {"group_size": 24}, (4, 50)),
+        ("int8_centred", {"group_size": 200}, (3, 70)),
+        ("e2m1", {"granularity": "tensor"}, (3, 33)),
+        ("e2m3", {"granularity": "group", "group_size": 6}, (3, 38)),
+        ("e3m2", {"granularity": "group", "group_size": 3}, (2, 29)),
+        ("int4", {"granularity": "group", "group_size": 3}, (2, 31)),
+        ("int4", {"granularity": "group", "group_size": 5, "symmetric": False}, (3, 21)),
+        ("fp8_1x128", {}, (130, 33)),
+        ("int8_asym", {}, (1, 1)),
+        ("nvfp4", {}, (1, 17)),
+        ("fp8_row", {}, (40,)),
+    ],
+)
+def test_shapes_and_axes(name, kw, shape):
+    check(edge_data(shape), resolve_scheme(name, **kw))
+
+
+@pytest.mark.parametrize("group_size", [1, 5, 24, 64, 100])
+def test_centred_halving_sum_order(group_size):
+    # values over 16 decades: any other summation order changes the last bits of the means
+    check(wide_data((3, 100)), resolve_scheme("int8_centred", group_size=group_size))
+
+
+@pytest.mark.parametrize("threads", [32, 128])
+@pytest.mark.parametrize("name", ["mxfp4", "int8_centred", "nvfp4", "int4_asym"])
+def test_block_size_does_not_change_results(name, threads):
+    check(wide_data((4, 150)), resolve_scheme(name), threads=threads)
+
+
+@pytest.mark.parametrize(
+    "name, kw, shape",
+    [
+        ("fp8_row", {}, (3, 70)),
+        ("int8_centred", {"group_size": 64}, (2, 200)),
+        ("int4_group", {}, (2, 300)),
+        ("int4_asym", {}, (2, 300)),
+        ("int4", {"granularity": "group", "group_size": 37}, (2, 100)),
+        ("mxfp4", {}, (3, 64)),
+    ],
+)
+def test_long_groups_and_unaligned_fallbacks(monkeypatch, name, kw, shape):
+    # with a tiny staging buffer the group kernel re-reads groups from memory (the path for
+    # groups over 8192 elements), and groups whose packed bytes would straddle two blocks
+    # go through strided_params + encode
+    monkeypatch.setattr(K, "SEG_MAX", 32)
+    check(edge_data(shape), resolve_scheme(name, **kw))
+
+
+@pytest.mark.parametrize("name", ["fp8_row", "mxfp4", "int4_group", "nvfp4", "int8_column", "fp8_tensor"])
+def test_empty_input(name):
+    sch = resolve_scheme(name)
+    x = np.zeros((0, 32), np.float32)
+    got = kq.quantize(x, sch)
+    want = ref.quantize(x, sch)
+    assert_same(got.scales, want.scales, "scales")
+    assert np.asarray(got.codes).shape[0] == 0
+
+
+# ----------------------------------------------------------------------------- input dtypes
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("name", ["fp8_row", "mxfp4", "int8_centred"])
+def test_half_inputs(dtype, name):
+    x = edge_data((3, 64), scale=2.0).astype(dtype)
+    if dtype == np.float16:
+        x.reshape(-1)[:6] = np.array([6e-8, -6e-8, 1e-5, 65504, -65504, 3e-5], np.float16)  # subnormals, max
+    check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
+
+
+def test_uint16_bits_with_dtype():
+    x = edge_data((2, 64)).astype(ml_dtypes.bfloat16)
+    sch = resolve_scheme("mxfp8")
+    a = kq.quantize(x.view(np.uint16), sch, dtype="bfloat16")
+    b = ref.quantize(x.astype(np.float32), sch)
+    assert_same(a.scales, b.scales, "scales")
+    with pytest.raises(TypeError, match="dtype='bfloat16'"):
+        kq.quantize(x.view(np.uint16), sch)
+
+
+# ----------------------------------------------------------------------------- device functions
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8", "int4"])
+def test_encode_at_every_code_point(fmt):
+    """Every representable value, the midpoints between neighbours (ties), one float32 ulp
+    either side of them, and values past the maximum: static scale 1 isolates the codec."""
+    sch = resolve_scheme(fmt, granularity="tensor", static_scale=True)
+    if sch.element.kind == "float":
+        vals = rcodec.float_code_table(sch.element).astype(np.float64)
+    else:
+        vals = np.arange(-9, 10, dtype=np.float64)
+    vals = np.unique(vals[np.isfinite(vals)])
+    mids = (vals[1:] + vals[:-1]) / 2
+    pts = np.concatenate([vals, mids, vals * 1.0000001, -mids, [vals.max() * 2, 1e30, 1e-45]]).astype(np.float32)
+    ulp = np.concatenate([np.nextafter(pts, np.float32(np.inf)), np.nextafter(pts, np.float32(-np.inf))])
+    x = np.concatenate([pts, ulp, [np.nan, -np.nan, np.inf, -np.inf]]).astype(np.float32)
+    check(x.reshape(1, -1), sch, scale=1.0)
+
+
+def test_half_to_float_bits():
+    """float16 / bfloat16 -> float32 by bit manipulation, against NumPy / ml_dtypes casts."""
+    @cuda.jit
+    def widen(x, kind, out):
+        i = cuda.grid(1)
+        if i < x.size:
+            out[i] = _codec.load_f32(x, i, kind)
+
+    h = np.concatenate([np.arange(0, 2048), np.arange(0x7BF0, 0x7C10), RNG.integers(0, 65536, 512)]).astype(np.uint16)
+    h = np.concatenate([h, h | 0x8000])
+    for kind, dt in ((_codec.KIND_F16, np.float16), (_codec.KIND_BF16, ml_dtypes.bfloat16)):
+        out = np.empty(h.size, np.float32)
+        widen[(h.size + 127) // 128, 128](h, kind, out)
+        assert_same(out, h.view(dt).astype(np.float32), f"{dt.__name__} widening", nan_equal=True)
+
+
+def test_philox_matches_reference():
+    @cuda.jit
+    def bits(idx, key_lo, key_hi, out):
+        i = cuda.grid(1)
+        if i < idx.size:
+            out[i] = _codec.philox4x32_10(idx[i] >> 2, 0, key_lo, key_hi)[idx[i] & 3]
+
+    seed = 0x1234_5678_9ABC_DEF0
+    idx = np.arange(64, dtype=np.int64)
+    out = np.empty(64, np.uint32)
+    bits[1, 64](idx, seed & 0xFFFFFFFF, seed >> 32, out)
+    assert_same(out, random_bits(seed, 64), "philox words")
+
+
+# ----------------------------------------------------------------------------- the public API
+@pytest.mark.parametrize("name", ["mxfp4", "int8_centred", "fp8_tensor", "int4_asym"])
+def test_api_device_cuda_matches_cpu(name):
+    x = edge_data((4, 64))
+    a = nqdq.quantize(x, name, device="cuda")
+    b = nqdq.quantize(x, name)
+    for k in ("codes", "scales", "zero_points", "tensor_scale"):
+        assert_same(getattr(a, k), getattr(b, k), k)
+    assert_same(a.means, b.means, "means", nan_equal=True)
+    assert a.shape == b.shape and a.dtype == b.dtype and a.scheme == b.scheme
+    assert_same(nqdq.dequantize(a, device="cuda"), nqdq.dequantize(b), "dequantized", nan_equal=True)
+
+
+def test_api_device_options():
+    x = edge_data((3, 64)).astype(ml_dtypes.bfloat16)
+    a = nqdq.quantize(x.view(np.uint16), "e4m3", granularity="tensor", dtype="bfloat16", device="cuda",
+                      rounding="stochastic", seed=5)
+    b = nqdq.quantize(x, "e4m3", granularity="tensor", rounding="stochastic", seed=5)
+    assert a.dtype == "bfloat16"
+    assert_same(a.codes, b.codes, "codes")
+    with pytest.raises(ValueError, match="nonfinite='raise'"):
+        nqdq.quantize(x, "mxfp4", device="cuda", nonfinite="raise")
+    y = nqdq.dequantize(b, dtype="bfloat16", device="cuda")
+    assert_same(y, nqdq.dequantize(b, dtype="bfloat16"), "bf16 dequantized", nan_equal=True)
