@@ -22,12 +22,19 @@ def host(a):
     return np.asarray(a)
 
 
-def float_input(x, argname: str, *, allow_float64: bool = False):
+def float_input(x, argname: str, *, allow_float64: bool = False, dtype=None):
     """Return ``(x as float32 ndarray, original dtype name)``; float16/bfloat16 convert
-    exactly. float64 is kept as float64 when ``allow_float64`` (for exact encoding)."""
+    exactly. float64 is kept as float64 when ``allow_float64`` (for exact encoding).
+    ``dtype="bfloat16"``/``"float16"`` reads a uint16 array as the bits of that type."""
+    if dtype is not None and isinstance(x, np.ndarray):
+        want = float_dtype(dtype, "dtype")
+        if x.dtype in (np.uint16, np.int16) and want.itemsize == 2:
+            x = x.view(want)
+        elif x.dtype != want:
+            raise TypeError(f"dtype={dtype!r} does not match {argname}.dtype={x.dtype}")
     if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
         raise TypeError(
-            f"{argname} is a GPU array; this build of nqdq runs the NumPy reference only: "
+            f"{argname} is a GPU array; this function runs on the host: "
             f"pass {argname}.get() (CuPy) or a NumPy array"
         )
     if not isinstance(x, np.ndarray):
@@ -63,8 +70,46 @@ def float_dtype(dtype, argname: str, *, allow_float64: bool = False) -> np.dtype
 
 
 def check_device(device):
-    if device not in (None, "cpu"):
-        raise ValueError(f"device={device!r}: this build runs on 'cpu' (the NumPy reference) only")
+    if device not in (None, "cpu", "cuda", "gpu"):
+        raise ValueError(f"device={device!r} is not one of None, 'cpu', 'cuda'")
+
+
+def is_device_array(a) -> bool:
+    """True for GPU arrays: ``__cuda_array_interface__`` or a CUDA DLPack device."""
+    if a is None or isinstance(a, np.ndarray):
+        return False
+    if hasattr(a, "__cuda_array_interface__"):
+        return True
+    dev = getattr(a, "__dlpack_device__", None)
+    try:
+        return dev is not None and int(dev()[0]) in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+    except Exception:
+        return False
+
+
+def use_device(x, device, argname: str = "x") -> bool:
+    """Whether to run on the GPU kernels: GPU arrays by default, anything with device='cuda'."""
+    check_device(device)
+    if device == "cpu":
+        if is_device_array(x):
+            raise ValueError(f"{argname} is a GPU array but device='cpu'; copy it to the host first (e.g. {argname}.get())")
+        return False
+    return device in ("cuda", "gpu") or is_device_array(x)
+
+
+def device_astype(values, dtype):
+    """float32 GPU values as ``dtype``: float16 through the array's astype, bfloat16 as its
+    uint16 bits (round to nearest even), in the values' library."""
+    dt = np.dtype(dtype)
+    if dt == np.float32:
+        return values
+    if dt == BFLOAT16:
+        if isinstance(values, np.ndarray):
+            return values.astype(BFLOAT16)
+        from .kernels.quantize import to_bfloat16_bits
+
+        return to_bfloat16_bits(values)
+    return values.astype(dt)
 
 
 def static_scale(scale, scale_shape):

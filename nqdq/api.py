@@ -36,6 +36,7 @@ def quantize(
     scale_layout="linear",
     device=None,
     nonfinite="propagate",
+    dtype=None,
 ) -> QuantizedTensor:
     """Quantize a float32 / float16 / bfloat16 array.
 
@@ -54,10 +55,26 @@ def quantize(
     scale_rounding : MX schemes: ``"rceil"`` (default), ``"floor"`` or ``"even"``.
     rounding : ``"nearest"`` (to even) or ``"stochastic"`` (needs ``seed``).
     scale_layout : ``"linear"``.
-    device : None or ``"cpu"`` (the NumPy reference).
+    device : None (GPU arrays run on the GPU, NumPy arrays on the CPU), ``"cpu"`` (the NumPy
+        reference) or ``"cuda"`` (the kernels; NumPy input is copied to the GPU and back, or
+        runs in Numba's CUDA simulator under NUMBA_ENABLE_CUDASIM=1).
     nonfinite : ``"propagate"`` (a NaN/inf makes its scale group NaN) or ``"raise"``.
+    dtype : ``"bfloat16"`` / ``"float16"`` to read a uint16 array as the bits of that type
+        (CuPy has no bfloat16 dtype); None reads ``x.dtype``.
+
+    GPU arrays (CuPy, ``__cuda_array_interface__``, CUDA DLPack) stay on the GPU: the result
+    holds arrays of the same library (CuPy when installed).
     """
-    x32, dtype_name = _arrays.float_input(x, "x")
+    on_device = _arrays.use_device(x, device)
+    if on_device:
+        from .kernels import quantize as kq
+        from .kernels._interop import device_input
+
+        xdev = device_input(x, "x", dtype)
+        shape, dtype_name = tuple(xdev.shape), xdev.dtype
+    else:
+        x32, dtype_name = _arrays.float_input(x, "x", dtype=dtype)
+        shape = tuple(x32.shape)
     if rounding not in _ROUNDINGS:
         raise ValueError(f"rounding={rounding!r} is not one of {_ROUNDINGS}")
     if rounding == "stochastic":
@@ -71,7 +88,6 @@ def quantize(
         raise ValueError(f"scale_layout={scale_layout!r} is not one of {_LAYOUTS}")
     if nonfinite not in _NONFINITE:
         raise ValueError(f"nonfinite={nonfinite!r} is not one of {_NONFINITE}")
-    _arrays.check_device(device)
 
     sch = resolve_scheme(
         scheme,
@@ -83,21 +99,26 @@ def quantize(
         scale_rounding=scale_rounding,
         static_scale=scale is not None,
     )
-    sch.check_shape(x32.shape)
+    sch.check_shape(shape)
     if scale is not None:
-        scale = _arrays.static_scale(scale, sch.scale_shape(x32.shape))
-    if nonfinite == "raise" and not np.isfinite(x32).all():
+        scale = _arrays.static_scale(scale, sch.scale_shape(shape))
+    if nonfinite == "raise" and (kq.has_nonfinite(xdev) if on_device else not np.isfinite(x32).all()):
         raise ValueError("x contains NaN or inf and nonfinite='raise'")
 
-    parts = ref.quantize(x32, sch, scale=scale, seed=None if rounding == "nearest" else int(seed))
-    codes = parts.codes
-    if sch.code_bits < 8:
-        codes = pack_codes(codes, sch.code_bits)
+    seed = None if rounding == "nearest" else int(seed)
+    if on_device:
+        parts = kq.quantize(xdev, sch, scale=scale, seed=seed)  # codes come back packed
+        codes = parts.codes
+    else:
+        parts = ref.quantize(x32, sch, scale=scale, seed=seed)
+        codes = parts.codes
+        if sch.code_bits < 8:
+            codes = pack_codes(codes, sch.code_bits)
     return QuantizedTensor(
         codes=codes,
         scales=parts.scales,
         scheme=sch,
-        shape=tuple(x32.shape),
+        shape=shape,
         dtype=dtype_name,
         scale_layout=scale_layout,
         zero_points=parts.zero_points,
@@ -106,15 +127,22 @@ def quantize(
     )
 
 
-def dequantize(q: QuantizedTensor, dtype=np.float32):
+def dequantize(q: QuantizedTensor, dtype=np.float32, *, device=None):
     """Decode ``q`` to ``dtype`` (float32, float16 or bfloat16): values are computed in
-    float32, then rounded to ``dtype`` (nearest even)."""
+    float32, then rounded to ``dtype`` (nearest even). A ``q`` holding GPU arrays (or
+    ``device="cuda"``) decodes on the GPU into the same array library; bfloat16 comes back
+    as its uint16 bits there (CuPy has no bfloat16 dtype)."""
     if not isinstance(q, QuantizedTensor):
         raise TypeError(f"q must be a QuantizedTensor (from nqdq.quantize or nqdq.load), got {type(q).__name__}")
     out_dtype = _arrays.float_dtype(dtype, "dtype")
     if q.scale_layout not in _LAYOUTS:
         raise ValueError(f"q.scale_layout={q.scale_layout!r} is not one of {_LAYOUTS}")
     sch = q.scheme
+    if _arrays.use_device(q.codes, device, argname="q.codes"):
+        from .kernels import quantize as kq
+
+        parts = ref.QuantParts(q.codes, q.scales, q.zero_points, q.tensor_scale, q.means)
+        return _arrays.device_astype(kq.dequantize(parts, sch, tuple(q.shape)), out_dtype)
     codes = q.unpacked_codes()
     parts = ref.QuantParts(
         codes=codes,
