@@ -124,8 +124,16 @@ def main(argv=None):
         us = (time.perf_counter() - t0) / 10000 * 1e6
         results.append(dict(path=name, host_us=us, host_sync_us=float("nan")))
         print(f"{name:46s} host {us:8.2f} us/call")
+    fkg = FastKernel(k)
+
+    def general():  # drop the specialised launcher: key, LRU lookup, general packer
+        fkg._fast_launch = None
+        fkg.launch(grid, block, kargs)
+
+    row("FastKernel.launch, general path", general)
     saved, launch._cupy_launch = launch._cupy_launch, None
-    row("FastKernel.launch via cuda.bindings", lambda: fk.launch(grid, block, kargs))
+    fkb = FastKernel(k)  # its launchers are generated for cuda.bindings' cuLaunchKernel
+    row("FastKernel.launch via cuda.bindings", lambda: fkb.launch(grid, block, kargs))
     launch._cupy_launch = saved
 
     # CUDA graphs (captured on a non-default stream through the FastKernel path)

@@ -7,6 +7,7 @@ simulator). With ``NQDQ_TEST_GPU=1`` on a GPU machine, the ``gpu`` tests compare
 ``cuLaunchKernel`` path with Numba's own launch, bit for bit, and replay a CUDA graph.
 """
 
+import ctypes
 import os
 import struct
 import subprocess
@@ -135,6 +136,65 @@ def test_fits_signature_rules():
     assert launch._fits(key_a, types.float32[:, :]) and not launch._fits(key_a, types.float32[:, ::1])
     assert not launch._fits(key_c, types.float64[:, ::1]) and not launch._fits(key_c, types.float32[:])
     assert launch._fits(int, types.int32) and launch._fits(float, types.float32) and not launch._fits(float, types.int32)
+
+
+class _FakeCupyArray:
+    """Stands in for cupy.ndarray: the attributes the specialised launcher reads."""
+
+    def __init__(self, shape, dtype, ptr, order="C"):
+        dt = np.dtype(dtype)
+        self.shape, self.dtype, self.ndim, self.itemsize = tuple(shape), dt, len(shape), dt.itemsize
+        self.size = int(np.prod(shape))
+        strides = launch._c_strides(self.shape, dt.itemsize)
+        self.strides = strides if order == "C" else tuple(reversed(launch._c_strides(self.shape[::-1], dt.itemsize)))
+        self._c_contiguous = order == "C" or self.ndim <= 1
+        self._f_contiguous = order == "F" or self.ndim <= 1
+        self.data = type("MemoryPointer", (), {"ptr": ptr})()
+
+
+def test_specialised_fast_launch_packs_like_the_general_packer(monkeypatch):
+    """The generated check-pack-launch function: same bytes as the general packer, and it
+    declines (returns False, launches nothing) whenever the arguments' key changes."""
+    launched = []
+
+    def fake_launch(handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        # read the parameters back through the void*[] the launch would hand the driver
+        ptrs = (ctypes.c_void_p * len(entry.offsets)).from_address(params)
+        base = ptrs[0] - entry.offsets[0]
+        launched.append(((handle, gx, gy, gz, bx, by, bz, smem, stream), ctypes.string_at(base, entry.struct.size)))
+
+    monkeypatch.setattr(launch, "_cupy_ndarray", _FakeCupyArray)
+    monkeypatch.setattr(launch, "_cupy_launch", fake_launch)
+    argtypes = (types.uint32[:, ::1], types.float32[:], types.int32, types.complex64)
+    entry = launch._Entry.__new__(launch._Entry)
+    entry.argtypes, entry.handle, entry.name = argtypes, 1234, "k"
+    entry.struct = struct.Struct(param_format(argtypes))
+    entry.offsets = launch._param_offsets(entry.struct.format)
+    entry.pack = launch._make_packer(argtypes, ("x", "s", "n", "c"), entry.struct.pack_into)
+    entry._tls, entry._fast = launch.threading.local(), {}
+
+    x = _FakeCupyArray((4, 6), np.uint32, 0x10000)
+    v = _FakeCupyArray((5,), np.float32, 0x20000)
+    args = (x, v, 7, 1.5 - 2j)
+    key = tuple(map(launch._arg_key, args))
+    assert key == (("I", 2, "C"), ("f", 1, "C"), int, complex)
+    fl = entry.fast_launch(key)
+    assert fl(args, 3, 1, 1, 128, 1, 1, 0, 99) is True
+    expect = bytearray(entry.struct.size)
+    entry.pack(expect, args)
+    assert launched == [((1234, 3, 1, 1, 128, 1, 1, 0, 99), bytes(expect))]
+
+    declined = [
+        (x, v, 7),  # arity
+        (_FakeCupyArray((4, 6), np.int32, 1), v, 7, 1j),  # dtype
+        (_FakeCupyArray((4, 6), np.uint32, 1, order="F"), v, 7, 1j),  # layout
+        (_FakeCupyArray((24,), np.uint32, 1), v, 7, 1j),  # ndim
+        (x, v, np.int32(7), 1j),  # scalar type
+        (x, np.zeros(5, np.float32), 7, 1j),  # not a (fake) CuPy array
+    ]
+    for bad in declined:
+        assert fl(bad, 1, 1, 1, 1, 1, 1, 0, 0) is False
+    assert len(launched) == 1
 
 
 _PTX_CHECK = textwrap.dedent(

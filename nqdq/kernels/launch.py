@@ -346,7 +346,7 @@ def _raise_launch_error(err, name):
 class _Entry:
     """One compiled signature: kernel handle, packer, and thread-local parameter buffers."""
 
-    __slots__ = ("kernel", "argtypes", "handle", "name", "struct", "offsets", "pack", "_tls", "__weakref__")
+    __slots__ = ("kernel", "argtypes", "handle", "name", "struct", "offsets", "pack", "_tls", "_fast", "__weakref__")
 
     def __init__(self, kernel, argtypes, argnames):
         self.kernel = kernel
@@ -360,6 +360,15 @@ class _Entry:
         self.offsets = _param_offsets(fmt)
         self.pack = _make_packer(self.argtypes, argnames, self.struct.pack_into)
         self._tls = threading.local()
+        self._fast = {}
+
+    def fast_launch(self, key):
+        """The specialised launcher for ``key`` (cached; None where there is none)."""
+        try:
+            return self._fast[key]
+        except KeyError:
+            fl = self._fast[key] = _make_fast_launch(key, self)
+            return fl
 
     def check_abi(self, cc):
         """Compare the packer's parameter sizes with the kernel's PTX ``.entry`` list."""
@@ -403,6 +412,56 @@ def _make_packer(argtypes, argnames, pack_into):
     return ns["pack"]
 
 
+def _make_fast_launch(key, entry):
+    """A launcher specialised to one argument key and entry, for repeated calls with CuPy
+    arrays: it checks that ``args`` still have this key (CuPy type, ndim, dtype, layout;
+    scalar types) with inline attribute tests, packs, and launches, all in one function;
+    returns False, having done nothing, when they do not (the caller takes the general
+    path). None when the key has non-CuPy arrays or CuPy is not loaded."""
+    if _cupy_ndarray is None:
+        return None
+    n = len(key)
+    guards, values, ns = [], [], {}
+    for i, (k, ty) in enumerate(zip(key, entry.argtypes)):
+        a = f"a{i}"
+        _, kind = _arg_codes(ty)
+        if isinstance(k, tuple):
+            char, ndim, layout = k
+            guards += [f"type({a}) is _ND", f"{a}.ndim == {ndim}", f"{a}.dtype.char == {char!r}"]
+            if layout == "C":
+                guards.append(f"{a}._c_contiguous")
+            elif layout == "F":
+                guards.append(f"not {a}._c_contiguous and {a}._f_contiguous")
+            else:  # the key says neither; an entry compiled for "A" takes any layout
+                guards.append(f"not {a}._c_contiguous and not {a}._f_contiguous")
+            values.append(f"0, 0, {a}.size, {a}.itemsize, {a}.data.ptr, *{a}.shape, *{a}.strides")
+        else:
+            ns[f"_T{i}"] = k
+            guards.append(f"type({a}) is _T{i}")
+            values.append(f"{a}.real, {a}.imag" if kind == "complex" else a)
+    lines = ["def fast_launch(args, gx, gy, gz, bx, by, bz, smem, stream):",
+             f"    if len(args) != {n}:",
+             "        return False"]  # fmt: skip
+    if n:
+        lines.append(f"    {', '.join(f'a{i}' for i in range(n))}, = args")
+        lines += [f"    if not ({' and '.join(guards)}):", "        return False"]
+    lines += ["    try:", "        b = _tls.b", "    except AttributeError:", "        b = _tls.b = _new_buffer()"]
+    if values:
+        lines.append(f"    _pack_into(b[0], 0, {', '.join(values)})")
+    if _cupy_launch is not None:  # CuPy's raises CUDADriverError itself
+        lines.append("    _launch(_H, gx, gy, gz, bx, by, bz, smem, stream, b[2], 0)")
+    else:
+        lines += ["    err = _launch(_H, gx, gy, gz, bx, by, bz, smem, stream, b[2], 0)[0]",
+                  "    if err:", "        _raise(err, _NAME)"]  # fmt: skip
+    lines.append("    return True")
+    src = "\n".join(lines) + "\n"
+    ns.update(_ND=_cupy_ndarray, _tls=entry._tls, _new_buffer=entry.new_buffer, _pack_into=entry.struct.pack_into,
+              _H=entry.handle, _launch=_cupy_launch or _cu_launch, _raise=_raise_launch_error,
+              _NAME=entry.name)  # fmt: skip
+    exec(compile(src, f"<nqdq.launch fast path {entry.name[:40]}>", "exec"), ns)
+    return ns["fast_launch"]
+
+
 # ---------------------------------------------------------------------------------------
 # The public objects
 
@@ -426,6 +485,7 @@ class FastKernel:
         self._lock = threading.Lock()
         self._fixed = None
         self._fixed_entry = None
+        self._fast_launch = None  # specialised launcher for the last key seen (see _make_fast_launch)
         self._cc = None
         py = getattr(kernel, "py_func", None)
         import inspect
@@ -457,6 +517,19 @@ class FastKernel:
         """Launch on ``stream`` (None: CuPy's current stream, else the legacy default)."""
         if not self.fast:
             return self._numba_launch(grid, block, args, stream, shared_mem)
+        gx, gy, gz = (grid, 1, 1) if type(grid) is int else _dim3(grid)
+        bx, by, bz = (block, 1, 1) if type(block) is int else _dim3(block)
+        if stream is None and _cupy_current_stream is not None:
+            s = _cupy_current_stream().ptr
+        else:
+            s = _stream_handle(stream)
+        fl = self._fast_launch
+        try:
+            if fl is not None and fl(args, gx, gy, gz, bx, by, bz, shared_mem, s):
+                return
+        except struct.error as e:
+            raise TypeError(f"{self._name()}: an argument does not fit its parameter type: {e}") from None
+        # the general path: key, LRU lookup (compiling on a miss), pack, launch
         try:
             key = tuple(map(_arg_key, args))
         except TypeError:
@@ -477,14 +550,13 @@ class FastKernel:
             entry.pack(buf, args)
         except struct.error as e:
             raise TypeError(f"{self._name()}: an argument does not fit its parameter type: {e}") from None
-        gx, gy, gz = (grid, 1, 1) if type(grid) is int else _dim3(grid)
-        bx, by, bz = (block, 1, 1) if type(block) is int else _dim3(block)
         if _cupy_launch is not None:  # raises CUDADriverError itself
-            _cupy_launch(entry.handle, gx, gy, gz, bx, by, bz, shared_mem, _stream_handle(stream), addr, 0)
+            _cupy_launch(entry.handle, gx, gy, gz, bx, by, bz, shared_mem, s, addr, 0)
         else:
-            err = _cu_launch(entry.handle, gx, gy, gz, bx, by, bz, shared_mem, _stream_handle(stream), addr, 0)[0]
+            err = _cu_launch(entry.handle, gx, gy, gz, bx, by, bz, shared_mem, s, addr, 0)[0]
             if err:
                 _raise_launch_error(err, self._name())
+        self._fast_launch = entry.fast_launch(key)  # the next call with this key skips the lookup
 
     def __getitem__(self, config):
         """``fk[grid, block]``, ``fk[grid, block, stream]``, ``fk[grid, block, stream, shared_mem]``."""
