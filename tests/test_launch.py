@@ -329,9 +329,13 @@ def test_gpu_raw_launch_equals_numba_launch_all_argument_kinds():
     _mixed[1, 64](a, out_numba, *args_common)
     fk = FastKernel(_mixed)
     assert fk.fast
-    fk.launch(1, 64, (a, out_fast) + args_common)
+    fk.launch(1, 64, (a, out_fast) + args_common)  # general path (compiles)
+    out_again = cupy.full(a.shape[0], np.nan, np.float64)
+    fk.launch(1, 64, (a, out_again) + args_common)  # the specialised launcher for this key
+    assert fk._fast_launch is not None
     cupy.cuda.runtime.deviceSynchronize()
     np.testing.assert_array_equal(out_fast.get(), out_numba.get())
+    np.testing.assert_array_equal(out_again.get(), out_numba.get())
     assert not np.isnan(out_fast.get()).any()
 
 
