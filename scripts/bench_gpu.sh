@@ -14,6 +14,8 @@ fi
 export PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 python3 -c "import numpy, numba, numba_cuda, cupy; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__)" | tee -a "$OUT/device.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" 2>/dev/null | tee -a "$OUT/device.txt"
+git log -1 --format='commit %h' 2>/dev/null | tee -a "$OUT/device.txt"; git status --short 2>/dev/null | grep -v '^??' | sed 's/^/uncommitted: /' | tee -a "$OUT/device.txt"
 date -u +%Y-%m-%dT%H:%MZ | tee -a "$OUT/device.txt"
 
 echo "== tests (NQDQ_TEST_GPU=1) =="
