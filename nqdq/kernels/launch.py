@@ -4,14 +4,19 @@ Numba's ``kernel[grid, block, stream](*args)`` types every argument, resolves th
 and marshals each array through its own device-array wrapper on every call: about 120 us
 of host time per launch with CuPy arguments (H100, numba-cuda 0.30). A decode step that
 quantizes a 64 x 7168 activation runs for a few microseconds on the device, so that host
-time *is* the cost. :class:`FastKernel` does the same launch for a few microseconds:
+time *is* the cost. :class:`FastKernel` does the same launch in about 7 us, of which the
+driver call itself is about 4 (docs/performance.md):
 
 * compile once per argument signature (``dispatcher.compile(sig)``, Numba's own compiled
   module and ``CUkernel`` handle: same cubin, same linking, same module setup);
 * per call, build a small cache key from the arguments (dtype, ndim, layout of arrays;
   Python type of scalars), look the compiled entry up in an LRU, pack the arguments into a
   thread-local parameter buffer with one precompiled ``struct.Struct.pack_into`` and call
-  ``cuLaunchKernel`` (``cuda.bindings``) with a fixed ``void*[]`` pointing into it.
+  ``cuLaunchKernel`` (CuPy's ``driver.launchKernel`` when CuPy is loaded, else
+  ``cuda.bindings``') with a fixed ``void*[]`` pointing into it;
+* for repeated calls with CuPy arrays, a function generated for the last key does the
+  same in one step: inline checks that the arguments still have that key, then pack and
+  launch (it declines, and the general path runs, when they do not).
 
 Numba's kernel ABI, which the packer follows (``numba.cuda.dispatcher._Kernel._prepare_args``;
 checked against the ``.entry`` parameter list of the kernel's PTX when an entry is built):
@@ -41,7 +46,7 @@ Example (``x``, ``out`` CuPy arrays)::
             out[i, j] = x[i, j] * f
 
     k = fast_kernel(scale_rows)          # one FastKernel per dispatcher
-    k[(4, 64), (16, 16)](x, out, 2.0)    # Numba's launch syntax, ~5 us of host time
+    k[(4, 64), (16, 16)](x, out, 2.0)    # Numba's launch syntax, ~7 us of host time
     k.launch((4, 64), (16, 16), (x, out, 2.0), stream=s)
 
 Limits: arguments must be device arrays (CuPy, Numba device arrays, anything with
