@@ -43,7 +43,7 @@ def f32_bits(f):
     """The 32 bits of float32 ``f`` as a non-negative int."""
     a = cuda.local.array(1, float32)
     a[0] = f
-    return int(a.view(np.uint32)[0])
+    return np.int64(a.view(np.uint32)[0])  # int64: Numba keeps int() of a uint32 unsigned
 
 
 @devfn
@@ -88,7 +88,7 @@ def load_f32(x, i, kind):
     """Element ``i`` of the input as float32 (exact for every input kind)."""
     if kind == KIND_F32:
         return x[i]
-    h = int(x[i])
+    h = np.int64(x[i])
     if kind == KIND_BF16:
         return bits_f32(h << 16)
     return bits_f32(f16_bits_to_f32_bits(h))
@@ -182,7 +182,7 @@ def philox4x32_10(ctr_lo, ctr_hi, key_lo, key_hi):
         c2 = n2
         k0 = (k0 + PHILOX_W0) & U64_MASK32
         k1 = (k1 + PHILOX_W1) & U64_MASK32
-    return int(c0), int(c1), int(c2), int(c3)
+    return np.int64(c0), np.int64(c1), np.int64(c2), np.int64(c3)
 
 
 @devfn

@@ -9,6 +9,8 @@ factories close over it, so after inlining every branch on it folds away.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..formats import FloatFormat
 from ._codec import (
     F32,
@@ -82,7 +84,7 @@ def random_word(idx, key_lo, key_hi, cache):
         cache[2] = w1
         cache[3] = w2
         cache[4] = w3
-    return int(cache[1 + (idx & 3)])
+    return np.int64(cache[1 + (idx & 3)])
 
 
 @devfn
@@ -112,10 +114,10 @@ def load_code(codes, rowbase, c, nbits, packed):
     """The code of column ``c`` of a row stored at ``codes[rowbase:]`` (inverse of
     store_unit), as an unsigned int of ``nbits`` bits (8 bits when unpacked)."""
     if nbits == 8 or not packed:
-        return int(codes[rowbase + c])
+        return np.int64(codes[rowbase + c])
     if nbits == 4:
-        byte = int(codes[rowbase + (c >> 1)])
+        byte = np.int64(codes[rowbase + (c >> 1)])
         return (byte >> (4 * (c & 1))) & 0xF
     b = rowbase + (c >> 2) * 3
-    w = int(codes[b]) | (int(codes[b + 1]) << 8) | (int(codes[b + 2]) << 16)
+    w = np.int64(codes[b]) | (np.int64(codes[b + 1]) << 8) | (np.int64(codes[b + 2]) << 16)
     return (w >> (6 * (c & 3))) & 0x3F

@@ -495,7 +495,7 @@ def make_finalize_kernel(mode, max_elem):
         for c in range(nchunks):
             for i in range(I):
                 e = (c * ngroups + q) * I + i
-                acc = max(acc, int(part_i[e]))
+                acc = max(acc, np.int64(part_i[e]))
                 mn = nanmin_f32(mn, part_a[e])
                 mx = nanmax_f32(mx, part_b[e])
         if mode == MODE_NVFP4:
@@ -546,11 +546,11 @@ def make_encode_kernel(kind, mode, fmt, nt, packed, stoch):
                     p1 = ZERO
                     pz = 0
                     if mode == MODE_MX:
-                        p0 = decode_e8m0(int(scales[si]))
+                        p0 = decode_e8m0(np.int64(scales[si]))
                     else:
                         p0 = scales[si]
                     if mode == MODE_ASYM:
-                        pz = int(zps[si])
+                        pz = np.int64(zps[si])
                     if mode == MODE_CENTRED:
                         p1 = means[si]
                     rb = 0
@@ -587,13 +587,13 @@ def make_dequant_kernel(mode, fmt, symmetric, packed):
                 val = F32(code)
             si = scale_index(row, c, d1, d2, b0, b1, b2, bc, n1, n2, nc)
             if mode == MODE_MX:
-                res = val * decode_e8m0(int(scales[si]))
+                res = val * decode_e8m0(np.int64(scales[si]))
             elif mode == MODE_NVFP4:
-                res = val * (decode_float_code(int(scales[si]), 4, 3, 1) * tscale[0])
+                res = val * (decode_float_code(np.int64(scales[si]), 4, 3, 1) * tscale[0])
             elif mode == MODE_CENTRED:
                 res = mul_rn(val, scales[si]) + means[si]
             elif mode == MODE_ASYM:
-                res = (val - F32(int(zps[si]))) * scales[si]
+                res = (val - F32(np.int64(zps[si]))) * scales[si]
             else:
                 res = val * scales[si]
             out[e] = res

@@ -1,0 +1,195 @@
+"""Compile the kernels the launchers would run, without a GPU, and audit the PTX.
+
+``python -m nqdq.kernels._ptx_audit`` (needs numba-cuda with NVVM; no GPU, no simulator)
+runs the launchers in a *dry run* (host arrays, launches recorded instead of executed) over
+a sweep of schemes, compiles every recorded kernel with ``numba.cuda.compile_ptx`` for
+sm_90, and checks what exactness depends on:
+
+* no float64 instruction anywhere (a stray Python float literal would promote float32 math);
+* every float32 division is IEEE ``div.rn.f32`` (not ``div.approx`` / ``div.full``);
+* no ``fma`` where the reference rounds a product and a sum separately (NVVM contracts
+  ``a * b + c`` by default; the centred dequantize uses libdevice ``fmul_rn``);
+* no flush-to-zero (``.ftz``) on any float instruction;
+
+and reports registers and spills per kernel (assembled by nvJitLink for sm_90, which
+accepts NVVM's newest PTX ISA where the machine's ptxas may not).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+
+import numpy as np
+
+_FP64 = re.compile(r"^\s*(?:@%p\d+\s+)?[a-z]+(?:\.[a-z0-9]+)*\.f64\b", re.M)
+
+
+@contextlib.contextmanager
+def _no_gpu_compile():
+    """numba-cuda compiles device functions for the *current* device's compute capability;
+    without a GPU, pretend one of sm_90 is current (compile only, nothing runs)."""
+    from numba import cuda
+    from numba.cuda import dispatcher
+
+    if cuda.is_available():
+        yield
+        return
+
+    class _Dev:
+        compute_capability = (9, 0)
+
+    old = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: _Dev()
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = old
+
+
+@contextlib.contextmanager
+def dry_run(record):
+    """Run ``nqdq.kernels.quantize`` on host arrays and record the launches instead."""
+    from . import _interop
+    from . import quantize as kq
+
+    saved = (kq.SIMULATOR, _interop.SIMULATOR, kq._launch)
+    kq.SIMULATOR = _interop.SIMULATOR = True
+
+    def _record(kernel, grid, block, stream, *args):
+        record.append((kernel, args))
+
+    kq._launch = _record
+    try:
+        yield
+    finally:
+        kq.SIMULATOR, _interop.SIMULATOR, kq._launch = saved
+
+
+def sweep_launches():
+    """(label, kernel, args) for the kernels of a representative sweep of schemes."""
+    import ml_dtypes
+
+    from ..schemes import resolve_scheme, schemes
+    from . import _interop
+    from . import quantize as kq
+
+    cases = [(n, {}, (8, 256), np.float32, None) for n in schemes()]
+    cases += [
+        ("mxfp4", {}, (8, 256), ml_dtypes.bfloat16, None),
+        ("fp8_row", {}, (8, 256), np.float16, None),
+        ("mxfp8", {"scale_rounding": "floor"}, (8, 256), np.float32, None),
+        ("mxfp6_e3m2", {"scale_rounding": "even"}, (8, 256), np.float32, None),
+        ("fp8_row", {}, (4, 9000), ml_dtypes.bfloat16, None),  # long rows
+        ("int8_centred", {"group_size": 16384}, (2, 20000), np.float32, None),
+        ("mxfp4", {}, (8, 256), np.float32, 7),  # stochastic
+        ("int8_centred", {}, (8, 256), np.float32, 7),
+        ("int4_asym", {}, (8, 256), np.float32, 7),
+        ("e4m3", {"granularity": "row", "axis": 0}, (8, 256), np.float32, None),
+        ("int8_centred", {"axis": 0}, (256, 8), np.float32, None),
+        ("mxfp8", {"axis": 0}, (64, 8), np.float32, None),
+        ("int4", {"granularity": "column"}, (8, 256), np.float32, None),
+        ("int8", {"granularity": "block", "symmetric": False}, (8, 256), np.float32, None),
+    ]
+    out = []
+    for name, kw, shape, dt, seed in cases:
+        sch = resolve_scheme(name, **kw)
+        x = np.zeros(shape, dt)
+        rec = []
+        with dry_run(rec):
+            xin = _interop.DeviceInput(
+                x.reshape(-1).view(np.uint16 if dt != np.float32 else np.float32),
+                {np.float32: 0, ml_dtypes.bfloat16: 1, np.float16: 2}[dt],
+                shape, str(np.dtype(dt)), "numpy",
+            )
+            parts = kq.quantize(xin, sch, seed=seed)
+            kq.dequantize(parts, sch, shape)
+        label = f"{name}{kw or ''} {np.dtype(dt).name} {shape}" + (" stochastic" if seed else "")
+        out += [(label, k, a) for k, a in rec]
+    return out
+
+
+def compile_and_audit(launches, cc=(9, 0), registers=True):
+    """Compile each distinct (kernel, signature) once; return report rows."""
+    from numba import cuda, typeof
+
+    rows, seen = [], set()
+    with _no_gpu_compile():
+        for label, kernel, args in launches:
+            sig = tuple(typeof(a) for a in args)
+            key = (id(kernel), sig)
+            if key in seen:
+                continue
+            seen.add(key)
+            ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc)
+            rows.append(_audit_ptx(label, kernel.py_func.__name__, ptx, cc, registers))
+    return rows
+
+
+def _audit_ptx(label, name, ptx, cc, registers):
+    body = ptx[ptx.find(".entry"):]
+    problems = []
+    n64 = len(_FP64.findall(body))
+    if n64:
+        problems.append(f"{n64} f64 instructions")
+    divs = re.findall(r"\bdiv\.[a-z.]*f32", body)
+    bad_div = [d for d in divs if d != "div.rn.f32"]
+    if bad_div:
+        problems.append(f"non-IEEE division {sorted(set(bad_div))}")
+    nfma = len(re.findall(r"\bfma\.[a-z.]*f32", body))
+    if nfma:
+        problems.append(f"{nfma} fma.f32")
+    if re.search(r"\.ftz\.", body):
+        problems.append("ftz")
+    row = dict(case=label, kernel=name, divs=len(divs), fma=nfma, f64=n64, problems=problems,
+               mul_rn=len(re.findall(r"\bmul\.rn\.f32", body)))
+    if registers:
+        row.update(_registers(ptx, cc))
+    return row
+
+
+def _registers(ptx, cc):
+    """Registers / spills / stack from nvJitLink's verbose log (empty dict if unavailable)."""
+    try:
+        from cuda.bindings import nvjitlink
+    except ImportError:
+        return {}
+    try:
+        h = nvjitlink.create(2, [f"-arch=sm_{cc[0]}{cc[1]}".encode(), b"-verbose"])
+        data = ptx.encode()
+        nvjitlink.add_data(h, nvjitlink.InputType.PTX, data, len(data), "k.ptx")
+        nvjitlink.complete(h)
+        n = nvjitlink.get_info_log_size(h)
+        buf = bytearray(n)
+        nvjitlink.get_info_log(h, buf)
+        nvjitlink.destroy(h)
+    except Exception as e:  # pragma: no cover - depends on the toolkit present
+        return {"ptxas": f"unavailable ({type(e).__name__})"}
+    log = bytes(buf).decode(errors="replace")
+    out = {}
+    m = re.search(r"Used (\d+) registers", log)
+    if m:
+        out["regs"] = int(m.group(1))
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    if m:
+        out["stack"], out["spill_st"], out["spill_ld"] = (int(v) for v in m.groups())
+    return out
+
+
+def main(argv=None):
+    launches = sweep_launches()
+    rows = compile_and_audit(launches)
+    bad = 0
+    print(f"{'kernel':22s} {'regs':>4s} {'stack':>5s} {'spill':>5s} {'div.rn':>6s} {'mul.rn':>6s}  case / problems")
+    for r in rows:
+        spill = r.get("spill_st", 0) + r.get("spill_ld", 0)
+        print(f"{r['kernel']:22s} {r.get('regs', '-')!s:>4s} {r.get('stack', '-')!s:>5s} {spill!s:>5s} "
+              f"{r['divs']:6d} {r['mul_rn']:6d}  {r['case']}" + (f"  PROBLEMS: {r['problems']}" if r["problems"] else ""))
+        bad += bool(r["problems"])
+    print(f"{len(rows)} kernels compiled for sm_90, {bad} with problems")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
