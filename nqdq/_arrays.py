@@ -42,6 +42,8 @@ def float_input(x, argname: str, *, allow_float64: bool = False, dtype=None):
             x = np.asarray(x)
         else:
             raise TypeError(f"{argname} must be a NumPy array, got {type(x).__name__}")
+    if x.dtype.kind == "f" and not x.dtype.isnative:  # e.g. a big-endian .npy
+        x = x.astype(x.dtype.newbyteorder("="))
     dt = x.dtype
     if dt == np.float64 and allow_float64:
         return x, "float64"

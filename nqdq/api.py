@@ -159,21 +159,24 @@ def dequantize(q: QuantizedTensor, dtype=np.float32, *, device=None):
 def encode(x, fmt, *, saturate=True, packed=True):
     """Element codes of ``x`` in ``fmt`` (uint8; int8 for ``"int8"``), round-to-nearest-even.
 
-    Float formats equal ``x.astype(ml_dtypes.<fmt>)`` bit for bit when ``saturate=False``;
-    with ``saturate=True`` (default) finite overflow and +-inf become +-max instead of
-    inf/NaN. Integer formats round to nearest even and always saturate to
-    ``[-2^(b-1), 2^(b-1) - 1]``. 4- and 6-bit codes are packed along the last axis when
-    ``packed`` (see ``nqdq.reference.packing``). ``x``: float16/bfloat16/float32/float64.
+    For float16 / bfloat16 / float32 inputs, float formats equal ``x.astype(ml_dtypes.<fmt>)``
+    bit for bit when ``saturate=False``; with ``saturate=True`` (default) finite overflow
+    and +-inf become +-max instead of inf/NaN. float64 inputs are rounded once, directly
+    (ml_dtypes 0.6 rounds float64 through float32, so near a tie it can differ).
+    Integer formats round to nearest even and always saturate to ``[-2^(b-1), 2^(b-1) - 1]``.
+    Scale formats: ``"e8m0"`` (as ml_dtypes' float8_e8m0fnu cast) and ``"ue4m3"`` (e4m3fn of
+    a non-negative value; -0.0 and NaN of either sign encode as 0x00 / 0x7F). 4- and 6-bit
+    codes are packed along the last axis when ``packed`` (see ``nqdq.reference.packing``).
     """
     f = get_format(fmt)
+    xs, _ = _arrays.float_input(x, "x", allow_float64=True)
     if isinstance(f, ScaleFormat):
         if f.name == "ue4m3":
-            x32, _ = _arrays.float_input(x, "x")
-            if (x32 < 0).any():
-                raise ValueError("ue4m3 codes are unsigned: x has negative values")
-            return codec.encode_float(x32, get_format("e4m3"), saturate=saturate)
+            if (xs < 0).any():
+                raise ValueError("x has negative values, but ue4m3 codes are unsigned")
+            return codec.encode_float(np.abs(xs), get_format("e4m3"), saturate=saturate)
         if f.name == "e8m0":
-            return codec.encode_e8m0(_arrays.float_input(x, "x")[0])
+            return codec.encode_e8m0(xs)
         raise ValueError(f"fmt={fmt!r} is not an encodable format")
     xs, _ = _arrays.float_input(x, "x", allow_float64=True)
     if isinstance(f, FloatFormat):
@@ -200,8 +203,15 @@ def decode(codes, fmt, *, packed=True, dtype=np.float32, length=None):
     if c.ndim == 0 and packed and f.bits < 8:
         raise ValueError("packed codes need at least one dimension")
     if packed and f.bits < 8:
-        n = length if length is not None else (c.shape[-1] * 8) // f.bits
-        c = unpack_codes(c, f.bits, n)
+        per, nbytes = (2, 1) if f.bits == 4 else (4, 3)
+        if c.shape[-1] % nbytes:
+            raise ValueError(f"codes: packed {f.bits}-bit codes come in groups of {nbytes} bytes, got {c.shape[-1]} bytes")
+        slots = c.shape[-1] // nbytes * per
+        if length is None:
+            length = slots
+        elif isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 0 <= length <= slots:
+            raise ValueError(f"length={length!r} must be an int in [0, {slots}] for {c.shape[-1]} packed bytes")
+        c = unpack_codes(c, f.bits, int(length))
     elif length is not None:
         raise ValueError("length is only used with packed 4/6-bit codes")
     if isinstance(f, FloatFormat):

@@ -175,8 +175,6 @@ def test_empty_encode_decode(fmt, shape):
     assert nqdq.decode(c, fmt, **({"length": shape[-1]} if fmt in ("e2m1", "e2m3", "int4") else {})).shape == shape
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: non-native byte order float32/float64 input is refused with a garbled "
-                                       "message ('x has >f4 dtype >f4; expected float32...')")
 def test_big_endian_float32_input():
     x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
     a = nqdq.quantize(x.astype(">f4"), "mxfp4")

@@ -120,8 +120,6 @@ def test_pack_empty(bits, shape):
     assert unpack_codes(packed, bits, shape[-1]).shape == shape
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: decode(..., length=n) silently returns a different number of codes when n "
-                                       "exceeds the packed slots or is negative")
 @pytest.mark.parametrize("length", [30, 9, -1])
 def test_decode_bad_length_is_an_error(length):
     # 4 bytes hold 8 nibbles; asking for 30 or 9 must not quietly return 8 values, and -1
@@ -130,8 +128,6 @@ def test_decode_bad_length_is_an_error(length):
         nqdq.decode(np.ones(4, np.uint8), "e2m1", length=length)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: 6-bit decode of a byte count that is not a multiple of 3 raises "
-                                       "a bare NumPy reshape error")
 def test_decode_6bit_partial_group_names_codes():
     with pytest.raises(ValueError, match="codes"):
         nqdq.decode(np.ones(4, np.uint8), "e2m3")

@@ -184,15 +184,19 @@ def decode_int(codes: np.ndarray, fmt: IntFormat, *, symmetric: bool = True) -> 
 
 
 def encode_e8m0(x: np.ndarray) -> np.ndarray:
-    """Round float32 to the nearest power of two as an e8m0 code, as ml_dtypes'
-    ``float8_e8m0fnu`` cast does: ties round up, zero / negative / inf / NaN give 0xFF.
-    (Scale *computation* in MX schemes does not use this: see reference/scales.py.)"""
-    x = np.asarray(x, np.float32)
-    u = x.view(np.uint32).astype(np.int64)
-    ef = (u >> 23) & 0xFF
-    man = u & 0x7FFFFF
-    code = np.where(ef == 0, (man > 0x400000).astype(np.int64), ef + (man >= 0x400000))
-    bad = ~(x > 0) | ~np.isfinite(x) | (code > 254)
+    """Round float32/float64 to a power of two as an e8m0 code, as ml_dtypes'
+    ``float8_e8m0fnu`` cast does: to nearest with ties up (1.5 * 2^k -> 2^(k+1)); below
+    2^-126, any value above 2^-127 gives 2^-126 (ml_dtypes' rule for float32 subnormals);
+    zero, negative, inf and NaN give 0xFF; values rounding past 2^127 give 0xFF.
+    (MX scale *computation* does not use this: see reference/scales.py.)"""
+    sign, e, m, is_nan, is_inf, mbits = split_float(np.asarray(x))
+    one = np.int64(1) << mbits  # m of an exact power of two (normal numbers)
+    normal_range = (e > -126) | ((e == -126) & (m >= one))  # |x| >= 2^-126
+    code = e + 127 + (m >= 3 * (one >> 1))
+    # |x| < 2^-126: x > 2^-127  <=>  m > 2^(mbits - 127 - e)
+    s = np.clip(mbits - 127 - e, 0, 62)
+    code = np.where(normal_range, code, (m > (np.int64(1) << s)) & (mbits - 127 - e <= 62))
+    bad = (sign == 1) | (m == 0) | is_nan | is_inf | (code > 254)
     return np.where(bad, 0xFF, code).astype(np.uint8)
 
 

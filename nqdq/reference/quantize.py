@@ -104,7 +104,7 @@ def quantize(x: np.ndarray, scheme: Scheme, *, scale=None, seed=None) -> QuantPa
         with np.errstate(invalid="ignore", over="ignore"):
             xmin = np.minimum(np.min(v, axis=axes), F32(0)) if v.size else np.zeros(sshape, F32)
             xmax = np.maximum(np.max(v, axis=axes), F32(0)) if v.size else np.zeros(sshape, F32)
-            s = S.float_scale((xmax - xmin).astype(F32), float(qmax))
+            s = S.range_scale(xmax, xmin, qmax)
             s = np.where(np.isfinite(xmin) & np.isfinite(xmax), s, F32(np.nan))
             zp = np.clip(np.rint((-xmin / s).astype(F32)), 0, qmax)
             zp = np.where(np.isnan(zp), 0, zp).astype(np.uint8)

@@ -15,6 +15,7 @@ from ..formats import E4M3, FloatFormat
 from .codec import decode_e8m0, decode_float, encode_float
 
 __all__ = [
+    "range_scale",
     "blocked",
     "expand",
     "block_amax",
@@ -72,14 +73,30 @@ def float_scale(amax: np.ndarray, max_elem: float) -> np.ndarray:
     return np.where(np.isfinite(amax), s, F32(np.nan)).astype(F32)
 
 
+def range_scale(hi: np.ndarray, lo: np.ndarray, qmax: int) -> np.ndarray:
+    """Asymmetric scale ``(hi - lo) / qmax`` (float32), 1.0 where that is 0.
+
+    When ``hi - lo`` overflows although both are finite, the same quotient is formed from
+    halves, ``((hi * 0.5 - lo * 0.5) / qmax) * 2`` -- each step exact or rounded exactly as
+    the plain formula (scaling by powers of two commutes with rounding away from the
+    subnormal range), so the result is what an overflow-free float32 would give.
+    """
+    hi, lo = hi.astype(F32), lo.astype(F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        span = (hi - lo).astype(F32)
+        halved = ((((hi * F32(0.5)) - (lo * F32(0.5))).astype(F32) / F32(qmax)).astype(F32) * F32(2)).astype(F32)
+    plain = float_scale(span, float(qmax))
+    return np.where(np.isinf(span) & np.isfinite(hi) & np.isfinite(lo), halved, plain).astype(F32)
+
+
 def mx_scale_code(amax: np.ndarray, elem: FloatFormat, rounding: str) -> np.ndarray:
     """OCP MX shared scale as an e8m0 code (uint8), per ``rounding`` (see schemes.SCALE_ROUNDINGS).
 
     floor:  k = floor(log2 amax) - emax_elem, clamped to [-127, 127]; amax = 0 or an fp32
             subnormal amax gives k = -127 (microxcaling adds FP32_MIN_NORMAL; same code).
     even:   as floor after rounding amax half-up to the element's mantissa width
-            (adding 2^(22 - mbits) to the bits and clearing the mantissa); a carry into
-            the inf exponent gives NaN.
+            (adding 2^(22 - mbits) to the bits and clearing the mantissa); a finite amax
+            that rounds to 2^128 uses exponent 128.
     rceil:  v = amax * fp32(1 / max_elem); the smallest 2^k >= v, k in [-127, 127]
             (TransformerEngine float_to_e8m0 / cvt.rp.satfinite.ue8m0x2.f32).
     """
@@ -88,9 +105,11 @@ def mx_scale_code(amax: np.ndarray, elem: FloatFormat, rounding: str) -> np.ndar
     if rounding in ("floor", "even"):
         if rounding == "even":
             bits = (bits + (1 << (22 - elem.mbits))) & 0xFF800000
-        ef = (bits >> 23) & 0xFF
+        # for "even" a carry can reach exponent field 0xFF: the amax rounded to 2^128,
+        # which still gives a finite k (unlike torchao's current EVEN, which gives NaN there)
+        ef = (bits >> 23) & 0x1FF
         code = np.clip(ef - 127 - elem.emax, -127, 127) + 127
-        bad = ~np.isfinite(a) | (ef == 0xFF)
+        bad = ~np.isfinite(a)
     elif rounding == "rceil":
         v = (a * F32(1.0 / elem.max_value)).astype(F32)
         vb = v.view(np.uint32).astype(np.int64)
