@@ -115,7 +115,7 @@ def device_input(x, argname: str = "x", dtype=None) -> DeviceInput:
     keep = None
     lib = "cupy" if (is_cupy(x) or _cupy() is not None) else "numba"
     if hasattr(x, "__cuda_array_interface__"):
-        dev = cuda.as_cuda_array(x)
+        dev = cuda.as_cuda_array(x, sync=False)  # we launch on CuPy's current stream: no host sync
     elif hasattr(x, "__dlpack__"):
         dev, keep = from_dlpack(x, argname)
     else:
@@ -251,7 +251,7 @@ class Allocator:
             return a
         from numba import cuda
 
-        return cuda.as_cuda_array(a) if not hasattr(a, "gpu_data") else a
+        return cuda.as_cuda_array(a, sync=False) if not hasattr(a, "gpu_data") else a
 
     def to_lib(self, a, shape):
         """``a`` (flat) reshaped, in the result library (NumPy results are copied back)."""

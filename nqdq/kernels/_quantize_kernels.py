@@ -112,7 +112,11 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
 
     Block b owns ``gpb`` group slots: with one group per row (``ngroups == 1``) slot k is
     row b*gpb + k; otherwise the block owns groups s*gpb .. s*gpb + gpb - 1 of row b // segs
-    (s = b % segs). Thread t is lane t % team of slot t // team.
+    (s = b % segs), i.e. the columns [c0, c0 + gpb*G). Thread t is lane t % team of slot
+    t // team; lane l reduces the slot's elements l, l + team, l + 2 team, ... (P = the
+    group's power-of-two padding for the centred halving sum), then the team combines its
+    partials in a shared-memory tree whose levels add lane l and lane l + h for h = team/2,
+    ..., 1: exactly the last log2(team) levels of reference/scales.halving_sum.
     """
     E = P // team  # elements per lane (pow2: the lane's residue class in halving order)
     SEG = gpb * G if stash_on else 1
@@ -124,21 +128,6 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
     TEAM = team
     NT = nt
     assert team * gpb == nt and P % team == 0
-
-    @devfn
-    def slot(k, b, rows, cols, ngroups, segs):
-        """(row, group, length) of slot k of block b; length 0 for an empty slot."""
-        if ngroups == 1:
-            r = b * GPB + k
-            if r >= rows:
-                return 0, 0, 0
-            return r, 0, cols
-        r = b // segs
-        g = (b - r * segs) * GPB + k
-        if g >= ngroups:
-            return r, g, 0
-        n = cols - g * G
-        return r, g, G if n > G else n
 
     @devfn
     def elem(x, stash, k, j, row, g, cols):
@@ -158,22 +147,42 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
         p1s = cuda.shared.array(GPB, float32)
         pzs = cuda.shared.array(GPB, int32)
 
+        # block geometry: mode A (one group per row) or mode B (a run of groups of one row)
+        one = ngroups == 1
+        if one:
+            rb = b * GPB  # first row
+            c0 = 0
+            cend = cols
+        else:
+            rb = b // segs
+            c0 = (b - rb * segs) * GPB * G
+            cend = min(c0 + GPB * G, cols)
+
         # ---- stage 1: stage the block's groups in shared memory (zeros past the ends)
         if STASH:
             for i in range(tid, GPB * G, NT):
-                k = i // G
-                j = i - k * G
-                row, g, n = slot(k, b, rows, cols, ngroups, segs)
                 v = ZERO
-                if j < n:
-                    v = load_f32(x, row * cols + g * G + j, kind)
+                if one:
+                    kk = i // G
+                    j = i - kk * G
+                    if rb + kk < rows and j < cols:
+                        v = load_f32(x, (rb + kk) * cols + j, kind)
+                elif c0 + i < cend:
+                    v = load_f32(x, rb * cols + c0 + i, kind)
                 stash[i] = v
             cuda.syncthreads()
 
         # ---- stage 2: per-lane statistics over the lane's residue class
         k = tid // TEAM
         lane = tid - k * TEAM
-        row, g, n = slot(k, b, rows, cols, ngroups, segs)
+        if one:
+            row = rb + k
+            g = 0
+            n = cols if row < rows else 0
+        else:
+            row = rb
+            g = c0 // G + k
+            n = min(G, cend - g * G) if g * G < cend else 0
         if mode == MODE_CENTRED:
             stack = cuda.local.array(STACK_DEPTH, float32)
             sp = 0
@@ -204,27 +213,25 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
             red_b[tid] = mx
         cuda.syncthreads()
 
-        # ---- stage 3: lane 0 of each slot combines its team and computes the parameters
+        # ---- stage 3: combine each team in a tree, then lane 0 computes the parameters
+        h = TEAM >> 1
+        while h > 0:
+            if lane < h:
+                if mode == MODE_CENTRED:
+                    red_a[tid] = red_a[tid] + red_a[tid + h]
+                else:
+                    red_i[tid] = max(red_i[tid], red_i[tid + h])
+                    red_a[tid] = nanmin_f32(red_a[tid], red_a[tid + h])
+                    red_b[tid] = nanmax_f32(red_b[tid], red_b[tid + h])
+            cuda.syncthreads()
+            h >>= 1
         sidx = row * ngroups + g
         if lane == 0 and n > 0:
             if mode == MODE_CENTRED:
-                stack2 = cuda.local.array(STACK_DEPTH, float32)
-                sp = 0
-                rev = 0
-                for s in range(TEAM):
-                    sp = pairwise_push(stack2, sp, s, red_a[k * TEAM + rev])
-                    rev = next_bitrev(rev, TEAM)
-                p1s[k] = stack2[0] / F32(n)  # the group mean: sum / element count
+                p1s[k] = red_a[tid] / F32(n)  # the group mean: sum / element count
             else:
-                acc = 0
-                mn = ZERO
-                mx = ZERO
-                for j in range(TEAM):
-                    acc = max(acc, red_i[k * TEAM + j])
-                    mn = nanmin_f32(mn, red_a[k * TEAM + j])
-                    mx = nanmax_f32(mx, red_b[k * TEAM + j])
                 s_enc = sparams[0] if mode == MODE_NVFP4 else ONE
-                sv, p0, pz = group_params(mode, acc, mn, mx, MAXE, MXR, MXM, MXE, MXI, s_enc)
+                sv, p0, pz = group_params(mode, red_i[tid], red_a[tid], red_b[tid], MAXE, MXR, MXM, MXE, MXI, s_enc)
                 p0s[k] = p0
                 pzs[k] = pz
                 store_scale(scales, sidx, mode, sv)
@@ -243,11 +250,14 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
                         acc = max(acc, abs_bits(elem(x, stash, k, j, row, g, cols) - mean))
             red_i[tid] = acc
             cuda.syncthreads()
+            h = TEAM >> 1
+            while h > 0:
+                if lane < h:
+                    red_i[tid] = max(red_i[tid], red_i[tid + h])
+                cuda.syncthreads()
+                h >>= 1
             if lane == 0 and n > 0:
-                acc = 0
-                for j in range(TEAM):
-                    acc = max(acc, red_i[k * TEAM + j])
-                sv = float_scale(bits_f32(acc), MAXE)
+                sv = float_scale(bits_f32(red_i[tid]), MAXE)
                 p0s[k] = sv
                 scales[sidx] = sv
                 means[sidx] = p1s[k]
@@ -257,45 +267,40 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
         q = cuda.local.array(4, int64)
         cache = cuda.local.array(5, int64)
         cache[0] = -1
-        if ngroups == 1:
+        if one:
             upr = (cols + 3) // 4
             total = GPB * upr
-            c0 = 0
-            cend = cols
         else:
-            r = b // segs
-            c0 = (b - r * segs) * GPB * G
-            cend = min(c0 + GPB * G, cols)
             upr = 1
             total = (cend - c0 + 3) // 4
         for u in range(tid, total, NT):
-            if ngroups == 1:
+            if one:
                 kk = u // upr
-                row = b * GPB + kk
+                row = rb + kk
                 c = (u - kk * upr) * 4
-                g = 0
             else:
                 kk = 0
-                row = b // segs
+                row = rb
                 c = c0 + 4 * u
             if row < rows:
                 for j in range(4):
                     cj = c + j
                     code = 0
                     if cj < cend:
-                        if ngroups == 1:
+                        if one:
                             ks = kk
                             jj = cj
+                            g = 0
                         else:
                             off = cj - c0
                             ks = off // G
                             jj = off - ks * G
                             g = c0 // G + ks
                         xv = elem(x, stash, ks, jj, row, g, cols)
-                        rb = 0
+                        rb4 = 0
                         if stoch:
-                            rb = random_word(row * cols + cj, key_lo, key_hi, cache)
-                        code = encode_element(xv, p0s[ks], p1s[ks], pzs[ks], mode, fmt, stoch, rb)
+                            rb4 = random_word(row * cols + cj, key_lo, key_hi, cache)
+                        code = encode_element(xv, p0s[ks], p1s[ks], pzs[ks], mode, fmt, stoch, rb4)
                     q[j] = code
                 store_unit(codes, row * pcols, c, q, cols, pcols, NBITS, packed)
 

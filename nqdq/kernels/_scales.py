@@ -25,26 +25,26 @@ centred     divisor s                   mean          -
 
 from __future__ import annotations
 
-import numpy as np
-
 from ._codec import (
     F32,
     FLT_MAX,
     NAN,
     ONE,
     ZERO,
-    bits_f32,
     decode_float_code,
     encode_float_bits,
     f32_bits,
     fmin_f32,
     is_finite_f32,
+    mul_rn,
     nanmax_f32,
     nanmin_f32,
     rint_f32,
 )
 from ._target import devfn
 
+HALF = F32(0.5)
+TWO = F32(2.0)
 NVFP4_FP8_X_FP4 = F32(F32(448.0) * F32(6.0))  # 2688, as reference: F32(448) * F32(6)
 NVFP4_INV6 = F32(1.0 / 6.0)  # fp32(1/6), computed in float64 then rounded, as reference
 
@@ -95,9 +95,8 @@ def mx_scale_code(amax, rounding, mbits, emax, inv_max):
         return 0xFF
     if rounding == MX_EVEN:
         bits = (bits + (1 << (22 - mbits))) & 0xFF800000
-    ef = (bits >> 23) & 0xFF
-    if ef == 0xFF:
-        return 0xFF
+    # a carry of "even" into exponent field 0xFF (amax rounded to 2^128) is exponent 128
+    ef = (bits >> 23) & 0x1FF
     k = ef - 127 - emax
     if k < -127:
         k = -127
@@ -139,14 +138,25 @@ def nvfp4_element_multiplier(code, s_enc):
 
 
 @devfn
+def range_scale(hi, lo, qmax_f):
+    """reference scales.range_scale: float_scale(hi - lo, qmax), or, when hi - lo overflows
+    although both are finite, ((hi * 0.5 - lo * 0.5) / qmax) * 2 (products by mul_rn, so
+    NVVM cannot contract them into the subtraction)."""
+    span = hi - lo
+    if not is_finite_f32(span) and span == span and is_finite_f32(hi) and is_finite_f32(lo):
+        return ((mul_rn(hi, HALF) - mul_rn(lo, HALF)) / qmax_f) * TWO
+    return float_scale(span, qmax_f)
+
+
+@devfn
 def asym_params(mn, mx, qmax_f):
     """(scale, zero point) of an asymmetric integer group from its NaN-propagating min and
     max (reference quantize: xmin = min(min, 0), xmax = max(max, 0), s = float_scale(xmax -
-    xmin, qmax) or NaN if either is non-finite, zp = clip(rint(-xmin / s), 0, qmax) with NaN
+    xmin, qmax) (range_scale) or NaN if either is non-finite, zp = clip(rint(-xmin / s), 0, qmax) with NaN
     -> 0)."""
     xmin = nanmin_f32(mn, ZERO)
     xmax = nanmax_f32(mx, ZERO)
-    s = float_scale(xmax - xmin, qmax_f)
+    s = range_scale(xmax, xmin, qmax_f)
     if not (is_finite_f32(xmin) and is_finite_f32(xmax)):
         s = NAN
     z = -xmin / s

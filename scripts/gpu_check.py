@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""Everything the quantization kernels need checked on a GPU, in one call.
+
+    python3 scripts/gpu_check.py            # on the GPU machine; full logs under $OUT
+
+1. environment (GPU, driver, versions);
+2. ``pytest -m gpu tests/test_kernels_gpu.py``: real sizes, CuPy in/out, bf16, ND, axes;
+3. ``pytest tests/test_kernels.py`` with NQDQ_TEST_GPU=1: the simulator's bit-exact edge
+   cases, now through the compiled kernels;
+4. ``compute-sanitizer --tool memcheck`` over a small sweep of every kernel family
+   (``--sweep`` runs that sweep alone, and checks it against the reference);
+5. timings: bf16 4096 x 7168 per scheme, median of CUDA-event timings of the launch
+   sequence (replayed through ``nqdq.kernels.launch`` prepared launches so host overhead
+   stays off the GPU's critical path), next to a device-to-device copy;
+
+and prints a short table last. ``--skip-small``, ``--skip-sanitizer``, ``--skip-bench``
+leave parts out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.environ.get("OUT") or os.path.join(ROOT, "gpu_check_out")
+SWEEP = [
+    ("fp8_row", {}, (37, 300)),
+    ("mxfp4", {}, (19, 200)),
+    ("mxfp6_e3m2", {}, (9, 96)),
+    ("nvfp4", {}, (21, 80)),
+    ("fp8_1x128", {}, (5, 333)),
+    ("fp8_128x128", {"block_shape": (16, 32)}, (40, 70)),
+    ("fp8_tensor", {}, (13, 77)),
+    ("int8_column", {}, (33, 45)),
+    ("int4_group", {"group_size": 6}, (7, 50)),
+    ("int8_centred", {"group_size": 24}, (11, 100)),
+    ("int4_asym", {}, (9, 130)),
+    ("e4m3", {"granularity": "row", "axis": 0}, (40, 9)),
+    ("fp8_row", {}, (3, 9000)),
+]
+BENCH = ["fp8_row", "fp8_1x128", "fp8_128x128", "fp8_tensor", "mxfp8", "mxfp6_e3m2", "mxfp4", "nvfp4",
+         "int8_row", "int8_column", "int4_group", "int8_centred", "int4_asym"]
+
+
+def log_path(name):
+    os.makedirs(OUT, exist_ok=True)
+    return os.path.join(OUT, name)
+
+
+def run(cmd, logname, env=None, timeout=None):
+    """Run ``cmd`` with output to $OUT/<logname>; returns (rc, seconds, last line)."""
+    t0 = time.time()
+    with open(log_path(logname), "w") as fh:
+        fh.write("$ " + " ".join(cmd) + "\n")
+        fh.flush()
+        try:
+            rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = 124
+    with open(log_path(logname)) as fh:
+        lines = [ln.strip() for ln in fh if ln.strip()]
+    return rc, time.time() - t0, (lines[-1] if lines else "")
+
+
+# --------------------------------------------------------------------------------- sweep
+def sweep():
+    """Every kernel family once, small odd shapes, compared with the reference (run under
+    compute-sanitizer by the main script)."""
+    os.environ.setdefault("NQDQ_TEST_GPU", "1")
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    sys.path.insert(0, ROOT)
+    import cupy as cp
+    import ml_dtypes
+    import numpy as np
+
+    import nqdq.kernels.quantize as kq
+    from nqdq.reference import quantize as ref
+    from nqdq.reference.packing import pack_codes
+    from nqdq.schemes import resolve_scheme
+    from test_kernels import assert_same, edge_data
+
+    bad = 0
+    for name, kw, shape in SWEEP:
+        sch = resolve_scheme(name, **kw)
+        x = edge_data(shape, seed=len(name)).astype(ml_dtypes.bfloat16)
+        for seed in (None, 5):
+            try:
+                got = kq.quantize(cp.asarray(x.view(np.uint16)), sch, dtype="bfloat16", seed=seed, out_fill=0xA5)
+                want = ref.quantize(x.astype(np.float32), sch, seed=seed)
+                wc = want.codes if sch.code_bits == 8 else pack_codes(want.codes, sch.code_bits)
+                assert_same(got.codes.get(), wc, "codes")
+                assert_same(got.scales.get(), want.scales, "scales")
+                d = kq.dequantize(got, sch, shape)
+                assert_same(d.get(), ref.dequantize(want, sch, shape), "dequantized", nan_equal=True)
+                print(f"sweep {name} {kw} {shape} seed={seed}: ok", flush=True)
+            except Exception as e:  # report and go on: the sanitizer log is the point
+                bad += 1
+                print(f"sweep {name} {kw} {shape} seed={seed}: FAILED {type(e).__name__}: {e}", flush=True)
+    cp.cuda.runtime.deviceSynchronize()
+    print(f"sweep: {len(SWEEP) * 2 - bad} ok, {bad} failed")
+    return 1 if bad else 0
+
+
+# --------------------------------------------------------------------------------- bench
+def bench(shape=(4096, 7168), reps=30):
+    sys.path.insert(0, ROOT)
+    import cupy as cp
+    import numpy as np
+
+    import nqdq.kernels.quantize as kq
+    from nqdq.schemes import resolve_scheme
+
+    try:
+        from nqdq.kernels.launch import fast_kernel
+    except Exception:  # the launch module is optional here
+        fast_kernel = None
+
+    rows, cols = shape
+    rng = np.random.default_rng(0)
+    x = cp.asarray((rng.standard_normal(shape, dtype=np.float32) * 2).view(np.uint32) >> 16).astype(cp.uint16)
+    stream = cp.cuda.Stream(non_blocking=True)
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+
+    def time_it(fn):
+        fn()
+        stream.synchronize()
+        ts = []
+        for _ in range(reps):
+            e0.record(stream)
+            fn()
+            e1.record(stream)
+            e1.synchronize()
+            ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3)
+        return float(np.median(ts))
+
+    # device-to-device copy of the same bytes as a bf16 read + fp8 write
+    nb = rows * cols * 3
+    src = cp.empty(nb // 2, cp.uint8)
+    dst = cp.empty_like(src)
+    with stream:
+        copy_us = time_it(lambda: dst.__setitem__(Ellipsis, src))
+    copy_gbs = 2 * src.nbytes / copy_us / 1e3
+    results = [dict(scheme="d2d copy", us=copy_us, gbs=copy_gbs, pct=100.0, launches=1)]
+
+    for name in BENCH:
+        sch = resolve_scheme(name)
+        rec = []
+        old = kq._launch
+
+        def recording(kernel, grid, block, strm, *args, _old=old):
+            rec.append((kernel, grid, block, args))
+            _old(kernel, grid, block, strm, *args)
+
+        kq._launch = recording
+        try:
+            with stream:
+                parts = kq.quantize(x, sch, dtype="bfloat16")
+        finally:
+            kq._launch = old
+        stream.synchronize()
+        out_bytes = sum(int(a.nbytes) for a in (parts.codes, parts.scales, parts.zero_points, parts.means) if a is not None)
+        moved = rows * cols * 2 + out_bytes
+        prepared = None
+        if fast_kernel is not None:
+            try:
+                prepared = [fast_kernel(k).prepare(g, b, a) for k, g, b, a in rec]
+
+                def replay():
+                    for p in prepared:
+                        p(stream)
+
+                how = "prepared launches"
+            except Exception as e:  # fall back to Numba's launch
+                print(f"bench {name}: FastKernel unavailable ({type(e).__name__}: {e}); Numba launches")
+                prepared = None
+        if prepared is None:
+
+            def replay():  # noqa: F811
+                from numba import cuda
+
+                s = cuda.external_stream(stream.ptr)
+                for k, g, b, a in rec:
+                    k[g, b, s](*a)
+
+            how = "numba launches"
+        us = time_it(replay)
+        with stream:
+            t0 = time.perf_counter()
+            for _ in range(10):
+                kq.quantize(x, sch, dtype="bfloat16")
+            stream.synchronize()
+            call_us = (time.perf_counter() - t0) / 10 * 1e6
+        gbs = moved / us / 1e3
+        results.append(dict(scheme=name, us=us, gbs=gbs, pct=100 * gbs / copy_gbs, launches=len(rec),
+                            call_us=call_us, how=how))
+        print(f"bench {name}: {us:.1f} us, {gbs:.0f} GB/s ({100 * gbs / copy_gbs:.0f}% of copy), "
+              f"{len(rec)} launches, end-to-end call {call_us:.0f} us", flush=True)
+    with open(log_path("bench.json"), "w") as fh:
+        json.dump(results, fh, indent=1)
+    return results
+
+
+# --------------------------------------------------------------------------------- main
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sweep", action="store_true", help="run the small kernel sweep only (for the sanitizer)")
+    ap.add_argument("--bench", action="store_true", help="run the timings only")
+    ap.add_argument("--skip-small", action="store_true")
+    ap.add_argument("--skip-sanitizer", action="store_true")
+    ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--pytest-args", default="", help="extra pytest arguments (e.g. '-k mxfp4')")
+    args = ap.parse_args()
+    if args.sweep:
+        return sweep()
+    if args.bench:
+        bench()
+        return 0
+
+    env = dict(os.environ, NQDQ_TEST_GPU="1", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    table = []
+    t_all = time.time()
+
+    info = []
+    for cmd in (["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                [sys.executable, "-c", "import numpy, numba, numba.cuda, cupy; print('numpy', numpy.__version__, "
+                 "'numba', numba.__version__, 'cupy', cupy.__version__)"]):
+        try:
+            info.append(subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout.strip())
+        except Exception as e:
+            info.append(f"{cmd[0]}: {e}")
+    with open(log_path("env.txt"), "w") as fh:
+        fh.write("\n".join(info) + "\n")
+    print("\n".join(info), flush=True)
+
+    pa = args.pytest_args.split()
+    rc, dt, last = run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_kernels_gpu.py", "-p", "no:cacheprovider", *pa],
+                       "pytest_gpu.log", env=env)
+    table.append(("pytest -m gpu tests/test_kernels_gpu.py", rc, dt, last))
+    print(f"gpu tests: rc={rc} {dt:.0f}s {last}", flush=True)
+
+    if not args.skip_small:
+        rc, dt, last = run([sys.executable, "-m", "pytest", "-q", "tests/test_kernels.py", "-p", "no:cacheprovider", *pa],
+                           "pytest_small_compiled.log", env=env)
+        table.append(("tests/test_kernels.py, compiled", rc, dt, last))
+        print(f"small cases compiled: rc={rc} {dt:.0f}s {last}", flush=True)
+
+    if not args.skip_sanitizer:
+        san = shutil.which("compute-sanitizer") or next(
+            (p for p in ("/usr/local/cuda/bin/compute-sanitizer", "/opt/nvidia/compute-sanitizer/compute-sanitizer")
+             if os.path.exists(p)), None)
+        if san is None:
+            table.append(("compute-sanitizer memcheck", "n/a", 0.0, "compute-sanitizer not found"))
+        else:
+            rc, dt, last = run([san, "--tool", "memcheck", "--error-exitcode", "99", "--print-limit", "20",
+                                sys.executable, os.path.abspath(__file__), "--sweep"], "sanitizer_memcheck.log", env=env)
+            table.append(("compute-sanitizer memcheck (sweep)", rc, dt, last))
+        print(f"sanitizer: {table[-1]}", flush=True)
+
+    results = []
+    if not args.skip_bench:
+        try:
+            results = bench()
+        except Exception as e:
+            table.append(("bench", 1, 0.0, f"{type(e).__name__}: {e}"))
+
+    print("\n== nqdq kernels on the GPU ==")
+    for what, rc, dt, last in table:
+        print(f"{what:42s} rc={rc!s:4s} {dt:6.0f}s  {last[:90]}")
+    if results:
+        print(f"\n{'bf16 4096x7168':14s} {'us':>8s} {'GB/s':>7s} {'% copy':>7s} {'launches':>8s} {'call us':>8s}")
+        for r in results:
+            print(f"{r['scheme']:14s} {r['us']:8.1f} {r['gbs']:7.0f} {r['pct']:7.0f} {r['launches']:8d} {r.get('call_us', 0):8.0f}")
+    print(f"\ntotal {time.time() - t_all:.0f}s; logs in {OUT}")
+    return 0 if all(rc in (0, "n/a") for _, rc, _, _ in table) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

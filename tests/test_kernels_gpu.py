@@ -1,0 +1,183 @@
+"""The compiled kernels on a real GPU, at real sizes, with CuPy arrays in and out.
+
+Runs only with NQDQ_TEST_GPU=1 on a machine with a CUDA GPU and CuPy (``pytest -m gpu``;
+``scripts/gpu_check.py`` does it in one call). Everything is compared bit for bit with the
+NumPy reference on the same data, as in tests/test_kernels.py (whose helpers this reuses).
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+if os.environ.get("NQDQ_TEST_GPU") != "1":
+    pytest.skip("GPU tests need NQDQ_TEST_GPU=1 (and a CUDA GPU with CuPy)", allow_module_level=True)
+cp = pytest.importorskip("cupy")
+try:
+    if cp.cuda.runtime.getDeviceCount() < 1:
+        raise RuntimeError
+except Exception:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import nqdq  # noqa: E402
+import nqdq.kernels.quantize as kq  # noqa: E402
+from nqdq.reference import quantize as ref  # noqa: E402
+from nqdq.reference.packing import pack_codes  # noqa: E402
+from nqdq.schemes import resolve_scheme  # noqa: E402
+
+from test_kernels import POISON, assert_same, edge_data  # noqa: E402
+
+
+def host(a):
+    return None if a is None else (a.get() if hasattr(a, "get") else np.asarray(a))
+
+
+def check_gpu(x_host, sch, *, dtype=None, seed=None, x_dev=None):
+    """Kernels on a CuPy copy of ``x_host`` (bf16 as uint16 bits + dtype=) vs the reference."""
+    if x_dev is None:
+        if x_host.dtype == ml_dtypes.bfloat16:
+            x_dev, dtype = cp.asarray(x_host.view(np.uint16)), "bfloat16"
+        else:
+            x_dev = cp.asarray(x_host)
+    got = kq.quantize(x_dev, sch, dtype=dtype, seed=seed, out_fill=POISON)
+    assert isinstance(got.codes, cp.ndarray) and isinstance(got.scales, cp.ndarray)
+    xr = x_host.astype(np.float32)
+    want = ref.quantize(xr, sch, seed=seed)
+    wcodes = want.codes if sch.code_bits == 8 else pack_codes(want.codes, sch.code_bits)
+    assert_same(host(got.codes), wcodes, f"{sch.name} codes")
+    assert_same(host(got.scales), want.scales, f"{sch.name} scales")
+    assert_same(host(got.zero_points), want.zero_points, f"{sch.name} zero points")
+    assert_same(host(got.tensor_scale), want.tensor_scale, f"{sch.name} tensor scale")
+    assert_same(host(got.means), want.means, f"{sch.name} means", nan_equal=True)
+    deq = kq.dequantize(got, sch, xr.shape, out_fill=POISON)
+    assert isinstance(deq, cp.ndarray)
+    assert_same(host(deq), ref.dequantize(want, sch, xr.shape), f"{sch.name} dequantized", nan_equal=True)
+
+
+@pytest.fixture(scope="module")
+def act_bf16():
+    """A 1024 x 7168 bfloat16 activation with outlier channels and a few specials."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1024, 7168)).astype(np.float32)
+    x[:, rng.choice(7168, 16, replace=False)] *= 50.0
+    x.reshape(-1)[rng.choice(x.size, 64, replace=False)] = [np.nan, np.inf, -np.inf, 0.0] * 16
+    return x.astype(ml_dtypes.bfloat16)
+
+
+SCHEMES = [
+    "fp8_row", "fp8_1x128", "fp8_128x128", "fp8_tensor", "mxfp8", "mxfp8_e5m2", "mxfp6_e2m3",
+    "mxfp6_e3m2", "mxfp4", "nvfp4", "int8_row", "int8_column", "int4_group", "int8_centred",
+    "int8_asym", "int4_asym",
+]
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_bf16_activation(act_bf16, name):
+    check_gpu(act_bf16, resolve_scheme(name))
+
+
+@pytest.mark.parametrize("name", ["fp8_row", "mxfp4", "nvfp4", "int8_centred"])
+def test_full_size_4096x7168(name):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((4096, 7168)) * 3).astype(ml_dtypes.bfloat16)
+    check_gpu(x, resolve_scheme(name))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("name", ["mxfp8", "int4_group", "fp8_128x128"])
+def test_f32_f16_inputs(dtype, name):
+    check_gpu(edge_data((256, 1000), seed=3).astype(dtype), resolve_scheme(name))
+
+
+@pytest.mark.parametrize(
+    "name, kw, shape",
+    [
+        ("e4m3", {"granularity": "row", "axis": 1}, (8, 512, 96)),
+        ("int8", {"granularity": "column", "axis": 0}, (64, 8, 96)),
+        ("int8", {"granularity": "column"}, (4, 256, 384)),
+        ("mxfp8", {"axis": 0}, (256, 8, 16)),
+        ("int8_centred", {"axis": 1, "group_size": 64}, (4, 256, 33)),
+        ("int4", {"granularity": "row", "axis": 0}, (300, 77)),
+        ("fp8_128x128", {}, (3, 300, 200)),
+        ("fp8_row", {}, (64, 20000)),  # rows longer than a block stages
+        ("int8_centred", {"group_size": 10000}, (4, 20000)),
+        ("int4", {"granularity": "group", "group_size": 10001}, (3, 25000)),
+    ],
+)
+def test_nd_axes_and_long_groups(name, kw, shape):
+    check_gpu(edge_data(shape, seed=5), resolve_scheme(name, **kw))
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "int8_centred", "int4_asym", "fp8_row"])
+def test_stochastic(name):
+    check_gpu(edge_data((512, 1024), seed=7).astype(ml_dtypes.bfloat16), resolve_scheme(name), seed=2**63 + 11)
+
+
+def test_api_cupy_in_cupy_out(act_bf16):
+    xd = cp.asarray(act_bf16.view(np.uint16))
+    q = nqdq.quantize(xd, "mxfp4", dtype="bfloat16")
+    assert isinstance(q.codes, cp.ndarray) and q.dtype == "bfloat16"
+    qh = nqdq.quantize(act_bf16, "mxfp4")
+    assert_same(host(q.codes), qh.codes, "codes")
+    assert_same(host(q.scales), qh.scales, "scales")
+    y = nqdq.dequantize(q)
+    assert isinstance(y, cp.ndarray) and y.dtype == np.float32
+    assert_same(host(y), nqdq.dequantize(qh), "dequantized", nan_equal=True)
+    yb = nqdq.dequantize(q, dtype="bfloat16")
+    assert yb.dtype == np.uint16
+    assert_same(host(yb).view(ml_dtypes.bfloat16), nqdq.dequantize(qh, dtype="bfloat16"), "bf16", nan_equal=True)
+    yh = nqdq.dequantize(q, dtype="float16")
+    assert_same(host(yh), nqdq.dequantize(qh, dtype="float16"), "f16", nan_equal=True)
+    # NumPy in, device="cuda": runs the kernels, NumPy out
+    qn = nqdq.quantize(act_bf16, "mxfp4", device="cuda")
+    assert isinstance(qn.codes, np.ndarray)
+    assert_same(qn.codes, qh.codes, "device='cuda' codes")
+
+
+def test_on_a_cupy_stream():
+    x = edge_data((512, 512), seed=9)
+    sch = resolve_scheme("nvfp4")
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        xd = cp.asarray(x)
+        got = kq.quantize(xd, sch)
+        codes = got.codes.get(stream=s)
+    s.synchronize()
+    assert_same(codes, pack_codes(ref.quantize(x, sch).codes, 4), "codes on a stream")
+
+
+def test_cuda_array_interface_input():
+    from numba import cuda
+
+    x = edge_data((64, 256), seed=11)
+    d = cuda.to_device(x)  # a Numba device array: __cuda_array_interface__, not CuPy
+    q = nqdq.quantize(d, "fp8_1x128")
+    assert_same(host(q.codes), nqdq.quantize(x, "fp8_1x128").codes, "codes")
+
+
+def test_dlpack_bfloat16():
+    torch = pytest.importorskip("torch")  # only to produce a bf16 DLPack tensor; nqdq never imports it
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    t = torch.randn(128, 512, dtype=torch.bfloat16, device="cuda") * 4
+    q = nqdq.quantize(t, "mxfp4")
+    assert q.dtype == "bfloat16"
+    xh = t.float().cpu().numpy()
+    qh = nqdq.quantize(xh.astype(ml_dtypes.bfloat16), "mxfp4")
+    assert_same(host(q.codes), qh.codes, "codes")
+    assert_same(host(q.scales), qh.scales, "scales")
+
+
+def test_bad_device_inputs():
+    x = cp.zeros((64, 64), cp.float32)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        nqdq.quantize(x[:, ::2], "fp8_row")
+    with pytest.raises(TypeError, match="dtype='bfloat16'"):
+        nqdq.quantize(x.view(cp.uint16), "fp8_row")
+    with pytest.raises(ValueError, match="device='cpu'"):
+        nqdq.quantize(x, "fp8_row", device="cpu")
