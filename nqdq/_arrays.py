@@ -80,8 +80,11 @@ def is_device_array(a) -> bool:
     """True for GPU arrays: ``__cuda_array_interface__`` or a CUDA DLPack device."""
     if a is None or isinstance(a, np.ndarray):
         return False
-    if hasattr(a, "__cuda_array_interface__"):
+    try:
+        a.__cuda_array_interface__  # PyTorch raises TypeError here for bfloat16
         return True
+    except Exception:
+        pass
     dev = getattr(a, "__dlpack_device__", None)
     try:
         return dev is not None and int(dev()[0]) in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged

@@ -214,7 +214,9 @@ def main():
     ap.add_argument("--skip-small", action="store_true")
     ap.add_argument("--skip-sanitizer", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
-    ap.add_argument("--pytest-args", default="", help="extra pytest arguments (e.g. '-k mxfp4')")
+    ap.add_argument("--pytest-args", default="", help="extra pytest arguments for both pytest steps")
+    ap.add_argument("--small-k", default="", help="-k filter for the compiled run of tests/test_kernels.py")
+    ap.add_argument("--budget", type=float, default=540.0, help="seconds; later steps are skipped or cut to fit")
     args = ap.parse_args()
     if args.sweep:
         return sweep()
@@ -240,28 +242,11 @@ def main():
     print("\n".join(info), flush=True)
 
     pa = args.pytest_args.split()
+    left = lambda: args.budget - (time.time() - t_all)  # noqa: E731
     rc, dt, last = run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_kernels_gpu.py", "-p", "no:cacheprovider", *pa],
-                       "pytest_gpu.log", env=env)
+                       "pytest_gpu.log", env=env, timeout=max(60, left() - 60))
     table.append(("pytest -m gpu tests/test_kernels_gpu.py", rc, dt, last))
     print(f"gpu tests: rc={rc} {dt:.0f}s {last}", flush=True)
-
-    if not args.skip_small:
-        rc, dt, last = run([sys.executable, "-m", "pytest", "-q", "tests/test_kernels.py", "-p", "no:cacheprovider", *pa],
-                           "pytest_small_compiled.log", env=env)
-        table.append(("tests/test_kernels.py, compiled", rc, dt, last))
-        print(f"small cases compiled: rc={rc} {dt:.0f}s {last}", flush=True)
-
-    if not args.skip_sanitizer:
-        san = shutil.which("compute-sanitizer") or next(
-            (p for p in ("/usr/local/cuda/bin/compute-sanitizer", "/opt/nvidia/compute-sanitizer/compute-sanitizer")
-             if os.path.exists(p)), None)
-        if san is None:
-            table.append(("compute-sanitizer memcheck", "n/a", 0.0, "compute-sanitizer not found"))
-        else:
-            rc, dt, last = run([san, "--tool", "memcheck", "--error-exitcode", "99", "--print-limit", "20",
-                                sys.executable, os.path.abspath(__file__), "--sweep"], "sanitizer_memcheck.log", env=env)
-            table.append(("compute-sanitizer memcheck (sweep)", rc, dt, last))
-        print(f"sanitizer: {table[-1]}", flush=True)
 
     results = []
     if not args.skip_bench:
@@ -269,6 +254,26 @@ def main():
             results = bench()
         except Exception as e:
             table.append(("bench", 1, 0.0, f"{type(e).__name__}: {e}"))
+
+    if not args.skip_sanitizer and left() > 60:
+        san = shutil.which("compute-sanitizer") or next(
+            (p for p in ("/usr/local/cuda/bin/compute-sanitizer", "/opt/nvidia/compute-sanitizer/compute-sanitizer")
+             if os.path.exists(p)), None)
+        if san is None:
+            table.append(("compute-sanitizer memcheck", "n/a", 0.0, "compute-sanitizer not found"))
+        else:
+            rc, dt, last = run([san, "--tool", "memcheck", "--error-exitcode", "99", "--print-limit", "20",
+                                sys.executable, os.path.abspath(__file__), "--sweep"], "sanitizer_memcheck.log",
+                               env=env, timeout=max(30, left() - 30))
+            table.append(("compute-sanitizer memcheck (sweep)", rc, dt, last))
+        print(f"sanitizer: {table[-1]}", flush=True)
+
+    if not args.skip_small and left() > 60:
+        kf = ["-k", args.small_k] if args.small_k else []
+        rc, dt, last = run([sys.executable, "-m", "pytest", "-q", "tests/test_kernels.py", "-p", "no:cacheprovider", *kf, *pa],
+                           "pytest_small_compiled.log", env=env, timeout=max(30, left() - 20))
+        table.append(("tests/test_kernels.py, compiled" + (f" -k {args.small_k!r}" if kf else ""), rc, dt, last))
+        print(f"small cases compiled: rc={rc} {dt:.0f}s {last}", flush=True)
 
     print("\n== nqdq kernels on the GPU ==")
     for what, rc, dt, last in table:

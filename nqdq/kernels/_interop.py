@@ -47,7 +47,7 @@ def is_device_array(a) -> bool:
     """True for arrays that live on a GPU (CUDA array interface or a CUDA DLPack device)."""
     if isinstance(a, np.ndarray) or a is None:
         return False
-    if hasattr(a, "__cuda_array_interface__"):
+    if has_cuda_array_interface(a):
         return True
     dev = getattr(a, "__dlpack_device__", None)
     if dev is not None:
@@ -56,6 +56,16 @@ def is_device_array(a) -> bool:
         except Exception:
             return False
     return False
+
+
+def has_cuda_array_interface(a) -> bool:
+    """``hasattr`` lets anything but AttributeError through; PyTorch raises TypeError for a
+    bfloat16 tensor's ``__cuda_array_interface__`` (such tensors come in through DLPack)."""
+    try:
+        a.__cuda_array_interface__
+        return True
+    except Exception:
+        return False
 
 
 @dataclass
@@ -114,7 +124,7 @@ def device_input(x, argname: str = "x", dtype=None) -> DeviceInput:
 
     keep = None
     lib = "cupy" if (is_cupy(x) or _cupy() is not None) else "numba"
-    if hasattr(x, "__cuda_array_interface__"):
+    if has_cuda_array_interface(x):
         dev = cuda.as_cuda_array(x, sync=False)  # we launch on CuPy's current stream: no host sync
     elif hasattr(x, "__dlpack__"):
         dev, keep = from_dlpack(x, argname)
