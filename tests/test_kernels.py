@@ -301,6 +301,15 @@ def test_encode_at_every_code_point(fmt):
     check(x.reshape(1, -1), sch, scale=1.0)
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e2m3", "e3m2", "e2m1"])
+def test_encode_random_float32_bit_patterns(fmt):
+    """Random float32 bit patterns (every exponent: huge, tiny, subnormal, NaN payloads)
+    through the codec, scale 1."""
+    u = np.random.default_rng(zlib.crc32(fmt.encode())).integers(0, 2**32, 2000, dtype=np.uint64)
+    x = u.astype(np.uint32).view(np.float32).reshape(1, -1)
+    check(x, resolve_scheme(fmt, granularity="tensor", static_scale=True), scale=1.0)
+
+
 def test_half_to_float_bits():
     """float16 / bfloat16 -> float32 by bit manipulation, against NumPy / ml_dtypes casts."""
     @cuda.jit

@@ -86,9 +86,10 @@ def f16_bits_to_f32_bits(h):
 @devfn
 def load_f32(x, i, kind):
     """Element ``i`` of the input as float32 (exact for every input kind)."""
+    # an unsigned index: Numba then omits the negative-index wraparound (3 int64 ops)
     if kind == KIND_F32:
-        return x[i]
-    h = np.int64(x[i])
+        return x[np.uint64(i)]
+    h = np.int64(x[np.uint64(i)])
     if kind == KIND_BF16:
         return bits_f32(h << 16)
     return bits_f32(f16_bits_to_f32_bits(h))
@@ -224,6 +225,41 @@ def round_shift_stochastic(m, t, r):
     else:
         up = (rem >> (t - 32)) + r >= (1 << 32)
     return q + 1 if up else q
+
+
+@devfn
+def encode_float_rne(v, mbits, emin, max_code, nan_code, nbits):
+    """encode_float_bits(f32_bits(v), ..., stochastic=False) with the rounding done by the
+    FPU: the same code, in about a third of the instructions.
+
+    With k = max(e, emin) (e = the exponent of |v|; an fp32 subnormal has e < emin), the
+    format's quantum at |v| is 2^(k - M), so |v| * 2^(M - k) is exact (a power-of-two scale
+    into [0, 2^(M+1))) and its round-to-nearest-even is the reference's ``m >> t`` rounded
+    (t = 23 - M + max(emin - e, 0)); a result of 2^(M+1) (or 2^M from a subnormal) carries
+    into the next binade through ``q + ((k - emin) << M)`` exactly as the reference's does.
+    Values so small that the scaled value is below 1/2 round to 0, as the reference's clamped
+    shift does."""
+    u = f32_bits(v)
+    sign = u >> 31
+    ef = (u >> 23) & 0xFF
+    sbit = sign << (nbits - 1)
+    if ef == 0xFF:
+        if (u & 0x7FFFFF) != 0:
+            if nan_code >= 0:
+                return nan_code | sbit
+            return (1 - sign) << (nbits - 1)
+        return max_code | sbit
+    k = ef - 127
+    if k < emin:
+        k = emin
+    # the product is exact (a power-of-two scale), so an FMA would not change it; mul_rn
+    # keeps the PTX audit's "no fma" rule simple
+    a = mul_rn(bits_f32(u & 0x7FFFFFFF), pow2_f32(mbits - k))
+    q = int((a + TWO_23) - TWO_23)  # a < 2^(M+1): RNE to an integer
+    mag = q + ((k - emin) << mbits)
+    if mag > max_code:
+        mag = max_code
+    return mag | sbit
 
 
 @devfn

@@ -16,6 +16,7 @@ from ._codec import (
     F32,
     ZERO,
     encode_float_bits,
+    encode_float_rne,
     encode_int_f32,
     f32_bits,
     philox4x32_10,
@@ -68,7 +69,9 @@ def encode_element(x, p0, p1, pz, mode, fmt, stoch, r):
             # divide/multiply that the reference runs on; the GPU would return its
             # canonical positive NaN. The code depends on the NaN's sign, so keep x's.
             v = x
-        return encode_float_bits(f32_bits(v), fmt[1], fmt[2], fmt[3], fmt[4], fmt[5], stoch, r)
+        if stoch:
+            return encode_float_bits(f32_bits(v), fmt[1], fmt[2], fmt[3], fmt[4], fmt[5], True, r)
+        return encode_float_rne(v, fmt[1], fmt[2], fmt[3], fmt[4], fmt[5])
     return encode_int_f32(v, fmt[6], fmt[7], stoch, r) & 0xFF
 
 
@@ -95,18 +98,18 @@ def store_unit(codes, rowbase, c, q, ncols, pcols, nbits, packed):
     if nbits == 8 or not packed:
         for j in range(4):
             if c + j < ncols:
-                codes[rowbase + c + j] = q[j] & 0xFF
+                codes[np.uint64(rowbase + c + j)] = q[j] & 0xFF
     elif nbits == 4:
         b = c >> 1
-        codes[rowbase + b] = (q[0] & 0xF) | ((q[1] & 0xF) << 4)
+        codes[np.uint64(rowbase + b)] = (q[0] & 0xF) | ((q[1] & 0xF) << 4)
         if b + 1 < pcols:
-            codes[rowbase + b + 1] = (q[2] & 0xF) | ((q[3] & 0xF) << 4)
+            codes[np.uint64(rowbase + b + 1)] = (q[2] & 0xF) | ((q[3] & 0xF) << 4)
     else:
         w = (q[0] & 0x3F) | ((q[1] & 0x3F) << 6) | ((q[2] & 0x3F) << 12) | ((q[3] & 0x3F) << 18)
         b = (c >> 2) * 3
-        codes[rowbase + b] = w & 0xFF
-        codes[rowbase + b + 1] = (w >> 8) & 0xFF
-        codes[rowbase + b + 2] = (w >> 16) & 0xFF
+        codes[np.uint64(rowbase + b)] = w & 0xFF
+        codes[np.uint64(rowbase + b + 1)] = (w >> 8) & 0xFF
+        codes[np.uint64(rowbase + b + 2)] = (w >> 16) & 0xFF
 
 
 @devfn
@@ -114,10 +117,10 @@ def load_code(codes, rowbase, c, nbits, packed):
     """The code of column ``c`` of a row stored at ``codes[rowbase:]`` (inverse of
     store_unit), as an unsigned int of ``nbits`` bits (8 bits when unpacked)."""
     if nbits == 8 or not packed:
-        return np.int64(codes[rowbase + c])
+        return np.int64(codes[np.uint64(rowbase + c)])
     if nbits == 4:
-        byte = np.int64(codes[rowbase + (c >> 1)])
+        byte = np.int64(codes[np.uint64(rowbase + (c >> 1))])
         return (byte >> (4 * (c & 1))) & 0xF
     b = rowbase + (c >> 2) * 3
-    w = np.int64(codes[b]) | (np.int64(codes[b + 1]) << 8) | (np.int64(codes[b + 2]) << 16)
+    w = np.int64(codes[np.uint64(b)]) | (np.int64(codes[np.uint64(b + 1)]) << 8) | (np.int64(codes[np.uint64(b + 2)]) << 16)
     return (w >> (6 * (c & 3))) & 0x3F

@@ -124,8 +124,12 @@ def device_input(x, argname: str = "x", dtype=None) -> DeviceInput:
 
     keep = None
     lib = "cupy" if (is_cupy(x) or _cupy() is not None) else "numba"
-    if has_cuda_array_interface(x):
+    void16 = has_cuda_array_interface(x) and x.__cuda_array_interface__.get("typestr", "")[1:] == "V2"
+    if has_cuda_array_interface(x) and not (void16 and hasattr(x, "__dlpack__")):
+        # (PyTorch exports bfloat16 as an opaque 2-byte "V2" type: DLPack names it, so use that)
         dev = cuda.as_cuda_array(x, sync=False)  # we launch on CuPy's current stream: no host sync
+        if void16:
+            dev = dev.view(np.uint16)
     elif hasattr(x, "__dlpack__"):
         dev, keep = from_dlpack(x, argname)
     else:

@@ -67,6 +67,7 @@ from ._scales import (
 from ._target import devfn
 
 SEG_MAX = 8192  # float32 elements staged per block (32 KiB of shared memory)
+LOADS = 8  # global loads each thread keeps in flight in the reduction passes
 
 
 @devfn
@@ -120,6 +121,7 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
     """
     E = P // team  # elements per lane (pow2: the lane's residue class in halving order)
     SEG = gpb * G if stash_on else 1
+    M1 = -(-SEG // nt)  # stage-1 loads per thread
     NBITS = fmt[5]
     MAXE = F32(max_elem)
     MXR, MXM, MXE, MXI = mx_cfg[0], mx_cfg[1], mx_cfg[2], F32(mx_cfg[3])
@@ -132,7 +134,7 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
     @devfn
     def elem(x, stash, k, j, row, g, cols):
         if STASH:
-            return stash[k * G + j]
+            return stash[np.uint64(k * G + j)]
         return load_f32(x, row * cols + g * G + j, kind)
 
     @cuda.jit
@@ -158,18 +160,27 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
             c0 = (b - rb * segs) * GPB * G
             cend = min(c0 + GPB * G, cols)
 
-        # ---- stage 1: stage the block's groups in shared memory (zeros past the ends)
+        # ---- stage 1: stage the block's groups in shared memory (zeros past the ends);
+        # LOADS loads per thread are issued before any is stored, so they are in flight together
         if STASH:
-            for i in range(tid, GPB * G, NT):
-                v = ZERO
-                if one:
-                    kk = i // G
-                    j = i - kk * G
-                    if rb + kk < rows and j < cols:
-                        v = load_f32(x, (rb + kk) * cols + j, kind)
-                elif c0 + i < cend:
-                    v = load_f32(x, rb * cols + c0 + i, kind)
-                stash[i] = v
+            vals = cuda.local.array(LOADS, float32)
+            for m0 in range(0, M1, LOADS):
+                for uu in range(LOADS):
+                    i = tid + NT * (m0 + uu)
+                    v = ZERO
+                    if i < GPB * G:
+                        if one:
+                            kk = i // G
+                            j = i - kk * G
+                            if rb + kk < rows and j < cols:
+                                v = load_f32(x, (rb + kk) * cols + j, kind)
+                        elif c0 + i < cend:
+                            v = load_f32(x, rb * cols + c0 + i, kind)
+                    vals[uu] = v
+                for uu in range(LOADS):
+                    i = tid + NT * (m0 + uu)
+                    if i < GPB * G:
+                        stash[np.uint64(i)] = vals[uu]
             cuda.syncthreads()
 
         # ---- stage 2: per-lane statistics over the lane's residue class
@@ -265,6 +276,7 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
 
         # ---- stage 4: encode and pack, four consecutive columns of a row per work item
         q = cuda.local.array(4, int64)
+        xs = cuda.local.array(4, float32)
         cache = cuda.local.array(5, int64)
         cache[0] = -1
         if one:
@@ -283,24 +295,27 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
                 row = rb
                 c = c0 + 4 * u
             if row < rows:
+                for j in range(4):  # the four values first (global re-reads overlap)
+                    cj = c + j
+                    v = ZERO
+                    if cj < cend:
+                        if one:
+                            v = elem(x, stash, kk, cj, row, 0, cols)
+                        else:
+                            off = cj - c0
+                            ks = off // G
+                            v = elem(x, stash, ks, off - ks * G, row, c0 // G + ks, cols)
+                    xs[j] = v
                 for j in range(4):
                     cj = c + j
                     code = 0
                     if cj < cend:
-                        if one:
-                            ks = kk
-                            jj = cj
-                            g = 0
-                        else:
-                            off = cj - c0
-                            ks = off // G
-                            jj = off - ks * G
-                            g = c0 // G + ks
-                        xv = elem(x, stash, ks, jj, row, g, cols)
+                        ks = kk if one else (cj - c0) // G
                         rb4 = 0
                         if stoch:
                             rb4 = random_word(row * cols + cj, key_lo, key_hi, cache)
-                        code = encode_element(xv, p0s[ks], p1s[ks], pzs[ks], mode, fmt, stoch, rb4)
+                        uk = np.uint64(ks)
+                        code = encode_element(xs[j], p0s[uk], p1s[uk], pzs[uk], mode, fmt, stoch, rb4)
                     q[j] = code
                 store_unit(codes, row * pcols, c, q, cols, pcols, NBITS, packed)
 
@@ -381,31 +396,45 @@ def make_tile_params_kernel(kind, mode, max_elem, nt):
         red_i = cuda.shared.array(NT, int64)
         red_a = cuda.shared.array(NT, float32)
         red_b = cuda.shared.array(NT, float32)
+        vals = cuda.local.array(LOADS, float32)
+        ok = cuda.local.array(LOADS, int32)
         acc = 0
         mn = ZERO
         mx = ZERO
-        for e in range(tid, B0 * B1, NT):
-            ii = e // B1
-            jj = e - ii * B1
-            r = ti * B0 + ii
-            c = tj * B1 + jj
-            if r < R and c < C:
-                v = load_f32(x, (bt * R + r) * C + c, kind)
-                if mode == MODE_ASYM:
-                    mn = nanmin_f32(mn, v)
-                    mx = nanmax_f32(mx, v)
-                else:
-                    acc = max(acc, abs_bits(v))
+        for e0 in range(tid, B0 * B1, NT * LOADS):
+            for uu in range(LOADS):
+                e = e0 + uu * NT
+                ii = e // B1
+                jj = e - ii * B1
+                r = ti * B0 + ii
+                c = tj * B1 + jj
+                ok[uu] = 0
+                vals[uu] = ZERO
+                if e < B0 * B1 and r < R and c < C:
+                    vals[uu] = load_f32(x, (bt * R + r) * C + c, kind)
+                    ok[uu] = 1
+            for uu in range(LOADS):
+                if ok[uu] == 1:
+                    v = vals[uu]
+                    if mode == MODE_ASYM:
+                        mn = nanmin_f32(mn, v)
+                        mx = nanmax_f32(mx, v)
+                    else:
+                        acc = max(acc, abs_bits(v))
         red_i[tid] = acc
         red_a[tid] = mn
         red_b[tid] = mx
         cuda.syncthreads()
+        h = NT >> 1
+        while h > 0:
+            if tid < h:
+                red_i[tid] = max(red_i[tid], red_i[tid + h])
+                red_a[tid] = nanmin_f32(red_a[tid], red_a[tid + h])
+                red_b[tid] = nanmax_f32(red_b[tid], red_b[tid + h])
+            cuda.syncthreads()
+            h >>= 1
         if tid == 0:
-            for j in range(1, NT):
-                acc = max(acc, red_i[j])
-                mn = nanmin_f32(mn, red_a[j])
-                mx = nanmax_f32(mx, red_b[j])
-            sv, p0, pz = group_params(mode, acc, mn, mx, MAXE, 0, 0, 0, ONE, ONE)
+            sv, p0, pz = group_params(mode, red_i[0], red_a[0], red_b[0], MAXE, 0, 0, 0, ONE, ONE)
             scales[t] = sv
             if mode == MODE_ASYM:
                 zps[t] = pz
@@ -428,13 +457,21 @@ def make_column_partials_kernel(kind, mode):
         acc = 0
         mn = ZERO
         mx = ZERO
-        for o in range(cb * OC, min(cb * OC + OC, O)):
-            v = load_f32(x, o * J + j, kind)
-            if mode == MODE_ASYM:
-                mn = nanmin_f32(mn, v)
-                mx = nanmax_f32(mx, v)
-            else:
-                acc = max(acc, abs_bits(v))
+        vals = cuda.local.array(LOADS, float32)
+        o_end = min(cb * OC + OC, O)
+        for o0 in range(cb * OC, o_end, LOADS):
+            for uu in range(LOADS):
+                vals[uu] = ZERO
+                if o0 + uu < o_end:
+                    vals[uu] = load_f32(x, (o0 + uu) * J + j, kind)
+            for uu in range(LOADS):
+                if o0 + uu < o_end:
+                    v = vals[uu]
+                    if mode == MODE_ASYM:
+                        mn = nanmin_f32(mn, v)
+                        mx = nanmax_f32(mx, v)
+                    else:
+                        acc = max(acc, abs_bits(v))
         part_i[cb * J + j] = acc
         part_a[cb * J + j] = mn
         part_b[cb * J + j] = mx
@@ -454,31 +491,43 @@ def make_tensor_partials_kernel(kind, mode, nt):
         red_i = cuda.shared.array(NT, int64)
         red_a = cuda.shared.array(NT, float32)
         red_b = cuda.shared.array(NT, float32)
+        vals = cuda.local.array(LOADS, float32)
         acc = 0
         mn = ZERO
         mx = ZERO
-        for e in range(cuda.grid(1), N, cuda.gridsize(1)):
-            v = load_f32(x, e, kind)
-            if mode == MODE_ASYM:
-                mn = nanmin_f32(mn, v)
-                mx = nanmax_f32(mx, v)
-            else:
-                a = abs_bits(v)
-                if mode != MODE_NVFP4 or a < 0x7F800000:
-                    acc = max(acc, a)
+        step = cuda.gridsize(1)
+        for e0 in range(cuda.grid(1), N, step * LOADS):
+            for uu in range(LOADS):
+                e = e0 + uu * step
+                vals[uu] = ZERO
+                if e < N:
+                    vals[uu] = load_f32(x, e, kind)
+            for uu in range(LOADS):
+                v = vals[uu]  # past the end: 0, which changes neither a max nor a min with 0
+                if mode == MODE_ASYM:
+                    mn = nanmin_f32(mn, v)
+                    mx = nanmax_f32(mx, v)
+                else:
+                    a = abs_bits(v)
+                    if mode != MODE_NVFP4 or a < 0x7F800000:
+                        acc = max(acc, a)
         red_i[tid] = acc
         red_a[tid] = mn
         red_b[tid] = mx
         cuda.syncthreads()
+        h = NT >> 1
+        while h > 0:
+            if tid < h:
+                red_i[tid] = max(red_i[tid], red_i[tid + h])
+                red_a[tid] = nanmin_f32(red_a[tid], red_a[tid + h])
+                red_b[tid] = nanmax_f32(red_b[tid], red_b[tid + h])
+            cuda.syncthreads()
+            h >>= 1
         if tid == 0:
-            for j in range(1, NT):
-                acc = max(acc, red_i[j])
-                mn = nanmin_f32(mn, red_a[j])
-                mx = nanmax_f32(mx, red_b[j])
             b = cuda.blockIdx.x
-            part_i[b] = acc
-            part_a[b] = mn
-            part_b[b] = mx
+            part_i[b] = red_i[0]
+            part_a[b] = red_a[0]
+            part_b[b] = red_b[0]
 
     return tensor_partials
 
@@ -528,6 +577,16 @@ def scale_index(row, c, d1, d2, b0, b1, b2, bc, n1, n2, nc):
     return (((i0 // b0) * n1 + i1 // b1) * n2 + i2 // b2) * nc + c // bc
 
 
+@devfn
+def scale_row_index(row, d1, d2, b0, b1, b2, n1, n2):
+    """Row part of scale_index: the scale row of view row ``row``."""
+    i2 = row % d2
+    r01 = row // d2
+    i1 = r01 % d1
+    i0 = r01 // d1
+    return ((i0 // b0) * n1 + i1 // b1) * n2 + i2 // b2
+
+
 @lru_cache(maxsize=None)
 def make_encode_kernel(kind, mode, fmt, nt, packed, stoch):
     """Elementwise encode + pack of a (rows, C) view, scales read per element."""
@@ -537,32 +596,44 @@ def make_encode_kernel(kind, mode, fmt, nt, packed, stoch):
     def encode(x, rows, C, d1, d2, b0, b1, b2, bc, n1, n2, nc, codes, pcols, scales, zps, means, key_lo, key_hi):
         upr = (C + 3) // 4
         q = cuda.local.array(4, int64)
+        xs = cuda.local.array(4, float32)
         cache = cuda.local.array(5, int64)
         cache[0] = -1
         for u in range(cuda.grid(1), rows * upr, cuda.gridsize(1)):
             row = u // upr
             c = (u - row * upr) * 4
+            base = row * C
+            for j in range(4):
+                xs[j] = ZERO
+                if c + j < C:
+                    xs[j] = load_f32(x, base + c + j, kind)
+            srow = scale_row_index(row, d1, d2, b0, b1, b2, n1, n2) * nc
+            sc = c // bc  # scale column of element c; advanced incrementally below
+            rem = c - sc * bc
             for j in range(4):
                 cj = c + j
                 code = 0
                 if cj < C:
-                    si = scale_index(row, cj, d1, d2, b0, b1, b2, bc, n1, n2, nc)
-                    xv = load_f32(x, row * C + cj, kind)
+                    si = np.uint64(srow + sc)
                     p1 = ZERO
                     pz = 0
                     if mode == MODE_MX:
                         p0 = decode_e8m0(np.int64(scales[si]))
                     else:
-                        p0 = scales[si]
+                        p0 = F32(scales[si])
                     if mode == MODE_ASYM:
                         pz = np.int64(zps[si])
                     if mode == MODE_CENTRED:
                         p1 = means[si]
                     rb = 0
                     if stoch:
-                        rb = random_word(row * C + cj, key_lo, key_hi, cache)
-                    code = encode_element(xv, p0, p1, pz, mode, fmt, stoch, rb)
+                        rb = random_word(base + cj, key_lo, key_hi, cache)
+                    code = encode_element(xs[j], p0, p1, pz, mode, fmt, stoch, rb)
                 q[j] = code
+                rem += 1
+                if rem == bc:
+                    rem = 0
+                    sc += 1
             store_unit(codes, row * pcols, c, q, C, pcols, NBITS, packed)
 
     return encode
@@ -601,7 +672,7 @@ def make_dequant_kernel(mode, fmt, symmetric, packed):
                 res = (val - F32(np.int64(zps[si]))) * scales[si]
             else:
                 res = val * scales[si]
-            out[e] = res
+            out[np.uint64(e)] = res
 
     return dequant
 
