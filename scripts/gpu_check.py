@@ -148,8 +148,21 @@ def bench(shape=(4096, 7168), reps=30):
     copy_gbs = 2 * src.nbytes / copy_us / 1e3
     results = [dict(scheme="d2d copy", us=copy_us, gbs=copy_gbs, pct=100.0, launches=1)]
 
+    import ml_dtypes
+
+    from nqdq.reference import quantize as ref
+    from nqdq.reference.packing import pack_codes
+
+    x_small = x[:64]
+    xs_host = x_small.get().view(ml_dtypes.bfloat16).astype(np.float32)
     for name in BENCH:
         sch = resolve_scheme(name)
+        # bit-exactness on the first 64 rows (same compiled kernels as the timed call)
+        got = kq.quantize(x_small, sch, dtype="bfloat16")
+        want = ref.quantize(xs_host, sch)
+        wc = want.codes if sch.code_bits == 8 else pack_codes(want.codes, sch.code_bits)
+        exact = bool(np.array_equal(got.codes.get().view(np.uint8), wc.view(np.uint8))
+                     and np.array_equal(got.scales.get().view(np.uint8), np.asarray(want.scales).view(np.uint8)))
         rec = []
         old = kq._launch
 
@@ -190,6 +203,10 @@ def bench(shape=(4096, 7168), reps=30):
 
             how = "numba launches"
         us = time_it(replay)
+        per_kernel = []
+        if prepared is not None and len(prepared) > 1:
+            for (k, _, _, _), p in zip(rec, prepared):
+                per_kernel.append(f"{k.py_func.__name__} {time_it(lambda p=p: p(stream)):.1f}")
         with stream:
             t0 = time.perf_counter()
             for _ in range(10):
@@ -198,9 +215,10 @@ def bench(shape=(4096, 7168), reps=30):
             call_us = (time.perf_counter() - t0) / 10 * 1e6
         gbs = moved / us / 1e3
         results.append(dict(scheme=name, us=us, gbs=gbs, pct=100 * gbs / copy_gbs, launches=len(rec),
-                            call_us=call_us, how=how))
-        print(f"bench {name}: {us:.1f} us, {gbs:.0f} GB/s ({100 * gbs / copy_gbs:.0f}% of copy), "
-              f"{len(rec)} launches, end-to-end call {call_us:.0f} us", flush=True)
+                            call_us=call_us, how=how, per_kernel=per_kernel, exact=exact))
+        print(f"bench {name}: {'bit-exact' if exact else 'MISMATCH vs reference'}, {us:.1f} us, {gbs:.0f} GB/s ({100 * gbs / copy_gbs:.0f}% of copy), "
+              f"{len(rec)} launches ({how}{'; ' + ', '.join(per_kernel) if per_kernel else ''}), "
+              f"end-to-end call {call_us:.0f} us", flush=True)
     with open(log_path("bench.json"), "w") as fh:
         json.dump(results, fh, indent=1)
     return results
@@ -282,9 +300,10 @@ def main():
     for what, rc, dt, last in table:
         print(f"{what:42s} rc={rc!s:4s} {dt:6.0f}s  {last[:90]}")
     if results:
-        print(f"\n{'bf16 4096x7168':14s} {'us':>8s} {'GB/s':>7s} {'% copy':>7s} {'launches':>8s} {'call us':>8s}")
+        print(f"\n{'bf16 4096x7168':14s} {'us':>8s} {'GB/s':>7s} {'% copy':>7s} {'launches':>8s} {'call us':>8s} exact")
         for r in results:
-            print(f"{r['scheme']:14s} {r['us']:8.1f} {r['gbs']:7.0f} {r['pct']:7.0f} {r['launches']:8d} {r.get('call_us', 0):8.0f}")
+            print(f"{r['scheme']:14s} {r['us']:8.1f} {r['gbs']:7.0f} {r['pct']:7.0f} {r['launches']:8d} "
+                  f"{r.get('call_us', 0):8.0f} {r.get('exact', '')}")
     print(f"\ntotal {time.time() - t_all:.0f}s; logs in {OUT}")
     return 0 if all(rc in (0, "n/a") for _, rc, _, _ in table) else 1
 

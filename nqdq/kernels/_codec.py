@@ -378,3 +378,16 @@ def decode_e8m0(code):
     if code == 0:
         return bits_f32(0x00400000)
     return bits_f32(code << 23)
+
+
+@devfn
+def e8m0_reciprocal(code):
+    """1 / 2^(code - 127) = 2^(127 - code), exactly (2^-127 is the float32 subnormal
+    0x00400000); NaN for 0xFF. x * this is the same real number as x / 2^(code - 127), so
+    IEEE rounding gives the same float32: MX elements multiply instead of dividing."""
+    if code == 0xFF:
+        return NAN
+    k = 254 - code  # biased exponent of the reciprocal
+    if k == 0:
+        return bits_f32(0x00400000)
+    return bits_f32(k << 23)

@@ -22,7 +22,7 @@ from ._codec import (
     philox4x32_10,
     rint_stochastic_f32,
 )
-from ._scales import MODE_ASYM, MODE_CENTRED, MODE_NVFP4
+from ._scales import MODE_ASYM, MODE_CENTRED, MODE_MX, MODE_NVFP4
 from ._target import devfn
 
 _NAN_STYLE = {"none": 0, "all_ones": 1, "ieee": 2}
@@ -41,9 +41,10 @@ def format_tuple(scheme) -> tuple:
 @devfn
 def encode_element(x, p0, p1, pz, mode, fmt, stoch, r):
     """Code (0..255; an int8 code in two's complement) of float32 ``x`` in a group with
-    parameters (p0, p1, pz) (see _scales), exactly as reference/quantize.py."""
-    if mode == MODE_NVFP4:
-        v = x * p0
+    parameters (p0, p1, pz) (see _scales; for MX p0 is 2^-k, not 2^k), exactly as
+    reference/quantize.py."""
+    if mode == MODE_NVFP4 or mode == MODE_MX:
+        v = x * p0  # NVFP4: the block multiplier; MX: the exact reciprocal of 2^k (see _codec)
     elif mode == MODE_CENTRED:
         v = (x - p1) / p0
     else:

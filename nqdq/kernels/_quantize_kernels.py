@@ -41,6 +41,7 @@ from ._codec import (
     bits_f32,
     decode_e8m0,
     decode_float_code,
+    e8m0_reciprocal,
     f32_bits,
     load_f32,
     mul_rn,
@@ -83,7 +84,7 @@ def group_params(mode, amax_bits, mn, mx, max_elem, mx_rounding, mx_mbits, mx_em
     amax = bits_f32(amax_bits)
     if mode == MODE_MX:
         code = mx_scale_code(amax, mx_rounding, mx_mbits, mx_emax, mx_inv)
-        return F32(code), decode_e8m0(code), 0
+        return F32(code), e8m0_reciprocal(code), 0
     if mode == MODE_NVFP4:
         code = nvfp4_block_scale_code(amax, s_enc)
         return F32(code), nvfp4_element_multiplier(code, s_enc), 0
@@ -122,6 +123,7 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
     E = P // team  # elements per lane (pow2: the lane's residue class in halving order)
     SEG = gpb * G if stash_on else 1
     M1 = -(-SEG // nt)  # stage-1 loads per thread
+    ALIGNED = G % 4 == 0
     NBITS = fmt[5]
     MAXE = F32(max_elem)
     MXR, MXM, MXE, MXI = mx_cfg[0], mx_cfg[1], mx_cfg[2], F32(mx_cfg[3])
@@ -287,7 +289,7 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
             total = (cend - c0 + 3) // 4
         for u in range(tid, total, NT):
             if one:
-                kk = u // upr
+                kk = u // upr if GPB > 1 else 0
                 row = rb + kk
                 c = (u - kk * upr) * 4
             else:
@@ -306,16 +308,24 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
                             ks = off // G
                             v = elem(x, stash, ks, off - ks * G, row, c0 // G + ks, cols)
                     xs[j] = v
+                # one group for the whole unit when groups are whole units (G % 4 == 0)
+                uk = np.uint64(kk if one else (c - c0) // G)
+                p0 = p0s[uk]
+                p1 = p1s[uk]
+                pz = pzs[uk]
                 for j in range(4):
                     cj = c + j
                     code = 0
                     if cj < cend:
-                        ks = kk if one else (cj - c0) // G
+                        if not (one or ALIGNED):
+                            uk = np.uint64((cj - c0) // G)
+                            p0 = p0s[uk]
+                            p1 = p1s[uk]
+                            pz = pzs[uk]
                         rb4 = 0
                         if stoch:
                             rb4 = random_word(row * cols + cj, key_lo, key_hi, cache)
-                        uk = np.uint64(ks)
-                        code = encode_element(xs[j], p0s[uk], p1s[uk], pzs[uk], mode, fmt, stoch, rb4)
+                        code = encode_element(xs[j], p0, p1, pz, mode, fmt, stoch, rb4)
                     q[j] = code
                 store_unit(codes, row * pcols, c, q, cols, pcols, NBITS, packed)
 
@@ -379,13 +389,13 @@ def make_strided_params_kernel(kind, mode, fmt, mx_cfg, max_elem):
 
 # =============================================================================== tile params
 @lru_cache(maxsize=None)
-def make_tile_params_kernel(kind, mode, max_elem, nt):
+def make_tile_params_kernel(kind, mode, max_elem, nt, B0, B1):
     """One block per B0 x B1 tile of a (batch, R, C) view: float or asymmetric scales."""
     MAXE = F32(max_elem)
     NT = nt
 
     @cuda.jit
-    def tile_params(x, R, C, B0, B1, scales, zps):
+    def tile_params(x, R, C, scales, zps):
         tid = cuda.threadIdx.x
         t = cuda.blockIdx.x
         nR = (R + B0 - 1) // B0
@@ -533,31 +543,49 @@ def make_tensor_partials_kernel(kind, mode, nt):
 
 
 @lru_cache(maxsize=None)
-def make_finalize_kernel(mode, max_elem):
-    """Scale group q's statistics from part_*[c, q*I + i] (all chunks c, all i), then its
-    scale (float / asymmetric) or, for NVFP4 (one group), S_enc and S_dec."""
+def make_finalize_kernel(mode, max_elem, nt):
+    """Block q reduces scale group q's statistics part_*[c, q*I + i] (all chunks c, all i)
+    in a tree, then writes its scale (float / asymmetric) or, for NVFP4 (one group), S_enc
+    and S_dec."""
     MAXE = F32(max_elem)
+    NT = nt
 
     @cuda.jit
     def finalize(part_i, part_a, part_b, nchunks, ngroups, I, scales, zps, sparams, tscale):
-        q = cuda.grid(1)
-        if q >= ngroups:
-            return
+        q = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        red_i = cuda.shared.array(NT, int64)
+        red_a = cuda.shared.array(NT, float32)
+        red_b = cuda.shared.array(NT, float32)
         acc = 0
         mn = ZERO
         mx = ZERO
-        for c in range(nchunks):
-            for i in range(I):
-                e = (c * ngroups + q) * I + i
-                acc = max(acc, np.int64(part_i[e]))
-                mn = nanmin_f32(mn, part_a[e])
-                mx = nanmax_f32(mx, part_b[e])
+        for t in range(tid, nchunks * I, NT):
+            c = t // I
+            e = np.uint64((c * ngroups + q) * I + (t - c * I))
+            acc = max(acc, np.int64(part_i[e]))
+            mn = nanmin_f32(mn, part_a[e])
+            mx = nanmax_f32(mx, part_b[e])
+        red_i[tid] = acc
+        red_a[tid] = mn
+        red_b[tid] = mx
+        cuda.syncthreads()
+        h = NT >> 1
+        while h > 0:
+            if tid < h:
+                red_i[tid] = max(red_i[tid], red_i[tid + h])
+                red_a[tid] = nanmin_f32(red_a[tid], red_a[tid + h])
+                red_b[tid] = nanmax_f32(red_b[tid], red_b[tid + h])
+            cuda.syncthreads()
+            h >>= 1
+        if tid != 0:
+            return
         if mode == MODE_NVFP4:
-            s_enc = nvfp4_tensor_encode_scale(bits_f32(acc))
+            s_enc = nvfp4_tensor_encode_scale(bits_f32(red_i[0]))
             sparams[0] = s_enc
             tscale[0] = ONE / s_enc
             return
-        sv, p0, pz = group_params(mode, acc, mn, mx, MAXE, 0, 0, 0, ONE, ONE)
+        sv, p0, pz = group_params(mode, red_i[0], red_a[0], red_b[0], MAXE, 0, 0, 0, ONE, ONE)
         scales[q] = sv
         if mode == MODE_ASYM:
             zps[q] = pz
@@ -591,50 +619,56 @@ def scale_row_index(row, d1, d2, b0, b1, b2, n1, n2):
 def make_encode_kernel(kind, mode, fmt, nt, packed, stoch):
     """Elementwise encode + pack of a (rows, C) view, scales read per element."""
     NBITS = fmt[5]
+    NT = nt
 
     @cuda.jit
-    def encode(x, rows, C, d1, d2, b0, b1, b2, bc, n1, n2, nc, codes, pcols, scales, zps, means, key_lo, key_hi):
+    def encode(x, rows, C, d1, d2, b0, b1, b2, bc, n1, n2, nc, codes, pcols, scales, zps, means, key_lo, key_hi,
+               tpr_log2):
+        # a team of TPR = 2^tpr_log2 threads per row, NT / TPR rows per block, grid-stride
         upr = (C + 3) // 4
+        tpr = 1 << tpr_log2
+        lane = cuda.threadIdx.x & (tpr - 1)
+        rpb = NT >> tpr_log2
         q = cuda.local.array(4, int64)
         xs = cuda.local.array(4, float32)
         cache = cuda.local.array(5, int64)
         cache[0] = -1
-        for u in range(cuda.grid(1), rows * upr, cuda.gridsize(1)):
-            row = u // upr
-            c = (u - row * upr) * 4
+        for row in range(cuda.blockIdx.x * rpb + (cuda.threadIdx.x >> tpr_log2), rows, cuda.gridDim.x * rpb):
             base = row * C
-            for j in range(4):
-                xs[j] = ZERO
-                if c + j < C:
-                    xs[j] = load_f32(x, base + c + j, kind)
             srow = scale_row_index(row, d1, d2, b0, b1, b2, n1, n2) * nc
-            sc = c // bc  # scale column of element c; advanced incrementally below
-            rem = c - sc * bc
-            for j in range(4):
-                cj = c + j
-                code = 0
-                if cj < C:
-                    si = np.uint64(srow + sc)
-                    p1 = ZERO
-                    pz = 0
-                    if mode == MODE_MX:
-                        p0 = decode_e8m0(np.int64(scales[si]))
-                    else:
-                        p0 = F32(scales[si])
-                    if mode == MODE_ASYM:
-                        pz = np.int64(zps[si])
-                    if mode == MODE_CENTRED:
-                        p1 = means[si]
-                    rb = 0
-                    if stoch:
-                        rb = random_word(base + cj, key_lo, key_hi, cache)
-                    code = encode_element(xs[j], p0, p1, pz, mode, fmt, stoch, rb)
-                q[j] = code
-                rem += 1
-                if rem == bc:
-                    rem = 0
-                    sc += 1
-            store_unit(codes, row * pcols, c, q, C, pcols, NBITS, packed)
+            for u in range(lane, upr, tpr):
+                c = u * 4
+                for j in range(4):
+                    xs[j] = ZERO
+                    if c + j < C:
+                        xs[j] = load_f32(x, base + c + j, kind)
+                sc = c // bc  # scale column of element c; advanced incrementally below
+                rem = c - sc * bc
+                for j in range(4):
+                    cj = c + j
+                    code = 0
+                    if cj < C:
+                        si = np.uint64(srow + sc)
+                        p1 = ZERO
+                        pz = 0
+                        if mode == MODE_MX:
+                            p0 = e8m0_reciprocal(np.int64(scales[si]))
+                        else:
+                            p0 = F32(scales[si])
+                        if mode == MODE_ASYM:
+                            pz = np.int64(zps[si])
+                        if mode == MODE_CENTRED:
+                            p1 = means[si]
+                        rb = 0
+                        if stoch:
+                            rb = random_word(base + cj, key_lo, key_hi, cache)
+                        code = encode_element(xs[j], p0, p1, pz, mode, fmt, stoch, rb)
+                    q[j] = code
+                    rem += 1
+                    if rem == bc:
+                        rem = 0
+                        sc += 1
+                store_unit(codes, row * pcols, c, q, C, pcols, NBITS, packed)
 
     return encode
 
@@ -647,32 +681,35 @@ def make_dequant_kernel(mode, fmt, symmetric, packed):
     EBITS, MBITS, NAN_STYLE = fmt[8], fmt[1], fmt[9]
 
     @cuda.jit
-    def dequant(codes, rows, C, pcols, d1, d2, b0, b1, b2, bc, n1, n2, nc, scales, zps, means, tscale, out):
-        for e in range(cuda.grid(1), rows * C, cuda.gridsize(1)):
-            row = e // C
-            c = e - row * C
-            code = load_code(codes, row * pcols, c, NBITS, packed)
-            if IS_FLOAT:
-                val = decode_float_code(code, EBITS, MBITS, NAN_STYLE)
-            elif symmetric:
-                width = NBITS if packed else 8
-                if code >= (1 << (width - 1)):
-                    code -= 1 << width
-                val = F32(code)
-            else:
-                val = F32(code)
-            si = scale_index(row, c, d1, d2, b0, b1, b2, bc, n1, n2, nc)
-            if mode == MODE_MX:
-                res = val * decode_e8m0(np.int64(scales[si]))
-            elif mode == MODE_NVFP4:
-                res = val * (decode_float_code(np.int64(scales[si]), 4, 3, 1) * tscale[0])
-            elif mode == MODE_CENTRED:
-                res = mul_rn(val, scales[si]) + means[si]
-            elif mode == MODE_ASYM:
-                res = (val - F32(np.int64(zps[si]))) * scales[si]
-            else:
-                res = val * scales[si]
-            out[np.uint64(e)] = res
+    def dequant(codes, rows, C, pcols, d1, d2, b0, b1, b2, bc, n1, n2, nc, scales, zps, means, tscale, out, tpr_log2):
+        tpr = 1 << tpr_log2
+        lane = cuda.threadIdx.x & (tpr - 1)
+        rpb = cuda.blockDim.x >> tpr_log2
+        for row in range(cuda.blockIdx.x * rpb + (cuda.threadIdx.x >> tpr_log2), rows, cuda.gridDim.x * rpb):
+            srow = scale_row_index(row, d1, d2, b0, b1, b2, n1, n2) * nc
+            for c in range(lane, C, tpr):
+                code = load_code(codes, row * pcols, c, NBITS, packed)
+                if IS_FLOAT:
+                    val = decode_float_code(code, EBITS, MBITS, NAN_STYLE)
+                elif symmetric:
+                    width = NBITS if packed else 8
+                    if code >= (1 << (width - 1)):
+                        code -= 1 << width
+                    val = F32(code)
+                else:
+                    val = F32(code)
+                si = np.uint64(srow + c // bc)
+                if mode == MODE_MX:
+                    res = val * decode_e8m0(np.int64(scales[si]))
+                elif mode == MODE_NVFP4:
+                    res = val * (decode_float_code(np.int64(scales[si]), 4, 3, 1) * tscale[0])
+                elif mode == MODE_CENTRED:
+                    res = mul_rn(val, scales[si]) + means[si]
+                elif mode == MODE_ASYM:
+                    res = (val - F32(np.int64(zps[si]))) * scales[si]
+                else:
+                    res = val * scales[si]
+                out[np.uint64(row * C + c)] = res
 
     return dequant
 

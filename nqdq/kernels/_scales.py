@@ -16,7 +16,7 @@ Element parameters produced for each group (``p0``, ``p1``, ``pz``):
 mode        p0                          p1            pz
 ==========  ==========================  ============  ==========
 float       divisor s                   -             -
-mx          divisor 2^(code-127)        -             -
+mx          multiplier 2^(127-code)     -             -
 nvfp4       multiplier m_b              -             -
 asym        divisor s                   -             zero point
 centred     divisor s                   mean          -

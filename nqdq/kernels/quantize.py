@@ -94,6 +94,12 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _team_log2(work_per_row: int, nt: int) -> int:
+    """log2 of the threads that share a row in the elementwise kernels: the power of two
+    nearest above the row's work items, at most a block."""
+    return min(max(work_per_row - 1, 0).bit_length(), nt.bit_length() - 1)
+
+
 def view4(shape, block):
     """Merge the leading axes of ``shape`` into at most three, keeping the last axis:
     returns (dims, blocks) of a (d0, d1, d2, C) view whose scale groups are blocks."""
@@ -234,9 +240,12 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
 
     def run_encode():
         k = K.make_encode_kernel(kind, mode, fmt, nt, packed, stoch)
-        units = rows * _cdiv(C, 4)
-        grid = max(1, min(_cdiv(units, nt), 1 << 20))
-        _launch(k, grid, nt, stream, xa, rows, C, *_geo_args(shape, block), codes, out.pcols, scales, zps, means, key_lo, key_hi)
+        tpr_log2 = _team_log2(_cdiv(C, 4), nt)
+        grid = max(1, min(_cdiv(rows, nt >> tpr_log2), 1 << 20))
+        _launch(
+            k, grid, nt, stream,
+            xa, rows, C, *_geo_args(shape, block), codes, out.pcols, scales, zps, means, key_lo, key_hi, tpr_log2,
+        )
 
     def run_group(view_rows, view_cols, G_true, plan):
         ngroups = _cdiv(view_cols, G_true)
@@ -267,8 +276,9 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
     def run_finalize(fmode, parts, nchunks, ngroups, I):
         pi, pa, pb = parts
         tsc = out.tscale if out.tscale is not None else out._dummy_f32
+        nft = min(nt, _pow2ceil(nchunks * I))  # threads per group: no more than its partials
         _launch(
-            K.make_finalize_kernel(fmode, maxe), _cdiv(ngroups, 128), 128, stream,
+            K.make_finalize_kernel(fmode, maxe, nft), ngroups, nft, stream,
             A(pi), A(pa), A(pb), nchunks, ngroups, I, scales, zps, A(out.sparams), A(tsc),
         )
 
@@ -290,7 +300,7 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
         R = shape[-2]
         B0, B1 = sch.block_shape
         ntiles = (n // (R * C)) * _cdiv(R, B0) * _cdiv(C, B1)
-        _launch(K.make_tile_params_kernel(kind, mode, maxe, nt), ntiles, nt, stream, xa, R, C, B0, B1, scales, zps)
+        _launch(K.make_tile_params_kernel(kind, mode, maxe, nt, B0, B1), ntiles, nt, stream, xa, R, C, scales, zps)
         run_encode()
     elif sch.granularity == "column":
         O, L, I = math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1 :])
@@ -426,12 +436,13 @@ def dequantize(parts: QuantParts, scheme: Scheme, shape, *, packed=True, threads
         fill_bytes(out, out_fill)
     sc_dtype = np.uint8 if mode in (MODE_MX, MODE_NVFP4) else np.float32
     k = K.make_dequant_kernel(mode, fmt, sch.symmetric, packed)
-    grid = max(1, min(_cdiv(n, nt * 4), 1 << 20))
+    tpr_log2 = _team_log2(C, nt)
+    grid = max(1, min(_cdiv(rows, nt >> tpr_log2), 1 << 20))
     _launch(
         k, grid, nt, alloc.stream(),
         dev(parts.codes, np.uint8), rows, C, pcols, *_geo_args(shape, block),
         dev(parts.scales, sc_dtype), dev(parts.zero_points, np.uint8), dev(parts.means, np.float32),
-        dev(parts.tensor_scale, np.float32), alloc.kernel_arg(out),
+        dev(parts.tensor_scale, np.float32), alloc.kernel_arg(out), tpr_log2,
     )
     return alloc.to_lib(out, shape)
 
