@@ -273,6 +273,16 @@ def test_half_inputs(dtype, name):
     check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
 
 
+def test_big_endian_and_bad_dtypes():
+    x = edge_data((2, 64))
+    sch = resolve_scheme("fp8_row")
+    assert_same(kq.quantize(x.astype(">f4"), sch).codes, ref.quantize(x, sch).codes, "big-endian codes")
+    with pytest.raises(TypeError, match="float64"):
+        kq.quantize(x.astype(np.float64), sch)
+    with pytest.raises(TypeError, match="int32"):
+        kq.quantize(x.astype(np.int32), sch)
+
+
 def test_uint16_bits_with_dtype():
     x = edge_data((2, 64)).astype(ml_dtypes.bfloat16)
     sch = resolve_scheme("mxfp8")

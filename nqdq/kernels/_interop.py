@@ -108,6 +108,8 @@ def _dtype_name(dt, argname, explicit):
 def device_input(x, argname: str = "x", dtype=None) -> DeviceInput:
     """Wrap ``x`` for the kernels (no copy where it is already on the device)."""
     if isinstance(x, np.ndarray):
+        if not x.dtype.isnative:  # big-endian input: the kernels read native bits
+            x = x.astype(x.dtype.newbyteorder("="))
         name = _dtype_name(x.dtype, argname, dtype)
         if not x.flags.c_contiguous:
             x = np.ascontiguousarray(x)
