@@ -13,4 +13,24 @@ reference/quantize.py      quantize.py (launchers), _quantize_kernels.py (bodies
 
 The launchers are ``nqdq.kernels.quantize.quantize`` / ``.dequantize`` (same signatures as
 the reference's). Importing this package does not touch a GPU; kernels compile on first use.
+
+How the kernels stay bit-identical to the reference (checked by ``_ptx_audit`` on the PTX
+for sm_90, and by tests/test_kernels.py in the simulator and on a GPU):
+
+* float32 arithmetic only (``np.float32`` constants; no float64 instruction in any kernel);
+  IEEE ``div.rn.f32`` for every division (Numba's default without fast-math), no ``.ftz``;
+* no FMA where the reference rounds a product and a sum separately: NVVM contracts
+  ``a * b + c`` by default, so such products go through libdevice ``fmul_rn``
+  (``mul.rn.f32``, never contracted; the simulator's twin is a plain multiply);
+* NaN: amax is a max over the bits of |x| (every NaN is above +inf), so a NaN anywhere in
+  a group gives its NaN scale whatever the reduction order; scales store the canonical
+  0x7FC00000 as the reference does; an input NaN keeps its own sign through the element
+  division (the host FPU's rule, which the GPU's canonical NaN would not follow);
+* the centred INT8 mean adds in exactly reference/scales.halving_sum's tree (see _scales);
+* stochastic rounding: Philox4x32-10 keyed by the seed, counter = linear index // 4, so the
+  bits do not depend on the launch shape.
+
+NaN *payloads* of computed float32 outputs (a NaN group's mean, a dequantized NaN) follow
+the FPU that computed them and are not part of the contract (the tests compare them as
+"both NaN").
 """
