@@ -228,6 +228,14 @@ def test_centred_halving_sum_order(group_size):
     check(wide_data((3, 100)), resolve_scheme("int8_centred", group_size=group_size))
 
 
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_centred_mean_of_huge_finite_groups(axis):
+    # partial sums of values near FLT_MAX would overflow without the 2^-k leaf scaling
+    x = np.full((3, 40), 3e38, np.float32)
+    x[1, ::3] = -2e38
+    check(x, resolve_scheme("int8_centred", group_size=16, axis=axis))
+
+
 @pytest.mark.parametrize("threads", [32, 128])
 @pytest.mark.parametrize("name", ["mxfp4", "int8_centred", "nvfp4", "int4_asym"])
 def test_block_size_does_not_change_results(name, threads):

@@ -121,6 +121,7 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
     ..., 1: exactly the last log2(team) levels of reference/scales.halving_sum.
     """
     E = P // team  # elements per lane (pow2: the lane's residue class in halving order)
+    INV_P = F32(1.0 / P)  # exact power of two: the centred sum scales its leaves by it
     SEG = gpb * G if stash_on else 1
     M1 = -(-SEG // nt)  # stage-1 loads per thread
     ALIGNED = G % 4 == 0
@@ -204,7 +205,7 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
                 j = lane + TEAM * rev
                 v = ZERO
                 if j < n:
-                    v = elem(x, stash, k, j, row, g, cols)
+                    v = mul_rn(elem(x, stash, k, j, row, g, cols), INV_P)  # exact: 2^-k scaling
                 sp = pairwise_push(stack, sp, s, v)
                 rev = next_bitrev(rev, E)
             red_a[tid] = stack[0]
@@ -241,7 +242,7 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
         sidx = row * ngroups + g
         if lane == 0 and n > 0:
             if mode == MODE_CENTRED:
-                p1s[k] = red_a[tid] / F32(n)  # the group mean: sum / element count
+                p1s[k] = red_a[tid] * (F32(P) / F32(n))  # reference/scales.group_mean
             else:
                 s_enc = sparams[0] if mode == MODE_NVFP4 else ONE
                 sv, p0, pz = group_params(mode, red_i[tid], red_a[tid], red_b[tid], MAXE, MXR, MXM, MXE, MXI, s_enc)
@@ -359,10 +360,10 @@ def make_strided_params_kernel(kind, mode, fmt, mx_cfg, max_elem):
             for s in range(P):
                 v = ZERO
                 if rev < n:
-                    v = load_f32(x, base + rev * I, kind)
+                    v = mul_rn(load_f32(x, base + rev * I, kind), ONE / F32(P))  # exact: 2^-k scaling
                 sp = pairwise_push(stack, sp, s, v)
                 rev = next_bitrev(rev, P)
-            mean = stack[0] / F32(n)
+            mean = stack[0] * (F32(P) / F32(n))  # reference/scales.group_mean
             acc = 0
             for j in range(n):
                 acc = max(acc, abs_bits(load_f32(x, base + j * I, kind) - mean))

@@ -91,7 +91,7 @@ def quantize(x: np.ndarray, scheme: Scheme, *, scale=None, seed=None) -> QuantPa
         flat = np.moveaxis(v, axes, tuple(range(v.ndim - len(axes), v.ndim)))
         flat = flat.reshape(flat.shape[: v.ndim - len(axes)] + (int(np.prod(block)),))
         with np.errstate(invalid="ignore", divide="ignore"):
-            mean = (S.halving_sum(flat) / np.maximum(count, F32(1))).astype(F32)
+            mean = S.group_mean(flat, count)
             c = (x - S.expand(mean, block, x.shape)).astype(F32)
         s = S.float_scale(S.block_amax(c, block), elem.max_value(True))
         with np.errstate(invalid="ignore"):

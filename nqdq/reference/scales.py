@@ -25,6 +25,7 @@ __all__ = [
     "nvfp4_block_scale_code",
     "nvfp4_element_multiplier",
     "halving_sum",
+    "group_mean",
 ]
 
 F32 = np.float32
@@ -161,6 +162,23 @@ def nvfp4_element_multiplier(code: np.ndarray, s_enc: F32) -> tuple[np.ndarray, 
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         mult = np.fmin((F32(1.0) / (sb * s_dec).astype(F32)).astype(F32), FLT_MAX)
     return mult.astype(F32), s_dec
+
+
+def group_mean(v: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Mean of each row of ``v`` (a group padded with zeros to ``v.shape[-1]``, holding
+    ``count`` real elements), as ``halving_sum(v * 2^-k) * (fp32(P) / fp32(count))`` with
+    ``P = 2^k`` the group length padded to a power of two.
+
+    Scaling every element by 2^-k first (exact, away from the subnormal range) keeps every
+    partial sum within the largest |v|, so a group of large finite values never overflows
+    to inf; for a full power-of-two group the factor is exactly 1 and the mean is the
+    halving sum of the scaled values.
+    """
+    n = v.shape[-1]
+    p = 1 << max(n - 1, 0).bit_length()
+    s = halving_sum((v.astype(F32) * F32(1.0 / p)).astype(F32))
+    factor = (F32(p) / np.maximum(count, F32(1)).astype(F32)).astype(F32)
+    return (s * factor).astype(F32)
 
 
 def halving_sum(v: np.ndarray) -> np.ndarray:
