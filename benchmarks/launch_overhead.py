@@ -1,6 +1,7 @@
 """Host time per kernel launch: Numba's dispatcher vs nqdq.kernels.launch.FastKernel.
 
     python3 benchmarks/launch_overhead.py [--json FILE] [--rows 64 --cols 7168] [--calls 1000]
+    python3 benchmarks/launch_overhead.py --quantize-only [--schemes fp8_row,mxfp4,...] [--label L]
 
 The kernel is the toy per-row FP8 quantizer (benchmarks/toy_fp8_row.py) on a bf16
 ``rows x cols`` activation (64 x 7168: a decode step), CuPy arguments, legacy default
@@ -25,7 +26,7 @@ os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")  # 64 blocks: no
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, os.environ.get("NQDQ_BENCH_ROOT") or str(HERE.parent))  # another nqdq tree: "before" rows
 
 
 def host_time(fn, calls, sync, warm=50):
@@ -41,13 +42,145 @@ def host_time(fn, calls, sync, warm=50):
     return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
 
 
+def bench_quantize(schemes, rows, cols, calls, label, results, graphs=True):
+    """``nqdq.quantize(x, scheme, dtype="bfloat16")`` on a CuPy uint16 ``rows x cols`` array,
+    end to end: host us per call over ``calls`` calls after 50 warm-up calls; each result
+    checked bit for bit against the NumPy reference first; with ``graphs``, the call
+    captured in a CUDA graph and replayed on new data (checked again), and the replay's
+    host time."""
+    import cupy as cp
+    import ml_dtypes
+    import numpy as np
+
+    import nqdq
+
+    rng = np.random.default_rng(0)
+
+    def act():
+        x = rng.standard_normal((rows, cols)) * np.exp2(rng.uniform(-6, 6, (rows, 1)))
+        return x.astype(ml_dtypes.bfloat16)
+
+    def same(q, ref):
+        for f in ("codes", "scales", "zero_points", "tensor_scale", "means"):
+            g, w = getattr(q, f), getattr(ref, f)
+            if (g is None) != (w is None):
+                return False
+            if g is None:
+                continue
+            g = g.get() if hasattr(g, "get") else np.asarray(g)
+            w = np.ascontiguousarray(np.asarray(w))
+            if g.shape != w.shape or g.dtype != w.dtype or not np.array_equal(g.view(np.uint8), w.view(np.uint8)):
+                return False
+        return True
+
+    sync = cp.cuda.runtime.deviceSynchronize
+    for scheme in schemes:
+        try:
+            xh = act()
+            x = cp.asarray(xh.view(np.uint16))
+            ref = nqdq.quantize(xh, scheme, device="cpu")
+            q = nqdq.quantize(x, scheme, dtype="bfloat16")
+            ok1 = same(q, ref)
+            q = nqdq.quantize(x, scheme, dtype="bfloat16")
+            sync()
+            ok = ok1 and same(q, ref)
+            print(f"check {label} {scheme}: {'bit-exact vs reference' if ok else 'MISMATCH'}", flush=True)
+            results.append(dict(path=f"check {label} nqdq.quantize {scheme}", ok=bool(ok)))
+            h, hs = host_time(lambda: nqdq.quantize(x, scheme, dtype="bfloat16"), calls, sync)
+            results.append(dict(path=f"{label}: nqdq.quantize {scheme}", host_us=h, host_sync_us=hs))
+            print(f"{label}: nqdq.quantize {scheme:10s} host {h:8.2f} us/call   +sync {hs:8.2f} us/call", flush=True)
+            if not graphs:
+                continue
+            s = cp.cuda.Stream(non_blocking=True)
+            with s:
+                nqdq.quantize(x, scheme, dtype="bfloat16")  # warm this stream's memory pool
+                s.synchronize()
+                s.begin_capture()
+                qg = nqdq.quantize(x, scheme, dtype="bfloat16")
+                g = s.end_capture()
+            xh2 = act()
+            x[...] = cp.asarray(xh2.view(np.uint16))
+            sync()
+            qg.codes.fill(0xA5)
+            g.launch(s)
+            s.synchronize()
+            okg = same(qg, nqdq.quantize(xh2, scheme, device="cpu"))
+            print(f"check {label} graph replay {scheme}: {'bit-exact vs reference' if okg else 'MISMATCH'}", flush=True)
+            results.append(dict(path=f"check {label} graph {scheme}", ok=bool(okg)))
+            h, hs = host_time(lambda: g.launch(s), calls, s.synchronize)
+            results.append(dict(path=f"{label}: graph of nqdq.quantize {scheme}, replay", host_us=h, host_sync_us=hs))
+            print(f"{label}: graph replay {scheme:10s} host {h:8.2f} us/call   +sync {hs:8.2f} us/call", flush=True)
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            ts = []
+            for _ in range(20):
+                e0.record(s)
+                g.launch(s)
+                e1.record(s)
+                e1.synchronize()
+                ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1000)
+            results.append(dict(path=f"{label}: device us per call {scheme} (graph replay, events)", device_us=float(np.median(ts))))
+            print(f"{label}: device time {scheme:10s} {float(np.median(ts)):8.2f} us (graph replay, median of 20)", flush=True)
+        except Exception as e:  # report and go on with the next scheme
+            import traceback
+
+            traceback.print_exc()
+            print(f"{label} {scheme}: {type(e).__name__}: {e}", flush=True)
+            results.append(dict(path=f"{label} {scheme} error", error=f"{type(e).__name__}: {e}"))
+    if graphs:  # where the remaining host time goes
+        try:
+            import cProfile
+            import io
+            import pstats
+
+            scheme = schemes[0]
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(2000):
+                nqdq.quantize(x, scheme, dtype="bfloat16")
+            prof.disable()
+            sync()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(15)
+            print(f"profile of 2000 {label} nqdq.quantize {scheme} calls, by own time:")
+            print("\n".join(text.getvalue().splitlines()[:36]))
+        except Exception as e:
+            print(f"profile: {type(e).__name__}: {e}")
+
+
+def quantize_main(args):
+    results = []
+    schemes = args.schemes.split(",")
+    bench_quantize(schemes, args.rows, args.cols, args.calls, args.label, results, graphs=not args.no_graphs)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    print()
+    print(f"| {args.label}: nqdq.quantize, {args.rows}x{args.cols} bf16 (CuPy uint16) | host us/call | us/call incl. sync |")
+    print("|---|---:|---:|")
+    for r in results:
+        if "host_us" in r:
+            print(f"| {r['path']} | {r['host_us']:.2f} | {r['host_sync_us']:.2f} |")
+        elif "ok" in r:
+            print(f"| {r['path']} | {'ok' if r['ok'] else 'MISMATCH'} | |")
+        elif "device_us" in r:
+            print(f"| {r['path']} | - | {r['device_us']:.2f} |")
+        else:
+            print(f"| {r['path']} | {r.get('error', '')[:60]} | |")
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
+    ap.add_argument("--quantize-only", action="store_true", help="only the nqdq.quantize end-to-end rows")
+    ap.add_argument("--schemes", default="fp8_row,mxfp4,nvfp4,fp8_1x128")
+    ap.add_argument("--label", default="nqdq")
+    ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--cols", type=int, default=7168)
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.quantize_only:
+        return quantize_main(args)
 
     import cupy as cp
     import ml_dtypes

@@ -3,6 +3,8 @@ backend and wraps the result; the numerics live in ``nqdq.reference`` (and the k
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
 from . import _arrays
@@ -65,6 +67,20 @@ def quantize(
     GPU arrays (CuPy, ``__cuda_array_interface__``, CUDA DLPack) stay on the GPU: the result
     holds arrays of the same library (CuPy when installed).
     """
+    if type(x) is _cupy_ndarray and scale is None and seed is None and (device is None or device == "cuda"):
+        # the hot path: a repeated call with a CuPy array (see _fast_quantizer)
+        try:
+            key = (scheme, granularity, axis, group_size, block_shape, symmetric, scale_rounding, rounding,
+                   scale_layout, nonfinite, dtype, x.shape, x.dtype.char)  # fmt: skip
+            fq = _FAST.get(key)
+        except TypeError:  # an unhashable argument (a list for block_shape, ...)
+            fq = None
+        if fq is not None and x._c_contiguous:
+            try:
+                _FAST.move_to_end(key)  # LRU order
+            except KeyError:  # evicted by another thread meanwhile
+                pass
+            return fq(x)
     on_device = _arrays.use_device(x, device)
     if on_device:
         from .kernels import quantize as kq
@@ -106,6 +122,18 @@ def quantize(
         raise ValueError("x contains NaN or inf and nonfinite='raise'")
 
     seed = None if rounding == "nearest" else int(seed)
+    if on_device and seed is None and scale is None and nonfinite == "propagate" and xdev.lib == "cupy":
+        fq = _fast_quantizer(x, sch, shape, dtype_name, xdev.kind)
+        if fq is not None:
+            try:
+                _remember(
+                    (scheme, granularity, axis, group_size, block_shape, symmetric, scale_rounding, rounding,
+                     scale_layout, nonfinite, dtype, x.shape, x.dtype.char),
+                    fq,
+                )  # fmt: skip
+            except TypeError:
+                pass
+            return fq(xdev.arr)
     if on_device:
         parts = kq.quantize(xdev, sch, scale=scale, seed=seed)  # codes come back packed
         codes = parts.codes
@@ -125,6 +153,56 @@ def quantize(
         tensor_scale=parts.tensor_scale,
         means=parts.means,
     )
+
+
+# ----------------------------------------------------------------------------- the GPU hot path
+# A repeated nqdq.quantize call with a C-contiguous CuPy array and the same arguments
+# (scheme options, shape, dtype) skips every check and plan: the first call validates
+# the arguments on the general path, and when the result needs no per-call host work
+# (no static scale, no stochastic rounding, nonfinite="propagate") remembers a function
+# that only allocates the outputs and launches the planned kernels
+# (nqdq.kernels.quantize.QuantPlan.cupy_runner). An LRU of _FAST_MAX keys.
+_FAST: "collections.OrderedDict" = None  # set below
+_FAST_MAX = 256
+_cupy_ndarray = None  # cupy.ndarray once a CuPy input was seen (nqdq never imports CuPy itself)
+
+
+def _fast_quantizer(x, sch, shape, dtype_name, kind):
+    """``fq(x) -> QuantizedTensor`` for this call's arguments, or None."""
+    global _cupy_ndarray
+    from .kernels import quantize as kq
+    from .kernels._interop import is_cupy
+
+    if not is_cupy(x) or not hasattr(x, "_c_contiguous"):
+        return None
+    run = kq.get_plan(shape, kind, sch).cupy_runner()
+    if run is None:
+        return None
+    if _cupy_ndarray is None:
+        _cupy_ndarray = type(x)
+    QT = QuantizedTensor
+
+    def fq(x):
+        c, s, z, t, m = run(x)
+        return QT(c, s, sch, shape, dtype_name, "linear", z, t, m)
+
+    fq.run = run
+    return fq
+
+
+def _remember(key, fq):
+    hash(key)
+    _FAST[key] = fq
+    while len(_FAST) > _FAST_MAX:
+        try:
+            _FAST.popitem(last=False)
+        except KeyError:
+            break
+
+
+def clear_fast_path():
+    """Forget the remembered GPU calls (tests; after changing NQDQ_FAST_LAUNCH)."""
+    _FAST.clear()
 
 
 def dequantize(q: QuantizedTensor, dtype=np.float32, *, device=None):
@@ -223,3 +301,6 @@ def decode(codes, fmt, *, packed=True, dtype=np.float32, length=None):
     if f.name == "ue4m3":
         return codec.decode_float(c, get_format("e4m3")).astype(out_dtype)
     raise ValueError(f"fmt={fmt!r} has no codes to decode")
+
+
+_FAST = collections.OrderedDict()

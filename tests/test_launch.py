@@ -417,3 +417,54 @@ def test_gpu_errors_name_the_argument():
         fk.launch(2, 256, (x2, codes.astype(np.int16), cupy.zeros(2, np.float32)))
     with pytest.raises(TypeError, match="'x2'"):
         fk.launch(2, 256, (x2[:, ::2], codes, cupy.zeros(2, np.float32)))  # not C-contiguous
+
+
+def _fake_entry(argtypes, handle, name):
+    entry = launch._Entry.__new__(launch._Entry)
+    entry.argtypes, entry.handle, entry.name = tuple(argtypes), handle, name
+    entry.struct = struct.Struct(param_format(argtypes))
+    entry.offsets = launch._param_offsets(entry.struct.format)
+    entry.pack = launch._make_packer(argtypes, tuple(f"a{i}" for i in range(len(argtypes))), entry.struct.pack_into)
+    entry._tls, entry._fast = launch.threading.local(), {}
+    return entry
+
+
+def test_compile_sequence_packs_like_the_general_packer(monkeypatch):
+    """The generated sequence launcher: per launch, the same parameter bytes as the
+    general packer given arrays at those addresses, in order, on the given stream."""
+    launched = []
+    entries = []
+
+    def fake_launch(handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        entry = next(e for e in entries if e.handle == handle)
+        ptrs = (ctypes.c_void_p * len(entry.offsets)).from_address(params)
+        base = ptrs[0] - entry.offsets[0]
+        launched.append(((handle, gx, gy, gz, bx, by, bz, smem, stream), ctypes.string_at(base, entry.struct.size)))
+
+    monkeypatch.setattr(launch, "_cupy_launch", fake_launch)
+    monkeypatch.setattr(launch, "_cupy_ndarray", _FakeCupyArray)
+    e1 = _fake_entry((types.uint16[::1], types.int64, types.uint8[::1], types.float32[::1], types.int64), 11, "k1")
+    e2 = _fake_entry((types.float32[::1], types.int64, types.float64), 22, "k2")
+    entries += [e1, e2]
+    launches = [
+        ("k1", (3, 2), 256, (launch.Ptr("xp", 0, 448, np.uint16), 7, launch.Ptr("base", 512, 100, np.uint8),
+                             launch.Ptr("base", 0, 25, np.float32), launch.Var("lo"))),
+        ("k2", 5, (32, 4), (launch.Ptr("dummy", 256, 1, np.float32), launch.Var("hi"), 0.5)),
+    ]  # fmt: skip
+    run = launch.compile_sequence(launches, ("xp", "base", "dummy", "lo", "hi"), entries=entries)
+    run(77, 0x1000, 0x8000, 0x9000, 5, 6)
+    want1 = bytearray(e1.struct.size)
+    e1.pack(want1, (_FakeCupyArray((448,), np.uint16, 0x1000), 7, _FakeCupyArray((100,), np.uint8, 0x8200),
+                    _FakeCupyArray((25,), np.float32, 0x8000), 5))  # fmt: skip
+    want2 = bytearray(e2.struct.size)
+    e2.pack(want2, (_FakeCupyArray((1,), np.float32, 0x9100), 6, 0.5))
+    assert launched == [((11, 3, 2, 1, 256, 1, 1, 0, 77), bytes(want1)), ((22, 5, 1, 1, 32, 4, 1, 0, 77), bytes(want2))]
+    with pytest.raises(TypeError, match="must be a Ptr"):
+        launch.compile_sequence([("k2", 1, 1, (0, 1, 0.5))], (), entries=[e2])
+    with pytest.raises(ValueError, match="call variables"):
+        launch.compile_sequence([("k2", 1, 1, (launch.Ptr("nope", 0, 1, np.float32), 1, 0.5))], ("xp",), entries=[e2])
+
+
+def test_compile_sequence_declines_under_the_simulator():
+    if launch.simulated():
+        assert launch.compile_sequence([(toy_fp8_row.fp8_row_bf16, 1, 1, ())], ()) is None

@@ -122,6 +122,14 @@ def device_input(x, argname: str = "x", dtype=None) -> DeviceInput:
         return DeviceInput(cuda.to_device(flat), _KINDS[name], tuple(x.shape), name, "numpy")
     if SIMULATOR:
         raise TypeError(f"{argname} is a {type(x).__name__}; under the CUDA simulator only NumPy arrays run")
+    if is_cupy(x) and hasattr(x, "_c_contiguous"):  # CuPy stays CuPy: FastKernel takes it as it is
+        name = _dtype_name(x.dtype, argname, dtype)
+        if not x._c_contiguous:
+            raise ValueError(f"{argname} must be C-contiguous on the device (make a contiguous copy first)")
+        flat = x.reshape(x.size) if x.ndim != 1 else x
+        if name != "float32" and flat.dtype != np.uint16:
+            flat = flat.view(np.uint16)
+        return DeviceInput(flat, _KINDS[name], tuple(x.shape), name, "cupy")
     from numba import cuda
 
     keep = None
@@ -262,12 +270,10 @@ class Allocator:
         return cuda.device_array(n, dtype)
 
     def kernel_arg(self, a):
-        """What to pass to a kernel for array ``a``."""
-        if SIMULATOR or isinstance(a, np.ndarray):
-            return a
-        from numba import cuda
-
-        return cuda.as_cuda_array(a, sync=False) if not hasattr(a, "gpu_data") else a
+        """What to pass to a kernel for array ``a``: the array itself (launches go through
+        ``launch.FastKernel``, which takes CuPy arrays, Numba device arrays and any
+        ``__cuda_array_interface__`` object as they are; NumPy arrays under the simulator)."""
+        return a
 
     def to_lib(self, a, shape):
         """``a`` (flat) reshaped, in the result library (NumPy results are copied back)."""

@@ -65,7 +65,10 @@ import sys
 import threading
 import weakref
 
-__all__ = ["FastKernel", "PreparedLaunch", "fast_kernel", "simulated", "param_format", "ptx_param_sizes"]
+__all__ = [
+    "FastKernel", "PreparedLaunch", "fast_kernel", "simulated", "param_format", "ptx_param_sizes",
+    "Ptr", "Var", "compile_sequence",
+]
 
 
 def simulated() -> bool:
@@ -721,6 +724,124 @@ def fast_kernel(kernel) -> FastKernel:
     if fk is None:
         fk = _by_dispatcher[kernel] = FastKernel(kernel)
     return fk
+
+
+# ---------------------------------------------------------------------------------------
+# Compiled launch sequences: several launches, one generated function, raw addresses
+
+
+class Ptr:
+    """A 1-D C-contiguous device-array argument of :func:`compile_sequence` whose address
+    is the call variable ``base`` plus ``offset`` bytes (``n`` items of ``dtype``). It
+    exposes a null ``__cuda_array_interface__`` so FastKernel can type and compile for it."""
+
+    __slots__ = ("base", "offset", "n", "dtype")
+
+    def __init__(self, base: str, offset: int, n: int, dtype):
+        import numpy as np
+
+        self.base, self.offset, self.n, self.dtype = base, int(offset), int(n), np.dtype(dtype)
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": (self.n,), "typestr": self.dtype.str, "data": (0, False), "strides": None, "version": 3}
+
+
+class Var:
+    """A per-call integer argument of :func:`compile_sequence` (an int64 parameter)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+def compile_sequence(launches, names, *, entries=None):
+    """One generated function ``run(stream, *names)`` that packs and launches ``launches``
+    in order with ``cuLaunchKernel``; None where any launch must go through Numba
+    (simulator, ``NQDQ_FAST_LAUNCH=0``, kernels the fast path does not cover).
+
+    ``launches``: ``(kernel, grid, block, args)`` with ``kernel`` a dispatcher or
+    FastKernel, and each argument a :class:`Ptr` (the address is computed from a call
+    variable), a :class:`Var` (an int given per call) or a constant scalar. Every shape,
+    stride and constant is baked into one ``struct.pack_into`` call per launch, so a call
+    costs the packing of a few addresses plus the driver calls. Compiles (and loads) every
+    kernel now: build it before capturing a CUDA graph. ``entries`` (tests) gives the
+    compiled entries instead of compiling.
+    """
+    names = tuple(names)
+    _cupy_type()  # CuPy's launchKernel when CuPy is loaded by now
+    if entries is None:
+        if not _fast_path_allowed():
+            return None
+        entries = []
+        for kern, _grid, _block, args in launches:
+            fk = kern if isinstance(kern, FastKernel) else fast_kernel(kern)
+            if not fk.fast:
+                return None
+            entry = fk.compile(tuple(0 if isinstance(a, Var) else a for a in args))
+            if entry is None:
+                return None
+            entries.append(entry)
+    launch_fn = _cupy_launch if _cupy_launch is not None else _driver()
+    ns = {"_K": launch_fn, "_raise": _raise_launch_error, "_tls": threading.local()}
+    body = []
+    for i, ((_kern, grid, block, args), entry) in enumerate(zip(launches, entries)):
+        if len(args) != len(entry.argtypes):
+            raise TypeError(f"{entry.name}: {len(args)} arguments for {len(entry.argtypes)} parameters")
+        values = []
+        for j, (a, ty) in enumerate(zip(args, entry.argtypes)):
+            kind = _arg_codes(ty)[1]
+            if isinstance(a, Ptr):
+                if kind != "array" or ty.ndim != 1:
+                    raise TypeError(f"{entry.name}: argument {j} is a Ptr but the parameter is {ty}")
+                if a.base not in names:
+                    raise ValueError(f"Ptr base {a.base!r} is not one of the call variables {names}")
+                addr = a.base if not a.offset else f"{a.base} + {a.offset}"
+                n, isz = a.n, a.dtype.itemsize
+                values += ["0", "0", str(n), str(isz), addr, str(n), str(isz)]
+            elif isinstance(a, Var):
+                if a.name not in names:
+                    raise ValueError(f"Var {a.name!r} is not one of the call variables {names}")
+                values.append(a.name)
+            else:
+                if kind == "array":
+                    raise TypeError(f"{entry.name}: argument {j} must be a Ptr (an array parameter)")
+                ns[f"_c{i}_{j}"] = a
+                values += [f"_c{i}_{j}.real", f"_c{i}_{j}.imag"] if kind == "complex" else [f"_c{i}_{j}"]
+        ns[f"_P{i}"] = entry.struct.pack_into
+        ns[f"_H{i}"] = entry.handle
+        ns[f"_N{i}"] = entry.name
+        gx, gy, gz = _dim3(grid)
+        bx, by, bz = _dim3(block)
+        if values:
+            body.append(f"    _P{i}(b[{2 * i}], 0, {', '.join(values)})")
+        call = f"_K(_H{i}, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, 0, stream, b[{2 * i + 1}], 0)"
+        if launch_fn is _cupy_launch:
+            body.append(f"    {call}")
+        else:
+            body += [f"    err = {call}[0]", "    if err:", f"        _raise(err, _N{i})"]
+
+    def new_buffers():
+        out, keep = [], []
+        for e in entries:
+            buf, ptrs, addr = e.new_buffer()
+            out += [buf, addr]
+            keep.append(ptrs)  # the void*[] that addr points at
+        out.append(keep)
+        return out
+
+    ns["_new"] = new_buffers
+    src = "\n".join(
+        [f"def run(stream{''.join(', ' + n for n in names)}):",
+         "    try:", "        b = _tls.b", "    except AttributeError:", "        b = _tls.b = _new()"]
+        + body
+    ) + "\n"  # fmt: skip
+    exec(compile(src, f"<nqdq.launch sequence of {len(entries)}>", "exec"), ns)
+    run = ns["run"]
+    run.source = src
+    run.entries = tuple(entries)
+    return run
 
 
 def _init():

@@ -28,7 +28,10 @@ No path transposes the input: other axes are handled by index arithmetic.
 
 from __future__ import annotations
 
+import collections
 import math
+import sys
+import threading
 
 import numpy as np
 
@@ -38,11 +41,13 @@ from ..reference.quantize import QuantParts
 from ..schemes import Scheme
 from . import _quantize_kernels as K
 from ._elements import format_tuple
+from ._codec import KIND_BF16, KIND_F16, KIND_F32
 from ._interop import Allocator, DeviceInput, device_input, is_cupy
+from .launch import fast_kernel as _fast_kernel
 from ._scales import MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4, MX_EVEN, MX_FLOOR, MX_RCEIL
 from ._target import SIMULATOR
 
-__all__ = ["quantize", "dequantize", "has_nonfinite", "to_bfloat16_bits", "THREADS"]
+__all__ = ["quantize", "dequantize", "has_nonfinite", "to_bfloat16_bits", "get_plan", "QuantPlan", "THREADS"]
 
 THREADS = 64 if SIMULATOR else 256  # threads per block (results never depend on it)
 E_TARGET = 8  # elements each thread reduces in the group kernel
@@ -84,10 +89,9 @@ def _mx_cfg(sch: Scheme) -> tuple:
 
 
 def _launch(kernel, grid, block, stream, *args):
-    if SIMULATOR or not stream:
-        kernel[grid, block](*args)
-    else:
-        kernel[grid, block, stream](*args)
+    """Every launch goes through FastKernel: ``cuLaunchKernel`` with packed arguments on
+    CuPy's current stream (``stream`` None) on a GPU, Numba's launch under the simulator."""
+    _fast_kernel(kernel).launch(grid, block, args, stream)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -130,11 +134,54 @@ def _geo_args(shape, block):
     return (dims[1], dims[2], blocks[0], blocks[1], blocks[2], blocks[3], n[1], n[2], n[3])
 
 
-class _Outputs:
-    """Flat output arrays of one quantize call, and the dummies kernels need for the rest."""
+class _Slot:
+    """An array of a quantize plan: ``n`` items of ``dtype``; ``role`` is "out" (returned),
+    "scratch" (written by one launch, read by a later one) or "dummy" (a placeholder for
+    an output the scheme does not have: never written, never read)."""
 
-    def __init__(self, alloc: Allocator, sch: Scheme, mode, shape, packed, fill):
-        self.alloc = alloc
+    __slots__ = ("i", "n", "dtype", "role")
+
+    def __init__(self, i, n, dtype, role):
+        self.i, self.n, self.dtype, self.role = i, int(n), np.dtype(dtype), role
+
+
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"<{self.name}>"
+
+
+_X = _Marker("x")  # the input array (flat)
+_SEED_LO = _Marker("seed_lo")
+_SEED_HI = _Marker("seed_hi")
+
+
+class _Recorder:
+    """Stands in for an :class:`Allocator` and the launcher while a plan is built: it
+    records allocations (as slots) and launches (with slots and markers as arguments)."""
+
+    def __init__(self):
+        self.slots = []
+        self.launches = []
+
+    def empty(self, n, dtype, role="scratch"):
+        s = _Slot(len(self.slots), n, dtype, role)
+        self.slots.append(s)
+        return s
+
+    def launch(self, kernel, grid, block, *args):
+        args = tuple(int(a) if isinstance(a, np.integer) else a for a in args)
+        self.launches.append((kernel, grid, block, args))
+
+
+class _Outputs:
+    """Output slots of one quantize plan, and the dummies kernels need for the rest."""
+
+    def __init__(self, rec: _Recorder, sch: Scheme, mode, shape, packed):
         n = math.prod(shape)
         C = shape[-1]
         self.rows = n // C
@@ -142,26 +189,22 @@ class _Outputs:
         self.pcols = packed_length(C, sch.code_bits) if sub else C
         self.sshape = sch.scale_shape(shape)
         ns = math.prod(self.sshape)
-        self.codes = alloc.empty(self.rows * self.pcols, np.uint8)
-        self.scales = alloc.empty(ns, np.uint8 if mode in (MODE_MX, MODE_NVFP4) else np.float32)
-        self.zps = alloc.empty(ns, np.uint8) if mode == MODE_ASYM else None
-        self.means = alloc.empty(ns, np.float32) if mode == MODE_CENTRED else None
-        self.tscale = alloc.empty(1, np.float32) if mode == MODE_NVFP4 else None
-        self.sparams = alloc.empty(1, np.float32)
-        self._dummy_u8 = alloc.empty(1, np.uint8)
-        self._dummy_f32 = alloc.empty(1, np.float32)
-        if fill is not None:
-            for a in (self.codes, self.scales, self.zps, self.means, self.tscale):
-                if a is not None:
-                    fill_bytes(a, fill)
+        self.codes = rec.empty(self.rows * self.pcols, np.uint8, "out")
+        self.scales = rec.empty(ns, np.uint8 if mode in (MODE_MX, MODE_NVFP4) else np.float32, "out")
+        self.zps = rec.empty(ns, np.uint8, "out") if mode == MODE_ASYM else None
+        self.means = rec.empty(ns, np.float32, "out") if mode == MODE_CENTRED else None
+        self.tscale = rec.empty(1, np.float32, "out") if mode == MODE_NVFP4 else None
+        # S_enc: written by the NVFP4 finalize kernel, read by the group kernel; unused otherwise
+        self.sparams = rec.empty(1, np.float32, "scratch" if mode == MODE_NVFP4 else "dummy")
+        self._dummy_u8 = rec.empty(1, np.uint8, "dummy")
+        self._dummy_f32 = rec.empty(1, np.float32, "dummy")
 
     def args(self):
-        A = self.alloc.kernel_arg
         return (
-            A(self.codes),
-            A(self.scales),
-            A(self.zps if self.zps is not None else self._dummy_u8),
-            A(self.means if self.means is not None else self._dummy_f32),
+            self.codes,
+            self.scales,
+            self.zps if self.zps is not None else self._dummy_u8,
+            self.means if self.means is not None else self._dummy_f32,
         )
 
 
@@ -200,6 +243,180 @@ def _group_plan(G_true, cols, ngroups, mode, nt, sub_packed):
     return dict(G=G, P=P, gpb=gpb, team=team, stash=stash)
 
 
+class QuantPlan:
+    """Everything one ``quantize`` call of a given (shape, input kind, scheme, packing,
+    rounding, block size) does, decided once: the arrays it allocates (slots), the
+    launches (kernels, grids, blocks, arguments), and where the results are. Executed by
+    :meth:`execute` (any array library, Numba fallback included) or, for CuPy input on a
+    real GPU, by the generated :meth:`cupy_runner` (raw addresses, one allocation)."""
+
+    def __init__(self, shape, rec: _Recorder, out: _Outputs, sch: Scheme, packed: bool, static_scale: bool):
+        self.shape = shape
+        self.slots = rec.slots
+        self.launches = rec.launches
+        self.static_scale = static_scale
+        self.cshape = tuple(shape[:-1]) + (out.pcols,)
+        self.codes_int8 = sch.element.kind == "int" and sch.symmetric and not (packed and sch.code_bits < 8)
+        self.sshape = out.sshape
+        self.codes, self.scales, self.zps, self.tscale, self.means = (
+            out.codes, out.scales, out.zps, out.tscale, out.means
+        )
+        self._runner = None
+        self._runner_built = False
+        self._lock = threading.Lock()
+
+    # -- any library: slots become arrays of the allocator's library, FastKernel launches
+    def execute(self, xarr, alloc: Allocator, seed=None, scale_host=None, out_fill=None) -> QuantParts:
+        arrays = [alloc.empty(s.n, s.dtype) for s in self.slots]
+        if out_fill is not None:
+            for s in (self.codes, self.scales, self.zps, self.means, self.tscale):
+                if s is not None:
+                    fill_bytes(arrays[s.i], out_fill)
+        if self.static_scale:
+            _copy_into(arrays[self.scales.i], scale_host)
+        lo, hi = _split_seed(seed)
+        A = alloc.kernel_arg
+        xa = A(xarr)
+        for kernel, grid, block, args in self.launches:
+            real = tuple(
+                A(arrays[a.i]) if type(a) is _Slot else xa if a is _X else lo if a is _SEED_LO else hi if a is _SEED_HI else a
+                for a in args
+            )
+            _launch(kernel, grid, block, None, *real)
+        codes = alloc.to_lib(arrays[self.codes.i], self.cshape)
+        if self.codes_int8:
+            codes = codes.view(np.int8) if isinstance(codes, np.ndarray) else codes.view("int8")
+
+        def res(s, shape):
+            return None if s is None else alloc.to_lib(arrays[s.i], shape)
+
+        return QuantParts(
+            codes=codes,
+            scales=res(self.scales, self.sshape),
+            zero_points=res(self.zps, self.sshape),
+            tensor_scale=res(self.tscale, ()),
+            means=res(self.means, self.sshape),
+        )
+
+    # -- CuPy on a GPU: one generated function
+    def cupy_runner(self):
+        """``run(x) -> (codes, scales, zero_points, tensor_scale, means)`` for a C-contiguous
+        CuPy ``x`` of this plan's shape and kind, on CuPy's current stream: one
+        ``cupy.empty`` for every output and scratch array (the outputs are views of it, so
+        scratch lives as long as they do: safe under CUDA-graph capture), the dummies in a
+        buffer the plan owns, then one ``pack_into`` + ``cuLaunchKernel`` per kernel. None
+        where it cannot be built (simulator, NQDQ_FAST_LAUNCH=0, static scales, no CuPy)."""
+        if self._runner_built:
+            return self._runner
+        with self._lock:
+            if not self._runner_built:
+                try:
+                    self._runner = self._build_cupy_runner()
+                finally:
+                    self._runner_built = True
+        return self._runner
+
+    def _build_cupy_runner(self):
+        if SIMULATOR or self.static_scale:
+            return None
+        from . import launch as L
+
+        cp = sys.modules.get("cupy")
+        if cp is None or not L._fast_path_allowed():
+            return None
+        align = 256
+        offsets, total = {}, 0
+        dummy_off, dummy_total = {}, 0
+        for s in self.slots:
+            nb = max(s.n * s.dtype.itemsize, 1)
+            if s.role == "dummy":
+                dummy_off[s.i] = dummy_total
+                dummy_total += -(-nb // align) * align
+            else:
+                offsets[s.i] = total
+                total += -(-nb // align) * align
+        dummies = cp.zeros(max(dummy_total, align), np.uint8) if dummy_total else None
+
+        def ptr(a):
+            if type(a) is _Slot:
+                if a.role == "dummy":
+                    return L.Ptr("dummy", dummy_off[a.i], a.n, a.dtype)
+                return L.Ptr("base", offsets[a.i], a.n, a.dtype)
+            if a is _X:
+                return L.Ptr("xp", 0, math.prod(self.shape), self._xdtype)
+            if a is _SEED_LO:
+                return L.Var("lo")
+            if a is _SEED_HI:
+                return L.Var("hi")
+            return a
+
+        launches = [(k, g, b, tuple(map(ptr, args))) for k, g, b, args in self.launches]
+        seq = L.compile_sequence(launches, ("xp", "base", "dummy", "lo", "hi"))
+        if seq is None:
+            return None
+        ns = {
+            "_seq": seq, "_empty": cp.empty, "_nd": cp.ndarray, "_u8": np.dtype(np.uint8),
+            "_cur": cp.cuda.get_current_stream, "_dummies": dummies,
+            "_DP": int(dummies.data.ptr) if dummies is not None else 0,
+        }  # fmt: skip
+        lines = [
+            "def run(x, lo=0, hi=0):",
+            f"    buf = _empty({max(total, 1)}, _u8)",
+            "    mp = buf.data",
+            "    _seq(_cur().ptr, x.data.ptr, mp.ptr, _DP, lo, hi)",
+        ]
+        results = []
+        for name, s, shape, dt in (
+            ("codes", self.codes, self.cshape, np.int8 if self.codes_int8 else np.uint8),
+            ("scales", self.scales, self.sshape, None),
+            ("zps", self.zps, self.sshape, None),
+            ("ts", self.tscale, (), None),
+            ("means", self.means, self.sshape, None),
+        ):
+            if s is None:
+                results.append("None")
+                continue
+            ns[f"_S_{name}"] = tuple(shape)
+            ns[f"_D_{name}"] = np.dtype(dt if dt is not None else s.dtype)
+            off = offsets[s.i]
+            lines.append(f"    {name} = _nd(_S_{name}, _D_{name}, {'mp' if off == 0 else f'mp + {off}'})")
+            results.append(name)
+        lines.append(f"    return {', '.join(results)}")
+        src = "\n".join(lines) + "\n"
+        exec(compile(src, f"<nqdq quantize plan {self.shape}>", "exec"), ns)
+        run = ns["run"]
+        run.source = src
+        run.plan = self
+        return run
+
+
+_PLANS: collections.OrderedDict = collections.OrderedDict()
+_PLANS_MAX = 256
+_PLANS_LOCK = threading.Lock()
+
+
+def get_plan(shape, kind, sch: Scheme, *, packed=True, stoch=False, threads=None, static_scale=False) -> QuantPlan:
+    """The (LRU-cached) :class:`QuantPlan` of a quantize call."""
+    nt = threads or THREADS
+    key = (tuple(shape), kind, sch, bool(packed), bool(stoch), nt, bool(static_scale))
+    plan = _PLANS.get(key)
+    if plan is not None:
+        try:
+            _PLANS.move_to_end(key)
+        except KeyError:
+            pass
+        return plan
+    plan = _build_plan(tuple(shape), kind, sch, bool(packed), bool(stoch), nt, bool(static_scale))
+    with _PLANS_LOCK:
+        _PLANS[key] = plan
+        while len(_PLANS) > _PLANS_MAX:
+            _PLANS.popitem(last=False)
+    return plan
+
+
+_XDTYPES = {KIND_F32: np.dtype(np.float32), KIND_BF16: np.dtype(np.uint16), KIND_F16: np.dtype(np.uint16)}
+
+
 def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=None, threads=None, out_fill=None):
     """``nqdq.reference.quantize.quantize`` on the device.
 
@@ -209,43 +426,59 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
     and back). Returns a :class:`QuantParts` in the input's library whose codes are packed
     along the last axis when ``packed`` (one per byte, as the reference's, otherwise).
     ``threads`` overrides the block size; ``out_fill`` fills every output byte first (tests).
+    The planning is cached (:func:`get_plan`); CuPy input on a GPU runs the plan's
+    generated launcher (:meth:`QuantPlan.cupy_runner`).
     """
     xin = x if isinstance(x, DeviceInput) else device_input(x, "x", dtype)
     shape = tuple(xin.shape)
     if len(shape) == 0:
         raise ValueError("x must have at least one dimension, got a 0-d array")
     alloc = Allocator(xin.lib)
-    n = math.prod(shape)
-    if n == 0:
+    if math.prod(shape) == 0:
         return _empty_parts(alloc, scheme, shape, packed)
-    nt = threads or THREADS
-    sch = scheme
+    plan = get_plan(shape, xin.kind, scheme, packed=packed, stoch=seed is not None, threads=threads,
+                    static_scale=scale is not None)  # fmt: skip
+    scale_host = None
+    if scale is not None:
+        scale_host = np.ascontiguousarray(
+            np.broadcast_to(np.asarray(_host(scale), np.float32), plan.sshape)
+        ).reshape(-1)
+    if out_fill is None and xin.lib == "cupy" and is_cupy(xin.arr):
+        run = plan.cupy_runner()
+        if run is not None:
+            lo, hi = _split_seed(seed)
+            c, s, z, t, m = run(xin.arr, lo, hi)
+            return QuantParts(codes=c, scales=s, zero_points=z, tensor_scale=t, means=m)
+    return plan.execute(xin.arr, alloc, seed=seed, scale_host=scale_host, out_fill=out_fill)
+
+
+def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
+    rec = _Recorder()
+    _launch = rec.launch
+    n = math.prod(shape)
     mode = _mode(sch)
     fmt = format_tuple(sch)
     maxe = _max_elem(sch)
     mxc = _mx_cfg(sch)
-    stoch = seed is not None
-    key_lo, key_hi = _split_seed(seed)
+    key_lo, key_hi = (_SEED_LO, _SEED_HI) if stoch else (0, 0)
     block = sch.block_for(shape)
-    out = _Outputs(alloc, sch, mode, shape, packed, out_fill)
+    out = _Outputs(rec, sch, mode, shape, packed)
     codes, scales, zps, means = out.args()
-    A = alloc.kernel_arg
-    xa = A(xin.arr)
-    stream = alloc.stream()
+    xa = _X
     nd = len(shape)
     C = shape[-1]
     rows = out.rows
     sub_packed = packed and sch.code_bits < 8
-    kind = xin.kind
+    stream = None
 
     def run_encode():
         k = K.make_encode_kernel(kind, mode, fmt, nt, packed, stoch)
         tpr_log2 = _team_log2(_cdiv(C, 4), nt)
         grid = max(1, min(_cdiv(rows, nt >> tpr_log2), 1 << 20))
         _launch(
-            k, grid, nt, stream,
+            k, grid, nt,
             xa, rows, C, *_geo_args(shape, block), codes, out.pcols, scales, zps, means, key_lo, key_hi, tpr_log2,
-        )
+        )  # fmt: skip
 
     def run_group(view_rows, view_cols, G_true, plan):
         ngroups = _cdiv(view_cols, G_true)
@@ -260,17 +493,17 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
             grid = view_rows * segs
         vpcols = packed_length(view_cols, sch.code_bits) if sub_packed else view_cols
         _launch(
-            k, grid, nt, stream,
+            k, grid, nt,
             xa, view_rows, view_cols, ngroups, segs, codes, vpcols, scales, zps, means,
-            A(out.sparams), key_lo, key_hi,
-        )
+            out.sparams, key_lo, key_hi,
+        )  # fmt: skip
 
     def run_tensor_stats(stat_mode):
         nblocks = max(1, min(_cdiv(n, nt * E_TARGET), 1024))
-        pi = alloc.empty(nblocks, np.int64)
-        pa = alloc.empty(nblocks, np.float32)
-        pb = alloc.empty(nblocks, np.float32)
-        _launch(K.make_tensor_partials_kernel(kind, stat_mode, nt), nblocks, nt, stream, xa, n, A(pi), A(pa), A(pb))
+        pi = rec.empty(nblocks, np.int64)
+        pa = rec.empty(nblocks, np.float32)
+        pb = rec.empty(nblocks, np.float32)
+        _launch(K.make_tensor_partials_kernel(kind, stat_mode, nt), nblocks, nt, xa, n, pi, pa, pb)
         return pi, pa, pb, nblocks
 
     def run_finalize(fmode, parts, nchunks, ngroups, I):
@@ -278,14 +511,13 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
         tsc = out.tscale if out.tscale is not None else out._dummy_f32
         nft = min(nt, _pow2ceil(nchunks * I))  # threads per group: no more than its partials
         _launch(
-            K.make_finalize_kernel(fmode, maxe, nft), ngroups, nft, stream,
-            A(pi), A(pa), A(pb), nchunks, ngroups, I, scales, zps, A(out.sparams), A(tsc),
-        )
+            K.make_finalize_kernel(fmode, maxe, nft), ngroups, nft,
+            pi, pa, pb, nchunks, ngroups, I, scales, zps, out.sparams, tsc,
+        )  # fmt: skip
 
+    del stream
     ax = sch.axis % nd
-    if scale is not None:
-        s = np.ascontiguousarray(np.broadcast_to(np.asarray(_host(scale), np.float32), out.sshape)).reshape(-1)
-        _copy_into(out.scales, s)
+    if static_scale:
         run_encode()
     elif mode == MODE_NVFP4:
         pi, pa, pb, nb = run_tensor_stats(MODE_NVFP4)
@@ -300,7 +532,7 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
         R = shape[-2]
         B0, B1 = sch.block_shape
         ntiles = (n // (R * C)) * _cdiv(R, B0) * _cdiv(C, B1)
-        _launch(K.make_tile_params_kernel(kind, mode, maxe, nt, B0, B1), ntiles, nt, stream, xa, R, C, scales, zps)
+        _launch(K.make_tile_params_kernel(kind, mode, maxe, nt, B0, B1), ntiles, nt, xa, R, C, scales, zps)
         run_encode()
     elif sch.granularity == "column":
         O, L, I = math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1 :])
@@ -312,13 +544,13 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
             nchunks = max(1, min(O, _cdiv(1 << 17, J)))
             oc = _cdiv(O, nchunks)
             nchunks = _cdiv(O, oc)
-            pi = alloc.empty(nchunks * J, np.int64)
-            pa = alloc.empty(nchunks * J, np.float32)
-            pb = alloc.empty(nchunks * J, np.float32)
+            pi = rec.empty(nchunks * J, np.int64)
+            pa = rec.empty(nchunks * J, np.float32)
+            pb = rec.empty(nchunks * J, np.float32)
             _launch(
-                K.make_column_partials_kernel(kind, mode), (_cdiv(J, 128), nchunks), 128, stream,
-                xa, O, J, oc, A(pi), A(pa), A(pb),
-            )
+                K.make_column_partials_kernel(kind, mode), (_cdiv(J, 128), nchunks), 128,
+                xa, O, J, oc, pi, pa, pb,
+            )  # fmt: skip
             run_finalize(mode, (pi, pa, pb), nchunks, L, I)
             run_encode()
     else:  # group / row
@@ -330,26 +562,12 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
             O, L, I = math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1 :])
             ngr = O * _cdiv(L, G) * I
             k = K.make_strided_params_kernel(kind, mode, fmt, mxc, maxe)
-            _launch(k, _cdiv(ngr, 128), 128, stream, xa, O, L, I, G, _pow2ceil(G), scales, zps, means)
+            _launch(k, _cdiv(ngr, 128), 128, xa, O, L, I, G, _pow2ceil(G), scales, zps, means)
             run_encode()
 
-    return _parts(out, sch, shape, packed)
-
-
-def _parts(out: _Outputs, sch: Scheme, shape, packed) -> QuantParts:
-    alloc = out.alloc
-    cshape = tuple(shape[:-1]) + (out.pcols,)
-    codes = alloc.to_lib(out.codes, cshape)
-    if sch.element.kind == "int" and sch.symmetric and not (packed and sch.code_bits < 8):
-        codes = codes.view(np.int8) if isinstance(codes, np.ndarray) else codes.view("int8")
-    ts = alloc.to_lib(out.tscale, ()) if out.tscale is not None else None
-    return QuantParts(
-        codes=codes,
-        scales=alloc.to_lib(out.scales, out.sshape),
-        zero_points=alloc.to_lib(out.zps, out.sshape),
-        tensor_scale=ts,
-        means=alloc.to_lib(out.means, out.sshape),
-    )
+    qp = QuantPlan(shape, rec, out, sch, packed, static_scale)
+    qp._xdtype = _XDTYPES[kind]
+    return qp
 
 
 def _empty_parts(alloc, sch, shape, packed):
@@ -439,7 +657,7 @@ def dequantize(parts: QuantParts, scheme: Scheme, shape, *, packed=True, threads
     tpr_log2 = _team_log2(C, nt)
     grid = max(1, min(_cdiv(rows, nt >> tpr_log2), 1 << 20))
     _launch(
-        k, grid, nt, alloc.stream(),
+        k, grid, nt, None,
         dev(parts.codes, np.uint8), rows, C, pcols, *_geo_args(shape, block),
         dev(parts.scales, sc_dtype), dev(parts.zero_points, np.uint8), dev(parts.means, np.float32),
         dev(parts.tensor_scale, np.float32), alloc.kernel_arg(out), tpr_log2,
@@ -461,7 +679,7 @@ def has_nonfinite(x, dtype=None) -> bool:
     pa = alloc.empty(nblocks, np.float32)
     pb = alloc.empty(nblocks, np.float32)
     A = alloc.kernel_arg
-    _launch(K.make_tensor_partials_kernel(xin.kind, MODE_FLOAT, nt), nblocks, nt, alloc.stream(), A(xin.arr), n, A(pi), A(pa), A(pb))
+    _launch(K.make_tensor_partials_kernel(xin.kind, MODE_FLOAT, nt), nblocks, nt, None, A(xin.arr), n, A(pi), A(pa), A(pb))
     return bool((_host(pi) >= 0x7F800000).any())
 
 
@@ -473,5 +691,5 @@ def to_bfloat16_bits(values):
     flat = values.reshape(-1)
     dst = alloc.empty(flat.size, np.uint16)
     grid = max(1, min(_cdiv(flat.size, THREADS), 1 << 20))
-    _launch(K.f32_to_bf16_kernel, grid, THREADS, alloc.stream(), alloc.kernel_arg(flat), alloc.kernel_arg(dst), flat.size)
+    _launch(K.f32_to_bf16_kernel, grid, THREADS, None, alloc.kernel_arg(flat), alloc.kernel_arg(dst), flat.size)
     return alloc.to_lib(dst, values.shape)

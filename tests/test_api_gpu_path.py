@@ -1,0 +1,146 @@
+"""nqdq.quantize's GPU hot path: cached plans, the generated CuPy launcher, CUDA graphs.
+
+Without a GPU (the simulator) the plan cache and the plans' slots are checked; with
+``NQDQ_TEST_GPU=1`` on a GPU machine, repeated ``nqdq.quantize`` calls on CuPy arrays
+(the remembered fast path) are compared bit for bit with the NumPy reference, and a
+captured ``nqdq.quantize`` is replayed on new data.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import nqdq
+from nqdq import api
+from nqdq.kernels import quantize as kq
+from nqdq.schemes import resolve_scheme
+
+ON_GPU = os.environ.get("NQDQ_TEST_GPU") == "1"
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs NQDQ_TEST_GPU=1 and a CUDA GPU")
+
+SCHEMES = ["fp8_row", "mxfp4", "nvfp4", "fp8_1x128", "int8_asym", "int8_centred", "fp8_tensor", "int8_column",
+           "fp8_128x128"]  # fmt: skip
+
+
+def test_plans_are_cached_and_classify_their_arrays():
+    from nqdq.kernels._codec import KIND_BF16
+
+    sch = resolve_scheme("fp8_row")
+    p = kq.get_plan((64, 7168), KIND_BF16, sch)
+    assert kq.get_plan((64, 7168), KIND_BF16, sch) is p
+    assert len(p.launches) == 1
+    roles = {s.i: s.role for s in p.slots}
+    assert roles[p.codes.i] == roles[p.scales.i] == "out"
+    assert sorted(r for r in roles.values() if r != "out") == ["dummy"] * 3  # S_enc, zps, means placeholders
+    nv = kq.get_plan((64, 7168), KIND_BF16, resolve_scheme("nvfp4"))
+    assert len(nv.launches) == 3 and nv.tscale is not None
+    assert sum(s.role == "scratch" for s in nv.slots) == 4  # partials (3) and S_enc
+    if kq.SIMULATOR:
+        assert p.cupy_runner() is None
+
+
+def test_plan_execute_matches_reference_in_the_simulator():
+    if not kq.SIMULATOR:
+        pytest.skip("simulator check")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 256)).astype(ml_dtypes.bfloat16)
+    for name in ("fp8_row", "nvfp4"):
+        a = nqdq.quantize(x, name, device="cuda")
+        b = nqdq.quantize(x, name, device="cpu")
+        np.testing.assert_array_equal(np.asarray(a.codes), b.codes)
+        np.testing.assert_array_equal(np.asarray(a.scales).view(np.uint8), np.asarray(b.scales).view(np.uint8))
+
+
+# --- on the GPU ---------------------------------------------------------------------------
+
+
+def _same(got, want, what):
+    if want is None:
+        assert got is None, what
+        return
+    g = got.get() if hasattr(got, "get") else np.asarray(got)
+    w = np.asarray(want)
+    assert g.shape == w.shape and g.dtype == w.dtype, (what, g.shape, w.shape, g.dtype, w.dtype)
+    np.testing.assert_array_equal(g.view(np.uint8), np.ascontiguousarray(w).view(np.uint8), err_msg=what)
+
+
+def _check(q, ref, name):
+    for f in ("codes", "scales", "zero_points", "tensor_scale", "means"):
+        _same(getattr(q, f), getattr(ref, f), f"{name} {f}")
+    assert q.scheme == ref.scheme and tuple(q.shape) == tuple(ref.shape) and q.dtype == ref.dtype
+
+
+def _act(rng, rows=64, cols=7168):
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    x *= np.exp2(rng.uniform(-6, 6, (rows, 1))).astype(np.float32)
+    return x.astype(ml_dtypes.bfloat16)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", SCHEMES)
+def test_gpu_repeated_calls_take_the_fast_path_bit_exact(name):
+    import cupy as cp
+
+    rng = np.random.default_rng(7)
+    for trial in range(3):
+        xh = _act(rng)
+        x = cp.asarray(xh.view(np.uint16))
+        n_before = len(api._FAST)
+        q = nqdq.quantize(x, name, dtype="bfloat16")
+        assert isinstance(q.codes, cp.ndarray)
+        if trial:
+            assert len(api._FAST) == n_before  # a hit: nothing new remembered
+        _check(q, nqdq.quantize(xh, name, device="cpu"), name)
+    assert any(k[0] == name for k in api._FAST)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["fp8_row", "mxfp4", "nvfp4", "fp8_1x128"])
+def test_gpu_quantize_captured_in_a_cuda_graph_replays(name):
+    import cupy as cp
+
+    rng = np.random.default_rng(8)
+    x = cp.asarray(_act(rng).view(np.uint16))
+    nqdq.quantize(x, name, dtype="bfloat16")  # plan, compile, load, remember
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        nqdq.quantize(x, name, dtype="bfloat16")  # warm the memory pool of this stream (CuPy's
+        s.synchronize()  # free lists are per stream: no cudaMalloc inside the capture)
+        s.begin_capture()
+        q = nqdq.quantize(x, name, dtype="bfloat16")
+        graph = s.end_capture()
+    for trial in range(2):  # new data in the same input buffer, then replay
+        xh = _act(rng)
+        x[...] = cp.asarray(xh.view(np.uint16))
+        cp.cuda.runtime.deviceSynchronize()
+        q.codes.fill(0xA5)
+        graph.launch(s)
+        s.synchronize()
+        _check(q, nqdq.quantize(xh, name, device="cpu"), f"{name} replay {trial}")
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_fast_path_respects_the_current_stream_and_checks():
+    import cupy as cp
+
+    rng = np.random.default_rng(9)
+    xh = _act(rng, 8, 512)
+    x = cp.asarray(xh.view(np.uint16))
+    ref = nqdq.quantize(xh, "mxfp4", device="cpu")
+    nqdq.quantize(x, "mxfp4", dtype="bfloat16")
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        q = nqdq.quantize(x, "mxfp4", dtype="bfloat16")
+    s.synchronize()
+    _check(q, ref, "mxfp4 on a stream")
+    with pytest.raises(ValueError, match="C-contiguous"):
+        nqdq.quantize(cp.asarray(np.zeros((8, 1024), np.uint16))[:, ::2], "mxfp4", dtype="bfloat16")
+    with pytest.raises(TypeError):
+        nqdq.quantize(x, "mxfp4")  # uint16 without dtype=
