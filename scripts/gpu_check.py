@@ -108,7 +108,7 @@ def sweep():
 
 
 # --------------------------------------------------------------------------------- bench
-def bench(shape=(4096, 7168), reps=30):
+def bench(shape=(4096, 7168), reps=30, names=None):
     sys.path.insert(0, ROOT)
     import cupy as cp
     import numpy as np
@@ -139,6 +139,19 @@ def bench(shape=(4096, 7168), reps=30):
             ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3)
         return float(np.median(ts))
 
+    def time_batch(fn, batch=20):
+        fn()
+        stream.synchronize()
+        ts = []
+        for _ in range(max(3, reps // 4)):
+            e0.record(stream)
+            for _ in range(batch):
+                fn()
+            e1.record(stream)
+            e1.synchronize()
+            ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / batch)
+        return float(np.median(ts))
+
     # device-to-device copy of the same bytes as a bf16 read + fp8 write
     nb = rows * cols * 3
     src = cp.empty(nb // 2, cp.uint8)
@@ -155,7 +168,7 @@ def bench(shape=(4096, 7168), reps=30):
 
     x_small = x[:64]
     xs_host = x_small.get().view(ml_dtypes.bfloat16).astype(np.float32)
-    for name in BENCH:
+    for name in names or BENCH:
         sch = resolve_scheme(name)
         # bit-exactness on the first 64 rows (same compiled kernels as the timed call)
         got = kq.quantize(x_small, sch, dtype="bfloat16")
@@ -163,69 +176,50 @@ def bench(shape=(4096, 7168), reps=30):
         wc = want.codes if sch.code_bits == 8 else pack_codes(want.codes, sch.code_bits)
         exact = bool(np.array_equal(got.codes.get().view(np.uint8), wc.view(np.uint8))
                      and np.array_equal(got.scales.get().view(np.uint8), np.asarray(want.scales).view(np.uint8)))
-        rec = []
-        old = kq._launch
+        # the plan's generated CuPy runner (one pack + cuLaunchKernel per kernel), timed as
+        # BATCH back-to-back calls between two events: its host time per call (tens of us)
+        # stays under the device time, so the events measure the kernels
+        from nqdq.kernels._interop import device_input
 
-        def recording(kernel, grid, block, strm, *args, _old=old):
-            rec.append((kernel, grid, block, args))
-            _old(kernel, grid, block, strm, *args)
-
-        kq._launch = recording
-        try:
-            with stream:
-                parts = kq.quantize(x, sch, dtype="bfloat16")
-        finally:
-            kq._launch = old
-        stream.synchronize()
-        out_bytes = sum(int(a.nbytes) for a in (parts.codes, parts.scales, parts.zero_points, parts.means) if a is not None)
-        moved = rows * cols * 2 + out_bytes
-        prepared = None
-        if fast_kernel is not None:
-            try:
-                prepared = [fast_kernel(k).prepare(g, b, a) for k, g, b, a in rec]
-
-                def fast_replay():
-                    for p in prepared:
-                        p(stream)
-
-                replay = fast_replay
-
-                how = "prepared launches"
-            except Exception as e:  # fall back to Numba's launch
-                print(f"bench {name}: FastKernel unavailable ({type(e).__name__}: {e}); Numba launches")
-                prepared = None
-        if prepared is None:
-
-            def numba_replay():
-                from numba import cuda
-
-                s = cuda.external_stream(stream.ptr)
-                for k, g, b, a in rec:
-                    k[g, b, s](*a)
-
-            replay = numba_replay
-
-            how = "numba launches"
-        us = time_it(replay)
-        per_kernel = []
-        if prepared is not None and len(prepared) > 1:
-            for (k, _, _, _), p in zip(rec, prepared):
-                per_kernel.append(f"{k.py_func.__name__} {time_it(lambda p=p: p(stream)):.1f}")
+        xin = device_input(x, "x", "bfloat16")
+        plan = kq.get_plan(tuple(shape), xin.kind, sch)
+        runner = plan.cupy_runner()
+        if runner is not None:
+            fn = lambda: runner(xin.arr)  # noqa: E731
+            how = "plan runner"
+        else:
+            fn = lambda: kq.quantize(x, sch, dtype="bfloat16")  # noqa: E731
+            how = "kq.quantize"
         with stream:
+            parts = kq.quantize(x, sch, dtype="bfloat16")
+            stream.synchronize()
+            out_bytes = sum(int(a.nbytes) for a in (parts.codes, parts.scales, parts.zero_points, parts.means)
+                            if a is not None)
+            moved = rows * cols * 2 + out_bytes
+            us = time_batch(fn)
             t0 = time.perf_counter()
             for _ in range(10):
                 kq.quantize(x, sch, dtype="bfloat16")
             stream.synchronize()
             call_us = (time.perf_counter() - t0) / 10 * 1e6
+        per_kernel = []
+        rec = plan.launches
         gbs = moved / us / 1e3
         results.append(dict(scheme=name, us=us, gbs=gbs, pct=100 * gbs / copy_gbs, launches=len(rec),
                             call_us=call_us, how=how, per_kernel=per_kernel, exact=exact))
         print(f"bench {name}: {'bit-exact' if exact else 'MISMATCH vs reference'}, {us:.1f} us, {gbs:.0f} GB/s ({100 * gbs / copy_gbs:.0f}% of copy), "
               f"{len(rec)} launches ({how}{'; ' + ', '.join(per_kernel) if per_kernel else ''}), "
               f"end-to-end call {call_us:.0f} us", flush=True)
-    with open(log_path("bench.json"), "w") as fh:
+    with open(log_path(f"bench_{rows}x{cols}.json"), "w") as fh:
         json.dump(results, fh, indent=1)
     return results
+
+
+def print_bench_table(shape, results):
+    print(f"\n{'bf16 %dx%d' % shape:16s} {'us':>8s} {'GB/s':>7s} {'% copy':>7s} {'launches':>8s} {'call us':>8s} exact")
+    for r in results:
+        print(f"{r['scheme']:16s} {r['us']:8.1f} {r['gbs']:7.0f} {r['pct']:7.0f} {r['launches']:8d} "
+              f"{r.get('call_us', 0):8.0f} {r.get('exact', '')}")
 
 
 # --------------------------------------------------------------------------------- main
@@ -233,6 +227,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", action="store_true", help="run the small kernel sweep only (for the sanitizer)")
     ap.add_argument("--bench", action="store_true", help="run the timings only")
+    ap.add_argument("--schemes", default="", help="comma-separated schemes for --bench (default: all)")
+    ap.add_argument("--shapes", default="4096x7168", help="comma-separated ROWSxCOLS for --bench")
     ap.add_argument("--skip-small", action="store_true")
     ap.add_argument("--skip-sanitizer", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
@@ -243,7 +239,10 @@ def main():
     if args.sweep:
         return sweep()
     if args.bench:
-        bench()
+        names = [n for n in args.schemes.split(",") if n] or None
+        for sh in args.shapes.split(","):
+            shape = tuple(int(v) for v in sh.lower().split("x"))
+            print_bench_table(shape, bench(shape, names=names))
         return 0
 
     env = dict(os.environ, NQDQ_TEST_GPU="1", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))

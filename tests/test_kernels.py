@@ -328,6 +328,41 @@ def test_encode_random_float32_bit_patterns(fmt):
     check(x, resolve_scheme(fmt, granularity="tensor", static_scale=True), scale=1.0)
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fp8_cvt_matches_twin(fmt):
+    """The inline-PTX ``cvt.rn.satfinite.e{4m3,5m2}x2.f32`` path of the element encoder
+    against its bit-manipulation twin and the reference, over every bfloat16 value (as
+    float32) and random float32 bit patterns (NaN payloads of both signs, subnormals, huge).
+    Needs the compiled kernels on an sm_89+ GPU (NQDQ_TEST_GPU=1); skipped in the simulator."""
+    from nqdq.kernels import _ptx
+    from nqdq.kernels._elements import encode_element, format_tuple
+    from nqdq.kernels._scales import MODE_FLOAT
+
+    if not _ptx.fp8_cvt_available():
+        pytest.skip("no sm_89+ GPU (simulator or older GPU): the twin is the only path")
+    sch = resolve_scheme(fmt, granularity="tensor", static_scale=True)
+    FMT = format_tuple(sch)
+    assert _ptx.fp8_cvt_supports(FMT)
+    ONE, ZERO = np.float32(1.0), np.float32(0.0)
+
+    @cuda.jit
+    def both(x, out_cvt, out_twin):
+        i = cuda.grid(1)
+        if i < x.size:
+            out_cvt[i] = encode_element(x[i], ONE, ZERO, 0, MODE_FLOAT, FMT, False, 0, True)
+            out_twin[i] = _codec.encode_float_rne(x[i], FMT[1], FMT[2], FMT[3], FMT[4], FMT[5])
+
+    bf = (np.arange(65536, dtype=np.uint32) << 16).view(np.float32)
+    rnd = np.random.default_rng(zlib.crc32(b"cvt" + fmt.encode())).integers(0, 2**32, 1 << 20, dtype=np.uint64)
+    x = np.concatenate([bf, rnd.astype(np.uint32).view(np.float32)])
+    out_cvt = np.zeros(x.size, np.uint8)
+    out_twin = np.zeros(x.size, np.uint8)
+    both[(x.size + 255) // 256, 256](x, out_cvt, out_twin)
+    want = rcodec.encode_float(x, sch.element).astype(np.uint8)
+    assert_same(out_twin, want, f"{fmt} twin vs reference")
+    assert_same(out_cvt, want, f"{fmt} cvt vs reference")
+
+
 def test_half_to_float_bits():
     """float16 / bfloat16 -> float32 by bit manipulation, against NumPy / ml_dtypes casts."""
     @cuda.jit

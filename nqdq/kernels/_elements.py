@@ -22,6 +22,7 @@ from ._codec import (
     philox4x32_10,
     rint_stochastic_f32,
 )
+from ._ptx import E4M3, cvt_e4m3, cvt_e5m2
 from ._scales import MODE_ASYM, MODE_CENTRED, MODE_MX, MODE_NVFP4
 from ._target import devfn
 
@@ -39,10 +40,11 @@ def format_tuple(scheme) -> tuple:
 
 
 @devfn
-def encode_element(x, p0, p1, pz, mode, fmt, stoch, r):
+def encode_element(x, p0, p1, pz, mode, fmt, stoch, r, cvt):
     """Code (0..255; an int8 code in two's complement) of float32 ``x`` in a group with
     parameters (p0, p1, pz) (see _scales; for MX p0 is 2^-k, not 2^k), exactly as
-    reference/quantize.py."""
+    reference/quantize.py. ``cvt`` (a compile-time constant: _ptx.fp8_cvt_available() and
+    _ptx.fp8_cvt_supports(fmt)) encodes e4m3 / e5m2 by the PTX instruction."""
     if mode == MODE_NVFP4 or mode == MODE_MX:
         v = x * p0  # NVFP4: the block multiplier; MX: the exact reciprocal of 2^k (see _codec)
     elif mode == MODE_CENTRED:
@@ -72,6 +74,12 @@ def encode_element(x, p0, p1, pz, mode, fmt, stoch, r):
             v = x
         if stoch:
             return encode_float_bits(f32_bits(v), fmt[1], fmt[2], fmt[3], fmt[4], fmt[5], True, r)
+        if cvt:
+            if v != v:  # the instruction writes a canonical NaN; the spec keeps the sign
+                return fmt[4] | ((f32_bits(v) >> 31) << 7)
+            if fmt[8] == E4M3:
+                return np.int64(cvt_e4m3(v))
+            return np.int64(cvt_e5m2(v))
         return encode_float_rne(v, fmt[1], fmt[2], fmt[3], fmt[4], fmt[5])
     return encode_int_f32(v, fmt[6], fmt[7], stoch, r) & 0xFF
 
@@ -111,6 +119,26 @@ def store_unit(codes, rowbase, c, q, ncols, pcols, nbits, packed):
         codes[np.uint64(rowbase + b)] = w & 0xFF
         codes[np.uint64(rowbase + b + 1)] = (w >> 8) & 0xFF
         codes[np.uint64(rowbase + b + 2)] = (w >> 16) & 0xFF
+
+
+@devfn
+def store_unit_wide(codes, c32, c16, wide, rowbase, c, q, ncols, pcols, nbits, packed):
+    """store_unit, with one 32-bit store for four 8-bit codes (one 16-bit store for four
+    4-bit codes) when ``wide`` (the views c32 = codes as uint32, c16 = as uint16 are valid
+    and the codes array is 4-byte aligned) and the unit's bytes are aligned and in the row."""
+    if nbits == 8 or not packed:
+        off = rowbase + c
+        if wide and (off & 3) == 0 and c + 3 < ncols:
+            w = (q[0] & 0xFF) | ((q[1] & 0xFF) << 8) | ((q[2] & 0xFF) << 16) | ((q[3] & 0xFF) << 24)
+            c32[np.uint64(off >> 2)] = np.uint32(w)
+            return
+    elif nbits == 4:
+        off = rowbase + (c >> 1)
+        if wide and (off & 1) == 0 and (c >> 1) + 1 < pcols:
+            w = (q[0] & 0xF) | ((q[1] & 0xF) << 4) | ((q[2] & 0xF) << 8) | ((q[3] & 0xF) << 12)
+            c16[np.uint64(off >> 1)] = np.uint16(w)
+            return
+    store_unit(codes, rowbase, c, q, ncols, pcols, nbits, packed)
 
 
 @devfn

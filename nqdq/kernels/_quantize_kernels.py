@@ -30,7 +30,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int32, int64
+from numba import cuda, float32, int32, int64, uint32
 
 from ._codec import (
     F32,
@@ -48,7 +48,7 @@ from ._codec import (
     nanmax_f32,
     nanmin_f32,
 )
-from ._elements import encode_element, load_code, random_word, store_unit
+from ._elements import encode_element, load_code, random_word, store_unit, store_unit_wide
 from ._scales import (
     MODE_ASYM,
     MODE_CENTRED,
@@ -65,6 +65,8 @@ from ._scales import (
     nvfp4_tensor_encode_scale,
     pairwise_push,
 )
+from ._codec import KIND_BF16
+from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports
 from ._target import devfn
 
 SEG_MAX = 8192  # float32 elements staged per block (32 KiB of shared memory)
@@ -129,6 +131,9 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
     MAXE = F32(max_elem)
     MXR, MXM, MXE, MXI = mx_cfg[0], mx_cfg[1], mx_cfg[2], F32(mx_cfg[3])
     STASH = stash_on
+    CVT = fp8_cvt_available() and fp8_cvt_supports(fmt)
+    PAIRS = stash_on and kind == KIND_BF16 and G % 2 == 0  # stage 1 may read bf16 in pairs
+    M2 = -(-SEG // (2 * nt))  # stage-1 pair loads per thread
     GPB = gpb
     TEAM = team
     NT = nt
@@ -165,7 +170,31 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
 
         # ---- stage 1: stage the block's groups in shared memory (zeros past the ends);
         # LOADS loads per thread are issued before any is stored, so they are in flight together
-        if STASH:
+        if STASH and PAIRS and (cols & 1) == 0 and (array_addr(x) & 3) == 0:
+            # bf16 two at a time: one 32-bit load per pair (rows start at even elements)
+            x32 = x[:(x.size >> 1) << 1].view(np.uint32)
+            wv = cuda.local.array(LOADS, uint32)
+            for m0 in range(0, M2, LOADS):
+                for uu in range(LOADS):
+                    i = 2 * (tid + NT * (m0 + uu))
+                    w = np.uint32(0)
+                    if i < GPB * G:
+                        if one:
+                            kk = i // G
+                            j = i - kk * G
+                            if rb + kk < rows and j < cols:
+                                w = x32[np.uint64(((rb + kk) * cols + j) >> 1)]
+                        elif c0 + i < cend:
+                            w = x32[np.uint64((rb * cols + c0 + i) >> 1)]
+                    wv[uu] = w
+                for uu in range(LOADS):
+                    i = 2 * (tid + NT * (m0 + uu))
+                    if i < GPB * G:
+                        w = wv[uu]
+                        stash[np.uint64(i)] = bits_f32(np.uint32(w << np.uint32(16)))
+                        stash[np.uint64(i + 1)] = bits_f32(np.uint32(w & np.uint32(0xFFFF0000)))
+            cuda.syncthreads()
+        elif STASH:
             vals = cuda.local.array(LOADS, float32)
             for m0 in range(0, M1, LOADS):
                 for uu in range(LOADS):
@@ -282,6 +311,9 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
         xs = cuda.local.array(4, float32)
         cache = cuda.local.array(5, int64)
         cache[0] = -1
+        c32 = codes[:(codes.size >> 2) << 2].view(np.uint32)
+        c16 = codes[:(codes.size >> 1) << 1].view(np.uint16)
+        wide = (array_addr(codes) & 3) == 0
         if one:
             upr = (cols + 3) // 4
             total = GPB * upr
@@ -326,9 +358,9 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
                         rb4 = 0
                         if stoch:
                             rb4 = random_word(row * cols + cj, key_lo, key_hi, cache)
-                        code = encode_element(xs[j], p0, p1, pz, mode, fmt, stoch, rb4)
+                        code = encode_element(xs[j], p0, p1, pz, mode, fmt, stoch, rb4, CVT)
                     q[j] = code
-                store_unit(codes, row * pcols, c, q, cols, pcols, NBITS, packed)
+                store_unit_wide(codes, c32, c16, wide, row * pcols, c, q, cols, pcols, NBITS, packed)
 
     return group_kernel
 
@@ -621,6 +653,7 @@ def make_encode_kernel(kind, mode, fmt, nt, packed, stoch):
     """Elementwise encode + pack of a (rows, C) view, scales read per element."""
     NBITS = fmt[5]
     NT = nt
+    CVT = fp8_cvt_available() and fp8_cvt_supports(fmt)
 
     @cuda.jit
     def encode(x, rows, C, d1, d2, b0, b1, b2, bc, n1, n2, nc, codes, pcols, scales, zps, means, key_lo, key_hi,
@@ -663,7 +696,7 @@ def make_encode_kernel(kind, mode, fmt, nt, packed, stoch):
                         rb = 0
                         if stoch:
                             rb = random_word(base + cj, key_lo, key_hi, cache)
-                        code = encode_element(xs[j], p0, p1, pz, mode, fmt, stoch, rb)
+                        code = encode_element(xs[j], p0, p1, pz, mode, fmt, stoch, rb, CVT)
                     q[j] = code
                     rem += 1
                     if rem == bc:
