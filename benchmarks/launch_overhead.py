@@ -68,8 +68,10 @@ def bench_quantize(schemes, rows, cols, calls, label, results, graphs=True):
             if g is None:
                 continue
             g = g.get() if hasattr(g, "get") else np.asarray(g)
-            w = np.ascontiguousarray(np.asarray(w))
-            if g.shape != w.shape or g.dtype != w.dtype or not np.array_equal(g.view(np.uint8), w.view(np.uint8)):
+            w = np.asarray(w)  # bit patterns, flattened (a 0-d view cannot change itemsize)
+            if g.shape != w.shape or g.dtype != w.dtype or not np.array_equal(
+                g.reshape(-1).view(np.uint8), w.reshape(-1).view(np.uint8)
+            ):
                 return False
         return True
 

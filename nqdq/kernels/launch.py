@@ -26,6 +26,12 @@ an integer to its own width, float32/float64 to ``f32``/``f64``, float16 to its 
 bool to one byte, complex to two floats. Each parameter sits at an offset aligned to its
 size, which is what ``struct``'s native (``@``) mode does.
 
+:func:`compile_sequence` goes one step further for a fixed sequence of launches whose
+arrays have fixed shapes (nqdq.quantize's plans): one generated function packs each
+kernel's parameters with every shape and constant baked in, only the addresses given per
+call, and launches them in order (14 us for a whole single-kernel ``nqdq.quantize`` call,
+allocation included, docs/performance.md).
+
 The launch only calls ``cuLaunchKernel`` on the stream it is given, so it can be captured
 in a CUDA graph (``stream.begin_capture()`` ... ``end_capture()`` in CuPy). Compile before
 capturing: the first launch of a signature loads a module, which must not happen inside
