@@ -239,27 +239,29 @@ def encode_float_rne(v, mbits, emin, max_code, nan_code, nbits):
     into the next binade through ``q + ((k - emin) << M)`` exactly as the reference's does.
     Values so small that the scaled value is below 1/2 round to 0, as the reference's clamped
     shift does."""
+    # 32-bit integers throughout (np.int32 after each step: Numba types integer arithmetic
+    # as int64, and the truncations let NVVM narrow it back to 32-bit instructions)
     u = f32_bits(v)
-    sign = u >> 31
-    ef = (u >> 23) & 0xFF
-    sbit = sign << (nbits - 1)
+    sign = np.int32(u >> 31)
+    ef = np.int32((u >> 23) & 0xFF)
+    sbit = np.int32(sign << (nbits - 1))
     if ef == 0xFF:
-        if (u & 0x7FFFFF) != 0:
+        if np.int32(u & 0x7FFFFF) != 0:
             if nan_code >= 0:
-                return nan_code | sbit
-            return (1 - sign) << (nbits - 1)
-        return max_code | sbit
-    k = ef - 127
+                return np.int32(nan_code | sbit)
+            return np.int32((1 - sign) << (nbits - 1))
+        return np.int32(max_code | sbit)
+    k = np.int32(ef - 127)
     if k < emin:
-        k = emin
+        k = np.int32(emin)
     # the product is exact (a power-of-two scale), so an FMA would not change it; mul_rn
     # keeps the PTX audit's "no fma" rule simple
-    a = mul_rn(bits_f32(u & 0x7FFFFFFF), pow2_f32(mbits - k))
-    q = int((a + TWO_23) - TWO_23)  # a < 2^(M+1): RNE to an integer
-    mag = q + ((k - emin) << mbits)
+    a = mul_rn(bits_f32(np.uint32(u & 0x7FFFFFFF)), pow2_f32(np.int32(mbits - k)))
+    q = np.int32((a + TWO_23) - TWO_23)  # a < 2^(M+1): RNE to an integer
+    mag = np.int32(q + np.int32((k - emin) << mbits))
     if mag > max_code:
-        mag = max_code
-    return mag | sbit
+        mag = np.int32(max_code)
+    return np.int32(mag | sbit)
 
 
 @devfn
@@ -330,11 +332,11 @@ def encode_int_f32(v, lo, hi, stochastic, r):
         v = flo
     if v > fhi:
         v = fhi
-    q = int(rint_stochastic_f32(v, stochastic, r))
+    q = np.int32(rint_stochastic_f32(v, stochastic, r))  # |v| <= hi after the clip: fits
     if q < lo:
-        q = lo
+        q = np.int32(lo)
     if q > hi:
-        q = hi
+        q = np.int32(hi)
     return q
 
 
@@ -342,7 +344,7 @@ def encode_int_f32(v, lo, hi, stochastic, r):
 @devfn
 def pow2_f32(k):
     """2^k as float32 for -126 <= k <= 127 (normal exponents only)."""
-    return bits_f32((k + 127) << 23)
+    return bits_f32(np.uint32((k + 127) << 23))
 
 
 @devfn
