@@ -7,7 +7,10 @@ Rules every function here follows, because the reference is the spec:
 * float arithmetic is float32 only: every constant is an ``np.float32`` module global (a
   Python float literal would promote the expression to float64);
 * integer work is done on Python ints / int64 holding the float32 *bits* (read through a
-  1-element local-array view, which NVVM lowers to a plain ``mov.b32``);
+  1-element local-array view, which NVVM lowers to a plain ``mov.b32``); the hot element
+  encoders (``encode_float_rne``, ``encode_int_f32``) wrap each step in ``np.int32`` so
+  that NVVM narrows Numba's int64 arithmetic to 32-bit instructions (the audit's ``i64``
+  column counts what is left);
 * nothing here uses warp shuffles, cooperative groups, fp16/bf16 Numba types, libdevice
   (except :func:`mul_rn`, which has a portable twin) or printf.
 """

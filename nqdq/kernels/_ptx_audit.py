@@ -12,7 +12,9 @@ sm_90, and checks what exactness depends on:
 * no flush-to-zero (``.ftz``) on any float instruction;
 
 and reports registers and spills per kernel (assembled by nvJitLink for sm_90, which
-accepts NVVM's newest PTX ISA where the machine's ptxas may not).
+accepts NVVM's newest PTX ISA where the machine's ptxas may not) and its count of 64-bit
+integer PTX instructions (``i64``: static, informational; Numba types integer arithmetic
+as int64).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import sys
 
 import numpy as np
 
+# 64-bit integer instructions (Numba types integer arithmetic as int64): informational
+_INT64 = re.compile(r"^\s*(?:@%p\d+\s+)?[a-z]+(?:\.[a-z0-9]+)*\.[sub]64\b", re.M)
 _FP64 = re.compile(r"^\s*(?:@%p\d+\s+)?[a-z]+(?:\.[a-z0-9]+)*\.f64\b", re.M)
 
 
@@ -143,7 +147,7 @@ def _audit_ptx(label, name, ptx, cc, registers):
     if re.search(r"\.ftz\.", body):
         problems.append("ftz")
     row = dict(case=label, kernel=name, divs=len(divs), fma=nfma, f64=n64, problems=problems,
-               mul_rn=len(re.findall(r"\bmul\.rn\.f32", body)))
+               mul_rn=len(re.findall(r"\bmul\.rn\.f32", body)), i64=len(_INT64.findall(body)))
     if registers:
         row.update(_registers(ptx, cc))
     return row
@@ -181,11 +185,11 @@ def main(argv=None):
     launches = sweep_launches()
     rows = compile_and_audit(launches)
     bad = 0
-    print(f"{'kernel':22s} {'regs':>4s} {'stack':>5s} {'spill':>5s} {'div.rn':>6s} {'mul.rn':>6s}  case / problems")
+    print(f"{'kernel':22s} {'regs':>4s} {'stack':>5s} {'spill':>5s} {'div.rn':>6s} {'mul.rn':>6s} {'i64':>5s}  case / problems")
     for r in rows:
         spill = r.get("spill_st", 0) + r.get("spill_ld", 0)
         print(f"{r['kernel']:22s} {r.get('regs', '-')!s:>4s} {r.get('stack', '-')!s:>5s} {spill!s:>5s} "
-              f"{r['divs']:6d} {r['mul_rn']:6d}  {r['case']}" + (f"  PROBLEMS: {r['problems']}" if r["problems"] else ""))
+              f"{r['divs']:6d} {r['mul_rn']:6d} {r['i64']:5d}  {r['case']}" + (f"  PROBLEMS: {r['problems']}" if r["problems"] else ""))
         bad += bool(r["problems"])
     print(f"{len(rows)} kernels compiled for sm_90, {bad} with problems")
     return 1 if bad else 0
