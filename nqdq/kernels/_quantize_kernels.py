@@ -69,6 +69,7 @@ from ._codec import KIND_BF16
 from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports
 from ._target import devfn
 
+
 SEG_MAX = 8192  # float32 elements staged per block (32 KiB of shared memory)
 LOADS = 8  # global loads each thread keeps in flight in the reduction passes
 
@@ -76,6 +77,23 @@ LOADS = 8  # global loads each thread keeps in flight in the reduction passes
 @devfn
 def abs_bits(v):
     return f32_bits(v) & 0x7FFFFFFF
+
+
+@devfn
+def stat_add(mode, acc, mn, mx, v):
+    """One element into a scale group's running statistic: (min, max) for asymmetric
+    integers, else the amax as non-negative float32 bits (NaN-propagating as an integer max)."""
+    if mode == MODE_ASYM:
+        return acc, nanmin_f32(mn, v), nanmax_f32(mx, v)
+    return max(acc, abs_bits(v)), mn, mx
+
+
+@devfn
+def stat_fold(red_i, red_a, red_b, i, j):
+    """Fold slot ``j`` of the shared statistic arrays into slot ``i`` (amax bits, min, max)."""
+    red_i[i] = max(red_i[i], red_i[j])
+    red_a[i] = nanmin_f32(red_a[i], red_a[j])
+    red_b[i] = nanmax_f32(red_b[i], red_b[j])
 
 
 @devfn
@@ -246,11 +264,7 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
                 j = lane + TEAM * m
                 if j < n:
                     v = elem(x, stash, k, j, row, g, cols)
-                    if mode == MODE_ASYM:
-                        mn = nanmin_f32(mn, v)
-                        mx = nanmax_f32(mx, v)
-                    else:
-                        acc = max(acc, abs_bits(v))
+                    acc, mn, mx = stat_add(mode, acc, mn, mx, v)
             red_i[tid] = acc
             red_a[tid] = mn
             red_b[tid] = mx
@@ -263,9 +277,7 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
                 if mode == MODE_CENTRED:
                     red_a[tid] = red_a[tid] + red_a[tid + h]
                 else:
-                    red_i[tid] = max(red_i[tid], red_i[tid + h])
-                    red_a[tid] = nanmin_f32(red_a[tid], red_a[tid + h])
-                    red_b[tid] = nanmax_f32(red_b[tid], red_b[tid + h])
+                    stat_fold(red_i, red_a, red_b, tid, tid + h)
             cuda.syncthreads()
             h >>= 1
         sidx = row * ngroups + g
@@ -407,11 +419,7 @@ def make_strided_params_kernel(kind, mode, fmt, mx_cfg, max_elem):
         mx = ZERO
         for j in range(n):
             v = load_f32(x, base + j * I, kind)
-            if mode == MODE_ASYM:
-                mn = nanmin_f32(mn, v)
-                mx = nanmax_f32(mx, v)
-            else:
-                acc = max(acc, abs_bits(v))
+            acc, mn, mx = stat_add(mode, acc, mn, mx, v)
         sv, p0, pz = group_params(mode, acc, mn, mx, MAXE, MXR, MXM, MXE, MXI, ONE)
         store_scale(scales, t, mode, sv)
         if mode == MODE_ASYM:
@@ -459,11 +467,7 @@ def make_tile_params_kernel(kind, mode, max_elem, nt, B0, B1):
             for uu in range(LOADS):
                 if ok[uu] == 1:
                     v = vals[uu]
-                    if mode == MODE_ASYM:
-                        mn = nanmin_f32(mn, v)
-                        mx = nanmax_f32(mx, v)
-                    else:
-                        acc = max(acc, abs_bits(v))
+                    acc, mn, mx = stat_add(mode, acc, mn, mx, v)
         red_i[tid] = acc
         red_a[tid] = mn
         red_b[tid] = mx
@@ -471,9 +475,7 @@ def make_tile_params_kernel(kind, mode, max_elem, nt, B0, B1):
         h = NT >> 1
         while h > 0:
             if tid < h:
-                red_i[tid] = max(red_i[tid], red_i[tid + h])
-                red_a[tid] = nanmin_f32(red_a[tid], red_a[tid + h])
-                red_b[tid] = nanmax_f32(red_b[tid], red_b[tid + h])
+                stat_fold(red_i, red_a, red_b, tid, tid + h)
             cuda.syncthreads()
             h >>= 1
         if tid == 0:
@@ -510,11 +512,7 @@ def make_column_partials_kernel(kind, mode):
             for uu in range(LOADS):
                 if o0 + uu < o_end:
                     v = vals[uu]
-                    if mode == MODE_ASYM:
-                        mn = nanmin_f32(mn, v)
-                        mx = nanmax_f32(mx, v)
-                    else:
-                        acc = max(acc, abs_bits(v))
+                    acc, mn, mx = stat_add(mode, acc, mn, mx, v)
         part_i[cb * J + j] = acc
         part_a[cb * J + j] = mn
         part_b[cb * J + j] = mx
@@ -561,9 +559,7 @@ def make_tensor_partials_kernel(kind, mode, nt):
         h = NT >> 1
         while h > 0:
             if tid < h:
-                red_i[tid] = max(red_i[tid], red_i[tid + h])
-                red_a[tid] = nanmin_f32(red_a[tid], red_a[tid + h])
-                red_b[tid] = nanmax_f32(red_b[tid], red_b[tid + h])
+                stat_fold(red_i, red_a, red_b, tid, tid + h)
             cuda.syncthreads()
             h >>= 1
         if tid == 0:
@@ -606,9 +602,7 @@ def make_finalize_kernel(mode, max_elem, nt):
         h = NT >> 1
         while h > 0:
             if tid < h:
-                red_i[tid] = max(red_i[tid], red_i[tid + h])
-                red_a[tid] = nanmin_f32(red_a[tid], red_a[tid + h])
-                red_b[tid] = nanmax_f32(red_b[tid], red_b[tid + h])
+                stat_fold(red_i, red_a, red_b, tid, tid + h)
             cuda.syncthreads()
             h >>= 1
         if tid != 0:
