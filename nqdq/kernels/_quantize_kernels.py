@@ -97,6 +97,22 @@ def stat_fold(red_i, red_a, red_b, i, j):
 
 
 @devfn
+def block_reduce_stat(red_i, red_a, red_b, tid, nt, acc, mn, mx):
+    """Every thread of a block of ``nt`` (a power of two) contributes its statistic; after
+    the shared-memory tree, slot 0 holds the block's (amax bits, min, max). Ends synced."""
+    red_i[tid] = acc
+    red_a[tid] = mn
+    red_b[tid] = mx
+    cuda.syncthreads()
+    h = nt >> 1
+    while h > 0:
+        if tid < h:
+            stat_fold(red_i, red_a, red_b, tid, tid + h)
+        cuda.syncthreads()
+        h >>= 1
+
+
+@devfn
 def group_params(mode, amax_bits, mn, mx, max_elem, mx_rounding, mx_mbits, mx_emax, mx_inv, s_enc):
     """Scale code/value and element parameters of one group from its statistics.
     Returns (scale_out, p0, pz): scale_out is what the scales array stores (float32 value,
@@ -468,16 +484,7 @@ def make_tile_params_kernel(kind, mode, max_elem, nt, B0, B1):
                 if ok[uu] == 1:
                     v = vals[uu]
                     acc, mn, mx = stat_add(mode, acc, mn, mx, v)
-        red_i[tid] = acc
-        red_a[tid] = mn
-        red_b[tid] = mx
-        cuda.syncthreads()
-        h = NT >> 1
-        while h > 0:
-            if tid < h:
-                stat_fold(red_i, red_a, red_b, tid, tid + h)
-            cuda.syncthreads()
-            h >>= 1
+        block_reduce_stat(red_i, red_a, red_b, tid, NT, acc, mn, mx)
         if tid == 0:
             sv, p0, pz = group_params(mode, red_i[0], red_a[0], red_b[0], MAXE, 0, 0, 0, ONE, ONE)
             scales[t] = sv
@@ -552,16 +559,7 @@ def make_tensor_partials_kernel(kind, mode, nt):
                     a = abs_bits(v)
                     if mode != MODE_NVFP4 or a < 0x7F800000:
                         acc = max(acc, a)
-        red_i[tid] = acc
-        red_a[tid] = mn
-        red_b[tid] = mx
-        cuda.syncthreads()
-        h = NT >> 1
-        while h > 0:
-            if tid < h:
-                stat_fold(red_i, red_a, red_b, tid, tid + h)
-            cuda.syncthreads()
-            h >>= 1
+        block_reduce_stat(red_i, red_a, red_b, tid, NT, acc, mn, mx)
         if tid == 0:
             b = cuda.blockIdx.x
             part_i[b] = red_i[0]
@@ -595,16 +593,7 @@ def make_finalize_kernel(mode, max_elem, nt):
             acc = max(acc, np.int64(part_i[e]))
             mn = nanmin_f32(mn, part_a[e])
             mx = nanmax_f32(mx, part_b[e])
-        red_i[tid] = acc
-        red_a[tid] = mn
-        red_b[tid] = mx
-        cuda.syncthreads()
-        h = NT >> 1
-        while h > 0:
-            if tid < h:
-                stat_fold(red_i, red_a, red_b, tid, tid + h)
-            cuda.syncthreads()
-            h >>= 1
+        block_reduce_stat(red_i, red_a, red_b, tid, NT, acc, mn, mx)
         if tid != 0:
             return
         if mode == MODE_NVFP4:
