@@ -42,6 +42,24 @@ def host_time(fn, calls, sync, warm=50):
     return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
 
 
+def print_profile(fn, calls, sync, title, *, stats, lines):
+    """cProfile ``calls`` calls of ``fn`` and print the top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    sync()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(stats)
+    print(f"profile of {calls} {title}, by own time:")
+    print("\n".join(text.getvalue().splitlines()[:lines]))
+
+
 def bench_quantize(schemes, rows, cols, calls, label, results, graphs=True):
     """``nqdq.quantize(x, scheme, dtype="bfloat16")`` on a CuPy uint16 ``rows x cols`` array,
     end to end: host us per call over ``calls`` calls after 50 warm-up calls; each result
@@ -130,21 +148,9 @@ def bench_quantize(schemes, rows, cols, calls, label, results, graphs=True):
             results.append(dict(path=f"{label} {scheme} error", error=f"{type(e).__name__}: {e}"))
     if graphs:  # where the remaining host time goes
         try:
-            import cProfile
-            import io
-            import pstats
-
             scheme = schemes[0]
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(2000):
-                nqdq.quantize(x, scheme, dtype="bfloat16")
-            prof.disable()
-            sync()
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(15)
-            print(f"profile of 2000 {label} nqdq.quantize {scheme} calls, by own time:")
-            print("\n".join(text.getvalue().splitlines()[:36]))
+            print_profile(lambda: nqdq.quantize(x, scheme, dtype="bfloat16"), 2000, sync,
+                          f"{label} nqdq.quantize {scheme} calls", stats=15, lines=36)
         except Exception as e:
             print(f"profile: {type(e).__name__}: {e}")
 
@@ -322,20 +328,7 @@ def main(argv=None):
             results.append(dict(path=f"check {label}+FastKernel", ok=bool(ok)))
             row(f"{label} fp8_row, launches through FastKernel", lambda: run(x), calls)
             # where the launcher's remaining host time goes (written to the log)
-            import cProfile
-            import io
-            import pstats
-
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(200):
-                run(x)
-            prof.disable()
-            sync()
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
-            print(f"profile of 200 {label} fp8_row calls (FastKernel), by own time:")
-            print("\n".join(text.getvalue().splitlines()[:40]))
+            print_profile(lambda: run(x), 200, sync, f"{label} fp8_row calls (FastKernel)", stats=18, lines=40)
     except Exception as e:
         print(f"nqdq GPU quantize: {type(e).__name__}: {e}")
 
