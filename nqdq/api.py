@@ -12,13 +12,14 @@ from .formats import FloatFormat, IntFormat, ScaleFormat, get_format
 from .quantized import QuantizedTensor
 from .reference import codec
 from .reference import quantize as ref
+from .reference.layouts import LAYOUTS, scale_matrix_shape
 from .reference.packing import pack_codes, unpack_codes
 from .schemes import resolve_scheme
 
 __all__ = ["quantize", "dequantize", "encode", "decode"]
 
 _ROUNDINGS = ("nearest", "stochastic")
-_LAYOUTS = ("linear",)
+_LAYOUTS = LAYOUTS  # the one list of scale layout names (nqdq.reference.layouts)
 _NONFINITE = ("propagate", "raise")
 
 
@@ -56,7 +57,13 @@ def quantize(
         means the scheme's own choice: True, except for the ``*_asym`` presets.
     scale_rounding : MX schemes: ``"rceil"`` (default), ``"floor"`` or ``"even"``.
     rounding : ``"nearest"`` (to even) or ``"stochastic"`` (needs ``seed``).
-    scale_layout : ``"linear"``.
+    scale_layout : ``"linear"`` (``scheme.scale_shape(x.shape)``, row-major), or for the MX
+        and NVFP4 schemes a tensor-core layout of the 2-D scale matrix ``[rows, K/block]``
+        (leading axes of ``x`` flattened into rows; zero-padded to whole tiles):
+        ``"nv_128x4"`` (cuBLASLt / sm_100 ``tcgen05.mma`` block scales,
+        ``[R/128, C/4, 32, 4, 4]``), ``"cdna4_16"`` / ``"cdna4_32"`` (gfx950
+        ``v_mfma_scale_f32_{16x16x128,32x32x64}_f8f6f4`` preshuffle, ``[R/32, C*32]``).
+        See ``nqdq.reference.layouts``; ``q.with_layout(name)`` converts.
     device : None (GPU arrays run on the GPU, NumPy arrays on the CPU), ``"cpu"`` (the NumPy
         reference) or ``"cuda"`` (the kernels; NumPy input is copied to the GPU and back, or
         runs in Numba's CUDA simulator under NUMBA_ENABLE_CUDASIM=1).
@@ -116,13 +123,15 @@ def quantize(
         static_scale=scale is not None,
     )
     sch.check_shape(shape)
+    if scale_layout != "linear":
+        scale_matrix_shape(sch, shape, scale_layout)  # ValueError if the layout does not apply
     if scale is not None:
         scale = _arrays.static_scale(scale, sch.scale_shape(shape))
     if nonfinite == "raise" and (kq.has_nonfinite(xdev) if on_device else not np.isfinite(x32).all()):
         raise ValueError("x contains NaN or inf and nonfinite='raise'")
 
     seed = None if rounding == "nearest" else int(seed)
-    if on_device and seed is None and scale is None and nonfinite == "propagate" and xdev.lib == "cupy":
+    if on_device and seed is None and scale is None and nonfinite == "propagate" and xdev.lib == "cupy" and scale_layout == "linear":
         fq = _fast_quantizer(x, sch, shape, dtype_name, xdev.kind)
         if fq is not None:
             try:
@@ -142,17 +151,18 @@ def quantize(
         codes = parts.codes
         if sch.code_bits < 8:
             codes = pack_codes(codes, sch.code_bits)
-    return QuantizedTensor(
+    q = QuantizedTensor(
         codes=codes,
         scales=parts.scales,
         scheme=sch,
         shape=shape,
         dtype=dtype_name,
-        scale_layout=scale_layout,
+        scale_layout="linear",
         zero_points=parts.zero_points,
         tensor_scale=parts.tensor_scale,
         means=parts.means,
     )
+    return q if scale_layout == "linear" else q.with_layout(scale_layout)  # swizzled after quantizing
 
 
 # ----------------------------------------------------------------------------- the GPU hot path
@@ -215,6 +225,8 @@ def dequantize(q: QuantizedTensor, dtype=np.float32, *, device=None):
     out_dtype = _arrays.float_dtype(dtype, "dtype")
     if q.scale_layout not in _LAYOUTS:
         raise ValueError(f"q.scale_layout={q.scale_layout!r} is not one of {_LAYOUTS}")
+    if q.scale_layout != "linear":
+        q = q.with_layout("linear")  # the decoders read linear scales
     sch = q.scheme
     if _arrays.use_device(q.codes, device, argname="q.codes"):
         from .kernels import quantize as kq

@@ -71,6 +71,40 @@ class QuantizedTensor:
         signed = not isinstance(elem, FloatFormat) and self.scheme.symmetric
         return unpack_codes(codes, elem.bits, self.shape[-1], signed=signed)
 
+    def with_layout(self, scale_layout: str) -> "QuantizedTensor":
+        """A new QuantizedTensor whose scales are stored in ``scale_layout`` (one of
+        ``nqdq.reference.layouts.LAYOUTS``); the other arrays are shared, not copied.
+
+        Non-linear layouts hold the MX / NVFP4 scales as a 2-D ``[rows, cols]`` matrix
+        (leading input axes flattened into rows) swizzled for a tensor-core GEMM:
+        ``"nv_128x4"`` -> ``[R/128, C/4, 32, 4, 4]``, ``"cdna4_16"`` / ``"cdna4_32"`` ->
+        ``[R/32, C*32]`` (zero padding; see ``nqdq.reference.layouts``). ``"linear"`` gives
+        back ``scheme.scale_shape(shape)``. NumPy scales go through the NumPy reference,
+        GPU scales (CuPy, Numba) through ``nqdq.kernels.layouts`` and stay on the GPU."""
+        from dataclasses import replace
+
+        from .reference import layouts as L
+
+        target = L.get_layout(scale_layout).name
+        if target == self.scale_layout:
+            return replace(self)
+        rows, cols = L.scale_matrix_shape(self.scheme, self.shape, target if target != "linear" else self.scale_layout)
+        s = self.scales
+        on_host = isinstance(s, np.ndarray)
+        if not on_host:
+            from .kernels import layouts as K
+        if self.scale_layout == "linear":
+            lin = s.reshape(rows, cols)
+        elif on_host:
+            lin = L.get_layout(self.scale_layout).unswizzle(s, rows, cols)
+        else:
+            lin = K.unswizzle(s, self.scale_layout, rows, cols)
+        if target == "linear":
+            out = lin.reshape(self.scheme.scale_shape(tuple(self.shape)))
+        else:
+            out = L.get_layout(target).swizzle(np.ascontiguousarray(lin)) if on_host else K.swizzle(lin, target)
+        return replace(self, scales=out, scale_layout=target)
+
     @property
     def bits_per_value(self) -> float:
         return bits_per_value(self.scheme, tuple(self.shape))
@@ -124,18 +158,37 @@ def _from_parts(meta: dict, arrays: dict, path: str) -> QuantizedTensor:
     missing = [k for k in meta.get("arrays", []) if k not in arrays]
     if missing:
         raise ValueError(f"{path}: arrays {missing} are listed in the metadata but missing")
+    scheme, layout = Scheme.from_dict(meta["scheme"]), meta.get("scale_layout", "linear")
+    _check_scale_layout(path, scheme, tuple(meta["shape"]), layout, arrays["scales"])
     return QuantizedTensor(
         codes=arrays["codes"],
         scales=arrays["scales"],
-        scheme=Scheme.from_dict(meta["scheme"]),
+        scheme=scheme,
         shape=tuple(meta["shape"]),
         dtype=meta["dtype"],
-        scale_layout=meta.get("scale_layout", "linear"),
+        scale_layout=layout,
         zero_points=arrays.get("zero_points"),
         tensor_scale=arrays.get("tensor_scale"),
         means=arrays.get("means"),
         format_version=version,
     )
+
+
+def _check_scale_layout(path, scheme, shape, layout, scales) -> None:
+    """The stored layout is one nqdq knows, and swizzled scales have its padded shape."""
+    from .reference import layouts as L
+
+    if layout not in L.LAYOUTS:
+        raise ValueError(f"{path}: scale_layout={layout!r} is not one of {L.LAYOUTS}")
+    if layout == "linear":
+        return
+    rows, cols = L.scale_matrix_shape(scheme, shape, layout)
+    want = L.get_layout(layout).swizzled_shape(rows, cols)
+    if tuple(scales.shape) != want:
+        raise ValueError(
+            f"{path}: scales have shape {tuple(scales.shape)}, but scale_layout={layout!r} of "
+            f"{scheme.name} scales [{rows}, {cols}] (input shape {shape}) is {want}"
+        )
 
 
 def load(path) -> QuantizedTensor:
