@@ -42,6 +42,21 @@ def host_time(fn, calls, sync, warm=50):
     return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
 
 
+def host_median(fn, calls, sync):
+    """Median host time of ``calls`` calls, each timed on its own (``perf_counter`` around
+    the call; the device works in the background, synchronized once at the end)."""
+    import statistics
+
+    pc = time.perf_counter
+    ts = []
+    for _ in range(calls):
+        t0 = pc()
+        fn()
+        ts.append(pc() - t0)
+    sync()
+    return statistics.median(ts) * 1e6
+
+
 def print_profile(fn, calls, sync, title, *, stats, lines):
     """cProfile ``calls`` calls of ``fn`` and print the top functions by own time."""
     import cProfile
@@ -107,8 +122,10 @@ def bench_quantize(schemes, rows, cols, calls, label, results, graphs=True):
             print(f"check {label} {scheme}: {'bit-exact vs reference' if ok else 'MISMATCH'}", flush=True)
             results.append(dict(path=f"check {label} nqdq.quantize {scheme}", ok=bool(ok)))
             h, hs = host_time(lambda: nqdq.quantize(x, scheme, dtype="bfloat16"), calls, sync)
-            results.append(dict(path=f"{label}: nqdq.quantize {scheme}", host_us=h, host_sync_us=hs))
-            print(f"{label}: nqdq.quantize {scheme:10s} host {h:8.2f} us/call   +sync {hs:8.2f} us/call", flush=True)
+            hm = host_median(lambda: nqdq.quantize(x, scheme, dtype="bfloat16"), calls, sync)
+            results.append(dict(path=f"{label}: nqdq.quantize {scheme}", host_us=h, host_sync_us=hs, host_median_us=hm))
+            print(f"{label}: nqdq.quantize {scheme:10s} host {h:8.2f} us/call   +sync {hs:8.2f} us/call   "
+                  f"median of {calls} single calls {hm:8.2f} us", flush=True)
             if not graphs:
                 continue
             s = cp.cuda.Stream(non_blocking=True)

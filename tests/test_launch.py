@@ -465,6 +465,42 @@ def test_compile_sequence_packs_like_the_general_packer(monkeypatch):
         launch.compile_sequence([("k2", 1, 1, (launch.Ptr("nope", 0, 1, np.float32), 1, 0.5))], ("xp",), entries=[e2])
 
 
+def test_compile_sequence_prepacked_launches_store_only_the_addresses(monkeypatch):
+    """A launch without Var arguments is packed once per thread; later calls store only
+    the new addresses. Two calls with different addresses must each give exactly the
+    general packer's bytes (so no stale address and no field left unpacked)."""
+    launched = []
+    entries = []
+
+    def fake_launch(handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        entry = next(e for e in entries if e.handle == handle)
+        ptrs = (ctypes.c_void_p * len(entry.offsets)).from_address(params)
+        base = ptrs[0] - entry.offsets[0]
+        launched.append((handle, stream, ctypes.string_at(base, entry.struct.size)))
+
+    monkeypatch.setattr(launch, "_cupy_launch", fake_launch)
+    monkeypatch.setattr(launch, "_cupy_ndarray", _FakeCupyArray)
+    # int32 / bool / float32 scalars between the arrays: the array fields still land on
+    # 8-byte boundaries (native alignment), which the address stores rely on
+    e1 = _fake_entry((types.int32, types.uint16[::1], types.boolean, types.uint8[::1], types.float32), 33, "k3")
+    e2 = _fake_entry((types.float32[::1], types.int64), 44, "k4")
+    entries += [e1, e2]
+    launches = [
+        ("k3", 4, 128, (-3, launch.Ptr("xp", 0, 448, np.uint16), True, launch.Ptr("base", 768, 9, np.uint8), 0.25)),
+        ("k4", 1, 32, (launch.Ptr("base", 0, 5, np.float32), 2**40)),
+    ]  # fmt: skip
+    run = launch.compile_sequence(launches, ("xp", "base"), entries=entries)
+    assert "_P0(" not in run.source and "_P1(" not in run.source  # nothing packed per call
+    for xp, base in ((0x1000, 0x8000), (0x22000, 0x4000)):
+        launched.clear()
+        run(9, xp, base)
+        want1 = bytearray(e1.struct.size)
+        e1.pack(want1, (-3, _FakeCupyArray((448,), np.uint16, xp), True, _FakeCupyArray((9,), np.uint8, base + 768), 0.25))
+        want2 = bytearray(e2.struct.size)
+        e2.pack(want2, (_FakeCupyArray((5,), np.float32, base), 2**40))
+        assert launched == [(33, 9, bytes(want1)), (44, 9, bytes(want2))]
+
+
 def test_compile_sequence_declines_under_the_simulator():
     if launch.simulated():
         assert launch.compile_sequence([(toy_fp8_row.fp8_row_bf16, 1, 1, ())], ()) is None

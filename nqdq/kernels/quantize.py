@@ -355,14 +355,13 @@ class QuantPlan:
         if seq is None:
             return None
         ns = {
-            "_seq": seq, "_empty": cp.empty, "_nd": cp.ndarray, "_u8": np.dtype(np.uint8),
+            "_seq": seq, "_alloc": cp.cuda.alloc, "_nd": cp.ndarray,
             "_cur": cp.cuda.get_current_stream, "_dummies": dummies,
             "_DP": int(dummies.data.ptr) if dummies is not None else 0,
         }  # fmt: skip
         lines = [
             "def run(x, lo=0, hi=0):",
-            f"    buf = _empty({max(total, 1)}, _u8)",
-            "    mp = buf.data",
+            f"    mp = _alloc({max(total, 1)})",
             "    _seq(_cur().ptr, x.data.ptr, mp.ptr, _DP, lo, hi)",
         ]
         results = []
