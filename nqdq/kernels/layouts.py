@@ -9,6 +9,9 @@ Both directions are gathers so that the writes are coalesced:
 * ``unswizzle``: thread ``e = r * cols + c`` of the linear array reads the swizzled byte at
   ``_offset_*(r, c)`` (the reference's ``ScaleLayout.offset``).
 
+uint8 scales (e8m0, ue4m3) are written four bytes per thread as one 32-bit store (the
+``*_words`` kernels; unswizzle needs ``cols % 4 == 0`` for that, else one byte per thread).
+
 Tile sizes are powers of two, so the maps are shifts and masks; the only divisions are by
 the number of tile columns and (unswizzle) by ``cols``. Launchers take NumPy arrays (the
 CUDA simulator; on a GPU they are copied there and back), CuPy arrays or Numba device
@@ -116,7 +119,34 @@ def _kernels(name):
             c = e - r * cols
             dst[e] = src[offset(r, c, Cp)]
 
-    _KERNELS[name] = (swizzle_kernel, unswizzle_kernel)
+    @cuda.jit
+    def swizzle_words_kernel(src, rows, cols, Cp, dst32, n_words):
+        """swizzle_kernel for uint8 scales, four output bytes per thread, one 32-bit store
+        (little-endian: byte o + j is bits 8j..8j+7 of word o // 4)."""
+        for t in range(cuda.grid(1), n_words, cuda.gridsize(1)):
+            o = t << 2
+            word = 0
+            for j in range(4):
+                r, c = position(o + j, Cp)
+                if r < rows and c < cols:
+                    word |= np.int64(src[r * cols + c]) << (j << 3)
+            dst32[t] = word
+
+    @cuda.jit
+    def unswizzle_words_kernel(src, rows, cols, Cp, dst32):
+        """unswizzle_kernel for uint8 scales with cols % 4 == 0: four bytes of one row per
+        thread, one 32-bit store."""
+        n_words = (rows * cols) >> 2
+        for t in range(cuda.grid(1), n_words, cuda.gridsize(1)):
+            e = t << 2
+            r = e // cols
+            c = e - r * cols
+            word = 0
+            for j in range(4):
+                word |= np.int64(src[offset(r, c + j, Cp)]) << (j << 3)
+            dst32[t] = word
+
+    _KERNELS[name] = (swizzle_kernel, unswizzle_kernel, swizzle_words_kernel, unswizzle_words_kernel)
     return _KERNELS[name]
 
 
@@ -153,12 +183,19 @@ def _grid(n, nt):
     return max(1, min(-(-n // nt), 1 << 20))
 
 
-def swizzle(scales, layout: str, *, threads=None):
+def _words(a):
+    """A flat uint8 device array viewed as uint32 (its length is a multiple of 4)."""
+    return a.view(np.uint32)
+
+
+def swizzle(scales, layout: str, *, threads=None, words=True):
     """``nqdq.reference.layouts.get_layout(layout).swizzle(scales)`` on the device.
 
     ``scales``: 2-D ``[rows, cols]`` (any 1-, 2-, 4- or 8-byte dtype; e8m0 / ue4m3 codes are
     uint8). Returns the swizzled array (shape ``swizzled_shape(rows, cols)``, zero padding)
-    in the input's library."""
+    in the input's library. ``words``: uint8 scales are written four bytes per thread with
+    32-bit stores (every swizzled size is a multiple of 256); False forces one byte per
+    thread (same result; tests and benchmarks)."""
     L = get_layout(layout)
     if len(scales.shape) != 2:
         raise ValueError(f"scales must be 2-D [rows, cols], got shape {tuple(scales.shape)}")
@@ -174,13 +211,19 @@ def swizzle(scales, layout: str, *, threads=None):
         nt = threads or THREADS
         Cp = L.padded(rows, cols)[1]
         src = _flat_device(scales, lib, "scales")
-        fast_kernel(_kernels(layout)[0]).launch(_grid(n_out, nt), nt, (src, rows, cols, Cp, dst, n_out), None)
+        ks = _kernels(layout)
+        if words and dst.dtype.itemsize == 1:
+            args = (src, rows, cols, Cp, _words(dst), n_out >> 2)
+            fast_kernel(ks[2]).launch(_grid(n_out >> 2, nt), nt, args, None)
+        else:
+            fast_kernel(ks[0]).launch(_grid(n_out, nt), nt, (src, rows, cols, Cp, dst, n_out), None)
     return alloc.to_lib(dst, oshape)
 
 
-def unswizzle(stored, layout: str, rows: int, cols: int, *, threads=None):
+def unswizzle(stored, layout: str, rows: int, cols: int, *, threads=None, words=True):
     """``nqdq.reference.layouts.get_layout(layout).unswizzle(stored, rows, cols)`` on the
-    device: the ``[rows, cols]`` scales, in the input's library."""
+    device: the ``[rows, cols]`` scales, in the input's library. ``words``: uint8 scales with
+    ``cols % 4 == 0`` are written four bytes per thread with 32-bit stores."""
     L = get_layout(layout)
     want = L.swizzled_shape(rows, cols)
     if tuple(int(d) for d in stored.shape) != want:
@@ -197,5 +240,10 @@ def unswizzle(stored, layout: str, rows: int, cols: int, *, threads=None):
         nt = threads or THREADS
         Cp = L.padded(rows, cols)[1]
         src = _flat_device(stored, lib, "stored")
-        fast_kernel(_kernels(layout)[1]).launch(_grid(rows * cols, nt), nt, (src, rows, cols, Cp, dst), None)
+        ks = _kernels(layout)
+        if words and dst.dtype.itemsize == 1 and cols % 4 == 0:
+            args = (src, rows, cols, Cp, _words(dst))
+            fast_kernel(ks[3]).launch(_grid((rows * cols) >> 2, nt), nt, args, None)
+        else:
+            fast_kernel(ks[1]).launch(_grid(rows * cols, nt), nt, (src, rows, cols, Cp, dst), None)
     return alloc.to_lib(dst, (rows, cols))
