@@ -1,0 +1,375 @@
+"""Tensor-core instructions through inline PTX, each with a pure-Python per-lane twin.
+
+Every instruction follows numba-cuda's own pattern (``numba.cuda.cache_hints``): a plain
+Python *stub* carrying the docstring, an ``@intrinsic`` emitting ``llvmlite.ir.InlineAsm``,
+and an ``@overload(stub, target="cuda")`` joining them. The stub's body is the **twin**:
+what the CUDA simulator runs (``NUMBA_ENABLE_CUDASIM=1``), so the GEMM kernels' fragment
+indexing is exercised in CI exactly as the GPU runs it.
+
+===========================  ==========================================================
+stub                         PTX (sm_80+; the fp8 ``mma`` needs sm_89+)
+===========================  ==========================================================
+``ldmatrix_x4(s, off)``      ``ldmatrix.sync.aligned.m8n8.x4.shared.b16``
+``mma_s8s8(a.., b.., c..)``  ``mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32``
+``mma_u8s8(...)``            ``... .s32.u8.s8.s32`` (asymmetric uint8 activations)
+``mma_fp8(fa, fb)(...)``     ``... .f32.{e4m3,e5m2}.{e4m3,e5m2}.f32``
+``cp_async16(...)``          ``cp.async.cg.shared.global [s], [g], 16, src_bytes``
+``cp_async_commit()``        ``cp.async.commit_group``
+``cp_async_wait(n)()``       ``cp.async.wait_group n``
+===========================  ==========================================================
+
+Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k32", 8-bit types), with
+``g = lane // 4`` and ``t = lane % 4``; every ``.b32`` register holds 4 consecutive
+8-bit elements along K, lowest address in the lowest byte:
+
+* A (16 x 32, row-major): ``a0`` = A[g, 4t:4t+4], ``a1`` = A[g+8, 4t:4t+4],
+  ``a2`` = A[g, 16+4t:...], ``a3`` = A[g+8, 16+4t:...];
+* B (32 x 8, "col", i.e. stored as the [N, K] rows of a weight): ``b0`` = B[4t:4t+4, g],
+  ``b1`` = B[16+4t:16+4t+4, g];
+* C / D (16 x 8): ``c0, c1`` = D[g, 2t], D[g, 2t+1]; ``c2, c3`` = D[g+8, 2t], D[g+8, 2t+1].
+
+``ldmatrix .x4``: lane ``l`` gives the shared address of row ``l % 8`` of matrix ``l // 8``
+(8 rows of 16 bytes each); lane ``l`` receives, for each matrix ``j``, the 32-bit word
+``l % 4`` of that matrix's row ``l // 4``: exactly the A / B fragment layout above when
+the four matrices are chosen as the kernels do (see ``_gemm_kernels``).
+
+The twins of the warp-wide instructions (``ldmatrix``, ``mma``) exchange the 32 lanes'
+operands through a dictionary and the simulator's block barrier, so every thread of a
+block must reach them the same number of times (true of the GEMM mainloop). The fp8 twin
+sums the 32 exact products in float64 and rounds once to float32 (the hardware's internal
+order and width are not specified; tests allow for that).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import ml_dtypes
+import numpy as np
+
+from ._target import SIMULATOR
+
+__all__ = [
+    "ldmatrix_x4", "mma_s8s8", "mma_u8s8", "mma_fp8", "cp_async16", "cp_async_commit",
+    "cp_async_wait", "FP8_TYPES",
+]
+
+FP8_TYPES = ("e4m3", "e5m2")
+_FP8_TABLE = {
+    "e4m3": np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64),
+    "e5m2": np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e5m2).astype(np.float64),
+}
+
+
+# ----------------------------------------------------------------------------- simulator twins
+# The simulator runs one Python thread per CUDA thread and blocks one after another; a
+# warp-wide twin deposits its lane's operands in slot [warp][parity][lane], waits at the
+# block barrier, then reads the other lanes'. Alternating parity (a per-thread call count)
+# makes one barrier per call enough: a lane can only overwrite a slot of parity p after a
+# later barrier that every lane reaches after reading it.
+_slots: dict = {}
+_calls = threading.local()
+
+
+def _sim_ctx():
+    from numba.cuda.simulator.kernel import _get_kernel_context
+
+    ctx = _get_kernel_context()
+    if ctx is None:
+        raise RuntimeError("the warp-wide twins run inside a simulated kernel only")
+    return ctx
+
+
+def _lane_ids(ctx):
+    tid = ctx.threadIdx.x + ctx.blockDim.x * (ctx.threadIdx.y + ctx.blockDim.y * ctx.threadIdx.z)
+    return tid // 32, tid % 32
+
+
+def _exchange(value):
+    """All 32 lanes' ``value`` (a list indexed by lane) for this lane's warp."""
+    ctx = _sim_ctx()
+    warp, lane = _lane_ids(ctx)
+    n = getattr(_calls, "n", 0)
+    _calls.n = n + 1
+    slot = _slots.setdefault((warp, n & 1), [None] * 32)
+    slot[lane] = value
+    ctx.syncthreads()
+    return list(slot), lane
+
+
+def _word(arr, off):
+    """The little-endian 32-bit word at byte ``off`` of a uint8/int8 array, as int32."""
+    b = np.asarray([int(arr[off + i]) & 0xFF for i in range(4)], np.uint8)
+    return np.int32(b.view(np.int32)[0])
+
+
+def _bytes(w, signed):
+    b = np.asarray([w], np.int32).view(np.int8 if signed else np.uint8)
+    return [int(v) for v in b]
+
+
+def _a_matrix(lanes_a, decode):
+    """16 x 32 A from the lanes' (a0, a1, a2, a3)."""
+    A = np.zeros((16, 32), np.float64)
+    for lane, regs in enumerate(lanes_a):
+        g, t = lane // 4, lane % 4
+        for r, (row, col) in enumerate(((g, 4 * t), (g + 8, 4 * t), (g, 16 + 4 * t), (g + 8, 16 + 4 * t))):
+            A[row, col:col + 4] = decode(regs[r])
+    return A
+
+
+def _b_matrix(lanes_b, decode):
+    """32 x 8 B from the lanes' (b0, b1)."""
+    B = np.zeros((32, 8), np.float64)
+    for lane, regs in enumerate(lanes_b):
+        g, t = lane // 4, lane % 4
+        B[4 * t:4 * t + 4, g] = decode(regs[0])
+        B[16 + 4 * t:16 + 4 * t + 4, g] = decode(regs[1])
+    return B
+
+
+def _mma_twin(a, b, c, dec_a, dec_b, out):
+    lanes, lane = _exchange((a, b))
+    A = _a_matrix([x[0] for x in lanes], dec_a)
+    B = _b_matrix([x[1] for x in lanes], dec_b)
+    g, t = lane // 4, lane % 4
+    d = []
+    for i, (row, col) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
+        s = float(np.dot(A[row], B[:, col]))
+        if out == "s32":
+            d.append(np.int32(int(s) + int(c[i])))  # exact: |s| < 2^21
+        else:
+            d.append(np.float32(s + float(c[i])))
+    return tuple(d)
+
+
+def _dec_s8(w):
+    return _bytes(w, True)
+
+
+def _dec_u8(w):
+    return _bytes(w, False)
+
+
+def _dec_fp8(fmt):
+    table = _FP8_TABLE[fmt]
+
+    def dec(w):
+        return [table[v] for v in _bytes(w, False)]
+
+    return dec
+
+
+# ----------------------------------------------------------------------------- stubs (= twins)
+def ldmatrix_x4(smem, off):
+    """``ldmatrix.sync.aligned.m8n8.x4.shared.b16``: this lane's four 32-bit words (int32).
+
+    ``smem``: a shared uint8 array; ``off``: the byte offset in it of the 16-byte row this
+    lane supplies (row ``lane % 8`` of matrix ``lane // 8``); 16-byte aligned. Warp-wide."""
+    lanes, lane = _exchange(int(off))
+    row = lane // 4
+    return tuple(_word(smem, lanes[8 * j + row] + 4 * (lane % 4)) for j in range(4))
+
+
+def mma_s8s8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """``mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32``: D = A * B + C on int8
+    fragments (layout in the module docstring); returns (d0, d1, d2, d3) int32. Warp-wide."""
+    return _mma_twin((a0, a1, a2, a3), (b0, b1), (c0, c1, c2, c3), _dec_s8, _dec_s8, "s32")
+
+
+def mma_u8s8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """``mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32``: A holds uint8 (asymmetric
+    activation codes), B int8. Returns (d0, d1, d2, d3) int32. Warp-wide."""
+    return _mma_twin((a0, a1, a2, a3), (b0, b1), (c0, c1, c2, c3), _dec_u8, _dec_s8, "s32")
+
+
+def _make_fp8_stub(fa, fb):
+    da, db = _dec_fp8(fa), _dec_fp8(fb)
+
+    def mma_fp8_stub(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        return _mma_twin((a0, a1, a2, a3), (b0, b1), (c0, c1, c2, c3), da, db, "f32")
+
+    mma_fp8_stub.__name__ = f"mma_{fa}_{fb}"
+    mma_fp8_stub.__doc__ = (
+        f"``mma.sync.aligned.m16n8k32.row.col.f32.{fa}.{fb}.f32`` (sm_89+): D = A * B + C with "
+        f"{fa} A and {fb} B fragments (uint8 codes packed in int32), float32 C / D. Warp-wide."
+    )
+    return mma_fp8_stub
+
+
+_FP8_STUBS = {(fa, fb): _make_fp8_stub(fa, fb) for fa in FP8_TYPES for fb in FP8_TYPES}
+
+
+def mma_fp8(fa: str, fb: str):
+    """The fp8 ``mma`` stub for A in ``fa`` and B in ``fb`` (each "e4m3" or "e5m2")."""
+    return _FP8_STUBS[(fa, fb)]
+
+
+def cp_async16(smem, soff, gmem, goff, nbytes):
+    """``cp.async.cg.shared.global [smem + soff], [gmem + goff], 16, nbytes``: copy
+    ``nbytes`` (0 or 16) bytes from global uint8 ``gmem`` and fill the rest of the 16
+    shared bytes with zeros. Both addresses 16-byte aligned. Per lane."""
+    for i in range(16):
+        smem[soff + i] = gmem[goff + i] if i < nbytes else 0
+
+
+def cp_async_commit():
+    """``cp.async.commit_group``. The twin copies at once, so nothing is pending."""
+
+
+def _make_wait(n):
+    def cp_async_wait_stub():
+        """``cp.async.wait_group n``: at most n of this thread's committed groups pending."""
+
+    cp_async_wait_stub.__name__ = f"cp_async_wait{n}"
+    return cp_async_wait_stub
+
+
+_WAITS = {n: _make_wait(n) for n in range(8)}
+
+
+def cp_async_wait(n: int):
+    """The ``cp.async.wait_group n`` stub (n is a PTX immediate, so one function each)."""
+    return _WAITS[n]
+
+
+# ----------------------------------------------------------------------------- the GPU side
+if not SIMULATOR:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic, overload
+
+    _I32 = ir.IntType(32)
+    _F32 = ir.FloatType()
+
+    def _ret_tuple(context, builder, sig, st, n):
+        vals = [builder.extract_value(st, i) for i in range(n)]
+        return context.make_tuple(builder, sig.return_type, vals)
+
+    @intrinsic
+    def _smem_u32(typingctx, arr):
+        """The 32-bit shared-window address of a shared array's first element."""
+        sig = types.uint32(arr)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            p = builder.ptrtoint(ary.data, ir.IntType(64))
+            fty = ir.FunctionType(_I32, [ir.IntType(64)])
+            asm = ir.InlineAsm(fty, "{ .reg .u64 t; cvta.to.shared.u64 t, $1; cvt.u32.u64 $0, t; }", "=r,l")
+            return builder.call(asm, [p])
+
+        return sig, codegen
+
+    @intrinsic
+    def _gmem_u64(typingctx, arr):
+        """The global address of an array's first element."""
+        sig = types.uint64(arr)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            return builder.ptrtoint(ary.data, ir.IntType(64))
+
+        return sig, codegen
+
+    @intrinsic
+    def _ldsm_x4(typingctx, addr):
+        sig = types.UniTuple(types.int32, 4)(types.uint32)
+
+        def codegen(context, builder, sig, args):
+            st = ir.LiteralStructType([_I32] * 4)
+            fty = ir.FunctionType(st, [_I32])
+            # side effect: reads shared memory written by cp.async; must stay after barriers
+            asm = ir.InlineAsm(fty, "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];",
+                               "=r,=r,=r,=r,r", side_effect=True)
+            return _ret_tuple(context, builder, sig, builder.call(asm, args), 4)
+
+        return sig, codegen
+
+    def _mma_intrinsic(ptx_types, acc):
+        ity = types.int32 if acc == "s32" else types.float32
+        lty = _I32 if acc == "s32" else _F32
+        cc = "r" if acc == "s32" else "f"
+
+        @intrinsic
+        def _mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            sig = types.UniTuple(ity, 4)(*([types.int32] * 6 + [ity] * 4))
+
+            def codegen(context, builder, sig, args):
+                st = ir.LiteralStructType([lty] * 4)
+                fty = ir.FunctionType(st, [_I32] * 6 + [lty] * 4)
+                asm = ir.InlineAsm(
+                    fty,
+                    f"mma.sync.aligned.m16n8k32.row.col.{ptx_types} "
+                    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                    f"={cc},={cc},={cc},={cc},r,r,r,r,r,r,{cc},{cc},{cc},{cc}",
+                )
+                return _ret_tuple(context, builder, sig, builder.call(asm, args), 4)
+
+            return sig, codegen
+
+        return _mma
+
+    def _join(stub, intr):
+        @overload(stub, target="cuda")
+        def _ol(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            def impl(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+                return intr(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
+            return impl
+
+    _join(mma_s8s8, _mma_intrinsic("s32.s8.s8.s32", "s32"))
+    _join(mma_u8s8, _mma_intrinsic("s32.u8.s8.s32", "s32"))
+    for (_fa, _fb), _stub in _FP8_STUBS.items():
+        _join(_stub, _mma_intrinsic(f"f32.{_fa}.{_fb}.f32", "f32"))
+
+    @overload(ldmatrix_x4, target="cuda")
+    def _ol_ldmatrix_x4(smem, off):
+        def impl(smem, off):
+            return _ldsm_x4(_smem_u32(smem) + np.uint32(off))
+
+        return impl
+
+    @intrinsic
+    def _cp_async16(typingctx, saddr, gaddr, nbytes):
+        sig = types.void(types.uint32, types.uint64, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            fty = ir.FunctionType(ir.VoidType(), [_I32, ir.IntType(64), _I32])
+            asm = ir.InlineAsm(fty, "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r", side_effect=True)
+            builder.call(asm, args)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @overload(cp_async16, target="cuda")
+    def _ol_cp_async16(smem, soff, gmem, goff, nbytes):
+        def impl(smem, soff, gmem, goff, nbytes):
+            _cp_async16(_smem_u32(smem) + np.uint32(soff), _gmem_u64(gmem) + np.uint64(goff), np.uint32(nbytes))
+
+        return impl
+
+    def _void_asm(text):
+        @intrinsic
+        def _asm(typingctx):
+            sig = types.void()
+
+            def codegen(context, builder, sig, args):
+                fty = ir.FunctionType(ir.VoidType(), [])
+                builder.call(ir.InlineAsm(fty, text, "~{memory}", side_effect=True), [])
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return _asm
+
+    def _join0(stub, intr):
+        @overload(stub, target="cuda")
+        def _ol():
+            def impl():
+                intr()
+
+            return impl
+
+    _join0(cp_async_commit, _void_asm("cp.async.commit_group;"))
+    for _n, _stub in _WAITS.items():
+        _join0(_stub, _void_asm(f"cp.async.wait_group {_n};"))

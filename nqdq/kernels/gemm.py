@@ -1,0 +1,242 @@
+"""Launchers of the tensor-core GEMMs (kernel bodies in ``_gemm_kernels``), mirroring
+``nqdq.reference.matmul.gemm`` argument for argument.
+
+Arrays may be NumPy (the simulator uses them as they are; on a GPU they are copied over
+and the result copied back), CuPy or anything with ``__cuda_array_interface__`` (used in
+place; the result is CuPy when CuPy is installed, a Numba device array otherwise).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import ml_dtypes
+import numpy as np
+
+from . import _gemm_kernels as G
+from ._target import SIMULATOR
+
+__all__ = ["gemm", "TileConfig", "GemmSpec", "default_config", "SIM_CONFIG"]
+
+TileConfig, GemmSpec = G.TileConfig, G.GemmSpec
+# The simulator runs one Python thread per CUDA thread: one warp per CTA, a 16 x 16 tile.
+SIM_CONFIG = TileConfig(warps_m=1, warps_n=1, mt=1, nt=2, stages=2, group_m=2)
+GPU_CONFIG = TileConfig()  # 128 x 128 x 64, 8 warps of 64 x 32, 3 stages (48 KiB)
+
+_OUT = {"float32": G.OUT_F32, "float16": G.OUT_F16, "bfloat16": G.OUT_BF16}
+_ACT = {None: G.ACT_NONE, "relu": G.ACT_RELU, "gelu": G.ACT_GELU}
+_SCALE = {"tensor": G.SCALE_TENSOR, "row": G.SCALE_ROW, "block": G.SCALE_BLOCK}
+
+
+def default_config() -> TileConfig:
+    if SIMULATOR:
+        return SIM_CONFIG
+    env = os.environ.get("NQDQ_GEMM_TILE")  # e.g. "2,4,4,4,3,8" (benchmarks / tuning)
+    if env:
+        return TileConfig(*(int(v) for v in env.split(",")))
+    return GPU_CONFIG
+
+
+@functools.lru_cache(maxsize=None)
+def get_kernel(cfg: TileConfig, spec: GemmSpec):
+    return G.make_gemm_kernel(cfg, spec)
+
+
+_SMEM_SET: set = set()
+
+
+def _allow_smem(kern, args, nbytes):
+    """Raise the kernel's dynamic shared memory limit (48 KiB unless opted in) to nbytes."""
+    if nbytes <= 48 * 1024:
+        return
+    from numba import cuda
+    from numba.cuda.cudadrv import driver as drv
+
+    sig = tuple(cuda.typeof(x) if not isinstance(x, (int, np.floating)) else None for x in args)
+    key = (id(kern), sig, nbytes)
+    if key in _SMEM_SET:
+        return
+    kern.compile(kernel_signature_of(args))
+    for compiled in kern.overloads.values():
+        fn = compiled._codelibrary.get_cufunc()
+        attr = drv.binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        drv.driver.cuKernelSetAttribute(attr, nbytes, fn.handle, fn.device.id)
+    _SMEM_SET.add(key)
+
+
+def kernel_signature_of(args):
+    from numba import cuda, types as T
+
+    return tuple(T.int64 if isinstance(x, int) else T.float32 if isinstance(x, np.float32) else cuda.typeof(x)
+                 for x in args)  # fmt: skip
+
+
+class _Lib:
+    """Allocation and copies in the array library the call runs in."""
+
+    def __init__(self, on_host_sim: bool, cupy):
+        self.sim = on_host_sim
+        self.cp = cupy
+
+    def asarray(self, a, dtype):
+        """1-D contiguous ``a`` in this library: integer codes reinterpreted as ``dtype``
+        (int8 -> uint8 bytes), floats converted; None becomes a 1-element dummy."""
+        dtype = np.dtype(dtype)
+        if a is None:
+            a = np.zeros(1, dtype)
+        if self.sim or self.cp is not None:
+            xp = np if self.sim else self.cp
+            x = xp.ascontiguousarray(xp.asarray(a).reshape(-1))
+        else:  # a GPU without CuPy: Numba device arrays
+            from numba import cuda
+
+            x = a.reshape(-1) if isinstance(a, np.ndarray) else cuda.as_cuda_array(a).reshape(-1)
+        if x.dtype.kind in "iu" and dtype.kind in "iu" and x.dtype.itemsize == dtype.itemsize:
+            x = x.view(dtype)
+        elif x.dtype != dtype:
+            x = x.astype(dtype)
+        if isinstance(x, np.ndarray) and not self.sim:
+            from numba import cuda
+
+            x = cuda.to_device(np.ascontiguousarray(x))
+        return x
+
+    def empty(self, n, dtype):
+        if self.sim:
+            return np.empty(n, dtype)
+        if self.cp is not None:
+            return self.cp.empty(n, dtype)
+        from numba import cuda
+
+        return cuda.device_array(n, dtype)
+
+    def pad_k(self, codes, rows, K, Kp):
+        """[rows, K] uint8 codes (1-D) copied into zero-filled [rows, Kp]."""
+        if self.sim or self.cp is not None:
+            xp = np if self.sim else self.cp
+            out = xp.zeros((rows, Kp), np.uint8)
+            out[:, :K] = codes.reshape(rows, K)
+            return out.reshape(-1)
+        h = np.zeros((rows, Kp), np.uint8)
+        h[:, :K] = codes.copy_to_host().reshape(rows, K)
+        from numba import cuda
+
+        return cuda.to_device(h.reshape(-1))
+
+
+def _cupy():
+    try:
+        import cupy
+
+        return cupy
+    except Exception:
+        return None
+
+
+def gemm(a_codes, b_codes, *, mma, sa, sb, sa_mode, sb_mode, za=None, bias=None, alpha=1.0,
+         out_dtype="float32", activation=None, config=None):  # fmt: skip
+    """``epilogue(A @ B^T)`` on tensor cores; arguments as ``nqdq.reference.matmul.gemm``.
+
+    a_codes: [M, K] codes (int8, or uint8 for fp8 / asymmetric int8); b_codes: [N, K];
+    mma: "s8s8" | "u8s8" | "<fa>.<fb>" (fp8 formats); sa, sb: float32 scales (sizes by
+    mode: tensor 1, row M / N, block [M, ceil(K/128)] / [ceil(N/128), ceil(K/128)]);
+    za: uint8 zero points of an asymmetric A (1 or M). Returns [M, N] out_dtype (bfloat16
+    as uint16 bits on a GPU array library; NumPy results are float16 / ml_dtypes.bfloat16).
+    """
+    M, K = (int(d) for d in a_codes.shape)
+    N = int(b_codes.shape[0])
+    on_host = isinstance(a_codes, np.ndarray)
+    cp = None if SIMULATOR else _cupy()
+    lib = _Lib(SIMULATOR, cp)
+    cfg = config or default_config()
+    spec = GemmSpec(mma=mma, sa_mode=_SCALE[sa_mode], sb_mode=_SCALE[sb_mode], out=_OUT[out_dtype],
+                    act=_ACT[activation], bias=bias is not None, asym=za is not None)  # fmt: skip
+    if spec.sa_mode == G.SCALE_BLOCK and 128 % cfg.bn:
+        raise ValueError(f"block scales need a CTA tile N ({cfg.bn}) dividing 128")
+
+    a = lib.asarray(a_codes, np.uint8)
+    b = lib.asarray(b_codes, np.uint8)
+    Kp = -(-K // 16) * 16
+    if Kp != K:  # zero codes contribute nothing (fp8 0x00 is +0.0; int8 0)
+        a, b = lib.pad_k(a, M, K, Kp), lib.pad_k(b, N, K, Kp)
+    s_a = lib.asarray(sa, np.float32)
+    s_b = lib.asarray(sb, np.float32)
+    z_a = lib.asarray(za, np.uint8)
+    bias_d = lib.asarray(bias, np.float32)
+    colsum = lib.empty(max(N, 1), np.int32)
+    if za is not None and N > 0:
+        b_s8 = b.view(np.int8)
+        G.row_sums_i8[(N + 127) // 128, 128](b_s8, N, Kp, colsum)
+    out_np = {"float32": np.float32}.get(out_dtype, np.uint16)
+    out = lib.empty(max(M * N, 1), out_np)
+    if M > 0 and N > 0:
+        kern = get_kernel(cfg, spec)
+        grid = (-(-M // cfg.bm)) * (-(-N // cfg.bn))
+        args = (a, b, M, N, Kp, s_a, s_b, z_a, colsum, bias_d, np.float32(alpha), out)
+        if not SIMULATOR:
+            _allow_smem(kern, args, cfg.smem_bytes)
+        kern[grid, cfg.threads, 0, cfg.smem_bytes](*args)
+    out = out[: M * N].reshape(M, N)
+    if on_host and not SIMULATOR:
+        out = out.get() if hasattr(out, "get") else out.copy_to_host()
+    if isinstance(out, np.ndarray) and out_dtype != "float32":
+        out = out.view(np.float16 if out_dtype == "float16" else ml_dtypes.bfloat16)
+    return out
+
+
+# ----------------------------------------------------------------------------- compile only
+def kernel_signature(spec: GemmSpec):
+    """The Numba signature the launcher's arguments have (for compile-only use)."""
+    from numba import types as T
+
+    u8, f32 = T.Array(T.uint8, 1, "C"), T.Array(T.float32, 1, "C")
+    out = f32 if spec.out == G.OUT_F32 else T.Array(T.uint16, 1, "C")
+    return (u8, u8, T.int64, T.int64, T.int64, f32, f32, u8, T.Array(T.int32, 1, "C"), f32, T.float32, out)
+
+
+def compile_ptx(spec: GemmSpec, cc=(9, 0), config: TileConfig | None = None) -> str:
+    """PTX of one GEMM kernel for compute capability ``cc`` (e.g. ``(9, 0, "a")``), with or
+    without a GPU present (numba-cuda compiles device functions for the *current* device;
+    without one, a stand-in of capability ``cc[:2]`` is made current for the call)."""
+    from numba import cuda
+    from numba.cuda import dispatcher
+
+    kern = get_kernel(config or GPU_CONFIG, spec)
+    if cuda.is_available():
+        return cuda.compile_ptx(kern.py_func, kernel_signature(spec), cc=cc)[0]
+
+    class _Dev:
+        compute_capability = tuple(cc[:2])
+
+    old = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: _Dev()
+    try:
+        return cuda.compile_ptx(kern.py_func, kernel_signature(spec), cc=cc)[0]
+    finally:
+        dispatcher.get_current_device = old
+
+
+def assemble(ptx: str, cc=(9, 0)) -> tuple[bytes, str]:
+    """(cubin, info log) of ``ptx`` for ``cc`` by nvJitLink (``cuda.bindings``), which
+    accepts the PTX ISA NVVM emits where an older ptxas may not. Raises on errors."""
+    from cuda.bindings import nvjitlink
+
+    arch = f"sm_{cc[0]}{cc[1]}" + (cc[2] if len(cc) > 2 else "")
+    h = nvjitlink.create(2, [f"-arch={arch}".encode(), b"-verbose"])
+    try:
+        data = ptx.encode()
+        try:
+            nvjitlink.add_data(h, nvjitlink.InputType.PTX, data, len(data), "gemm.ptx")
+            nvjitlink.complete(h)
+        except Exception as exc:
+            buf = bytearray(nvjitlink.get_error_log_size(h))
+            nvjitlink.get_error_log(h, buf)
+            raise RuntimeError(f"nvJitLink failed for {arch}: {bytes(buf).decode(errors='replace')}") from exc
+        buf = bytearray(nvjitlink.get_info_log_size(h))
+        nvjitlink.get_info_log(h, buf)
+        cubin = bytearray(nvjitlink.get_linked_cubin_size(h))
+        nvjitlink.get_linked_cubin(h, cubin)
+        return bytes(cubin), bytes(buf).decode(errors="replace")
+    finally:
+        nvjitlink.destroy(h)

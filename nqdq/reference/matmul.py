@@ -1,0 +1,92 @@
+"""The GEMM spec: float64 matmul of the dequantized operands, then the epilogue.
+
+``gemm`` has the launcher's signature (``nqdq.kernels.gemm.gemm``) and is what the
+kernels are tested against. With A = dequant(qa) [M, K] and W = dequant(qb) [N, K]:
+
+    out = round_to(out_dtype, act(alpha * (A @ W.T) + bias))
+
+computed in float64 (every dequantized value ``code * scale`` is exact in float64), with
+``act`` one of None, ``"relu"`` (max(v, 0)) or ``"gelu"`` (erf form,
+0.5 v (1 + erf(v / sqrt 2)), as ``torch.nn.functional.gelu(approximate="none")``).
+
+The kernels accumulate exactly in int32 (int8) or in the tensor core's float32 (fp8), and
+apply the epilogue in float32; the reference rounds once at the end. So int8 results agree
+to float32 rounding of a few operations (rel. ~1e-7), fp8 ones to float32 accumulation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["gemm", "decode_operand", "gelu_erf"]
+
+_FP8 = {
+    "e4m3": np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64),
+    "e5m2": np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e5m2).astype(np.float64),
+}
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def gelu_erf(v: np.ndarray) -> np.ndarray:
+    """0.5 v (1 + erf(v / sqrt 2)) in float64."""
+    return 0.5 * v * (1.0 + _erf(v / math.sqrt(2.0)).astype(np.float64))
+
+
+def _values(codes: np.ndarray, elem: str, za=None, za_mode="tensor") -> np.ndarray:
+    if elem in _FP8:
+        return _FP8[elem][np.asarray(codes).view(np.uint8)]
+    v = np.asarray(codes).astype(np.float64)  # int8 codes, or uint8 codes of an asymmetric int8
+    if za is not None:
+        z = np.asarray(za, np.float64).reshape(-1)
+        v = v - (z[:, None] if za_mode == "row" else z[0])
+    return v
+
+
+def _scales(s: np.ndarray, mode: str, rows: int, K: int, block_rows: int) -> np.ndarray:
+    """float64 scale of every element of a [rows, K] operand."""
+    s = np.asarray(s, np.float64)
+    if mode == "tensor":
+        return np.full((rows, K), s.reshape(-1)[0])
+    if mode == "row":
+        return np.repeat(s.reshape(-1)[:, None], K, axis=1)
+    s = s.reshape(-(-rows // block_rows), -(-K // 128))  # block: [ceil(rows/br), ceil(K/128)]
+    return np.repeat(np.repeat(s, block_rows, axis=0), 128, axis=1)[:rows, :K]
+
+
+def decode_operand(codes, elem, scales, mode, *, block_rows, za=None):
+    """float64 dequantized values of a [rows, K] operand (see ``gemm`` for the arguments)."""
+    rows, K = codes.shape
+    za_mode = "row" if (za is not None and np.asarray(za).size > 1) else "tensor"
+    return _values(codes, elem, za, za_mode) * _scales(scales, mode, rows, K, block_rows)
+
+
+def gemm(a_codes, b_codes, *, mma, sa, sb, sa_mode, sb_mode, za=None, bias=None, alpha=1.0,
+         out_dtype="float32", activation=None, config=None):  # fmt: skip
+    """The reference of ``nqdq.kernels.gemm.gemm`` (same arguments; ``config`` unused).
+
+    a_codes [M, K], b_codes [N, K]; mma "s8s8" / "u8s8" (asymmetric A: uint8 codes, zero
+    points ``za``, 1 or M of them) / "<fa>.<fb>" (fp8 formats). sa / sb: float32 scales,
+    ``sa_mode`` / ``sb_mode`` "tensor" (1 value), "row" (M / N values: per token, per
+    output channel) or "block" (A: [M, ceil(K/128)] 1x128 groups; B: [ceil(N/128),
+    ceil(K/128)] 128x128 tiles). Returns [M, N] NumPy ``out_dtype`` (float32, float16 or
+    bfloat16 as ml_dtypes.bfloat16).
+    """
+    del config
+    if mma in ("s8s8", "u8s8"):
+        fa = fb = "int8"
+    else:
+        fa, fb = mma.split(".")
+    A = decode_operand(np.asarray(a_codes), fa, sa, sa_mode, block_rows=1, za=za)
+    W = decode_operand(np.asarray(b_codes), fb, sb, sb_mode, block_rows=128)
+    v = float(alpha) * (A @ W.T)
+    if bias is not None:
+        v = v + np.asarray(bias, np.float32).astype(np.float64)[None, :]
+    if activation == "relu":
+        v = np.maximum(v, 0.0)
+    elif activation == "gelu":
+        v = gelu_erf(v)
+    dt = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[out_dtype]
+    return v.astype(dt)
