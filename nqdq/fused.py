@@ -1,0 +1,314 @@
+"""Fused quantization ops: RMSNorm (after an optional residual add), flatten, and the MoE
+sort, each followed by quantization, in one pass over the data on the GPU.
+
+Every function returns :class:`~nqdq.quantized.QuantizedTensor` objects of the same form as
+:func:`nqdq.quantize` for the same scheme (so ``nqdq.dequantize``, ``save`` and ``load``
+work), bit-identical to ``nqdq.reference.fused`` (the unfused composition, in the order that
+reference states). Inputs are float32 / float16 / bfloat16 (on CuPy, bfloat16 as uint16 bits
+with ``dtype="bfloat16"``); NumPy inputs run the reference on the CPU unless
+``device="cuda"``, GPU arrays run the kernels.
+
+Schemes: ``"fp8_row"`` (per-token dynamic), ``"fp8_tensor"`` with ``scale=`` (per-tensor
+static), ``"fp8_1x128"``, ``"mxfp4"`` (and ``"mxfp8"``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _arrays
+from .quantized import QuantizedTensor
+from .reference import fused as R
+from .reference.packing import pack_codes
+from .schemes import resolve_scheme
+
+__all__ = ["rmsnorm", "rmsnorm_quantize", "flatten_quantize", "moe_sort_quantize"]
+
+
+# ----------------------------------------------------------------------------- argument checks
+def _eps(eps) -> np.float32:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    e = np.float32(eps)
+    if not (np.isfinite(e) and e > 0):
+        raise ValueError(f"eps must be positive and finite in float32, got {eps!r}")
+    return e
+
+
+def _scheme(scheme, scale):
+    from .kernels.fused import out_kind
+
+    sch = resolve_scheme(scheme, static_scale=scale is not None)
+    if sch.granularity == "tensor" and scale is None:
+        raise ValueError(f"scheme={scheme!r}: the fused per-tensor scheme is static: pass scale=<float>")
+    out_kind(sch)  # ValueError naming the scheme when no fused kernel exists
+    return sch
+
+
+def _dtype_of(a):
+    dt = getattr(a, "dtype", None)
+    return None if dt is None else str(dt)
+
+
+def _weight_dtype(weight, weight_dtype, x_dtype):
+    """A uint16 weight on the GPU is read as the bits of x's dtype unless told otherwise."""
+    if weight_dtype is not None:
+        return weight_dtype
+    if _dtype_of(weight) in ("uint16", "int16") and x_dtype in ("bfloat16", "float16"):
+        return x_dtype
+    return None
+
+
+def _pack(codes, sch):
+    return pack_codes(codes, sch.code_bits) if sch.code_bits < 8 else codes
+
+
+def _qt(codes, scales, sch, shape, dtype_name):
+    return QuantizedTensor(codes=codes, scales=scales, scheme=sch, shape=tuple(shape), dtype=dtype_name,
+                           scale_layout="linear")
+
+
+def _host_rows(x, weight, residual, dtype, weight_dtype):
+    x32, dname = _arrays.float_input(x, "x", dtype=dtype)
+    if x32.ndim < 1 or x32.shape[-1] < 1:
+        raise ValueError(f"x must have at least one dimension with a non-empty last axis, got shape {x32.shape}")
+    w32, wname = _arrays.float_input(weight, "weight", dtype=weight_dtype)
+    if w32.shape != (x32.shape[-1],):
+        raise ValueError(f"weight must have shape ({x32.shape[-1]},) (x's last axis), got {w32.shape}")
+    r32 = None
+    if residual is not None:
+        r32, rname = _arrays.float_input(residual, "residual", dtype=dtype)
+        if r32.shape != x32.shape or rname != dname:
+            raise ValueError(f"residual must match x (shape {x32.shape}, {dname}), got shape {r32.shape}, {rname}")
+    return x32, dname, w32, wname, r32
+
+
+def _device_rows(x, weight, residual, dtype, weight_dtype):
+    from .kernels._interop import device_input
+
+    xin = device_input(x, "x", dtype)
+    if len(xin.shape) < 1 or xin.shape[-1] < 1:
+        raise ValueError(f"x must have at least one dimension with a non-empty last axis, got shape {xin.shape}")
+    win = device_input(weight, "weight", _weight_dtype(weight, weight_dtype, xin.dtype))
+    n = xin.shape[-1]
+    if tuple(win.shape) != (n,):
+        raise ValueError(f"weight must have shape ({n},) (x's last axis), got {tuple(win.shape)}")
+    rin = None
+    if residual is not None:
+        rin = device_input(residual, "residual", dtype if dtype is not None else _weight_dtype(residual, None, xin.dtype))
+        if tuple(rin.shape) != tuple(xin.shape) or rin.kind != xin.kind:
+            raise ValueError(f"residual must match x (shape {xin.shape}, {xin.dtype}), got shape {rin.shape}, {rin.dtype}")
+    return xin, win, rin
+
+
+def _residual_out(a, dtype_name, lib, x):
+    """The new residual in the input's form (NumPy: its dtype; GPU: uint16 bits for bfloat16)."""
+    if a is None:
+        return None
+    if lib == "numpy":
+        return a.view({"bfloat16": _arrays.BFLOAT16, "float16": np.float16, "float32": np.float32}[dtype_name])
+    if dtype_name == "float16" and _dtype_of(x) == "float16":
+        return a.view(np.float16)
+    return a
+
+
+# ----------------------------------------------------------------------------- public ops
+def rmsnorm(x, weight, eps=1e-6, residual=None, *, device=None, dtype=None, weight_dtype=None):
+    """RMSNorm over the last axis as float32 y (reference/fused's order): the first half of
+    the unfused composition. Returns y, or (y, new residual) when ``residual`` is given."""
+    e = _eps(eps)
+    if not _arrays.use_device(x, device):
+        x32, dname, w32, wname, r32 = _host_rows(x, weight, residual, dtype, weight_dtype)
+        new_res = None
+        if r32 is not None:
+            new_res = R.add_residual(x32, r32, dname)
+            x32 = new_res.astype(np.float32)
+        y = R.rmsnorm(x32, w32, e, dname, wname)
+        return y if residual is None else (y, new_res)
+    from .kernels import _fused_kernels as FK
+    from .kernels.fused import run_rows
+
+    xin, win, rin = _device_rows(x, weight, residual, dtype, weight_dtype)
+    n = xin.shape[-1]
+    rows = int(np.prod(xin.shape[:-1], dtype=np.int64))
+    out = run_rows(FK.OP_NORM, xin, rows, n, None, w=win.arr, wkind=win.kind, res=None if rin is None else rin.arr,
+                   eps=e, want_y=True)
+    alloc = out["alloc"]
+    y = alloc.to_lib(out["y"], xin.shape)
+    if residual is None:
+        return y
+    return y, _residual_out(alloc.to_lib(out["newres"], xin.shape), xin.dtype, xin.lib, x)
+
+
+def rmsnorm_quantize(x, weight, scheme, eps=1e-6, residual=None, scale=None, device=None, *, dtype=None,
+                     weight_dtype=None):
+    """Quantize RMSNorm(x [+ residual]) * weight under ``scheme``, in one pass on the GPU.
+
+    x: [..., n]; weight: [n] (float32 / float16 / bfloat16, any of them); residual: like x;
+    the new residual fl(x + residual) rounded to x's dtype is what gets normalized, and is
+    returned: ``(q, new_residual)``; without residual just ``q``. ``scale``: the static
+    per-tensor dequantization scale of ``"fp8_tensor"``. eps: float32, > 0.
+    """
+    e = _eps(eps)
+    sch = _scheme(scheme, scale)
+    if not _arrays.use_device(x, device):
+        x32, dname, w32, wname, r32 = _host_rows(x, weight, residual, dtype, weight_dtype)
+        sch.check_shape(x32.shape)
+        s = None if scale is None else _arrays.static_scale(scale, sch.scale_shape(x32.shape))
+        parts, new_res = R.rmsnorm_quantize(x32, w32, sch, e, dname, wname, res32=r32, scale=s)
+        q = _qt(_pack(parts.codes, sch), parts.scales, sch, x32.shape, dname)
+        return q if residual is None else (q, new_res)
+    from .kernels import _fused_kernels as FK
+    from .kernels.fused import run_rows
+
+    xin, win, rin = _device_rows(x, weight, residual, dtype, weight_dtype)
+    shape = tuple(xin.shape)
+    sch.check_shape(shape)
+    s = None if scale is None else _arrays.static_scale(scale, sch.scale_shape(shape))
+    n = shape[-1]
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    out = run_rows(FK.OP_NORM, xin, rows, n, sch, w=win.arr, wkind=win.kind, res=None if rin is None else rin.arr,
+                   eps=e, sscale=None if s is None else np.float32(s.reshape(-1)[0]))
+    q = _finish(out, sch, shape, xin, s)
+    if residual is None:
+        return q
+    return q, _residual_out(out["alloc"].to_lib(out["newres"], shape), xin.dtype, xin.lib, x)
+
+
+def _finish(out, sch, shape, xin, static=None):
+    alloc = out["alloc"]
+    codes = alloc.to_lib(out["codes"], tuple(shape[:-1]) + (out["pcols"],))
+    if static is not None:
+        host = np.ascontiguousarray(static, np.float32)
+        scales = host if xin.lib == "numpy" else _to_device(host, alloc)
+    else:
+        scales = alloc.to_lib(out["scales"], sch.scale_shape(tuple(shape)))
+    return _qt(codes, scales, sch, shape, xin.dtype)
+
+
+def _to_device(host, alloc):
+    if alloc.cp is not None:
+        return alloc.cp.asarray(host)
+    from numba import cuda
+
+    return cuda.to_device(host)
+
+
+def flatten_quantize(x, scheme, *, device=None, dtype=None):
+    """Quantize a [B, H, D] array as [B, H*D] (row b = x[b] in C order of (h, d)). On the GPU a
+    strided view (e.g. ``a.transpose(1, 0, 2)`` of a [H, B, D] array) is read in place when
+    its last axis is contiguous and D and the other strides are multiples of 4."""
+    sch = _scheme(scheme, None)
+    if not _arrays.use_device(x, device):
+        x32, dname = _arrays.float_input(x, "x", dtype=dtype)
+        if x32.ndim != 3:
+            raise ValueError(f"x must be 3-D [B, H, D], got shape {x32.shape}")
+        b, h, d = x32.shape
+        sch.check_shape((b, h * d))
+        parts = R.flatten_quantize(x32, sch)
+        return _qt(_pack(parts.codes, sch), parts.scales, sch, (b, h * d), dname)
+    from .kernels import _fused_kernels as FK
+    from .kernels.fused import run_rows
+
+    if getattr(x, "ndim", None) != 3:
+        raise ValueError(f"x must be 3-D [B, H, D], got shape {getattr(x, 'shape', None)}")
+    xin, strides = _strided_input(x, dtype)
+    b, h, d = xin.shape
+    shape = (b, h * d)
+    sch.check_shape(shape)
+    out = run_rows(FK.OP_ROWS, xin, b, h * d, sch, strides=strides)
+    return _finish(out, sch, shape, xin)
+
+
+def _strided_input(x, dtype):
+    """(DeviceInput over the memory of a [B, H, D] view, (sb, sh, D) or None when contiguous)."""
+    from .kernels._interop import DeviceInput, device_input, is_cupy
+    from .kernels._target import SIMULATOR
+
+    item = x.dtype.itemsize
+    st = tuple(int(s) for s in x.strides)
+    b, h, d = (int(v) for v in x.shape)
+    contiguous = st == (h * d * item, d * item, item)
+    in_place = (is_cupy(x) or (SIMULATOR and isinstance(x, np.ndarray))) and not contiguous
+    if not in_place or b * h * d == 0 or st[2] != item or min(st) < 0 or any(s % item for s in st):
+        xin = device_input(x, "x", dtype)
+        return xin, None
+    sb, sh = st[0] // item, st[1] // item
+    if sb % 4 or sh % 4 or d % 4:
+        xin = device_input(x, "x", dtype)  # a contiguous copy
+        return xin, None
+    span = (b - 1) * sb + (h - 1) * sh + d
+    probe = device_input(x[:1, :1, :1], "x", dtype)  # dtype checks, kind
+    if is_cupy(x):
+        import cupy
+
+        flat = cupy.ndarray((span,), dtype=x.dtype, memptr=x.data)
+    else:
+        flat = np.lib.stride_tricks.as_strided(x, (span,), (item,))
+    if probe.dtype != "float32":
+        flat = flat.view(np.uint16)
+    return DeviceInput(flat, probe.kind, (b, h, d), probe.dtype, probe.lib), (sb, sh, d)
+
+
+def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None, dtype=None):
+    """Gather the rows of x [T, H] in expert order and quantize them.
+
+    ``expert_ids`` [T, k] (integers in [0, num_experts)): token t goes to experts
+    expert_ids[t, :]. The T*k (token, slot) pairs are sorted stably by expert id, then token,
+    then slot. Returns ``(q, perm, offsets)``: q quantizes the [T*k, H] gathered rows,
+    perm[i] (int32) is the source token of sorted row i, and expert e's rows are
+    offsets[e]:offsets[e+1] (int32, [E+1]); empty experts have equal offsets.
+    """
+    sch = _scheme(scheme, None)
+    if isinstance(num_experts, bool) or not isinstance(num_experts, (int, np.integer)) or num_experts < 1:
+        raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
+    num_experts = int(num_experts)
+    ids_kind = getattr(getattr(expert_ids, "dtype", None), "kind", None)
+    if ids_kind not in ("i", "u"):
+        raise TypeError(f"expert_ids must be an integer array, got dtype {getattr(expert_ids, 'dtype', type(expert_ids).__name__)}")
+    if getattr(expert_ids, "ndim", None) != 2:
+        raise ValueError(f"expert_ids must be 2-D [tokens, k], got shape {getattr(expert_ids, 'shape', None)}")
+    if not _arrays.use_device(x, device):
+        x32, dname = _arrays.float_input(x, "x", dtype=dtype)
+        ids = _arrays.host(expert_ids)
+        _check_moe(x32.shape, ids.shape, ids.min() if ids.size else 0, ids.max() if ids.size else 0, num_experts)
+        parts, perm, offsets = R.moe_sort_quantize(x32, ids, num_experts, sch)
+        shape = (ids.size, x32.shape[1])
+        return _qt(_pack(parts.codes, sch), parts.scales, sch, shape, dname), perm, offsets
+    from .kernels import _fused_kernels as FK
+    from .kernels._interop import device_input, is_cupy
+    from .kernels.fused import moe_sort, run_rows
+
+    xin = device_input(x, "x", dtype)
+    if len(xin.shape) != 2:
+        raise ValueError(f"x must be 2-D [tokens, hidden], got shape {xin.shape}")
+    from .kernels._interop import Allocator
+    from .kernels._target import SIMULATOR
+
+    alloc = Allocator(xin.lib)
+    if is_cupy(expert_ids):
+        ids = expert_ids.astype(np.int32).reshape(-1)
+        lo, hi = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
+    else:
+        ids = np.ascontiguousarray(_arrays.host(expert_ids)).astype(np.int32).reshape(-1)
+        lo, hi = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
+        if not SIMULATOR:
+            ids = _to_device(ids, alloc)
+    _check_moe(xin.shape, tuple(expert_ids.shape), lo, hi, num_experts)
+    tk = int(np.prod(expert_ids.shape))
+    k = int(expert_ids.shape[1])
+    perm, offsets = moe_sort(ids, tk, k, num_experts, alloc)
+    shape = (tk, xin.shape[1])
+    sch.check_shape(shape)
+    out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, perm=perm)
+    q = _finish(out, sch, shape, xin)
+    return q, alloc.to_lib(perm, (tk,)), alloc.to_lib(offsets, (num_experts + 1,))
+
+
+def _check_moe(xshape, idshape, lo, hi, num_experts):
+    if len(xshape) != 2:
+        raise ValueError(f"x must be 2-D [tokens, hidden], got shape {tuple(xshape)}")
+    if idshape[0] != xshape[0]:
+        raise ValueError(f"expert_ids has {idshape[0]} rows but x has {xshape[0]} tokens")
+    if lo < 0 or hi >= num_experts:
+        raise ValueError(f"expert_ids must lie in [0, {num_experts}), got values in [{lo}, {hi}]")

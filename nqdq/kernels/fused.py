@@ -1,0 +1,152 @@
+"""Launchers of the fused kernels (bodies: ``_fused_kernels``; spec: ``reference/fused``).
+
+Each function takes :class:`~nqdq.kernels._interop.DeviceInput` arrays (flat, in the
+kernels' form: float32 or the uint16 bits of bfloat16 / float16) and returns flat outputs
+in the input's library. Every op is one launch of :func:`_fused_kernels.row_kernel` (the
+MoE sort adds three small launches that build the permutation).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..reference.packing import packed_length
+from ..schemes import Scheme
+from . import _fused_kernels as FK
+from ._elements import format_tuple
+from ._interop import Allocator
+from ._target import SIMULATOR
+from .launch import fast_kernel
+from .quantize import _max_elem, _mx_cfg
+
+__all__ = ["out_kind", "geometry", "run_rows", "moe_sort", "MAX_ROW"]
+
+MAX_ROW = 65536  # longest row a block holds in registers (M <= 64 vectors per thread)
+
+
+def out_kind(sch: Scheme) -> int:
+    """The kernel's output mode for ``sch``, or ValueError naming ``scheme``."""
+    elem = sch.element
+    if sch.is_mx and sch.group_size == 32 and elem.bits in (4, 8):
+        return FK.OUT_MX
+    if sch.scale_format == "f32" and elem.kind == "float" and elem.bits == 8 and sch.axis in (-1, None):
+        if sch.granularity == "row":
+            return FK.OUT_ROW
+        if sch.granularity == "group" and sch.group_size == 128:
+            return FK.OUT_GROUP
+        if sch.granularity == "tensor" and sch.static_scale:
+            return FK.OUT_TENSOR
+    raise ValueError(
+        f"scheme={sch.name!r} ({sch.fmt}, {sch.granularity}) has no fused kernel; fused ops support "
+        "'fp8_row', 'fp8_tensor' with scale=, 'fp8_1x128' and the MX schemes with 4- or 8-bit codes ('mxfp4', 'mxfp8')"
+    )
+
+
+def geometry(n: int) -> tuple[int, int]:
+    """(threads T, vectors per thread M) for rows of n elements: 4*T*M is the power of two
+    >= n (at least 128), T in [32, 256], M about 8."""
+    if n > MAX_ROW:
+        raise ValueError(f"rows of {n} elements are longer than the fused kernels hold ({MAX_ROW})")
+    p = 1 << max(n - 1, 0).bit_length()
+    t = min(256, max(32, p // 32))
+    return t, max(1, p // (4 * t))
+
+
+def _addr(a) -> int:
+    if SIMULATOR or isinstance(a, np.ndarray):
+        return 0
+    return int(a.__cuda_array_interface__["data"][0])
+
+
+def _view(a, dtype, ok: bool, alloc, dummies):
+    """``a`` viewed as ``dtype`` when ``ok``, else a 1-element dummy of that dtype."""
+    if ok:
+        return a.view(dtype)
+    key = np.dtype(dtype).str
+    if key not in dummies:
+        dummies[key] = alloc.empty(1, dtype)
+    return dummies[key]
+
+
+def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscale=None, perm=None,
+             strides=None, out=None, want_y=False):
+    """Launch the fused row kernel. ``xin``: DeviceInput of the input (its flat array,
+    kind, lib); ``res``: flat residual array (same kind) or None; ``w``: flat weight array
+    (kind ``wkind``); ``perm``: int32 source rows (OP_GATHER); ``strides``: (sb, sh, D) in
+    elements for OP_ROWS over a [B, H, D] view (None: contiguous rows of n).
+    Returns dict(codes, scales, newres, y) of flat arrays (None where not produced)."""
+    alloc = Allocator(xin.lib)
+    kind = xin.kind
+    x = xin.arr
+    T, M = geometry(n)
+    mode = FK.OUT_Y if want_y else (out if out is not None else out_kind(sch))
+    dummies = {}
+    xdt = np.float32 if kind == 0 else np.uint16
+    if strided := strides is not None:
+        sb, sh, D = strides
+        aligned = sb % 4 == 0 and sh % 4 == 0 and D % 4 == 0
+    else:
+        sb, sh, D = n, n, n
+        aligned = n % 4 == 0
+    wide = aligned and x.size * x.dtype.itemsize % 8 == 0 and _addr(x) % 8 == 0
+    if w is not None:
+        wide = wide and w.size * w.dtype.itemsize % 8 == 0 and _addr(w) % 8 == 0
+    if res is not None:
+        wide = wide and _addr(res) % 8 == 0
+    newres = alloc.empty(rows * n, xdt) if res is not None else None
+    if newres is not None:
+        wide = wide and _addr(newres) % 8 == 0
+    res_a = res if res is not None else _view(x, xdt, False, alloc, dummies)
+    if w is None:
+        w = _view(x, np.float32, False, alloc, {})
+        wkind = 0
+    nr = newres if newres is not None else _view(x, xdt, False, alloc, dummies)
+
+    if mode == FK.OUT_Y:
+        fmt, mx, maxe, G, nbits = (1, 3, -6, 0x7E, 0x7F, 8, 0, 0, 4, 1), (0, 0, 0, 1.0), 448.0, 0, 8
+        y = alloc.empty(rows * n, np.float32)
+    else:
+        fmt, mx, maxe = format_tuple(sch), _mx_cfg(sch), _max_elem(sch)
+        G = 32 if mode == FK.OUT_MX else (128 if mode == FK.OUT_GROUP else 0)
+        nbits = sch.code_bits
+        y = None
+    yout = y if y is not None else _view(x, np.float32, False, alloc, dummies)
+    pcols = packed_length(n, nbits)
+    ngroups = -(-n // G) if G else 1
+    codes = alloc.empty(rows * pcols, np.uint8) if mode != FK.OUT_Y else None
+    if mode in (FK.OUT_ROW, FK.OUT_GROUP):
+        scales = alloc.empty(rows * ngroups, np.float32)
+    elif mode == FK.OUT_MX:
+        scales = alloc.empty(rows * ngroups, np.uint8)
+    else:
+        scales = None
+    codes_a = codes if codes is not None else _view(x, np.uint8, False, alloc, dummies)
+    nbytes = rows * pcols
+    wide_out = codes is not None and nbytes % 4 == 0 and _addr(codes) % 4 == 0
+    sdt = np.uint8 if mode == FK.OUT_MX else np.float32
+    scales_a = scales if scales is not None else _view(x, sdt, False, alloc, dummies)
+    perm_a = perm if perm is not None else _view(x, np.int32, False, alloc, dummies)
+
+    kern = FK.row_kernel(op, mode, kind, wkind, T, M, bool(wide), bool(strided), res is not None, fmt, mx, float(maxe), G)
+    args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
+            n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, bool(wide_out))
+    if rows > 0:
+        fast_kernel(kern).launch(rows, T, args, None)
+    return dict(codes=codes, scales=scales, newres=newres, y=y, pcols=pcols, ngroups=ngroups, alloc=alloc)
+
+
+def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator):
+    """(perm int32 [npairs], offsets int32 [E+1]) on the device from int32 expert ids
+    [npairs] (token-major, then slot): reference/fused.moe_sort's stable order."""
+    if not 1 <= num_experts <= FK.MOE_MAX_EXPERTS:
+        raise ValueError(f"num_experts={num_experts} must be in [1, {FK.MOE_MAX_EXPERTS}] for the device sort")
+    nchunks = max(1, -(-npairs // FK.MOE_CHUNK))
+    counts = alloc.empty(nchunks * num_experts, np.int32)
+    base = alloc.empty(nchunks * num_experts, np.int32)
+    offsets = alloc.empty(num_experts + 1, np.int32)
+    perm = alloc.empty(max(npairs, 1), np.int32)
+    fast_kernel(FK.moe_count_kernel).launch(nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, counts), None)
+    nt = min(FK.MOE_MAX_EXPERTS, max(32, 1 << (num_experts - 1).bit_length()))
+    fast_kernel(FK.moe_scan_kernel).launch(1, nt, (counts, nchunks, num_experts, base, offsets), None)
+    fast_kernel(FK.moe_scatter_kernel).launch(nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, k, base, perm), None)
+    return perm[:npairs], offsets

@@ -1,0 +1,242 @@
+"""Fused ops, the spec: RMSNorm (optionally after a residual add), flatten, and the MoE sort,
+each followed by the existing quantizer (``nqdq.reference.quantize``). The kernels in
+``nqdq.kernels.fused`` do the same in one pass and must give the same bits.
+
+RMSNorm, the order that is the spec (all float32, one IEEE rounding per operation, no
+FMA, written as the kernel performs it)::
+
+    h      = x                                   (no residual)
+    h      = dtype(fl32(x + residual))           (residual: the new residual, NaN canonical)
+    S      = ff_halving_sum(h * h)               float-float (hi, lo) sum of the squares
+    m      = S / n                               float-float quotient
+    a      = m + eps                             float-float
+    r      = 1 / sqrt(a)                         float-float (r1, r2), Dekker's algorithms
+    y      = fl32(h * w * r)                     see :func:`normalize`; NaN -> 0x7FC00000
+
+Why float-float: a plain float32 sum of n squares can be log2(n) ulps off, and y = (h*r)*w
+rounds twice; together they miss the issue's bound (y within 1 float32 ulp of a float64
+evaluation) on ordinary data. Carrying the sum and r as unevaluated pairs hi + lo (about
+48 bits) and forming h*w*r with a single final rounding keeps y within 0.5 ulp + 2^-28
+relative of the exact value for rows whose squares and products neither overflow nor
+underflow float32 (|h|, |w| within about 2^-60..2^60); outside that range the bits are
+still exactly specified here, only the accuracy bound does not hold.
+
+The sum's order: the squares, padded with zeros to a power of two P, are reduced by the
+halving tree of ``reference.scales.halving_sum`` (v[:h] + v[h:] level by level), each
+addition being the float-float :func:`ff_add`. Padding a tree with more zeros changes no
+bit (ff_add((v, lo), (0, 0)) == (v, lo), and no -0 ever appears in a sum of squares), so
+a kernel may pad to any larger power of two; every node is independent of how the tree is
+split among threads.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from ..schemes import Scheme
+from . import quantize as ref
+
+__all__ = [
+    "two_sum", "split", "two_prod", "ff_add", "ff_halving_sum", "rsqrt_mean", "normalize",
+    "add_residual", "rmsnorm", "rmsnorm_quantize", "flatten_quantize", "moe_sort", "moe_sort_quantize",
+    "SIG_BITS", "R_SPLIT_MIN_BITS",
+]
+
+F32 = np.float32
+BF16 = np.dtype(ml_dtypes.bfloat16)
+SPLITTER = F32(4097.0)  # 2^12 + 1: Veltkamp's constant for 24-bit significands
+ONE = F32(1.0)
+CANON_NAN = F32(np.nan)  # bits 0x7FC00000
+
+# significant bits of each input dtype (h and w are exact float32 values of these)
+SIG_BITS = {"bfloat16": 8, "float16": 11, "float32": 24}
+# normalize() multiplies by a truncated r_hi of 24 - bits(h) - bits(w) bits when that is
+# at least this many (see normalize)
+R_SPLIT_MIN_BITS = 5
+
+
+# ----------------------------------------------------------------------------- error-free ops
+def two_sum(a, b):
+    """(s, e) with s = fl(a + b) and s + e == a + b exactly (Knuth; any |a|, |b|)."""
+    s = (a + b).astype(F32) if isinstance(a, np.ndarray) else F32(a + b)
+    bb = F32(s - a)
+    e = F32(F32(a - F32(s - bb)) + F32(b - bb))
+    return s, e
+
+
+def split(a):
+    """Veltkamp: a == hi + lo exactly, hi and lo with at most 12 significant bits each."""
+    c = F32(SPLITTER * a)
+    hi = F32(c - F32(c - a))
+    return hi, F32(a - hi)
+
+
+def two_prod(a, b, p=None):
+    """(p, e) with p = fl(a * b) and p + e == a * b exactly (Dekker, no FMA), barring
+    overflow and underflow."""
+    if p is None:
+        p = F32(a * b)
+    ah, al = split(a)
+    bh, bl = split(b)
+    e = F32(F32(F32(F32(F32(ah * bh) - p) + F32(ah * bl)) + F32(al * bh)) + F32(al * bl))
+    return p, e
+
+
+def ff_add(ahi, alo, bhi, blo):
+    """float-float sum: TwoSum of the high parts, the low parts added to its error."""
+    s, e = two_sum(ahi, bhi)
+    return s, F32(e + F32(alo + blo))
+
+
+def ff_halving_sum(hi, lo):
+    """Float-float sum over the last axis in the halving order (pad to 2^k with zeros, then
+    (hi, lo)[:h] + (hi, lo)[h:] by :func:`ff_add` until one is left)."""
+    n = hi.shape[-1]
+    p = 1 << max(n - 1, 0).bit_length()
+    if p != n:
+        z = np.zeros(hi.shape[:-1] + (p - n,), F32)
+        hi = np.concatenate([hi, z], axis=-1)
+        lo = np.concatenate([lo, z], axis=-1)
+    hi, lo = hi.astype(F32), lo.astype(F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        while hi.shape[-1] > 1:
+            h = hi.shape[-1] // 2
+            hi, lo = ff_add(hi[..., :h], lo[..., :h], hi[..., h:], lo[..., h:])
+    return hi[..., 0], lo[..., 0]
+
+
+def rsqrt_mean(s_hi, s_lo, n: int, eps):
+    """(r1, r2) ~ 1 / sqrt((s_hi + s_lo) / n + eps) in float-float, in this exact order
+    (the kernel's ``rsqrt_mean`` does the same float32 operations)."""
+    nf = F32(n)
+    epsf = F32(eps)
+    with np.errstate(all="ignore"):
+        h, l = two_sum(s_hi, s_lo)
+        q1 = F32(h / nf)
+        p, pe = two_prod(q1, nf)
+        q2 = F32(F32(F32(F32(h - p) - pe) + l) / nf)
+        m1, m2 = two_sum(q1, q2)
+        a1, a2 = two_sum(m1, epsf)
+        a1, a2 = two_sum(a1, F32(a2 + m2))
+        s1 = np.sqrt(a1).astype(F32)
+        p, pe = two_prod(s1, s1)
+        s2 = F32(F32(F32(F32(a1 - p) - pe) + a2) / F32(s1 + s1))
+        s1, s2 = two_sum(s1, s2)
+        r1 = F32(ONE / s1)
+        p, pe = two_prod(s1, r1)
+        r2 = F32(F32(F32(F32(ONE - p) - pe) - F32(s2 * r1)) * r1)
+        return two_sum(r1, r2)
+
+
+def r_split(r1, r2, k: int):
+    """r1 truncated to k significant bits (exact, by masking), and the rest (r1 - r_hi) + r2."""
+    mask = np.uint32((0xFFFFFFFF << (24 - k)) & 0xFFFFFFFF)
+    r_hi = (np.asarray(r1, F32).view(np.uint32) & mask).view(F32)
+    with np.errstate(invalid="ignore"):
+        return r_hi, (F32(r1 - r_hi) + r2).astype(F32)
+
+
+def normalize(h, w, r1, r2, xbits: int, wbits: int):
+    """y = fl32(h * w * r) with one final rounding, r = r1 + r2 (per row, broadcast).
+
+    * xbits + wbits <= 24 - R_SPLIT_MIN_BITS (bfloat16 x bfloat16, bfloat16 x float16):
+      a = h*w is exact; r_hi = r1 cut to k = 24 - xbits - wbits bits makes A = a*r_hi exact
+      too; y = A + a*r_lo with r_lo = (r1 - r_hi) + r2, |r_lo| < 2^-k+1 r, so the one
+      rounded product a*r_lo adds at most 2^-(24+k-1) relative before y's own rounding.
+    * otherwise: (p, p_lo) = two_prod(h, w) (p_lo = 0 when xbits + wbits <= 24: the product
+      is exact and the term is left out), t = fl(p*r1) with its exact error e, and
+      y = t + (e + (p*r2 [+ p_lo*r1])).
+    """
+    h, w = np.asarray(h, F32), np.asarray(w, F32)
+    with np.errstate(all="ignore"):
+        k = 24 - xbits - wbits
+        if k >= R_SPLIT_MIN_BITS:
+            r_hi, r_lo = r_split(r1, r2, k)
+            a = (h * w).astype(F32)
+            y = ((a * r_hi).astype(F32) + (a * r_lo).astype(F32)).astype(F32)
+        else:
+            if xbits + wbits <= 24:
+                p = (h * w).astype(F32)
+                t, e = two_prod(p, r1)
+                c = (p * r2).astype(F32)
+            else:
+                p, plo = two_prod(h, w)
+                t, e = two_prod(p, r1)
+                c = ((p * r2).astype(F32) + (plo * r1).astype(F32)).astype(F32)
+            y = (t + (e + c).astype(F32)).astype(F32)
+    return np.where(np.isnan(y), CANON_NAN, y).astype(F32)
+
+
+# ----------------------------------------------------------------------------- RMSNorm
+def round_to_dtype(v32, dtype_name: str) -> np.ndarray:
+    """float32 values rounded (nearest even) to ``dtype_name``, as that dtype."""
+    if dtype_name == "float32":
+        return v32.astype(F32)
+    if dtype_name == "bfloat16":
+        return v32.astype(BF16)
+    return v32.astype(np.float16)
+
+
+def add_residual(x32, res32, dtype_name: str):
+    """The new residual fl32(x + residual) (NaN canonical) rounded to the input dtype."""
+    with np.errstate(all="ignore"):
+        h = (x32 + res32).astype(F32)
+    h = np.where(np.isnan(h), CANON_NAN, h).astype(F32)
+    return round_to_dtype(h, dtype_name)
+
+
+def rmsnorm(x32, w32, eps, dtype_name: str, wdtype_name: str):
+    """RMSNorm of float32 rows ``x32`` (exact values of ``dtype_name``) over the last axis:
+    float32 y, in the order of the module docstring."""
+    x32 = np.asarray(x32, F32)
+    n = x32.shape[-1]
+    xbits, wbits = SIG_BITS[dtype_name], SIG_BITS[wdtype_name]
+    with np.errstate(all="ignore"):
+        if 2 * xbits <= 24:  # squares of 16-bit values are exact: their low parts are 0
+            sq, sq_lo = (x32 * x32).astype(F32), np.zeros_like(x32)
+        else:
+            sq, sq_lo = two_prod(x32, x32)
+    s_hi, s_lo = ff_halving_sum(sq, sq_lo)
+    r1, r2 = rsqrt_mean(s_hi, s_lo, n, eps)
+    return normalize(x32, w32, r1[..., None], r2[..., None], xbits, wbits)
+
+
+def rmsnorm_quantize(x32, w32, sch: Scheme, eps, dtype_name, wdtype_name, *, res32=None, scale=None):
+    """Quantized rmsnorm(x [+ residual]): (QuantParts with unpacked codes, new residual or None)."""
+    new_res = None
+    h = x32
+    if res32 is not None:
+        new_res = add_residual(x32, res32, dtype_name)
+        h = new_res.astype(F32)
+    y = rmsnorm(h, w32, eps, dtype_name, wdtype_name)
+    return ref.quantize(y, sch, scale=scale), new_res
+
+
+def flatten_quantize(x32, sch: Scheme):
+    """[B, H, D] -> [B, H*D] (C order of the logical indices), then quantize."""
+    b, hh, d = x32.shape
+    return ref.quantize(np.ascontiguousarray(x32).reshape(b, hh * d), sch)
+
+
+# ----------------------------------------------------------------------------- MoE sort
+def moe_sort(expert_ids: np.ndarray, num_experts: int):
+    """Stable expert-major order of the (token, slot) pairs of ``expert_ids`` [T, k]: sorted
+    by expert id, then token, then slot. Returns (perm [T*k] int32: source token of each
+    sorted row, offsets [E+1] int32: rows of expert e are offsets[e]:offsets[e+1])."""
+    ids = np.asarray(expert_ids).astype(np.int64)
+    t, k = ids.shape
+    flat = ids.reshape(-1)  # pair index t*k + j: token-major, then slot
+    order = np.argsort(flat, kind="stable")
+    perm = (order // k).astype(np.int32)
+    counts = np.bincount(flat, minlength=num_experts)
+    offsets = np.zeros(num_experts + 1, np.int32)
+    offsets[1:] = np.cumsum(counts)
+    return perm, offsets
+
+
+def moe_sort_quantize(x32, expert_ids, num_experts: int, sch: Scheme):
+    """Rows of ``x32`` [T, H] gathered in :func:`moe_sort` order, quantized:
+    (QuantParts for [T*k, H], perm, offsets)."""
+    perm, offsets = moe_sort(expert_ids, num_experts)
+    return ref.quantize(x32[perm], sch), perm, offsets
