@@ -145,9 +145,13 @@ def test_reference_errors():
 
 # ----------------------------------------------------------------------------- kernels
 @pytest.mark.parametrize("name", SWIZZLED)
-@pytest.mark.parametrize("shape, words", [((1, 1), True), ((129, 5), True), ((40, 8), True), ((40, 9), False)])
+@pytest.mark.parametrize(
+    "shape, words",
+    # words=True takes the 32-bit word kernels when cols % 4 == 0 ((40, 8), (33, 12): cdna4
+    # pads half a block of columns, (130, 4): 126 pad rows), else one scale per thread
+    [((1, 1), True), ((129, 5), True), ((40, 8), True), ((33, 12), True), ((130, 4), True), ((40, 8), False)],
+)
 def test_kernel_bit_exact(name, shape, words):
-    # words=True: 32-bit stores (unswizzle only when cols % 4 == 0); False: a byte per thread
     s = random_scales(shape, seed=2)
     lay = L.get_layout(name)
     got = kl.swizzle(s, name, words=words)
@@ -367,7 +371,7 @@ def test_gpu_layout_bandwidth():
             np.testing.assert_array_equal(back.get(), s_host)
             ts = timed(lambda: kl.swizzle(s, name, words=words))
             tu = timed(lambda: kl.unswizzle(got, name, rows, cols, words=words))
-            kind = "32-bit stores" if words else "byte stores"
+            kind = "32-bit words" if words else "one scale per thread"
             lines.append(
                 f"{name} {kind}: swizzle {ts:.1f} us ({nbytes / ts / 1e3:.0f} GB/s), "
                 f"unswizzle {tu:.1f} us ({nbytes / tu / 1e3:.0f} GB/s)"
