@@ -43,7 +43,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 SIZES = [(8192, 8192), (16384, 7168), (64, 7168)]
-NQDQ_SCHEMES = ["fp8_row", "mxfp8", "mxfp4", "nvfp4", "fp8_1x128"]
+NO_COMPILE = False
+NQDQ_SCHEMES = ["fp8_row", "int8_row", "mxfp8", "mxfp4", "nvfp4", "fp8_1x128"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -328,6 +329,8 @@ def bench_size(timer, shape, rows_out, *, quick=False, log=print):
         agree = float(np.mean(tq[0][:check].view(torch.uint8).cpu().numpy() == ref_codes))
         add("triton fp8_row (aiter-style)", us, nbytes, hb, f"codes = reference: {agree:.4%}")
         try:
+            if NO_COMPILE:
+                raise RuntimeError("skipped (--no-compile)")
             comp = _torch_compile_fp8_row()
             t0 = time.perf_counter()
             comp(tx[0])
@@ -352,57 +355,41 @@ def bench_size(timer, shape, rows_out, *, quick=False, log=print):
 
 
 def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
-    """nqdq's kernels for ``scheme``: through ``nqdq.quantize`` on CuPy arrays, or the
-    kernels' launcher while the API has no GPU path; launches routed through FastKernel.
-    The host work per call (argument handling, allocation, any synchronisation) is far
-    above the kernels' device time, so the whole-call timing used for the other rows would
-    measure the host. Instead each kernel launch is wrapped: a spin kernel (longer than
-    the host's work between it and the kernel), a start event, the kernel, an end event;
-    the device time of one call is the sum over its kernels, median over calls. Codes and
-    scales are checked against the NumPy reference on the first rows."""
+    """nqdq's kernels for ``scheme`` through ``nqdq.quantize`` on CuPy arrays (uint16 bits +
+    ``dtype="bfloat16"``; the plan's generated runner on a GPU), timed like the peers:
+    ``Timer.device_us`` queues a sleep kernel first, so the host (a few us per call) runs
+    ahead and the events around each group of calls measure the device: all kernels of a
+    call (nvfp4: 3), back to back. A row flagged host-bound measured the host instead.
+    Codes and scales are checked against the NumPy reference on the first rows."""
     import cupy as cp
     import ml_dtypes
 
     import nqdq
-    import nqdq.kernels.quantize as KQ
 
     name = f"nqdq {scheme}"
-    calls = []
     try:
-        with fastkernel_in_launchers():
-            label, run = nqdq_runner(scheme, xs[0])
-            name = f"nqdq {scheme} ({label}, FastKernel; kernel time)"
-            parts = run(xs[0])
-            for i in range(3):  # warm-up: every kernel of this scheme compiled and loaded
-                run(xs[i % n_sets])
-            cp.cuda.runtime.deviceSynchronize()
-            fast_launch = KQ._launch
-
-            def timed_launch(kernel, grid, block, stream, *args):
-                timer.sleep_us(60)
-                start, end = cp.cuda.Event(), cp.cuda.Event()
-                start.record()
-                fast_launch(kernel, grid, block, stream, *args)
-                end.record()
-                calls[-1].append((start, end))
-
-            KQ._launch = timed_launch
-            try:
-                for i in range(min(groups, 15)):
-                    calls.append([])
-                    run(xs[i % n_sets])
-            finally:
-                KQ._launch = fast_launch
+        label, run = nqdq_runner(scheme, xs[0])
+        parts = run(xs[0])
+        for i in range(3):  # warm-up: every kernel of this scheme compiled and loaded
+            run(xs[i % n_sets])
         cp.cuda.runtime.deviceSynchronize()
-        per_call = [sum(cp.cuda.get_elapsed_time(a, b) for a, b in c) * 1000 for c in calls]
-        us = statistics.median(per_call)
-        n_kernels = len(calls[0])
+        us, hb = timer.device_us(lambda i: run(xs[i]), n_sets, groups=groups, bytes_per_launch=in_bytes)
+        from nqdq.schemes import resolve_scheme
+
+        plan_launches = None
+        try:
+            import nqdq.kernels.quantize as KQ
+
+            plan = KQ.get_plan(tuple(xs[0].shape), 1, resolve_scheme(scheme))
+            plan_launches = [k.py_func.__name__ if hasattr(k, "py_func") else str(k) for k, _, _, _ in plan.launches]
+        except Exception:
+            pass
     except Exception as e:
         skip(name, f"{type(e).__name__}: {str(e)[:160]}")
         return
     out = [getattr(parts, f, None) for f in ("codes", "scales", "zero_points", "tensor_scale", "means")]
     out_bytes = sum(int(a.nbytes) for a in out if a is not None and hasattr(a, "nbytes"))
-    note = f"{n_kernels} kernel(s)"
+    note = f"kernels: {'+'.join(plan_launches) if plan_launches else '?'}"
     try:  # row-wise schemes: the first rows alone are a valid input; nvfp4's tensor scale is global
         check = min(xs[0].shape[0], 128)
         if scheme != "nvfp4" or check == xs[0].shape[0]:
@@ -413,9 +400,17 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
                 got_scales.view(np.uint8), np.ascontiguousarray(ref.scales).view(np.uint8)
             )
             note += f"; first {check} rows {'bit-exact' if same else 'DIFFER from'} reference"
+        else:  # nvfp4 at full size: the whole tensor against the reference
+            xh = xs[0].get().view(ml_dtypes.bfloat16)
+            ref = nqdq.quantize(xh, scheme, device="cpu")
+            same = np.array_equal(parts.codes.get(), ref.codes) and np.array_equal(
+                parts.scales.get().view(np.uint8), np.ascontiguousarray(ref.scales).view(np.uint8)
+            ) and np.array_equal(np.asarray(parts.tensor_scale.get()).view(np.uint32),
+                                 np.asarray(ref.tensor_scale).view(np.uint32))
+            note += f"; whole tensor {'bit-exact' if same else 'DIFFERS from'} reference"
     except Exception as e:
         note += f"; check failed: {type(e).__name__}: {str(e)[:80]}"
-    add(name, us, in_bytes + out_bytes, False, note)
+    add(name, us, in_bytes + out_bytes, hb, note)
 
 
 def table(rows):
@@ -446,12 +441,18 @@ def main(argv=None):
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--quick", action="store_true", help="fewer sets and groups (smoke test)")
     ap.add_argument("--sizes", default=None, help="e.g. 64x7168,8192x8192")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer (slow to compile)")
+    ap.add_argument("--schemes", default=None, help="nqdq schemes, comma-separated")
     args = ap.parse_args(argv)
     try:
         import cupy  # noqa: F401
     except ImportError:
         print("peers.py needs CuPy and a CUDA GPU")
         return 2
+    global NO_COMPILE, NQDQ_SCHEMES
+    NO_COMPILE = args.no_compile
+    if args.schemes:
+        NQDQ_SCHEMES = args.schemes.split(",")
     sizes = SIZES if not args.sizes else [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
     timer = Timer()
     print(f"spin calibration: {timer.us_per_unit:.3f} us per unit; L2 {timer.l2_bytes / 2**20:.0f} MiB")

@@ -363,6 +363,43 @@ def test_fp8_cvt_matches_twin(fmt):
     assert_same(out_cvt, want, f"{fmt} cvt vs reference")
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fp8_cvt_pair_matches_twin(fmt):
+    """The paired ``cvt.rn.satfinite.e{4m3,5m2}x2.f32`` of the last-axis kernels (two codes
+    per instruction, used for groups without NaN) against the bit-manipulation twin on both
+    halves, over every non-NaN bfloat16 value and random non-NaN float32 bit patterns.
+    Needs an sm_89+ GPU (NQDQ_TEST_GPU=1); skipped in the simulator."""
+    from nqdq.kernels import _ptx
+    from nqdq.kernels._elements import format_tuple
+
+    if not _ptx.fp8_cvt_available():
+        pytest.skip("no sm_89+ GPU (simulator or older GPU): the twin is the only path")
+    sch = resolve_scheme(fmt, granularity="tensor", static_scale=True)
+    FMT = format_tuple(sch)
+    pair = _ptx.cvt_e4m3x2 if fmt == "e4m3" else _ptx.cvt_e5m2x2
+
+    @cuda.jit
+    def both(x, out_pair, out_twin):
+        i = cuda.grid(1)
+        if 2 * i + 1 < x.size:
+            out_pair[i] = pair(x[2 * i + 1], x[2 * i])
+            lo = _codec.encode_float_rne(x[2 * i], FMT[1], FMT[2], FMT[3], FMT[4], FMT[5])
+            hi = _codec.encode_float_rne(x[2 * i + 1], FMT[1], FMT[2], FMT[3], FMT[4], FMT[5])
+            out_twin[i] = lo | (hi << 8)
+
+    bf = (np.arange(65536, dtype=np.uint32) << 16).view(np.float32)
+    rnd = np.random.default_rng(zlib.crc32(b"pair" + fmt.encode())).integers(0, 2**32, 1 << 20, dtype=np.uint64)
+    x = np.concatenate([bf, rnd.astype(np.uint32).view(np.float32)])
+    x = x[~np.isnan(x)]
+    x = np.concatenate([x, np.roll(x, 12345)])[: (x.size // 2) * 2]  # every value in both halves
+    out_pair = np.zeros(x.size // 2, np.uint16)
+    out_twin = np.zeros(x.size // 2, np.uint16)
+    both[(x.size // 2 + 255) // 256, 256](x, out_pair, out_twin)
+    want = rcodec.encode_float(x, sch.element).astype(np.uint16)
+    assert_same(out_twin, want[0::2] | (want[1::2] << 8), f"{fmt} twin pairs vs reference")
+    assert_same(out_pair, out_twin, f"{fmt} cvt pair vs twin")
+
+
 def test_half_to_float_bits():
     """float16 / bfloat16 -> float32 by bit manipulation, against NumPy / ml_dtypes casts."""
     @cuda.jit
@@ -417,3 +454,100 @@ def test_api_device_options():
         nqdq.quantize(x, "mxfp4", device="cuda", nonfinite="raise")
     y = nqdq.dequantize(b, dtype="bfloat16", device="cuda")
     assert_same(y, nqdq.dequantize(b, dtype="bfloat16"), "bf16 dequantized", nan_equal=True)
+
+
+# ----------------------------------------------------------------------------- last-axis fast kernels
+# nqdq/kernels/_rowwise_kernels.py: C-contiguous input, groups along the last axis (whole
+# rows, or 1xG groups of 2^k 16-byte units), float / MX / NVFP4 scales, RNE. The cases below
+# check that the plan picks them (and falls back where it must), and bit-exactness through
+# them for every input kind, rows shorter than a block, several units per thread, partial
+# blocks, NaN / inf groups (edge_data), and the unaligned-input loads.
+_KINDS = {np.float32: 0, ml_dtypes.bfloat16: 1, np.float16: 2}
+FAST_SCHEMES = ["fp8_row", "int8_row", "mxfp8", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp4", "nvfp4", "fp8_1x128", "int4_group"]
+
+
+def _launched(shape, dtype, sch, **kw):
+    plan = kq.get_plan(shape, _KINDS[dtype], sch, **kw)
+    return [k.py_func.__name__ if hasattr(k, "py_func") else k.__name__ for k, _, _, _ in plan.launches]
+
+
+@pytest.mark.parametrize(
+    "name, kw, shape, dtype, kernel",
+    [
+        ("fp8_row", {}, (3, 72), ml_dtypes.bfloat16, "lastaxis_rows"),
+        ("int8_row", {}, (2, 1000), np.float16, "lastaxis_rows"),
+        ("fp8_row", {}, (2, 20), np.float32, "lastaxis_rows"),
+        ("mxfp4", {}, (3, 64), np.float32, "lastaxis_groups"),
+        ("nvfp4", {}, (3, 64), ml_dtypes.bfloat16, "lastaxis_groups"),
+        ("fp8_1x128", {}, (2, 384), np.float16, "lastaxis_groups"),
+        ("fp8_row", {}, (3, 70), ml_dtypes.bfloat16, None),  # rows not whole 16-byte units
+        ("mxfp8", {}, (3, 80), ml_dtypes.bfloat16, None),  # partial last group
+        ("int4", {"granularity": "group", "group_size": 24}, (2, 48), np.float32, None),  # 6 units
+        ("int4_asym", {}, (2, 256), np.float32, None),  # zero points: general kernel
+        ("int8_centred", {}, (2, 256), np.float32, None),
+    ],
+)
+def test_lastaxis_kernel_choice(name, kw, shape, dtype, kernel):
+    """``kernel``: the last-axis kernel the plan must launch, None: only general kernels."""
+    fast = {"lastaxis_rows", "lastaxis_groups"}
+    names = _launched(shape, dtype, resolve_scheme(name, **kw))
+    assert (fast & set(names)) == ({kernel} if kernel else set()), names
+    assert not fast & set(_launched(shape, dtype, resolve_scheme(name, **kw), stoch=True))  # stochastic: general
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("name", FAST_SCHEMES)
+def test_lastaxis_kernels_exact(name, dtype):
+    shape = (3, 128) if name != "fp8_1x128" else (2, 256)
+    x = edge_data(shape, seed=zlib.crc32(name.encode()) % 1000).astype(dtype)
+    assert {"lastaxis_rows", "lastaxis_groups"} & set(_launched(shape, dtype, resolve_scheme(name)))
+    check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
+
+
+@pytest.fixture
+def deep_units(monkeypatch):
+    """Force several units per thread (the paths large inputs take) on small inputs."""
+    monkeypatch.setattr(kq, "DEEP_UNITS", 0)
+    monkeypatch.setattr(kq, "DEEP_ROWS", 0)
+    kq._PLANS.clear()
+    yield
+    kq._PLANS.clear()
+
+
+@pytest.mark.parametrize(
+    "name, shape, dtype",
+    [
+        ("int8_row", (2, 1000), np.float16),  # 125 units per row: 32 threads x 4 units
+        ("fp8_row", (3, 320), ml_dtypes.bfloat16),  # 40 units: 32 threads x 2, a partial second
+        ("mxfp4", (5, 96), ml_dtypes.bfloat16),  # 60 units, one partial block of 4 x 64
+        ("nvfp4", (3, 160), np.float32),  # NVFP4's tensor amax pass too
+        ("fp8_1x128", (3, 256), np.float32),
+    ],
+)
+def test_lastaxis_several_units_per_thread(deep_units, name, shape, dtype):
+    x = edge_data(shape, seed=len(name)).astype(dtype)
+    check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
+
+
+@pytest.fixture
+def unaligned_loads(monkeypatch):
+    """The kernels read element by element when the input is not 16-byte aligned (a view
+    at an offset); the simulator's arrays always report aligned, so pretend otherwise."""
+    from nqdq.kernels import _rowwise_kernels as RK
+
+    def clear():
+        for f in (RK.make_lastaxis_group_kernel, RK.make_lastaxis_row_kernel, RK.make_tensor_amax_kernel):
+            f.cache_clear()
+        kq._PLANS.clear()
+
+    monkeypatch.setattr(RK, "array_addr", lambda a: 2)
+    clear()
+    yield
+    monkeypatch.undo()
+    clear()
+
+
+@pytest.mark.parametrize("name, dtype", [("fp8_row", ml_dtypes.bfloat16), ("mxfp4", np.float16), ("nvfp4", np.float32)])
+def test_lastaxis_unaligned_input(unaligned_loads, name, dtype):
+    x = edge_data((2, 64), seed=4).astype(dtype)
+    check(x, resolve_scheme(name), x_ref=x.astype(np.float32))

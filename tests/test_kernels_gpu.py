@@ -181,3 +181,87 @@ def test_bad_device_inputs():
         nqdq.quantize(x.view(cp.uint16), "fp8_row")
     with pytest.raises(ValueError, match="device='cpu'"):
         nqdq.quantize(x, "fp8_row", device="cpu")
+
+
+# ----------------------------------------------------------------------------- last-axis fast kernels
+FAST = ["fp8_row", "int8_row", "mxfp8", "mxfp6_e3m2", "mxfp4", "nvfp4", "fp8_1x128", "int4_group"]
+
+
+def _fast_kernels(shape, kind, sch):
+    return {k.py_func.__name__ for k, _, _, _ in kq.get_plan(shape, kind, sch).launches} & {"lastaxis_rows", "lastaxis_groups"}
+
+
+@pytest.fixture(scope="module")
+def big_bf16():
+    """2048 x 8192 bf16: large enough for the deep paths (several 16-byte units per thread),
+    with outlier channels, and NaN / inf in a few groups."""
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((2048, 8192)) * 3).astype(np.float32)
+    x[:, rng.choice(8192, 8, replace=False)] *= 100.0
+    x.reshape(-1)[rng.choice(x.size, 16, replace=False)] = [np.nan, np.inf, -np.inf, -0.0] * 4
+    return x.astype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_lastaxis_deep_paths(big_bf16, name):
+    sch = resolve_scheme(name)
+    assert _fast_kernels(big_bf16.shape, 1, sch)
+    check_gpu(big_bf16, sch)
+
+
+@pytest.mark.parametrize("name", ["fp8_row", "int8_row", "mxfp8", "mxfp4", "nvfp4", "fp8_1x128"])
+def test_lastaxis_shuffle_twin(monkeypatch, act_bf16, name):
+    """The same kernels with the warp shuffle replaced by its shared-memory twin (what the
+    simulator runs): both must give the reference's bits."""
+    monkeypatch.setattr(kq, "SHFL", False)
+    kq._PLANS.clear()
+    try:
+        check_gpu(act_bf16[:256], resolve_scheme(name))
+    finally:
+        kq._PLANS.clear()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("name", ["fp8_row", "mxfp8", "nvfp4", "fp8_1x128"])
+def test_lastaxis_inputs_and_unaligned(dtype, name):
+    """f32 / f16 / bf16 through the last-axis kernels, from aligned arrays and from a view
+    one element into a buffer (not 16-byte aligned: the element-by-element loads)."""
+    shape = (96, 1024)
+    sch = resolve_scheme(name)
+    x = edge_data(shape, seed=13)
+    if dtype == "bfloat16":
+        xh, bits, kind = x.astype(ml_dtypes.bfloat16), np.uint16, 1
+    else:
+        xh = x.astype(dtype)
+        bits, kind = xh.dtype, (0 if dtype == "float32" else 2)
+    assert _fast_kernels(shape, kind, sch)
+    flat = cp.empty(x.size + 1, bits)
+    view = flat[1:].reshape(shape)
+    view[...] = cp.asarray(xh.view(bits))
+    assert view.data.ptr % 16 != 0
+    for xd in (cp.asarray(xh.view(bits)), view):
+        check_gpu(xh, sch, x_dev=xd, dtype="bfloat16" if dtype == "bfloat16" else None)
+
+
+def test_wide_load_store_match_twins():
+    """_ptx.load_u32x4 / store_u32x2 (ld.global.nc.v4.u32 / st.global.v2.u32) move the same
+    words as plain indexing (their simulator twins)."""
+    from numba import cuda
+
+    from nqdq.kernels._ptx import load_u32x4, store_u32x2
+
+    @cuda.jit
+    def copy(src, dst_vec, dst_twin):
+        i = cuda.grid(1)
+        if 4 * i + 3 < src.size:
+            w = load_u32x4(src, i)
+            store_u32x2(dst_vec, 2 * i, w[0], w[1])
+            store_u32x2(dst_vec, 2 * i + 1, w[2], w[3])
+            for k in range(4):
+                dst_twin[4 * i + k] = src[4 * i + k]
+
+    src = cp.asarray(np.random.default_rng(3).integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32))
+    a, b = cp.zeros_like(src), cp.zeros_like(src)
+    copy[16, 64](src, a, b)
+    assert_same(host(a), host(src), "vector copy")
+    assert_same(host(b), host(src), "twin copy")

@@ -86,6 +86,11 @@ def sweep_launches():
         ("mxfp8", {"scale_rounding": "floor"}, (8, 256), np.float32, None),
         ("mxfp6_e3m2", {"scale_rounding": "even"}, (8, 256), np.float32, None),
         ("fp8_row", {}, (4, 9000), ml_dtypes.bfloat16, None),  # long rows
+        ("fp8_row", {}, (1024, 8192), ml_dtypes.bfloat16, None),  # last-axis rows, deep units
+        ("int8_row", {}, (1024, 7168), np.float16, None),
+        ("mxfp4", {}, (2048, 2048), ml_dtypes.bfloat16, None),  # last-axis groups, deep units
+        ("nvfp4", {}, (2048, 2048), ml_dtypes.bfloat16, None),
+        ("fp8_1x128", {}, (2048, 2048), ml_dtypes.bfloat16, None),
         ("int8_centred", {"group_size": 16384}, (2, 20000), np.float32, None),
         ("mxfp4", {}, (8, 256), np.float32, 7),  # stochastic
         ("int8_centred", {}, (8, 256), np.float32, 7),

@@ -40,6 +40,7 @@ from ..reference.packing import packed_length
 from ..reference.quantize import QuantParts
 from ..schemes import Scheme
 from . import _quantize_kernels as K
+from . import _rowwise_kernels as RK
 from ._elements import format_tuple
 from ._codec import KIND_BF16, KIND_F16, KIND_F32
 from ._interop import Allocator, DeviceInput, device_input, is_cupy
@@ -451,6 +452,45 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
     return plan.execute(xin.arr, alloc, seed=seed, scale_host=scale_host, out_fill=out_fill)
 
 
+ROW_UNITS_MAX = 8  # 16-byte units a thread of the row kernel holds in registers
+GROUP_UNITS = 4  # 16-byte units a thread of the group kernel loads before using any
+DEEP_ROWS = 528  # rows from which the row kernel uses deep threads (4 blocks per H100 SM)
+DEEP_UNITS = 4 * 256 * 264  # units from which the group kernel uses GROUP_UNITS per thread
+SHFL = RK.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twin on a GPU
+
+
+def _fast_lastaxis(shape, kind, mode, G, nt):
+    """The last-axis kernel (``_rowwise_kernels``) for a C-contiguous input whose scale
+    groups of G run along the last axis, or None where only the general kernels apply:
+    ("group", L, NT, U) when groups of G = L * VEC (L a power of two <= 32) tile each row,
+    ("row", NT, U) when a group is a whole row of at most 1024 * ROW_UNITS_MAX units; rows
+    must be whole 16-byte units. Small inputs get shallow threads (U = 1 or 2: more of them,
+    less latency each), large ones deep threads (more loads in flight, fewer blocks)."""
+    if mode not in (MODE_FLOAT, MODE_MX, MODE_NVFP4):
+        return None
+    C = shape[-1]
+    vec = RK.vec_of(kind)
+    if C % vec:
+        return None
+    n = math.prod(shape)
+    rows = n // C
+    G = min(G, C)
+    L = G // vec
+    if C % G == 0 and G % vec == 0 and L & (L - 1) == 0 and L <= 32:
+        NT = max(32, min(nt, 256))
+        return ("group", L, NT, GROUP_UNITS if n // vec >= DEEP_UNITS else 1)
+    if G == C:
+        upr = C // vec
+        u_target = ROW_UNITS_MAX if rows >= DEEP_ROWS else 2
+        NT = 32
+        while NT < 1024 and NT * u_target < upr:
+            NT *= 2
+        U = _cdiv(upr, NT)
+        if U <= ROW_UNITS_MAX:
+            return ("row", NT, U)
+    return None
+
+
 def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
     rec = _Recorder()
     _launch = rec.launch
@@ -497,6 +537,18 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             out.sparams, key_lo, key_hi,
         )  # fmt: skip
 
+    def run_fast(fast):
+        """A last-axis kernel of ``_rowwise_kernels`` (see _fast_lastaxis)."""
+        vec = RK.vec_of(kind)
+        if fast[0] == "row":
+            _, NT, U = fast
+            k = RK.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL)
+            _launch(k, rows, NT, xa, C // vec, codes, scales, out.sparams)
+        else:
+            _, L, NT, U = fast
+            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, NT, U, packed, SHFL)
+            _launch(k, _cdiv(n // vec, NT * U), NT, xa, n // vec, codes, scales, out.sparams)
+
     def run_tensor_stats(stat_mode):
         nblocks = max(1, min(_cdiv(n, nt * E_TARGET), 1024))
         pi = rec.empty(nblocks, np.int64)
@@ -519,10 +571,22 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
     if static_scale:
         run_encode()
     elif mode == MODE_NVFP4:
-        pi, pa, pb, nb = run_tensor_stats(MODE_NVFP4)
-        run_finalize(MODE_NVFP4, (pi, pa, pb), nb, 1, 1)
-        plan = _group_plan(block[-1], C, _cdiv(C, block[-1]), mode, nt, sub_packed)
-        run_group(rows, C, block[-1], plan)
+        fast = None if stoch else _fast_lastaxis(shape, kind, mode, block[-1], nt)
+        if fast is not None:  # finite amax of whole units, vector loads
+            vec = RK.vec_of(kind)
+            NT, U = max(32, min(nt, 256)), GROUP_UNITS
+            nblocks = max(1, min(_cdiv(n // vec, NT * U), 1024))
+            pi = rec.empty(nblocks, np.int64)
+            pa = rec.empty(nblocks, np.float32)
+            pb = rec.empty(nblocks, np.float32)
+            _launch(RK.make_tensor_amax_kernel(kind, NT, U, SHFL), nblocks, NT, xa, n // vec, pi, pa, pb)
+            run_finalize(MODE_NVFP4, (pi, pa, pb), nblocks, 1, 1)
+            run_fast(fast)
+        else:
+            pi, pa, pb, nb = run_tensor_stats(MODE_NVFP4)
+            run_finalize(MODE_NVFP4, (pi, pa, pb), nb, 1, 1)
+            plan = _group_plan(block[-1], C, _cdiv(C, block[-1]), mode, nt, sub_packed)
+            run_group(rows, C, block[-1], plan)
     elif sch.granularity == "tensor":
         pi, pa, pb, nb = run_tensor_stats(mode)
         run_finalize(mode, (pi, pa, pb), nb, 1, 1)
@@ -554,8 +618,11 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             run_encode()
     else:  # group / row
         G = block[ax]
-        plan = _group_plan(G, C, _cdiv(C, G), mode, nt, sub_packed) if ax == nd - 1 else None
-        if plan is not None:
+        fast = _fast_lastaxis(shape, kind, mode, G, nt) if ax == nd - 1 and not stoch else None
+        plan = _group_plan(G, C, _cdiv(C, G), mode, nt, sub_packed) if ax == nd - 1 and fast is None else None
+        if fast is not None:
+            run_fast(fast)
+        elif plan is not None:
             run_group(rows, C, G, plan)
         else:
             O, L, I = math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1 :])

@@ -1,0 +1,382 @@
+"""Fast kernels for the common case: a C-contiguous input whose scale groups run along
+the LAST axis and are either whole rows (per-token: fp8_row, int8_row) or small groups
+that tile each row exactly (1xG with G/VEC a power of two <= 32: fp8_1x128, int4_group,
+MXFP8/6/4, NVFP4's block pass), float32 / float16 / bfloat16 input, RNE elements and
+dynamic scales of the float, MX and NVFP4 modes. Everything else runs the general kernels
+of ``_quantize_kernels``; ``quantize._fast_lastaxis`` decides, at plan time.
+
+Why a separate family: the general kernels index any (d0, d1, d2, C) view element by
+element; these move memory in the widest pieces the GPU has and keep every value in
+registers between the statistic and the encode, which is what reaching the copy bandwidth
+takes:
+
+* a *unit* is 16 bytes of input (8 bf16/f16 or 4 f32 values): one ``ld.global.nc.v4.u32``
+  (``_ptx.load_u32x4``) per unit, all of a thread's U units issued before any is used;
+* its codes leave in one store (8 fp8/int8 codes: ``st.global.v2.u32``; 8 fp4 codes: one
+  32-bit store; fp6: three 16-bit stores);
+* one read of the input: the unit words stay in registers from the amax to the encode;
+* a group of G elements is L = G / VEC consecutive units held by L consecutive lanes of one
+  warp, combined by ``shfl.sync.bfly`` (``xor_max``); a row is combined by the warps of one
+  block (one shared-memory slot per warp, one barrier);
+* fp8 elements of finite groups are encoded two at a time by ``cvt.rn.satfinite.e4m3x2``.
+
+Exactness is the reference's, by the same device functions as the general kernels:
+``group_params`` for the scale (float ``amax / max`` by IEEE division, MX e8m0 codes,
+NVFP4 ue4m3), ``encode_element`` for the elements (IEEE ``x / s`` by ``div.rn`` for float
+scales, ``x * 2^-k`` for MX -- the exact reciprocal of a power of two, so the product is
+the same float32 as the quotient, see ``_codec.e8m0_reciprocal``), and the amax as the max
+of |x|'s float32 bits (order-independent, NaN-propagating). A group whose amax is not
+finite (it holds a NaN or an infinity) takes ``encode_element`` per element, NaN rules
+included; only finite groups use the paired cvt, whose results are the single cvt's.
+
+The warp shuffle has a twin (``xor_max`` with ``shfl=False``: shared memory and barriers)
+that the CUDA simulator runs; the GPU tests run both variants.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, float32, int32, uint32
+
+from ._codec import F32, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_bits_to_f32_bits
+from ._elements import encode_element
+from ._ptx import E4M3, array_addr, cvt_e4m3x2, cvt_e5m2x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, store_u32x2
+from ._quantize_kernels import group_params, store_scale
+from ._scales import MODE_MX, MODE_NVFP4
+from ._target import SIMULATOR, devfn
+
+__all__ = ["make_lastaxis_group_kernel", "make_lastaxis_row_kernel", "make_tensor_amax_kernel", "vec_of", "SHFL_DEFAULT"]
+
+FINITE = 0x7F800000  # abs bits below this: a finite float32
+SHFL_DEFAULT = not SIMULATOR  # the simulator has no warp shuffle: it runs the twin
+
+
+def vec_of(kind) -> int:
+    """Elements per 16-byte unit."""
+    return 4 if kind == KIND_F32 else 8
+
+
+# ----------------------------------------------------------------------------- helpers
+@devfn
+def xor_max(v, off, shfl, scratch, tid):
+    """max(v, v of lane tid ^ off): one butterfly step of a max over lanes. ``shfl``
+    (compile-time): ``shfl.sync.bfly``; else the twin through shared memory (every thread of
+    the block must call it, as every caller here does)."""
+    if shfl:
+        return max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
+    cuda.syncthreads()
+    scratch[tid] = v
+    cuda.syncthreads()
+    return max(v, scratch[tid ^ off])
+
+
+# Every per-unit function below is written out element by element (no loops over the
+# unit): NVVM then keeps a thread's units in registers. A loop over a local array whose
+# trip count it does not unroll would put them in local memory instead.
+@devfn
+def load_unit(x, x32, aligned, unit, valid, kind):
+    """The 4 words of ``unit`` (zeros when not ``valid``). Unaligned input (a view at an odd
+    offset) is read element by element."""
+    z = np.uint32(0)
+    if not valid:
+        return z, z, z, z
+    if aligned:
+        return load_u32x4(x32, unit)
+    i = np.uint64(4 * unit)
+    if kind == KIND_F32:
+        return x32[i], x32[i + np.uint64(1)], x32[i + np.uint64(2)], x32[i + np.uint64(3)]
+    return pair_word(x, i), pair_word(x, i + np.uint64(1)), pair_word(x, i + np.uint64(2)), pair_word(x, i + np.uint64(3))
+
+
+@devfn
+def pair_word(x, k):
+    """Word k of a 16-bit input read as two elements."""
+    e = k * np.uint64(2)
+    return np.uint32(np.uint32(x[e]) | (np.uint32(x[e + np.uint64(1)]) << np.uint32(16)))
+
+
+@devfn
+def half_bits(w, hi, kind):
+    """float32 bits of the low (hi=0) or high (hi=1) 16-bit element of word w."""
+    if kind == KIND_BF16:
+        if hi == 0:
+            return np.uint32(w << np.uint32(16))
+        return np.uint32(w & np.uint32(0xFFFF0000))
+    h = (w >> np.uint32(16)) if hi == 1 else (w & np.uint32(0xFFFF))
+    return np.uint32(f16_bits_to_f32_bits(np.int64(h)))
+
+
+@devfn
+def unit_elems(w, kind):
+    """The unit's elements as float32 bits (8 of them; an f32 unit fills the first 4)."""
+    if kind == KIND_F32:
+        z = np.uint32(0)
+        return w[0], w[1], w[2], w[3], z, z, z, z
+    return (half_bits(w[0], 0, kind), half_bits(w[0], 1, kind), half_bits(w[1], 0, kind), half_bits(w[1], 1, kind),
+            half_bits(w[2], 0, kind), half_bits(w[2], 1, kind), half_bits(w[3], 0, kind), half_bits(w[3], 1, kind))
+
+
+@devfn
+def abs_i32(b):
+    return np.int32(b & np.uint32(0x7FFFFFFF))
+
+
+@devfn
+def unit_amax(e, vec):
+    """max over the unit of |x|'s float32 bits (the amax as bits, NaN above +inf)."""
+    a = max(max(abs_i32(e[0]), abs_i32(e[1])), max(abs_i32(e[2]), abs_i32(e[3])))
+    if vec == 8:
+        a = max(a, max(max(abs_i32(e[4]), abs_i32(e[5])), max(abs_i32(e[6]), abs_i32(e[7]))))
+    return a
+
+
+@devfn
+def finite_abs(b):
+    a = abs_i32(b)
+    return a if a < FINITE else np.int32(0)
+
+
+@devfn
+def unit_amax_finite(e, vec):
+    """The same over the finite elements only (NVFP4's tensor amax)."""
+    a = max(max(finite_abs(e[0]), finite_abs(e[1])), max(finite_abs(e[2]), finite_abs(e[3])))
+    if vec == 8:
+        a = max(a, max(max(finite_abs(e[4]), finite_abs(e[5])), max(finite_abs(e[6]), finite_abs(e[7]))))
+    return a
+
+
+@devfn
+def scaled(xb, p0, mode):
+    """x / s (float scales: IEEE division, as the reference) or x * multiplier (MX: 2^-k,
+    the exact reciprocal of the power-of-two scale; NVFP4: the reference's multiplier)."""
+    x = bits_f32(xb)
+    if mode == MODE_NVFP4 or mode == MODE_MX:
+        return x * p0
+    return x / p0
+
+
+@devfn
+def fp8_pair(e_lo, e_hi, p0, mode, fmt):
+    """Codes of two elements by one paired cvt: code(lo) in bits 0-7, code(hi) in 8-15."""
+    if fmt[8] == E4M3:
+        return np.uint32(cvt_e4m3x2(scaled(e_hi, p0, mode), scaled(e_lo, p0, mode)))
+    return np.uint32(cvt_e5m2x2(scaled(e_hi, p0, mode), scaled(e_lo, p0, mode)))
+
+
+@devfn
+def enc(xb, p0, mode, fmt, cvt, mask):
+    """One element's code, by the general kernels' encoder (every NaN rule included)."""
+    return np.uint32(encode_element(bits_f32(xb), p0, ZERO, 0, mode, fmt, False, 0, cvt) & mask)
+
+
+@devfn
+def pack4(q0, q1, q2, q3, nb):
+    return np.uint32(q0 | (q1 << np.uint32(nb)) | (q2 << np.uint32(2 * nb)) | (q3 << np.uint32(3 * nb)))
+
+
+@devfn
+def encode_store_unit(e, unit, p0, clean, c8, c16, c32, mode, fmt, cvt, vec, nb):
+    """Encode the unit's elements (float32 bits ``e``) with their group's parameter p0 and
+    store the codes (``nb`` bits each, first element lowest) at byte unit * vec * nb / 8."""
+    if cvt and clean:
+        # a finite group: s is finite and non-zero and |x| <= amax, so no NaN can arise and
+        # the paired instruction gives encode_element's codes
+        w0 = np.uint32(fp8_pair(e[0], e[1], p0, mode, fmt) | (fp8_pair(e[2], e[3], p0, mode, fmt) << np.uint32(16)))
+        if vec == 8:
+            w1 = np.uint32(fp8_pair(e[4], e[5], p0, mode, fmt) | (fp8_pair(e[6], e[7], p0, mode, fmt) << np.uint32(16)))
+            store_u32x2(c32, unit, w0, w1)
+        else:
+            c32[np.uint64(unit)] = w0
+        return
+    m = (1 << nb) - 1
+    lo = pack4(enc(e[0], p0, mode, fmt, cvt, m), enc(e[1], p0, mode, fmt, cvt, m),
+               enc(e[2], p0, mode, fmt, cvt, m), enc(e[3], p0, mode, fmt, cvt, m), nb)
+    hi = np.uint32(0)
+    if vec == 8:
+        hi = pack4(enc(e[4], p0, mode, fmt, cvt, m), enc(e[5], p0, mode, fmt, cvt, m),
+                   enc(e[6], p0, mode, fmt, cvt, m), enc(e[7], p0, mode, fmt, cvt, m), nb)
+    bits = nb * vec
+    if bits == 64:  # eight 8-bit codes
+        store_u32x2(c32, unit, lo, hi)
+    elif bits == 32:  # four 8-bit or eight 4-bit codes
+        c32[np.uint64(unit)] = np.uint32(lo | (hi << np.uint32(16))) if vec == 8 else lo
+    elif bits == 16:  # four 4-bit codes
+        c16[np.uint64(unit)] = np.uint16(lo)
+    elif bits == 48:  # eight 6-bit codes: 24 + 24 bits in three 16-bit words
+        i = np.uint64(3 * unit)
+        c16[i] = np.uint16(lo & np.uint32(0xFFFF))
+        c16[i + np.uint64(1)] = np.uint16((lo >> np.uint32(16)) | ((hi & np.uint32(0xFF)) << np.uint32(8)))
+        c16[i + np.uint64(2)] = np.uint16(hi >> np.uint32(8))
+    else:  # 24: four 6-bit codes in three bytes
+        i = np.uint64(3 * unit)
+        c8[i] = np.uint8(lo & np.uint32(0xFF))
+        c8[i + np.uint64(1)] = np.uint8((lo >> np.uint32(8)) & np.uint32(0xFF))
+        c8[i + np.uint64(2)] = np.uint8(lo >> np.uint32(16))
+
+
+def _consts(kind, mode, fmt, mx_cfg, max_elem, packed):
+    nb = fmt[5] if packed else 8
+    cvt = fp8_cvt_available() and fp8_cvt_supports(fmt)
+    return vec_of(kind), nb, cvt, F32(max_elem), mx_cfg[0], mx_cfg[1], mx_cfg[2], F32(mx_cfg[3])
+
+
+def _jit_unrolled(name, template, U, ns):
+    """Compile a kernel whose per-unit statements are repeated for j = 0 .. U-1: lines of
+    ``template`` holding ``{j}`` (and ``{jNT}`` = j * NT) are written out once per unit, so
+    the U units live in U named register tuples (see the comment above load_unit)."""
+    lines = []
+    for ln in template.splitlines():
+        if "{j}" in ln or "{jNT}" in ln:
+            lines += [ln.replace("{jNT}", str(j * ns["NT"])).replace("{j}", str(j)) for j in range(U)]
+        else:
+            lines.append(ln)
+    src = "\n".join(lines) + "\n"
+    glb = dict(globals())
+    glb.update(ns)
+    exec(compile(src, f"<nqdq {name} U={U}>", "exec"), glb)
+    fn = glb[name]
+    fn.source = src
+    return cuda.jit(fn)
+
+
+# ----------------------------------------------------------------------------- small groups
+_GROUPS_SRC = '''
+def lastaxis_groups(x, nunits, codes, scales, sparams):
+    tid = cuda.threadIdx.x
+    scratch = cuda.shared.array(SCRATCH, int32)
+    x32 = x[: (x.size >> SH) << SH].view(np.uint32)  # 16-bit kinds: two elements per word
+    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
+    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    aligned = (array_addr(x) & 15) == 0
+    u0 = cuda.blockIdx.x * (NT * U) + tid
+    w{j} = load_unit(x, x32, aligned, u0 + {jNT}, u0 + {jNT} < nunits, kind)
+    s_enc = sparams[0] if mode == MODE_NVFP4 else ONE
+    group_step(w{j}, u0 + {jNT}, nunits, tid, scratch, codes, c16, c32, scales, s_enc)
+'''
+
+
+@lru_cache(maxsize=None)
+def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, NT, U, packed, shfl):
+    """Groups of L units (G = L * VEC elements, L a power of two <= 32) tiling a flat
+    C-contiguous input whose rows hold a whole number of groups: group g covers units
+    g*L .. g*L + L - 1 and owns scales[g]. Block b owns units b*NT*U + j*NT + t (thread t,
+    j < U), so a group sits in L consecutive lanes of one warp; all U loads of a thread are
+    issued before the first is used."""
+    VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
+    assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0
+
+    @devfn
+    def group_step(w, unit, nunits, tid, scratch, c8, c16, c32, scales, s_enc):
+        e = unit_elems(w, kind)
+        a = unit_amax(e, VEC)
+        off = L >> 1
+        while off > 0:  # every lane takes part, in range or not
+            a = xor_max(a, off, shfl, scratch, tid)
+            off >>= 1
+        if unit < nunits:
+            sv, p0, pz = group_params(mode, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
+            if (tid & (L - 1)) == 0:
+                store_scale(scales, unit // L, mode, sv)
+            encode_store_unit(e, unit, p0, a < FINITE, c8, c16, c32, mode, fmt, CVT, VEC, NB)
+
+    ns = dict(NT=NT, U=U, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind, mode=mode,
+              group_step=group_step)
+    return _jit_unrolled("lastaxis_groups", _GROUPS_SRC, U, ns)
+
+
+# ----------------------------------------------------------------------------- whole rows
+_ROWS_SRC = '''
+def lastaxis_rows(x, upr, codes, scales, sparams):
+    tid = cuda.threadIdx.x
+    row = cuda.blockIdx.x
+    scratch = cuda.shared.array(SCRATCH, int32)
+    red = cuda.shared.array(NW, int32)
+    x32 = x[: (x.size >> SH) << SH].view(np.uint32)  # 16-bit kinds: two elements per word
+    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
+    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    aligned = (array_addr(x) & 15) == 0
+    base = row * upr + tid
+    w{j} = load_unit(x, x32, aligned, base + {jNT}, tid + {jNT} < upr, kind)
+    a = np.int32(0)
+    a = max(a, unit_amax(unit_elems(w{j}, kind), VEC))
+    a = block_max(a, tid, scratch, red)
+    s_enc = sparams[0] if mode == MODE_NVFP4 else ONE
+    sv, p0, pz = group_params(mode, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
+    if tid == 0:
+        store_scale(scales, row, mode, sv)
+    clean = a < FINITE
+    if tid + {jNT} < upr: encode_store_unit(unit_elems(w{j}, kind), base + {jNT}, p0, clean, codes, c16, c32, mode, fmt, CVT, VEC, NB)
+'''
+
+
+def _block_max_fn(NT, shfl):
+    NW = NT // 32
+
+    @devfn
+    def block_max(a, tid, scratch, red):
+        """The max of ``a`` over the block: butterfly in each warp, one shared slot per warp."""
+        off = 16
+        while off > 0:
+            a = xor_max(a, off, shfl, scratch, tid)
+            off >>= 1
+        if (tid & 31) == 0:
+            red[tid >> 5] = a
+        cuda.syncthreads()
+        for k in range(NW):
+            a = max(a, red[k])
+        return a
+
+    return block_max
+
+
+@lru_cache(maxsize=None)
+def make_lastaxis_row_kernel(kind, mode, fmt, mx_cfg, max_elem, NT, U, packed, shfl):
+    """One scale per row of a C-contiguous (rows, upr units) input, one block per row: thread
+    t holds the row's units t, t + NT, ... (U of them, NT * U >= upr) in registers from the
+    load to the encode; the row's amax is combined by warps (butterfly) and across warps (one
+    shared slot each, one barrier)."""
+    VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
+    assert NT % 32 == 0
+    ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
+              mode=mode, fmt=fmt, VEC=VEC, NB=NB, CVT=CVT, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE, MXI=MXI,
+              block_max=_block_max_fn(NT, shfl))
+    return _jit_unrolled("lastaxis_rows", _ROWS_SRC, U, ns)
+
+
+# ----------------------------------------------------------------------------- tensor amax
+_TENSOR_SRC = '''
+def tensor_amax(x, nunits, part_i, part_a, part_b):
+    tid = cuda.threadIdx.x
+    scratch = cuda.shared.array(SCRATCH, int32)
+    red = cuda.shared.array(NW, int32)
+    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
+    aligned = (array_addr(x) & 15) == 0
+    a = np.int32(0)
+    for ub in range(cuda.blockIdx.x * (NT * U), nunits, cuda.gridDim.x * (NT * U)):
+        u0 = ub + tid
+        w{j} = load_unit(x, x32, aligned, u0 + {jNT}, u0 + {jNT} < nunits, kind)
+        a = max(a, unit_amax_finite(unit_elems(w{j}, kind), VEC))
+    a = block_max(a, tid, scratch, red)
+    if tid == 0:
+        b = cuda.blockIdx.x
+        part_i[b] = a
+        part_a[b] = ZERO
+        part_b[b] = ZERO
+'''
+
+
+@lru_cache(maxsize=None)
+def make_tensor_amax_kernel(kind, NT, U, shfl):
+    """NVFP4's first pass: per-block amax over the *finite* elements of a flat input of
+    ``nunits`` whole units (grid-stride, U loads in flight per thread), written as
+    finalize's partials (part_i = amax bits; part_a = part_b = 0, which finalize's NVFP4
+    branch does not use)."""
+    assert NT % 32 == 0
+    ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
+              VEC=vec_of(kind), block_max=_block_max_fn(NT, shfl))
+    return _jit_unrolled("tensor_amax", _TENSOR_SRC, U, ns)
+
+
+_ = (float32, int32, uint32, ONE, array_addr)  # used by the generated kernel sources (_jit_unrolled)
