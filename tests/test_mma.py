@@ -29,6 +29,9 @@ RNG = np.random.default_rng(20261121)
 FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 
 
+WAIT_ALL = _mma.cp_async_wait(0)  # a PTX immediate: one stub per count, taken outside the kernel
+
+
 def make_mma_probe(mma):
     """A one-warp kernel: D = A @ B.T for A [16, 32], B [8, 32] uint8 bytes, through
     cp.async -> shared -> ldmatrix -> mma; D written from each lane's fragment."""
@@ -44,7 +47,7 @@ def make_mma_probe(mma):
                 r = c - 32
                 _mma.cp_async16(sm, 512 + (r >> 1) * 32 + (r & 1) * 16, b, (r >> 1) * 32 + (r & 1) * 16, 16)
         _mma.cp_async_commit()
-        _mma.cp_async_wait(0)()
+        WAIT_ALL()
         cuda.syncthreads()
         # A: matrices (rows 0-7, k 0-15), (rows 8-15, k 0-15), (rows 0-7, k 16-31), (8-15, 16-31)
         a0, a1, a2, a3 = _mma.ldmatrix_x4(sm, ((lane & 7) + ((lane >> 3) & 1) * 8) * 32 + (lane >> 4) * 16)

@@ -8,7 +8,6 @@ place; the result is CuPy when CuPy is installed, a Numba device array otherwise
 
 from __future__ import annotations
 
-import functools
 import os
 
 import ml_dtypes
@@ -17,7 +16,7 @@ import numpy as np
 from . import _gemm_kernels as G
 from ._target import SIMULATOR
 
-__all__ = ["gemm", "TileConfig", "GemmSpec", "default_config", "SIM_CONFIG"]
+__all__ = ["gemm", "PreparedGemm", "TileConfig", "GemmSpec", "default_config", "SIM_CONFIG"]
 
 TileConfig, GemmSpec = G.TileConfig, G.GemmSpec
 # The simulator runs one Python thread per CUDA thread: one warp per CTA, a 16 x 16 tile.
@@ -38,38 +37,40 @@ def default_config() -> TileConfig:
     return GPU_CONFIG
 
 
-@functools.lru_cache(maxsize=None)
+_KERNELS: dict = {}
+
+
 def get_kernel(cfg: TileConfig, spec: GemmSpec):
-    return G.make_gemm_kernel(cfg, spec)
+    """The kernel for (cfg, spec), built once (Numba compiles it at the first launch)."""
+    k = _KERNELS.get((cfg, spec))
+    if k is None:
+        k = _KERNELS[(cfg, spec)] = G.make_gemm_kernel(cfg, spec)
+    return k
+
+
+def built_kernels() -> dict:
+    """{(TileConfig, GemmSpec): dispatcher} of every kernel built so far (SASS dumps)."""
+    return dict(_KERNELS)
 
 
 _SMEM_SET: set = set()
 
 
-def _allow_smem(kern, args, nbytes):
-    """Raise the kernel's dynamic shared memory limit (48 KiB unless opted in) to nbytes."""
+def _allow_smem(kern, nbytes):
+    """Raise the dynamic shared memory limit (48 KiB unless opted in) of every compiled
+    overload of ``kern`` to ``nbytes`` (cuKernelSetAttribute on Numba's own handle)."""
     if nbytes <= 48 * 1024:
         return
-    from numba import cuda
     from numba.cuda.cudadrv import driver as drv
 
-    sig = tuple(cuda.typeof(x) if not isinstance(x, (int, np.floating)) else None for x in args)
-    key = (id(kern), sig, nbytes)
-    if key in _SMEM_SET:
-        return
-    kern.compile(kernel_signature_of(args))
     for compiled in kern.overloads.values():
         fn = compiled._codelibrary.get_cufunc()
+        key = (int(fn.handle), nbytes)
+        if key in _SMEM_SET:
+            continue
         attr = drv.binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         drv.driver.cuKernelSetAttribute(attr, nbytes, fn.handle, fn.device.id)
-    _SMEM_SET.add(key)
-
-
-def kernel_signature_of(args):
-    from numba import cuda, types as T
-
-    return tuple(T.int64 if isinstance(x, int) else T.float32 if isinstance(x, np.float32) else cuda.typeof(x)
-                 for x in args)  # fmt: skip
+        _SMEM_SET.add(key)
 
 
 class _Lib:
@@ -134,55 +135,75 @@ def _cupy():
         return None
 
 
-def gemm(a_codes, b_codes, *, mma, sa, sb, sa_mode, sb_mode, za=None, bias=None, alpha=1.0,
-         out_dtype="float32", activation=None, config=None):  # fmt: skip
+class PreparedGemm:
+    """One GEMM with every argument converted and the output allocated: ``launch()`` runs
+    the kernel alone (benchmarks time this), ``result()`` returns the output as ``gemm``."""
+
+    def __init__(self, a_codes, b_codes, *, mma, sa, sb, sa_mode, sb_mode, za=None, bias=None, alpha=1.0,
+                 out_dtype="float32", activation=None, config=None):  # fmt: skip
+        M, K = (int(d) for d in a_codes.shape)
+        N = int(b_codes.shape[0])
+        self.shape, self.out_dtype = (M, N), out_dtype
+        self.on_host = isinstance(a_codes, np.ndarray)
+        lib = _Lib(SIMULATOR, None if SIMULATOR else _cupy())
+        cfg = self.cfg = config or default_config()
+        spec = GemmSpec(mma=mma, sa_mode=_SCALE[sa_mode], sb_mode=_SCALE[sb_mode], out=_OUT[out_dtype],
+                        act=_ACT[activation], bias=bias is not None, asym=za is not None)  # fmt: skip
+        if spec.sa_mode == G.SCALE_BLOCK and 128 % cfg.bn:
+            raise ValueError(f"block scales need a CTA tile N ({cfg.bn}) dividing 128")
+        a = lib.asarray(a_codes, np.uint8)
+        b = lib.asarray(b_codes, np.uint8)
+        Kp = -(-K // 16) * 16
+        if Kp != K:  # zero codes contribute nothing (fp8 0x00 is +0.0; int8 0)
+            a, b = lib.pad_k(a, M, K, Kp), lib.pad_k(b, N, K, Kp)
+        colsum = lib.empty(max(N, 1), np.int32)
+        if za is not None and N > 0:
+            G.row_sums_i8[(N + 127) // 128, 128](b.view(np.int8), N, Kp, colsum)
+        self.out = lib.empty(max(M * N, 1), {"float32": np.float32}.get(out_dtype, np.uint16))
+        args = (a, b, M, N, Kp, lib.asarray(sa, np.float32), lib.asarray(sb, np.float32), lib.asarray(za, np.uint8),
+                colsum, lib.asarray(bias, np.float32), np.float32(alpha), self.out)  # fmt: skip
+        self._launch = None
+        if M > 0 and N > 0:
+            kern = get_kernel(cfg, spec)
+            grid = (-(-M // cfg.bm)) * (-(-N // cfg.bn))
+            if SIMULATOR:
+                self._launch = lambda: kern[grid, cfg.threads, 0, cfg.smem_bytes](*args)
+            else:
+                from .launch import fast_kernel
+
+                kern.compile(kernel_signature(spec))
+                _allow_smem(kern, cfg.smem_bytes)
+                fk = fast_kernel(kern)
+                fk.compile(args)
+                self._launch = fk.prepare(grid, cfg.threads, args, shared_mem=cfg.smem_bytes)
+
+    def launch(self, stream=None):
+        if self._launch is not None:
+            self._launch() if stream is None or SIMULATOR else self._launch(stream)
+
+    def result(self):
+        M, N = self.shape
+        out = self.out[: M * N].reshape(M, N)
+        if self.on_host and not SIMULATOR:
+            out = out.get() if hasattr(out, "get") else out.copy_to_host()
+        if isinstance(out, np.ndarray) and self.out_dtype != "float32":
+            out = out.view(np.float16 if self.out_dtype == "float16" else ml_dtypes.bfloat16)
+        return out
+
+
+def gemm(a_codes, b_codes, **kw):
     """``epilogue(A @ B^T)`` on tensor cores; arguments as ``nqdq.reference.matmul.gemm``.
 
     a_codes: [M, K] codes (int8, or uint8 for fp8 / asymmetric int8); b_codes: [N, K];
     mma: "s8s8" | "u8s8" | "<fa>.<fb>" (fp8 formats); sa, sb: float32 scales (sizes by
     mode: tensor 1, row M / N, block [M, ceil(K/128)] / [ceil(N/128), ceil(K/128)]);
-    za: uint8 zero points of an asymmetric A (1 or M). Returns [M, N] out_dtype (bfloat16
-    as uint16 bits on a GPU array library; NumPy results are float16 / ml_dtypes.bfloat16).
+    za: uint8 zero points of an asymmetric A (1 or M); ``config``: a TileConfig (default
+    :func:`default_config`). Returns [M, N] out_dtype (bfloat16 as uint16 bits on a GPU
+    array library; NumPy results are float16 / ml_dtypes.bfloat16).
     """
-    M, K = (int(d) for d in a_codes.shape)
-    N = int(b_codes.shape[0])
-    on_host = isinstance(a_codes, np.ndarray)
-    cp = None if SIMULATOR else _cupy()
-    lib = _Lib(SIMULATOR, cp)
-    cfg = config or default_config()
-    spec = GemmSpec(mma=mma, sa_mode=_SCALE[sa_mode], sb_mode=_SCALE[sb_mode], out=_OUT[out_dtype],
-                    act=_ACT[activation], bias=bias is not None, asym=za is not None)  # fmt: skip
-    if spec.sa_mode == G.SCALE_BLOCK and 128 % cfg.bn:
-        raise ValueError(f"block scales need a CTA tile N ({cfg.bn}) dividing 128")
-
-    a = lib.asarray(a_codes, np.uint8)
-    b = lib.asarray(b_codes, np.uint8)
-    Kp = -(-K // 16) * 16
-    if Kp != K:  # zero codes contribute nothing (fp8 0x00 is +0.0; int8 0)
-        a, b = lib.pad_k(a, M, K, Kp), lib.pad_k(b, N, K, Kp)
-    s_a = lib.asarray(sa, np.float32)
-    s_b = lib.asarray(sb, np.float32)
-    z_a = lib.asarray(za, np.uint8)
-    bias_d = lib.asarray(bias, np.float32)
-    colsum = lib.empty(max(N, 1), np.int32)
-    if za is not None and N > 0:
-        b_s8 = b.view(np.int8)
-        G.row_sums_i8[(N + 127) // 128, 128](b_s8, N, Kp, colsum)
-    out_np = {"float32": np.float32}.get(out_dtype, np.uint16)
-    out = lib.empty(max(M * N, 1), out_np)
-    if M > 0 and N > 0:
-        kern = get_kernel(cfg, spec)
-        grid = (-(-M // cfg.bm)) * (-(-N // cfg.bn))
-        args = (a, b, M, N, Kp, s_a, s_b, z_a, colsum, bias_d, np.float32(alpha), out)
-        if not SIMULATOR:
-            _allow_smem(kern, args, cfg.smem_bytes)
-        kern[grid, cfg.threads, 0, cfg.smem_bytes](*args)
-    out = out[: M * N].reshape(M, N)
-    if on_host and not SIMULATOR:
-        out = out.get() if hasattr(out, "get") else out.copy_to_host()
-    if isinstance(out, np.ndarray) and out_dtype != "float32":
-        out = out.view(np.float16 if out_dtype == "float16" else ml_dtypes.bfloat16)
-    return out
+    g = PreparedGemm(a_codes, b_codes, **kw)
+    g.launch()
+    return g.result()
 
 
 # ----------------------------------------------------------------------------- compile only

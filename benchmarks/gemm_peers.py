@@ -1,0 +1,271 @@
+"""nqdq's tensor-core GEMMs beside cuBLASLt (torch._int_mm / torch._scaled_mm), one run.
+
+    python benchmarks/gemm_peers.py [--shapes 8192x8192x8192,...] [--reps 10] [--out DIR]
+                                    [--sass] [--configs "2,4,4,4,3,8;..."]
+
+For every shape M x N x K (activations [M, K], weights [N, K]) and case:
+
+* ``int8``: nqdq int8_row x int8_row -> bfloat16 (fused per-token x per-channel dequant)
+  vs ``torch._int_mm`` (int32 out, no dequant at all);
+* ``fp8_row``: nqdq fp8_row x fp8_row (e4m3) -> bfloat16 vs ``torch._scaled_mm`` with
+  row-wise scales -> bfloat16;
+* ``fp8_block``: nqdq fp8_1x128 x fp8_128x128 -> bfloat16 vs ``torch._scaled_mm`` with
+  1x128 / 128x128 scales where this torch supports it, else beside the row-wise figure.
+
+Timing: CUDA events around each launch of the prepared kernel (nqdq.kernels.gemm.
+PreparedGemm.launch: no Python-side argument work), median of ``--reps`` after 3 warm-up
+launches; operands are fresh random codes and scales (never zeros), and several copies
+are rotated so the operands of consecutive launches exceed the 50 MB L2. Correctness in the
+same run: every nqdq result is compared (rel. L2) with a float32 torch matmul of the
+dequantized operands, and with the peer's output. Prints a table last; ``--out`` gets the
+JSON rows and, with ``--sass``, the cubin and SASS instruction counts of each kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from nqdq.kernels import gemm as kg  # noqa: E402
+
+SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 7168, 2048), (128, 14336, 4096), (16, 14336, 4096)]
+L2_BYTES = 50 * 2**20
+
+
+def parse_shapes(s):
+    return [tuple(int(v) for v in t.split("x")) for t in s.split(",")]
+
+
+def rel_l2(a, b):
+    import cupy as cp
+
+    a, b = a.astype(cp.float64), b.astype(cp.float64)
+    return float(cp.linalg.norm(a - b) / cp.linalg.norm(b))
+
+
+def bf16_to_f32(u16):
+    import cupy as cp
+
+    return (u16.astype(cp.uint32) << 16).view(cp.float32)
+
+
+def time_launches(fn, reps, warmup=3):
+    import cupy as cp
+
+    for _ in range(warmup):
+        fn(0)
+    cp.cuda.Device().synchronize()
+    times = []
+    for i in range(reps):
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        s.record()
+        fn(i)
+        e.record()
+        e.synchronize()
+        times.append(cp.cuda.get_elapsed_time(s, e))
+    return float(np.median(times))
+
+
+def make_operands(M, N, K, case, copies, rng):
+    """(list of nqdq gemm kwargs per copy, torch tensors per copy, float32 dequantized refs of copy 0)."""
+    import cupy as cp
+
+    ops = []
+    for c in range(copies):
+        if case == "int8":
+            a = cp.asarray(rng.integers(-127, 128, (M, K), dtype=np.int8))
+            b = cp.asarray(rng.integers(-127, 128, (N, K), dtype=np.int8))
+            sa = cp.asarray(rng.uniform(0.5, 2, M).astype(np.float32) / 127)
+            sb = cp.asarray(rng.uniform(0.5, 2, N).astype(np.float32) / 127)
+            kw = dict(mma="s8s8", sa=sa, sb=sb, sa_mode="row", sb_mode="row")
+        else:
+            # e4m3 codes of normal-ish values: random bytes minus NaN (0x7F / 0xFF)
+            a = cp.asarray(rng.integers(0, 256, (M, K), dtype=np.uint8))
+            b = cp.asarray(rng.integers(0, 256, (N, K), dtype=np.uint8))
+            a[(a & 0x7F) == 0x7F] = 0x38
+            b[(b & 0x7F) == 0x7F] = 0x38
+            if case == "fp8_row":
+                sa = cp.asarray(rng.uniform(0.5, 2, M).astype(np.float32) / 448)
+                sb = cp.asarray(rng.uniform(0.5, 2, N).astype(np.float32) / 448)
+                kw = dict(mma="e4m3.e4m3", sa=sa, sb=sb, sa_mode="row", sb_mode="row")
+            else:
+                KB = -(-K // 128)
+                sa = cp.asarray(rng.uniform(0.5, 2, (M, KB)).astype(np.float32) / 448)
+                sb = cp.asarray(rng.uniform(0.5, 2, (-(-N // 128), KB)).astype(np.float32) / 448)
+                kw = dict(mma="e4m3.e4m3", sa=sa, sb=sb, sa_mode="block", sb_mode="block")
+        ops.append((a, b, kw))
+    return ops
+
+
+def dequant_ref(a, b, kw, M, N, K):
+    """float32 torch-free reference on the GPU (CuPy): dequantize both, matmul in float32."""
+    import cupy as cp
+    import ml_dtypes
+
+    if kw["mma"] == "s8s8":
+        A = a.astype(cp.float32) * kw["sa"][:, None]
+        B = b.astype(cp.float32) * kw["sb"][:, None]
+    else:
+        table = cp.asarray(np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32))
+        A, B = table[a], table[b]
+        if kw["sa_mode"] == "row":
+            A *= kw["sa"][:, None]
+            B *= kw["sb"][:, None]
+        else:
+            A *= cp.repeat(kw["sa"], 128, axis=1)[:, :K]
+            B *= cp.repeat(cp.repeat(kw["sb"], 128, axis=0), 128, axis=1)[:N, :K]
+    return A @ B.T
+
+
+def torch_peer(case, a, b, kw, M, N, K):
+    """A zero-arg callable running the cuBLASLt peer on the same codes, or (None, why)."""
+    try:
+        import torch
+    except Exception as e:  # optional peer
+        return None, f"no torch ({type(e).__name__})"
+    ta = torch.as_tensor(a, device="cuda")
+    tb = torch.as_tensor(b, device="cuda")
+    try:
+        if case == "int8":
+            bt = tb.t()  # [K, N] column-major: cuBLASLt's TN layout
+
+            def run():
+                return torch._int_mm(ta, bt)
+        else:
+            fa, fb = ta.view(torch.float8_e4m3fn), tb.view(torch.float8_e4m3fn).t()
+            sa = torch.as_tensor(kw["sa"], device="cuda")
+            sb = torch.as_tensor(kw["sb"], device="cuda")
+            if case == "fp8_row":
+                sa2, sb2 = sa.reshape(M, 1), sb.reshape(1, N)
+            else:  # DeepSeek blockwise: A [M, K/128], B [K/128, N/128] (outer-dim-major per torch)
+                sa2, sb2 = sa.t().contiguous().t(), sb.t()
+
+            def run():
+                return torch._scaled_mm(fa, fb, scale_a=sa2, scale_b=sb2, out_dtype=torch.bfloat16)
+        out = run()
+        torch.cuda.synchronize()
+        return (run, out), None
+    except Exception as e:
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
+
+def bench_case(M, N, K, case, reps, rng, cfg):
+    import cupy as cp
+
+    nbytes = (M + N) * K
+    copies = int(min(8, max(1, -(-2 * L2_BYTES // nbytes))))
+    ops = make_operands(M, N, K, case, copies, rng)
+    preps = [kg.PreparedGemm(a, b, out_dtype="bfloat16", config=cfg, **kw) for a, b, kw in ops]
+    ms = time_launches(lambda i: preps[i % copies].launch(), reps)
+    a, b, kw = ops[0]
+    preps[0].launch()
+    got = bf16_to_f32(preps[0].result())
+    want = dequant_ref(a, b, kw, M, N, K)
+    row = dict(shape=f"{M}x{N}x{K}", case=case, nqdq_ms=ms, nqdq_tflops=2 * M * N * K / ms / 1e9,
+               err_vs_f32=rel_l2(got, want), copies=copies, tile=list(cfg.__dict__.values()) if cfg else None)  # fmt: skip
+    peer, why = torch_peer(case, a, b, kw, M, N, K)
+    if peer is None:
+        row["peer"] = why
+    else:
+        import torch
+
+        peer_runs = [torch_peer(case, a2, b2, kw2, M, N, K)[0][0] for a2, b2, kw2 in ops]
+        pms = time_launches(lambda i: peer_runs[i % copies](), reps)
+        out = cp.asarray(peer[1].float() if peer[1].dtype != torch.int32 else peer[1])
+        if case == "int8":
+            out = out.astype(cp.float32) * kw["sa"][:, None] * kw["sb"][None, :]
+        row.update(peer_ms=pms, peer_tflops=2 * M * N * K / pms / 1e9, ratio=pms / ms,
+                   err_vs_peer=rel_l2(got, out), peer_err_vs_f32=rel_l2(out, want))  # fmt: skip
+    preps.clear()
+    ops.clear()
+    cp.get_default_memory_pool().free_all_blocks()
+    return row
+
+
+def sass_summary(out_dir):
+    """Dump each compiled GEMM kernel's cubin and count its tensor-core SASS instructions."""
+    rows = []
+    tool = shutil.which("cuobjdump")
+    for (cfg, spec), kern in kg.built_kernels().items():
+        for compiled in kern.overloads.values():
+            cubin = compiled._codelibrary.get_cubin()
+            cubin = bytes(getattr(cubin, "code", cubin))  # cuda.core ObjectCode or bytes
+            name = f"{spec.mma}_{spec.sa_mode}{spec.sb_mode}_{cfg.bm}x{cfg.bn}x{cfg.stages}"
+            path = os.path.join(out_dir, name + ".cubin")
+            with open(path, "wb") as fh:
+                fh.write(cubin)
+            if tool is None:
+                rows.append(dict(kernel=name, sass="no cuobjdump"))
+                continue
+            sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True).stdout
+            with open(path[:-6] + ".sass", "w") as fh:
+                fh.write(sass)
+            ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)", sass, re.M)
+            hist = {}
+            for op in ops:
+                hist[op] = hist.get(op, 0) + 1
+            tc = {k: v for k, v in hist.items() if re.match(r"(IMMA|HMMA|QMMA|QGMMA|HGMMA|IGMMA|LDSM|LDGSTS|F2FP|F2F|I2F)", k)}
+            rows.append(dict(kernel=name, instructions=len(ops), tensor_core=tc))
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES))
+    p.add_argument("--cases", default="int8,fp8_row,fp8_block")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--configs", default="", help="';'-separated TileConfig fields, e.g. '2,4,4,4,3,8;2,4,4,8,3,8'")
+    p.add_argument("--out", default=os.environ.get("OUT", ""))
+    p.add_argument("--sass", action="store_true")
+    args = p.parse_args(argv)
+    import cupy as cp
+
+    dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    rng = np.random.default_rng(0)
+    cfgs = [kg.TileConfig(*(int(v) for v in c.split(","))) for c in args.configs.split(";") if c] or [kg.default_config()]
+    rows = []
+    t0 = time.time()
+    for shape in parse_shapes(args.shapes):
+        for case in args.cases.split(","):
+            for cfg in cfgs:
+                if case == "fp8_block" and 128 % cfg.bn:
+                    continue
+                try:
+                    row = bench_case(*shape, case, args.reps, rng, cfg)
+                except Exception as e:
+                    row = dict(shape="x".join(map(str, shape)), case=case, error=f"{type(e).__name__}: {e}"[:300])
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gemm_peers.json"), "w") as fh:
+            json.dump(dict(device=dev, rows=rows), fh, indent=1)
+        if args.sass:
+            for r in sass_summary(args.out):
+                print("SASS", json.dumps(r))
+    print(f"\n{dev}; {time.time() - t0:.0f} s; TFLOP/s = 2MNK / median time (TOP/s for int8)")
+    print(f"{'shape':>18s} {'case':>9s} {'tile':>16s} {'nqdq ms':>8s} {'nqdq TF':>8s} {'peer ms':>8s} {'peer TF':>8s} "
+          f"{'ratio':>6s} {'err/f32':>8s} {'err/peer':>8s}")  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            print(f"{r['shape']:>18s} {r['case']:>9s} ERROR {r['error']}")
+            continue
+        tile = ",".join(map(str, r["tile"][:5])) if r.get("tile") else "-"
+        print(f"{r['shape']:>18s} {r['case']:>9s} {tile:>16s} {r['nqdq_ms']:8.3f} {r['nqdq_tflops']:8.1f} "
+              f"{r.get('peer_ms', float('nan')):8.3f} {r.get('peer_tflops', float('nan')):8.1f} {r.get('ratio', float('nan')):6.2f} "
+              f"{r['err_vs_f32']:8.1e} {r.get('err_vs_peer', float('nan')):8.1e}" + (f"  peer: {r['peer']}" if "peer" in r else ""))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
