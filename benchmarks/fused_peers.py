@@ -1,0 +1,245 @@
+"""Fused ops (nqdq.fused) against copy bandwidth and the unfused nqdq pair, in one run on one
+GPU, with a bit-exactness check of every op at the measured size.
+
+    python3 benchmarks/fused_peers.py [--json FILE] [--rows 8192] [--hidden 7168]
+
+For a bfloat16 [rows, hidden] input (default [8192, 7168]) it times, with CUDA events
+(benchmarks/peers.Timer: fresh random inputs, input sets rotated past L2, warm-up
+excluded, a sleep kernel queued first so host launch overhead stays out, median):
+
+* ``copy``: device-to-device copy of the input (the bandwidth ceiling; bytes = read + written);
+* each fused op: ``rmsnorm_quantize`` for fp8_row, fp8_tensor (static scale), fp8_1x128 and
+  mxfp4, without and with the residual add; ``flatten_quantize`` (fp8_1x128, mxfp4) of the
+  input seen as [rows, hidden/128, 128], contiguous and as a transposed view of a
+  [hidden/128, rows, 128] array; ``moe_sort_quantize`` (mxfp4) of [rows/4, hidden] tokens
+  with top-4 of 256 experts (rows gathered rows out);
+* the unfused pair for each: ``nqdq.fused.rmsnorm`` (float32 y, + the new residual) then
+  ``nqdq.quantize(y, scheme)``; for flatten of the view, a contiguous copy then
+  ``nqdq.quantize``; for the MoE sort, the sort and a gather with CuPy then ``nqdq.quantize``.
+
+Bytes per op = inputs read once (x, weight, residual) + outputs written once (codes, scales,
+new residual, perm). Checks: the fused codes/scales/residual equal the unfused pair's over
+the whole tensor (on the GPU) and the NumPy reference's on 64 sampled rows (rows are
+independent; the reference at full size would take minutes on the host); the MoE
+permutation and offsets equal the reference's in full.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from peers import Timer, n_sets_for, random_bf16_sets  # noqa: E402
+
+SCHEMES = ["fp8_row", "fp8_tensor", "fp8_1x128", "mxfp4"]
+STATIC_SCALE = 0.02
+SAMPLE_ROWS = 64
+
+
+def _host(a):
+    return None if a is None else (a.get() if hasattr(a, "get") else np.asarray(a))
+
+
+def _bits(a):
+    a = _host(a)
+    return a.view(np.uint8) if a.dtype.itemsize == 1 else a.view(np.uint32 if a.dtype.itemsize == 4 else np.uint16)
+
+
+def same(a, b) -> bool:
+    a, b = _host(a), _host(b)
+    return a.shape == b.shape and np.array_equal(_bits(a), _bits(b))
+
+
+def q_same(q1, q2) -> bool:
+    return same(q1.codes, q2.codes) and same(q1.scales, q2.scales)
+
+
+def bf16_host(bits_u16):
+    import ml_dtypes
+
+    return _host(bits_u16).view(ml_dtypes.bfloat16)
+
+
+def code_bytes(scheme, rows, n):
+    if scheme == "mxfp4":
+        return rows * (-(-n // 2)) + rows * (-(-n // 32))
+    if scheme == "fp8_1x128":
+        return rows * n + rows * (-(-n // 128)) * 4
+    if scheme == "fp8_row":
+        return rows * n + rows * 4
+    return rows * n  # static tensor scale: nothing else written
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--rows", type=int, default=8192)
+    ap.add_argument("--hidden", type=int, default=7168)
+    args = ap.parse_args(argv)
+
+    import cupy as cp
+
+    import nqdq
+    from nqdq import fused
+    from nqdq.reference import fused as R
+    from nqdq.reference import quantize as RQ
+    from nqdq.reference.packing import pack_codes
+    from nqdq.schemes import resolve_scheme
+
+    rows, n = args.rows, args.hidden
+    timer = Timer()
+    l2 = timer.l2_bytes
+    in_bytes = rows * n * 2
+    nsets = n_sets_for(in_bytes, l2, cap=4)
+    xs = random_bf16_sets((rows, n), nsets, seed=1)
+    rs = random_bf16_sets((rows, n), nsets, seed=2)
+    w = random_bf16_sets((n,), 1, seed=3)[0]
+    kw = dict(dtype="bfloat16")
+    results, checks = [], []
+    dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+
+    copy_dst = cp.empty_like(xs[0])
+    t_copy, hb = timer.device_us(lambda i: copy_dst.__setitem__(Ellipsis, xs[i]), nsets, bytes_per_launch=in_bytes)
+    copy_gbs = 2 * in_bytes / t_copy / 1e3
+    results.append(dict(op="copy", us=t_copy, gbs=copy_gbs, bytes=2 * in_bytes, host_bound=hb))
+
+    sample = np.sort(np.random.default_rng(0).choice(rows, SAMPLE_ROWS, replace=False))
+    w_h = bf16_host(w).astype(np.float32)
+
+    def record(op, fused_fn, unfused_fn, nbytes):
+        t_f, hb_f = timer.device_us(fused_fn, nsets, bytes_per_launch=nbytes)
+        t_u, hb_u = timer.device_us(unfused_fn, nsets, bytes_per_launch=nbytes)
+        gbs = nbytes / t_f / 1e3
+        results.append(dict(op=op, us=t_f, gbs=gbs, frac_copy=gbs / copy_gbs, unfused_us=t_u,
+                            speedup=t_u / t_f, bytes=nbytes, host_bound=hb_f or hb_u))
+
+    # ---- RMSNorm + quantize, with and without the residual
+    for scheme in SCHEMES:
+        for with_res in (False, True):
+            op = f"rmsnorm{'+res' if with_res else ''}+{scheme}"
+            try:
+                scale = STATIC_SCALE if scheme == "fp8_tensor" else None
+                sch = resolve_scheme(scheme, static_scale=scale is not None)
+
+                def fused_fn(i, scheme=scheme, with_res=with_res, scale=scale):
+                    return fused.rmsnorm_quantize(xs[i], w, scheme, residual=rs[i] if with_res else None,
+                                                  scale=scale, **kw)
+
+                def unfused_fn(i, scheme=scheme, with_res=with_res, scale=scale):
+                    y = fused.rmsnorm(xs[i], w, residual=rs[i] if with_res else None, **kw)
+                    if with_res:
+                        y = y[0]
+                    return nqdq.quantize(y, scheme, scale=scale)
+
+                out_f, out_u = fused_fn(0), unfused_fn(0)
+                qf = out_f[0] if with_res else out_f
+                ok_full = q_same(qf, out_u)
+                x_h = bf16_host(xs[0])[sample].astype(np.float32)
+                r_h = bf16_host(rs[0])[sample].astype(np.float32) if with_res else None
+                s = None if scale is None else np.full(sch.scale_shape((SAMPLE_ROWS, n)), scale, np.float32)
+                parts, new_res = R.rmsnorm_quantize(x_h, w_h, sch, np.float32(1e-6), "bfloat16", "bfloat16", res32=r_h,
+                                                    scale=s)
+                codes_ref = pack_codes(parts.codes, 4) if sch.code_bits == 4 else parts.codes
+                ok_ref = same(_host(qf.codes)[sample], codes_ref)
+                if scale is None:
+                    ok_ref = ok_ref and same(_host(qf.scales)[sample], parts.scales)
+                if with_res:
+                    ok_ref = ok_ref and same(_host(out_f[1])[sample], new_res.view(np.uint16))
+                checks.append(dict(op=op, full_vs_unfused=ok_full, rows_vs_reference=ok_ref))
+                nbytes = in_bytes + n * 2 + code_bytes(scheme, rows, n) + (2 * in_bytes if with_res else 0)
+                record(op, fused_fn, unfused_fn, nbytes)
+            except Exception:
+                traceback.print_exc()
+                checks.append(dict(op=op, error=traceback.format_exc(limit=2)))
+
+    # ---- flatten + quantize: contiguous [rows, H, 128] and a transposed view
+    hh = n // 128
+    xt = [cp.ascontiguousarray(x.reshape(rows, hh, 128).transpose(1, 0, 2)) for x in xs]  # [H, rows, 128]
+    for scheme in ("fp8_1x128", "mxfp4"):
+        for layout in ("contiguous", "transposed view"):
+            op = f"flatten({layout})+{scheme}"
+            try:
+                src = [x.reshape(rows, hh, 128) for x in xs] if layout == "contiguous" else [a.transpose(1, 0, 2) for a in xt]
+
+                def fused_fn(i, scheme=scheme, src=src):
+                    return fused.flatten_quantize(src[i], scheme, **kw)
+
+                def unfused_fn(i, scheme=scheme, src=src):
+                    return nqdq.quantize(cp.ascontiguousarray(src[i]).reshape(rows, hh * 128), scheme, **kw)
+
+                qf, qu = fused_fn(0), unfused_fn(0)
+                sch = resolve_scheme(scheme)
+                x_h = bf16_host(xs[0]).astype(np.float32)[sample]
+                parts = R.flatten_quantize(x_h.reshape(SAMPLE_ROWS, hh, 128), sch)
+                codes_ref = pack_codes(parts.codes, 4) if sch.code_bits == 4 else parts.codes
+                ok_ref = same(_host(qf.codes)[sample], codes_ref) and same(_host(qf.scales)[sample], parts.scales)
+                checks.append(dict(op=op, full_vs_unfused=q_same(qf, qu), rows_vs_reference=ok_ref))
+                record(op, fused_fn, unfused_fn, in_bytes + code_bytes(scheme, rows, n))
+            except Exception:
+                traceback.print_exc()
+                checks.append(dict(op=op, error=traceback.format_exc(limit=2)))
+
+    # ---- MoE sort + MXFP4: rows/4 tokens, top-4 of 256 experts -> rows gathered rows
+    op = "moe_sort+mxfp4"
+    try:
+        k, E = 4, 256
+        T = rows // k
+        tok = [x[:T] for x in xs]
+        rng = np.random.default_rng(5)
+        ids_h = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+        ids_h[:, 0] = np.minimum(ids_h[:, 0], E - 8)  # experts E-8..E-1 mostly empty: exercises empty ranges
+        ids = cp.asarray(ids_h)
+
+        def fused_fn(i):
+            return fused.moe_sort_quantize(tok[i], ids, E, "mxfp4", **kw)
+
+        def unfused_fn(i):
+            order = cp.argsort(ids.reshape(-1), kind="stable")
+            perm = (order // k).astype(cp.int32)
+            return nqdq.quantize(cp.take(tok[i], perm, axis=0), "mxfp4", **kw)
+
+        qf, perm, offsets = fused_fn(0)
+        qu = unfused_fn(0)
+        perm_ref, off_ref = R.moe_sort(ids_h, E)
+        ok_perm = same(perm, perm_ref) and same(offsets, off_ref)
+        sch = resolve_scheme("mxfp4")
+        x_h = bf16_host(tok[0]).astype(np.float32)
+        parts = RQ.quantize(x_h[perm_ref[sample]], sch)
+        ok_ref = same(_host(qf.codes)[sample], pack_codes(parts.codes, 4))
+        ok_ref = ok_ref and same(_host(qf.scales)[sample], parts.scales)
+        checks.append(dict(op=op, full_vs_unfused=q_same(qf, qu) and ok_perm, rows_vs_reference=ok_ref,
+                           perm_offsets_vs_reference=ok_perm))
+        nbytes = rows * n * 2 + code_bytes("mxfp4", rows, n) + ids_h.nbytes + rows * 4 + (E + 1) * 4
+        record(op, fused_fn, unfused_fn, nbytes)
+    except Exception:
+        traceback.print_exc()
+        checks.append(dict(op=op, error=traceback.format_exc(limit=2)))
+
+    print(f"\ndevice: {dev}; input bf16 [{rows}, {n}]; copy {copy_gbs:.0f} GB/s ({t_copy:.1f} us)")
+    print(f"{'op':36s} {'us':>8s} {'GB/s':>7s} {'%copy':>6s} {'unfused us':>10s} {'speedup':>7s}  exact")
+    chk = {c["op"]: c for c in checks}
+    for r in results[1:]:
+        c = chk.get(r["op"], {})
+        exact = "yes" if c.get("full_vs_unfused") and c.get("rows_vs_reference") else f"NO {c}"
+        print(f"{r['op']:36s} {r['us']:8.1f} {r['gbs']:7.0f} {100 * r['frac_copy']:5.1f}% {r['unfused_us']:10.1f} "
+              f"{r['speedup']:6.2f}x  {exact}" + ("  (host-bound)" if r["host_bound"] else ""))
+    for c in checks:
+        if "error" in c:
+            print(f"{c['op']}: ERROR {c['error']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(device=dev, rows=rows, hidden=n, results=results, checks=checks),
+                                              indent=1, default=str))
+    return 0 if all(c.get("full_vs_unfused") and c.get("rows_vs_reference") for c in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
