@@ -63,6 +63,7 @@ R_SPLIT_MIN_BITS = 5  # reference/fused.R_SPLIT_MIN_BITS
 
 MOE_CHUNK = 256  # pairs per block in the MoE sort kernels
 MOE_MAX_EXPERTS = 1024
+MOE_SCAN_SLOTS = MOE_MAX_EXPERTS + 1
 
 
 # ----------------------------------------------------------------------------- float-float
@@ -481,7 +482,7 @@ def moe_count_kernel(ids, npairs, num_experts, counts):
 def moe_scan_kernel(counts, nchunks, num_experts, base, offsets):
     """One block: offsets = exclusive scan of the expert totals; base[chunk, e] = first
     sorted row of expert e's pairs in that chunk."""
-    tot = cuda.shared.array(MOE_MAX_EXPERTS + 1, int32)
+    tot = cuda.shared.array(MOE_SCAN_SLOTS, int32)
     e = cuda.threadIdx.x
     if e < num_experts:
         s = 0

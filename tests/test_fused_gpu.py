@@ -1,0 +1,134 @@
+"""Fused ops on a real GPU at real hidden sizes (7168, 5120, 2880 and an odd 7167), CuPy
+arrays in and out, bit for bit against the NumPy spec (nqdq.reference.fused) on the same
+data; and the normalized values within 1 float32 ulp of a float64 evaluation on the GPU.
+
+Runs only with NQDQ_TEST_GPU=1 on a machine with a CUDA GPU and CuPy (``pytest -m gpu``).
+Token counts (77, 300) are not multiples of any tile.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+if os.environ.get("NQDQ_TEST_GPU") != "1":
+    pytest.skip("GPU tests need NQDQ_TEST_GPU=1 (and a CUDA GPU with CuPy)", allow_module_level=True)
+cp = pytest.importorskip("cupy")
+try:
+    if cp.cuda.runtime.getDeviceCount() < 1:
+        raise RuntimeError
+except Exception:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from nqdq import fused  # noqa: E402
+from nqdq.reference import fused as R  # noqa: E402
+from nqdq.reference import quantize as RQ  # noqa: E402
+from nqdq.reference.packing import pack_codes  # noqa: E402
+from nqdq.schemes import resolve_scheme  # noqa: E402
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+NP = {"bfloat16": BF16, "float16": np.dtype(np.float16), "float32": np.dtype(np.float32)}
+STATIC = 0.02
+
+
+def host(a):
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def bits(a):
+    a = host(a)
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+
+
+def to_gpu(a):
+    """NumPy -> CuPy; bfloat16 as its uint16 bits (CuPy has no bfloat16)."""
+    return cp.asarray(a.view(np.uint16) if a.dtype == BF16 else a)
+
+
+def rows(rng, t, n, dtype, spread=4.0):
+    return (rng.standard_normal((t, n)) * np.exp2(rng.uniform(-spread, spread, (t, 1)))).astype(NP[dtype])
+
+
+def ref_q(parts, sch):
+    codes = pack_codes(parts.codes, sch.code_bits) if sch.code_bits < 8 else parts.codes
+    return codes, parts.scales
+
+
+CASES = [(7168, "bfloat16", s, r) for s in ("fp8_row", "fp8_tensor", "fp8_1x128", "mxfp4") for r in (False, True)]
+CASES += [(5120, "bfloat16", "fp8_1x128", True), (2880, "bfloat16", "mxfp4", True), (7167, "bfloat16", "fp8_row", False),
+          (7168, "float16", "fp8_row", True), (7168, "float32", "fp8_row", True)]
+
+
+@pytest.mark.parametrize("n, dtype, scheme, with_res", CASES)
+def test_gpu_rmsnorm_quantize_matches_reference(n, dtype, scheme, with_res):
+    rng = np.random.default_rng(n + len(scheme))
+    x = rows(rng, 77, n, dtype)
+    w = rng.standard_normal(n).astype(NP[dtype])
+    res = rows(rng, 77, n, dtype) if with_res else None
+    scale = STATIC if scheme == "fp8_tensor" else None
+    sch = resolve_scheme(scheme, static_scale=scale is not None)
+    kw = {"dtype": dtype} if dtype != "float32" else {}
+    out = fused.rmsnorm_quantize(to_gpu(x), to_gpu(w), scheme, residual=None if res is None else to_gpu(res),
+                                 scale=scale, **kw)
+    q = out[0] if with_res else out
+    s = None if scale is None else np.full(sch.scale_shape(x.shape), scale, np.float32)
+    parts, new_res = R.rmsnorm_quantize(x.astype(np.float32), w.astype(np.float32), sch, np.float32(1e-6), dtype, dtype,
+                                        res32=None if res is None else res.astype(np.float32), scale=s)
+    codes, scales = ref_q(parts, sch)
+    np.testing.assert_array_equal(bits(q.codes), bits(codes))
+    np.testing.assert_array_equal(bits(q.scales), bits(scales))
+    if with_res:
+        np.testing.assert_array_equal(bits(out[1]), bits(new_res))
+
+
+@pytest.mark.parametrize("n, dtype", [(7168, "bfloat16"), (5120, "bfloat16"), (7168, "float16"), (7168, "float32")])
+def test_gpu_norm_within_one_ulp_of_float64(n, dtype):
+    """y from the GPU against float64 computed on the GPU (CuPy), 256 rows of wide range."""
+    rng = np.random.default_rng(n)
+    x = rows(rng, 256, n, dtype, spread=8)
+    w = rng.standard_normal(n).astype(NP[dtype])
+    kw = {"dtype": dtype} if dtype != "float32" else {}
+    y = fused.rmsnorm(to_gpu(x), to_gpu(w), **kw)
+    x64 = cp.asarray(x.astype(np.float64))
+    w64 = cp.asarray(w.astype(np.float64))
+    y64 = x64 / cp.sqrt((x64 * x64).mean(axis=-1, keepdims=True) + float(np.float32(1e-6))) * w64
+    ulp = cp.asarray(np.spacing(np.abs(host(y64)).astype(np.float32)).astype(np.float64))
+    worst = float((cp.abs(y.astype(cp.float64) - y64) / ulp).max())
+    assert worst <= 1.0, worst
+    np.testing.assert_array_equal(bits(y), bits(R.rmsnorm(x.astype(np.float32), w.astype(np.float32), 1e-6, dtype, dtype)))
+
+
+@pytest.mark.parametrize("scheme", ["fp8_1x128", "mxfp4"])
+def test_gpu_flatten_quantize(scheme):
+    rng = np.random.default_rng(1)
+    x = rows(rng, 77 * 56, 128, "bfloat16").reshape(77, 56, 128)
+    sch = resolve_scheme(scheme)
+    codes, scales = ref_q(RQ.quantize(x.reshape(77, 56 * 128).astype(np.float32), sch), sch)
+    q = fused.flatten_quantize(to_gpu(x), scheme, dtype="bfloat16")
+    np.testing.assert_array_equal(bits(q.codes), bits(codes))
+    np.testing.assert_array_equal(bits(q.scales), bits(scales))
+    view = to_gpu(np.ascontiguousarray(x.transpose(1, 0, 2))).transpose(1, 0, 2)  # strided, read in place
+    q = fused.flatten_quantize(view, scheme, dtype="bfloat16")
+    np.testing.assert_array_equal(bits(q.codes), bits(codes))
+    np.testing.assert_array_equal(bits(q.scales), bits(scales))
+
+
+def test_gpu_moe_sort_quantize():
+    rng = np.random.default_rng(4)
+    T, H, k, E = 300, 7168, 4, 256
+    x = rows(rng, T, H, "bfloat16")
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    ids[ids >= E - 8] = 3  # experts E-8.. empty
+    q, perm, offsets = fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16")
+    perm_ref, off_ref = R.moe_sort(ids, E)
+    np.testing.assert_array_equal(host(perm), perm_ref)
+    np.testing.assert_array_equal(host(offsets), off_ref)
+    sch = resolve_scheme("mxfp4")
+    codes, scales = ref_q(RQ.quantize(x.astype(np.float32)[perm_ref], sch), sch)
+    np.testing.assert_array_equal(bits(q.codes), bits(codes))
+    np.testing.assert_array_equal(bits(q.scales), bits(scales))
