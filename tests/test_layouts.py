@@ -149,7 +149,8 @@ def test_reference_errors():
     "shape, words",
     # words=True takes the 32-bit word kernels when cols % 4 == 0 ((40, 8), (33, 12): cdna4
     # pads half a block of columns, (130, 4): 126 pad rows), else one scale per thread
-    [((1, 1), True), ((129, 5), True), ((40, 8), True), ((33, 12), True), ((130, 4), True), ((40, 8), False)],
+    [((1, 1), True), ((129, 5), True), ((40, 8), True), ((33, 12), True), ((130, 4), True), ((40, 8), False),
+     ((130, 68), True)],  # 17 words a row: nv slabs of 8 words (the 3rd has one), cdna4 slabs of 16
 )
 def test_kernel_bit_exact(name, shape, words):
     s = random_scales(shape, seed=2)
@@ -164,6 +165,22 @@ def test_kernel_bit_exact(name, shape, words):
     pad[[lay.offset(r, c, *shape) for r in range(shape[0]) for c in range(shape[1])]] = False
     stored[pad] = 0xEE
     np.testing.assert_array_equal(kl.unswizzle(stored.reshape(want.shape), name, *shape, words=words), s)
+
+
+def test_kernel_paths(monkeypatch):
+    # uint8 with cols % 4 == 0 takes the tiled 32-bit word kernels, anything else one scale per thread
+    ran = []
+    real = kl.fast_kernel
+    monkeypatch.setattr(kl, "fast_kernel", lambda k: (ran.append(k.py_func.__name__), real(k))[1])
+    s8 = random_scales((40, 8))
+    for name in SWIZZLED:
+        kl.unswizzle(kl.swizzle(s8, name), name, 40, 8)
+    assert ran == ["_swizzle_words_nv_128x4", "_unswizzle_words_nv_128x4"] + ["swizzle_words", "unswizzle_words"] * 2
+    ran.clear()
+    kl.swizzle(random_scales((40, 9)), "cdna4_16")
+    kl.swizzle(s8, "cdna4_16", words=False)
+    kl.swizzle(s8.astype(np.float32), "cdna4_16")
+    assert ran == ["swizzle_kernel"] * 3
 
 
 def test_kernel_float32_scales():

@@ -10,9 +10,9 @@ Both directions are gathers so that the writes are coalesced:
   ``_offset_*(r, c)`` (the reference's ``ScaleLayout.offset``).
 
 uint8 scales (e8m0, ue4m3) with ``cols % 4 == 0`` (K a multiple of 128 for MX, 64 for
-NVFP4) go through ``_*_words_*`` kernels instead: one thread per 32-bit word written, which
-loads one to four 32-bit words of the other side and shuffles their bytes; other shapes and
-dtypes take the one-scale-per-thread kernels above.
+NVFP4) go through the tiled ``_*_words_*`` kernels instead: 32-bit words staged through
+shared memory, coalesced on both sides; other shapes and dtypes take the one-scale-per-
+thread kernels.
 
 Tile sizes are powers of two, so the maps are shifts and masks; the only divisions are by
 the number of tile columns and (unswizzle) by ``cols``. Launchers take NumPy arrays (the
@@ -23,7 +23,7 @@ arrays, and return the same library.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
+from numba import cuda, uint32
 
 from ..reference.layouts import get_layout
 from ._interop import Allocator, is_cupy
@@ -125,108 +125,177 @@ def _kernels(name):
     return _KERNELS[name]
 
 
-# ------------------------------------------------------------------ 32-bit words
-# uint8 scales with cols % 4 == 0 (K a multiple of 128 for MX): the linear matrix is
-# ``cw = cols / 4`` 32-bit words per row, and every layout moves whole words or shuffles
-# the bytes of a few (little-endian: byte j of a word is bits 8j..8j+7). One thread per
-# word of the array written, so the stores are coalesced; the loads gather from L2.
+# ------------------------------------------------------------------ 32-bit words, tiled
+# uint8 scales with cols % 4 == 0 (K a multiple of 128 for MX, 64 for NVFP4): the linear
+# matrix is ``cw = cols / 4`` 32-bit words per row (little-endian: byte j of a word is bits
+# 8j..8j+7). One block of TB threads moves one slab through shared memory, so that both the
+# linear side (whole 32-byte row segments) and the swizzled side (whole tiles, contiguous)
+# are read and written coalesced:
+#   nv_128x4: 128 rows x 8 words = 8 tiles of 128 words; a row's 4 scales of one tile are
+#             one word, stored at word (r % 32) * 4 + r // 32 of the tile;
+#   cdna4_*:  32 rows x 16 words = 8 blocks of 64 words; each swizzled word gathers bytes of
+#             two (32) or four (16) linear words.
+TB = 256  # threads per block of the tiled kernels (their loops assume it)
+_NV_SLAB = 8  # tiles (linear words) per nv_128x4 slab
+_NV_PITCH = 129  # shared-memory words per tile (one spare: fewer bank conflicts)
+_CD_SLAB = 16  # linear words per cdna4 slab row (8 blocks of 8 scales)
+_CD_PITCH = 17
+_NV_SMEM = 1032  # _NV_SLAB * _NV_PITCH (shared array sizes must be literal constants)
+_CD_SMEM = 544  # 32 * _CD_PITCH
+_CD_SMEM_OUT = 512  # 32 * _CD_SLAB
+
+
 @devfn
 def _byte(w, j):
-    return (w >> (j << 3)) & 0xFF
-
-
-@devfn
-def _load_word(src32, r, wi, rows, cw):
-    """Word ``wi`` of linear row ``r``; 0 (the pad) outside ``rows x cw``."""
-    if r < rows and wi < cw:
-        return np.int64(src32[r * cw + wi])
-    return np.int64(0)
+    return (np.int64(w) >> (j << 3)) & 0xFF
 
 
 @cuda.jit
-def _swizzle_words_nv_128x4(src32, rows, cw, dst32, n_words):
-    # a row's 4 scales of one tile are one word: word (r, cb) -> tile * 128 + (r % 32) * 4 + r // 32 % 4
-    for u in range(cuda.grid(1), n_words, cuda.gridsize(1)):
-        tile = u >> 7
-        rb = tile // cw
-        cb = tile - rb * cw
-        r = (rb << 7) + ((u & 3) << 5) + ((u >> 2) & 31)
-        dst32[u] = _load_word(src32, r, cb, rows, cw)
+def _swizzle_words_nv_128x4(src32, rows, cw, dst32, nsc):
+    sm = cuda.shared.array(_NV_SMEM, uint32)
+    t = cuda.threadIdx.x
+    bid = cuda.blockIdx.x
+    rb = bid // nsc
+    cb0 = (bid - rb * nsc) * _NV_SLAB
+    for k in range(4):  # 128 rows x 8 words, 8 consecutive words of a row per 8 threads
+        q = t + k * TB
+        row = q >> 3
+        wi = q & 7
+        r = (rb << 7) + row
+        v = np.uint32(0)  # the pad: rows beyond ``rows``, tiles beyond ``cw``
+        if r < rows and cb0 + wi < cw:
+            v = src32[r * cw + cb0 + wi]
+        sm[wi * _NV_PITCH + ((row & 31) << 2) + (row >> 5)] = v
+    cuda.syncthreads()
+    base = (rb * cw + cb0) << 7
+    n = min(_NV_SLAB, cw - cb0) << 7
+    for k in range(4):
+        q = t + k * TB
+        if q < n:
+            dst32[base + q] = sm[(q >> 7) * _NV_PITCH + (q & 127)]
 
 
 @cuda.jit
-def _unswizzle_words_nv_128x4(src32, rows, cw, dst32):
-    n = rows * cw
-    for e in range(cuda.grid(1), n, cuda.gridsize(1)):
-        r = e // cw
-        cb = e - r * cw
-        dst32[e] = src32[(((r >> 7) * cw + cb) << 7) + ((r & 31) << 2) + ((r >> 5) & 3)]
+def _unswizzle_words_nv_128x4(src32, rows, cw, dst32, nsc):
+    sm = cuda.shared.array(_NV_SMEM, uint32)
+    t = cuda.threadIdx.x
+    bid = cuda.blockIdx.x
+    rb = bid // nsc
+    cb0 = (bid - rb * nsc) * _NV_SLAB
+    base = (rb * cw + cb0) << 7
+    n = min(_NV_SLAB, cw - cb0) << 7
+    for k in range(4):
+        q = t + k * TB
+        if q < n:
+            sm[(q >> 7) * _NV_PITCH + (q & 127)] = src32[base + q]
+    cuda.syncthreads()
+    for k in range(4):
+        q = t + k * TB
+        row = q >> 3
+        wi = q & 7
+        r = (rb << 7) + row
+        if r < rows and cb0 + wi < cw:
+            dst32[r * cw + cb0 + wi] = sm[wi * _NV_PITCH + ((row & 31) << 2) + (row >> 5)]
 
 
-@cuda.jit
-def _swizzle_words_cdna4_32(src32, rows, cw, dst32, n_words):
-    # block (r // 32, c // 8) = 64 words; word e * 32 + r % 32 holds columns e, e+2, e+4, e+6
-    ncb = (cw + 1) >> 1
-    for u in range(cuda.grid(1), n_words, cuda.gridsize(1)):
-        blk = u >> 6
-        a = blk // ncb
-        cb = blk - a * ncb
-        e = (u >> 5) & 1
-        r = (a << 5) + (u & 31)
-        w0 = _load_word(src32, r, cb << 1, rows, cw)  # columns 0..3 of the block
-        w1 = _load_word(src32, r, (cb << 1) + 1, rows, cw)  # columns 4..7
-        dst32[u] = _byte(w0, e) | (_byte(w0, e + 2) << 8) | (_byte(w1, e) << 16) | (_byte(w1, e + 2) << 24)
+def _make_cdna4_word_kernels(mfma_dim):
+    is32 = mfma_dim == 32
 
+    @cuda.jit
+    def swizzle_words(src32, rows, cw, dst32, nsc):
+        sm = cuda.shared.array(_CD_SMEM, uint32)
+        t = cuda.threadIdx.x
+        bid = cuda.blockIdx.x
+        a = bid // nsc
+        w0 = (bid - a * nsc) * _CD_SLAB
+        for k in range(2):  # 32 rows x 16 words
+            q = t + k * TB
+            row = q >> 4
+            wi = q & 15
+            r = (a << 5) + row
+            v = np.uint32(0)
+            if r < rows and w0 + wi < cw:
+                v = src32[r * cw + w0 + wi]
+            sm[row * _CD_PITCH + wi] = v
+        cuda.syncthreads()
+        ncb = (cw + 1) >> 1  # 8-scale blocks per row (the last may be half padding)
+        cb0 = w0 >> 1
+        base = (a * ncb + cb0) << 6
+        n = min(_CD_SLAB >> 1, ncb - cb0) << 6
+        for k in range(2):
+            q = t + k * TB
+            if q < n:
+                b2 = (q >> 6) << 1  # the block's first linear word in the slab
+                u = q & 63
+                if is32:
+                    # word e * 32 + r holds columns e, e + 2, e + 4, e + 6 of row r
+                    e = (u >> 5) & 1
+                    p = (u & 31) * _CD_PITCH + b2
+                    w = (_byte(sm[p], e) | (_byte(sm[p], e + 2) << 8) | (_byte(sm[p + 1], e) << 16)
+                         | (_byte(sm[p + 1], e + 2) << 24))
+                else:
+                    # word kk * 16 + l holds (l, kk), (l + 16, kk), (l, kk + 4), (l + 16, kk + 4)
+                    kk = (u >> 4) & 3
+                    p = (u & 15) * _CD_PITCH + b2
+                    p16 = p + 16 * _CD_PITCH
+                    w = (_byte(sm[p], kk) | (_byte(sm[p16], kk) << 8) | (_byte(sm[p + 1], kk) << 16)
+                         | (_byte(sm[p16 + 1], kk) << 24))
+                dst32[base + q] = w
 
-@cuda.jit
-def _unswizzle_words_cdna4_32(src32, rows, cw, dst32):
-    ncb = (cw + 1) >> 1
-    n = rows * cw
-    for e in range(cuda.grid(1), n, cuda.gridsize(1)):
-        r = e // cw
-        wi = e - r * cw
-        base = ((r >> 5) * ncb + (wi >> 1)) << 6
-        d = (wi & 1) << 1  # columns 4 * wi .. + 3 are d, d, d+1, d+1 of words e=0, 1, 0, 1
-        e0 = np.int64(src32[base + (r & 31)])
-        e1 = np.int64(src32[base + 32 + (r & 31)])
-        dst32[e] = _byte(e0, d) | (_byte(e1, d) << 8) | (_byte(e0, d + 1) << 16) | (_byte(e1, d + 1) << 24)
+    @cuda.jit
+    def unswizzle_words(src32, rows, cw, dst32, nsc):
+        sm = cuda.shared.array(_CD_SMEM_OUT, uint32)
+        t = cuda.threadIdx.x
+        bid = cuda.blockIdx.x
+        a = bid // nsc
+        w0 = (bid - a * nsc) * _CD_SLAB
+        ncb = (cw + 1) >> 1
+        cb0 = w0 >> 1
+        base = (a * ncb + cb0) << 6
+        n = min(_CD_SLAB >> 1, ncb - cb0) << 6
+        for k in range(2):
+            q = t + k * TB
+            if q < n:
+                sm[q] = src32[base + q]
+        cuda.syncthreads()
+        for k in range(2):
+            q = t + k * TB
+            row = q >> 4
+            wi = q & 15
+            r = (a << 5) + row
+            if r < rows and w0 + wi < cw:
+                b = (wi >> 1) << 6
+                if is32:
+                    # columns 4 * wi .. + 3 are bytes d, d, d + 1, d + 1 of words e = 0, 1, 0, 1
+                    d = (wi & 1) << 1
+                    e0 = sm[b + row]
+                    e1 = sm[b + 32 + row]
+                    w = _byte(e0, d) | (_byte(e1, d) << 8) | (_byte(e0, d + 1) << 16) | (_byte(e1, d + 1) << 24)
+                else:
+                    # column kk of the 4 is byte (g, h) of word kk * 16 + row % 16
+                    j = ((wi & 1) << 1) + (row >> 4)
+                    p = b + (row & 15)
+                    w = (_byte(sm[p], j) | (_byte(sm[p + 16], j) << 8) | (_byte(sm[p + 32], j) << 16)
+                         | (_byte(sm[p + 48], j) << 24))
+                dst32[r * cw + w0 + wi] = w
 
-
-@cuda.jit
-def _swizzle_words_cdna4_16(src32, rows, cw, dst32, n_words):
-    # block word k * 16 + r % 16 holds (r, k), (r + 16, k), (r, k + 4), (r + 16, k + 4)
-    ncb = (cw + 1) >> 1
-    for u in range(cuda.grid(1), n_words, cuda.gridsize(1)):
-        blk = u >> 6
-        a = blk // ncb
-        cb = blk - a * ncb
-        k = (u >> 4) & 3
-        r = (a << 5) + (u & 15)
-        lo0 = _load_word(src32, r, cb << 1, rows, cw)
-        hi0 = _load_word(src32, r + 16, cb << 1, rows, cw)
-        lo1 = _load_word(src32, r, (cb << 1) + 1, rows, cw)
-        hi1 = _load_word(src32, r + 16, (cb << 1) + 1, rows, cw)
-        dst32[u] = _byte(lo0, k) | (_byte(hi0, k) << 8) | (_byte(lo1, k) << 16) | (_byte(hi1, k) << 24)
-
-
-@cuda.jit
-def _unswizzle_words_cdna4_16(src32, rows, cw, dst32):
-    ncb = (cw + 1) >> 1
-    n = rows * cw
-    for e in range(cuda.grid(1), n, cuda.gridsize(1)):
-        r = e // cw
-        wi = e - r * cw
-        base = (((r >> 5) * ncb + (wi >> 1)) << 6) + (r & 15)
-        j = ((wi & 1) << 1) + ((r >> 4) & 1)  # byte (g, h) of each word k
-        dst32[e] = (_byte(np.int64(src32[base]), j) | (_byte(np.int64(src32[base + 16]), j) << 8)
-                    | (_byte(np.int64(src32[base + 32]), j) << 16) | (_byte(np.int64(src32[base + 48]), j) << 24))
+    return swizzle_words, unswizzle_words
 
 
 _WORD_KERNELS = {
     "nv_128x4": (_swizzle_words_nv_128x4, _unswizzle_words_nv_128x4),
-    "cdna4_32": (_swizzle_words_cdna4_32, _unswizzle_words_cdna4_32),
-    "cdna4_16": (_swizzle_words_cdna4_16, _unswizzle_words_cdna4_16),
+    "cdna4_32": _make_cdna4_word_kernels(32),
+    "cdna4_16": _make_cdna4_word_kernels(16),
 }
+
+
+def _word_grid(layout, rows, cw):
+    """(blocks, slabs per row of tiles) of the tiled word kernels."""
+    if layout == "nv_128x4":
+        nsc = -(-cw // _NV_SLAB)
+        return -(-rows // 128) * nsc, nsc
+    nsc = -(-cw // _CD_SLAB)
+    return -(-rows // 32) * nsc, nsc
 
 
 def _lib_of(a) -> str:
@@ -303,8 +372,8 @@ def swizzle(scales, layout: str, *, threads=None, words=True):
         src = _flat_device(scales, lib, "scales")
         ks = _kernels(layout)
         if words and _word_path(src, cols):
-            args = (_words(src), rows, cols >> 2, _words(dst), n_out >> 2)
-            fast_kernel(ks[2]).launch(_grid(n_out >> 2, nt), nt, args, None)
+            nb, nsc = _word_grid(layout, rows, cols >> 2)
+            fast_kernel(ks[2]).launch(nb, TB, (_words(src), rows, cols >> 2, _words(dst), nsc), None)
         else:
             fast_kernel(ks[0]).launch(_grid(n_out, nt), nt, (src, rows, cols, Cp, dst, n_out), None)
     return alloc.to_lib(dst, oshape)
@@ -332,8 +401,8 @@ def unswizzle(stored, layout: str, rows: int, cols: int, *, threads=None, words=
         src = _flat_device(stored, lib, "stored")
         ks = _kernels(layout)
         if words and _word_path(src, cols):
-            args = (_words(src), rows, cols >> 2, _words(dst))
-            fast_kernel(ks[3]).launch(_grid((rows * cols) >> 2, nt), nt, args, None)
+            nb, nsc = _word_grid(layout, rows, cols >> 2)
+            fast_kernel(ks[3]).launch(nb, TB, (_words(src), rows, cols >> 2, _words(dst), nsc), None)
         else:
             fast_kernel(ks[1]).launch(_grid(rows * cols, nt), nt, (src, rows, cols, Cp, dst), None)
     return alloc.to_lib(dst, (rows, cols))
