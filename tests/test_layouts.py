@@ -148,9 +148,9 @@ def test_reference_errors():
 @pytest.mark.parametrize(
     "shape, words",
     # words=True takes the 32-bit word kernels when cols % 4 == 0 ((40, 8), (33, 12): cdna4
-    # pads half a block of columns, (130, 4): 126 pad rows), else one scale per thread
-    [((1, 1), True), ((129, 5), True), ((40, 8), True), ((33, 12), True), ((130, 4), True), ((40, 8), False),
-     ((130, 68), True)],  # 17 words a row: nv slabs of 8 words (the 3rd has one), cdna4 slabs of 16
+    # pads half a block of columns, (70, 4): 58 pad rows), else one scale per thread
+    [((1, 1), True), ((129, 5), True), ((40, 8), True), ((33, 12), True), ((70, 4), True), ((40, 8), False),
+     ((40, 68), True)],  # 17 words a row: nv slabs of 8 words (the 3rd has one), cdna4 slabs of 16
 )
 def test_kernel_bit_exact(name, shape, words):
     s = random_scales(shape, seed=2)
