@@ -159,6 +159,12 @@ def torch_peer(case, a, b, kw, M, N, K):
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
 
 
+def _cfg_name(cfg):
+    if isinstance(cfg, kg.WgmmaConfig):
+        return f"wg{cfg.bm}x{cfg.bn}s{cfg.stages}"
+    return f"mma{cfg.bm}x{cfg.bn}s{cfg.stages}"
+
+
 def bench_case(M, N, K, case, reps, rng, cfg):
     import cupy as cp
 
@@ -172,7 +178,7 @@ def bench_case(M, N, K, case, reps, rng, cfg):
     got = bf16_to_f32(preps[0].result())
     want = dequant_ref(a, b, kw, M, N, K)
     row = dict(shape=f"{M}x{N}x{K}", case=case, nqdq_ms=ms, nqdq_tflops=2 * M * N * K / ms / 1e9,
-               err_vs_f32=rel_l2(got, want), copies=copies, tile=list(cfg.__dict__.values()) if cfg else None)  # fmt: skip
+               err_vs_f32=rel_l2(got, want), copies=copies, tile=_cfg_name(cfg))  # fmt: skip
     peer, why = torch_peer(case, a, b, kw, M, N, K)
     if peer is None:
         row["peer"] = why
@@ -200,7 +206,7 @@ def sass_summary(out_dir):
         for compiled in kern.overloads.values():
             cubin = compiled._codelibrary.get_cubin()
             cubin = bytes(getattr(cubin, "code", cubin))  # cuda.core ObjectCode or bytes
-            name = f"{spec.mma}_{spec.sa_mode}{spec.sb_mode}_{cfg.bm}x{cfg.bn}x{cfg.stages}"
+            name = f"{spec.mma}_{spec.sa_mode}{spec.sb_mode}_{_cfg_name(cfg)}"
             path = os.path.join(out_dir, name + ".cubin")
             with open(path, "wb") as fh:
                 fh.write(cubin)
@@ -224,7 +230,7 @@ def main(argv=None):
     p.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES))
     p.add_argument("--cases", default="int8,fp8_row,fp8_block")
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--configs", default="", help="';'-separated TileConfig fields, e.g. '2,4,4,4,3,8;2,4,4,8,3,8'")
+    p.add_argument("--configs", default="", help="';'-separated configs: mma.sync TileConfig fields '2,4,4,4,3,8' or wgmma 'wg:2,128,4,8'")
     p.add_argument("--out", default=os.environ.get("OUT", ""))
     p.add_argument("--sass", action="store_true")
     args = p.parse_args(argv)
@@ -232,7 +238,7 @@ def main(argv=None):
 
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     rng = np.random.default_rng(0)
-    cfgs = [kg.TileConfig(*(int(v) for v in c.split(","))) for c in args.configs.split(";") if c] or [kg.default_config()]
+    cfgs = [kg.parse_config(c) for c in args.configs.split(";") if c] or [kg.default_config()]
     rows = []
     t0 = time.time()
     for shape in parse_shapes(args.shapes):
@@ -260,7 +266,7 @@ def main(argv=None):
         if "error" in r:
             print(f"{r['shape']:>18s} {r['case']:>9s} ERROR {r['error']}")
             continue
-        tile = ",".join(map(str, r["tile"][:5])) if r.get("tile") else "-"
+        tile = r.get("tile") or "-"
         print(f"{r['shape']:>18s} {r['case']:>9s} {tile:>16s} {r['nqdq_ms']:8.3f} {r['nqdq_tflops']:8.1f} "
               f"{r.get('peer_ms', float('nan')):8.3f} {r.get('peer_tflops', float('nan')):8.1f} {r.get('ratio', float('nan')):6.2f} "
               f"{r['err_vs_f32']:8.1e} {r.get('err_vs_peer', float('nan')):8.1e}" + (f"  peer: {r['peer']}" if "peer" in r else ""))  # fmt: skip

@@ -131,6 +131,29 @@ def test_kernel_epilogues(sa, sb, kw):
         assert_ulp_close(got, want, want.dtype.type)
 
 
+def gemm_kwargs(qa, qb):
+    """The launcher arguments nqdq.matmul would pass (through its operand checks)."""
+    from nqdq.matmul import _operand
+
+    a, b = _operand(qa, "qa", "a", np), _operand(qb, "qb", "b", np)
+    mma = ("u8s8" if a.za is not None else "s8s8") if a.elem == "int8" else f"{a.elem}.{b.elem}"
+    return a.codes, b.codes, dict(mma=mma, sa=a.scales, sb=b.scales, sa_mode=a.mode, sb_mode=b.mode, za=a.za)
+
+
+@pytest.mark.parametrize("sa,sb", [("int8_row", "int8_row"), ("int8_asym", "int8_row"), ("fp8_row", "e5m2"),
+                                   ("fp8_1x128", "fp8_128x128")])  # fmt: skip
+def test_wgmma_kernel_matches_reference(sa, sb):
+    """The sm_90a kernel (wgmma from swizzled shared tiles) with a one-warpgroup 64 x 16
+    tile, its twins reading shared memory through the descriptors as the hardware does."""
+    from nqdq.kernels import gemm as kg
+
+    x, w, qa, qb = operands(17, 24, 200, sa, sb)
+    a, b, kw = gemm_kwargs(qa, qb)
+    got = kg.gemm(a, b, config=kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2), **kw)
+    want = ref.gemm(a, b, **kw)
+    assert rel_l2(got, want) < 1e-5
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 def test_output_rounding_bits():
     """The kernels' float32 -> float16 / bfloat16 rounding, bit for bit against NumPy /

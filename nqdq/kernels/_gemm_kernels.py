@@ -212,16 +212,18 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
         wn = warp - wm * WN
 
         # grouped rasterisation (GROUP_M tiles of M per sweep over N)
-        tiles_m = (M + BM - 1) // BM
-        tiles_n = (N + BN - 1) // BN
-        pid = cuda.blockIdx.x
-        per_group = GROUP_M * tiles_n
-        first_m = (pid // per_group) * GROUP_M
-        gsize = min(tiles_m - first_m, GROUP_M)
-        tm = first_m + (pid % per_group) % gsize
-        tn = (pid % per_group) // gsize
-        m0 = tm * BM
-        n0 = tn * BN
+        # (32-bit unsigned divisions: a 64-bit one is a subroutine call in SASS)
+        tiles_m = np.uint32((M + BM - 1) // BM)
+        tiles_n = np.uint32((N + BN - 1) // BN)
+        pid = np.uint32(cuda.blockIdx.x)
+        per_group = np.uint32(GROUP_M * tiles_n)
+        grp = np.uint32(pid // per_group)
+        first_m = np.uint32(grp * GROUP_M)
+        gsize = np.uint32(min(tiles_m - first_m, GROUP_M))
+        in_grp = np.uint32(pid - grp * per_group)
+        tn = np.uint32(in_grp // gsize)
+        m0 = np.int64(first_m + (in_grp - tn * gsize)) * BM
+        n0 = np.int64(tn) * BN
 
         acc = cuda.local.array(NACC, ACC_T)
         tot = cuda.local.array(NTOT, float32)

@@ -373,3 +373,167 @@ if not SIMULATOR:
     _join0(cp_async_commit, _void_asm("cp.async.commit_group;"))
     for _n, _stub in _WAITS.items():
         _join0(_stub, _void_asm(f"cp.async.wait_group {_n};"))
+
+
+# ============================================================================= sm_90a: wgmma
+# Warpgroup MMA (PTX ISA 8.0+, sm_90a only): 128 threads (4 warps) compute D[64, N] +=
+# A[64, 32] @ B[32, N] with both operands in shared memory, described by 64-bit "matrix
+# descriptors". The kernels use one layout only: K-major tiles whose rows are 128 bytes
+# (128 8-bit elements of K) with the 128-byte swizzle, 8-row atoms of 1024 bytes:
+#
+#   byte of element (r, k) = (r // 8) * 1024 + (r % 8) * 128 + (((k // 16) ^ (r % 8)) * 16) + k % 16
+#
+# i.e. the hardware XORs address bits [4:6] with bits [7:9] (tile base 1024-byte aligned);
+# a K step of 32 inside the 128-byte row moves the descriptor's start address by 32 bytes.
+# Descriptor: bits 0-13 start >> 4, 16-29 leading byte offset >> 4 (unused for this
+# layout: 1), 32-45 stride byte offset >> 4 (1024 between 8-row atoms), 62-63 swizzle
+# (1 = 128 B). D fragment (m64nNk32, 32-bit): thread t of the warpgroup, w = t // 32,
+# g = t % 32 // 4, q = t % 4: d[4j + 2h + e] = D[16 w + g + 8 h, 8 j + 2 q + e].
+WGMMA_SBO = 1024
+
+
+def smem_addr(smem):
+    """The 32-bit shared-window address of a shared array's start (the twin: 0, so the
+    simulator's "addresses" are byte offsets into the array)."""
+    return 0
+
+
+def wgmma_desc(addr):
+    """Descriptor of a K-major, 128-byte-swizzled tile starting at shared address ``addr``."""
+    return np.uint64(((addr & 0x3FFFF) >> 4) | (1 << 16) | ((WGMMA_SBO >> 4) << 32) | (1 << 62))
+
+
+def _sw128_read(smem, desc, rows, k32=32):
+    """[rows, 32] bytes a descriptor points at (the twin's model of the swizzle)."""
+    start = (int(desc) & 0x3FFF) << 4
+    sbo = ((int(desc) >> 32) & 0x3FFF) << 4
+    r = np.arange(rows)[:, None]
+    lin = start + (r // 8) * sbo + (r % 8) * 128 + np.arange(k32)[None, :]
+    phys = lin ^ (((lin >> 7) & 7) << 4)
+    return np.asarray(smem).view(np.uint8)[phys]
+
+
+def _make_wgmma_stub(kind, n):
+    dec = {"s8": lambda b: b.view(np.int8).astype(np.float64), "u8": lambda b: b.astype(np.float64)}
+    for f in FP8_TYPES:
+        dec[f] = (lambda t: lambda b: t[b])(_FP8_TABLE[f])
+    ta, tb = kind.split(".")
+    integer = ta in ("s8", "u8")
+
+    def wgmma_stub(acc, smem, desc_a, desc_b, scale_d):
+        ctx = _sim_ctx()
+        tid = ctx.threadIdx.x % 128
+        w, g, q = tid // 32, (tid % 32) // 4, tid % 4
+        rows = (16 * w + g, 16 * w + g + 8)
+        A = dec[ta](_sw128_read(smem, desc_a, 64))
+        B = dec[tb](_sw128_read(smem, desc_b, n))
+        for j in range(n // 8):
+            for h in range(2):
+                for e in range(2):
+                    s = float(np.dot(A[rows[h]], B[8 * j + 2 * q + e]))
+                    x = 4 * j + 2 * h + e
+                    old = acc[x] if scale_d else 0
+                    acc[x] = np.int32(int(s) + int(old)) if integer else np.float32(s + float(old))
+
+    wgmma_stub.__name__ = f"wgmma_m64n{n}k32_{kind.replace('.', '_')}"
+    wgmma_stub.__doc__ = (
+        f"``wgmma.mma_async.sync.aligned.m64n{n}k32.{'s32' if integer else 'f32'}.{ta}.{tb}``: "
+        f"acc[{n // 2}] (this thread's D fragment, a local array) = A @ B + (acc if scale_d else 0), "
+        "A [64, 32] and B [N, 32] read from shared memory through descriptors. Warpgroup-wide, "
+        "asynchronous: fence before, commit and wait after (the twin is synchronous)."
+    )
+    return wgmma_stub
+
+
+WGMMA_KINDS = ("s8.s8", "u8.s8") + tuple(f"{a}.{b}" for a in FP8_TYPES for b in FP8_TYPES)
+_WGMMA_STUBS: dict = {}
+
+
+def wgmma(kind: str, n: int):
+    """The wgmma stub for operand types ``kind`` ("s8.s8", "u8.s8", "e4m3.e5m2", ...) and N."""
+    key = (kind, n)
+    if key not in _WGMMA_STUBS:
+        _WGMMA_STUBS[key] = stub = _make_wgmma_stub(kind, n)
+        if not SIMULATOR:
+            _join_wgmma(stub, kind, n)
+    return _WGMMA_STUBS[key]
+
+
+def wgmma_fence():
+    """``wgmma.fence.sync.aligned``: order register / shared accesses before the next wgmma."""
+
+
+def wgmma_commit():
+    """``wgmma.commit_group.sync.aligned``."""
+
+
+def wgmma_wait0():
+    """``wgmma.wait_group.sync.aligned 0``: every committed wgmma of this thread is done."""
+
+
+def fence_proxy_async():
+    """``fence.proxy.async.shared::cta``: make generic-proxy shared writes (cp.async,
+    st.shared) visible to the async proxy that wgmma reads through."""
+
+
+if not SIMULATOR:
+
+    @overload(smem_addr, target="cuda")
+    def _ol_smem_addr(smem):
+        def impl(smem):
+            return _smem_u32(smem)
+
+        return impl
+
+    @overload(wgmma_desc, target="cuda")
+    def _ol_wgmma_desc(addr):
+        def impl(addr):
+            return (np.uint64((addr & 0x3FFFF) >> 4) | np.uint64(1 << 16) | np.uint64((WGMMA_SBO >> 4) << 32)
+                    | np.uint64(1 << 62))  # fmt: skip
+
+        return impl
+
+    _join0(wgmma_fence, _void_asm("wgmma.fence.sync.aligned;"))
+    _join0(wgmma_commit, _void_asm("wgmma.commit_group.sync.aligned;"))
+    _join0(wgmma_wait0, _void_asm("wgmma.wait_group.sync.aligned 0;"))
+    _join0(fence_proxy_async, _void_asm("fence.proxy.async.shared::cta;"))
+
+    def _join_wgmma(stub, kind, n):
+        ta, tb = kind.split(".")
+        integer = ta in ("s8", "u8")
+        nacc = n // 2
+        lty = _I32 if integer else _F32
+        c = "r" if integer else "f"
+        regs = ", ".join(f"${i}" for i in range(nacc))
+        tail = "p" if integer else "p, 1, 1"
+        text = (
+            "{ .reg .pred p; setp.ne.b32 p, $" + str(2 * nacc + 2) + ", 0; "
+            f"wgmma.mma_async.sync.aligned.m64n{n}k32.{'s32' if integer else 'f32'}.{ta}.{tb} "
+            "{" + regs + "}, $" + str(2 * nacc) + ", $" + str(2 * nacc + 1) + f", {tail}; }}"
+        )
+        cons = ",".join([f"={c}"] * nacc + [str(i) for i in range(nacc)] + ["l", "l", "r"])
+
+        @intrinsic
+        def _wg(typingctx, acc, da, db, sd):
+            sig = types.void(acc, types.uint64, types.uint64, types.int32)
+
+            def codegen(context, builder, sig, args):
+                ary = context.make_array(sig.args[0])(context, builder, args[0])
+                ptrs = [builder.gep(ary.data, [ir.Constant(ir.IntType(64), i)], inbounds=True) for i in range(nacc)]
+                vals = [builder.load(p) for p in ptrs]
+                st = ir.LiteralStructType([lty] * nacc)
+                fty = ir.FunctionType(st, [lty] * nacc + [ir.IntType(64), ir.IntType(64), _I32])
+                asm = ir.InlineAsm(fty, text, cons, side_effect=True)
+                res = builder.call(asm, vals + list(args[1:]))
+                for i, p in enumerate(ptrs):
+                    builder.store(builder.extract_value(res, i), p)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        @overload(stub, target="cuda")
+        def _ol(acc, smem, desc_a, desc_b, scale_d):
+            def impl(acc, smem, desc_a, desc_b, scale_d):
+                _wg(acc, desc_a, desc_b, np.int32(scale_d))
+
+            return impl

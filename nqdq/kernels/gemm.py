@@ -14,11 +14,12 @@ import ml_dtypes
 import numpy as np
 
 from . import _gemm_kernels as G
+from . import _gemm_wgmma as W
 from ._target import SIMULATOR
 
-__all__ = ["gemm", "PreparedGemm", "TileConfig", "GemmSpec", "default_config", "SIM_CONFIG"]
+__all__ = ["gemm", "PreparedGemm", "TileConfig", "WgmmaConfig", "GemmSpec", "default_config", "SIM_CONFIG"]
 
-TileConfig, GemmSpec = G.TileConfig, G.GemmSpec
+TileConfig, GemmSpec, WgmmaConfig = G.TileConfig, G.GemmSpec, W.WgmmaConfig
 # The simulator runs one Python thread per CUDA thread: one warp per CTA, a 16 x 16 tile.
 SIM_CONFIG = TileConfig(warps_m=1, warps_n=1, mt=1, nt=2, stages=2, group_m=2)
 GPU_CONFIG = TileConfig()  # 128 x 128 x 64, 8 warps of 64 x 32, 3 stages (48 KiB)
@@ -28,23 +29,48 @@ _ACT = {None: G.ACT_NONE, "relu": G.ACT_RELU, "gelu": G.ACT_GELU}
 _SCALE = {"tensor": G.SCALE_TENSOR, "row": G.SCALE_ROW, "block": G.SCALE_BLOCK}
 
 
-def default_config() -> TileConfig:
+WGMMA_CONFIG = WgmmaConfig()  # sm_90a: 128 x 128 x 128, 2 warpgroups, 4 stages (129 KiB)
+
+
+def parse_config(text: str):
+    """"2,4,4,4,3,8" -> TileConfig (mma.sync); "wg:2,128,4,8" -> WgmmaConfig (sm_90a)."""
+    if text.startswith("wg:"):
+        return WgmmaConfig(*(int(v) for v in text[3:].split(",")))
+    return TileConfig(*(int(v) for v in text.split(",")))
+
+
+def default_config():
+    """The simulator's one-warp tile; on a GPU ``NQDQ_GEMM_TILE`` if set, else wgmma on
+    sm_90 (numba-cuda builds for sm_90a there) unless ``NQDQ_GEMM_WGMMA=0``, else mma.sync."""
     if SIMULATOR:
         return SIM_CONFIG
-    env = os.environ.get("NQDQ_GEMM_TILE")  # e.g. "2,4,4,4,3,8" (benchmarks / tuning)
+    env = os.environ.get("NQDQ_GEMM_TILE")
     if env:
-        return TileConfig(*(int(v) for v in env.split(",")))
+        return parse_config(env)
+    if os.environ.get("NQDQ_GEMM_WGMMA", "1") != "0" and _device_cc() == (9, 0):
+        return WGMMA_CONFIG
     return GPU_CONFIG
+
+
+def _device_cc():
+    from numba import cuda
+
+    try:
+        return tuple(cuda.get_current_device().compute_capability)
+    except Exception:  # pragma: no cover - no driver
+        return None
 
 
 _KERNELS: dict = {}
 
 
-def get_kernel(cfg: TileConfig, spec: GemmSpec):
-    """The kernel for (cfg, spec), built once (Numba compiles it at the first launch)."""
+def get_kernel(cfg, spec: GemmSpec):
+    """The kernel for (cfg, spec), built once (Numba compiles it at the first launch):
+    mma.sync for a TileConfig, wgmma (sm_90a) for a WgmmaConfig."""
     k = _KERNELS.get((cfg, spec))
     if k is None:
-        k = _KERNELS[(cfg, spec)] = G.make_gemm_kernel(cfg, spec)
+        make = W.make_wgmma_kernel if isinstance(cfg, WgmmaConfig) else G.make_gemm_kernel
+        k = _KERNELS[(cfg, spec)] = make(cfg, spec)
     return k
 
 
@@ -149,7 +175,7 @@ class PreparedGemm:
         cfg = self.cfg = config or default_config()
         spec = GemmSpec(mma=mma, sa_mode=_SCALE[sa_mode], sb_mode=_SCALE[sb_mode], out=_OUT[out_dtype],
                         act=_ACT[activation], bias=bias is not None, asym=za is not None)  # fmt: skip
-        if spec.sa_mode == G.SCALE_BLOCK and 128 % cfg.bn:
+        if spec.sa_mode == G.SCALE_BLOCK and 128 % cfg.bn:  # one n-block of scales per CTA
             raise ValueError(f"block scales need a CTA tile N ({cfg.bn}) dividing 128")
         a = lib.asarray(a_codes, np.uint8)
         b = lib.asarray(b_codes, np.uint8)

@@ -1,0 +1,227 @@
+"""The sm_90a GEMM body: warpgroup MMA (``wgmma.mma_async``) from shared-memory descriptors.
+
+Same arguments, data layout and epilogue as ``_gemm_kernels.make_gemm_kernel`` (read its
+docstring first); what differs is the main loop:
+
+* CTA tile BM x BN with BM = 64 * warpgroups; each warpgroup owns 64 rows and all BN
+  columns (one ``m64nBNk32`` wgmma per 32 of K, accumulators in BN / 2 registers);
+* K advances 128 bytes per stage; tiles are K-major rows of 128 bytes with the 128-byte
+  swizzle (``_mma`` explains the layout), filled by ``cp.async`` (16 bytes per lane,
+  zero-filled past M, N, K) into a ``stages``-deep ring aligned to 1024 bytes;
+* per stage: wait for its copies, ``fence.proxy.async`` (cp.async writes through the
+  generic proxy, wgmma reads through the async one), barrier, issue the copy of the stage
+  ``stages - 2`` ahead (into the slot whose wgmma's were waited for one step earlier), then
+  4 wgmma's, commit, wait. FP8 block scales promote once per stage (128 = the scale block).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda, float32, int32, uint8
+
+from . import _mma
+from ._gemm_kernels import (
+    ACT_GELU, ACT_RELU, OUT_F16, OUT_F32, SCALE_BLOCK, SCALE_ROW, bf16_bits_rne, f16_bits_rne, gelu_erf,
+)  # fmt: skip
+from ._target import devfn
+
+BK = 128
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    warpgroups: int = 2  # BM = 64 * warpgroups
+    n: int = 128  # BN = the wgmma N (8 .. 256, multiple of 8; 16 in the simulator)
+    stages: int = 4
+    group_m: int = 8
+
+    @property
+    def bm(self):
+        return 64 * self.warpgroups
+
+    @property
+    def bn(self):
+        return self.n
+
+    @property
+    def threads(self):
+        return 128 * self.warpgroups
+
+    @property
+    def smem_bytes(self):
+        return self.stages * (self.bm + self.bn) * BK + 1024  # + alignment slack
+
+    def check(self):
+        if self.n % 8 or not 8 <= self.n <= 256 or self.stages < 3:
+            raise ValueError(f"bad wgmma config {self}")
+        if self.bm * (self.n + 4) * 4 > self.stages * (self.bm + self.bn) * BK:
+            raise ValueError(f"wgmma config {self}: the C tile does not fit in the shared ring")
+        if self.smem_bytes > 227 * 1024:
+            raise ValueError(f"wgmma config {self} needs more than 227 KiB of shared memory")
+
+
+def make_wgmma_kernel(cfg: WgmmaConfig, spec):
+    cfg.check()
+    BM, BN, NTHREADS, STAGES, GROUP_M = cfg.bm, cfg.bn, cfg.threads, cfg.stages, cfg.group_m
+    A_STAGE, B_STAGE = BM * BK, BN * BK
+    SA_BYTES = STAGES * A_STAGE
+    A_CHUNKS, B_CHUNKS = BM * 8, BN * 8
+    NACC = BN // 2
+    FLOAT_ACC = spec.mma not in ("s8s8", "u8s8")
+    kind = {"s8s8": "s8.s8", "u8s8": "u8.s8"}.get(spec.mma, spec.mma)
+    mma = _mma.wgmma(kind, BN)
+    wait_ready = _mma.cp_async_wait(STAGES - 3)
+    cp_async16, commit = _mma.cp_async16, _mma.cp_async_commit
+    fence, wg_commit, wg_wait, proxy_fence = _mma.wgmma_fence, _mma.wgmma_commit, _mma.wgmma_wait0, _mma.fence_proxy_async
+    smem_addr, desc = _mma.smem_addr, _mma.wgmma_desc
+    ACC_T = float32 if FLOAT_ACC else int32
+    ZERO_ACC = np.float32(0) if FLOAT_ACC else np.int32(0)
+    BLOCK = spec.sa_mode == SCALE_BLOCK
+    NTOT = NACC if BLOCK else 1
+    SA_ROW, SB_ROW = spec.sa_mode == SCALE_ROW, spec.sb_mode == SCALE_ROW
+    OUT, ACT, BIAS, ASYM = spec.out, spec.act, spec.bias, spec.asym
+    CROW = BN + 4  # float32 words per row of the parked C tile (+4: fewer bank conflicts)
+    _ = math
+
+    @devfn
+    def load_tile(a, b, smem, pad, M, N, K, m0, n0, kt, stage, tid):
+        k0 = kt * BK
+        for c in range(tid, A_CHUNKS, NTHREADS):
+            row = c >> 3
+            ch = c & 7
+            gr = m0 + row
+            gk = k0 + ch * 16
+            ok = gr < M and gk < K
+            src = gr * K + gk if ok else 0
+            dst = pad + stage * A_STAGE + row * BK + ((ch ^ (row & 7)) << 4)
+            cp_async16(smem, dst, a, src, 16 if ok else 0)
+        for c in range(tid, B_CHUNKS, NTHREADS):
+            row = c >> 3
+            ch = c & 7
+            gr = n0 + row
+            gk = k0 + ch * 16
+            ok = gr < N and gk < K
+            src = gr * K + gk if ok else 0
+            dst = pad + SA_BYTES + stage * B_STAGE + row * BK + ((ch ^ (row & 7)) << 4)
+            cp_async16(smem, dst, b, src, 16 if ok else 0)
+
+    @cuda.jit
+    def gemm_wgmma(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out):
+        smem = cuda.shared.array(0, uint8)
+        base = smem_addr(smem)
+        pad = (1024 - (base & 1023)) & 1023  # swizzle atoms must start 1024-byte aligned
+        tid = cuda.threadIdx.x
+        wg = tid >> 7
+        t = tid & 127
+        w = t >> 5
+        g = (t & 31) >> 2
+        q = t & 3
+
+        # 32-bit unsigned divisions: a 64-bit one is a call in SASS, and any call makes
+        # ptxas serialise the wgmma's (C7509)
+        tiles_m = np.uint32((M + BM - 1) // BM)
+        tiles_n = np.uint32((N + BN - 1) // BN)
+        pid = np.uint32(cuda.blockIdx.x)
+        per_group = np.uint32(GROUP_M * tiles_n)
+        grp = np.uint32(pid // per_group)
+        first_m = np.uint32(grp * GROUP_M)
+        gsize = np.uint32(min(tiles_m - first_m, GROUP_M))
+        in_grp = np.uint32(pid - grp * per_group)
+        tn = np.uint32(in_grp // gsize)
+        m0 = np.int64(first_m + (in_grp - tn * gsize)) * BM
+        n0 = np.int64(tn) * BN
+
+        acc = cuda.local.array(NACC, ACC_T)
+        tot = cuda.local.array(NTOT, float32)
+        for x in range(NACC):
+            acc[x] = ZERO_ACC
+        if BLOCK:
+            for x in range(NACC):
+                tot[x] = float32(0)
+
+        ktiles = (K + BK - 1) // BK
+        KB = ktiles  # fp8 scale blocks along K (BK = 128)
+        for s in range(STAGES - 2):
+            if s < ktiles:
+                load_tile(a, b, smem, pad, M, N, K, m0, n0, s, s, tid)
+            commit()
+        a_base = base + pad + wg * (64 * BK)
+        b_base = base + pad + SA_BYTES
+        m_lo = m0 + wg * 64 + w * 16 + g  # this thread's rows: m_lo, m_lo + 8
+        for kt in range(ktiles):
+            wait_ready()
+            proxy_fence()
+            cuda.syncthreads()
+            nk = kt + STAGES - 2
+            if nk < ktiles:
+                load_tile(a, b, smem, pad, M, N, K, m0, n0, nk, nk % STAGES, tid)
+            commit()
+            stage = kt % STAGES
+            fence()
+            for kk in range(4):
+                da = desc(a_base + stage * A_STAGE + kk * 32)
+                db = desc(b_base + stage * B_STAGE + kk * 32)
+                mma(acc, smem, da, db, 0 if (BLOCK and kk == 0) else 1)
+            wg_commit()
+            wg_wait()
+            if BLOCK:
+                s_b = sb[(n0 >> 7) * KB + kt]
+                s0 = sa[m_lo * KB + kt] * s_b if m_lo < M else float32(0)
+                s1 = sa[(m_lo + 8) * KB + kt] * s_b if m_lo + 8 < M else float32(0)
+                for j in range(NACC // 4):
+                    tot[4 * j] += acc[4 * j] * s0
+                    tot[4 * j + 1] += acc[4 * j + 1] * s0
+                    tot[4 * j + 2] += acc[4 * j + 2] * s1
+                    tot[4 * j + 3] += acc[4 * j + 3] * s1
+
+        # epilogue, in two passes so that the accumulators are only ever indexed by
+        # constants (they stay in registers): (1) every thread parks its fragment in the
+        # idle shared ring as a [BM, CROW] float32 / int32 tile; (2) threads walk the tile
+        # in row-major order (coalesced stores) and apply scales, bias, activation, rounding
+        cuda.syncthreads()
+        cf = smem.view(np.float32)
+        ci = smem.view(np.int32)
+        c0 = (pad >> 2) + (wg * 64 + w * 16 + g) * CROW + 2 * q
+        for j in range(NACC // 4):
+            for h in range(2):
+                for e in range(2):
+                    if BLOCK:
+                        cf[c0 + 8 * h * CROW + 8 * j + e] = tot[4 * j + 2 * h + e]
+                    elif FLOAT_ACC:
+                        cf[c0 + 8 * h * CROW + 8 * j + e] = acc[4 * j + 2 * h + e]
+                    else:
+                        ci[c0 + 8 * h * CROW + 8 * j + e] = acc[4 * j + 2 * h + e]
+        cuda.syncthreads()
+        for idx in range(tid, BM * BN, NTHREADS):
+            r = idx // BN
+            c = idx - r * BN
+            m = m0 + r
+            n = n0 + c
+            if m < M and n < N:
+                x = (pad >> 2) + r * CROW + c
+                if BLOCK:
+                    v = alpha * cf[x]
+                elif FLOAT_ACC:
+                    v = cf[x] * alpha * (sa[m] if SA_ROW else sa[0]) * (sb[n] if SB_ROW else sb[0])
+                else:
+                    qv = ci[x]
+                    if ASYM:
+                        qv -= int32(za[m] if SA_ROW else za[0]) * colsum_b[n]
+                    v = float32(qv) * alpha * (sa[m] if SA_ROW else sa[0]) * (sb[n] if SB_ROW else sb[0])
+                if BIAS:
+                    v += bias[n]
+                if ACT == ACT_RELU:
+                    v = max(v, float32(0))
+                elif ACT == ACT_GELU:
+                    v = gelu_erf(v)
+                if OUT == OUT_F32:
+                    out[m * N + n] = v
+                elif OUT == OUT_F16:
+                    out[m * N + n] = f16_bits_rne(v)
+                else:
+                    out[m * N + n] = bf16_bits_rne(v)
+
+    return gemm_wgmma
