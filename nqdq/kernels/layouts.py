@@ -1,7 +1,8 @@
-"""Scale layouts on the GPU: the index maps of ``nqdq.reference.layouts``, one scale per
-thread, bit-identical to the reference (they only move bytes, so exactness is the map).
+"""Scale layouts on the GPU: the index maps of ``nqdq.reference.layouts``, bit-identical to
+the reference (they only move bytes, so exactness is the map). Two kernel families:
 
-Both directions are gathers so that the writes are coalesced:
+The general one, one scale per thread (any dtype, any shape); both directions are gathers
+so that the writes are coalesced:
 
 * ``swizzle``: thread ``o`` of the swizzled array works out which linear scale ``(r, c)``
   lands there (``_position_*``) and copies it, or writes the zero pad byte when ``(r, c)``
@@ -9,10 +10,10 @@ Both directions are gathers so that the writes are coalesced:
 * ``unswizzle``: thread ``e = r * cols + c`` of the linear array reads the swizzled byte at
   ``_offset_*(r, c)`` (the reference's ``ScaleLayout.offset``).
 
-uint8 scales (e8m0, ue4m3) with ``cols % 4 == 0`` (K a multiple of 128 for MX, 64 for
-NVFP4) go through the tiled ``_*_words_*`` kernels instead: 32-bit words staged through
-shared memory, coalesced on both sides; other shapes and dtypes take the one-scale-per-
-thread kernels.
+The fast one, for uint8 scales (e8m0, ue4m3) with ``cols % 4 == 0`` (K a multiple of 128
+for MX, 64 for NVFP4): the tiled ``_*_words_*`` kernels move 32-bit words staged through
+shared memory, coalesced on both sides (H100, 64 MiB: 49-77% of copy bandwidth against
+about 10% for the general kernels; docs/performance.md).
 
 Tile sizes are powers of two, so the maps are shifts and masks; the only divisions are by
 the number of tile columns and (unswizzle) by ``cols``. Launchers take NumPy arrays (the
