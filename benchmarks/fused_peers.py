@@ -102,7 +102,7 @@ def main(argv=None):
     nsets = n_sets_for(in_bytes, l2, cap=4)
     xs = random_bf16_sets((rows, n), nsets, seed=1)
     rs = random_bf16_sets((rows, n), nsets, seed=2)
-    w = random_bf16_sets((n,), 1, seed=3)[0]
+    w = random_bf16_sets((1, n), 1, seed=3)[0].reshape(n)
     kw = dict(dtype="bfloat16")
     results, checks = [], []
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
