@@ -534,6 +534,10 @@ def unaligned_loads(monkeypatch):
     """The kernels read element by element when the input is not 16-byte aligned (a view
     at an offset); the simulator's arrays always report aligned, so pretend otherwise."""
     from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels._target import SIMULATOR
+
+    if not SIMULATOR:
+        pytest.skip("compiled kernels: tests/test_kernels_gpu.py reads real unaligned views")
 
     def clear():
         for f in (RK.make_lastaxis_group_kernel, RK.make_lastaxis_row_kernel, RK.make_tensor_amax_kernel):
@@ -551,3 +555,39 @@ def unaligned_loads(monkeypatch):
 def test_lastaxis_unaligned_input(unaligned_loads, name, dtype):
     x = edge_data((2, 64), seed=4).astype(dtype)
     check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
+
+
+def _boundary_values():
+    """Every e2m1 / int rounding boundary and tie, their float32 neighbours, signed zeros,
+    subnormals, infinities, huge values, and random values at several magnitudes (no NaN:
+    the finite-group encoders are only called where none can arise)."""
+    base = [k / 8 for k in range(0, 72)] + [7.0, 7.5, 8.0, 12.0, 126.5, 127.0, 127.5, 128.0, 1000.0, 2.0**22,
+                                             3.4e38, 1e-40, 1e-45, 2.0**-126, np.inf]
+    base += [k + 0.5 for k in range(-10, 10)]
+    b = np.array(base, np.float32)
+    near = np.concatenate([np.nextafter(b, np.float32(np.inf)), np.nextafter(b, np.float32(0))])
+    rnd = np.random.default_rng(5).standard_normal(400).astype(np.float32) * np.float32(4.0) ** np.arange(-4, 4).repeat(50)
+    v = np.concatenate([b, near, rnd.astype(np.float32)])
+    return np.concatenate([v, -v]).astype(np.float32)
+
+
+def test_finite_group_encoders():
+    """The last-axis kernels' encoders for finite groups (e2m1 by float rounding onto the
+    grid, integers by the 1.5 * 2^23 trick) against the reference codec, value by value."""
+    from nqdq.formats import get_format
+    from nqdq.kernels import _rowwise_kernels as RK
+
+    x = _boundary_values()
+
+    @cuda.jit
+    def enc(x, o4, o8, oi4):
+        for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+            o4[i] = RK.e2m1_code_nonnan(x[i])
+            o8[i] = RK.int_code_finite(x[i], -127, 127) & 0xFF
+            oi4[i] = RK.int_code_finite(x[i], -7, 7) & 0xFF
+
+    o4, o8, oi4 = (np.zeros(x.size, np.uint8) for _ in range(3))
+    enc[4, 64](x, o4, o8, oi4)
+    assert_same(o4, rcodec.encode_float(x, get_format("e2m1")).astype(np.uint8), "e2m1", x=x)
+    assert_same(o8, rcodec.encode_int(x, get_format("int8")).view(np.uint8), "int8", x=x)
+    assert_same(oi4, rcodec.encode_int(x, get_format("int4")).view(np.uint8), "int4", x=x)

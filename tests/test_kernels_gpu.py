@@ -193,10 +193,10 @@ def _fast_kernels(shape, kind, sch):
 
 @pytest.fixture(scope="module")
 def big_bf16():
-    """2048 x 8192 bf16: large enough for the deep paths (several 16-byte units per thread),
-    with outlier channels, and NaN / inf in a few groups."""
+    """640 x 8192 bf16: large enough for the deep paths (several 16-byte units per thread,
+    kq.DEEP_UNITS / DEEP_ROWS), with outlier channels, and NaN / inf in a few groups."""
     rng = np.random.default_rng(12)
-    x = (rng.standard_normal((2048, 8192)) * 3).astype(np.float32)
+    x = (rng.standard_normal((640, 8192)) * 3).astype(np.float32)
     x[:, rng.choice(8192, 8, replace=False)] *= 100.0
     x.reshape(-1)[rng.choice(x.size, 16, replace=False)] = [np.nan, np.inf, -np.inf, -0.0] * 4
     return x.astype(ml_dtypes.bfloat16)

@@ -40,7 +40,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ._codec import F32, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_bits_to_f32_bits
+from ._codec import F32, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits
 from ._elements import encode_element
 from ._ptx import E4M3, array_addr, cvt_e4m3x2, cvt_e5m2x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, store_u32x2
 from ._quantize_kernels import group_params, store_scale
@@ -171,6 +171,67 @@ def enc(xb, p0, mode, fmt, cvt, mask):
     return np.uint32(encode_element(bits_f32(xb), p0, ZERO, 0, mode, fmt, False, 0, cvt) & mask)
 
 
+# ---- element encoders for finite groups (no NaN can arise: see encode_store_unit). They give
+# encode_element's codes with fewer instructions and no float -> int conversion (F2I runs at
+# an eighth of the FP32 rate); tests/test_kernels.py checks them over every code boundary.
+RINT_MAGIC = F32(12582912.0)  # 1.5 * 2^23: v + this rounds v to an integer (RNE) for |v| < 2^22
+RINT_MAGIC_BITS = 0x4B400000
+E2M1_TWO = F32(2.0)
+E2M1_FOUR = F32(4.0)
+E2M1_SIX = F32(6.0)
+
+
+@devfn
+def int_code_finite(v, lo, hi):
+    """reference codec.encode_int (RNE) of a non-NaN v: clip to [lo, hi], round to nearest
+    even. In [2^23, 2^24) the float32 spacing is 1, so v + 1.5 * 2^23 is rounded by the FPU to
+    the integer nearest v (ties to even) and its bits are those of the magic plus rint(v)."""
+    flo = F32(lo)
+    fhi = F32(hi)
+    if v < flo:
+        v = flo
+    if v > fhi:
+        v = fhi
+    return np.uint32(np.int32(f32_bits(v + RINT_MAGIC) - RINT_MAGIC_BITS))
+
+
+@devfn
+def e2m1_code_nonnan(v):
+    """The e2m1 code of a non-NaN v (saturating, RNE), as encode_float_rne's. The e2m1 grid
+    has spacing 0.5 below 2, 1 in [2, 4), 2 from 4 on: adding and removing 2^22, 2^23 or 2^24
+    (whose float32 spacing is exactly that) rounds |v| onto the grid, ties to even (an even
+    multiple of the spacing is an even code); results above 6 saturate. The code is then read
+    from the rounded value's bits."""
+    b = f32_bits(v)
+    a = bits_f32(np.uint32(b & 0x7FFFFFFF))
+    mb = 0x4A800000  # 2^22
+    if a >= E2M1_TWO:
+        mb = 0x4B000000  # 2^23
+    if a >= E2M1_FOUR:
+        mb = 0x4B800000  # 2^24
+    m = bits_f32(np.uint32(mb))
+    r = (a + m) - m
+    if not r < E2M1_SIX:
+        r = E2M1_SIX
+    # (bits >> 22) - 251 is 0 for 0.0 (clamped), 1 for 0.5 and 3 .. 8 for 1.0 .. 6.0
+    j = np.int32(np.uint32(np.uint32(f32_bits(r)) >> np.uint32(22))) - np.int32(251)
+    if j < 0:
+        j = np.int32(0)
+    if j > 1:
+        j = np.int32(j - 1)
+    return np.uint32(np.uint32(j) | np.uint32((b >> 28) & 8))
+
+
+@devfn
+def enc_finite(xb, p0, mode, fmt, cvt, mask):
+    """encode_element's code of an element of a finite group."""
+    if fmt[0] == 0:  # integer elements
+        return np.uint32(int_code_finite(scaled(xb, p0, mode), fmt[6], fmt[7]) & np.uint32(mask))
+    if fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7:  # e2m1
+        return np.uint32(e2m1_code_nonnan(scaled(xb, p0, mode)) & np.uint32(mask))
+    return enc(xb, p0, mode, fmt, cvt, mask)
+
+
 @devfn
 def pack4(q0, q1, q2, q3, nb):
     return np.uint32(q0 | (q1 << np.uint32(nb)) | (q2 << np.uint32(2 * nb)) | (q3 << np.uint32(3 * nb)))
@@ -181,8 +242,8 @@ def encode_store_unit(e, unit, p0, clean, c8, c16, c32, mode, fmt, cvt, vec, nb)
     """Encode the unit's elements (float32 bits ``e``) with their group's parameter p0 and
     store the codes (``nb`` bits each, first element lowest) at byte unit * vec * nb / 8."""
     if cvt and clean:
-        # a finite group: s is finite and non-zero and |x| <= amax, so no NaN can arise and
-        # the paired instruction gives encode_element's codes
+        # a finite group: s (or the multiplier) is finite and non-zero and x is finite, so no
+        # NaN can arise, and the paired instruction gives encode_element's codes
         w0 = np.uint32(fp8_pair(e[0], e[1], p0, mode, fmt) | (fp8_pair(e[2], e[3], p0, mode, fmt) << np.uint32(16)))
         if vec == 8:
             w1 = np.uint32(fp8_pair(e[4], e[5], p0, mode, fmt) | (fp8_pair(e[6], e[7], p0, mode, fmt) << np.uint32(16)))
@@ -191,12 +252,19 @@ def encode_store_unit(e, unit, p0, clean, c8, c16, c32, mode, fmt, cvt, vec, nb)
             c32[np.uint64(unit)] = w0
         return
     m = (1 << nb) - 1
-    lo = pack4(enc(e[0], p0, mode, fmt, cvt, m), enc(e[1], p0, mode, fmt, cvt, m),
-               enc(e[2], p0, mode, fmt, cvt, m), enc(e[3], p0, mode, fmt, cvt, m), nb)
     hi = np.uint32(0)
-    if vec == 8:
-        hi = pack4(enc(e[4], p0, mode, fmt, cvt, m), enc(e[5], p0, mode, fmt, cvt, m),
-                   enc(e[6], p0, mode, fmt, cvt, m), enc(e[7], p0, mode, fmt, cvt, m), nb)
+    if clean:  # as above: no NaN can arise, the finite-group encoders apply
+        lo = pack4(enc_finite(e[0], p0, mode, fmt, cvt, m), enc_finite(e[1], p0, mode, fmt, cvt, m),
+                   enc_finite(e[2], p0, mode, fmt, cvt, m), enc_finite(e[3], p0, mode, fmt, cvt, m), nb)
+        if vec == 8:
+            hi = pack4(enc_finite(e[4], p0, mode, fmt, cvt, m), enc_finite(e[5], p0, mode, fmt, cvt, m),
+                       enc_finite(e[6], p0, mode, fmt, cvt, m), enc_finite(e[7], p0, mode, fmt, cvt, m), nb)
+    else:
+        lo = pack4(enc(e[0], p0, mode, fmt, cvt, m), enc(e[1], p0, mode, fmt, cvt, m),
+                   enc(e[2], p0, mode, fmt, cvt, m), enc(e[3], p0, mode, fmt, cvt, m), nb)
+        if vec == 8:
+            hi = pack4(enc(e[4], p0, mode, fmt, cvt, m), enc(e[5], p0, mode, fmt, cvt, m),
+                       enc(e[6], p0, mode, fmt, cvt, m), enc(e[7], p0, mode, fmt, cvt, m), nb)
     bits = nb * vec
     if bits == 64:  # eight 8-bit codes
         store_u32x2(c32, unit, lo, hi)
@@ -222,20 +290,27 @@ def _consts(kind, mode, fmt, mx_cfg, max_elem, packed):
     return vec_of(kind), nb, cvt, F32(max_elem), mx_cfg[0], mx_cfg[1], mx_cfg[2], F32(mx_cfg[3])
 
 
-def _jit_unrolled(name, template, U, ns):
-    """Compile a kernel whose per-unit statements are repeated for j = 0 .. U-1: lines of
-    ``template`` holding ``{j}`` (and ``{jNT}`` = j * NT) are written out once per unit, so
-    the U units live in U named register tuples (see the comment above load_unit)."""
+def _jit_unrolled(name, template, ns, U, K=1):
+    """Compile a kernel whose per-unit statements are written out: a line of ``template``
+    holding ``{j}`` (and ``{jNT}`` = j * NT) is repeated for j = 0 .. U-1, one holding ``{k}``
+    for k = 0 .. K-1 (j outer), so every unit lives in its own named register tuple (see the
+    comment above load_unit)."""
     lines = []
     for ln in template.splitlines():
-        if "{j}" in ln or "{jNT}" in ln:
-            lines += [ln.replace("{jNT}", str(j * ns["NT"])).replace("{j}", str(j)) for j in range(U)]
-        else:
-            lines.append(ln)
+        js = range(U) if ("{j}" in ln or "{jNT}" in ln) else [None]
+        ks = range(K) if "{k}" in ln else [None]
+        for jj in js:
+            for kk in ks:
+                out = ln
+                if jj is not None:
+                    out = out.replace("{jNT}", str(jj * ns["NT"])).replace("{j}", str(jj))
+                if kk is not None:
+                    out = out.replace("{k}", str(kk))
+                lines.append(out)
     src = "\n".join(lines) + "\n"
     glb = dict(globals())
     glb.update(ns)
-    exec(compile(src, f"<nqdq {name} U={U}>", "exec"), glb)
+    exec(compile(src, f"<nqdq {name} U={U} K={K}>", "exec"), glb)
     fn = glb[name]
     fn.source = src
     return cuda.jit(fn)
@@ -243,47 +318,51 @@ def _jit_unrolled(name, template, U, ns):
 
 # ----------------------------------------------------------------------------- small groups
 _GROUPS_SRC = '''
-def lastaxis_groups(x, nunits, codes, scales, sparams):
+def lastaxis_groups(x, nchunks, codes, scales, sparams):
     tid = cuda.threadIdx.x
     scratch = cuda.shared.array(SCRATCH, int32)
     x32 = x[: (x.size >> SH) << SH].view(np.uint32)  # 16-bit kinds: two elements per word
     c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
     c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
     aligned = (array_addr(x) & 15) == 0
-    u0 = cuda.blockIdx.x * (NT * U) + tid
-    w{j} = load_unit(x, x32, aligned, u0 + {jNT}, u0 + {jNT} < nunits, kind)
+    c0 = cuda.blockIdx.x * (NT * U) + tid
+    ok{j} = c0 + {jNT} < nchunks
+    w{j}_{k} = load_unit(x, x32, aligned, (c0 + {jNT}) * K + {k}, ok{j}, kind)
     s_enc = sparams[0] if mode == MODE_NVFP4 else ONE
-    group_step(w{j}, u0 + {jNT}, nunits, tid, scratch, codes, c16, c32, scales, s_enc)
+    a{j} = np.int32(0)
+    a{j} = max(a{j}, unit_amax(unit_elems(w{j}_{k}, kind), VEC))
+    a{j} = lanes_max(a{j}, tid, scratch)
+    sv{j}, p0{j}, pz{j} = group_params(mode, a{j}, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
+    if ok{j} and (tid & (LL - 1)) == 0: store_scale(scales, (c0 + {jNT}) // LL, mode, sv{j})
+    if ok{j}: encode_store_unit(unit_elems(w{j}_{k}, kind), (c0 + {jNT}) * K + {k}, p0{j}, a{j} < FINITE, codes, c16, c32, mode, fmt, CVT, VEC, NB)
 '''
 
 
 @lru_cache(maxsize=None)
-def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, NT, U, packed, shfl):
+def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, packed, shfl):
     """Groups of L units (G = L * VEC elements, L a power of two <= 32) tiling a flat
     C-contiguous input whose rows hold a whole number of groups: group g covers units
-    g*L .. g*L + L - 1 and owns scales[g]. Block b owns units b*NT*U + j*NT + t (thread t,
-    j < U), so a group sits in L consecutive lanes of one warp; all U loads of a thread are
-    issued before the first is used."""
+    g*L .. g*L + L - 1 and owns scales[g]. A thread takes *chunks* of K consecutive units
+    (K divides L: one set of group parameters per chunk, not per unit), so a group is LL =
+    L / K consecutive lanes of one warp, combined by a butterfly of log2(LL) steps. Block b
+    owns chunks b*NT*U + j*NT + t (thread t, j < U); all U * K loads of a thread are issued
+    before the first is used."""
     VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
-    assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0
+    assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0 and L % K == 0
+    LL = L // K
 
     @devfn
-    def group_step(w, unit, nunits, tid, scratch, c8, c16, c32, scales, s_enc):
-        e = unit_elems(w, kind)
-        a = unit_amax(e, VEC)
-        off = L >> 1
+    def lanes_max(a, tid, scratch):
+        off = LL >> 1
         while off > 0:  # every lane takes part, in range or not
             a = xor_max(a, off, shfl, scratch, tid)
             off >>= 1
-        if unit < nunits:
-            sv, p0, pz = group_params(mode, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
-            if (tid & (L - 1)) == 0:
-                store_scale(scales, unit // L, mode, sv)
-            encode_store_unit(e, unit, p0, a < FINITE, c8, c16, c32, mode, fmt, CVT, VEC, NB)
+        return a
 
-    ns = dict(NT=NT, U=U, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind, mode=mode,
-              group_step=group_step)
-    return _jit_unrolled("lastaxis_groups", _GROUPS_SRC, U, ns)
+    ns = dict(NT=NT, U=U, K=K, LL=LL, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
+              mode=mode, fmt=fmt, VEC=VEC, NB=NB, CVT=CVT, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE, MXI=MXI,
+              lanes_max=lanes_max)
+    return _jit_unrolled("lastaxis_groups", _GROUPS_SRC, ns, U, K)
 
 
 # ----------------------------------------------------------------------------- whole rows
@@ -342,7 +421,7 @@ def make_lastaxis_row_kernel(kind, mode, fmt, mx_cfg, max_elem, NT, U, packed, s
     ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
               mode=mode, fmt=fmt, VEC=VEC, NB=NB, CVT=CVT, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE, MXI=MXI,
               block_max=_block_max_fn(NT, shfl))
-    return _jit_unrolled("lastaxis_rows", _ROWS_SRC, U, ns)
+    return _jit_unrolled("lastaxis_rows", _ROWS_SRC, ns, U)
 
 
 # ----------------------------------------------------------------------------- tensor amax
@@ -376,7 +455,7 @@ def make_tensor_amax_kernel(kind, NT, U, shfl):
     assert NT % 32 == 0
     ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
               VEC=vec_of(kind), block_max=_block_max_fn(NT, shfl))
-    return _jit_unrolled("tensor_amax", _TENSOR_SRC, U, ns)
+    return _jit_unrolled("tensor_amax", _TENSOR_SRC, ns, U)
 
 
-_ = (float32, int32, uint32, ONE, array_addr)  # used by the generated kernel sources (_jit_unrolled)
+_ = (float32, int32, uint32, ONE, array_addr, group_params, store_scale)  # used by the generated kernel sources

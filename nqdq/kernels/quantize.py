@@ -453,7 +453,7 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
 
 
 ROW_UNITS_MAX = 8  # 16-byte units a thread of the row kernel holds in registers
-GROUP_UNITS = 4  # 16-byte units a thread of the group kernel loads before using any
+GROUP_UNITS = 4  # 16-byte units a thread of the group kernel loads before using any (deep)
 DEEP_ROWS = 528  # rows from which the row kernel uses deep threads (4 blocks per H100 SM)
 DEEP_UNITS = 4 * 256 * 264  # units from which the group kernel uses GROUP_UNITS per thread
 SHFL = RK.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twin on a GPU
@@ -462,7 +462,7 @@ SHFL = RK.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twi
 def _fast_lastaxis(shape, kind, mode, G, nt):
     """The last-axis kernel (``_rowwise_kernels``) for a C-contiguous input whose scale
     groups of G run along the last axis, or None where only the general kernels apply:
-    ("group", L, NT, U) when groups of G = L * VEC (L a power of two <= 32) tile each row,
+    ("group", L, K, NT, U) when groups of G = L * VEC (L a power of two <= 32) tile each row,
     ("row", NT, U) when a group is a whole row of at most 1024 * ROW_UNITS_MAX units; rows
     must be whole 16-byte units. Small inputs get shallow threads (U = 1 or 2: more of them,
     less latency each), large ones deep threads (more loads in flight, fewer blocks)."""
@@ -477,8 +477,12 @@ def _fast_lastaxis(shape, kind, mode, G, nt):
     G = min(G, C)
     L = G // vec
     if C % G == 0 and G % vec == 0 and L & (L - 1) == 0 and L <= 32:
+        K = min(L, GROUP_UNITS)  # units per chunk (one set of group parameters per chunk)
+        nchunks = n // vec // K
         NT = max(32, min(nt, 256))
-        return ("group", L, NT, GROUP_UNITS if n // vec >= DEEP_UNITS else 1)
+        while NT > 64 and nchunks < NT * 264:  # small inputs: more, smaller blocks
+            NT //= 2
+        return ("group", L, K, NT, max(1, GROUP_UNITS // K) if n // vec >= DEEP_UNITS else 1)
     if G == C:
         upr = C // vec
         u_target = ROW_UNITS_MAX if rows >= DEEP_ROWS else 2
@@ -545,9 +549,10 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             k = RK.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL)
             _launch(k, rows, NT, xa, C // vec, codes, scales, out.sparams)
         else:
-            _, L, NT, U = fast
-            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, NT, U, packed, SHFL)
-            _launch(k, _cdiv(n // vec, NT * U), NT, xa, n // vec, codes, scales, out.sparams)
+            _, L, K, NT, U = fast
+            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, K, NT, U, packed, SHFL)
+            nchunks = n // vec // K
+            _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, out.sparams)
 
     def run_tensor_stats(stat_mode):
         nblocks = max(1, min(_cdiv(n, nt * E_TARGET), 1024))
