@@ -191,9 +191,19 @@ def load4(x, x64, off, valid, kind, wide, out, o):
             out[o + 2] = bits_f32(u1 & 0xFFFFFFFF)
             out[o + 3] = bits_f32((u1 >> 32) & 0xFFFFFFFF)
         else:
-            u = np.int64(x64[np.uint64(off >> 2)])
-            for i in range(4):
-                out[o + i] = half_to_f32((u >> (16 * i)) & 0xFFFF, kind)
+            u = x64[np.uint64(off >> 2)]
+            w0 = np.uint32(u & np.uint64(0xFFFFFFFF))
+            w1 = np.uint32(u >> np.uint64(32))
+            if kind == KIND_F16:
+                out[o] = half_to_f32(w0 & np.uint32(0xFFFF), kind)
+                out[o + 1] = half_to_f32(w0 >> np.uint32(16), kind)
+                out[o + 2] = half_to_f32(w1 & np.uint32(0xFFFF), kind)
+                out[o + 3] = half_to_f32(w1 >> np.uint32(16), kind)
+            else:  # bfloat16: its bits are the top half of the float32's
+                out[o] = bits_f32(np.uint32(w0 << np.uint32(16)))
+                out[o + 1] = bits_f32(w0 & np.uint32(0xFFFF0000))
+                out[o + 2] = bits_f32(np.uint32(w1 << np.uint32(16)))
+                out[o + 3] = bits_f32(w1 & np.uint32(0xFFFF0000))
         return
     for i in range(4):
         out[o + i] = load_f32(x, off + i, kind) if i < valid else ZERO
@@ -211,12 +221,13 @@ def _stages(T):
 
 
 @lru_cache(maxsize=None)
-def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, max_elem, G):
+def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, max_elem, G, IDX32=False):
     """The fused kernel for one configuration (every argument a compile-time constant):
     ``op`` OP_*, ``out`` OUT_*, input/weight kinds, T threads x M vectors per row, ``wide``
     (64-bit loads of x/residual/weight and stores of the new residual), ``strided``
     (OP_ROWS with a non-contiguous [B, H, D] view), ``fmt``/``mx_cfg``/``max_elem`` as in
-    kernels.quantize, G the scale group (32 or 128; 0 otherwise)."""
+    kernels.quantize, G the scale group (32 or 128; 0 otherwise), IDX32: every input offset
+    fits in int32 (32-bit address arithmetic)."""
     V = 4
     NV = M * V
     LOGM = M.bit_length() - 1
@@ -239,10 +250,21 @@ def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, 
     NGB = max(NV * T // G, 1) if G else 1  # group slots per block (padded row)
     GROUPED = out in (OUT_GROUP, OUT_MX)
     TV = T * V
+    # the within-thread halving over j as constant (a, b) index pairs, level by level
+    _jp = [((j * V + i), ((j + (M >> (lv + 1))) * V + i)) for lv in range(LOGM) for j in range(M >> (lv + 1))
+           for i in range(V)]
+    JPA = tuple(a for a, _ in _jp)
+    JPB = tuple(b for _, b in _jp)
+    NJP = len(_jp)
     MT = M * T
     XPER = 2 if kind == KIND_F32 else 4  # elements per 64-bit word
     WPER = 2 if wkind == KIND_F32 else 4
     assert T >= 8 and (T & (T - 1)) == 0 and (M & (M - 1)) == 0 and (not GROUPED or T % GV == 0)
+
+    @devfn
+    def encode_unit(v, o, c, n, p0, q):
+        for i in range(V):
+            q[i] = encode_element(v[o + i], p0, ZERO, 0, MODE, fmt, False, 0, CVT) if c + i < n else 0
 
     @cuda.jit
     def fused_row_kernel(x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D,
@@ -261,16 +283,22 @@ def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, 
         src = row
         if op == OP_GATHER:
             src = perm[row]
-        base = np.int64(src) * sb
+        n = np.int32(n)  # rows hold < 2^16 elements: 32-bit column arithmetic
+        if IDX32:  # the host checked every offset fits: 32-bit addresses too
+            base = np.int32(np.int32(src) * np.int32(sb))
+        else:
+            base = np.int64(src) * sb
 
         # ---- read the row once (and the residual; write the new residual once)
         for j in range(M):
-            c = (t + T * j) * V
-            valid = n - c
+            c = np.int32((t + T * j) * V)
+            valid = np.int32(n - c)
             off = base + c
             if strided:
-                hh = c // D
+                hh = np.int32(c // D)
                 off = base + hh * sh + (c - hh * D)
+            if IDX32:
+                off = np.int32(off)
             load4(x, x64, off, valid, kind, wide, v, j * V)
             if RES and valid > 0:
                 r4 = cuda.local.array(V, float32)
@@ -302,13 +330,10 @@ def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, 
                 p = mul_rn(v[i], v[i])
                 hi[i] = p
                 lo[i] = ZERO if SQ_EXACT else prod_err(v[i], v[i], p)
-            for lvl in range(LOGM):  # the bits of j, top first
-                hj = M >> (lvl + 1)
-                for j in range(hj):
-                    for i in range(V):
-                        a = j * V + i
-                        b = (j + hj) * V + i
-                        hi[a], lo[a] = ff_add(hi[a], lo[a], hi[b], lo[b])
+            for pi in range(NJP):  # the bits of j, top first (constant pairs: registers)
+                a = JPA[pi]
+                b = JPB[pi]
+                hi[a], lo[a] = ff_add(hi[a], lo[a], hi[b], lo[b])
             sh_hi = cuda.shared.array(TV, float32)
             sh_lo = cuda.shared.array(TV, float32)
             sh_r = cuda.shared.array(2, float32)
@@ -320,19 +345,28 @@ def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, 
                 step = STEPS[st]
                 nxt = NEXTS[st]
                 if t < nxt:
-                    ah = cuda.local.array(8, float32)
-                    al = cuda.local.array(8, float32)
                     for i in range(V):
-                        for k in range(step):
-                            ah[k] = sh_hi[(t + k * nxt) * V + i]
-                            al[k] = sh_lo[(t + k * nxt) * V + i]
-                        hk = step >> 1
-                        while hk >= 1:
-                            for k in range(hk):
-                                ah[k], al[k] = ff_add(ah[k], al[k], ah[k + hk], al[k + hk])
-                            hk >>= 1
-                        sh_hi[t * V + i] = ah[0]
-                        sh_lo[t * V + i] = al[0]
+                        a0, b0 = sh_hi[t * V + i], sh_lo[t * V + i]
+                        a1, b1 = sh_hi[(t + nxt) * V + i], sh_lo[(t + nxt) * V + i]
+                        if step == 2:
+                            a0, b0 = ff_add(a0, b0, a1, b1)
+                        else:
+                            a2, b2 = sh_hi[(t + 2 * nxt) * V + i], sh_lo[(t + 2 * nxt) * V + i]
+                            a3, b3 = sh_hi[(t + 3 * nxt) * V + i], sh_lo[(t + 3 * nxt) * V + i]
+                            if step == 8:  # first level: k with k + 4
+                                a4, b4 = sh_hi[(t + 4 * nxt) * V + i], sh_lo[(t + 4 * nxt) * V + i]
+                                a5, b5 = sh_hi[(t + 5 * nxt) * V + i], sh_lo[(t + 5 * nxt) * V + i]
+                                a6, b6 = sh_hi[(t + 6 * nxt) * V + i], sh_lo[(t + 6 * nxt) * V + i]
+                                a7, b7 = sh_hi[(t + 7 * nxt) * V + i], sh_lo[(t + 7 * nxt) * V + i]
+                                a0, b0 = ff_add(a0, b0, a4, b4)
+                                a1, b1 = ff_add(a1, b1, a5, b5)
+                                a2, b2 = ff_add(a2, b2, a6, b6)
+                                a3, b3 = ff_add(a3, b3, a7, b7)
+                            a0, b0 = ff_add(a0, b0, a2, b2)  # k with k + 2, then k with k + 1
+                            a1, b1 = ff_add(a1, b1, a3, b3)
+                            a0, b0 = ff_add(a0, b0, a1, b1)
+                        sh_hi[t * V + i] = a0
+                        sh_lo[t * V + i] = b0
                 cuda.syncthreads()
             if t == 0:  # the bits of l
                 a0, b0 = ff_add(sh_hi[0], sh_lo[0], sh_hi[2], sh_lo[2])
@@ -351,7 +385,7 @@ def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, 
                 r_hi = r1
                 r_lo = r2
             for j in range(M):
-                c = (t + T * j) * V
+                c = np.int32((t + T * j) * V)
                 wv = cuda.local.array(V, float32)
                 load4(w, w64, c, n - c, wkind, wide, wv, 0)
                 for i in range(V):
@@ -372,13 +406,17 @@ def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, 
                         y = tt + (e + cc)
                     if y != y:
                         y = bits_f32(CANON_NAN_BITS)
-                    v[j * V + i] = y if c + i < n else ZERO
+                    v[j * V + i] = y
+                if c + V > n:  # the row's last, partial vector: padding stays 0
+                    for i in range(V):
+                        if c + i >= n:
+                            v[j * V + i] = ZERO
 
         # ---- outputs
         if out == OUT_Y:
             ybase = np.int64(row) * n
             for j in range(M):
-                c = (t + T * j) * V
+                c = np.int32((t + T * j) * V)
                 for i in range(V):
                     if c + i < n:
                         yout[np.uint64(ybase + c + i)] = v[j * V + i]
@@ -412,10 +450,9 @@ def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, 
             else:
                 p0 = sscale
             for j in range(M):
-                c = (t + T * j) * V
+                c = np.int32((t + T * j) * V)
                 if c < n:
-                    for i in range(V):
-                        q[i] = encode_element(v[j * V + i], p0, ZERO, 0, MODE, fmt, False, 0, CVT) if c + i < n else 0
+                    encode_unit(v, j * V, c, n, p0, q)
                     store_unit_wide(codes, c32, c16, wide_out, rowbase, c, q, n, pcols, NBITS, True)
             return
 
@@ -448,12 +485,11 @@ def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, 
                     gp[g] = s
         cuda.syncthreads()
         for j in range(M):
-            u = t + T * j
+            u = np.int32(t + T * j)
             c = u * V
             if c < n:
                 p0 = gp[u // GV]
-                for i in range(V):
-                    q[i] = encode_element(v[j * V + i], p0, ZERO, 0, MODE, fmt, False, 0, CVT) if c + i < n else 0
+                encode_unit(v, j * V, c, n, p0, q)
                 store_unit_wide(codes, c32, c16, wide_out, rowbase, c, q, n, pcols, NBITS, True)
 
     return fused_row_kernel

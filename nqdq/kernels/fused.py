@@ -127,7 +127,9 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     scales_a = scales if scales is not None else _view(x, sdt, False, alloc, dummies)
     perm_a = perm if perm is not None else _view(x, np.int32, False, alloc, dummies)
 
-    kern = FK.row_kernel(op, mode, kind, wkind, T, M, bool(wide), bool(strided), res is not None, fmt, mx, float(maxe), G)
+    idx32 = x.size < 2**31 - 4 * T * M  # every offset (rows, views, gathers) lies inside x: int32 arithmetic
+    kern = FK.row_kernel(op, mode, kind, wkind, T, M, bool(wide), bool(strided), res is not None, fmt, mx, float(maxe), G,
+                         bool(idx32))
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
             n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, bool(wide_out))
     if rows > 0:
