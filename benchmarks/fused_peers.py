@@ -84,7 +84,14 @@ def main(argv=None):
     ap.add_argument("--json")
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--only", help="time only the ops whose name contains this")
+    ap.add_argument("--geometry", help="T,M: force the fused kernels' threads per row and vectors per thread")
     args = ap.parse_args(argv)
+    if args.geometry:
+        import nqdq.kernels.fused as KF
+
+        gT, gM = (int(v) for v in args.geometry.split(","))
+        KF.geometry = lambda n_: (gT, gM)
 
     import cupy as cp
 
@@ -117,6 +124,8 @@ def main(argv=None):
     w_h = bf16_host(w).astype(np.float32)
 
     def record(op, fused_fn, unfused_fn, nbytes):
+        if args.only and args.only not in op:
+            return
         t_f, hb_f = timer.device_us(fused_fn, nsets, bytes_per_launch=nbytes)
         t_u, hb_u = timer.device_us(unfused_fn, nsets, bytes_per_launch=nbytes)
         gbs = nbytes / t_f / 1e3
@@ -127,6 +136,8 @@ def main(argv=None):
     for scheme in SCHEMES:
         for with_res in (False, True):
             op = f"rmsnorm{'+res' if with_res else ''}+{scheme}"
+            if args.only and args.only not in op:
+                continue
             try:
                 scale = STATIC_SCALE if scheme == "fp8_tensor" else None
                 sch = resolve_scheme(scheme, static_scale=scale is not None)
@@ -168,6 +179,8 @@ def main(argv=None):
     for scheme in ("fp8_1x128", "mxfp4"):
         for layout in ("contiguous", "transposed view"):
             op = f"flatten({layout})+{scheme}"
+            if args.only and args.only not in op:
+                continue
             try:
                 src = [x.reshape(rows, hh, 128) for x in xs] if layout == "contiguous" else [a.transpose(1, 0, 2) for a in xt]
 
@@ -192,6 +205,8 @@ def main(argv=None):
     # ---- MoE sort + MXFP4: rows/4 tokens, top-4 of 256 experts -> rows gathered rows
     op = "moe_sort+mxfp4"
     try:
+        if args.only and args.only not in op:
+            raise StopIteration
         k, E = 4, 256
         T = rows // k
         tok = [x[:T] for x in xs]
@@ -221,11 +236,14 @@ def main(argv=None):
                            perm_offsets_vs_reference=ok_perm))
         nbytes = rows * n * 2 + code_bytes("mxfp4", rows, n) + ids_h.nbytes + rows * 4 + (E + 1) * 4
         record(op, fused_fn, unfused_fn, nbytes)
+    except StopIteration:
+        pass
     except Exception:
         traceback.print_exc()
         checks.append(dict(op=op, error=traceback.format_exc(limit=2)))
 
-    print(f"\ndevice: {dev}; input bf16 [{rows}, {n}]; copy {copy_gbs:.0f} GB/s ({t_copy:.1f} us)")
+    geo = f"; geometry forced to T,M = {args.geometry}" if args.geometry else ""
+    print(f"\ndevice: {dev}; input bf16 [{rows}, {n}]; copy {copy_gbs:.0f} GB/s ({t_copy:.1f} us){geo}")
     print(f"{'op':36s} {'us':>8s} {'GB/s':>7s} {'%copy':>6s} {'unfused us':>10s} {'speedup':>7s}  exact")
     chk = {c["op"]: c for c in checks}
     for r in results[1:]:
