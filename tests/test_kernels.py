@@ -591,3 +591,16 @@ def test_finite_group_encoders():
     assert_same(o4, rcodec.encode_float(x, get_format("e2m1")).astype(np.uint8), "e2m1", x=x)
     assert_same(o8, rcodec.encode_int(x, get_format("int8")).view(np.uint8), "int8", x=x)
     assert_same(oi4, rcodec.encode_int(x, get_format("int4")).view(np.uint8), "int4", x=x)
+
+
+@pytest.mark.parametrize("name", ["mxfp8", "fp8_1x128", "nvfp4"])
+def test_lastaxis_one_unit_chunks(monkeypatch, name):
+    """fp8 groups on an sm_89+ GPU use chunks of one unit (kq._cheap); the simulator, which
+    has no cvt, would take the multi-unit chunks: force the one-unit layout here."""
+    monkeypatch.setattr(kq, "_cheap", lambda fmt: True)
+    kq._PLANS.clear()
+    try:
+        x = edge_data((3, 256), seed=8).astype(ml_dtypes.bfloat16)
+        check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
+    finally:
+        kq._PLANS.clear()
