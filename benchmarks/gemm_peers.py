@@ -160,8 +160,10 @@ def torch_peer(case, a, b, kw, M, N, K):
 
 
 def _cfg_name(cfg):
+    if cfg is None:
+        return "default"
     if isinstance(cfg, kg.WgmmaConfig):
-        return f"wg{cfg.bm}x{cfg.bn}s{cfg.stages}"
+        return f"wg{cfg.bm}x{cfg.bn}s{cfg.stages}" + ("-fast" if cfg.fast_accum else "")
     return f"mma{cfg.bm}x{cfg.bn}s{cfg.stages}"
 
 
@@ -177,6 +179,7 @@ def bench_case(M, N, K, case, reps, rng, cfg):
     preps[0].launch()
     got = bf16_to_f32(preps[0].result())
     want = dequant_ref(a, b, kw, M, N, K)
+    cfg = preps[0].cfg
     row = dict(shape=f"{M}x{N}x{K}", case=case, nqdq_ms=ms, nqdq_tflops=2 * M * N * K / ms / 1e9,
                err_vs_f32=rel_l2(got, want), copies=copies, tile=_cfg_name(cfg))  # fmt: skip
     peer, why = torch_peer(case, a, b, kw, M, N, K)
@@ -199,7 +202,10 @@ def bench_case(M, N, K, case, reps, rng, cfg):
 
 
 def sass_summary(out_dir):
-    """Dump each compiled GEMM kernel's cubin and count its tensor-core SASS instructions."""
+    """Count the tensor-core / copy SASS instructions of each compiled GEMM kernel
+    (cuobjdump -sass on Numba's cubin; only the counts are kept, in sass.json)."""
+    import tempfile
+
     rows = []
     tool = shutil.which("cuobjdump")
     for (cfg, spec), kern in kg.built_kernels().items():
@@ -207,21 +213,52 @@ def sass_summary(out_dir):
             cubin = compiled._codelibrary.get_cubin()
             cubin = bytes(getattr(cubin, "code", cubin))  # cuda.core ObjectCode or bytes
             name = f"{spec.mma}_{spec.sa_mode}{spec.sb_mode}_{_cfg_name(cfg)}"
-            path = os.path.join(out_dir, name + ".cubin")
-            with open(path, "wb") as fh:
-                fh.write(cubin)
             if tool is None:
                 rows.append(dict(kernel=name, sass="no cuobjdump"))
                 continue
-            sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True).stdout
-            with open(path[:-6] + ".sass", "w") as fh:
-                fh.write(sass)
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+                fh.write(cubin)
+                fh.flush()
+                sass = subprocess.run([tool, "-sass", fh.name], capture_output=True, text=True).stdout
             ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)", sass, re.M)
             hist = {}
             for op in ops:
                 hist[op] = hist.get(op, 0) + 1
-            tc = {k: v for k, v in hist.items() if re.match(r"(IMMA|HMMA|QMMA|QGMMA|HGMMA|IGMMA|LDSM|LDGSTS|F2FP|F2F|I2F)", k)}
-            rows.append(dict(kernel=name, instructions=len(ops), tensor_core=tc))
+            pat = r"(IMMA|HMMA|QMMA|QGMMA|HGMMA|IGMMA|WARPGROUP|LDSM|LDGSTS|F2FP|F2F|BAR)"
+            rows.append(dict(kernel=name, instructions=len(ops), tensor_core={k: v for k, v in hist.items() if re.match(pat, k)}))
+    if out_dir:
+        with open(os.path.join(out_dir, "sass.json"), "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return rows
+
+
+def accuracy(cfgs):
+    """float32-output rel. L2 vs the float64 reference (nqdq.reference.matmul) per config:
+    how exactly each kernel accumulates (int8: exact; fp8: the tensor core's adder)."""
+    import cupy as cp
+
+    import nqdq
+    from nqdq.matmul import _operand
+    from nqdq.reference import matmul as ref
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for M, N, K in [(257, 383, 1000), (130, 136, 4096), (64, 256, 8192)]:
+        x = rng.standard_normal((M, K)).astype(np.float32)
+        w = (rng.standard_normal((N, K)) * 0.05).astype(np.float32)
+        for sa, sb in [("int8_row", "int8_row"), ("fp8_row", "fp8_row"), ("e5m2", "e5m2"), ("fp8_1x128", "fp8_128x128")]:
+            a = _operand(nqdq.quantize(x, sa), "qa", "a", np)
+            b = _operand(nqdq.quantize(w, sb), "qb", "b", np)
+            mma = ("u8s8" if a.za is not None else "s8s8") if a.elem == "int8" else f"{a.elem}.{b.elem}"
+            kw = dict(mma=mma, sa=a.scales, sb=b.scales, sa_mode=a.mode, sb_mode=b.mode, za=a.za)
+            want = ref.gemm(a.codes, b.codes, **kw)
+            for cfg in cfgs:
+                if cfg is not None and a.mode == "block" and 128 % cfg.bn:
+                    continue
+                got = kg.gemm(cp.asarray(a.codes), cp.asarray(b.codes), config=cfg, **kw).get()
+                err = float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
+                rows.append((f"{M}x{N}x{K}", f"{sa} x {sb}", _cfg_name(cfg), err))
+                print(f"ACC {rows[-1][0]:>14s} {rows[-1][1]:>26s} {rows[-1][2]:>20s} rel_l2={err:.2e}", flush=True)
     return rows
 
 
@@ -233,18 +270,32 @@ def main(argv=None):
     p.add_argument("--configs", default="", help="';'-separated configs: mma.sync TileConfig fields '2,4,4,4,3,8' or wgmma 'wg:2,128,4,8'")
     p.add_argument("--out", default=os.environ.get("OUT", ""))
     p.add_argument("--sass", action="store_true")
+    p.add_argument("--accuracy", action="store_true", help="float32-output error per config, then exit")
+    p.add_argument("--one", default="", help="CASE,MxNxK: just launch that GEMM 3 times (for ncu), then exit")
     args = p.parse_args(argv)
     import cupy as cp
 
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     rng = np.random.default_rng(0)
-    cfgs = [kg.parse_config(c) for c in args.configs.split(";") if c] or [kg.default_config()]
+    cfgs = [kg.parse_config(c) for c in args.configs.split(";") if c] or [None]  # None: the default per case
+    if args.accuracy:
+        accuracy(cfgs)
+        return 0
+    if args.one:
+        case, shape = args.one.split(",")
+        M, N, K = parse_shapes(shape)[0]
+        a, b, kw = make_operands(M, N, K, case, 1, rng)[0]
+        g = kg.PreparedGemm(a, b, out_dtype="bfloat16", config=cfgs[0], **kw)
+        for _ in range(3):
+            g.launch()
+        cp.cuda.Device().synchronize()
+        return 0
     rows = []
     t0 = time.time()
     for shape in parse_shapes(args.shapes):
         for case in args.cases.split(","):
             for cfg in cfgs:
-                if case == "fp8_block" and 128 % cfg.bn:
+                if cfg is not None and case == "fp8_block" and 128 % cfg.bn:
                     continue
                 try:
                     row = bench_case(*shape, case, args.reps, rng, cfg)

@@ -156,10 +156,12 @@ def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0
     if bias is not None:
         if _arrays.is_device_array(bias) != on_device and not (on_device and isinstance(bias, np.ndarray)):
             raise ValueError("bias is a GPU array but the matmul runs on the host; pass bias.get()")
-        bshape = tuple(getattr(bias, "shape", np.shape(bias)))
+        if not hasattr(bias, "shape"):
+            bias = np.asarray(bias)
+        bshape = tuple(bias.shape)
         if bshape != (N,):
             raise ValueError(f"bias must have shape ({N},) (one per output channel), got {bshape}")
-        bdt = np.dtype(getattr(bias, "dtype", np.asarray(bias).dtype))
+        bdt = np.dtype(bias.dtype)
         if bdt.kind != "f":
             raise TypeError(f"bias must be a float array, got dtype {bdt}")
     kw = dict(mma=mma, sa=a.scales, sb=b.scales, sa_mode=a.mode, sb_mode=b.mode, za=a.za, bias=bias,

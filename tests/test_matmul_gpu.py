@@ -4,8 +4,16 @@ NQDQ_TEST_GPU=1; benchmarks/gemm_peers.py runs these and the timings in one call
 * the intrinsic probe of tests/test_mma.py on hardware: equal to the same NumPy result the
   simulator twins equal there (int8 exactly; fp8 to the tensor core's float32 summation);
 * every scheme pair, CuPy operands from nqdq.quantize on the GPU, against the reference
-  at shapes that are multiples of no tile (and M = 1): float32 rel. L2 < 1e-5;
+  at shapes that are multiples of no tile (and M = 1), for both kernel families: the
+  default (wgmma on sm_90) and mma.sync (``GPU_CONFIG``); float32 output;
 * epilogues (bias, ReLU, GELU, float16 / bfloat16 bits) and the seed acceptance test.
+
+Tolerances (float32 output, rel. L2 vs the float64 reference): 1e-5 wherever the tensor
+core sums exactly (int8: int32; fp8 through mma.sync: measured ~1e-7 on the H100, i.e. a
+float32 adder). FP8 through wgmma is not such a case: the H100's fp8 wgmma adds with fewer
+bits than float32 (DeepSeek-V3 reports ~14 on H800). The kernel promotes each 128 of K
+into float32, which keeps the error independent of K: measured 0.8-1.3e-4 at K = 1000 to
+8192 (``benchmarks/gemm_peers.py --accuracy``, docs/performance.md); the bound is 5e-4.
 """
 
 from __future__ import annotations
@@ -64,14 +72,35 @@ def host_q(q):
     return replace(q, codes=h(q.codes), scales=h(q.scales), zero_points=h(q.zero_points))
 
 
+def tolerance(qa, config=None):
+    """rel. L2 bound for float32 output (module docstring)."""
+    from nqdq.kernels import gemm as kg
+
+    fp8 = qa.scheme.fmt in ("e4m3", "e5m2")
+    cfg = config or kg.default_config()
+    return 5e-4 if fp8 and isinstance(cfg, kg.WgmmaConfig) else 1e-5
+
+
+@pytest.mark.parametrize("family", ["default", "mma.sync"])
 @pytest.mark.parametrize("sa,sb", SCHEME_PAIRS + [("e4m3", "e5m2"), ("e5m2", "e5m2")])
 @pytest.mark.parametrize("shape", [(257, 383, 1000), (1, 4096, 512), (130, 136, 4096)])
-def test_gemm_gpu_matches_reference(sa, sb, shape):
+def test_gemm_gpu_matches_reference(sa, sb, shape, family):
+    from nqdq.kernels import gemm as kg
+
+    from test_matmul import gemm_kwargs
+
     x, w, qa, qb = gpu_operands(*shape, sa, sb)
-    got = matmul(qa, qb)
+    if family == "default":
+        config = None
+        got = matmul(qa, qb)
+    else:
+        config = kg.GPU_CONFIG
+        a, b, kw = gemm_kwargs(host_q(qa), host_q(qb))
+        got = kg.gemm(cp.asarray(a), cp.asarray(b), config=config, **kw)
     assert isinstance(got, cp.ndarray) and got.shape == shape[:1] + shape[1:2]
     want = matmul(host_q(qa), host_q(qb), device="cpu")
-    assert rel_l2(got.get(), want) < 1e-5
+    err = rel_l2(got.get(), want)
+    assert err < tolerance(qa, config), err
 
 
 @pytest.mark.parametrize(
@@ -95,7 +124,14 @@ def test_gemm_gpu_epilogues(sa, sb, kw):
     if want.dtype == ml_dtypes.bfloat16:
         assert got.dtype == np.uint16  # bfloat16 bits on the GPU, as nqdq.dequantize returns them
         got = got.view(ml_dtypes.bfloat16)
-    assert_ulp_close(got, want, want.dtype.type)
+    assert got.dtype == want.dtype
+    if tolerance(qa) == 1e-5:  # exact accumulation: one rounding apart at most
+        assert_ulp_close(got, want, want.dtype.type)
+    else:  # the rounding to 16 bits (<= 2^-9 / 2^-12 relative) plus the accumulation bound
+        want32 = matmul(host_q(qa), host_q(qb), "float32", device="cpu", **{k: v for k, v in kw.items() if k != "out_dtype"})
+        half_ulp = 2.0**-9 if want.dtype == ml_dtypes.bfloat16 else 2.0**-12
+        err = rel_l2(got, want32)
+        assert err < half_ulp + tolerance(qa), err
 
 
 def test_seed_acceptance_gpu():
@@ -114,4 +150,5 @@ def test_numpy_operands_with_device_cuda():
     qa, qb = nqdq.quantize(x, "fp8_row"), nqdq.quantize(w, "fp8_row")
     got = matmul(qa, qb, device="cuda")
     assert isinstance(got, np.ndarray)
-    assert rel_l2(got, matmul(qa, qb, device="cpu")) < 1e-5
+    err = rel_l2(got, matmul(qa, qb, device="cpu"))
+    assert err < tolerance(qa), err

@@ -467,8 +467,21 @@ def wgmma_commit():
     """``wgmma.commit_group.sync.aligned``."""
 
 
-def wgmma_wait0():
-    """``wgmma.wait_group.sync.aligned 0``: every committed wgmma of this thread is done."""
+def _make_wgmma_wait(n):
+    def wgmma_wait_stub():
+        """``wgmma.wait_group.sync.aligned n``: at most n committed wgmma groups pending."""
+
+    wgmma_wait_stub.__name__ = f"wgmma_wait{n}"
+    return wgmma_wait_stub
+
+
+_WG_WAITS = {n: _make_wgmma_wait(n) for n in range(4)}
+wgmma_wait0 = _WG_WAITS[0]
+
+
+def wgmma_wait(n: int):
+    """The ``wgmma.wait_group.sync.aligned n`` stub (n is a PTX immediate)."""
+    return _WG_WAITS[n]
 
 
 def fence_proxy_async():
@@ -495,7 +508,8 @@ if not SIMULATOR:
 
     _join0(wgmma_fence, _void_asm("wgmma.fence.sync.aligned;"))
     _join0(wgmma_commit, _void_asm("wgmma.commit_group.sync.aligned;"))
-    _join0(wgmma_wait0, _void_asm("wgmma.wait_group.sync.aligned 0;"))
+    for _n, _stub in _WG_WAITS.items():
+        _join0(_stub, _void_asm(f"wgmma.wait_group.sync.aligned {_n};"))
     _join0(fence_proxy_async, _void_asm("fence.proxy.async.shared::cta;"))
 
     def _join_wgmma(stub, kind, n):

@@ -1,0 +1,49 @@
+"""Tensor-core GEMMs with fused dequantization (nqdq.matmul) on CuPy operands.
+
+Needs CuPy and a CUDA GPU; without them ``setup`` raises NotImplementedError (asv: skipped).
+``setup`` quantizes random inputs on the GPU and runs the product once (compilation,
+module load, memory pool); each timed call is one ``nqdq.matmul.matmul`` call including its
+Python argument checks, synchronized. Kernel-only timings beside cuBLASLt are in
+``benchmarks/gemm_peers.py`` (CUDA events).
+"""
+
+import numpy as np
+
+CASES = [("int8_row", "int8_row"), ("fp8_row", "fp8_row"), ("fp8_1x128", "fp8_128x128")]
+SHAPES = ["4096x4096x4096", "128x14336x4096"]
+
+
+def _cupy():
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise NotImplementedError("no CUDA GPU")
+        return cupy
+    except NotImplementedError:
+        raise
+    except Exception as e:  # not installed, no driver, no device
+        raise NotImplementedError(f"needs CuPy and a CUDA GPU ({type(e).__name__})") from None
+
+
+class TimeMatmul:
+    params = (CASES, SHAPES)
+    param_names = ["schemes", "MxNxK"]
+
+    def setup(self, schemes, shape):
+        cp = _cupy()
+        import nqdq
+        from nqdq.matmul import matmul
+
+        M, N, K = (int(v) for v in shape.split("x"))
+        rng = cp.random.default_rng(0)
+        x = rng.standard_normal((M, K), dtype=cp.float32)
+        w = rng.standard_normal((N, K), dtype=cp.float32) * np.float32(0.05)
+        self.qa, self.qb = nqdq.quantize(x, schemes[0]), nqdq.quantize(w, schemes[1])
+        self.matmul, self.cp = matmul, cp
+        self.matmul(self.qa, self.qb, "bfloat16")
+        cp.cuda.Device().synchronize()
+
+    def time_matmul_bf16(self, schemes, shape):
+        self.matmul(self.qa, self.qb, "bfloat16")
+        self.cp.cuda.Device().synchronize()
