@@ -6,9 +6,15 @@ Which kernels run (see ``_quantize_kernels`` for each):
 =====================================================  ======================================
 scheme                                                 kernels
 =====================================================  ======================================
-group / row along the last axis (MX, fp8_1x128, int4   ``group`` (one pass; groups of more
-group, per-token, asymmetric, centred INT8)            than SEG_MAX elements re-read L1/L2)
-NVFP4                                                  ``tensor_partials`` -> ``finalize``
+C-contiguous, groups along the last axis, rows of      ``lastaxis_rows`` / ``lastaxis_groups``
+whole 16-byte units: per-token rows, 1xG with G/VEC    (``_rowwise_kernels``: 16-byte loads,
+a power of two <= 32 (MX, fp8_1x128, int4 group),      one read, shuffles; _fast_lastaxis)
+RNE, float / MX scales
+NVFP4 under the same conditions                        ``tensor_amax`` -> ``finalize`` (S_enc)
+                                                       -> ``lastaxis_groups``
+other last-axis groups / rows (partial groups,         ``group`` (one pass; groups of more
+asymmetric, centred INT8, stochastic)                  than SEG_MAX elements re-read L1/L2)
+NVFP4 otherwise                                        ``tensor_partials`` -> ``finalize``
                                                        (S_enc) -> ``group``
 per-tensor (dynamic)                                   ``tensor_partials`` -> ``finalize`` ->
                                                        ``encode``
