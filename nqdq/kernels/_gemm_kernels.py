@@ -98,8 +98,10 @@ HALF = np.float32(0.5)
 
 @devfn
 def gelu_erf(v):
-    """GELU, erf form: 0.5 v (1 + erf(v / sqrt 2)) in float32 (as torch's approximate='none')."""
-    return HALF * v * (float32(1.0) + math.erf(v * INV_SQRT2))
+    """GELU, erf form (torch's approximate='none'): 0.5 v (1 + erf(v / sqrt 2)), computed as
+    0.5 v erfc(-v / sqrt 2), which keeps its relative accuracy for negative v where
+    1 + erf(...) cancels (float32 1 + erf(-4.3) is 0; the erfc form gives 1.7e-9)."""
+    return HALF * v * math.erfc(-v * INV_SQRT2)
 
 
 @devfn

@@ -7,7 +7,8 @@ kernels are tested against. With A = dequant(qa) [M, K] and W = dequant(qb) [N, 
 
 computed in float64 (every dequantized value ``code * scale`` is exact in float64), with
 ``act`` one of None, ``"relu"`` (max(v, 0)) or ``"gelu"`` (erf form,
-0.5 v (1 + erf(v / sqrt 2)), as ``torch.nn.functional.gelu(approximate="none")``).
+0.5 v (1 + erf(v / sqrt 2)) = 0.5 v erfc(-v / sqrt 2), as
+``torch.nn.functional.gelu(approximate="none")``; not the tanh approximation).
 
 The kernels accumulate exactly in int32 (int8) or in the tensor core's float32 (fp8), and
 apply the epilogue in float32; the reference rounds once at the end. So int8 results agree
@@ -27,12 +28,13 @@ _FP8 = {
     "e4m3": np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64),
     "e5m2": np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e5m2).astype(np.float64),
 }
-_erf = np.frompyfunc(math.erf, 1, 1)
+_erfc = np.frompyfunc(math.erfc, 1, 1)
 
 
 def gelu_erf(v: np.ndarray) -> np.ndarray:
-    """0.5 v (1 + erf(v / sqrt 2)) in float64."""
-    return 0.5 * v * (1.0 + _erf(v / math.sqrt(2.0)).astype(np.float64))
+    """0.5 v (1 + erf(v / sqrt 2)) in float64, as 0.5 v erfc(-v / sqrt 2) (no cancellation
+    for negative v; the kernels use the same form in float32)."""
+    return 0.5 * v * _erfc(-v / math.sqrt(2.0)).astype(np.float64)
 
 
 def _values(codes: np.ndarray, elem: str, za=None, za_mode="tensor") -> np.ndarray:
