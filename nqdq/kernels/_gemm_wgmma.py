@@ -58,7 +58,8 @@ class WgmmaConfig:
         return self.stages * (self.bm + self.bn) * BK + 1024  # + alignment slack
 
     def check(self):
-        if self.n % 8 or not 8 <= self.n <= 256 or self.stages < 3:
+        rs = self.threads // 8
+        if self.n % 8 or not 8 <= self.n <= 256 or self.stages < 3 or self.bm % rs or self.n % rs:
             raise ValueError(f"bad wgmma config {self}")
         if self.bm * (self.n + 4) * 4 > self.stages * (self.bm + self.bn) * BK:
             raise ValueError(f"wgmma config {self}: the C tile does not fit in the shared ring")
@@ -71,7 +72,8 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     BM, BN, NTHREADS, STAGES, GROUP_M = cfg.bm, cfg.bn, cfg.threads, cfg.stages, cfg.group_m
     A_STAGE, B_STAGE = BM * BK, BN * BK
     SA_BYTES = STAGES * A_STAGE
-    A_CHUNKS, B_CHUNKS = BM * 8, BN * 8
+    RS = NTHREADS // 8  # rows one pass of the threads covers (8 chunks of 16 bytes per row)
+    A_PER, B_PER = BM // RS, BN // RS
     NACC = BN // 2
     FLOAT_ACC = spec.mma not in ("s8s8", "u8s8")
     kind = {"s8s8": "s8.s8", "u8s8": "u8.s8"}.get(spec.mma, spec.mma)
@@ -98,26 +100,22 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     _ = math
 
     @devfn
-    def load_tile(a, b, smem, pad, M, N, K, m0, n0, kt, stage, tid):
+    def load_tile(a, b, smem, K, kt, stage, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k):
+        """Stage ``kt`` of A and B into ring slot ``stage``. A thread always copies chunk
+        ``ch16 / 16`` of rows r0, r0 + RS, r0 + 2 RS, ... (RS = threads / 8, a multiple of
+        8, so every row has the same swizzle): the addresses were worked out once before
+        the loop, here they only advance (the per-chunk index arithmetic was the busiest
+        pipe, ALU, in ncu)."""
         k0 = kt * BK
-        for c in range(tid, A_CHUNKS, NTHREADS):
-            row = c >> 3
-            ch = c & 7
-            gr = m0 + row
-            gk = k0 + ch * 16
-            ok = gr < M and gk < K
-            src = gr * K + gk if ok else 0
-            dst = pad + stage * A_STAGE + row * BK + ((ch ^ (row & 7)) << 4)
-            cp_async16(smem, dst, a, src, 16 if ok else 0)
-        for c in range(tid, B_CHUNKS, NTHREADS):
-            row = c >> 3
-            ch = c & 7
-            gr = n0 + row
-            gk = k0 + ch * 16
-            ok = gr < N and gk < K
-            src = gr * K + gk if ok else 0
-            dst = pad + SA_BYTES + stage * B_STAGE + row * BK + ((ch ^ (row & 7)) << 4)
-            cp_async16(smem, dst, b, src, 16 if ok else 0)
+        kin = k0 + ch16 < K
+        for it in range(A_PER):
+            ok = kin and a_left > it * RS
+            cp_async16(smem, a_dst + stage * A_STAGE + it * (RS * BK), a,
+                       a_src + it * row_step_k + k0 if ok else 0, 16 if ok else 0)  # fmt: skip
+        for it in range(B_PER):
+            ok = kin and b_left > it * RS
+            cp_async16(smem, b_dst + stage * B_STAGE + it * (RS * BK), b,
+                       b_src + it * row_step_k + k0 if ok else 0, 16 if ok else 0)  # fmt: skip
 
     @cuda.jit
     def gemm_wgmma(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out):
@@ -155,9 +153,20 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
 
         ktiles = (K + BK - 1) // BK
         KB = ktiles  # fp8 scale blocks along K (BK = 128)
+        r0 = tid >> 3
+        ch = tid & 7
+        ch16 = ch * 16
+        row_step_k = np.int64(RS) * K
+        a_src = (m0 + r0) * K + ch16
+        b_src = (n0 + r0) * K + ch16
+        a_left = M - (m0 + r0)
+        b_left = N - (n0 + r0)
+        dst = r0 * BK + ((ch ^ (r0 & 7)) << 4)
+        a_dst = pad + dst
+        b_dst = pad + SA_BYTES + dst
         for s in range(STAGES - 2):
             if s < ktiles:
-                load_tile(a, b, smem, pad, M, N, K, m0, n0, s, s, tid)
+                load_tile(a, b, smem, K, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
             commit()
         a_base = base + pad + wg * (64 * BK)
         b_base = base + pad + SA_BYTES
@@ -168,7 +177,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
             cuda.syncthreads()
             nk = kt + STAGES - 2
             if nk < ktiles:
-                load_tile(a, b, smem, pad, M, N, K, m0, n0, nk, nk % STAGES, tid)
+                load_tile(a, b, smem, K, nk, nk % STAGES, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
             commit()
             stage = kt % STAGES
             fence()
