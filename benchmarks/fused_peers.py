@@ -85,6 +85,8 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--only", help="time only the ops whose name contains this")
+    ap.add_argument("--min-blocks", type=int, nargs="*", default=[],
+                    help="also time rmsnorm+fp8_row / +mxfp4 with launch bounds (T, this) (register caps)")
     ap.add_argument("--geometry", help="T,M: force the fused kernels' threads per row and vectors per thread")
     args = ap.parse_args(argv)
     if args.geometry:
@@ -243,6 +245,18 @@ def main(argv=None):
         checks.append(dict(op=op, error=traceback.format_exc(limit=2)))
 
     geo = f"; geometry forced to T,M = {args.geometry}" if args.geometry else ""
+    variants = []
+    import nqdq.kernels.fused as KFL
+
+    for mb in args.min_blocks:
+        KFL.MIN_BLOCKS = mb
+        for scheme in ("fp8_row", "mxfp4"):
+            f = lambda i, scheme=scheme: fused.rmsnorm_quantize(xs[i], w, scheme, **kw)  # noqa: E731
+            ok = q_same(f(0), nqdq.quantize(fused.rmsnorm(xs[0], w, **kw), scheme))
+            t_v, _ = timer.device_us(f, nsets, bytes_per_launch=in_bytes)
+            variants.append((f"rmsnorm+{scheme}, launch bounds (T, {mb})", t_v, ok))
+        KFL.MIN_BLOCKS = 0
+
     print(f"\ndevice: {dev}; input bf16 [{rows}, {n}]; copy {copy_gbs:.0f} GB/s ({t_copy:.1f} us){geo}")
     print(f"{'op':36s} {'us':>8s} {'GB/s':>7s} {'%copy':>6s} {'unfused us':>10s} {'speedup':>7s}  exact")
     chk = {c["op"]: c for c in checks}
@@ -251,6 +265,8 @@ def main(argv=None):
         exact = "yes" if c.get("full_vs_unfused") and c.get("rows_vs_reference") else f"NO {c}"
         print(f"{r['op']:36s} {r['us']:8.1f} {r['gbs']:7.0f} {100 * r['frac_copy']:5.1f}% {r['unfused_us']:10.1f} "
               f"{r['speedup']:6.2f}x  {exact}" + ("  (host-bound)" if r["host_bound"] else ""))
+    for name, t_v, ok in variants:
+        print(f"{name:36s} {t_v:8.1f} us  exact vs unfused: {'yes' if ok else 'NO'}")
     for c in checks:
         if "error" in c:
             print(f"{c['op']}: ERROR {c['error']}")

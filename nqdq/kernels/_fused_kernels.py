@@ -40,6 +40,7 @@ from ._codec import (
     mul_rn,
 )
 from ._elements import encode_element, store_unit_wide
+from ._rowwise_kernels import e2m1_code_nonnan, fp8_pair
 from ._ptx import fp8_cvt_available, fp8_cvt_supports
 from ._scales import MODE_FLOAT, MODE_MX, float_scale, mx_scale_code
 from ._target import devfn
@@ -221,13 +222,14 @@ def _stages(T):
 
 
 @lru_cache(maxsize=None)
-def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, max_elem, G, IDX32=False):
+def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, max_elem, G, IDX32=False, MINB=0):
     """The fused kernel for one configuration (every argument a compile-time constant):
     ``op`` OP_*, ``out`` OUT_*, input/weight kinds, T threads x M vectors per row, ``wide``
     (64-bit loads of x/residual/weight and stores of the new residual), ``strided``
     (OP_ROWS with a non-contiguous [B, H, D] view), ``fmt``/``mx_cfg``/``max_elem`` as in
     kernels.quantize, G the scale group (32 or 128; 0 otherwise), IDX32: every input offset
-    fits in int32 (32-bit address arithmetic)."""
+    fits in int32 (32-bit address arithmetic), MINB: launch bounds (T, MINB) when > 0 (the
+    compiler then caps registers so MINB blocks fit on an SM)."""
     V = 4
     NV = M * V
     LOGM = M.bit_length() - 1
@@ -249,6 +251,9 @@ def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, 
     GV = max(G // V, 1)  # vectors per scale group
     NGB = max(NV * T // G, 1) if G else 1  # group slots per block (padded row)
     GROUPED = out in (OUT_GROUP, OUT_MX)
+    # finite fast encoders: fp8 by the paired cvt (GPU only), e2m1 by grid rounding (MX)
+    E2M1 = fmt[0] == 1 and fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7
+    FAST_ENC = (NBITS == 8 and CVT and MODE == MODE_FLOAT) or (E2M1 and MODE == MODE_MX)
     TV = T * V
     # the within-thread halving over j as constant (a, b) index pairs, level by level
     _jp = [((j * V + i), ((j + (M >> (lv + 1))) * V + i)) for lv in range(LOGM) for j in range(M >> (lv + 1))
@@ -266,7 +271,37 @@ def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, 
         for i in range(V):
             q[i] = encode_element(v[o + i], p0, ZERO, 0, MODE, fmt, False, 0, CVT) if c + i < n else 0
 
-    @cuda.jit
+    @devfn
+    def encode_store(v, o, c, n, p0, q, codes, c32, c16, wide_out, rowbase, pcols):
+        # A whole vector of finite values under a finite scale cannot meet a NaN rule, so it
+        # takes the finite encoders of the row-wise quantize kernels (fp8: one paired cvt per
+        # two codes; e2m1: rounding onto the grid) and one 32-/16-bit store; anything else
+        # takes encode_element per element (every NaN rule included): the same codes.
+        b0 = f32_bits(v[o])
+        b1 = f32_bits(v[o + 1])
+        b2 = f32_bits(v[o + 2])
+        b3 = f32_bits(v[o + 3])
+        m = max(max(b0 & 0x7FFFFFFF, b1 & 0x7FFFFFFF), max(b2 & 0x7FFFFFFF, b3 & 0x7FFFFFFF))
+        fast = FAST_ENC and c + V <= n and m < 0x7F800000 and p0 == p0 and wide_out
+        off = rowbase + c  # byte offset of the vector's codes (8-bit)
+        if NBITS != 8:
+            off = rowbase + (c >> 1)  # (4-bit: two per byte, c % 4 == 0)
+        if fast:
+            fast = (off & 3) == 0 if NBITS == 8 else (off & 1) == 0
+        if fast:
+            if NBITS == 8:
+                w = fp8_pair(b0, b1, p0, MODE, fmt) | (fp8_pair(b2, b3, p0, MODE, fmt) << np.uint32(16))
+                c32[np.uint64(off >> 2)] = np.uint32(w)
+            else:
+                w = (e2m1_code_nonnan(v[o] * p0) | (e2m1_code_nonnan(v[o + 1] * p0) << np.uint32(4))
+                     | (e2m1_code_nonnan(v[o + 2] * p0) << np.uint32(8))
+                     | (e2m1_code_nonnan(v[o + 3] * p0) << np.uint32(12)))
+                c16[np.uint64(off >> 1)] = np.uint16(w)
+            return
+        encode_unit(v, o, c, n, p0, q)
+        store_unit_wide(codes, c32, c16, wide_out, rowbase, c, q, n, pcols, NBITS, True)
+
+    @cuda.jit(**({"launch_bounds": (T, MINB)} if MINB else {}))
     def fused_row_kernel(x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D,
                          wide_out):
         # wider views made here, not on the host: the simulator copies each argument
@@ -452,8 +487,7 @@ def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, 
             for j in range(M):
                 c = np.int32((t + T * j) * V)
                 if c < n:
-                    encode_unit(v, j * V, c, n, p0, q)
-                    store_unit_wide(codes, c32, c16, wide_out, rowbase, c, q, n, pcols, NBITS, True)
+                    encode_store(v, j * V, c, n, p0, q, codes, c32, c16, wide_out, rowbase, pcols)
             return
 
         # grouped: amax per vector -> shared; one thread per group -> parameters; encode
@@ -489,8 +523,7 @@ def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, 
             c = u * V
             if c < n:
                 p0 = gp[u // GV]
-                encode_unit(v, j * V, c, n, p0, q)
-                store_unit_wide(codes, c32, c16, wide_out, rowbase, c, q, n, pcols, NBITS, True)
+                encode_store(v, j * V, c, n, p0, q, codes, c32, c16, wide_out, rowbase, pcols)
 
     return fused_row_kernel
 

@@ -22,6 +22,9 @@ from .quantize import _max_elem, _mx_cfg
 __all__ = ["out_kind", "geometry", "run_rows", "moe_sort", "MAX_ROW"]
 
 MAX_ROW = 65536  # longest row a block holds in registers (M <= 64 vectors per thread)
+# launch bounds (T, MIN_BLOCKS) of the row kernel: 0 leaves registers to the compiler
+# (benchmarks/fused_peers.py --min-blocks compares; docs/performance.md)
+MIN_BLOCKS = 0
 
 
 def out_kind(sch: Scheme) -> int:
@@ -129,7 +132,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
 
     idx32 = x.size < 2**31 - 4 * T * M  # every offset (rows, views, gathers) lies inside x: int32 arithmetic
     kern = FK.row_kernel(op, mode, kind, wkind, T, M, bool(wide), bool(strided), res is not None, fmt, mx, float(maxe), G,
-                         bool(idx32))
+                         bool(idx32), MIN_BLOCKS)
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
             n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, bool(wide_out))
     if rows > 0:
