@@ -253,7 +253,7 @@ def encode_store_unit(e, unit, p0, clean, c8, c16, c32, mode, fmt, cvt, vec, nb)
         return
     m = (1 << nb) - 1
     hi = np.uint32(0)
-    if clean:  # as above: no NaN can arise, the finite-group encoders apply
+    if clean and not cvt:  # as above: no NaN can arise, the finite-group encoders apply
         lo = pack4(enc_finite(e[0], p0, mode, fmt, cvt, m), enc_finite(e[1], p0, mode, fmt, cvt, m),
                    enc_finite(e[2], p0, mode, fmt, cvt, m), enc_finite(e[3], p0, mode, fmt, cvt, m), nb)
         if vec == 8:
@@ -325,16 +325,12 @@ def lastaxis_groups(x, nchunks, codes, scales, sparams):
     c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
     c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
     aligned = (array_addr(x) & 15) == 0
+    z = np.uint32(0)
+    Z4 = (z, z, z, z)
     c0 = cuda.blockIdx.x * (NT * U) + tid
-    ok{j} = c0 + {jNT} < nchunks
-    w{j}_{k} = load_unit(x, x32, aligned, (c0 + {jNT}) * K + {k}, ok{j}, kind)
+    w{j}_{k} = load_unit(x, x32, aligned, (c0 + {jNT}) * K + {k}, c0 + {jNT} < nchunks, kind)
     s_enc = sparams[0] if mode == MODE_NVFP4 else ONE
-    a{j} = np.int32(0)
-    a{j} = max(a{j}, unit_amax(unit_elems(w{j}_{k}, kind), VEC))
-    a{j} = lanes_max(a{j}, tid, scratch)
-    sv{j}, p0{j}, pz{j} = group_params(mode, a{j}, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
-    if ok{j} and (tid & (LL - 1)) == 0: store_scale(scales, (c0 + {jNT}) // LL, mode, sv{j})
-    if ok{j}: encode_store_unit(unit_elems(w{j}_{k}, kind), (c0 + {jNT}) * K + {k}, p0{j}, a{j} < FINITE, codes, c16, c32, mode, fmt, CVT, VEC, NB)
+    chunk_step(CHUNK_ARGS, c0 + {jNT}, nchunks, tid, scratch, codes, c16, c32, scales, s_enc)
 '''
 
 
@@ -348,21 +344,40 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     owns chunks b*NT*U + j*NT + t (thread t, j < U); all U * K loads of a thread are issued
     before the first is used."""
     VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
-    assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0 and L % K == 0
+    assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0 and L % K == 0 and K in (1, 2, 4)
     LL = L // K
 
     @devfn
-    def lanes_max(a, tid, scratch):
+    def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, s_enc):
+        """One chunk (units w0 .. w{K-1}; the rest are unused zeros): amax, butterfly over
+        the group's LL lanes, parameters, encode. Chunk by chunk, so that only one chunk's
+        parameters are live at a time (registers, hence occupancy)."""
+        a = unit_amax(unit_elems(w0, kind), VEC)
+        if K >= 2:
+            a = max(a, unit_amax(unit_elems(w1, kind), VEC))
+        if K >= 4:
+            a = max(a, max(unit_amax(unit_elems(w2, kind), VEC), unit_amax(unit_elems(w3, kind), VEC)))
         off = LL >> 1
         while off > 0:  # every lane takes part, in range or not
             a = xor_max(a, off, shfl, scratch, tid)
             off >>= 1
-        return a
+        if chunk < nchunks:
+            sv, p0, pz = group_params(mode, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
+            if (tid & (LL - 1)) == 0:
+                store_scale(scales, chunk // LL, mode, sv)
+            clean = a < FINITE
+            u = chunk * K
+            encode_store_unit(unit_elems(w0, kind), u, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
+            if K >= 2:
+                encode_store_unit(unit_elems(w1, kind), u + 1, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
+            if K >= 4:
+                encode_store_unit(unit_elems(w2, kind), u + 2, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
+                encode_store_unit(unit_elems(w3, kind), u + 3, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
 
-    ns = dict(NT=NT, U=U, K=K, LL=LL, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
-              mode=mode, fmt=fmt, VEC=VEC, NB=NB, CVT=CVT, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE, MXI=MXI,
-              lanes_max=lanes_max)
-    return _jit_unrolled("lastaxis_groups", _GROUPS_SRC, ns, U, K)
+    chunk_args = ", ".join("w{j}_%d" % k if k < K else "Z4" for k in range(4))
+    ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind, mode=mode,
+              chunk_step=chunk_step)
+    return _jit_unrolled("lastaxis_groups", _GROUPS_SRC.replace("CHUNK_ARGS", chunk_args), ns, U, K)
 
 
 # ----------------------------------------------------------------------------- whole rows
