@@ -163,7 +163,8 @@ def _cfg_name(cfg):
     if cfg is None:
         return "default"
     if isinstance(cfg, kg.WgmmaConfig):
-        return f"wg{cfg.bm}x{cfg.bn}s{cfg.stages}" + ("-fast" if cfg.fast_accum else "")
+        return (f"wg{cfg.bm}x{cfg.bn}s{cfg.stages}" + ("-fast" if cfg.fast_accum else "")
+                + (f"-p{cfg.promote_every}" if cfg.promote_every != 1 else ""))  # fmt: skip
     return f"mma{cfg.bm}x{cfg.bn}s{cfg.stages}"
 
 
@@ -232,7 +233,7 @@ def sass_summary(out_dir):
     return rows
 
 
-def accuracy(cfgs):
+def accuracy(cfgs, cases=("int8", "fp8_row", "fp8_block")):
     """float32-output rel. L2 vs the float64 reference (nqdq.reference.matmul) per config:
     how exactly each kernel accumulates (int8: exact; fp8: the tensor core's adder)."""
     import cupy as cp
@@ -246,7 +247,10 @@ def accuracy(cfgs):
     for M, N, K in [(257, 383, 1000), (130, 136, 4096), (64, 256, 8192)]:
         x = rng.standard_normal((M, K)).astype(np.float32)
         w = (rng.standard_normal((N, K)) * 0.05).astype(np.float32)
-        for sa, sb in [("int8_row", "int8_row"), ("fp8_row", "fp8_row"), ("e5m2", "e5m2"), ("fp8_1x128", "fp8_128x128")]:
+        for case, sa, sb in [("int8", "int8_row", "int8_row"), ("fp8_row", "fp8_row", "fp8_row"), ("fp8_row", "e5m2", "e5m2"),
+                             ("fp8_block", "fp8_1x128", "fp8_128x128")]:  # fmt: skip
+            if case not in cases:
+                continue
             a = _operand(nqdq.quantize(x, sa), "qa", "a", np)
             b = _operand(nqdq.quantize(w, sb), "qb", "b", np)
             mma = ("u8s8" if a.za is not None else "s8s8") if a.elem == "int8" else f"{a.elem}.{b.elem}"
@@ -279,7 +283,7 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     cfgs = [kg.parse_config(c) for c in args.configs.split(";") if c] or [None]  # None: the default per case
     if args.accuracy:
-        accuracy(cfgs)
+        accuracy(cfgs, args.cases.split(","))
         return 0
     if args.one:
         case, shape = args.one.split(",")

@@ -40,6 +40,7 @@ class WgmmaConfig:
     group_m: int = 8
     inflight: int = 1  # wgmma groups left running across a K step (0 when promoting)
     fast_accum: bool = False  # fp8: accumulate all of K in the tensor core (no promotion)
+    promote_every: int = 1  # fp8 row / tensor scales: K steps (of 128) per promotion
 
     @property
     def bm(self):
@@ -90,9 +91,10 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     # as cuBLASLt does unless fast accumulation is asked for). Block scales need it anyway.
     PROMOTE = FLOAT_ACC and (BLOCK or not cfg.fast_accum)
     NTOT = NACC if PROMOTE else 1
-    # promotion reads each K step's partial sums at once; otherwise the step's wgmma's run
-    # on while the next one is prepared (the ring slot refilled is two steps old: finished)
-    wg_wait = _mma.wgmma_wait(0 if PROMOTE else min(cfg.inflight, 1))
+    # a K step's wgmma's run on while the next one is prepared (the ring slot refilled is
+    # two steps old: finished), except where a promotion must read their sums at once
+    wg_wait = _mma.wgmma_wait(min(cfg.inflight, 1))
+    EVERY = 1 if BLOCK else max(cfg.promote_every, 1)  # block scales change every 128 of K
     wg_wait_all = _mma.wgmma_wait(0)
     SA_ROW, SB_ROW = spec.sa_mode == SCALE_ROW, spec.sb_mode == SCALE_ROW
     OUT, ACT, BIAS, ASYM = spec.out, spec.act, spec.bias, spec.asym
@@ -181,13 +183,18 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
             commit()
             stage = kt % STAGES
             fence()
+            fresh = PROMOTE and kt % EVERY == 0  # the first step of a promotion interval
             for kk in range(4):
                 da = desc(a_base + stage * A_STAGE + kk * 32)
                 db = desc(b_base + stage * B_STAGE + kk * 32)
-                mma(acc, smem, da, db, 0 if (PROMOTE and kk == 0) else 1)
+                mma(acc, smem, da, db, 0 if (fresh and kk == 0) else 1)
             wg_commit()
-            wg_wait()
-            if PROMOTE and not BLOCK:
+            promote_now = PROMOTE and (kt % EVERY == EVERY - 1 or kt == ktiles - 1)
+            if promote_now:
+                wg_wait_all()
+            else:
+                wg_wait()
+            if promote_now and not BLOCK:
                 for x in range(NACC):
                     tot[x] += acc[x]
             if BLOCK:
