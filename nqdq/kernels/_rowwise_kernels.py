@@ -15,10 +15,13 @@ takes:
 * its codes leave in one store (8 fp8/int8 codes: ``st.global.v2.u32``; 8 fp4 codes: one
   32-bit store; fp6: three 16-bit stores);
 * one read of the input: the unit words stay in registers from the amax to the encode;
-* a group of G elements is L = G / VEC consecutive units held by L consecutive lanes of one
-  warp, combined by ``shfl.sync.bfly`` (``xor_max``); a row is combined by the warps of one
-  block (one shared-memory slot per warp, one barrier);
-* fp8 elements of finite groups are encoded two at a time by ``cvt.rn.satfinite.e4m3x2``.
+* a group of G elements is L = G / VEC consecutive units: a thread takes chunks of K of
+  them (K = 1 for fp8, whose encode is cheap and whose loads then stay coalesced; up to 4
+  for fp4 / fp6 / int, which then compute the group parameters once per chunk), and the
+  L / K lanes of a group combine their amax by ``shfl.sync.bfly`` (``xor_max``); a row is
+  combined by the warps of one block (one shared-memory slot per warp, one barrier);
+* finite groups take shorter exact encoders: fp8 two codes per ``cvt.rn.satfinite.e4m3x2``,
+  e2m1 and integers by float rounding tricks without a float -> int conversion.
 
 Exactness is the reference's, by the same device functions as the general kernels:
 ``group_params`` for the scale (float ``amax / max`` by IEEE division, MX e8m0 codes,
@@ -27,7 +30,9 @@ scales, ``x * 2^-k`` for MX -- the exact reciprocal of a power of two, so the pr
 the same float32 as the quotient, see ``_codec.e8m0_reciprocal``), and the amax as the max
 of |x|'s float32 bits (order-independent, NaN-propagating). A group whose amax is not
 finite (it holds a NaN or an infinity) takes ``encode_element`` per element, NaN rules
-included; only finite groups use the paired cvt, whose results are the single cvt's.
+included; only finite groups, where no NaN can arise, use the shorter encoders
+(``enc_finite``, the paired cvt), which give encode_element's codes for every non-NaN value
+(tests/test_kernels.py::test_finite_group_encoders, ::test_fp8_cvt_pair_matches_twin).
 
 The warp shuffle has a twin (``xor_max`` with ``shfl=False``: shared memory and barriers)
 that the CUDA simulator runs; the GPU tests run both variants.
