@@ -267,3 +267,20 @@ def test_scheme_resolution_is_nqdq_quantize_s():
     assert np.asarray(q.codes).shape == (2, 16) and np.asarray(q.scales).shape == (2, 1)
     parts = RQ.quantize(R.rmsnorm(x, np.ones(32, np.float32), 1e-6, "float32", "float32"), q.scheme)
     np.testing.assert_array_equal(q.codes, pack_codes(parts.codes, 4))
+
+
+def test_finite_fast_encoder_path(monkeypatch):
+    """FAST_ALL: the e2m1 finite encoder (grid rounding, one 16-bit store per vector) that the
+    MX kernels can use gives the spec's codes, with finite and non-finite rows mixed."""
+    import nqdq.kernels._fused_kernels as FK
+
+    monkeypatch.setattr(FK, "FAST_ALL", True)
+    FK.row_kernel.cache_clear()
+    try:
+        rng = np.random.default_rng(12)
+        x = rows(rng, 3, 200, "bfloat16")
+        x[1, 5] = np.inf
+        w = rng.standard_normal(200).astype(BF16)
+        assert_q_equal(fused.rmsnorm_quantize(x, w, "mxfp4"), fused.rmsnorm_quantize(x, w, "mxfp4", device="cuda"))
+    finally:
+        FK.row_kernel.cache_clear()

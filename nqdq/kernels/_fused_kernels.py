@@ -63,6 +63,7 @@ SIG_BITS = {KIND_F32: 24, 1: 8, KIND_F16: 11}  # KIND_BF16 == 1
 R_SPLIT_MIN_BITS = 5  # reference/fused.R_SPLIT_MIN_BITS
 
 MOE_CHUNK = 256  # pairs per block in the MoE sort kernels
+FAST_ALL = False  # finite fast encoders for every output mode (see row_kernel); tests set it
 MOE_MAX_EXPERTS = 1024
 MOE_SCAN_SLOTS = MOE_MAX_EXPERTS + 1
 
@@ -251,9 +252,15 @@ def row_kernel(op, out, kind, wkind, T, M, wide, strided, has_res, fmt, mx_cfg, 
     GV = max(G // V, 1)  # vectors per scale group
     NGB = max(NV * T // G, 1) if G else 1  # group slots per block (padded row)
     GROUPED = out in (OUT_GROUP, OUT_MX)
-    # finite fast encoders: fp8 by the paired cvt (GPU only), e2m1 by grid rounding (MX)
+    # finite fast encoders: fp8 by the paired cvt (GPU only), e2m1 by grid rounding (MX).
+    # Measured (H100, docs/performance.md "Fused ops"): faster for the static per-tensor scale
+    # (277.6 -> 251.2 us), slower where the kernel also reduces a row / group amax (more
+    # registers, 2 blocks per SM instead of 3: fp8_row 286.5 -> 332.5, fp8_1x128 295.4 ->
+    # 353.2, mxfp4 301.1 -> 400.0 us), so only the static scale uses them. FAST_ALL=True
+    # restores them everywhere (same codes: both paths are tested bit-exact on the GPU).
     E2M1 = fmt[0] == 1 and fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7
-    FAST_ENC = (NBITS == 8 and CVT and MODE == MODE_FLOAT) or (E2M1 and MODE == MODE_MX)
+    FAST_ENC = ((NBITS == 8 and CVT and MODE == MODE_FLOAT) or (E2M1 and MODE == MODE_MX)) and (
+        out == OUT_TENSOR or FAST_ALL)
     TV = T * V
     # the within-thread halving over j as constant (a, b) index pairs, level by level
     _jp = [((j * V + i), ((j + (M >> (lv + 1))) * V + i)) for lv in range(LOGM) for j in range(M >> (lv + 1))
