@@ -175,9 +175,11 @@ def round_bits(h, kind):
 
 @devfn
 def half_to_f32(h, kind):
+    # int64 in: f16_bits_to_f32_bits mixes its argument with int64 constants, and Numba
+    # unifies unsigned with signed 64-bit integers as float64 (the audit's f64 rule)
     if kind == KIND_F16:
-        return bits_f32(f16_bits_to_f32_bits(h))
-    return bits_f32(h << 16)
+        return bits_f32(f16_bits_to_f32_bits(np.int64(h)))
+    return bits_f32(np.int64(h) << 16)
 
 
 @devfn

@@ -155,3 +155,54 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator):
     fast_kernel(FK.moe_scan_kernel).launch(1, nt, (counts, nchunks, num_experts, base, offsets), None)
     fast_kernel(FK.moe_scatter_kernel).launch(nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, k, base, perm), None)
     return perm[:npairs], offsets
+
+
+def audit_launches():
+    """(label, kernel, args) of representative fused kernels for ``_ptx_audit.compile_and_audit``
+    (``python -m nqdq.kernels.fused``: compiled for sm_90 without a GPU; the same rules as the
+    quantize kernels: no f64, IEEE div/sqrt, no FMA, no ftz)."""
+    from ..schemes import resolve_scheme
+
+    def args(kind, wkind, sdt):
+        xd = np.float32 if kind == 0 else np.uint16
+        wd = np.float32 if wkind == 0 else np.uint16
+        z = np.zeros
+        return (z(8, xd), z(8, xd), z(8, wd), z(8, xd), z(8, np.float32), z(8, np.uint8), z(8, sdt), z(8, np.int32),
+                1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1, True)
+
+    out = []
+    for name, mode, G in (("fp8_row", FK.OUT_ROW, 0), ("fp8_1x128", FK.OUT_GROUP, 128), ("mxfp4", FK.OUT_MX, 32),
+                          ("fp8_tensor", FK.OUT_TENSOR, 0)):
+        sch = resolve_scheme(name, static_scale=name == "fp8_tensor")
+        sdt = np.uint8 if mode == FK.OUT_MX else np.float32
+        for kind, res in ((1, True), (2, True), (0, False)):
+            k = FK.row_kernel(FK.OP_NORM, mode, kind, kind, 256, 8, True, False, res, format_tuple(sch), _mx_cfg(sch),
+                              float(_max_elem(sch)), G, True)
+            out.append((f"rmsnorm{'+res' if res else ''} {name} kind {kind}", k, args(kind, kind, sdt)))
+    sch = resolve_scheme("mxfp4")
+    k = FK.row_kernel(FK.OP_GATHER, FK.OUT_MX, 1, 0, 256, 8, True, False, False, format_tuple(sch), _mx_cfg(sch), 6.0, 32, True)
+    out.append(("moe gather mxfp4", k, args(1, 0, np.uint8)))
+    k = FK.row_kernel(FK.OP_ROWS, FK.OUT_GROUP, 1, 0, 256, 8, True, True, False, format_tuple(resolve_scheme("fp8_1x128")),
+                      (0, 0, 0, 1.0), 448.0, 128, True)
+    out.append(("flatten strided fp8_1x128", k, args(1, 0, np.float32)))
+    fy = (1, 3, -6, 0x7E, 0x7F, 8, 0, 0, 4, 1)
+    k = FK.row_kernel(FK.OP_NORM, FK.OUT_Y, 1, 1, 256, 8, True, False, True, fy, (0, 0, 0, 1.0), 448.0, 0, True)
+    out.append(("rmsnorm y (unfused)", k, args(1, 1, np.float32)))
+    a = np.zeros(8, np.int32)
+    out += [("moe count", FK.moe_count_kernel, (a, 1, 1, a)), ("moe scan", FK.moe_scan_kernel, (a, 1, 1, a, a)),
+            ("moe scatter", FK.moe_scatter_kernel, (a, 1, 1, 1, a, a))]
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover - needs numba-cuda with NVVM
+    import sys
+
+    from ._ptx_audit import compile_and_audit
+
+    rows = compile_and_audit(audit_launches())
+    for r in rows:
+        print(f"{r['kernel']:20s} regs {r.get('regs', '-')!s:>4s} stack {r.get('stack', '-')!s:>4s} "
+              f"div.rn {r['divs']:3d} fma {r['fma']} f64 {r['f64']}  {r['case']}" + (f"  PROBLEMS {r['problems']}" if r["problems"] else ""))
+    bad = sum(bool(r["problems"]) for r in rows)
+    print(f"{len(rows)} fused kernels compiled for sm_90, {bad} with problems")
+    sys.exit(1 if bad else 0)
