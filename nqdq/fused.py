@@ -72,7 +72,7 @@ def _host_rows(x, weight, residual, dtype, weight_dtype):
     x32, dname = _arrays.float_input(x, "x", dtype=dtype)
     if x32.ndim < 1 or x32.shape[-1] < 1:
         raise ValueError(f"x must have at least one dimension with a non-empty last axis, got shape {x32.shape}")
-    w32, wname = _arrays.float_input(weight, "weight", dtype=weight_dtype)
+    w32, wname = _arrays.float_input(weight, "weight", dtype=_weight_dtype(weight, weight_dtype, dname))
     if w32.shape != (x32.shape[-1],):
         raise ValueError(f"weight must have shape ({x32.shape[-1]},) (x's last axis), got {w32.shape}")
     r32 = None

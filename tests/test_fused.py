@@ -284,3 +284,18 @@ def test_finite_fast_encoder_path(monkeypatch):
         assert_q_equal(fused.rmsnorm_quantize(x, w, "mxfp4"), fused.rmsnorm_quantize(x, w, "mxfp4", device="cuda"))
     finally:
         FK.row_kernel.cache_clear()
+
+
+def test_bits_input_and_save_load(tmp_path):
+    """bfloat16 given as uint16 bits + dtype= (how CuPy passes it), weight bits read as x's
+    dtype; the result saves and loads like any QuantizedTensor."""
+    rng = np.random.default_rng(13)
+    x = rows(rng, 2, 130, "bfloat16")
+    w = rng.standard_normal(130).astype(BF16)
+    q_ref = fused.rmsnorm_quantize(x, w, "fp8_1x128")
+    for device in (None, "cuda"):
+        q = fused.rmsnorm_quantize(x.view(np.uint16), w.view(np.uint16), "fp8_1x128", dtype="bfloat16", device=device)
+        assert_q_equal(q, q_ref)
+    path = tmp_path / "q.npz"
+    q_ref.save(path)
+    assert_q_equal(nqdq.load(path), q_ref)
