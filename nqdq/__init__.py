@@ -6,8 +6,10 @@
 (2, 32)
 """
 
+from . import fused
 from .api import decode, dequantize, encode, quantize
 from .formats import element_formats
+from .matmul import matmul
 from .quantized import FORMAT_VERSION, QuantizedTensor, load
 from .schemes import Scheme, schemes
 
@@ -18,6 +20,8 @@ __all__ = [
     "dequantize",
     "encode",
     "decode",
+    "matmul",
+    "fused",
     "load",
     "schemes",
     "element_formats",
