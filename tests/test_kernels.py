@@ -483,13 +483,22 @@ def _launched(shape, dtype, sch, **kw):
         ("fp8_row", {}, (3, 70), ml_dtypes.bfloat16, None),  # rows not whole 16-byte units
         ("mxfp8", {}, (3, 80), ml_dtypes.bfloat16, None),  # partial last group
         ("int4", {"granularity": "group", "group_size": 24}, (2, 48), np.float32, None),  # 6 units
-        ("int4_asym", {}, (2, 256), np.float32, None),  # zero points: general kernel
-        ("int8_centred", {}, (2, 256), np.float32, None),
+        ("int4_asym", {}, (2, 256), np.float32, "lastaxis_stat_groups"),  # zero points
+        ("int8_asym", {}, (2, 1000), np.float16, "lastaxis_asym_rows"),  # 125 units: not 2^k
+        ("int8_asym", {}, (3, 40), np.float32, "lastaxis_asym_rows"),  # 10 units: a row < a block
+        ("int8_asym", {}, (3, 64), ml_dtypes.bfloat16, "lastaxis_stat_groups"),  # 8 units: one group
+        ("int4_asym", {}, (3, 70), ml_dtypes.bfloat16, None),  # rows not whole units
+        ("int4_asym", {}, (2, 320), np.float32, None),  # partial last group
+        ("int8_centred", {}, (2, 256), np.float32, "lastaxis_stat_groups"),
+        ("int8_centred", {}, (2, 256), ml_dtypes.bfloat16, "lastaxis_stat_groups"),
+        ("int8_centred", {}, (2, 64), np.float32, None),  # row shorter than the group (P = 128)
+        ("int8_centred", {"group_size": 48}, (2, 96), np.float32, None),  # 12 units: not 2^k
+        ("int8_centred", {"axis": 0}, (128, 8), np.float32, None),  # another axis
     ],
 )
 def test_lastaxis_kernel_choice(name, kw, shape, dtype, kernel):
     """``kernel``: the last-axis kernel the plan must launch, None: only general kernels."""
-    fast = {"lastaxis_rows", "lastaxis_groups"}
+    fast = {"lastaxis_rows", "lastaxis_groups", "lastaxis_asym_rows", "lastaxis_stat_groups"}
     names = _launched(shape, dtype, resolve_scheme(name, **kw))
     assert (fast & set(names)) == ({kernel} if kernel else set()), names
     assert not fast & set(_launched(shape, dtype, resolve_scheme(name, **kw), stoch=True))  # stochastic: general
@@ -540,7 +549,8 @@ def unaligned_loads(monkeypatch):
         pytest.skip("compiled kernels: tests/test_kernels_gpu.py reads real unaligned views")
 
     def clear():
-        for f in (RK.make_lastaxis_group_kernel, RK.make_lastaxis_row_kernel, RK.make_tensor_amax_kernel):
+        for f in (RK.make_lastaxis_group_kernel, RK.make_lastaxis_row_kernel, RK.make_tensor_amax_kernel,
+                  RK.make_lastaxis_asym_row_kernel, RK.make_lastaxis_stat_group_kernel):
             f.cache_clear()
         kq._PLANS.clear()
 
@@ -551,7 +561,8 @@ def unaligned_loads(monkeypatch):
     clear()
 
 
-@pytest.mark.parametrize("name, dtype", [("fp8_row", ml_dtypes.bfloat16), ("mxfp4", np.float16), ("nvfp4", np.float32)])
+@pytest.mark.parametrize("name, dtype", [("fp8_row", ml_dtypes.bfloat16), ("mxfp4", np.float16), ("nvfp4", np.float32),
+                                         ("int4_asym", ml_dtypes.bfloat16), ("int8_centred", np.float16)])
 def test_lastaxis_unaligned_input(unaligned_loads, name, dtype):
     x = edge_data((2, 64), seed=4).astype(dtype)
     check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
@@ -602,5 +613,74 @@ def test_lastaxis_one_unit_chunks(monkeypatch, name):
     try:
         x = edge_data((3, 256), seed=8).astype(ml_dtypes.bfloat16)
         check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
+    finally:
+        kq._PLANS.clear()
+
+
+# ----------------------------------------------------------------------------- asymmetric / centred last-axis
+# lastaxis_asym_rows / lastaxis_stat_groups (_rowwise_kernels): the (max, min) statistic as
+# order-preserving integer keys, the zero point; the centred mean by the halving sum across
+# lanes (position by position) and within a thread, then the centred amax.
+STAT_FAST = {"lastaxis_asym_rows", "lastaxis_stat_groups"}
+
+
+def _stat_groups_data(shape, qmax, seed):
+    """edge_data, with whole 128-element groups that are: all zero, NaN, +inf only, -inf
+    only, a NaN of negative sign (keys below -inf), and rounding ties: [0, qmax] spanned so
+    s = 1 and zp = 0 with every k + 0.5 (asymmetric), or +-v pairs 64 apart so the halving
+    sum is exactly 0 and the amax 127 (centred), plus float32 neighbours of the ties."""
+    x = edge_data(shape, seed=seed).reshape(-1, 128)
+    x[0] = 0.0
+    x[1, 5] = np.nan
+    x[2, 7] = np.inf
+    x[3, 9] = -np.inf
+    x[4, 11] = -np.nan
+    t = (np.arange(64) % (qmax + 1)).astype(np.float32) + np.float32(0.5)
+    t[::3] = np.nextafter(t[::3], np.float32(0))
+    t[1::5] = np.nextafter(t[1::5], np.float32(np.inf))
+    if qmax == 127:  # centred
+        t = np.minimum(t, 126.5)
+        t[0] = 127.0
+        x[5, :64], x[5, 64:] = t, -t
+    else:
+        x[5, :64], x[5, 64:] = t, t[::-1]
+        x[5, 0], x[5, 1] = 0.0, qmax
+    return x.reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("name, shape", [("int8_asym", (6, 128)), ("int4_asym", (3, 256)), ("int8_centred", (3, 256)),
+                                         ("int8_asym", (3, 1000))])
+def test_lastaxis_stat_kernels_exact(name, shape, dtype):
+    sch = resolve_scheme(name)
+    qmax = {"int8_asym": 255, "int4_asym": 15, "int8_centred": 127}[name]
+    x = (_stat_groups_data(shape, qmax, seed=len(name)) if shape[1] % 128 == 0 else edge_data(shape)).astype(dtype)
+    assert STAT_FAST & set(_launched(shape, dtype, sch))
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize("name, shape, dtype", [("int8_asym", (2, 1000), np.float16), ("int4_asym", (3, 256), np.float32),
+                                                ("int8_centred", (3, 256), ml_dtypes.bfloat16)])
+def test_lastaxis_stat_several_units_per_thread(deep_units, name, shape, dtype):
+    x = edge_data(shape, seed=11).astype(dtype)
+    check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_lastaxis_centred_halving_sum_order(group_size):
+    # values over 16 decades: a sum in any other order changes the last bits of the means
+    sch = resolve_scheme("int8_centred", group_size=group_size)
+    assert "lastaxis_stat_groups" in _launched((3, 256), np.float32, sch)
+    check(wide_data((3, 256)), sch)
+
+
+def test_lastaxis_stat_switches(monkeypatch):
+    """LASTAXIS_ASYM / LASTAXIS_CENTRED off: the general kernels, same results."""
+    monkeypatch.setattr(kq, "LASTAXIS_ASYM", False)
+    monkeypatch.setattr(kq, "LASTAXIS_CENTRED", False)
+    kq._PLANS.clear()
+    try:
+        for name in ("int8_asym", "int4_asym", "int8_centred"):
+            assert not STAT_FAST & set(_launched((2, 256), np.float32, resolve_scheme(name)))
     finally:
         kq._PLANS.clear()

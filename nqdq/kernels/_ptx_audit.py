@@ -91,6 +91,11 @@ def sweep_launches():
         ("mxfp4", {}, (2048, 2048), ml_dtypes.bfloat16, None),  # last-axis groups, deep units
         ("nvfp4", {}, (2048, 2048), ml_dtypes.bfloat16, None),
         ("fp8_1x128", {}, (2048, 2048), ml_dtypes.bfloat16, None),
+        ("int8_asym", {}, (1024, 8192), ml_dtypes.bfloat16, None),  # asymmetric rows, deep units
+        ("int8_asym", {}, (1024, 7168), np.float16, None),
+        ("int4_asym", {}, (2048, 2048), ml_dtypes.bfloat16, None),  # asymmetric groups, deep units
+        ("int8_centred", {}, (2048, 2048), ml_dtypes.bfloat16, None),  # centred groups, deep units
+        ("int8_centred", {}, (2048, 2048), np.float32, None),
         ("int8_centred", {"group_size": 16384}, (2, 20000), np.float32, None),
         ("mxfp4", {}, (8, 256), np.float32, 7),  # stochastic
         ("int8_centred", {}, (8, 256), np.float32, 7),

@@ -45,14 +45,15 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ._codec import F32, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits
+from ._codec import F32, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits, mul_rn
 from ._elements import encode_element
 from ._ptx import E4M3, array_addr, cvt_e4m3x2, cvt_e5m2x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, store_u32x2
 from ._quantize_kernels import group_params, store_scale
-from ._scales import MODE_MX, MODE_NVFP4
+from ._scales import MODE_ASYM, MODE_CENTRED, MODE_MX, MODE_NVFP4, float_scale
 from ._target import SIMULATOR, devfn
 
-__all__ = ["make_lastaxis_group_kernel", "make_lastaxis_row_kernel", "make_tensor_amax_kernel", "vec_of", "SHFL_DEFAULT"]
+__all__ = ["make_lastaxis_group_kernel", "make_lastaxis_row_kernel", "make_lastaxis_asym_row_kernel",
+           "make_lastaxis_stat_group_kernel", "make_tensor_amax_kernel", "vec_of", "SHFL_DEFAULT"]
 
 FINITE = 0x7F800000  # abs bits below this: a finite float32
 SHFL_DEFAULT = not SIMULATOR  # the simulator has no warp shuffle: it runs the twin
@@ -270,6 +271,13 @@ def encode_store_unit(e, unit, p0, clean, c8, c16, c32, mode, fmt, cvt, vec, nb)
         if vec == 8:
             hi = pack4(enc(e[4], p0, mode, fmt, cvt, m), enc(e[5], p0, mode, fmt, cvt, m),
                        enc(e[6], p0, mode, fmt, cvt, m), enc(e[7], p0, mode, fmt, cvt, m), nb)
+    store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
+
+
+@devfn
+def store_packed(lo, hi, unit, c8, c16, c32, vec, nb):
+    """Store a unit's codes, packed in ``lo`` (elements 0-3) and ``hi`` (4-7, ``nb`` bits
+    each, first element lowest), at byte unit * vec * nb / 8."""
     bits = nb * vec
     if bits == 64:  # eight 8-bit codes
         store_u32x2(c32, unit, lo, hi)
@@ -478,4 +486,263 @@ def make_tensor_amax_kernel(kind, NT, U, shfl):
     return _jit_unrolled("tensor_amax", _TENSOR_SRC, ns, U)
 
 
+# ----------------------------------------------------------------------------- asymmetric / centred
+# The integer schemes whose groups carry more than an amax (reference/quantize.py):
+# asymmetric (scale and zero point from the group's min and max) and centred INT8 (mean by
+# the reference's halving sum, then the amax of x - mean). Same loads, layout and stores as
+# above; the statistics and the element encode differ.
+#
+# min / max as integers: key(b) maps float32 bits to an int32 that orders like the value
+# (non-negative floats keep their bits, negative ones flip their magnitude bits), and is its
+# own inverse. A positive NaN keys above +inf and a negative one below -inf, so a NaN in the
+# group makes the max or the min key a NaN, the group non-finite, and asym_params then gives
+# what it gives for any non-finite group (scale NaN, zero point 0: every code 0). The min is
+# carried as ~key (max of ~k is ~min of k), so both statistics combine by xor_max.
+
+
+@devfn
+def key(b):
+    k = np.int32(b)
+    return k if k >= 0 else np.int32(k ^ np.int32(0x7FFFFFFF))
+
+
+@devfn
+def unit_keys(e, vec):
+    """(max key, ~min key) over the unit's elements."""
+    k0, k1, k2, k3 = key(e[0]), key(e[1]), key(e[2]), key(e[3])
+    hi = max(max(k0, k1), max(k2, k3))
+    lo = min(min(k0, k1), min(k2, k3))
+    if vec == 8:
+        k4, k5, k6, k7 = key(e[4]), key(e[5]), key(e[6]), key(e[7])
+        hi = max(hi, max(max(k4, k5), max(k6, k7)))
+        lo = min(lo, min(min(k4, k5), min(k6, k7)))
+    return hi, np.int32(~lo)
+
+
+@devfn
+def asym_group(khi, nklo, max_elem):
+    """(scale, zero point, finite) of an asymmetric group from its max key and ~min key:
+    group_params (asym_params) on the decoded max and min."""
+    mx = bits_f32(np.uint32(key(np.uint32(khi))))
+    mn = bits_f32(np.uint32(key(np.uint32(~nklo))))
+    sv, p0, pz = group_params(MODE_ASYM, 0, mn, mx, max_elem, 0, 0, 0, ONE, ONE)
+    clean = (abs_i32(f32_bits(mx)) < FINITE) and (abs_i32(f32_bits(mn)) < FINITE)
+    return sv, np.int32(pz), clean
+
+
+@devfn
+def enc_int(xb, p0, p1, pz, clean, mode, fmt, mask):
+    """An asymmetric / centred element's code. Finite groups (s finite and non-zero, x -
+    mean finite: no NaN can arise) by int_code_finite: asym clip(rint(x / s) + zp, 0, qmax)
+    = rint(clip(x / s, -zp, qmax - zp)) + zp (integer bounds commute with rint); centred
+    rint(clip((x - mean) / s)). Otherwise encode_element, every NaN rule included."""
+    x = bits_f32(xb)
+    if clean:
+        if mode == MODE_ASYM:
+            q = np.int32(int_code_finite(x / p0, -pz, np.int32(fmt[7]) - pz)) + pz
+        else:
+            q = np.int32(int_code_finite((x - p1) / p0, fmt[6], fmt[7]))
+        return np.uint32(np.uint32(q) & np.uint32(mask))
+    return np.uint32(encode_element(x, p0, p1, pz, mode, fmt, False, 0, False) & mask)
+
+
+@devfn
+def encode_store_int_unit(e, unit, p0, p1, pz, clean, c8, c16, c32, mode, fmt, vec, nb):
+    m = (1 << nb) - 1
+    lo = pack4(enc_int(e[0], p0, p1, pz, clean, mode, fmt, m), enc_int(e[1], p0, p1, pz, clean, mode, fmt, m),
+               enc_int(e[2], p0, p1, pz, clean, mode, fmt, m), enc_int(e[3], p0, p1, pz, clean, mode, fmt, m), nb)
+    hi = np.uint32(0)
+    if vec == 8:
+        hi = pack4(enc_int(e[4], p0, p1, pz, clean, mode, fmt, m), enc_int(e[5], p0, p1, pz, clean, mode, fmt, m),
+                   enc_int(e[6], p0, p1, pz, clean, mode, fmt, m), enc_int(e[7], p0, p1, pz, clean, mode, fmt, m), nb)
+    store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
+
+
+@devfn
+def xor_add(v, off, shfl, scratch, tid):
+    """v + (v of lane tid ^ off), float32: one butterfly step of a sum. IEEE addition is
+    commutative, so both lanes of a pair hold the same sum. The twin passes the bits through
+    the int32 scratch."""
+    if shfl:
+        return v + cuda.shfl_xor_sync(0xFFFFFFFF, v, off)
+    cuda.syncthreads()
+    scratch[tid] = np.int32(f32_bits(v))
+    cuda.syncthreads()
+    return v + bits_f32(np.uint32(scratch[tid ^ off]))
+
+
+_ASYM_ROWS_SRC = """
+def lastaxis_asym_rows(x, upr, codes, scales, zps, means):
+    tid = cuda.threadIdx.x
+    row = cuda.blockIdx.x
+    scratch = cuda.shared.array(SCRATCH, int32)
+    red = cuda.shared.array(NW, int32)
+    red2 = cuda.shared.array(NW, int32)
+    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
+    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
+    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    aligned = (array_addr(x) & 15) == 0
+    base = row * upr + tid
+    w{j} = load_unit(x, x32, aligned, base + {jNT}, tid + {jNT} < upr, kind)
+    khi = np.int32(0)
+    nklo = np.int32(-1)
+    h{j}, l{j} = unit_keys(unit_elems(w{j}, kind), VEC)
+    khi = max(khi, h{j})
+    nklo = max(nklo, l{j})
+    khi = block_max(khi, tid, scratch, red)
+    nklo = block_max(nklo, tid, scratch, red2)
+    sv, pz, clean = asym_group(khi, nklo, MAXE)
+    if tid == 0:
+        scales[row] = sv
+        zps[row] = pz
+    if tid + {jNT} < upr: encode_store_int_unit(unit_elems(w{j}, kind), base + {jNT}, sv, ZERO, pz, clean, codes, c16, c32, mode, fmt, VEC, NB)
+"""
+
+
+@lru_cache(maxsize=None)
+def make_lastaxis_asym_row_kernel(kind, fmt, max_elem, NT, U, packed, shfl):
+    """Asymmetric integers, one scale and zero point per row: make_lastaxis_row_kernel's
+    layout with a (max, min) statistic (two block reductions)."""
+    VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
+    assert NT % 32 == 0
+    ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
+              mode=MODE_ASYM, fmt=fmt, VEC=VEC, NB=NB, MAXE=F32(max_elem), block_max=_block_max_fn(NT, shfl))
+    return _jit_unrolled("lastaxis_asym_rows", _ASYM_ROWS_SRC, ns, U)
+
+
+_STAT_GROUPS_SRC = """
+def lastaxis_stat_groups(x, nchunks, codes, scales, zps, means):
+    tid = cuda.threadIdx.x
+    scratch = cuda.shared.array(SCRATCH, int32)
+    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
+    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
+    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    aligned = (array_addr(x) & 15) == 0
+    z = np.uint32(0)
+    Z4 = (z, z, z, z)
+    c0 = cuda.blockIdx.x * (NT * U) + tid
+    w{j}_{k} = load_unit(x, x32, aligned, (c0 + {jNT}) * K + {k}, c0 + {jNT} < nchunks, kind)
+    chunk_step(CHUNK_ARGS, c0 + {jNT}, nchunks, tid, scratch, codes, c16, c32, scales, zps, means)
+"""
+
+# The centred chunk step, generated for the chunk's W = K * VEC elements (one named
+# register each). A group of G = P elements (a power of two) is LL lanes of W consecutive
+# elements. reference halving_sum's levels h = P/2 .. W add element i and i + h, which lie
+# at the same position of lanes l and l + h / W: a butterfly over the lanes, position by
+# position (every lane ends with the level-W partial sums s[0 .. W)); levels W/2 .. 1 are
+# then within the thread.
+_CENTRED_STEP_SRC = """
+def centred_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, zps, means):
+    e0 = unit_elems(w0, kind)
+    e1 = unit_elems(w1, kind)
+    e2 = unit_elems(w2, kind)
+    e3 = unit_elems(w3, kind)
+LEAVES
+CROSS
+LOCAL
+    mean = mul_rn(v0, FACTOR)
+    a = np.int32(0)
+AMAX
+    off = LL >> 1
+    while off > 0:
+        a = xor_max(a, off, shfl, scratch, tid)
+        off >>= 1
+    if chunk < nchunks:
+        s = float_scale(bits_f32(np.uint32(a)), MAXE)
+        if (tid & (LL - 1)) == 0:
+            scales[chunk // LL] = s
+            means[chunk // LL] = mean
+        clean = a < FINITE
+        u = chunk * K
+        encode_store_int_unit(e0, u, s, mean, 0, clean, c8, c16, c32, mode, fmt, VEC, NB)
+        if K >= 2:
+            encode_store_int_unit(e1, u + 1, s, mean, 0, clean, c8, c16, c32, mode, fmt, VEC, NB)
+        if K >= 4:
+            encode_store_int_unit(e2, u + 2, s, mean, 0, clean, c8, c16, c32, mode, fmt, VEC, NB)
+            encode_store_int_unit(e3, u + 3, s, mean, 0, clean, c8, c16, c32, mode, fmt, VEC, NB)
+"""
+
+
+def _centred_step_src(K, VEC, LL):
+    W = K * VEC
+    ind = "    "
+    leaves = [f"{ind}v{i} = mul_rn(bits_f32(e{i // VEC}[{i % VEC}]), INV_P)" for i in range(W)]
+    cross = []
+    off = LL >> 1
+    while off > 0:
+        cross += [f"{ind}v{i} = xor_add(v{i}, {off}, shfl, scratch, tid)" for i in range(W)]
+        off >>= 1
+    local = []
+    h = W >> 1
+    while h > 0:
+        local += [f"{ind}v{i} = v{i} + v{i + h}" for i in range(h)]
+        h >>= 1
+    amax = [f"{ind}a = max(a, abs_i32(f32_bits(bits_f32(e{i // VEC}[{i % VEC}]) - mean)))" for i in range(W)]
+    return (_CENTRED_STEP_SRC.replace("LEAVES", "\n".join(leaves)).replace("CROSS", "\n".join(cross) or f"{ind}pass")
+            .replace("LOCAL", "\n".join(local) or f"{ind}pass").replace("AMAX", "\n".join(amax)))
+
+
+@lru_cache(maxsize=None)
+def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, packed, shfl):
+    """Asymmetric (MODE_ASYM) or centred (MODE_CENTRED) groups of L units along the last
+    axis: make_lastaxis_group_kernel's layout (chunks of K units, LL = L / K lanes per group,
+    U chunks per thread), with the group's (max, min) or halving sum and centred amax."""
+    VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
+    assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0 and L % K == 0 and K in (1, 2, 4)
+    assert mode in (MODE_ASYM, MODE_CENTRED)
+    LL = L // K
+    MAXE = F32(max_elem)
+    if mode == MODE_ASYM:
+
+        @devfn
+        def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, zps, means):
+            e0 = unit_elems(w0, kind)
+            e1 = unit_elems(w1, kind)
+            e2 = unit_elems(w2, kind)
+            e3 = unit_elems(w3, kind)
+            khi, nklo = unit_keys(e0, VEC)
+            if K >= 2:
+                h1, l1 = unit_keys(e1, VEC)
+                khi = max(khi, h1)
+                nklo = max(nklo, l1)
+            if K >= 4:
+                h2, l2 = unit_keys(e2, VEC)
+                h3, l3 = unit_keys(e3, VEC)
+                khi = max(khi, max(h2, h3))
+                nklo = max(nklo, max(l2, l3))
+            off = LL >> 1
+            while off > 0:
+                khi = xor_max(khi, off, shfl, scratch, tid)
+                nklo = xor_max(nklo, off, shfl, scratch, tid)
+                off >>= 1
+            if chunk < nchunks:
+                sv, pz, clean = asym_group(khi, nklo, MAXE)
+                if (tid & (LL - 1)) == 0:
+                    scales[chunk // LL] = sv
+                    zps[chunk // LL] = pz
+                u = chunk * K
+                encode_store_int_unit(e0, u, sv, ZERO, pz, clean, c8, c16, c32, mode, fmt, VEC, NB)
+                if K >= 2:
+                    encode_store_int_unit(e1, u + 1, sv, ZERO, pz, clean, c8, c16, c32, mode, fmt, VEC, NB)
+                if K >= 4:
+                    encode_store_int_unit(e2, u + 2, sv, ZERO, pz, clean, c8, c16, c32, mode, fmt, VEC, NB)
+                    encode_store_int_unit(e3, u + 3, sv, ZERO, pz, clean, c8, c16, c32, mode, fmt, VEC, NB)
+
+    else:
+        P = L * VEC  # a whole group: the halving sum's padding P is G itself
+        glb = dict(globals())
+        glb.update(kind=kind, mode=mode, fmt=fmt, VEC=VEC, NB=NB, K=K, LL=LL, MAXE=MAXE, shfl=shfl,
+                   INV_P=F32(1.0 / P), FACTOR=F32(np.float32(P) / np.float32(P)))  # fp32(P) / fp32(count)
+        src = _centred_step_src(K, VEC, LL)
+        exec(compile(src, f"<nqdq centred_step K={K} VEC={VEC} LL={LL}>", "exec"), glb)
+        chunk_step = devfn(glb["centred_step"])
+        chunk_step.source = src
+
+    chunk_args = ", ".join("w{j}_%d" % k if k < K else "Z4" for k in range(4))
+    ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
+              chunk_step=chunk_step)
+    return _jit_unrolled("lastaxis_stat_groups", _STAT_GROUPS_SRC.replace("CHUNK_ARGS", chunk_args), ns, U, K)
+
+
 _ = (float32, int32, uint32, ONE, array_addr, group_params, store_scale)  # used by the generated kernel sources
+_ = (mul_rn, float_scale, MODE_CENTRED)  # used by the generated centred step

@@ -463,6 +463,12 @@ GROUP_UNITS = 4  # 16-byte units a thread of the group kernel loads before using
 DEEP_ROWS = 528  # rows from which the row kernel uses deep threads (4 blocks per H100 SM)
 DEEP_UNITS = 4 * 256 * 264  # units from which the group kernel uses GROUP_UNITS per thread
 SHFL = RK.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twin on a GPU
+# One switch per last-axis path added after the first GPU measurements (written and checked
+# in the simulator, not yet timed on a GPU): False sends those cases back to the general
+# kernels, so a GPU session can A/B them (clear _PLANS after changing one).
+LASTAXIS_ASYM = True  # asymmetric integer rows / groups: lastaxis_asym_rows, lastaxis_stat_groups
+LASTAXIS_CENTRED = True  # centred INT8 groups: lastaxis_stat_groups
+CENTRED_UNITS = 2  # units per chunk of the centred groups (its sums are shuffled per element)
 
 
 def _fast_lastaxis(shape, kind, mode, G, nt, cheap_encode=False):
@@ -474,8 +480,11 @@ def _fast_lastaxis(shape, kind, mode, G, nt, cheap_encode=False):
     less latency each), large ones deep threads (more loads in flight, fewer blocks).
     ``cheap_encode``: the elements are fp8 encoded by the paired cvt instruction."""
     if mode not in (MODE_FLOAT, MODE_MX, MODE_NVFP4):
-        return None
+        if not ((mode == MODE_ASYM and LASTAXIS_ASYM) or (mode == MODE_CENTRED and LASTAXIS_CENTRED)):
+            return None
     C = shape[-1]
+    if mode == MODE_CENTRED and (G > C or C % G):
+        return None  # the halving sum pads to the scheme's group: whole groups only
     vec = RK.vec_of(kind)
     if C % vec:
         return None
@@ -490,12 +499,14 @@ def _fast_lastaxis(shape, kind, mode, G, nt, cheap_encode=False):
         # is one cvt per pair (fp8) coalescing matters more (mxfp8 97 -> 74 %, fp8_1x128 89 ->
         # 65 % of copy with K = 4 on an H100, bf16 8192x8192): K = 1 there
         K = 1 if cheap_encode else min(L, GROUP_UNITS)
+        if mode == MODE_CENTRED:
+            K = min(L, CENTRED_UNITS)
         nchunks = n // vec // K
         NT = max(32, min(nt, 256))
         while NT > 64 and nchunks < NT * 264:  # small inputs: more, smaller blocks
             NT //= 2
         return ("group", L, K, NT, max(1, GROUP_UNITS // K) if n // vec >= DEEP_UNITS else 1)
-    if G == C:
+    if G == C and mode != MODE_CENTRED:
         upr = C // vec
         u_target = ROW_UNITS_MAX if rows >= DEEP_ROWS else 2
         NT = 32
@@ -562,7 +573,17 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
     def run_fast(fast):
         """A last-axis kernel of ``_rowwise_kernels`` (see _fast_lastaxis)."""
         vec = RK.vec_of(kind)
-        if fast[0] == "row":
+        if mode in (MODE_ASYM, MODE_CENTRED):
+            if fast[0] == "row":
+                _, NT, U = fast
+                k = RK.make_lastaxis_asym_row_kernel(kind, fmt, maxe, NT, U, packed, SHFL)
+                _launch(k, rows, NT, xa, C // vec, codes, scales, zps, means)
+            else:
+                _, L, K, NT, U = fast
+                k = RK.make_lastaxis_stat_group_kernel(kind, mode, fmt, maxe, L, K, NT, U, packed, SHFL)
+                nchunks = n // vec // K
+                _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, zps, means)
+        elif fast[0] == "row":
             _, NT, U = fast
             k = RK.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL)
             _launch(k, rows, NT, xa, C // vec, codes, scales, out.sparams)
