@@ -684,3 +684,58 @@ def test_lastaxis_stat_switches(monkeypatch):
             assert not STAT_FAST & set(_launched((2, 256), np.float32, resolve_scheme(name)))
     finally:
         kq._PLANS.clear()
+
+
+# ----------------------------------------------------------------------------- static scales, one pass
+# static_encode (_rowwise_kernels): caller-given scales per tensor or per last-axis row,
+# 16-byte loads, the finite-unit encoders only where s is finite and non-zero.
+_ROW_SCALES = np.array([[0.01], [0.0], [np.inf], [np.nan], [-0.5], [1e-40], [3.0]], np.float32)
+
+
+@pytest.mark.parametrize(
+    "name, kw, shape, dtype, kernel",
+    [
+        ("fp8_tensor", {}, (3, 64), ml_dtypes.bfloat16, "static_encode"),
+        ("e4m3", {"granularity": "row"}, (3, 64), np.float32, "static_encode"),
+        ("int4", {"granularity": "tensor"}, (3, 36), np.float32, "static_encode"),  # 27 whole units
+        ("fp8_tensor", {}, (3, 70), ml_dtypes.bfloat16, None),  # not whole units
+        ("e4m3", {"granularity": "row"}, (3, 36), ml_dtypes.bfloat16, None),  # rows not whole units
+        ("e4m3", {"granularity": "row", "axis": 0}, (8, 64), np.float32, None),
+        ("int8", {"granularity": "group", "group_size": 16}, (3, 64), np.float32, None),
+    ],
+)
+def test_static_kernel_choice(monkeypatch, name, kw, shape, dtype, kernel):
+    sch = resolve_scheme(name, static_scale=True, **kw)
+    names = set(_launched(shape, dtype, sch, static_scale=True))
+    assert ("static_encode" in names) == (kernel is not None), names
+    assert "static_encode" not in _launched(shape, dtype, sch, static_scale=True, stoch=True)
+    monkeypatch.setattr(kq, "STATIC_FAST", False)
+    kq._PLANS.clear()
+    try:
+        assert "static_encode" not in _launched(shape, dtype, sch, static_scale=True)
+    finally:
+        kq._PLANS.clear()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize(
+    "name, kw, scale",
+    [
+        ("fp8_tensor", {}, 0.05),
+        ("e5m2", {"granularity": "tensor"}, 1e-40),  # subnormal scale: quotients overflow
+        ("e4m3", {"granularity": "row"}, _ROW_SCALES),  # zero, inf, NaN, negative scales
+        ("int4", {"granularity": "row"}, _ROW_SCALES),
+        ("e2m1", {"granularity": "tensor"}, 0.25),
+        ("int8", {"granularity": "tensor"}, 0.02),
+    ],
+)
+def test_static_kernel_exact(name, kw, scale, dtype):
+    sch = resolve_scheme(name, static_scale=True, **kw)
+    x = edge_data((7, 64), seed=len(name)).astype(dtype)
+    assert "static_encode" in _launched(x.shape, dtype, sch, static_scale=True)
+    check(x, sch, scale=scale, x_ref=x.astype(np.float32))
+
+
+def test_static_kernel_several_units_per_thread(deep_units):
+    x = edge_data((5, 96), seed=2).astype(ml_dtypes.bfloat16)
+    check(x, resolve_scheme("fp8_tensor", static_scale=True), scale=0.03, x_ref=x.astype(np.float32))

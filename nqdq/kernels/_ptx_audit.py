@@ -97,6 +97,9 @@ def sweep_launches():
         ("int8_centred", {}, (2048, 2048), ml_dtypes.bfloat16, None),  # centred groups, deep units
         ("int8_centred", {}, (2048, 2048), np.float32, None),
         ("int8_centred", {"group_size": 16384}, (2, 20000), np.float32, None),
+        ("fp8_tensor", {"static_scale": True}, (2048, 2048), ml_dtypes.bfloat16, None),  # static: one pass
+        ("e4m3", {"granularity": "row", "static_scale": True}, (8, 256), np.float16, None),
+        ("int4", {"granularity": "tensor", "static_scale": True}, (8, 256), np.float32, None),
         ("mxfp4", {}, (8, 256), np.float32, 7),  # stochastic
         ("int8_centred", {}, (8, 256), np.float32, 7),
         ("int4_asym", {}, (8, 256), np.float32, 7),
@@ -117,7 +120,7 @@ def sweep_launches():
                 {np.float32: 0, ml_dtypes.bfloat16: 1, np.float16: 2}[dt],
                 shape, str(np.dtype(dt)), "numpy",
             )
-            parts = kq.quantize(xin, sch, seed=seed)
+            parts = kq.quantize(xin, sch, seed=seed, scale=1.0 if sch.static_scale else None)
             kq.dequantize(parts, sch, shape)
         label = f"{name}{kw or ''} {np.dtype(dt).name} {shape}" + (" stochastic" if seed else "")
         out += [(label, k, a) for k, a in rec]

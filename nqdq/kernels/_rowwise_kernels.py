@@ -49,11 +49,11 @@ from ._codec import F32, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_bits_to_f
 from ._elements import encode_element
 from ._ptx import E4M3, array_addr, cvt_e4m3x2, cvt_e5m2x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, store_u32x2
 from ._quantize_kernels import group_params, store_scale
-from ._scales import MODE_ASYM, MODE_CENTRED, MODE_MX, MODE_NVFP4, float_scale
+from ._scales import MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4, float_scale
 from ._target import SIMULATOR, devfn
 
 __all__ = ["make_lastaxis_group_kernel", "make_lastaxis_row_kernel", "make_lastaxis_asym_row_kernel",
-           "make_lastaxis_stat_group_kernel", "make_tensor_amax_kernel", "vec_of", "SHFL_DEFAULT"]
+           "make_lastaxis_stat_group_kernel", "make_static_kernel", "make_tensor_amax_kernel", "vec_of", "SHFL_DEFAULT"]
 
 FINITE = 0x7F800000  # abs bits below this: a finite float32
 SHFL_DEFAULT = not SIMULATOR  # the simulator has no warp shuffle: it runs the twin
@@ -742,6 +742,43 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
     ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
               chunk_step=chunk_step)
     return _jit_unrolled("lastaxis_stat_groups", _STAT_GROUPS_SRC.replace("CHUNK_ARGS", chunk_args), ns, U, K)
+
+
+# ----------------------------------------------------------------------------- static scales
+# Caller-given float scales (``scale=``): nothing to reduce, one streaming pass. A unit is
+# encoded by the finite-group encoders when no NaN can arise in x / s (s finite and non-zero,
+# every element of the unit finite), else element by element by encode_element.
+_STATIC_SRC = """
+def static_encode(x, nunits, upr, codes, scales):
+    tid = cuda.threadIdx.x
+    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
+    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
+    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    aligned = (array_addr(x) & 15) == 0
+    u0 = cuda.blockIdx.x * (NT * U) + tid
+    w{j} = load_unit(x, x32, aligned, u0 + {jNT}, u0 + {jNT} < nunits, kind)
+    st = scales[0]
+    if u0 + {jNT} < nunits: static_unit(unit_elems(w{j}, kind), u0 + {jNT}, upr, st, scales, codes, c16, c32)
+"""
+
+
+@lru_cache(maxsize=None)
+def make_static_kernel(kind, fmt, NT, U, packed, per_row):
+    """Static float scales of a flat C-contiguous input of ``nunits`` whole units: one
+    scale for the tensor, or (``per_row``) scales[u // upr] for unit u, rows of ``upr``
+    units. Block b owns units b*NT*U + j*NT + t, all U loads issued before any is used."""
+    VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
+    CVT = fp8_cvt_available() and fp8_cvt_supports(fmt)
+    assert NT % 32 == 0
+
+    @devfn
+    def static_unit(e, u, upr, st, scales, c8, c16, c32):
+        s = scales[u // upr] if per_row else st
+        clean = unit_amax(e, VEC) < FINITE and abs_i32(f32_bits(s)) < FINITE and s != ZERO
+        encode_store_unit(e, u, s, clean, c8, c16, c32, MODE_FLOAT, fmt, CVT, VEC, NB)
+
+    ns = dict(NT=NT, U=U, SH=0 if kind == KIND_F32 else 1, kind=kind, static_unit=static_unit)
+    return _jit_unrolled("static_encode", _STATIC_SRC, ns, U)
 
 
 _ = (float32, int32, uint32, ONE, array_addr, group_params, store_scale)  # used by the generated kernel sources

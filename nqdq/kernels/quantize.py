@@ -469,6 +469,30 @@ SHFL = RK.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twi
 LASTAXIS_ASYM = True  # asymmetric integer rows / groups: lastaxis_asym_rows, lastaxis_stat_groups
 LASTAXIS_CENTRED = True  # centred INT8 groups: lastaxis_stat_groups
 CENTRED_UNITS = 2  # units per chunk of the centred groups (its sums are shuffled per element)
+STATIC_FAST = True  # static float scales per tensor / per last-axis row: static_encode
+
+
+def _fast_static(shape, kind, sch, mode, nt):
+    """(NT, U, per_row) of ``static_encode`` for caller-given float scales of one tensor
+    scale or one scale per last-axis row, a C-contiguous input of whole 16-byte units
+    (rows of whole units when per row); None otherwise (the general ``encode``)."""
+    if not STATIC_FAST or mode != MODE_FLOAT:
+        return None
+    nd = len(shape)
+    per_row = sch.granularity == "row"
+    if per_row and sch.axis % nd != nd - 1:
+        return None
+    if sch.granularity not in ("tensor", "row"):
+        return None
+    vec = RK.vec_of(kind)
+    n = math.prod(shape)
+    if (shape[-1] if per_row else n) % vec:
+        return None
+    NT = max(32, min(nt, 256))
+    nunits = n // vec
+    while NT > 64 and nunits < NT * 264:
+        NT //= 2
+    return NT, (GROUP_UNITS if nunits >= DEEP_UNITS else 1), per_row
 
 
 def _fast_lastaxis(shape, kind, mode, G, nt, cheap_encode=False):
@@ -612,7 +636,13 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
 
     del stream
     ax = sch.axis % nd
-    if static_scale:
+    fast_static = _fast_static(shape, kind, sch, mode, nt) if static_scale and not stoch else None
+    if fast_static is not None:  # caller-given scales, whole units: one streaming pass
+        NT, U, per_row = fast_static
+        vec = RK.vec_of(kind)
+        k = RK.make_static_kernel(kind, fmt, NT, U, packed, per_row)
+        _launch(k, _cdiv(n // vec, NT * U), NT, xa, n // vec, C // vec, codes, scales)
+    elif static_scale:
         run_encode()
     elif mode == MODE_NVFP4:
         fast = None if stoch else _fast_lastaxis(shape, kind, mode, block[-1], nt, _cheap(fmt))
