@@ -543,6 +543,7 @@ def unaligned_loads(monkeypatch):
     """The kernels read element by element when the input is not 16-byte aligned (a view
     at an offset); the simulator's arrays always report aligned, so pretend otherwise."""
     from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels import _tile_kernels as TK
     from nqdq.kernels._target import SIMULATOR
 
     if not SIMULATOR:
@@ -550,7 +551,8 @@ def unaligned_loads(monkeypatch):
 
     def clear():
         for f in (RK.make_lastaxis_group_kernel, RK.make_lastaxis_row_kernel, RK.make_tensor_amax_kernel,
-                  RK.make_lastaxis_asym_row_kernel, RK.make_lastaxis_stat_group_kernel):
+                  RK.make_lastaxis_asym_row_kernel, RK.make_lastaxis_stat_group_kernel, RK.make_static_kernel,
+                  TK.make_tile_kernel):
             f.cache_clear()
         kq._PLANS.clear()
 
@@ -739,3 +741,55 @@ def test_static_kernel_exact(name, kw, scale, dtype):
 def test_static_kernel_several_units_per_thread(deep_units):
     x = edge_data((5, 96), seed=2).astype(ml_dtypes.bfloat16)
     check(x, resolve_scheme("fp8_tensor", static_scale=True), scale=0.03, x_ref=x.astype(np.float32))
+
+
+
+# ----------------------------------------------------------------------------- B0 x B1 tiles, one pass
+# tile_blocks (_tile_kernels): one block per tile, units in registers from the load to the
+# encode. The simulator runs small tiles (a 128 x 128 tile takes minutes there: the real
+# size runs in tests/test_kernels_gpu.py).
+@pytest.mark.parametrize(
+    "kw, shape, dtype, fast",
+    [
+        ({"block_shape": (4, 16)}, (2, 9, 64), np.float32, True),  # batch, partial row tile
+        ({"block_shape": (3, 32)}, (7, 64), ml_dtypes.bfloat16, True),
+        ({}, (256, 256), ml_dtypes.bfloat16, True),
+        ({}, (3, 2, 128, 384), np.float16, True),  # N-D: leading axes are the batch
+        ({"block_shape": (4, 16)}, (2, 9, 40), np.float32, False),  # partial column tile
+        ({"block_shape": (4, 12)}, (8, 48), ml_dtypes.bfloat16, False),  # tile rows not whole units
+    ],
+)
+def test_tile_kernel_choice(monkeypatch, kw, shape, dtype, fast):
+    sch = resolve_scheme("fp8_128x128", **kw)
+    assert ("tile_blocks" in _launched(shape, dtype, sch)) == fast
+    assert "tile_blocks" not in _launched(shape, dtype, sch, stoch=True)
+    assert "tile_blocks" not in _launched(shape, dtype, resolve_scheme("int8", granularity="block", symmetric=False,
+                                                                       block_shape=sch.block_shape))
+    monkeypatch.setattr(kq, "TILE_FAST", False)
+    kq._PLANS.clear()
+    try:
+        assert "tile_blocks" not in _launched(shape, dtype, sch)
+    finally:
+        kq._PLANS.clear()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize(
+    "name, kw, shape",
+    [
+        ("fp8_128x128", {"block_shape": (4, 16)}, (2, 5, 32)),  # batch, partial row tile
+        ("fp8_128x128", {"block_shape": (8, 64)}, (9, 64)),  # several units per thread
+        ("int4", {"granularity": "block", "block_shape": (3, 16)}, (5, 32)),  # packed codes
+    ],
+)
+def test_tile_kernel_exact(name, kw, shape, dtype):
+    sch = resolve_scheme(name, **kw)
+    x = edge_data(shape, seed=len(shape)).astype(dtype)
+    x.reshape(-1, shape[-1])[:4, :16] = 0.0  # an all-zero tile
+    assert "tile_blocks" in _launched(shape, dtype, sch)
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
+def test_tile_kernel_unaligned_input(unaligned_loads):
+    x = edge_data((6, 32), seed=6).astype(ml_dtypes.bfloat16)
+    check(x, resolve_scheme("fp8_128x128", block_shape=(4, 16)), x_ref=x.astype(np.float32))

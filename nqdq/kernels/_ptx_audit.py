@@ -97,6 +97,8 @@ def sweep_launches():
         ("int8_centred", {}, (2048, 2048), ml_dtypes.bfloat16, None),  # centred groups, deep units
         ("int8_centred", {}, (2048, 2048), np.float32, None),
         ("int8_centred", {"group_size": 16384}, (2, 20000), np.float32, None),
+        ("fp8_128x128", {}, (2048, 2048), ml_dtypes.bfloat16, None),  # one-pass 128 x 128 tiles
+        ("fp8_128x128", {}, (2048, 2048), np.float32, None),
         ("fp8_tensor", {"static_scale": True}, (2048, 2048), ml_dtypes.bfloat16, None),  # static: one pass
         ("e4m3", {"granularity": "row", "static_scale": True}, (8, 256), np.float16, None),
         ("int4", {"granularity": "tensor", "static_scale": True}, (8, 256), np.float32, None),

@@ -470,6 +470,17 @@ LASTAXIS_ASYM = True  # asymmetric integer rows / groups: lastaxis_asym_rows, la
 LASTAXIS_CENTRED = True  # centred INT8 groups: lastaxis_stat_groups
 CENTRED_UNITS = 2  # units per chunk of the centred groups (its sums are shuffled per element)
 STATIC_FAST = True  # static float scales per tensor / per last-axis row: static_encode
+TILE_FAST = True  # B0 x B1 float block scales over whole-unit tiles: tile_blocks (_tile_kernels)
+
+
+def _fast_tile(shape, kind, sch, mode):
+    """True where ``tile_blocks`` applies: float scales over B0 x B1 tiles of the last two
+    axes, rows of whole tiles (C % B1 == 0) of whole 16-byte units (B1 % VEC == 0)."""
+    if not TILE_FAST or mode != MODE_FLOAT or len(shape) < 2:
+        return False
+    B0, B1 = sch.block_for(shape)[-2:]
+    vec = RK.vec_of(kind)
+    return B1 % vec == 0 and shape[-1] % B1 == 0 and B0 * (B1 // vec) <= 1024 * 8
 
 
 def _fast_static(shape, kind, sch, mode, nt):
@@ -665,6 +676,15 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         pi, pa, pb, nb = run_tensor_stats(mode)
         run_finalize(mode, (pi, pa, pb), nb, 1, 1)
         run_encode()
+    elif sch.granularity == "block" and not stoch and _fast_tile(shape, kind, sch, mode):
+        from . import _tile_kernels as TK
+
+        R = shape[-2]
+        B0, B1 = sch.block_for(shape)[-2:]
+        nR, nC = _cdiv(R, B0), C // B1
+        k = TK.make_tile_kernel(kind, fmt, maxe, B0, B1, packed, SHFL)
+        NT = TK.tile_geometry(kind, B0, B1)[2]
+        _launch(k, (n // (R * C)) * nR * nC, NT, xa, R, C, nR, nC, codes, scales)
     elif sch.granularity == "block":
         R = shape[-2]
         B0, B1 = sch.block_shape
