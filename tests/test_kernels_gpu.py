@@ -265,3 +265,69 @@ def test_wide_load_store_match_twins():
     copy[16, 64](src, a, b)
     assert_same(host(a), host(src), "vector copy")
     assert_same(host(b), host(src), "twin copy")
+
+
+# ----------------------------------------------------------------------------- paths written 2026-11-21, not yet run
+# lastaxis_asym_rows / lastaxis_stat_groups (asymmetric and centred INT8), static_encode
+# (caller-given scales), tile_blocks (128 x 128 tiles): simulator-checked; these run them
+# compiled, with the shuffles and their twin, at sizes that take the deep paths.
+NEW = {"int8_asym": "lastaxis_asym_rows", "int4_asym": "lastaxis_stat_groups",
+       "int8_centred": "lastaxis_stat_groups", "fp8_128x128": "tile_blocks"}
+
+
+def _kernels(shape, kind, sch, **kw):
+    return {k.py_func.__name__ for k, _, _, _ in kq.get_plan(shape, kind, sch, **kw).launches}
+
+
+@pytest.mark.parametrize("name", sorted(NEW))
+def test_new_paths_deep(big_bf16, name):
+    sch = resolve_scheme(name)
+    assert NEW[name] in _kernels(big_bf16.shape, 1, sch)
+    check_gpu(big_bf16, sch)
+
+
+@pytest.mark.parametrize("name", sorted(NEW))
+def test_new_paths_shuffle_twin(monkeypatch, big_bf16, name):
+    monkeypatch.setattr(kq, "SHFL", False)
+    kq._PLANS.clear()
+    try:
+        check_gpu(big_bf16[:256], resolve_scheme(name))
+    finally:
+        kq._PLANS.clear()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("name", sorted(NEW))
+def test_new_paths_inputs_and_unaligned(dtype, name):
+    """As test_lastaxis_inputs_and_unaligned, for the new paths (96 rows: a partial
+    128-row tile for fp8_128x128)."""
+    shape = (96, 1024)
+    sch = resolve_scheme(name)
+    x = edge_data(shape, seed=17)
+    if dtype == "bfloat16":
+        xh, bits, kind = x.astype(ml_dtypes.bfloat16), np.uint16, 1
+    else:
+        xh = x.astype(dtype)
+        bits, kind = xh.dtype, (0 if dtype == "float32" else 2)
+    assert NEW[name] in _kernels(shape, kind, sch)
+    flat = cp.empty(x.size + 1, bits)
+    view = flat[1:].reshape(shape)
+    view[...] = cp.asarray(xh.view(bits))
+    assert view.data.ptr % 16 != 0
+    for xd in (cp.asarray(xh.view(bits)), view):
+        check_gpu(xh, sch, x_dev=xd, dtype="bfloat16" if dtype == "bfloat16" else None)
+
+
+@pytest.mark.parametrize("name, kw, scale", [("fp8_tensor", {}, 0.05), ("e4m3", {"granularity": "row"}, None),
+                                             ("int4", {"granularity": "tensor"}, 0.3)])
+def test_static_encode(big_bf16, name, kw, scale):
+    sch = resolve_scheme(name, static_scale=True, **kw)
+    if scale is None:
+        scale = (np.random.default_rng(4).random(sch.scale_shape(big_bf16.shape)) + 0.01).astype(np.float32)
+    assert "static_encode" in _kernels(big_bf16.shape, 1, sch, static_scale=True)
+    xr = big_bf16.astype(np.float32)
+    got = kq.quantize(cp.asarray(big_bf16.view(np.uint16)), sch, dtype="bfloat16", scale=scale, out_fill=POISON)
+    want = ref.quantize(xr, sch, scale=scale)
+    wcodes = want.codes if sch.code_bits == 8 else pack_codes(want.codes, sch.code_bits)
+    assert_same(host(got.codes), wcodes, f"{name} static codes")
+    assert_same(host(got.scales), want.scales, f"{name} static scales")
