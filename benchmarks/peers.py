@@ -218,6 +218,12 @@ def nqdq_launcher(scheme_name):
     return lambda x: KQ.quantize(x, sch, dtype="bfloat16")
 
 
+def _static(scheme_name):
+    """"fp8_tensor@0.05": the scheme with a caller-given (static) scale 0.05 -> (name, kw)."""
+    name, _, scale = scheme_name.partition("@")
+    return name, ({"scale": float(scale)} if scale else {})
+
+
 def nqdq_runner(scheme_name, x_u16):
     """``(label, run)``: ``run(x_uint16)`` quantizes bf16 bits on the GPU with
     ``nqdq.quantize`` when it takes CuPy arrays (as uint16 + ``dtype="bfloat16"``, or as a
@@ -226,9 +232,10 @@ def nqdq_runner(scheme_name, x_u16):
 
     import nqdq
 
+    scheme_name, kw = _static(scheme_name)
     tries = [
-        ("nqdq.quantize", lambda x: nqdq.quantize(x, scheme_name, dtype="bfloat16")),
-        ("nqdq.quantize", lambda x: nqdq.quantize(x.view(ml_dtypes.bfloat16), scheme_name)),
+        ("nqdq.quantize", lambda x: nqdq.quantize(x, scheme_name, dtype="bfloat16", **kw)),
+        ("nqdq.quantize", lambda x: nqdq.quantize(x.view(ml_dtypes.bfloat16), scheme_name, **kw)),
         ("nqdq.kernels launcher", nqdq_launcher(scheme_name)),
     ]
     errors = []
@@ -380,7 +387,9 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
         try:
             import nqdq.kernels.quantize as KQ
 
-            plan = KQ.get_plan(tuple(xs[0].shape), 1, resolve_scheme(scheme))
+            base, kw = _static(scheme)
+            sch = resolve_scheme(base, static_scale=True) if kw else resolve_scheme(base)
+            plan = KQ.get_plan(tuple(xs[0].shape), 1, sch, static_scale=bool(kw))
             plan_launches = [k.py_func.__name__ if hasattr(k, "py_func") else str(k) for k, _, _, _ in plan.launches]
         except Exception:
             pass
@@ -393,7 +402,8 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
     try:  # row-wise schemes: the first rows alone are a valid input; nvfp4's tensor scale is global
         check = min(xs[0].shape[0], 128)
         if scheme != "nvfp4" or check == xs[0].shape[0]:
-            ref = nqdq.quantize(xs[0][:check].get().view(ml_dtypes.bfloat16), scheme, device="cpu")
+            base, kw = _static(scheme)
+            ref = nqdq.quantize(xs[0][:check].get().view(ml_dtypes.bfloat16), base, device="cpu", **kw)
             got_codes = parts.codes[:check].get()
             got_scales = parts.scales[: ref.scales.shape[0]].get()
             same = np.array_equal(got_codes, ref.codes) and np.array_equal(
@@ -442,7 +452,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer sets and groups (smoke test)")
     ap.add_argument("--sizes", default=None, help="e.g. 64x7168,8192x8192")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer (slow to compile)")
-    ap.add_argument("--schemes", default=None, help="nqdq schemes, comma-separated")
+    ap.add_argument("--schemes", default=None,
+                    help="nqdq schemes, comma-separated; NAME@S: a static (caller-given) scale S, e.g. fp8_tensor@0.05")
     args = ap.parse_args(argv)
     try:
         import cupy  # noqa: F401
