@@ -676,6 +676,23 @@ def test_lastaxis_centred_halving_sum_order(group_size):
     check(wide_data((3, 256)), sch)
 
 
+@pytest.mark.parametrize("units", [1, 4])
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_lastaxis_centred_chunk_geometries(monkeypatch, units, group_size):
+    """Other chunk widths (kq.CENTRED_UNITS): other splits of the halving sum between the
+    lanes' reduce-scatter, the thread, and the final butterflies (1 unit, bf16 128: a plain
+    lane level after the scatter; 4 units: more levels in the thread)."""
+    monkeypatch.setattr(kq, "CENTRED_UNITS", units)
+    kq._PLANS.clear()
+    try:
+        sch = resolve_scheme("int8_centred", group_size=group_size)
+        x = wide_data((2, 256)).astype(ml_dtypes.bfloat16)
+        assert "lastaxis_stat_groups" in _launched(x.shape, ml_dtypes.bfloat16, sch)
+        check(x, sch, x_ref=x.astype(np.float32))
+    finally:
+        kq._PLANS.clear()
+
+
 def test_lastaxis_stat_switches(monkeypatch):
     """LASTAXIS_ASYM / LASTAXIS_CENTRED off: the general kernels, same results."""
     monkeypatch.setattr(kq, "LASTAXIS_ASYM", False)

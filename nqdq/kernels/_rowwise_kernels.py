@@ -2,8 +2,11 @@
 the LAST axis and are either whole rows (per-token: fp8_row, int8_row) or small groups
 that tile each row exactly (1xG with G/VEC a power of two <= 32: fp8_1x128, int4_group,
 MXFP8/6/4, NVFP4's block pass), float32 / float16 / bfloat16 input, RNE elements and
-dynamic scales of the float, MX and NVFP4 modes. Everything else runs the general kernels
-of ``_quantize_kernels``; ``quantize._fast_lastaxis`` decides, at plan time.
+dynamic scales of the float, MX and NVFP4 modes; also asymmetric integer rows / groups
+and centred INT8 groups (``lastaxis_asym_rows``, ``lastaxis_stat_groups``: see the section
+"asymmetric / centred" below) and caller-given float scales per tensor or row
+(``static_encode``). Everything else runs the general kernels of ``_quantize_kernels``;
+``quantize._fast_lastaxis`` / ``_fast_static`` decide, at plan time.
 
 Why a separate family: the general kernels index any (d0, d1, d2, C) view element by
 element; these move memory in the widest pieces the GPU has and keep every value in
@@ -571,6 +574,17 @@ def xor_add(v, off, shfl, scratch, tid):
     return v + bits_f32(np.uint32(scratch[tid ^ off]))
 
 
+@devfn
+def xor_get(v, off, shfl, scratch, tid):
+    """float32 v of lane tid ^ off (``shfl.sync.bfly``; the twin through the int32 scratch)."""
+    if shfl:
+        return cuda.shfl_xor_sync(0xFFFFFFFF, v, off)
+    cuda.syncthreads()
+    scratch[tid] = np.int32(f32_bits(v))
+    cuda.syncthreads()
+    return bits_f32(np.uint32(scratch[tid ^ off]))
+
+
 _ASYM_ROWS_SRC = """
 def lastaxis_asym_rows(x, upr, codes, scales, zps, means):
     tid = cuda.threadIdx.x
@@ -628,9 +642,14 @@ def lastaxis_stat_groups(x, nchunks, codes, scales, zps, means):
 # The centred chunk step, generated for the chunk's W = K * VEC elements (one named
 # register each). A group of G = P elements (a power of two) is LL lanes of W consecutive
 # elements. reference halving_sum's levels h = P/2 .. W add element i and i + h, which lie
-# at the same position of lanes l and l + h / W: a butterfly over the lanes, position by
-# position (every lane ends with the level-W partial sums s[0 .. W)); levels W/2 .. 1 are
-# then within the thread.
+# at the same position of lanes l and l ^ (h / W): per position, a butterfly over the lanes
+# (offsets LL/2 .. 1, in that order). Done as a reduce-scatter: at each such level the two
+# lanes of a pair split the positions they hold (on the next position bit), each sending
+# the half it gives up and adding the partner's copy of the half it keeps -- the same sums,
+# one shuffle per pair of positions instead of one per position. When a lane is down to
+# one position the remaining lane levels are plain butterflies. Then the levels between
+# positions a lane still holds are added in the thread, and the last ones (positions split
+# across lanes) are butterflies again (position bit t <-> lane offset LL >> (t + 1)).
 _CENTRED_STEP_SRC = """
 def centred_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, zps, means):
     e0 = unit_elems(w0, kind)
@@ -668,15 +687,34 @@ def _centred_step_src(K, VEC, LL):
     ind = "    "
     leaves = [f"{ind}v{i} = mul_rn(bits_f32(e{i // VEC}[{i % VEC}]), INV_P)" for i in range(W)]
     cross = []
+    slots = [f"v{i}" for i in range(W)]  # slot k: position lanebits + (k << S)
+    S = 0  # position bits split over lanes so far
     off = LL >> 1
-    while off > 0:
-        cross += [f"{ind}v{i} = xor_add(v{i}, {off}, shfl, scratch, tid)" for i in range(W)]
+    while off > 0:  # lane levels, LL/2 .. 1
+        if len(slots) > 1:
+            cross.append(f"{ind}b{S} = (tid & {off}) != 0")
+            new = []
+            for m in range(len(slots) // 2):
+                ev, od = slots[2 * m], slots[2 * m + 1]
+                cross.append(f"{ind}r{S}_{m} = xor_get({ev} if b{S} else {od}, {off}, shfl, scratch, tid)")
+                cross.append(f"{ind}{ev} = ({od} if b{S} else {ev}) + r{S}_{m}")
+                new.append(ev)
+            slots = new
+            S += 1
+        else:
+            cross.append(f"{ind}{slots[0]} = xor_add({slots[0]}, {off}, shfl, scratch, tid)")
         off >>= 1
     local = []
     h = W >> 1
-    while h > 0:
-        local += [f"{ind}v{i} = v{i} + v{i + h}" for i in range(h)]
+    while h > 0:  # position levels W/2 .. 1
+        if h >= (1 << S):  # both positions in this lane: slots k and k + h / 2^S
+            d = h >> S
+            local += [f"{ind}{slots[k]} = {slots[k]} + {slots[k + d]}" for k in range(d)]
+        else:  # position bit t = log2(h) was split over lanes at lane offset LL >> (t + 1)
+            t = h.bit_length() - 1
+            local.append(f"{ind}{slots[0]} = xor_add({slots[0]}, {LL >> (t + 1)}, shfl, scratch, tid)")
         h >>= 1
+    assert slots[0] == "v0"
     amax = [f"{ind}a = max(a, abs_i32(f32_bits(bits_f32(e{i // VEC}[{i % VEC}]) - mean)))" for i in range(W)]
     return (_CENTRED_STEP_SRC.replace("LEAVES", "\n".join(leaves)).replace("CROSS", "\n".join(cross) or f"{ind}pass")
             .replace("LOCAL", "\n".join(local) or f"{ind}pass").replace("AMAX", "\n".join(amax)))

@@ -12,8 +12,11 @@ a power of two <= 32 (MX, fp8_1x128, int4 group),      one read, shuffles; _fast
 RNE, float / MX scales
 NVFP4 under the same conditions                        ``tensor_amax`` -> ``finalize`` (S_enc)
                                                        -> ``lastaxis_groups``
+asymmetric integers under the same conditions          ``lastaxis_asym_rows`` /
+(LASTAXIS_ASYM); centred INT8 whole 2^k-unit groups    ``lastaxis_stat_groups``
+(LASTAXIS_CENTRED)                                     (simulator-checked, not yet timed)
 other last-axis groups / rows (partial groups,         ``group`` (one pass; groups of more
-asymmetric, centred INT8, stochastic)                  than SEG_MAX elements re-read L1/L2)
+stochastic)                                            than SEG_MAX elements re-read L1/L2)
 NVFP4 otherwise                                        ``tensor_partials`` -> ``finalize``
                                                        (S_enc) -> ``group``
 per-tensor (dynamic)                                   ``tensor_partials`` -> ``finalize`` ->
@@ -21,10 +24,13 @@ per-tensor (dynamic)                                   ``tensor_partials`` -> ``
 per-channel (``column``)                               ``column_partials`` -> ``finalize`` ->
                                                        ``encode`` (``group`` when the channel
                                                        axis is the first of a 2-D array)
-block B0 x B1                                          ``tile_params`` -> ``encode``
+float B0 x B1 blocks, whole-unit tiles (TILE_FAST)     ``tile_blocks`` (one pass, _tile_kernels)
+block B0 x B1 otherwise                                ``tile_params`` -> ``encode``
 group / row along another axis (and last-axis groups   ``strided_params`` -> ``encode``
 whose packed bytes would straddle two blocks)
-static scales (``scale=``), any granularity            ``encode``
+static float scales per tensor / last-axis row,        ``static_encode`` (16-byte loads)
+whole units (STATIC_FAST)
+static scales (``scale=``) otherwise                   ``encode``
 =====================================================  ======================================
 
 Every path writes codes already packed along the last axis (4-bit: two per byte, 6-bit:
