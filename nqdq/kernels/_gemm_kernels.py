@@ -136,6 +136,24 @@ def f16_bits_rne(v):
 
 
 # ----------------------------------------------------------------------------- the kernel
+@devfn
+def tile_origin(bid, M, N, BM, BN, GROUP_M):
+    """(m0, n0), the first row and column of CTA ``bid``'s BM x BN tile of ``out``, in
+    grouped rasterisation: GROUP_M tiles of M per sweep over N, so CTAs running together
+    share A and B tiles in L2. The divisions are 32-bit unsigned: a 64-bit one is a
+    subroutine call in SASS, and any call makes ptxas serialise the wgmma's (C7509)."""
+    tiles_m = np.uint32((M + BM - 1) // BM)
+    tiles_n = np.uint32((N + BN - 1) // BN)
+    pid = np.uint32(bid)
+    per_group = np.uint32(GROUP_M * tiles_n)
+    grp = np.uint32(pid // per_group)
+    first_m = np.uint32(grp * GROUP_M)
+    gsize = np.uint32(min(tiles_m - first_m, GROUP_M))
+    in_grp = np.uint32(pid - grp * per_group)
+    tn = np.uint32(in_grp // gsize)
+    return np.int64(first_m + (in_grp - tn * gsize)) * BM, np.int64(tn) * BN
+
+
 def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
     cfg.check()
     BM, BN, MT, NT, WN = cfg.bm, cfg.bn, cfg.mt, cfg.nt, cfg.warps_n
@@ -213,19 +231,7 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
         wm = warp // WN
         wn = warp - wm * WN
 
-        # grouped rasterisation (GROUP_M tiles of M per sweep over N)
-        # (32-bit unsigned divisions: a 64-bit one is a subroutine call in SASS)
-        tiles_m = np.uint32((M + BM - 1) // BM)
-        tiles_n = np.uint32((N + BN - 1) // BN)
-        pid = np.uint32(cuda.blockIdx.x)
-        per_group = np.uint32(GROUP_M * tiles_n)
-        grp = np.uint32(pid // per_group)
-        first_m = np.uint32(grp * GROUP_M)
-        gsize = np.uint32(min(tiles_m - first_m, GROUP_M))
-        in_grp = np.uint32(pid - grp * per_group)
-        tn = np.uint32(in_grp // gsize)
-        m0 = np.int64(first_m + (in_grp - tn * gsize)) * BM
-        n0 = np.int64(tn) * BN
+        m0, n0 = tile_origin(cuda.blockIdx.x, M, N, BM, BN, GROUP_M)
 
         acc = cuda.local.array(NACC, ACC_T)
         tot = cuda.local.array(NTOT, float32)

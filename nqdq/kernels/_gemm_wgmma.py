@@ -25,7 +25,7 @@ from numba import cuda, float32, int32, uint8
 
 from . import _mma
 from ._gemm_kernels import (
-    ACT_GELU, ACT_RELU, OUT_F16, OUT_F32, SCALE_BLOCK, SCALE_ROW, bf16_bits_rne, f16_bits_rne, gelu_erf,
+    ACT_GELU, ACT_RELU, OUT_F16, OUT_F32, SCALE_BLOCK, SCALE_ROW, bf16_bits_rne, f16_bits_rne, gelu_erf, tile_origin,
 )  # fmt: skip
 from ._target import devfn
 
@@ -131,19 +131,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         g = (t & 31) >> 2
         q = t & 3
 
-        # 32-bit unsigned divisions: a 64-bit one is a call in SASS, and any call makes
-        # ptxas serialise the wgmma's (C7509)
-        tiles_m = np.uint32((M + BM - 1) // BM)
-        tiles_n = np.uint32((N + BN - 1) // BN)
-        pid = np.uint32(cuda.blockIdx.x)
-        per_group = np.uint32(GROUP_M * tiles_n)
-        grp = np.uint32(pid // per_group)
-        first_m = np.uint32(grp * GROUP_M)
-        gsize = np.uint32(min(tiles_m - first_m, GROUP_M))
-        in_grp = np.uint32(pid - grp * per_group)
-        tn = np.uint32(in_grp // gsize)
-        m0 = np.int64(first_m + (in_grp - tn * gsize)) * BM
-        n0 = np.int64(tn) * BN
+        m0, n0 = tile_origin(cuda.blockIdx.x, M, N, BM, BN, GROUP_M)
 
         acc = cuda.local.array(NACC, ACC_T)
         tot = cuda.local.array(NTOT, float32)
