@@ -43,6 +43,13 @@ def is_cupy(a) -> bool:
     return type(a).__module__.split(".")[0] == "cupy"
 
 
+def lib_of(a) -> str:
+    """The array library of a kernel argument or result: "numpy", "cupy" or "numba"."""
+    if isinstance(a, np.ndarray):
+        return "numpy"
+    return "cupy" if is_cupy(a) else "numba"
+
+
 def is_device_array(a) -> bool:
     """True for arrays that live on a GPU (CUDA array interface or a CUDA DLPack device)."""
     if isinstance(a, np.ndarray) or a is None:

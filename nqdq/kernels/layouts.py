@@ -27,7 +27,7 @@ import numpy as np
 from numba import cuda, uint32
 
 from ..reference.layouts import get_layout
-from ._interop import Allocator, is_cupy
+from ._interop import Allocator, is_cupy, lib_of
 from ._target import SIMULATOR, devfn
 from .launch import fast_kernel
 
@@ -299,12 +299,6 @@ def _word_grid(layout, rows, cw):
     return -(-rows // 32) * nsc, nsc
 
 
-def _lib_of(a) -> str:
-    if isinstance(a, np.ndarray):
-        return "numpy"
-    return "cupy" if is_cupy(a) else "numba"
-
-
 def _flat_device(a, lib, argname):
     """``a`` as a flat C-contiguous array the kernels can read (NumPy is copied to the GPU
     outside the simulator)."""
@@ -363,20 +357,12 @@ def swizzle(scales, layout: str, *, threads=None, words=True):
     oshape = L.swizzled_shape(rows, cols)
     if layout == "linear":
         return _copy(scales)
-    lib = _lib_of(scales)
+    lib = lib_of(scales)
     alloc = Allocator(lib)
     n_out = int(np.prod(oshape))
     dst = alloc.empty(n_out, np.dtype(scales.dtype))
     if n_out:
-        nt = threads or THREADS
-        Cp = L.padded(rows, cols)[1]
-        src = _flat_device(scales, lib, "scales")
-        ks = _kernels(layout)
-        if words and _word_path(src, cols):
-            nb, nsc = _word_grid(layout, rows, cols >> 2)
-            fast_kernel(ks[2]).launch(nb, TB, (_words(src), rows, cols >> 2, _words(dst), nsc), None)
-        else:
-            fast_kernel(ks[0]).launch(_grid(n_out, nt), nt, (src, rows, cols, Cp, dst, n_out), None)
+        _move(layout, _SWIZZLE, _flat_device(scales, lib, "scales"), rows, cols, dst, n_out, threads, words)
     return alloc.to_lib(dst, oshape)
 
 
@@ -393,17 +379,27 @@ def unswizzle(stored, layout: str, rows: int, cols: int, *, threads=None, words=
         )
     if layout == "linear":
         return _copy(stored)
-    lib = _lib_of(stored)
+    lib = lib_of(stored)
     alloc = Allocator(lib)
     dst = alloc.empty(rows * cols, np.dtype(stored.dtype))
     if rows * cols:
-        nt = threads or THREADS
-        Cp = L.padded(rows, cols)[1]
-        src = _flat_device(stored, lib, "stored")
-        ks = _kernels(layout)
-        if words and _word_path(src, cols):
-            nb, nsc = _word_grid(layout, rows, cols >> 2)
-            fast_kernel(ks[3]).launch(nb, TB, (_words(src), rows, cols >> 2, _words(dst), nsc), None)
-        else:
-            fast_kernel(ks[1]).launch(_grid(rows * cols, nt), nt, (src, rows, cols, Cp, dst), None)
+        _move(layout, _UNSWIZZLE, _flat_device(stored, lib, "stored"), rows, cols, dst, rows * cols, threads, words)
     return alloc.to_lib(dst, (rows, cols))
+
+
+_SWIZZLE, _UNSWIZZLE = 0, 1  # index of the direction in _kernels(): general, then word kernels at + 2
+
+
+def _move(layout, direction, src, rows, cols, dst, n_dst, threads, words):
+    """Launch one direction of ``layout`` from the flat ``src`` into the ``n_dst`` elements
+    of ``dst``: the tiled word kernel where it applies (and ``words``), else the general
+    one-scale-per-thread kernel."""
+    ks = _kernels(layout)
+    if words and _word_path(src, cols):
+        nb, nsc = _word_grid(layout, rows, cols >> 2)
+        fast_kernel(ks[2 + direction]).launch(nb, TB, (_words(src), rows, cols >> 2, _words(dst), nsc), None)
+        return
+    nt = threads or THREADS
+    Cp = get_layout(layout).padded(rows, cols)[1]
+    args = (src, rows, cols, Cp, dst, n_dst) if direction == _SWIZZLE else (src, rows, cols, Cp, dst)
+    fast_kernel(ks[direction]).launch(_grid(n_dst, nt), nt, args, None)

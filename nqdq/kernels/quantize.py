@@ -60,7 +60,7 @@ from . import _quantize_kernels as K
 from . import _rowwise_kernels as RK
 from ._elements import format_tuple
 from ._codec import KIND_BF16, KIND_F16, KIND_F32
-from ._interop import Allocator, DeviceInput, device_input, is_cupy
+from ._interop import Allocator, DeviceInput, device_input, is_cupy, lib_of
 from .launch import fast_kernel as _fast_kernel
 from ._scales import MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4, MX_EVEN, MX_FLOOR, MX_RCEIL
 from ._target import SIMULATOR
@@ -787,17 +787,11 @@ def _copy_into(dst, host_src):
 
 
 # =============================================================================== dequantize
-def _lib_of(a) -> str:
-    if isinstance(a, np.ndarray):
-        return "numpy"
-    return "cupy" if is_cupy(a) else "numba"
-
-
 def dequantize(parts: QuantParts, scheme: Scheme, shape, *, packed=True, threads=None, out_fill=None):
     """``nqdq.reference.quantize.dequantize`` on the device: float32 values, in the
     library of ``parts.codes`` (codes packed along the last axis when ``packed``)."""
     shape = tuple(shape)
-    lib = _lib_of(parts.codes)
+    lib = lib_of(parts.codes)
     alloc = Allocator(lib)
     n = math.prod(shape)
     sch = scheme
@@ -860,7 +854,7 @@ def has_nonfinite(x, dtype=None) -> bool:
 def to_bfloat16_bits(values):
     """bfloat16 bits (uint16, round to nearest even) of a float32 device array, in its
     library (CuPy has no bfloat16 dtype)."""
-    lib = _lib_of(values)
+    lib = lib_of(values)
     alloc = Allocator(lib)
     flat = values.reshape(-1)
     dst = alloc.empty(flat.size, np.uint16)
