@@ -9,30 +9,10 @@ timings are in ``benchmarks/fused_peers.py``.
 
 import numpy as np
 
+from ._gpu import bf16_bits, cupy_or_skip
+
 SCHEMES = ["fp8_row", "fp8_tensor", "fp8_1x128", "mxfp4"]
 ROWS, HIDDEN = 8192, 7168
-
-
-def _cupy():
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise NotImplementedError("no CUDA GPU")
-        return cupy
-    except NotImplementedError:
-        raise
-    except Exception as e:  # not installed, no driver, no device
-        raise NotImplementedError(f"needs CuPy and a CUDA GPU ({type(e).__name__})") from None
-
-
-def _bf16_bits(cp, shape, seed):
-    """Random bf16 (normal, per-row magnitudes 2^U(-4, 4)) as uint16 bits; never zeros."""
-    rng = cp.random.default_rng(seed)
-    f = rng.standard_normal(shape, dtype=cp.float32)
-    if len(shape) == 2:
-        f *= cp.exp2(rng.uniform(-4, 4, (shape[0], 1), dtype=cp.float32))
-    return (f.view(cp.uint32) >> 16).astype(cp.uint16)
 
 
 def _scale(scheme):
@@ -45,13 +25,13 @@ class TimeRMSNormQuantizeGPU:
     timeout = 300
 
     def setup(self, scheme, residual):
-        self.cp = _cupy()
+        self.cp = cupy_or_skip()
         from nqdq import fused
 
         self.fused = fused
-        self.x = _bf16_bits(self.cp, (ROWS, HIDDEN), 1)
-        self.w = _bf16_bits(self.cp, (HIDDEN,), 2)
-        self.r = _bf16_bits(self.cp, (ROWS, HIDDEN), 3) if residual else None
+        self.x = bf16_bits(self.cp, (ROWS, HIDDEN), 1)
+        self.w = bf16_bits(self.cp, (HIDDEN,), 2)
+        self.r = bf16_bits(self.cp, (ROWS, HIDDEN), 3) if residual else None
         self.time_fused(scheme, residual)  # warm-up: compile
         self.time_unfused(scheme, residual)
 
@@ -73,13 +53,13 @@ class TimeFlattenMoEGPU:
     timeout = 300
 
     def setup(self, op):
-        self.cp = _cupy()
+        self.cp = cupy_or_skip()
         from nqdq import fused
 
         self.fused = fused
         # [H, rows, 128] seen as a [rows, H, 128] view: the strided flatten
-        self.xt = _bf16_bits(self.cp, (HIDDEN // 128, ROWS, 128), 4).transpose(1, 0, 2)
-        self.tok = _bf16_bits(self.cp, (ROWS // 4, HIDDEN), 5)
+        self.xt = bf16_bits(self.cp, (HIDDEN // 128, ROWS, 128), 4).transpose(1, 0, 2)
+        self.tok = bf16_bits(self.cp, (ROWS // 4, HIDDEN), 5)
         rng = np.random.default_rng(6)
         self.ids = self.cp.asarray(np.stack([rng.permutation(256)[:4] for _ in range(ROWS // 4)]).astype(np.int32))
         self.time_op(op)

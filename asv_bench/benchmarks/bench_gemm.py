@@ -9,21 +9,10 @@ Python argument checks, synchronized. Kernel-only timings beside cuBLASLt are in
 
 import numpy as np
 
+from ._gpu import cupy_or_skip
+
 CASES = [("int8_row", "int8_row"), ("fp8_row", "fp8_row"), ("fp8_1x128", "fp8_128x128")]
 SHAPES = ["4096x4096x4096", "128x14336x4096"]
-
-
-def _cupy():
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise NotImplementedError("no CUDA GPU")
-        return cupy
-    except NotImplementedError:
-        raise
-    except Exception as e:  # not installed, no driver, no device
-        raise NotImplementedError(f"needs CuPy and a CUDA GPU ({type(e).__name__})") from None
 
 
 class TimeMatmul:
@@ -31,7 +20,7 @@ class TimeMatmul:
     param_names = ["schemes", "MxNxK"]
 
     def setup(self, schemes, shape):
-        cp = _cupy()
+        cp = cupy_or_skip()
         import nqdq
         from nqdq.matmul import matmul
 

@@ -16,29 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ._gpu import bf16_bits, cupy_or_skip
+
 SCHEMES = ["fp8_row", "mxfp8", "mxfp4", "nvfp4", "fp8_1x128"]
 SHAPES = ["64x7168", "8192x8192"]
-
-
-def _cupy():
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise NotImplementedError("no CUDA GPU")
-        return cupy
-    except NotImplementedError:
-        raise
-    except Exception as e:  # not installed, no driver, no device
-        raise NotImplementedError(f"needs CuPy and a CUDA GPU ({type(e).__name__})") from None
-
-
-def _bf16_bits(cp, shape, seed=0):
-    """Random bf16 (normal, per-row magnitudes 2^U(-4, 4)) as uint16 bits; never zeros."""
-    rng = cp.random.default_rng(seed)
-    f = rng.standard_normal(shape, dtype=cp.float32)
-    f *= cp.exp2(rng.uniform(-4, 4, (shape[0], 1), dtype=cp.float32))
-    return (f.view(cp.uint32) >> 16).astype(cp.uint16)
 
 
 def _quantizer(scheme):
@@ -69,9 +50,9 @@ class TimeQuantizeGPU:
     timeout = 300
 
     def setup(self, scheme, shape):
-        self.cp = _cupy()
+        self.cp = cupy_or_skip()
         rows, cols = (int(v) for v in shape.split("x"))
-        self.x = _bf16_bits(self.cp, (rows, cols))
+        self.x = bf16_bits(self.cp, (rows, cols))
         self.run = _quantizer(scheme)
         self.run(self.x)  # warm-up: compile and load every kernel the scheme uses
         self.cp.cuda.runtime.deviceSynchronize()
@@ -89,13 +70,13 @@ class TimeLaunch:
     param_names = ["path"]
 
     def setup(self, path):
-        cp = self.cp = _cupy()
+        cp = self.cp = cupy_or_skip()
         sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
         import toy_fp8_row
 
         from nqdq.kernels.launch import FastKernel
 
-        x = _bf16_bits(cp, (64, 7168))
+        x = bf16_bits(cp, (64, 7168))
         self.codes = cp.empty((64, 7168), cp.uint8)
         self.scales = cp.empty(64, cp.float32)
         grid, block, args = toy_fp8_row.launch_args(x, self.codes, self.scales)
