@@ -154,6 +154,30 @@ def tile_origin(bid, M, N, BM, BN, GROUP_M):
     return np.int64(first_m + (in_grp - tn * gsize)) * BM, np.int64(tn) * BN
 
 
+def make_store_out(spec: GemmSpec):
+    """The last step of the epilogue for ``spec``, shared by both kernel families:
+    ``store_out(out, bias, m, n, N, v)`` adds bias[n], applies the activation and writes
+    ``out[m, n]`` as float32, or as float16 / bfloat16 bits (round to nearest even)."""
+    OUT, ACT, BIAS = spec.out, spec.act, spec.bias
+
+    @devfn
+    def store_out(out, bias, m, n, N, v):
+        if BIAS:
+            v += bias[n]
+        if ACT == ACT_RELU:
+            v = max(v, float32(0))
+        elif ACT == ACT_GELU:
+            v = gelu_erf(v)
+        if OUT == OUT_F32:
+            out[m * N + n] = v
+        elif OUT == OUT_F16:
+            out[m * N + n] = f16_bits_rne(v)
+        else:
+            out[m * N + n] = bf16_bits_rne(v)
+
+    return store_out
+
+
 def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
     cfg.check()
     BM, BN, MT, NT, WN = cfg.bm, cfg.bn, cfg.mt, cfg.nt, cfg.warps_n
@@ -179,7 +203,8 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
     ZERO_ACC = np.float32(0) if FLOAT_ACC else np.int32(0)
     BLOCK = spec.sa_mode == SCALE_BLOCK
     SA_ROW, SB_ROW = spec.sa_mode == SCALE_ROW, spec.sb_mode == SCALE_ROW
-    OUT, ACT, BIAS, ASYM = spec.out, spec.act, spec.bias, spec.asym
+    ASYM = spec.asym
+    store_out = make_store_out(spec)
 
     @devfn
     def load_tile(a, b, smem, M, N, K, m0, n0, kt, stage, tid):
@@ -313,18 +338,7 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
                                     else:
                                         q = acc[x]
                                     v = float32(q) * s_m * (sb[n] if SB_ROW else sb[0])
-                                if BIAS:
-                                    v += bias[n]
-                                if ACT == ACT_RELU:
-                                    v = max(v, float32(0))
-                                elif ACT == ACT_GELU:
-                                    v = gelu_erf(v)
-                                if OUT == OUT_F32:
-                                    out[m * N + n] = v
-                                elif OUT == OUT_F16:
-                                    out[m * N + n] = f16_bits_rne(v)
-                                else:
-                                    out[m * N + n] = bf16_bits_rne(v)
+                                store_out(out, bias, m, n, N, v)
 
     return gemm
 

@@ -25,7 +25,7 @@ from numba import cuda, float32, int32, uint8
 
 from . import _mma
 from ._gemm_kernels import (
-    ACT_GELU, ACT_RELU, OUT_F16, OUT_F32, SCALE_BLOCK, SCALE_ROW, bf16_bits_rne, f16_bits_rne, gelu_erf, tile_origin,
+    SCALE_BLOCK, SCALE_ROW, make_store_out, tile_origin,
 )  # fmt: skip
 from ._target import devfn
 
@@ -97,7 +97,8 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     EVERY = 1 if BLOCK else max(cfg.promote_every, 1)  # block scales change every 128 of K
     wg_wait_all = _mma.wgmma_wait(0)
     SA_ROW, SB_ROW = spec.sa_mode == SCALE_ROW, spec.sb_mode == SCALE_ROW
-    OUT, ACT, BIAS, ASYM = spec.out, spec.act, spec.bias, spec.asym
+    ASYM = spec.asym
+    store_out = make_store_out(spec)
     CROW = BN + 4  # float32 words per row of the parked C tile (+4: fewer bank conflicts)
     _ = math
 
@@ -230,17 +231,6 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                     if ASYM:
                         qv -= int32(za[m] if SA_ROW else za[0]) * colsum_b[n]
                     v = float32(qv) * alpha * (sa[m] if SA_ROW else sa[0]) * (sb[n] if SB_ROW else sb[0])
-                if BIAS:
-                    v += bias[n]
-                if ACT == ACT_RELU:
-                    v = max(v, float32(0))
-                elif ACT == ACT_GELU:
-                    v = gelu_erf(v)
-                if OUT == OUT_F32:
-                    out[m * N + n] = v
-                elif OUT == OUT_F16:
-                    out[m * N + n] = f16_bits_rne(v)
-                else:
-                    out[m * N + n] = bf16_bits_rne(v)
+                store_out(out, bias, m, n, N, v)
 
     return gemm_wgmma
