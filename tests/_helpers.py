@@ -6,10 +6,12 @@ Nothing here calls nqdq: these are the *expected* side of the tests.
 
 from __future__ import annotations
 
+import os
 from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 # name -> (exponent bits, mantissa bits, NaN/inf style, ml_dtypes type), from the spec cards:
 #   e4m3fn: OCP FP8, bias 7, no inf, NaN = S.1111.111            (max 448)
@@ -235,3 +237,17 @@ def sqnr_db(x, y) -> float:
     x = np.asarray(x, np.float64)
     y = np.asarray(y, np.float64)
     return float(10 * np.log10(np.sum(x * x) / np.sum((x - y) ** 2)))
+
+
+def gpu_cupy_or_skip():
+    """CuPy, for a module of GPU tests (call it at module level): the whole module is
+    skipped unless NQDQ_TEST_GPU=1, CuPy imports and a CUDA device is present."""
+    if os.environ.get("NQDQ_TEST_GPU") != "1":
+        pytest.skip("GPU tests need NQDQ_TEST_GPU=1 (and a CUDA GPU with CuPy)", allow_module_level=True)
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError
+    except Exception:
+        pytest.skip("no CUDA device", allow_module_level=True)
+    return cp

@@ -7,22 +7,15 @@ NumPy reference on the same data, as in tests/test_kernels.py (whose helpers thi
 
 from __future__ import annotations
 
-import os
-
 import ml_dtypes
 import numpy as np
 import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
-if os.environ.get("NQDQ_TEST_GPU") != "1":
-    pytest.skip("GPU tests need NQDQ_TEST_GPU=1 (and a CUDA GPU with CuPy)", allow_module_level=True)
-cp = pytest.importorskip("cupy")
-try:
-    if cp.cuda.runtime.getDeviceCount() < 1:
-        raise RuntimeError
-except Exception:
-    pytest.skip("no CUDA device", allow_module_level=True)
+from _helpers import gpu_cupy_or_skip  # noqa: E402
+
+cp = gpu_cupy_or_skip()
 
 import nqdq  # noqa: E402
 import nqdq.kernels.quantize as kq  # noqa: E402

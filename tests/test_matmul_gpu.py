@@ -18,22 +18,15 @@ into float32, which keeps the error independent of K: measured 0.8-1.3e-4 at K =
 
 from __future__ import annotations
 
-import os
-
 import ml_dtypes
 import numpy as np
 import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
-if os.environ.get("NQDQ_TEST_GPU") != "1":
-    pytest.skip("GPU tests need NQDQ_TEST_GPU=1 (and a CUDA GPU with CuPy)", allow_module_level=True)
-cp = pytest.importorskip("cupy")
-try:
-    if cp.cuda.runtime.getDeviceCount() < 1:
-        raise RuntimeError
-except Exception:
-    pytest.skip("no CUDA device", allow_module_level=True)
+from _helpers import gpu_cupy_or_skip  # noqa: E402
+
+cp = gpu_cupy_or_skip()
 
 import nqdq  # noqa: E402
 from nqdq.matmul import matmul  # noqa: E402
