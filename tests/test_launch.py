@@ -429,11 +429,11 @@ def _fake_entry(argtypes, handle, name):
     return entry
 
 
-def test_compile_sequence_packs_like_the_general_packer(monkeypatch):
-    """The generated sequence launcher: per launch, the same parameter bytes as the
-    general packer given arrays at those addresses, in order, on the given stream."""
+def _record_launches(monkeypatch, entries):
+    """Replace the driver launch by a recorder: the returned list gets, per launch,
+    ((handle, grid, block, shared memory, stream), the parameter bytes the launch passed),
+    the bytes read through the void*[] as the driver would, for an entry of ``entries``."""
     launched = []
-    entries = []
 
     def fake_launch(handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         entry = next(e for e in entries if e.handle == handle)
@@ -443,6 +443,14 @@ def test_compile_sequence_packs_like_the_general_packer(monkeypatch):
 
     monkeypatch.setattr(launch, "_cupy_launch", fake_launch)
     monkeypatch.setattr(launch, "_cupy_ndarray", _FakeCupyArray)
+    return launched
+
+
+def test_compile_sequence_packs_like_the_general_packer(monkeypatch):
+    """The generated sequence launcher: per launch, the same parameter bytes as the
+    general packer given arrays at those addresses, in order, on the given stream."""
+    entries = []
+    launched = _record_launches(monkeypatch, entries)
     e1 = _fake_entry((types.uint16[::1], types.int64, types.uint8[::1], types.float32[::1], types.int64), 11, "k1")
     e2 = _fake_entry((types.float32[::1], types.int64, types.float64), 22, "k2")
     entries += [e1, e2]
@@ -469,17 +477,8 @@ def test_compile_sequence_prepacked_launches_store_only_the_addresses(monkeypatc
     """A launch without Var arguments is packed once per thread; later calls store only
     the new addresses. Two calls with different addresses must each give exactly the
     general packer's bytes (so no stale address and no field left unpacked)."""
-    launched = []
     entries = []
-
-    def fake_launch(handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        entry = next(e for e in entries if e.handle == handle)
-        ptrs = (ctypes.c_void_p * len(entry.offsets)).from_address(params)
-        base = ptrs[0] - entry.offsets[0]
-        launched.append((handle, stream, ctypes.string_at(base, entry.struct.size)))
-
-    monkeypatch.setattr(launch, "_cupy_launch", fake_launch)
-    monkeypatch.setattr(launch, "_cupy_ndarray", _FakeCupyArray)
+    launched = _record_launches(monkeypatch, entries)
     # int32 / bool / float32 scalars between the arrays: the array fields still land on
     # 8-byte boundaries (native alignment), which the address stores rely on
     e1 = _fake_entry((types.int32, types.uint16[::1], types.boolean, types.uint8[::1], types.float32), 33, "k3")
@@ -498,7 +497,7 @@ def test_compile_sequence_prepacked_launches_store_only_the_addresses(monkeypatc
         e1.pack(want1, (-3, _FakeCupyArray((448,), np.uint16, xp), True, _FakeCupyArray((9,), np.uint8, base + 768), 0.25))
         want2 = bytearray(e2.struct.size)
         e2.pack(want2, (_FakeCupyArray((5,), np.float32, base), 2**40))
-        assert launched == [(33, 9, bytes(want1)), (44, 9, bytes(want2))]
+        assert launched == [((33, 4, 1, 1, 128, 1, 1, 0, 9), bytes(want1)), ((44, 1, 1, 1, 32, 1, 1, 0, 9), bytes(want2))]
 
 
 def test_compile_sequence_declines_under_the_simulator():
