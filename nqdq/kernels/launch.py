@@ -850,7 +850,7 @@ def compile_sequence(launches, names, *, entries=None):
         for e, consts in zip(entries, prepacked):
             buf, ptrs, addr = e.new_buffer()
             words = (ctypes.c_uint64 * (len(buf) // 8)).from_buffer(buf)
-            if consts is not None and consts:
+            if consts:  # None: packed per call (a Var launch)
                 e.struct.pack_into(buf, 0, *consts)
             out += [buf, addr, words]
             keep.append(ptrs)  # the void*[] that addr points at
