@@ -34,8 +34,7 @@ static scales (``scale=``) otherwise                   ``encode``
 =====================================================  ======================================
 
 The paths marked with a switch in capitals (LASTAXIS_ASYM, LASTAXIS_CENTRED, STATIC_FAST,
-TILE_FAST) have not yet run on a GPU: they are off unless NQDQ_UNMEASURED_KERNELS=1 (the
-tests set it), and those cases take the general kernels of the row below them.
+TILE_FAST) are on; set to False, their cases take the general kernels of the row below them.
 
 Every path writes codes already packed along the last axis (4-bit: two per byte, 6-bit:
 four per three bytes), and scales in the linear layout ``scheme.scale_shape(shape)``.
@@ -474,17 +473,18 @@ GROUP_UNITS = 4  # 16-byte units a thread of the group kernel loads before using
 DEEP_ROWS = 528  # rows from which the row kernel uses deep threads (4 blocks per H100 SM)
 DEEP_UNITS = 4 * 256 * 264  # units from which the group kernel uses GROUP_UNITS per thread
 SHFL = RK.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twin on a GPU
-# One switch per path added after the last GPU run (written and checked bit for bit in the
-# simulator, compiled for sm_90, but never yet run on a GPU): off by default, so nqdq only
-# runs kernels that have been checked on a GPU. NQDQ_UNMEASURED_KERNELS=1 turns them on
-# (tests/conftest.py does, so CI and the next GPU session test them); False sends those
-# cases to the general kernels, so a GPU session can A/B them (clear _PLANS after a change).
+# A path written after the last GPU run (checked bit for bit in the simulator, compiled for
+# sm_90, never yet run on a GPU) lands behind a switch set to _UNMEASURED: off for users,
+# on with NQDQ_UNMEASURED_KERNELS=1 (tests/conftest.py sets it, so CI and the next GPU
+# session test it). False sends its cases to the general kernels, so a GPU session can A/B
+# them (clear _PLANS after a change). The four switches below passed their GPU tests on the
+# H100 on 2026-11-21 and beat the general kernels 1.9-4.5x there (docs/performance.md): on.
 _UNMEASURED = os.environ.get("NQDQ_UNMEASURED_KERNELS", "0") == "1"
-LASTAXIS_ASYM = _UNMEASURED  # asymmetric integer rows / groups: lastaxis_asym_rows, lastaxis_stat_groups
-LASTAXIS_CENTRED = _UNMEASURED  # centred INT8 groups: lastaxis_stat_groups
+LASTAXIS_ASYM = True  # asymmetric integer rows / groups: lastaxis_asym_rows, lastaxis_stat_groups
+LASTAXIS_CENTRED = True  # centred INT8 groups: lastaxis_stat_groups
 CENTRED_UNITS = 2  # units per chunk of the centred groups (its sums are shuffled per element)
-STATIC_FAST = _UNMEASURED  # static float scales per tensor / per last-axis row: static_encode
-TILE_FAST = _UNMEASURED  # B0 x B1 float block scales over whole-unit tiles: tile_blocks (_tile_kernels)
+STATIC_FAST = True  # static float scales per tensor / per last-axis row: static_encode
+TILE_FAST = True  # B0 x B1 float block scales over whole-unit tiles: tile_blocks (_tile_kernels)
 
 
 def _fast_tile(shape, kind, sch, mode):
