@@ -52,6 +52,13 @@ SWEEP = [
     ("int4_asym", {}, (9, 130)),
     ("e4m3", {"granularity": "row", "axis": 0}, (40, 9)),
     ("fp8_row", {}, (3, 9000)),
+    # the one-pass paths on by default since 2026-11-21 (asym rows / stat groups / tiles /
+    # static encode); "scale" is a static per-tensor scale given to quantize
+    ("int8_asym", {}, (5, 256)),
+    ("int4_asym", {}, (9, 128)),
+    ("int8_centred", {}, (11, 256)),
+    ("fp8_128x128", {}, (130, 256)),
+    ("fp8_tensor", {"static_scale": True, "scale": 0.05}, (7, 512)),
 ]
 BENCH = ["fp8_row", "fp8_1x128", "fp8_128x128", "fp8_tensor", "mxfp8", "mxfp6_e3m2", "mxfp4", "nvfp4",
          "int8_row", "int8_column", "int4_group", "int8_centred", "int4_asym"]
@@ -96,12 +103,15 @@ def sweep():
 
     bad = 0
     for name, kw, shape in SWEEP:
+        kw = dict(kw)
+        scale = kw.pop("scale", None)
         sch = resolve_scheme(name, **kw)
         x = edge_data(shape, seed=len(name)).astype(ml_dtypes.bfloat16)
         for seed in (None, 5):
             try:
-                got = kq.quantize(cp.asarray(x.view(np.uint16)), sch, dtype="bfloat16", seed=seed, out_fill=0xA5)
-                want = ref.quantize(x.astype(np.float32), sch, seed=seed)
+                got = kq.quantize(cp.asarray(x.view(np.uint16)), sch, dtype="bfloat16", seed=seed, scale=scale,
+                                  out_fill=0xA5)  # fmt: skip
+                want = ref.quantize(x.astype(np.float32), sch, seed=seed, scale=scale)
                 wc = want.codes if sch.code_bits == 8 else pack_codes(want.codes, sch.code_bits)
                 assert_same(got.codes.get(), wc, "codes")
                 assert_same(got.scales.get(), want.scales, "scales")
@@ -124,11 +134,6 @@ def bench(shape=(4096, 7168), reps=30, names=None):
 
     import nqdq.kernels.quantize as kq
     from nqdq.schemes import resolve_scheme
-
-    try:
-        from nqdq.kernels.launch import fast_kernel
-    except Exception:  # the launch module is optional here
-        fast_kernel = None
 
     rows, cols = shape
     rng = np.random.default_rng(0)
