@@ -42,17 +42,23 @@ def host_time(fn, calls, sync, warm=50):
     return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
 
 
-def host_median(fn, calls, sync):
+def host_median(fn, calls, sync, sync_every=100):
     """Median host time of ``calls`` calls, each timed on its own (``perf_counter`` around
-    the call; the device works in the background, synchronized once at the end)."""
+    the call; the device works in the background). The device is synchronized, untimed,
+    every ``sync_every`` calls, so that a call never waits for room in the launch queue:
+    where the device takes longer per call than the host (nvfp4's three kernels), an
+    unsynchronized loop would time the device instead."""
     import statistics
 
     pc = time.perf_counter
     ts = []
-    for _ in range(calls):
+    sync()
+    for i in range(calls):
         t0 = pc()
         fn()
         ts.append(pc() - t0)
+        if i % sync_every == sync_every - 1:
+            sync()
     sync()
     return statistics.median(ts) * 1e6
 
@@ -126,6 +132,15 @@ def bench_quantize(schemes, rows, cols, calls, label, results, graphs=True):
             results.append(dict(path=f"{label}: nqdq.quantize {scheme}", host_us=h, host_sync_us=hs, host_median_us=hm))
             print(f"{label}: nqdq.quantize {scheme:10s} host {h:8.2f} us/call   +sync {hs:8.2f} us/call   "
                   f"median of {calls} single calls {hm:8.2f} us", flush=True)
+            fq = _remembered(nqdq, scheme)
+            run = getattr(fq, "run", None)
+            if run is not None:  # the plan's generated function alone (no argument handling, no result object)
+                hr = host_median(lambda: run(x), calls, sync)
+                results.append(dict(path=f"{label}: plan runner alone {scheme}", host_median_us=hr,
+                                    fast_arrays=getattr(run, "fast_arrays", None)))  # fmt: skip
+                print(f"{label}: plan runner  {scheme:10s} median of {calls} single calls {hr:8.2f} us "
+                      f"(arrays by {'base __new__ + _init' if getattr(run, 'fast_arrays', False) else 'cupy.ndarray()'})",
+                      flush=True)  # fmt: skip
             if not graphs:
                 continue
             s = cp.cuda.Stream(non_blocking=True)
@@ -172,6 +187,19 @@ def bench_quantize(schemes, rows, cols, calls, label, results, graphs=True):
             print(f"profile: {type(e).__name__}: {e}")
 
 
+def _remembered(nqdq, scheme):
+    """The remembered fast-path function of the last ``nqdq.quantize(x, scheme, ...)`` (or None)."""
+    try:
+        from nqdq import api
+    except ImportError:
+        return None
+    fast = getattr(api, "_FAST", None) or {}
+    for key in reversed(list(fast)):
+        if key[0] == scheme:
+            return fast[key]
+    return None
+
+
 def quantize_main(args):
     results = []
     schemes = args.schemes.split(",")
@@ -179,11 +207,14 @@ def quantize_main(args):
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print()
-    print(f"| {args.label}: nqdq.quantize, {args.rows}x{args.cols} bf16 (CuPy uint16) | host us/call | us/call incl. sync |")
-    print("|---|---:|---:|")
+    print(f"| {args.label}: nqdq.quantize, {args.rows}x{args.cols} bf16 (CuPy uint16) | host us/call | us/call incl. sync | median of single calls |")
+    print("|---|---:|---:|---:|")
     for r in results:
         if "host_us" in r:
-            print(f"| {r['path']} | {r['host_us']:.2f} | {r['host_sync_us']:.2f} |")
+            med = f"{r['host_median_us']:.2f}" if "host_median_us" in r else ""
+            print(f"| {r['path']} | {r['host_us']:.2f} | {r['host_sync_us']:.2f} | {med} |")
+        elif "host_median_us" in r:
+            print(f"| {r['path']} | | | {r['host_median_us']:.2f} |")
         elif "ok" in r:
             print(f"| {r['path']} | {'ok' if r['ok'] else 'MISMATCH'} | |")
         elif "device_us" in r:

@@ -145,3 +145,99 @@ def test_gpu_fast_path_respects_the_current_stream_and_checks():
         nqdq.quantize(cp.asarray(np.zeros((8, 1024), np.uint16))[:, ::2], "mxfp4", dtype="bfloat16")
     with pytest.raises(TypeError):
         nqdq.quantize(x, "mxfp4")  # uint16 without dtype=
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_output_arrays_equal_the_constructors():
+    """The runner builds its outputs by the ndarray base's __new__ + _init: each must equal
+    ``cupy.ndarray(shape, dtype, memptr)`` over the same memory in every field."""
+    import cupy as cp
+
+    from nqdq.kernels._interop import _same_cupy_array
+
+    x = cp.asarray(_act(np.random.default_rng(10), 16, 1024).view(np.uint16))
+    for name in ("fp8_row", "nvfp4", "int8_asym"):
+        q = nqdq.quantize(x, name, dtype="bfloat16")
+        q = nqdq.quantize(x, name, dtype="bfloat16")  # the remembered path
+        run = next(fq for k, fq in api._FAST.items() if k[0] == name).run
+        assert run.fast_arrays, name
+        for f in ("codes", "scales", "zero_points", "tensor_scale", "means"):
+            a = getattr(q, f)
+            if a is not None:
+                assert _same_cupy_array(a, cp.ndarray(a.shape, a.dtype, a.data)), (name, f)
+
+
+# --- the hot path's pieces, without a GPU ---------------------------------------------------
+
+
+class _FakeMemptr:
+    def __init__(self, ptr, mem):
+        self.ptr, self.mem = ptr, mem
+
+
+class _FakeBase:
+    """Stands in for CuPy's Cython ``_ndarray_base``: ``__new__`` makes an empty array,
+    ``_init(shape, dtype, memptr)`` fills every field as ``cupy.ndarray(...)`` does."""
+
+    def __new__(cls, *args, **kwargs):
+        return super().__new__(cls)
+
+    def _init(self, shape, dtype, memptr):
+        self.shape, self.dtype, self.data = tuple(shape), np.dtype(dtype), memptr
+        self.size = int(np.prod(shape))
+        self.strides = tuple(int(np.prod(shape[i + 1 :])) * self.dtype.itemsize for i in range(len(shape)))
+        self._c_contiguous, self._f_contiguous = True, len(shape) <= 1
+        self._index_32_bits = True
+        self.base = None
+
+
+class _FakeNdarray(_FakeBase):
+    """``cupy.ndarray``: a Python subclass whose ``__new__`` calls the base's ``_init``."""
+
+    def __new__(cls, *args, **kwargs):
+        x = super().__new__(cls)
+        x._init(*args, **kwargs)
+        return x
+
+
+def test_cupy_array_new_takes_the_base_path_only_when_it_builds_the_same_array():
+    from types import SimpleNamespace
+
+    from nqdq.kernels._interop import cupy_array_new
+
+    mp = _FakeMemptr(0x7F0000001000, object())
+    new = cupy_array_new(SimpleNamespace(ndarray=_FakeNdarray), mp)
+    assert new is not None
+    a = new(_FakeNdarray)
+    a._init((3, 5), np.dtype(np.float32), mp)
+    assert type(a) is _FakeNdarray and a.shape == (3, 5) and a.strides == (20, 4) and a.data is mp
+
+    class Flagged(_FakeBase):  # its constructor does more than the base's _init: not the same array
+        def __new__(cls, *args, **kwargs):
+            x = super().__new__(cls)
+            x._init(*args, **kwargs)
+            x._index_32_bits = False
+            return x
+
+    assert cupy_array_new(SimpleNamespace(ndarray=Flagged), mp) is None
+
+    class NoInitBase:  # a CuPy without the internal _init: the constructor stays
+        pass
+
+    class NoInit(NoInitBase):
+        def __init__(self, shape, dtype, memptr):
+            pass
+
+    assert cupy_array_new(SimpleNamespace(ndarray=NoInit), mp) is None
+
+
+def test_remembered_calls_drop_the_oldest_beyond_the_limit(monkeypatch):
+    monkeypatch.setattr(api, "_FAST", {})
+    monkeypatch.setattr(api, "_FAST_MAX", 2)
+    for k in ("a", "b", "c"):
+        api._remember((k,), k.upper())
+    assert list(api._FAST.items()) == [(("b",), "B"), (("c",), "C")]
+    with pytest.raises(TypeError):
+        api._remember((["unhashable"],), "D")
+    assert len(api._FAST) == 2

@@ -333,6 +333,8 @@ def test_gpu_raw_launch_equals_numba_launch_all_argument_kinds():
     out_again = cupy.full(a.shape[0], np.nan, np.float64)
     fk.launch(1, 64, (a, out_again) + args_common)  # the specialised launcher for this key
     assert fk._fast_launch is not None
+    entry = fk.compile((a, out_again) + args_common)
+    assert entry.handle != entry.kernel_handle  # launched: the context's CUfunction, not Numba's CUkernel
     cupy.cuda.runtime.deviceSynchronize()
     np.testing.assert_array_equal(out_fast.get(), out_numba.get())
     np.testing.assert_array_equal(out_again.get(), out_numba.get())
@@ -503,3 +505,25 @@ def test_compile_sequence_prepacked_launches_store_only_the_addresses(monkeypatc
 def test_compile_sequence_declines_under_the_simulator():
     if launch.simulated():
         assert launch.compile_sequence([(toy_fp8_row.fp8_row_bf16, 1, 1, ())], ()) is None
+
+
+def test_function_handle_takes_the_cufunction_of_a_cukernel(monkeypatch):
+    """Entries launch the context's CUfunction (cuKernelGetFunction) of Numba's CUkernel;
+    any other handle, a driver error, or FUNCTION_HANDLES = False keeps the handle."""
+    from cuda.bindings import driver
+
+    asked = []
+
+    def fake_get_function(kernel):
+        asked.append(int(kernel))
+        return (driver.CUresult.CUDA_SUCCESS, driver.CUfunction(0x5000)) if int(kernel) == 0x99 else (
+            driver.CUresult.CUDA_ERROR_INVALID_HANDLE, None)  # fmt: skip
+
+    monkeypatch.setattr(driver, "cuKernelGetFunction", fake_get_function)
+    assert launch._function_handle(driver.CUkernel(0x99)) == 0x5000
+    assert launch._function_handle(driver.CUkernel(0x77)) == 0x77  # the driver refused: unchanged
+    assert launch._function_handle(0x1234) == 0x1234  # not a CUkernel: never asked
+    assert asked == [0x99, 0x77]
+    monkeypatch.setattr(launch, "FUNCTION_HANDLES", False)
+    assert launch._function_handle(driver.CUkernel(0x99)) == 0x99
+    assert asked == [0x99, 0x77]

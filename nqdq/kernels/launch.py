@@ -356,18 +356,42 @@ def _raise_launch_error(err, name):
 # ---------------------------------------------------------------------------------------
 # Compiled entries
 
+FUNCTION_HANDLES = True  # launch the context's CUfunction rather than Numba's CUkernel (below)
+
+
+def _function_handle(handle) -> int:
+    """The handle to give ``cuLaunchKernel``. Numba (numba-cuda 0.30, cuda.core) loads
+    kernels as a library: its handle is a context-independent ``CUkernel``, which the
+    driver maps to the current context's ``CUfunction`` on every launch. The
+    ``CUfunction`` itself (``cuKernelGetFunction``, once, in the context current now:
+    an entry is bound to it anyway) is what CuPy, PyTorch and Triton launch. Other
+    handles (already a ``CUfunction``), or ``FUNCTION_HANDLES = False``: unchanged."""
+    if not FUNCTION_HANDLES:
+        return int(handle)
+    try:
+        from cuda.bindings import driver
+
+        if type(handle).__name__ != "CUkernel":  # cuda.bindings' own, or one of another build
+            return int(handle)
+        err, fn = driver.cuKernelGetFunction(driver.CUkernel(int(handle)))
+    except (ImportError, AttributeError, TypeError):
+        return int(handle)
+    return int(fn) if err == driver.CUresult.CUDA_SUCCESS else int(handle)
+
 
 class _Entry:
     """One compiled signature: kernel handle, packer, and thread-local parameter buffers."""
 
-    __slots__ = ("kernel", "argtypes", "handle", "name", "struct", "offsets", "pack", "_tls", "_fast", "__weakref__")
+    __slots__ = ("kernel", "argtypes", "handle", "kernel_handle", "name", "struct", "offsets", "pack", "_tls", "_fast",
+                 "__weakref__")  # fmt: skip
 
     def __init__(self, kernel, argtypes, argnames):
         self.kernel = kernel
         self.argtypes = tuple(argtypes)
         kernel.bind()  # loads the module into the current context, runs its setup
         cufunc = kernel._codelibrary.get_cufunc()
-        self.handle = int(cufunc.handle)
+        self.kernel_handle = int(cufunc.handle)
+        self.handle = _function_handle(cufunc.handle)
         self.name = kernel.entry_name
         fmt = param_format(self.argtypes)
         self.struct = struct.Struct(fmt)

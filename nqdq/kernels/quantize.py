@@ -59,7 +59,7 @@ from . import _quantize_kernels as K
 from . import _rowwise_kernels as RK
 from ._elements import format_tuple
 from ._codec import KIND_BF16, KIND_F16, KIND_F32
-from ._interop import Allocator, DeviceInput, device_input, is_cupy, lib_of
+from ._interop import Allocator, DeviceInput, cupy_array_new, device_input, is_cupy, lib_of
 from .launch import fast_kernel as _fast_kernel
 from ._scales import MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4, MX_EVEN, MX_FLOOR, MX_RCEIL
 from ._target import SIMULATOR
@@ -319,9 +319,11 @@ class QuantPlan:
     def cupy_runner(self):
         """``run(x) -> (codes, scales, zero_points, tensor_scale, means)`` for a C-contiguous
         CuPy ``x`` of this plan's shape and kind, on CuPy's current stream: one
-        ``cupy.empty`` for every output and scratch array (the outputs are views of it, so
-        scratch lives as long as they do: safe under CUDA-graph capture), the dummies in a
-        buffer the plan owns, then one ``pack_into`` + ``cuLaunchKernel`` per kernel. None
+        ``cupy.cuda.alloc`` for every output and scratch array (the outputs are arrays over
+        it, so scratch lives as long as they do: safe under CUDA-graph capture), the dummies
+        in a buffer the plan owns, then per kernel its addresses stored into a parameter
+        buffer packed once and one ``cuLaunchKernel`` (``launch.compile_sequence``); the
+        output arrays built by ``_interop.cupy_array_new``'s path where it applies. None
         where it cannot be built (simulator, NQDQ_FAST_LAUNCH=0, static scales, no CuPy)."""
         if self._runner_built:
             return self._runner
@@ -371,8 +373,11 @@ class QuantPlan:
         seq = L.compile_sequence(launches, ("xp", "base", "dummy", "lo", "hi"))
         if seq is None:
             return None
+        # the output arrays: ndarray's own __new__ + _init where that builds the same array
+        # as cupy.ndarray(shape, dtype, memptr) (about half its host time; _interop)
+        new = cupy_array_new(cp, dummies.data if dummies is not None else cp.cuda.alloc(align))
         ns = {
-            "_seq": seq, "_alloc": cp.cuda.alloc, "_nd": cp.ndarray,
+            "_seq": seq, "_alloc": cp.cuda.alloc, "_nd": cp.ndarray, "_new": new,
             "_cur": cp.cuda.get_current_stream, "_dummies": dummies,
             "_DP": int(dummies.data.ptr) if dummies is not None else 0,
         }  # fmt: skip
@@ -395,7 +400,11 @@ class QuantPlan:
             ns[f"_S_{name}"] = tuple(shape)
             ns[f"_D_{name}"] = np.dtype(dt if dt is not None else s.dtype)
             off = offsets[s.i]
-            lines.append(f"    {name} = _nd(_S_{name}, _D_{name}, {'mp' if off == 0 else f'mp + {off}'})")
+            memptr = "mp" if off == 0 else f"mp + {off}"
+            if new is not None:
+                lines += [f"    {name} = _new(_nd)", f"    {name}._init(_S_{name}, _D_{name}, {memptr})"]
+            else:
+                lines.append(f"    {name} = _nd(_S_{name}, _D_{name}, {memptr})")
             results.append(name)
         lines.append(f"    return {', '.join(results)}")
         src = "\n".join(lines) + "\n"
@@ -403,6 +412,7 @@ class QuantPlan:
         run = ns["run"]
         run.source = src
         run.plan = self
+        run.fast_arrays = new is not None
         return run
 
 
