@@ -1,7 +1,7 @@
 """nqdq's tensor-core GEMMs beside cuBLASLt (torch._int_mm / torch._scaled_mm), one run.
 
     python benchmarks/gemm_peers.py [--shapes 8192x8192x8192,...] [--reps 10] [--out DIR]
-                                    [--sass] [--configs "2,4,4,4,3,8;..."]
+                                    [--sass] [--configs "default;2,4,4,4,3,8;wg:2,128,4,8;..."]
 
 For every shape M x N x K (activations [M, K], weights [N, K]) and case:
 
@@ -164,7 +164,7 @@ def _cfg_name(cfg):
         return "default"
     if isinstance(cfg, kg.WgmmaConfig):
         return (f"wg{cfg.bm}x{cfg.bn}s{cfg.stages}" + ("-fast" if cfg.fast_accum else "")
-                + (f"-p{cfg.promote_every}" if cfg.promote_every != 1 else ""))  # fmt: skip
+                + (f"-p{cfg.promote_every}" if cfg.promote_every != 1 else "") + ("-mb" if cfg.mbarrier else ""))  # fmt: skip
     return f"mma{cfg.bm}x{cfg.bn}s{cfg.stages}"
 
 
@@ -281,7 +281,8 @@ def main(argv=None):
 
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     rng = np.random.default_rng(0)
-    cfgs = [kg.parse_config(c) for c in args.configs.split(";") if c] or [None]  # None: the default per case
+    # None ("default"): the default per case
+    cfgs = [None if c == "default" else kg.parse_config(c) for c in args.configs.split(";") if c] or [None]
     if args.accuracy:
         accuracy(cfgs, args.cases.split(","))
         return 0

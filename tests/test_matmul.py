@@ -140,17 +140,21 @@ def gemm_kwargs(qa, qb):
     return a.codes, b.codes, dict(mma=mma, sa=a.scales, sb=b.scales, sa_mode=a.mode, sb_mode=b.mode, za=a.za)
 
 
-@pytest.mark.parametrize("sa,sb,every", [("int8_row", "int8_row", 1), ("int8_asym", "int8_row", 1), ("fp8_row", "e5m2", 1),
-                                         ("fp8_row", "fp8_tensor", 2), ("fp8_1x128", "fp8_128x128", 1)])  # fmt: skip
-def test_wgmma_kernel_matches_reference(sa, sb, every):
+@pytest.mark.parametrize("sa,sb,every,mbar", [("int8_row", "int8_row", 1, False), ("int8_asym", "int8_row", 1, False),
+                                              ("fp8_row", "e5m2", 1, False), ("fp8_row", "fp8_tensor", 2, False),
+                                              ("fp8_1x128", "fp8_128x128", 1, False), ("fp8_row", "e5m2", 1, True),
+                                              ("fp8_1x128", "fp8_128x128", 1, True), ("int8_asym", "int8_row", 1, True),
+                                              ("fp8_row", "fp8_tensor", 2, True)])  # fmt: skip
+def test_wgmma_kernel_matches_reference(sa, sb, every, mbar):
     """The sm_90a kernel (wgmma from swizzled shared tiles) with a one-warpgroup 64 x 16
     tile, its twins reading shared memory through the descriptors as the hardware does
-    (``every``: K steps per fp8 promotion)."""
+    (``every``: K steps per fp8 promotion; ``mbar``: the mbarrier ring, K = 520 so that
+    the 3-slot ring wraps and both barrier parities are waited on)."""
     from nqdq.kernels import gemm as kg
 
-    x, w, qa, qb = operands(17, 24, 200, sa, sb)
+    x, w, qa, qb = operands(17, 24, 520 if mbar else 200, sa, sb)
     a, b, kw = gemm_kwargs(qa, qb)
-    cfg = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2, promote_every=every)
+    cfg = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2, promote_every=every, mbarrier=mbar)
     got = kg.gemm(a, b, config=cfg, **kw)
     want = ref.gemm(a, b, **kw)
     assert rel_l2(got, want) < 1e-5

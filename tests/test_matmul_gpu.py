@@ -49,6 +49,17 @@ def test_mma_hardware_matches_numpy(kind):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
+def test_mbarrier_hardware_matches_twins():
+    """The mbarrier probe of tests/test_mma.py on hardware: the same hand-derived outputs
+    the simulated twins produce there."""
+    from test_mma import MBAR_THREADS, make_mbarrier_probe, mbarrier_expected
+
+    src = np.random.default_rng(5).integers(0, 256, MBAR_THREADS * 16, dtype=np.uint8)
+    out = cp.full((MBAR_THREADS, 19), -1, np.int32)
+    make_mbarrier_probe()[1, MBAR_THREADS](cp.asarray(src), out)
+    np.testing.assert_array_equal(out.get(), mbarrier_expected(src))
+
+
 def gpu_operands(M, N, K, sa, sb, rng=RNG):
     x = rng.standard_normal((M, K)).astype(np.float32)
     x[:, ::7] *= 4

@@ -10,6 +10,9 @@
 * Every GEMM kernel variant is compiled to PTX by numba-cuda for sm_89, sm_90 and sm_90a
   and assembled by nvJitLink (in a subprocess: the simulator is on in this process); the
   wgmma kernels for sm_90a, checking ptxas did not serialise the wgmma's (warning C7509).
+* The mbarrier stubs (the wgmma ring's synchronisation) through a probe kernel whose
+  outputs are worked out by hand (``mbarrier_expected``); the same probe runs on the GPU
+  in tests/test_matmul_gpu.py.
 """
 
 from __future__ import annotations
@@ -109,6 +112,69 @@ def test_twin_cp_async_zero_fills():
     _mma.cp_async16(sm, 16, g, 0, 0)
     _mma.cp_async16(sm, 0, g, 16, 16)
     np.testing.assert_array_equal(sm, np.r_[np.arange(16, 32), np.zeros(16)].astype(np.uint8))
+
+
+# ----------------------------------------------------------------------------- mbarriers
+MBAR_THREADS = 64
+
+
+def make_mbarrier_probe():
+    """A 64-thread kernel exercising the mbarrier stubs as the wgmma GEMM's ring does:
+    each thread copies 16 bytes with cp.async and arrives on barrier F once they land
+    (``cp_async_mbarrier_arrive``); after waiting for F's phase 0 every thread reads
+    another thread's bytes. Barrier E then runs two phases of plain arrivals. Per thread,
+    ``out`` gets the 16 bytes of thread 63 - t's chunk and the answers of try_wait at
+    known points: F parity 1 (phase 1 not complete: 0), after E's two phases E parity 0
+    (the current, incomplete phase: 0) and parity 1 (completed: 1)."""
+
+    @cuda.jit
+    def probe(src, out):
+        sm = cuda.shared.array(1040, uint8)  # data [0, 1024), barrier F at 1024, E at 1032
+        t = cuda.threadIdx.x
+        if t == 0:
+            _mma.mbarrier_init(sm, 1024, MBAR_THREADS)
+            _mma.mbarrier_init(sm, 1032, MBAR_THREADS)
+        cuda.syncthreads()
+        _mma.cp_async16(sm, 16 * t, src, 16 * t, 16)
+        _mma.cp_async_mbarrier_arrive(sm, 1024)
+        while not _mma.mbarrier_try_wait(sm, 1024, 0):
+            pass
+        u = MBAR_THREADS - 1 - t
+        for i in range(16):
+            out[t, i] = sm[16 * u + i]
+        out[t, 16] = 1 if _mma.mbarrier_try_wait(sm, 1024, 1) else 0
+        for ph in range(2):
+            _mma.mbarrier_arrive(sm, 1032)
+            while not _mma.mbarrier_try_wait(sm, 1032, ph):
+                pass
+        out[t, 17] = 1 if _mma.mbarrier_try_wait(sm, 1032, 0) else 0
+        out[t, 18] = 1 if _mma.mbarrier_try_wait(sm, 1032, 1) else 0
+
+    return probe
+
+
+def mbarrier_expected(src):
+    """What ``make_mbarrier_probe`` must write for ``src`` (64 x 16 bytes)."""
+    want = np.zeros((MBAR_THREADS, 19), np.int32)
+    want[:, :16] = src.reshape(MBAR_THREADS, 16)[::-1]
+    want[:, 18] = 1
+    return want
+
+
+def test_mbarrier_twins_probe():
+    src = RNG.integers(0, 256, MBAR_THREADS * 16, dtype=np.uint8)
+    out = np.full((MBAR_THREADS, 19), -1, np.int32)
+    make_mbarrier_probe()[1, MBAR_THREADS](src, out)
+    np.testing.assert_array_equal(out, mbarrier_expected(src))
+
+
+def test_mbarrier_twin_phase_parity():
+    sm = np.zeros(8, np.uint8)
+    _mma.mbarrier_init(sm, 0, 1)
+    _mma.mbarrier_arrive(sm, 0)  # completes phase 0, reloads the count
+    assert _mma.mbarrier_try_wait(sm, 0, 0) and not _mma.mbarrier_try_wait(sm, 0, 1)
+    _mma.mbarrier_arrive(sm, 0)
+    assert _mma.mbarrier_try_wait(sm, 0, 1) and not _mma.mbarrier_try_wait(sm, 0, 0)
 
 
 # ----------------------------------------------------------------------------- PTX assembly

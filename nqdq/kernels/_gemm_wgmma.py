@@ -41,6 +41,9 @@ class WgmmaConfig:
     inflight: int = 1  # wgmma groups left running across a K step (0 when promoting)
     fast_accum: bool = False  # fp8: accumulate all of K in the tensor core (no promotion)
     promote_every: int = 1  # fp8 row / tensor scales: K steps (of 128) per promotion
+    # ring synchronised by mbarriers instead of a block barrier per K step: the warpgroups
+    # run up to a step apart, so one's promotion overlaps the other's wgmma's (module doc)
+    mbarrier: bool = False
 
     @property
     def bm(self):
@@ -56,7 +59,8 @@ class WgmmaConfig:
 
     @property
     def smem_bytes(self):
-        return self.stages * (self.bm + self.bn) * BK + 1024  # + alignment slack
+        # + alignment slack (+ the full / empty mbarriers, 8 bytes per slot each)
+        return self.stages * (self.bm + self.bn) * BK + 1024 + (256 if self.mbarrier else 0)
 
     def check(self):
         rs = self.threads // 8
@@ -64,6 +68,8 @@ class WgmmaConfig:
             raise ValueError(f"bad wgmma config {self}")
         if self.bm * (self.n + 4) * 4 > self.stages * (self.bm + self.bn) * BK:
             raise ValueError(f"wgmma config {self}: the C tile does not fit in the shared ring")
+        if self.mbarrier and self.stages > 16:
+            raise ValueError(f"wgmma config {self}: at most 16 stages with mbarriers")
         if self.smem_bytes > 227 * 1024:
             raise ValueError(f"wgmma config {self} needs more than 227 KiB of shared memory")
 
@@ -99,6 +105,10 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     SA_ROW, SB_ROW = spec.sa_mode == SCALE_ROW, spec.sb_mode == SCALE_ROW
     ASYM = spec.asym
     store_out = make_store_out(spec)
+    MBAR = cfg.mbarrier
+    RING = STAGES * (A_STAGE + B_STAGE)  # bytes of the ring; the mbarriers follow it
+    mbar_init, mbar_arrive, mbar_try_wait = _mma.mbarrier_init, _mma.mbarrier_arrive, _mma.mbarrier_try_wait
+    cp_mbar_arrive = _mma.cp_async_mbarrier_arrive
     CROW = BN + 4  # float32 words per row of the parked C tile (+4: fewer bank conflicts)
     _ = math
 
@@ -155,14 +165,64 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         dst = r0 * BK + ((ch ^ (r0 & 7)) << 4)
         a_dst = pad + dst
         b_dst = pad + SA_BYTES + dst
-        for s in range(STAGES - 2):
-            if s < ktiles:
-                load_tile(a, b, smem, K, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
-            commit()
+        full0 = pad + RING  # mbarriers: full[s] at full0 + 8 s, empty[s] at full0 + 8 (STAGES + s)
+        if MBAR:
+            if tid == 0:
+                for s in range(STAGES):
+                    mbar_init(smem, full0 + 8 * s, NTHREADS)
+                    mbar_init(smem, full0 + 8 * (STAGES + s), NTHREADS)
+            cuda.syncthreads()
+            for s in range(STAGES - 1):
+                if s < ktiles:
+                    load_tile(a, b, smem, K, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
+                    cp_mbar_arrive(smem, full0 + 8 * s)
+        else:
+            for s in range(STAGES - 2):
+                if s < ktiles:
+                    load_tile(a, b, smem, K, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
+                commit()
         a_base = base + pad + wg * (64 * BK)
         b_base = base + pad + SA_BYTES
         m_lo = m0 + wg * 64 + w * 16 + g  # this thread's rows: m_lo, m_lo + 8
-        for kt in range(ktiles):
+        for kt in range(ktiles if MBAR else 0):
+            # the mbarrier ring: wait until slot kt has landed (every thread's copies), run
+            # its wgmma's to completion, release the slot, promote, then refill the slot of
+            # the step before (once every thread has released it) with step kt + STAGES - 1
+            slot = kt % STAGES
+            if BLOCK:  # loaded before the wait, so their latency hides behind it
+                s_b = sb[(n0 >> 7) * KB + kt]
+                s0 = sa[m_lo * KB + kt] * s_b if m_lo < M else float32(0)
+                s1 = sa[(m_lo + 8) * KB + kt] * s_b if m_lo + 8 < M else float32(0)
+            while not mbar_try_wait(smem, full0 + 8 * slot, (kt // STAGES) & 1):
+                pass
+            proxy_fence()
+            fence()
+            fresh = PROMOTE and kt % EVERY == 0
+            for kk in range(4):
+                da = desc(a_base + slot * A_STAGE + kk * 32)
+                db = desc(b_base + slot * B_STAGE + kk * 32)
+                mma(acc, smem, da, db, 0 if (fresh and kk == 0) else 1)
+            wg_commit()
+            wg_wait_all()
+            mbar_arrive(smem, full0 + 8 * (STAGES + slot))
+            if PROMOTE and not BLOCK and (kt % EVERY == EVERY - 1 or kt == ktiles - 1):
+                for x in range(NACC):
+                    tot[x] += acc[x]
+            if BLOCK:
+                for j in range(NACC // 4):
+                    tot[4 * j] += acc[4 * j] * s0
+                    tot[4 * j + 1] += acc[4 * j + 1] * s0
+                    tot[4 * j + 2] += acc[4 * j + 2] * s1
+                    tot[4 * j + 3] += acc[4 * j + 3] * s1
+            nk = kt + STAGES - 1
+            if nk < ktiles:
+                ns = nk % STAGES  # = the slot of step kt - 1
+                if kt > 0:
+                    while not mbar_try_wait(smem, full0 + 8 * (STAGES + ns), ((kt - 1) // STAGES) & 1):
+                        pass
+                load_tile(a, b, smem, K, nk, ns, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
+                cp_mbar_arrive(smem, full0 + 8 * ns)
+        for kt in range(0 if MBAR else ktiles):
             wait_ready()
             proxy_fence()
             cuda.syncthreads()

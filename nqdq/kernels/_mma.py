@@ -51,7 +51,8 @@ from ._target import SIMULATOR
 
 __all__ = [
     "ldmatrix_x4", "mma_s8s8", "mma_u8s8", "mma_fp8", "cp_async16", "cp_async_commit",
-    "cp_async_wait", "FP8_TYPES",
+    "cp_async_wait", "FP8_TYPES", "mbarrier_init", "mbarrier_arrive", "cp_async_mbarrier_arrive",
+    "mbarrier_try_wait",
 ]
 
 FP8_TYPES = ("e4m3", "e5m2")
@@ -551,3 +552,124 @@ if not SIMULATOR:
                 _wg(acc, desc_a, desc_b, np.int32(scale_d))
 
             return impl
+
+
+# ============================================================================= mbarriers
+# A shared-memory mbarrier (PTX ISA "mbarrier", sm_80+; try_wait sm_90): an 8-byte object
+# counting arrivals; when the pending count of the current phase reaches 0 the phase flips
+# and the count is reloaded. ``try_wait.parity p`` is true once the phase of parity p has
+# completed (a waiter tracks the parity of the use it waits for). The GEMM pipeline keeps
+# one "full" (copies landed) and one "empty" (wgmma's done reading) barrier per ring slot,
+# so the two warpgroups synchronise through the ring instead of a block-wide barrier.
+#
+# Twins: the state lives in the barrier's own 8 shared bytes, as two uint32 words
+# (pending arrivals; expected count * 2 + phase bit), updated under one lock; a failed
+# try_wait yields the GIL, so the simulator's preemptive threads make progress.
+_MBAR_LOCK = threading.Lock()
+
+
+def _mbar_words(smem, off):
+    return np.asarray(smem).view(np.uint8)[off:off + 8].view(np.uint32)
+
+
+def mbarrier_init(smem, off, count):
+    """``mbarrier.init.shared::cta.b64 [smem + off], count``: phase 0, ``count`` arrivals
+    expected per phase. One thread; a block barrier before anyone else uses it."""
+    with _MBAR_LOCK:
+        w = _mbar_words(smem, off)
+        w[0] = count
+        w[1] = 2 * count
+
+
+def mbarrier_arrive(smem, off):
+    """``mbarrier.arrive.shared::cta.b64``: this thread's arrival (release semantics)."""
+    with _MBAR_LOCK:
+        w = _mbar_words(smem, off)
+        if w[0] == 0:
+            raise RuntimeError(f"mbarrier at {off}: more arrivals than expected")
+        w[0] -= 1
+        if w[0] == 0:  # phase complete: flip the phase bit, reload the count
+            w[1] ^= 1
+            w[0] = w[1] >> 1
+
+
+def cp_async_mbarrier_arrive(smem, off):
+    """``cp.async.mbarrier.arrive.noinc.shared::cta.b64``: arrive once all of this thread's
+    earlier ``cp.async`` copies have landed (``noinc``: the arrival is one of the count
+    given to init). The twin's copies are synchronous, so it arrives at once."""
+    mbarrier_arrive(smem, off)
+
+
+def mbarrier_try_wait(smem, off, parity):
+    """``mbarrier.try_wait.parity.shared::cta.b64``: True once the phase of parity
+    ``parity`` has completed (acquire semantics); the hardware suspends a while before
+    answering False. Loop on it: ``while not mbarrier_try_wait(...): pass``."""
+    with _MBAR_LOCK:
+        done = (int(_mbar_words(smem, off)[1]) & 1) != (parity & 1)
+    if not done:
+        import time
+
+        time.sleep(1e-4)  # let the simulator's other threads arrive
+    return done
+
+
+if not SIMULATOR:
+
+    def _mbar_asm(text, cons, nargs, ret=False):
+        """An intrinsic of ``nargs`` uint32 operands (shared addresses, counts) emitting
+        ``text``; returns a uint32 when ``ret``. Ordered against memory (``~{memory}``)."""
+        rty = types.uint32 if ret else types.void
+
+        def codegen(context, builder, sig, args):
+            fty = ir.FunctionType(_I32 if ret else ir.VoidType(), [_I32] * nargs)
+            r = builder.call(ir.InlineAsm(fty, text, cons + ",~{memory}", side_effect=True), list(args))
+            return r if ret else context.get_dummy_value()
+
+        if nargs == 1:
+
+            @intrinsic
+            def _asm1(typingctx, x):
+                return rty(types.uint32), codegen
+
+            return _asm1
+
+        @intrinsic
+        def _asm2(typingctx, x, y):
+            return rty(types.uint32, types.uint32), codegen
+
+        return _asm2
+
+    _mbar_init = _mbar_asm("mbarrier.init.shared::cta.b64 [$0], $1;", "r,r", 2)
+    _mbar_arrive = _mbar_asm("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [$0]; }", "r", 1)
+    _cp_mbar_arrive = _mbar_asm("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", "r", 1)
+    _mbar_try_wait = _mbar_asm(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }",
+        "=r,r,r", 2, ret=True)  # fmt: skip
+
+    @overload(mbarrier_init, target="cuda")
+    def _ol_mbarrier_init(smem, off, count):
+        def impl(smem, off, count):
+            _mbar_init(_smem_u32(smem) + np.uint32(off), np.uint32(count))
+
+        return impl
+
+    @overload(mbarrier_arrive, target="cuda")
+    def _ol_mbarrier_arrive(smem, off):
+        def impl(smem, off):
+            _mbar_arrive(_smem_u32(smem) + np.uint32(off))
+
+        return impl
+
+    @overload(cp_async_mbarrier_arrive, target="cuda")
+    def _ol_cp_async_mbarrier_arrive(smem, off):
+        def impl(smem, off):
+            _cp_mbar_arrive(_smem_u32(smem) + np.uint32(off))
+
+        return impl
+
+    @overload(mbarrier_try_wait, target="cuda")
+    def _ol_mbarrier_try_wait(smem, off, parity):
+        def impl(smem, off, parity):
+            return _mbar_try_wait(_smem_u32(smem) + np.uint32(off), np.uint32(parity)) != 0
+
+        return impl
