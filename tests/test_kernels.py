@@ -760,6 +760,62 @@ def test_static_kernel_several_units_per_thread(deep_units):
     check(x, resolve_scheme("fp8_tensor", static_scale=True), scale=0.03, x_ref=x.astype(np.float32))
 
 
+# ----------------------------------------------------------------------------- dynamic per-tensor, two passes
+# Dynamic per-tensor float scales over whole units: tensor_amax (vector loads, NaN and inf
+# counted) -> finalize -> static_encode with the scale finalize wrote. The amax must see
+# every element (several blocks, several units per thread) and the encode must agree with
+# the reference's dynamic encode for every kind of tensor amax.
+def _dynamic_tensor_data(case, shape, seed):
+    x = RNG.standard_normal(shape).astype(np.float32) * 3
+    if case == "edge":  # NaN in the tensor: scale NaN
+        x = edge_data(shape, seed=seed)
+    elif case == "inf":  # inf but no NaN: scale inf
+        x[1, 5] = -np.inf
+    elif case == "zeros":  # amax 0
+        x[:] = 0.0
+        x[0, 3] = -0.0
+    elif case == "huge":  # amax near FLT_MAX, at the far end of the tensor
+        x[-1, -1] = -3.4e38
+    elif case == "tiny":  # subnormal amax: the scale underflows
+        x = (x * 1e-41).astype(np.float32)
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("case", ["gauss", "edge", "inf", "zeros", "huge", "tiny"])
+def test_dynamic_tensor_fast(dtype, case):
+    sch = resolve_scheme("fp8_tensor")
+    x = _dynamic_tensor_data(case, (5, 64), seed=3).astype(dtype)
+    names = _launched(x.shape, dtype, sch)
+    assert names == ["tensor_amax", "finalize", "static_encode"], names
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    "name, kw", [("int8", {"granularity": "tensor"}), ("e2m1", {"granularity": "tensor"}), ("e5m2", {"granularity": "tensor"})]
+)
+def test_dynamic_tensor_fast_formats(name, kw, deep_units):
+    x = _dynamic_tensor_data("huge", (7, 96), seed=4).astype(ml_dtypes.bfloat16)
+    sch = resolve_scheme(name, **kw)
+    assert "static_encode" in _launched(x.shape, ml_dtypes.bfloat16, sch)
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, stoch, fast",
+    [((3, 64), np.float32, False, True), ((3, 70), ml_dtypes.bfloat16, False, False), ((3, 64), np.float32, True, False)],
+)
+def test_dynamic_tensor_kernel_choice(monkeypatch, shape, dtype, stoch, fast):
+    sch = resolve_scheme("fp8_tensor")
+    assert ("static_encode" in _launched(shape, dtype, sch, stoch=stoch)) == fast
+    monkeypatch.setattr(kq, "STATIC_FAST", False)
+    kq._PLANS.clear()
+    try:
+        assert "static_encode" not in _launched(shape, dtype, sch, stoch=stoch)
+    finally:
+        kq._PLANS.clear()
+
+
 
 # ----------------------------------------------------------------------------- B0 x B1 tiles, one pass
 # tile_blocks (_tile_kernels): one block per tile, units in registers from the load to the

@@ -324,3 +324,17 @@ def test_static_encode(big_bf16, name, kw, scale):
     wcodes = want.codes if sch.code_bits == 8 else pack_codes(want.codes, sch.code_bits)
     assert_same(host(got.codes), wcodes, f"{name} static codes")
     assert_same(host(got.scales), want.scales, f"{name} static scales")
+
+
+@pytest.mark.parametrize("nan", [False, True])
+@pytest.mark.parametrize("name, kw", [("fp8_tensor", {}), ("int8", {"granularity": "tensor"})])
+def test_dynamic_tensor_fast(big_bf16, name, kw, nan):
+    """Dynamic per-tensor scales: tensor_amax -> finalize -> static_encode at a size with
+    several units per thread, with and without NaN / inf in the tensor."""
+    x = big_bf16
+    if not nan:
+        xf = x.astype(np.float32)
+        x = np.where(np.isfinite(xf), xf, np.float32(1.0)).astype(ml_dtypes.bfloat16)
+    sch = resolve_scheme(name, **kw)
+    assert "static_encode" in _kernels(x.shape, 1, sch)
+    check_gpu(x, sch)

@@ -467,7 +467,7 @@ def tensor_amax(x, nunits, part_i, part_a, part_b):
     for ub in range(cuda.blockIdx.x * (NT * U), nunits, cuda.gridDim.x * (NT * U)):
         u0 = ub + tid
         w{j} = load_unit(x, x32, aligned, u0 + {jNT}, u0 + {jNT} < nunits, kind)
-        a = max(a, unit_amax_finite(unit_elems(w{j}, kind), VEC))
+        a = max(a, amax_of(unit_elems(w{j}, kind), VEC))
     a = block_max(a, tid, scratch, red)
     if tid == 0:
         b = cuda.blockIdx.x
@@ -478,14 +478,15 @@ def tensor_amax(x, nunits, part_i, part_a, part_b):
 
 
 @lru_cache(maxsize=None)
-def make_tensor_amax_kernel(kind, NT, U, shfl):
-    """NVFP4's first pass: per-block amax over the *finite* elements of a flat input of
-    ``nunits`` whole units (grid-stride, U loads in flight per thread), written as
-    finalize's partials (part_i = amax bits; part_a = part_b = 0, which finalize's NVFP4
-    branch does not use)."""
+def make_tensor_amax_kernel(kind, NT, U, shfl, finite=True):
+    """The first pass of NVFP4 (``finite``: amax over the finite elements) and of dynamic
+    per-tensor float scales (``finite=False``: NaN and inf count, as tensor_partials'
+    MODE_FLOAT): per-block amax of a flat input of ``nunits`` whole units (grid-stride, U
+    loads in flight per thread), written as finalize's partials (part_i = amax bits;
+    part_a = part_b = 0, which finalize's NVFP4 and float branches do not use)."""
     assert NT % 32 == 0
     ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
-              VEC=vec_of(kind), block_max=_block_max_fn(NT, shfl))
+              VEC=vec_of(kind), block_max=_block_max_fn(NT, shfl), amax_of=unit_amax_finite if finite else unit_amax)
     return _jit_unrolled("tensor_amax", _TENSOR_SRC, ns, U)
 
 

@@ -14,12 +14,14 @@ NVFP4 under the same conditions                        ``tensor_amax`` -> ``fina
                                                        -> ``lastaxis_groups``
 asymmetric integers under the same conditions          ``lastaxis_asym_rows`` /
 (LASTAXIS_ASYM); centred INT8 whole 2^k-unit groups    ``lastaxis_stat_groups``
-(LASTAXIS_CENTRED)                                     (simulator-checked, not yet timed)
+(LASTAXIS_CENTRED)
 other last-axis groups / rows (partial groups,         ``group`` (one pass; groups of more
 stochastic)                                            than SEG_MAX elements re-read L1/L2)
 NVFP4 otherwise                                        ``tensor_partials`` -> ``finalize``
                                                        (S_enc) -> ``group``
-per-tensor (dynamic)                                   ``tensor_partials`` -> ``finalize`` ->
+per-tensor dynamic float scales, whole units          ``tensor_amax`` -> ``finalize`` ->
+(STATIC_FAST)                                          ``static_encode`` (16-byte loads)
+per-tensor (dynamic) otherwise                         ``tensor_partials`` -> ``finalize`` ->
                                                        ``encode``
 per-channel (``column``)                               ``column_partials`` -> ``finalize`` ->
                                                        ``encode`` (``group`` when the channel
@@ -697,9 +699,23 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             plan = _group_plan(block[-1], C, _cdiv(C, block[-1]), mode, nt, sub_packed)
             run_group(rows, C, block[-1], plan)
     elif sch.granularity == "tensor":
-        pi, pa, pb, nb = run_tensor_stats(mode)
-        run_finalize(mode, (pi, pa, pb), nb, 1, 1)
-        run_encode()
+        fast_static = _fast_static(shape, kind, sch, mode, nt) if not stoch else None
+        if fast_static is not None:  # whole units: vector-load amax pass, then the static pass
+            NT, U, _ = fast_static
+            vec = RK.vec_of(kind)
+            nblocks = max(1, min(_cdiv(n // vec, NT * GROUP_UNITS), 1024))
+            pi = rec.empty(nblocks, np.int64)
+            pa = rec.empty(nblocks, np.float32)
+            pb = rec.empty(nblocks, np.float32)
+            amax = RK.make_tensor_amax_kernel(kind, NT, GROUP_UNITS, SHFL, finite=False)
+            _launch(amax, nblocks, NT, xa, n // vec, pi, pa, pb)
+            run_finalize(mode, (pi, pa, pb), nblocks, 1, 1)
+            k = RK.make_static_kernel(kind, fmt, NT, U, packed, False)
+            _launch(k, _cdiv(n // vec, NT * U), NT, xa, n // vec, C // vec, codes, scales)
+        else:
+            pi, pa, pb, nb = run_tensor_stats(mode)
+            run_finalize(mode, (pi, pa, pb), nb, 1, 1)
+            run_encode()
     elif sch.granularity == "block" and not stoch and _fast_tile(shape, kind, sch, mode):
         from . import _tile_kernels as TK
 
