@@ -816,6 +816,57 @@ def test_dynamic_tensor_kernel_choice(monkeypatch, shape, dtype, stoch, fast):
         kq._PLANS.clear()
 
 
+# ----------------------------------------------------------------------------- per-channel, two passes
+# _column_kernels: float scales per last-axis channel (amax down every row), a thread per
+# unit column and chunk of rows; several chunks per column, rows not a multiple of the rows
+# a thread loads at once, NaN / inf / all-zero channels, N-D inputs.
+def _column_data(shape, seed):
+    x = edge_data(shape, seed=seed)
+    x[..., 5] = 0.0  # an all-zero channel: s = 1
+    x[..., 6] = -0.0
+    x[..., 9] = np.inf  # inf but no NaN in the channel
+    x.reshape(-1, shape[-1])[:, 10] = RNG.standard_normal(x.size // shape[-1]) * 1e-41  # subnormal amax
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize(
+    "name, kw, shape",
+    [
+        ("int8_column", {}, (9, 64)),  # 3 chunks of 4 rows, the last one short
+        ("e4m3", {"granularity": "column"}, (2, 3, 32)),  # N-D: every leading index is a row
+        ("int4", {"granularity": "column"}, (5, 48)),  # 4-bit codes, two per byte
+        ("e2m1", {"granularity": "column"}, (3, 16)),
+    ],
+)
+def test_column_fast(name, kw, shape, dtype):
+    sch = resolve_scheme(name, **kw)
+    x = _column_data(shape, seed=len(name)).astype(dtype)
+    assert _launched(x.shape, dtype, sch) == ["column_amax", "finalize", "column_encode"]
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    "name, kw, shape, fast",
+    [
+        ("int8_column", {}, (4, 64), True),
+        ("int8_column", {}, (4, 60), False),  # rows not whole 16-byte units (bf16)
+        ("int8", {"granularity": "column", "axis": 0}, (4, 64), False),  # channel axis first
+        ("int8", {"granularity": "column", "symmetric": False}, (4, 64), False),  # zero points
+    ],
+)
+def test_column_kernel_choice(monkeypatch, name, kw, shape, fast):
+    sch = resolve_scheme(name, **kw)
+    assert ("column_encode" in _launched(shape, ml_dtypes.bfloat16, sch)) == fast
+    assert "column_encode" not in _launched(shape, ml_dtypes.bfloat16, sch, stoch=True)
+    monkeypatch.setattr(kq, "COLUMN_FAST", False)
+    kq._PLANS.clear()
+    try:
+        assert "column_encode" not in _launched(shape, ml_dtypes.bfloat16, sch)
+    finally:
+        kq._PLANS.clear()
+
+
 
 # ----------------------------------------------------------------------------- B0 x B1 tiles, one pass
 # tile_blocks (_tile_kernels): one block per tile, units in registers from the load to the

@@ -338,3 +338,17 @@ def test_dynamic_tensor_fast(big_bf16, name, kw, nan):
     sch = resolve_scheme(name, **kw)
     assert "static_encode" in _kernels(x.shape, 1, sch)
     check_gpu(x, sch)
+
+
+@pytest.mark.parametrize("nan", [False, True])
+@pytest.mark.parametrize("name, kw", [("int8_column", {}), ("e4m3", {"granularity": "column"}), ("int4", {"granularity": "column"})])
+def test_column_fast(big_bf16, name, kw, nan):
+    """Per-channel scales, channel axis last: column_amax -> finalize -> column_encode at a
+    real size (many chunks per column), with and without NaN / inf in some channels."""
+    x = big_bf16
+    if not nan:
+        xf = x.astype(np.float32)
+        x = np.where(np.isfinite(xf), xf, np.float32(1.0)).astype(ml_dtypes.bfloat16)
+    sch = resolve_scheme(name, **kw)
+    assert "column_encode" in _kernels(x.shape, 1, sch)
+    check_gpu(x, sch)

@@ -23,7 +23,9 @@ per-tensor dynamic float scales, whole units          ``tensor_amax`` -> ``final
 (STATIC_FAST)                                          ``static_encode`` (16-byte loads)
 per-tensor (dynamic) otherwise                         ``tensor_partials`` -> ``finalize`` ->
                                                        ``encode``
-per-channel (``column``)                               ``column_partials`` -> ``finalize`` ->
+per-channel float scales, channel axis last, rows of   ``column_amax`` -> ``finalize`` ->
+whole units (COLUMN_FAST)                              ``column_encode`` (_column_kernels)
+per-channel (``column``) otherwise                     ``column_partials`` -> ``finalize`` ->
                                                        ``encode`` (``group`` when the channel
                                                        axis is the first of a 2-D array)
 float B0 x B1 blocks, whole-unit tiles (TILE_FAST)     ``tile_blocks`` (one pass, _tile_kernels)
@@ -497,6 +499,7 @@ LASTAXIS_CENTRED = True  # centred INT8 groups: lastaxis_stat_groups
 CENTRED_UNITS = 2  # units per chunk of the centred groups (its sums are shuffled per element)
 STATIC_FAST = True  # static float scales per tensor / per last-axis row: static_encode
 TILE_FAST = True  # B0 x B1 float block scales over whole-unit tiles: tile_blocks (_tile_kernels)
+COLUMN_FAST = _UNMEASURED  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode
 
 
 def _fast_tile(shape, kind, sch, mode):
@@ -507,6 +510,12 @@ def _fast_tile(shape, kind, sch, mode):
     B0, B1 = sch.block_for(shape)[-2:]
     vec = RK.vec_of(kind)
     return B1 % vec == 0 and shape[-1] % B1 == 0 and B0 * (B1 // vec) <= 1024 * 8
+
+
+def _fast_column(shape, kind, mode, ax, stoch):
+    """Float per-channel scales along the last axis of a C-contiguous input whose rows are
+    whole 16-byte units: ``_column_kernels`` (two streaming passes)."""
+    return COLUMN_FAST and mode == MODE_FLOAT and not stoch and ax == len(shape) - 1 and shape[-1] % RK.vec_of(kind) == 0
 
 
 def _fast_static(shape, kind, sch, mode, nt):
@@ -731,6 +740,17 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         ntiles = (n // (R * C)) * _cdiv(R, B0) * _cdiv(C, B1)
         _launch(K.make_tile_params_kernel(kind, mode, maxe, nt, B0, B1), ntiles, nt, xa, R, C, scales, zps)
         run_encode()
+    elif sch.granularity == "column" and _fast_column(shape, kind, mode, ax, stoch):
+        from . import _column_kernels as CK
+
+        upr = C // RK.vec_of(kind)
+        NT, grid, rpc = CK.column_geometry(rows, upr, nt)
+        pi = rec.empty(grid[1] * C, np.int64)
+        pa = rec.empty(grid[1] * C, np.float32)
+        pb = rec.empty(grid[1] * C, np.float32)
+        _launch(CK.make_column_amax_kernel(kind, NT), grid, NT, xa, rows, upr, rpc, pi, pa, pb)
+        run_finalize(mode, (pi, pa, pb), grid[1], C, 1)
+        _launch(CK.make_column_encode_kernel(kind, fmt, NT, packed), grid, NT, xa, rows, upr, rpc, scales, codes)
     elif sch.granularity == "column":
         O, L, I = math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1 :])
         plan = _group_plan(I, I, 1, mode, nt, sub_packed) if O == 1 and (nd == 2 or not sub_packed) else None
