@@ -114,6 +114,8 @@ def launch_rows(results):
         ("launchKernel, CUfunction handle, one buffer (extra)",
          lambda: lk(entry.handle, grid, 1, 1, block, 1, 1, 0, 0, 0, ctypes.addressof(extra))),
     ]  # fmt: skip
+    # the lambdas pass raw addresses: keep the buffers they point into alive with the rows
+    keep = (buf, ptrs, size, extra, x, codes, scales, entry)
     out = []
     for name, fn in ways:
         codes.fill(0xA5)
@@ -126,7 +128,7 @@ def launch_rows(results):
         print(f"check {name}: {'bit-exact vs reference' if ok else 'MISMATCH'}", flush=True)
         results.append(dict(part=f"check {name}", ok=bool(ok)))
         if ok:
-            out.append((name, fn))
+            out.append((name, lambda fn=fn, keep=keep: fn()))
     return out
 
 
