@@ -8,7 +8,8 @@ time *is* the cost. :class:`FastKernel` does the same launch in about 7 us, of w
 driver call itself is about 4 (docs/performance.md):
 
 * compile once per argument signature (``dispatcher.compile(sig)``, Numba's own compiled
-  module and ``CUkernel`` handle: same cubin, same linking, same module setup);
+  module: same cubin, same linking, same module setup), and launch the current context's
+  ``CUfunction`` of Numba's ``CUkernel`` (see :func:`_function_handle`);
 * per call, build a small cache key from the arguments (dtype, ndim, layout of arrays;
   Python type of scalars), look the compiled entry up in an LRU, pack the arguments into a
   thread-local parameter buffer with one precompiled ``struct.Struct.pack_into`` and call
@@ -29,8 +30,9 @@ size, which is what ``struct``'s native (``@``) mode does.
 :func:`compile_sequence` goes one step further for a fixed sequence of launches whose
 arrays have fixed shapes (nqdq.quantize's plans): one generated function packs each
 kernel's parameters with every shape and constant baked in, only the addresses given per
-call, and launches them in order (14 us for a whole single-kernel ``nqdq.quantize`` call,
-allocation included, docs/performance.md).
+call, and launches them in order (about 8 us for a whole single-kernel ``nqdq.quantize``
+call on an H100 host, allocation and result arrays included; docs/performance.md, "Host
+time per call").
 
 The launch only calls ``cuLaunchKernel`` on the stream it is given, so it can be captured
 in a CUDA graph (``stream.begin_capture()`` ... ``end_capture()`` in CuPy). Compile before
