@@ -1,7 +1,7 @@
 """Host time per kernel launch: Numba's dispatcher vs nqdq.kernels.launch.FastKernel.
 
     python3 benchmarks/launch_overhead.py [--json FILE] [--rows 64 --cols 7168] [--calls 1000]
-    python3 benchmarks/launch_overhead.py --quantize-only [--schemes fp8_row,mxfp4,...] [--label L]
+    python3 benchmarks/launch_overhead.py --quantize-only [--schemes fp8_row,mxfp4,...] [--label L] [--ab]
 
 The kernel is the toy per-row FP8 quantizer (benchmarks/toy_fp8_row.py) on a bf16
 ``rows x cols`` activation (64 x 7168: a decode step), CuPy arguments, legacy default
@@ -200,10 +200,76 @@ def _remembered(nqdq, scheme):
     return None
 
 
+_FUNCTION_HANDLES = {}  # id(entry) -> (entry, its CUfunction handle)
+
+
+def _set_launch_variant(handles, param_buffer):
+    """Every compiled entry launches its CUfunction (``handles="function"``) or Numba's
+    CUkernel (``"kernel"``); sequences pass a void*[] or one buffer; the quantize plans and
+    remembered calls are dropped so that their runners are generated again that way (the
+    kernels stay compiled)."""
+    from nqdq import api
+    from nqdq.kernels import launch
+    from nqdq.kernels import quantize as kq
+
+    for fk in list(launch._by_dispatcher.values()) + list(launch._by_id.values()):
+        for e in list(fk._entries.values()):
+            if isinstance(e, launch._Entry):
+                fn = _FUNCTION_HANDLES.setdefault(id(e), (e, e.handle))[1]
+                e.handle = fn if handles == "function" else e.kernel_handle
+    launch.PARAM_BUFFER = param_buffer
+    kq._PLANS.clear()
+    api.clear_fast_path()
+
+
+def bench_ab(schemes, rows, cols, calls, results):
+    """The launch variants A/B/C/A in one process (no compilation between them): CUfunction
+    + void*[] (the default), CUkernel + void*[], CUfunction + one parameter buffer; per
+    variant and scheme a bit-exactness check, then the median of ``calls`` single calls."""
+    import cupy as cp
+    import ml_dtypes
+    import numpy as np
+
+    import nqdq
+
+    rng = np.random.default_rng(3)
+    xh = (rng.standard_normal((rows, cols)) * np.exp2(rng.uniform(-6, 6, (rows, 1)))).astype(ml_dtypes.bfloat16)
+    x = cp.asarray(xh.view(np.uint16))
+    refs = {s: nqdq.quantize(xh, s, device="cpu") for s in schemes}
+    sync = cp.cuda.runtime.deviceSynchronize
+    variants = [("CUfunction, void*[]", "function", False), ("CUkernel, void*[]", "kernel", False),
+                ("CUfunction, one buffer", "function", True), ("CUfunction, void*[] (again)", "function", False)]
+    for vname, handles, pb in variants:
+        _set_launch_variant(handles, pb)
+        for scheme in schemes:
+            q = nqdq.quantize(x, scheme, dtype="bfloat16")
+            q = nqdq.quantize(x, scheme, dtype="bfloat16")
+            sync()
+            ok = all(
+                np.array_equal(np.asarray(getattr(q, f).get()).reshape(-1).view(np.uint8),
+                               np.asarray(getattr(refs[scheme], f)).reshape(-1).view(np.uint8))
+                for f in ("codes", "scales", "tensor_scale") if getattr(q, f) is not None
+            )  # fmt: skip
+            for _ in range(50):
+                nqdq.quantize(x, scheme, dtype="bfloat16")
+            hm = host_median(lambda: nqdq.quantize(x, scheme, dtype="bfloat16"), calls, sync)
+            results.append(dict(path=f"A/B {vname}: nqdq.quantize {scheme}", host_median_us=hm, ok=bool(ok)))
+            print(f"A/B {vname:28s} {scheme:10s} {'bit-exact' if ok else 'MISMATCH'}  median {hm:7.2f} us", flush=True)
+    _set_launch_variant("function", False)
+
+
 def quantize_main(args):
     results = []
     schemes = args.schemes.split(",")
     bench_quantize(schemes, args.rows, args.cols, args.calls, args.label, results, graphs=not args.no_graphs)
+    if args.ab:
+        try:
+            bench_ab(schemes, args.rows, args.cols, args.calls, results)
+        except Exception as e:
+            import traceback
+
+            traceback.print_exc()
+            print(f"A/B: {type(e).__name__}: {e}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print()
@@ -230,6 +296,7 @@ def main(argv=None):
     ap.add_argument("--schemes", default="fp8_row,mxfp4,nvfp4,fp8_1x128")
     ap.add_argument("--label", default="nqdq")
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--ab", action="store_true", help="with --quantize-only: the launch variants A/B/C/A")
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--cols", type=int, default=7168)
     ap.add_argument("--calls", type=int, default=1000)

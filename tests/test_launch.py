@@ -439,18 +439,30 @@ def _record_launches(monkeypatch, entries):
 
     def fake_launch(handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         entry = next(e for e in entries if e.handle == handle)
-        ptrs = (ctypes.c_void_p * len(entry.offsets)).from_address(params)
-        base = ptrs[0] - entry.offsets[0]
-        launched.append(((handle, gx, gy, gz, bx, by, bz, smem, stream), ctypes.string_at(base, entry.struct.size)))
+        if params:  # a void*[]: one pointer per parameter, at the entry's offsets from the buffer
+            assert not extra
+            ptrs = (ctypes.c_void_p * len(entry.offsets)).from_address(params)
+            assert [p - ptrs[0] for p in ptrs] == [o - entry.offsets[0] for o in entry.offsets]
+            data = ctypes.string_at(ptrs[0] - entry.offsets[0], entry.struct.size)
+        else:  # extra = {BUFFER_POINTER, buffer, BUFFER_SIZE, &size, END}, as cuda.h reads it
+            keys = (ctypes.c_void_p * 5).from_address(extra)
+            assert (keys[0], keys[2], keys[4]) == (1, 2, None)
+            size = ctypes.c_size_t.from_address(keys[3]).value
+            assert size == entry.struct.size
+            data = ctypes.string_at(keys[1], size)
+        launched.append(((handle, gx, gy, gz, bx, by, bz, smem, stream), data))
 
     monkeypatch.setattr(launch, "_cupy_launch", fake_launch)
     monkeypatch.setattr(launch, "_cupy_ndarray", _FakeCupyArray)
     return launched
 
 
-def test_compile_sequence_packs_like_the_general_packer(monkeypatch):
+@pytest.mark.parametrize("param_buffer", [False, True], ids=["void-ptr-array", "one-buffer"])
+def test_compile_sequence_packs_like_the_general_packer(monkeypatch, param_buffer):
     """The generated sequence launcher: per launch, the same parameter bytes as the
-    general packer given arrays at those addresses, in order, on the given stream."""
+    general packer given arrays at those addresses, in order, on the given stream; passed
+    as a void*[] or (PARAM_BUFFER) as one buffer through cuLaunchKernel's ``extra``."""
+    monkeypatch.setattr(launch, "PARAM_BUFFER", param_buffer)
     entries = []
     launched = _record_launches(monkeypatch, entries)
     e1 = _fake_entry((types.uint16[::1], types.int64, types.uint8[::1], types.float32[::1], types.int64), 11, "k1")
@@ -475,10 +487,12 @@ def test_compile_sequence_packs_like_the_general_packer(monkeypatch):
         launch.compile_sequence([("k2", 1, 1, (launch.Ptr("nope", 0, 1, np.float32), 1, 0.5))], ("xp",), entries=[e2])
 
 
-def test_compile_sequence_prepacked_launches_store_only_the_addresses(monkeypatch):
+@pytest.mark.parametrize("param_buffer", [False, True], ids=["void-ptr-array", "one-buffer"])
+def test_compile_sequence_prepacked_launches_store_only_the_addresses(monkeypatch, param_buffer):
     """A launch without Var arguments is packed once per thread; later calls store only
     the new addresses. Two calls with different addresses must each give exactly the
     general packer's bytes (so no stale address and no field left unpacked)."""
+    monkeypatch.setattr(launch, "PARAM_BUFFER", param_buffer)
     entries = []
     launched = _record_launches(monkeypatch, entries)
     # int32 / bool / float32 scalars between the arrays: the array fields still land on

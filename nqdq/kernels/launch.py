@@ -788,6 +788,16 @@ class Var:
         self.name = name
 
 
+# cuLaunchKernel's ``extra`` keys (cuda.h): the parameters as one buffer of the kernel's layout
+_LAUNCH_PARAM_END, _LAUNCH_PARAM_BUFFER_POINTER, _LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
+# compile_sequence passes each launch's parameters as that one buffer (``extra``) instead of
+# a void*[] of one pointer per parameter (a kernel with four arrays has ~30 of them, each
+# copied by the driver on its own). Off until timed on a GPU: NQDQ_LAUNCH_PARAM_BUFFER=1
+# turns it on (benchmarks/launch_overhead.py --ab times both in one process); read when a
+# sequence is compiled.
+PARAM_BUFFER = os.environ.get("NQDQ_LAUNCH_PARAM_BUFFER", "0") == "1"
+
+
 def compile_sequence(launches, names, *, entries=None):
     """One generated function ``run(stream, *names)`` that packs and launches ``launches``
     in order with ``cuLaunchKernel``; None where any launch must go through Numba
@@ -802,6 +812,7 @@ def compile_sequence(launches, names, *, entries=None):
     compiled entries instead of compiling.
     """
     names = tuple(names)
+    param_buffer = PARAM_BUFFER
     _cupy_type()  # CuPy's launchKernel when CuPy is loaded by now
     if entries is None:
         if not _fast_path_allowed():
@@ -856,30 +867,38 @@ def compile_sequence(launches, names, *, entries=None):
         if any(isinstance(a, Var) for a in args):
             prepacked.append(None)
             if values:
-                body.append(f"    _P{i}(b[{3 * i}], 0, {', '.join(values)})")
+                body.append(f"    _P{i}(b[{4 * i}], 0, {', '.join(values)})")
         else:
             prepacked.append(consts)
-            body += [f"    b[{3 * i + 2}][{k}] = {addr}" for k, addr in stores]
+            body += [f"    b[{4 * i + 2}][{k}] = {addr}" for k, addr in stores]
         ns[f"_P{i}"] = entry.struct.pack_into
         ns[f"_H{i}"] = entry.handle
         ns[f"_N{i}"] = entry.name
         gx, gy, gz = _dim3(grid)
         bx, by, bz = _dim3(block)
-        call = f"_K(_H{i}, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, 0, stream, b[{3 * i + 1}], 0)"
+        params = f"0, b[{4 * i + 3}]" if param_buffer else f"b[{4 * i + 1}], 0"  # kernelParams, extra
+        call = f"_K(_H{i}, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, 0, stream, {params})"
         if launch_fn is _cupy_launch:
             body.append(f"    {call}")
         else:
             body += [f"    err = {call}[0]", "    if err:", f"        _raise(err, _N{i})"]
 
     def new_buffers():
+        # per launch: the parameter buffer, the void*[] address, a uint64 view of the buffer,
+        # and the address of an ``extra`` array naming the buffer whole
         out, keep = [], []
         for e, consts in zip(entries, prepacked):
             buf, ptrs, addr = e.new_buffer()
             words = (ctypes.c_uint64 * (len(buf) // 8)).from_buffer(buf)
             if consts:  # None: packed per call (a Var launch)
                 e.struct.pack_into(buf, 0, *consts)
-            out += [buf, addr, words]
-            keep.append(ptrs)  # the void*[] that addr points at
+            size = ctypes.c_size_t(e.struct.size)
+            extra = (ctypes.c_void_p * 5)(
+                _LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(buf), _LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size),
+                _LAUNCH_PARAM_END,
+            )  # fmt: skip
+            out += [buf, addr, words, ctypes.addressof(extra)]
+            keep += [ptrs, size, extra]  # what addr and the extra array point at
         out.append(keep)
         return out
 
