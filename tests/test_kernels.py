@@ -931,3 +931,74 @@ def test_paths_checked_on_a_gpu_are_on_for_users():
     code = "import nqdq.kernels.quantize as kq; print(kq.LASTAXIS_ASYM, kq.LASTAXIS_CENTRED, kq.STATIC_FAST, kq.TILE_FAST, kq._UNMEASURED)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True"] * 4 + ["False"]
+
+
+# ----------------------------------------------------------------------------- MX e2m1 in bfloat16 pairs
+# _rowwise_kernels.e2m1_unit_bf16: MXFP4 of bfloat16 input, two elements per instruction
+# (bfloat16 multiply by 2^-k, one bfloat16 addition of a magic onto the e2m1 grid).
+def _bf16_finite_units():
+    """Every finite bfloat16 bit pattern (zeros padded to whole 8-element units) as words."""
+    pats = np.arange(65536, dtype=np.uint32)
+    pats = pats[(pats & 0x7F80) != 0x7F80]
+    pats = np.concatenate([pats, np.zeros((-pats.size) % 8, np.uint32)])
+    return pats, (pats[0::2] | (pats[1::2] << 16)).reshape(-1, 4)
+
+
+E2M1_PAIR_KS = [-127, -126, -60, -8, -2, -1, 0, 1, 2, 3, 7, 60, 120, 126]  # 2^-k: the MX multiplier
+
+
+@pytest.mark.skipif(not kq.SIMULATOR, reason="runs the twins (the GPU test is test_kernels_gpu::test_e2m1_pairs_gpu)")
+def test_e2m1_pairs_every_bf16():
+    """e2m1_unit_bf16 (through its twins) against the reference codec on x * 2^-k in float32,
+    for every finite bfloat16 x and k over the whole MX range: with the clamp ("floor",
+    "even"), every value; without it ("rceil"), every |x * 2^-k| < 7 (rceil keeps a group's
+    values at most 6 * (1 + 2^-22))."""
+    from nqdq.formats import get_format
+    from nqdq.kernels import _rowwise_kernels as RK
+
+    fn = RK.e2m1_unit_bf16.py_func
+    pats, words = _bf16_finite_units()
+    x = (pats << 16).view(np.float32)
+    cols = [words[:, j] for j in range(4)]
+    for k in E2M1_PAIR_KS:
+        p = np.float32(2.0**-k)
+        with np.errstate(over="ignore"):
+            y = x * p  # what the reference encodes (exact but for float32 overflow / subnormals)
+        want = rcodec.encode_float(y, get_format("e2m1")).astype(np.uint32)
+        hb = np.uint32(p.view(np.uint32) >> 16)
+        for clamp in (False, True):
+            got = fn(cols, np.uint32(hb | (hb << 16)), clamp)
+            codes = np.stack([(got >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=1).reshape(-1)
+            ok = np.ones(y.shape, bool) if clamp else np.abs(y) < 7
+            assert ok.sum() > 600
+            bad = ok & (codes != want)
+            assert not bad.any(), f"k={k} clamp={clamp}: {int(bad.sum())} differ, first x={x[bad][0]!r} code {codes[bad][0]} != {want[bad][0]}"
+
+
+@pytest.mark.parametrize("rounding", ["rceil", "floor", "even"])
+def test_mxfp4_bf16_pair_path(monkeypatch, rounding):
+    """The group kernel takes the pair encoder for MXFP4 of bfloat16 input (finite groups)
+    and the element encoder for groups with NaN / inf, bit for bit with the reference: edge
+    data, a group of subnormals only (k clamped to -127) and groups at the top of the range."""
+    from nqdq.kernels import _rowwise_kernels as RK
+
+    calls = []
+    enc = RK.e2m1_unit_bf16
+
+    def spy(w, p2, clamp):
+        calls.append(clamp)
+        return enc(w, p2, clamp)
+
+    monkeypatch.setattr(RK, "e2m1_unit_bf16", spy)
+    x = edge_data((4, 256), seed=11)
+    x[1, :32] = np.float32(2.0**-133) * np.arange(32)  # bfloat16 subnormals: 2^-k = 2^127
+    x[1, 32:64] = np.float32(3.3e38) * np.linspace(-1, 1, 32, dtype=np.float32)  # k = 125 / 126
+    x[2, :32] = np.float32(0.25) * np.arange(-16, 16)  # ties of the grid at k = 0 .. 2
+    xb = x.astype(ml_dtypes.bfloat16)
+    kq._PLANS.clear()
+    try:
+        check(xb, resolve_scheme("mxfp4", scale_rounding=rounding), x_ref=xb.astype(np.float32))
+    finally:
+        kq._PLANS.clear()
+    if kq.SIMULATOR:
+        assert calls and set(calls) == {rounding != "rceil"}

@@ -352,3 +352,96 @@ def test_column_fast(big_bf16, name, kw, nan):
     sch = resolve_scheme(name, **kw)
     assert "column_encode" in _kernels(x.shape, 1, sch)
     check_gpu(x, sch)
+
+
+# ----------------------------------------------------------------------------- MX e2m1 in bfloat16 pairs
+def _pair_operands(n, seed):
+    """Random words of two finite, non-zero bfloat16 values over every binade (subnormals
+    included) and both signs."""
+    rng = np.random.default_rng(seed)
+    h = rng.integers(0, 1 << 16, (2, n), dtype=np.uint64).astype(np.uint32)
+    h = np.where((h & 0x7F80) == 0x7F80, h & 0x807F | 0x4000, h)  # no inf / NaN
+    h = np.where((h & 0x7FFF) == 0, h | 1, h)  # no zeros (min / max of +-0 are not modelled)
+    return (h[0] | (h[1] << 16)).astype(np.uint32)
+
+
+def test_pair_intrinsics_match_twins():
+    """_ptx's 16-bit pair instructions (mul / add / min / max.bf16x2, abs + mul, max.u16x2,
+    prmt) on the GPU against their NumPy twins, over random words of every binade."""
+    from numba import cuda
+
+    from nqdq.kernels import _ptx as P
+
+    @cuda.jit
+    def ops(a, b, out):
+        i = cuda.grid(1)
+        if i < a.size:
+            out[0, i] = P.bf16x2_mul(a[i], b[i])
+            out[1, i] = P.bf16x2_absmul(a[i], b[i])
+            out[2, i] = P.bf16x2_add(a[i], b[i])
+            out[3, i] = P.bf16x2_min(a[i], b[i])
+            out[4, i] = P.bf16x2_max(a[i], b[i])
+            out[5, i] = P.u16x2_max(a[i], b[i])
+            out[6, i] = P.prmt(a[i], b[i], np.uint32(0x6420))
+            out[7, i] = P.prmt(a[i], b[i], np.uint32(0x7531))
+
+    a, b = _pair_operands(1 << 16, 1), _pair_operands(1 << 16, 2)
+    b[: 1 << 14] = a[: 1 << 14] ^ np.uint32(0x80018001)  # sums that cancel to an ulp or so
+    out = cp.zeros((8, a.size), cp.uint32)
+    ops[(a.size + 255) // 256, 256](cp.asarray(a), cp.asarray(b), out)
+    got = host(out)
+    twins = [P.bf16x2_mul_twin(a, b), P.bf16x2_absmul_twin(a, b), P.bf16x2_add_twin(a, b), P.bf16x2_min_twin(a, b),
+             P.bf16x2_max_twin(a, b), P.u16x2_max_twin(a, b), P.prmt_twin(a, b, 0x6420), P.prmt_twin(a, b, 0x7531)]
+    for k, name in enumerate(["mul", "absmul", "add", "min", "max", "u16x2_max", "prmt 6420", "prmt 7531"]):
+        assert_same(got[k], twins[k], f"{name} GPU vs twin")
+
+
+def test_e2m1_pairs_gpu():
+    """e2m1_unit_bf16 compiled, for every finite bfloat16 x and 2^-k over the MX range,
+    against the reference codec on x * 2^-k (as test_kernels::test_e2m1_pairs_every_bf16
+    does for the twins)."""
+    from numba import cuda
+
+    from nqdq.formats import get_format
+    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.reference import codec as rcodec
+    from test_kernels import E2M1_PAIR_KS, _bf16_finite_units
+
+    def make(clamp):
+        @cuda.jit
+        def enc(w, p2, out):
+            i = cuda.grid(1)
+            if i < out.size:
+                out[i] = RK.e2m1_unit_bf16((w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]), p2, clamp)
+
+        return enc
+
+    pats, words = _bf16_finite_units()
+    x = (pats << 16).view(np.float32)
+    wd = cp.asarray(words.reshape(-1))
+    out = cp.zeros(words.shape[0], cp.uint32)
+    for clamp in (False, True):
+        enc = make(clamp)
+        for k in E2M1_PAIR_KS:
+            p = np.float32(2.0**-k)
+            with np.errstate(over="ignore"):
+                y = x * p
+            hb = np.uint32(p.view(np.uint32) >> 16)
+            enc[(out.size + 255) // 256, 256](wd, np.uint32(hb | (hb << 16)), out)
+            got = host(out)
+            codes = np.stack([(got >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=1).reshape(-1)
+            want = rcodec.encode_float(y, get_format("e2m1")).astype(np.uint32)
+            ok = np.ones(y.shape, bool) if clamp else np.abs(y) < 7
+            bad = ok & (codes != want)
+            assert not bad.any(), f"k={k} clamp={clamp}: {int(bad.sum())} differ, first x={x[bad][0]!r}"
+
+
+@pytest.mark.parametrize("rounding", ["rceil", "floor", "even"])
+def test_mxfp4_bf16_pairs_full_size(rounding):
+    """MXFP4 of bfloat16 at 1024 x 7168 (deep chunks) through the pair encoder, with edge
+    values, subnormal-only and near-max groups, bit for bit."""
+    x = edge_data((1024, 7168), seed=21)
+    x[7, :32] = np.float32(2.0**-133) * np.arange(32)
+    x[8, :32] = np.float32(3.3e38) * np.linspace(-1, 1, 32, dtype=np.float32)
+    xb = x.astype(ml_dtypes.bfloat16)
+    check_gpu(xb, resolve_scheme("mxfp4", scale_rounding=rounding))

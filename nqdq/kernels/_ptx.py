@@ -177,3 +177,144 @@ else:
         a[j + 1] = w1
 
     cvt_e4m3x2 = cvt_e5m2x2 = None  # the simulator never calls these (fp8_cvt_available() is False)
+
+
+# ----------------------------------------------------------------------------- 16-bit pairs
+# The e2m1 pair encoder of _rowwise_kernels works on two bfloat16 values per 32-bit word
+# (element 0 in bits 0-15): ``bf16x2_mul`` / ``bf16x2_add`` (``mul.rn`` / ``add.rn.bf16x2``:
+# one IEEE rounding to bfloat16, nearest even, subnormals kept), ``bf16x2_min`` /
+# ``bf16x2_max`` (``min`` / ``max.bf16x2``: the non-NaN operand when one is NaN),
+# ``u16x2_max`` (``max.u16x2``: per 16-bit half, unsigned) and ``prmt`` (``prmt.b32``: byte
+# i of the result is byte ``(sel >> 4i) & 7`` of the 8 bytes (b, a), a lowest; the default
+# mode, no sign replication). sm_90 has each as one instruction (HMUL2 / HADD2 / HMNMX2 .BF16,
+# VIMNMX.U16x2, PRMT). The twins compute in float64 (exact for a sum or product of two
+# bfloat16 values, or within far less than half a bfloat16 ulp of it, which cannot create or
+# break a tie) and round once; they take NumPy arrays as well as scalars, so the CPU tests
+# can run them over every bfloat16 value at once. tests/test_kernels.py::
+# test_pair_intrinsics_match_twins compares both on a GPU.
+def round_to_half_bits(v, ebits, mbits):
+    """IEEE bits (1 + ebits + mbits wide) of float64 ``v`` rounded to nearest even; overflow
+    -> inf, NaN -> the canonical 0x7FFF (sign 0, every other bit 1)."""
+    v = np.asarray(v, np.float64)
+    bias = (1 << (ebits - 1)) - 1
+    a = np.abs(v)
+    with np.errstate(all="ignore"):
+        _, e = np.frexp(a)
+        eq = np.maximum(e.astype(np.int64) - 1, 1 - bias)  # the binade, subnormals in 1 - bias
+        r = np.rint(np.ldexp(a, (mbits - eq).astype(np.int32)))  # exact scaling; rint: ties to even
+    r = np.where(np.isfinite(r), r, 0).astype(np.int64)
+    up = r >> (mbits + 1)  # a carry into the next binade
+    eq = eq + up
+    r = np.where(up > 0, r >> 1, r)
+    bits = np.where(r >= (1 << mbits), ((eq + bias) << mbits) + r - (1 << mbits), r)
+    inf = ((1 << ebits) - 1) << mbits
+    bits = np.where((eq + bias >= (1 << ebits) - 1) | np.isinf(a), inf, bits)
+    bits = bits | (np.signbit(v).astype(np.int64) << (ebits + mbits))
+    return np.where(np.isnan(v), (1 << (ebits + mbits + 1)) - 1 - (1 << (ebits + mbits)), bits)
+
+
+def _bf16_value(h):
+    return (np.asarray(h, np.uint64).astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+
+
+def _pairwise(a, b, op):
+    a = np.asarray(a, np.uint64) & 0xFFFFFFFF
+    b = np.asarray(b, np.uint64) & 0xFFFFFFFF
+    lo = round_to_half_bits(op(_bf16_value(a & 0xFFFF), _bf16_value(b & 0xFFFF)), 8, 7)
+    hi = round_to_half_bits(op(_bf16_value(a >> 16), _bf16_value(b >> 16)), 8, 7)
+    out = (np.asarray(lo, np.uint64) | (np.asarray(hi, np.uint64) << np.uint64(16))).astype(np.uint32)
+    return out if out.ndim else np.uint32(out)
+
+
+def _nonnan_min(x, y):
+    with np.errstate(invalid="ignore"):
+        m = np.where((x < y) | ((x == y) & np.signbit(x)), x, y)  # -0 below +0
+    return np.where(np.isnan(x), y, np.where(np.isnan(y), x, m))
+
+
+def _nonnan_max(x, y):
+    with np.errstate(invalid="ignore"):
+        m = np.where((x > y) | ((x == y) & ~np.signbit(x)), x, y)
+    return np.where(np.isnan(x), y, np.where(np.isnan(y), x, m))
+
+
+def bf16x2_mul_twin(a, b):
+    return _pairwise(a, b, np.multiply)
+
+
+def bf16x2_absmul_twin(a, b):
+    """|a| * b (``abs.bf16x2`` then ``mul.rn.bf16x2``; abs clears the sign bits, NaN too)."""
+    return _pairwise(np.asarray(a, np.uint64) & 0x7FFF7FFF, b, np.multiply)
+
+
+def bf16x2_add_twin(a, b):
+    return _pairwise(a, b, np.add)
+
+
+def bf16x2_min_twin(a, b):
+    return _pairwise(a, b, _nonnan_min)
+
+
+def bf16x2_max_twin(a, b):
+    return _pairwise(a, b, _nonnan_max)
+
+
+def u16x2_max_twin(a, b):
+    a = np.asarray(a, np.uint64) & 0xFFFFFFFF
+    b = np.asarray(b, np.uint64) & 0xFFFFFFFF
+    lo = np.maximum(a & 0xFFFF, b & 0xFFFF)
+    hi = np.maximum(a >> 16, b >> 16)
+    out = (lo | (hi << np.uint64(16))).astype(np.uint32)
+    return out if out.ndim else np.uint32(out)
+
+
+def prmt_twin(a, b, sel):
+    a = np.asarray(a, np.uint64) & 0xFFFFFFFF
+    b = np.asarray(b, np.uint64) & 0xFFFFFFFF
+    both = a | (b << np.uint64(32))
+    out = np.zeros(np.broadcast(a, b).shape, np.uint64)
+    for i in range(4):
+        k = (int(sel) >> (4 * i)) & 7
+        out |= ((both >> np.uint64(8 * k)) & np.uint64(0xFF)) << np.uint64(8 * i)
+    out = out.astype(np.uint32)
+    return out if out.ndim else np.uint32(out)
+
+
+if not SIMULATOR:
+
+    def _u32_codegen(ptx, nargs):
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
+            fty = ir.FunctionType(i32, [i32] * nargs)
+            return builder.call(ir.InlineAsm(fty, ptx, "=r," + ",".join(["r"] * nargs)), vals)
+
+        return codegen
+
+    def _u32_asm(ptx, nargs):
+        """A uint32 function of ``nargs`` integer arguments by one PTX instruction."""
+        if nargs == 2:
+
+            @intrinsic
+            def _op2(typingctx, a, b):
+                return types.uint32(a, b), _u32_codegen(ptx, 2)
+
+            return _op2
+
+        @intrinsic
+        def _op3(typingctx, a, b, c):
+            return types.uint32(a, b, c), _u32_codegen(ptx, 3)
+
+        return _op3
+
+    bf16x2_mul = _u32_asm("mul.rn.bf16x2 $0, $1, $2;", 2)
+    bf16x2_absmul = _u32_asm("{.reg .b32 t; abs.bf16x2 t, $1; mul.rn.bf16x2 $0, t, $2;}", 2)
+    bf16x2_add = _u32_asm("add.rn.bf16x2 $0, $1, $2;", 2)
+    bf16x2_min = _u32_asm("min.bf16x2 $0, $1, $2;", 2)
+    bf16x2_max = _u32_asm("max.bf16x2 $0, $1, $2;", 2)
+    u16x2_max = _u32_asm("max.u16x2 $0, $1, $2;", 2)
+    prmt = _u32_asm("prmt.b32 $0, $1, $2, $3;", 3)
+else:
+    bf16x2_mul, bf16x2_add, bf16x2_min, bf16x2_max = bf16x2_mul_twin, bf16x2_add_twin, bf16x2_min_twin, bf16x2_max_twin
+    bf16x2_absmul = bf16x2_absmul_twin
+    u16x2_max, prmt = u16x2_max_twin, prmt_twin

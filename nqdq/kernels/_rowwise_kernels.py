@@ -50,9 +50,10 @@ from numba import cuda, float32, int32, uint32
 
 from ._codec import F32, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits, mul_rn
 from ._elements import encode_element
-from ._ptx import E4M3, array_addr, cvt_e4m3x2, cvt_e5m2x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, store_u32x2
+from ._ptx import (E4M3, array_addr, bf16x2_absmul, bf16x2_add, bf16x2_max, bf16x2_min, cvt_e4m3x2, cvt_e5m2x2,
+                   fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt, store_u32x2, u16x2_max)
 from ._quantize_kernels import group_params, store_scale
-from ._scales import MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4, float_scale
+from ._scales import MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4, MX_RCEIL, float_scale
 from ._target import SIMULATOR, devfn
 
 __all__ = ["make_lastaxis_group_kernel", "make_lastaxis_row_kernel", "make_lastaxis_asym_row_kernel",
@@ -231,6 +232,11 @@ def e2m1_code_nonnan(v):
     return np.uint32(np.uint32(j) | np.uint32((b >> 28) & 8))
 
 
+def is_e2m1(fmt) -> bool:
+    """The element format tuple is e2m1 (4 bits, 1 mantissa bit, max code 7)."""
+    return fmt[0] == 1 and fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7
+
+
 @devfn
 def enc_finite(xb, p0, mode, fmt, cvt, mask):
     """encode_element's code of an element of a finite group."""
@@ -239,6 +245,61 @@ def enc_finite(xb, p0, mode, fmt, cvt, mask):
     if fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7:  # e2m1
         return np.uint32(e2m1_code_nonnan(scaled(xb, p0, mode)) & np.uint32(mask))
     return enc(xb, p0, mode, fmt, cvt, mask)
+
+
+# ---- MX e2m1 of bfloat16 input, two elements per instruction (finite groups). The MX
+# multiplier is a power of two 2^-k with -127 <= k <= 126 (a normal bfloat16), so y = x * 2^-k
+# is exact in bfloat16 (``bf16x2_mul``) wherever it is normal, and where it is not (|y| <
+# 2^-126) its code is a signed zero either way. On |y| (at most 6 * (1 + 2^-22) for "rceil",
+# below 8 for "floor" / "even", whose results are first clamped to 6: rounding is monotone and
+# 6 is on the grid) one bfloat16 addition rounds onto the e2m1 grid and leaves the code in
+# the sum's low mantissa bits: with t = 2^floor(log2(max(|y|, 1))) (1, 2 or 4; the grid
+# spacing there is t / 2) the magic m = t / 2 * (2^7 + 2r), r = log2 t, has ulp t / 2, so
+# |y| + m, rounded to nearest even, is m + n * t / 2 with n = |y| on the grid in units of
+# t / 2 -- and the mantissa of that sum is 2r + n, which is the e2m1 code (n <= 4 for r = 0:
+# codes 0-4 = 0 .. 2; 2 <= n <= 4 for r = 1: 4-6 = 2, 3, 4; n in {2, 3} for r = 2: 6, 7 =
+# 4, 6). Ties go to even n, i.e. to even codes, as RNE on the e2m1 code requires, and for
+# |y| in [6, 7) the sum saturates by itself (n = 3). The sign is the input's.
+# tests/test_kernels.py::test_e2m1_pairs_every_bf16 checks every bfloat16 value at several k.
+BF16X2_ONE = 0x3F803F80
+BF16X2_SIX = 0x40C040C0
+BF16X2_EXP = 0x7F807F80
+M2E2M1 = 0x02020202  # per half: (6 << 7) - 2 * 127, the magic's exponent offset less 2 * bias
+
+
+@devfn
+def e2m1_pair_sum(w, p2, clamp):
+    """bfloat16 pair |x * p2| + m (see above): the e2m1 code of element j (without sign) in
+    bits 16j .. 16j + 2, bits 16j + 3 .. 16j + 6 zero."""
+    a = np.uint32(bf16x2_absmul(w, p2))  # |x| * 2^-k
+    if clamp:
+        a = np.uint32(bf16x2_min(a, np.uint32(BF16X2_SIX)))
+    t = np.uint32(bf16x2_max(a, np.uint32(BF16X2_ONE)) & np.uint32(BF16X2_EXP))  # exponent bits of t
+    m = np.uint32(t + (t >> np.uint32(6)) + np.uint32(M2E2M1))  # exponent + 6, mantissa 2r
+    return np.uint32(bf16x2_add(a, m))
+
+
+@devfn
+def e2m1_unit_bf16(w, p2, clamp):
+    """The 8 packed e2m1 codes (element 0 in bits 0-3) of a bfloat16 unit (4 words) times
+    the power of two p2 (bf16x2), for a finite group."""
+    c01 = prmt(e2m1_pair_sum(w[0], p2, clamp), e2m1_pair_sum(w[1], p2, clamp), np.uint32(0x6420))  # code j: byte j
+    c23 = prmt(e2m1_pair_sum(w[2], p2, clamp), e2m1_pair_sum(w[3], p2, clamp), np.uint32(0x6420))
+    s01 = prmt(w[0], w[1], np.uint32(0x7531)) >> np.uint32(4)  # sign of element j at bit 8j + 3
+    s23 = prmt(w[2], w[3], np.uint32(0x7531)) >> np.uint32(4)
+    n01 = np.uint32((c01 & np.uint32(0x07070707)) | (s01 & np.uint32(0x08080808)))  # nibble j in byte j
+    n23 = np.uint32((c23 & np.uint32(0x07070707)) | (s23 & np.uint32(0x08080808)))
+    n01 = np.uint32(n01 | (n01 >> np.uint32(4)))  # byte 0: n0 | n1 << 4, byte 2: n2 | n3 << 4
+    n23 = np.uint32(n23 | (n23 >> np.uint32(4)))
+    return np.uint32(prmt(n01, n23, np.uint32(0x6420)))
+
+
+@devfn
+def word_amax16(w):
+    """Per 16-bit half, max over the unit's 4 words of |x|'s bits (unsigned: the order of
+    the float32 bits of |x|, NaN above +inf)."""
+    m = np.uint32(0x7FFF7FFF)
+    return np.uint32(u16x2_max(u16x2_max(w[0] & m, w[1] & m), u16x2_max(w[2] & m, w[3] & m)))
 
 
 @devfn
@@ -362,17 +423,29 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
     assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0 and L % K == 0 and K in (1, 2, 4)
     LL = L // K
+    # MX e2m1 of bfloat16 input: amax and encode two elements per instruction (e2m1_unit_bf16);
+    # "floor" / "even" scales can leave |x| / 2^k up to 8, which is clamped to 6 first
+    PAIRS = kind == KIND_BF16 and mode == MODE_MX and NB == 4 and is_e2m1(fmt)
+    CLAMP = MXR != MX_RCEIL
 
     @devfn
     def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, s_enc):
         """One chunk (units w0 .. w{K-1}; the rest are unused zeros): amax, butterfly over
         the group's LL lanes, parameters, encode. Chunk by chunk, so that only one chunk's
         parameters are live at a time (registers, hence occupancy)."""
-        a = unit_amax(unit_elems(w0, kind), VEC)
-        if K >= 2:
-            a = max(a, unit_amax(unit_elems(w1, kind), VEC))
-        if K >= 4:
-            a = max(a, max(unit_amax(unit_elems(w2, kind), VEC), unit_amax(unit_elems(w3, kind), VEC)))
+        if PAIRS:
+            a2 = word_amax16(w0)
+            if K >= 2:
+                a2 = u16x2_max(a2, word_amax16(w1))
+            if K >= 4:
+                a2 = u16x2_max(a2, u16x2_max(word_amax16(w2), word_amax16(w3)))
+            a = np.int32(max(a2 & np.uint32(0xFFFF), a2 >> np.uint32(16)) << np.uint32(16))
+        else:
+            a = unit_amax(unit_elems(w0, kind), VEC)
+            if K >= 2:
+                a = max(a, unit_amax(unit_elems(w1, kind), VEC))
+            if K >= 4:
+                a = max(a, max(unit_amax(unit_elems(w2, kind), VEC), unit_amax(unit_elems(w3, kind), VEC)))
         off = LL >> 1
         while off > 0:  # every lane takes part, in range or not
             a = xor_max(a, off, shfl, scratch, tid)
@@ -383,6 +456,16 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
                 store_scale(scales, chunk // LL, mode, sv)
             clean = a < FINITE
             u = chunk * K
+            if PAIRS and clean:
+                hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact: a normal power of two)
+                p2 = np.uint32(hb | (hb << np.uint32(16)))
+                c32[np.uint64(u)] = e2m1_unit_bf16(w0, p2, CLAMP)
+                if K >= 2:
+                    c32[np.uint64(u + 1)] = e2m1_unit_bf16(w1, p2, CLAMP)
+                if K >= 4:
+                    c32[np.uint64(u + 2)] = e2m1_unit_bf16(w2, p2, CLAMP)
+                    c32[np.uint64(u + 3)] = e2m1_unit_bf16(w3, p2, CLAMP)
+                return
             encode_store_unit(unit_elems(w0, kind), u, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
             if K >= 2:
                 encode_store_unit(unit_elems(w1, kind), u + 1, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
