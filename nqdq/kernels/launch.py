@@ -792,9 +792,10 @@ class Var:
 _LAUNCH_PARAM_END, _LAUNCH_PARAM_BUFFER_POINTER, _LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 # compile_sequence passes each launch's parameters as that one buffer (``extra``) instead of
 # a void*[] of one pointer per parameter (a kernel with four arrays has ~30 of them, each
-# copied by the driver on its own). Off until timed on a GPU: NQDQ_LAUNCH_PARAM_BUFFER=1
-# turns it on (benchmarks/launch_overhead.py --ab times both in one process); read when a
-# sequence is compiled.
+# copied by the driver on its own). Timed on an H100 (benchmarks/launch_overhead.py --ab,
+# docs/performance.md "Host time per call"): no gain beyond the noise (toy kernel 3.22 vs
+# 3.18 us per launch), so off; NQDQ_LAUNCH_PARAM_BUFFER=1 turns it on (checked bit-exact
+# on the GPU, direct and graph replay). Read when a sequence is compiled.
 PARAM_BUFFER = os.environ.get("NQDQ_LAUNCH_PARAM_BUFFER", "0") == "1"
 
 
