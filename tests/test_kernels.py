@@ -928,9 +928,10 @@ def test_paths_checked_on_a_gpu_are_on_for_users():
 
     env = {k: v for k, v in os.environ.items() if k != "NQDQ_UNMEASURED_KERNELS"}
     env["NUMBA_ENABLE_CUDASIM"] = "1"
-    code = "import nqdq.kernels.quantize as kq; print(kq.LASTAXIS_ASYM, kq.LASTAXIS_CENTRED, kq.STATIC_FAST, kq.TILE_FAST, kq._UNMEASURED)"
+    code = ("import nqdq.kernels.quantize as kq; "
+            "print(kq.LASTAXIS_ASYM, kq.LASTAXIS_CENTRED, kq.STATIC_FAST, kq.TILE_FAST, kq.COLUMN_FAST, kq._UNMEASURED)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["True"] * 4 + ["False"]
+    assert out.split() == ["True"] * 5 + ["False"]
 
 
 # ----------------------------------------------------------------------------- MX e2m1 in bfloat16 pairs

@@ -499,7 +499,7 @@ LASTAXIS_CENTRED = True  # centred INT8 groups: lastaxis_stat_groups
 CENTRED_UNITS = 2  # units per chunk of the centred groups (its sums are shuffled per element)
 STATIC_FAST = True  # static float scales per tensor / per last-axis row: static_encode
 TILE_FAST = True  # B0 x B1 float block scales over whole-unit tiles: tile_blocks (_tile_kernels)
-COLUMN_FAST = _UNMEASURED  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode
+COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
 
 
 def _fast_tile(shape, kind, sch, mode):
