@@ -85,15 +85,11 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--only", help="time only the ops whose name contains this")
-    ap.add_argument("--min-blocks", type=int, nargs="*", default=[],
-                    help="also time rmsnorm+fp8_row / +mxfp4 with launch bounds (T, this) (register caps)")
-    ap.add_argument("--geometry", help="T,M: force the fused kernels' threads per row and vectors per thread")
+    ap.add_argument("--units-per-thread", type=int, nargs="*", default=[],
+                    help="also time rmsnorm(+res)+fp8_row / +mxfp4 with reference/fused.MAX_UNITS_PER_THREAD set to "
+                         "this (another thread layout, hence another order of the sum: checked against the unfused pair "
+                         "under the same setting)")
     args = ap.parse_args(argv)
-    if args.geometry:
-        import nqdq.kernels.fused as KF
-
-        gT, gM = (int(v) for v in args.geometry.split(","))
-        KF.geometry = lambda n_: (gT, gM)
 
     import cupy as cp
 
@@ -244,18 +240,24 @@ def main(argv=None):
         traceback.print_exc()
         checks.append(dict(op=op, error=traceback.format_exc(limit=2)))
 
-    geo = f"; geometry forced to T,M = {args.geometry}" if args.geometry else ""
     variants = []
-    import nqdq.kernels.fused as KFL
-
-    for mb in args.min_blocks:
-        KFL.MIN_BLOCKS = mb
+    default_upt = R.MAX_UNITS_PER_THREAD
+    for upt in args.units_per_thread:
+        R.MAX_UNITS_PER_THREAD = upt
+        nw, u = R.row_geometry(n)
         for scheme in ("fp8_row", "mxfp4"):
-            f = lambda i, scheme=scheme: fused.rmsnorm_quantize(xs[i], w, scheme, **kw)  # noqa: E731
-            ok = q_same(f(0), nqdq.quantize(fused.rmsnorm(xs[0], w, **kw), scheme))
-            t_v, _ = timer.device_us(f, nsets, bytes_per_launch=in_bytes)
-            variants.append((f"rmsnorm+{scheme}, launch bounds (T, {mb})", t_v, ok))
-        KFL.MIN_BLOCKS = 0
+            for with_res in (False, True):
+                def f(i, scheme=scheme, with_res=with_res):
+                    return fused.rmsnorm_quantize(xs[i], w, scheme, residual=rs[i] if with_res else None, **kw)
+
+                qf = f(0)
+                qf = qf[0] if with_res else qf
+                y = fused.rmsnorm(xs[0], w, residual=rs[0] if with_res else None, **kw)
+                ok = q_same(qf, nqdq.quantize(y[0] if with_res else y, scheme))
+                t_v, _ = timer.device_us(f, nsets, bytes_per_launch=in_bytes)
+                variants.append((f"rmsnorm{'+res' if with_res else ''}+{scheme}, {nw} warps x {u} units", t_v, ok))
+    R.MAX_UNITS_PER_THREAD = default_upt
+    geo = f"; layout {R.row_geometry(n)[0]} warps x {R.row_geometry(n)[1]} units per lane"
 
     print(f"\ndevice: {dev}; input bf16 [{rows}, {n}]; copy {copy_gbs:.0f} GB/s ({t_copy:.1f} us){geo}")
     print(f"{'op':36s} {'us':>8s} {'GB/s':>7s} {'%copy':>6s} {'unfused us':>10s} {'speedup':>7s}  exact")

@@ -1,7 +1,7 @@
 """Fused ops (nqdq.fused): the kernels (CUDA simulator in CI) bit for bit against the NumPy
 spec (nqdq.reference.fused), the spec against independent evaluations (float64 norm, NumPy /
 ml_dtypes rounding of the residual, a sort by explicit tuples), and the argument errors.
-Shapes are small and odd (hidden 33, 130, 200, 1100; tokens 1, 3, 5) so the simulator stays
+Shapes are small and odd (hidden 33, 130, 200, 1100, 1104; tokens 1, 3, 5) so the simulator stays
 fast; tests/test_fused_gpu.py runs the real hidden sizes on a GPU.
 """
 
@@ -69,15 +69,12 @@ def test_rmsnorm_quantize_kernel_matches_reference(dtype, scheme, with_res):
     assert_q_equal(qc, qg)
 
 
-@pytest.mark.parametrize("n, t, geometry", [(33, 5, None), (200, 2, (64, 1)), (1000, 1, (256, 1))])
-def test_rmsnorm_quantize_odd_and_multistage(n, t, geometry, monkeypatch):
-    """n = 33: one vector per thread, a partial vector; T = 64 and 256 threads (forced
-    geometry, so the simulator stays fast): two and three stages of the shared tree, with
-    rows padded further than the reference pads (which changes no bit); weights float32."""
-    import nqdq.kernels.fused as kf
-
-    if geometry is not None:
-        monkeypatch.setattr(kf, "geometry", lambda n_: geometry)
+@pytest.mark.parametrize("n, t, upt", [(33, 5, 8), (1104, 1, 8), (1100, 1, 1)])
+def test_rmsnorm_quantize_layouts(n, t, upt, monkeypatch):
+    """n = 33: one warp, one partial unit (the element-by-element path); 1104: 5 units per
+    lane (the vector path); 1100 with MAX_UNITS_PER_THREAD = 1 (the spec's layout, so the
+    reference follows): 5 warps added in order, a partial unit. Weights float32, residual."""
+    monkeypatch.setattr(R, "MAX_UNITS_PER_THREAD", upt)
     rng = np.random.default_rng(n)
     x = rows(rng, t, n, "bfloat16")
     w = rng.standard_normal(n).astype(np.float32)  # weights of another dtype than x
@@ -87,6 +84,76 @@ def test_rmsnorm_quantize_odd_and_multistage(n, t, geometry, monkeypatch):
         qg, rg = fused.rmsnorm_quantize(x, w, scheme, residual=res, scale=scale_for(scheme), device="cuda")
         assert_q_equal(qc, qg)
         np.testing.assert_array_equal(bits(rc), bits(rg))
+
+
+def test_element_path_equals_vector_path(monkeypatch):
+    """An aligned row (n % 8 == 0) read and written element by element (as a misaligned
+    device array would be) gives the vector path's bits, for every output mode."""
+    import nqdq.kernels.fused as kf
+
+    rng = np.random.default_rng(21)
+    x = rows(rng, 2, 200, "float32")
+    w = rng.standard_normal(200).astype(np.float32)
+    res = rows(rng, 2, 200, "float32")
+    want = {s: fused.rmsnorm_quantize(x, w, s, residual=res, scale=scale_for(s), device="cuda") for s in SCHEMES}
+    y = fused.rmsnorm(x, w, device="cuda")
+    monkeypatch.setattr(kf, "_addr", lambda a: 8)  # not 16-byte aligned: the element path
+    for s in SCHEMES:
+        (qg, rg), (qw, rw) = fused.rmsnorm_quantize(x, w, s, residual=res, scale=scale_for(s), device="cuda"), want[s]
+        assert_q_equal(qg, qw)
+        np.testing.assert_array_equal(bits(rg), bits(rw))
+    np.testing.assert_array_equal(bits(fused.rmsnorm(x, w, device="cuda")), bits(y))
+
+
+def test_row_sum_order_is_the_documented_one(monkeypatch):
+    """reference/fused.ff_row_sum against the order written out element by element (module
+    docstring, steps 1-4) in plain Python scalars, for a 1-warp and a 3-warp layout."""
+    rng = np.random.default_rng(8)
+    for upt, n in ((8, 300), (1, 700)):
+        monkeypatch.setattr(R, "MAX_UNITS_PER_THREAD", upt)
+        nw, u = R.row_geometry(n)
+        sq = (rng.standard_normal(n) * np.exp2(rng.uniform(-20, 20, n))).astype(np.float32) ** 2
+        lo = (sq * np.float32(2.0**-30)).astype(np.float32)  # non-zero low parts (float32 inputs have them)
+        pad = lambda e: (sq[e], lo[e]) if e < n else (np.float32(0), np.float32(0))  # noqa: E731
+
+        def unit(t, j):
+            v = [pad(8 * (t + 32 * nw * j) + i) for i in range(8)]
+            for h in (4, 2, 1):
+                v = [R.ff_add(*v[i], *v[i + h]) for i in range(h)]
+            return v[0]
+
+        def thread(t):
+            acc = unit(t, 0)
+            for j in range(1, u):
+                acc = R.ff_add(*acc, *unit(t, j))
+            return acc
+
+        def warp(wi):
+            v = [thread(32 * wi + lane) for lane in range(32)]
+            for h in (16, 8, 4, 2, 1):
+                v = [R.ff_add(*v[i], *v[i + h]) for i in range(h)]
+            return v[0]
+
+        acc = warp(0)
+        for wi in range(1, nw):
+            acc = R.ff_add(*acc, *warp(wi))
+        hi, lo_ = R.ff_row_sum(sq[None], lo[None])
+        assert bits(hi.reshape(-1))[0] == bits(np.float32(acc[0])) and bits(lo_.reshape(-1))[0] == bits(np.float32(acc[1]))
+        assert (nw, u) == ((1, 2) if upt == 8 else (3, 1))
+
+
+def test_ff_add_is_commutative_bit_for_bit():
+    """What the butterfly relies on (a lane adds its partner's pair as ff_add(mine, theirs)):
+    ff_add(a, b) == ff_add(b, a) in both words, over non-negative sums of squares of every
+    magnitude, overlapping and far apart."""
+    rng = np.random.default_rng(4)
+    hi = (rng.uniform(0, 1, (2, 20000)) * np.exp2(rng.integers(-60, 60, (2, 20000)))).astype(np.float32)
+    hi[1, :5000] = hi[0, :5000] * np.float32(1 + 2.0**-23)  # near-equal pairs
+    lo = (hi * np.float32(2.0**-25) * rng.uniform(-1, 1, hi.shape)).astype(np.float32)
+    s1, e1 = R.ff_add(hi[0], lo[0], hi[1], lo[1])
+    s2, e2 = R.ff_add(hi[1], lo[1], hi[0], lo[0])
+    np.testing.assert_array_equal(bits(s1), bits(s2))
+    np.testing.assert_array_equal(bits(e1), bits(e2))
 
 
 @pytest.mark.parametrize("dtype, wdtype", [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "bfloat16"),
@@ -269,21 +336,19 @@ def test_scheme_resolution_is_nqdq_quantize_s():
     np.testing.assert_array_equal(q.codes, pack_codes(parts.codes, 4))
 
 
-def test_finite_fast_encoder_path(monkeypatch):
-    """FAST_ALL: the e2m1 finite encoder (grid rounding, one 16-bit store per vector) that the
-    MX kernels can use gives the spec's codes, with finite and non-finite rows mixed."""
-    import nqdq.kernels._fused_kernels as FK
-
-    monkeypatch.setattr(FK, "FAST_ALL", True)
-    FK.row_kernel.cache_clear()
-    try:
-        rng = np.random.default_rng(12)
-        x = rows(rng, 3, 200, "bfloat16")
-        x[1, 5] = np.inf
-        w = rng.standard_normal(200).astype(BF16)
-        assert_q_equal(fused.rmsnorm_quantize(x, w, "mxfp4"), fused.rmsnorm_quantize(x, w, "mxfp4", device="cuda"))
-    finally:
-        FK.row_kernel.cache_clear()
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_finite_and_nonfinite_units_vector_path(scheme):
+    """Aligned rows (the vector path: finite units by the row-wise finite encoders, units
+    holding inf / NaN by encode_element) give the spec's codes, finite and non-finite
+    values in one row and across rows."""
+    rng = np.random.default_rng(12)
+    x = rows(rng, 3, 200, "float32")
+    x[1, 5] = np.inf
+    x[2, 150] = np.nan
+    w = rng.standard_normal(200).astype(np.float32)
+    w[17] = np.inf  # one normalized value inf (its unit and group non-finite) in rows 0 and 2
+    kw = dict(scale=scale_for(scheme))
+    assert_q_equal(fused.rmsnorm_quantize(x, w, scheme, **kw), fused.rmsnorm_quantize(x, w, scheme, device="cuda", **kw))
 
 
 def test_bits_input_and_save_load(tmp_path):

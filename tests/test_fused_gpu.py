@@ -54,6 +54,7 @@ def ref_q(parts, sch):
 
 CASES = [(7168, "bfloat16", s, r) for s in ("fp8_row", "fp8_tensor", "fp8_1x128", "mxfp4") for r in (False, True)]
 CASES += [(5120, "bfloat16", "fp8_1x128", True), (2880, "bfloat16", "mxfp4", True), (7167, "bfloat16", "fp8_row", False),
+          (7167, "bfloat16", "mxfp4", True), (65536, "bfloat16", "fp8_1x128", True), (1000, "float32", "mxfp4", False),
           (7168, "float16", "fp8_row", True), (7168, "float32", "fp8_row", True)]
 
 
@@ -77,6 +78,25 @@ def test_gpu_rmsnorm_quantize_matches_reference(n, dtype, scheme, with_res):
     np.testing.assert_array_equal(bits(q.scales), bits(scales))
     if with_res:
         np.testing.assert_array_equal(bits(out[1]), bits(new_res))
+
+
+@pytest.mark.parametrize("scheme", ["fp8_row", "fp8_1x128", "mxfp4"])
+def test_gpu_shuffle_twin_agrees(scheme, monkeypatch):
+    """The warp shuffles' simulator twin (shared memory + barriers) run on the GPU gives the
+    shuffles' bits (norm sum butterfly, row / group amax butterflies)."""
+    import nqdq.kernels.fused as kf
+
+    rng = np.random.default_rng(17)
+    x = rows(rng, 77, 7168, "bfloat16")
+    w = rng.standard_normal(7168).astype(BF16)
+    r = rows(rng, 77, 7168, "bfloat16")
+    args = (to_gpu(x), to_gpu(w), scheme)
+    q1, r1 = fused.rmsnorm_quantize(*args, residual=to_gpu(r), dtype="bfloat16")
+    monkeypatch.setattr(kf, "SHFL_DEFAULT", False)
+    q2, r2 = fused.rmsnorm_quantize(*args, residual=to_gpu(r), dtype="bfloat16")
+    np.testing.assert_array_equal(bits(q1.codes), bits(q2.codes))
+    np.testing.assert_array_equal(bits(q1.scales), bits(q2.scales))
+    np.testing.assert_array_equal(bits(r1), bits(r2))
 
 
 @pytest.mark.parametrize("n, dtype", [(7168, "bfloat16"), (5120, "bfloat16"), (7168, "float16"), (7168, "float32")])

@@ -2,7 +2,7 @@
 
 Each function takes :class:`~nqdq.kernels._interop.DeviceInput` arrays (flat, in the
 kernels' form: float32 or the uint16 bits of bfloat16 / float16) and returns flat outputs
-in the input's library. Every op is one launch of :func:`_fused_kernels.row_kernel` (the
+in the input's library. Every op is one launch of :func:`_fused_rows.fused_row_kernel` (the
 MoE sort adds three small launches that build the permutation).
 """
 
@@ -18,13 +18,14 @@ from ._interop import Allocator
 from ._target import SIMULATOR
 from .launch import fast_kernel
 from .quantize import _max_elem, _mx_cfg
+from ..reference.fused import MAX_ROW as MAX_ROW_REF
+from ..reference.fused import row_geometry
+from ._fused_rows import fused_row_kernel
+from ._rowwise_kernels import SHFL_DEFAULT
 
 __all__ = ["out_kind", "geometry", "run_rows", "moe_sort", "MAX_ROW"]
 
-MAX_ROW = 65536  # longest row a block holds in registers (M <= 64 vectors per thread)
-# launch bounds (T, MIN_BLOCKS) of the row kernel: 0 leaves registers to the compiler
-# (benchmarks/fused_peers.py --min-blocks compares; docs/performance.md)
-MIN_BLOCKS = 0
+MAX_ROW = MAX_ROW_REF  # longest row (reference/fused.row_geometry: 32 warps x 8 units per lane)
 
 
 def out_kind(sch: Scheme) -> int:
@@ -46,13 +47,10 @@ def out_kind(sch: Scheme) -> int:
 
 
 def geometry(n: int) -> tuple[int, int]:
-    """(threads T, vectors per thread M) for rows of n elements: 4*T*M is the power of two
-    >= n (at least 128), T in [32, 256], M about 8."""
-    if n > MAX_ROW:
-        raise ValueError(f"rows of {n} elements are longer than the fused kernels hold ({MAX_ROW})")
-    p = 1 << max(n - 1, 0).bit_length()
-    t = min(256, max(32, p // 32))
-    return t, max(1, p // (4 * t))
+    """(threads per row, units per thread) of the row kernel: the spec's layout
+    (reference/fused.row_geometry, a function of n only; it raises ValueError past MAX_ROW)."""
+    nw, u = row_geometry(n)
+    return 32 * nw, u
 
 
 def _addr(a) -> int:
@@ -81,24 +79,25 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     alloc = Allocator(xin.lib)
     kind = xin.kind
     x = xin.arr
-    T, M = geometry(n)
+    nw, U = row_geometry(n)
     mode = FK.OUT_Y if want_y else (out if out is not None else out_kind(sch))
     dummies = {}
     xdt = np.float32 if kind == 0 else np.uint16
     if strided := strides is not None:
         sb, sh, D = strides
-        aligned = sb % 4 == 0 and sh % 4 == 0 and D % 4 == 0
+        aligned = sb % 8 == 0 and sh % 8 == 0 and D % 8 == 0
     else:
         sb, sh, D = n, n, n
-        aligned = n % 4 == 0
-    wide = aligned and x.size * x.dtype.itemsize % 8 == 0 and _addr(x) % 8 == 0
+        aligned = n % 8 == 0
+    # fast: every unit of 8 elements is 16-byte aligned in x, the residuals, w, y and codes
+    fast = aligned and _addr(x) % 16 == 0
     if w is not None:
-        wide = wide and w.size * w.dtype.itemsize % 8 == 0 and _addr(w) % 8 == 0
+        fast = fast and _addr(w) % 16 == 0
     if res is not None:
-        wide = wide and _addr(res) % 8 == 0
+        fast = fast and _addr(res) % 16 == 0
     newres = alloc.empty(rows * n, xdt) if res is not None else None
     if newres is not None:
-        wide = wide and _addr(newres) % 8 == 0
+        fast = fast and _addr(newres) % 16 == 0
     res_a = res if res is not None else _view(x, xdt, False, alloc, dummies)
     if w is None:
         w = _view(x, np.float32, False, alloc, {})
@@ -124,19 +123,18 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     else:
         scales = None
     codes_a = codes if codes is not None else _view(x, np.uint8, False, alloc, dummies)
-    nbytes = rows * pcols
-    wide_out = codes is not None and nbytes % 4 == 0 and _addr(codes) % 4 == 0
+    for a in (y, codes):
+        fast = fast and (a is None or _addr(a) % 16 == 0)
     sdt = np.uint8 if mode == FK.OUT_MX else np.float32
     scales_a = scales if scales is not None else _view(x, sdt, False, alloc, dummies)
     perm_a = perm if perm is not None else _view(x, np.int32, False, alloc, dummies)
 
-    idx32 = x.size < 2**31 - 4 * T * M  # every offset (rows, views, gathers) lies inside x: int32 arithmetic
-    kern = FK.row_kernel(op, mode, kind, wkind, T, M, bool(wide), bool(strided), res is not None, fmt, mx, float(maxe), G,
-                         bool(idx32), MIN_BLOCKS)
+    kern = fused_row_kernel(op, mode, kind, wkind, nw, U, bool(fast), bool(strided), res is not None, fmt, mx,
+                            float(maxe), G, SHFL_DEFAULT)
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
-            n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, bool(wide_out))
+            n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D)
     if rows > 0:
-        fast_kernel(kern).launch(rows, T, args, None)
+        fast_kernel(kern).launch(rows, 32 * nw, args, None)
     return dict(codes=codes, scales=scales, newres=newres, y=y, pcols=pcols, ngroups=ngroups, alloc=alloc)
 
 
@@ -160,7 +158,8 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator):
 def audit_launches():
     """(label, kernel, args) of representative fused kernels for ``_ptx_audit.compile_and_audit``
     (``python -m nqdq.kernels.fused``: compiled for sm_90 without a GPU; the same rules as the
-    quantize kernels: no f64, IEEE div/sqrt, no FMA, no ftz)."""
+    quantize kernels: no f64, IEEE div/sqrt, no FMA, no ftz). The layout is hidden 7168's
+    (4 warps x 7 units), the fast (aligned) variant unless labelled "slow"."""
     from ..schemes import resolve_scheme
 
     def args(kind, wkind, sdt):
@@ -168,25 +167,31 @@ def audit_launches():
         wd = np.float32 if wkind == 0 else np.uint16
         z = np.zeros
         return (z(8, xd), z(8, xd), z(8, wd), z(8, xd), z(8, np.float32), z(8, np.uint8), z(8, sdt), z(8, np.int32),
-                1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1, True)
+                1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1)
 
+    nw, u = row_geometry(7168)
     out = []
     for name, mode, G in (("fp8_row", FK.OUT_ROW, 0), ("fp8_1x128", FK.OUT_GROUP, 128), ("mxfp4", FK.OUT_MX, 32),
                           ("fp8_tensor", FK.OUT_TENSOR, 0)):
         sch = resolve_scheme(name, static_scale=name == "fp8_tensor")
         sdt = np.uint8 if mode == FK.OUT_MX else np.float32
-        for kind, res in ((1, True), (2, True), (0, False)):
-            k = FK.row_kernel(FK.OP_NORM, mode, kind, kind, 256, 8, True, False, res, format_tuple(sch), _mx_cfg(sch),
-                              float(_max_elem(sch)), G, True)
+        for kind, res in ((1, False), (1, True), (2, True), (0, False)):
+            k = fused_row_kernel(FK.OP_NORM, mode, kind, kind, nw, u, True, False, res, format_tuple(sch), _mx_cfg(sch),
+                                 float(_max_elem(sch)), G, True)
             out.append((f"rmsnorm{'+res' if res else ''} {name} kind {kind}", k, args(kind, kind, sdt)))
+    sch = resolve_scheme("fp8_row")
+    k = fused_row_kernel(FK.OP_NORM, FK.OUT_ROW, 1, 1, nw, u, False, False, True, format_tuple(sch), _mx_cfg(sch), 448.0,
+                         0, True)
+    out.append(("rmsnorm+res fp8_row kind 1 slow", k, args(1, 1, np.float32)))
     sch = resolve_scheme("mxfp4")
-    k = FK.row_kernel(FK.OP_GATHER, FK.OUT_MX, 1, 0, 256, 8, True, False, False, format_tuple(sch), _mx_cfg(sch), 6.0, 32, True)
+    k = fused_row_kernel(FK.OP_GATHER, FK.OUT_MX, 1, 0, nw, u, True, False, False, format_tuple(sch), _mx_cfg(sch), 6.0,
+                         32, True)
     out.append(("moe gather mxfp4", k, args(1, 0, np.uint8)))
-    k = FK.row_kernel(FK.OP_ROWS, FK.OUT_GROUP, 1, 0, 256, 8, True, True, False, format_tuple(resolve_scheme("fp8_1x128")),
-                      (0, 0, 0, 1.0), 448.0, 128, True)
+    k = fused_row_kernel(FK.OP_ROWS, FK.OUT_GROUP, 1, 0, nw, u, True, True, False,
+                         format_tuple(resolve_scheme("fp8_1x128")), (0, 0, 0, 1.0), 448.0, 128, True)
     out.append(("flatten strided fp8_1x128", k, args(1, 0, np.float32)))
     fy = (1, 3, -6, 0x7E, 0x7F, 8, 0, 0, 4, 1)
-    k = FK.row_kernel(FK.OP_NORM, FK.OUT_Y, 1, 1, 256, 8, True, False, True, fy, (0, 0, 0, 1.0), 448.0, 0, True)
+    k = fused_row_kernel(FK.OP_NORM, FK.OUT_Y, 1, 1, nw, u, True, False, True, fy, (0, 0, 0, 1.0), 448.0, 0, True)
     out.append(("rmsnorm y (unfused)", k, args(1, 1, np.float32)))
     a = np.zeros(8, np.int32)
     out += [("moe count", FK.moe_count_kernel, (a, 1, 1, a)), ("moe scan", FK.moe_scan_kernel, (a, 1, 1, a, a)),

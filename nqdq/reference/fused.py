@@ -7,7 +7,7 @@ FMA, written as the kernel performs it)::
 
     h      = x                                   (no residual)
     h      = dtype(fl32(x + residual))           (residual: the new residual, NaN canonical)
-    S      = ff_halving_sum(h * h)               float-float (hi, lo) sum of the squares
+    S      = ff_row_sum(h * h)                   float-float (hi, lo) sum of the squares
     m      = S / n                               float-float quotient
     a      = m + eps                             float-float
     r      = 1 / sqrt(a)                         float-float (r1, r2), Dekker's algorithms
@@ -21,12 +21,24 @@ relative of the exact value for rows whose squares and products neither overflow
 underflow float32 (|h|, |w| within about 2^-60..2^60); outside that range the bits are
 still exactly specified here, only the accuracy bound does not hold.
 
-The sum's order: the squares, padded with zeros to a power of two P, are reduced by the
-halving tree of ``reference.scales.halving_sum`` (v[:h] + v[h:] level by level), each
-addition being the float-float :func:`ff_add`. Padding a tree with more zeros changes no
-bit (ff_add((v, lo), (0, 0)) == (v, lo), and no -0 ever appears in a sum of squares), so
-a kernel may pad to any larger power of two; every node is independent of how the tree is
-split among threads.
+The sum's order (:func:`ff_row_sum`) is that of the kernel's thread layout, which is a
+function of the row length n only (:func:`row_geometry`, never of a launch): the row is cut
+into units of UNIT = 8 consecutive elements (16 bytes of a 16-bit input), padded with
+zero units to NT * U units, NT = 32 * NW threads of U units each; thread t = 32 * w + l
+(warp w, lane l) holds units t, t + NT, ..., t + NT * (U - 1). Then, every addition the
+float-float :func:`ff_add` of (hi, lo) pairs:
+
+1. within a unit: the halving tree over its 8 squares (i with i + 4, i with i + 2, 0 with 1);
+2. within a thread: its units in order, acc = unit 0, acc = ff_add(acc, unit j), j = 1..U-1;
+3. within a warp: the halving tree over its 32 lanes (l with l + 16, ..., l with l + 1);
+4. across warps: in order, acc = warp 0, acc = ff_add(acc, warp w), w = 1..NW-1.
+
+On the GPU, step 3 is a butterfly of warp shuffles (lane l adds lane l ^ k's pair): both
+lanes of a pair compute ff_add of the same two operands, once as (a, b) and once as (b, a),
+and ff_add is commutative bit for bit (fl(a + b) is; TwoSum's error is the exact a + b - s,
+unique; the low parts are added by one commutative rounding), so every lane ends with the
+tree's value. Padding adds (0, 0), which changes no bit: ff_add((v, lo), (0, 0)) ==
+(v, lo), and no -0 ever appears in a sum of squares.
 """
 
 from __future__ import annotations
@@ -39,8 +51,8 @@ from . import quantize as ref
 
 __all__ = [
     "two_sum", "split", "two_prod", "ff_add", "ff_halving_sum", "rsqrt_mean", "normalize",
-    "add_residual", "rmsnorm", "rmsnorm_quantize", "flatten_quantize", "moe_sort", "moe_sort_quantize",
-    "SIG_BITS", "R_SPLIT_MIN_BITS",
+    "row_geometry", "ff_row_sum", "add_residual", "rmsnorm", "rmsnorm_quantize", "flatten_quantize", "moe_sort", "moe_sort_quantize",
+    "SIG_BITS", "R_SPLIT_MIN_BITS", "UNIT", "MAX_UNITS_PER_THREAD", "MAX_ROW",
 ]
 
 F32 = np.float32
@@ -54,6 +66,11 @@ SIG_BITS = {"bfloat16": 8, "float16": 11, "float32": 24}
 # normalize() multiplies by a truncated r_hi of 24 - bits(h) - bits(w) bits when that is
 # at least this many (see normalize)
 R_SPLIT_MIN_BITS = 5
+
+UNIT = 8  # elements per unit of the sum's order (16 bytes of a 16-bit row)
+WARP = 32
+MAX_UNITS_PER_THREAD = 8  # U <= this; warps are added until it holds (at most 32)
+MAX_ROW = UNIT * WARP * 32 * MAX_UNITS_PER_THREAD  # 65536 elements
 
 
 # ----------------------------------------------------------------------------- error-free ops
@@ -104,6 +121,43 @@ def ff_halving_sum(hi, lo):
             h = hi.shape[-1] // 2
             hi, lo = ff_add(hi[..., :h], lo[..., :h], hi[..., h:], lo[..., h:])
     return hi[..., 0], lo[..., 0]
+
+
+def row_geometry(n: int) -> tuple[int, int]:
+    """(NW warps, U units per thread) of the sum's order for rows of n elements: the fewest
+    warps (<= 32) that hold ceil(n / UNIT) units at <= MAX_UNITS_PER_THREAD units per lane,
+    then the fewest units per lane (7168 -> (4, 7); 5120 -> (3, 7); 2880 -> (2, 6))."""
+    if n > MAX_ROW:
+        raise ValueError(f"rows of {n} elements are longer than the fused kernels hold ({MAX_ROW})")
+    nu = max(1, -(-n // UNIT))
+    nw = min(32, -(-nu // (WARP * MAX_UNITS_PER_THREAD)))
+    return nw, -(-nu // (WARP * nw))
+
+
+def _ff_sequential(hi, lo, axis):
+    """acc = item 0, acc = ff_add(acc, item k) for k = 1.. along ``axis``."""
+    hi, lo = np.moveaxis(hi, axis, 0), np.moveaxis(lo, axis, 0)
+    ah, al = hi[0], lo[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        for k in range(1, hi.shape[0]):
+            ah, al = ff_add(ah, al, hi[k], lo[k])
+    return ah, al
+
+
+def ff_row_sum(hi, lo):
+    """Float-float sum over the last axis in the kernel's order (module docstring, steps
+    1-4; the layout from :func:`row_geometry` of the last axis' length)."""
+    n = hi.shape[-1]
+    nw, u = row_geometry(n)
+    nt = WARP * nw
+    p = UNIT * nt * u
+    z = np.zeros(hi.shape[:-1] + (p - n,), F32)
+    hi = np.concatenate([np.asarray(hi, F32), z], axis=-1).reshape(hi.shape[:-1] + (u, nw, WARP, UNIT))
+    lo = np.concatenate([np.asarray(lo, F32), z], axis=-1).reshape(hi.shape)
+    hi, lo = ff_halving_sum(hi, lo)  # 1. within a unit -> [..., u, nw, 32]
+    hi, lo = _ff_sequential(hi, lo, -3)  # 2. a thread's units in order -> [..., nw, 32]
+    hi, lo = ff_halving_sum(hi, lo)  # 3. the lanes of a warp -> [..., nw]
+    return _ff_sequential(hi[..., None], lo[..., None], -2)  # 4. the warps in order -> [..., 1]
 
 
 def rsqrt_mean(s_hi, s_lo, n: int, eps):
@@ -197,9 +251,9 @@ def rmsnorm(x32, w32, eps, dtype_name: str, wdtype_name: str):
             sq, sq_lo = (x32 * x32).astype(F32), np.zeros_like(x32)
         else:
             sq, sq_lo = two_prod(x32, x32)
-    s_hi, s_lo = ff_halving_sum(sq, sq_lo)
+    s_hi, s_lo = ff_row_sum(sq, sq_lo)
     r1, r2 = rsqrt_mean(s_hi, s_lo, n, eps)
-    return normalize(x32, w32, r1[..., None], r2[..., None], xbits, wbits)
+    return normalize(x32, w32, r1, r2, xbits, wbits)
 
 
 def rmsnorm_quantize(x32, w32, sch: Scheme, eps, dtype_name, wdtype_name, *, res32=None, scale=None):
