@@ -85,9 +85,10 @@ def run(cmd, logname, env=None, timeout=None):
 
 
 # --------------------------------------------------------------------------------- sweep
-def sweep():
+def sweep(part=0, parts=1):
     """Every kernel family once, small odd shapes, compared with the reference (run under
-    compute-sanitizer by the main script)."""
+    compute-sanitizer by the main script). ``part`` of ``parts``: every parts-th case from
+    the part-th, so several sanitizer processes can share the sweep."""
     os.environ.setdefault("NQDQ_TEST_GPU", "1")
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     sys.path.insert(0, ROOT)
@@ -102,7 +103,8 @@ def sweep():
     from test_kernels import assert_same, edge_data
 
     bad = 0
-    for name, kw, shape in SWEEP:
+    cases = SWEEP[part::parts]
+    for name, kw, shape in cases:
         kw = dict(kw)
         scale = kw.pop("scale", None)
         sch = resolve_scheme(name, **kw)
@@ -122,7 +124,7 @@ def sweep():
                 bad += 1
                 print(f"sweep {name} {kw} {shape} seed={seed}: FAILED {type(e).__name__}: {e}", flush=True)
     cp.cuda.runtime.deviceSynchronize()
-    print(f"sweep: {len(SWEEP) * 2 - bad} ok, {bad} failed")
+    print(f"sweep: {len(cases) * 2 - bad} ok, {bad} failed")
     return 1 if bad else 0
 
 
@@ -240,6 +242,7 @@ def print_bench_table(shape, results):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", action="store_true", help="run the small kernel sweep only (for the sanitizer)")
+    ap.add_argument("--part", default="0/1", help="with --sweep: I/N runs every N-th case from the I-th")
     ap.add_argument("--bench", action="store_true", help="run the timings only")
     ap.add_argument("--schemes", default="", help="comma-separated schemes for --bench (default: all)")
     ap.add_argument("--shapes", default="4096x7168", help="comma-separated ROWSxCOLS for --bench")
@@ -251,7 +254,8 @@ def main():
     ap.add_argument("--budget", type=float, default=540.0, help="seconds; later steps are skipped or cut to fit")
     args = ap.parse_args()
     if args.sweep:
-        return sweep()
+        i, n = (int(v) for v in args.part.split("/"))
+        return sweep(i, n)
     if args.bench:
         names = [n for n in args.schemes.split(",") if n] or None
         for sh in args.shapes.split(","):
