@@ -196,8 +196,13 @@ def int_code_finite(v, lo, hi):
     """reference codec.encode_int (RNE) of a non-NaN v: clip to [lo, hi], round to nearest
     even. In [2^23, 2^24) the float32 spacing is 1, so v + 1.5 * 2^23 is rounded by the FPU to
     the integer nearest v (ties to even) and its bits are those of the magic plus rint(v)."""
-    flo = F32(lo)
-    fhi = F32(hi)
+    return int_code_finite_f(v, F32(lo), F32(hi))
+
+
+@devfn
+def int_code_finite_f(v, flo, fhi):
+    """int_code_finite with the bounds already float32 (integers, so exact): callers whose
+    bounds change at run time convert them once per unit, not once per element."""
     if v < flo:
         v = flo
     if v > fhi:
@@ -618,15 +623,17 @@ def asym_group(khi, nklo, max_elem):
 
 
 @devfn
-def enc_int(xb, p0, p1, pz, clean, mode, fmt, mask):
+def enc_int(xb, p0, p1, pz, flo, fhi, clean, mode, fmt, mask):
     """An asymmetric / centred element's code. Finite groups (s finite and non-zero, x -
     mean finite: no NaN can arise) by int_code_finite: asym clip(rint(x / s) + zp, 0, qmax)
     = rint(clip(x / s, -zp, qmax - zp)) + zp (integer bounds commute with rint); centred
-    rint(clip((x - mean) / s)). Otherwise encode_element, every NaN rule included."""
+    rint(clip((x - mean) / s)). Otherwise encode_element, every NaN rule included. ``flo``,
+    ``fhi``: asym's bounds -zp, qmax - zp as float32. ``clean`` is a compile-time branch
+    where the caller passes a constant (encode_store_int_unit does)."""
     x = bits_f32(xb)
     if clean:
         if mode == MODE_ASYM:
-            q = np.int32(int_code_finite(x / p0, -pz, np.int32(fmt[7]) - pz)) + pz
+            q = np.int32(int_code_finite_f(x / p0, flo, fhi)) + pz
         else:
             q = np.int32(int_code_finite((x - p1) / p0, fmt[6], fmt[7]))
         return np.uint32(np.uint32(q) & np.uint32(mask))
@@ -634,14 +641,33 @@ def enc_int(xb, p0, p1, pz, clean, mode, fmt, mask):
 
 
 @devfn
-def encode_store_int_unit(e, unit, p0, p1, pz, clean, c8, c16, c32, mode, fmt, vec, nb):
-    m = (1 << nb) - 1
-    lo = pack4(enc_int(e[0], p0, p1, pz, clean, mode, fmt, m), enc_int(e[1], p0, p1, pz, clean, mode, fmt, m),
-               enc_int(e[2], p0, p1, pz, clean, mode, fmt, m), enc_int(e[3], p0, p1, pz, clean, mode, fmt, m), nb)
+def int_unit_codes(e, p0, p1, pz, flo, fhi, clean, mode, fmt, vec, m, nb):
+    """(lo, hi): the unit's codes packed by fours (see store_packed)."""
+    lo = pack4(enc_int(e[0], p0, p1, pz, flo, fhi, clean, mode, fmt, m),
+               enc_int(e[1], p0, p1, pz, flo, fhi, clean, mode, fmt, m),
+               enc_int(e[2], p0, p1, pz, flo, fhi, clean, mode, fmt, m),
+               enc_int(e[3], p0, p1, pz, flo, fhi, clean, mode, fmt, m), nb)
     hi = np.uint32(0)
     if vec == 8:
-        hi = pack4(enc_int(e[4], p0, p1, pz, clean, mode, fmt, m), enc_int(e[5], p0, p1, pz, clean, mode, fmt, m),
-                   enc_int(e[6], p0, p1, pz, clean, mode, fmt, m), enc_int(e[7], p0, p1, pz, clean, mode, fmt, m), nb)
+        hi = pack4(enc_int(e[4], p0, p1, pz, flo, fhi, clean, mode, fmt, m),
+                   enc_int(e[5], p0, p1, pz, flo, fhi, clean, mode, fmt, m),
+                   enc_int(e[6], p0, p1, pz, flo, fhi, clean, mode, fmt, m),
+                   enc_int(e[7], p0, p1, pz, flo, fhi, clean, mode, fmt, m), nb)
+    return lo, hi
+
+
+@devfn
+def encode_store_int_unit(e, unit, p0, p1, pz, clean, c8, c16, c32, mode, fmt, vec, nb):
+    """One branch per unit on ``clean``, each side with its eight element encodes in a
+    straight line (a branch per element kept each division in its own basic block, where
+    the next one could not overlap it)."""
+    m = (1 << nb) - 1
+    flo = F32(-pz)  # int -> float conversions run at a quarter of the FP32 rate: once per unit
+    fhi = F32(np.int32(fmt[7]) - pz)
+    if clean:
+        lo, hi = int_unit_codes(e, p0, p1, pz, flo, fhi, True, mode, fmt, vec, m, nb)
+    else:
+        lo, hi = int_unit_codes(e, p0, p1, pz, flo, fhi, False, mode, fmt, vec, m, nb)
     store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
 
 
