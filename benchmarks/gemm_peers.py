@@ -164,7 +164,7 @@ def _cfg_name(cfg):
         return "default"
     if isinstance(cfg, kg.WgmmaConfig):
         return (f"wg{cfg.bm}x{cfg.bn}s{cfg.stages}" + ("-fast" if cfg.fast_accum else "")
-                + (f"-p{cfg.promote_every}" if cfg.promote_every != 1 else "") + ("-mb" if cfg.mbarrier else ""))  # fmt: skip
+                + (f"-p{cfg.promote_every}" if cfg.promote_every != 1 else "") + ("-mb" if cfg.mbarrier else "") + ("-pp" if cfg.pingpong else ""))  # fmt: skip
     return f"mma{cfg.bm}x{cfg.bn}s{cfg.stages}"
 
 

@@ -140,21 +140,26 @@ def gemm_kwargs(qa, qb):
     return a.codes, b.codes, dict(mma=mma, sa=a.scales, sb=b.scales, sa_mode=a.mode, sb_mode=b.mode, za=a.za)
 
 
-@pytest.mark.parametrize("sa,sb,every,mbar", [("int8_row", "int8_row", 1, False), ("int8_asym", "int8_row", 1, False),
-                                              ("fp8_row", "e5m2", 1, False), ("fp8_row", "fp8_tensor", 2, False),
-                                              ("fp8_1x128", "fp8_128x128", 1, False), ("fp8_row", "e5m2", 1, True),
-                                              ("fp8_1x128", "fp8_128x128", 1, True), ("int8_asym", "int8_row", 1, True),
-                                              ("fp8_row", "fp8_tensor", 2, True)])  # fmt: skip
-def test_wgmma_kernel_matches_reference(sa, sb, every, mbar):
+@pytest.mark.parametrize("sa,sb,every,mode", [("int8_row", "int8_row", 1, "ring"), ("int8_asym", "int8_row", 1, "ring"),
+                                              ("fp8_row", "e5m2", 1, "ring"), ("fp8_row", "fp8_tensor", 2, "ring"),
+                                              ("fp8_1x128", "fp8_128x128", 1, "ring"), ("fp8_row", "e5m2", 1, "mbar"),
+                                              ("fp8_1x128", "fp8_128x128", 1, "mbar"), ("int8_asym", "int8_row", 1, "mbar"),
+                                              ("fp8_row", "fp8_tensor", 2, "mbar"), ("fp8_1x128", "fp8_128x128", 1, "pp"),
+                                              ("fp8_row", "e5m2", 1, "pp")])  # fmt: skip
+def test_wgmma_kernel_matches_reference(sa, sb, every, mode):
     """The sm_90a kernel (wgmma from swizzled shared tiles) with a one-warpgroup 64 x 16
     tile, its twins reading shared memory through the descriptors as the hardware does
-    (``every``: K steps per fp8 promotion; ``mbar``: the mbarrier ring, K = 520 so that
-    the 3-slot ring wraps and both barrier parities are waited on)."""
+    (``every``: K steps per fp8 promotion). Modes: "ring" (block barrier per K step),
+    "mbar" (mbarrier ring; K = 520: 5 steps, so the 3-slot ring wraps and both barrier
+    parities are waited on), "pp" (mbarrier ring with ping-pong accumulators; K = 400
+    and 520: an even and an odd number of steps take the two tails)."""
     from nqdq.kernels import gemm as kg
 
-    x, w, qa, qb = operands(17, 24, 520 if mbar else 200, sa, sb)
+    K = {"ring": 200, "mbar": 520, "pp": 400 if sa == "fp8_1x128" else 520}[mode]
+    x, w, qa, qb = operands(17, 24, K, sa, sb)
     a, b, kw = gemm_kwargs(qa, qb)
-    cfg = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2, promote_every=every, mbarrier=mbar)
+    cfg = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2, promote_every=every, mbarrier=mode != "ring",
+                         pingpong=mode == "pp")  # fmt: skip
     got = kg.gemm(a, b, config=cfg, **kw)
     want = ref.gemm(a, b, **kw)
     assert rel_l2(got, want) < 1e-5

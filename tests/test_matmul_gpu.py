@@ -107,6 +107,26 @@ def test_gemm_gpu_matches_reference(sa, sb, shape, family):
     assert err < tolerance(qa, config), err
 
 
+@pytest.mark.parametrize("cfg", ["fp8_row", "mbarrier", "pingpong", "ring"])
+@pytest.mark.parametrize("sa,sb", [("fp8_row", "fp8_row"), ("fp8_1x128", "fp8_128x128")])
+def test_gemm_gpu_wgmma_configs(sa, sb, cfg):
+    """The wgmma pipelines the defaults do not pick at these shapes (edges in M, N, K)."""
+    from nqdq.kernels import gemm as kg
+
+    from test_matmul import gemm_kwargs
+
+    config = {"fp8_row": kg.WGMMA_CONFIG_FP8_ROW, "mbarrier": kg.WgmmaConfig(mbarrier=True),
+              "pingpong": kg.WgmmaConfig(mbarrier=True, pingpong=True), "ring": kg.WGMMA_CONFIG_RING}[cfg]  # fmt: skip
+    if sa == "fp8_1x128" and 128 % config.bn:
+        pytest.skip("block scales need N = 128 tiles")
+    x, w, qa, qb = gpu_operands(257, 383, 1000, sa, sb)
+    a, b, kw = gemm_kwargs(host_q(qa), host_q(qb))
+    got = kg.gemm(cp.asarray(a), cp.asarray(b), config=config, **kw)
+    want = matmul(host_q(qa), host_q(qb), device="cpu")
+    err = rel_l2(got.get(), want)
+    assert err < tolerance(qa, config), err
+
+
 @pytest.mark.parametrize(
     "sa,sb,kw",
     [

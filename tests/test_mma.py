@@ -212,10 +212,10 @@ wg_specs = [
 ]
 for mma, sa, sb, o, act, bias, asym in wg_specs:
     spec = G.GemmSpec(mma=mma, sa_mode=sa, sb_mode=sb, out=o, act=act, bias=bias, asym=asym)
-    ptx = kg.compile_ptx(spec, (9, 0, "a"), config=kg.WGMMA_CONFIG)
+    ptx = kg.compile_ptx(spec, (9, 0, "a"), config=kg.wgmma_config_for(spec))
     cubin, log = kg.assemble(ptx, (9, 0, "a"))
     spill = re.search(r"(\d+) bytes spill stores", log)
-    out.append(dict(cc=[9, 0, "a"], mma=mma, wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[a-z0-9.]+", ptx))),
+    out.append(dict(cc=[9, 0, "a"], mma=mma, n=kg.wgmma_config_for(spec).n, wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[a-z0-9.]+", ptx))),
                     serialized="C7509" in log, cubin=len(cubin), spill=int(spill.group(1)) if spill else None))
 print(json.dumps(out))
 """
@@ -230,9 +230,11 @@ def test_gemm_kernels_assemble_for_sm89_sm90_sm90a():
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(rows) == 25
-    for row in rows[21:]:  # the sm_90a wgmma kernels (128 x 128 tile: m64n128k32 per warpgroup)
+    for row in rows[21:]:  # the sm_90a wgmma kernels (default tiles: int8 128 x 256, fp8 row
+        # 128 x 192, fp8 block 128 x 128; m64nNk32 per warpgroup)
         want = {"s8s8": "s32.s8.s8", "u8s8": "s32.u8.s8"}.get(row["mma"]) or f"f32.{row['mma']}"
-        assert row["wgmma"] == [f"wgmma.mma_async.sync.aligned.m64n128k32.{want}"], row
+        assert row["n"] == {"s8s8": 256, "u8s8": 256, "e5m2.e4m3": 192, "e4m3.e4m3": 128}[row["mma"]], row
+        assert row["wgmma"] == [f"wgmma.mma_async.sync.aligned.m64n{row['n']}k32.{want}"], row
         assert not row["serialized"] and row["spill"] == 0 and row["cubin"] > 0, row
     for row in rows[:21]:
         cc = row["cc"]

@@ -44,6 +44,9 @@ class WgmmaConfig:
     # ring synchronised by mbarriers instead of a block barrier per K step: the warpgroups
     # run up to a step apart, so one's promotion overlaps the other's wgmma's (module doc)
     mbarrier: bool = False
+    # with mbarrier, fp8 promotion only: two accumulator sets by K-step parity, so a step's
+    # promotion runs while the next step's wgmma's do (experimental)
+    pingpong: bool = False
 
     @property
     def bm(self):
@@ -102,6 +105,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     wg_wait = _mma.wgmma_wait(min(cfg.inflight, 1))
     EVERY = 1 if BLOCK else max(cfg.promote_every, 1)  # block scales change every 128 of K
     wg_wait_all = _mma.wgmma_wait(0)
+    wg_wait1 = _mma.wgmma_wait(1)
     SA_ROW, SB_ROW = spec.sa_mode == SCALE_ROW, spec.sb_mode == SCALE_ROW
     ASYM = spec.asym
     store_out = make_store_out(spec)
@@ -129,6 +133,45 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
             ok = kin and b_left > it * RS
             cp_async16(smem, b_dst + stage * B_STAGE + it * (RS * BK), b,
                        b_src + it * row_step_k + k0 if ok else 0, 16 if ok else 0)  # fmt: skip
+
+    PING = MBAR and PROMOTE and cfg.pingpong
+
+    @devfn
+    def pp_issue(acc, smem, kt, full0, a_base, b_base):
+        """Ping-pong ring: wait for slot kt, issue its wgmma's into ``acc`` (fresh)."""
+        slot = kt % STAGES
+        while not mbar_try_wait(smem, full0 + 8 * slot, (kt // STAGES) & 1):
+            pass
+        fence()
+        for kk in range(4):
+            mma(acc, smem, desc(a_base + slot * A_STAGE + kk * 32), desc(b_base + slot * B_STAGE + kk * 32),
+                0 if kk == 0 else 1)  # fmt: skip
+        wg_commit()
+
+    @devfn
+    def pp_retire(acc, tot, smem, kt, s0, s1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src, b_left,
+                  b_dst, row_step_k):  # fmt: skip
+        """Step kt's wgmma's are complete: release its slot, promote, refill the slot."""
+        slot = kt % STAGES
+        mbar_arrive(smem, full0 + 8 * (STAGES + slot))
+        for j in range(NACC // 4):  # row / tensor scales: s0 = s1 = 1 (exact: one rounding)
+            tot[4 * j] += acc[4 * j] * s0
+            tot[4 * j + 1] += acc[4 * j + 1] * s0
+            tot[4 * j + 2] += acc[4 * j + 2] * s1
+            tot[4 * j + 3] += acc[4 * j + 3] * s1
+        nk = kt + STAGES
+        if nk < ktiles:
+            while not mbar_try_wait(smem, full0 + 8 * (STAGES + slot), (kt // STAGES) & 1):
+                pass
+            load_tile(a, b, smem, K, nk, slot, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
+            cp_mbar_arrive(smem, full0 + 8 * slot)
+
+    @devfn
+    def block_scales(sa, sb, M, KB, n0, m_lo, kt):
+        s_b = sb[(n0 >> 7) * KB + kt]
+        s0 = sa[m_lo * KB + kt] * s_b if m_lo < M else float32(0)
+        s1 = sa[(m_lo + 8) * KB + kt] * s_b if m_lo + 8 < M else float32(0)
+        return s0, s1
 
     @cuda.jit
     def gemm_wgmma(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out):
@@ -172,7 +215,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                     mbar_init(smem, full0 + 8 * s, NTHREADS)
                     mbar_init(smem, full0 + 8 * (STAGES + s), NTHREADS)
             cuda.syncthreads()
-            for s in range(STAGES - 1):
+            for s in range(STAGES if PING else STAGES - 1):
                 if s < ktiles:
                     load_tile(a, b, smem, K, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
                     cp_mbar_arrive(smem, full0 + 8 * s)
@@ -184,7 +227,41 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         a_base = base + pad + wg * (64 * BK)
         b_base = base + pad + SA_BYTES
         m_lo = m0 + wg * 64 + w * 16 + g  # this thread's rows: m_lo, m_lo + 8
-        for kt in range(ktiles if MBAR else 0):
+        if PING:
+            # steps alternate between acc (even) and acc2 (odd); every path through the
+            # loop issues both, so no branch merges an in-flight set with an idle one
+            # (ptxas serialises the wgmma's otherwise: C7515)
+            acc2 = cuda.local.array(NACC, ACC_T)
+            one = float32(1)
+            pp_issue(acc, smem, 0, full0, a_base, b_base)
+            s0, s1 = block_scales(sa, sb, M, KB, n0, m_lo, 0) if BLOCK else (one, one)
+            kt = 0
+            while kt + 2 < ktiles:
+                pp_issue(acc2, smem, kt + 1, full0, a_base, b_base)
+                t0, t1 = block_scales(sa, sb, M, KB, n0, m_lo, kt + 1) if BLOCK else (one, one)
+                wg_wait1()
+                pp_retire(acc, tot, smem, kt, s0, s1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
+                          b_left, b_dst, row_step_k)  # fmt: skip
+                pp_issue(acc, smem, kt + 2, full0, a_base, b_base)
+                s0, s1 = block_scales(sa, sb, M, KB, n0, m_lo, kt + 2) if BLOCK else (one, one)
+                wg_wait1()
+                pp_retire(acc2, tot, smem, kt + 1, t0, t1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst,
+                          b_src, b_left, b_dst, row_step_k)  # fmt: skip
+                kt += 2
+            if kt + 1 < ktiles:  # two steps left: kt in flight in acc, kt + 1 to issue
+                pp_issue(acc2, smem, kt + 1, full0, a_base, b_base)
+                t0, t1 = block_scales(sa, sb, M, KB, n0, m_lo, kt + 1) if BLOCK else (one, one)
+                wg_wait1()
+                pp_retire(acc, tot, smem, kt, s0, s1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
+                          b_left, b_dst, row_step_k)  # fmt: skip
+                wg_wait_all()
+                pp_retire(acc2, tot, smem, kt + 1, t0, t1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst,
+                          b_src, b_left, b_dst, row_step_k)  # fmt: skip
+            else:
+                wg_wait_all()
+                pp_retire(acc, tot, smem, kt, s0, s1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
+                          b_left, b_dst, row_step_k)  # fmt: skip
+        for kt in range(ktiles if MBAR and not PING else 0):
             # the mbarrier ring: wait until slot kt has landed (every thread's copies), run
             # its wgmma's to completion, release the slot, promote, then refill the slot of
             # the step before (once every thread has released it) with step kt + STAGES - 1
@@ -195,7 +272,11 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                 s1 = sa[(m_lo + 8) * KB + kt] * s_b if m_lo + 8 < M else float32(0)
             while not mbar_try_wait(smem, full0 + 8 * slot, (kt // STAGES) & 1):
                 pass
-            proxy_fence()
+            # no fence.proxy.async here: the barrier's completion publishes the cp.async
+            # writes to the wgmma's, as CUTLASS's cp.async + GMMA warp-specialised mainloop
+            # relies on (sm90_mma_multistage_gmma_ss_warpspecialized.hpp); that fence
+            # compiles to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, and the MEMBAR waits for the
+            # thread's copies still in flight, i.e. for the stages being prefetched
             fence()
             fresh = PROMOTE and kt % EVERY == 0
             for kk in range(4):

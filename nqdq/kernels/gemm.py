@@ -30,33 +30,58 @@ _SCALE = {"tensor": G.SCALE_TENSOR, "row": G.SCALE_ROW, "block": G.SCALE_BLOCK}
 
 
 # sm_90a fp8: 128 x 128 x 128, 2 warpgroups, 4 stages (129 KiB), ring synchronised by
-# mbarriers so that one warpgroup's float32 promotion overlaps the other's wgmma's
-WGMMA_CONFIG = WgmmaConfig(mbarrier=False)
+# mbarriers so that one warpgroup's float32 promotion overlaps the other's wgmma's (block
+# scales need N = 128: one 128-block of weight scales per CTA)
+WGMMA_CONFIG = WgmmaConfig(mbarrier=True)
+# fp8 row / tensor scales: 128 x 192 tiles (m64n192k32; 255 registers, no spill), 161 KiB
+WGMMA_CONFIG_FP8_ROW = WgmmaConfig(n=192, mbarrier=True)
+# fp8 block scales: 128 x 128, mbarrier ring with ping-pong accumulators (244 registers)
+WGMMA_CONFIG_FP8_BLOCK = WgmmaConfig(mbarrier=True, pingpong=True)
+# the block-barrier ring (a __syncthreads per K step), kept for comparison
+WGMMA_CONFIG_RING = WgmmaConfig()
 # int8 (no promotion registers needed): 128 x 256 tiles, 193 KiB; measured faster on the H100
 WGMMA_CONFIG_WIDE = WgmmaConfig(n=256)
 
 
 def parse_config(text: str):
     """"2,4,4,4,3,8" -> TileConfig (mma.sync); "wg:2,128,4,8" -> WgmmaConfig (sm_90a; fields
-    in order: warpgroups, n, stages, group_m, inflight, fast_accum, promote_every, mbarrier)."""
+    in order: warpgroups, n, stages, group_m, inflight, fast_accum, promote_every, mbarrier,
+    pingpong)."""
     if text.startswith("wg:"):
         return WgmmaConfig(*(int(v) for v in text[3:].split(",")))
     return TileConfig(*(int(v) for v in text.split(",")))
 
 
-def default_config(spec: GemmSpec | None = None):
+def default_config(spec: GemmSpec | None = None, shape: tuple[int, int] | None = None):
     """The simulator's one-warp tile; on a GPU ``NQDQ_GEMM_TILE`` if set, else wgmma on
     sm_90 (numba-cuda builds for sm_90a there) unless ``NQDQ_GEMM_WGMMA=0`` (128 x 256
-    tiles for int8; 128 x 128 for fp8, whose promotion needs a second set of registers),
-    else mma.sync."""
+    tiles for int8; for fp8, whose promotion needs a second set of registers, 128 x 128
+    with block scales on the mbarrier ring with ping-pong accumulators, and with row /
+    tensor scales 128 x 192 on the mbarrier ring for outputs ``shape`` = (M, N) of at
+    least 1024 such tiles, else 128 x 128 on the block-barrier ring: measured faster at
+    8192^3, slower at the issue's smaller shapes), else mma.sync."""
     if SIMULATOR:
         return SIM_CONFIG
     env = os.environ.get("NQDQ_GEMM_TILE")
     if env:
         return parse_config(env)
     if os.environ.get("NQDQ_GEMM_WGMMA", "1") != "0" and _device_cc() == (9, 0):
-        return WGMMA_CONFIG_WIDE if spec is not None and spec.mma in ("s8s8", "u8s8") else WGMMA_CONFIG
+        return wgmma_config_for(spec, shape)
     return GPU_CONFIG
+
+
+def wgmma_config_for(spec: GemmSpec | None = None, shape: tuple[int, int] | None = None) -> WgmmaConfig:
+    """The sm_90a tile ``default_config`` picks for ``spec`` and output ``shape`` (see there;
+    no shape: the large-problem choice)."""
+    if spec is None:
+        return WGMMA_CONFIG
+    if spec.mma in ("s8s8", "u8s8"):
+        return WGMMA_CONFIG_WIDE
+    if spec.sa_mode == G.SCALE_BLOCK:
+        return WGMMA_CONFIG_FP8_BLOCK
+    if shape is not None and -(-shape[0] // 128) * -(-shape[1] // WGMMA_CONFIG_FP8_ROW.n) < 1024:
+        return WGMMA_CONFIG_RING
+    return WGMMA_CONFIG_FP8_ROW
 
 
 def _device_cc():
@@ -181,7 +206,7 @@ class PreparedGemm:
         lib = _Lib(SIMULATOR, None if SIMULATOR else _cupy())
         spec = GemmSpec(mma=mma, sa_mode=_SCALE[sa_mode], sb_mode=_SCALE[sb_mode], out=_OUT[out_dtype],
                         act=_ACT[activation], bias=bias is not None, asym=za is not None)  # fmt: skip
-        cfg = self.cfg = config or default_config(spec)
+        cfg = self.cfg = config or default_config(spec, (M, N))
         if spec.sa_mode == G.SCALE_BLOCK and 128 % cfg.bn:  # one n-block of scales per CTA
             raise ValueError(f"block scales need a CTA tile N ({cfg.bn}) dividing 128")
         a = lib.asarray(a_codes, np.uint8)
