@@ -89,7 +89,16 @@ def main(argv=None):
                     help="also time rmsnorm(+res)+fp8_row / +mxfp4 with reference/fused.MAX_UNITS_PER_THREAD set to "
                          "this (another thread layout, hence another order of the sum: checked against the unfused pair "
                          "under the same setting)")
+    ap.add_argument("--pytest", nargs="*", metavar="ARG",
+                    help="first run pytest -m gpu tests/test_fused_gpu.py [ARG ...] in this process (the kernels it "
+                         "compiles are then reused here: one compilation per kernel for both)")
     args = ap.parse_args(argv)
+    test_rc = None
+    if args.pytest is not None:
+        import pytest
+
+        test_rc = int(pytest.main(["-m", "gpu", "-q", "-p", "no:cacheprovider", str(HERE.parent / "tests" / "test_fused_gpu.py"),
+                                   *args.pytest]))
 
     import cupy as cp
 
@@ -272,10 +281,13 @@ def main(argv=None):
     for c in checks:
         if "error" in c:
             print(f"{c['op']}: ERROR {c['error']}")
+    if test_rc is not None:
+        print(f"pytest -m gpu tests/test_fused_gpu.py: exit code {test_rc}")
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(device=dev, rows=rows, hidden=n, results=results, checks=checks),
-                                              indent=1, default=str))
-    return 0 if all(c.get("full_vs_unfused") and c.get("rows_vs_reference") for c in checks) else 1
+        Path(args.json).write_text(json.dumps(dict(device=dev, rows=rows, hidden=n, results=results, checks=checks,
+                                                   pytest_rc=test_rc), indent=1, default=str))
+    ok = all(c.get("full_vs_unfused") and c.get("rows_vs_reference") for c in checks)
+    return 0 if ok and not test_rc else 1
 
 
 if __name__ == "__main__":

@@ -253,6 +253,19 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         return hi, lo
 
     @devfn
+    def canon(b):
+        if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+            return np.uint32(CANON_NAN_BITS)
+        return b
+
+    @devfn
+    def canon8(y):
+        """The unit with every NaN made the spec's canonical one (payload and sign), which
+        is what its codes are defined from; a unit whose amax is finite holds none."""
+        return (canon(y[0]), canon(y[1]), canon(y[2]), canon(y[3]), canon(y[4]), canon(y[5]), canon(y[6]),
+                canon(y[7]))
+
+    @devfn
     def norm1(e, we, r1, r2, r_hi, r_lo):
         """reference/fused.normalize of one element (float32 bits in, bits out)."""
         h = bits_f32(e)
@@ -272,8 +285,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
             ee = prod_err(p, r1, tt)
             y = tt + (ee + cc)
         b = np.uint32(f32_bits(y))
-        if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
-            b = np.uint32(CANON_NAN_BITS)
+        if out == OUT_Y:  # quantized outputs make NaN canonical only where one can be (canon8)
+            b = canon(b)
         return b
 
     @devfn
@@ -316,6 +329,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     @devfn
     def put_codes(y, u, row, n, pcols, p0, clean, codes, c16, c32):
         """Encode and store the unit's codes (row ``row`` of the contiguous codes array)."""
+        if NORM and not clean:
+            y = canon8(y)
         if fast:  # n % 8 == 0: the unit's codes start at byte (row * n + 8u) * NB / 8
             encode_store_unit(y, np.int64(row) * (n // UNIT) + u, p0, clean, codes, c16, c32, MODE, fmt, CVT, UNIT,
                               NB)
