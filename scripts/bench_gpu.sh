@@ -3,15 +3,7 @@
 #   run: bash scripts/bench_gpu.sh        (carry .whl; logs and JSON under $OUT)
 # Prints the short tables last. See docs/performance.md for the method.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/nqdq-bench}"; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then  # the image's numpy 2.5 breaks numba-cuda 0.30 (GPU.md)
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$HOME/site" .whl/*.whl || exit 1
-  export PYTHONPATH="$HOME/site:$PWD"
-else
-  export PYTHONPATH="$PWD"
-fi
-export PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
+source "$(dirname "$0")/_gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 python3 -c "import numpy, numba, numba_cuda, cupy; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__)" | tee -a "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" 2>/dev/null | tee -a "$OUT/device.txt"

@@ -7,15 +7,7 @@
 #   3. then, on a quiet GPU, the quantize peers table for every scheme at the issue's sizes.
 # Prints the summaries last. Knobs: WORKERS (6), SAN_PARTS (4), SCHEMES, SIZES, TEST_TIMEOUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/nqdq-verify}"; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then  # the image's numpy 2.5 breaks numba-cuda 0.30 (GPU.md)
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$HOME/site" .whl/*.whl || exit 1
-  export PYTHONPATH="$HOME/site:$PWD"
-else
-  export PYTHONPATH="$PWD"
-fi
-export PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
+source "$(dirname "$0")/_gpu_env.sh"
 WORKERS="${WORKERS:-6}"; SAN_PARTS="${SAN_PARTS:-4}"; TEST_TIMEOUT="${TEST_TIMEOUT:-330}"
 SIZES="${SIZES:-8192x8192,16384x7168}"
 SCHEMES="${SCHEMES:-fp8_row,fp8_1x128,fp8_128x128,fp8_tensor,fp8_tensor@0.05,mxfp8,mxfp6_e3m2,mxfp4,nvfp4,int8_row,int8_column,int4_group,int8_asym,int4_asym,int8_centred}"

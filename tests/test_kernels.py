@@ -471,6 +471,18 @@ def _launched(shape, dtype, sch, **kw):
     return [k.py_func.__name__ if hasattr(k, "py_func") else k.__name__ for k, _, _, _ in plan.launches]
 
 
+def _launched_with_off(monkeypatch, switches, shape, dtype, sch, **kw):
+    """_launched with the path switches named (kq attributes) set to False (the plans built
+    meanwhile are dropped, so later tests plan again)."""
+    for name in switches:
+        monkeypatch.setattr(kq, name, False)
+    kq._PLANS.clear()
+    try:
+        return _launched(shape, dtype, sch, **kw)
+    finally:
+        kq._PLANS.clear()
+
+
 @pytest.mark.parametrize(
     "name, kw, shape, dtype, kernel",
     [
@@ -694,15 +706,11 @@ def test_lastaxis_centred_chunk_geometries(monkeypatch, units, group_size):
 
 
 def test_lastaxis_stat_switches(monkeypatch):
-    """LASTAXIS_ASYM / LASTAXIS_CENTRED off: the general kernels, same results."""
-    monkeypatch.setattr(kq, "LASTAXIS_ASYM", False)
-    monkeypatch.setattr(kq, "LASTAXIS_CENTRED", False)
-    kq._PLANS.clear()
-    try:
-        for name in ("int8_asym", "int4_asym", "int8_centred"):
-            assert not STAT_FAST & set(_launched((2, 256), np.float32, resolve_scheme(name)))
-    finally:
-        kq._PLANS.clear()
+    """LASTAXIS_ASYM / LASTAXIS_CENTRED off: the general kernels."""
+    for name in ("int8_asym", "int4_asym", "int8_centred"):
+        names = _launched_with_off(monkeypatch, ("LASTAXIS_ASYM", "LASTAXIS_CENTRED"), (2, 256), np.float32,
+                                   resolve_scheme(name))  # fmt: skip
+        assert not STAT_FAST & set(names)
 
 
 # ----------------------------------------------------------------------------- static scales, one pass
@@ -728,12 +736,7 @@ def test_static_kernel_choice(monkeypatch, name, kw, shape, dtype, kernel):
     names = set(_launched(shape, dtype, sch, static_scale=True))
     assert ("static_encode" in names) == (kernel is not None), names
     assert "static_encode" not in _launched(shape, dtype, sch, static_scale=True, stoch=True)
-    monkeypatch.setattr(kq, "STATIC_FAST", False)
-    kq._PLANS.clear()
-    try:
-        assert "static_encode" not in _launched(shape, dtype, sch, static_scale=True)
-    finally:
-        kq._PLANS.clear()
+    assert "static_encode" not in _launched_with_off(monkeypatch, ["STATIC_FAST"], shape, dtype, sch, static_scale=True)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
@@ -808,12 +811,7 @@ def test_dynamic_tensor_fast_formats(name, kw, deep_units):
 def test_dynamic_tensor_kernel_choice(monkeypatch, shape, dtype, stoch, fast):
     sch = resolve_scheme("fp8_tensor")
     assert ("static_encode" in _launched(shape, dtype, sch, stoch=stoch)) == fast
-    monkeypatch.setattr(kq, "STATIC_FAST", False)
-    kq._PLANS.clear()
-    try:
-        assert "static_encode" not in _launched(shape, dtype, sch, stoch=stoch)
-    finally:
-        kq._PLANS.clear()
+    assert "static_encode" not in _launched_with_off(monkeypatch, ["STATIC_FAST"], shape, dtype, sch, stoch=stoch)
 
 
 # ----------------------------------------------------------------------------- per-channel, two passes
@@ -859,12 +857,7 @@ def test_column_kernel_choice(monkeypatch, name, kw, shape, fast):
     sch = resolve_scheme(name, **kw)
     assert ("column_encode" in _launched(shape, ml_dtypes.bfloat16, sch)) == fast
     assert "column_encode" not in _launched(shape, ml_dtypes.bfloat16, sch, stoch=True)
-    monkeypatch.setattr(kq, "COLUMN_FAST", False)
-    kq._PLANS.clear()
-    try:
-        assert "column_encode" not in _launched(shape, ml_dtypes.bfloat16, sch)
-    finally:
-        kq._PLANS.clear()
+    assert "column_encode" not in _launched_with_off(monkeypatch, ["COLUMN_FAST"], shape, ml_dtypes.bfloat16, sch)
 
 
 
@@ -889,12 +882,7 @@ def test_tile_kernel_choice(monkeypatch, kw, shape, dtype, fast):
     assert "tile_blocks" not in _launched(shape, dtype, sch, stoch=True)
     assert "tile_blocks" not in _launched(shape, dtype, resolve_scheme("int8", granularity="block", symmetric=False,
                                                                        block_shape=sch.block_shape))
-    monkeypatch.setattr(kq, "TILE_FAST", False)
-    kq._PLANS.clear()
-    try:
-        assert "tile_blocks" not in _launched(shape, dtype, sch)
-    finally:
-        kq._PLANS.clear()
+    assert "tile_blocks" not in _launched_with_off(monkeypatch, ["TILE_FAST"], shape, dtype, sch)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
