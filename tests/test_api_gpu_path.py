@@ -109,6 +109,14 @@ def test_gpu_quantize_captured_in_a_cuda_graph_replays(name):
     rng = np.random.default_rng(8)
     x = cp.asarray(_act(rng).view(np.uint16))
     nqdq.quantize(x, name, dtype="bfloat16")  # plan, compile, load, remember
+    _check_graph_replays(x, name, rng, trials=2)
+
+
+def _check_graph_replays(x, name, rng, trials):
+    """Capture nqdq.quantize(x) in a CUDA graph, then, ``trials`` times, put new data in the
+    same input buffer, poison the codes, replay and compare with the reference."""
+    import cupy as cp
+
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         nqdq.quantize(x, name, dtype="bfloat16")  # warm the memory pool of this stream (CuPy's
@@ -116,7 +124,7 @@ def test_gpu_quantize_captured_in_a_cuda_graph_replays(name):
         s.begin_capture()
         q = nqdq.quantize(x, name, dtype="bfloat16")
         graph = s.end_capture()
-    for trial in range(2):  # new data in the same input buffer, then replay
+    for trial in range(trials):
         xh = _act(rng)
         x[...] = cp.asarray(xh.view(np.uint16))
         cp.cuda.runtime.deviceSynchronize()
@@ -188,20 +196,7 @@ def test_gpu_parameters_as_one_buffer_bit_exact(monkeypatch, name):
         _check(nqdq.quantize(x, name, dtype="bfloat16"), nqdq.quantize(xh, name, device="cpu"), name)
     run = next(fq for k, fq in api._FAST.items() if k[0] == name).run
     assert "stream, 0, b[" in run.__globals__["_seq"].source  # kernelParams 0, extra given
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        nqdq.quantize(x, name, dtype="bfloat16")
-        s.synchronize()
-        s.begin_capture()
-        q = nqdq.quantize(x, name, dtype="bfloat16")
-        graph = s.end_capture()
-    xh = _act(rng)
-    x[...] = cp.asarray(xh.view(np.uint16))
-    cp.cuda.runtime.deviceSynchronize()
-    q.codes.fill(0xA5)
-    graph.launch(s)
-    s.synchronize()
-    _check(q, nqdq.quantize(xh, name, device="cpu"), f"{name} replay")
+    _check_graph_replays(x, name, rng, trials=1)
 
 
 # --- the hot path's pieces, without a GPU ---------------------------------------------------
