@@ -991,3 +991,58 @@ def test_mxfp4_bf16_pair_path(monkeypatch, rounding):
         kq._PLANS.clear()
     if kq.SIMULATOR:
         assert calls and set(calls) == {rounding != "rceil"}
+
+
+NVFP4_PAIR_MBS = [1.0, 1 + 2**-23, 1 - 2**-24, 3.0, 1 / 3, 0.1, 6 / 448, 448 / 6, 3 * 2.0**-100, 1e30, 3.4e38, 1.5e-45,
+                  1.4554425, 14.474881, 147183.44, 0.0037]  # NVFP4 element multipliers m_b (float32)
+
+
+@pytest.mark.skipif(not kq.SIMULATOR, reason="runs the twins (the GPU test is test_kernels_gpu::test_e2m1_pairs_gpu)")
+def test_e2m1_nvfp4_pairs_every_bf16(monkeypatch):
+    """e2m1_unit_nvfp4 (float32 products rounded to odd into bfloat16, then the pair
+    encoder, through the twins) against the reference codec on fp32(x * m_b), for every
+    finite bfloat16 x and multipliers that put products just above / below the grid's ties
+    (1 +- an ulp), overflow them (1e30, FLT_MAX) or make them subnormal."""
+    from nqdq.formats import get_format
+    from nqdq.kernels import _rowwise_kernels as RK
+
+    # the bit casts by NumPy views, so that the twins run on whole arrays at once
+    monkeypatch.setattr(RK, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
+    monkeypatch.setattr(RK, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
+    pats, words = _bf16_finite_units()
+    x = (pats << 16).view(np.float32)
+    for mb in NVFP4_PAIR_MBS:
+        mb = np.float32(mb)
+        with np.errstate(over="ignore", under="ignore"):
+            y = x * mb
+            got = RK.e2m1_unit_nvfp4.py_func([words[:, j] for j in range(4)], mb)
+        codes = np.stack([(got >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=1).reshape(-1)
+        want = rcodec.encode_float(y, get_format("e2m1")).astype(np.uint32)
+        bad = codes != want
+        assert not bad.any(), f"m_b={mb!r}: {int(bad.sum())} differ, first x={x[bad][0]!r} code {codes[bad][0]} != {want[bad][0]}"
+
+
+def test_nvfp4_bf16_pair_path(monkeypatch):
+    """NVFP4 of bfloat16 takes the pair encoder for finite blocks, bit for bit with the
+    reference (edge data: NaN / inf blocks, tiny blocks whose e4m3 scale is subnormal)."""
+    from nqdq.kernels import _rowwise_kernels as RK
+
+    calls = []
+    enc = RK.e2m1_unit_nvfp4
+
+    def spy(w, mb):
+        calls.append(1)
+        return enc(w, mb)
+
+    monkeypatch.setattr(RK, "e2m1_unit_nvfp4", spy)
+    x = edge_data((4, 256), seed=12)
+    x[1, :16] = np.float32(1e-3) * np.arange(16)  # e4m3 scale in its subnormal range: |y| beyond 6
+    x[2, :16] = np.float32(0.25) * np.arange(-8, 8)
+    xb = x.astype(ml_dtypes.bfloat16)
+    kq._PLANS.clear()
+    try:
+        check(xb, resolve_scheme("nvfp4"), x_ref=xb.astype(np.float32))
+    finally:
+        kq._PLANS.clear()
+    if kq.SIMULATOR:
+        assert calls

@@ -361,8 +361,8 @@ def _pair_operands(n, seed):
 
 
 def test_pair_intrinsics_match_twins():
-    """_ptx's 16-bit pair instructions (mul / add / min / max.bf16x2, abs + mul, max.u16x2,
-    prmt) on the GPU against their NumPy twins, over random words of every binade."""
+    """_ptx's 16-bit pair instructions (mul / add / min / max.bf16x2, abs + mul, abs + min,
+    max / min.u16x2, prmt) on the GPU against their NumPy twins, over random words of every binade."""
     from numba import cuda
 
     from nqdq.kernels import _ptx as P
@@ -379,15 +379,19 @@ def test_pair_intrinsics_match_twins():
             out[5, i] = P.u16x2_max(a[i], b[i])
             out[6, i] = P.prmt(a[i], b[i], np.uint32(0x6420))
             out[7, i] = P.prmt(a[i], b[i], np.uint32(0x7531))
+            out[8, i] = P.bf16x2_absmin(a[i], b[i])
+            out[9, i] = P.u16x2_min(a[i], b[i])
 
     a, b = _pair_operands(1 << 16, 1), _pair_operands(1 << 16, 2)
     b[: 1 << 14] = a[: 1 << 14] ^ np.uint32(0x80018001)  # sums that cancel to an ulp or so
-    out = cp.zeros((8, a.size), cp.uint32)
+    out = cp.zeros((10, a.size), cp.uint32)
     ops[(a.size + 255) // 256, 256](cp.asarray(a), cp.asarray(b), out)
     got = host(out)
     twins = [P.bf16x2_mul_twin(a, b), P.bf16x2_absmul_twin(a, b), P.bf16x2_add_twin(a, b), P.bf16x2_min_twin(a, b),
-             P.bf16x2_max_twin(a, b), P.u16x2_max_twin(a, b), P.prmt_twin(a, b, 0x6420), P.prmt_twin(a, b, 0x7531)]
-    for k, name in enumerate(["mul", "absmul", "add", "min", "max", "u16x2_max", "prmt 6420", "prmt 7531"]):
+             P.bf16x2_max_twin(a, b), P.u16x2_max_twin(a, b), P.prmt_twin(a, b, 0x6420), P.prmt_twin(a, b, 0x7531),
+             P.bf16x2_absmin_twin(a, b), P.u16x2_min_twin(a, b)]
+    for k, name in enumerate(["mul", "absmul", "add", "min", "max", "u16x2_max", "prmt 6420", "prmt 7531", "absmin",
+                              "u16x2_min"]):
         assert_same(got[k], twins[k], f"{name} GPU vs twin")
 
 
@@ -440,3 +444,44 @@ def test_mxfp4_bf16_pairs_full_size(rounding):
     x[8, :32] = np.float32(3.3e38) * np.linspace(-1, 1, 32, dtype=np.float32)
     xb = x.astype(ml_dtypes.bfloat16)
     check_gpu(xb, resolve_scheme("mxfp4", scale_rounding=rounding))
+
+
+def test_e2m1_nvfp4_pairs_gpu():
+    """e2m1_unit_nvfp4 compiled (float32 products rounded to odd into bfloat16, then the pair
+    encoder), every finite bfloat16 x times NVFP4-like multipliers, against the reference
+    codec on fp32(x * m_b)."""
+    from numba import cuda
+
+    from nqdq.formats import get_format
+    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.reference import codec as rcodec
+    from test_kernels import NVFP4_PAIR_MBS, _bf16_finite_units
+
+    @cuda.jit
+    def enc(w, mb, out):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = RK.e2m1_unit_nvfp4((w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]), mb)
+
+    pats, words = _bf16_finite_units()
+    x = (pats << 16).view(np.float32)
+    wd = cp.asarray(words.reshape(-1))
+    out = cp.zeros(words.shape[0], cp.uint32)
+    for mb in NVFP4_PAIR_MBS:
+        mb = np.float32(mb)
+        with np.errstate(over="ignore", under="ignore"):
+            y = x * mb
+        enc[(out.size + 255) // 256, 256](wd, mb, out)
+        got = host(out)
+        codes = np.stack([(got >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=1).reshape(-1)
+        want = rcodec.encode_float(y, get_format("e2m1")).astype(np.uint32)
+        bad = codes != want
+        assert not bad.any(), f"m_b={mb!r}: {int(bad.sum())} differ, first x={x[bad][0]!r}"
+
+
+def test_nvfp4_bf16_pairs_full_size():
+    """NVFP4 of bfloat16 at 1024 x 7168 through the pair encoder (edge values, blocks whose
+    e4m3 scale is subnormal), bit for bit."""
+    x = edge_data((1024, 7168), seed=22, scale=40.0)
+    x[7, :16] = np.float32(1e-3) * np.arange(16)
+    check_gpu(x.astype(ml_dtypes.bfloat16), resolve_scheme("nvfp4"))

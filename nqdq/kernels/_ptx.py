@@ -183,8 +183,9 @@ else:
 # The e2m1 pair encoder of _rowwise_kernels works on two bfloat16 values per 32-bit word
 # (element 0 in bits 0-15): ``bf16x2_mul`` / ``bf16x2_add`` (``mul.rn`` / ``add.rn.bf16x2``:
 # one IEEE rounding to bfloat16, nearest even, subnormals kept), ``bf16x2_min`` /
-# ``bf16x2_max`` (``min`` / ``max.bf16x2``: the non-NaN operand when one is NaN),
-# ``u16x2_max`` (``max.u16x2``: per 16-bit half, unsigned) and ``prmt`` (``prmt.b32``: byte
+# ``bf16x2_max`` (``min`` / ``max.bf16x2``: the non-NaN operand when one is NaN; ``absmul`` /
+# ``absmin``: of |a|, ``abs.bf16x2`` first), ``u16x2_max`` / ``u16x2_min`` (``max`` /
+# ``min.u16x2``: per 16-bit half, unsigned) and ``prmt`` (``prmt.b32``: byte
 # i of the result is byte ``(sel >> 4i) & 7`` of the 8 bytes (b, a), a lowest; the default
 # mode, no sign replication). sm_90 has each as one instruction (HMUL2 / HADD2 / HMNMX2 .BF16,
 # VIMNMX.U16x2, PRMT). The twins compute in float64 (exact for a sum or product of two
@@ -259,6 +260,18 @@ def bf16x2_max_twin(a, b):
     return _pairwise(a, b, _nonnan_max)
 
 
+def bf16x2_absmin_twin(a, b):
+    """min(|a|, b) (``abs.bf16x2`` then ``min.bf16x2``)."""
+    return _pairwise(np.asarray(a, np.uint64) & 0x7FFF7FFF, b, _nonnan_min)
+
+
+def u16x2_min_twin(a, b):
+    a = np.asarray(a, np.uint64) & 0xFFFFFFFF
+    b = np.asarray(b, np.uint64) & 0xFFFFFFFF
+    out = (np.minimum(a & 0xFFFF, b & 0xFFFF) | (np.minimum(a >> 16, b >> 16) << np.uint64(16))).astype(np.uint32)
+    return out if out.ndim else np.uint32(out)
+
+
 def u16x2_max_twin(a, b):
     a = np.asarray(a, np.uint64) & 0xFFFFFFFF
     b = np.asarray(b, np.uint64) & 0xFFFFFFFF
@@ -312,9 +325,11 @@ if not SIMULATOR:
     bf16x2_add = _u32_asm("add.rn.bf16x2 $0, $1, $2;", 2)
     bf16x2_min = _u32_asm("min.bf16x2 $0, $1, $2;", 2)
     bf16x2_max = _u32_asm("max.bf16x2 $0, $1, $2;", 2)
+    bf16x2_absmin = _u32_asm("{.reg .b32 t; abs.bf16x2 t, $1; min.bf16x2 $0, t, $2;}", 2)
     u16x2_max = _u32_asm("max.u16x2 $0, $1, $2;", 2)
+    u16x2_min = _u32_asm("min.u16x2 $0, $1, $2;", 2)
     prmt = _u32_asm("prmt.b32 $0, $1, $2, $3;", 3)
 else:
     bf16x2_mul, bf16x2_add, bf16x2_min, bf16x2_max = bf16x2_mul_twin, bf16x2_add_twin, bf16x2_min_twin, bf16x2_max_twin
     bf16x2_absmul = bf16x2_absmul_twin
-    u16x2_max, prmt = u16x2_max_twin, prmt_twin
+    u16x2_max, u16x2_min, prmt, bf16x2_absmin = u16x2_max_twin, u16x2_min_twin, prmt_twin, bf16x2_absmin_twin

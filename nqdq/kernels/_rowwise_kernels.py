@@ -48,12 +48,13 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ._codec import F32, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits, mul_rn
+from ._codec import F32, FLT_MAX, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits, fmin_f32, mul_rn
 from ._elements import encode_element
-from ._ptx import (E4M3, array_addr, bf16x2_absmul, bf16x2_add, bf16x2_max, bf16x2_min, cvt_e4m3x2, cvt_e5m2x2,
-                   fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt, store_u32x2, u16x2_max)
+from ._ptx import (E4M3, array_addr, bf16x2_absmin, bf16x2_absmul, bf16x2_add, bf16x2_max, bf16x2_min, cvt_e4m3, cvt_e4m3x2, cvt_e5m2x2,
+                   fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt, store_u32x2, u16x2_max, u16x2_min)
 from ._quantize_kernels import group_params, store_scale
-from ._scales import MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4, MX_RCEIL, float_scale
+from ._scales import (MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4, MX_RCEIL, NVFP4_INV6, float_scale,
+                      nvfp4_block_scale_code)
 from ._target import SIMULATOR, devfn
 
 __all__ = ["make_lastaxis_group_kernel", "make_lastaxis_row_kernel", "make_lastaxis_asym_row_kernel",
@@ -273,30 +274,93 @@ M2E2M1 = 0x02020202  # per half: (6 << 7) - 2 * 127, the magic's exponent offset
 
 
 @devfn
-def e2m1_pair_sum(w, p2, clamp):
-    """bfloat16 pair |x * p2| + m (see above): the e2m1 code of element j (without sign) in
-    bits 16j .. 16j + 2, bits 16j + 3 .. 16j + 6 zero."""
-    a = np.uint32(bf16x2_absmul(w, p2))  # |x| * 2^-k
-    if clamp:
-        a = np.uint32(bf16x2_min(a, np.uint32(BF16X2_SIX)))
+def e2m1_pair_sum(a):
+    """bfloat16 pair a + m for a pair of magnitudes a <= 6 (see above): the e2m1 code of
+    element j in bits 16j .. 16j + 2, bits 16j + 3 .. 16j + 6 zero."""
     t = np.uint32(bf16x2_max(a, np.uint32(BF16X2_ONE)) & np.uint32(BF16X2_EXP))  # exponent bits of t
     m = np.uint32(t + (t >> np.uint32(6)) + np.uint32(M2E2M1))  # exponent + 6, mantissa 2r
     return np.uint32(bf16x2_add(a, m))
 
 
 @devfn
-def e2m1_unit_bf16(w, p2, clamp):
-    """The 8 packed e2m1 codes (element 0 in bits 0-3) of a bfloat16 unit (4 words) times
-    the power of two p2 (bf16x2), for a finite group."""
-    c01 = prmt(e2m1_pair_sum(w[0], p2, clamp), e2m1_pair_sum(w[1], p2, clamp), np.uint32(0x6420))  # code j: byte j
-    c23 = prmt(e2m1_pair_sum(w[2], p2, clamp), e2m1_pair_sum(w[3], p2, clamp), np.uint32(0x6420))
-    s01 = prmt(w[0], w[1], np.uint32(0x7531)) >> np.uint32(4)  # sign of element j at bit 8j + 3
-    s23 = prmt(w[2], w[3], np.uint32(0x7531)) >> np.uint32(4)
-    n01 = np.uint32((c01 & np.uint32(0x07070707)) | (s01 & np.uint32(0x08080808)))  # nibble j in byte j
-    n23 = np.uint32((c23 & np.uint32(0x07070707)) | (s23 & np.uint32(0x08080808)))
+def e2m1_pack(s0, s1, s2, s3, w):
+    """The 8 e2m1 codes of a unit (element 0 in bits 0-3) from the pair sums s0 .. s3 and
+    the signs of the input words w (the signs of x, and of y: the multiplier is positive)."""
+    c01 = prmt(s0, s1, np.uint32(0x6420))  # code j in byte j
+    c23 = prmt(s2, s3, np.uint32(0x6420))
+    g01 = prmt(w[0], w[1], np.uint32(0x7531)) >> np.uint32(4)  # sign of element j at bit 8j + 3
+    g23 = prmt(w[2], w[3], np.uint32(0x7531)) >> np.uint32(4)
+    n01 = np.uint32((c01 & np.uint32(0x07070707)) | (g01 & np.uint32(0x08080808)))  # nibble j in byte j
+    n23 = np.uint32((c23 & np.uint32(0x07070707)) | (g23 & np.uint32(0x08080808)))
     n01 = np.uint32(n01 | (n01 >> np.uint32(4)))  # byte 0: n0 | n1 << 4, byte 2: n2 | n3 << 4
     n23 = np.uint32(n23 | (n23 >> np.uint32(4)))
     return np.uint32(prmt(n01, n23, np.uint32(0x6420)))
+
+
+@devfn
+def mx_pair_abs(w, p2, clamp):
+    """|x * p2| for the bfloat16 pair w and the power of two p2, clamped to 6 if ``clamp``."""
+    a = np.uint32(bf16x2_absmul(w, p2))
+    if clamp:
+        a = np.uint32(bf16x2_min(a, np.uint32(BF16X2_SIX)))
+    return a
+
+
+@devfn
+def e2m1_unit_bf16(w, p2, clamp):
+    """The 8 packed e2m1 codes (element 0 in bits 0-3) of a bfloat16 unit (4 words) times
+    the power of two p2 (bf16x2), for a finite MX group."""
+    return e2m1_pack(e2m1_pair_sum(mx_pair_abs(w[0], p2, clamp)), e2m1_pair_sum(mx_pair_abs(w[1], p2, clamp)),
+                     e2m1_pair_sum(mx_pair_abs(w[2], p2, clamp)), e2m1_pair_sum(mx_pair_abs(w[3], p2, clamp)), w)
+
+
+# NVFP4's element multiplier is not a power of two: y = x * m_b is rounded in float32 (the
+# spec's product), and its 24-bit significand does not fit a bfloat16. Rounded *to odd*
+# into bfloat16 (the top 16 bits, and bit 0 set when any of the low 16 was: the exact y is
+# then never mistaken for a tie, and a tie stays a tie), y keeps enough bits for the
+# grid's round to nearest even: rounding to odd with p bits, then to nearest with q <= p - 2
+# bits, is rounding to nearest once (the e2m1 grid at |y| has at most 2 significant bits,
+# bfloat16 8; both grids are binary, the e2m1 one a subset). Then as above, clamped to 6
+# (a block's e4m3 scale, rounded to nearest, and down to a subnormal, can leave |y| above 7).
+@devfn
+def nvfp4_pair_abs(w, mb):
+    """min(|rto_bf16(x * mb)|, 6) of the bfloat16 pair w (float32 products)."""
+    y0 = np.uint32(f32_bits(bits_f32(np.uint32(w << np.uint32(16))) * mb))
+    y1 = np.uint32(f32_bits(bits_f32(np.uint32(w & np.uint32(0xFFFF0000))) * mb))
+    hi = prmt(y0, y1, np.uint32(0x7632))  # truncated to bfloat16
+    sticky = u16x2_min(prmt(y0, y1, np.uint32(0x5410)), np.uint32(0x00010001))  # 1 where a low half is not 0
+    return np.uint32(bf16x2_absmin(np.uint32(hi | sticky), np.uint32(BF16X2_SIX)))
+
+
+@devfn
+def e2m1_unit_nvfp4(w, mb):
+    """The 8 packed e2m1 codes of a bfloat16 unit times NVFP4's float32 multiplier mb, for
+    a finite block (no NaN can arise: mb is finite and positive, x finite)."""
+    return e2m1_pack(e2m1_pair_sum(nvfp4_pair_abs(w[0], mb)), e2m1_pair_sum(nvfp4_pair_abs(w[1], mb)),
+                     e2m1_pair_sum(nvfp4_pair_abs(w[2], mb)), e2m1_pair_sum(nvfp4_pair_abs(w[3], mb)), w)
+
+
+# NVFP4's block parameters for a finite block, as group_params (nvfp4_block_scale_code,
+# nvfp4_element_multiplier) with fewer instructions: the tensor constants t6 = S_enc *
+# fp32(1/6) and S_dec = 1 / S_enc are computed once per chunk (same IEEE operations, same
+# values), the ue4m3 code of v = amax * t6 (finite, >= 0) by one cvt.rn.satfinite.e4m3x2
+# where the GPU has it (the same code as the bit-manipulation encoder for every non-NaN
+# value: tests/test_kernels.py::test_fp8_cvt_matches_twin), and its value by placing the
+# code's 7 bits as float32 bits 20-26 and multiplying by 2^120 (exact, subnormal codes
+# included: the float32 subnormal m * 2^-129 times 2^120 is m * 2^-9).
+TWO_P120 = F32(2.0**120)
+
+
+@devfn
+def nvfp4_block(amax_bits, s_enc, t6, s_dec, cvt):
+    """(ue4m3 code, element multiplier) of a finite NVFP4 block of amax ``amax_bits``;
+    t6 = S_enc * fp32(1/6), s_dec = 1 / S_enc; ``cvt``: by the e4m3 cvt instruction."""
+    if cvt:
+        code = np.uint32(cvt_e4m3(bits_f32(np.uint32(amax_bits)) * t6))
+    else:
+        code = np.uint32(nvfp4_block_scale_code(bits_f32(np.uint32(amax_bits)), s_enc))
+    sb = bits_f32(np.uint32(code << np.uint32(20))) * TWO_P120
+    return code, fmin_f32(ONE / (sb * s_dec), FLT_MAX)
 
 
 @devfn
@@ -412,7 +476,8 @@ def lastaxis_groups(x, nchunks, codes, scales, sparams):
     c0 = cuda.blockIdx.x * (NT * U) + tid
     w{j}_{k} = load_unit(x, x32, aligned, (c0 + {jNT}) * K + {k}, c0 + {jNT} < nchunks, kind)
     s_enc = sparams[0] if mode == MODE_NVFP4 else ONE
-    chunk_step(CHUNK_ARGS, c0 + {jNT}, nchunks, tid, scratch, codes, c16, c32, scales, s_enc)
+    s_dec = ONE / s_enc  # NVFP4's S_dec, once per thread (the pair path's block multiplier uses it)
+    chunk_step(CHUNK_ARGS, c0 + {jNT}, nchunks, tid, scratch, codes, c16, c32, scales, s_enc, s_dec)
 '''
 
 
@@ -430,11 +495,12 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     LL = L // K
     # MX e2m1 of bfloat16 input: amax and encode two elements per instruction (e2m1_unit_bf16);
     # "floor" / "even" scales can leave |x| / 2^k up to 8, which is clamped to 6 first
-    PAIRS = kind == KIND_BF16 and mode == MODE_MX and NB == 4 and is_e2m1(fmt)
+    PAIRS = kind == KIND_BF16 and mode in (MODE_MX, MODE_NVFP4) and NB == 4 and is_e2m1(fmt)
     CLAMP = MXR != MX_RCEIL
+    CVT_E4M3 = fp8_cvt_available()  # NVFP4's ue4m3 block code by the cvt instruction (sm_89+)
 
     @devfn
-    def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, s_enc):
+    def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, s_enc, s_dec):
         """One chunk (units w0 .. w{K-1}; the rest are unused zeros): amax, butterfly over
         the group's LL lanes, parameters, encode. Chunk by chunk, so that only one chunk's
         parameters are live at a time (registers, hence occupancy)."""
@@ -456,11 +522,22 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
             a = xor_max(a, off, shfl, scratch, tid)
             off >>= 1
         if chunk < nchunks:
+            u = chunk * K
+            if PAIRS and mode == MODE_NVFP4 and a < FINITE:
+                code, mb = nvfp4_block(a, s_enc, s_enc * NVFP4_INV6, s_dec, CVT_E4M3)
+                if (tid & (LL - 1)) == 0:
+                    scales[chunk // LL] = np.uint8(code)
+                c32[np.uint64(u)] = e2m1_unit_nvfp4(w0, mb)
+                if K >= 2:
+                    c32[np.uint64(u + 1)] = e2m1_unit_nvfp4(w1, mb)
+                if K >= 4:
+                    c32[np.uint64(u + 2)] = e2m1_unit_nvfp4(w2, mb)
+                    c32[np.uint64(u + 3)] = e2m1_unit_nvfp4(w3, mb)
+                return
             sv, p0, pz = group_params(mode, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
             if (tid & (LL - 1)) == 0:
                 store_scale(scales, chunk // LL, mode, sv)
             clean = a < FINITE
-            u = chunk * K
             if PAIRS and clean:
                 hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact: a normal power of two)
                 p2 = np.uint32(hb | (hb << np.uint32(16)))
