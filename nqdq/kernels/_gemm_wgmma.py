@@ -125,26 +125,28 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         pipe, ALU, in ncu)."""
         k0 = kt * BK
         kin = k0 + ch16 < K
+        # rows past M / N and chunks past K copy 0 bytes (zero fill) from an address that is
+        # not read: no select of the address, only of the size (the row tests are invariant)
         for it in range(A_PER):
-            ok = kin and a_left > it * RS
-            cp_async16(smem, a_dst + stage * A_STAGE + it * (RS * BK), a,
-                       a_src + it * row_step_k + k0 if ok else 0, 16 if ok else 0)  # fmt: skip
+            ok = kin & (a_left > it * RS)
+            cp_async16(smem, a_dst + stage * A_STAGE + it * (RS * BK), a, a_src + it * row_step_k + k0,
+                       16 if ok else 0)  # fmt: skip
         for it in range(B_PER):
-            ok = kin and b_left > it * RS
-            cp_async16(smem, b_dst + stage * B_STAGE + it * (RS * BK), b,
-                       b_src + it * row_step_k + k0 if ok else 0, 16 if ok else 0)  # fmt: skip
+            ok = kin & (b_left > it * RS)
+            cp_async16(smem, b_dst + stage * B_STAGE + it * (RS * BK), b, b_src + it * row_step_k + k0,
+                       16 if ok else 0)  # fmt: skip
 
     PING = MBAR and PROMOTE and cfg.pingpong
 
     @devfn
-    def pp_issue(acc, smem, kt, full0, a_base, b_base):
+    def pp_issue(acc, smem, kt, full0, da0, db0):
         """Ping-pong ring: wait for slot kt, issue its wgmma's into ``acc`` (fresh)."""
         slot = kt % STAGES
         while not mbar_try_wait(smem, full0 + 8 * slot, (kt // STAGES) & 1):
             pass
         fence()
         for kk in range(4):
-            mma(acc, smem, desc(a_base + slot * A_STAGE + kk * 32), desc(b_base + slot * B_STAGE + kk * 32),
+            mma(acc, smem, desc_at(da0, slot * A_STAGE + kk * 32), desc_at(db0, slot * B_STAGE + kk * 32),
                 0 if kk == 0 else 1)  # fmt: skip
         wg_commit()
 
@@ -165,6 +167,14 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                 pass
             load_tile(a, b, smem, K, nk, slot, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
             cp_mbar_arrive(smem, full0 + 8 * slot)
+
+    @devfn
+    def desc_at(d0, off):
+        """The descriptor of ``off`` bytes past the tile of descriptor ``d0``: its start field
+        holds address >> 4 (14 bits), and shared addresses stay below 2^18, so adding
+        off >> 4 never carries out of the field (one 64-bit add instead of the mask/shift/or
+        of ``wgmma_desc`` per wgmma)."""
+        return d0 + np.uint64(off >> 4)
 
     @devfn
     def block_scales(sa, sb, M, KB, n0, m_lo, kt):
@@ -203,8 +213,8 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         row_step_k = np.int64(RS) * K
         a_src = (m0 + r0) * K + ch16
         b_src = (n0 + r0) * K + ch16
-        a_left = M - (m0 + r0)
-        b_left = N - (n0 + r0)
+        a_left = int32(M - (m0 + r0))  # 32-bit: one compare per row test, not two
+        b_left = int32(N - (n0 + r0))
         dst = r0 * BK + ((ch ^ (r0 & 7)) << 4)
         a_dst = pad + dst
         b_dst = pad + SA_BYTES + dst
@@ -226,6 +236,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                 commit()
         a_base = base + pad + wg * (64 * BK)
         b_base = base + pad + SA_BYTES
+        da0, db0 = desc(a_base), desc(b_base)  # mbarrier rings: descriptors advance by offsets
         m_lo = m0 + wg * 64 + w * 16 + g  # this thread's rows: m_lo, m_lo + 8
         if PING:
             # steps alternate between acc (even) and acc2 (odd); every path through the
@@ -233,23 +244,23 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
             # (ptxas serialises the wgmma's otherwise: C7515)
             acc2 = cuda.local.array(NACC, ACC_T)
             one = float32(1)
-            pp_issue(acc, smem, 0, full0, a_base, b_base)
+            pp_issue(acc, smem, 0, full0, da0, db0)
             s0, s1 = block_scales(sa, sb, M, KB, n0, m_lo, 0) if BLOCK else (one, one)
             kt = 0
             while kt + 2 < ktiles:
-                pp_issue(acc2, smem, kt + 1, full0, a_base, b_base)
+                pp_issue(acc2, smem, kt + 1, full0, da0, db0)
                 t0, t1 = block_scales(sa, sb, M, KB, n0, m_lo, kt + 1) if BLOCK else (one, one)
                 wg_wait1()
                 pp_retire(acc, tot, smem, kt, s0, s1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
                           b_left, b_dst, row_step_k)  # fmt: skip
-                pp_issue(acc, smem, kt + 2, full0, a_base, b_base)
+                pp_issue(acc, smem, kt + 2, full0, da0, db0)
                 s0, s1 = block_scales(sa, sb, M, KB, n0, m_lo, kt + 2) if BLOCK else (one, one)
                 wg_wait1()
                 pp_retire(acc2, tot, smem, kt + 1, t0, t1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst,
                           b_src, b_left, b_dst, row_step_k)  # fmt: skip
                 kt += 2
             if kt + 1 < ktiles:  # two steps left: kt in flight in acc, kt + 1 to issue
-                pp_issue(acc2, smem, kt + 1, full0, a_base, b_base)
+                pp_issue(acc2, smem, kt + 1, full0, da0, db0)
                 t0, t1 = block_scales(sa, sb, M, KB, n0, m_lo, kt + 1) if BLOCK else (one, one)
                 wg_wait1()
                 pp_retire(acc, tot, smem, kt, s0, s1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
@@ -280,8 +291,8 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
             fence()
             fresh = PROMOTE and kt % EVERY == 0
             for kk in range(4):
-                da = desc(a_base + slot * A_STAGE + kk * 32)
-                db = desc(b_base + slot * B_STAGE + kk * 32)
+                da = desc_at(da0, slot * A_STAGE + kk * 32)
+                db = desc_at(db0, slot * B_STAGE + kk * 32)
                 mma(acc, smem, da, db, 0 if (fresh and kk == 0) else 1)
             wg_commit()
             wg_wait_all()
