@@ -618,6 +618,20 @@ def test_finite_group_encoders():
     assert_same(oi4, rcodec.encode_int(x, get_format("int4")).view(np.uint8), "int4", x=x)
 
 
+@pytest.mark.parametrize("name", ["mxfp8", "fp8_1x128"])
+def test_lastaxis_interleaved_chunks(monkeypatch, name):
+    """fp8 groups with CHEAP_UNITS = 2 (kq): a lane holds units l and l + LL of its group
+    (interleaved chunks); codes and scales stay bit-exact."""
+    monkeypatch.setattr(kq, "_cheap", lambda fmt: True)
+    monkeypatch.setattr(kq, "CHEAP_UNITS", 2)
+    kq._PLANS.clear()
+    try:
+        x = edge_data((3, 512), seed=9).astype(ml_dtypes.bfloat16)
+        check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
+    finally:
+        kq._PLANS.clear()
+
+
 @pytest.mark.parametrize("name", ["mxfp8", "fp8_1x128", "nvfp4"])
 def test_lastaxis_one_unit_chunks(monkeypatch, name):
     """fp8 groups on an sm_89+ GPU use chunks of one unit (kq._cheap); the simulator, which

@@ -485,3 +485,15 @@ def test_nvfp4_bf16_pairs_full_size():
     x = edge_data((1024, 7168), seed=22, scale=40.0)
     x[7, :16] = np.float32(1e-3) * np.arange(16)
     check_gpu(x.astype(ml_dtypes.bfloat16), resolve_scheme("nvfp4"))
+
+
+@pytest.mark.parametrize("name", ["mxfp8", "fp8_1x128"])
+def test_interleaved_chunks_gpu(monkeypatch, name):
+    """fp8 groups with CHEAP_UNITS = 2 (two units per lane, interleaved over the group's
+    lanes) at a size that takes the deep chunks, bit for bit."""
+    monkeypatch.setattr(kq, "CHEAP_UNITS", 2)
+    kq._PLANS.clear()
+    try:
+        check_gpu(edge_data((1024, 7168), seed=23).astype(ml_dtypes.bfloat16), resolve_scheme(name))
+    finally:
+        kq._PLANS.clear()

@@ -474,7 +474,7 @@ def lastaxis_groups(x, nchunks, codes, scales, sparams):
     z = np.uint32(0)
     Z4 = (z, z, z, z)
     c0 = cuda.blockIdx.x * (NT * U) + tid
-    w{j}_{k} = load_unit(x, x32, aligned, (c0 + {jNT}) * K + {k}, c0 + {jNT} < nchunks, kind)
+    w{j}_{k} = load_unit(x, x32, aligned, unit_of(c0 + {jNT}) + {k} * ST, c0 + {jNT} < nchunks, kind)
     s_enc = sparams[0] if mode == MODE_NVFP4 else ONE
     s_dec = ONE / s_enc  # NVFP4's S_dec, once per thread (the pair path's block multiplier uses it)
     chunk_step(CHUNK_ARGS, c0 + {jNT}, nchunks, tid, scratch, codes, c16, c32, scales, s_enc, s_dec)
@@ -495,6 +495,19 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     LL = L // K
     # MX e2m1 of bfloat16 input: amax and encode two elements per instruction (e2m1_unit_bf16);
     # "floor" / "even" scales can leave |x| / 2^k up to 8, which is clamped to 6 first
+    # chunk c holds units unit_of(c) + k * ST, k < K: consecutive (ST = 1), or, for the fp8
+    # formats (paired cvt), interleaved over the group's lanes (ST = LL: lane l of a group holds its
+    # units l, l + LL, ...), so that each load / store instruction of a warp still covers
+    # whole contiguous pieces of LL units (coalesced as with K = 1)
+    ILV = K > 1 and fp8_cvt_supports(fmt)
+    ST = LL if ILV else 1
+
+    @devfn
+    def unit_of(c):
+        if ILV:
+            return (c // LL) * L + (c % LL)
+        return c * K
+
     PAIRS = kind == KIND_BF16 and mode in (MODE_MX, MODE_NVFP4) and NB == 4 and is_e2m1(fmt)
     CLAMP = MXR != MX_RCEIL
     CVT_E4M3 = fp8_cvt_available()  # NVFP4's ue4m3 block code by the cvt instruction (sm_89+)
@@ -522,17 +535,17 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
             a = xor_max(a, off, shfl, scratch, tid)
             off >>= 1
         if chunk < nchunks:
-            u = chunk * K
+            u = unit_of(chunk)
             if PAIRS and mode == MODE_NVFP4 and a < FINITE:
                 code, mb = nvfp4_block(a, s_enc, s_enc * NVFP4_INV6, s_dec, CVT_E4M3)
                 if (tid & (LL - 1)) == 0:
                     scales[chunk // LL] = np.uint8(code)
                 c32[np.uint64(u)] = e2m1_unit_nvfp4(w0, mb)
                 if K >= 2:
-                    c32[np.uint64(u + 1)] = e2m1_unit_nvfp4(w1, mb)
+                    c32[np.uint64(u + ST)] = e2m1_unit_nvfp4(w1, mb)
                 if K >= 4:
-                    c32[np.uint64(u + 2)] = e2m1_unit_nvfp4(w2, mb)
-                    c32[np.uint64(u + 3)] = e2m1_unit_nvfp4(w3, mb)
+                    c32[np.uint64(u + 2 * ST)] = e2m1_unit_nvfp4(w2, mb)
+                    c32[np.uint64(u + 3 * ST)] = e2m1_unit_nvfp4(w3, mb)
                 return
             sv, p0, pz = group_params(mode, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
             if (tid & (LL - 1)) == 0:
@@ -543,21 +556,21 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
                 p2 = np.uint32(hb | (hb << np.uint32(16)))
                 c32[np.uint64(u)] = e2m1_unit_bf16(w0, p2, CLAMP)
                 if K >= 2:
-                    c32[np.uint64(u + 1)] = e2m1_unit_bf16(w1, p2, CLAMP)
+                    c32[np.uint64(u + ST)] = e2m1_unit_bf16(w1, p2, CLAMP)
                 if K >= 4:
-                    c32[np.uint64(u + 2)] = e2m1_unit_bf16(w2, p2, CLAMP)
-                    c32[np.uint64(u + 3)] = e2m1_unit_bf16(w3, p2, CLAMP)
+                    c32[np.uint64(u + 2 * ST)] = e2m1_unit_bf16(w2, p2, CLAMP)
+                    c32[np.uint64(u + 3 * ST)] = e2m1_unit_bf16(w3, p2, CLAMP)
                 return
             encode_store_unit(unit_elems(w0, kind), u, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
             if K >= 2:
-                encode_store_unit(unit_elems(w1, kind), u + 1, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
+                encode_store_unit(unit_elems(w1, kind), u + ST, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
             if K >= 4:
-                encode_store_unit(unit_elems(w2, kind), u + 2, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
-                encode_store_unit(unit_elems(w3, kind), u + 3, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
+                encode_store_unit(unit_elems(w2, kind), u + 2 * ST, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
+                encode_store_unit(unit_elems(w3, kind), u + 3 * ST, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
 
     chunk_args = ", ".join("w{j}_%d" % k if k < K else "Z4" for k in range(4))
     ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind, mode=mode,
-              chunk_step=chunk_step)
+              chunk_step=chunk_step, unit_of=unit_of, ST=ST)
     return _jit_unrolled("lastaxis_groups", _GROUPS_SRC.replace("CHUNK_ARGS", chunk_args), ns, U, K)
 
 

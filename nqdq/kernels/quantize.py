@@ -484,6 +484,7 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
 
 ROW_UNITS_MAX = 8  # 16-byte units a thread of the row kernel holds in registers
 GROUP_UNITS = 4  # 16-byte units a thread of the group kernel loads before using any (deep)
+CHEAP_UNITS = 1  # units per chunk where the encode is the paired fp8 cvt (K > 1: interleaved over the group's lanes)
 DEEP_ROWS = 528  # rows from which the row kernel uses deep threads (4 blocks per H100 SM)
 DEEP_UNITS = 4 * 256 * 264  # units from which the group kernel uses GROUP_UNITS per thread
 SHFL = RK.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twin on a GPU
@@ -568,7 +569,7 @@ def _fast_lastaxis(shape, kind, mode, G, nt, cheap_encode=False):
         # a thread's K consecutive units make each load instruction K-strided; where the encode
         # is one cvt per pair (fp8) coalescing matters more (mxfp8 97 -> 74 %, fp8_1x128 89 ->
         # 65 % of copy with K = 4 on an H100, bf16 8192x8192): K = 1 there
-        K = 1 if cheap_encode else min(L, GROUP_UNITS)
+        K = min(L, CHEAP_UNITS) if cheap_encode else min(L, GROUP_UNITS)
         if mode == MODE_CENTRED:
             K = min(L, CENTRED_UNITS)
         nchunks = n // vec // K
