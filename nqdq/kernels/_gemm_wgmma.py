@@ -13,6 +13,18 @@ docstring first); what differs is the main loop:
   ``stages - 2`` ahead (into the slot of two steps ago, whose wgmma's are finished), then
   4 wgmma's, commit, and wait until at most ``inflight`` (1) groups run on. FP8 block
   scales wait for all (their partial sums are promoted once per stage, 128 = the block).
+
+``WgmmaConfig.mbarrier`` replaces the block barrier by a full and an empty mbarrier per
+ring slot: every thread's ``cp.async`` copies arrive on the slot's full barrier when they
+land (``cp.async.mbarrier.arrive.noinc``), a warpgroup waits for it, runs the slot's
+wgmma's, arrives on the empty barrier, promotes, then refills the slot of the step before
+once every thread has released it. The two warpgroups drift up to a step apart, so one's
+promotion runs while the other's wgmma's do (DeepGEMM's and CUTLASS's warp-specialised
+kernels get the same overlap from separate producer and consumer warps).
+``WgmmaConfig.pingpong`` (with mbarrier) also alternates two accumulator sets by K-step
+parity: step k + 1's wgmma's are issued before step k's sums are promoted. Every path
+through that loop issues both sets (a branch joining an in-flight set with an idle one
+makes ptxas serialise the wgmma's, warning C7515), hence the peeled tail.
 """
 
 from __future__ import annotations
