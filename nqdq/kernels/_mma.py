@@ -16,6 +16,8 @@ stub                         PTX (sm_80+; the fp8 ``mma`` needs sm_89+)
 ``cp_async16(...)``          ``cp.async.cg.shared.global [s], [g], 16, src_bytes``
 ``cp_async_commit()``        ``cp.async.commit_group``
 ``cp_async_wait(n)()``       ``cp.async.wait_group n``
+``mbarrier_*`` (sm_90 wait)  ``mbarrier.init / arrive / try_wait.parity``,
+                             ``cp.async.mbarrier.arrive.noinc`` (end of this module)
 ===========================  ==========================================================
 
 Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k32", 8-bit types), with
