@@ -324,6 +324,10 @@ def test_errors_name_the_argument():
         fused.moe_sort_quantize(x, np.zeros((3, 1), np.int32), 2)
     with pytest.raises(ValueError, match="weight"):
         fused.rmsnorm_quantize(x, np.ones(7, np.float32), "fp8_row", device="cuda")
+    long = np.ones((1, R.MAX_ROW + 8), np.float32)  # the spec defines it (host), the kernels refuse it
+    assert fused.rmsnorm(long, long[0]).shape == long.shape
+    with pytest.raises(ValueError, match="x has rows of 65544"):
+        fused.rmsnorm_quantize(long, long[0], "fp8_row", device="cuda")
 
 
 def test_scheme_resolution_is_nqdq_quantize_s():

@@ -48,7 +48,9 @@ def out_kind(sch: Scheme) -> int:
 
 def geometry(n: int) -> tuple[int, int]:
     """(threads per row, units per thread) of the row kernel: the spec's layout
-    (reference/fused.row_geometry, a function of n only; it raises ValueError past MAX_ROW)."""
+    (reference/fused.row_geometry, a function of n only); ValueError past MAX_ROW."""
+    if n > MAX_ROW:
+        raise ValueError(f"x has rows of {n} elements; the fused kernels hold at most {MAX_ROW}")
     nw, u = row_geometry(n)
     return 32 * nw, u
 
@@ -79,7 +81,8 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     alloc = Allocator(xin.lib)
     kind = xin.kind
     x = xin.arr
-    nw, U = row_geometry(n)
+    nt, U = geometry(n)
+    nw = nt // 32
     mode = FK.OUT_Y if want_y else (out if out is not None else out_kind(sch))
     dummies = {}
     xdt = np.float32 if kind == 0 else np.uint16

@@ -70,7 +70,7 @@ R_SPLIT_MIN_BITS = 5
 UNIT = 8  # elements per unit of the sum's order (16 bytes of a 16-bit row)
 WARP = 32
 MAX_UNITS_PER_THREAD = 8  # U <= this; warps are added until it holds (at most 32)
-MAX_ROW = UNIT * WARP * 32 * MAX_UNITS_PER_THREAD  # 65536 elements
+MAX_ROW = UNIT * WARP * 32 * MAX_UNITS_PER_THREAD  # 65536 elements: the longest row the kernels hold
 
 
 # ----------------------------------------------------------------------------- error-free ops
@@ -126,9 +126,8 @@ def ff_halving_sum(hi, lo):
 def row_geometry(n: int) -> tuple[int, int]:
     """(NW warps, U units per thread) of the sum's order for rows of n elements: the fewest
     warps (<= 32) that hold ceil(n / UNIT) units at <= MAX_UNITS_PER_THREAD units per lane,
-    then the fewest units per lane (7168 -> (4, 7); 5120 -> (3, 7); 2880 -> (2, 6))."""
-    if n > MAX_ROW:
-        raise ValueError(f"rows of {n} elements are longer than the fused kernels hold ({MAX_ROW})")
+    then the fewest units per lane (7168 -> (4, 7); 5120 -> (3, 7); 2880 -> (2, 6)). Rows
+    longer than MAX_ROW (which the kernels refuse) keep 32 warps and take more units."""
     nu = max(1, -(-n // UNIT))
     nw = min(32, -(-nu // (WARP * MAX_UNITS_PER_THREAD)))
     return nw, -(-nu // (WARP * nw))
