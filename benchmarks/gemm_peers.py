@@ -1,7 +1,7 @@
 """nqdq's tensor-core GEMMs beside cuBLASLt (torch._int_mm / torch._scaled_mm), one run.
 
     python benchmarks/gemm_peers.py [--shapes 8192x8192x8192,...] [--reps 10] [--out DIR]
-                                    [--sass] [--configs "default;2,4,4,4,3,8;wg:2,128,4,8;..."]
+                                    [--sass] [--configs "default;2,4,4,4,3,8;wg:2,128,4,8;fp8_row@wg:2,192,..."]
 
 For every shape M x N x K (activations [M, K], weights [N, K]) and case:
 
@@ -164,7 +164,8 @@ def _cfg_name(cfg):
         return "default"
     if isinstance(cfg, kg.WgmmaConfig):
         return (f"wg{cfg.bm}x{cfg.bn}s{cfg.stages}" + ("-fast" if cfg.fast_accum else "")
-                + (f"-p{cfg.promote_every}" if cfg.promote_every != 1 else "") + ("-mb" if cfg.mbarrier else "") + ("-pp" if cfg.pingpong else ""))  # fmt: skip
+                + (f"-p{cfg.promote_every}" if cfg.promote_every != 1 else "") + ("-mb" if cfg.mbarrier else "") + ("-pp" if cfg.pingpong else "")
+                + ("-ws" if cfg.producer else ""))  # fmt: skip
     return f"mma{cfg.bm}x{cfg.bn}s{cfg.stages}"
 
 
@@ -257,7 +258,7 @@ def accuracy(cfgs, cases=("int8", "fp8_row", "fp8_block")):
             kw = dict(mma=mma, sa=a.scales, sb=b.scales, sa_mode=a.mode, sb_mode=b.mode, za=a.za)
             want = ref.gemm(a.codes, b.codes, **kw)
             for cfg in cfgs:
-                if cfg is not None and a.mode == "block" and 128 % cfg.bn:
+                if cfg is not None and a.mode == "block" and 128 % cfg.bn and cfg.bn != 256:
                     continue
                 got = kg.gemm(cp.asarray(a.codes), cp.asarray(b.codes), config=cfg, **kw).get()
                 err = float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
@@ -271,7 +272,8 @@ def main(argv=None):
     p.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES))
     p.add_argument("--cases", default="int8,fp8_row,fp8_block")
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--configs", default="", help="';'-separated configs: mma.sync TileConfig fields '2,4,4,4,3,8' or wgmma 'wg:2,128,4,8'")
+    p.add_argument("--configs", default="", help="';'-separated configs: mma.sync TileConfig fields '2,4,4,4,3,8' or wgmma "
+                   "'wg:2,128,4,8'; 'CASE@config' times that config for CASE only")
     p.add_argument("--out", default=os.environ.get("OUT", ""))
     p.add_argument("--sass", action="store_true")
     p.add_argument("--accuracy", action="store_true", help="float32-output error per config, then exit")
@@ -282,7 +284,16 @@ def main(argv=None):
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     rng = np.random.default_rng(0)
     # None ("default"): the default per case
-    cfgs = [None if c == "default" else kg.parse_config(c) for c in args.configs.split(";") if c] or [None]
+    only = {}  # config -> the cases it is timed for ("CASE@config"; absent: every case)
+    cfgs = []
+    for c in (c for c in args.configs.split(";") if c):
+        case, _, text = c.rpartition("@")
+        cfg = None if text == "default" else kg.parse_config(text)
+        if case:
+            only.setdefault(cfg, set()).add(case)
+        if cfg not in cfgs:
+            cfgs.append(cfg)
+    cfgs = cfgs or [None]
     if args.accuracy:
         accuracy(cfgs, args.cases.split(","))
         return 0
@@ -300,7 +311,9 @@ def main(argv=None):
     for shape in parse_shapes(args.shapes):
         for case in args.cases.split(","):
             for cfg in cfgs:
-                if cfg is not None and case == "fp8_block" and 128 % cfg.bn:
+                if cfg is not None and case == "fp8_block" and 128 % cfg.bn and cfg.bn != 256:
+                    continue
+                if case not in only.get(cfg, {case}):
                     continue
                 try:
                     row = bench_case(*shape, case, args.reps, rng, cfg)

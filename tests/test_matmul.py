@@ -145,21 +145,38 @@ def gemm_kwargs(qa, qb):
                                               ("fp8_1x128", "fp8_128x128", 1, "ring"), ("fp8_row", "e5m2", 1, "mbar"),
                                               ("fp8_1x128", "fp8_128x128", 1, "mbar"), ("int8_asym", "int8_row", 1, "mbar"),
                                               ("fp8_row", "fp8_tensor", 2, "mbar"), ("fp8_1x128", "fp8_128x128", 1, "pp"),
-                                              ("fp8_row", "e5m2", 1, "pp")])  # fmt: skip
+                                              ("fp8_row", "e5m2", 1, "pp"), ("fp8_row", "e5m2", 1, "ws"),
+                                              ("fp8_1x128", "fp8_128x128", 1, "ws"), ("int8_asym", "int8_row", 1, "ws"),
+                                              ("fp8_row", "fp8_tensor", 2, "ws"), ("fp8_1x128", "fp8_128x128", 1, "wspp")])  # fmt: skip
 def test_wgmma_kernel_matches_reference(sa, sb, every, mode):
     """The sm_90a kernel (wgmma from swizzled shared tiles) with a one-warpgroup 64 x 16
     tile, its twins reading shared memory through the descriptors as the hardware does
     (``every``: K steps per fp8 promotion). Modes: "ring" (block barrier per K step),
     "mbar" (mbarrier ring; K = 520: 5 steps, so the 3-slot ring wraps and both barrier
     parities are waited on), "pp" (mbarrier ring with ping-pong accumulators; K = 400
-    and 520: an even and an odd number of steps take the two tails)."""
+    and 520: an even and an odd number of steps take the two tails), "ws" / "wspp" (the
+    same rings fed by a producer warpgroup: 256 threads, the consumers released by the
+    empty barriers the producer waits on, K = 520 wraps the ring)."""
     from nqdq.kernels import gemm as kg
 
-    K = {"ring": 200, "mbar": 520, "pp": 400 if sa == "fp8_1x128" else 520}[mode]
+    K = {"ring": 200, "mbar": 520, "pp": 400 if sa == "fp8_1x128" else 520, "ws": 520, "wspp": 400}[mode]
     x, w, qa, qb = operands(17, 24, K, sa, sb)
     a, b, kw = gemm_kwargs(qa, qb)
     cfg = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2, promote_every=every, mbarrier=mode != "ring",
-                         pingpong=mode == "pp")  # fmt: skip
+                         pingpong=mode in ("pp", "wspp"), producer=mode in ("ws", "wspp"))  # fmt: skip
+    got = kg.gemm(a, b, config=cfg, **kw)
+    want = ref.gemm(a, b, **kw)
+    assert rel_l2(got, want) < 1e-5
+
+
+def test_wgmma_producer_block_scales_n256():
+    """Block scales with a 64 x 256 tile fed by a producer warpgroup: a thread's fragment
+    columns span two 128-blocks of weight scales (N = 136: the second block is partial)."""
+    from nqdq.kernels import gemm as kg
+
+    x, w, qa, qb = operands(17, 136, 256, "fp8_1x128", "fp8_128x128")
+    a, b, kw = gemm_kwargs(qa, qb)
+    cfg = kg.WgmmaConfig(warpgroups=1, n=256, stages=3, group_m=2, mbarrier=True, producer=True)
     got = kg.gemm(a, b, config=cfg, **kw)
     want = ref.gemm(a, b, **kw)
     assert rel_l2(got, want) < 1e-5

@@ -107,18 +107,26 @@ def test_gemm_gpu_matches_reference(sa, sb, shape, family):
     assert err < tolerance(qa, config), err
 
 
-@pytest.mark.parametrize("cfg", ["fp8_row", "mbarrier", "pingpong", "ring"])
+@pytest.mark.parametrize("cfg", ["fp8_row", "mbarrier", "pingpong", "ring", "ws_row", "ws_block", "ws_pp", "ws256"])
 @pytest.mark.parametrize("sa,sb", [("fp8_row", "fp8_row"), ("fp8_1x128", "fp8_128x128")])
 def test_gemm_gpu_wgmma_configs(sa, sb, cfg):
-    """The wgmma pipelines the defaults do not pick at these shapes (edges in M, N, K)."""
+    """The wgmma pipelines the defaults do not pick at these shapes (edges in M, N, K);
+    "ws*": fed by a producer warpgroup (setmaxnreg, named barrier; ws256: block scales of
+    two 128-blocks per tile, N = 383 leaves the last one partial)."""
     from nqdq.kernels import gemm as kg
 
     from test_matmul import gemm_kwargs
 
-    config = {"fp8_row": kg.WGMMA_CONFIG_FP8_ROW, "mbarrier": kg.WgmmaConfig(mbarrier=True),
-              "pingpong": kg.WgmmaConfig(mbarrier=True, pingpong=True), "ring": kg.WGMMA_CONFIG_RING}[cfg]  # fmt: skip
-    if sa == "fp8_1x128" and 128 % config.bn:
-        pytest.skip("block scales need N = 128 tiles")
+    W = kg.WgmmaConfig
+    config = {"fp8_row": kg.WGMMA_CONFIG_FP8_ROW, "mbarrier": W(mbarrier=True),
+              "pingpong": W(mbarrier=True, pingpong=True), "ring": kg.WGMMA_CONFIG_RING,
+              "ws_row": W(n=192, mbarrier=True, producer=True), "ws_block": W(n=128, stages=6, mbarrier=True, producer=True),
+              "ws_pp": W(n=128, stages=6, mbarrier=True, pingpong=True, producer=True),
+              "ws256": W(n=256, mbarrier=True, producer=True)}[cfg]  # fmt: skip
+    if sa == "fp8_1x128" and 128 % config.bn and config.bn != 256:
+        pytest.skip("block scales need N = 128 (or 256) tiles")
+    if sa == "fp8_row" and cfg in ("ws_pp", "ws256"):
+        pytest.skip("timed for block scales only (compile time)")
     x, w, qa, qb = gpu_operands(257, 383, 1000, sa, sb)
     a, b, kw = gemm_kwargs(host_q(qa), host_q(qb))
     got = kg.gemm(cp.asarray(a), cp.asarray(b), config=config, **kw)

@@ -25,6 +25,20 @@ kernels get the same overlap from separate producer and consumer warps).
 parity: step k + 1's wgmma's are issued before step k's sums are promoted. Every path
 through that loop issues both sets (a branch joining an in-flight set with an idle one
 makes ptxas serialise the wgmma's, warning C7515), hence the peeled tail.
+
+``WgmmaConfig.producer`` (with mbarrier) is the warp-specialised form: one more warpgroup
+(the last, 128 threads) issues every copy of the ring: for step kt it waits on slot
+kt % STAGES's empty barrier, copies, and arrives on its full barrier (count 128); the
+``warpgroups`` consumers only wait on full barriers, run the wgmma's, arrive on the empty
+barrier (count 128 * warpgroups) and promote. Launch bounds (threads, 1) give every thread
+65536 / threads registers (168 for 384), then ``setmaxnreg`` lowers the producer to 40 and
+raises the consumers to 232, enough for two float32 sets of a 64 x 192 fragment (fp8 row
+scales) or three of 64 x 128 (block scales with ping-pong); 64 x 256 (two sets: 256
+registers) spills. The producer exits after its last copy; the consumers' epilogue meets
+at named barrier 1. This is the structure of DeepGEMM's sm90 fp8 GEMM and CUTLASS's
+warp-specialised mainloops, with cp.async (16 bytes per lane + ``cp.async.mbarrier.arrive
+.noinc``) in place of TMA. Block scales also take N = 256 tiles: a thread's columns then
+span two 128-blocks of weight scales.
 """
 
 from __future__ import annotations
@@ -39,7 +53,7 @@ from . import _mma
 from ._gemm_kernels import (
     SCALE_BLOCK, SCALE_ROW, make_store_out, tile_origin,
 )  # fmt: skip
-from ._target import devfn
+from ._target import SIMULATOR, devfn
 
 BK = 128
 
@@ -59,6 +73,10 @@ class WgmmaConfig:
     # with mbarrier, fp8 promotion only: two accumulator sets by K-step parity, so a step's
     # promotion runs while the next step's wgmma's do (experimental)
     pingpong: bool = False
+    # with mbarrier: warp specialisation, one more warpgroup (the producer) issues every
+    # load of the ring while the ``warpgroups`` consumers only wait, run wgmma's, release
+    # slots and promote; ``setmaxnreg`` moves the producer's registers to the consumers
+    producer: bool = False
 
     @property
     def bm(self):
@@ -70,7 +88,12 @@ class WgmmaConfig:
 
     @property
     def threads(self):
-        return 128 * self.warpgroups
+        return 128 * (self.warpgroups + (1 if self.producer else 0))
+
+    @property
+    def loaders(self):
+        """Threads that issue the ring's copies: the producer warpgroup, else all."""
+        return 128 if self.producer else self.threads
 
     @property
     def smem_bytes(self):
@@ -78,11 +101,13 @@ class WgmmaConfig:
         return self.stages * (self.bm + self.bn) * BK + 1024 + (256 if self.mbarrier else 0)
 
     def check(self):
-        rs = self.threads // 8
+        rs = self.loaders // 8
         if self.n % 8 or not 8 <= self.n <= 256 or self.stages < 3 or self.bm % rs or self.n % rs:
             raise ValueError(f"bad wgmma config {self}")
         if self.bm * (self.n + 4) * 4 > self.stages * (self.bm + self.bn) * BK:
             raise ValueError(f"wgmma config {self}: the C tile does not fit in the shared ring")
+        if self.producer and not self.mbarrier:
+            raise ValueError(f"wgmma config {self}: a producer warpgroup needs the mbarrier ring")
         if self.mbarrier and self.stages > 16:
             raise ValueError(f"wgmma config {self}: at most 16 stages with mbarriers")
         if self.smem_bytes > 227 * 1024:
@@ -94,7 +119,10 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     BM, BN, NTHREADS, STAGES, GROUP_M = cfg.bm, cfg.bn, cfg.threads, cfg.stages, cfg.group_m
     A_STAGE, B_STAGE = BM * BK, BN * BK
     SA_BYTES = STAGES * A_STAGE
-    RS = NTHREADS // 8  # rows one pass of the threads covers (8 chunks of 16 bytes per row)
+    PRODUCER = cfg.producer
+    NCONS = 128 * cfg.warpgroups  # threads that run wgmma's (all but the producer's)
+    LOADERS = cfg.loaders
+    RS = LOADERS // 8  # rows one pass of the loading threads covers (8 chunks of 16 bytes per row)
     A_PER, B_PER = BM // RS, BN // RS
     NACC = BN // 2
     FLOAT_ACC = spec.mma not in ("s8s8", "u8s8")
@@ -127,6 +155,18 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     cp_mbar_arrive = _mma.cp_async_mbarrier_arrive
     CROW = BN + 4  # float32 words per row of the parked C tile (+4: fewer bank conflicts)
     _ = math
+    # block scales: a CTA tile of N = 256 spans two 128-blocks of weight scales (fragment
+    # column 8 j + 2 q + e lies in block j // 16)
+    JB = min(NACC // 4, 16)
+    # warp specialisation: the launch gives every thread R = 65536 / threads registers (at
+    # most 168 for 384 threads: launch bounds (threads, 1)); the producer keeps 40 and the
+    # consumers take the rest (DeepGEMM's 40 / 232 for two consumer warpgroups)
+    R_LAUNCH = min(255, (65536 // NTHREADS) & ~7)
+    CONS_REGS = min(232, ((R_LAUNCH * NTHREADS - 40 * 128) // max(NCONS, 1)) & ~7)
+    if PRODUCER:
+        nreg_dec, nreg_inc = _mma.setmaxnreg("dec", 40), _mma.setmaxnreg("inc", CONS_REGS)
+        consumers_sync = _mma.named_barrier(1, NCONS)
+        cp_wait_all = _mma.cp_async_wait(0)
 
     @devfn
     def load_tile(a, b, smem, K, kt, stage, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k):
@@ -163,18 +203,15 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         wg_commit()
 
     @devfn
-    def pp_retire(acc, tot, smem, kt, s0, s1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src, b_left,
+    def pp_retire(acc, tot, smem, kt, s0, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src, b_left,
                   b_dst, row_step_k):  # fmt: skip
         """Step kt's wgmma's are complete: release its slot, promote, refill the slot."""
         slot = kt % STAGES
         mbar_arrive(smem, full0 + 8 * (STAGES + slot))
-        for j in range(NACC // 4):  # row / tensor scales: s0 = s1 = 1 (exact: one rounding)
-            tot[4 * j] += acc[4 * j] * s0
-            tot[4 * j + 1] += acc[4 * j + 1] * s0
-            tot[4 * j + 2] += acc[4 * j + 2] * s1
-            tot[4 * j + 3] += acc[4 * j + 3] * s1
+        # row / tensor scales: all 1 (exact: one rounding)
+        promote_scaled(tot, acc, s0[0], s0[1], s0[2], s0[3])
         nk = kt + STAGES
-        if nk < ktiles:
+        if not PRODUCER and nk < ktiles:
             while not mbar_try_wait(smem, full0 + 8 * (STAGES + slot), (kt // STAGES) & 1):
                 pass
             load_tile(a, b, smem, K, nk, slot, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
@@ -189,13 +226,36 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         return d0 + np.uint64(off >> 4)
 
     @devfn
-    def block_scales(sa, sb, M, KB, n0, m_lo, kt):
-        s_b = sb[(n0 >> 7) * KB + kt]
-        s0 = sa[m_lo * KB + kt] * s_b if m_lo < M else float32(0)
-        s1 = sa[(m_lo + 8) * KB + kt] * s_b if m_lo + 8 < M else float32(0)
-        return s0, s1
+    def block_scales(sa, sb, M, N, KB, n0, m_lo, kt):
+        """This thread's K-step ``kt`` scale products: (rows m_lo, m_lo + 8) x (the
+        tile's first 128-block of columns, its second: tiles of N = 256)."""
+        a0 = sa[m_lo * KB + kt] if m_lo < M else float32(0)
+        a1 = sa[(m_lo + 8) * KB + kt] if m_lo + 8 < M else float32(0)
+        nb = n0 >> 7
+        b0 = sb[nb * KB + kt]
+        b1 = sb[(nb + 1) * KB + kt] if JB < NACC // 4 and n0 + 128 < N else float32(0)
+        return a0 * b0, a1 * b0, a0 * b1, a1 * b1
 
-    @cuda.jit
+    @devfn
+    def promote_scaled(tot, acc, s0, s1, s2, s3):
+        """tot += acc * scale: rows m_lo (s0, s2) and m_lo + 8 (s1, s3); columns of the
+        first 128-block (s0, s1), of the second (s2, s3)."""
+        for j in range(JB):
+            tot[4 * j] += acc[4 * j] * s0
+            tot[4 * j + 1] += acc[4 * j + 1] * s0
+            tot[4 * j + 2] += acc[4 * j + 2] * s1
+            tot[4 * j + 3] += acc[4 * j + 3] * s1
+        for j in range(JB, NACC // 4):
+            tot[4 * j] += acc[4 * j] * s2
+            tot[4 * j + 1] += acc[4 * j + 1] * s2
+            tot[4 * j + 2] += acc[4 * j + 2] * s3
+            tot[4 * j + 3] += acc[4 * j + 3] * s3
+
+    # launch bounds (threads, 1 CTA per SM) cap the launch registers at 65536 / threads,
+    # which setmaxnreg's redistribution relies on (the simulator's jit takes no bounds)
+    kernel_jit = cuda.jit(launch_bounds=(NTHREADS, 1)) if PRODUCER and not SIMULATOR else cuda.jit
+
+    @kernel_jit
     def gemm_wgmma(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out):
         smem = cuda.shared.array(0, uint8)
         base = smem_addr(smem)
@@ -209,18 +269,11 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
 
         m0, n0 = tile_origin(cuda.blockIdx.x, M, N, BM, BN, GROUP_M)
 
-        acc = cuda.local.array(NACC, ACC_T)
-        tot = cuda.local.array(NTOT, float32)
-        for x in range(NACC):
-            acc[x] = ZERO_ACC
-        if PROMOTE:
-            for x in range(NACC):
-                tot[x] = float32(0)
-
         ktiles = (K + BK - 1) // BK
         KB = ktiles  # fp8 scale blocks along K (BK = 128)
-        r0 = tid >> 3
-        ch = tid & 7
+        lt = tid - NCONS if PRODUCER else tid  # this thread's index among the loaders
+        r0 = lt >> 3
+        ch = lt & 7
         ch16 = ch * 16
         row_step_k = np.int64(RS) * K
         a_src = (m0 + r0) * K + ch16
@@ -234,65 +287,90 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         if MBAR:
             if tid == 0:
                 for s in range(STAGES):
-                    mbar_init(smem, full0 + 8 * s, NTHREADS)
-                    mbar_init(smem, full0 + 8 * (STAGES + s), NTHREADS)
+                    mbar_init(smem, full0 + 8 * s, LOADERS)
+                    mbar_init(smem, full0 + 8 * (STAGES + s), NCONS)
             cuda.syncthreads()
-            for s in range(STAGES if PING else STAGES - 1):
-                if s < ktiles:
-                    load_tile(a, b, smem, K, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
-                    cp_mbar_arrive(smem, full0 + 8 * s)
+            if PRODUCER:
+                if wg == NCONS // 128:
+                    # the producer warpgroup: fill slot kt % STAGES with step kt once the
+                    # consumers have released its previous use (parity of use kt // STAGES - 1;
+                    # the first round waits on parity 1, the phase before a fresh barrier's
+                    # first, which counts as complete), then exit
+                    nreg_dec()
+                    for kt in range(ktiles):
+                        slot = kt % STAGES
+                        while not mbar_try_wait(smem, full0 + 8 * (STAGES + slot), ((kt // STAGES) & 1) ^ 1):
+                            pass
+                        load_tile(a, b, smem, K, kt, slot, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst,
+                                  row_step_k)  # fmt: skip
+                        cp_mbar_arrive(smem, full0 + 8 * slot)
+                    cp_wait_all()
+                    return
+                nreg_inc()
+            else:
+                for s in range(STAGES if PING else STAGES - 1):
+                    if s < ktiles:
+                        load_tile(a, b, smem, K, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
+                        cp_mbar_arrive(smem, full0 + 8 * s)
         else:
             for s in range(STAGES - 2):
                 if s < ktiles:
                     load_tile(a, b, smem, K, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
                 commit()
+
+        acc = cuda.local.array(NACC, ACC_T)
+        tot = cuda.local.array(NTOT, float32)
+        for x in range(NACC):
+            acc[x] = ZERO_ACC
+        if PROMOTE:
+            for x in range(NACC):
+                tot[x] = float32(0)
         a_base = base + pad + wg * (64 * BK)
         b_base = base + pad + SA_BYTES
         da0, db0 = desc(a_base), desc(b_base)  # mbarrier rings: descriptors advance by offsets
         m_lo = m0 + wg * 64 + w * 16 + g  # this thread's rows: m_lo, m_lo + 8
+        one = float32(1)
         if PING:
             # steps alternate between acc (even) and acc2 (odd); every path through the
             # loop issues both, so no branch merges an in-flight set with an idle one
             # (ptxas serialises the wgmma's otherwise: C7515)
             acc2 = cuda.local.array(NACC, ACC_T)
-            one = float32(1)
             pp_issue(acc, smem, 0, full0, da0, db0)
-            s0, s1 = block_scales(sa, sb, M, KB, n0, m_lo, 0) if BLOCK else (one, one)
+            sc = block_scales(sa, sb, M, N, KB, n0, m_lo, 0) if BLOCK else (one, one, one, one)
             kt = 0
             while kt + 2 < ktiles:
                 pp_issue(acc2, smem, kt + 1, full0, da0, db0)
-                t0, t1 = block_scales(sa, sb, M, KB, n0, m_lo, kt + 1) if BLOCK else (one, one)
+                tc = block_scales(sa, sb, M, N, KB, n0, m_lo, kt + 1) if BLOCK else (one, one, one, one)
                 wg_wait1()
-                pp_retire(acc, tot, smem, kt, s0, s1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
+                pp_retire(acc, tot, smem, kt, sc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
                           b_left, b_dst, row_step_k)  # fmt: skip
                 pp_issue(acc, smem, kt + 2, full0, da0, db0)
-                s0, s1 = block_scales(sa, sb, M, KB, n0, m_lo, kt + 2) if BLOCK else (one, one)
+                sc = block_scales(sa, sb, M, N, KB, n0, m_lo, kt + 2) if BLOCK else (one, one, one, one)
                 wg_wait1()
-                pp_retire(acc2, tot, smem, kt + 1, t0, t1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst,
+                pp_retire(acc2, tot, smem, kt + 1, tc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst,
                           b_src, b_left, b_dst, row_step_k)  # fmt: skip
                 kt += 2
             if kt + 1 < ktiles:  # two steps left: kt in flight in acc, kt + 1 to issue
                 pp_issue(acc2, smem, kt + 1, full0, da0, db0)
-                t0, t1 = block_scales(sa, sb, M, KB, n0, m_lo, kt + 1) if BLOCK else (one, one)
+                tc = block_scales(sa, sb, M, N, KB, n0, m_lo, kt + 1) if BLOCK else (one, one, one, one)
                 wg_wait1()
-                pp_retire(acc, tot, smem, kt, s0, s1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
+                pp_retire(acc, tot, smem, kt, sc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
                           b_left, b_dst, row_step_k)  # fmt: skip
                 wg_wait_all()
-                pp_retire(acc2, tot, smem, kt + 1, t0, t1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst,
+                pp_retire(acc2, tot, smem, kt + 1, tc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst,
                           b_src, b_left, b_dst, row_step_k)  # fmt: skip
             else:
                 wg_wait_all()
-                pp_retire(acc, tot, smem, kt, s0, s1, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
+                pp_retire(acc, tot, smem, kt, sc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
                           b_left, b_dst, row_step_k)  # fmt: skip
         for kt in range(ktiles if MBAR and not PING else 0):
-            # the mbarrier ring: wait until slot kt has landed (every thread's copies), run
-            # its wgmma's to completion, release the slot, promote, then refill the slot of
-            # the step before (once every thread has released it) with step kt + STAGES - 1
+            # the mbarrier ring: wait until slot kt has landed (every loader's copies), run
+            # its wgmma's to completion, release the slot, promote, then (no producer)
+            # refill the slot of the step before once every thread has released it with
+            # step kt + STAGES - 1
             slot = kt % STAGES
             if BLOCK:  # loaded before the wait, so their latency hides behind it
-                s_b = sb[(n0 >> 7) * KB + kt]
-                s0 = sa[m_lo * KB + kt] * s_b if m_lo < M else float32(0)
-                s1 = sa[(m_lo + 8) * KB + kt] * s_b if m_lo + 8 < M else float32(0)
+                sc = block_scales(sa, sb, M, N, KB, n0, m_lo, kt)
             while not mbar_try_wait(smem, full0 + 8 * slot, (kt // STAGES) & 1):
                 pass
             # no fence.proxy.async here: the barrier's completion publishes the cp.async
@@ -313,13 +391,9 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                 for x in range(NACC):
                     tot[x] += acc[x]
             if BLOCK:
-                for j in range(NACC // 4):
-                    tot[4 * j] += acc[4 * j] * s0
-                    tot[4 * j + 1] += acc[4 * j + 1] * s0
-                    tot[4 * j + 2] += acc[4 * j + 2] * s1
-                    tot[4 * j + 3] += acc[4 * j + 3] * s1
+                promote_scaled(tot, acc, sc[0], sc[1], sc[2], sc[3])
             nk = kt + STAGES - 1
-            if nk < ktiles:
+            if not PRODUCER and nk < ktiles:
                 ns = nk % STAGES  # = the slot of step kt - 1
                 if kt > 0:
                     while not mbar_try_wait(smem, full0 + 8 * (STAGES + ns), ((kt - 1) // STAGES) & 1):
@@ -351,21 +425,19 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                 for x in range(NACC):
                     tot[x] += acc[x]
             if BLOCK:
-                s_b = sb[(n0 >> 7) * KB + kt]
-                s0 = sa[m_lo * KB + kt] * s_b if m_lo < M else float32(0)
-                s1 = sa[(m_lo + 8) * KB + kt] * s_b if m_lo + 8 < M else float32(0)
-                for j in range(NACC // 4):
-                    tot[4 * j] += acc[4 * j] * s0
-                    tot[4 * j + 1] += acc[4 * j + 1] * s0
-                    tot[4 * j + 2] += acc[4 * j + 2] * s1
-                    tot[4 * j + 3] += acc[4 * j + 3] * s1
+                sc = block_scales(sa, sb, M, N, KB, n0, m_lo, kt)
+                promote_scaled(tot, acc, sc[0], sc[1], sc[2], sc[3])
 
         wg_wait_all()
         # epilogue, in two passes so that the accumulators are only ever indexed by
         # constants (they stay in registers): (1) every thread parks its fragment in the
         # idle shared ring as a [BM, CROW] float32 / int32 tile; (2) threads walk the tile
-        # in row-major order (coalesced stores) and apply scales, bias, activation, rounding
-        cuda.syncthreads()
+        # in row-major order (coalesced stores) and apply scales, bias, activation, rounding.
+        # With a producer only the consumers are left: they meet at a named barrier.
+        if PRODUCER:
+            consumers_sync()
+        else:
+            cuda.syncthreads()
         cf = smem.view(np.float32)
         ci = smem.view(np.int32)
         c0 = (pad >> 2) + (wg * 64 + w * 16 + g) * CROW + 2 * q
@@ -378,8 +450,11 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                         cf[c0 + 8 * h * CROW + 8 * j + e] = acc[4 * j + 2 * h + e]
                     else:
                         ci[c0 + 8 * h * CROW + 8 * j + e] = acc[4 * j + 2 * h + e]
-        cuda.syncthreads()
-        for idx in range(tid, BM * BN, NTHREADS):
+        if PRODUCER:
+            consumers_sync()
+        else:
+            cuda.syncthreads()
+        for idx in range(tid, BM * BN, NCONS):
             r = idx // BN
             c = idx - r * BN
             m = m0 + r

@@ -17,7 +17,9 @@ stub                         PTX (sm_80+; the fp8 ``mma`` needs sm_89+)
 ``cp_async_commit()``        ``cp.async.commit_group``
 ``cp_async_wait(n)()``       ``cp.async.wait_group n``
 ``mbarrier_*`` (sm_90 wait)  ``mbarrier.init / arrive / try_wait.parity``,
-                             ``cp.async.mbarrier.arrive.noinc`` (end of this module)
+                             ``cp.async.mbarrier.arrive.noinc``
+``setmaxnreg(op, n)()``      ``setmaxnreg.{inc,dec}.sync.aligned.u32 n`` (sm_90a)
+``named_barrier(b, n)()``    ``bar.sync b, n`` (warp specialisation, end of this module)
 ===========================  ==========================================================
 
 Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k32", 8-bit types), with
@@ -54,7 +56,7 @@ from ._target import SIMULATOR
 __all__ = [
     "ldmatrix_x4", "mma_s8s8", "mma_u8s8", "mma_fp8", "cp_async16", "cp_async_commit",
     "cp_async_wait", "FP8_TYPES", "mbarrier_init", "mbarrier_arrive", "cp_async_mbarrier_arrive",
-    "mbarrier_try_wait",
+    "mbarrier_try_wait", "setmaxnreg", "named_barrier",
 ]
 
 FP8_TYPES = ("e4m3", "e5m2")
@@ -675,3 +677,62 @@ if not SIMULATOR:
             return _mbar_try_wait(_smem_u32(smem) + np.uint32(off), np.uint32(parity)) != 0
 
         return impl
+
+
+# ============================================================================= warp specialisation
+# A warp-specialised kernel splits its warpgroups into a producer (loads) and consumers
+# (wgmma + promotion). ``setmaxnreg`` (sm_90a, warpgroup-wide) moves registers between
+# them: the producer gives its registers back to the CTA's pool, the consumers take them
+# (the kernel's launch count times its threads must cover both; ptxas allocates each side
+# within its count). Consumers then meet at a named barrier of their own thread count,
+# since the producer has exited. Twins: ``setmaxnreg`` changes nothing the simulator can
+# see (no-op); the named barrier is the simulator's block barrier, which releases once
+# every *live* thread waits (the producer's threads have returned by then).
+_NREG: dict = {}
+
+
+def _make_setmaxnreg(op, n):
+    def setmaxnreg_stub():
+        """``setmaxnreg.{op}.sync.aligned.u32 n``: this warpgroup's registers per thread
+        become n (the twin: no-op)."""
+
+    setmaxnreg_stub.__name__ = f"setmaxnreg_{op}{n}"
+    setmaxnreg_stub.__doc__ = setmaxnreg_stub.__doc__.replace("{op}", op).replace(" n``", f" {n}``")
+    return setmaxnreg_stub
+
+
+def setmaxnreg(op: str, n: int):
+    """The ``setmaxnreg.{inc,dec}.sync.aligned.u32 n`` stub (n: 24 .. 256, a multiple of 8)."""
+    if op not in ("inc", "dec") or n % 8 or not 24 <= n <= 256:
+        raise ValueError(f"setmaxnreg: op must be 'inc' or 'dec' and n a multiple of 8 in [24, 256], got {op!r}, {n}")
+    key = (op, n)
+    if key not in _NREG:
+        _NREG[key] = stub = _make_setmaxnreg(op, n)
+        if not SIMULATOR:
+            _join0(stub, _void_asm(f"setmaxnreg.{op}.sync.aligned.u32 {n};"))
+    return _NREG[key]
+
+
+_BARS: dict = {}
+
+
+def _make_named_barrier(bar, count):
+    def named_barrier_stub():
+        """``bar.sync bar, count``: wait until ``count`` threads (whole warps) arrived at
+        barrier ``bar`` (the twin: the simulator's block barrier over the live threads)."""
+        _sim_ctx().syncthreads()
+
+    named_barrier_stub.__name__ = f"bar_sync_{bar}_{count}"
+    return named_barrier_stub
+
+
+def named_barrier(bar: int, count: int):
+    """The ``bar.sync bar, count`` stub (bar 1 .. 15; 0 is ``__syncthreads``'s)."""
+    if not 1 <= bar <= 15 or count % 32 or count <= 0:
+        raise ValueError(f"named_barrier: bar must be in [1, 15] and count a positive multiple of 32, got {bar}, {count}")
+    key = (bar, count)
+    if key not in _BARS:
+        _BARS[key] = stub = _make_named_barrier(bar, count)
+        if not SIMULATOR:
+            _join0(stub, _void_asm(f"bar.sync {bar}, {count};"))
+    return _BARS[key]

@@ -46,7 +46,7 @@ WGMMA_CONFIG_WIDE = WgmmaConfig(n=256)
 def parse_config(text: str):
     """"2,4,4,4,3,8" -> TileConfig (mma.sync); "wg:2,128,4,8" -> WgmmaConfig (sm_90a; fields
     in order: warpgroups, n, stages, group_m, inflight, fast_accum, promote_every, mbarrier,
-    pingpong)."""
+    pingpong, producer)."""
     if text.startswith("wg:"):
         return WgmmaConfig(*(int(v) for v in text[3:].split(",")))
     return TileConfig(*(int(v) for v in text.split(",")))
@@ -207,8 +207,9 @@ class PreparedGemm:
         spec = GemmSpec(mma=mma, sa_mode=_SCALE[sa_mode], sb_mode=_SCALE[sb_mode], out=_OUT[out_dtype],
                         act=_ACT[activation], bias=bias is not None, asym=za is not None)  # fmt: skip
         cfg = self.cfg = config or default_config(spec, (M, N))
-        if spec.sa_mode == G.SCALE_BLOCK and 128 % cfg.bn:  # one n-block of scales per CTA
-            raise ValueError(f"block scales need a CTA tile N ({cfg.bn}) dividing 128")
+        # one n-block of scales per CTA, or (wgmma) two for N = 256 tiles
+        if spec.sa_mode == G.SCALE_BLOCK and 128 % cfg.bn and not (isinstance(cfg, WgmmaConfig) and cfg.bn == 256):
+            raise ValueError(f"block scales need a CTA tile N ({cfg.bn}) dividing 128 (or 256 with wgmma)")
         a = lib.asarray(a_codes, np.uint8)
         b = lib.asarray(b_codes, np.uint8)
         Kp = -(-K // 16) * 16
@@ -284,8 +285,9 @@ def compile_ptx(spec: GemmSpec, cc=(9, 0), config: TileConfig | None = None) -> 
     from numba.cuda import dispatcher
 
     kern = get_kernel(config or GPU_CONFIG, spec)
+    opts = {"launch_bounds": kern.targetoptions["launch_bounds"]} if kern.targetoptions.get("launch_bounds") else {}
     if cuda.is_available():
-        return cuda.compile_ptx(kern.py_func, kernel_signature(spec), cc=cc)[0]
+        return cuda.compile_ptx(kern.py_func, kernel_signature(spec), cc=cc, **opts)[0]
 
     class _Dev:
         compute_capability = tuple(cc[:2])
@@ -293,7 +295,7 @@ def compile_ptx(spec: GemmSpec, cc=(9, 0), config: TileConfig | None = None) -> 
     old = dispatcher.get_current_device
     dispatcher.get_current_device = lambda: _Dev()
     try:
-        return cuda.compile_ptx(kern.py_func, kernel_signature(spec), cc=cc)[0]
+        return cuda.compile_ptx(kern.py_func, kernel_signature(spec), cc=cc, **opts)[0]
     finally:
         dispatcher.get_current_device = old
 
@@ -314,6 +316,47 @@ def assemble(ptx: str, cc=(9, 0)) -> tuple[bytes, str]:
             buf = bytearray(nvjitlink.get_error_log_size(h))
             nvjitlink.get_error_log(h, buf)
             raise RuntimeError(f"nvJitLink failed for {arch}: {bytes(buf).decode(errors='replace')}") from exc
+        buf = bytearray(nvjitlink.get_info_log_size(h))
+        nvjitlink.get_info_log(h, buf)
+        cubin = bytearray(nvjitlink.get_linked_cubin_size(h))
+        nvjitlink.get_linked_cubin(h, cubin)
+        return bytes(cubin), bytes(buf).decode(errors="replace")
+    finally:
+        nvjitlink.destroy(h)
+
+
+def assemble_lto(spec: GemmSpec, config, cc=(9, 0, "a")) -> tuple[bytes, str]:
+    """(cubin, info log) of one GEMM kernel linked as Numba links it on a GPU: NVVM's
+    LTO-IR through nvJitLink with link-time optimisation, i.e. one whole program (a PTX
+    link, as ``assemble`` does, compiles relocatable code, where ptxas ignores
+    ``setmaxnreg``: warning C7504). Works without a GPU."""
+    from cuda.bindings import nvjitlink
+    from numba import cuda
+    from numba.cuda import dispatcher
+
+    kern = get_kernel(config, spec)
+
+    class _Dev:
+        compute_capability = tuple(cc[:2])
+
+    old = dispatcher.get_current_device
+    if not cuda.is_available():
+        dispatcher.get_current_device = lambda: _Dev()
+    try:
+        ltoir, _ = cuda.compile(kern.py_func, kernel_signature(spec), cc=cc, device=False, abi="numba", output="ltoir",
+                                launch_bounds=kern.targetoptions.get("launch_bounds"))  # fmt: skip
+    finally:
+        dispatcher.get_current_device = old
+    arch = f"sm_{cc[0]}{cc[1]}" + (cc[2] if len(cc) > 2 else "")
+    h = nvjitlink.create(3, [f"-arch={arch}".encode(), b"-lto", b"-verbose"])
+    try:
+        try:
+            nvjitlink.add_data(h, nvjitlink.InputType.LTOIR, ltoir, len(ltoir), "gemm.ltoir")
+            nvjitlink.complete(h)
+        except Exception as exc:
+            buf = bytearray(nvjitlink.get_error_log_size(h))
+            nvjitlink.get_error_log(h, buf)
+            raise RuntimeError(f"nvJitLink (LTO) failed for {arch}: {bytes(buf).decode(errors='replace')}") from exc
         buf = bytearray(nvjitlink.get_info_log_size(h))
         nvjitlink.get_info_log(h, buf)
         cubin = bytearray(nvjitlink.get_linked_cubin_size(h))
