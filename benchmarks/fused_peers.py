@@ -1,7 +1,14 @@
 """Fused ops (nqdq.fused) against copy bandwidth and the unfused nqdq pair, in one run on one
 GPU, with a bit-exactness check of every op at the measured size.
 
-    python3 benchmarks/fused_peers.py [--json FILE] [--rows 8192] [--hidden 7168]
+    python3 benchmarks/fused_peers.py [--json FILE] [--rows 8192] [--hidden 7168] [--only NAME]
+                                      [--pytest] [--units-per-thread U ...]
+
+Cost before any timing: every kernel is compiled on first use, about 20-25 s of NVVM time
+each on the GPU machine for the fused row kernels (they are written out per unit), and a
+full run compiles about 20 of them; ``--only fp8_row`` (say) keeps a run inside a 300 s
+device call. ``--pytest`` first runs tests/test_fused_gpu.py in the same process (its
+kernels are then compiled once for both).
 
 For a bfloat16 [rows, hidden] input (default [8192, 7168]) it times, with CUDA events
 (benchmarks/peers.Timer: fresh random inputs, input sets rotated past L2, warm-up
