@@ -118,8 +118,8 @@ def test_gemm_gpu_wgmma_configs(sa, sb, cfg):
     from test_matmul import gemm_kwargs
 
     W = kg.WgmmaConfig
-    config = {"fp8_row": kg.WGMMA_CONFIG_FP8_ROW, "mbarrier": W(mbarrier=True),
-              "pingpong": W(mbarrier=True, pingpong=True), "ring": kg.WGMMA_CONFIG_RING,
+    config = {"fp8_row": kg.WGMMA_CONFIG_FP8_ROW_MB, "mbarrier": W(mbarrier=True),
+              "pingpong": kg.WGMMA_CONFIG_FP8_BLOCK_PP, "ring": kg.WGMMA_CONFIG_RING,
               "ws_row": W(n=192, mbarrier=True, producer=True), "ws_block": W(n=128, stages=6, mbarrier=True, producer=True),
               "ws_pp": W(n=128, stages=6, mbarrier=True, pingpong=True, producer=True),
               "ws256": W(n=256, mbarrier=True, producer=True)}[cfg]  # fmt: skip

@@ -213,7 +213,7 @@ wg_specs = [
 for mma, sa, sb, o, act, bias, asym in wg_specs:
     spec = G.GemmSpec(mma=mma, sa_mode=sa, sb_mode=sb, out=o, act=act, bias=bias, asym=asym)
     ptx = kg.compile_ptx(spec, (9, 0, "a"), config=kg.wgmma_config_for(spec))
-    cubin, log = kg.assemble(ptx, (9, 0, "a"))
+    cubin, log = kg.assemble_lto(spec, kg.wgmma_config_for(spec))  # as Numba links it (setmaxnreg)
     spill = re.search(r"(\d+) bytes spill stores", log)
     out.append(dict(cc=[9, 0, "a"], mma=mma, n=kg.wgmma_config_for(spec).n, wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[a-z0-9.]+", ptx))),
                     serialized="C7509" in log, cubin=len(cubin), spill=int(spill.group(1)) if spill else None))
