@@ -86,12 +86,32 @@ def code_bytes(scheme, rows, n):
     return rows * n  # static tensor scale: nothing else written
 
 
+class _timing_lock:
+    """``with``: an exclusive flock on ``path`` (no-op without one)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        if self.path:
+            import fcntl
+
+            self.fh = open(self.path, "a")
+            fcntl.flock(self.fh, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc):
+        if self.path:
+            self.fh.close()  # releases the lock
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--only", help="time only the ops whose name contains this")
+    ap.add_argument("--lock", help="hold an exclusive lock on this file while timing, so several processes (each "
+                                   "--only one op) compile at once and time one at a time")
     ap.add_argument("--units-per-thread", type=int, nargs="*", default=[],
                     help="also time rmsnorm(+res)+fp8_row / +mxfp4 with reference/fused.MAX_UNITS_PER_THREAD set to "
                          "this (another thread layout, hence another order of the sum: checked against the unfused pair "
@@ -128,9 +148,11 @@ def main(argv=None):
     results, checks = [], []
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
 
+    timing = _timing_lock(args.lock)
     copy_dst = cp.empty_like(xs[0])
-    t_copy, hb = timer.device_us(lambda i: copy_dst.data.copy_from_device_async(xs[i].data, in_bytes), nsets,
-                                 bytes_per_launch=2 * in_bytes)
+    with timing:
+        t_copy, hb = timer.device_us(lambda i: copy_dst.data.copy_from_device_async(xs[i].data, in_bytes), nsets,
+                                     bytes_per_launch=2 * in_bytes)
     copy_gbs = 2 * in_bytes / t_copy / 1e3
     results.append(dict(op="copy (cudaMemcpyAsync D2D)", us=t_copy, gbs=copy_gbs, bytes=2 * in_bytes, host_bound=hb))
 
@@ -140,8 +162,9 @@ def main(argv=None):
     def record(op, fused_fn, unfused_fn, nbytes):
         if args.only and args.only not in op:
             return
-        t_f, hb_f = timer.device_us(fused_fn, nsets, bytes_per_launch=nbytes)
-        t_u, hb_u = timer.device_us(unfused_fn, nsets, bytes_per_launch=nbytes)
+        with timing:
+            t_f, hb_f = timer.device_us(fused_fn, nsets, bytes_per_launch=nbytes)
+            t_u, hb_u = timer.device_us(unfused_fn, nsets, bytes_per_launch=nbytes)
         gbs = nbytes / t_f / 1e3
         results.append(dict(op=op, us=t_f, gbs=gbs, frac_copy=gbs / copy_gbs, unfused_us=t_u,
                             speedup=t_u / t_f, bytes=nbytes, host_bound=hb_f or hb_u))
