@@ -41,7 +41,7 @@ from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OUT_MX, OUT_ROW
                              R_SPLIT_MIN_BITS, SIG_BITS, ff_add, prod_err, round_bits, rsqrt_mean, two_sum)
 from ._ptx import fp8_cvt_available, fp8_cvt_supports, load_u32x4, store_u32x2
 from ._quantize_kernels import group_params, store_scale
-from ._rowwise_kernels import FINITE, abs_i32, encode_store_unit, half_bits, unit_amax, xor_get, xor_max
+from ._rowwise_kernels import FINITE, _block_max_fn, abs_i32, encode_store_unit, half_bits, unit_amax, xor_get, xor_max
 from ._scales import MODE_FLOAT, MODE_MX
 from ._target import SIMULATOR, devfn
 
@@ -358,18 +358,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                 store_scale(scales, np.int64(row) * ngroups + u // LL, MODE, sv)
             put_codes(y, u, row, n, pcols, p0, a < FINITE, codes, c16, c32)
 
-    @devfn
-    def block_max(a, tid, scratch, redm):
-        off = 16
-        while off > 0:
-            a = xor_max(a, off, shfl, scratch, tid)
-            off >>= 1
-        if (tid & 31) == 0:
-            redm[tid >> 5] = a
-        cuda.syncthreads()
-        for k in range(NW):
-            a = max(a, redm[k])
-        return a
+    block_max = _block_max_fn(NT, shfl)
 
     # ---- the kernel's source, one statement per unit where a unit is involved
     L = [f"def fused_rows({_KERNEL_ARGS}):",
