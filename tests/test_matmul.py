@@ -147,7 +147,9 @@ def gemm_kwargs(qa, qb):
                                               ("fp8_row", "fp8_tensor", 2, "mbar"), ("fp8_1x128", "fp8_128x128", 1, "pp"),
                                               ("fp8_row", "e5m2", 1, "pp"), ("fp8_row", "e5m2", 1, "ws"),
                                               ("fp8_1x128", "fp8_128x128", 1, "ws"), ("int8_asym", "int8_row", 1, "ws"),
-                                              ("fp8_row", "fp8_tensor", 2, "ws"), ("fp8_1x128", "fp8_128x128", 1, "wspp")])  # fmt: skip
+                                              ("fp8_row", "fp8_tensor", 2, "ws"), ("fp8_1x128", "fp8_128x128", 1, "wspp"),
+                                              ("fp8_row", "e5m2", 1, "wsf"), ("int8_asym", "int8_row", 1, "wsf"),
+                                              ("fp8_1x128", "fp8_128x128", 1, "wsf")])  # fmt: skip
 def test_wgmma_kernel_matches_reference(sa, sb, every, mode):
     """The sm_90a kernel (wgmma from swizzled shared tiles) with a one-warpgroup 64 x 16
     tile, its twins reading shared memory through the descriptors as the hardware does
@@ -156,14 +158,16 @@ def test_wgmma_kernel_matches_reference(sa, sb, every, mode):
     parities are waited on), "pp" (mbarrier ring with ping-pong accumulators; K = 400
     and 520: an even and an odd number of steps take the two tails), "ws" / "wspp" (the
     same rings fed by a producer warpgroup: 256 threads, the consumers released by the
-    empty barriers the producer waits on, K = 520 wraps the ring)."""
+    empty barriers the producer waits on, K = 520 wraps the ring); "wsf": "ws" with the
+    fixed-column epilogue (4 columns per thread, N = 24: the last thread's partial)."""
     from nqdq.kernels import gemm as kg
 
-    K = {"ring": 200, "mbar": 520, "pp": 400 if sa == "fp8_1x128" else 520, "ws": 520, "wspp": 400}[mode]
+    K = {"ring": 200, "mbar": 520, "pp": 400 if sa == "fp8_1x128" else 520, "ws": 520, "wspp": 400, "wsf": 300}[mode]
     x, w, qa, qb = operands(17, 24, K, sa, sb)
     a, b, kw = gemm_kwargs(qa, qb)
     cfg = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2, promote_every=every, mbarrier=mode != "ring",
-                         pingpong=mode in ("pp", "wspp"), producer=mode in ("ws", "wspp"))  # fmt: skip
+                         pingpong=mode in ("pp", "wspp"), producer=mode in ("ws", "wspp", "wsf"),
+                         fixed_cols=mode == "wsf")  # fmt: skip
     got = kg.gemm(a, b, config=cfg, **kw)
     want = ref.gemm(a, b, **kw)
     assert rel_l2(got, want) < 1e-5

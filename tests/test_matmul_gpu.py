@@ -107,12 +107,14 @@ def test_gemm_gpu_matches_reference(sa, sb, shape, family):
     assert err < tolerance(qa, config), err
 
 
-@pytest.mark.parametrize("cfg", ["fp8_row", "mbarrier", "pingpong", "ring", "ws_row", "ws_block", "ws_pp", "ws256"])
+@pytest.mark.parametrize("cfg", ["fp8_row", "mbarrier", "pingpong", "ring", "ws_row", "ws_block", "ws_pp", "ws256", "wsf_row",
+                                 "wsf_pp"])
 @pytest.mark.parametrize("sa,sb", [("fp8_row", "fp8_row"), ("fp8_1x128", "fp8_128x128")])
 def test_gemm_gpu_wgmma_configs(sa, sb, cfg):
     """The wgmma pipelines the defaults do not pick at these shapes (edges in M, N, K);
     "ws*": fed by a producer warpgroup (setmaxnreg, named barrier; ws256: block scales of
-    two 128-blocks per tile, N = 383 leaves the last one partial)."""
+    two 128-blocks per tile, N = 383 leaves the last one partial); "wsf*": with the
+    fixed-column epilogue."""
     from nqdq.kernels import gemm as kg
 
     from test_matmul import gemm_kwargs
@@ -122,10 +124,12 @@ def test_gemm_gpu_wgmma_configs(sa, sb, cfg):
               "pingpong": kg.WGMMA_CONFIG_FP8_BLOCK_PP, "ring": kg.WGMMA_CONFIG_RING,
               "ws_row": W(n=192, mbarrier=True, producer=True), "ws_block": W(n=128, stages=6, mbarrier=True, producer=True),
               "ws_pp": W(n=128, stages=6, mbarrier=True, pingpong=True, producer=True),
-              "ws256": W(n=256, mbarrier=True, producer=True)}[cfg]  # fmt: skip
+              "ws256": W(n=256, mbarrier=True, producer=True),
+              "wsf_row": W(n=192, mbarrier=True, producer=True, fixed_cols=True),
+              "wsf_pp": W(n=128, stages=6, mbarrier=True, pingpong=True, producer=True, fixed_cols=True)}[cfg]  # fmt: skip
     if sa == "fp8_1x128" and 128 % config.bn and config.bn != 256:
         pytest.skip("block scales need N = 128 (or 256) tiles")
-    if sa == "fp8_row" and cfg in ("ws_pp", "ws256"):
+    if sa == "fp8_row" and cfg in ("ws_pp", "ws256", "wsf_pp"):
         pytest.skip("timed for block scales only (compile time)")
     x, w, qa, qb = gpu_operands(257, 383, 1000, sa, sb)
     a, b, kw = gemm_kwargs(host_q(qa), host_q(qb))
@@ -184,3 +188,31 @@ def test_numpy_operands_with_device_cuda():
     assert isinstance(got, np.ndarray)
     err = rel_l2(got, matmul(qa, qb, device="cpu"))
     assert err < tolerance(qa), err
+
+
+@pytest.mark.parametrize("sa,sb,n,kw", [
+    ("int8_asym", "int8_row", 256, dict(out_dtype="bfloat16", activation="gelu", bias=True)),
+    ("fp8_row", "fp8_row", 192, dict(out_dtype="float16", activation="relu", bias=True, alpha=0.5)),
+])  # fmt: skip
+def test_gemm_gpu_fixed_cols_epilogue_same_bits(sa, sb, n, kw):
+    """The fixed-column epilogue multiplies in the row-major walk's order, so with the same
+    main loop its output is bit-identical (edges: 300 x 520 leaves partial rows / columns)."""
+    from dataclasses import replace
+
+    from nqdq.kernels import gemm as kg
+
+    from test_matmul import gemm_kwargs
+
+    M, N, K = 300, 520, 777
+    x, w, qa, qb = gpu_operands(M, N, K, sa, sb)
+    a, b, gkw = gemm_kwargs(host_q(qa), host_q(qb))
+    gkw.update(kw)
+    if gkw.pop("bias", False):
+        gkw["bias"] = RNG.standard_normal(N).astype(np.float32)
+    fp8 = sa.startswith("fp8")
+    base = kg.WgmmaConfig(n=n, mbarrier=fp8, producer=fp8)
+    outs = [kg.gemm(cp.asarray(a), cp.asarray(b), config=replace(base, fixed_cols=f), **gkw).get().view(np.uint16)
+            for f in (False, True)]  # fmt: skip
+    assert outs[0].shape == (M, N)
+    assert np.count_nonzero(outs[0]) > M * N // 4  # a real output (ReLU zeroes about half)
+    np.testing.assert_array_equal(outs[1], outs[0])
