@@ -186,6 +186,25 @@ def test_wgmma_producer_block_scales_n256():
     assert rel_l2(got, want) < 1e-5
 
 
+@pytest.mark.parametrize("sa,sb,kw", [("fp8_row", "fp8_row", dict(out_dtype="float16", activation="relu", alpha=0.5)),
+                                       ("int8_asym", "int8_row", dict(out_dtype="bfloat16", activation="gelu"))])  # fmt: skip
+def test_wgmma_fixed_cols_epilogue_same_bits(sa, sb, kw):
+    """The fixed-column epilogue multiplies in the row-major walk's order: with the same
+    main loop (a producer warpgroup, 64 x 16 tiles) the outputs are bit-identical, bias,
+    activation and half-precision rounding included (M = 17, N = 24: partial edges)."""
+    from dataclasses import replace
+
+    from nqdq.kernels import gemm as kg
+
+    x, w, qa, qb = operands(17, 24, 200, sa, sb)
+    a, b, gkw = gemm_kwargs(qa, qb)
+    gkw.update(kw, bias=RNG.standard_normal(24).astype(np.float32))
+    base = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2, mbarrier=True, producer=True)
+    outs = [np.asarray(kg.gemm(a, b, config=replace(base, fixed_cols=f), **gkw)).view(np.uint16) for f in (False, True)]
+    assert np.count_nonzero(outs[0]) > outs[0].size // 4
+    np.testing.assert_array_equal(outs[1], outs[0])
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 def test_output_rounding_bits():
     """The kernels' float32 -> float16 / bfloat16 rounding, bit for bit against NumPy /
