@@ -151,9 +151,9 @@ def bench_quantize(schemes, rows, cols, calls, label, results, graphs=True):
                 qg = nqdq.quantize(x, scheme, dtype="bfloat16")
                 g = s.end_capture()
             xh2 = act()
-            x[...] = cp.asarray(xh2.view(np.uint16))
-            sync()
-            qg.codes.fill(0xA5)
+            with s:  # s is non-blocking: null-stream work would be unordered with the replay
+                x[...] = cp.asarray(xh2.view(np.uint16))
+                qg.codes.fill(0xA5)
             g.launch(s)
             s.synchronize()
             okg = same(qg, nqdq.quantize(xh2, scheme, device="cpu"))

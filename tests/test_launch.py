@@ -380,8 +380,9 @@ def test_gpu_graph_capture_and_replay():
         graph = s.end_capture()
     for trial in range(2):  # new data in the same buffers, then replay
         x = bf16_rows(rng, rows, cols)
-        xd[...] = cupy.asarray(x.view(np.uint16))
-        codes.fill(0xA5)
+        with s:  # on the replay's stream: s is non-blocking, so the null stream's work is unordered with it
+            xd[...] = cupy.asarray(x.view(np.uint16))
+            codes.fill(0xA5)
         graph.launch(s)
         s.synchronize()
         ref_codes, ref_scales = reference_fp8_row(x)
