@@ -1060,3 +1060,84 @@ def test_nvfp4_bf16_pair_path(monkeypatch):
         kq._PLANS.clear()
     if kq.SIMULATOR:
         assert calls
+
+
+def _e2m1_f32_probe_values():
+    """float32 magnitudes around every e2m1 code boundary: the grid points and the midpoints
+    (ties), each with its float32 neighbours 1 and 2 ulps away, values past 6 (saturation),
+    subnormals, and random values over a wide range; both signs."""
+    grid = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
+    mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 6.5, 7, 7.5, 8, 1e3], np.float32)
+    base = np.concatenate([grid, mids])
+    near = [base]
+    for steps in (1, 2):
+        up, down = base.copy(), base.copy()
+        for _ in range(steps):
+            up = np.nextafter(up, np.float32(np.inf))
+            down = np.nextafter(down, np.float32(0))
+        near += [up, down]
+    rng = np.random.default_rng(11)
+    rand = (rng.standard_normal(20000) * 10.0 ** rng.uniform(-3, 1, 20000)).astype(np.float32)
+    sub = np.array([1e-45, 1e-40, 1.1754942e-38], np.float32)
+    v = np.concatenate(near + [rand, sub])
+    return np.concatenate([v, -v]).astype(np.float32)
+
+
+@pytest.mark.skipif(not kq.SIMULATOR, reason="runs the twins (the GPU runs the kernel in test_mxfp4_f32_pair_path)")
+def test_e2m1_f32_pairs_match_the_codec(monkeypatch):
+    """e2m1_unit_f32 (through its twins) against the reference codec on y = x * 2^-k for x =
+    v * 2^k, v around every code boundary (ties, 1-2 ulps off, saturation, subnormal
+    products), over the MX range of k; both signs, zeros included."""
+    from nqdq.formats import get_format
+    from nqdq.kernels import _rowwise_kernels as RK
+
+    # the bit casts by NumPy views, so that the twins run on whole arrays at once
+    monkeypatch.setattr(RK, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
+    monkeypatch.setattr(RK, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
+    fn = RK.e2m1_unit_f32.py_func
+    v = _e2m1_f32_probe_values()
+    v = v[: v.size // 8 * 8]
+    for k in (-127, -126, -20, -1, 0, 1, 5, 60, 126):
+        p = np.float32(2.0**-k)
+        with np.errstate(over="ignore", under="ignore"):
+            x = (v.astype(np.float64) * 2.0**k).astype(np.float32)
+            ok = np.isfinite(x)
+            x = np.where(ok, x, np.float32(0))
+            y = x * p  # the reference's float32 product
+        want = rcodec.encode_float(y, get_format("e2m1")).astype(np.uint32)
+        e = x.view(np.uint32).reshape(-1, 8)
+        got = fn([e[:, j] for j in range(8)], p)
+        codes = np.stack([(got >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=1).reshape(-1)
+        bad = codes != want
+        assert not bad.any(), f"k={k}: {int(bad.sum())} differ, first y={y[bad][0]!r} code {codes[bad][0]} != {want[bad][0]}"
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+def test_mxfp4_f32_pair_path(monkeypatch, dtype, rounding):
+    """MXFP4 of float16 input (8-element units) takes e2m1_unit_f32 in finite groups and the
+    element encoder elsewhere, bit for bit with the reference; float32 input (4-element
+    units) keeps the element encoder."""
+    from nqdq.kernels import _rowwise_kernels as RK
+
+    calls = []
+    enc = RK.e2m1_unit_f32
+
+    def spy(e, p0):
+        calls.append(1)
+        return enc(e, p0)
+
+    if kq.SIMULATOR:  # a compiled kernel cannot call the spy
+        monkeypatch.setattr(RK, "e2m1_unit_f32", spy)
+    monkeypatch.setattr(RK, "E2M1_F32_PAIRS", True)
+    kq._PLANS.clear()
+    RK.make_lastaxis_group_kernel.cache_clear()
+    try:
+        x = edge_data((4, 128), seed=9).astype(dtype)
+        x[3, 64:96] = np.float32(1e-7)  # a finite group of tiny values (subnormal in float16)
+        check(x, resolve_scheme("mxfp4", scale_rounding=rounding), x_ref=x.astype(np.float32))
+    finally:
+        kq._PLANS.clear()
+        RK.make_lastaxis_group_kernel.cache_clear()
+    if kq.SIMULATOR:
+        assert bool(calls) == (dtype == np.float16)

@@ -45,6 +45,7 @@ that the CUDA simulator runs; the GPU tests run both variants.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import numpy as np
@@ -342,6 +343,40 @@ def e2m1_unit_nvfp4(w, mb):
                      e2m1_pair_sum(nvfp4_pair_abs(w[2], mb)), e2m1_pair_sum(nvfp4_pair_abs(w[3], mb)), w)
 
 
+# MX e2m1 of float32 element words (float16 / float32 inputs, and the fused ops' normalized
+# y), two elements per bfloat16 pair: y = x * 2^-k is exact in float32 (but for subnormals,
+# whose code is a signed zero either way), then rounded *to odd* into bfloat16 (the NVFP4
+# argument above: rounding to odd with 8 bits, then to nearest even with at most 2, is
+# rounding to nearest once), clamped to 6 (the e2m1 encode saturates: (6, 7) rounds to 6 and
+# anything larger is past the top of the grid) and put on the grid by the same magic add;
+# the signs are those of the rounded pairs (p0 > 0: of x). Where: encode_store_unit, MX
+# finite groups of 8-element units; E2M1_F32_PAIRS switches it (not yet timed on a GPU).
+E2M1_F32_PAIRS = os.environ.get("NQDQ_UNMEASURED_KERNELS", "0") == "1"
+
+
+@devfn
+def f32_pair_rto(e_lo, e_hi, p0):
+    """The bfloat16 pair (x_lo * p0, x_hi * p0) rounded to odd (float32 products; the sign
+    of each product in its half)."""
+    y0 = np.uint32(f32_bits(bits_f32(e_lo) * p0))
+    y1 = np.uint32(f32_bits(bits_f32(e_hi) * p0))
+    sticky = u16x2_min(prmt(y0, y1, np.uint32(0x5410)), np.uint32(0x00010001))  # 1 where a low half is not 0
+    return np.uint32(prmt(y0, y1, np.uint32(0x7632)) | sticky)
+
+
+@devfn
+def e2m1_unit_f32(e, p0):
+    """The 8 packed e2m1 codes (element 0 in bits 0-3) of an 8-element unit of float32 bits
+    ``e`` times the MX power of two p0, for a finite group."""
+    h0 = f32_pair_rto(e[0], e[1], p0)
+    h1 = f32_pair_rto(e[2], e[3], p0)
+    h2 = f32_pair_rto(e[4], e[5], p0)
+    h3 = f32_pair_rto(e[6], e[7], p0)
+    six = np.uint32(BF16X2_SIX)
+    return e2m1_pack(e2m1_pair_sum(bf16x2_absmin(h0, six)), e2m1_pair_sum(bf16x2_absmin(h1, six)),
+                     e2m1_pair_sum(bf16x2_absmin(h2, six)), e2m1_pair_sum(bf16x2_absmin(h3, six)), (h0, h1, h2, h3))
+
+
 # NVFP4's block parameters for a finite block, as group_params (nvfp4_block_scale_code,
 # nvfp4_element_multiplier) with fewer instructions: the tensor constants t6 = S_enc *
 # fp32(1/6) and S_dec = 1 / S_enc are computed once per chunk (same IEEE operations, same
@@ -391,6 +426,10 @@ def encode_store_unit(e, unit, p0, clean, c8, c16, c32, mode, fmt, cvt, vec, nb)
             store_u32x2(c32, unit, w0, w1)
         else:
             c32[np.uint64(unit)] = w0
+        return
+    if E2M1_F32_PAIRS and clean and mode == MODE_MX and vec == 8 and fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7 \
+            and nb == 4:  # fmt: skip
+        c32[np.uint64(unit)] = e2m1_unit_f32(e, p0)  # MX e2m1, finite group: pairs (see e2m1_unit_f32)
         return
     m = (1 << nb) - 1
     hi = np.uint32(0)
