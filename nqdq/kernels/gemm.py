@@ -329,17 +329,25 @@ def assemble(ptx: str, cc=(9, 0)) -> tuple[bytes, str]:
     accepts the PTX ISA NVVM emits where an older ptxas may not. Raises on errors."""
     from cuda.bindings import nvjitlink
 
+    return _nvjitlink(ptx.encode(), nvjitlink.InputType.PTX, "gemm.ptx", cc, lto=False)
+
+
+def _nvjitlink(data: bytes, kind, name: str, cc, lto: bool) -> tuple[bytes, str]:
+    """(cubin, info log) of one nvJitLink input (PTX or LTO-IR) linked for ``cc``."""
+    from cuda.bindings import nvjitlink
+
     arch = f"sm_{cc[0]}{cc[1]}" + (cc[2] if len(cc) > 2 else "")
-    h = nvjitlink.create(2, [f"-arch={arch}".encode(), b"-verbose"])
+    opts = [f"-arch={arch}".encode(), b"-verbose"] + ([b"-lto"] if lto else [])
+    h = nvjitlink.create(len(opts), opts)
     try:
-        data = ptx.encode()
         try:
-            nvjitlink.add_data(h, nvjitlink.InputType.PTX, data, len(data), "gemm.ptx")
+            nvjitlink.add_data(h, kind, data, len(data), name)
             nvjitlink.complete(h)
         except Exception as exc:
             buf = bytearray(nvjitlink.get_error_log_size(h))
             nvjitlink.get_error_log(h, buf)
-            raise RuntimeError(f"nvJitLink failed for {arch}: {bytes(buf).decode(errors='replace')}") from exc
+            what = "nvJitLink (LTO)" if lto else "nvJitLink"
+            raise RuntimeError(f"{what} failed for {arch}: {bytes(buf).decode(errors='replace')}") from exc
         buf = bytearray(nvjitlink.get_info_log_size(h))
         nvjitlink.get_info_log(h, buf)
         cubin = bytearray(nvjitlink.get_linked_cubin_size(h))
@@ -371,20 +379,4 @@ def assemble_lto(spec: GemmSpec, config, cc=(9, 0, "a")) -> tuple[bytes, str]:
                                 launch_bounds=kern.targetoptions.get("launch_bounds"))  # fmt: skip
     finally:
         dispatcher.get_current_device = old
-    arch = f"sm_{cc[0]}{cc[1]}" + (cc[2] if len(cc) > 2 else "")
-    h = nvjitlink.create(3, [f"-arch={arch}".encode(), b"-lto", b"-verbose"])
-    try:
-        try:
-            nvjitlink.add_data(h, nvjitlink.InputType.LTOIR, ltoir, len(ltoir), "gemm.ltoir")
-            nvjitlink.complete(h)
-        except Exception as exc:
-            buf = bytearray(nvjitlink.get_error_log_size(h))
-            nvjitlink.get_error_log(h, buf)
-            raise RuntimeError(f"nvJitLink (LTO) failed for {arch}: {bytes(buf).decode(errors='replace')}") from exc
-        buf = bytearray(nvjitlink.get_info_log_size(h))
-        nvjitlink.get_info_log(h, buf)
-        cubin = bytearray(nvjitlink.get_linked_cubin_size(h))
-        nvjitlink.get_linked_cubin(h, cubin)
-        return bytes(cubin), bytes(buf).decode(errors="replace")
-    finally:
-        nvjitlink.destroy(h)
+    return _nvjitlink(ltoir, nvjitlink.InputType.LTOIR, "gemm.ltoir", cc, lto=True)
