@@ -664,13 +664,30 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             nchunks = n // vec // K
             _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, out.sparams)
 
+    def partials(count):
+        """finalize's partial statistics, ``count`` of each: amax bits, min, max."""
+        return rec.empty(count, np.int64), rec.empty(count, np.float32), rec.empty(count, np.float32)
+
     def run_tensor_stats(stat_mode):
         nblocks = max(1, min(_cdiv(n, nt * E_TARGET), 1024))
-        pi = rec.empty(nblocks, np.int64)
-        pa = rec.empty(nblocks, np.float32)
-        pb = rec.empty(nblocks, np.float32)
-        _launch(K.make_tensor_partials_kernel(kind, stat_mode, nt), nblocks, nt, xa, n, pi, pa, pb)
-        return pi, pa, pb, nblocks
+        parts = partials(nblocks)
+        _launch(K.make_tensor_partials_kernel(kind, stat_mode, nt), nblocks, nt, xa, n, *parts)
+        return (*parts, nblocks)
+
+    def run_tensor_amax(NT, finite):
+        """Whole units: the vector-load tensor amax pass (``finite``: over the finite
+        elements, NVFP4's), then finalize."""
+        vec = RK.vec_of(kind)
+        nblocks = max(1, min(_cdiv(n // vec, NT * GROUP_UNITS), 1024))
+        parts = partials(nblocks)
+        _launch(RK.make_tensor_amax_kernel(kind, NT, GROUP_UNITS, SHFL, finite), nblocks, NT, xa, n // vec, *parts)
+        run_finalize(mode, parts, nblocks, 1, 1)
+
+    def run_static(NT, U, per_row):
+        """static_encode over whole units with the scales in ``scales``."""
+        vec = RK.vec_of(kind)
+        k = RK.make_static_kernel(kind, fmt, NT, U, packed, per_row)
+        _launch(k, _cdiv(n // vec, NT * U), NT, xa, n // vec, C // vec, codes, scales)
 
     def run_finalize(fmode, parts, nchunks, ngroups, I):
         pi, pa, pb = parts
@@ -685,23 +702,13 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
     ax = sch.axis % nd
     fast_static = _fast_static(shape, kind, sch, mode, nt) if static_scale and not stoch else None
     if fast_static is not None:  # caller-given scales, whole units: one streaming pass
-        NT, U, per_row = fast_static
-        vec = RK.vec_of(kind)
-        k = RK.make_static_kernel(kind, fmt, NT, U, packed, per_row)
-        _launch(k, _cdiv(n // vec, NT * U), NT, xa, n // vec, C // vec, codes, scales)
+        run_static(*fast_static)
     elif static_scale:
         run_encode()
     elif mode == MODE_NVFP4:
         fast = None if stoch else _fast_lastaxis(shape, kind, mode, block[-1], nt, _cheap(fmt))
         if fast is not None:  # finite amax of whole units, vector loads
-            vec = RK.vec_of(kind)
-            NT, U = max(32, min(nt, 256)), GROUP_UNITS
-            nblocks = max(1, min(_cdiv(n // vec, NT * U), 1024))
-            pi = rec.empty(nblocks, np.int64)
-            pa = rec.empty(nblocks, np.float32)
-            pb = rec.empty(nblocks, np.float32)
-            _launch(RK.make_tensor_amax_kernel(kind, NT, U, SHFL), nblocks, NT, xa, n // vec, pi, pa, pb)
-            run_finalize(MODE_NVFP4, (pi, pa, pb), nblocks, 1, 1)
+            run_tensor_amax(max(32, min(nt, 256)), True)
             run_fast(fast)
         else:
             pi, pa, pb, nb = run_tensor_stats(MODE_NVFP4)
@@ -712,16 +719,8 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         fast_static = _fast_static(shape, kind, sch, mode, nt) if not stoch else None
         if fast_static is not None:  # whole units: vector-load amax pass, then the static pass
             NT, U, _ = fast_static
-            vec = RK.vec_of(kind)
-            nblocks = max(1, min(_cdiv(n // vec, NT * GROUP_UNITS), 1024))
-            pi = rec.empty(nblocks, np.int64)
-            pa = rec.empty(nblocks, np.float32)
-            pb = rec.empty(nblocks, np.float32)
-            amax = RK.make_tensor_amax_kernel(kind, NT, GROUP_UNITS, SHFL, finite=False)
-            _launch(amax, nblocks, NT, xa, n // vec, pi, pa, pb)
-            run_finalize(mode, (pi, pa, pb), nblocks, 1, 1)
-            k = RK.make_static_kernel(kind, fmt, NT, U, packed, False)
-            _launch(k, _cdiv(n // vec, NT * U), NT, xa, n // vec, C // vec, codes, scales)
+            run_tensor_amax(NT, False)
+            run_static(NT, U, False)
         else:
             pi, pa, pb, nb = run_tensor_stats(mode)
             run_finalize(mode, (pi, pa, pb), nb, 1, 1)
@@ -746,11 +745,9 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
 
         upr = C // RK.vec_of(kind)
         NT, grid, rpc = CK.column_geometry(rows, upr, nt)
-        pi = rec.empty(grid[1] * C, np.int64)
-        pa = rec.empty(grid[1] * C, np.float32)
-        pb = rec.empty(grid[1] * C, np.float32)
-        _launch(CK.make_column_amax_kernel(kind, NT), grid, NT, xa, rows, upr, rpc, pi, pa, pb)
-        run_finalize(mode, (pi, pa, pb), grid[1], C, 1)
+        parts = partials(grid[1] * C)
+        _launch(CK.make_column_amax_kernel(kind, NT), grid, NT, xa, rows, upr, rpc, *parts)
+        run_finalize(mode, parts, grid[1], C, 1)
         _launch(CK.make_column_encode_kernel(kind, fmt, NT, packed), grid, NT, xa, rows, upr, rpc, scales, codes)
     elif sch.granularity == "column":
         O, L, I = math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1 :])
@@ -762,14 +759,9 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             nchunks = max(1, min(O, _cdiv(1 << 17, J)))
             oc = _cdiv(O, nchunks)
             nchunks = _cdiv(O, oc)
-            pi = rec.empty(nchunks * J, np.int64)
-            pa = rec.empty(nchunks * J, np.float32)
-            pb = rec.empty(nchunks * J, np.float32)
-            _launch(
-                K.make_column_partials_kernel(kind, mode), (_cdiv(J, 128), nchunks), 128,
-                xa, O, J, oc, pi, pa, pb,
-            )  # fmt: skip
-            run_finalize(mode, (pi, pa, pb), nchunks, L, I)
+            parts = partials(nchunks * J)
+            _launch(K.make_column_partials_kernel(kind, mode), (_cdiv(J, 128), nchunks), 128, xa, O, J, oc, *parts)
+            run_finalize(mode, parts, nchunks, L, I)
             run_encode()
     else:  # group / row
         G = block[ax]
