@@ -47,6 +47,7 @@ order and width are not specified; tests allow for that).
 from __future__ import annotations
 
 import threading
+from functools import lru_cache
 
 import ml_dtypes
 import numpy as np
@@ -688,9 +689,6 @@ if not SIMULATOR:
 # since the producer has exited. Twins: ``setmaxnreg`` changes nothing the simulator can
 # see (no-op); the named barrier is the simulator's block barrier, which releases once
 # every *live* thread waits (the producer's threads have returned by then).
-_NREG: dict = {}
-
-
 def _make_setmaxnreg(op, n):
     def setmaxnreg_stub():
         """``setmaxnreg.{op}.sync.aligned.u32 n``: this warpgroup's registers per thread
@@ -701,19 +699,20 @@ def _make_setmaxnreg(op, n):
     return setmaxnreg_stub
 
 
+@lru_cache(maxsize=None)
 def setmaxnreg(op: str, n: int):
     """The ``setmaxnreg.{inc,dec}.sync.aligned.u32 n`` stub (n: 24 .. 256, a multiple of 8)."""
     if op not in ("inc", "dec") or n % 8 or not 24 <= n <= 256:
         raise ValueError(f"setmaxnreg: op must be 'inc' or 'dec' and n a multiple of 8 in [24, 256], got {op!r}, {n}")
-    key = (op, n)
-    if key not in _NREG:
-        _NREG[key] = stub = _make_setmaxnreg(op, n)
-        if not SIMULATOR:
-            _join0(stub, _void_asm(f"setmaxnreg.{op}.sync.aligned.u32 {n};"))
-    return _NREG[key]
+    return _void_stub(_make_setmaxnreg(op, n), f"setmaxnreg.{op}.sync.aligned.u32 {n};")
 
 
-_BARS: dict = {}
+def _void_stub(stub, asm):
+    """``stub``, lowered to the operand-less instruction ``asm`` when compiling for a GPU
+    (the simulator calls the stub's body: its twin)."""
+    if not SIMULATOR:
+        _join0(stub, _void_asm(asm))
+    return stub
 
 
 def _make_named_barrier(bar, count):
@@ -726,13 +725,9 @@ def _make_named_barrier(bar, count):
     return named_barrier_stub
 
 
+@lru_cache(maxsize=None)
 def named_barrier(bar: int, count: int):
     """The ``bar.sync bar, count`` stub (bar 1 .. 15; 0 is ``__syncthreads``'s)."""
     if not 1 <= bar <= 15 or count % 32 or count <= 0:
         raise ValueError(f"named_barrier: bar must be in [1, 15] and count a positive multiple of 32, got {bar}, {count}")
-    key = (bar, count)
-    if key not in _BARS:
-        _BARS[key] = stub = _make_named_barrier(bar, count)
-        if not SIMULATOR:
-            _join0(stub, _void_asm(f"bar.sync {bar}, {count};"))
-    return _BARS[key]
+    return _void_stub(_make_named_barrier(bar, count), f"bar.sync {bar}, {count};")
