@@ -202,16 +202,42 @@ def test_lastaxis_deep_paths(big_bf16, name):
     check_gpu(big_bf16, sch)
 
 
+def _check_with_shuffle_twin(monkeypatch, x, sch):
+    """check_gpu with the warp shuffle replaced by its shared-memory twin (what the
+    simulator runs)."""
+    monkeypatch.setattr(kq, "SHFL", False)
+    kq._PLANS.clear()
+    try:
+        check_gpu(x, sch)
+    finally:
+        kq._PLANS.clear()
+
+
+def _edge_input(shape, dtype, seed):
+    """(edge data as ``dtype``, the dtype of its bits on the device, the kernels' input kind)."""
+    x = edge_data(shape, seed=seed)
+    if dtype == "bfloat16":
+        return x.astype(ml_dtypes.bfloat16), np.uint16, 1
+    xh = x.astype(dtype)
+    return xh, xh.dtype, (0 if dtype == "float32" else 2)
+
+
+def _check_aligned_and_not(xh, bits, sch, dtype):
+    """check_gpu from an aligned copy and from a view one element into a buffer (not
+    16-byte aligned: the element-by-element loads)."""
+    flat = cp.empty(xh.size + 1, bits)
+    view = flat[1:].reshape(xh.shape)
+    view[...] = cp.asarray(xh.view(bits))
+    assert view.data.ptr % 16 != 0
+    for xd in (cp.asarray(xh.view(bits)), view):
+        check_gpu(xh, sch, x_dev=xd, dtype="bfloat16" if dtype == "bfloat16" else None)
+
+
 @pytest.mark.parametrize("name", ["fp8_row", "int8_row", "mxfp8", "mxfp4", "nvfp4", "fp8_1x128"])
 def test_lastaxis_shuffle_twin(monkeypatch, act_bf16, name):
     """The same kernels with the warp shuffle replaced by its shared-memory twin (what the
     simulator runs): both must give the reference's bits."""
-    monkeypatch.setattr(kq, "SHFL", False)
-    kq._PLANS.clear()
-    try:
-        check_gpu(act_bf16[:256], resolve_scheme(name))
-    finally:
-        kq._PLANS.clear()
+    _check_with_shuffle_twin(monkeypatch, act_bf16[:256], resolve_scheme(name))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -221,19 +247,9 @@ def test_lastaxis_inputs_and_unaligned(dtype, name):
     one element into a buffer (not 16-byte aligned: the element-by-element loads)."""
     shape = (96, 1024)
     sch = resolve_scheme(name)
-    x = edge_data(shape, seed=13)
-    if dtype == "bfloat16":
-        xh, bits, kind = x.astype(ml_dtypes.bfloat16), np.uint16, 1
-    else:
-        xh = x.astype(dtype)
-        bits, kind = xh.dtype, (0 if dtype == "float32" else 2)
+    xh, bits, kind = _edge_input(shape, dtype, seed=13)
     assert _fast_kernels(shape, kind, sch)
-    flat = cp.empty(x.size + 1, bits)
-    view = flat[1:].reshape(shape)
-    view[...] = cp.asarray(xh.view(bits))
-    assert view.data.ptr % 16 != 0
-    for xd in (cp.asarray(xh.view(bits)), view):
-        check_gpu(xh, sch, x_dev=xd, dtype="bfloat16" if dtype == "bfloat16" else None)
+    _check_aligned_and_not(xh, bits, sch, dtype)
 
 
 def test_wide_load_store_match_twins():
@@ -281,12 +297,7 @@ def test_new_paths_deep(big_bf16, name):
 
 @pytest.mark.parametrize("name", sorted(NEW))
 def test_new_paths_shuffle_twin(monkeypatch, big_bf16, name):
-    monkeypatch.setattr(kq, "SHFL", False)
-    kq._PLANS.clear()
-    try:
-        check_gpu(big_bf16[:256], resolve_scheme(name))
-    finally:
-        kq._PLANS.clear()
+    _check_with_shuffle_twin(monkeypatch, big_bf16[:256], resolve_scheme(name))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -296,19 +307,9 @@ def test_new_paths_inputs_and_unaligned(dtype, name):
     128-row tile for fp8_128x128)."""
     shape = (96, 1024)
     sch = resolve_scheme(name)
-    x = edge_data(shape, seed=17)
-    if dtype == "bfloat16":
-        xh, bits, kind = x.astype(ml_dtypes.bfloat16), np.uint16, 1
-    else:
-        xh = x.astype(dtype)
-        bits, kind = xh.dtype, (0 if dtype == "float32" else 2)
+    xh, bits, kind = _edge_input(shape, dtype, seed=17)
     assert NEW[name] in _kernels(shape, kind, sch)
-    flat = cp.empty(x.size + 1, bits)
-    view = flat[1:].reshape(shape)
-    view[...] = cp.asarray(xh.view(bits))
-    assert view.data.ptr % 16 != 0
-    for xd in (cp.asarray(xh.view(bits)), view):
-        check_gpu(xh, sch, x_dev=xd, dtype="bfloat16" if dtype == "bfloat16" else None)
+    _check_aligned_and_not(xh, bits, sch, dtype)
 
 
 @pytest.mark.parametrize("name, kw, scale", [("fp8_tensor", {}, 0.05), ("e4m3", {"granularity": "row"}, None),
