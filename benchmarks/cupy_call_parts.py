@@ -17,9 +17,7 @@ import argparse
 import ctypes
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import cupy as cp
@@ -31,23 +29,15 @@ sys.path.insert(0, str(HERE.parent))
 
 
 def median_us(fn, n=20000, sync_every=200):
-    """Median host time of one call. The device is synchronized (untimed) every
-    ``sync_every`` calls, so kernel launches never wait for room in the launch queue
-    (the toy kernel runs longer on the device than its launch takes on the host)."""
-    sync = cp.cuda.runtime.deviceSynchronize
+    """Median host time of one call, after 200 untimed ones: launch_overhead.host_median,
+    which synchronizes the device (untimed) every ``sync_every`` calls so kernel launches
+    never wait for room in the launch queue (the toy kernel runs longer on the device than
+    its launch takes on the host)."""
+    from launch_overhead import host_median
+
     for _ in range(200):
         fn()
-    sync()
-    pc = time.perf_counter
-    ts = []
-    for i in range(n):
-        t0 = pc()
-        fn()
-        ts.append(pc() - t0)
-        if i % sync_every == sync_every - 1:
-            sync()
-    sync()
-    return statistics.median(ts) * 1e6
+    return host_median(fn, n, cp.cuda.runtime.deviceSynchronize, sync_every)
 
 
 def array_rows():
