@@ -116,6 +116,16 @@ def _elems(kind):
 _KERNEL_ARGS = "x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D"
 
 
+@devfn
+def store_words8(dst32, q, lo, hi):
+    """The words lo[0..3], hi[0..3] at 8-byte pairs q .. q + 3 of ``dst32`` (four
+    ``st.global.v2.u32``)."""
+    store_u32x2(dst32, q, lo[0], lo[1])
+    store_u32x2(dst32, q + 1, lo[2], lo[3])
+    store_u32x2(dst32, q + 2, hi[0], hi[1])
+    store_u32x2(dst32, q + 3, hi[2], hi[3])
+
+
 @lru_cache(maxsize=None)
 def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, mx_cfg, max_elem, G, shfl):
     """The kernel for one configuration (every argument a compile-time constant): ``op``
@@ -173,11 +183,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         if c < n:
             if fast:
                 if F32K:
-                    q = (rbase + c) >> 1
-                    store_u32x2(nr32, q, na[0], na[1])
-                    store_u32x2(nr32, q + 1, na[2], na[3])
-                    store_u32x2(nr32, q + 2, nb[0], nb[1])
-                    store_u32x2(nr32, q + 3, nb[2], nb[3])
+                    store_words8(nr32, (rbase + c) >> 1, na, nb)
                 else:
                     q = (rbase + c) >> 2
                     store_u32x2(nr32, q, na[0], na[1])
@@ -311,11 +317,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     def put_y(y, yout, y32, rbase, u, n):
         c = u * UNIT
         if fast:
-            q = (rbase + c) >> 1
-            store_u32x2(y32, q, y[0], y[1])
-            store_u32x2(y32, q + 1, y[2], y[3])
-            store_u32x2(y32, q + 2, y[4], y[5])
-            store_u32x2(y32, q + 3, y[6], y[7])
+            store_words8(y32, (rbase + c) >> 1, (y[0], y[1], y[2], y[3]), (y[4], y[5], y[6], y[7]))
             return
         for i in range(UNIT):
             if c + i < n:
