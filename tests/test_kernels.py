@@ -618,28 +618,20 @@ def test_finite_group_encoders():
     assert_same(oi4, rcodec.encode_int(x, get_format("int4")).view(np.uint8), "int4", x=x)
 
 
-@pytest.mark.parametrize("name", ["mxfp8", "fp8_1x128"])
-def test_lastaxis_interleaved_chunks(monkeypatch, name):
-    """fp8 groups with CHEAP_UNITS = 2 (kq): a lane holds units l and l + LL of its group
-    (interleaved chunks); codes and scales stay bit-exact."""
+@pytest.mark.parametrize(
+    "name, units, cols, seed",
+    [("mxfp8", 2, 512, 9), ("fp8_1x128", 2, 512, 9), ("mxfp8", 1, 256, 8), ("fp8_1x128", 1, 256, 8), ("nvfp4", 1, 256, 8)],
+)
+def test_lastaxis_cheap_chunks(monkeypatch, name, units, cols, seed):
+    """fp8 groups on an sm_89+ GPU take the cvt encoder's chunk layout (kq._cheap), which
+    the simulator (no cvt) would not: forced here. ``units`` = kq.CHEAP_UNITS: 1, chunks of
+    one unit; 2, a lane holds units l and l + LL of its group (interleaved chunks). Codes
+    and scales stay bit-exact."""
     monkeypatch.setattr(kq, "_cheap", lambda fmt: True)
-    monkeypatch.setattr(kq, "CHEAP_UNITS", 2)
+    monkeypatch.setattr(kq, "CHEAP_UNITS", units)
     kq._PLANS.clear()
     try:
-        x = edge_data((3, 512), seed=9).astype(ml_dtypes.bfloat16)
-        check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
-    finally:
-        kq._PLANS.clear()
-
-
-@pytest.mark.parametrize("name", ["mxfp8", "fp8_1x128", "nvfp4"])
-def test_lastaxis_one_unit_chunks(monkeypatch, name):
-    """fp8 groups on an sm_89+ GPU use chunks of one unit (kq._cheap); the simulator, which
-    has no cvt, would take the multi-unit chunks: force the one-unit layout here."""
-    monkeypatch.setattr(kq, "_cheap", lambda fmt: True)
-    kq._PLANS.clear()
-    try:
-        x = edge_data((3, 256), seed=8).astype(ml_dtypes.bfloat16)
+        x = edge_data((3, cols), seed=seed).astype(ml_dtypes.bfloat16)
         check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
     finally:
         kq._PLANS.clear()

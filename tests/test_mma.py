@@ -221,14 +221,20 @@ print(json.dumps(out))
 """
 
 
-def test_gemm_kernels_assemble_for_sm89_sm90_sm90a():
+def _compile_rows(script):
+    """Run ``script`` in a fresh interpreter outside the CUDA simulator (it compiles and
+    assembles without a GPU) and return the JSON rows it prints last."""
     pytest.importorskip("cuda.bindings.nvjitlink")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_gemm_kernels_assemble_for_sm89_sm90_sm90a():
+    rows = _compile_rows(_COMPILE_SCRIPT)
     assert len(rows) == 25
     for row in rows[21:]:  # the sm_90a wgmma kernels (default tiles: int8 128 x 256, fp8 row
         # 128 x 192, fp8 block 128 x 128; m64nNk32 per warpgroup)
@@ -273,13 +279,7 @@ def test_warp_specialised_gemm_assembles_without_spills():
     launch gives 168 registers each; ``setmaxnreg`` moves them (producer 40, consumers 232:
     128 * 40 + 256 * 232 = 168 * 384) and is honoured (no C7504), the consumers' two
     float32 tile sets fit without spilling, the consumers meet at named barrier 1."""
-    pytest.importorskip("cuda.bindings.nvjitlink")
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", _WS_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    for row in json.loads(r.stdout.strip().splitlines()[-1]):
+    for row in _compile_rows(_WS_SCRIPT):
         assert row["maxntid"] == ["384"], row
         assert row["setmaxnreg"] == ["setmaxnreg.dec.sync.aligned.u32 40", "setmaxnreg.inc.sync.aligned.u32 232"], row
         assert row["bars"] == ["bar.sync 1, 256"], row
