@@ -165,7 +165,8 @@ def _cfg_name(cfg):
     if isinstance(cfg, kg.WgmmaConfig):
         return (f"wg{cfg.bm}x{cfg.bn}s{cfg.stages}" + ("-fast" if cfg.fast_accum else "")
                 + (f"-p{cfg.promote_every}" if cfg.promote_every != 1 else "") + ("-mb" if cfg.mbarrier else "") + ("-pp" if cfg.pingpong else "")
-                + ("-ws" if cfg.producer else ""))  # fmt: skip
+                + ("-ws" if cfg.producer else "") + ("-fc" if cfg.fixed_cols else "") + ("-d" if cfg.direct else "")
+                + ("-pers" if cfg.persistent else ""))  # fmt: skip
     return f"mma{cfg.bm}x{cfg.bn}s{cfg.stages}"
 
 

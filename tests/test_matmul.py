@@ -149,7 +149,8 @@ def gemm_kwargs(qa, qb):
                                               ("fp8_1x128", "fp8_128x128", 1, "ws"), ("int8_asym", "int8_row", 1, "ws"),
                                               ("fp8_row", "fp8_tensor", 2, "ws"), ("fp8_1x128", "fp8_128x128", 1, "wspp"),
                                               ("fp8_row", "e5m2", 1, "wsf"), ("int8_asym", "int8_row", 1, "wsf"),
-                                              ("fp8_1x128", "fp8_128x128", 1, "wsf")])  # fmt: skip
+                                              ("fp8_1x128", "fp8_128x128", 1, "wsf"), ("fp8_row", "e5m2", 1, "wsp"),
+                                              ("fp8_1x128", "fp8_128x128", 1, "wsppp"), ("int8_asym", "int8_row", 1, "wsp")])  # fmt: skip
 def test_wgmma_kernel_matches_reference(sa, sb, every, mode):
     """The sm_90a kernel (wgmma from swizzled shared tiles) with a one-warpgroup 64 x 16
     tile, its twins reading shared memory through the descriptors as the hardware does
@@ -159,15 +160,19 @@ def test_wgmma_kernel_matches_reference(sa, sb, every, mode):
     and 520: an even and an odd number of steps take the two tails), "ws" / "wspp" (the
     same rings fed by a producer warpgroup: 256 threads, the consumers released by the
     empty barriers the producer waits on, K = 520 wraps the ring); "wsf": "ws" with the
-    fixed-column epilogue (4 columns per thread, N = 24: the last thread's partial)."""
+    fixed-column epilogue (4 columns per thread, N = 24: the last thread's partial);
+    "wsp" / "wsppp": "ws" / "wspp" with the direct epilogue on a persistent grid (2 CTAs
+    walk the 4 tiles of M = 65, N = 24, so the ring runs on from one tile into the next)."""
     from nqdq.kernels import gemm as kg
 
-    K = {"ring": 200, "mbar": 520, "pp": 400 if sa == "fp8_1x128" else 520, "ws": 520, "wspp": 400, "wsf": 300}[mode]
-    x, w, qa, qb = operands(17, 24, K, sa, sb)
+    K = {"ring": 200, "mbar": 520, "pp": 400 if sa == "fp8_1x128" else 520, "ws": 520, "wspp": 400, "wsf": 300,
+         "wsp": 300, "wsppp": 400}[mode]  # fmt: skip
+    persistent = mode in ("wsp", "wsppp")
+    x, w, qa, qb = operands(65 if persistent else 17, 24, K, sa, sb)
     a, b, kw = gemm_kwargs(qa, qb)
     cfg = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2, promote_every=every, mbarrier=mode != "ring",
-                         pingpong=mode in ("pp", "wspp"), producer=mode in ("ws", "wspp", "wsf"),
-                         fixed_cols=mode == "wsf")  # fmt: skip
+                         pingpong=mode in ("pp", "wspp", "wsppp"), producer=mode.startswith("ws"),
+                         fixed_cols=mode == "wsf", direct=persistent, persistent=persistent)  # fmt: skip
     got = kg.gemm(a, b, config=cfg, **kw)
     want = ref.gemm(a, b, **kw)
     assert rel_l2(got, want) < 1e-5
@@ -187,11 +192,13 @@ def test_wgmma_producer_block_scales_n256():
 
 
 @pytest.mark.parametrize("sa,sb,kw", [("fp8_row", "fp8_row", dict(out_dtype="float16", activation="relu", alpha=0.5)),
-                                       ("int8_asym", "int8_row", dict(out_dtype="bfloat16", activation="gelu"))])  # fmt: skip
-def test_wgmma_fixed_cols_epilogue_same_bits(sa, sb, kw):
-    """The fixed-column epilogue multiplies in the row-major walk's order: with the same
-    main loop (a producer warpgroup, 64 x 16 tiles) the outputs are bit-identical, bias,
-    activation and half-precision rounding included (M = 17, N = 24: partial edges)."""
+                                       ("int8_asym", "int8_row", dict(out_dtype="bfloat16", activation="gelu")),
+                                       ("fp8_1x128", "fp8_128x128", dict(out_dtype="bfloat16", alpha=2.0))])  # fmt: skip
+def test_wgmma_epilogues_same_bits(sa, sb, kw):
+    """The fixed-column and the direct (from registers) epilogues multiply in the row-major
+    walk's order: with the same main loop (a producer warpgroup, 64 x 16 tiles) the outputs
+    are bit-identical, bias, activation and half-precision rounding included (M = 17,
+    N = 24: partial edges)."""
     from dataclasses import replace
 
     from nqdq.kernels import gemm as kg
@@ -200,9 +207,11 @@ def test_wgmma_fixed_cols_epilogue_same_bits(sa, sb, kw):
     a, b, gkw = gemm_kwargs(qa, qb)
     gkw.update(kw, bias=RNG.standard_normal(24).astype(np.float32))
     base = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2, mbarrier=True, producer=True)
-    outs = [np.asarray(kg.gemm(a, b, config=replace(base, fixed_cols=f), **gkw)).view(np.uint16) for f in (False, True)]
+    variants = [dict(), dict(fixed_cols=True), dict(direct=True)]
+    outs = [np.asarray(kg.gemm(a, b, config=replace(base, **v), **gkw)).view(np.uint16) for v in variants]
     assert np.count_nonzero(outs[0]) > outs[0].size // 4
     np.testing.assert_array_equal(outs[1], outs[0])
+    np.testing.assert_array_equal(outs[2], outs[0])
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")

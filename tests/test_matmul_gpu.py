@@ -108,13 +108,15 @@ def test_gemm_gpu_matches_reference(sa, sb, shape, family):
 
 
 @pytest.mark.parametrize("cfg", ["fp8_row", "mbarrier", "pingpong", "ring", "ws_row", "ws_block", "ws_pp", "ws256", "wsf_row",
-                                 "wsf_pp"])
+                                 "wsf_pp", "wsdp_row", "wsdp_pp"])
 @pytest.mark.parametrize("sa,sb", [("fp8_row", "fp8_row"), ("fp8_1x128", "fp8_128x128")])
 def test_gemm_gpu_wgmma_configs(sa, sb, cfg):
     """The wgmma pipelines the defaults do not pick at these shapes (edges in M, N, K);
     "ws*": fed by a producer warpgroup (setmaxnreg, named barrier; ws256: block scales of
     two 128-blocks per tile, N = 383 leaves the last one partial); "wsf*": with the
-    fixed-column epilogue."""
+    fixed-column epilogue; "wsdp*": with the direct epilogue on a persistent grid (6 x 2 or
+    3 x 2 tiles on 132 CTAs here: see test_gemm_gpu_persistent_wraps for CTAs that walk
+    several tiles)."""
     from nqdq.kernels import gemm as kg
 
     from test_matmul import gemm_kwargs
@@ -126,10 +128,13 @@ def test_gemm_gpu_wgmma_configs(sa, sb, cfg):
               "ws_pp": W(n=128, stages=6, mbarrier=True, pingpong=True, producer=True),
               "ws256": W(n=256, mbarrier=True, producer=True),
               "wsf_row": W(n=192, mbarrier=True, producer=True, fixed_cols=True),
-              "wsf_pp": W(n=128, stages=6, mbarrier=True, pingpong=True, producer=True, fixed_cols=True)}[cfg]  # fmt: skip
+              "wsf_pp": W(n=128, stages=6, mbarrier=True, pingpong=True, producer=True, fixed_cols=True),
+              "wsdp_row": W(n=192, mbarrier=True, producer=True, direct=True, persistent=True),
+              "wsdp_pp": W(n=128, stages=6, mbarrier=True, pingpong=True, producer=True, direct=True,
+                           persistent=True)}[cfg]  # fmt: skip
     if sa == "fp8_1x128" and 128 % config.bn and config.bn != 256:
         pytest.skip("block scales need N = 128 (or 256) tiles")
-    if sa == "fp8_row" and cfg in ("ws_pp", "ws256", "wsf_pp"):
+    if sa == "fp8_row" and cfg in ("ws_pp", "ws256", "wsf_pp", "wsdp_pp"):
         pytest.skip("timed for block scales only (compile time)")
     x, w, qa, qb = gpu_operands(257, 383, 1000, sa, sb)
     a, b, kw = gemm_kwargs(host_q(qa), host_q(qb))
@@ -194,9 +199,10 @@ def test_numpy_operands_with_device_cuda():
     ("int8_asym", "int8_row", 256, dict(out_dtype="bfloat16", activation="gelu", bias=True)),
     ("fp8_row", "fp8_row", 192, dict(out_dtype="float16", activation="relu", bias=True, alpha=0.5)),
 ])  # fmt: skip
-def test_gemm_gpu_fixed_cols_epilogue_same_bits(sa, sb, n, kw):
-    """The fixed-column epilogue multiplies in the row-major walk's order, so with the same
-    main loop its output is bit-identical (edges: 300 x 520 leaves partial rows / columns)."""
+def test_gemm_gpu_epilogues_same_bits(sa, sb, n, kw):
+    """The fixed-column and the direct epilogues multiply in the row-major walk's order, so
+    with the same main loop their outputs are bit-identical (edges: 300 x 520 leaves partial
+    rows / columns; N = 520 is even, so the direct epilogue's interior tiles store pairs)."""
     from dataclasses import replace
 
     from nqdq.kernels import gemm as kg
@@ -211,8 +217,63 @@ def test_gemm_gpu_fixed_cols_epilogue_same_bits(sa, sb, n, kw):
         gkw["bias"] = RNG.standard_normal(N).astype(np.float32)
     fp8 = sa.startswith("fp8")
     base = kg.WgmmaConfig(n=n, mbarrier=fp8, producer=fp8)
-    outs = [kg.gemm(cp.asarray(a), cp.asarray(b), config=replace(base, fixed_cols=f), **gkw).get().view(np.uint16)
-            for f in (False, True)]  # fmt: skip
+    variants = [dict(), dict(fixed_cols=True), dict(direct=True)] + ([dict(direct=True, persistent=True)] if fp8 else [])
+    outs = [kg.gemm(cp.asarray(a), cp.asarray(b), config=replace(base, **v), **gkw).get().view(np.uint16)
+            for v in variants]  # fmt: skip
     assert outs[0].shape == (M, N)
     assert np.count_nonzero(outs[0]) > M * N // 4  # a real output (ReLU zeroes about half)
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+@pytest.mark.parametrize("sa,sb", [("fp8_row", "fp8_row"), ("fp8_1x128", "fp8_128x128")])
+def test_gemm_gpu_persistent_wraps(sa, sb):
+    """A persistent grid where every CTA walks several tiles (2048 x 1920: 16 x 10 or 15
+    tiles on 132 SMs) and the ring's phases run on across them: equal to the same config
+    on one tile per CTA, bit for bit (the same main loop and epilogue per tile)."""
+    from dataclasses import replace
+
+    from nqdq.kernels import gemm as kg
+
+    from test_matmul import gemm_kwargs
+
+    x, w, qa, qb = gpu_operands(2048 + 33, 1920 + 7, 1000, sa, sb)
+    a, b, gkw = gemm_kwargs(host_q(qa), host_q(qb))
+    gkw.update(out_dtype="bfloat16")
+    n = 192 if sa == "fp8_row" else 128
+    base = kg.WgmmaConfig(n=n, stages=4 if n == 192 else 6, mbarrier=True, pingpong=n == 128, producer=True, direct=True)
+    outs = [kg.gemm(cp.asarray(a), cp.asarray(b), config=replace(base, persistent=p), **gkw).get() for p in (False, True)]
+    assert np.count_nonzero(outs[0]) > outs[0].size // 2
     np.testing.assert_array_equal(outs[1], outs[0])
+    want = matmul(host_q(qa), host_q(qb), device="cpu")
+    assert rel_l2(outs[1].view(ml_dtypes.bfloat16).astype(np.float32), want) < 2.0**-8 + 5e-4
+
+
+def test_out_pair_intrinsics_match_twins():
+    """cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32 and st.global.u32 (the direct epilogue's pair
+    stores) against their twins over special values and random float32 bit patterns,
+    NaN lanes included (the instructions write a canonical NaN: the twins' too)."""
+    from numba import cuda
+
+    from nqdq.kernels import _ptx
+
+    @cuda.jit
+    def probe(x, out_bf, out_h):
+        i = cuda.grid(1)
+        if 2 * i + 1 < x.size:
+            _ptx.st_u32_at(out_bf, 2 * i, _ptx.cvt_bf16x2(x[2 * i + 1], x[2 * i]))
+            _ptx.st_u32_at(out_h, 2 * i, _ptx.cvt_f16x2(x[2 * i + 1], x[2 * i]))
+
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65520.0, 65519.996, 3.4028235e38, 1e-45, -1e-45,
+                        6.1e-5, 5.96e-8, 2.98e-8, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8], np.float32)  # fmt: skip
+    bits = np.random.default_rng(12).integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32)
+    x = np.concatenate([special, bits.view(np.float32)])
+    bf, h = cp.zeros(x.size, np.uint16), cp.zeros(x.size, np.uint16)
+    probe[(x.size // 2 + 255) // 256, 256](cp.asarray(x), bf, h)
+    want_bf = _ptx.round_to_half_bits(x.astype(np.float64), 8, 7).astype(np.uint16)  # the twins' rounding
+    want_h = _ptx.round_to_half_bits(x.astype(np.float64), 5, 10).astype(np.uint16)
+    for i in range(0, special.size, 2):  # the twins' packing: element 0 in bits 0-15
+        assert _ptx.cvt_bf16x2_twin(x[i + 1], x[i]) == int(want_bf[i]) | (int(want_bf[i + 1]) << 16)
+        assert _ptx.cvt_f16x2_twin(x[i + 1], x[i]) == int(want_h[i]) | (int(want_h[i + 1]) << 16)
+    np.testing.assert_array_equal(bf.get(), want_bf)
+    np.testing.assert_array_equal(h.get(), want_h)

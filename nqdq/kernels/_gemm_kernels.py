@@ -36,6 +36,7 @@ from numba import cuda, float32, int32, uint8
 
 from . import _mma
 from ._codec import bits_f32, f32_bits
+from ._ptx import cvt_bf16x2, cvt_f16x2, st_u32_at
 from ._target import devfn
 
 BK = 64  # bytes (= elements) of K per pipeline stage
@@ -107,10 +108,11 @@ def gelu_erf(v):
 @devfn
 def bf16_bits_rne(v):
     """bfloat16 bits of float32 ``v``, round to nearest even; NaN -> 0x7FC0 (quiet)."""
-    u = f32_bits(v)
-    if (u & 0x7FFFFFFF) > 0x7F800000:
+    u = np.uint32(f32_bits(v))
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
         return np.uint16(0x7FC0 | ((u >> 16) & 0x8000))
-    return np.uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
+    # 32-bit: no finite (or infinite) pattern + 0x8000 carries out of 32 bits
+    return np.uint16(np.uint32(u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
 
 
 @devfn
@@ -158,24 +160,64 @@ def make_store_out(spec: GemmSpec):
     """The last step of the epilogue for ``spec``, shared by both kernel families:
     ``store_out(out, bias, m, n, N, v)`` adds bias[n], applies the activation and writes
     ``out[m, n]`` as float32, or as float16 / bfloat16 bits (round to nearest even)."""
-    OUT, ACT, BIAS = spec.out, spec.act, spec.bias
+
+    store_at = make_store_at(spec)[0]
 
     @devfn
     def store_out(out, bias, m, n, N, v):
+        store_at(out, bias, np.uint64(m * N + n), n, v)
+
+    return store_out
+
+
+def make_store_at(spec: GemmSpec):
+    """(``store_at(out, bias, i, n, v)``: ``store_out`` with the flat index ``i = m * N + n``
+    given (unsigned: no negative-index wraparound code per store), ``store_pair_at(out,
+    bias, i, n, v0, v1)``: the same for columns n and n + 1)."""
+    OUT, ACT, BIAS = spec.out, spec.act, spec.bias
+
+    @devfn
+    def finish(bias, n, v):
         if BIAS:
-            v += bias[n]
+            v += bias[np.uint64(n)]
         if ACT == ACT_RELU:
             v = max(v, float32(0))
         elif ACT == ACT_GELU:
             v = gelu_erf(v)
-        if OUT == OUT_F32:
-            out[m * N + n] = v
-        elif OUT == OUT_F16:
-            out[m * N + n] = f16_bits_rne(v)
-        else:
-            out[m * N + n] = bf16_bits_rne(v)
+        return v
 
-    return store_out
+    @devfn
+    def store_at(out, bias, i, n, v):
+        v = finish(bias, n, v)
+        if OUT == OUT_F32:
+            out[i] = v
+        elif OUT == OUT_F16:
+            out[i] = f16_bits_rne(v)
+        else:
+            out[i] = bf16_bits_rne(v)
+
+    @devfn
+    def store_pair_at(out, bias, i, n, v0, v1):
+        """``store_at`` of columns n, n + 1 (flat i, i + 1) by one 4-byte store of a pair of
+        16-bit outputs (one cvt rounds both; a NaN lane takes the software rounding, which
+        keeps its sign), or two float32 stores. i must be even (4-byte aligned)."""
+        v0 = finish(bias, n, v0)
+        v1 = finish(bias, n + 1, v1)
+        if OUT == OUT_F32:
+            out[i] = v0
+            out[i + np.uint64(1)] = v1
+        else:
+            if OUT == OUT_F16:
+                w = cvt_f16x2(v1, v0)
+                if v0 != v0 or v1 != v1:
+                    w = np.uint32(f16_bits_rne(v0)) | (np.uint32(f16_bits_rne(v1)) << np.uint32(16))
+            else:
+                w = cvt_bf16x2(v1, v0)
+                if v0 != v0 or v1 != v1:
+                    w = np.uint32(bf16_bits_rne(v0)) | (np.uint32(bf16_bits_rne(v1)) << np.uint32(16))
+            st_u32_at(out, i, np.uint32(w))
+
+    return store_at, store_pair_at
 
 
 def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):

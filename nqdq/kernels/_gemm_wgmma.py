@@ -51,7 +51,7 @@ from numba import cuda, float32, int32, uint8
 
 from . import _mma
 from ._gemm_kernels import (
-    SCALE_BLOCK, SCALE_ROW, make_store_out, tile_origin,
+    SCALE_BLOCK, SCALE_ROW, make_store_at, make_store_out, tile_origin,
 )  # fmt: skip
 from ._target import SIMULATOR, devfn
 
@@ -81,6 +81,15 @@ class WgmmaConfig:
     # shared reads, coalesced stores), their scales loaded once, and walks rows without
     # the per-element 64-bit division / scale loads of the row-major walk
     fixed_cols: bool = False
+    # epilogue straight from the accumulator registers: each thread scales and stores its
+    # own fragment (rows m_lo, m_lo + 8; column pairs 8 j + 2 q), with no parked C tile and
+    # no block-wide barrier (replaces fixed_cols / the row-major walk when set)
+    direct: bool = False
+    # a persistent grid (one CTA per SM, launched by the host with that many): each CTA walks
+    # output tiles blockIdx.x, + gridDim.x, ... in the grouped order; the producer's ring runs
+    # on across tiles, so the next tile's loads overlap this tile's last wgmma's and its
+    # epilogue (needs ``producer`` and ``direct``: the epilogue must not use the ring)
+    persistent: bool = False
 
     @property
     def bm(self):
@@ -110,12 +119,72 @@ class WgmmaConfig:
             raise ValueError(f"bad wgmma config {self}")
         if self.bm * (self.n + 4) * 4 > self.stages * (self.bm + self.bn) * BK:
             raise ValueError(f"wgmma config {self}: the C tile does not fit in the shared ring")
+        if self.persistent and not (self.producer and self.direct):
+            raise ValueError(f"wgmma config {self}: a persistent grid needs a producer and the direct epilogue")
         if self.producer and not self.mbarrier:
             raise ValueError(f"wgmma config {self}: a producer warpgroup needs the mbarrier ring")
         if self.mbarrier and self.stages > 16:
             raise ValueError(f"wgmma config {self}: at most 16 stages with mbarriers")
         if self.smem_bytes > 227 * 1024:
             raise ValueError(f"wgmma config {self} needs more than 227 KiB of shared memory")
+
+
+def _direct_epilogue(NACC, spec, store_at, store_pair_at, promote):
+    """``direct_epilogue(acc, out, bias, sa, sb, za, colsum_b, alpha, M, N, m_lo, nq)``: the
+    epilogue of a consumer thread's own fragment, element (row m_lo + 8 h, column
+    nq + 8 j + e) = acc[4 j + 2 h + e] (``nq`` = the tile's first column + 2 q), products in
+    the order of the parked epilogues (bit-identical output). Its statements are written out
+    (generated source), so every accumulator is indexed by a constant and stays in a
+    register: the nested loops, once their body holds a store, are not fully unrolled and
+    the accumulators go to local memory. Column scales are re-read per row half (L1 hits);
+    stores are 2-4 bytes, 8 rows x 16 bytes per warp instruction (the output is about 1/64
+    of the main loop's traffic)."""
+    BLOCK, ASYM = spec.sa_mode == SCALE_BLOCK, spec.asym
+    FLOAT_ACC = spec.mma not in ("s8s8", "u8s8")
+    sam = "sa[np.uint64(m)]" if spec.sa_mode == SCALE_ROW else "sa[0]"
+    zam = "za[np.uint64(m)]" if spec.sa_mode == SCALE_ROW else "za[0]"
+    last = 8 * (NACC // 4 - 1) + 1  # the thread's last column, past nq
+
+    def value(x, c, ind):
+        sbn = f"sb[np.uint64(nq + {c})]" if spec.sb_mode == SCALE_ROW else "sb[0]"
+        if BLOCK and promote:
+            return [f"{ind}v{c & 1} = alpha * acc[{x}]"]
+        if FLOAT_ACC:
+            return [f"{ind}v{c & 1} = acc[{x}] * alpha * sam * {sbn}"]
+        out = [f"{ind}qv = acc[{x}]"]
+        if ASYM:
+            out.append(f"{ind}qv -= zam * colsum_b[np.uint64(nq + {c})]")
+        return out + [f"{ind}v{c & 1} = float32(qv) * alpha * sam * {sbn}"]
+
+    def row_half(h, pairs):
+        ind = "            "
+        out = [f"        m = m_lo + {8 * h}", "        if m < M:", f"            sam = {sam}",
+               "            rb = np.uint64(m * N + nq)"]  # fmt: skip
+        if ASYM:
+            out.append(f"            zam = int32({zam})")
+        for j in range(NACC // 4):
+            x, c = 4 * j + 2 * h, 8 * j
+            if pairs:  # interior, N even: columns c, c + 1 by one store
+                out += value(x, c, ind) + value(x + 1, c + 1, ind)
+                out.append(f"{ind}store_pair_at(out, bias, rb + np.uint64({c}), nq + {c}, v0, v1)")
+            else:
+                for e in range(2):
+                    out.append(f"{ind}if nq + {c + e} < N:")
+                    out += value(x + e, c + e, ind + "    ")
+                    out.append(f"{ind}    store_at(out, bias, rb + np.uint64({c + e}), nq + {c + e}, v{e})")
+        return out
+
+    lines = ["def direct_epilogue(acc, out, bias, sa, sb, za, colsum_b, alpha, M, N, m_lo, nq):",
+             f"    if nq + {last} < N and N % 2 == 0:"]  # fmt: skip
+    lines += row_half(0, True) + row_half(1, True)
+    lines.append("    else:")
+    lines += row_half(0, False) + row_half(1, False)
+    src = "\n".join(lines) + "\n"
+    ns = dict(np=np, int32=int32, float32=float32, store_at=store_at, store_pair_at=store_pair_at)
+    exec(compile(src, f"<nqdq direct_epilogue NACC={NACC}>", "exec"), ns)
+    fn = ns["direct_epilogue"]
+    fn.source = src
+    return devfn(fn)
 
 
 def make_wgmma_kernel(cfg: WgmmaConfig, spec):
@@ -153,6 +222,9 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     SA_ROW, SB_ROW = spec.sa_mode == SCALE_ROW, spec.sb_mode == SCALE_ROW
     ASYM = spec.asym
     store_out = make_store_out(spec)
+    if cfg.direct:
+        direct_epilogue = _direct_epilogue(NACC, spec, *make_store_at(spec), promote=FLOAT_ACC and (
+            spec.sa_mode == SCALE_BLOCK or not cfg.fast_accum))
     MBAR = cfg.mbarrier
     RING = STAGES * (A_STAGE + B_STAGE)  # bytes of the ring; the mbarriers follow it
     mbar_init, mbar_arrive, mbar_try_wait = _mma.mbarrier_init, _mma.mbarrier_arrive, _mma.mbarrier_try_wait
@@ -166,6 +238,8 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     # most 168 for 384 threads: launch bounds (threads, 1)); the producer keeps 40 and the
     # consumers take the rest (DeepGEMM's 40 / 232 for two consumer warpgroups)
     FIXED = cfg.fixed_cols
+    DIRECT = cfg.direct
+    PERSIST = cfg.persistent
     NQ = BN // 4  # fixed columns: threads per C-tile row (4 columns each, NQ apart)
     RSTEP = NCONS // NQ  # rows one pass of the consumers covers (the rest of them idle)
     R_LAUNCH = min(255, (65536 // NTHREADS) & ~7)
@@ -198,10 +272,11 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     PING = MBAR and PROMOTE and cfg.pingpong
 
     @devfn
-    def pp_issue(acc, smem, kt, full0, da0, db0):
-        """Ping-pong ring: wait for slot kt, issue its wgmma's into ``acc`` (fresh)."""
-        slot = kt % STAGES
-        while not mbar_try_wait(smem, full0 + 8 * slot, (kt // STAGES) & 1):
+    def pp_issue(acc, smem, gk, full0, da0, db0):
+        """Ping-pong ring: wait for ring step gk (K step + the steps of the CTA's earlier
+        tiles), issue its wgmma's into ``acc`` (fresh)."""
+        slot = gk % STAGES
+        while not mbar_try_wait(smem, full0 + 8 * slot, (gk // STAGES) & 1):
             pass
         fence()
         for kk in range(4):
@@ -210,10 +285,11 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         wg_commit()
 
     @devfn
-    def pp_retire(acc, tot, smem, kt, s0, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src, b_left,
+    def pp_retire(acc, tot, smem, kt, g0, s0, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src, b_left,
                   b_dst, row_step_k):  # fmt: skip
-        """Step kt's wgmma's are complete: release its slot, promote, refill the slot."""
-        slot = kt % STAGES
+        """Step kt's wgmma's are complete: release its slot (ring step g0 + kt), promote,
+        refill the slot (without a producer: one tile per CTA, g0 = 0)."""
+        slot = (g0 + kt) % STAGES
         mbar_arrive(smem, full0 + 8 * (STAGES + slot))
         # row / tensor scales: all 1 (exact: one rounding)
         promote_scaled(tot, acc, s0[0], s0[1], s0[2], s0[3])
@@ -258,127 +334,62 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
             tot[4 * j + 2] += acc[4 * j + 2] * s3
             tot[4 * j + 3] += acc[4 * j + 3] * s3
 
-    # launch bounds (threads, 1 CTA per SM) cap the launch registers at 65536 / threads,
-    # which setmaxnreg's redistribution relies on (the simulator's jit takes no bounds)
-    kernel_jit = cuda.jit(launch_bounds=(NTHREADS, 1)) if PRODUCER and not SIMULATOR else cuda.jit
-
-    @kernel_jit
-    def gemm_wgmma(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out):
-        smem = cuda.shared.array(0, uint8)
-        base = smem_addr(smem)
-        pad = (1024 - (base & 1023)) & 1023  # swizzle atoms must start 1024-byte aligned
-        tid = cuda.threadIdx.x
-        wg = tid >> 7
-        t = tid & 127
-        w = t >> 5
-        g = (t & 31) >> 2
-        q = t & 3
-
-        m0, n0 = tile_origin(cuda.blockIdx.x, M, N, BM, BN, GROUP_M)
-
-        ktiles = (K + BK - 1) // BK
-        KB = ktiles  # fp8 scale blocks along K (BK = 128)
-        lt = tid - NCONS if PRODUCER else tid  # this thread's index among the loaders
-        r0 = lt >> 3
-        ch = lt & 7
-        ch16 = ch * 16
-        row_step_k = np.int64(RS) * K
-        a_src = (m0 + r0) * K + ch16
-        b_src = (n0 + r0) * K + ch16
-        a_left = int32(M - (m0 + r0))  # 32-bit: one compare per row test, not two
-        b_left = int32(N - (n0 + r0))
-        dst = r0 * BK + ((ch ^ (r0 & 7)) << 4)
-        a_dst = pad + dst
-        b_dst = pad + SA_BYTES + dst
-        full0 = pad + RING  # mbarriers: full[s] at full0 + 8 s, empty[s] at full0 + 8 (STAGES + s)
-        if MBAR:
-            if tid == 0:
-                for s in range(STAGES):
-                    mbar_init(smem, full0 + 8 * s, LOADERS)
-                    mbar_init(smem, full0 + 8 * (STAGES + s), NCONS)
-            cuda.syncthreads()
-            if PRODUCER:
-                if wg == NCONS // 128:
-                    # the producer warpgroup: fill slot kt % STAGES with step kt once the
-                    # consumers have released its previous use (parity of use kt // STAGES - 1;
-                    # the first round waits on parity 1, the phase before a fresh barrier's
-                    # first, which counts as complete), then exit
-                    nreg_dec()
-                    for kt in range(ktiles):
-                        slot = kt % STAGES
-                        while not mbar_try_wait(smem, full0 + 8 * (STAGES + slot), ((kt // STAGES) & 1) ^ 1):
-                            pass
-                        load_tile(a, b, smem, K, kt, slot, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst,
-                                  row_step_k)  # fmt: skip
-                        cp_mbar_arrive(smem, full0 + 8 * slot)
-                    cp_wait_all()
-                    return
-                nreg_inc()
-            else:
-                for s in range(STAGES if PING else STAGES - 1):
-                    if s < ktiles:
-                        load_tile(a, b, smem, K, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
-                        cp_mbar_arrive(smem, full0 + 8 * s)
-        else:
-            for s in range(STAGES - 2):
-                if s < ktiles:
-                    load_tile(a, b, smem, K, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
-                commit()
-
-        acc = cuda.local.array(NACC, ACC_T)
-        tot = cuda.local.array(NTOT, float32)
+    @devfn
+    def consume_tile(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out, smem, acc, tot, m0, n0, g0, ktiles,
+                     full0, da0, db0, a_base, b_base, pad, tid, wg, w, g, q, one, ch16, a_src, a_left, a_dst, b_src,
+                     b_left, b_dst, row_step_k):  # fmt: skip
+        """One output tile: the consumers' main loop and epilogue (ring step g0 + kt for K
+        step kt)."""
+        KB = ktiles
         for x in range(NACC):
             acc[x] = ZERO_ACC
         if PROMOTE:
             for x in range(NACC):
                 tot[x] = float32(0)
-        a_base = base + pad + wg * (64 * BK)
-        b_base = base + pad + SA_BYTES
-        da0, db0 = desc(a_base), desc(b_base)  # mbarrier rings: descriptors advance by offsets
         m_lo = m0 + wg * 64 + w * 16 + g  # this thread's rows: m_lo, m_lo + 8
-        one = float32(1)
         if PING:
             # steps alternate between acc (even) and acc2 (odd); every path through the
             # loop issues both, so no branch merges an in-flight set with an idle one
             # (ptxas serialises the wgmma's otherwise: C7515)
             acc2 = cuda.local.array(NACC, ACC_T)
-            pp_issue(acc, smem, 0, full0, da0, db0)
+            pp_issue(acc, smem, g0, full0, da0, db0)
             sc = block_scales(sa, sb, M, N, KB, n0, m_lo, 0) if BLOCK else (one, one, one, one)
             kt = 0
             while kt + 2 < ktiles:
-                pp_issue(acc2, smem, kt + 1, full0, da0, db0)
+                pp_issue(acc2, smem, g0 + kt + 1, full0, da0, db0)
                 tc = block_scales(sa, sb, M, N, KB, n0, m_lo, kt + 1) if BLOCK else (one, one, one, one)
                 wg_wait1()
-                pp_retire(acc, tot, smem, kt, sc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
+                pp_retire(acc, tot, smem, kt, g0, sc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
                           b_left, b_dst, row_step_k)  # fmt: skip
-                pp_issue(acc, smem, kt + 2, full0, da0, db0)
+                pp_issue(acc, smem, g0 + kt + 2, full0, da0, db0)
                 sc = block_scales(sa, sb, M, N, KB, n0, m_lo, kt + 2) if BLOCK else (one, one, one, one)
                 wg_wait1()
-                pp_retire(acc2, tot, smem, kt + 1, tc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst,
+                pp_retire(acc2, tot, smem, kt + 1, g0, tc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst,
                           b_src, b_left, b_dst, row_step_k)  # fmt: skip
                 kt += 2
             if kt + 1 < ktiles:  # two steps left: kt in flight in acc, kt + 1 to issue
-                pp_issue(acc2, smem, kt + 1, full0, da0, db0)
+                pp_issue(acc2, smem, g0 + kt + 1, full0, da0, db0)
                 tc = block_scales(sa, sb, M, N, KB, n0, m_lo, kt + 1) if BLOCK else (one, one, one, one)
                 wg_wait1()
-                pp_retire(acc, tot, smem, kt, sc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
+                pp_retire(acc, tot, smem, kt, g0, sc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
                           b_left, b_dst, row_step_k)  # fmt: skip
                 wg_wait_all()
-                pp_retire(acc2, tot, smem, kt + 1, tc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst,
+                pp_retire(acc2, tot, smem, kt + 1, g0, tc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst,
                           b_src, b_left, b_dst, row_step_k)  # fmt: skip
             else:
                 wg_wait_all()
-                pp_retire(acc, tot, smem, kt, sc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
+                pp_retire(acc, tot, smem, kt, g0, sc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
                           b_left, b_dst, row_step_k)  # fmt: skip
         for kt in range(ktiles if MBAR and not PING else 0):
             # the mbarrier ring: wait until slot kt has landed (every loader's copies), run
             # its wgmma's to completion, release the slot, promote, then (no producer)
             # refill the slot of the step before once every thread has released it with
             # step kt + STAGES - 1
-            slot = kt % STAGES
+            gk = g0 + kt  # the ring step (persistent grid: counted over the CTA's tiles)
+            slot = gk % STAGES
             if BLOCK:  # loaded before the wait, so their latency hides behind it
                 sc = block_scales(sa, sb, M, N, KB, n0, m_lo, kt)
-            while not mbar_try_wait(smem, full0 + 8 * slot, (kt // STAGES) & 1):
+            while not mbar_try_wait(smem, full0 + 8 * slot, (gk // STAGES) & 1):
                 pass
             # no fence.proxy.async here: the barrier's completion publishes the cp.async
             # writes to the wgmma's, as CUTLASS's cp.async + GMMA warp-specialised mainloop
@@ -436,6 +447,9 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                 promote_scaled(tot, acc, sc[0], sc[1], sc[2], sc[3])
 
         wg_wait_all()
+        if DIRECT:
+            direct_epilogue(tot if PROMOTE else acc, out, bias, sa, sb, za, colsum_b, alpha, M, N, m_lo, n0 + 2 * q)
+            return
         # epilogue, in two passes so that the accumulators are only ever indexed by
         # constants (they stay in registers): (1) every thread parks its fragment in the
         # idle shared ring as a [BM, CROW] float32 / int32 tile; (2) threads walk the tile
@@ -510,5 +524,100 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                         qv -= int32(za[m] if SA_ROW else za[0]) * colsum_b[n]
                     v = float32(qv) * alpha * (sa[m] if SA_ROW else sa[0]) * (sb[n] if SB_ROW else sb[0])
                 store_out(out, bias, m, n, N, v)
+
+    # launch bounds (threads, 1 CTA per SM) cap the launch registers at 65536 / threads,
+    # which setmaxnreg's redistribution relies on (the simulator's jit takes no bounds)
+    kernel_jit = cuda.jit(launch_bounds=(NTHREADS, 1)) if PRODUCER and not SIMULATOR else cuda.jit
+
+    @kernel_jit
+    def gemm_wgmma(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out):
+        smem = cuda.shared.array(0, uint8)
+        base = smem_addr(smem)
+        pad = (1024 - (base & 1023)) & 1023  # swizzle atoms must start 1024-byte aligned
+        tid = cuda.threadIdx.x
+        wg = tid >> 7
+        t = tid & 127
+        w = t >> 5
+        g = (t & 31) >> 2
+        q = t & 3
+
+        ntiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
+        tile_step = cuda.gridDim.x if PERSIST else ntiles  # else: one tile per CTA
+        tile = cuda.blockIdx.x
+        m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
+
+        ktiles = (K + BK - 1) // BK
+        lt = tid - NCONS if PRODUCER else tid  # this thread's index among the loaders
+        r0 = lt >> 3
+        ch = lt & 7
+        ch16 = ch * 16
+        row_step_k = np.int64(RS) * K
+        a_src = (m0 + r0) * K + ch16
+        b_src = (n0 + r0) * K + ch16
+        a_left = int32(M - (m0 + r0))  # 32-bit: one compare per row test, not two
+        b_left = int32(N - (n0 + r0))
+        dst = r0 * BK + ((ch ^ (r0 & 7)) << 4)
+        a_dst = pad + dst
+        b_dst = pad + SA_BYTES + dst
+        full0 = pad + RING  # mbarriers: full[s] at full0 + 8 s, empty[s] at full0 + 8 (STAGES + s)
+        if MBAR:
+            if tid == 0:
+                for s in range(STAGES):
+                    mbar_init(smem, full0 + 8 * s, LOADERS)
+                    mbar_init(smem, full0 + 8 * (STAGES + s), NCONS)
+            cuda.syncthreads()
+            if PRODUCER:
+                if wg == NCONS // 128:
+                    # the producer warpgroup: fill slot kt % STAGES with step kt once the
+                    # consumers have released its previous use (parity of use kt // STAGES - 1;
+                    # the first round waits on parity 1, the phase before a fresh barrier's
+                    # first, which counts as complete), then exit
+                    # (persistent: ring step gk runs on over the CTA's tiles)
+                    nreg_dec()
+                    gk = 0
+                    while tile < ntiles:  # once unless persistent
+                        for kt in range(ktiles):
+                            slot = gk % STAGES
+                            while not mbar_try_wait(smem, full0 + 8 * (STAGES + slot), ((gk // STAGES) & 1) ^ 1):
+                                pass
+                            load_tile(a, b, smem, K, kt, slot, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst,
+                                      row_step_k)  # fmt: skip
+                            cp_mbar_arrive(smem, full0 + 8 * slot)
+                            gk += 1
+                        tile += tile_step
+                        if tile < ntiles:
+                            m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
+                            a_src = (m0 + r0) * K + ch16
+                            b_src = (n0 + r0) * K + ch16
+                            a_left = int32(M - (m0 + r0))
+                            b_left = int32(N - (n0 + r0))
+                    cp_wait_all()
+                    return
+                nreg_inc()
+            else:
+                for s in range(STAGES if PING else STAGES - 1):
+                    if s < ktiles:
+                        load_tile(a, b, smem, K, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
+                        cp_mbar_arrive(smem, full0 + 8 * s)
+        else:
+            for s in range(STAGES - 2):
+                if s < ktiles:
+                    load_tile(a, b, smem, K, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
+                commit()
+
+        acc = cuda.local.array(NACC, ACC_T)
+        tot = cuda.local.array(NTOT, float32)
+        a_base = base + pad + wg * (64 * BK)
+        b_base = base + pad + SA_BYTES
+        da0, db0 = desc(a_base), desc(b_base)  # mbarrier rings: descriptors advance by offsets
+        one = float32(1)
+        g0 = 0  # ring steps of this CTA's earlier tiles (persistent grid)
+        while tile < ntiles:
+            m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
+            consume_tile(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out, smem, acc, tot, m0, n0, g0,
+                         ktiles, full0, da0, db0, a_base, b_base, pad, tid, wg, w, g, q, one, ch16, a_src,
+                         a_left, a_dst, b_src, b_left, b_dst, row_step_k)  # fmt: skip
+            g0 += ktiles
+            tile += tile_step
 
     return gemm_wgmma

@@ -293,6 +293,36 @@ def prmt_twin(a, b, sel):
     return out if out.ndim else np.uint32(out)
 
 
+# ``cvt_bf16x2(hi, lo)`` / ``cvt_f16x2(hi, lo)`` (``cvt.rn.bf16x2.f32`` / ``.f16x2.f32``, sm_80+):
+# two float32 rounded to nearest even into one word, lo in bits 0-15; overflow -> inf,
+# subnormals kept, NaN -> the canonical 0x7FFF (callers that keep NaN signs fix NaN lanes
+# up). ``st_u32_at(a, i, w)``: the 4 bytes at element i of array ``a`` (4-byte aligned)
+# := w, little-endian, by one ``st.global.u32`` (a 16-bit array's elements i, i + 1).
+# The GEMM epilogue stores two outputs per instruction with them; tests/test_matmul_gpu.py::
+# test_out_pair_intrinsics_match_twins compares both with the twins on a GPU.
+def _cvt_pair_twin(hi, lo, ebits, mbits):
+    lo_b = round_to_half_bits(np.float64(np.float32(lo)), ebits, mbits)
+    hi_b = round_to_half_bits(np.float64(np.float32(hi)), ebits, mbits)
+    return np.uint32((int(hi_b) << 16) | int(lo_b))
+
+
+def cvt_bf16x2_twin(hi, lo):
+    return _cvt_pair_twin(hi, lo, 8, 7)
+
+
+def cvt_f16x2_twin(hi, lo):
+    return _cvt_pair_twin(hi, lo, 5, 10)
+
+
+def st_u32_at_twin(a, i, w):
+    i, w = int(i), int(w)
+    if a.dtype.itemsize == 2:
+        a[i] = w & 0xFFFF
+        a[i + 1] = w >> 16
+    else:
+        a.view(np.uint32)[i] = w
+
+
 if not SIMULATOR:
 
     def _u32_codegen(ptx, nargs):
@@ -329,7 +359,39 @@ if not SIMULATOR:
     u16x2_max = _u32_asm("max.u16x2 $0, $1, $2;", 2)
     u16x2_min = _u32_asm("min.u16x2 $0, $1, $2;", 2)
     prmt = _u32_asm("prmt.b32 $0, $1, $2, $3;", 3)
+
+    def _cvt_half2_intrinsic(ptx_type):
+        @intrinsic
+        def _cvt2(typingctx, hi, lo):
+            sig = types.uint32(types.float32, types.float32)
+
+            def codegen(context, builder, sig, args):
+                i32 = ir.IntType(32)
+                fty = ir.FunctionType(i32, [ir.FloatType(), ir.FloatType()])
+                return builder.call(ir.InlineAsm(fty, f"cvt.rn.{ptx_type}.f32 $0, $1, $2;", "=r,f,f"), list(args))
+
+            return sig, codegen
+
+        return _cvt2
+
+    cvt_bf16x2 = _cvt_half2_intrinsic("bf16x2")
+    cvt_f16x2 = _cvt_half2_intrinsic("f16x2")
+
+    @intrinsic
+    def st_u32_at(typingctx, a, i, w):
+        sig = types.void(a, i, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            i32 = ir.IntType(32)
+            fty = ir.FunctionType(ir.VoidType(), [ptr.type, i32])
+            asm = ir.InlineAsm(fty, "st.global.u32 [$0], $1;", "l,r", side_effect=True)
+            builder.call(asm, [ptr, args[2]])
+            return context.get_dummy_value()
+
+        return sig, codegen
 else:
     bf16x2_mul, bf16x2_add, bf16x2_min, bf16x2_max = bf16x2_mul_twin, bf16x2_add_twin, bf16x2_min_twin, bf16x2_max_twin
+    cvt_bf16x2, cvt_f16x2, st_u32_at = cvt_bf16x2_twin, cvt_f16x2_twin, st_u32_at_twin
     bf16x2_absmul = bf16x2_absmul_twin
     u16x2_max, u16x2_min, prmt, bf16x2_absmin = u16x2_max_twin, u16x2_min_twin, prmt_twin, bf16x2_absmin_twin

@@ -41,14 +41,23 @@ WGMMA_CONFIG_FP8_ROW_WS = WgmmaConfig(n=192, mbarrier=True, producer=True)
 WGMMA_CONFIG_FP8_ROW_MB = WgmmaConfig(n=192, mbarrier=True)
 # + the fixed-column epilogue (4 columns per thread, scales loaded once, no per-element
 # division): 980 vs 825 TFLOP/s at 8192^3, 672 vs 534 at 4096^3 (H100 run 05:08)
-WGMMA_CONFIG_FP8_ROW = WgmmaConfig(n=192, mbarrier=True, producer=True, fixed_cols=True)
+WGMMA_CONFIG_FP8_ROW_FIXED = WgmmaConfig(n=192, mbarrier=True, producer=True, fixed_cols=True)
+# + the direct epilogue (from registers, two outputs per store, no parked tile or barrier)
+# on a persistent grid (the next tile's loads overlap this tile's epilogue): 1070 vs 1026
+# TFLOP/s for the fixed-column epilogue at 8192^3 (0.81x vs 0.77x cuBLASLt), 780 vs 711 at
+# 4096^3 (H100 run 07:12, 2026-11-21)
+WGMMA_CONFIG_FP8_ROW = WgmmaConfig(n=192, mbarrier=True, producer=True, direct=True, persistent=True)
 # fp8 block scales: 128 x 128, 6 stages, producer warpgroup + ping-pong accumulators in the
 # consumers (3 x 64 float32 per thread): 804 vs 760 TFLOP/s for WGMMA_CONFIG_FP8_BLOCK_PP
 # (no producer, 4 stages) at 8192^3, 1-2 % faster at the issue's smaller shapes
 WGMMA_CONFIG_FP8_BLOCK_WS = WgmmaConfig(stages=6, mbarrier=True, pingpong=True, producer=True)
 WGMMA_CONFIG_FP8_BLOCK_PP = WgmmaConfig(mbarrier=True, pingpong=True)
 # + the fixed-column epilogue: 847 vs 792 TFLOP/s at 8192^3, 667 vs 601 at 4096^3
-WGMMA_CONFIG_FP8_BLOCK = WgmmaConfig(stages=6, mbarrier=True, pingpong=True, producer=True, fixed_cols=True)
+WGMMA_CONFIG_FP8_BLOCK_FIXED = WgmmaConfig(stages=6, mbarrier=True, pingpong=True, producer=True, fixed_cols=True)
+# + the direct epilogue on a persistent grid: 876 vs 827 TFLOP/s at 8192^3, 781 vs 670 at
+# 4096^3 (same run)
+WGMMA_CONFIG_FP8_BLOCK = WgmmaConfig(stages=6, mbarrier=True, pingpong=True, producer=True, direct=True,
+                                     persistent=True)
 # output tiles (of 128 x 192) from which fp8 row / tensor scales take WGMMA_CONFIG_FP8_ROW
 # (4096^3, 704 tiles: faster; 2048 x 7168, 608: equal; M = 128, 75: slower than the ring)
 FP8_ROW_MIN_TILES = 640
@@ -59,8 +68,11 @@ WGMMA_CONFIG_WIDE = WgmmaConfig(n=256)
 # + the fixed-column epilogue (bit-identical output): 1187 vs 1035 TOP/s at 8192^3, 874 vs
 # 730 at 4096^3
 WGMMA_CONFIG_WIDE_FIXED = WgmmaConfig(n=256, fixed_cols=True)
-# the fixed-column epilogue was timed at 4096^3 and 8192^3 only: outputs of at least this
-# many elements take it (smaller ones keep the row-major walk, measured before)
+# + the direct epilogue instead: 1235 vs 1201 TOP/s at 8192^3, 965 vs 893 at 4096^3 (same
+# run; on a persistent grid with a producer: 1149 and 1023)
+WGMMA_CONFIG_WIDE_DIRECT = WgmmaConfig(n=256, direct=True)
+# the fixed-column and direct epilogues were timed at 4096^3 and 8192^3 only: outputs of at
+# least this many elements take them (smaller ones keep the row-major walk, measured before)
 FIXED_COLS_MIN_OUTPUT = 4096 * 4096
 
 
@@ -81,8 +93,8 @@ def default_config(spec: GemmSpec | None = None, shape: tuple[int, int] | None =
     accumulators for block scales, and 128 x 192 for row / tensor scales with outputs
     ``shape`` = (M, N) of at least ``FP8_ROW_MIN_TILES`` such tiles, else 128 x 128 on the
     block-barrier ring: measured faster at 8192^3 and 4096^3, slower at M = 128); outputs
-    of at least ``FIXED_COLS_MIN_OUTPUT`` elements with the fixed-column epilogue), else
-    mma.sync."""
+    of at least ``FIXED_COLS_MIN_OUTPUT`` elements with the direct epilogue, and for fp8 on
+    a persistent grid), else mma.sync."""
     if SIMULATOR:
         return SIM_CONFIG
     env = os.environ.get("NQDQ_GEMM_TILE")
@@ -100,7 +112,7 @@ def wgmma_config_for(spec: GemmSpec | None = None, shape: tuple[int, int] | None
         return WGMMA_CONFIG
     big = shape is None or shape[0] * shape[1] >= FIXED_COLS_MIN_OUTPUT
     if spec.mma in ("s8s8", "u8s8"):
-        return WGMMA_CONFIG_WIDE_FIXED if big else WGMMA_CONFIG_WIDE
+        return WGMMA_CONFIG_WIDE_DIRECT if big else WGMMA_CONFIG_WIDE
     if spec.sa_mode == G.SCALE_BLOCK:
         return WGMMA_CONFIG_FP8_BLOCK if big else WGMMA_CONFIG_FP8_BLOCK_WS
     if shape is not None and -(-shape[0] // 128) * -(-shape[1] // WGMMA_CONFIG_FP8_ROW.n) < FP8_ROW_MIN_TILES:
@@ -115,6 +127,12 @@ def _device_cc():
         return tuple(cuda.get_current_device().compute_capability)
     except Exception:  # pragma: no cover - no driver
         return None
+
+
+def _sm_count() -> int:
+    from numba import cuda
+
+    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
 
 
 _KERNELS: dict = {}
@@ -249,6 +267,8 @@ class PreparedGemm:
         if M > 0 and N > 0:
             kern = get_kernel(cfg, spec)
             grid = (-(-M // cfg.bm)) * (-(-N // cfg.bn))
+            if getattr(cfg, "persistent", False):  # one CTA per SM walks the tiles (2 in the simulator)
+                grid = min(grid, 2 if SIMULATOR else _sm_count())
             if SIMULATOR:
                 self._launch = lambda: kern[grid, cfg.threads, 0, cfg.smem_bytes](*args)
             else:
