@@ -141,41 +141,61 @@ def _direct_epilogue(NACC, spec, store_at, store_pair_at, promote):
     of the main loop's traffic)."""
     BLOCK, ASYM = spec.sa_mode == SCALE_BLOCK, spec.asym
     FLOAT_ACC = spec.mma not in ("s8s8", "u8s8")
-    sam = "sa[np.uint64(m)]" if spec.sa_mode == SCALE_ROW else "sa[0]"
-    zam = "za[np.uint64(m)]" if spec.sa_mode == SCALE_ROW else "za[0]"
+    SA_ROW, SB_ROW = spec.sa_mode == SCALE_ROW, spec.sb_mode == SCALE_ROW
     last = 8 * (NACC // 4 - 1) + 1  # the thread's last column, past nq
+    cols = [8 * j + e for j in range(NACC // 4) for e in range(2)]
 
-    def value(x, c, ind):
-        sbn = f"sb[np.uint64(nq + {c})]" if spec.sb_mode == SCALE_ROW else "sb[0]"
+    def value(x, c, ind, h, pre):
+        """v{c & 1} := element x's output, column nq + c; ``pre``: the scales were loaded
+        into s{c} / cs{c} / sam{h} / zam{h} first."""
+        if pre:
+            sbn, csn, sam, zam = f"s{c}" if SB_ROW else "s0", f"cs{c}", f"sam{h}", f"zam{h}"
+        else:
+            sbn = f"sb[np.uint64(nq + {c})]" if SB_ROW else "sb[0]"
+            csn, sam, zam = f"colsum_b[np.uint64(nq + {c})]", "sam", "zam"
         if BLOCK and promote:
             return [f"{ind}v{c & 1} = alpha * acc[{x}]"]
         if FLOAT_ACC:
-            return [f"{ind}v{c & 1} = acc[{x}] * alpha * sam * {sbn}"]
+            return [f"{ind}v{c & 1} = acc[{x}] * alpha * {sam} * {sbn}"]
         out = [f"{ind}qv = acc[{x}]"]
         if ASYM:
-            out.append(f"{ind}qv -= zam * colsum_b[np.uint64(nq + {c})]")
-        return out + [f"{ind}v{c & 1} = float32(qv) * alpha * sam * {sbn}"]
+            out.append(f"{ind}qv -= {zam} * {csn}")
+        return out + [f"{ind}v{c & 1} = float32(qv) * alpha * {sam} * {sbn}"]
 
     def row_half(h, pairs):
         ind = "            "
-        out = [f"        m = m_lo + {8 * h}", "        if m < M:", f"            sam = {sam}",
-               "            rb = np.uint64(m * N + nq)"]  # fmt: skip
-        if ASYM:
-            out.append(f"            zam = int32({zam})")
+        out = [f"        m = m_lo + {8 * h}", "        if m < M:", "            rb = np.uint64(m * N + nq)"]
+        if not pairs:
+            out.append(f"            sam = {'sa[np.uint64(m)]' if SA_ROW else 'sa[0]'}")
+            if ASYM:
+                out.append(f"            zam = int32({'za[np.uint64(m)]' if SA_ROW else 'za[0]'})")
         for j in range(NACC // 4):
             x, c = 4 * j + 2 * h, 8 * j
             if pairs:  # interior, N even: columns c, c + 1 by one store
-                out += value(x, c, ind) + value(x + 1, c + 1, ind)
+                out += value(x, c, ind, h, True) + value(x + 1, c + 1, ind, h, True)
                 out.append(f"{ind}store_pair_at(out, bias, rb + np.uint64({c}), nq + {c}, v0, v1)")
             else:
                 for e in range(2):
                     out.append(f"{ind}if nq + {c + e} < N:")
-                    out += value(x + e, c + e, ind + "    ")
+                    out += value(x + e, c + e, ind + "    ", h, False)
                     out.append(f"{ind}    store_at(out, bias, rb + np.uint64({c + e}), nq + {c + e}, v{e})")
         return out
 
+    # interior tiles load every scale before the first store (a load after a store cannot
+    # be moved above it: out might alias the scales), so their latencies overlap instead of
+    # each pair's loads stalling its multiply (ncu: 80 % of the epilogue's samples waited
+    # on them)
     lines = ["def direct_epilogue(acc, out, bias, sa, sb, za, colsum_b, alpha, M, N, m_lo, nq):",
              f"    if nq + {last} < N and N % 2 == 0:"]  # fmt: skip
+    if not (BLOCK and promote):
+        for h in range(2):
+            m = f"m_lo + {8 * h}"
+            lines.append(f"        sam{h} = {f'sa[np.uint64({m})] if {m} < M else float32(0)' if SA_ROW else 'sa[0]'}")
+            if ASYM:
+                lines.append(f"        zam{h} = int32({f'za[np.uint64({m})] if {m} < M else 0' if SA_ROW else 'za[0]'})")
+        lines += [f"        s{c} = sb[np.uint64(nq + {c})]" for c in (cols if SB_ROW else [0])]
+        if ASYM:
+            lines += [f"        cs{c} = colsum_b[np.uint64(nq + {c})]" for c in cols]
     lines += row_half(0, True) + row_half(1, True)
     lines.append("    else:")
     lines += row_half(0, False) + row_half(1, False)
@@ -275,6 +295,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     def pp_issue(acc, smem, gk, full0, da0, db0):
         """Ping-pong ring: wait for ring step gk (K step + the steps of the CTA's earlier
         tiles), issue its wgmma's into ``acc`` (fresh)."""
+        gk = int32(gk)  # 32-bit: cheaper % and // by STAGES
         slot = gk % STAGES
         while not mbar_try_wait(smem, full0 + 8 * slot, (gk // STAGES) & 1):
             pass
@@ -289,7 +310,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                   b_dst, row_step_k):  # fmt: skip
         """Step kt's wgmma's are complete: release its slot (ring step g0 + kt), promote,
         refill the slot (without a producer: one tile per CTA, g0 = 0)."""
-        slot = (g0 + kt) % STAGES
+        slot = int32(g0 + kt) % STAGES
         mbar_arrive(smem, full0 + 8 * (STAGES + slot))
         # row / tensor scales: all 1 (exact: one rounding)
         promote_scaled(tot, acc, s0[0], s0[1], s0[2], s0[3])
@@ -309,14 +330,26 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         return d0 + np.uint64(off >> 4)
 
     @devfn
-    def block_scales(sa, sb, M, N, KB, n0, m_lo, kt):
-        """This thread's K-step ``kt`` scale products: (rows m_lo, m_lo + 8) x (the
-        tile's first 128-block of columns, its second: tiles of N = 256)."""
-        a0 = sa[m_lo * KB + kt] if m_lo < M else float32(0)
-        a1 = sa[(m_lo + 8) * KB + kt] if m_lo + 8 < M else float32(0)
+    def scale_rows(M, N, KB, n0, m_lo):
+        """The first K-block's index in sa of rows m_lo, m_lo + 8 and in sb of the tile's
+        first and second 128-block of columns (tiles of N = 256), unsigned (no wraparound
+        code per load). Rows / blocks past M / N take the last one's (finite) scales: their
+        accumulators are 0 (zero-filled operands) and they are never stored."""
+        ia0 = np.uint64(min(m_lo, M - 1) * KB)
+        ia1 = np.uint64(min(m_lo + 8, M - 1) * KB)
         nb = n0 >> 7
-        b0 = sb[nb * KB + kt]
-        b1 = sb[(nb + 1) * KB + kt] if JB < NACC // 4 and n0 + 128 < N else float32(0)
+        ib1 = np.uint64(min(nb + 1, (N - 1) >> 7) * KB) if JB < NACC // 4 else np.uint64(0)
+        return ia0, ia1, np.uint64(nb * KB), ib1
+
+    @devfn
+    def block_scales(sa, sb, ix, kt):
+        """This thread's K-step ``kt`` scale products: (rows m_lo, m_lo + 8) x (the
+        tile's first 128-block of columns, its second); ``ix`` from scale_rows."""
+        k = np.uint64(kt)
+        a0 = sa[ix[0] + k]
+        a1 = sa[ix[1] + k]
+        b0 = sb[ix[2] + k]
+        b1 = sb[ix[3] + k] if JB < NACC // 4 else float32(0)
         return a0 * b0, a1 * b0, a0 * b1, a1 * b1
 
     @devfn
@@ -347,29 +380,30 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
             for x in range(NACC):
                 tot[x] = float32(0)
         m_lo = m0 + wg * 64 + w * 16 + g  # this thread's rows: m_lo, m_lo + 8
+        ix = scale_rows(M, N, KB, n0, m_lo) if BLOCK else (np.uint64(0), np.uint64(0), np.uint64(0), np.uint64(0))
         if PING:
             # steps alternate between acc (even) and acc2 (odd); every path through the
             # loop issues both, so no branch merges an in-flight set with an idle one
             # (ptxas serialises the wgmma's otherwise: C7515)
             acc2 = cuda.local.array(NACC, ACC_T)
             pp_issue(acc, smem, g0, full0, da0, db0)
-            sc = block_scales(sa, sb, M, N, KB, n0, m_lo, 0) if BLOCK else (one, one, one, one)
+            sc = block_scales(sa, sb, ix, 0) if BLOCK else (one, one, one, one)
             kt = 0
             while kt + 2 < ktiles:
                 pp_issue(acc2, smem, g0 + kt + 1, full0, da0, db0)
-                tc = block_scales(sa, sb, M, N, KB, n0, m_lo, kt + 1) if BLOCK else (one, one, one, one)
+                tc = block_scales(sa, sb, ix, kt + 1) if BLOCK else (one, one, one, one)
                 wg_wait1()
                 pp_retire(acc, tot, smem, kt, g0, sc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
                           b_left, b_dst, row_step_k)  # fmt: skip
                 pp_issue(acc, smem, g0 + kt + 2, full0, da0, db0)
-                sc = block_scales(sa, sb, M, N, KB, n0, m_lo, kt + 2) if BLOCK else (one, one, one, one)
+                sc = block_scales(sa, sb, ix, kt + 2) if BLOCK else (one, one, one, one)
                 wg_wait1()
                 pp_retire(acc2, tot, smem, kt + 1, g0, tc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst,
                           b_src, b_left, b_dst, row_step_k)  # fmt: skip
                 kt += 2
             if kt + 1 < ktiles:  # two steps left: kt in flight in acc, kt + 1 to issue
                 pp_issue(acc2, smem, g0 + kt + 1, full0, da0, db0)
-                tc = block_scales(sa, sb, M, N, KB, n0, m_lo, kt + 1) if BLOCK else (one, one, one, one)
+                tc = block_scales(sa, sb, ix, kt + 1) if BLOCK else (one, one, one, one)
                 wg_wait1()
                 pp_retire(acc, tot, smem, kt, g0, sc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
                           b_left, b_dst, row_step_k)  # fmt: skip
@@ -385,10 +419,10 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
             # its wgmma's to completion, release the slot, promote, then (no producer)
             # refill the slot of the step before once every thread has released it with
             # step kt + STAGES - 1
-            gk = g0 + kt  # the ring step (persistent grid: counted over the CTA's tiles)
+            gk = int32(g0 + kt)  # the ring step (persistent grid: counted over the CTA's tiles)
             slot = gk % STAGES
             if BLOCK:  # loaded before the wait, so their latency hides behind it
-                sc = block_scales(sa, sb, M, N, KB, n0, m_lo, kt)
+                sc = block_scales(sa, sb, ix, kt)
             while not mbar_try_wait(smem, full0 + 8 * slot, (gk // STAGES) & 1):
                 pass
             # no fence.proxy.async here: the barrier's completion publishes the cp.async
@@ -443,7 +477,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                 for x in range(NACC):
                     tot[x] += acc[x]
             if BLOCK:
-                sc = block_scales(sa, sb, M, N, KB, n0, m_lo, kt)
+                sc = block_scales(sa, sb, ix, kt)
                 promote_scaled(tot, acc, sc[0], sc[1], sc[2], sc[3])
 
         wg_wait_all()
@@ -546,7 +580,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         tile = cuda.blockIdx.x
         m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
 
-        ktiles = (K + BK - 1) // BK
+        ktiles = int32((K + BK - 1) // BK)  # 32-bit ring steps: cheaper slot / phase arithmetic
         lt = tid - NCONS if PRODUCER else tid  # this thread's index among the loaders
         r0 = lt >> 3
         ch = lt & 7
@@ -574,7 +608,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                     # first, which counts as complete), then exit
                     # (persistent: ring step gk runs on over the CTA's tiles)
                     nreg_dec()
-                    gk = 0
+                    gk = int32(0)
                     while tile < ntiles:  # once unless persistent
                         for kt in range(ktiles):
                             slot = gk % STAGES
@@ -583,7 +617,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                             load_tile(a, b, smem, K, kt, slot, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst,
                                       row_step_k)  # fmt: skip
                             cp_mbar_arrive(smem, full0 + 8 * slot)
-                            gk += 1
+                            gk = int32(gk + 1)
                         tile += tile_step
                         if tile < ntiles:
                             m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
@@ -611,13 +645,13 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         b_base = base + pad + SA_BYTES
         da0, db0 = desc(a_base), desc(b_base)  # mbarrier rings: descriptors advance by offsets
         one = float32(1)
-        g0 = 0  # ring steps of this CTA's earlier tiles (persistent grid)
+        g0 = int32(0)  # ring steps of this CTA's earlier tiles (persistent grid)
         while tile < ntiles:
             m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
             consume_tile(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out, smem, acc, tot, m0, n0, g0,
                          ktiles, full0, da0, db0, a_base, b_base, pad, tid, wg, w, g, q, one, ch16, a_src,
                          a_left, a_dst, b_src, b_left, b_dst, row_step_k)  # fmt: skip
-            g0 += ktiles
+            g0 = int32(g0 + ktiles)
             tile += tile_step
 
     return gemm_wgmma
