@@ -41,7 +41,8 @@ from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OUT_MX, OUT_ROW
                              R_SPLIT_MIN_BITS, SIG_BITS, ff_add, prod_err, round_bits, rsqrt_mean, two_sum)
 from ._ptx import fp8_cvt_available, fp8_cvt_supports, load_u32x4, store_u32x2
 from ._quantize_kernels import group_params, store_scale
-from ._rowwise_kernels import FINITE, _block_max_fn, abs_i32, encode_store_unit, half_bits, unit_amax, xor_get, xor_max
+from ._division import RECIP_DIV, ratio_ok, recip_guarded
+from ._rowwise_kernels import FINITE, _block_max_fn, abs_i32, encode_store_unit_r, half_bits, unit_amax, xor_get, xor_max
 from ._scales import MODE_FLOAT, MODE_MX
 from ._target import SIMULATOR, devfn
 
@@ -329,13 +330,15 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
             q[i] = encode_element(bits_f32(y[o + i]), p0, ZERO, 0, MODE, fmt, False, 0, CVT) if c + i < n else 0
 
     @devfn
-    def put_codes(y, u, row, n, pcols, p0, clean, codes, c16, c32):
-        """Encode and store the unit's codes (row ``row`` of the contiguous codes array)."""
+    def put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32):
+        """Encode and store the unit's codes (row ``row`` of the contiguous codes array); r =
+        recip_guarded(p0) for float scales (a clean unit is divided by the reciprocal: see
+        _rowwise_kernels.fp8_pair_r), computed once per row where the scale is the row's."""
         if NORM and not clean:
             y = canon8(y)
         if fast:  # n % 8 == 0: the unit's codes start at byte (row * n + 8u) * NB / 8
-            encode_store_unit(y, np.int64(row) * (n // UNIT) + u, p0, clean, codes, c16, c32, MODE, fmt, CVT, UNIT,
-                              NB)
+            encode_store_unit_r(y, np.int64(row) * (n // UNIT) + u, p0, r, clean, codes, c16, c32, MODE, fmt, CVT,
+                                UNIT, NB)
             return
         q = cuda.local.array(4, int32)
         c = u * UNIT
@@ -358,7 +361,18 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
             sv, p0, pz = group_params(MODE, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, ONE)
             if (tid & (LL - 1)) == 0:
                 store_scale(scales, np.int64(row) * ngroups + u // LL, MODE, sv)
-            put_codes(y, u, row, n, pcols, p0, a < FINITE, codes, c16, c32)
+            put_codes(y, u, row, n, pcols, p0, recip_guarded(p0) if MODE == MODE_FLOAT else ZERO, a < FINITE, codes,
+                      c16, c32)
+
+    @devfn
+    def put_static(y, u, row, n, pcols, p0, r, sclean, codes, c16, c32):
+        """put_codes under the static scale p0 (r = recip_guarded(p0)): a unit with a non-finite
+        value, or (dividing by the reciprocal) one whose |y| reaches p0 * 2^64, is not clean."""
+        am = unit_amax(y, UNIT)
+        clean = sclean and am < FINITE
+        if RECIP_DIV and r != ZERO and not ratio_ok(am, p0):
+            clean = False  # a caller-given scale far below |y| (all codes saturate): element by element
+        put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32)
 
     block_max = _block_max_fn(NT, shfl)
 
@@ -404,9 +418,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     if out == OUT_Y:
         use = "    if u{j} < nunits: put_y(y{j}, yout, y32, rbase, u{j}, n)"
     elif out == OUT_TENSOR:
-        L += ["    p0 = sscale", "    sclean = abs_i32(f32_bits(p0)) < FINITE and p0 != ZERO"]
-        use = ("    if u{j} < nunits: put_codes(y{j}, u{j}, row, n, pcols, p0, sclean and unit_amax(y{j}, UNIT) < FINITE,"
-               " codes, c16, c32)")
+        L += ["    p0 = sscale", "    sclean = abs_i32(f32_bits(p0)) < FINITE and p0 != ZERO", "    rp = recip_guarded(p0)"]
+        use = "    if u{j} < nunits: put_static(y{j}, u{j}, row, n, pcols, p0, rp, sclean, codes, c16, c32)"
     elif out == OUT_ROW:
         use = "    if u{j} < nunits: am = max(am, unit_amax(y{j}, UNIT))"
         L += ["    am = np.int32(0)"]
@@ -418,14 +431,15 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         L += ["    am = block_max(am, tid, scratch, redm)",
               "    sv, p0, pz = group_params(MODE, am, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, ONE)",
               "    if tid == 0: store_scale(scales, row, MODE, sv)",
-              "    clean = am < FINITE"]
-        L += [f"    if u{j} < nunits: put_codes(y{j}, u{j}, row, n, pcols, p0, clean, codes, c16, c32)" for j in J]
+              "    clean = am < FINITE",
+              "    rp = recip_guarded(p0) if MODE == MODE_FLOAT else ZERO"]
+        L += [f"    if u{j} < nunits: put_codes(y{j}, u{j}, row, n, pcols, p0, rp, clean, codes, c16, c32)" for j in J]
     src = "\n".join(L) + "\n"
     glb = dict(globals())
     glb.update(SCRATCH=1 if shfl else NT, RED=2 * NW, NW=NW, XSH=0 if F32K else 1, WSH=0 if wkind == KIND_F32 else 1,
                OP=op, MODE=MODE, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE, MXI=MXI, RMASK=RMASK, load_x=load_x,
                add_res=add_res, unit_sq=unit_sq, row_sum=row_sum, norm_unit=norm_unit, elems=elems, put_y=put_y,
-               put_codes=put_codes, group_unit=group_unit, block_max=block_max)
+               put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max)
     exec(compile(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", "exec"), glb)
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most

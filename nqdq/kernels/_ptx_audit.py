@@ -8,7 +8,10 @@ sm_90, and checks what exactness depends on:
 * no float64 instruction anywhere (a stray Python float literal would promote float32 math);
 * every float32 division is IEEE ``div.rn.f32`` (not ``div.approx`` / ``div.full``);
 * no ``fma`` where the reference rounds a product and a sum separately (NVVM contracts
-  ``a * b + c`` by default; the centred dequantize uses libdevice ``fmul_rn``);
+  ``a * b + c`` by default; the centred dequantize uses libdevice ``fmul_rn``), except the
+  two of each division by a reciprocal (``_division.div_by_recip``: ``q0 = x * r``,
+  ``e = fma(q0, s, -x)``, ``q = fma(-e, r, q0)``), which ``recip_div_fmas`` matches
+  operand by operand; any other ``fma.f32`` is a problem;
 * no flush-to-zero (``.ftz``) on any float instruction;
 
 and reports registers and spills per kernel (assembled by nvJitLink for sm_90, which
@@ -146,6 +149,51 @@ def compile_and_audit(launches, cc=(9, 0), registers=True):
     return rows
 
 
+_INSN = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][a-z0-9.]*)\s+(%\w+)((?:\s*,\s*[^,;]+)*)\s*;", re.M)
+
+
+def recip_div_fmas(body):
+    """(pairs, stray): the fma.f32 of ``body`` that form _division.div_by_recip's pattern
+    (2 per division: ``mul.f32 q0, x, r``, ``neg.f32 nx, x``, ``fma.rn.f32 e, q0, s, nx``,
+    ``neg.f32 ne, e``, ``fma.rn.f32 q, ne, r, q0``; operands of the mul and of the fma's
+    product in either order), and the number of fma.f32 that do not."""
+    defs = {}
+    fmas = []
+    for op, dst, rest in _INSN.findall(body):
+        args = tuple(a.strip() for a in rest.split(",")[1:])
+        defs[dst] = (op, args)
+        if re.fullmatch(r"fma\.[a-z.]*f32", op):
+            fmas.append((op, dst, args))
+
+    def is_op(reg, op, n):
+        d = defs.get(reg)
+        return d is not None and d[0] == op and len(d[1]) == n
+
+    first = {}  # e -> (q0, x, r)
+    for op, dst, (a, b, c) in fmas:
+        if op != "fma.rn.f32" or not is_op(c, "neg.f32", 1):
+            continue
+        x = defs[c][1][0]
+        for q0 in (a, b):
+            if is_op(q0, "mul.f32", 2) and x in defs[q0][1]:
+                m = defs[q0][1]
+                first[dst] = (q0, x, m[1] if m[0] == x else m[0])
+    pairs = 0
+    used = set()
+    for op, dst, (a, b, c) in fmas:
+        if op != "fma.rn.f32":
+            continue
+        for ne, r in ((a, b), (b, a)):
+            if is_op(ne, "neg.f32", 1) and defs[ne][1][0] in first:
+                e = defs[ne][1][0]
+                q0, _x, r0 = first[e]
+                if c == q0 and r == r0 and e not in used:
+                    used.add(e)
+                    pairs += 1
+                    break
+    return pairs, len(fmas) - 2 * pairs
+
+
 def _audit_ptx(label, name, ptx, cc, registers):
     body = ptx[ptx.find(".entry"):]
     problems = []
@@ -157,11 +205,12 @@ def _audit_ptx(label, name, ptx, cc, registers):
     if bad_div:
         problems.append(f"non-IEEE division {sorted(set(bad_div))}")
     nfma = len(re.findall(r"\bfma\.[a-z.]*f32", body))
-    if nfma:
-        problems.append(f"{nfma} fma.f32")
+    rdiv, stray = recip_div_fmas(body)
+    if stray:
+        problems.append(f"{stray} fma.f32 outside the reciprocal-division pattern")
     if re.search(r"\.ftz\.", body):
         problems.append("ftz")
-    row = dict(case=label, kernel=name, divs=len(divs), fma=nfma, f64=n64, problems=problems,
+    row = dict(case=label, kernel=name, divs=len(divs), fma=nfma, rdiv=rdiv, f64=n64, problems=problems,
                mul_rn=len(re.findall(r"\bmul\.rn\.f32", body)), i64=len(_INT64.findall(body)))
     if registers:
         row.update(_registers(ptx, cc))
@@ -200,11 +249,13 @@ def main(argv=None):
     launches = sweep_launches()
     rows = compile_and_audit(launches)
     bad = 0
-    print(f"{'kernel':22s} {'regs':>4s} {'stack':>5s} {'spill':>5s} {'div.rn':>6s} {'mul.rn':>6s} {'i64':>5s}  case / problems")
+    print(f"{'kernel':22s} {'regs':>4s} {'stack':>5s} {'spill':>5s} {'div.rn':>6s} {'rdiv':>5s} {'mul.rn':>6s} {'i64':>5s}"
+          "  case / problems")
     for r in rows:
         spill = r.get("spill_st", 0) + r.get("spill_ld", 0)
         print(f"{r['kernel']:22s} {r.get('regs', '-')!s:>4s} {r.get('stack', '-')!s:>5s} {spill!s:>5s} "
-              f"{r['divs']:6d} {r['mul_rn']:6d} {r['i64']:5d}  {r['case']}" + (f"  PROBLEMS: {r['problems']}" if r["problems"] else ""))
+              f"{r['divs']:6d} {r['rdiv']:5d} {r['mul_rn']:6d} {r['i64']:5d}  {r['case']}"
+              + (f"  PROBLEMS: {r['problems']}" if r["problems"] else ""))
         bad += bool(r["problems"])
     print(f"{len(rows)} kernels compiled for sm_90, {bad} with problems")
     return 1 if bad else 0

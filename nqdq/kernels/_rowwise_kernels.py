@@ -52,6 +52,8 @@ from numba import cuda, float32, int32, uint32
 
 from ._codec import F32, FLT_MAX, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits, fmin_f32, mul_rn
 from ._elements import encode_element
+from ._codec import encode_float_rne
+from ._division import RECIP_DIV, div_by_recip, ratio_ok, recip_guarded
 from ._ptx import (E4M3, array_addr, bf16x2_absmin, bf16x2_absmul, bf16x2_add, bf16x2_max, bf16x2_min, cvt_e4m3, cvt_e4m3x2, cvt_e5m2x2,
                    fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt, store_u32x2, u16x2_max, u16x2_min)
 from ._quantize_kernels import group_params, store_scale
@@ -176,6 +178,66 @@ def fp8_pair(e_lo, e_hi, p0, mode, fmt):
     if fmt[8] == E4M3:
         return np.uint32(cvt_e4m3x2(scaled(e_hi, p0, mode), scaled(e_lo, p0, mode)))
     return np.uint32(cvt_e5m2x2(scaled(e_hi, p0, mode), scaled(e_lo, p0, mode)))
+
+
+# ---- float scales, finite units: x / s by the reciprocal r = recip_guarded(s) (_division:
+# three instructions per element instead of div.rn's ten and its slow-path branch, and the
+# same quotient bit for bit, so the same codes). Used where r != 0 and every |x| < s * 2^64:
+# dynamic scales (|x| <= amax <= s * max_elem * (1 + 2^-23)), and caller-given scales whose
+# unit passes ratio_ok (static_unit, the fused kernel's static scale).
+@devfn
+def fp8_pair_r(e_lo, e_hi, p0, r, fmt):
+    """fp8_pair of a float scale p0 with its reciprocal r."""
+    q_hi = div_by_recip(bits_f32(e_hi), p0, r)
+    q_lo = div_by_recip(bits_f32(e_lo), p0, r)
+    if fmt[8] == E4M3:
+        return np.uint32(cvt_e4m3x2(q_hi, q_lo))
+    return np.uint32(cvt_e5m2x2(q_hi, q_lo))
+
+
+@devfn
+def enc_finite_r(xb, p0, r, fmt, mask):
+    """enc_finite of a float scale p0 with its reciprocal r (no cvt): the code of the
+    quotient by the integer / e2m1 / general float encoder (encode_element's, for a non-NaN
+    quotient)."""
+    q = div_by_recip(bits_f32(xb), p0, r)
+    if fmt[0] == 0:
+        return np.uint32(int_code_finite(q, fmt[6], fmt[7]) & np.uint32(mask))
+    if fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7:  # e2m1
+        return np.uint32(e2m1_code_nonnan(q) & np.uint32(mask))
+    return np.uint32(encode_float_rne(q, fmt[1], fmt[2], fmt[3], fmt[4], fmt[5]) & mask)
+
+
+@devfn
+def recip_store_unit(e, unit, p0, r, c8, c16, c32, fmt, cvt, vec, nb):
+    """encode_store_unit of a finite unit under a float scale p0 with reciprocal r != 0."""
+    if cvt:
+        w0 = np.uint32(fp8_pair_r(e[0], e[1], p0, r, fmt) | (fp8_pair_r(e[2], e[3], p0, r, fmt) << np.uint32(16)))
+        if vec == 8:
+            w1 = np.uint32(fp8_pair_r(e[4], e[5], p0, r, fmt) | (fp8_pair_r(e[6], e[7], p0, r, fmt) << np.uint32(16)))
+            store_u32x2(c32, unit, w0, w1)
+        else:
+            c32[np.uint64(unit)] = w0
+        return
+    m = (1 << nb) - 1
+    hi = np.uint32(0)
+    lo = pack4(enc_finite_r(e[0], p0, r, fmt, m), enc_finite_r(e[1], p0, r, fmt, m),
+               enc_finite_r(e[2], p0, r, fmt, m), enc_finite_r(e[3], p0, r, fmt, m), nb)
+    if vec == 8:
+        hi = pack4(enc_finite_r(e[4], p0, r, fmt, m), enc_finite_r(e[5], p0, r, fmt, m),
+                   enc_finite_r(e[6], p0, r, fmt, m), enc_finite_r(e[7], p0, r, fmt, m), nb)
+    store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
+
+
+@devfn
+def encode_store_unit_r(e, unit, p0, r, clean, c8, c16, c32, mode, fmt, cvt, vec, nb):
+    """encode_store_unit with r = recip_guarded(p0) computed by the caller, once per row
+    (units under a condition each would each compute their own)."""
+    if RECIP_DIV and clean and mode == MODE_FLOAT and r != ZERO:
+        recip_store_unit(e, unit, p0, r, c8, c16, c32, fmt, cvt, vec, nb)
+    else:  # as encode_store_unit: a float scale without a reciprocal goes element by element
+        encode_store_unit(e, unit, p0, clean and not (RECIP_DIV and mode == MODE_FLOAT), c8, c16, c32, mode, fmt, cvt,
+                          vec, nb)
 
 
 @devfn
@@ -417,7 +479,17 @@ def pack4(q0, q1, q2, q3, nb):
 @devfn
 def encode_store_unit(e, unit, p0, clean, c8, c16, c32, mode, fmt, cvt, vec, nb):
     """Encode the unit's elements (float32 bits ``e``) with their group's parameter p0 and
-    store the codes (``nb`` bits each, first element lowest) at byte unit * vec * nb / 8."""
+    store the codes (``nb`` bits each, first element lowest) at byte unit * vec * nb / 8.
+    A clean unit under a float scale is divided by the reciprocal (recip_store_unit), which
+    needs every |x| < p0 * 2^64: callers with caller-given scales pass clean = False where
+    ratio_ok fails. A scale outside recip_guarded's range (|amax| below about 2^-71) takes
+    encode_element per element, as non-finite units do (one path less to compile)."""
+    if RECIP_DIV and mode == MODE_FLOAT:
+        r = recip_guarded(p0)  # once per unit; the units of one basic block share it (CSE)
+        if clean and r != ZERO:
+            recip_store_unit(e, unit, p0, r, c8, c16, c32, fmt, cvt, vec, nb)
+            return
+        clean = False
     if cvt and clean:
         # a finite group: s (or the multiplier) is finite and non-zero and x is finite, so no
         # NaN can arise, and the paired instruction gives encode_element's codes
@@ -637,7 +709,8 @@ def lastaxis_rows(x, upr, codes, scales, sparams):
     if tid == 0:
         store_scale(scales, row, mode, sv)
     clean = a < FINITE
-    if tid + {jNT} < upr: encode_store_unit(unit_elems(w{j}, kind), base + {jNT}, p0, clean, codes, c16, c32, mode, fmt, CVT, VEC, NB)
+    rp = recip_guarded(p0) if mode == MODE_FLOAT else ZERO
+    if tid + {jNT} < upr: encode_store_unit_r(unit_elems(w{j}, kind), base + {jNT}, p0, rp, clean, codes, c16, c32, mode, fmt, CVT, VEC, NB)
 '''
 
 
@@ -755,36 +828,41 @@ def asym_group(khi, nklo, max_elem):
 
 
 @devfn
-def enc_int(xb, p0, p1, pz, flo, fhi, clean, mode, fmt, mask):
+def enc_int(xb, p0, p1, pz, flo, fhi, clean, mode, fmt, mask, r, rd):
     """An asymmetric / centred element's code. Finite groups (s finite and non-zero, x -
     mean finite: no NaN can arise) by int_code_finite: asym clip(rint(x / s) + zp, 0, qmax)
     = rint(clip(x / s, -zp, qmax - zp)) + zp (integer bounds commute with rint); centred
     rint(clip((x - mean) / s)). Otherwise encode_element, every NaN rule included. ``flo``,
-    ``fhi``: asym's bounds -zp, qmax - zp as float32. ``clean`` is a compile-time branch
-    where the caller passes a constant (encode_store_int_unit does)."""
+    ``fhi``: asym's bounds -zp, qmax - zp as float32. ``clean`` and ``rd`` (divide by the
+    reciprocal r of s: _division; |x| <= max(hi, -lo) <= hi - lo = s * qmax, |x - mean| <=
+    s * 127 up to rounding, so no overflow) are compile-time branches where the caller
+    passes constants (encode_store_int_unit does)."""
     x = bits_f32(xb)
     if clean:
         if mode == MODE_ASYM:
-            q = np.int32(int_code_finite_f(x / p0, flo, fhi)) + pz
+            v = div_by_recip(x, p0, r) if rd else x / p0
+            q = np.int32(int_code_finite_f(v, flo, fhi)) + pz
         else:
-            q = np.int32(int_code_finite((x - p1) / p0, fmt[6], fmt[7]))
+            c = x - p1
+            v = div_by_recip(c, p0, r) if rd else c / p0
+            q = np.int32(int_code_finite(v, fmt[6], fmt[7]))
         return np.uint32(np.uint32(q) & np.uint32(mask))
     return np.uint32(encode_element(x, p0, p1, pz, mode, fmt, False, 0, False) & mask)
 
 
 @devfn
-def int_unit_codes(e, p0, p1, pz, flo, fhi, clean, mode, fmt, vec, m, nb):
+def int_unit_codes(e, p0, p1, pz, flo, fhi, clean, mode, fmt, vec, m, nb, r, rd):
     """(lo, hi): the unit's codes packed by fours (see store_packed)."""
-    lo = pack4(enc_int(e[0], p0, p1, pz, flo, fhi, clean, mode, fmt, m),
-               enc_int(e[1], p0, p1, pz, flo, fhi, clean, mode, fmt, m),
-               enc_int(e[2], p0, p1, pz, flo, fhi, clean, mode, fmt, m),
-               enc_int(e[3], p0, p1, pz, flo, fhi, clean, mode, fmt, m), nb)
+    lo = pack4(enc_int(e[0], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd),
+               enc_int(e[1], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd),
+               enc_int(e[2], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd),
+               enc_int(e[3], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd), nb)
     hi = np.uint32(0)
     if vec == 8:
-        hi = pack4(enc_int(e[4], p0, p1, pz, flo, fhi, clean, mode, fmt, m),
-                   enc_int(e[5], p0, p1, pz, flo, fhi, clean, mode, fmt, m),
-                   enc_int(e[6], p0, p1, pz, flo, fhi, clean, mode, fmt, m),
-                   enc_int(e[7], p0, p1, pz, flo, fhi, clean, mode, fmt, m), nb)
+        hi = pack4(enc_int(e[4], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd),
+                   enc_int(e[5], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd),
+                   enc_int(e[6], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd),
+                   enc_int(e[7], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd), nb)
     return lo, hi
 
 
@@ -796,10 +874,13 @@ def encode_store_int_unit(e, unit, p0, p1, pz, clean, c8, c16, c32, mode, fmt, v
     m = (1 << nb) - 1
     flo = F32(-pz)  # int -> float conversions run at a quarter of the FP32 rate: once per unit
     fhi = F32(np.int32(fmt[7]) - pz)
-    if clean:
-        lo, hi = int_unit_codes(e, p0, p1, pz, flo, fhi, True, mode, fmt, vec, m, nb)
+    r = recip_guarded(p0) if RECIP_DIV else ZERO  # the units of one basic block share it (CSE)
+    if clean and r != ZERO:
+        lo, hi = int_unit_codes(e, p0, p1, pz, flo, fhi, True, mode, fmt, vec, m, nb, r, True)
+    elif clean and not RECIP_DIV:  # (with RECIP_DIV a scale outside recip_guarded's range: per element)
+        lo, hi = int_unit_codes(e, p0, p1, pz, flo, fhi, True, mode, fmt, vec, m, nb, r, False)
     else:
-        lo, hi = int_unit_codes(e, p0, p1, pz, flo, fhi, False, mode, fmt, vec, m, nb)
+        lo, hi = int_unit_codes(e, p0, p1, pz, flo, fhi, False, mode, fmt, vec, m, nb, r, False)
     store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
 
 
@@ -1038,7 +1119,8 @@ def static_encode(x, nunits, upr, codes, scales):
     u0 = cuda.blockIdx.x * (NT * U) + tid
     w{j} = load_unit(x, x32, aligned, u0 + {jNT}, u0 + {jNT} < nunits, kind)
     st = scales[0]
-    if u0 + {jNT} < nunits: static_unit(unit_elems(w{j}, kind), u0 + {jNT}, upr, st, scales, codes, c16, c32)
+    rst = recip_guarded(st)
+    if u0 + {jNT} < nunits: static_unit(unit_elems(w{j}, kind), u0 + {jNT}, upr, st, rst, scales, codes, c16, c32)
 """
 
 
@@ -1052,10 +1134,14 @@ def make_static_kernel(kind, fmt, NT, U, packed, per_row):
     assert NT % 32 == 0
 
     @devfn
-    def static_unit(e, u, upr, st, scales, c8, c16, c32):
+    def static_unit(e, u, upr, st, rst, scales, c8, c16, c32):
         s = scales[u // upr] if per_row else st
-        clean = unit_amax(e, VEC) < FINITE and abs_i32(f32_bits(s)) < FINITE and s != ZERO
-        encode_store_unit(e, u, s, clean, c8, c16, c32, MODE_FLOAT, fmt, CVT, VEC, NB)
+        r = recip_guarded(s) if per_row else rst
+        am = unit_amax(e, VEC)
+        clean = am < FINITE and abs_i32(f32_bits(s)) < FINITE and s != ZERO
+        if RECIP_DIV and r != ZERO and not ratio_ok(am, s):
+            clean = False  # a caller-given scale far below |x| (all codes saturate): element by element
+        encode_store_unit_r(e, u, s, r, clean, c8, c16, c32, MODE_FLOAT, fmt, CVT, VEC, NB)
 
     ns = dict(NT=NT, U=U, SH=0 if kind == KIND_F32 else 1, kind=kind, static_unit=static_unit)
     return _jit_unrolled("static_encode", _STATIC_SRC, ns, U)
