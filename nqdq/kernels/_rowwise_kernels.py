@@ -45,6 +45,7 @@ that the CUDA simulator runs; the GPU tests run both variants.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import numpy as np
@@ -58,7 +59,7 @@ from ._ptx import (E4M3, array_addr, bf16x2_absmin, bf16x2_absmul, bf16x2_add, b
                    fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt, store_u32x2, u16x2_max, u16x2_min)
 from ._quantize_kernels import group_params, store_scale
 from ._scales import (MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4, MX_RCEIL, NVFP4_INV6, float_scale,
-                      nvfp4_block_scale_code)
+                      nvfp4_block_scale_code, nvfp4_tensor_encode_scale)
 from ._target import SIMULATOR, devfn
 
 __all__ = ["make_lastaxis_group_kernel", "make_lastaxis_row_kernel", "make_lastaxis_asym_row_kernel",
@@ -440,6 +441,111 @@ def e2m1_unit_f32(e, p0):
                      e2m1_pair_sum(bf16x2_absmin(h2, six)), e2m1_pair_sum(bf16x2_absmin(h3, six)), (h0, h1, h2, h3))
 
 
+# ---- MX fp6 (e2m3, e3m2) in bfloat16 pairs (finite groups). The same argument as the e2m1
+# pairs above, for a format of M mantissa bits (3 or 2), smallest normal exponent emin and
+# largest finite value vmax: y = x * 2^-k is exact in bfloat16 wherever it is normal (its code
+# is a signed zero where it is not), and |y| is first clamped to vmax where it can exceed it ("floor" / "even" scales; rounding is monotone and
+# vmax is on the grid, so every |y| >= vmax -- an infinite product included -- gets the
+# largest code, as the reference's saturation does). With T = max(exponent of |y|, emin) the
+# fp6 grid spacing at |y| is 2^(T - M); the magic m = 2^(T + 7 - M) has exactly that bfloat16
+# ulp and |y| < 2^(T + 1) <= m / 2^(6 - M), so one bfloat16 addition |y| + m, rounded to
+# nearest even, is m + n * 2^(T - M) with n = |y| rounded onto the grid in units of the spacing
+# (n <= 2^(M + 1): no carry out of the sum's mantissa). The code is then n + ((T - emin) << M)
+# -- for T = emin that is a subnormal n (n = 2^M: the smallest normal), above it the normal
+# code -- computed per 16-bit half as (s - m) + (T - emin) << M, with (T - emin) << M read
+# off the exponent bits of 2^T by one shift (both halves at once: the shifted-out bits are
+# the zero mantissa of 2^T). Ties go to even n, i.e. to even codes. The sign is the input's
+# (the multiplier is positive). The pair's two codes are packed into 12 bits by one multiply-add
+# (lo + hi * 64 = c - (c >> 16) * (2^16 - 64)). Float32 element words (float16 / float32 input) are first
+# rounded *to odd* into bfloat16 (f32_pair_rto: 8 significant bits, then RNE to at most 4, is
+# rounding to nearest once). tests/test_mx_encoders.py checks every finite bfloat16 value at
+# several k, and float32 values around every code boundary. FP6_PAIRS switches both (group
+# kernel for bfloat16 input; encode_store_unit for float32 element words).
+FP6_PAIRS = os.environ.get("NQDQ_UNMEASURED_KERNELS", "0") == "1"
+
+
+@devfn
+def fp6_pair_consts(fmt):
+    """Constants of the fp6 pair encoder for the element format tuple ``fmt`` (compile-time:
+    they fold; on the host: ``.py_func``): (7 - M, 2^emin, vmax, (7 - M) << 7), each but the
+    first as a bfloat16 pair."""
+    M = fmt[1]
+    emax = (fmt[3] >> M) + fmt[2] - 1  # max_code = ((emax - emin + 1) << M) | (2^M - 1)
+    pmin = (127 + fmt[2]) << 7
+    vmax = ((127 + emax) << 7) | (((1 << M) - 1) << (7 - M))
+    return (7 - M, pmin | (pmin << 16), vmax | (vmax << 16), ((7 - M) << 7) | ((7 - M) << 23))
+
+
+@devfn
+def is_fp6(fmt):
+    """The element format tuple is a 6-bit float with 2 or 3 mantissa bits (e3m2, e2m3)."""
+    return fmt[0] == 1 and fmt[5] == 6 and (fmt[1] == 2 or fmt[1] == 3)
+
+
+@devfn
+def fp6_pair_codes(a, w, f6):
+    """The fp6 codes of the bfloat16 pair a of magnitudes <= vmax with the signs of the pair
+    w, packed into 12 bits (element 0's code in bits 0-5); f6 = fp6_pair_consts(fmt)."""
+    u = np.uint32(bf16x2_max(a, np.uint32(f6[1])) & np.uint32(BF16X2_EXP))  # 2^T per half
+    v = np.uint32(u - np.uint32(f6[1]))  # (T - emin) << 7 per half (no borrow: T >= emin)
+    m = np.uint32(u + np.uint32(f6[3]))  # 2^(T + 7 - M)
+    s = np.uint32(bf16x2_add(a, m))
+    c = np.uint32(np.uint32(s - m) + (v >> np.uint32(f6[0])))  # per half n + (T - emin) << M
+    c = np.uint32(c | ((w >> np.uint32(10)) & np.uint32(0x00200020)))  # sign bits 15, 31 -> 5, 21
+    return np.uint32(c - np.uint32((c >> np.uint32(16)) * np.uint32(0xFFC0)))  # lo + hi * 64
+
+
+@devfn
+def fp6_unit_bf16(w, p2, f6, clamp):
+    """(lo, hi): the fp6 codes of elements 0-3 and 4-7 of a bfloat16 unit (4 words) times
+    the power of two p2 (bf16x2), 24 bits each (store_packed's form), for a finite MX group.
+    ``clamp``: |y| first clamped to vmax ("floor" / "even" scales leave |y| up to 2^(emax+1);
+    "rceil" keeps a bfloat16 y at most vmax: the next bfloat16 above it is beyond the float32
+    rounding of amax / vmax)."""
+    a0 = np.uint32(bf16x2_absmul(w[0], p2))
+    a1 = np.uint32(bf16x2_absmul(w[1], p2))
+    a2 = np.uint32(bf16x2_absmul(w[2], p2))
+    a3 = np.uint32(bf16x2_absmul(w[3], p2))
+    if clamp:
+        vmax = np.uint32(f6[2])
+        a0 = np.uint32(bf16x2_min(a0, vmax))
+        a1 = np.uint32(bf16x2_min(a1, vmax))
+        a2 = np.uint32(bf16x2_min(a2, vmax))
+        a3 = np.uint32(bf16x2_min(a3, vmax))
+    lo = np.uint32(fp6_pair_codes(a0, w[0], f6) | (fp6_pair_codes(a1, w[1], f6) << np.uint32(12)))
+    hi = np.uint32(fp6_pair_codes(a2, w[2], f6) | (fp6_pair_codes(a3, w[3], f6) << np.uint32(12)))
+    return lo, hi
+
+
+@devfn
+def fp6_unit_f32(e, p0, f6, vec):
+    """fp6_unit_bf16 for a unit of float32 element bits ``e`` (vec = 8 or 4; hi = 0 for 4)
+    times the MX power of two p0 (float32), by bfloat16 pairs rounded to odd, clamped (a
+    product rounded to odd can sit one bfloat16 ulp above vmax)."""
+    vmax = np.uint32(f6[2])
+    h0 = f32_pair_rto(e[0], e[1], p0)
+    h1 = f32_pair_rto(e[2], e[3], p0)
+    lo = np.uint32(fp6_pair_codes(bf16x2_absmin(h0, vmax), h0, f6) | (fp6_pair_codes(bf16x2_absmin(h1, vmax), h1, f6) << np.uint32(12)))
+    hi = np.uint32(0)
+    if vec == 8:
+        h2 = f32_pair_rto(e[4], e[5], p0)
+        h3 = f32_pair_rto(e[6], e[7], p0)
+        hi = np.uint32(fp6_pair_codes(bf16x2_absmin(h2, vmax), h2, f6) | (fp6_pair_codes(bf16x2_absmin(h3, vmax), h3, f6) << np.uint32(12)))
+    return lo, hi
+
+
+@devfn
+def store_fp6_chunk(c32, chunk, l0, h0, l1, h1, l2, h2, l3, h3):
+    """Store the fp6 codes of 4 consecutive 8-element units (24 + 24 bits each, as
+    fp6_unit_bf16 returns them) as the 24 bytes at 24 * chunk: three 8-byte stores."""
+    i = np.uint64(3 * chunk)
+    store_u32x2(c32, i, np.uint32(l0 | (h0 << np.uint32(24))), np.uint32((h0 >> np.uint32(8)) | (l1 << np.uint32(16))))
+    store_u32x2(c32, i + np.uint64(1), np.uint32((l1 >> np.uint32(16)) | (h1 << np.uint32(8))),
+                np.uint32(l2 | (h2 << np.uint32(24))))
+    store_u32x2(c32, i + np.uint64(2), np.uint32((h2 >> np.uint32(8)) | (l3 << np.uint32(16))),
+                np.uint32((l3 >> np.uint32(16)) | (h3 << np.uint32(8))))
+
+
 # NVFP4's block parameters for a finite block, as group_params (nvfp4_block_scale_code,
 # nvfp4_element_multiplier) with fewer instructions: the tensor constants t6 = S_enc *
 # fp32(1/6) and S_dec = 1 / S_enc are computed once per chunk (same IEEE operations, same
@@ -503,6 +609,10 @@ def encode_store_unit(e, unit, p0, clean, c8, c16, c32, mode, fmt, cvt, vec, nb)
     if E2M1_F32_PAIRS and clean and mode == MODE_MX and vec == 8 and fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7 \
             and nb == 4:  # fmt: skip
         c32[np.uint64(unit)] = e2m1_unit_f32(e, p0)  # MX e2m1, finite group: pairs (see e2m1_unit_f32)
+        return
+    if FP6_PAIRS and clean and mode == MODE_MX and nb == 6 and is_fp6(fmt):
+        lo, hi = fp6_unit_f32(e, p0, fp6_pair_consts(fmt), vec)  # MX fp6, finite group: pairs (see fp6_pair_codes)
+        store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
         return
     m = (1 << nb) - 1
     hi = np.uint32(0)
@@ -578,7 +688,7 @@ def _jit_unrolled(name, template, ns, U, K=1):
 
 # ----------------------------------------------------------------------------- small groups
 _GROUPS_SRC = '''
-def lastaxis_groups(x, nchunks, codes, scales, sparams):
+def lastaxis_groups(x, nchunks, codes, scales, SENC_ARGS):
     tid = cuda.threadIdx.x
     scratch = cuda.shared.array(SCRATCH, int32)
     x32 = x[: (x.size >> SH) << SH].view(np.uint32)  # 16-bit kinds: two elements per word
@@ -589,23 +699,40 @@ def lastaxis_groups(x, nchunks, codes, scales, sparams):
     Z4 = (z, z, z, z)
     c0 = cuda.blockIdx.x * (NT * U) + tid
     w{j}_{k} = load_unit(x, x32, aligned, unit_of(c0 + {jNT}) + {k} * ST, c0 + {jNT} < nchunks, kind)
-    s_enc = sparams[0] if mode == MODE_NVFP4 else ONE
+SENC
     s_dec = ONE / s_enc  # NVFP4's S_dec, once per thread (the pair path's block multiplier uses it)
     chunk_step(CHUNK_ARGS, c0 + {jNT}, nchunks, tid, scratch, codes, c16, c32, scales, s_enc, s_dec)
 '''
+# S_enc: read from the finalize kernel's output (``sparams``), or -- NVFP4 with
+# ``senc_parts`` -- computed by every block from the tensor-amax kernel's per-block partials
+# (``parts``, ``nparts`` of them: a few KiB, L2-resident), by the reference's formula
+# (nvfp4_tensor_encode_scale of the max, as finalize does; the max of integers is exact in
+# any order), block 0 writing the tensor scale 1 / S_enc that finalize wrote. The partial
+# loads are issued after the units' loads, so their latency overlaps them.
+_SENC_FROM_SPARAMS = ("sparams", "    s_enc = sparams[0] if mode == MODE_NVFP4 else ONE")
+_SENC_FROM_PARTS = ("parts, nparts, tscale", '''    red = cuda.shared.array(NW, int32)
+    pa = np.int32(0)
+    for i in range(tid, nparts, NT):
+        pa = max(pa, np.int32(parts[i]))
+    pa = block_max(pa, tid, scratch, red)
+    s_enc = nvfp4_tensor_encode_scale(bits_f32(np.uint32(pa)))
+    if cuda.blockIdx.x == 0 and tid == 0:
+        tscale[0] = ONE / s_enc''')
 
 
 @lru_cache(maxsize=None)
-def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, packed, shfl):
+def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, packed, shfl, senc_parts=False):
     """Groups of L units (G = L * VEC elements, L a power of two <= 32) tiling a flat
     C-contiguous input whose rows hold a whole number of groups: group g covers units
     g*L .. g*L + L - 1 and owns scales[g]. A thread takes *chunks* of K consecutive units
     (K divides L: one set of group parameters per chunk, not per unit), so a group is LL =
     L / K consecutive lanes of one warp, combined by a butterfly of log2(LL) steps. Block b
     owns chunks b*NT*U + j*NT + t (thread t, j < U); all U * K loads of a thread are issued
-    before the first is used."""
+    before the first is used. ``senc_parts`` (NVFP4): the kernel takes (parts, nparts,
+    tscale) instead of ``sparams`` and computes S_enc itself (see _SENC_FROM_PARTS)."""
     VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
     assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0 and L % K == 0 and K in (1, 2, 4)
+    assert not senc_parts or mode == MODE_NVFP4
     LL = L // K
     # MX e2m1 of bfloat16 input: amax and encode two elements per instruction (e2m1_unit_bf16);
     # "floor" / "even" scales can leave |x| / 2^k up to 8, which is clamped to 6 first
@@ -623,6 +750,11 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
         return c * K
 
     PAIRS = kind == KIND_BF16 and mode in (MODE_MX, MODE_NVFP4) and NB == 4 and is_e2m1(fmt)
+    # MX fp6 of bfloat16 input: the pair encoder (fp6_pair_codes); a chunk of 4 units stores
+    # its 24 code bytes (8-byte aligned: 24 * chunk) by three 8-byte stores
+    FP6P = FP6_PAIRS and kind == KIND_BF16 and mode == MODE_MX and NB == 6 and is_fp6.py_func(fmt)
+    F6 = fp6_pair_consts.py_func(fmt) if FP6P else (0, 0, 0, 0)
+    CHUNK6 = FP6P and K == 4 and ST == 1
     CLAMP = MXR != MX_RCEIL
     CVT_E4M3 = fp8_cvt_available()  # NVFP4's ue4m3 block code by the cvt instruction (sm_89+)
 
@@ -631,7 +763,7 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
         """One chunk (units w0 .. w{K-1}; the rest are unused zeros): amax, butterfly over
         the group's LL lanes, parameters, encode. Chunk by chunk, so that only one chunk's
         parameters are live at a time (registers, hence occupancy)."""
-        if PAIRS:
+        if PAIRS or FP6P:  # bfloat16 halves: the same amax bits, two per instruction
             a2 = word_amax16(w0)
             if K >= 2:
                 a2 = u16x2_max(a2, word_amax16(w1))
@@ -665,6 +797,26 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
             if (tid & (LL - 1)) == 0:
                 store_scale(scales, chunk // LL, mode, sv)
             clean = a < FINITE
+            if FP6P and clean:
+                hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact: a normal power of two)
+                p2 = np.uint32(hb | (hb << np.uint32(16)))
+                l0, h0 = fp6_unit_bf16(w0, p2, F6, CLAMP)
+                if CHUNK6:
+                    l1, h1 = fp6_unit_bf16(w1, p2, F6, CLAMP)
+                    l2, h2 = fp6_unit_bf16(w2, p2, F6, CLAMP)
+                    l3, h3 = fp6_unit_bf16(w3, p2, F6, CLAMP)
+                    store_fp6_chunk(c32, chunk, l0, h0, l1, h1, l2, h2, l3, h3)
+                    return
+                store_packed(l0, h0, u, c8, c16, c32, VEC, NB)
+                if K >= 2:
+                    l1, h1 = fp6_unit_bf16(w1, p2, F6, CLAMP)
+                    store_packed(l1, h1, u + ST, c8, c16, c32, VEC, NB)
+                if K >= 4:
+                    l2, h2 = fp6_unit_bf16(w2, p2, F6, CLAMP)
+                    store_packed(l2, h2, u + 2 * ST, c8, c16, c32, VEC, NB)
+                    l3, h3 = fp6_unit_bf16(w3, p2, F6, CLAMP)
+                    store_packed(l3, h3, u + 3 * ST, c8, c16, c32, VEC, NB)
+                return
             if PAIRS and clean:
                 hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact: a normal power of two)
                 p2 = np.uint32(hb | (hb << np.uint32(16)))
@@ -684,8 +836,10 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
 
     chunk_args = ", ".join("w{j}_%d" % k if k < K else "Z4" for k in range(4))
     ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind, mode=mode,
-              chunk_step=chunk_step, unit_of=unit_of, ST=ST)
-    return _jit_unrolled("lastaxis_groups", _GROUPS_SRC.replace("CHUNK_ARGS", chunk_args), ns, U, K)
+              chunk_step=chunk_step, unit_of=unit_of, ST=ST, NW=NT // 32, block_max=_block_max_fn(NT, shfl))
+    sargs, senc = _SENC_FROM_PARTS if senc_parts else _SENC_FROM_SPARAMS
+    src = _GROUPS_SRC.replace("CHUNK_ARGS", chunk_args).replace("SENC_ARGS", sargs).replace("SENC", senc)
+    return _jit_unrolled("lastaxis_groups", src, ns, U, K)
 
 
 # ----------------------------------------------------------------------------- whole rows
@@ -1149,3 +1303,4 @@ def make_static_kernel(kind, fmt, NT, U, packed, per_row):
 
 _ = (float32, int32, uint32, ONE, array_addr, group_params, store_scale)  # used by the generated kernel sources
 _ = (mul_rn, float_scale, MODE_CENTRED)  # used by the generated centred step
+_ = nvfp4_tensor_encode_scale  # used by the generated group kernel (_SENC_FROM_PARTS)

@@ -10,8 +10,9 @@ C-contiguous, groups along the last axis, rows of      ``lastaxis_rows`` / ``las
 whole 16-byte units: per-token rows, 1xG with G/VEC    (``_rowwise_kernels``: 16-byte loads,
 a power of two <= 32 (MX, fp8_1x128, int4 group),      one read, shuffles; _fast_lastaxis)
 RNE, float / MX scales
-NVFP4 under the same conditions                        ``tensor_amax`` -> ``finalize`` (S_enc)
-                                                       -> ``lastaxis_groups``
+NVFP4 under the same conditions                        ``tensor_amax`` -> ``lastaxis_groups``
+                                                       (S_enc from the amax partials in each
+                                                       block; NVFP4_SENC_IN_GROUPS)
 asymmetric integers under the same conditions          ``lastaxis_asym_rows`` /
 (LASTAXIS_ASYM); centred INT8 whole 2^k-unit groups    ``lastaxis_stat_groups``
 (LASTAXIS_CENTRED)
@@ -500,6 +501,11 @@ LASTAXIS_CENTRED = True  # centred INT8 groups: lastaxis_stat_groups
 CENTRED_UNITS = 2  # units per chunk of the centred groups (its sums are shuffled per element)
 STATIC_FAST = True  # static float scales per tensor / per last-axis row: static_encode
 TILE_FAST = True  # B0 x B1 float block scales over whole-unit tiles: tile_blocks (_tile_kernels)
+# NVFP4 on the last-axis group kernel in two launches (tensor_amax -> lastaxis_groups, which
+# computes S_enc from the amax partials: _rowwise_kernels._SENC_FROM_PARTS) instead of three
+# (tensor_amax -> finalize -> lastaxis_groups)
+NVFP4_SENC_IN_GROUPS = _UNMEASURED
+NVFP4_PARTS_MAX = 1024  # amax blocks (partials that every group-kernel block reduces) at most
 COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
 
 
@@ -674,13 +680,18 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         _launch(K.make_tensor_partials_kernel(kind, stat_mode, nt), nblocks, nt, xa, n, *parts)
         return (*parts, nblocks)
 
-    def run_tensor_amax(NT, finite):
+    def tensor_amax_parts(NT, finite, max_blocks=1024):
         """Whole units: the vector-load tensor amax pass (``finite``: over the finite
-        elements, NVFP4's), then finalize."""
+        elements, NVFP4's); returns its partials and their count."""
         vec = RK.vec_of(kind)
-        nblocks = max(1, min(_cdiv(n // vec, NT * GROUP_UNITS), 1024))
+        nblocks = max(1, min(_cdiv(n // vec, NT * GROUP_UNITS), max_blocks))
         parts = partials(nblocks)
         _launch(RK.make_tensor_amax_kernel(kind, NT, GROUP_UNITS, SHFL, finite), nblocks, NT, xa, n // vec, *parts)
+        return parts, nblocks
+
+    def run_tensor_amax(NT, finite):
+        """tensor_amax_parts, then finalize."""
+        parts, nblocks = tensor_amax_parts(NT, finite)
         run_finalize(mode, parts, nblocks, 1, 1)
 
     def run_static(NT, U, per_row):
@@ -707,7 +718,14 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         run_encode()
     elif mode == MODE_NVFP4:
         fast = None if stoch else _fast_lastaxis(shape, kind, mode, block[-1], nt, _cheap(fmt))
-        if fast is not None:  # finite amax of whole units, vector loads
+        if fast is not None and fast[0] == "group" and NVFP4_SENC_IN_GROUPS:
+            # two launches: the group kernel computes S_enc from the amax partials itself
+            parts, nparts = tensor_amax_parts(max(32, min(nt, 256)), True, NVFP4_PARTS_MAX)
+            _, L, Kc, NT, U = fast
+            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL, senc_parts=True)
+            nchunks = n // RK.vec_of(kind) // Kc
+            _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, parts[0], nparts, out.tscale)
+        elif fast is not None:  # finite amax of whole units, vector loads
             run_tensor_amax(max(32, min(nt, 256)), True)
             run_fast(fast)
         else:

@@ -1,0 +1,129 @@
+"""Old and new MXFP6 / NVFP4 paths side by side in one process: device time (peers.py's
+method and table) and host time per call (launch_overhead.py's quantize rows).
+
+    python3 benchmarks/mx_ab.py peers --no-compile --sizes 8192x8192,16384x7168 --schemes nvfp4,mxfp6_e3m2
+    python3 benchmarks/mx_ab.py host --schemes nvfp4,mxfp6_e3m2 [--rows 64 --cols 7168 --calls 1000]
+
+"old": ``_rowwise_kernels.FP6_PAIRS`` and ``quantize.NVFP4_SENC_IN_GROUPS`` off (fp6 by the
+element encoder; NVFP4 in three launches: tensor_amax -> finalize -> lastaxis_groups);
+"new": both on (fp6 by bfloat16 pairs; NVFP4 in two launches, S_enc computed in the group
+kernel; nvfp4 also with at most PARTS amax partials). Each scheme is timed old, new, old, so that drift shows; plans and group kernels
+are rebuilt at each switch (the switches are read when a kernel is built). Every row keeps
+the checks its script makes against the NumPy reference.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+ORDER = (False, True, False)
+PARTS = 264  # a second "new" row for nvfp4 with at most this many amax partials (2 per H100 SM)
+
+
+_GROUP_KERNELS = {}
+
+
+def set_new(on: bool, parts=1024):
+    import nqdq.api
+    import nqdq.kernels._rowwise_kernels as RK
+    import nqdq.kernels.quantize as KQ
+
+    if not _GROUP_KERNELS:  # one compiled group kernel per (switch, arguments): no recompiling at each switch
+        base = RK.make_lastaxis_group_kernel.__wrapped__
+
+        def group_kernel(*a, **k):
+            key = (RK.FP6_PAIRS, a, tuple(sorted(k.items())))
+            if key not in _GROUP_KERNELS:
+                _GROUP_KERNELS[key] = base(*a, **k)
+            return _GROUP_KERNELS[key]
+
+        _GROUP_KERNELS["installed"] = True
+        RK.make_lastaxis_group_kernel = group_kernel
+    RK.FP6_PAIRS = on
+    KQ.NVFP4_SENC_IN_GROUPS = on
+    KQ.NVFP4_PARTS_MAX = parts
+    KQ._PLANS.clear()
+    if nqdq.api._FAST is not None:
+        nqdq.api._FAST.clear()  # nqdq.quantize's remembered runners (plans of the other switch)
+
+
+def _memo_cpu_reference():
+    """nqdq.quantize(..., device="cpu") remembered by (scheme, shape, crc of the data): the
+    peers' whole-tensor nvfp4 check runs the NumPy reference once per size, not per row."""
+    import zlib
+
+    import nqdq
+
+    orig = nqdq.quantize
+    memo = {}
+
+    def quantize(x, scheme=None, *a, **k):
+        if k.get("device") != "cpu" or not hasattr(x, "tobytes"):
+            return orig(x, scheme, *a, **k)
+        key = (str(scheme), x.shape, str(x.dtype), zlib.crc32(x.tobytes()), tuple(sorted(map(str, k.items()))))
+        if key not in memo:
+            memo[key] = orig(x, scheme, *a, **k)
+        return memo[key]
+
+    nqdq.quantize = quantize
+
+
+def peers_main(argv):
+    import peers
+
+    orig = peers.bench_nqdq
+
+    def ab(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
+        variants = [(on, 1024) for on in ORDER]
+        if scheme == "nvfp4":
+            variants.insert(2, (True, PARTS))
+        for on, parts in variants:
+            set_new(on, parts)
+            tag = (" [new]" if parts == 1024 else f" [new, <= {parts} partials]") if on else " [old]"
+            orig(timer, scheme, xs, n_sets, groups, in_bytes,
+                 lambda impl, *a, **k: add(impl + tag, *a, **k), lambda impl, why: skip(impl + tag, why), log)
+
+    peers.bench_nqdq = ab
+    _memo_cpu_reference()
+    return peers.main(argv)
+
+
+def host_main(argv):
+    import argparse
+
+    import launch_overhead as LO
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--schemes", default="nvfp4,mxfp6_e3m2")
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--cols", type=int, default=7168)
+    ap.add_argument("--calls", type=int, default=1000)
+    args = ap.parse_args(argv)
+    results = []
+    for on in ORDER:
+        set_new(on)
+        LO.bench_quantize(args.schemes.split(","), args.rows, args.cols, args.calls, "new" if on else "old", results)
+    print()
+    print(f"| nqdq.quantize, {args.rows}x{args.cols} bf16 (CuPy uint16) | host us/call (loop) | median of single calls | device us |")
+    print("|---|---:|---:|---:|")
+    for r in results:
+        if "host_us" in r or "device_us" in r or "host_median_us" in r:
+            h = f"{r['host_us']:.2f}" if "host_us" in r else ""
+            m = f"{r['host_median_us']:.2f}" if "host_median_us" in r else ""
+            d = f"{r['device_us']:.2f}" if "device_us" in r else ""
+            print(f"| {r['path']} | {h} | {m} | {d} |")
+        elif "ok" in r:
+            print(f"| {r['path']} | {'ok' if r['ok'] else 'MISMATCH'} | | |")
+        else:
+            print(f"| {r['path']} | {r.get('error', '')[:60]} | | |")
+    return 0
+
+
+if __name__ == "__main__":
+    what, rest = sys.argv[1], sys.argv[2:]
+    sys.exit(peers_main(rest) if what == "peers" else host_main(rest))
