@@ -295,9 +295,8 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     def pp_issue(acc, smem, gk, full0, da0, db0):
         """Ping-pong ring: wait for ring step gk (K step + the steps of the CTA's earlier
         tiles), issue its wgmma's into ``acc`` (fresh)."""
-        gk = int32(gk)  # 32-bit: cheaper % and // by STAGES
-        slot = gk % STAGES
-        while not mbar_try_wait(smem, full0 + 8 * slot, (gk // STAGES) & 1):
+        slot, phase = ring_pos(gk)
+        while not mbar_try_wait(smem, full0 + 8 * slot, phase):
             pass
         fence()
         for kk in range(4):
@@ -310,16 +309,24 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                   b_dst, row_step_k):  # fmt: skip
         """Step kt's wgmma's are complete: release its slot (ring step g0 + kt), promote,
         refill the slot (without a producer: one tile per CTA, g0 = 0)."""
-        slot = int32(g0 + kt) % STAGES
+        slot, phase = ring_pos(g0 + kt)
         mbar_arrive(smem, full0 + 8 * (STAGES + slot))
         # row / tensor scales: all 1 (exact: one rounding)
         promote_scaled(tot, acc, s0[0], s0[1], s0[2], s0[3])
         nk = kt + STAGES
         if not PRODUCER and nk < ktiles:
-            while not mbar_try_wait(smem, full0 + 8 * (STAGES + slot), (kt // STAGES) & 1):
+            while not mbar_try_wait(smem, full0 + 8 * (STAGES + slot), phase):
                 pass
             load_tile(a, b, smem, K, nk, slot, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
             cp_mbar_arrive(smem, full0 + 8 * slot)
+
+    @devfn
+    def ring_pos(gk):
+        """(slot, barrier phase) of ring step gk >= 0: gk % STAGES and (gk // STAGES) & 1 in
+        unsigned 32-bit arithmetic (signed 64-bit division by 6 stages was ~25 uniform
+        instructions per step in SASS)."""
+        u = np.uint32(gk)
+        return np.uint32(u % np.uint32(STAGES)), np.uint32((u // np.uint32(STAGES)) & np.uint32(1))
 
     @devfn
     def desc_at(d0, off):
@@ -420,10 +427,10 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
             # refill the slot of the step before once every thread has released it with
             # step kt + STAGES - 1
             gk = int32(g0 + kt)  # the ring step (persistent grid: counted over the CTA's tiles)
-            slot = gk % STAGES
+            slot, phase = ring_pos(gk)
             if BLOCK:  # loaded before the wait, so their latency hides behind it
                 sc = block_scales(sa, sb, ix, kt)
-            while not mbar_try_wait(smem, full0 + 8 * slot, (gk // STAGES) & 1):
+            while not mbar_try_wait(smem, full0 + 8 * slot, phase):
                 pass
             # no fence.proxy.async here: the barrier's completion publishes the cp.async
             # writes to the wgmma's, as CUTLASS's cp.async + GMMA warp-specialised mainloop
@@ -569,7 +576,10 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         base = smem_addr(smem)
         pad = (1024 - (base & 1023)) & 1023  # swizzle atoms must start 1024-byte aligned
         tid = cuda.threadIdx.x
-        wg = tid >> 7
+        # the warpgroup index through a shuffle from lane 0, as CUTLASS's canonical_warp_group_idx:
+        # ptxas then knows it is warp-uniform and keeps what derives from it (the A operand's
+        # wgmma descriptors) in uniform registers
+        wg = (tid >> 7) if SIMULATOR else cuda.shfl_sync(0xFFFFFFFF, tid >> 7, 0)  # (no shuffle in the simulator)
         t = tid & 127
         w = t >> 5
         g = (t & 31) >> 2
@@ -611,8 +621,8 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                     gk = int32(0)
                     while tile < ntiles:  # once unless persistent
                         for kt in range(ktiles):
-                            slot = gk % STAGES
-                            while not mbar_try_wait(smem, full0 + 8 * (STAGES + slot), ((gk // STAGES) & 1) ^ 1):
+                            slot, phase = ring_pos(gk)
+                            while not mbar_try_wait(smem, full0 + 8 * (STAGES + slot), phase ^ 1):
                                 pass
                             load_tile(a, b, smem, K, kt, slot, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst,
                                       row_step_k)  # fmt: skip
