@@ -200,8 +200,28 @@ def test_nvfp4_two_launches(monkeypatch, kind):
         y = edge_data((2, 64), seed=42)
         y[0, :3] = [np.inf, np.nan, -np.inf]
         _check_nvfp4(y, dt, sch)
+        # inputs of NVFP4_SENC_MAX_UNITS units and more (measured slower there) keep finalize
+        big = (kq.NVFP4_SENC_MAX_UNITS * (8 if kind == "bfloat16" else 4) // 1024, 1024)
+        assert _kernel_names(big, code, sch) == ["tensor_amax", "finalize", "lastaxis_groups"]
+        assert _kernel_names((big[0] - 1, 1024), code, sch) == ["tensor_amax", "lastaxis_groups"]
         monkeypatch.setattr(kq, "NVFP4_SENC_IN_GROUPS", False)
         kq._PLANS.clear()
         assert _kernel_names((2, 64), code, sch) == ["tensor_amax", "finalize", "lastaxis_groups"]
     finally:
         kq._PLANS.clear()
+
+
+def test_switches_on_for_users():
+    """The fp6 pair encoder and NVFP4's two launches (both GPU-checked and timed on the H100,
+    2026-11-21) are on without NQDQ_UNMEASURED_KERNELS; NVFP4's two launches only below its
+    size bound (measured slower above it)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "NQDQ_UNMEASURED_KERNELS"}
+    env["NUMBA_ENABLE_CUDASIM"] = "1"
+    code = ("import nqdq.kernels.quantize as kq, nqdq.kernels._rowwise_kernels as RK; "
+            "print(RK.FP6_PAIRS, kq.NVFP4_SENC_IN_GROUPS, kq.NVFP4_SENC_MAX_UNITS == kq.DEEP_UNITS, kq._UNMEASURED)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True", "True", "False"]

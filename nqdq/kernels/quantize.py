@@ -503,8 +503,15 @@ STATIC_FAST = True  # static float scales per tensor / per last-axis row: static
 TILE_FAST = True  # B0 x B1 float block scales over whole-unit tiles: tile_blocks (_tile_kernels)
 # NVFP4 on the last-axis group kernel in two launches (tensor_amax -> lastaxis_groups, which
 # computes S_enc from the amax partials: _rowwise_kernels._SENC_FROM_PARTS) instead of three
-# (tensor_amax -> finalize -> lastaxis_groups)
-NVFP4_SENC_IN_GROUPS = _UNMEASURED
+# (tensor_amax -> finalize -> lastaxis_groups), for inputs of fewer than NVFP4_SENC_MAX_UNITS
+# 16-byte units. H100, 2026-11-21 07:33 (docs/performance.md, "MXFP6 pairs, NVFP4 in two
+# launches"): 64x7168 bf16 host 14.5 -> 11.5 us per call, device 11.0 -> 7.7 us; but 8192x8192
+# and 16384x7168 49 / 51 -> 46 / 47 % of copy (every one of their 8192-14336 blocks waits for its
+# partials and a barrier before encoding): large inputs keep the three launches. The bound is
+# the group kernel's shallow / deep boundary (DEEP_UNITS, 2.2M bf16 elements): measured on
+# either side of it, not at it.
+NVFP4_SENC_IN_GROUPS = True
+NVFP4_SENC_MAX_UNITS = DEEP_UNITS
 NVFP4_PARTS_MAX = 1024  # amax blocks (partials that every group-kernel block reduces) at most
 COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
 
@@ -718,7 +725,7 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         run_encode()
     elif mode == MODE_NVFP4:
         fast = None if stoch else _fast_lastaxis(shape, kind, mode, block[-1], nt, _cheap(fmt))
-        if fast is not None and fast[0] == "group" and NVFP4_SENC_IN_GROUPS:
+        if fast is not None and fast[0] == "group" and NVFP4_SENC_IN_GROUPS and n // RK.vec_of(kind) < NVFP4_SENC_MAX_UNITS:
             # two launches: the group kernel computes S_enc from the amax partials itself
             parts, nparts = tensor_amax_parts(max(32, min(nt, 256)), True, NVFP4_PARTS_MAX)
             _, L, Kc, NT, U = fast
