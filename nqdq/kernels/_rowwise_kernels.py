@@ -24,9 +24,11 @@ takes:
   L / K lanes of a group combine their amax by ``shfl.sync.bfly`` (``xor_max``); a row is
   combined by the warps of one block (one shared-memory slot per warp, one barrier);
 * finite groups take shorter exact encoders: fp8 two codes per ``cvt.rn.satfinite.e4m3x2``,
-  e2m1 and integers by float rounding tricks without a float -> int conversion; MXFP4 and
-  NVFP4 of bfloat16 input two elements per instruction on bfloat16 pairs
-  (``e2m1_unit_bf16``, ``e2m1_unit_nvfp4``: see the section "MX e2m1 of bfloat16 input").
+  e2m1 and integers by float rounding tricks without a float -> int conversion; MXFP4,
+  MXFP6 and NVFP4 of bfloat16 input two elements per instruction on bfloat16 pairs
+  (``e2m1_unit_bf16``, ``fp6_unit_bf16``, ``e2m1_unit_nvfp4``: see the sections "MX e2m1 of
+  bfloat16 input" and "MX fp6"; float32 element words of MX e2m1 / fp6 likewise, rounded to
+  odd into bfloat16 first).
 
 Exactness is the reference's, by the same device functions as the general kernels:
 ``group_params`` for the scale (float ``amax / max`` by IEEE division, MX e8m0 codes,

@@ -12,7 +12,10 @@ a power of two <= 32 (MX, fp8_1x128, int4 group),      one read, shuffles; _fast
 RNE, float / MX scales
 NVFP4 under the same conditions                        ``tensor_amax`` -> ``lastaxis_groups``
                                                        (S_enc from the amax partials in each
-                                                       block; NVFP4_SENC_IN_GROUPS)
+                                                       block: NVFP4_SENC_IN_GROUPS, inputs
+                                                       below NVFP4_SENC_MAX_UNITS); larger:
+                                                       ``tensor_amax`` -> ``finalize`` ->
+                                                       ``lastaxis_groups``
 asymmetric integers under the same conditions          ``lastaxis_asym_rows`` /
 (LASTAXIS_ASYM); centred INT8 whole 2^k-unit groups    ``lastaxis_stat_groups``
 (LASTAXIS_CENTRED)
