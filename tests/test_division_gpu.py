@@ -161,18 +161,19 @@ def random_counts(npairs, seed=7):
     return out.copy_to_host()
 
 
-def sweep(seconds, chunk=1 << 16):
-    """The significand sweep for up to ``seconds``: (divisors done, mismatches, first (a, b))."""
+def sweep(seconds, chunk=1 << 16, start=0):
+    """The significand sweep of divisors b >= ``start`` for up to ``seconds``: (divisors done,
+    mismatches, first (a, b), seconds)."""
     out = cuda.to_device(np.array([0, 0, -1, -1], np.int64))
     t0 = time.time()
-    b0 = 0
+    b0 = start
     while b0 < (1 << 23) and time.time() - t0 < seconds:
         nb = min(chunk, (1 << 23) - b0)
         _sweep_kernel[(nb + 127) // 128, 128](b0, nb, out)
         cuda.synchronize()
         b0 += nb
     o = out.copy_to_host()
-    return int(b0), int(o[1]), (int(o[2]), int(o[3])), time.time() - t0
+    return int(b0 - start), int(o[1]), (int(o[2]), int(o[3])), time.time() - t0
 
 
 def fma_vs_twin(n=1 << 20, seed=3):
@@ -224,10 +225,21 @@ def main(argv):
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep-seconds", type=float, default=60.0)
     ap.add_argument("--random", type=float, default=2e9)
+    ap.add_argument("--sweep-from", type=int, default=0, help="first divisor significand of the sweep")
+    ap.add_argument("--sweep-only", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     rows = {}
     t = time.time()
+    if a.sweep_only:
+        done, bad, first, sec = sweep(a.sweep_seconds, start=a.sweep_from)
+        rows = dict(significand_sweep=dict(first_divisor=a.sweep_from, divisors=done, wrong=bad, first_wrong=first,
+                                           s=round(sec, 1)))
+        print(rows)
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(rows, fh, indent=1)
+        return 0 if bad == 0 else 1
     rows["fma_vs_twin"] = fma_vs_twin()
     ss = scales()
     for name, conv in (("bf16", _bf16), ("f16", _f16)):

@@ -32,8 +32,10 @@ takes:
 
 Exactness is the reference's, by the same device functions as the general kernels:
 ``group_params`` for the scale (float ``amax / max`` by IEEE division, MX e8m0 codes,
-NVFP4 ue4m3), ``encode_element`` for the elements (IEEE ``x / s`` by ``div.rn`` for float
-scales, ``x * 2^-k`` for MX -- the exact reciprocal of a power of two, so the product is
+NVFP4 ue4m3), ``encode_element`` for the elements (IEEE ``x / s`` for float scales: by
+``div.rn``, or in finite units from one reciprocal per scale and a correction step that gives
+the same quotient bit for bit, ``_division`` / ``recip_store_unit``;
+``x * 2^-k`` for MX -- the exact reciprocal of a power of two, so the product is
 the same float32 as the quotient, see ``_codec.e8m0_reciprocal``), and the amax as the max
 of |x|'s float32 bits (order-independent, NaN-propagating). A group whose amax is not
 finite (it holds a NaN or an infinity) takes ``encode_element`` per element, NaN rules
