@@ -351,3 +351,59 @@ def test_fused_rows_divide_by_reciprocal(monkeypatch):
         np.testing.assert_array_equal(np.asarray(a.codes).view(np.uint8), np.asarray(b.codes).view(np.uint8))
         np.testing.assert_array_equal(bits(a.scales), bits(b.scales))
     assert calls[0] >= 3 * 3 * 64
+
+
+# ----------------------------------------------------------------------------- the PTX audit's exemption
+_PTX_PAIR = """
+	mul.f32 	%f4, %f2, %f1;
+	neg.f32 	%f5, %f1;
+	fma.rn.f32 	%f6, %f4, %f3, %f5;
+	neg.f32 	%f7, %f6;
+	fma.rn.f32 	%f8, %f7, %f2, %f4;
+"""
+
+
+def test_audit_matches_only_the_pattern():
+    """_ptx_audit.recip_div_fmas counts a division's two fma and flags any other fma.f32: a
+    contracted a * b + c, a correction whose addend is not q0, or whose multiplier is not r."""
+    from nqdq.kernels._ptx_audit import recip_div_fmas
+
+    assert recip_div_fmas(_PTX_PAIR) == (1, 0)
+    assert recip_div_fmas(_PTX_PAIR + _PTX_PAIR.replace("%f", "%g")) == (2, 0)
+    assert recip_div_fmas(_PTX_PAIR + "\tfma.rn.f32 \t%f9, %f1, %f2, %f3;\n") == (1, 1)
+    assert recip_div_fmas(_PTX_PAIR.replace("%f7, %f2, %f4;", "%f7, %f2, %f1;")) == (0, 2)  # addend not q0
+    assert recip_div_fmas(_PTX_PAIR.replace("%f7, %f2, %f4;", "%f7, %f3, %f4;")) == (0, 2)  # multiplier s, not r
+    assert recip_div_fmas(_PTX_PAIR.replace("neg.f32 \t%f5, %f1;", "neg.f32 \t%f5, %f3;")) == (0, 2)  # -s, not -x
+
+
+_AUDIT_SCRIPT = r"""
+import json
+import ml_dtypes, numpy as np
+from nqdq.kernels import _ptx_audit as A
+from nqdq.kernels import _interop, quantize as kq
+from nqdq.schemes import resolve_scheme
+out = []
+for name, kw, shape, dt in (("fp8_row", {}, (4, 1024), ml_dtypes.bfloat16),
+                            ("fp8_tensor", {"static_scale": True}, (4, 1024), np.float32)):
+    sch = resolve_scheme(name, **kw)
+    x = np.zeros(shape, dt)
+    rec = []
+    with A.dry_run(rec):
+        xin = _interop.DeviceInput(x.reshape(-1).view(np.uint16 if dt != np.float32 else np.float32),
+                                   0 if dt == np.float32 else 1, shape, str(np.dtype(dt)), "numpy")
+        kq.quantize(xin, sch, scale=1.0 if sch.static_scale else None)
+    for r in A.compile_and_audit([(name, k, a) for k, a in rec], registers=False):
+        out.append(dict(kernel=r["kernel"], rdiv=r["rdiv"], fma=r["fma"], divs=r["divs"], problems=r["problems"]))
+print(json.dumps(out))
+"""
+
+
+def test_kernels_compile_with_only_the_pattern_fmas():
+    """fp8_row and static fp8_tensor compiled for sm_90 (NVVM, no GPU): every fma.f32 is one of
+    a division's two, one division per element of a thread's units, no audit problem."""
+    from tests.test_mma import _compile_rows
+
+    rows = {r["kernel"]: r for r in _compile_rows(_AUDIT_SCRIPT)}
+    assert not any(r["problems"] for r in rows.values()), rows
+    assert rows["lastaxis_rows"]["rdiv"] >= 8 and rows["lastaxis_rows"]["fma"] == 2 * rows["lastaxis_rows"]["rdiv"]
+    assert rows["static_encode"]["rdiv"] >= 4 and rows["static_encode"]["fma"] == 2 * rows["static_encode"]["rdiv"]
