@@ -6,8 +6,9 @@ method and table) and host time per call (launch_overhead.py's quantize rows).
 
 "old": ``_rowwise_kernels.FP6_PAIRS`` and ``quantize.NVFP4_SENC_IN_GROUPS`` off (fp6 by the
 element encoder; NVFP4 in three launches: tensor_amax -> finalize -> lastaxis_groups);
-"new": both on (fp6 by bfloat16 pairs; NVFP4 in two launches, S_enc computed in the group
-kernel; nvfp4 also with at most PARTS amax partials). Each scheme is timed old, new, old, so that drift shows; plans and group kernels
+"new": both on (fp6 by bfloat16 pairs; NVFP4 in two launches at every size -- the size bound
+NVFP4_SENC_MAX_UNITS lifted --, S_enc computed in the group kernel; nvfp4 also with at most
+PARTS amax partials). Each scheme is timed old, new, old, so that drift shows; plans and group kernels
 are rebuilt at each switch (the switches are read when a kernel is built). Every row keeps
 the checks its script makes against the NumPy reference.
 """
@@ -46,6 +47,7 @@ def set_new(on: bool, parts=1024):
         RK.make_lastaxis_group_kernel = group_kernel
     RK.FP6_PAIRS = on
     KQ.NVFP4_SENC_IN_GROUPS = on
+    KQ.NVFP4_SENC_MAX_UNITS = 1 << 40 if on else KQ.DEEP_UNITS  # "new": two launches at every size
     KQ.NVFP4_PARTS_MAX = parts
     KQ._PLANS.clear()
     if nqdq.api._FAST is not None:

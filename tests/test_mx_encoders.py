@@ -222,6 +222,6 @@ def test_switches_on_for_users():
     env = {k: v for k, v in os.environ.items() if k != "NQDQ_UNMEASURED_KERNELS"}
     env["NUMBA_ENABLE_CUDASIM"] = "1"
     code = ("import nqdq.kernels.quantize as kq, nqdq.kernels._rowwise_kernels as RK; "
-            "print(RK.FP6_PAIRS, kq.NVFP4_SENC_IN_GROUPS, kq.NVFP4_SENC_MAX_UNITS == kq.DEEP_UNITS, kq._UNMEASURED)")
+            "print(RK.FP6_PAIRS, kq.NVFP4_SENC_IN_GROUPS, kq.NVFP4_SENC_MAX_UNITS == 1 << 21, kq._UNMEASURED)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True", "True", "False"]

@@ -507,14 +507,15 @@ TILE_FAST = True  # B0 x B1 float block scales over whole-unit tiles: tile_block
 # NVFP4 on the last-axis group kernel in two launches (tensor_amax -> lastaxis_groups, which
 # computes S_enc from the amax partials: _rowwise_kernels._SENC_FROM_PARTS) instead of three
 # (tensor_amax -> finalize -> lastaxis_groups), for inputs of fewer than NVFP4_SENC_MAX_UNITS
-# 16-byte units. H100, 2026-11-21 07:33 (docs/performance.md, "MXFP6 pairs, NVFP4 in two
-# launches"): 64x7168 bf16 host 14.5 -> 11.5 us per call, device 11.0 -> 7.7 us; but 8192x8192
-# and 16384x7168 49 / 51 -> 46 / 47 % of copy (every one of their 8192-14336 blocks waits for its
-# partials and a barrier before encoding): large inputs keep the three launches. The bound is
-# the group kernel's shallow / deep boundary (DEEP_UNITS, 2.2M bf16 elements): measured on
-# either side of it, not at it.
+# 16-byte units. H100, 2026-11-21 07:33 / 07:41 (docs/performance.md, "MXFP6 in bfloat16 pairs;
+# NVFP4 in two launches"): 64x7168 bf16 host 14.5 -> 11.5 us per call, device 11.0 -> 7.7 us;
+# 128 / 256 / 512 / 2048 x 7168 11.9 -> 7.9, 14.5 -> 10.5, 17.7 -> 13.0, 38.5 -> 34.9 us; but
+# 8192x8192 and 16384x7168 49 / 51 -> 46 / 47 % of copy (every one of their 8192-14336 blocks
+# waits for its partials and a barrier before encoding): those keep the three launches. The
+# bound, 2^21 units (16.8M bf16 elements), lies between 2048x7168 (1.8M units, faster) and
+# 8192x8192 (8.4M, slower); the crossover itself is not measured.
 NVFP4_SENC_IN_GROUPS = True
-NVFP4_SENC_MAX_UNITS = DEEP_UNITS
+NVFP4_SENC_MAX_UNITS = 1 << 21
 NVFP4_PARTS_MAX = 1024  # amax blocks (partials that every group-kernel block reduces) at most
 COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
 
