@@ -210,12 +210,13 @@ wg_specs = [
     ("e5m2.e4m3", G.SCALE_ROW, G.SCALE_TENSOR, G.OUT_F16, G.ACT_NONE, False, False),
     ("e4m3.e4m3", G.SCALE_BLOCK, G.SCALE_BLOCK, G.OUT_BF16, G.ACT_NONE, False, False),
 ]
-for mma, sa, sb, o, act, bias, asym in wg_specs:
+for k, (mma, sa, sb, o, act, bias, asym) in enumerate(wg_specs + wg_specs[:3:2]):
     spec = G.GemmSpec(mma=mma, sa_mode=sa, sb_mode=sb, out=o, act=act, bias=bias, asym=asym)
-    ptx = kg.compile_ptx(spec, (9, 0, "a"), config=kg.wgmma_config_for(spec))
-    cubin, log = kg.assemble_lto(spec, kg.wgmma_config_for(spec))  # as Numba links it (setmaxnreg)
+    cfg = kg.wgmma_config_for(spec, None if k < len(wg_specs) else (2048, 7168))  # + small outputs' tiles
+    ptx = kg.compile_ptx(spec, (9, 0, "a"), config=cfg)
+    cubin, log = kg.assemble_lto(spec, cfg)  # as Numba links it (setmaxnreg)
     spill = re.search(r"(\d+) bytes spill stores", log)
-    out.append(dict(cc=[9, 0, "a"], mma=mma, n=kg.wgmma_config_for(spec).n, wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[a-z0-9.]+", ptx))),
+    out.append(dict(cc=[9, 0, "a"], mma=mma, n=cfg.n, persistent=cfg.persistent, wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[a-z0-9.]+", ptx))),
                     serialized="C7509" in log, cubin=len(cubin), spill=int(spill.group(1)) if spill else None))
 print(json.dumps(out))
 """
@@ -235,11 +236,13 @@ def _compile_rows(script):
 
 def test_gemm_kernels_assemble_for_sm89_sm90_sm90a():
     rows = _compile_rows(_COMPILE_SCRIPT)
-    assert len(rows) == 25
-    for row in rows[21:]:  # the sm_90a wgmma kernels (default tiles: int8 128 x 256, fp8 row
-        # 128 x 192, fp8 block 128 x 128; m64nNk32 per warpgroup)
+    assert len(rows) == 27
+    for i, row in enumerate(rows[21:]):  # the sm_90a wgmma kernels (default tiles: int8 128 x 256,
+        # fp8 row 128 x 192, fp8 block 128 x 128; m64nNk32 per warpgroup; the last two: the
+        # 128 x 128 persistent tiles of smaller outputs, int8 and fp8 row)
         want = {"s8s8": "s32.s8.s8", "u8s8": "s32.u8.s8"}.get(row["mma"]) or f"f32.{row['mma']}"
-        assert row["n"] == {"s8s8": 256, "u8s8": 256, "e5m2.e4m3": 192, "e4m3.e4m3": 128}[row["mma"]], row
+        n = 128 if i >= 4 else {"s8s8": 256, "u8s8": 256, "e5m2.e4m3": 192, "e4m3.e4m3": 128}[row["mma"]]
+        assert row["n"] == n and row["persistent"] == (row["mma"] not in ("s8s8", "u8s8") or i >= 4), row
         assert row["wgmma"] == [f"wgmma.mma_async.sync.aligned.m64n{row['n']}k32.{want}"], row
         assert not row["serialized"] and row["spill"] == 0 and row["cubin"] > 0, row
     for row in rows[:21]:

@@ -143,7 +143,6 @@ def _direct_epilogue(NACC, spec, store_at, store_pair_at, promote):
     FLOAT_ACC = spec.mma not in ("s8s8", "u8s8")
     SA_ROW, SB_ROW = spec.sa_mode == SCALE_ROW, spec.sb_mode == SCALE_ROW
     last = 8 * (NACC // 4 - 1) + 1  # the thread's last column, past nq
-    cols = [8 * j + e for j in range(NACC // 4) for e in range(2)]
 
     def value(x, c, ind, h, pre):
         """v{c & 1} := element x's output, column nq + c; ``pre``: the scales were loaded
@@ -162,14 +161,14 @@ def _direct_epilogue(NACC, spec, store_at, store_pair_at, promote):
             out.append(f"{ind}qv -= {zam} * {csn}")
         return out + [f"{ind}v{c & 1} = float32(qv) * alpha * {sam} * {sbn}"]
 
-    def row_half(h, pairs):
+    def row_half(h, pairs, js):
         ind = "            "
         out = [f"        m = m_lo + {8 * h}", "        if m < M:", "            rb = np.uint64(m * N + nq)"]
         if not pairs:
             out.append(f"            sam = {'sa[np.uint64(m)]' if SA_ROW else 'sa[0]'}")
             if ASYM:
                 out.append(f"            zam = int32({'za[np.uint64(m)]' if SA_ROW else 'za[0]'})")
-        for j in range(NACC // 4):
+        for j in js:
             x, c = 4 * j + 2 * h, 8 * j
             if pairs:  # interior, N even: columns c, c + 1 by one store
                 out += value(x, c, ind, h, True) + value(x + 1, c + 1, ind, h, True)
@@ -184,7 +183,8 @@ def _direct_epilogue(NACC, spec, store_at, store_pair_at, promote):
     # interior tiles load every scale before the first store (a load after a store cannot
     # be moved above it: out might alias the scales), so their latencies overlap instead of
     # each pair's loads stalling its multiply (ncu: 80 % of the epilogue's samples waited
-    # on them)
+    # on them); with zero points (two loads per column) in chunks of 8 columns, so the
+    # loaded values fit in the registers beside the accumulators
     lines = ["def direct_epilogue(acc, out, bias, sa, sb, za, colsum_b, alpha, M, N, m_lo, nq):",
              f"    if nq + {last} < N and N % 2 == 0:"]  # fmt: skip
     if not (BLOCK and promote):
@@ -193,12 +193,18 @@ def _direct_epilogue(NACC, spec, store_at, store_pair_at, promote):
             lines.append(f"        sam{h} = {f'sa[np.uint64({m})] if {m} < M else float32(0)' if SA_ROW else 'sa[0]'}")
             if ASYM:
                 lines.append(f"        zam{h} = int32({f'za[np.uint64({m})] if {m} < M else 0' if SA_ROW else 'za[0]'})")
-        lines += [f"        s{c} = sb[np.uint64(nq + {c})]" for c in (cols if SB_ROW else [0])]
-        if ASYM:
-            lines += [f"        cs{c} = colsum_b[np.uint64(nq + {c})]" for c in cols]
-    lines += row_half(0, True) + row_half(1, True)
+        if not SB_ROW:
+            lines.append("        s0 = sb[0]")
+    step = 4 if ASYM else NACC // 4
+    for j0 in range(0, NACC // 4, step):
+        js = range(j0, min(j0 + step, NACC // 4))
+        if not (BLOCK and promote):
+            chunk = [8 * j + e for j in js for e in range(2)]
+            lines += [f"        s{c} = sb[np.uint64(nq + {c})]" for c in (chunk if SB_ROW else [])]
+            lines += [f"        cs{c} = colsum_b[np.uint64(nq + {c})]" for c in (chunk if ASYM else [])]
+        lines += row_half(0, True, js) + row_half(1, True, js)
     lines.append("    else:")
-    lines += row_half(0, False) + row_half(1, False)
+    lines += row_half(0, False, range(NACC // 4)) + row_half(1, False, range(NACC // 4))
     src = "\n".join(lines) + "\n"
     ns = dict(np=np, int32=int32, float32=float32, store_at=store_at, store_pair_at=store_pair_at)
     exec(compile(src, f"<nqdq direct_epilogue NACC={NACC}>", "exec"), ns)
@@ -656,12 +662,17 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         da0, db0 = desc(a_base), desc(b_base)  # mbarrier rings: descriptors advance by offsets
         one = float32(1)
         g0 = int32(0)  # ring steps of this CTA's earlier tiles (persistent grid)
-        while tile < ntiles:
-            m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
+        if PERSIST:
+            while tile < ntiles:
+                m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
+                consume_tile(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out, smem, acc, tot, m0, n0, g0,
+                             ktiles, full0, da0, db0, a_base, b_base, pad, tid, wg, w, g, q, one, ch16, a_src,
+                             a_left, a_dst, b_src, b_left, b_dst, row_step_k)  # fmt: skip
+                g0 = int32(g0 + ktiles)
+                tile += tile_step
+        else:  # one tile: no loop (its loop-carried registers made the 128 x 192 parked epilogue spill)
             consume_tile(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out, smem, acc, tot, m0, n0, g0,
                          ktiles, full0, da0, db0, a_base, b_base, pad, tid, wg, w, g, q, one, ch16, a_src,
                          a_left, a_dst, b_src, b_left, b_dst, row_step_k)  # fmt: skip
-            g0 = int32(g0 + ktiles)
-            tile += tile_step
 
     return gemm_wgmma

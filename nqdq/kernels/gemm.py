@@ -58,6 +58,13 @@ WGMMA_CONFIG_FP8_BLOCK_FIXED = WgmmaConfig(stages=6, mbarrier=True, pingpong=Tru
 # 4096^3 (same run)
 WGMMA_CONFIG_FP8_BLOCK = WgmmaConfig(stages=6, mbarrier=True, pingpong=True, producer=True, direct=True,
                                      persistent=True)
+# outputs below FIXED_COLS_MIN_OUTPUT (and fp8 row / tensor scales below FP8_ROW_MIN_TILES)
+# for int8 and fp8 row / tensor scales: 128 x 128 tiles, producer warpgroup, direct epilogue,
+# persistent grid. H100 run 07:33, 2026-11-21 (TOP/s or TFLOP/s, previous default in
+# brackets): 2048x7168x2048 int8 775 (394), fp8 row 746 (349); 128x14336x4096 int8 443
+# (249), fp8 row 447 (333); 16x14336x4096 int8 62 (42), fp8 row 64 (51). Block scales take
+# WGMMA_CONFIG_FP8_BLOCK at every size: 739 (426), 421 (349), 61 (50) there.
+WGMMA_CONFIG_PERSISTENT_128 = WgmmaConfig(mbarrier=True, producer=True, direct=True, persistent=True)
 # output tiles (of 128 x 192) from which fp8 row / tensor scales take WGMMA_CONFIG_FP8_ROW
 # (4096^3, 704 tiles: faster; 2048 x 7168, 608: equal; M = 128, 75: slower than the ring)
 FP8_ROW_MIN_TILES = 640
@@ -79,7 +86,7 @@ FIXED_COLS_MIN_OUTPUT = 4096 * 4096
 def parse_config(text: str):
     """"2,4,4,4,3,8" -> TileConfig (mma.sync); "wg:2,128,4,8" -> WgmmaConfig (sm_90a; fields
     in order: warpgroups, n, stages, group_m, inflight, fast_accum, promote_every, mbarrier,
-    pingpong, producer, fixed_cols)."""
+    pingpong, producer, fixed_cols, direct, persistent)."""
     if text.startswith("wg:"):
         return WgmmaConfig(*(int(v) for v in text[3:].split(",")))
     return TileConfig(*(int(v) for v in text.split(",")))
@@ -91,10 +98,10 @@ def default_config(spec: GemmSpec | None = None, shape: tuple[int, int] | None =
     tiles for int8; for fp8, whose promotion needs a second set of registers, the
     warp-specialised mbarrier ring (a producer warpgroup loads): 128 x 128 with ping-pong
     accumulators for block scales, and 128 x 192 for row / tensor scales with outputs
-    ``shape`` = (M, N) of at least ``FP8_ROW_MIN_TILES`` such tiles, else 128 x 128 on the
-    block-barrier ring: measured faster at 8192^3 and 4096^3, slower at M = 128); outputs
-    of at least ``FIXED_COLS_MIN_OUTPUT`` elements with the direct epilogue, and for fp8 on
-    a persistent grid), else mma.sync."""
+    ``shape`` = (M, N) of at least ``FP8_ROW_MIN_TILES`` such tiles and outputs of at least
+    ``FIXED_COLS_MIN_OUTPUT`` elements; every one with the direct epilogue, fp8 on a
+    persistent grid; smaller int8 and row-scaled fp8 outputs take 128 x 128 tiles on a
+    persistent grid fed by a producer warpgroup), else mma.sync."""
     if SIMULATOR:
         return SIM_CONFIG
     env = os.environ.get("NQDQ_GEMM_TILE")
@@ -112,12 +119,16 @@ def wgmma_config_for(spec: GemmSpec | None = None, shape: tuple[int, int] | None
         return WGMMA_CONFIG
     big = shape is None or shape[0] * shape[1] >= FIXED_COLS_MIN_OUTPUT
     if spec.mma in ("s8s8", "u8s8"):
-        return WGMMA_CONFIG_WIDE_DIRECT if big else WGMMA_CONFIG_WIDE
+        if not big:
+            return WGMMA_CONFIG_PERSISTENT_128
+        # zero points + GELU beside 128 live int32 accumulators spill in the direct epilogue
+        # (1.2 KiB, tests/test_mma.py): the parked one frees them first
+        return WGMMA_CONFIG_WIDE_FIXED if spec.asym and spec.act == G.ACT_GELU else WGMMA_CONFIG_WIDE_DIRECT
     if spec.sa_mode == G.SCALE_BLOCK:
-        return WGMMA_CONFIG_FP8_BLOCK if big else WGMMA_CONFIG_FP8_BLOCK_WS
-    if shape is not None and -(-shape[0] // 128) * -(-shape[1] // WGMMA_CONFIG_FP8_ROW.n) < FP8_ROW_MIN_TILES:
-        return WGMMA_CONFIG_RING
-    return WGMMA_CONFIG_FP8_ROW if big else WGMMA_CONFIG_FP8_ROW_WS
+        return WGMMA_CONFIG_FP8_BLOCK
+    if shape is not None and (not big or -(-shape[0] // 128) * -(-shape[1] // WGMMA_CONFIG_FP8_ROW.n) < FP8_ROW_MIN_TILES):
+        return WGMMA_CONFIG_PERSISTENT_128
+    return WGMMA_CONFIG_FP8_ROW
 
 
 def _device_cc():
