@@ -9,9 +9,10 @@
 #                                      kernel sweep split over SAN_PARTS processes;
 #   bash scripts/verify_gpu.sh bench   on a quiet GPU: the fused ops (one process per op:
 #                                      they compile at once and time one at a time under a
-#                                      lock), the quantize peers table for every scheme, the
-#                                      GEMMs at 8192^3 beside cuBLASLt;
-#   bash scripts/verify_gpu.sh         both.
+#                                      lock), the quantize peers table for every scheme;
+#   bash scripts/verify_gpu.sh gemm    the GEMMs beside cuBLASLt at GEMM_SHAPES (default: the
+#                                      issue's five shapes) with the SASS counts;
+#   bash scripts/verify_gpu.sh         all three (more than one call's 10 minutes).
 #
 # Prints the summaries last. Knobs: WORKERS (8), SAN_PARTS (4), TEST_TIMEOUT (360), SCHEMES,
 # SIZES, FUSED_OPS, GEMM_SHAPES.
@@ -23,7 +24,7 @@ SIZES="${SIZES:-8192x8192,16384x7168}"
 SCHEMES="${SCHEMES:-fp8_row,fp8_1x128,fp8_128x128,fp8_tensor,fp8_tensor@0.05,mxfp8,mxfp6_e3m2,mxfp4,nvfp4,int8_row,int8_column,int4_group,int8_asym,int4_asym,int8_centred}"
 # --only takes a substring of an op's name: "view)+mxfp4" is flatten of the transposed view
 FUSED_OPS="${FUSED_OPS:-rmsnorm+fp8_row rmsnorm+res+fp8_row rmsnorm+fp8_tensor rmsnorm+res+fp8_tensor rmsnorm+fp8_1x128 rmsnorm+res+fp8_1x128 rmsnorm+mxfp4 rmsnorm+res+mxfp4 view)+fp8_1x128 view)+mxfp4 moe_sort+mxfp4}"
-GEMM_SHAPES="${GEMM_SHAPES:-8192x8192x8192}"
+GEMM_SHAPES="${GEMM_SHAPES:-8192x8192x8192,4096x4096x4096,2048x7168x2048,128x14336x4096,16x14336x4096}"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u +%FT%TZ
   python3 -c "import numpy, numba, numba_cuda, cupy; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__)"
 } | tee "$OUT/device.txt"
@@ -53,7 +54,9 @@ if [[ "$PHASE" == bench || "$PHASE" == all ]]; then
   for p in "${pids[@]}"; do wait "$p"; done
   timeout 200 python3 benchmarks/peers.py --no-compile --sizes "$SIZES" --schemes "$SCHEMES" --json "$OUT/peers.json" \
     > "$OUT/peers.log" 2>&1; echo "peers rc=$?" >> "$OUT/peers.log"
-  timeout 120 python3 benchmarks/gemm_peers.py --shapes "$GEMM_SHAPES" --cases int8,fp8_row,fp8_block \
+fi
+if [[ "$PHASE" == gemm || "$PHASE" == all ]]; then
+  timeout 400 python3 benchmarks/gemm_peers.py --shapes "$GEMM_SHAPES" --cases int8,fp8_row,fp8_block --sass \
     > "$OUT/gemm.log" 2>&1; echo "gemm rc=$?" >> "$OUT/gemm.log"
 fi
 
@@ -70,5 +73,7 @@ if [[ "$PHASE" == bench || "$PHASE" == all ]]; then
   grep -h -E "^device:" "$OUT"/fused_*.log
   grep -h -E "^(rmsnorm|flatten|moe)|ERROR|exit code|Traceback" "$OUT"/fused_*.log
   echo "== quantize peers =="; grep -E "^\||rc=|skipped" "$OUT/peers.log"
-  echo "== GEMM =="; tail -25 "$OUT/gemm.log"
+fi
+if [[ "$PHASE" == gemm || "$PHASE" == all ]]; then
+  echo "== GEMM =="; grep -v -E "^(\{|SASS)" "$OUT/gemm.log" | tail -25
 fi
