@@ -49,6 +49,7 @@ that the CUDA simulator runs; the GPU tests run both variants.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import numpy as np
@@ -69,6 +70,19 @@ __all__ = ["make_lastaxis_group_kernel", "make_lastaxis_row_kernel", "make_lasta
            "make_lastaxis_stat_group_kernel", "make_static_kernel", "make_tensor_amax_kernel", "vec_of", "SHFL_DEFAULT"]
 
 FINITE = 0x7F800000  # abs bits below this: a finite float32
+# Integer elements under float scales in last-axis groups (int4_group, int8 1xG): the group's
+# reciprocal once per chunk (not once per unit: the units' encodes sit in separate basic blocks,
+# so NVVM does not share it), bfloat16 amax two elements per instruction (word_amax16: the max
+# of |x|'s 16-bit patterns is the max of their float32 bits), and a chunk's K units interleaved
+# over the group's lanes as fp8 does (each load instruction of a warp covers whole sectors).
+# The same codes and scales bit for bit. On since its H100 run (2026-11-21 08:07 UTC: GPU tests
+# exact; int4_group bf16 8192x8192 / 16384x7168 77 / 78 -> 95 / 97 % of copy; docs/performance.md,
+# "int4_group and fp8_128x128 encodes"). NQDQ_INT_GROUP_FAST=0: the previous path (A/B).
+INT_GROUP_FAST = os.environ.get("NQDQ_INT_GROUP_FAST", "1") == "1"
+# With it, resident blocks per SM asked of ptxas for those kernels (launch bounds; 0: none).
+# int4_group bf16 (256 threads) takes 49 registers, 4 blocks per SM; 5 blocks need 48: measured
+# no faster (95 / 97 -> 94 / 97 %), so 0.
+INT_GROUP_MIN_BLOCKS = int(os.environ.get("NQDQ_INT_GROUP_MIN_BLOCKS", "0"))
 SHFL_DEFAULT = not SIMULATOR  # the simulator has no warp shuffle: it runs the twin
 
 
@@ -665,11 +679,12 @@ def _consts(kind, mode, fmt, mx_cfg, max_elem, packed):
     return vec_of(kind), nb, cvt, F32(max_elem), mx_cfg[0], mx_cfg[1], mx_cfg[2], F32(mx_cfg[3])
 
 
-def _jit_unrolled(name, template, ns, U, K=1):
+def _jit_unrolled(name, template, ns, U, K=1, min_blocks=0):
     """Compile a kernel whose per-unit statements are written out: a line of ``template``
     holding ``{j}`` (and ``{jNT}`` = j * NT) is repeated for j = 0 .. U-1, one holding ``{k}``
     for k = 0 .. K-1 (j outer), so every unit lives in its own named register tuple (see the
-    comment above load_unit)."""
+    comment above load_unit). ``min_blocks`` > 0: launch bounds (NT threads, at least that
+    many resident blocks per SM), which caps the registers ptxas may use."""
     lines = []
     for ln in template.splitlines():
         js = range(U) if ("{j}" in ln or "{jNT}" in ln) else [None]
@@ -688,6 +703,8 @@ def _jit_unrolled(name, template, ns, U, K=1):
     exec(compile(src, f"<nqdq {name} U={U} K={K}>", "exec"), glb)
     fn = glb[name]
     fn.source = src
+    if min_blocks > 0 and not SIMULATOR:  # (the simulator's jit takes no launch bounds)
+        return cuda.jit(fn, launch_bounds=(ns["NT"], min_blocks))
     return cuda.jit(fn)
 
 
@@ -742,10 +759,12 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     # MX e2m1 of bfloat16 input: amax and encode two elements per instruction (e2m1_unit_bf16);
     # "floor" / "even" scales can leave |x| / 2^k up to 8, which is clamped to 6 first
     # chunk c holds units unit_of(c) + k * ST, k < K: consecutive (ST = 1), or, for the fp8
-    # formats (paired cvt), interleaved over the group's lanes (ST = LL: lane l of a group holds its
+    # formats (paired cvt) and, with INT_GROUP_FAST, integer elements under float scales
+    # (int4_group: K = 4), interleaved over the group's lanes (ST = LL: lane l of a group holds its
     # units l, l + LL, ...), so that each load / store instruction of a warp still covers
     # whole contiguous pieces of LL units (coalesced as with K = 1)
-    ILV = K > 1 and fp8_cvt_supports(fmt)
+    IG = INT_GROUP_FAST and mode == MODE_FLOAT and fmt[0] == 0  # integer elements, float scales
+    ILV = K > 1 and (fp8_cvt_supports(fmt) or IG)
     ST = LL if ILV else 1
 
     @devfn
@@ -768,7 +787,7 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
         """One chunk (units w0 .. w{K-1}; the rest are unused zeros): amax, butterfly over
         the group's LL lanes, parameters, encode. Chunk by chunk, so that only one chunk's
         parameters are live at a time (registers, hence occupancy)."""
-        if PAIRS or FP6P:  # bfloat16 halves: the same amax bits, two per instruction
+        if PAIRS or FP6P or (IG and kind == KIND_BF16):  # bfloat16 halves: the same amax bits, two per instruction
             a2 = word_amax16(w0)
             if K >= 2:
                 a2 = u16x2_max(a2, word_amax16(w1))
@@ -832,6 +851,18 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
                     c32[np.uint64(u + 2 * ST)] = e2m1_unit_bf16(w2, p2, CLAMP)
                     c32[np.uint64(u + 3 * ST)] = e2m1_unit_bf16(w3, p2, CLAMP)
                 return
+            if IG:  # one reciprocal per chunk (encode_store_unit_r)
+                rp = recip_guarded(p0)
+                encode_store_unit_r(unit_elems(w0, kind), u, p0, rp, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
+                if K >= 2:
+                    encode_store_unit_r(unit_elems(w1, kind), u + ST, p0, rp, clean, c8, c16, c32, mode, fmt, CVT, VEC,
+                                        NB)
+                if K >= 4:
+                    encode_store_unit_r(unit_elems(w2, kind), u + 2 * ST, p0, rp, clean, c8, c16, c32, mode, fmt, CVT,
+                                        VEC, NB)
+                    encode_store_unit_r(unit_elems(w3, kind), u + 3 * ST, p0, rp, clean, c8, c16, c32, mode, fmt, CVT,
+                                        VEC, NB)
+                return
             encode_store_unit(unit_elems(w0, kind), u, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
             if K >= 2:
                 encode_store_unit(unit_elems(w1, kind), u + ST, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
@@ -844,7 +875,7 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
               chunk_step=chunk_step, unit_of=unit_of, ST=ST, NW=NT // 32, block_max=_block_max_fn(NT, shfl))
     sargs, senc = _SENC_FROM_PARTS if senc_parts else _SENC_FROM_SPARAMS
     src = _GROUPS_SRC.replace("CHUNK_ARGS", chunk_args).replace("SENC_ARGS", sargs).replace("SENC", senc)
-    return _jit_unrolled("lastaxis_groups", src, ns, U, K)
+    return _jit_unrolled("lastaxis_groups", src, ns, U, K, INT_GROUP_MIN_BLOCKS if IG else 0)
 
 
 # ----------------------------------------------------------------------------- whole rows

@@ -1,0 +1,74 @@
+"""GPU side of tests/test_int_group_tile.py: int4_group / int8 1xG groups and fp8_128x128 tiles
+with the new switches on (``_rowwise_kernels.INT_GROUP_FAST``, ``_tile_kernels.RECIP_ONCE``;
+the previous paths are what tests/test_kernels_gpu.py ran before), compiled, at sizes that take
+the deep paths, with the warp shuffle and its shared-memory twin, f32 / f16 / bf16 and
+unaligned views; bit for bit against the reference (tests/test_kernels_gpu.py's check_gpu).
+The launch-bound knobs (NQDQ_INT_GROUP_MIN_BLOCKS, NQDQ_TILE_MIN_BLOCKS) apply as set in the
+environment."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+from _helpers import gpu_cupy_or_skip  # noqa: E402
+
+cp = gpu_cupy_or_skip()
+
+import nqdq.kernels.quantize as kq  # noqa: E402
+from nqdq.kernels import _rowwise_kernels as RK  # noqa: E402
+from nqdq.kernels import _tile_kernels as TK  # noqa: E402
+from nqdq.schemes import resolve_scheme  # noqa: E402
+
+from test_kernels_gpu import _check_aligned_and_not, _check_with_shuffle_twin, _edge_input, check_gpu  # noqa: E402
+
+SCHEMES = [("int4_group", {}), ("int8", {"granularity": "group", "group_size": 64}), ("fp8_128x128", {})]
+
+
+@pytest.fixture(scope="module")
+def big_bf16():
+    """640 x 8192 bfloat16 (deep paths: kq.DEEP_UNITS), outlier channels, NaN / inf in a few groups."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(29)
+    x = (rng.standard_normal((640, 8192)) * 3).astype(np.float32)
+    x[:, rng.choice(8192, 8, replace=False)] *= 100.0
+    x.reshape(-1)[rng.choice(x.size, 16, replace=False)] = [np.nan, np.inf, -np.inf, -0.0] * 4
+    return x.astype(ml_dtypes.bfloat16)
+
+
+def _clear():
+    RK.make_lastaxis_group_kernel.cache_clear()
+    TK.make_tile_kernel.cache_clear()
+    kq._PLANS.clear()
+
+
+@pytest.fixture
+def switch(monkeypatch):
+    monkeypatch.setattr(RK, "INT_GROUP_FAST", True)
+    monkeypatch.setattr(TK, "RECIP_ONCE", True)
+    _clear()
+    yield True
+    _clear()
+
+
+@pytest.mark.parametrize("name, kw", SCHEMES)
+def test_deep(switch, big_bf16, name, kw):
+    x = big_bf16.copy()
+    x[:128, :128] = 0  # an all-zero group / tile
+    x[128:256, 128:256] = (x[128:256, 128:256].astype(np.float32) * 1e-28).astype(x.dtype)  # scales below 2^-80
+    check_gpu(x, resolve_scheme(name, **kw))
+
+
+@pytest.mark.parametrize("name, kw", SCHEMES)
+def test_shuffle_twin(switch, monkeypatch, big_bf16, name, kw):
+    _check_with_shuffle_twin(monkeypatch, big_bf16[:256], resolve_scheme(name, **kw))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("name, kw", SCHEMES)
+def test_inputs_and_unaligned(switch, dtype, name, kw):
+    xh, bits, kind = _edge_input((96, 1024), dtype, seed=23)
+    _check_aligned_and_not(xh, bits, resolve_scheme(name, **kw), dtype)
