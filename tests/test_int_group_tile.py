@@ -1,6 +1,7 @@
 """The integer last-axis group encode (``_rowwise_kernels.INT_GROUP_FAST``: one reciprocal per
-chunk, bfloat16 pair amax, units interleaved over a group's lanes) and the tile kernel's
-reciprocal once per thread (``_tile_kernels.RECIP_ONCE``), each switched on and off, against
+chunk, bfloat16 pair amax, units interleaved over a group's lanes), the tile kernel's and the
+asymmetric rows kernel's reciprocal once per thread (``_tile_kernels.RECIP_ONCE``,
+``_rowwise_kernels.ASYM_ROW_RECIP_ONCE``), each switched on and off, against
 the reference bit for bit (codes packed and unpacked, scales, dequantized values). Small
 cases for the simulator; with NQDQ_TEST_GPU=1 the same cases run compiled
 (tests/test_int_group_tile_gpu.py adds real sizes)."""
@@ -80,18 +81,41 @@ def test_int_group_interleave_geometry(monkeypatch):
     _clear()
 
 
+@pytest.mark.parametrize("on", [True, False], ids=["new", "old"])
+@pytest.mark.parametrize(
+    "name, shape, dtype",
+    [("int8_asym", (5, 512), ml_dtypes.bfloat16), ("int4_asym", (3, 256), np.float32), ("int8_asym", (4, 200), np.float16)],
+)
+def test_asym_rows_recip_once_exact(monkeypatch, on, name, shape, dtype):
+    """``_rowwise_kernels.ASYM_ROW_RECIP_ONCE``: the asymmetric rows kernel's reciprocal and
+    float bounds once per thread, on and off (int4_asym: per-row scales here, granularity row)."""
+    monkeypatch.setattr(RK, "ASYM_ROW_RECIP_ONCE", on)
+    RK.make_lastaxis_asym_row_kernel.cache_clear()
+    kq._PLANS.clear()
+    try:
+        sch = resolve_scheme(name) if name == "int8_asym" else resolve_scheme("int4", granularity="row", symmetric=False)
+        x = edge_data(shape, seed=shape[1]).astype(dtype)
+        x[1] = 0.0  # an all-zero row
+        x[2] *= np.asarray(1e-30, dtype)  # a row whose scale is below the reciprocal's range
+        assert "lastaxis_asym_rows" in _launched(shape, dtype, sch)
+        check(x, sch, x_ref=x.astype(np.float32))
+    finally:
+        RK.make_lastaxis_asym_row_kernel.cache_clear()
+        kq._PLANS.clear()
+
+
 def test_switches_on_for_users():
-    """Both switches passed their GPU run (H100, 2026-11-21): on without NQDQ_UNMEASURED_KERNELS;
-    the launch-bound knobs (measured no faster) off."""
+    """The three switches passed their GPU runs (H100, 2026-11-21): on without
+    NQDQ_UNMEASURED_KERNELS; the launch-bound knobs (measured no faster) off."""
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("NQDQ_UNMEASURED_KERNELS", "NQDQ_INT_GROUP_FAST", "NQDQ_TILE_RECIP_ONCE",
-                        "NQDQ_INT_GROUP_MIN_BLOCKS", "NQDQ_TILE_MIN_BLOCKS")}
+                        "NQDQ_ASYM_ROW_RECIP_ONCE", "NQDQ_INT_GROUP_MIN_BLOCKS", "NQDQ_TILE_MIN_BLOCKS")}
     env["NUMBA_ENABLE_CUDASIM"] = "1"
     code = ("import nqdq.kernels._rowwise_kernels as RK, nqdq.kernels._tile_kernels as TK; "
-            "print(RK.INT_GROUP_FAST, TK.RECIP_ONCE, RK.INT_GROUP_MIN_BLOCKS, TK.MIN_BLOCKS)")
+            "print(RK.INT_GROUP_FAST, TK.RECIP_ONCE, RK.ASYM_ROW_RECIP_ONCE, RK.INT_GROUP_MIN_BLOCKS, TK.MIN_BLOCKS)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["True", "True", "0", "0"]
+    assert out.split() == ["True", "True", "True", "0", "0"]

@@ -1,5 +1,6 @@
 """GPU side of tests/test_int_group_tile.py: int4_group / int8 1xG groups and fp8_128x128 tiles
-with the new switches on (``_rowwise_kernels.INT_GROUP_FAST``, ``_tile_kernels.RECIP_ONCE``;
+and asymmetric rows with the new switches on (``_rowwise_kernels.INT_GROUP_FAST``,
+``_tile_kernels.RECIP_ONCE``, ``_rowwise_kernels.ASYM_ROW_RECIP_ONCE``;
 the previous paths are what tests/test_kernels_gpu.py ran before), compiled, at sizes that take
 the deep paths, with the warp shuffle and its shared-memory twin, f32 / f16 / bf16 and
 unaligned views; bit for bit against the reference (tests/test_kernels_gpu.py's check_gpu).
@@ -24,7 +25,11 @@ from nqdq.schemes import resolve_scheme  # noqa: E402
 
 from test_kernels_gpu import _check_aligned_and_not, _check_with_shuffle_twin, _edge_input, check_gpu  # noqa: E402
 
-SCHEMES = [("int4_group", {}), ("int8", {"granularity": "group", "group_size": 64}), ("fp8_128x128", {})]
+SCHEMES = [pytest.param("int4_group", {}, id="int4_group"),
+           pytest.param("int8", {"granularity": "group", "group_size": 64}, id="int8_group64"),
+           pytest.param("fp8_128x128", {}, id="fp8_128x128"),
+           pytest.param("int8_asym", {}, id="int8_asym_rows"),
+           pytest.param("int4", {"granularity": "row", "symmetric": False}, id="int4_asym_rows")]
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +45,7 @@ def big_bf16():
 
 
 def _clear():
+    RK.make_lastaxis_asym_row_kernel.cache_clear()
     RK.make_lastaxis_group_kernel.cache_clear()
     TK.make_tile_kernel.cache_clear()
     kq._PLANS.clear()
@@ -49,6 +55,7 @@ def _clear():
 def switch(monkeypatch):
     monkeypatch.setattr(RK, "INT_GROUP_FAST", True)
     monkeypatch.setattr(TK, "RECIP_ONCE", True)
+    monkeypatch.setattr(RK, "ASYM_ROW_RECIP_ONCE", True)
     _clear()
     yield True
     _clear()

@@ -1061,10 +1061,18 @@ def encode_store_int_unit(e, unit, p0, p1, pz, clean, c8, c16, c32, mode, fmt, v
     """One branch per unit on ``clean``, each side with its eight element encodes in a
     straight line (a branch per element kept each division in its own basic block, where
     the next one could not overlap it)."""
-    m = (1 << nb) - 1
     flo = F32(-pz)  # int -> float conversions run at a quarter of the FP32 rate: once per unit
     fhi = F32(np.int32(fmt[7]) - pz)
     r = recip_guarded(p0) if RECIP_DIV else ZERO  # the units of one basic block share it (CSE)
+    encode_store_int_unit_r(e, unit, p0, p1, pz, flo, fhi, r, clean, c8, c16, c32, mode, fmt, vec, nb)
+
+
+@devfn
+def encode_store_int_unit_r(e, unit, p0, p1, pz, flo, fhi, r, clean, c8, c16, c32, mode, fmt, vec, nb):
+    """encode_store_int_unit with its per-scale values computed by the caller: the bounds
+    ``flo`` = -pz, ``fhi`` = qmax - pz as float32 and r = recip_guarded(p0) (ZERO without
+    RECIP_DIV), so that a caller whose units sit in separate blocks computes them once."""
+    m = (1 << nb) - 1
     if clean and r != ZERO:
         lo, hi = int_unit_codes(e, p0, p1, pz, flo, fhi, True, mode, fmt, vec, m, nb, r, True)
     elif clean and not RECIP_DIV:  # (with RECIP_DIV a scale outside recip_guarded's range: per element)
@@ -1122,7 +1130,22 @@ def lastaxis_asym_rows(x, upr, codes, scales, zps, means):
     if tid == 0:
         scales[row] = sv
         zps[row] = pz
-    if tid + {jNT} < upr: encode_store_int_unit(unit_elems(w{j}, kind), base + {jNT}, sv, ZERO, pz, clean, codes, c16, c32, mode, fmt, VEC, NB)
+    if tid + {jNT} < upr: STORE_INT_UNIT
+"""
+# The row's reciprocal and float bounds once per thread (encode_store_int_unit_r), not once per
+# unit (each unit's encode sits in its own `if` block, so NVVM computed recip_guarded, a
+# div.rn, and two int -> float conversions U times per thread). The same codes bit for bit.
+# On since its H100 run (2026-11-21 08:12 UTC: GPU tests exact; int8_asym bf16 8192x8192 /
+# 16384x7168 80 / 81 -> 89 / 90 % of copy; docs/performance.md). NQDQ_ASYM_ROW_RECIP_ONCE=0:
+# the previous path (A/B).
+ASYM_ROW_RECIP_ONCE = os.environ.get("NQDQ_ASYM_ROW_RECIP_ONCE", "1") == "1"
+_ASYM_STORE_ONCE = ("encode_store_int_unit_r(unit_elems(w{j}, kind), base + {jNT}, sv, ZERO, pz, flo, fhi, rr, clean, codes, "
+                    "c16, c32, mode, fmt, VEC, NB)")
+_ASYM_STORE_EACH = ("encode_store_int_unit(unit_elems(w{j}, kind), base + {jNT}, sv, ZERO, pz, clean, codes, c16, c32, mode, "
+                    "fmt, VEC, NB)")
+_ASYM_ONCE_LINES = """    flo = F32(-pz)
+    fhi = F32(np.int32(fmt[7]) - pz)
+    rr = recip_guarded(sv) if RECIP_DIV else ZERO
 """
 
 
@@ -1134,7 +1157,12 @@ def make_lastaxis_asym_row_kernel(kind, fmt, max_elem, NT, U, packed, shfl):
     assert NT % 32 == 0
     ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
               mode=MODE_ASYM, fmt=fmt, VEC=VEC, NB=NB, MAXE=F32(max_elem), block_max=_block_max_fn(NT, shfl))
-    return _jit_unrolled("lastaxis_asym_rows", _ASYM_ROWS_SRC, ns, U)
+    if ASYM_ROW_RECIP_ONCE:
+        src = _ASYM_ROWS_SRC.replace("    if tid + {jNT} < upr: STORE_INT_UNIT",
+                                     _ASYM_ONCE_LINES + "    if tid + {jNT} < upr: " + _ASYM_STORE_ONCE)
+    else:
+        src = _ASYM_ROWS_SRC.replace("STORE_INT_UNIT", _ASYM_STORE_EACH)
+    return _jit_unrolled("lastaxis_asym_rows", src, ns, U)
 
 
 _STAT_GROUPS_SRC = """
