@@ -286,7 +286,7 @@ def _hard_rows(rows, cols, seed, dtype):
 @pytest.mark.parametrize("name, dtype, cols", [
     ("fp8_row", ml_dtypes.bfloat16, 256), ("fp8_row", np.float32, 96), ("int8_row", np.float16, 128),
     ("fp8_1x128", ml_dtypes.bfloat16, 256), ("int8_asym", ml_dtypes.bfloat16, 128), ("int8_centred", np.float32, 128),
-    ("int4_group", ml_dtypes.bfloat16, 128)])
+    ("int4_group", ml_dtypes.bfloat16, 128), ("int8_column", ml_dtypes.bfloat16, 64)])
 def test_kernels_divide_by_reciprocal(monkeypatch, name, dtype, cols):
     """The float-scale kernels encode finite units by div_by_recip (counted) and give the
     reference's codes and scales bit for bit, on quotients next to code boundaries."""

@@ -12,7 +12,9 @@ chunk of rows: the lanes of a warp read consecutive units of a row (coalesced 16
 loads, ``_rowwise_kernels.load_unit``), and a thread's per-channel state (8 running amaxes,
 then 8 scales) stays in registers for its whole chunk. ``ROWS_IN_FLIGHT`` rows are loaded
 before any is used. The element encode is ``_rowwise_kernels``' (every NaN rule; the finite
-encoders where the unit and its scales are finite and the scales non-zero).
+encoders where the unit and its scales are finite and the scales non-zero); in finite units
+x / s is taken from the channel's reciprocal, computed once per chunk (``_division``: the
+IEEE quotient bit for bit).
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from ._codec import ZERO, f32_bits
-from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports
+from ._codec import KIND_F32, ZERO, bits_f32, f32_bits
+from ._division import RECIP_DIV, div_by_recip, recip_guarded
+from ._ptx import E4M3, array_addr, cvt_e4m3x2, cvt_e5m2x2, fp8_cvt_available, fp8_cvt_supports
 from ._rowwise_kernels import (
-    FINITE, abs_i32, enc, enc_finite, load_unit, pack4, store_packed, unit_amax, unit_elems, vec_of,
+    FINITE, abs_i32, enc, enc_finite, enc_finite_r, load_unit, pack4, store_packed, unit_amax, unit_elems, vec_of,
 )  # fmt: skip
-from ._codec import KIND_F32
 from ._scales import MODE_FLOAT
 from ._target import devfn
 
@@ -106,6 +108,52 @@ def encode_unit_cols(e, s, ok, unit, c8, c16, c32, fmt, cvt, vec, nb):
 
 
 @devfn
+def fp8_pair_cols(e_lo, e_hi, s_lo, s_hi, r_lo, r_hi, fmt):
+    """Codes of two elements of different channels by one paired cvt, each quotient by its
+    channel's reciprocal (``_division.div_by_recip``)."""
+    q_hi = div_by_recip(bits_f32(e_hi), s_hi, r_hi)
+    q_lo = div_by_recip(bits_f32(e_lo), s_lo, r_lo)
+    if fmt[8] == E4M3:
+        return np.uint32(cvt_e4m3x2(q_hi, q_lo))
+    return np.uint32(cvt_e5m2x2(q_hi, q_lo))
+
+
+@devfn
+def encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb):
+    """encode_unit_cols of a finite unit whose channels' scales all have reciprocals r[j]
+    (``recip_guarded`` != 0): x / s[j] by the reciprocal, bit for bit the IEEE quotient.
+    The scales are dynamic (amax / max_elem down the column), so |x| <= s * max_elem *
+    (1 + 2^-23) and div_by_recip's ratio condition holds without a check."""
+    if cvt:
+        lo = fp8_pair_cols(e[0], e[1], s[0], s[1], r[0], r[1], fmt) | (
+            fp8_pair_cols(e[2], e[3], s[2], s[3], r[2], r[3], fmt) << np.uint32(16))
+        hi = np.uint32(0)
+        if vec == 8:
+            hi = fp8_pair_cols(e[4], e[5], s[4], s[5], r[4], r[5], fmt) | (
+                fp8_pair_cols(e[6], e[7], s[6], s[7], r[6], r[7], fmt) << np.uint32(16))
+        store_packed(np.uint32(lo), np.uint32(hi), unit, c8, c16, c32, vec, nb)
+        return
+    m = (1 << nb) - 1
+    hi = np.uint32(0)
+    lo = pack4(enc_finite_r(e[0], s[0], r[0], fmt, m), enc_finite_r(e[1], s[1], r[1], fmt, m),
+               enc_finite_r(e[2], s[2], r[2], fmt, m), enc_finite_r(e[3], s[3], r[3], fmt, m), nb)
+    if vec == 8:
+        hi = pack4(enc_finite_r(e[4], s[4], r[4], fmt, m), enc_finite_r(e[5], s[5], r[5], fmt, m),
+                   enc_finite_r(e[6], s[6], r[6], fmt, m), enc_finite_r(e[7], s[7], r[7], fmt, m), nb)
+    store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
+
+
+@devfn
+def encode_cols(e, s, r, ok, okr, unit, c8, c16, c32, fmt, cvt, vec, nb):
+    """A unit's codes: by the reciprocals where ``okr`` (every scale has one) and the unit is
+    finite, else encode_unit_cols."""
+    if okr and unit_amax(e, vec) < FINITE:
+        encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb)
+    else:
+        encode_unit_cols(e, s, ok, unit, c8, c16, c32, fmt, cvt, vec, nb)
+
+
+@devfn
 def scale_ok(s):
     return abs_i32(f32_bits(s)) < FINITE and s != ZERO
 
@@ -117,6 +165,7 @@ def make_column_encode_kernel(kind, fmt, NT, packed):
     VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
     SH = 0 if kind == KIND_F32 else 1
     CVT = fp8_cvt_available() and fp8_cvt_supports(fmt)
+    RECIP = RECIP_DIV
 
     @cuda.jit
     def column_encode(x, rows, upr, rpc, scales, codes):
@@ -137,6 +186,12 @@ def make_column_encode_kernel(kind, fmt, NT, packed):
         ok = scale_ok(s0) and scale_ok(s1) and scale_ok(s2) and scale_ok(s3)
         if VEC == 8:
             ok = ok and scale_ok(s4) and scale_ok(s5) and scale_ok(s6) and scale_ok(s7)
+        # one reciprocal per channel for the whole chunk of rows (RECIP_DIV; 0: out of range)
+        rc = (recip_guarded(s0), recip_guarded(s1), recip_guarded(s2), recip_guarded(s3),
+              recip_guarded(s4), recip_guarded(s5), recip_guarded(s6), recip_guarded(s7))
+        okr = RECIP and ok and rc[0] != ZERO and rc[1] != ZERO and rc[2] != ZERO and rc[3] != ZERO
+        if VEC == 8:
+            okr = okr and rc[4] != ZERO and rc[5] != ZERO and rc[6] != ZERO and rc[7] != ZERO
         r0 = c * rpc
         r1 = min(rows, r0 + rpc)
         for r in range(r0, r1, ROWS_IN_FLIGHT):
@@ -145,13 +200,13 @@ def make_column_encode_kernel(kind, fmt, NT, packed):
             w1 = load_unit(x, x32, aligned, u1, r + 1 < r1, kind)
             w2 = load_unit(x, x32, aligned, u2, r + 2 < r1, kind)
             w3 = load_unit(x, x32, aligned, u3, r + 3 < r1, kind)
-            encode_unit_cols(unit_elems(w0, kind), s, ok, u0, codes, c16, c32, fmt, CVT, VEC, NB)
+            encode_cols(unit_elems(w0, kind), s, rc, ok, okr, u0, codes, c16, c32, fmt, CVT, VEC, NB)
             if r + 1 < r1:
-                encode_unit_cols(unit_elems(w1, kind), s, ok, u1, codes, c16, c32, fmt, CVT, VEC, NB)
+                encode_cols(unit_elems(w1, kind), s, rc, ok, okr, u1, codes, c16, c32, fmt, CVT, VEC, NB)
             if r + 2 < r1:
-                encode_unit_cols(unit_elems(w2, kind), s, ok, u2, codes, c16, c32, fmt, CVT, VEC, NB)
+                encode_cols(unit_elems(w2, kind), s, rc, ok, okr, u2, codes, c16, c32, fmt, CVT, VEC, NB)
             if r + 3 < r1:
-                encode_unit_cols(unit_elems(w3, kind), s, ok, u3, codes, c16, c32, fmt, CVT, VEC, NB)
+                encode_cols(unit_elems(w3, kind), s, rc, ok, okr, u3, codes, c16, c32, fmt, CVT, VEC, NB)
 
     return column_encode
 
