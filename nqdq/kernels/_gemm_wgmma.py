@@ -662,7 +662,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         da0, db0 = desc(a_base), desc(b_base)  # mbarrier rings: descriptors advance by offsets
         one = float32(1)
         g0 = int32(0)  # ring steps of this CTA's earlier tiles (persistent grid)
-        if PERSIST:
+        if PERSIST or DIRECT:  # (the one-tile direct kernels were measured in this loop form)
             while tile < ntiles:
                 m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
                 consume_tile(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out, smem, acc, tot, m0, n0, g0,
@@ -670,7 +670,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                              a_left, a_dst, b_src, b_left, b_dst, row_step_k)  # fmt: skip
                 g0 = int32(g0 + ktiles)
                 tile += tile_step
-        else:  # one tile: no loop (its loop-carried registers made the 128 x 192 parked epilogue spill)
+        else:  # parked epilogues, one tile: no loop (its loop-carried registers made the 128 x 192 one spill)
             consume_tile(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out, smem, acc, tot, m0, n0, g0,
                          ktiles, full0, da0, db0, a_base, b_base, pad, tid, wg, w, g, q, one, ch16, a_src,
                          a_left, a_dst, b_src, b_left, b_dst, row_step_k)  # fmt: skip
