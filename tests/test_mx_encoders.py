@@ -24,7 +24,7 @@ from nqdq.reference import codec as rcodec
 from nqdq.schemes import resolve_scheme
 from nqdq.reference import quantize as ref
 from nqdq.reference.packing import pack_codes
-from test_kernels import POISON, assert_same, check, edge_data
+from test_kernels import POISON, _bf16_finite_units, assert_same, check, edge_data
 
 FP6 = {"e2m3": (1, 3, 0, 31, -1, 6, 0, 0, 2, 0), "e3m2": (1, 2, -2, 31, -1, 6, 0, 0, 3, 0)}  # format_tuple's
 # 2^-k, the MX multiplier: the e8m0 code's whole range where groups are finite (k <= 126:
@@ -62,10 +62,7 @@ def test_fp6_pairs_every_bf16(name):
     smallest subnormal included; without it ("rceil"), every |x * 2^-k| <= vmax."""
     fmt, ref_fmt = FP6[name], get_format(name)
     f6 = RK.fp6_pair_consts.py_func(fmt)
-    pats = np.arange(65536, dtype=np.uint32)
-    pats = pats[(pats & 0x7F80) != 0x7F80]
-    pats = np.concatenate([pats, np.zeros((-pats.size) % 8, np.uint32)])
-    words = (pats[0::2] | (pats[1::2] << 16)).reshape(-1, 4)
+    pats, words = _bf16_finite_units()
     x = (pats << 16).view(np.float32)
     cols = [words[:, j] for j in range(4)]
     for k in FP6_KS:

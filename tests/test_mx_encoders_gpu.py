@@ -18,7 +18,7 @@ import nqdq.kernels.quantize as kq  # noqa: E402
 from nqdq.kernels import _rowwise_kernels as RK  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
-from test_kernels import edge_data  # noqa: E402
+from test_kernels import _bf16_finite_units, edge_data  # noqa: E402
 from test_kernels_gpu import check_gpu  # noqa: E402
 from test_mx_encoders import FP6, FP6_KS  # noqa: E402
 
@@ -45,10 +45,8 @@ def test_fp6_pairs_every_bf16_gpu(name):
 
         return enc
 
-    pats = np.arange(65536, dtype=np.uint32)
-    pats = pats[(pats & 0x7F80) != 0x7F80]
-    pats = np.concatenate([pats, np.zeros((-pats.size) % 8, np.uint32)])
-    words = (pats[0::2] | (pats[1::2] << 16)).astype(np.uint32)
+    pats, words = _bf16_finite_units()
+    words = words.reshape(-1)
     x = (pats << 16).view(np.float32)
     wd = cp.asarray(words)
     lo = cp.zeros(words.size // 4, cp.uint32)
