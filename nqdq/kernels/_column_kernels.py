@@ -24,11 +24,11 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from ._codec import KIND_F32, ZERO, bits_f32, f32_bits
-from ._division import RECIP_DIV, div_by_recip, recip_guarded
-from ._ptx import E4M3, array_addr, cvt_e4m3x2, cvt_e5m2x2, fp8_cvt_available, fp8_cvt_supports
+from ._codec import KIND_F32, ZERO, f32_bits
+from ._division import RECIP_DIV, recip_guarded
+from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports
 from ._rowwise_kernels import (
-    FINITE, abs_i32, enc, enc_finite, enc_finite_r, load_unit, pack4, store_packed, unit_amax, unit_elems, vec_of,
+    FINITE, abs_i32, enc, enc_finite, enc_finite_r, fp8_pair_rr, load_unit, pack4, store_packed, unit_amax, unit_elems, vec_of,
 )  # fmt: skip
 from ._scales import MODE_FLOAT
 from ._target import devfn
@@ -108,29 +108,18 @@ def encode_unit_cols(e, s, ok, unit, c8, c16, c32, fmt, cvt, vec, nb):
 
 
 @devfn
-def fp8_pair_cols(e_lo, e_hi, s_lo, s_hi, r_lo, r_hi, fmt):
-    """Codes of two elements of different channels by one paired cvt, each quotient by its
-    channel's reciprocal (``_division.div_by_recip``)."""
-    q_hi = div_by_recip(bits_f32(e_hi), s_hi, r_hi)
-    q_lo = div_by_recip(bits_f32(e_lo), s_lo, r_lo)
-    if fmt[8] == E4M3:
-        return np.uint32(cvt_e4m3x2(q_hi, q_lo))
-    return np.uint32(cvt_e5m2x2(q_hi, q_lo))
-
-
-@devfn
 def encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb):
     """encode_unit_cols of a finite unit whose channels' scales all have reciprocals r[j]
     (``recip_guarded`` != 0): x / s[j] by the reciprocal, bit for bit the IEEE quotient.
     The scales are dynamic (amax / max_elem down the column), so |x| <= s * max_elem *
     (1 + 2^-23) and div_by_recip's ratio condition holds without a check."""
     if cvt:
-        lo = fp8_pair_cols(e[0], e[1], s[0], s[1], r[0], r[1], fmt) | (
-            fp8_pair_cols(e[2], e[3], s[2], s[3], r[2], r[3], fmt) << np.uint32(16))
+        lo = fp8_pair_rr(e[0], e[1], s[0], s[1], r[0], r[1], fmt) | (
+            fp8_pair_rr(e[2], e[3], s[2], s[3], r[2], r[3], fmt) << np.uint32(16))
         hi = np.uint32(0)
         if vec == 8:
-            hi = fp8_pair_cols(e[4], e[5], s[4], s[5], r[4], r[5], fmt) | (
-                fp8_pair_cols(e[6], e[7], s[6], s[7], r[6], r[7], fmt) << np.uint32(16))
+            hi = fp8_pair_rr(e[4], e[5], s[4], s[5], r[4], r[5], fmt) | (
+                fp8_pair_rr(e[6], e[7], s[6], s[7], r[6], r[7], fmt) << np.uint32(16))
         store_packed(np.uint32(lo), np.uint32(hi), unit, c8, c16, c32, vec, nb)
         return
     m = (1 << nb) - 1

@@ -204,13 +204,20 @@ def fp8_pair(e_lo, e_hi, p0, mode, fmt):
 # dynamic scales (|x| <= amax <= s * max_elem * (1 + 2^-23)), and caller-given scales whose
 # unit passes ratio_ok (static_unit, the fused kernel's static scale).
 @devfn
-def fp8_pair_r(e_lo, e_hi, p0, r, fmt):
-    """fp8_pair of a float scale p0 with its reciprocal r."""
-    q_hi = div_by_recip(bits_f32(e_hi), p0, r)
-    q_lo = div_by_recip(bits_f32(e_lo), p0, r)
+def fp8_pair_rr(e_lo, e_hi, s_lo, s_hi, r_lo, r_hi, fmt):
+    """Codes of two elements by one paired cvt, each quotient by its own scale and reciprocal
+    (the per-channel kernels' elements have different scales)."""
+    q_hi = div_by_recip(bits_f32(e_hi), s_hi, r_hi)
+    q_lo = div_by_recip(bits_f32(e_lo), s_lo, r_lo)
     if fmt[8] == E4M3:
         return np.uint32(cvt_e4m3x2(q_hi, q_lo))
     return np.uint32(cvt_e5m2x2(q_hi, q_lo))
+
+
+@devfn
+def fp8_pair_r(e_lo, e_hi, p0, r, fmt):
+    """fp8_pair of a float scale p0 with its reciprocal r."""
+    return fp8_pair_rr(e_lo, e_hi, p0, p0, r, r, fmt)
 
 
 @devfn
@@ -231,11 +238,10 @@ def recip_store_unit(e, unit, p0, r, c8, c16, c32, fmt, cvt, vec, nb):
     """encode_store_unit of a finite unit under a float scale p0 with reciprocal r != 0."""
     if cvt:
         w0 = np.uint32(fp8_pair_r(e[0], e[1], p0, r, fmt) | (fp8_pair_r(e[2], e[3], p0, r, fmt) << np.uint32(16)))
+        w1 = np.uint32(0)
         if vec == 8:
             w1 = np.uint32(fp8_pair_r(e[4], e[5], p0, r, fmt) | (fp8_pair_r(e[6], e[7], p0, r, fmt) << np.uint32(16)))
-            store_u32x2(c32, unit, w0, w1)
-        else:
-            c32[np.uint64(unit)] = w0
+        store_packed(w0, w1, unit, c8, c16, c32, vec, 8)
         return
     m = (1 << nb) - 1
     hi = np.uint32(0)
@@ -619,11 +625,10 @@ def encode_store_unit(e, unit, p0, clean, c8, c16, c32, mode, fmt, cvt, vec, nb)
         # a finite group: s (or the multiplier) is finite and non-zero and x is finite, so no
         # NaN can arise, and the paired instruction gives encode_element's codes
         w0 = np.uint32(fp8_pair(e[0], e[1], p0, mode, fmt) | (fp8_pair(e[2], e[3], p0, mode, fmt) << np.uint32(16)))
+        w1 = np.uint32(0)
         if vec == 8:
             w1 = np.uint32(fp8_pair(e[4], e[5], p0, mode, fmt) | (fp8_pair(e[6], e[7], p0, mode, fmt) << np.uint32(16)))
-            store_u32x2(c32, unit, w0, w1)
-        else:
-            c32[np.uint64(unit)] = w0
+        store_packed(w0, w1, unit, c8, c16, c32, vec, 8)
         return
     if E2M1_F32_PAIRS and clean and mode == MODE_MX and vec == 8 and fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7 \
             and nb == 4:  # fmt: skip
