@@ -110,8 +110,14 @@ def host_main(argv):
     for on in ORDER:
         set_new(on)
         LO.bench_quantize(args.schemes.split(","), args.rows, args.cols, args.calls, "new" if on else "old", results)
+    print_host_table(results, args.rows, args.cols)
+    return 0
+
+
+def print_host_table(results, rows, cols):
+    """launch_overhead.bench_quantize's rows as one markdown table."""
     print()
-    print(f"| nqdq.quantize, {args.rows}x{args.cols} bf16 (CuPy uint16) | host us/call (loop) | median of single calls | device us |")
+    print(f"| nqdq.quantize, {rows}x{cols} bf16 (CuPy uint16) | host us/call (loop) | median of single calls | device us |")
     print("|---|---:|---:|---:|")
     for r in results:
         if "host_us" in r or "device_us" in r or "host_median_us" in r:
@@ -123,7 +129,6 @@ def host_main(argv):
             print(f"| {r['path']} | {'ok' if r['ok'] else 'MISMATCH'} | | |")
         else:
             print(f"| {r['path']} | {r.get('error', '')[:60]} | | |")
-    return 0
 
 
 if __name__ == "__main__":

@@ -103,6 +103,8 @@ def sweep_launches():
         ("fp8_128x128", {}, (2048, 2048), ml_dtypes.bfloat16, None),  # one-pass 128 x 128 tiles
         ("fp8_128x128", {}, (2048, 2048), np.float32, None),
         ("fp8_tensor", {"static_scale": True}, (2048, 2048), ml_dtypes.bfloat16, None),  # static: one pass
+        ("fp8_tensor", {}, (4, 256), ml_dtypes.bfloat16, None),  # dynamic, one launch (_grid)
+        ("nvfp4", {}, (4, 256), ml_dtypes.bfloat16, None),
         ("e4m3", {"granularity": "row", "static_scale": True}, (8, 256), np.float16, None),
         ("int4", {"granularity": "tensor", "static_scale": True}, (8, 256), np.float32, None),
         ("mxfp4", {}, (8, 256), np.float32, 7),  # stochastic

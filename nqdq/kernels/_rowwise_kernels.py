@@ -59,6 +59,7 @@ from ._codec import F32, FLT_MAX, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_
 from ._elements import encode_element
 from ._codec import encode_float_rne
 from ._division import RECIP_DIV, div_by_recip, ratio_ok, recip_guarded
+from ._grid import grid_max
 from ._ptx import (E4M3, array_addr, bf16x2_absmin, bf16x2_absmul, bf16x2_add, bf16x2_max, bf16x2_min, cvt_e4m3, cvt_e4m3x2, cvt_e5m2x2,
                    fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt, store_u32x2, u16x2_max, u16x2_min)
 from ._quantize_kernels import group_params, store_scale
@@ -736,7 +737,18 @@ SENC
 # (nvfp4_tensor_encode_scale of the max, as finalize does; the max of integers is exact in
 # any order), block 0 writing the tensor scale 1 / S_enc that finalize wrote. The partial
 # loads are issued after the units' loads, so their latency overlaps them.
+# ``senc_grid`` -- NVFP4 at decode sizes, one kernel (``_grid``): the finite amax of the units
+# the block holds, the grid's max, S_enc from it; block 0 writes the tensor scale
 _SENC_FROM_SPARAMS = ("sparams", "    s_enc = sparams[0] if mode == MODE_NVFP4 else ONE")
+_SENC_FROM_GRID = ("tscale, sync", '''    red = cuda.shared.array(NW, int32)
+    gslot = cuda.shared.array(1, int32)
+    pa = np.int32(0)
+    pa = max(pa, unit_amax_finite(unit_elems(w{j}_{k}, kind), VEC))
+    pa = block_max(pa, tid, scratch, red)
+    pa = grid_max(pa, tid, sync, gslot)
+    s_enc = nvfp4_tensor_encode_scale(bits_f32(np.uint32(pa)))
+    if cuda.blockIdx.x == 0 and tid == 0:
+        tscale[0] = ONE / s_enc''')
 _SENC_FROM_PARTS = ("parts, nparts, tscale", '''    red = cuda.shared.array(NW, int32)
     pa = np.int32(0)
     for i in range(tid, nparts, NT):
@@ -748,7 +760,8 @@ _SENC_FROM_PARTS = ("parts, nparts, tscale", '''    red = cuda.shared.array(NW, 
 
 
 @lru_cache(maxsize=None)
-def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, packed, shfl, senc_parts=False):
+def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, packed, shfl, senc_parts=False,
+                               senc_grid=False):
     """Groups of L units (G = L * VEC elements, L a power of two <= 32) tiling a flat
     C-contiguous input whose rows hold a whole number of groups: group g covers units
     g*L .. g*L + L - 1 and owns scales[g]. A thread takes *chunks* of K consecutive units
@@ -756,10 +769,12 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     L / K consecutive lanes of one warp, combined by a butterfly of log2(LL) steps. Block b
     owns chunks b*NT*U + j*NT + t (thread t, j < U); all U * K loads of a thread are issued
     before the first is used. ``senc_parts`` (NVFP4): the kernel takes (parts, nparts,
-    tscale) instead of ``sparams`` and computes S_enc itself (see _SENC_FROM_PARTS)."""
+    tscale) instead of ``sparams`` and computes S_enc itself (see _SENC_FROM_PARTS);
+    ``senc_grid`` (NVFP4): it takes (tscale, sync) and computes S_enc from the whole grid's
+    units (``_grid.grid_max``: at most one block per SM, _SENC_FROM_GRID)."""
     VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
     assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0 and L % K == 0 and K in (1, 2, 4)
-    assert not senc_parts or mode == MODE_NVFP4
+    assert not (senc_parts or senc_grid) or mode == MODE_NVFP4
     LL = L // K
     # MX e2m1 of bfloat16 input: amax and encode two elements per instruction (e2m1_unit_bf16);
     # "floor" / "even" scales can leave |x| / 2^k up to 8, which is clamped to 6 first
@@ -878,7 +893,9 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     chunk_args = ", ".join("w{j}_%d" % k if k < K else "Z4" for k in range(4))
     ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind, mode=mode,
               chunk_step=chunk_step, unit_of=unit_of, ST=ST, NW=NT // 32, block_max=_block_max_fn(NT, shfl))
-    sargs, senc = _SENC_FROM_PARTS if senc_parts else _SENC_FROM_SPARAMS
+    if senc_grid:
+        ns.update(VEC=VEC, grid_max=grid_max)
+    sargs, senc = _SENC_FROM_GRID if senc_grid else _SENC_FROM_PARTS if senc_parts else _SENC_FROM_SPARAMS
     src = _GROUPS_SRC.replace("CHUNK_ARGS", chunk_args).replace("SENC_ARGS", sargs).replace("SENC", senc)
     return _jit_unrolled("lastaxis_groups", src, ns, U, K, INT_GROUP_MIN_BLOCKS if IG else 0)
 
@@ -1347,12 +1364,33 @@ def static_encode(x, nunits, upr, codes, scales):
 """
 
 
+# dynamic per-tensor scale in the same kernel (decode sizes; ``_grid``): the block's amax of
+# the units it holds (NaN and inf count, as tensor_amax's MODE_FLOAT pass), the grid's max,
+# finalize's scale (group_params), block 0 writing it
+_STATIC_DYNAMIC = """    red = cuda.shared.array(NW, int32)
+    gslot = cuda.shared.array(1, int32)
+    scratch = cuda.shared.array(SCRATCH, int32)
+    a = np.int32(0)
+    a = max(a, unit_amax(unit_elems(w{j}, kind), VEC))
+    a = block_max(a, tid, scratch, red)
+    a = grid_max(a, tid, sync, gslot)
+    st, p0, pz = group_params(MODE_FLOAT, a, ZERO, ZERO, MAXE, 0, 0, 0, ONE, ONE)
+    if cuda.blockIdx.x == 0 and tid == 0:
+        scales[0] = st
+"""
+
+
 @lru_cache(maxsize=None)
-def make_static_kernel(kind, fmt, NT, U, packed, per_row):
+def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None, shfl=True):
     """Static float scales of a flat C-contiguous input of ``nunits`` whole units: one
     scale for the tensor, or (``per_row``) scales[u // upr] for unit u, rows of ``upr``
-    units. Block b owns units b*NT*U + j*NT + t, all U loads issued before any is used."""
+    units. Block b owns units b*NT*U + j*NT + t, all U loads issued before any is used.
+    ``dynamic_max_elem`` (one tensor scale): the kernel takes a ``sync`` workspace too and
+    computes the scale itself, amax / max_elem as finalize does, over the whole grid
+    (``_grid.grid_max``: at most one block per SM), and writes it to scales[0]."""
     VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
+    DYN = dynamic_max_elem is not None
+    assert not (DYN and per_row)
     CVT = fp8_cvt_available() and fp8_cvt_supports(fmt)
     assert NT % 32 == 0
 
@@ -1367,7 +1405,12 @@ def make_static_kernel(kind, fmt, NT, U, packed, per_row):
         encode_store_unit_r(e, u, s, r, clean, c8, c16, c32, MODE_FLOAT, fmt, CVT, VEC, NB)
 
     ns = dict(NT=NT, U=U, SH=0 if kind == KIND_F32 else 1, kind=kind, static_unit=static_unit)
-    return _jit_unrolled("static_encode", _STATIC_SRC, ns, U)
+    src = _STATIC_SRC
+    if DYN:
+        ns.update(NW=NT // 32, SCRATCH=1 if shfl else NT, VEC=VEC, MAXE=F32(dynamic_max_elem), grid_max=grid_max,
+                  block_max=_block_max_fn(NT, shfl))
+        src = src.replace("codes, scales):", "codes, scales, sync):").replace("    st = scales[0]\n", _STATIC_DYNAMIC)
+    return _jit_unrolled("static_encode", src, ns, U)
 
 
 _ = (float32, int32, uint32, ONE, array_addr, group_params, store_scale)  # used by the generated kernel sources

@@ -63,6 +63,7 @@ from ..reference import quantize as ref
 from ..reference.packing import packed_length
 from ..reference.quantize import QuantParts
 from ..schemes import Scheme
+from . import _grid as GRID
 from . import _quantize_kernels as K
 from . import _rowwise_kernels as RK
 from ._elements import format_tuple
@@ -161,8 +162,9 @@ def _geo_args(shape, block):
 
 class _Slot:
     """An array of a quantize plan: ``n`` items of ``dtype``; ``role`` is "out" (returned),
-    "scratch" (written by one launch, read by a later one) or "dummy" (a placeholder for
-    an output the scheme does not have: never written, never read)."""
+    "scratch" (written by one launch, read by a later one), "zero" (scratch that must be
+    zero when the first launch starts: a ``_grid`` workspace) or "dummy" (a placeholder
+    for an output the scheme does not have: never written, never read)."""
 
     __slots__ = ("i", "n", "dtype", "role")
 
@@ -293,6 +295,9 @@ class QuantPlan:
     # -- any library: slots become arrays of the allocator's library, FastKernel launches
     def execute(self, xarr, alloc: Allocator, seed=None, scale_host=None, out_fill=None) -> QuantParts:
         arrays = [alloc.empty(s.n, s.dtype) for s in self.slots]
+        for s in self.slots:
+            if s.role == "zero":
+                fill_bytes(arrays[s.i], 0)
         if out_fill is not None:
             for s in (self.codes, self.scales, self.zps, self.means, self.tscale):
                 if s is not None:
@@ -389,11 +394,11 @@ class QuantPlan:
             "_cur": cp.cuda.get_current_stream, "_dummies": dummies,
             "_DP": int(dummies.data.ptr) if dummies is not None else 0,
         }  # fmt: skip
-        lines = [
-            "def run(x, lo=0, hi=0):",
-            f"    mp = _alloc({max(total, 1)})",
-            "    _seq(_cur().ptr, x.data.ptr, mp.ptr, _DP, lo, hi)",
-        ]
+        zero = [s for s in self.slots if s.role == "zero"]  # zeroed in the call's stream, before the launches
+        lines = ["def run(x, lo=0, hi=0):", f"    mp = _alloc({max(total, 1)})", "    st = _cur().ptr"]
+        lines += [f"    _memset(mp.ptr + {offsets[s.i]}, 0, {s.n * s.dtype.itemsize}, st)" for s in zero]
+        lines.append("    _seq(st, x.data.ptr, mp.ptr, _DP, lo, hi)")
+        ns["_memset"] = cp.cuda.runtime.memsetAsync
         results = []
         for name, s, shape, dt in (
             ("codes", self.codes, self.cshape, np.int8 if self.codes_int8 else np.uint8),
@@ -517,6 +522,11 @@ TILE_FAST = True  # B0 x B1 float block scales over whole-unit tiles: tile_block
 NVFP4_SENC_IN_GROUPS = True
 NVFP4_SENC_MAX_UNITS = 1 << 21
 NVFP4_PARTS_MAX = 1024  # amax blocks (partials that every group-kernel block reduces) at most
+# dynamic fp8_tensor-style scales and NVFP4 at decode sizes: one launch whose blocks share
+# the tensor amax through _grid.grid_max (at most one block per SM, GRID_MAX_U units or chunks
+# per thread), instead of an amax kernel before the encode (docs/performance.md)
+GRID_ONE_LAUNCH = _UNMEASURED  # on for users after its GPU run
+GRID_MAX_U = 4
 COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
 
 
@@ -604,6 +614,21 @@ def _fast_lastaxis(shape, kind, mode, G, nt, cheap_encode=False):
         if U <= ROW_UNITS_MAX:
             return ("row", NT, U)
     return None
+
+
+def _grid_geometry(nitems, nt):
+    """(NT, U, blocks) for a one-launch kernel of ``_grid`` over ``nitems`` work items (units
+    or chunks) of which a thread holds U <= GRID_MAX_U, at most ``_grid.grid_blocks_limit()``
+    blocks (one per SM); None when the input is too large for that (or GRID_ONE_LAUNCH is
+    off): the streaming two-kernel paths then."""
+    if not GRID_ONE_LAUNCH:
+        return None
+    NT = max(32, min(nt, 256))
+    limit = 1 if SIMULATOR else GRID.grid_blocks_limit()  # (SIMULATOR: the module's, which dry runs set)
+    U = _cdiv(nitems, NT * limit)
+    if U > GRID_MAX_U:
+        return None
+    return NT, U, _cdiv(nitems, NT * U)
 
 
 def _cheap(fmt) -> bool:
@@ -729,7 +754,14 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         run_encode()
     elif mode == MODE_NVFP4:
         fast = None if stoch else _fast_lastaxis(shape, kind, mode, block[-1], nt, _cheap(fmt))
-        if fast is not None and fast[0] == "group" and NVFP4_SENC_IN_GROUPS and n // RK.vec_of(kind) < NVFP4_SENC_MAX_UNITS:
+        gs = _grid_geometry(n // RK.vec_of(kind) // fast[2], nt) if fast is not None and fast[0] == "group" else None
+        if gs is not None:  # one launch: S_enc over the whole grid in the group kernel (_grid)
+            _, L, Kc, _, _ = fast
+            NT, U, nblocks = gs
+            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL, senc_grid=True)
+            _launch(k, nblocks, NT, xa, n // RK.vec_of(kind) // Kc, codes, scales, out.tscale,
+                    rec.empty(GRID.SYNC_WORDS, np.int32, "zero"))
+        elif fast is not None and fast[0] == "group" and NVFP4_SENC_IN_GROUPS and n // RK.vec_of(kind) < NVFP4_SENC_MAX_UNITS:
             # two launches: the group kernel computes S_enc from the amax partials itself
             parts, nparts = tensor_amax_parts(max(32, min(nt, 256)), True, NVFP4_PARTS_MAX)
             _, L, Kc, NT, U = fast
@@ -746,7 +778,13 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             run_group(rows, C, block[-1], plan)
     elif sch.granularity == "tensor":
         fast_static = _fast_static(shape, kind, sch, mode, nt) if not stoch else None
-        if fast_static is not None:  # whole units: vector-load amax pass, then the static pass
+        gs = _grid_geometry(n // RK.vec_of(kind), nt) if fast_static is not None and mode == MODE_FLOAT else None
+        if gs is not None:  # one launch: the amax over the whole grid in the static kernel (_grid)
+            NT, U, nblocks = gs
+            k = RK.make_static_kernel(kind, fmt, NT, U, packed, False, maxe, SHFL)
+            _launch(k, nblocks, NT, xa, n // RK.vec_of(kind), shape[-1] // RK.vec_of(kind), codes, scales,
+                    rec.empty(GRID.SYNC_WORDS, np.int32, "zero"))
+        elif fast_static is not None:  # whole units: vector-load amax pass, then the static pass
             NT, U, _ = fast_static
             run_tensor_amax(NT, False)
             run_static(NT, U, False)

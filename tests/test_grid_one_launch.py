@@ -1,0 +1,87 @@
+"""One-launch dynamic per-tensor and NVFP4 quantization (``nqdq.kernels._grid``): the plan
+takes it for inputs that fit in one block per SM, and its codes and scales are the
+reference's bit for bit. Under the simulator a grid is one block (blocks run one after
+another there, so a multi-block wait could not end); tests/test_grid_one_launch_gpu.py runs
+the multi-block wait on a GPU.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import nqdq.kernels.quantize as kq
+from nqdq.kernels._target import SIMULATOR
+from nqdq.schemes import resolve_scheme
+
+from test_kernels import check, edge_data
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+ONE_LAUNCH = {"fp8_tensor": "static_encode", "nvfp4": "lastaxis_groups"}
+DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
+
+
+def _launches(shape, dtype, name):
+    kind = {np.dtype(np.float32): 0, np.dtype(ml_dtypes.bfloat16): 1, np.dtype(np.float16): 2}[np.dtype(dtype)]
+    plan = kq.get_plan(shape, kind, resolve_scheme(name))
+    return [(k.py_func.__name__, g) for k, g, _b, _a in plan.launches]
+
+
+@pytest.fixture
+def grid_switch(monkeypatch):
+    """Set kq.GRID_ONE_LAUNCH for one test, with a fresh plan cache before and after."""
+
+    def set_(on):
+        monkeypatch.setattr(kq, "GRID_ONE_LAUNCH", on)
+        kq._PLANS.clear()
+
+    yield set_
+    kq._PLANS.clear()
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="simulator geometry (one block)")
+@pytest.mark.parametrize("name", sorted(ONE_LAUNCH))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_small_inputs_take_one_launch(name, dtype, grid_switch):
+    grid_switch(True)
+    assert _launches((4, 64), dtype, name) == [(ONE_LAUNCH[name], 1)]
+    grid_switch(False)
+    assert len(_launches((4, 64), dtype, name)) >= 2  # the streaming paths: amax kernel first
+
+
+@pytest.mark.parametrize("name", sorted(ONE_LAUNCH))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(4, 64), (1, 16), (3, 32)])
+def test_one_launch_bit_exact_edge_values(name, dtype, shape, grid_switch):
+    grid_switch(True)
+    x = edge_data(shape, seed=shape[0] * 7 + shape[1]).astype(dtype)
+    check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize("name", sorted(ONE_LAUNCH))
+@pytest.mark.parametrize(
+    "fill", [0.0, -0.0, np.nan, np.inf, 1e-40, 3.0e38], ids=["zero", "negzero", "nan", "inf", "subnormal", "huge"]
+)
+def test_one_launch_uniform_inputs(name, fill, grid_switch):
+    """All-equal inputs: amax 0 (scale 1), NaN / inf amax (non-finite scale for fp8_tensor,
+    NVFP4's finite amax ignoring them), subnormal and near-overflow amaxes."""
+    grid_switch(True)
+    x = np.full((2, 32), fill, np.float32)
+    x[1, 5] = -1.5  # one ordinary value among them
+    check(x.astype(ml_dtypes.bfloat16), resolve_scheme(name), x_ref=x.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", sorted(ONE_LAUNCH))
+def test_one_launch_matches_streaming_path(name, grid_switch):
+    """The one-launch and the two-kernel paths agree bit for bit on random data."""
+    x = (np.random.default_rng(3).standard_normal((4, 64)) * 5).astype(ml_dtypes.bfloat16)
+    sch = resolve_scheme(name)
+    grid_switch(True)
+    a = kq.quantize(x, sch)
+    grid_switch(False)
+    b = kq.quantize(x, sch)
+    for f in ("codes", "scales", "tensor_scale"):
+        if getattr(a, f) is not None:
+            assert np.asarray(getattr(a, f)).tobytes() == np.asarray(getattr(b, f)).tobytes(), f
