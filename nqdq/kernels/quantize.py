@@ -494,6 +494,7 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
 ROW_UNITS_MAX = 8  # 16-byte units a thread of the row kernel holds in registers
 GROUP_UNITS = 4  # 16-byte units a thread of the group kernel loads before using any (deep)
 CHEAP_UNITS = 1  # units per chunk where the encode is the paired fp8 cvt (K > 1: interleaved over the group's lanes)
+ROW_NT_EXACT = False  # row kernel: NT any multiple of 32 (else a power of two)
 DEEP_ROWS = 528  # rows from which the row kernel uses deep threads (4 blocks per H100 SM)
 DEEP_UNITS = 4 * 256 * 264  # units from which the group kernel uses GROUP_UNITS per thread
 SHFL = RK.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twin on a GPU
@@ -610,6 +611,8 @@ def _fast_lastaxis(shape, kind, mode, G, nt, cheap_encode=False):
         NT = 32
         while NT < 1024 and NT * u_target < upr:
             NT *= 2
+        if ROW_NT_EXACT:  # the fewest warps that hold the row in u_target units each (less padding)
+            NT = min(1024, 32 * _cdiv(_cdiv(upr, u_target), 32))
         U = _cdiv(upr, NT)
         if U <= ROW_UNITS_MAX:
             return ("row", NT, U)
