@@ -494,7 +494,12 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
 ROW_UNITS_MAX = 8  # 16-byte units a thread of the row kernel holds in registers
 GROUP_UNITS = 4  # 16-byte units a thread of the group kernel loads before using any (deep)
 CHEAP_UNITS = 1  # units per chunk where the encode is the paired fp8 cvt (K > 1: interleaved over the group's lanes)
-ROW_NT_EXACT = False  # row kernel: NT any multiple of 32 (else a power of two)
+# deep rows: units per thread the row kernel aims at, and NT any multiple of 32 (else a power
+# of two). H100, bf16 fp8_row, us: 8192x8192 U = 8 (NT 128) 72.06, 5 exact (NT 224) 71.14, 4 exact
+# (NT 256) 70.72; 16384x7168 U = 7 (NT 128) 120.26, 5 exact (NT 192) 119.68, 4 exact (NT 224)
+# 123.74 (Triton peer 70.27 / 118.62; docs/performance.md)
+ROW_UNITS_DEEP = 5
+ROW_NT_EXACT = True
 DEEP_ROWS = 528  # rows from which the row kernel uses deep threads (4 blocks per H100 SM)
 DEEP_UNITS = 4 * 256 * 264  # units from which the group kernel uses GROUP_UNITS per thread
 SHFL = RK.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twin on a GPU
@@ -607,7 +612,7 @@ def _fast_lastaxis(shape, kind, mode, G, nt, cheap_encode=False):
         return ("group", L, K, NT, max(1, GROUP_UNITS // K) if n // vec >= DEEP_UNITS else 1)
     if G == C and mode != MODE_CENTRED:
         upr = C // vec
-        u_target = ROW_UNITS_MAX if rows >= DEEP_ROWS else 2
+        u_target = ROW_UNITS_DEEP if rows >= DEEP_ROWS else 2
         NT = 32
         while NT < 1024 and NT * u_target < upr:
             NT *= 2
