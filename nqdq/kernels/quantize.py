@@ -531,7 +531,7 @@ NVFP4_PARTS_MAX = 1024  # amax blocks (partials that every group-kernel block re
 # dynamic fp8_tensor-style scales and NVFP4 at decode sizes: one launch whose blocks share
 # the tensor amax through _grid.grid_max (at most one block per SM, GRID_MAX_U units or chunks
 # per thread), instead of an amax kernel before the encode (docs/performance.md)
-GRID_ONE_LAUNCH = _UNMEASURED  # on for users after its GPU run
+GRID_ONE_LAUNCH = True  # H100 10:21 UTC: 40 GPU tests passed; 64x7168 host 14.16 -> 8.92 us (fp8_tensor), 11.46 -> 9.51 us (nvfp4)
 GRID_MAX_U = 4
 COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
 
