@@ -267,7 +267,7 @@ def _strided_input(x, dtype):
     return DeviceInput(flat, probe.kind, (b, h, d), probe.dtype, probe.lib), (sb, sh, d)
 
 
-def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None, dtype=None):
+def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None, dtype=None, check_ids=True):
     """Gather the rows of x [T, H] in expert order and quantize them.
 
     ``expert_ids`` [T, k] (integers in [0, num_experts)): token t goes to experts
@@ -275,6 +275,12 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
     then slot. Returns ``(q, perm, offsets)``: q quantizes the [T*k, H] gathered rows,
     perm[i] (int32) is the source token of sorted row i, and expert e's rows are
     offsets[e]:offsets[e+1] (int32, [E+1]); empty experts have equal offsets.
+
+    An id outside [0, num_experts) is a ValueError naming ``expert_ids``. For ids already on
+    the GPU (CuPy) that check is made by the sort kernels and read back at the end of the
+    call, the one wait for the device; ``check_ids=False`` skips the read (the call then
+    never waits: ids out of range are left out of the order, offsets[E] < T*k says so, and
+    their rows of q quantize token 0).
     """
     sch = _scheme(scheme, None)
     if isinstance(num_experts, bool) or not isinstance(num_experts, (int, np.integer)) or num_experts < 1:
@@ -303,9 +309,10 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
     from .kernels._target import SIMULATOR
 
     alloc = Allocator(xin.lib)
-    if is_cupy(expert_ids):
-        ids = expert_ids.astype(np.int32).reshape(-1)
-        lo, hi = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
+    on_device = is_cupy(expert_ids)
+    if on_device:  # range-checked by the sort kernels (no min / max here: each would wait for the device)
+        ids = expert_ids.astype(np.int32, copy=False).reshape(-1)
+        lo, hi = 0, 0
     else:
         ids = np.ascontiguousarray(_arrays.host(expert_ids)).astype(np.int32).reshape(-1)
         lo, hi = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
@@ -314,11 +321,13 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
     _check_moe(xin.shape, tuple(expert_ids.shape), lo, hi, num_experts)
     tk = int(np.prod(expert_ids.shape))
     k = int(expert_ids.shape[1])
-    perm, offsets = moe_sort(ids, tk, k, num_experts, alloc)
+    perm, offsets, bad = moe_sort(ids, tk, k, num_experts, alloc)
     shape = (tk, xin.shape[1])
     sch.check_shape(shape)
     out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, perm=perm)
     q = _finish(out, sch, shape, xin)
+    if on_device and check_ids and tk > 0 and int(_arrays.host(bad)[0]):
+        raise ValueError(f"expert_ids must lie in [0, {num_experts}): some of the {tk} ids on the device do not")
     return q, alloc.to_lib(perm, (tk,)), alloc.to_lib(offsets, (num_experts + 1,))
 
 

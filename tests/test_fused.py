@@ -181,6 +181,24 @@ def test_nonfinite_rows_match():
     assert np.isnan(y[1]).all() and np.isfinite(y[0]).all() and (y[3] == 0).all()
 
 
+def test_overflowing_sums_of_squares_match():
+    """Rows whose squares, or only their sums, overflow float32 (the kernel's Fast2Sum by
+    min / max gives e = -inf where the spec's TwoSum gives NaN: the outputs must still be the
+    same bits), bfloat16 (exact squares, one unit tree) and float32 (Dekker low parts)."""
+    rng = np.random.default_rng(31)
+    for dtype in ("bfloat16", "float32"):
+        x = rows(rng, 4, 200, dtype).astype(np.float32)
+        x[0, 9] = 3e19  # its square overflows
+        x[1, :] = 1.5e19  # every square finite (2.25e38), every sum of two overflows
+        x[2, :8] = 1.8e19  # one unit: its tree overflows at the top
+        x[3, 100] = 1.3e19  # one large finite square among ordinary ones
+        x = x.astype(DTYPES[dtype])
+        w = rng.standard_normal(200).astype(DTYPES[dtype])
+        np.testing.assert_array_equal(bits(fused.rmsnorm(x, w)), bits(fused.rmsnorm(x, w, device="cuda")))
+        for scheme in ("fp8_row", "mxfp4"):
+            assert_q_equal(fused.rmsnorm_quantize(x, w, scheme), fused.rmsnorm_quantize(x, w, scheme, device="cuda"))
+
+
 # ----------------------------------------------------------------------------- spec vs independent
 def ulps_from_float64(y, x, w, eps):
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
@@ -289,9 +307,54 @@ def test_moe_sort_many_pairs_device():
 
     rng = np.random.default_rng(9)
     ids = rng.integers(0, 6, (300, 2))
-    perm, off = moe_sort(ids.astype(np.int32).reshape(-1), 600, 2, 6, Allocator("numpy"))
+    perm, off, bad = moe_sort(ids.astype(np.int32).reshape(-1), 600, 2, 6, Allocator("numpy"))
     np.testing.assert_array_equal(perm, [p[1] for p in sorted_pairs(ids)])
     np.testing.assert_array_equal(off, R.moe_sort(ids, 6)[1])
+    assert bad[0] == 0
+
+
+def test_moe_sort_device_flags_ids_out_of_range():
+    """The device sort's own range check (what a CuPy expert_ids relies on: no host min / max):
+    ids outside [0, E) in two chunks are counted in bad[0], left out of offsets and of the
+    order of the valid pairs, and their perm slots name row 0 (the gather stays in bounds)."""
+    from nqdq.kernels._interop import Allocator
+    from nqdq.kernels.fused import moe_sort
+
+    rng = np.random.default_rng(10)
+    ids = rng.integers(0, 6, (300, 2)).astype(np.int32)
+    ids[5, 1], ids[200, 0] = 6, -1
+    perm, off, bad = moe_sort(ids.reshape(-1), 600, 2, 6, Allocator("numpy"))
+    assert bad[0] == 2  # one flag per chunk of 256 pairs holding a bad id
+    valid = [p for p in sorted_pairs(ids) if 0 <= p[0] < 6]
+    np.testing.assert_array_equal(perm[:598], [p[1] for p in valid])
+    np.testing.assert_array_equal(perm[598:], [0, 0])
+    np.testing.assert_array_equal(off, np.concatenate([[0], np.cumsum(np.bincount(ids[(ids >= 0) & (ids < 6)], minlength=6))]))
+
+
+def test_mx_rceil_params_match_the_general_path(monkeypatch):
+    """The fused kernel's 32-bit MX "rceil" parameters against _scales.mx_scale_code and
+    _codec.e8m0_reciprocal (the quantize kernels'), bit for bit, at every exponent with the
+    mantissas around each rounding boundary, for mxfp4 (1/6) and mxfp8 e4m3 (1/448)."""
+    from nqdq.kernels import _codec, _fused_rows, _scales
+    from nqdq.kernels._codec import e8m0_reciprocal
+    from nqdq.kernels._fused_rows import mx_rceil_params
+    from nqdq.kernels._scales import MX_RCEIL, mx_scale_code
+
+    # the bit casts by NumPy (the device functions' local-array casts need a kernel)
+    for mod in (_codec, _fused_rows, _scales):
+        monkeypatch.setattr(mod, "f32_bits", lambda f: np.int64(np.float32(f).view(np.uint32)), raising=False)
+        monkeypatch.setattr(mod, "bits_f32", lambda u: np.uint32(u).view(np.float32), raising=False)
+
+    mans = [0, 1, 0x1FFFFF, 0x3FFFFF, 0x400000, 0x400001, 0x555555, 0x7FFFFE, 0x7FFFFF]
+    amax = [(e << 23) | m for e in range(256) for m in mans]
+    for name in ("mxfp4", "mxfp8"):
+        el = resolve_scheme(name).element
+        inv = np.float32(1.0 / el.max_value)
+        for a in amax:
+            code, p0 = mx_rceil_params.py_func(np.int32(a), inv)
+            want = mx_scale_code.py_func(np.uint32(a).view(np.float32), MX_RCEIL, el.mbits, el.emax, inv)
+            assert int(code) == int(want), (name, hex(a))
+            assert bits(np.float32(p0)) == bits(np.float32(e8m0_reciprocal.py_func(want))), (name, hex(a))
 
 
 # ----------------------------------------------------------------------------- errors

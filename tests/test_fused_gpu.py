@@ -65,6 +65,9 @@ CASES = [(7168, "bfloat16", "fp8_row", True), (7168, "bfloat16", "fp8_tensor", F
 def test_gpu_rmsnorm_quantize_matches_reference(n, dtype, scheme, with_res):
     rng = np.random.default_rng(n + len(scheme))
     x = rows(rng, 77, n, dtype)
+    # rows whose squares or sums of squares overflow float32, and non-finite ones: the
+    # kernel's sum (Fast2Sum by min / max) must give the spec's (TwoSum's) bits there too
+    x[3, 9], x[4, :], x[5, :8], x[6, 11], x[7, 5] = 3e19, 1.5e19, 1.8e19, np.inf, np.nan
     w = rng.standard_normal(n).astype(NP[dtype])
     res = rows(rng, 77, n, dtype) if with_res else None
     scale = STATIC if scheme == "fp8_tensor" else None
@@ -132,6 +135,25 @@ def test_gpu_flatten_quantize(scheme):
     q = fused.flatten_quantize(view, scheme, dtype="bfloat16")
     np.testing.assert_array_equal(bits(q.codes), bits(codes))
     np.testing.assert_array_equal(bits(q.scales), bits(scales))
+
+
+def test_gpu_moe_ids_out_of_range():
+    """CuPy expert ids are range-checked by the sort kernels: an id out of range raises
+    ValueError naming expert_ids; with check_ids=False the call does not wait and offsets[E]
+    counts only the valid pairs."""
+    rng = np.random.default_rng(6)
+    x = to_gpu(rows(rng, 300, 256, "bfloat16"))
+    ids = np.stack([rng.permutation(16)[:2] for _ in range(300)]).astype(np.int32)
+    ids[100, 1] = 16
+    with pytest.raises(ValueError, match="expert_ids"):
+        fused.moe_sort_quantize(x, cp.asarray(ids), 16, "mxfp4", dtype="bfloat16")
+    q, perm, offsets = fused.moe_sort_quantize(x, cp.asarray(ids), 16, "mxfp4", dtype="bfloat16", check_ids=False)
+    assert int(host(offsets)[16]) == 599
+    ids[100, 1] = 3
+    q2, perm2, offsets2 = fused.moe_sort_quantize(x, cp.asarray(ids), 16, "mxfp4", dtype="bfloat16")
+    perm_ref, off_ref = R.moe_sort(ids, 16)
+    np.testing.assert_array_equal(host(perm2), perm_ref)
+    np.testing.assert_array_equal(host(offsets2), off_ref)
 
 
 def test_gpu_moe_sort_quantize():

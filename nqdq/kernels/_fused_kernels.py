@@ -15,7 +15,7 @@ import numpy as np
 from numba import cuda, int32
 
 from ._codec import F32, KIND_F16, KIND_F32, bits_f32, f16_bits_to_f32_bits, f32_bits, mul_rn
-from ._target import devfn
+from ._target import SIMULATOR, devfn
 
 ONE = F32(1.0)
 SPLITTER = F32(4097.0)  # Veltkamp, as reference/fused.SPLITTER
@@ -45,6 +45,35 @@ def two_sum(a, b):
     s = a + b
     bb = s - a
     return s, (a - (s - bb)) + (b - bb)
+
+
+if SIMULATOR:
+    @devfn
+    def two_sum_nn(a, b):
+        """two_sum of operands that are >= 0 or NaN (sums of squares): Fast2Sum of the larger
+        and the smaller, 5 instructions where TwoSum takes 6 (twin of the GPU version below)."""
+        s = a + b
+        return s, np.fmin(a, b) - (s - np.fmax(a, b))
+else:
+    @devfn
+    def two_sum_nn(a, b):
+        """two_sum(a, b) for a, b >= 0 or NaN (the norm's sums of squares), as Fast2Sum of
+        big = max(a, b) and small = min(a, b) (FMNMX, libdevice fmaxf / fminf): s = fl(a + b)
+        is the same; e = small - (s - big) is the exact a + b - s (Dekker, |big| >= |small|)
+        whenever s is finite, which is TwoSum's e bit for bit (the error is unique). Where s is
+        inf or NaN TwoSum gives e = NaN and this NaN or -inf (an overflow of finite squares);
+        from there every sum of the row has hi = inf or NaN and 1/sqrt of it is NaN either way,
+        so the row's outputs are the same bits (tests/test_fused.py checks inf, NaN and
+        overflowing rows). Symmetric in a, b: ff_add_nn stays commutative bit for bit."""
+        s = a + b
+        return s, cuda.libdevice.fminf(a, b) - (s - cuda.libdevice.fmaxf(a, b))
+
+
+@devfn
+def ff_add_nn(ahi, alo, bhi, blo):
+    """ff_add of two float-float sums of squares (high parts >= 0 or NaN): two_sum_nn."""
+    s, e = two_sum_nn(ahi, bhi)
+    return s, e + (alo + blo)
 
 
 @devfn
@@ -146,27 +175,41 @@ def round_bits(h, kind):
 
 # ----------------------------------------------------------------------------- MoE sort
 @cuda.jit
-def moe_count_kernel(ids, npairs, num_experts, counts):
+def moe_count_kernel(ids, npairs, num_experts, counts, perm):
     """counts[chunk, e] = pairs of expert e among the chunk's MOE_CHUNK pairs (atomic adds
-    into shared memory: the counts do not depend on their order)."""
+    into shared memory: the counts do not depend on their order); counts[nchunks * E +
+    chunk] = 1 if the chunk holds an id outside [0, E) (left out of every count), else 0.
+    perm[p] = 0 for the chunk's pairs: the scatter overwrites every valid pair's slot, so a
+    slot an invalid id left unwritten still names a row of x (the gather stays in bounds)."""
     hist = cuda.shared.array(MOE_MAX_EXPERTS, int32)
+    bad = cuda.shared.array(1, int32)
     t = cuda.threadIdx.x
     ch = cuda.blockIdx.x
     for e in range(t, num_experts, MOE_CHUNK):
         hist[e] = 0
+    if t == 0:
+        bad[0] = 0
     cuda.syncthreads()
     p = ch * MOE_CHUNK + t
     if p < npairs:
-        cuda.atomic.add(hist, ids[p], 1)
+        perm[p] = 0
+        e = ids[p]
+        if e >= 0 and e < num_experts:
+            cuda.atomic.add(hist, e, 1)
+        else:
+            bad[0] = 1
     cuda.syncthreads()
     for e in range(t, num_experts, MOE_CHUNK):
         counts[ch * num_experts + e] = hist[e]
+    if t == 0:
+        counts[cuda.gridDim.x * num_experts + ch] = bad[0]
 
 
 @cuda.jit
-def moe_scan_kernel(counts, nchunks, num_experts, base, offsets):
+def moe_scan_kernel(counts, nchunks, num_experts, base, offsets, bad):
     """One block: offsets = exclusive scan of the expert totals; base[chunk, e] = first
-    sorted row of expert e's pairs in that chunk."""
+    sorted row of expert e's pairs in that chunk; bad[0] = the number of chunks holding an
+    id outside [0, E) (moe_count_kernel's flags)."""
     tot = cuda.shared.array(MOE_SCAN_SLOTS, int32)
     e = cuda.threadIdx.x
     if e < num_experts:
@@ -176,6 +219,10 @@ def moe_scan_kernel(counts, nchunks, num_experts, base, offsets):
         tot[e] = s
     cuda.syncthreads()
     if e == 0:
+        nb = 0
+        for ch in range(nchunks):
+            nb += counts[nchunks * num_experts + ch]
+        bad[0] = nb
         run = 0
         for k in range(num_experts):
             c = tot[k]
@@ -202,9 +249,11 @@ def moe_scatter_kernel(ids, npairs, num_experts, k, base, perm):
     e = -1
     if p < npairs:
         e = ids[p]
+        if e < 0 or e >= num_experts:
+            e = -1  # left out (moe_count_kernel flagged it)
     sid[t] = e
     cuda.syncthreads()
-    if p < npairs:
+    if e >= 0:
         rank = 0
         for i in range(t):
             if sid[i] == e:

@@ -29,6 +29,7 @@ registers.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import numpy as np
@@ -38,22 +39,78 @@ from ..reference.fused import UNIT, WARP
 from ._codec import F32, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32_bits, mul_rn
 from ._elements import encode_element, store_unit_wide
 from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
-                             R_SPLIT_MIN_BITS, SIG_BITS, ff_add, prod_err, round_bits, rsqrt_mean, two_sum)
+                             R_SPLIT_MIN_BITS, SIG_BITS, ff_add_nn, prod_err, round_bits, rsqrt_mean,
+                             two_sum_nn)
 from ._ptx import fp8_cvt_available, fp8_cvt_supports, load_u32x4, store_u32x2
 from ._quantize_kernels import group_params, store_scale
 from ._division import RECIP_DIV, ratio_ok, recip_guarded
-from ._rowwise_kernels import FINITE, _block_max_fn, abs_i32, encode_store_unit_r, half_bits, unit_amax, xor_get, xor_max
-from ._scales import MODE_FLOAT, MODE_MX
+from ._rowwise_kernels import (FINITE, _block_max_fn, abs_i32, encode_store_unit_r, half_bits, recip_store_unit, unit_amax,
+                               xor_get, xor_max)
+from ._scales import MODE_FLOAT, MODE_MX, MX_RCEIL
 from ._target import SIMULATOR, devfn
 
-__all__ = ["fused_row_kernel"]
+__all__ = ["fused_row_kernel", "as_u32", "as_u16"]
+
+
+# ----------------------------------------------------------------------------- word views
+# The kernel reads and writes 16-bit rows, codes and residuals through 32-bit (and 16-bit)
+# views of the same memory. Numba's ``a[:k].view(np.uint32)`` checks size and contiguity on
+# the device and exits on failure: some 400 SASS instructions per thread for the kernel's 7
+# views, 7 per element at hidden 7168. ``as_u32`` / ``as_u16`` build the view's array struct
+# directly (same data pointer, the whole words of the array's bytes), which the launcher's
+# arrays (contiguous, from Allocator or the caller's 1-D view) allow; their twins are the
+# slicing views the simulator runs.
+if not SIMULATOR:
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.core.extending import intrinsic
+
+    def _as_words(ty, size):
+        @intrinsic
+        def as_words(typingctx, a):
+            rty = types.Array(ty, 1, "C")
+
+            def codegen(context, builder, sig, args):
+                src = context.make_array(sig.args[0])(context, builder, args[0])
+                dst = context.make_array(rty)(context, builder)
+                i64 = ir.IntType(64)
+                size_c = ir.Constant(i64, size)
+                n = builder.udiv(builder.mul(src.nitems, src.itemsize), size_c)
+                context.populate_array(dst, data=builder.bitcast(src.data, dst.data.type),
+                                       shape=cgutils.pack_array(builder, [n]),
+                                       strides=cgutils.pack_array(builder, [size_c]), itemsize=size_c,
+                                       meminfo=src.meminfo, parent=src.parent)
+                return dst._getvalue()
+
+            return rty(a), codegen
+
+        return as_words
+
+    as_u32 = _as_words(types.uint32, 4)
+    as_u16 = _as_words(types.uint16, 2)
+else:
+
+    def as_u32(a):
+        """Simulator twin: the array's whole 32-bit words as a uint32 view."""
+        k = a.size * a.dtype.itemsize // 4 * 4 // a.dtype.itemsize
+        return a[:k].view(np.uint32)
+
+    def as_u16(a):
+        """Simulator twin: the array's whole 16-bit words as a uint16 view."""
+        k = a.size * a.dtype.itemsize // 2 * 2 // a.dtype.itemsize
+        return a[:k].view(np.uint16)
 
 
 def _loader(kind, fast, strided):
-    """load(x, x32, base, u, n, sh, D) -> (a, b): unit u of the row at element ``base`` as
-    raw words (16-bit kinds: a = 4 words of 2 elements, b unused; float32: a = elements 0-3,
-    b = 4-7), zeros past n. ``strided``: the row is H heads of D elements, head h at
-    base + h * sh."""
+    """load(x, x32, qu, u, nu, base, n, sh, D, dm) -> (a, b): unit u of the row at element
+    ``base`` as raw words (16-bit kinds: a = 4 words of 2 elements, b unused; float32: a =
+    elements 0-3, b = 4-7), zeros past n (u >= nu units on the fast path, an int32 test).
+    Fast path (base % 8 == 0): the unit is the array's 8-element unit ``qu`` = base / 8 + u,
+    which the kernel passes as (base / 8 + tid) + j * NT: one per-thread value and a constant
+    that ptxas folds into the load's address (no 64-bit arithmetic per unit). ``strided``: the
+    row is H heads of D elements, head h at base + h * sh; on the fast path (sh, D multiples
+    of 8 too) the unit's head is (u * dm) >> 32 = u // (D / 8) (dm = 2^32 // (D / 8) + 1
+    from the launcher: exact while u * D / 8 < 2^32) instead of a 64-bit division."""
     F32K = kind == KIND_F32
 
     @devfn
@@ -73,21 +130,19 @@ def _loader(kind, fast, strided):
         return np.uint32(elem(x, base, c, n, sh, D) | (elem(x, base, c + 1, n, sh, D) << np.uint32(16)))
 
     @devfn
-    def load(x, x32, base, u, n, sh, D):
+    def load(x, x32, qu, u, nu, base, n, sh, D, dm):
         z = np.uint32(0)
         Z = (z, z, z, z)
-        c = u * UNIT
         if fast:
-            if c >= n:
+            if u >= nu:
                 return Z, Z
-            off = base + c
             if strided:
-                hh = c // D
-                off = base + hh * sh + (c - hh * D)
+                hh = (np.int64(u) * dm) >> 32
+                qu = ((base + hh * sh) >> 3) + (np.int64(u) - hh * (D >> 3))
             if F32K:
-                q = off >> 2
-                return load_u32x4(x32, q), load_u32x4(x32, q + 1)
-            return load_u32x4(x32, off >> 3), Z
+                return load_u32x4(x32, 2 * qu), load_u32x4(x32, 2 * qu + 1)
+            return load_u32x4(x32, qu), Z
+        c = u * UNIT
         if F32K:
             return ((elem(x, base, c, n, sh, D), elem(x, base, c + 1, n, sh, D), elem(x, base, c + 2, n, sh, D),
                      elem(x, base, c + 3, n, sh, D)),
@@ -114,7 +169,34 @@ def _elems(kind):
     return elems
 
 
-_KERNEL_ARGS = "x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D"
+@devfn
+def mx_rceil_params(a, inv):
+    """(e8m0 code, multiplier 2^-k) of an MX group with "rceil" scales from its amax bits
+    ``a`` (int32, >= 0; NaN above inf) and inv = fp32(1 / max_elem): _scales.mx_scale_code
+    (MX_RCEIL) and _codec.e8m0_reciprocal in 32-bit integers (Numba's int64 arithmetic took
+    some 80 SASS instructions per unit, once per lane of a group: 10 per element). code =
+    the exponent field ef of v = amax * inv, plus 1 when v is above 2^(ef - 127) (a mantissa
+    and ef < 0xFE; ef = 0: above 2^-127, i.e. man > 2^22); 0xFF (and a NaN multiplier) for a
+    non-finite amax; the multiplier 2^(127 - code) is normal but for code 254 (0x00400000)."""
+    vb = np.uint32(f32_bits(bits_f32(np.uint32(a)) * inv))
+    ef = np.uint32((vb >> np.uint32(23)) & np.uint32(0xFF))
+    man = np.uint32(vb & np.uint32(0x7FFFFF))
+    up = ef < np.uint32(0xFE) and (man > np.uint32(0x400000) or (ef != np.uint32(0) and man != np.uint32(0)))
+    code = np.uint32(ef + np.uint32(1)) if up else ef
+    pb = np.uint32(np.uint32(np.uint32(254) - code) << np.uint32(23))
+    if code == np.uint32(254):
+        pb = np.uint32(0x00400000)
+    if code == np.uint32(0xFF):
+        pb = np.uint32(CANON_NAN_BITS)
+    return code, bits_f32(pb)
+
+
+# per-row fp8 scales: one "clean" test per row instead of one per unit (fewer branches, but
+# ptxas then schedules the 7 units' encodes together: 121 registers instead of 89 at hidden
+# 7168, 4 blocks per SM instead of 5); off unless NQDQ_FUSED_ROWFAST=1 (an A/B switch)
+ROWFAST = os.environ.get("NQDQ_FUSED_ROWFAST", "0") == "1"
+
+_KERNEL_ARGS = "x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D, dm"
 
 
 @devfn
@@ -151,6 +233,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     MAXE = F32(max_elem)
     MXR, MXM, MXE, MXI = mx_cfg[0], mx_cfg[1], mx_cfg[2], F32(mx_cfg[3])
     LL = G // UNIT  # lanes per scale group
+    LLSH = max(LL, 1).bit_length() - 1  # log2(LL)
+    MXRC = MODE == MODE_MX and MXR == MX_RCEIL
     load_x = _loader(kind, fast, strided)
     load_r = _loader(kind, fast, False)
     load_w = _loader(wkind, fast, False)
@@ -158,10 +242,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     welems = _elems(wkind)
 
     @devfn
-    def add_res(a, b, res, r32, newres, nr32, rbase, u, n):
+    def add_res(a, b, res, r32, newres, nr32, rbase, qu, u, nu, n):
         """The unit of x + residual rounded to the input's dtype (NaN canonical): the new
         residual, stored, and returned as the unit's words."""
-        ra, rb = load_r(res, r32, rbase, u, n, n, n)
+        ra, rb = load_r(res, r32, qu, u, nu, rbase, n, n, n, 0)
         xe = elems(a, b)
         re = elems(ra, rb)
         h0, v0 = round_bits(bits_f32(xe[0]) + bits_f32(re[0]), kind)
@@ -182,13 +266,12 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
             nb = (z, z, z, z)
         c = u * UNIT
         if c < n:
-            if fast:
+            if fast:  # unit qu of the array: 8-byte pairs 2 qu, 2 qu + 1 (float32: 4 qu .. 4 qu + 3)
                 if F32K:
-                    store_words8(nr32, (rbase + c) >> 1, na, nb)
+                    store_words8(nr32, 4 * qu, na, nb)
                 else:
-                    q = (rbase + c) >> 2
-                    store_u32x2(nr32, q, na[0], na[1])
-                    store_u32x2(nr32, q + 1, na[2], na[3])
+                    store_u32x2(nr32, 2 * qu, na[0], na[1])
+                    store_u32x2(nr32, 2 * qu + 1, na[2], na[3])
             else:
                 put_res(newres, rbase + c, n - c, h0, h1, h2, h3, h4, h5, h6, h7, v0, v1, v2, v3, v4, v5, v6, v7)
         return na, nb
@@ -221,10 +304,12 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     @devfn
     def leaf(a, b):
         # ff_add of two squares: when they are exact (16-bit inputs) their low parts are 0
-        # and ff_add's e + (0 + 0) is e itself (e is never -0 for non-negative operands)
+        # and ff_add's e + (0 + 0) is e itself (e is never -0 for non-negative operands).
+        # Every sum here is of non-negative (or NaN) values: two_sum_nn / ff_add_nn, the same
+        # bits as two_sum / ff_add in every output (see _fused_kernels.two_sum_nn)
         if SQ_EXACT:
-            return two_sum(a[0], b[0])
-        return ff_add(a[0], a[1], b[0], b[1])
+            return two_sum_nn(a[0], b[0])
+        return ff_add_nn(a[0], a[1], b[0], b[1])
 
     @devfn
     def unit_sq(a, b):
@@ -236,9 +321,9 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         t1h, t1l = leaf(s1, s5)
         t2h, t2l = leaf(s2, s6)
         t3h, t3l = leaf(s3, s7)
-        t0h, t0l = ff_add(t0h, t0l, t2h, t2l)
-        t1h, t1l = ff_add(t1h, t1l, t3h, t3l)
-        return ff_add(t0h, t0l, t1h, t1l)
+        t0h, t0l = ff_add_nn(t0h, t0l, t2h, t2l)
+        t1h, t1l = ff_add_nn(t1h, t1l, t3h, t3l)
+        return ff_add_nn(t0h, t0l, t1h, t1l)
 
     @devfn
     def row_sum(hi, lo, tid, scratch, red):
@@ -247,7 +332,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         while off > 0:
             ph = xor_get(hi, off, shfl, scratch, tid)
             pl = xor_get(lo, off, shfl, scratch, tid)
-            hi, lo = ff_add(hi, lo, ph, pl)
+            hi, lo = ff_add_nn(hi, lo, ph, pl)
             off >>= 1
         if (tid & 31) == 0:
             red[tid >> 5] = hi
@@ -256,7 +341,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         hi = red[0]
         lo = red[NW]
         for k in range(1, NW):
-            hi, lo = ff_add(hi, lo, red[k], red[NW + k])
+            hi, lo = ff_add_nn(hi, lo, red[k], red[NW + k])
         return hi, lo
 
     @devfn
@@ -297,9 +382,9 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         return b
 
     @devfn
-    def norm_unit(a, b, w, w32, u, n, r1, r2, r_hi, r_lo):
+    def norm_unit(a, b, w, w32, qw, u, nu, n, r1, r2, r_hi, r_lo):
         """The unit's normalized values (float32 bits; 0 past n)."""
-        wa, wb = load_w(w, w32, 0, u, n, n, n)
+        wa, wb = load_w(w, w32, qw, u, nu, 0, n, n, n, 0)
         e = elems(a, b)
         f = welems(wa, wb)
         y = (norm1(e[0], f[0], r1, r2, r_hi, r_lo), norm1(e[1], f[1], r1, r2, r_hi, r_lo),
@@ -315,10 +400,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         return y
 
     @devfn
-    def put_y(y, yout, y32, rbase, u, n):
+    def put_y(y, yout, y32, rbase, qu, u, n):
         c = u * UNIT
         if fast:
-            store_words8(y32, (rbase + c) >> 1, (y[0], y[1], y[2], y[3]), (y[4], y[5], y[6], y[7]))
+            store_words8(y32, 4 * qu, (y[0], y[1], y[2], y[3]), (y[4], y[5], y[6], y[7]))
             return
         for i in range(UNIT):
             if c + i < n:
@@ -330,15 +415,14 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
             q[i] = encode_element(bits_f32(y[o + i]), p0, ZERO, 0, MODE, fmt, False, 0, CVT) if c + i < n else 0
 
     @devfn
-    def put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32):
+    def put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32, qu):
         """Encode and store the unit's codes (row ``row`` of the contiguous codes array); r =
         recip_guarded(p0) for float scales (a clean unit is divided by the reciprocal: see
         _rowwise_kernels.fp8_pair_r), computed once per row where the scale is the row's."""
         if NORM and not clean:
             y = canon8(y)
-        if fast:  # n % 8 == 0: the unit's codes start at byte (row * n + 8u) * NB / 8
-            encode_store_unit_r(y, np.int64(row) * (n // UNIT) + u, p0, r, clean, codes, c16, c32, MODE, fmt, CVT,
-                                UNIT, NB)
+        if fast:  # n % 8 == 0: the unit's codes start at byte (row * n + 8u) * NB / 8, qu = row * n / 8 + u
+            encode_store_unit_r(y, qu, p0, r, clean, codes, c16, c32, MODE, fmt, CVT, UNIT, NB)
             return
         q = cuda.local.array(4, int32)
         c = u * UNIT
@@ -350,29 +434,35 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
             store_unit_wide(codes, c32, c16, False, rowbase, c + 4, q, n, pcols, NB, True)
 
     @devfn
-    def group_unit(y, ok, u, row, n, pcols, ngroups, tid, scratch, codes, c16, c32, scales):
-        """A 1x128 / MX-32 unit: the group's amax over its LL lanes, parameters, codes."""
+    def group_unit(y, ok, u, row, n, pcols, si, tid, scratch, codes, c16, c32, scales, qu):
+        """A 1x128 / MX-32 unit: the group's amax over its LL lanes, parameters, codes; si =
+        the group's index in ``scales`` (row * ngroups + u // LL)."""
         a = unit_amax(y, UNIT) if ok else np.int32(0)
         off = LL >> 1
         while off > 0:  # every lane takes part, in the row or not
             a = xor_max(a, off, shfl, scratch, tid)
             off >>= 1
         if ok:
-            sv, p0, pz = group_params(MODE, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, ONE)
-            if (tid & (LL - 1)) == 0:
-                store_scale(scales, np.int64(row) * ngroups + u // LL, MODE, sv)
+            if MXRC:  # MX "rceil" (mxfp4, mxfp8): the same code and multiplier in 32-bit arithmetic
+                code, p0 = mx_rceil_params(a, MXI)
+                if (tid & (LL - 1)) == 0:
+                    scales[si] = np.uint8(code)
+            else:
+                sv, p0, pz = group_params(MODE, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, ONE)
+                if (tid & (LL - 1)) == 0:
+                    store_scale(scales, si, MODE, sv)
             put_codes(y, u, row, n, pcols, p0, recip_guarded(p0) if MODE == MODE_FLOAT else ZERO, a < FINITE, codes,
-                      c16, c32)
+                      c16, c32, qu)
 
     @devfn
-    def put_static(y, u, row, n, pcols, p0, r, sclean, codes, c16, c32):
+    def put_static(y, u, row, n, pcols, p0, r, sclean, codes, c16, c32, qu):
         """put_codes under the static scale p0 (r = recip_guarded(p0)): a unit with a non-finite
         value, or (dividing by the reciprocal) one whose |y| reaches p0 * 2^64, is not clean."""
         am = unit_amax(y, UNIT)
         clean = sclean and am < FINITE
         if RECIP_DIV and r != ZERO and not ratio_ok(am, p0):
             clean = False  # a caller-given scale far below |y| (all codes saturate): element by element
-        put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32)
+        put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32, qu)
 
     block_max = _block_max_fn(NT, shfl)
 
@@ -383,63 +473,82 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
          "    scratch = cuda.shared.array(SCRATCH, int32)",
          "    red = cuda.shared.array(RED, float32)",
          "    redm = cuda.shared.array(NW, int32)",
-         "    x32 = x[: (x.size >> XSH) << XSH].view(np.uint32)",
-         "    r32 = res[: (res.size >> XSH) << XSH].view(np.uint32)",
-         "    nr32 = newres[: (newres.size >> XSH) << XSH].view(np.uint32)",
-         "    w32 = w[: (w.size >> WSH) << WSH].view(np.uint32)",
-         "    y32 = yout.view(np.uint32)",
-         "    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)",
-         "    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)",
+         "    x32 = as_u32(x)",
+         "    r32 = as_u32(res)",
+         "    nr32 = as_u32(newres)",
+         "    w32 = as_u32(w)",
+         "    y32 = as_u32(yout)",
+         "    c32 = as_u32(codes)",
+         "    c16 = as_u16(codes)",
          "    n = np.int32(n)",
-         "    nunits = (n + (UNIT - 1)) // UNIT",
+         "    nunits = np.int32((n + (UNIT - 1)) >> 3)",
          "    src = perm[row] if OP == OP_GATHER else row",
          "    base = np.int64(src) * sb",
-         "    rbase = np.int64(row) * n"]
+         "    rbase = np.int64(row) * n",
+         # the fast path's unit indices: (row's first unit + tid) + j * NT (see _loader)
+         "    ut = np.int64(tid)",
+         "    tx = (base >> 3) + ut",
+         "    tu = (rbase >> 3) + ut"]
     J = range(U)
     L += [f"    u{j} = np.int32(tid + {j * NT})" for j in J]
-    L += [f"    a{j}, b{j} = load_x(x, x32, base, u{j}, n, sh, D)" for j in J]
+    L += [f"    a{j}, b{j} = load_x(x, x32, tx + {j * NT}, u{j}, nunits, base, n, sh, D, dm)" for j in J]
     if RES:
-        L += [f"    a{j}, b{j} = add_res(a{j}, b{j}, res, r32, newres, nr32, rbase, u{j}, n)" for j in J]
+        L += [f"    a{j}, b{j} = add_res(a{j}, b{j}, res, r32, newres, nr32, rbase, tu + {j * NT}, u{j}, nunits, n)"
+              for j in J]
     if NORM:
         L += ["    s_hi, s_lo = unit_sq(a0, b0)"]
         for j in range(1, U):
-            L += [f"    t_hi, t_lo = unit_sq(a{j}, b{j})", "    s_hi, s_lo = ff_add(s_hi, s_lo, t_hi, t_lo)"]
+            L += [f"    t_hi, t_lo = unit_sq(a{j}, b{j})", "    s_hi, s_lo = ff_add_nn(s_hi, s_lo, t_hi, t_lo)"]
         L += ["    s_hi, s_lo = row_sum(s_hi, s_lo, tid, scratch, red)",
               "    r1, r2 = rsqrt_mean(s_hi, s_lo, F32(n), eps)"]
         if RSPLIT:
             L += ["    r_hi = bits_f32(np.uint32(f32_bits(r1) & RMASK))", "    r_lo = (r1 - r_hi) + r2"]
         else:
             L += ["    r_hi = r1", "    r_lo = r2"]
-        Y = "norm_unit(a{j}, b{j}, w, w32, u{j}, n, r1, r2, r_hi, r_lo)"
+        Y = "norm_unit(a{j}, b{j}, w, w32, ut + {jNT}, u{j}, nunits, n, r1, r2, r_hi, r_lo)"
     else:
         Y = "elems(a{j}, b{j})"
     # each unit's values are made right before their use (fewer live registers), except per
     # row, where every unit waits for the row's amax
     if out == OUT_Y:
-        use = "    if u{j} < nunits: put_y(y{j}, yout, y32, rbase, u{j}, n)"
+        use = "    if u{j} < nunits: put_y(y{j}, yout, y32, rbase, tu + {jNT}, u{j}, n)"
     elif out == OUT_TENSOR:
         L += ["    p0 = sscale", "    sclean = abs_i32(f32_bits(p0)) < FINITE and p0 != ZERO", "    rp = recip_guarded(p0)"]
-        use = "    if u{j} < nunits: put_static(y{j}, u{j}, row, n, pcols, p0, rp, sclean, codes, c16, c32)"
+        use = "    if u{j} < nunits: put_static(y{j}, u{j}, row, n, pcols, p0, rp, sclean, codes, c16, c32, tu + {jNT})"
     elif out == OUT_ROW:
         use = "    if u{j} < nunits: am = max(am, unit_amax(y{j}, UNIT))"
         L += ["    am = np.int32(0)"]
     else:
-        use = "    group_unit(y{j}, u{j} < nunits, u{j}, row, n, pcols, ngroups, tid, scratch, codes, c16, c32, scales)"
+        # the group's scale index: (row * ngroups + tid // LL) + j * NT / LL (NT % LL == 0)
+        L += ["    sg = np.int64(row) * ngroups + (ut >> LLSH)"]
+        use = ("    group_unit(y{j}, u{j} < nunits, u{j}, row, n, pcols, sg + {jNL}, tid, scratch, codes, c16, c32, scales, "
+               "tu + {jNT})")
     for j in J:
-        L += ["    y{j} = {Y}".format(j=j, Y=Y.format(j=j)), use.format(j=j)]
+        L += ["    y{j} = {Y}".format(j=j, Y=Y.format(j=j, jNT=j * NT)), use.format(j=j, jNT=j * NT, jNL=j * NT // max(LL, 1))]
     if out == OUT_ROW:
         L += ["    am = block_max(am, tid, scratch, redm)",
               "    sv, p0, pz = group_params(MODE, am, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, ONE)",
               "    if tid == 0: store_scale(scales, row, MODE, sv)",
               "    clean = am < FINITE",
               "    rp = recip_guarded(p0) if MODE == MODE_FLOAT else ZERO"]
-        L += [f"    if u{j} < nunits: put_codes(y{j}, u{j}, row, n, pcols, p0, rp, clean, codes, c16, c32)" for j in J]
+        put = [f"    if u{j} < nunits: put_codes(y{j}, u{j}, row, n, pcols, p0, rp, clean, codes, c16, c32, tu + {j * NT})"
+               for j in J]
+        if ROWFAST and fast and RECIP_DIV and MODE == MODE_FLOAT:
+            # the row's one test, not one per unit: a finite row with a reciprocal encodes every
+            # unit by recip_store_unit (what encode_store_unit_r picks for it, unit by unit)
+            L += ["    if clean and rp != ZERO:"]
+            L += [f"        if u{j} < nunits: recip_store_unit(y{j}, tu + {j * NT}, p0, rp, codes, c16, c32, FMT, CVT, UNIT, NB)"
+                  for j in J]
+            L += ["    else:"] + ["    " + t for t in put]
+        else:
+            L += put
     src = "\n".join(L) + "\n"
     glb = dict(globals())
-    glb.update(SCRATCH=1 if shfl else NT, RED=2 * NW, NW=NW, XSH=0 if F32K else 1, WSH=0 if wkind == KIND_F32 else 1,
-               OP=op, MODE=MODE, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE, MXI=MXI, RMASK=RMASK, load_x=load_x,
+    glb.update(SCRATCH=1 if shfl else NT, RED=2 * NW, NW=NW, OP=op, MODE=MODE, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE,
+               MXI=MXI, RMASK=RMASK, load_x=load_x, FMT=fmt, CVT=CVT, NB=NB, LLSH=LLSH,
                add_res=add_res, unit_sq=unit_sq, row_sum=row_sum, norm_unit=norm_unit, elems=elems, put_y=put_y,
-               put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max)
+               put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max, as_u32=as_u32,
+               as_u16=as_u16)
     exec(compile(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", "exec"), glb)
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most
@@ -449,4 +558,4 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     return kern
 
 
-_ = (float32, OP_GATHER, rsqrt_mean, abs_i32, KIND_F16)  # used by the generated source
+_ = (float32, OP_GATHER, rsqrt_mean, abs_i32, KIND_F16, recip_store_unit)  # used by the generated source

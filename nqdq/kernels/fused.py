@@ -134,28 +134,33 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
 
     kern = fused_row_kernel(op, mode, kind, wkind, nw, U, bool(fast), bool(strided), res is not None, fmt, mx,
                             float(maxe), G, SHFL_DEFAULT)
+    # dm: the fast strided loader's u // (D / 8) as (u * dm) >> 32 (_fused_rows._loader)
+    dm = (1 << 32) // max(D // 8, 1) + 1
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
-            n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D)
+            n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, dm)
     if rows > 0:
         fast_kernel(kern).launch(rows, 32 * nw, args, None)
     return dict(codes=codes, scales=scales, newres=newres, y=y, pcols=pcols, ngroups=ngroups, alloc=alloc)
 
 
 def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator):
-    """(perm int32 [npairs], offsets int32 [E+1]) on the device from int32 expert ids
-    [npairs] (token-major, then slot): reference/fused.moe_sort's stable order."""
+    """(perm int32 [npairs], offsets int32 [E+1], bad int32 [1]) on the device from int32
+    expert ids [npairs] (token-major, then slot): reference/fused.moe_sort's stable order.
+    Nothing waits for the device: ids outside [0, E) are left out of the order (their perm
+    slots name row 0, offsets[E] counts only the valid pairs) and bad[0] != 0 says so."""
     if not 1 <= num_experts <= FK.MOE_MAX_EXPERTS:
         raise ValueError(f"num_experts={num_experts} must be in [1, {FK.MOE_MAX_EXPERTS}] for the device sort")
     nchunks = max(1, -(-npairs // FK.MOE_CHUNK))
-    counts = alloc.empty(nchunks * num_experts, np.int32)
+    counts = alloc.empty(nchunks * num_experts + nchunks, np.int32)  # + one invalid-id flag per chunk
     base = alloc.empty(nchunks * num_experts, np.int32)
     offsets = alloc.empty(num_experts + 1, np.int32)
     perm = alloc.empty(max(npairs, 1), np.int32)
-    fast_kernel(FK.moe_count_kernel).launch(nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, counts), None)
+    bad = alloc.empty(1, np.int32)
+    fast_kernel(FK.moe_count_kernel).launch(nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, counts, perm), None)
     nt = min(FK.MOE_MAX_EXPERTS, max(32, 1 << (num_experts - 1).bit_length()))
-    fast_kernel(FK.moe_scan_kernel).launch(1, nt, (counts, nchunks, num_experts, base, offsets), None)
+    fast_kernel(FK.moe_scan_kernel).launch(1, nt, (counts, nchunks, num_experts, base, offsets, bad), None)
     fast_kernel(FK.moe_scatter_kernel).launch(nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, k, base, perm), None)
-    return perm[:npairs], offsets
+    return perm[:npairs], offsets, bad
 
 
 def audit_launches():
@@ -170,7 +175,7 @@ def audit_launches():
         wd = np.float32 if wkind == 0 else np.uint16
         z = np.zeros
         return (z(8, xd), z(8, xd), z(8, wd), z(8, xd), z(8, np.float32), z(8, np.uint8), z(8, sdt), z(8, np.int32),
-                1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1)
+                1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1, 1)
 
     nw, u = row_geometry(7168)
     out = []
@@ -197,7 +202,7 @@ def audit_launches():
     k = fused_row_kernel(FK.OP_NORM, FK.OUT_Y, 1, 1, nw, u, True, False, True, fy, (0, 0, 0, 1.0), 448.0, 0, True)
     out.append(("rmsnorm y (unfused)", k, args(1, 1, np.float32)))
     a = np.zeros(8, np.int32)
-    out += [("moe count", FK.moe_count_kernel, (a, 1, 1, a)), ("moe scan", FK.moe_scan_kernel, (a, 1, 1, a, a)),
+    out += [("moe count", FK.moe_count_kernel, (a, 1, 1, a, a)), ("moe scan", FK.moe_scan_kernel, (a, 1, 1, a, a, a)),
             ("moe scatter", FK.moe_scatter_kernel, (a, 1, 1, 1, a, a))]
     return out
 
