@@ -2,19 +2,54 @@
 per last-axis index, the amax taken down all the leading rows (``reference/quantize``:
 ``s = amax / max_elem``, ``1`` where that is 0; codes ``encode(x / s)``).
 
-The amax needs every row before any code can be written, so this is two streaming passes
-(the issue's byte count caps it near 60 % of a copy): ``column_amax`` reads the input once
-and leaves per-chunk partial amaxes, ``finalize`` (``_quantize_kernels``) turns them into
-scales, and ``column_encode`` reads the input again and writes the codes.
+The amax needs every row before any code can be written. Two designs live here.
 
-Both passes give a thread one 16-byte *unit* column (8 bf16 / f16 or 4 f32 channels) and a
-chunk of rows: the lanes of a warp read consecutive units of a row (coalesced 16-byte
-loads, ``_rowwise_kernels.load_unit``), and a thread's per-channel state (8 running amaxes,
-then 8 scales) stays in registers for its whole chunk. ``ROWS_IN_FLIGHT`` rows are loaded
-before any is used. The element encode is ``_rowwise_kernels``' (every NaN rule; the finite
-encoders where the unit and its scales are finite and the scales non-zero); in finite units
-x / s is taken from the channel's reciprocal, computed once per chunk (``_division``: the
-IEEE quotient bit for bit).
+**One pass** (``column_onepass``, the default where ``onepass_geometry`` fits): a work item
+is (stripe of W 16-byte unit columns, chunk of R rows); its block loads the item into
+REGISTERS (U units per thread, NT threads: R = U * NT / W rows), reduces per-channel
+amaxes over its warps in shared memory, adds them to a per-stripe workspace by global
+atomic max, arrives on the stripe's counter (fence, then atomic add) and waits until the
+P chunks of its stripe have all arrived (one thread spins with a bounded back-off, then a
+block barrier). It then reads the stripe's amaxes back (by atomics: never a stale cached
+line), computes the scales as ``finalize`` does (``_scales.float_scale``) and their
+reciprocals, encodes the units it still holds and writes the codes; chunk 0 of each
+stripe writes the stripe's scales. The input is read once: bytes = input + codes + scales.
+The workspace (``onepass_workspace_words``: C amaxes, S stripe counters, a ticket) is zero
+at the start of every call: the plan zeroes it with ``zero_words`` in the same launch
+sequence (so CUDA-graph capture records it too).
+
+*Why it cannot deadlock without a cooperative launch.* A block does not use blockIdx: its
+first act is t = atomicAdd(ticket, 1), and it works on item t, items numbered stripe-major
+(item = stripe * P + chunk), as CUB's decoupled look-back does. Tickets are handed out in
+the order blocks start, so when ticket t has been issued every ticket below it belongs to
+a block that has started (it is resident, or has finished). Let s be the lowest stripe
+with a chunk not yet finished. Blocks of stripes below s never wait again (their stripes
+are complete) and leave. If stripe s still misses an arrival, its last ticket s * P + P -
+1 is not yet issued, so no ticket above it is either: every resident waiting block
+belongs to stripe s, at most P - 1 of them. With P <= the number of blocks that can be
+resident at once, a slot is (or becomes) free, the next block starts, takes the next
+ticket of stripe s, and so on until its P chunks have all arrived; then they all finish
+and the argument repeats with s + 1. ``onepass_geometry`` bounds P by the device's SM
+count (a block of this kernel fits on an SM by itself, so at least one per SM is resident
+once other kernels' blocks leave; they never wait for ours) and by ``ONEPASS_P_MAX``.
+Under the CUDA simulator blocks run one after another, so a wait across blocks would never
+end there: the plans then take P = 1 (every stripe one chunk; its own arrival completes
+it). Without the wait (``sync=False``, P = 1 on a GPU too: small inputs) the kernel skips
+the workspace and is the only launch.
+
+**Two passes** (``column_amax`` -> ``finalize`` -> ``column_encode``): for shapes the one
+pass does not cover (more rows than P chunks of R rows hold, ``COLUMN_ONEPASS`` off):
+``column_amax`` reads the input once and leaves per-chunk partial amaxes, ``finalize``
+(``_quantize_kernels``) turns them into scales, and ``column_encode`` reads the input
+again and writes the codes (about 60 % of a copy at best: the input is read twice).
+
+Both give a thread whole 16-byte *unit* columns (8 bf16 / f16 or 4 f32 channels): the
+lanes of a warp read consecutive units of a row (coalesced 16-byte loads,
+``_rowwise_kernels.load_unit``), and a thread's per-channel state (8 running amaxes, then
+8 scales) stays in registers. The element encode is ``_rowwise_kernels``' (every NaN
+rule; the finite encoders where the unit and its scales are finite and the scales
+non-zero); in finite units x / s is taken from the channel's reciprocal, computed once
+per chunk (``_division``: the IEEE quotient bit for bit).
 """
 
 from __future__ import annotations
@@ -24,14 +59,14 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from ._codec import KIND_F32, ZERO, f32_bits
+from ._codec import F32, KIND_BF16, KIND_F32, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits
 from ._division import RECIP_DIV, recip_guarded
 from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports
 from ._rowwise_kernels import (
     FINITE, abs_i32, enc, enc_finite, enc_finite_r, fp8_pair_rr, load_unit, pack4, store_packed, unit_amax, unit_elems, vec_of,
 )  # fmt: skip
-from ._scales import MODE_FLOAT
-from ._target import devfn
+from ._scales import MODE_FLOAT, float_scale
+from ._target import SIMULATOR, devfn
 
 ROWS_IN_FLIGHT = 4  # rows of a thread's unit column loaded before any is used
 
@@ -211,3 +246,223 @@ def column_geometry(rows, upr, nt=128):
     rpc = max(ROWS_IN_FLIGHT, -(-rows // want))
     rpc = -(-rpc // ROWS_IN_FLIGHT) * ROWS_IN_FLIGHT
     return NT, (bx, -(-rows // rpc)), rpc
+
+
+# ----------------------------------------------------------------------------- one pass
+ONEPASS_THREADS = 64 if SIMULATOR else 256  # threads per block of column_onepass
+ONEPASS_UNITS = 16  # 16-byte units a thread holds in registers at most (U): 64 KiB per block
+ONEPASS_P_MAX = 64  # chunks per stripe at most (each waits for all of them)
+# Resident blocks per SM asked of ptxas (launch bounds): without, the bf16 kernel takes 148
+# registers at U = 16 (one 256-thread block per SM: nothing loads while it waits and encodes)
+ONEPASS_MIN_BLOCKS = 2
+ONEPASS_WIDTHS = (32, 16, 8, 4)  # stripe widths W in units, widest (longest row segments) first
+_SLEEP = not SIMULATOR  # (the simulator has no nanosleep; with P = 1 it never spins)
+_SLEEP_MAX_NS = 256  # the waiting thread's back-off doubles from 32 ns up to this
+
+
+def onepass_workspace_words(C, S):
+    """int32 words of a one-pass workspace: C channel amaxes, S stripe counters, a ticket."""
+    return C + S + 1
+
+
+def onepass_geometry(rows, upr, sms, p_max=None, nt=None, vec=8):
+    """(NT, W, U, P, S) of ``column_onepass`` for ``rows`` rows of ``upr`` units, or None
+    where it does not fit (the caller takes the two passes). NT threads per block, stripes
+    of W units (S of them), U units per thread, P chunks of R = U * NT / W rows per stripe;
+    ``sms``: resident blocks the wait may count on (the SM count; 1 under the simulator);
+    ``vec``: channels per unit (a stripe's W * vec channels are at most NT).
+
+    A single chunk per stripe (P = 1: no workspace, no wait) where rows fit one: the
+    narrowest stripes that hold them with at most ONEPASS_UNITS units per thread (most
+    blocks for a small input). Otherwise the widest stripes whose chunks of ONEPASS_UNITS
+    units per thread cover the rows in P <= min(p_max, sms) chunks."""
+    NT = nt or ONEPASS_THREADS
+    widths = ONEPASS_WIDTHS  # (read per call: tests narrow it)
+    p_max = min(ONEPASS_P_MAX if p_max is None else p_max, sms)
+    fits = [W for W in widths if W * vec <= NT and (W < 2 * upr or W == widths[-1])]
+    if not fits:
+        return None
+    for W in reversed(fits):  # P = 1: narrowest first
+        rg = NT // W
+        U = -(-rows // rg)
+        if U <= ONEPASS_UNITS:
+            U = 1 << max(U - 1, 0).bit_length()  # a power of two: few specialisations
+            return NT, W, U, 1, -(-upr // W)
+    for W in fits:
+        P = -(-rows // (ONEPASS_UNITS * NT // W))
+        if P <= p_max:
+            return NT, W, ONEPASS_UNITS, P, -(-upr // W)
+    return None
+
+
+@cuda.jit
+def zero_words(ws, n):
+    """ws[:n] = 0 (the one-pass workspace, before its kernel, in the same sequence)."""
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+        ws[i] = 0
+
+
+@devfn
+def word_max(a, w, kind):
+    """Running per-channel max of |x|'s bits in the input's own width, straight from a unit's
+    words ``w`` (no conversion, so the compiler keeps only the words live until the
+    encode): f32 |x| bits; 16-bit inputs the 16-bit magnitude (element 2k: low half of
+    word k, masked in place; 2k + 1: high half, masked in place). The order of |x| is the
+    order of those bits (NaN above inf) in every width; ``amax_bits`` converts."""
+    if kind == KIND_F32:
+        return (max(a[0], abs_i32(w[0])), max(a[1], abs_i32(w[1])), max(a[2], abs_i32(w[2])), max(a[3], abs_i32(w[3])),
+                a[4], a[5], a[6], a[7])  # fmt: skip
+    lo = np.uint32(0x7FFF)
+    hi = np.uint32(0x7FFF0000)
+    return (max(a[0], np.int32(w[0] & lo)), max(a[1], np.int32(w[0] & hi)), max(a[2], np.int32(w[1] & lo)),
+            max(a[3], np.int32(w[1] & hi)), max(a[4], np.int32(w[2] & lo)), max(a[5], np.int32(w[2] & hi)),
+            max(a[6], np.int32(w[3] & lo)), max(a[7], np.int32(w[3] & hi)))  # fmt: skip
+
+
+@devfn
+def amax_bits(m, j, kind):
+    """float32 bits of channel j's max from word_max's ``m`` (exact for finite values and
+    inf; a NaN stays above inf, which is all float_scale needs of it)."""
+    if kind == KIND_F32:
+        return np.int32(m)
+    h = np.uint32(m) if j % 2 == 0 else np.uint32(m) >> np.uint32(16)
+    if kind == KIND_BF16:
+        return np.int32(h << np.uint32(16))
+    return np.int32(f16_bits_to_f32_bits(np.int64(h)))
+
+
+@devfn
+def encode_finite_or_flag(e, s, r, okr, unit, c8, c16, c32, fmt, cvt, vec, nb, i):
+    """encode_unit_cols_r of a finite unit when every scale has a reciprocal (``okr``) and 0;
+    else nothing and bit i (the unit for the caller's general encode)."""
+    if okr and unit_amax(e, vec) < FINITE:
+        encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb)
+        return np.uint32(0)
+    return np.uint32(1) << np.uint32(i)
+
+
+# The kernel's source; the lines marked "#U" are repeated for i = 0 .. U - 1 ({i} replaced):
+# each unit a variable of its own, so the chunk stays in registers (a local array indexed in
+# loops is left in local memory by NVVM: 256 bytes of stack at U = 16).
+_ONEPASS_SRC = """
+def column_onepass(x, rows, upr, C, W, P, S, ws, scales, codes):
+    t = cuda.threadIdx.x
+    red = cuda.shared.array((NT, VEC), np.int32)  # per thread: its channels' amax bits
+    sc = cuda.shared.array(CH_MAX, np.float32)  # the stripe's scales
+    rcs = cuda.shared.array(CH_MAX, np.float32)  # and their reciprocals (0: divide instead)
+    RG = NT // W  # rows of a stripe one pass of the block covers
+    CH = W * VEC  # channels of a stripe
+    slot = cuda.shared.array(1, np.int32)
+    if SYNC:
+        if t == 0:
+            slot[0] = cuda.atomic.add(ws, C + S, np.int32(1))  # the ticket: this block's item
+        cuda.syncthreads()
+        item = slot[0]
+    else:
+        item = cuda.blockIdx.x
+    stripe = item // P
+    chunk = item - stripe * P
+    lu = t % W
+    rg = t // W
+    uc = stripe * W + lu
+    colok = uc < upr
+    r0 = chunk * (U * RG) + rg
+    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
+    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
+    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    aligned = (array_addr(x) & 15) == 0
+    z = np.int32(0)
+    a = (z, z, z, z, z, z, z, z)
+    v{i} = colok and r0 + {i} * RG < rows  #U
+    w{i} = load_unit(x, x32, aligned, (r0 + {i} * RG) * upr + uc, v{i}, kind)  #U
+    a = word_max(a, w{i}, kind)  #U
+    for j in range(VEC):
+        red[t, j] = amax_bits(a[j], j, kind)
+    cuda.syncthreads()
+    m = np.int32(0)
+    if t < CH:  # the block's amax of channel t of the stripe (CH <= NT)
+        for g in range(RG):
+            m = max(m, red[t // VEC + g * W, t % VEC])
+    cuda.syncthreads()  # (red is rewritten below)
+    if SYNC:
+        if t < CH and stripe * CH + t < C:
+            cuda.atomic.max(ws, stripe * CH + t, m)
+        cuda.threadfence()  # every thread's atomic max is visible before the arrival is
+        cuda.syncthreads()
+        if t == 0:
+            cuda.atomic.add(ws, C + stripe, np.int32(1))
+            ns = np.uint32(32)
+            while cuda.atomic.add(ws, C + stripe, np.int32(0)) < P:
+                if SLEEP:
+                    cuda.nanosleep(ns)
+                ns = min(ns * np.uint32(2), np.uint32(SLEEP_MAX_NS))
+            cuda.threadfence()
+        cuda.syncthreads()
+        if t < CH and stripe * CH + t < C:  # the stripe's amaxes, by atomics (L2, never stale)
+            m = cuda.atomic.max(ws, stripe * CH + t, np.int32(0))
+    if t < CH:  # scales as finalize computes them
+        s = float_scale(bits_f32(np.uint32(m)), MAXE)
+        sc[t] = s
+        rcs[t] = recip_guarded(s)
+        if chunk == 0 and stripe * CH + t < C:
+            scales[stripe * CH + t] = s
+    cuda.syncthreads()
+    j0 = lu * VEC
+    s0, s1, s2, s3 = sc[j0], sc[j0 + 1], sc[j0 + 2], sc[j0 + 3]
+    q0, q1, q2, q3 = rcs[j0], rcs[j0 + 1], rcs[j0 + 2], rcs[j0 + 3]
+    s4, s5, s6, s7 = s0, s0, s0, s0
+    q4, q5, q6, q7 = q0, q0, q0, q0
+    if VEC == 8:
+        s4, s5, s6, s7 = sc[j0 + 4], sc[j0 + 5], sc[j0 + 6], sc[j0 + 7]
+        q4, q5, q6, q7 = rcs[j0 + 4], rcs[j0 + 5], rcs[j0 + 6], rcs[j0 + 7]
+    s = (s0, s1, s2, s3, s4, s5, s6, s7)
+    rc = (q0, q1, q2, q3, q4, q5, q6, q7)
+    ok = scale_ok(s0) and scale_ok(s1) and scale_ok(s2) and scale_ok(s3)
+    if VEC == 8:
+        ok = ok and scale_ok(s4) and scale_ok(s5) and scale_ok(s6) and scale_ok(s7)
+    okr = RECIP and ok and q0 != ZERO and q1 != ZERO and q2 != ZERO and q3 != ZERO
+    if VEC == 8:
+        okr = okr and q4 != ZERO and q5 != ZERO and q6 != ZERO and q7 != ZERO
+    # finite units with reciprocals: encoded from registers; the rest flagged in ``slow``
+    # and re-read below by one copy of the general encode (not U inlined copies of it)
+    slow = np.uint32(0)
+    if v{i}: slow |= encode_finite_or_flag(unit_elems(w{i}, kind), s, rc, okr, (r0 + {i} * RG) * upr + uc, codes, c16, c32, fmt, CVT, VEC, NB, {i})  #U
+    i = 0
+    while slow != 0:  # a data-dependent trip count: never unrolled
+        if slow & np.uint32(1):
+            u = (r0 + i * RG) * upr + uc
+            e = unit_elems(load_unit(x, x32, aligned, u, True, kind), kind)
+            encode_unit_cols(e, s, ok, u, codes, c16, c32, fmt, CVT, VEC, NB)
+        slow >>= np.uint32(1)
+        i += 1
+"""
+
+
+@lru_cache(maxsize=None)
+def make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, sync):
+    """Grid S * P (sync) or S (P = 1, no sync) blocks of NT threads: the item (stripe,
+    chunk) of a block covers units stripe * W + t % W of rows chunk * R + t // W + i * NT /
+    W (i < U), W (a power of two, 4 <= W <= 32, W * VEC <= NT) an argument; see the module
+    docstring for the wait. ``ws``: the workspace (onepass_workspace_words; unused without
+    sync)."""
+    ns = dict(
+        kind=kind, fmt=fmt, NT=NT, U=U, VEC=vec_of(kind), NB=(fmt[5] if packed else 8),
+        SH=0 if kind == KIND_F32 else 1, CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV,
+        MAXE=F32(max_elem), CH_MAX=32 * vec_of(kind), SYNC=sync, SLEEP=_SLEEP, SLEEP_MAX_NS=_SLEEP_MAX_NS,
+    )  # fmt: skip
+    ns.update(float_scale=float_scale, bits_f32=bits_f32)  # (used only in the source)
+    lines = []
+    for line in _ONEPASS_SRC.splitlines():
+        if line.endswith("#U"):
+            lines += [line[: -len("#U")].rstrip().replace("{i}", str(i)) for i in range(U)]
+        else:
+            lines.append(line)
+    src = "\n".join(lines) + "\n"
+    glb = dict(globals())
+    glb.update(ns)
+    exec(compile(src, f"<nqdq column_onepass U={U}>", "exec"), glb)
+    fn = glb["column_onepass"]
+    fn.source = src
+    if ONEPASS_MIN_BLOCKS and not SIMULATOR:  # (the simulator's jit takes no launch bounds)
+        return cuda.jit(fn, launch_bounds=(NT, ONEPASS_MIN_BLOCKS))
+    return cuda.jit(fn)

@@ -1,0 +1,117 @@
+"""Per-channel quantize (int8_column, bf16): the one-pass kernel (``column_onepass``) against
+the two passes (``column_amax`` -> ``finalize`` -> ``column_encode``) and the D2D copy, in
+one process with peers.py's timer (CUDA events, median of groups, warm-up excluded, inputs
+over 4 x L2, random data) and its table (bytes = input read + codes + scales written).
+
+    python3 benchmarks/column_onepass_ab.py --sizes 8192x8192,16384x7168,64x7168,65536x1024 \
+        --variants old,new,p128,old --ref
+
+Variants (each plan rebuilt; an old row twice shows drift):
+  old   ``quantize.COLUMN_ONEPASS`` off (the two passes)
+  new   on, P <= ``_column_kernels.ONEPASS_P_MAX`` (64) chunks per stripe
+  p128  on, ``quantize.COLUMN_ONEPASS_P_MAX`` = 128 (wider stripes for tall inputs)
+Every variant's codes and scales of one input set are compared bit for bit with the first
+variant's (the whole tensor), and with ``--ref`` the first variant's with the NumPy
+reference (the whole tensor, on the host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+SETTINGS = {
+    "old": dict(COLUMN_ONEPASS=False, COLUMN_ONEPASS_P_MAX=None),
+    "new": dict(COLUMN_ONEPASS=True, COLUMN_ONEPASS_P_MAX=None),
+    "p128": dict(COLUMN_ONEPASS=True, COLUMN_ONEPASS_P_MAX=128),
+}
+
+
+def set_variant(tag):
+    import nqdq.api
+    import nqdq.kernels.quantize as kq
+
+    for k, v in SETTINGS[tag].items():
+        setattr(kq, k, v)
+    kq._PLANS.clear()
+    if nqdq.api._FAST is not None:
+        nqdq.api._FAST.clear()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="8192x8192,16384x7168,64x7168,65536x1024")
+    ap.add_argument("--variants", default="old,new,p128,old")
+    ap.add_argument("--scheme", default="int8_column")
+    ap.add_argument("--ref", action="store_true", help="check the first variant against the NumPy reference")
+    args = ap.parse_args(argv)
+    import cupy as cp
+    import ml_dtypes
+
+    import nqdq
+    import nqdq.kernels.quantize as kq
+    import peers
+
+    variants = args.variants.split(",")
+    timer = peers.Timer()
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; "
+          f"spin {timer.us_per_unit:.3f} us per unit; L2 {timer.l2_bytes / 2**20:.0f} MiB")
+    rows_out = []
+    for s in args.sizes.split(","):
+        rows, cols = (int(v) for v in s.split("x"))
+        in_bytes = rows * cols * 2
+        n_sets = peers.n_sets_for(in_bytes + rows * cols + cols * 4, timer.l2_bytes)
+        xs = peers.random_bf16_sets((rows, cols), n_sets, seed=rows * 31 + cols)
+        print(f"{rows}x{cols} bf16: {n_sets} input sets")
+
+        def add(impl, us, nbytes, hb, note=""):
+            gbs = nbytes / (us * 1e-6) / 1e9
+            rows_out.append(dict(shape=f"{rows}x{cols}", impl=impl, us=us, bytes=nbytes, gbs=gbs, host_bound=bool(hb),
+                                 note=note))  # fmt: skip
+            print(f"  {impl:44s} {us:10.2f} us {gbs:8.0f} GB/s{'  host-bound' if hb else ''} {note}", flush=True)
+
+        dst = cp.empty_like(xs[0])
+        us, hb = timer.device_us(lambda i: dst.data.copy_from_device_async(xs[i].data, in_bytes), n_sets,
+                                 bytes_per_launch=2 * in_bytes)  # fmt: skip
+        add("copy (cudaMemcpyAsync D2D)", us, 2 * in_bytes, hb)
+        first = None
+        for tag in variants:
+            set_variant(tag)
+            run = lambda i: nqdq.quantize(xs[i], args.scheme, dtype="bfloat16")  # noqa: E731
+            q = run(0)
+            cp.cuda.runtime.deviceSynchronize()
+            plan = kq.get_plan((rows, cols), 1, q.scheme)
+            names = "+".join(k.py_func.__name__ for k, _, _, _ in plan.launches)
+            got = (q.codes.get(), q.scales.get())
+            if first is None:
+                first = got
+                note = "reference run"
+                if args.ref:
+                    want = nqdq.quantize(xs[0].get().view(ml_dtypes.bfloat16), args.scheme, device="cpu")
+                    same = np.array_equal(got[0].view(np.uint8), want.codes.view(np.uint8)) and np.array_equal(
+                        got[1].view(np.uint32), np.ascontiguousarray(want.scales).view(np.uint32))
+                    note = f"whole tensor {'bit-exact vs' if same else 'DIFFERS from'} NumPy reference"
+            else:
+                same = np.array_equal(got[0].view(np.uint8), first[0].view(np.uint8)) and np.array_equal(
+                    got[1].view(np.uint32), first[1].view(np.uint32))
+                note = f"whole tensor {'bit-exact vs' if same else 'DIFFERS from'} {variants[0]}"
+            out_bytes = q.codes.nbytes + q.scales.nbytes
+            us, hb = timer.device_us(run, n_sets, bytes_per_launch=in_bytes)
+            add(f"nqdq {args.scheme} [{tag}]", us, in_bytes + out_bytes, hb, f"{names}; {note}")
+        xs = dst = first = None  # this size's arrays are garbage now
+        cp.get_default_memory_pool().free_all_blocks()
+    set_variant("new")
+    print()
+    print(peers.table(rows_out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,143 @@
+"""The one-pass per-channel kernel (``_column_kernels.column_onepass``) in the simulator:
+bit for bit against the NumPy reference, every stripe one chunk (P = 1: the simulator runs
+blocks one after another, so a wait across blocks would never end; the multi-chunk wait
+runs in tests/test_column_onepass_gpu.py), with and without the workspace / ticket path,
+several stripe widths, stripes and rows that do not fill a block, NaN / inf / all-zero /
+subnormal channels, 8-, 4- and 8-bit-float codes. The geometry rules are checked by hand
+against shapes of the issue."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import nqdq.kernels._column_kernels as CK
+import nqdq.kernels.quantize as kq
+from nqdq.schemes import resolve_scheme
+
+from test_kernels import _KINDS, check, edge_data
+
+
+def _launched(shape, dtype, sch):
+    plan = kq.get_plan(shape, _KINDS[dtype], sch)
+    return [k.py_func.__name__ if hasattr(k, "py_func") else k.__name__ for k, _, _, _ in plan.launches]
+
+
+@pytest.fixture
+def onepass(monkeypatch):
+    """The one-pass path on; plans built inside the test are dropped afterwards."""
+    monkeypatch.setattr(kq, "COLUMN_ONEPASS", True)
+    kq._PLANS.clear()
+    yield monkeypatch
+    kq._PLANS.clear()
+
+
+def _column_data(shape, seed):
+    x = edge_data(shape, seed=seed)
+    c = x.reshape(-1, shape[-1])
+    c[:, 1] = 0.0  # an all-zero channel: s = 1
+    c[:, 2] = -0.0
+    c[:, 3] = np.inf  # inf but no NaN in the channel: s = NaN
+    c[:, 4] = np.random.default_rng(seed).standard_normal(c.shape[0]) * 1e-41  # subnormal amax
+    c[1, 5] = np.nan  # one NaN: NaN scale
+    c[:, -1] = np.random.default_rng(seed + 1).standard_normal(c.shape[0]) * 1e30  # large finite
+    return x
+
+
+# ----------------------------------------------------------------------------- geometry
+@pytest.mark.parametrize(
+    "rows, upr, sms, want",
+    [
+        # bf16 8192 x 8192 (1024 units per row) on an H100 (132 SMs): 32 stripes of 32 units,
+        # chunks of 16 * 256 / 32 = 128 rows, P = 8192 / 128 = 64
+        (8192, 1024, 132, (256, 32, 16, 64, 32)),
+        # bf16 16384 x 7168 (896 units): W = 32 would need P = 128 > 64; W = 16: 256 rows, P = 64
+        (16384, 896, 132, (256, 16, 16, 64, 56)),
+        # bf16 65536 x 1024: W = 4 (64 rows per pass, 1024 per chunk), P = 64
+        (65536, 128, 132, (256, 4, 16, 64, 32)),
+        # decode 64 x 7168: one chunk per stripe, the narrowest stripes (64 rows per pass, U = 1)
+        (64, 896, 132, (256, 4, 1, 1, 224)),
+        # 300 rows fit one chunk at W = 4 with U = ceil(300 / 64) = 5 -> 8 (a power of two)
+        (300, 896, 132, (256, 4, 8, 1, 224)),
+        # a 16-SM device (a MIG slice) bounds P by 16: W = 8, chunks of 512 rows
+        (8192, 1024, 16, (256, 8, 16, 16, 128)),
+        # narrow rows: no stripe wider than 2 * upr (3 units: W <= 4)
+        (5000, 3, 132, (256, 4, 16, 5, 1)),
+        (65536 * 2, 128, 132, None),  # 128 chunks of the narrowest stripe: the two passes
+    ],
+)
+def test_onepass_geometry(rows, upr, sms, want):
+    assert CK.onepass_geometry(rows, upr, sms, nt=256) == want
+
+
+def test_onepass_geometry_channels_per_block():
+    """A stripe's W * VEC channels are at most NT (one thread each for the scales): with 64
+    threads, bf16 stripes are at most 8 units wide, f32 ones 16."""
+    assert CK.onepass_geometry(8, 64, 1, nt=64, vec=8)[1] == 4  # P = 1: narrowest
+    assert CK.onepass_geometry(2000, 64, 32, nt=64, vec=8) == (64, 8, 16, 16, 8)  # 128 rows per chunk
+    assert CK.onepass_geometry(2000, 64, 32, nt=64, vec=4) == (64, 16, 16, 32, 4)  # 64 rows per chunk
+
+
+def test_onepass_geometry_p_max():
+    assert CK.onepass_geometry(8192, 1024, 132, p_max=128, nt=256) == (256, 32, 16, 64, 32)
+    assert CK.onepass_geometry(65536, 128, 132, p_max=128, nt=256) == (256, 8, 16, 128, 16)
+    assert CK.onepass_geometry(65536, 128, 100, p_max=128, nt=256) == (256, 4, 16, 64, 32)  # P <= SMs
+
+
+# ----------------------------------------------------------------------------- bit for bit
+@pytest.mark.parametrize("sync", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize(
+    "name, kw, shape",
+    [
+        ("int8_column", {}, (37, 96)),  # rows not a multiple of a pass; several stripes
+        ("e4m3", {"granularity": "column"}, (2, 9, 40)),  # N-D: every leading index is a row
+        ("int4", {"granularity": "column"}, (11, 48)),  # 4-bit codes, two per byte
+        ("e2m1", {"granularity": "column"}, (5, 16)),
+    ],
+)
+def test_onepass_exact(onepass, name, kw, shape, dtype, sync):
+    onepass.setattr(kq, "COLUMN_ONEPASS_SYNC", sync)
+    sch = resolve_scheme(name, **kw)
+    x = _column_data(shape, seed=len(name) + shape[-1]).astype(dtype)
+    assert _launched(x.shape, dtype, sch) == (["zero_words", "column_onepass"] if sync else ["column_onepass"])
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize("widths, dtype, C", [((8,), ml_dtypes.bfloat16, 1000), ((4,), ml_dtypes.bfloat16, 1000),
+                                               ((16,), np.float32, 500)])
+def test_onepass_widths(onepass, widths, dtype, C):
+    """Stripes of 16 / 8 / 4 units (W * VEC <= the simulator's 64 threads), the last one
+    partly outside the rows (1000 bf16: 125 units; 500 f32: 125 units), U > 1 units per
+    thread, through the workspace."""
+    onepass.setattr(CK, "ONEPASS_WIDTHS", widths)
+    onepass.setattr(kq, "COLUMN_ONEPASS_SYNC", True)
+    sch = resolve_scheme("int8_column")
+    shape = (21, C)
+    x = _column_data(shape, seed=widths[0]).astype(dtype)
+    plan = kq.get_plan(shape, _KINDS[dtype], sch)
+    (_, _, _, zargs), (_, grid, block, args) = plan.launches
+    vec = 4 if dtype == np.float32 else 8
+    NT, W, U, P, S = CK.onepass_geometry(21, 125, 1, vec=vec)
+    assert (W, P, S, grid, block, args[4]) == (widths[0], 1, -(-125 // widths[0]), S, NT, W)
+    assert U * NT // W >= 21 and U > 1
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
+def test_onepass_falls_back(onepass):
+    """More rows than one chunk holds in the simulator (P would exceed 1): the two passes;
+    COLUMN_ONEPASS off: the two passes too."""
+    sch = resolve_scheme("int8_column")
+    rows = CK.ONEPASS_UNITS * CK.ONEPASS_THREADS // min(CK.ONEPASS_WIDTHS) + 1
+    assert _launched((rows, 64), ml_dtypes.bfloat16, sch) == ["column_amax", "finalize", "column_encode"]
+    assert _launched((4, 64), ml_dtypes.bfloat16, sch) == ["column_onepass"]
+    onepass.setattr(kq, "COLUMN_ONEPASS", False)
+    kq._PLANS.clear()
+    assert _launched((4, 64), ml_dtypes.bfloat16, sch) == ["column_amax", "finalize", "column_encode"]
+
+
+def test_zero_words():
+    ws = np.full(1000, 7, np.int32)
+    kq._launch(CK.zero_words, 2, 64, None, ws, 999)
+    assert (ws[:999] == 0).all() and ws[999] == 7

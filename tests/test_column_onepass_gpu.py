@@ -1,0 +1,126 @@
+"""The one-pass per-channel kernel (``_column_kernels.column_onepass``) on a real GPU:
+several chunks per stripe (P > 1), so blocks wait for each other through the workspace
+(the simulator runs only P = 1, tests/test_column_onepass.py), bit for bit against the
+NumPy reference: every stripe width, rows and channel counts that fill no block or stripe,
+NaN / inf / all-zero / subnormal channels, every input dtype, 8-bit int / fp8 / 4-bit
+codes, repeated calls (the workspace is zeroed per call) and CUDA-graph replays.
+
+Runs only with NQDQ_TEST_GPU=1 on a machine with a CUDA GPU and CuPy (``pytest -m gpu``).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+from _helpers import gpu_cupy_or_skip  # noqa: E402
+
+cp = gpu_cupy_or_skip()
+
+import nqdq.kernels._column_kernels as CK  # noqa: E402
+import nqdq.kernels.quantize as kq  # noqa: E402
+from nqdq.kernels._codec import KIND_BF16, KIND_F16, KIND_F32  # noqa: E402
+from nqdq.schemes import resolve_scheme  # noqa: E402
+
+from test_column_onepass import _column_data  # noqa: E402
+from test_kernels_gpu import check_gpu  # noqa: E402
+
+_KIND = {np.float32: KIND_F32, np.float16: KIND_F16, ml_dtypes.bfloat16: KIND_BF16}
+
+
+@pytest.fixture
+def onepass(monkeypatch):
+    monkeypatch.setattr(kq, "COLUMN_ONEPASS", True)
+    kq._PLANS.clear()
+    yield monkeypatch
+    kq._PLANS.clear()
+
+
+def _geometry(shape, dtype):
+    """(W, P, S) of the plan, and its kernel names."""
+    plan = kq.get_plan(shape, _KIND[dtype], resolve_scheme("int8_column"))
+    names = [k.py_func.__name__ for k, _, _, _ in plan.launches]
+    vec = 4 if dtype == np.float32 else 8
+    rows = int(np.prod(shape[:-1]))
+    g = CK.onepass_geometry(rows, shape[-1] // vec, kq._sm_count(), kq.COLUMN_ONEPASS_P_MAX, vec=vec)
+    return g, names
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, W",
+    [
+        ((4096, 2048), ml_dtypes.bfloat16, 32),  # P = 32 chunks of 128 rows, 8 stripes
+        ((3001, 1000), ml_dtypes.bfloat16, 32),  # short last chunk; 125 units: last stripe 29 wide
+        ((2000, 512), np.float32, 32),  # f32: 4 channels per unit
+        ((2, 1500, 776), np.float16, 32),  # N-D, f16 (97 units)
+        ((20000, 256), ml_dtypes.bfloat16, 8),  # tall: W = 8, P = 40
+        ((40000, 64), ml_dtypes.bfloat16, 4),  # taller, narrow: W = 4
+    ],
+)
+def test_onepass_multichunk_exact(onepass, shape, dtype, W):
+    g, names = _geometry(shape, dtype)
+    assert names == ["zero_words", "column_onepass"] and g[1] == W and g[3] > 1, g
+    x = _column_data(shape, seed=shape[-1]).astype(dtype)
+    check_gpu(x, resolve_scheme("int8_column"))
+
+
+@pytest.mark.parametrize("name, kw", [("e4m3", {"granularity": "column"}), ("int4", {"granularity": "column"})])
+def test_onepass_formats(onepass, name, kw):
+    """fp8 (the paired cvt encode) and packed 4-bit codes (e2m1 / e5m2: the simulator)."""
+    x = _column_data((2500, 1536), seed=3).astype(ml_dtypes.bfloat16)
+    check_gpu(x, resolve_scheme(name, **kw))
+
+
+@pytest.mark.parametrize("shape", [(64, 7168), (1, 4096)])
+def test_onepass_single_chunk(onepass, shape):
+    """P = 1 on the GPU: no workspace, one launch."""
+    g, names = _geometry(shape, ml_dtypes.bfloat16)
+    assert names == ["column_onepass"] and g[3] == 1
+    check_gpu(_column_data(shape, seed=5).astype(ml_dtypes.bfloat16), resolve_scheme("int8_column"))
+
+
+def test_onepass_p_max_128(onepass):
+    """The knob raises P: 65536 x 1024 bf16 with W = 8 and P = 128 (needs >= 128 SMs)."""
+    if kq._sm_count() < 128:
+        pytest.skip("fewer than 128 SMs")
+    onepass.setattr(kq, "COLUMN_ONEPASS_P_MAX", 128)
+    g, _ = _geometry((65536, 1024), ml_dtypes.bfloat16)
+    assert g[1] == 8 and g[3] == 128
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((65536, 1024)) * np.exp2(rng.uniform(-8, 8, 1024))).astype(ml_dtypes.bfloat16)
+    check_gpu(x, resolve_scheme("int8_column"))
+
+
+def test_onepass_repeated_calls_and_graph(onepass):
+    """The workspace is scratch of each call, zeroed in its sequence: calls after a first
+    one (whose workspace ends non-zero), and a captured CUDA graph replayed on new data."""
+    sch = resolve_scheme("int8_column")
+    rng = np.random.default_rng(2)
+    shape = (4096, 2048)
+    for trial in range(3):
+        xh = (rng.standard_normal(shape) * np.exp2(rng.uniform(-6, 6, shape[-1]))).astype(ml_dtypes.bfloat16)
+        check_gpu(xh, sch)
+    from nqdq.reference import quantize as ref
+
+    x = cp.asarray(xh.view(np.uint16))
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        kq.quantize(x, sch, dtype="bfloat16")
+        s.synchronize()
+        s.begin_capture()
+        q = kq.quantize(x, sch, dtype="bfloat16")
+        graph = s.end_capture()
+    for trial in range(2):
+        xh = (rng.standard_normal(shape) * np.exp2(rng.uniform(-6, 6, shape[-1]))).astype(ml_dtypes.bfloat16)
+        with s:
+            x[...] = cp.asarray(xh.view(np.uint16))
+            q.codes.fill(0x5A)
+            q.scales.fill(0)
+        graph.launch(s)
+        s.synchronize()
+        want = ref.quantize(xh.astype(np.float32), sch)
+        assert (q.codes.get().view(np.int8) == want.codes).all(), f"replay {trial} codes"
+        assert (q.scales.get().view(np.uint32) == want.scales.view(np.uint32)).all(), f"replay {trial} scales"
