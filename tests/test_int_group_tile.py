@@ -119,3 +119,175 @@ def test_switches_on_for_users():
             "print(RK.INT_GROUP_FAST, TK.RECIP_ONCE, RK.ASYM_ROW_RECIP_ONCE, RK.INT_GROUP_MIN_BLOCKS, TK.MIN_BLOCKS)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True", "True", "0", "0"]
+
+
+# ----------------------------------------------------------------------------- stat groups
+# lastaxis_stat_groups (int4_asym, int8_centred, 1xG asymmetric / centred groups) with
+# ``_rowwise_kernels.STAT_GROUP_FAST`` (units interleaved over a group's lanes, reciprocal once
+# per chunk, 16-bit asymmetric keys in pairs, the centred sum's unit levels in the thread) and
+# ``ASYM_INT_CLIP`` (asymmetric codes clipped as integers; the asymmetric rows too).
+def _clear_stat():
+    RK.make_lastaxis_stat_group_kernel.cache_clear()
+    RK.make_lastaxis_asym_row_kernel.cache_clear()
+    kq._PLANS.clear()
+
+
+@pytest.fixture
+def stat_switch(request, monkeypatch):
+    """(STAT_GROUP_FAST, ASYM_INT_CLIP) from the test's ``fast`` / ``clip`` parameters."""
+    fast, clip = request.node.callspec.params.get("fast", True), request.node.callspec.params.get("clip", True)
+    monkeypatch.setattr(RK, "STAT_GROUP_FAST", fast)
+    monkeypatch.setattr(RK, "ASYM_INT_CLIP", clip)
+    _clear_stat()
+    yield fast, clip
+    _clear_stat()
+
+
+def _stat_edges(x, G):
+    """Special groups at the start of the flat input (G elements each): all zero, tiny (scale
+    below recip_guarded's range: the per-element path), constant, one NaN, +inf only, a range
+    that overflows (the halves' scale formula), all negative, a wide spread."""
+    f = x.reshape(-1)
+    dt = x.dtype
+    specials = [
+        np.zeros(G),
+        np.linspace(-1, 1, G) * 1e-30,
+        np.full(G, 2.5),
+        np.where(np.arange(G) == 3, np.nan, np.linspace(-2, 3, G)),
+        np.where(np.arange(G) == 5, np.inf, 1.0),
+        np.where(np.arange(G) % 2 == 0, 3.0e38, -3.0e38),
+        -np.linspace(1, 7, G),
+        np.linspace(-5, 5, G) * 10.0 ** (np.arange(G) % 9 - 4),
+    ]
+    for i, v in enumerate(specials):
+        if (i + 1) * G <= f.size:
+            f[i * G:(i + 1) * G] = np.asarray(v, np.float32).astype(dt)
+    return x
+
+
+STAT_CASES = [
+    # name, kwargs, shape, dtype, CENTRED_UNITS (L, K, LL in the comment: bf16 / f16 VEC = 8, f32 VEC = 4)
+    ("int4_asym", {}, (6, 256), ml_dtypes.bfloat16, 2),  # L = 16, K = 4, LL = 4
+    ("int4_asym", {}, (5, 384), np.float16, 2),  # 60 chunks: a partial block
+    ("int4_asym", {}, (3, 256), np.float32, 2),  # L = 32, K = 4, LL = 8
+    ("int8", {"granularity": "group", "group_size": 32, "symmetric": False}, (4, 96), ml_dtypes.bfloat16, 2),  # LL = 1
+    ("int4", {"granularity": "group", "group_size": 16, "symmetric": False}, (3, 64), ml_dtypes.bfloat16, 2),  # L = K = 2
+    ("int8_centred", {}, (3, 256), ml_dtypes.bfloat16, 2),  # L = 16, K = 2, LL = 8
+    ("int8_centred", {}, (5, 384), ml_dtypes.bfloat16, 4),  # K = 4, LL = 4; a partial block
+    ("int8_centred", {}, (2, 256), np.float32, 2),  # L = 32, K = 2, LL = 16
+    ("int8_centred", {}, (3, 128), np.float16, 4),  # K = 4, LL = 4
+    ("int8_centred", {"group_size": 64}, (4, 128), ml_dtypes.bfloat16, 4),  # L = 8, K = 4, LL = 2
+    ("int8_centred", {"group_size": 16}, (3, 64), ml_dtypes.bfloat16, 2),  # L = 2 = K: one lane
+]
+
+
+@pytest.mark.parametrize("name, kw, shape, dtype, cu", STAT_CASES)
+def test_stat_groups_exact(stat_switch, monkeypatch, name, kw, shape, dtype, cu):
+    monkeypatch.setattr(kq, "CENTRED_UNITS", cu)
+    sch = resolve_scheme(name, **kw)
+    x = _stat_edges(edge_data(shape, seed=shape[0] * 7 + shape[1]).astype(dtype), sch.group_size)
+    assert "lastaxis_stat_groups" in _launched(shape, dtype, sch)
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize("fast, clip", [(False, False), (True, False)], ids=["old", "fast-noclip"])
+@pytest.mark.parametrize("name, shape, dtype, cu", [("int4_asym", (4, 256), ml_dtypes.bfloat16, 2),
+                                                    ("int8_centred", (3, 256), ml_dtypes.bfloat16, 2)])
+def test_stat_groups_other_switches_exact(stat_switch, monkeypatch, fast, clip, name, shape, dtype, cu):
+    """The previous path (A/B) and the fast one without ASYM_INT_CLIP."""
+    monkeypatch.setattr(kq, "CENTRED_UNITS", cu)
+    sch = resolve_scheme(name)
+    x = _stat_edges(edge_data(shape, seed=11).astype(dtype), 128)
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize("name, cu", [("int4_asym", 2), ("int8_centred", 2), ("int8_centred", 4)])
+def test_stat_groups_deep_exact(stat_switch, monkeypatch, name, cu):
+    """Deep threads (U = GROUP_UNITS / K chunks per thread; DEEP_UNITS lowered so that a small
+    input takes them) with a partial last block."""
+    monkeypatch.setattr(kq, "CENTRED_UNITS", cu)
+    monkeypatch.setattr(kq, "DEEP_UNITS", 64)
+    sch = resolve_scheme(name)
+    shape = (9, 512)
+    x = _stat_edges(edge_data(shape, seed=3).astype(ml_dtypes.bfloat16), 128)
+    plan = kq.get_plan(shape, 1, sch)
+    k = [k for k, _, _, _ in plan.launches if k.py_func.__name__ == "lastaxis_stat_groups"][0]
+    assert k.py_func.__globals__["U"] == 4 // min(16, 4 if name == "int4_asym" else cu)
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize("clip", [True, False], ids=["clip", "noclip"])
+@pytest.mark.parametrize("shape, dtype", [((4, 512), ml_dtypes.bfloat16), ((4, 200), np.float16), ((4, 256), np.float32)])
+def test_asym_rows_int_clip_exact(stat_switch, clip, shape, dtype):
+    """ASYM_INT_CLIP in the asymmetric rows kernel (int8_asym), rows with special values."""
+    sch = resolve_scheme("int8_asym")
+    x = edge_data(shape, seed=shape[1]).astype(dtype)
+    x[1] = 0.0
+    x[2] *= np.asarray(1e-30, dtype)  # scale below the reciprocal's range
+    x[3, ::2] = np.asarray(3.0e38, np.float32).astype(dtype)  # range overflows: the halves' scale
+    x[3, 1::2] = np.asarray(-3.0e38, np.float32).astype(dtype)
+    assert "lastaxis_asym_rows" in _launched(shape, dtype, sch)
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
+def test_stat_interleave_geometry(monkeypatch):
+    """With STAT_GROUP_FAST int4_asym's chunks of 4 units are interleaved over a group's 4 lanes
+    (ST = 4) and a chunk's first unit is (c // LL) * L + c % LL; without it consecutive."""
+    for on, st in ((True, 4), (False, 1)):
+        monkeypatch.setattr(RK, "STAT_GROUP_FAST", on)
+        _clear_stat()
+        plan = kq.get_plan((8, 1024), 1, resolve_scheme("int4_asym"))
+        k = [k for k, _, _, _ in plan.launches if k.py_func.__name__ == "lastaxis_stat_groups"][0]
+        g = k.py_func.__globals__
+        assert g["ST"] == st
+        assert [g["unit_of"].py_func(c) for c in (0, 1, 3, 4, 5)] == ([0, 1, 3, 16, 17] if on else [0, 4, 12, 16, 20])
+    _clear_stat()
+
+
+def test_word_ukeys_order_every_16bit_value():
+    """word_ukeys orders every bfloat16 and float16 value (both halves of a word) as the value
+    orders (NaN with sign 0 above +inf, with sign 1 below -inf; -0 just below +0), and
+    ukey_bits inverts it to the element's float32 bits."""
+    h = np.arange(1 << 16, dtype=np.uint32)
+    for kind, dt in ((1, ml_dtypes.bfloat16), (2, np.float16)):
+        vals = h.astype(np.uint16).view(dt).astype(np.float64)
+        nan = np.isnan(vals)
+        neg = (h >> 15) == 1
+        # an order of the values: NaN- < -inf .. -0 < +0 .. +inf < NaN+ (NaNs among themselves by their bits)
+        rank_key = np.where(nan, np.where(neg, -np.inf, np.inf), vals)
+        for hi in (0, 1):
+            words = (h << 16) | 0x1234 if hi else h | 0xABCD0000
+            keys = np.array([RK.word_ukeys.py_func(np.uint32(w)) for w in words], np.uint64)
+            k = (keys >> 16) & 0xFFFF if hi else keys & 0xFFFF
+            assert len(np.unique(k)) == 1 << 16  # a bijection
+            order = np.argsort(k, kind="stable")
+            ranked = rank_key[order]
+            assert np.all(np.diff(ranked[~nan[order]]) >= 0)
+            ks = k[order]
+            nonnan = ~nan[order]
+            assert np.all(ks[nan[order] & neg[order]] < ks[nonnan].min())
+            assert np.all(ks[nan[order] & ~neg[order]] > ks[nonnan].max())
+            zeros = order[np.isin(order, [0, 0x8000])]
+            assert list(zeros) == [0x8000, 0]  # -0 below +0
+            back = np.array([RK.ukey_bits.py_func(np.uint32(v), kind) for v in k], np.uint64)
+            want = h.astype(np.uint16).view(dt).astype(np.float32).view(np.uint32)
+            assert np.array_equal(back[~nan], want[~nan])
+            if kind == 1:  # bfloat16: the bits themselves, NaN payloads included
+                assert np.array_equal(back, h << 16)
+
+
+def test_stat_switches_off_for_users():
+    """STAT_GROUP_FAST and ASYM_INT_CLIP are unmeasured on a GPU: off without
+    NQDQ_UNMEASURED_KERNELS, on with it."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NQDQ_UNMEASURED_KERNELS", "NQDQ_STAT_GROUP_FAST", "NQDQ_ASYM_INT_CLIP")}
+    env["NUMBA_ENABLE_CUDASIM"] = "1"
+    code = "import nqdq.kernels._rowwise_kernels as RK; print(RK.STAT_GROUP_FAST, RK.ASYM_INT_CLIP)"
+    for unmeasured, want in ((None, ["False", "False"]), ("1", ["True", "True"])):
+        e = dict(env, **({"NQDQ_UNMEASURED_KERNELS": unmeasured} if unmeasured else {}))
+        out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True).stdout
+        assert out.split() == want

@@ -1,6 +1,7 @@
-"""GPU side of tests/test_int_group_tile.py: int4_group / int8 1xG groups and fp8_128x128 tiles
-and asymmetric rows with the new switches on (``_rowwise_kernels.INT_GROUP_FAST``,
-``_tile_kernels.RECIP_ONCE``, ``_rowwise_kernels.ASYM_ROW_RECIP_ONCE``;
+"""GPU side of tests/test_int_group_tile.py: int4_group / int8 1xG groups and fp8_128x128 tiles,
+asymmetric rows and the asymmetric / centred stat groups (int4_asym, int8_centred) with the
+new switches on (``_rowwise_kernels.INT_GROUP_FAST``, ``_tile_kernels.RECIP_ONCE``,
+``_rowwise_kernels.ASYM_ROW_RECIP_ONCE``, ``STAT_GROUP_FAST``, ``ASYM_INT_CLIP``;
 the previous paths are what tests/test_kernels_gpu.py ran before), compiled, at sizes that take
 the deep paths, with the warp shuffle and its shared-memory twin, f32 / f16 / bf16 and
 unaligned views; bit for bit against the reference (tests/test_kernels_gpu.py's check_gpu).
@@ -45,6 +46,7 @@ def big_bf16():
 
 
 def _clear():
+    RK.make_lastaxis_stat_group_kernel.cache_clear()
     RK.make_lastaxis_asym_row_kernel.cache_clear()
     RK.make_lastaxis_group_kernel.cache_clear()
     TK.make_tile_kernel.cache_clear()
@@ -56,6 +58,8 @@ def switch(monkeypatch):
     monkeypatch.setattr(RK, "INT_GROUP_FAST", True)
     monkeypatch.setattr(TK, "RECIP_ONCE", True)
     monkeypatch.setattr(RK, "ASYM_ROW_RECIP_ONCE", True)
+    monkeypatch.setattr(RK, "STAT_GROUP_FAST", True)
+    monkeypatch.setattr(RK, "ASYM_INT_CLIP", True)
     _clear()
     yield True
     _clear()
@@ -78,4 +82,49 @@ def test_shuffle_twin(switch, monkeypatch, big_bf16, name, kw):
 @pytest.mark.parametrize("name, kw", SCHEMES)
 def test_inputs_and_unaligned(switch, dtype, name, kw):
     xh, bits, kind = _edge_input((96, 1024), dtype, seed=23)
+    _check_aligned_and_not(xh, bits, resolve_scheme(name, **kw), dtype)
+
+
+STAT = [pytest.param("int4_asym", {}, 2, id="int4_asym"), pytest.param("int8_centred", {}, 2, id="int8_centred_k2"),
+        pytest.param("int8_centred", {}, 4, id="int8_centred_k4"),
+        pytest.param("int4", {"granularity": "group", "group_size": 64, "symmetric": False}, 2, id="int4_asym_g64"),
+        pytest.param("int8", {"granularity": "group", "group_size": 32, "symmetric": False}, 2, id="int8_asym_g32")]
+
+
+def _stat_specials(x):
+    """Groups of 128 in row 300: zero, constant, a range that overflows float32 (the halves'
+    scale), all negative, tiny (below the reciprocal's range), one NaN, +inf only."""
+    r = x[300].astype(np.float32)
+    g = np.arange(128)
+    r[0:128] = 0
+    r[128:256] = 2.5
+    r[256:384] = np.where(g % 2 == 0, 3.0e38, -3.0e38)
+    r[384:512] = -np.linspace(1, 7, 128)
+    r[512:640] = np.linspace(-1, 1, 128) * 1e-30
+    r[640:768] = np.where(g == 3, np.nan, r[640:768])
+    r[768:896] = np.where(g == 5, np.inf, 1.0)
+    x[300] = r.astype(x.dtype)
+    return x
+
+
+@pytest.mark.parametrize("name, kw, cu", STAT)
+def test_stat_groups_deep_and_twin(switch, monkeypatch, big_bf16, name, kw, cu):
+    """lastaxis_stat_groups with STAT_GROUP_FAST and ASYM_INT_CLIP at 640 x 8192 bfloat16
+    (deep threads), CENTRED_UNITS 2 and 4, special groups; then the shuffle's twin."""
+    monkeypatch.setattr(kq, "CENTRED_UNITS", cu)
+    kq._PLANS.clear()
+    sch = resolve_scheme(name, **kw)
+    x = _stat_specials(big_bf16.copy())
+    plan = kq.get_plan(x.shape, 1, sch)
+    assert [k.py_func.__name__ for k, _, _, _ in plan.launches] == ["lastaxis_stat_groups"]
+    check_gpu(x, sch)
+    _check_with_shuffle_twin(monkeypatch, x[256:512], sch)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("name, kw, cu", STAT)
+def test_stat_groups_inputs_and_unaligned(switch, monkeypatch, dtype, name, kw, cu):
+    monkeypatch.setattr(kq, "CENTRED_UNITS", cu)
+    kq._PLANS.clear()
+    xh, bits, kind = _edge_input((96, 1024), dtype, seed=31)
     _check_aligned_and_not(xh, bits, resolve_scheme(name, **kw), dtype)
