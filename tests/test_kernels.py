@@ -792,12 +792,14 @@ def _dynamic_tensor_data(case, shape, seed):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
 @pytest.mark.parametrize("case", ["gauss", "edge", "inf", "zeros", "huge", "tiny"])
-def test_dynamic_tensor_fast(dtype, case):
+def test_dynamic_tensor_fast(monkeypatch, dtype, case):
+    """The streaming path (one launch at these sizes otherwise: tests/test_grid_one_launch.py)."""
     sch = resolve_scheme("fp8_tensor")
     x = _dynamic_tensor_data(case, (5, 64), seed=3).astype(dtype)
-    names = _launched(x.shape, dtype, sch)
+    names = _launched_with_off(monkeypatch, ["GRID_ONE_LAUNCH"], x.shape, dtype, sch)
     assert names == ["tensor_amax", "finalize", "static_encode"], names
     check(x, sch, x_ref=x.astype(np.float32))
+    kq._PLANS.clear()
 
 
 @pytest.mark.parametrize(
@@ -843,14 +845,11 @@ def _column_data(shape, seed):
         ("e2m1", {"granularity": "column"}, (3, 16)),
     ],
 )
-def test_column_fast(monkeypatch, name, kw, shape, dtype):
-    monkeypatch.setattr(kq, "COLUMN_ONEPASS", False)  # the two passes (one pass: test_column_onepass.py)
-    kq._PLANS.clear()
+def test_column_fast(name, kw, shape, dtype):
     sch = resolve_scheme(name, **kw)
     x = _column_data(shape, seed=len(name)).astype(dtype)
     assert _launched(x.shape, dtype, sch) == ["column_amax", "finalize", "column_encode"]
     check(x, sch, x_ref=x.astype(np.float32))
-    kq._PLANS.clear()
 
 
 @pytest.mark.parametrize(
@@ -863,8 +862,6 @@ def test_column_fast(monkeypatch, name, kw, shape, dtype):
     ],
 )
 def test_column_kernel_choice(monkeypatch, name, kw, shape, fast):
-    monkeypatch.setattr(kq, "COLUMN_ONEPASS", False)  # the two passes (one pass: test_column_onepass.py)
-    kq._PLANS.clear()
     sch = resolve_scheme(name, **kw)
     assert ("column_encode" in _launched(shape, ml_dtypes.bfloat16, sch)) == fast
     assert "column_encode" not in _launched(shape, ml_dtypes.bfloat16, sch, stoch=True)

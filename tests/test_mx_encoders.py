@@ -181,6 +181,7 @@ def test_nvfp4_two_launches(monkeypatch, kind):
     and non-finite values (left out of the tensor amax)."""
     monkeypatch.setattr(kq, "NVFP4_SENC_IN_GROUPS", True)
     monkeypatch.setattr(kq, "GROUP_UNITS", 1)
+    monkeypatch.setattr(kq, "GRID_ONE_LAUNCH", False)  # (small inputs: one launch, tests/test_grid_one_launch.py)
     sch = resolve_scheme("nvfp4")
     kq._PLANS.clear()
     try:

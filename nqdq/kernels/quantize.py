@@ -27,13 +27,8 @@ per-tensor dynamic float scales, whole units          ``tensor_amax`` -> ``final
 (STATIC_FAST)                                          ``static_encode`` (16-byte loads)
 per-tensor (dynamic) otherwise                         ``tensor_partials`` -> ``finalize`` ->
                                                        ``encode``
-per-channel float scales, channel axis last, rows of   ``zero_words`` -> ``column_onepass``
-whole units (COLUMN_FAST), a stripe's rows in at most  (_column_kernels: one read, each
-64 chunks held on chip (COLUMN_ONEPASS)                block's chunk in registers across a
-                                                       per-stripe wait; P = 1: only
-                                                       ``column_onepass``)
-per-channel float scales, whole units, otherwise       ``column_amax`` -> ``finalize`` ->
-                                                       ``column_encode`` (two passes)
+per-channel float scales, channel axis last, rows of   ``column_amax`` -> ``finalize`` ->
+whole units (COLUMN_FAST)                              ``column_encode`` (_column_kernels)
 per-channel (``column``) otherwise                     ``column_partials`` -> ``finalize`` ->
                                                        ``encode`` (``group`` when the channel
                                                        axis is the first of a 2-D array)
@@ -538,25 +533,10 @@ NVFP4_PARTS_MAX = 1024  # amax blocks (partials that every group-kernel block re
 # per thread), instead of an amax kernel before the encode (docs/performance.md)
 GRID_ONE_LAUNCH = True  # H100 10:21 UTC: 40 GPU tests passed; 64x7168 host 14.16 -> 8.92 us (fp8_tensor), 11.46 -> 9.51 us (nvfp4)
 GRID_MAX_U = 4
+# the encode pass after a whole-tensor amax pass takes its blocks' work back to front, so that
+# it first reads the tail the amax pass left in L2 (_rowwise_kernels._block_order)
+REVERSE_AFTER_AMAX = True
 COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
-# ... in one pass where the geometry fits (_column_kernels.onepass_geometry): zero_words ->
-# column_onepass, every block's chunk held in registers across a per-stripe wait. False: the
-# two passes above (A/B). COLUMN_ONEPASS_P_MAX: chunks per stripe at most (None: the module's
-# ONEPASS_P_MAX; always at most the SM count). COLUMN_ONEPASS_SYNC (tests): the workspace and
-# the wait even where P = 1.
-COLUMN_ONEPASS = _UNMEASURED
-COLUMN_ONEPASS_P_MAX = None
-COLUMN_ONEPASS_SYNC = False
-
-
-def _sm_count() -> int:
-    """Blocks the one-pass column wait may count on being resident: one per SM of the
-    current device (1 under the simulator, which runs blocks one after another)."""
-    if SIMULATOR:
-        return 1
-    from numba import cuda
-
-    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
 
 
 def _fast_tile(shape, kind, sch, mode):
@@ -571,20 +551,8 @@ def _fast_tile(shape, kind, sch, mode):
 
 def _fast_column(shape, kind, mode, ax, stoch):
     """Float per-channel scales along the last axis of a C-contiguous input whose rows are
-    whole 16-byte units: ``_column_kernels`` (one pass where _onepass_column, else two
-    streaming passes)."""
+    whole 16-byte units: ``_column_kernels`` (two streaming passes)."""
     return COLUMN_FAST and mode == MODE_FLOAT and not stoch and ax == len(shape) - 1 and shape[-1] % RK.vec_of(kind) == 0
-
-
-def _onepass_column(rows, C, kind) -> bool:
-    """True where the one-pass column kernel takes a _fast_column case (COLUMN_ONEPASS and
-    onepass_geometry fits)."""
-    if not COLUMN_ONEPASS:
-        return False
-    from . import _column_kernels as CK
-
-    vec = RK.vec_of(kind)
-    return CK.onepass_geometry(rows, C // vec, _sm_count(), COLUMN_ONEPASS_P_MAX, vec=vec) is not None
 
 
 def _fast_static(shape, kind, sch, mode, nt):
@@ -726,8 +694,9 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             out.sparams, key_lo, key_hi,
         )  # fmt: skip
 
-    def run_fast(fast):
-        """A last-axis kernel of ``_rowwise_kernels`` (see _fast_lastaxis)."""
+    def run_fast(fast, reverse=False):
+        """A last-axis kernel of ``_rowwise_kernels`` (see _fast_lastaxis); ``reverse``: the
+        group kernel after a tensor amax pass (REVERSE_AFTER_AMAX)."""
         vec = RK.vec_of(kind)
         if mode in (MODE_ASYM, MODE_CENTRED):
             if fast[0] == "row":
@@ -745,7 +714,8 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             _launch(k, rows, NT, xa, C // vec, codes, scales, out.sparams)
         else:
             _, L, K, NT, U = fast
-            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, K, NT, U, packed, SHFL)
+            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, K, NT, U, packed, SHFL,
+                                              reverse=reverse and REVERSE_AFTER_AMAX)
             nchunks = n // vec // K
             _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, out.sparams)
 
@@ -773,10 +743,11 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         parts, nblocks = tensor_amax_parts(NT, finite)
         run_finalize(mode, parts, nblocks, 1, 1)
 
-    def run_static(NT, U, per_row):
-        """static_encode over whole units with the scales in ``scales``."""
+    def run_static(NT, U, per_row, reverse=False):
+        """static_encode over whole units with the scales in ``scales``; ``reverse``: after a
+        tensor amax pass (REVERSE_AFTER_AMAX)."""
         vec = RK.vec_of(kind)
-        k = RK.make_static_kernel(kind, fmt, NT, U, packed, per_row)
+        k = RK.make_static_kernel(kind, fmt, NT, U, packed, per_row, reverse=reverse and REVERSE_AFTER_AMAX)
         _launch(k, _cdiv(n // vec, NT * U), NT, xa, n // vec, C // vec, codes, scales)
 
     def run_finalize(fmode, parts, nchunks, ngroups, I):
@@ -808,12 +779,13 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             # two launches: the group kernel computes S_enc from the amax partials itself
             parts, nparts = tensor_amax_parts(max(32, min(nt, 256)), True, NVFP4_PARTS_MAX)
             _, L, Kc, NT, U = fast
-            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL, senc_parts=True)
+            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL, senc_parts=True,
+                                              reverse=REVERSE_AFTER_AMAX)
             nchunks = n // RK.vec_of(kind) // Kc
             _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, parts[0], nparts, out.tscale)
         elif fast is not None:  # finite amax of whole units, vector loads
             run_tensor_amax(max(32, min(nt, 256)), True)
-            run_fast(fast)
+            run_fast(fast, reverse=True)
         else:
             pi, pa, pb, nb = run_tensor_stats(MODE_NVFP4)
             run_finalize(MODE_NVFP4, (pi, pa, pb), nb, 1, 1)
@@ -830,7 +802,7 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         elif fast_static is not None:  # whole units: vector-load amax pass, then the static pass
             NT, U, _ = fast_static
             run_tensor_amax(NT, False)
-            run_static(NT, U, False)
+            run_static(NT, U, False, reverse=True)
         else:
             pi, pa, pb, nb = run_tensor_stats(mode)
             run_finalize(mode, (pi, pa, pb), nb, 1, 1)
@@ -850,20 +822,6 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         ntiles = (n // (R * C)) * _cdiv(R, B0) * _cdiv(C, B1)
         _launch(K.make_tile_params_kernel(kind, mode, maxe, nt, B0, B1), ntiles, nt, xa, R, C, scales, zps)
         run_encode()
-    elif sch.granularity == "column" and _fast_column(shape, kind, mode, ax, stoch) and _onepass_column(rows, C, kind):
-        from . import _column_kernels as CK  # one read: chunks in registers across a per-stripe wait
-
-        vec = RK.vec_of(kind)
-        NT1, W, U, P, S = CK.onepass_geometry(rows, C // vec, _sm_count(), COLUMN_ONEPASS_P_MAX, vec=vec)
-        sync = P > 1 or COLUMN_ONEPASS_SYNC
-        k = CK.make_column_onepass_kernel(kind, fmt, maxe, NT1, U, packed, sync)
-        if sync:  # the workspace zeroed in the same sequence, then S * P blocks by ticket
-            nw = CK.onepass_workspace_words(C, S)
-            ws = rec.empty(nw, np.int32)
-            _launch(CK.zero_words, max(1, min(_cdiv(nw, nt), 1024)), nt, ws, nw)
-            _launch(k, S * P, NT1, xa, rows, C // vec, C, W, P, S, ws, scales, codes)
-        else:
-            _launch(k, S, NT1, xa, rows, C // vec, C, W, 1, S, rec.empty(1, np.int32, "dummy"), scales, codes)
     elif sch.granularity == "column" and _fast_column(shape, kind, mode, ax, stoch):
         from . import _column_kernels as CK
 
