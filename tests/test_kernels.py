@@ -845,11 +845,14 @@ def _column_data(shape, seed):
         ("e2m1", {"granularity": "column"}, (3, 16)),
     ],
 )
-def test_column_fast(name, kw, shape, dtype):
+def test_column_fast(monkeypatch, name, kw, shape, dtype):
+    monkeypatch.setattr(kq, "COLUMN_ONEPASS", False)  # the two passes (one pass: test_column_onepass.py)
+    kq._PLANS.clear()
     sch = resolve_scheme(name, **kw)
     x = _column_data(shape, seed=len(name)).astype(dtype)
     assert _launched(x.shape, dtype, sch) == ["column_amax", "finalize", "column_encode"]
     check(x, sch, x_ref=x.astype(np.float32))
+    kq._PLANS.clear()
 
 
 @pytest.mark.parametrize(
@@ -862,6 +865,8 @@ def test_column_fast(name, kw, shape, dtype):
     ],
 )
 def test_column_kernel_choice(monkeypatch, name, kw, shape, fast):
+    monkeypatch.setattr(kq, "COLUMN_ONEPASS", False)  # the two passes (one pass: test_column_onepass.py)
+    kq._PLANS.clear()
     sch = resolve_scheme(name, **kw)
     assert ("column_encode" in _launched(shape, ml_dtypes.bfloat16, sch)) == fast
     assert "column_encode" not in _launched(shape, ml_dtypes.bfloat16, sch, stoch=True)

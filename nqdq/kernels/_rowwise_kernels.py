@@ -1173,6 +1173,8 @@ def lastaxis_asym_rows(x, upr, codes, scales, zps, means):
 ASYM_ROW_RECIP_ONCE = os.environ.get("NQDQ_ASYM_ROW_RECIP_ONCE", "1") == "1"
 _ASYM_STORE_ONCE = ("encode_store_int_unit_r(unit_elems(w{j}, kind), base + {jNT}, sv, ZERO, pz, flo, fhi, rr, clean, codes, "
                     "c16, c32, mode, fmt, VEC, NB)")
+_ASYM_STORE_CLIP = ("asym_unit_store_r(unit_elems(w{j}, kind), base + {jNT}, sv, rr, pz, flo, fhi, clean, codes, c16, c32, "
+                    "fmt, VEC, NB)")
 _ASYM_STORE_EACH = ("encode_store_int_unit(unit_elems(w{j}, kind), base + {jNT}, sv, ZERO, pz, clean, codes, c16, c32, mode, "
                     "fmt, VEC, NB)")
 _ASYM_ONCE_LINES = """    flo = F32(-pz)
@@ -1190,12 +1192,35 @@ def make_lastaxis_asym_row_kernel(kind, fmt, max_elem, NT, U, packed, shfl):
     ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
               mode=MODE_ASYM, fmt=fmt, VEC=VEC, NB=NB, MAXE=F32(max_elem), block_max=_block_max_fn(NT, shfl))
     if ASYM_ROW_RECIP_ONCE:
+        store = _ASYM_STORE_CLIP if ASYM_INT_CLIP else _ASYM_STORE_ONCE  # (ASYM_INT_CLIP: see asym_code_r)
         src = _ASYM_ROWS_SRC.replace("    if tid + {jNT} < upr: STORE_INT_UNIT",
-                                     _ASYM_ONCE_LINES + "    if tid + {jNT} < upr: " + _ASYM_STORE_ONCE)
+                                     _ASYM_ONCE_LINES + "    if tid + {jNT} < upr: " + store)
     else:
         src = _ASYM_ROWS_SRC.replace("STORE_INT_UNIT", _ASYM_STORE_EACH)
     return _jit_unrolled("lastaxis_asym_rows", src, ns, U)
 
+
+# lastaxis_stat_groups with STAT_GROUP_FAST (int4_asym, int8_centred, every 1xG asymmetric or
+# centred group of 2^k units): what INT_GROUP_FAST and ASYM_ROW_RECIP_ONCE did for int4_group
+# and the asymmetric rows. (1) A chunk's K units interleaved over the group's LL lanes (lane l
+# of a group holds its units l, l + LL, ...: unit_of, ST = LL), so that each load / store
+# instruction of a warp covers whole contiguous pieces (with K consecutive units per lane it
+# read 16 bytes at a 16 K-byte stride). (2) The group's reciprocal (and the asymmetric float
+# bounds) once per chunk (encode_store_int_unit_r), not once per unit: the units' encodes sit
+# in separate basic blocks, so NVVM does not share them. (3) Asymmetric 16-bit input: the min /
+# max keys two elements per instruction (word_ukeys, min / max.u16x2). (4) Centred: with the
+# units interleaved, the halving sum's top levels (the unit bits, above the lane bits) are
+# additions inside the thread, so fewer shuffles (K = 2, VEC = 8: 10 instead of 17 per chunk).
+# The same codes, scales, zero points and means bit for bit (the same element encodes and
+# quotients, the same statistics, the reference's summation tree). NQDQ_STAT_GROUP_FAST=1 / 0;
+# written after the last GPU run: off for users, on with NQDQ_UNMEASURED_KERNELS=1 (the tests).
+STAT_GROUP_FAST = os.environ.get("NQDQ_STAT_GROUP_FAST", os.environ.get("NQDQ_UNMEASURED_KERNELS", "0")) == "1"
+# Asymmetric codes of finite groups (STAT_GROUP_FAST's groups and, with ASYM_ROW_RECIP_ONCE,
+# the asymmetric rows): clip(rint(x / s) + zp, 0, qmax), the reference's formula, rounded first
+# and clipped as integers (asym_code_r: two integer min / max per element instead of two float
+# compare-and-selects, which ptxas keeps for run-time float bounds). NQDQ_ASYM_INT_CLIP=1 / 0;
+# unmeasured: off for users, on for the tests, as above.
+ASYM_INT_CLIP = os.environ.get("NQDQ_ASYM_INT_CLIP", os.environ.get("NQDQ_UNMEASURED_KERNELS", "0")) == "1"
 
 _STAT_GROUPS_SRC = """
 def lastaxis_stat_groups(x, nchunks, codes, scales, zps, means):
@@ -1211,18 +1236,82 @@ def lastaxis_stat_groups(x, nchunks, codes, scales, zps, means):
     w{j}_{k} = load_unit(x, x32, aligned, (c0 + {jNT}) * K + {k}, c0 + {jNT} < nchunks, kind)
     chunk_step(CHUNK_ARGS, c0 + {jNT}, nchunks, tid, scratch, codes, c16, c32, scales, zps, means)
 """
+_STAT_LOAD_EACH = "(c0 + {jNT}) * K + {k}"
+_STAT_LOAD_ILV = "unit_of(c0 + {jNT}) + {k} * ST"
+
+
+@devfn
+def word_ukeys(w):
+    """Per 16-bit half of ``w`` (a bfloat16 or float16 element): a key that orders as an
+    unsigned number like the value (sign set: every bit flipped; else the sign bit set), a
+    NaN above +inf (sign 0) or below -inf (sign 1), as key() orders float32 bits; a bijection
+    (ukey_bits inverts it), so the max / min key is one element's exact bits."""
+    neg = np.uint32((w >> np.uint32(15)) & np.uint32(0x00010001))
+    return np.uint32(w ^ (np.uint32(neg * np.uint32(0x7FFF)) | np.uint32(0x80008000)))
+
+
+@devfn
+def ukey_bits(k, kind):
+    """float32 bits of the 16-bit element whose word_ukeys key is ``k`` (0 <= k < 2^16)."""
+    h = (k ^ np.uint32(0x8000)) if (k & np.uint32(0x8000)) != 0 else (~k & np.uint32(0xFFFF))
+    return half_bits(np.uint32(h), 0, kind)
+
+
+@devfn
+def unit_ukeys(w):
+    """(max, min) per 16-bit half of word_ukeys over the unit's 4 words."""
+    k0, k1, k2, k3 = word_ukeys(w[0]), word_ukeys(w[1]), word_ukeys(w[2]), word_ukeys(w[3])
+    return (np.uint32(u16x2_max(u16x2_max(k0, k1), u16x2_max(k2, k3))),
+            np.uint32(u16x2_min(u16x2_min(k0, k1), u16x2_min(k2, k3))))
+
+
+@devfn
+def asym_code_r(xb, s, r, pzm, qmax):
+    """clip(rint(x / s) + zp, 0, qmax) of an element of a finite asymmetric group, x / s by the
+    reciprocal r of s (_division); ``pzm`` = zp - RINT_MAGIC_BITS. The group's range includes 0
+    (xmin <= 0 <= xmax) and s = RN(RN(xmax - xmin) / qmax) (or 1 where that is 0, or the halves'
+    formula where xmax - xmin overflows), so |x / s| <= qmax * (1 + 2^-22) < 2^22: the
+    magic-constant rint (int_code_finite) is exact before any clip, and the clip of the integer
+    is the reference's."""
+    v = div_by_recip(bits_f32(xb), s, r)
+    q = np.int32(np.int32(f32_bits(v + RINT_MAGIC)) + pzm)
+    return np.uint32(min(max(q, np.int32(0)), np.int32(qmax)))
+
+
+@devfn
+def asym_unit_store_r(e, unit, s, r, pz, flo, fhi, clean, c8, c16, c32, fmt, vec, nb):
+    """An asymmetric unit's codes: a finite group with s in recip_guarded's range by
+    asym_code_r, anything else by encode_store_int_unit_r (its arguments: ``flo``, ``fhi``
+    the float bounds -zp, qmax - zp; ``r`` = recip_guarded(s) or ZERO)."""
+    if clean and r != ZERO:
+        qm = fmt[7]
+        pzm = np.int32(pz - RINT_MAGIC_BITS)
+        lo = pack4(asym_code_r(e[0], s, r, pzm, qm), asym_code_r(e[1], s, r, pzm, qm), asym_code_r(e[2], s, r, pzm, qm),
+                   asym_code_r(e[3], s, r, pzm, qm), nb)
+        hi = np.uint32(0)
+        if vec == 8:
+            hi = pack4(asym_code_r(e[4], s, r, pzm, qm), asym_code_r(e[5], s, r, pzm, qm), asym_code_r(e[6], s, r, pzm, qm),
+                       asym_code_r(e[7], s, r, pzm, qm), nb)
+        store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
+    else:
+        encode_store_int_unit_r(e, unit, s, ZERO, pz, flo, fhi, r, clean, c8, c16, c32, MODE_ASYM, fmt, vec, nb)
+
 
 # The centred chunk step, generated for the chunk's W = K * VEC elements (one named
-# register each). A group of G = P elements (a power of two) is LL lanes of W consecutive
-# elements. reference halving_sum's levels h = P/2 .. W add element i and i + h, which lie
-# at the same position of lanes l and l ^ (h / W): per position, a butterfly over the lanes
-# (offsets LL/2 .. 1, in that order). Done as a reduce-scatter: at each such level the two
-# lanes of a pair split the positions they hold (on the next position bit), each sending
-# the half it gives up and adding the partner's copy of the half it keeps -- the same sums,
-# one shuffle per pair of positions instead of one per position. When a lane is down to
-# one position the remaining lane levels are plain butterflies. Then the levels between
-# positions a lane still holds are added in the thread, and the last ones (positions split
-# across lanes) are butterflies again (position bit t <-> lane offset LL >> (t + 1)).
+# register each). A group of G = P elements (a power of two) is LL lanes of W elements.
+# reference halving_sum's levels h = P/2 .. 1 add element i and i + h. Units consecutive
+# in a lane (the old layout): the levels P/2 .. W add the same position of lanes l and
+# l ^ (h / W): per position, a butterfly over the lanes (offsets LL/2 .. 1, in that order).
+# Done as a reduce-scatter: at each such level the two lanes of a pair split the positions
+# they hold (on the next position bit), each sending the half it gives up and adding the
+# partner's copy of the half it keeps -- the same sums, one shuffle per pair of positions
+# instead of one per position. When a lane is down to one position the remaining lane
+# levels are plain butterflies. Then the levels between positions a lane still holds are
+# added in the thread, and the last ones (positions split across lanes) are butterflies
+# again (position bit t <-> lane offset LL >> (t + 1)). Units interleaved (STAT_GROUP_FAST:
+# lane l holds units l + k * LL): the top log2(K) levels pair unit k with unit k + K/2^i of
+# the same lane, additions in the thread (FOLD), which leaves VEC positions per lane for the
+# lane levels as above.
 _CENTRED_STEP_SRC = """
 def centred_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, zps, means):
     e0 = unit_elems(w0, kind)
@@ -1245,20 +1334,29 @@ AMAX
             scales[chunk // LL] = s
             means[chunk // LL] = mean
         clean = a < FINITE
-        u = chunk * K
+ENCODE
+"""
+_CENTRED_ENCODE_EACH = """        u = chunk * K
         encode_store_int_unit(e0, u, s, mean, 0, clean, c8, c16, c32, mode, fmt, VEC, NB)
         if K >= 2:
             encode_store_int_unit(e1, u + 1, s, mean, 0, clean, c8, c16, c32, mode, fmt, VEC, NB)
         if K >= 4:
             encode_store_int_unit(e2, u + 2, s, mean, 0, clean, c8, c16, c32, mode, fmt, VEC, NB)
-            encode_store_int_unit(e3, u + 3, s, mean, 0, clean, c8, c16, c32, mode, fmt, VEC, NB)
-"""
+            encode_store_int_unit(e3, u + 3, s, mean, 0, clean, c8, c16, c32, mode, fmt, VEC, NB)"""
+_CENTRED_ENCODE_ONCE = """        u = unit_of(chunk)
+        rr = recip_guarded(s) if RECIP_DIV else ZERO
+        encode_store_int_unit_r(e0, u, s, mean, 0, ZERO, ZERO, rr, clean, c8, c16, c32, mode, fmt, VEC, NB)
+        if K >= 2:
+            encode_store_int_unit_r(e1, u + ST, s, mean, 0, ZERO, ZERO, rr, clean, c8, c16, c32, mode, fmt, VEC, NB)
+        if K >= 4:
+            encode_store_int_unit_r(e2, u + 2 * ST, s, mean, 0, ZERO, ZERO, rr, clean, c8, c16, c32, mode, fmt, VEC, NB)
+            encode_store_int_unit_r(e3, u + 3 * ST, s, mean, 0, ZERO, ZERO, rr, clean, c8, c16, c32, mode, fmt, VEC, NB)"""
 
 
-def _centred_step_src(K, VEC, LL):
-    W = K * VEC
-    ind = "    "
-    leaves = [f"{ind}v{i} = mul_rn(bits_f32(e{i // VEC}[{i % VEC}]), INV_P)" for i in range(W)]
+def _lane_levels_src(W, LL, ind):
+    """(cross, local) statement lines of the halving sum's lane levels and the position
+    levels after them, for slots v0 .. v{W-1} holding W consecutive positions of each of LL
+    lanes (see the comment above _CENTRED_STEP_SRC); the total ends in v0 of every lane."""
     cross = []
     slots = [f"v{i}" for i in range(W)]  # slot k: position lanebits + (k << S)
     S = 0  # position bits split over lanes so far
@@ -1288,22 +1386,117 @@ def _centred_step_src(K, VEC, LL):
             local.append(f"{ind}{slots[0]} = xor_add({slots[0]}, {LL >> (t + 1)}, shfl, scratch, tid)")
         h >>= 1
     assert slots[0] == "v0"
+    return cross, local
+
+
+def _centred_step_src(K, VEC, LL, interleaved=False):
+    W = K * VEC
+    ind = "    "
+    leaves = [f"{ind}v{i} = mul_rn(bits_f32(e{i // VEC}[{i % VEC}]), INV_P)" for i in range(W)]
+    if interleaved:  # unit levels in the thread: v(k VEC + e) += v((k + hk) VEC + e), hk = K/2 .. 1
+        hk = K >> 1
+        while hk > 0:
+            leaves += [f"{ind}v{k * VEC + e} = v{k * VEC + e} + v{(k + hk) * VEC + e}" for k in range(hk) for e in range(VEC)]
+            hk >>= 1
+        cross, local = _lane_levels_src(VEC, LL, ind)
+    else:
+        cross, local = _lane_levels_src(W, LL, ind)
     amax = [f"{ind}a = max(a, abs_i32(f32_bits(bits_f32(e{i // VEC}[{i % VEC}]) - mean)))" for i in range(W)]
     return (_CENTRED_STEP_SRC.replace("LEAVES", "\n".join(leaves)).replace("CROSS", "\n".join(cross) or f"{ind}pass")
-            .replace("LOCAL", "\n".join(local) or f"{ind}pass").replace("AMAX", "\n".join(amax)))
+            .replace("LOCAL", "\n".join(local) or f"{ind}pass").replace("AMAX", "\n".join(amax))
+            .replace("ENCODE", _CENTRED_ENCODE_ONCE if interleaved else _CENTRED_ENCODE_EACH))
 
 
 @lru_cache(maxsize=None)
 def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, packed, shfl):
     """Asymmetric (MODE_ASYM) or centred (MODE_CENTRED) groups of L units along the last
     axis: make_lastaxis_group_kernel's layout (chunks of K units, LL = L / K lanes per group,
-    U chunks per thread), with the group's (max, min) or halving sum and centred amax."""
+    U chunks per thread), with the group's (max, min) or halving sum and centred amax.
+    STAT_GROUP_FAST (read here): units interleaved over the group's lanes, the reciprocal
+    once per chunk, 16-bit asymmetric keys in pairs; with it, ASYM_INT_CLIP: asymmetric codes
+    clipped as integers (see the comments above both)."""
     VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
     assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0 and L % K == 0 and K in (1, 2, 4)
     assert mode in (MODE_ASYM, MODE_CENTRED)
     LL = L // K
     MAXE = F32(max_elem)
-    if mode == MODE_ASYM:
+    FAST = STAT_GROUP_FAST
+    ST = LL if FAST else 1
+    PK = FAST and kind != KIND_F32  # 16-bit elements: keys in pairs
+    IC = ASYM_INT_CLIP
+
+    @devfn
+    def unit_of(c):
+        """First unit of chunk c (its others: + k * ST)."""
+        if FAST:
+            return (c // LL) * L + (c % LL)
+        return c * K
+
+    if mode == MODE_ASYM and FAST:
+
+        @devfn
+        def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, zps, means):
+            if PK:
+                hi2, lo2 = unit_ukeys(w0)
+                if K >= 2:
+                    h1, l1 = unit_ukeys(w1)
+                    hi2 = u16x2_max(hi2, h1)
+                    lo2 = u16x2_min(lo2, l1)
+                if K >= 4:
+                    h2, l2 = unit_ukeys(w2)
+                    h3, l3 = unit_ukeys(w3)
+                    hi2 = u16x2_max(hi2, u16x2_max(h2, h3))
+                    lo2 = u16x2_min(lo2, u16x2_min(l2, l3))
+                khi = key(ukey_bits(max(hi2 & np.uint32(0xFFFF), hi2 >> np.uint32(16)), kind))
+                nklo = np.int32(~key(ukey_bits(min(lo2 & np.uint32(0xFFFF), lo2 >> np.uint32(16)), kind)))
+            else:
+                khi, nklo = unit_keys(unit_elems(w0, kind), VEC)
+                if K >= 2:
+                    h1, l1 = unit_keys(unit_elems(w1, kind), VEC)
+                    khi = max(khi, h1)
+                    nklo = max(nklo, l1)
+                if K >= 4:
+                    h2, l2 = unit_keys(unit_elems(w2, kind), VEC)
+                    h3, l3 = unit_keys(unit_elems(w3, kind), VEC)
+                    khi = max(khi, max(h2, h3))
+                    nklo = max(nklo, max(l2, l3))
+            off = LL >> 1
+            while off > 0:
+                khi = xor_max(khi, off, shfl, scratch, tid)
+                nklo = xor_max(nklo, off, shfl, scratch, tid)
+                off >>= 1
+            if chunk < nchunks:
+                sv, pz, clean = asym_group(khi, nklo, MAXE)
+                if (tid & (LL - 1)) == 0:
+                    scales[chunk // LL] = sv
+                    zps[chunk // LL] = pz
+                u = unit_of(chunk)
+                flo = F32(-pz)  # int -> float conversions and the reciprocal: once per chunk
+                fhi = F32(np.int32(fmt[7]) - pz)
+                rr = recip_guarded(sv) if RECIP_DIV else ZERO
+                if IC:
+                    asym_unit_store_r(unit_elems(w0, kind), u, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt, VEC, NB)
+                    if K >= 2:
+                        asym_unit_store_r(unit_elems(w1, kind), u + ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt, VEC,
+                                          NB)
+                    if K >= 4:
+                        asym_unit_store_r(unit_elems(w2, kind), u + 2 * ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt,
+                                          VEC, NB)
+                        asym_unit_store_r(unit_elems(w3, kind), u + 3 * ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt,
+                                          VEC, NB)
+                    return
+                encode_store_int_unit_r(unit_elems(w0, kind), u, sv, ZERO, pz, flo, fhi, rr, clean, c8, c16, c32, mode,
+                                        fmt, VEC, NB)
+                if K >= 2:
+                    encode_store_int_unit_r(unit_elems(w1, kind), u + ST, sv, ZERO, pz, flo, fhi, rr, clean, c8, c16, c32,
+                                            mode, fmt, VEC, NB)
+                if K >= 4:
+                    encode_store_int_unit_r(unit_elems(w2, kind), u + 2 * ST, sv, ZERO, pz, flo, fhi, rr, clean, c8, c16,
+                                            c32, mode, fmt, VEC, NB)
+                    encode_store_int_unit_r(unit_elems(w3, kind), u + 3 * ST, sv, ZERO, pz, flo, fhi, rr, clean, c8, c16,
+                                            c32, mode, fmt, VEC, NB)
+
+    elif mode == MODE_ASYM:
 
         @devfn
         def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, zps, means):
@@ -1342,17 +1535,20 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
     else:
         P = L * VEC  # a whole group: the halving sum's padding P is G itself
         glb = dict(globals())
-        glb.update(kind=kind, mode=mode, fmt=fmt, VEC=VEC, NB=NB, K=K, LL=LL, MAXE=MAXE, shfl=shfl,
+        glb.update(kind=kind, mode=mode, fmt=fmt, VEC=VEC, NB=NB, K=K, LL=LL, MAXE=MAXE, shfl=shfl, ST=ST, unit_of=unit_of,
                    INV_P=F32(1.0 / P), FACTOR=F32(np.float32(P) / np.float32(P)))  # fp32(P) / fp32(count)
-        src = _centred_step_src(K, VEC, LL)
-        exec(compile(src, f"<nqdq centred_step K={K} VEC={VEC} LL={LL}>", "exec"), glb)
+        src = _centred_step_src(K, VEC, LL, FAST)
+        exec(compile(src, f"<nqdq centred_step K={K} VEC={VEC} LL={LL} fast={FAST}>", "exec"), glb)
         chunk_step = devfn(glb["centred_step"])
         chunk_step.source = src
 
     chunk_args = ", ".join("w{j}_%d" % k if k < K else "Z4" for k in range(4))
     ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
-              chunk_step=chunk_step)
-    return _jit_unrolled("lastaxis_stat_groups", _STAT_GROUPS_SRC.replace("CHUNK_ARGS", chunk_args), ns, U, K)
+              chunk_step=chunk_step, unit_of=unit_of, ST=ST)
+    src = _STAT_GROUPS_SRC.replace("CHUNK_ARGS", chunk_args)
+    if FAST:
+        src = src.replace(_STAT_LOAD_EACH, _STAT_LOAD_ILV)
+    return _jit_unrolled("lastaxis_stat_groups", src, ns, U, K)
 
 
 # ----------------------------------------------------------------------------- static scales

@@ -27,8 +27,13 @@ per-tensor dynamic float scales, whole units          ``tensor_amax`` -> ``final
 (STATIC_FAST)                                          ``static_encode`` (16-byte loads)
 per-tensor (dynamic) otherwise                         ``tensor_partials`` -> ``finalize`` ->
                                                        ``encode``
-per-channel float scales, channel axis last, rows of   ``column_amax`` -> ``finalize`` ->
-whole units (COLUMN_FAST)                              ``column_encode`` (_column_kernels)
+per-channel float scales, channel axis last, rows of   ``zero_words`` -> ``column_onepass``
+whole units (COLUMN_FAST), a stripe's rows in at most  (_column_kernels: one read, each
+64 chunks held on chip (COLUMN_ONEPASS)                block's chunk in registers across a
+                                                       per-stripe wait; P = 1: only
+                                                       ``column_onepass``)
+per-channel float scales, whole units, otherwise       ``column_amax`` -> ``finalize`` ->
+                                                       ``column_encode`` (two passes)
 per-channel (``column``) otherwise                     ``column_partials`` -> ``finalize`` ->
                                                        ``encode`` (``group`` when the channel
                                                        axis is the first of a 2-D array)
@@ -537,6 +542,24 @@ GRID_MAX_U = 4
 # it first reads the tail the amax pass left in L2 (_rowwise_kernels._block_order)
 REVERSE_AFTER_AMAX = True
 COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
+# ... in one pass where the geometry fits (_column_kernels.onepass_geometry): zero_words ->
+# column_onepass, every block's chunk held in registers across a per-stripe wait. False: the
+# two passes above (A/B). COLUMN_ONEPASS_P_MAX: chunks per stripe at most (None: the module's
+# ONEPASS_P_MAX; always at most the SM count). COLUMN_ONEPASS_SYNC (tests): the workspace and
+# the wait even where P = 1.
+COLUMN_ONEPASS = _UNMEASURED
+COLUMN_ONEPASS_P_MAX = None
+COLUMN_ONEPASS_SYNC = False
+
+
+def _sm_count() -> int:
+    """Blocks the one-pass column wait may count on being resident: one per SM of the
+    current device (1 under the simulator, which runs blocks one after another)."""
+    if SIMULATOR:
+        return 1
+    from numba import cuda
+
+    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
 
 
 def _fast_tile(shape, kind, sch, mode):
@@ -551,8 +574,20 @@ def _fast_tile(shape, kind, sch, mode):
 
 def _fast_column(shape, kind, mode, ax, stoch):
     """Float per-channel scales along the last axis of a C-contiguous input whose rows are
-    whole 16-byte units: ``_column_kernels`` (two streaming passes)."""
+    whole 16-byte units: ``_column_kernels`` (one pass where _onepass_column, else two
+    streaming passes)."""
     return COLUMN_FAST and mode == MODE_FLOAT and not stoch and ax == len(shape) - 1 and shape[-1] % RK.vec_of(kind) == 0
+
+
+def _onepass_column(rows, C, kind) -> bool:
+    """True where the one-pass column kernel takes a _fast_column case (COLUMN_ONEPASS and
+    onepass_geometry fits)."""
+    if not COLUMN_ONEPASS:
+        return False
+    from . import _column_kernels as CK
+
+    vec = RK.vec_of(kind)
+    return CK.onepass_geometry(rows, C // vec, _sm_count(), COLUMN_ONEPASS_P_MAX, vec=vec) is not None
 
 
 def _fast_static(shape, kind, sch, mode, nt):
@@ -822,6 +857,20 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         ntiles = (n // (R * C)) * _cdiv(R, B0) * _cdiv(C, B1)
         _launch(K.make_tile_params_kernel(kind, mode, maxe, nt, B0, B1), ntiles, nt, xa, R, C, scales, zps)
         run_encode()
+    elif sch.granularity == "column" and _fast_column(shape, kind, mode, ax, stoch) and _onepass_column(rows, C, kind):
+        from . import _column_kernels as CK  # one read: chunks in registers across a per-stripe wait
+
+        vec = RK.vec_of(kind)
+        NT1, W, U, P, S = CK.onepass_geometry(rows, C // vec, _sm_count(), COLUMN_ONEPASS_P_MAX, vec=vec)
+        sync = P > 1 or COLUMN_ONEPASS_SYNC
+        k = CK.make_column_onepass_kernel(kind, fmt, maxe, NT1, U, packed, sync)
+        if sync:  # the workspace zeroed in the same sequence, then S * P blocks by ticket
+            nw = CK.onepass_workspace_words(C, S)
+            ws = rec.empty(nw, np.int32)
+            _launch(CK.zero_words, max(1, min(_cdiv(nw, nt), 1024)), nt, ws, nw)
+            _launch(k, S * P, NT1, xa, rows, C // vec, C, W, P, S, ws, scales, codes)
+        else:
+            _launch(k, S, NT1, xa, rows, C // vec, C, W, 1, S, rec.empty(1, np.int32, "dummy"), scales, codes)
     elif sch.granularity == "column" and _fast_column(shape, kind, mode, ax, stoch):
         from . import _column_kernels as CK
 
