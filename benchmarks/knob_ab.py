@@ -5,6 +5,7 @@ host time per ``nqdq.quantize`` call (launch_overhead.py's quantize rows).
     python3 benchmarks/knob_ab.py peers GRID_ONE_LAUNCH=0,1,0 --no-compile --sizes 64x7168,128x7168 --schemes fp8_tensor,nvfp4
     python3 benchmarks/knob_ab.py host GRID_ONE_LAUNCH=0,1,0 --schemes fp8_tensor,nvfp4 [--rows 64 --cols 7168 --calls 1000]
     python3 benchmarks/knob_ab.py peers ROW_UNITS_MAX=8,4,2,8 --no-compile --sizes 8192x8192 --schemes fp8_row
+    python3 benchmarks/knob_ab.py peers ROW_NT_EXACT=1+ROW_UNITS_MAX=4,6 --no-compile --sizes 8192x8192 --schemes fp8_row
 
 The knob takes each value in turn (repeat the first one last so that drift shows); plans
 and nqdq.quantize's remembered runners are rebuilt at each switch (knobs are read when a
@@ -22,9 +23,14 @@ sys.path.insert(0, str(HERE.parent))
 
 
 def parse_knob(spec):
-    """'NAME=v1,v2' -> (NAME, [values]) with each value as the knob's current type."""
+    """'NAME=v1,v2' -> (NAME, [values]) with each value as the knob's current type;
+    'A=1+B=2+NAME=v1,v2': A and B set once first, then NAME varied."""
     import nqdq.kernels.quantize as KQ
 
+    *fixed, spec = spec.split("+")
+    for f in fixed:
+        n, v = parse_knob(f)
+        setattr(KQ, n, v[0])
     name, _, vals = spec.partition("=")
     if not hasattr(KQ, name):
         raise SystemExit(f"knob_ab: nqdq.kernels.quantize has no knob {name!r}")
