@@ -650,11 +650,12 @@ def _fast_lastaxis(shape, kind, mode, G, nt, cheap_encode=False):
         return ("group", L, K, NT, max(1, GROUP_UNITS // K) if n // vec >= DEEP_UNITS else 1)
     if G == C and mode != MODE_CENTRED:
         upr = C // vec
-        u_target = ROW_UNITS_DEEP if rows >= DEEP_ROWS else 2
+        exact = ROW_NT_EXACT and mode == MODE_FLOAT  # (measured for the float row kernel only)
+        u_target = (ROW_UNITS_DEEP if exact else ROW_UNITS_MAX) if rows >= DEEP_ROWS else 2
         NT = 32
         while NT < 1024 and NT * u_target < upr:
             NT *= 2
-        if ROW_NT_EXACT:  # the fewest warps that hold the row in u_target units each (less padding)
+        if exact:  # the fewest warps that hold the row in u_target units each (less padding)
             NT = min(1024, 32 * _cdiv(_cdiv(upr, u_target), 32))
         U = _cdiv(upr, NT)
         if U <= ROW_UNITS_MAX:
