@@ -10,6 +10,8 @@ Variants (each plan rebuilt; an old row twice shows drift):
   old   ``quantize.COLUMN_ONEPASS`` off (the two passes)
   new   on, P <= ``_column_kernels.ONEPASS_P_MAX`` (64) chunks per stripe
   p128  on, ``quantize.COLUMN_ONEPASS_P_MAX`` = 128 (wider stripes for tall inputs)
+  nt128, nt64p128, ...  on, blocks of 128 / 64 / 256 threads (``_column_kernels.ONEPASS_THREADS``,
+        ``ONEPASS_MIN_BLOCKS`` = 512 / threads), P at most 64 or 128
 Every variant's codes and scales of one input set are compared bit for bit with the first
 variant's (the whole tensor), and with ``--ref`` the first variant's with the NumPy
 reference (the whole tensor, on the host).
@@ -32,17 +34,50 @@ SETTINGS = {
     "new": dict(COLUMN_ONEPASS=True, COLUMN_ONEPASS_P_MAX=None),
     "p128": dict(COLUMN_ONEPASS=True, COLUMN_ONEPASS_P_MAX=128),
 }
+# block sizes: ``nt128``, ``nt64p128`` ...: _column_kernels.ONEPASS_THREADS = 128 / 64 with
+# ONEPASS_MIN_BLOCKS = 512 / threads (128 registers a thread), P_MAX 64 or 128
+for _nt in (256, 128, 64):
+    SETTINGS[f"nt{_nt}"] = dict(COLUMN_ONEPASS=True, COLUMN_ONEPASS_P_MAX=None, ONEPASS_THREADS=_nt,
+                                ONEPASS_MIN_BLOCKS=512 // _nt)  # fmt: skip
+    SETTINGS[f"nt{_nt}p128"] = dict(SETTINGS[f"nt{_nt}"], COLUMN_ONEPASS_P_MAX=128)
 
 
 def set_variant(tag):
     import nqdq.api
+    import nqdq.kernels._column_kernels as CK
     import nqdq.kernels.quantize as kq
 
     for k, v in SETTINGS[tag].items():
-        setattr(kq, k, v)
+        setattr(CK if k.startswith("ONEPASS") else kq, k, v)
+    CK.make_column_onepass_kernel.cache_clear()  # (ONEPASS_MIN_BLOCKS is read when a kernel is built)
     kq._PLANS.clear()
     if nqdq.api._FAST is not None:
         nqdq.api._FAST.clear()
+
+
+def check_one(shape, scheme):
+    """Quantize one random bf16 input with the one pass, compare with the NumPy reference."""
+    import cupy as cp
+    import ml_dtypes
+
+    import nqdq.kernels.quantize as kq
+    from nqdq.reference import quantize as ref
+    from nqdq.schemes import resolve_scheme
+
+    set_variant("new")
+    sch = resolve_scheme(scheme)
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(shape) * np.exp2(rng.uniform(-8, 8, shape[-1]))).astype(ml_dtypes.bfloat16)
+    x[0, :3] = [np.nan, np.inf, 0.0]
+    x[:, 5] = 0
+    plan = kq.get_plan(shape, 1, sch)
+    print("launches:", [(k.py_func.__name__, g, b) for k, g, b, _ in plan.launches])
+    q = kq.quantize(cp.asarray(x.view(np.uint16)), sch, dtype="bfloat16")
+    want = ref.quantize(x.astype(np.float32), sch)
+    same = np.array_equal(q.codes.get().view(np.uint8), want.codes.view(np.uint8)) and np.array_equal(
+        q.scales.get().view(np.uint32), want.scales.view(np.uint32))
+    print(f"{scheme} {shape}: {'bit-exact vs' if same else 'DIFFERS from'} the NumPy reference")
+    return 0 if same else 1
 
 
 def main(argv=None):
@@ -51,7 +86,11 @@ def main(argv=None):
     ap.add_argument("--variants", default="old,new,p128,old")
     ap.add_argument("--scheme", default="int8_column")
     ap.add_argument("--ref", action="store_true", help="check the first variant against the NumPy reference")
+    ap.add_argument("--check", default=None, help="ROWSxCOLS: one 'new' call checked against the reference, no timing "
+                    "(small: under compute-sanitizer)")
     args = ap.parse_args(argv)
+    if args.check:
+        return check_one(tuple(int(v) for v in args.check.split("x")), args.scheme)
     import cupy as cp
     import ml_dtypes
 

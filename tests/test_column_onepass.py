@@ -40,7 +40,7 @@ def _column_data(shape, seed):
     c[:, 2] = -0.0
     c[:, 3] = np.inf  # inf but no NaN in the channel: s = NaN
     c[:, 4] = np.random.default_rng(seed).standard_normal(c.shape[0]) * 1e-41  # subnormal amax
-    c[1, 5] = np.nan  # one NaN: NaN scale
+    c[c.shape[0] // 2, 5] = np.nan  # one NaN: NaN scale
     c[:, -1] = np.random.default_rng(seed + 1).standard_normal(c.shape[0]) * 1e30  # large finite
     return x
 

@@ -54,6 +54,7 @@ per chunk (``_division``: the IEEE quotient bit for bit).
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import numpy as np
@@ -249,12 +250,14 @@ def column_geometry(rows, upr, nt=128):
 
 
 # ----------------------------------------------------------------------------- one pass
-ONEPASS_THREADS = 64 if SIMULATOR else 256  # threads per block of column_onepass
+# threads per block of column_onepass (NQDQ_COLUMN_ONEPASS_THREADS: A/B on a GPU; read at import)
+ONEPASS_THREADS = 64 if SIMULATOR else int(os.environ.get("NQDQ_COLUMN_ONEPASS_THREADS", "256"))
 ONEPASS_UNITS = 16  # 16-byte units a thread holds in registers at most (U): 64 KiB per block
 ONEPASS_P_MAX = 64  # chunks per stripe at most (each waits for all of them)
-# Resident blocks per SM asked of ptxas (launch bounds): without, the bf16 kernel takes 148
-# registers at U = 16 (one 256-thread block per SM: nothing loads while it waits and encodes)
-ONEPASS_MIN_BLOCKS = 2
+# Resident blocks per SM asked of ptxas (launch bounds; read when a kernel is built): 128
+# registers a thread. Without, the bf16 kernel takes 132 at U = 16 (one 256-thread block
+# per SM: nothing loads while it waits and encodes); with, it spills 40 bytes.
+ONEPASS_MIN_BLOCKS = 2 * 256 // ONEPASS_THREADS
 ONEPASS_WIDTHS = (32, 16, 8, 4)  # stripe widths W in units, widest (longest row segments) first
 _SLEEP = not SIMULATOR  # (the simulator has no nanosleep; with P = 1 it never spins)
 _SLEEP_MAX_NS = 256  # the waiting thread's back-off doubles from 32 ns up to this
