@@ -111,10 +111,6 @@ if not SIMULATOR:
         i64 = context.cast(builder, idx, idxty, types.int64)
         return builder.gep(arr.data, [i64])
 
-    # the 16-byte input load (A/B by environment: ld.global.cg as Triton's per-token quantizer
-    # loads; measured on the H100: L1::no_allocate 1-3 % slower, st.global.cs stores no change)
-    _LD = os.environ.get("NQDQ_LD_OP", "ld.global.nc")
-
     @intrinsic
     def load_u32x4(typingctx, a, i):
         """Words 4*i .. 4*i + 3 of the uint32 array ``a`` (16-byte aligned) by one
@@ -126,7 +122,7 @@ if not SIMULATOR:
             ptr = _elem_ptr(context, builder, sig.args[0], args[0], i4, types.int64)
             i32 = ir.IntType(32)
             fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type])
-            asm = ir.InlineAsm(fty, _LD + ".v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
+            asm = ir.InlineAsm(fty, "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
             res = builder.call(asm, [ptr])
             vals = [builder.extract_value(res, k) for k in range(4)]
             return context.make_tuple(builder, sig.return_type, vals)

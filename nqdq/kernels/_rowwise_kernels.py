@@ -714,14 +714,6 @@ def _jit_unrolled(name, template, ns, U, K=1, min_blocks=0):
     return cuda.jit(fn)
 
 
-def _block_order(reverse):
-    """The block index a kernel's work is laid out by. ``reverse`` for the encode pass that
-    follows a whole-tensor amax pass (dynamic per-tensor scales, NVFP4): that pass reads the
-    tensor front to back, so its tail is what L2 still holds; blocks are dispatched in index
-    order, so taking the work back to front reads that tail from L2 first."""
-    return "(cuda.gridDim.x - 1 - cuda.blockIdx.x)" if reverse else "cuda.blockIdx.x"
-
-
 # ----------------------------------------------------------------------------- small groups
 _GROUPS_SRC = '''
 def lastaxis_groups(x, nchunks, codes, scales, SENC_ARGS):
@@ -733,7 +725,7 @@ def lastaxis_groups(x, nchunks, codes, scales, SENC_ARGS):
     aligned = (array_addr(x) & 15) == 0
     z = np.uint32(0)
     Z4 = (z, z, z, z)
-    c0 = BLOCK * (NT * U) + tid
+    c0 = cuda.blockIdx.x * (NT * U) + tid
     w{j}_{k} = load_unit(x, x32, aligned, unit_of(c0 + {jNT}) + {k} * ST, c0 + {jNT} < nchunks, kind)
 SENC
     s_dec = ONE / s_enc  # NVFP4's S_dec, once per thread (the pair path's block multiplier uses it)
@@ -769,7 +761,7 @@ _SENC_FROM_PARTS = ("parts, nparts, tscale", '''    red = cuda.shared.array(NW, 
 
 @lru_cache(maxsize=None)
 def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, packed, shfl, senc_parts=False,
-                               senc_grid=False, reverse=False):
+                               senc_grid=False):
     """Groups of L units (G = L * VEC elements, L a power of two <= 32) tiling a flat
     C-contiguous input whose rows hold a whole number of groups: group g covers units
     g*L .. g*L + L - 1 and owns scales[g]. A thread takes *chunks* of K consecutive units
@@ -779,8 +771,7 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     before the first is used. ``senc_parts`` (NVFP4): the kernel takes (parts, nparts,
     tscale) instead of ``sparams`` and computes S_enc itself (see _SENC_FROM_PARTS);
     ``senc_grid`` (NVFP4): it takes (tscale, sync) and computes S_enc from the whole grid's
-    units (``_grid.grid_max``: at most one block per SM, _SENC_FROM_GRID). ``reverse``: block b
-    takes the chunks of block gridDim - 1 - b (see _block_order)."""
+    units (``_grid.grid_max``: at most one block per SM, _SENC_FROM_GRID)."""
     VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
     assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0 and L % K == 0 and K in (1, 2, 4)
     assert not (senc_parts or senc_grid) or mode == MODE_NVFP4
@@ -906,7 +897,6 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
         ns.update(VEC=VEC, grid_max=grid_max)
     sargs, senc = _SENC_FROM_GRID if senc_grid else _SENC_FROM_PARTS if senc_parts else _SENC_FROM_SPARAMS
     src = _GROUPS_SRC.replace("CHUNK_ARGS", chunk_args).replace("SENC_ARGS", sargs).replace("SENC", senc)
-    src = src.replace("BLOCK", _block_order(reverse))
     return _jit_unrolled("lastaxis_groups", src, ns, U, K, INT_GROUP_MIN_BLOCKS if IG else 0)
 
 
@@ -1562,7 +1552,7 @@ def static_encode(x, nunits, upr, codes, scales):
     c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
     c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
     aligned = (array_addr(x) & 15) == 0
-    u0 = BLOCK * (NT * U) + tid
+    u0 = cuda.blockIdx.x * (NT * U) + tid
     w{j} = load_unit(x, x32, aligned, u0 + {jNT}, u0 + {jNT} < nunits, kind)
     st = scales[0]
     rst = recip_guarded(st)
@@ -1587,14 +1577,13 @@ _STATIC_DYNAMIC = """    red = cuda.shared.array(NW, int32)
 
 
 @lru_cache(maxsize=None)
-def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None, shfl=True, reverse=False):
+def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None, shfl=True):
     """Static float scales of a flat C-contiguous input of ``nunits`` whole units: one
     scale for the tensor, or (``per_row``) scales[u // upr] for unit u, rows of ``upr``
     units. Block b owns units b*NT*U + j*NT + t, all U loads issued before any is used.
     ``dynamic_max_elem`` (one tensor scale): the kernel takes a ``sync`` workspace too and
     computes the scale itself, amax / max_elem as finalize does, over the whole grid
-    (``_grid.grid_max``: at most one block per SM), and writes it to scales[0]. ``reverse``:
-    block b takes the units of block gridDim - 1 - b (see _block_order)."""
+    (``_grid.grid_max``: at most one block per SM), and writes it to scales[0]."""
     VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
     DYN = dynamic_max_elem is not None
     assert not (DYN and per_row)
@@ -1612,7 +1601,7 @@ def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None,
         encode_store_unit_r(e, u, s, r, clean, c8, c16, c32, MODE_FLOAT, fmt, CVT, VEC, NB)
 
     ns = dict(NT=NT, U=U, SH=0 if kind == KIND_F32 else 1, kind=kind, static_unit=static_unit)
-    src = _STATIC_SRC.replace("BLOCK", _block_order(reverse))
+    src = _STATIC_SRC
     if DYN:
         ns.update(NW=NT // 32, SCRATCH=1 if shfl else NT, VEC=VEC, MAXE=F32(dynamic_max_elem), grid_max=grid_max,
                   block_max=_block_max_fn(NT, shfl))

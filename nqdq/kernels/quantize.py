@@ -538,9 +538,6 @@ NVFP4_PARTS_MAX = 1024  # amax blocks (partials that every group-kernel block re
 # per thread), instead of an amax kernel before the encode (docs/performance.md)
 GRID_ONE_LAUNCH = True  # H100 10:21 UTC: 40 GPU tests passed; 64x7168 host 14.16 -> 8.92 us (fp8_tensor), 11.46 -> 9.51 us (nvfp4)
 GRID_MAX_U = 4
-# the encode pass after a whole-tensor amax pass takes its blocks' work back to front, so that
-# it first reads the tail the amax pass left in L2 (_rowwise_kernels._block_order)
-REVERSE_AFTER_AMAX = True
 COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
 # ... in one pass where the geometry fits (_column_kernels.onepass_geometry): zero_words ->
 # column_onepass, every block's chunk held in registers across a per-stripe wait. False: the
@@ -730,9 +727,8 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             out.sparams, key_lo, key_hi,
         )  # fmt: skip
 
-    def run_fast(fast, reverse=False):
-        """A last-axis kernel of ``_rowwise_kernels`` (see _fast_lastaxis); ``reverse``: the
-        group kernel after a tensor amax pass (REVERSE_AFTER_AMAX)."""
+    def run_fast(fast):
+        """A last-axis kernel of ``_rowwise_kernels`` (see _fast_lastaxis)."""
         vec = RK.vec_of(kind)
         if mode in (MODE_ASYM, MODE_CENTRED):
             if fast[0] == "row":
@@ -750,8 +746,7 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             _launch(k, rows, NT, xa, C // vec, codes, scales, out.sparams)
         else:
             _, L, K, NT, U = fast
-            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, K, NT, U, packed, SHFL,
-                                              reverse=reverse and REVERSE_AFTER_AMAX)
+            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, K, NT, U, packed, SHFL)
             nchunks = n // vec // K
             _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, out.sparams)
 
@@ -779,11 +774,10 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         parts, nblocks = tensor_amax_parts(NT, finite)
         run_finalize(mode, parts, nblocks, 1, 1)
 
-    def run_static(NT, U, per_row, reverse=False):
-        """static_encode over whole units with the scales in ``scales``; ``reverse``: after a
-        tensor amax pass (REVERSE_AFTER_AMAX)."""
+    def run_static(NT, U, per_row):
+        """static_encode over whole units with the scales in ``scales``."""
         vec = RK.vec_of(kind)
-        k = RK.make_static_kernel(kind, fmt, NT, U, packed, per_row, reverse=reverse and REVERSE_AFTER_AMAX)
+        k = RK.make_static_kernel(kind, fmt, NT, U, packed, per_row)
         _launch(k, _cdiv(n // vec, NT * U), NT, xa, n // vec, C // vec, codes, scales)
 
     def run_finalize(fmode, parts, nchunks, ngroups, I):
@@ -815,13 +809,12 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             # two launches: the group kernel computes S_enc from the amax partials itself
             parts, nparts = tensor_amax_parts(max(32, min(nt, 256)), True, NVFP4_PARTS_MAX)
             _, L, Kc, NT, U = fast
-            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL, senc_parts=True,
-                                              reverse=REVERSE_AFTER_AMAX)
+            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL, senc_parts=True)
             nchunks = n // RK.vec_of(kind) // Kc
             _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, parts[0], nparts, out.tscale)
         elif fast is not None:  # finite amax of whole units, vector loads
             run_tensor_amax(max(32, min(nt, 256)), True)
-            run_fast(fast, reverse=True)
+            run_fast(fast)
         else:
             pi, pa, pb, nb = run_tensor_stats(MODE_NVFP4)
             run_finalize(MODE_NVFP4, (pi, pa, pb), nb, 1, 1)
@@ -838,7 +831,7 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         elif fast_static is not None:  # whole units: vector-load amax pass, then the static pass
             NT, U, _ = fast_static
             run_tensor_amax(NT, False)
-            run_static(NT, U, False, reverse=True)
+            run_static(NT, U, False)
         else:
             pi, pa, pb, nb = run_tensor_stats(mode)
             run_finalize(mode, (pi, pa, pb), nb, 1, 1)
