@@ -604,6 +604,23 @@ def word_amax16(w):
 
 
 @devfn
+def amax_step(a, a2, w, kind, vec):
+    """Running amax of whole units (word tuples): bfloat16 words two halves per instruction
+    into a2 (word_amax16), other kinds as float32 bits into a; amax_done combines them into
+    unit_amax's value (the order of the bits is that of the float32 bits of |x|)."""
+    if kind == KIND_BF16:
+        return a, np.uint32(u16x2_max(a2, word_amax16(w)))
+    return max(a, unit_amax(unit_elems(w, kind), vec)), a2
+
+
+@devfn
+def amax_done(a, a2, kind):
+    if kind == KIND_BF16:
+        return np.int32(max(a2 & np.uint32(0xFFFF), a2 >> np.uint32(16)) << np.uint32(16))
+    return a
+
+
+@devfn
 def pack4(q0, q1, q2, q3, nb):
     return np.uint32(q0 | (q1 << np.uint32(nb)) | (q2 << np.uint32(2 * nb)) | (q3 << np.uint32(3 * nb)))
 
@@ -914,7 +931,9 @@ def lastaxis_rows(x, upr, codes, scales, sparams):
     base = row * upr + tid
     w{j} = load_unit(x, x32, aligned, base + {jNT}, tid + {jNT} < upr, kind)
     a = np.int32(0)
-    a = max(a, unit_amax(unit_elems(w{j}, kind), VEC))
+    a2 = np.uint32(0)
+    a, a2 = amax_step(a, a2, w{j}, kind, VEC)
+    a = amax_done(a, a2, kind)
     a = block_max(a, tid, scratch, red)
     s_enc = sparams[0] if mode == MODE_NVFP4 else ONE
     sv, p0, pz = group_params(mode, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
@@ -1567,7 +1586,9 @@ _STATIC_DYNAMIC = """    red = cuda.shared.array(NW, int32)
     gslot = cuda.shared.array(1, int32)
     scratch = cuda.shared.array(SCRATCH, int32)
     a = np.int32(0)
-    a = max(a, unit_amax(unit_elems(w{j}, kind), VEC))
+    a2 = np.uint32(0)
+    a, a2 = amax_step(a, a2, w{j}, kind, VEC)
+    a = amax_done(a, a2, kind)
     a = block_max(a, tid, scratch, red)
     a = grid_max(a, tid, sync, gslot)
     st, p0, pz = group_params(MODE_FLOAT, a, ZERO, ZERO, MAXE, 0, 0, 0, ONE, ONE)
