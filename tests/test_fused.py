@@ -431,3 +431,37 @@ def test_bits_input_and_save_load(tmp_path):
     path = tmp_path / "q.npz"
     q_ref.save(path)
     assert_q_equal(nqdq.load(path), q_ref)
+
+
+def test_e2m1_unit_y_matches_the_codec(monkeypatch):
+    """The fused MXFP4 encoder (y rounded to odd into bfloat16, then one bfloat16 product by
+    2^-k) against the reference codec on y * 2^-k, for y = v * 2^k with v around every e2m1
+    code boundary (grid points, ties, 1-2 float32 ulps off, saturation) and random, over the
+    MX range of k: y subnormal (k = -127 .. -120: 2^-k up to 2^127), normal, both signs."""
+    from nqdq.formats import get_format
+    from nqdq.kernels import _fused_rows as FR
+    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.reference import codec as rcodec
+
+    for mod in (RK, FR):  # the bit casts by NumPy views: the twins run on whole arrays
+        monkeypatch.setattr(mod, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
+        monkeypatch.setattr(mod, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
+    base = np.array([0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6, 6.5, 7, 8], np.float32)
+    near = [base]
+    for d in (1, 2):
+        near += [base + d * np.spacing(base), base - d * np.spacing(base)]
+    rng = np.random.default_rng(12)
+    v = np.concatenate(near + [rng.uniform(0, 7, 4000).astype(np.float32)])
+    v = np.concatenate([v, -v]).astype(np.float32)
+    v = v[: v.size // 8 * 8]
+    for k in (-127, -125, -120, -60, -1, 0, 1, 20, 126):
+        with np.errstate(over="ignore", under="ignore"):
+            y = (v.astype(np.float64) * 2.0**k).astype(np.float32)
+            y = np.where(np.isfinite(y), y, np.float32(0))
+            want = rcodec.encode_float((y * np.float32(2.0**-k)).astype(np.float32), get_format("e2m1")).astype(np.uint32)
+        hb = np.uint32(np.float32(2.0**-k).view(np.uint32) >> np.uint32(16))
+        e = y.view(np.uint32).reshape(-1, 8)
+        got = FR.e2m1_unit_y.py_func([e[:, j] for j in range(8)], np.uint32(hb | (hb << np.uint32(16))))
+        codes = np.stack([(got >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=1).reshape(-1)
+        bad = codes != want
+        assert not bad.any(), f"k={k}: {int(bad.sum())} differ, first y={y[bad][0]!r}: {codes[bad][0]} != {want[bad][0]}"

@@ -41,11 +41,11 @@ from ._elements import encode_element, store_unit_wide
 from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
                              R_SPLIT_MIN_BITS, SIG_BITS, ff_add_nn, prod_err, round_bits, rsqrt_mean,
                              two_sum_nn)
-from ._ptx import fp8_cvt_available, fp8_cvt_supports, load_u32x4, store_u32x2
+from ._ptx import bf16x2_absmul, bf16x2_min, fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt, store_u32x2, u16x2_min
 from ._quantize_kernels import group_params, store_scale
 from ._division import RECIP_DIV, ratio_ok, recip_guarded
-from ._rowwise_kernels import (FINITE, _block_max_fn, abs_i32, encode_store_unit_r, half_bits, recip_store_unit, unit_amax,
-                               xor_get, xor_max)
+from ._rowwise_kernels import (BF16X2_SIX, FINITE, _block_max_fn, abs_i32, e2m1_pack, e2m1_pair_sum, encode_store_unit_r,
+                               half_bits, is_e2m1, unit_amax, xor_get, xor_max)
 from ._scales import MODE_FLOAT, MODE_MX, MX_RCEIL
 from ._target import SIMULATOR, devfn
 
@@ -191,10 +191,57 @@ def mx_rceil_params(a, inv):
     return code, bits_f32(pb)
 
 
-# per-row fp8 scales: one "clean" test per row instead of one per unit (fewer branches, but
-# ptxas then schedules the 7 units' encodes together: 121 registers instead of 89 at hidden
-# 7168, 4 blocks per SM instead of 5); off unless NQDQ_FUSED_ROWFAST=1 (an A/B switch)
-ROWFAST = os.environ.get("NQDQ_FUSED_ROWFAST", "0") == "1"
+@devfn
+def rto_pair(b_lo, b_hi):
+    """The float32 bits b_lo, b_hi rounded *to odd* into a bfloat16 pair (b_lo in bits 0-15):
+    the top halves, bit 0 set where a low half was not 0."""
+    sticky = u16x2_min(prmt(b_lo, b_hi, np.uint32(0x5410)), np.uint32(0x00010001))
+    return np.uint32(prmt(b_lo, b_hi, np.uint32(0x7632)) | sticky)
+
+
+@devfn
+def e2m1_unit_y(e, p2):
+    """The 8 packed e2m1 codes (element 0 in bits 0-3) of a finite MX group's unit of float32
+    bits ``e`` times its multiplier 2^-k, given as the bfloat16 pair p2: _rowwise_kernels.
+    e2m1_unit_f32's codes with y rounded to odd into bfloat16 *before* the product, which
+    is then one bfloat16 multiply of a pair (the row kernels' bf16x2 encoder) instead of two
+    float32 ones. The same codes: where y * 2^-k is a normal float32, rto(y) * 2^-k is
+    rto(y * 2^-k) exactly (a power of two scales the bfloat16 grid); where y is subnormal
+    (its grid 2^-133 is coarser) the e2m1 spacing of y * 2^-k is at least 2^-1 and
+    2^-k <= 2^127, so in units of y it is >= 2^-128: rounding to odd on a grid 32 times
+    finer, then to nearest, is rounding to nearest once, and rto(y) (<= 7 significant bits)
+    times 2^-k is exact; where y * 2^-k < 2^-126 both give a signed zero code. The signs are
+    y's (2^-k > 0)."""
+    h0 = rto_pair(e[0], e[1])
+    h1 = rto_pair(e[2], e[3])
+    h2 = rto_pair(e[4], e[5])
+    h3 = rto_pair(e[6], e[7])
+    six = np.uint32(BF16X2_SIX)
+    return e2m1_pack(e2m1_pair_sum(bf16x2_min(bf16x2_absmul(h0, p2), six)),
+                     e2m1_pair_sum(bf16x2_min(bf16x2_absmul(h1, p2), six)),
+                     e2m1_pair_sum(bf16x2_min(bf16x2_absmul(h2, p2), six)),
+                     e2m1_pair_sum(bf16x2_min(bf16x2_absmul(h3, p2), six)), (h0, h1, h2, h3))
+
+
+# A/B switches (read when a kernel is built): the weights loaded before the row's reduction
+# (NQDQ_FUSED_W_EARLY, default on) and a launch bound of that many blocks per SM, which makes
+# ptxas fit the registers of that many (NQDQ_FUSED_MIN_BLOCKS; unset: _min_blocks's policy,
+# 0: none)
+W_EARLY = os.environ.get("NQDQ_FUSED_W_EARLY", "1") == "1"
+MIN_BLOCKS = os.environ.get("NQDQ_FUSED_MIN_BLOCKS")  # None: the policy of _min_blocks
+# MX e2m1 codes of y through bfloat16 pairs (e2m1_unit_y; NQDQ_FUSED_MX_Y_PAIRS=0: the
+# quantize kernels' e2m1_unit_f32)
+MX_Y_PAIRS = os.environ.get("NQDQ_FUSED_MX_Y_PAIRS", "1") == "1"
+
+
+def _min_blocks(NT, res):
+    """Blocks per SM the kernel's launch bound asks ptxas to fit: about 640 threads per SM
+    (5 blocks of the 4-warp layout of hidden 7168, whose rmsnorm + fp8_row kernel took 128
+    registers, i.e. 4 blocks, with the thread bound alone); none for blocks above 320
+    threads, nor with the residual (its kernels would spill at 96 registers)."""
+    if MIN_BLOCKS is not None:
+        return int(MIN_BLOCKS)
+    return 640 // NT if NT <= 320 and not res else 0
 
 _KERNEL_ARGS = "x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D, dm"
 
@@ -235,6 +282,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     LL = G // UNIT  # lanes per scale group
     LLSH = max(LL, 1).bit_length() - 1  # log2(LL)
     MXRC = MODE == MODE_MX and MXR == MX_RCEIL
+    MXE2M1 = MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and MX_Y_PAIRS
     load_x = _loader(kind, fast, strided)
     load_r = _loader(kind, fast, False)
     load_w = _loader(wkind, fast, False)
@@ -382,9 +430,9 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         return b
 
     @devfn
-    def norm_unit(a, b, w, w32, qw, u, nu, n, r1, r2, r_hi, r_lo):
-        """The unit's normalized values (float32 bits; 0 past n)."""
-        wa, wb = load_w(w, w32, qw, u, nu, 0, n, n, n, 0)
+    def norm_unit(a, b, wa, wb, u, n, r1, r2, r_hi, r_lo):
+        """The unit's normalized values (float32 bits; 0 past n) from the raw words of x
+        (a, b) and of the weights (wa, wb)."""
         e = elems(a, b)
         f = welems(wa, wb)
         y = (norm1(e[0], f[0], r1, r2, r_hi, r_lo), norm1(e[1], f[1], r1, r2, r_hi, r_lo),
@@ -416,6 +464,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
 
     @devfn
     def put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32, qu):
+        if MXE2M1 and fast and clean:  # MX e2m1, a finite group: bfloat16 pairs (e2m1_unit_y)
+            hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact)
+            c32[qu] = e2m1_unit_y(y, np.uint32(hb | (hb << np.uint32(16))))
+            return
         """Encode and store the unit's codes (row ``row`` of the contiguous codes array); r =
         recip_guarded(p0) for float scales (a clean unit is divided by the reciprocal: see
         _rowwise_kernels.fp8_pair_r), computed once per row where the scale is the row's."""
@@ -499,13 +551,17 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         L += ["    s_hi, s_lo = unit_sq(a0, b0)"]
         for j in range(1, U):
             L += [f"    t_hi, t_lo = unit_sq(a{j}, b{j})", "    s_hi, s_lo = ff_add_nn(s_hi, s_lo, t_hi, t_lo)"]
+        # the weights' loads go out before the row's reduction (shuffles, barrier, 1/sqrt),
+        # which hides their latency (W_EARLY; else right before each unit's use)
+        if W_EARLY:
+            L += [f"    wa{j}, wb{j} = load_w(w, w32, ut + {j * NT}, u{j}, nunits, 0, n, n, n, 0)" for j in J]
         L += ["    s_hi, s_lo = row_sum(s_hi, s_lo, tid, scratch, red)",
               "    r1, r2 = rsqrt_mean(s_hi, s_lo, F32(n), eps)"]
         if RSPLIT:
             L += ["    r_hi = bits_f32(np.uint32(f32_bits(r1) & RMASK))", "    r_lo = (r1 - r_hi) + r2"]
         else:
             L += ["    r_hi = r1", "    r_lo = r2"]
-        Y = "norm_unit(a{j}, b{j}, w, w32, ut + {jNT}, u{j}, nunits, n, r1, r2, r_hi, r_lo)"
+        Y = "norm_unit(a{j}, b{j}, wa{j}, wb{j}, u{j}, n, r1, r2, r_hi, r_lo)"
     else:
         Y = "elems(a{j}, b{j})"
     # each unit's values are made right before their use (fewer live registers), except per
@@ -524,6 +580,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         use = ("    group_unit(y{j}, u{j} < nunits, u{j}, row, n, pcols, sg + {jNL}, tid, scratch, codes, c16, c32, scales, "
                "tu + {jNT})")
     for j in J:
+        if NORM and not W_EARLY:
+            L += [f"    wa{j}, wb{j} = load_w(w, w32, ut + {j * NT}, u{j}, nunits, 0, n, n, n, 0)"]
         L += ["    y{j} = {Y}".format(j=j, Y=Y.format(j=j, jNT=j * NT)), use.format(j=j, jNT=j * NT, jNL=j * NT // max(LL, 1))]
     if out == OUT_ROW:
         L += ["    am = block_max(am, tid, scratch, redm)",
@@ -531,21 +589,15 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
               "    if tid == 0: store_scale(scales, row, MODE, sv)",
               "    clean = am < FINITE",
               "    rp = recip_guarded(p0) if MODE == MODE_FLOAT else ZERO"]
-        put = [f"    if u{j} < nunits: put_codes(y{j}, u{j}, row, n, pcols, p0, rp, clean, codes, c16, c32, tu + {j * NT})"
-               for j in J]
-        if ROWFAST and fast and RECIP_DIV and MODE == MODE_FLOAT:
-            # the row's one test, not one per unit: a finite row with a reciprocal encodes every
-            # unit by recip_store_unit (what encode_store_unit_r picks for it, unit by unit)
-            L += ["    if clean and rp != ZERO:"]
-            L += [f"        if u{j} < nunits: recip_store_unit(y{j}, tu + {j * NT}, p0, rp, codes, c16, c32, FMT, CVT, UNIT, NB)"
-                  for j in J]
-            L += ["    else:"] + ["    " + t for t in put]
-        else:
-            L += put
+        # (one test per unit, not one "clean" branch per row over all units: ptxas then
+        # schedules the units' encodes together, 121 registers instead of 89; measured slower,
+        # H100 10:33 UTC: rmsnorm + fp8_row 91.1 vs 81.3 us)
+        L += [f"    if u{j} < nunits: put_codes(y{j}, u{j}, row, n, pcols, p0, rp, clean, codes, c16, c32, tu + {j * NT})"
+              for j in J]
     src = "\n".join(L) + "\n"
     glb = dict(globals())
     glb.update(SCRATCH=1 if shfl else NT, RED=2 * NW, NW=NW, OP=op, MODE=MODE, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE,
-               MXI=MXI, RMASK=RMASK, load_x=load_x, FMT=fmt, CVT=CVT, NB=NB, LLSH=LLSH,
+               MXI=MXI, RMASK=RMASK, load_x=load_x, load_w=load_w, LLSH=LLSH,
                add_res=add_res, unit_sq=unit_sq, row_sum=row_sum, norm_unit=norm_unit, elems=elems, put_y=put_y,
                put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max, as_u32=as_u32,
                as_u16=as_u16)
@@ -553,9 +605,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most
     # rows: <= 64 registers a thread; ptxas spills rather than fail at launch)
-    kern = cuda.jit(fn) if SIMULATOR else cuda.jit(fn, launch_bounds=(NT,))
+    mb = _min_blocks(NT, RES)
+    kern = cuda.jit(fn) if SIMULATOR else cuda.jit(fn, launch_bounds=(NT, mb) if mb else (NT,))
     kern.source = src
     return kern
 
 
-_ = (float32, OP_GATHER, rsqrt_mean, abs_i32, KIND_F16, recip_store_unit)  # used by the generated source
+_ = (float32, OP_GATHER, rsqrt_mean, abs_i32, KIND_F16)  # used by the generated source
