@@ -3,7 +3,7 @@
 codes and scales against the reference).
 
     python3 benchmarks/int_tile_ab.py --no-compile --sizes 8192x8192,16384x7168 \
-        --schemes int4_asym,int8_centred,int8_asym --variants stat_old,stat_new,stat_clip,stat_k4,stat_old
+        --schemes int4_asym,int8_centred,int8_asym --variants stat_old,stat_clip,stat_packed,stat_old
 
 Variants (``--variants a,b,...`` picks and orders them; an old one twice shows drift):
   old       ``_rowwise_kernels.INT_GROUP_FAST``, ``_tile_kernels.RECIP_ONCE`` and
@@ -18,6 +18,8 @@ Variants (``--variants a,b,...`` picks and orders them; an old one twice shows d
   stat_clip stat_new with ``ASYM_INT_CLIP`` (asymmetric codes clipped as integers: int4_asym and
             the asymmetric rows, int8_asym)
   stat_k4   stat_clip with ``quantize.CENTRED_UNITS`` = 4 (int8_centred: chunks of 4 units)
+  stat_packed  stat_k4 with ``ASYM_PACKED_STATS`` (bfloat16 min / max in pairs, one shuffle per
+            butterfly step for both statistics, the zero point by the reciprocal)
 The default is old,new,new+lb,old. Kernels are built once per (variant, arguments); plans and
 nqdq.quantize's remembered runners are dropped at each switch (the switches are read when a
 kernel is built).
@@ -33,7 +35,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 _ON = dict(INT_GROUP_FAST=True, RECIP_ONCE=True, ASYM_ROW_RECIP_ONCE=True, INT_GROUP_MIN_BLOCKS=0, MIN_BLOCKS=0)
-_STAT_OFF = dict(STAT_GROUP_FAST=False, ASYM_INT_CLIP=False, CENTRED_UNITS=2)
+_STAT_OFF = dict(STAT_GROUP_FAST=False, ASYM_INT_CLIP=False, ASYM_PACKED_STATS=False, CENTRED_UNITS=2)
 SETTINGS = {
     "old": dict(INT_GROUP_FAST=False, RECIP_ONCE=False, ASYM_ROW_RECIP_ONCE=False, INT_GROUP_MIN_BLOCKS=0, MIN_BLOCKS=0),
     "new": dict(_ON),
@@ -41,7 +43,9 @@ SETTINGS = {
     "stat_old": dict(_ON, **_STAT_OFF),
     "stat_new": dict(_ON, **dict(_STAT_OFF, STAT_GROUP_FAST=True)),
     "stat_clip": dict(_ON, **dict(_STAT_OFF, STAT_GROUP_FAST=True, ASYM_INT_CLIP=True)),
-    "stat_k4": dict(_ON, STAT_GROUP_FAST=True, ASYM_INT_CLIP=True, CENTRED_UNITS=4),
+    "stat_k4": dict(_ON, **dict(_STAT_OFF, STAT_GROUP_FAST=True, ASYM_INT_CLIP=True, CENTRED_UNITS=4)),
+    "stat_packed": dict(_ON, **dict(_STAT_OFF, STAT_GROUP_FAST=True, ASYM_INT_CLIP=True, ASYM_PACKED_STATS=True,
+                                    CENTRED_UNITS=4)),
 }
 VARIANTS = ["old", "new", "new+lb", "old"]
 _BUILT = {}
@@ -49,7 +53,7 @@ _BUILT = {}
 _FACTORIES = (("RK", "make_lastaxis_group_kernel", ("INT_GROUP_FAST", "INT_GROUP_MIN_BLOCKS")),
               ("TK", "make_tile_kernel", ("RECIP_ONCE", "MIN_BLOCKS")),
               ("RK", "make_lastaxis_asym_row_kernel", ("ASYM_ROW_RECIP_ONCE", "ASYM_INT_CLIP")),
-              ("RK", "make_lastaxis_stat_group_kernel", ("STAT_GROUP_FAST", "ASYM_INT_CLIP")))
+              ("RK", "make_lastaxis_stat_group_kernel", ("STAT_GROUP_FAST", "ASYM_INT_CLIP", "ASYM_PACKED_STATS")))
 
 
 def _modules():

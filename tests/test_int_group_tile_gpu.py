@@ -1,7 +1,8 @@
 """GPU side of tests/test_int_group_tile.py: int4_group / int8 1xG groups and fp8_128x128 tiles,
 asymmetric rows and the asymmetric / centred stat groups (int4_asym, int8_centred) with the
 new switches on (``_rowwise_kernels.INT_GROUP_FAST``, ``_tile_kernels.RECIP_ONCE``,
-``_rowwise_kernels.ASYM_ROW_RECIP_ONCE``, ``STAT_GROUP_FAST``, ``ASYM_INT_CLIP``;
+``_rowwise_kernels.ASYM_ROW_RECIP_ONCE``, ``STAT_GROUP_FAST``, ``ASYM_INT_CLIP``,
+``ASYM_PACKED_STATS``;
 the previous paths are what tests/test_kernels_gpu.py ran before), compiled, at sizes that take
 the deep paths, with the warp shuffle and its shared-memory twin, f32 / f16 / bf16 and
 unaligned views; bit for bit against the reference (tests/test_kernels_gpu.py's check_gpu).
@@ -60,6 +61,7 @@ def switch(monkeypatch):
     monkeypatch.setattr(RK, "ASYM_ROW_RECIP_ONCE", True)
     monkeypatch.setattr(RK, "STAT_GROUP_FAST", True)
     monkeypatch.setattr(RK, "ASYM_INT_CLIP", True)
+    monkeypatch.setattr(RK, "ASYM_PACKED_STATS", True)
     _clear()
     yield True
     _clear()
@@ -93,7 +95,8 @@ STAT = [pytest.param("int4_asym", {}, 2, id="int4_asym"), pytest.param("int8_cen
 
 def _stat_specials(x):
     """Groups of 128 in row 300: zero, constant, a range that overflows float32 (the halves'
-    scale), all negative, tiny (below the reciprocal's range), one NaN, +inf only."""
+    scale), all negative, tiny (below the reciprocal's range), one NaN, +inf only, a negative
+    NaN, -inf and +inf."""
     r = x[300].astype(np.float32)
     g = np.arange(128)
     r[0:128] = 0
@@ -103,13 +106,15 @@ def _stat_specials(x):
     r[512:640] = np.linspace(-1, 1, 128) * 1e-30
     r[640:768] = np.where(g == 3, np.nan, r[640:768])
     r[768:896] = np.where(g == 5, np.inf, 1.0)
+    r[896:1024] = np.where(g == 127, -np.nan, np.linspace(-1, 2, 128))  # a NaN with its sign bit set
+    r[1024:1152] = np.where(g == 2, -np.inf, np.where(g == 9, np.inf, 0.5))
     x[300] = r.astype(x.dtype)
     return x
 
 
 @pytest.mark.parametrize("name, kw, cu", STAT)
 def test_stat_groups_deep_and_twin(switch, monkeypatch, big_bf16, name, kw, cu):
-    """lastaxis_stat_groups with STAT_GROUP_FAST and ASYM_INT_CLIP at 640 x 8192 bfloat16
+    """lastaxis_stat_groups with STAT_GROUP_FAST, ASYM_INT_CLIP and ASYM_PACKED_STATS at 640 x 8192 bfloat16
     (deep threads), CENTRED_UNITS 2 and 4, special groups; then the shuffle's twin."""
     monkeypatch.setattr(kq, "CENTRED_UNITS", cu)
     kq._PLANS.clear()
