@@ -1223,28 +1223,6 @@ def make_lastaxis_asym_row_kernel(kind, fmt, max_elem, NT, U, packed, shfl):
 # units interleaved, the halving sum's top levels (the unit bits, above the lane bits) are
 # additions inside the thread, so fewer shuffles (K = 2, VEC = 8: 10 instead of 17 per chunk).
 # The same codes, scales, zero points and means bit for bit (the same element encodes and
-# quotients, the same statistics, the reference's summation tree). NQDQ_STAT_GROUP_FAST=1 / 0;
-# written after the last GPU run: off for users, on with NQDQ_UNMEASURED_KERNELS=1 (the tests).
-STAT_GROUP_FAST = os.environ.get("NQDQ_STAT_GROUP_FAST", os.environ.get("NQDQ_UNMEASURED_KERNELS", "0")) == "1"
-# Asymmetric codes of finite groups (STAT_GROUP_FAST's groups and, with ASYM_ROW_RECIP_ONCE,
-# the asymmetric rows): clip(rint(x / s) + zp, 0, qmax), the reference's formula, rounded first
-# and clipped as integers (asym_code_r: two integer min / max per element instead of two float
-# compare-and-selects, which ptxas keeps for run-time float bounds). NQDQ_ASYM_INT_CLIP=1 / 0;
-# unmeasured: off for users, on for the tests, as above.
-ASYM_INT_CLIP = os.environ.get("NQDQ_ASYM_INT_CLIP", os.environ.get("NQDQ_UNMEASURED_KERNELS", "0")) == "1"
-
-# lastaxis_stat_groups with STAT_GROUP_FAST (int4_asym, int8_centred, every 1xG asymmetric or
-# centred group of 2^k units): what INT_GROUP_FAST and ASYM_ROW_RECIP_ONCE did for int4_group
-# and the asymmetric rows. (1) A chunk's K units interleaved over the group's LL lanes (lane l
-# of a group holds its units l, l + LL, ...: unit_of, ST = LL), so that each load / store
-# instruction of a warp covers whole contiguous pieces (with K consecutive units per lane it
-# read 16 bytes at a 16 K-byte stride). (2) The group's reciprocal (and the asymmetric float
-# bounds) once per chunk (encode_store_int_unit_r), not once per unit: the units' encodes sit
-# in separate basic blocks, so NVVM does not share them. (3) Asymmetric 16-bit input: the min /
-# max keys two elements per instruction (word_ukeys, min / max.u16x2). (4) Centred: with the
-# units interleaved, the halving sum's top levels (the unit bits, above the lane bits) are
-# additions inside the thread, so fewer shuffles (K = 2, VEC = 8: 10 instead of 17 per chunk).
-# The same codes, scales, zero points and means bit for bit (the same element encodes and
 # quotients, the same statistics, the reference's summation tree). On since its H100 run
 # (2026-11-21 10:37 UTC: 53 GPU tests exact; bf16 8192x8192 / 16384x7168, % of copy: int4_asym
 # 68 / 69 -> 74 / 75 (83 / 84 with ASYM_INT_CLIP), int8_centred 84 / 84 -> 86 / 87 with
