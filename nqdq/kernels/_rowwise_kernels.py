@@ -59,6 +59,8 @@ from ._codec import F32, FLT_MAX, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_
 from ._elements import encode_element
 from ._codec import encode_float_rne
 from ._division import RECIP_DIV, div_by_recip, ratio_ok, recip_guarded
+from ._codec import NAN, is_finite_f32, nanmax_f32, nanmin_f32, rint_f32  # asym_group_r
+from ._scales import range_scale  # asym_group_r
 from ._grid import grid_max
 from ._ptx import (E4M3, array_addr, bf16x2_absmin, bf16x2_absmul, bf16x2_add, bf16x2_max, bf16x2_min, cvt_e4m3, cvt_e4m3x2, cvt_e5m2x2,
                    fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt, store_u32x2, u16x2_max, u16x2_min)
@@ -1227,15 +1229,27 @@ def make_lastaxis_asym_row_kernel(kind, fmt, max_elem, NT, U, packed, shfl):
 # units interleaved, the halving sum's top levels (the unit bits, above the lane bits) are
 # additions inside the thread, so fewer shuffles (K = 2, VEC = 8: 10 instead of 17 per chunk).
 # The same codes, scales, zero points and means bit for bit (the same element encodes and
-# quotients, the same statistics, the reference's summation tree). NQDQ_STAT_GROUP_FAST=1 / 0;
-# written after the last GPU run: off for users, on with NQDQ_UNMEASURED_KERNELS=1 (the tests).
-STAT_GROUP_FAST = os.environ.get("NQDQ_STAT_GROUP_FAST", os.environ.get("NQDQ_UNMEASURED_KERNELS", "0")) == "1"
+# quotients, the same statistics, the reference's summation tree). On since its H100 run
+# (2026-11-21 10:37 UTC: 53 GPU tests exact; bf16 8192x8192 / 16384x7168, % of copy: int4_asym
+# 68 / 69 -> 74 / 75 (83 / 84 with ASYM_INT_CLIP), int8_centred 84 / 84 -> 86 / 87 with
+# quantize.CENTRED_UNITS = 2, 92 / 93 with 4; docs/performance.md, "Asymmetric and centred
+# groups"). NQDQ_STAT_GROUP_FAST=0: the previous path (A/B).
+STAT_GROUP_FAST = os.environ.get("NQDQ_STAT_GROUP_FAST", "1") == "1"
 # Asymmetric codes of finite groups (STAT_GROUP_FAST's groups and, with ASYM_ROW_RECIP_ONCE,
 # the asymmetric rows): clip(rint(x / s) + zp, 0, qmax), the reference's formula, rounded first
 # and clipped as integers (asym_code_r: two integer min / max per element instead of two float
-# compare-and-selects, which ptxas keeps for run-time float bounds). NQDQ_ASYM_INT_CLIP=1 / 0;
-# unmeasured: off for users, on for the tests, as above.
-ASYM_INT_CLIP = os.environ.get("NQDQ_ASYM_INT_CLIP", os.environ.get("NQDQ_UNMEASURED_KERNELS", "0")) == "1"
+# compare-and-selects, which ptxas keeps for run-time float bounds). On since the same run
+# (int4_asym 74 / 75 -> 83 / 84 %, int8_asym 80 / 82 -> 87 / 90 % of copy). NQDQ_ASYM_INT_CLIP=0:
+# the previous encode (A/B).
+ASYM_INT_CLIP = os.environ.get("NQDQ_ASYM_INT_CLIP", "1") == "1"
+# With STAT_GROUP_FAST, the asymmetric groups' statistics in fewer instructions: bfloat16 min /
+# max two elements per instruction (min / max.bf16x2; a NaN, which those skip, found by the |x|
+# max of word_amax16 and made the group's max), a lane's (max key, 0xFFFF - min key) packed in
+# one word for the butterfly (one shuffle and one max.u16x2 per step, 16-bit input), the zero
+# point's -xmin / s by the reciprocal that the encode uses (asym_group_r), and a chunk's first
+# unit without a signed division. NQDQ_ASYM_PACKED_STATS=1 / 0; written after the last GPU run:
+# off for users, on with NQDQ_UNMEASURED_KERNELS=1 (the tests).
+ASYM_PACKED_STATS = os.environ.get("NQDQ_ASYM_PACKED_STATS", os.environ.get("NQDQ_UNMEASURED_KERNELS", "0")) == "1"
 
 _STAT_GROUPS_SRC = """
 def lastaxis_stat_groups(x, nchunks, codes, scales, zps, means):
@@ -1282,15 +1296,19 @@ def unit_ukeys(w):
 
 @devfn
 def asym_code_r(xb, s, r, pzm, qmax):
-    """clip(rint(x / s) + zp, 0, qmax) of an element of a finite asymmetric group, x / s by the
-    reciprocal r of s (_division); ``pzm`` = zp - RINT_MAGIC_BITS. The group's range includes 0
-    (xmin <= 0 <= xmax) and s = RN(RN(xmax - xmin) / qmax) (or 1 where that is 0, or the halves'
-    formula where xmax - xmin overflows), so |x / s| <= qmax * (1 + 2^-22) < 2^22: the
-    magic-constant rint (int_code_finite) is exact before any clip, and the clip of the integer
-    is the reference's."""
+    """clip(rint(x / s) + zp, 0, qmax) of an element of a finite asymmetric group whose s has a
+    reciprocal r (recip_guarded(s) != 0: s normal, >= 2^-80), x / s by r (_division); ``pzm`` =
+    zp - RINT_MAGIC_BITS. The group's range includes 0 (xmin <= 0 <= xmax) and s = RN(RN(xmax -
+    xmin) / qmax) (or the halves' formula where xmax - xmin overflows), so s >= (-xmin / qmax)(1 -
+    2^-24) and |x / s| <= qmax (1 + 2^-23) < 2^22: the magic-constant rint (int_code_finite) is
+    exact before any clip. Only the upper clip can bind: RN(-xmin / s) <= qmax (1 + 2^-23)
+    rounds to at most qmax (the float spacing there is far coarser), so zp = rint(-xmin / s)
+    unclipped, and x >= xmin gives rint(x / s) >= -zp (RN and rint are monotone and odd; a
+    quotient below _division's small-x bounds has |q| < 2^-20 and rints to 0), i.e. the sum
+    is >= 0. One add-and-min instruction."""
     v = div_by_recip(bits_f32(xb), s, r)
     q = np.int32(np.int32(f32_bits(v + RINT_MAGIC)) + pzm)
-    return np.uint32(min(max(q, np.int32(0)), np.int32(qmax)))
+    return np.uint32(min(q, np.int32(qmax)))
 
 
 @devfn
@@ -1310,6 +1328,56 @@ def asym_unit_store_r(e, unit, s, r, pz, flo, fhi, clean, c8, c16, c32, fmt, vec
         store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
     else:
         encode_store_int_unit_r(e, unit, s, ZERO, pz, flo, fhi, r, clean, c8, c16, c32, MODE_ASYM, fmt, vec, nb)
+
+
+@devfn
+def unit_bf16_minmax(w):
+    """(max, min) per bfloat16 half over the unit's 4 words (max / min.bf16x2: exact values,
+    a NaN skipped where the other operand is not NaN)."""
+    return (np.uint32(bf16x2_max(bf16x2_max(w[0], w[1]), bf16x2_max(w[2], w[3]))),
+            np.uint32(bf16x2_min(bf16x2_min(w[0], w[1]), bf16x2_min(w[2], w[3]))))
+
+
+@devfn
+def xor_u16x2_max(w, off, shfl, scratch, tid):
+    """u16x2_max(w, w of lane tid ^ off): one butterfly step of a max per 16-bit half (the
+    twin through the int32 scratch)."""
+    if shfl:
+        return np.uint32(u16x2_max(w, np.uint32(cuda.shfl_xor_sync(0xFFFFFFFF, np.int32(w), off))))
+    cuda.syncthreads()
+    scratch[tid] = np.int32(w)
+    cuda.syncthreads()
+    return np.uint32(u16x2_max(w, np.uint32(scratch[tid ^ off])))
+
+
+@devfn
+def asym_group_r(mxb, mnb, max_elem):
+    """(scale, zero point, finite, r = recip_guarded(scale) or ZERO) of an asymmetric group
+    from the float32 bits of its max and min: asym_params (group_params' MODE_ASYM), its
+    -xmin / s by the reciprocal where s has one (RN(-xmin / s) bit for bit: |xmin| <= s * qmax
+    * (1 + 2^-22), and where _division's small-quotient conditions fail the quotient is below
+    2^-20 with the sign of -xmin >= 0, whose rint is 0 as the IEEE quotient's), the IEEE
+    division otherwise (s NaN or out of range)."""
+    mn = bits_f32(mnb)
+    mx = bits_f32(mxb)
+    xmin = nanmin_f32(mn, ZERO)
+    xmax = nanmax_f32(mx, ZERO)
+    s = range_scale(xmax, xmin, max_elem)
+    finite = is_finite_f32(xmin) and is_finite_f32(xmax)
+    if not finite:
+        s = NAN
+    r = recip_guarded(s) if RECIP_DIV else ZERO
+    if r != ZERO:
+        z = -div_by_recip(xmin, s, r)  # (RN is symmetric: -RN(xmin / s) = RN(-xmin / s))
+    else:
+        z = -xmin / s
+    if z != z:
+        return s, np.int32(0), finite, r
+    if z < ZERO:
+        z = ZERO
+    if z > max_elem:
+        z = max_elem
+    return s, np.int32(rint_f32(z)), finite, r
 
 
 # The centred chunk step, generated for the chunk's W = K * VEC elements (one named
@@ -1440,9 +1508,13 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
     PK = FAST and kind != KIND_F32  # 16-bit elements: keys in pairs
     IC = ASYM_INT_CLIP
 
+    PS = FAST and ASYM_PACKED_STATS
+
     @devfn
     def unit_of(c):
-        """First unit of chunk c (its others: + k * ST)."""
+        """First unit of chunk c (its others: + k * ST); c >= 0."""
+        if PS:  # (c // LL) * L + c % LL, without a signed division
+            return c * K - (c & (LL - 1)) * (K - 1)
         if FAST:
             return (c // LL) * L + (c % LL)
         return c * K
@@ -1451,6 +1523,75 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
 
         @devfn
         def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, zps, means):
+            if PS and PK:
+                if kind == KIND_BF16:
+                    mx2, mn2 = unit_bf16_minmax(w0)
+                    a2 = word_amax16(w0)
+                    if K >= 2:
+                        x1, n1 = unit_bf16_minmax(w1)
+                        mx2 = bf16x2_max(mx2, x1)
+                        mn2 = bf16x2_min(mn2, n1)
+                        a2 = u16x2_max(a2, word_amax16(w1))
+                    if K >= 4:
+                        x2, n2 = unit_bf16_minmax(w2)
+                        x3, n3 = unit_bf16_minmax(w3)
+                        mx2 = bf16x2_max(mx2, bf16x2_max(x2, x3))
+                        mn2 = bf16x2_min(mn2, bf16x2_min(n2, n3))
+                        a2 = u16x2_max(a2, u16x2_max(word_amax16(w2), word_amax16(w3)))
+                    hi2 = word_ukeys(mx2)
+                    lo2 = word_ukeys(mn2)
+                    hk = max(hi2 & np.uint32(0xFFFF), hi2 >> np.uint32(16))
+                    if max(a2 & np.uint32(0xFFFF), a2 >> np.uint32(16)) > np.uint32(0x7F80):
+                        hk = np.uint32(0xFFFF)  # a NaN: the max key of a NaN (0x7FFF, sign 0)
+                else:
+                    hi2, lo2 = unit_ukeys(w0)
+                    if K >= 2:
+                        h1, l1 = unit_ukeys(w1)
+                        hi2 = u16x2_max(hi2, h1)
+                        lo2 = u16x2_min(lo2, l1)
+                    if K >= 4:
+                        h2, l2 = unit_ukeys(w2)
+                        h3, l3 = unit_ukeys(w3)
+                        hi2 = u16x2_max(hi2, u16x2_max(h2, h3))
+                        lo2 = u16x2_min(lo2, u16x2_min(l2, l3))
+                    hk = max(hi2 & np.uint32(0xFFFF), hi2 >> np.uint32(16))
+                lk = min(lo2 & np.uint32(0xFFFF), lo2 >> np.uint32(16))
+                kw = np.uint32(hk | ((np.uint32(0xFFFF) - lk) << np.uint32(16)))  # both maxima in one word
+                off = LL >> 1
+                while off > 0:
+                    kw = xor_u16x2_max(kw, off, shfl, scratch, tid)
+                    off >>= 1
+                if chunk < nchunks:
+                    sv, pz, clean, rr = asym_group_r(ukey_bits(kw & np.uint32(0xFFFF), kind),
+                                                     ukey_bits(np.uint32(0xFFFF) - (kw >> np.uint32(16)), kind), MAXE)
+                    if (tid & (LL - 1)) == 0:
+                        scales[chunk // LL] = sv
+                        zps[chunk // LL] = pz
+                    u = unit_of(chunk)
+                    flo = F32(-pz)
+                    fhi = F32(np.int32(fmt[7]) - pz)
+                    if IC:
+                        asym_unit_store_r(unit_elems(w0, kind), u, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt, VEC, NB)
+                        if K >= 2:
+                            asym_unit_store_r(unit_elems(w1, kind), u + ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt,
+                                              VEC, NB)
+                        if K >= 4:
+                            asym_unit_store_r(unit_elems(w2, kind), u + 2 * ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32,
+                                              fmt, VEC, NB)
+                            asym_unit_store_r(unit_elems(w3, kind), u + 3 * ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32,
+                                              fmt, VEC, NB)
+                    else:
+                        encode_store_int_unit_r(unit_elems(w0, kind), u, sv, ZERO, pz, flo, fhi, rr, clean, c8, c16, c32,
+                                                mode, fmt, VEC, NB)
+                        if K >= 2:
+                            encode_store_int_unit_r(unit_elems(w1, kind), u + ST, sv, ZERO, pz, flo, fhi, rr, clean, c8, c16,
+                                                    c32, mode, fmt, VEC, NB)
+                        if K >= 4:
+                            encode_store_int_unit_r(unit_elems(w2, kind), u + 2 * ST, sv, ZERO, pz, flo, fhi, rr, clean, c8,
+                                                    c16, c32, mode, fmt, VEC, NB)
+                            encode_store_int_unit_r(unit_elems(w3, kind), u + 3 * ST, sv, ZERO, pz, flo, fhi, rr, clean, c8,
+                                                    c16, c32, mode, fmt, VEC, NB)
+                return
             if PK:
                 hi2, lo2 = unit_ukeys(w0)
                 if K >= 2:
