@@ -59,6 +59,10 @@ SWEEP = [
     ("int8_centred", {}, (11, 256)),
     ("fp8_128x128", {}, (130, 256)),
     ("fp8_tensor", {"static_scale": True, "scale": 0.05}, (7, 512)),
+    # one launch at decode sizes (_grid: blocks waiting for the grid's amax), many blocks
+    ("fp8_tensor", {}, (64, 7168)),
+    ("nvfp4", {}, (64, 7168)),
+    ("fp8_tensor", {}, (3, 512)),
 ]
 BENCH = ["fp8_row", "fp8_1x128", "fp8_128x128", "fp8_tensor", "mxfp8", "mxfp6_e3m2", "mxfp4", "nvfp4",
          "int8_row", "int8_column", "int4_group", "int8_centred", "int4_asym"]
