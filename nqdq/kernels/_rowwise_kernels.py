@@ -1238,18 +1238,21 @@ STAT_GROUP_FAST = os.environ.get("NQDQ_STAT_GROUP_FAST", "1") == "1"
 # Asymmetric codes of finite groups (STAT_GROUP_FAST's groups and, with ASYM_ROW_RECIP_ONCE,
 # the asymmetric rows): clip(rint(x / s) + zp, 0, qmax), the reference's formula, rounded first
 # and clipped as integers (asym_code_r: two integer min / max per element instead of two float
-# compare-and-selects, which ptxas keeps for run-time float bounds). On since the same run
-# (int4_asym 74 / 75 -> 83 / 84 %, int8_asym 80 / 82 -> 87 / 90 % of copy). NQDQ_ASYM_INT_CLIP=0:
-# the previous encode (A/B).
+# compare-and-selects, which ptxas keeps for run-time float bounds; since 10:50 one add-and-min:
+# the lower clip never binds, see asym_code_r). On since the same run (int4_asym 74 / 75 -> 83 /
+# 84 %, int8_asym 80 / 82 -> 87 / 90 % of copy; at 10:50 with the one-op clip 86 / 88 and, at
+# the restored row geometry, int8_asym 89 / 90 -> 96 / 99 %). NQDQ_ASYM_INT_CLIP=0: the previous
+# encode (A/B).
 ASYM_INT_CLIP = os.environ.get("NQDQ_ASYM_INT_CLIP", "1") == "1"
 # With STAT_GROUP_FAST, the asymmetric groups' statistics in fewer instructions: bfloat16 min /
 # max two elements per instruction (min / max.bf16x2; a NaN, which those skip, found by the |x|
 # max of word_amax16 and made the group's max), a lane's (max key, 0xFFFF - min key) packed in
 # one word for the butterfly (one shuffle and one max.u16x2 per step, 16-bit input), the zero
 # point's -xmin / s by the reciprocal that the encode uses (asym_group_r), and a chunk's first
-# unit without a signed division. NQDQ_ASYM_PACKED_STATS=1 / 0; written after the last GPU run:
-# off for users, on with NQDQ_UNMEASURED_KERNELS=1 (the tests).
-ASYM_PACKED_STATS = os.environ.get("NQDQ_ASYM_PACKED_STATS", os.environ.get("NQDQ_UNMEASURED_KERNELS", "0")) == "1"
+# unit without a signed division. On since its H100 run (2026-11-21 10:50 UTC: 22 GPU tests
+# exact; int4_asym bf16 8192x8192 / 16384x7168 86 / 88 -> 90 / 92 % of copy, with the one-op
+# clip of asym_code_r). NQDQ_ASYM_PACKED_STATS=0: the previous statistics (A/B).
+ASYM_PACKED_STATS = os.environ.get("NQDQ_ASYM_PACKED_STATS", "1") == "1"
 
 _STAT_GROUPS_SRC = """
 def lastaxis_stat_groups(x, nchunks, codes, scales, zps, means):
