@@ -36,7 +36,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from ..reference.fused import UNIT, WARP
-from ._codec import F32, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32_bits, mul_rn
+from ._codec import F32, KIND_BF16, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32_bits, mul_rn
 from ._elements import encode_element, store_unit_wide
 from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
                              R_SPLIT_MIN_BITS, SIG_BITS, ff_add_nn, prod_err, round_bits, rsqrt_mean,
@@ -238,7 +238,9 @@ def _min_blocks(NT, res):
     """Blocks per SM the kernel's launch bound asks ptxas to fit: about 640 threads per SM
     (5 blocks of the 4-warp layout of hidden 7168, whose rmsnorm + fp8_row kernel took 128
     registers, i.e. 4 blocks, with the thread bound alone); none for blocks above 320
-    threads, nor with the residual (its kernels would spill at 96 registers)."""
+    threads, nor with the residual (its kernels would spill at 96 registers), nor for float32 /
+    float16 x (float32 words or the float16 decode take 160-255 registers: ``res`` is True
+    for them too)."""
     if MIN_BLOCKS is not None:
         return int(MIN_BLOCKS)
     return 640 // NT if NT <= 320 and not res else 0
@@ -282,6 +284,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     LL = G // UNIT  # lanes per scale group
     LLSH = max(LL, 1).bit_length() - 1  # log2(LL)
     MXRC = MODE == MODE_MX and MXR == MX_RCEIL
+    BF16X = kind == KIND_BF16 and wkind != KIND_F32  # the layouts W_EARLY and _min_blocks were measured on
+    WE = W_EARLY and BF16X
     MXE2M1 = MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and MX_Y_PAIRS
     load_x = _loader(kind, fast, strided)
     load_r = _loader(kind, fast, False)
@@ -552,8 +556,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         for j in range(1, U):
             L += [f"    t_hi, t_lo = unit_sq(a{j}, b{j})", "    s_hi, s_lo = ff_add_nn(s_hi, s_lo, t_hi, t_lo)"]
         # the weights' loads go out before the row's reduction (shuffles, barrier, 1/sqrt),
-        # which hides their latency (W_EARLY; else right before each unit's use)
-        if W_EARLY:
+        # which hides their latency (W_EARLY; else right before each unit's use). Only for
+        # bfloat16 x and 16-bit weights: float32 weights' words (8 a unit) held through the sum
+        # took a float32 kernel from 89 to 189 registers
+        if WE:
             L += [f"    wa{j}, wb{j} = load_w(w, w32, ut + {j * NT}, u{j}, nunits, 0, n, n, n, 0)" for j in J]
         L += ["    s_hi, s_lo = row_sum(s_hi, s_lo, tid, scratch, red)",
               "    r1, r2 = rsqrt_mean(s_hi, s_lo, F32(n), eps)"]
@@ -580,7 +586,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         use = ("    group_unit(y{j}, u{j} < nunits, u{j}, row, n, pcols, sg + {jNL}, tid, scratch, codes, c16, c32, scales, "
                "tu + {jNT})")
     for j in J:
-        if NORM and not W_EARLY:
+        if NORM and not WE:
             L += [f"    wa{j}, wb{j} = load_w(w, w32, ut + {j * NT}, u{j}, nunits, 0, n, n, n, 0)"]
         L += ["    y{j} = {Y}".format(j=j, Y=Y.format(j=j, jNT=j * NT)), use.format(j=j, jNT=j * NT, jNL=j * NT // max(LL, 1))]
     if out == OUT_ROW:
@@ -605,7 +611,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most
     # rows: <= 64 registers a thread; ptxas spills rather than fail at launch)
-    mb = _min_blocks(NT, RES)
+    mb = _min_blocks(NT, RES or not BF16X)
     kern = cuda.jit(fn) if SIMULATOR else cuda.jit(fn, launch_bounds=(NT, mb) if mb else (NT,))
     kern.source = src
     return kern
