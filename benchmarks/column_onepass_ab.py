@@ -10,8 +10,11 @@ Variants (each plan rebuilt; an old row twice shows drift):
   old   ``quantize.COLUMN_ONEPASS`` off (the two passes)
   new   on, P <= ``_column_kernels.ONEPASS_P_MAX`` (64) chunks per stripe
   p128  on, ``quantize.COLUMN_ONEPASS_P_MAX`` = 128 (wider stripes for tall inputs)
-  nt128, nt64p128, ...  on, blocks of 128 / 64 / 256 threads (``_column_kernels.ONEPASS_THREADS``,
-        ``ONEPASS_MIN_BLOCKS`` = 512 / threads), P at most 64 or 128
+  nt128, nt64p128pf0, ...  on, blocks of 128 / 64 / 256 threads (``_column_kernels.ONEPASS_THREADS``,
+        ``ONEPASS_MIN_BLOCKS`` = 512 / threads), P at most 64 or 128, L2 prefetch 1 (default),
+        0 or 2 resident grids ahead (``ONEPASS_PREFETCH``), the one-block-per-item kernel
+  pipe256, pipe128p128, ...  the pipelined kernel (``ONEPASS_PIPE``: persistent blocks, each
+        loading its next item while it waits on and encodes the current one)
 Every variant's codes and scales of one input set are compared bit for bit with the first
 variant's (the whole tensor), and with ``--ref`` the first variant's with the NumPy
 reference (the whole tensor, on the host).
@@ -34,12 +37,21 @@ SETTINGS = {
     "new": dict(COLUMN_ONEPASS=True, COLUMN_ONEPASS_P_MAX=None),
     "p128": dict(COLUMN_ONEPASS=True, COLUMN_ONEPASS_P_MAX=128),
 }
-# block sizes: ``nt128``, ``nt64p128`` ...: _column_kernels.ONEPASS_THREADS = 128 / 64 with
-# ONEPASS_MIN_BLOCKS = 512 / threads (128 registers a thread), P_MAX 64 or 128
+# block sizes / P / prefetch: ``nt128``, ``nt64p128pf0`` ...: _column_kernels.ONEPASS_THREADS =
+# 256 / 128 / 64 with ONEPASS_MIN_BLOCKS = 512 / threads (128 registers a thread), P_MAX 64 or
+# (p128) 128, ONEPASS_PREFETCH 1 or (pf0, pf2) 0 / 2 resident grids ahead
 for _nt in (256, 128, 64):
-    SETTINGS[f"nt{_nt}"] = dict(COLUMN_ONEPASS=True, COLUMN_ONEPASS_P_MAX=None, ONEPASS_THREADS=_nt,
-                                ONEPASS_MIN_BLOCKS=512 // _nt)  # fmt: skip
-    SETTINGS[f"nt{_nt}p128"] = dict(SETTINGS[f"nt{_nt}"], COLUMN_ONEPASS_P_MAX=128)
+    for _p in (None, 128):
+        for _pf in (1, 0, 2):
+            SETTINGS[f"nt{_nt}{'p128' if _p else ''}{'' if _pf == 1 else f'pf{_pf}'}"] = dict(
+                COLUMN_ONEPASS=True, COLUMN_ONEPASS_P_MAX=_p, ONEPASS_THREADS=_nt, ONEPASS_MIN_BLOCKS=512 // _nt,
+                ONEPASS_PREFETCH=float(_pf), ONEPASS_PIPE=False)  # fmt: skip
+    # pipelined (persistent blocks, two items of ONEPASS_PIPE_UNITS units in registers)
+    SETTINGS[f"pipe{_nt}"] = dict(SETTINGS[f"nt{_nt}pf0"], ONEPASS_PIPE=True)
+    SETTINGS[f"pipe{_nt}p128"] = dict(SETTINGS[f"nt{_nt}p128pf0"], ONEPASS_PIPE=True)
+
+
+_BUILT = {}
 
 
 def set_variant(tag):
@@ -47,9 +59,19 @@ def set_variant(tag):
     import nqdq.kernels._column_kernels as CK
     import nqdq.kernels.quantize as kq
 
+    if not _BUILT:  # kernels remembered per ONEPASS_MIN_BLOCKS too (read when a kernel is built)
+        base = CK.make_column_onepass_kernel.__wrapped__
+
+        def make(*a):
+            key = (a, CK.ONEPASS_MIN_BLOCKS)
+            if key not in _BUILT:
+                _BUILT[key] = base(*a)
+            return _BUILT[key]
+
+        CK.make_column_onepass_kernel = make
+        _BUILT["installed"] = True
     for k, v in SETTINGS[tag].items():
         setattr(CK if k.startswith("ONEPASS") else kq, k, v)
-    CK.make_column_onepass_kernel.cache_clear()  # (ONEPASS_MIN_BLOCKS is read when a kernel is built)
     kq._PLANS.clear()
     if nqdq.api._FAST is not None:
         nqdq.api._FAST.clear()

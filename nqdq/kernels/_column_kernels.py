@@ -260,7 +260,83 @@ ONEPASS_P_MAX = 64  # chunks per stripe at most (each waits for all of them)
 ONEPASS_MIN_BLOCKS = 2 * 256 // ONEPASS_THREADS
 ONEPASS_WIDTHS = (32, 16, 8, 4)  # stripe widths W in units, widest (longest row segments) first
 _SLEEP = not SIMULATOR  # (the simulator has no nanosleep; with P = 1 it never spins)
+# L2 prefetch of the item ONEPASS_PREFETCH x (resident blocks) tickets ahead, issued by each
+# block right after its own loads: DRAM keeps reading while blocks wait and encode (the
+# block that later takes that ticket finds its chunk in L2). 0: off. A hint only: the codes
+# cannot depend on it (tests compare with and without).
+# H100 2026-11-21 10:55: 1 and 2 slower than 0 (8192x8192 bf16 int8: 144 / 153 vs 135 us).
+ONEPASS_PREFETCH = float(os.environ.get("NQDQ_COLUMN_ONEPASS_PREFETCH", "0"))
+# The pipelined kernel (_PIPE_SRC) for P > 1: persistent blocks (ONEPASS_PIPE_BLOCKS, None: the
+# SM count x ONEPASS_MIN_BLOCKS), each holding two items of ONEPASS_PIPE_UNITS units a thread.
+ONEPASS_PIPE = os.environ.get("NQDQ_COLUMN_ONEPASS_PIPE", "1") == "1"
+ONEPASS_PIPE_UNITS = 8
+ONEPASS_PIPE_BLOCKS = None
+
+if SIMULATOR:
+
+    def prefetch_l2(a, i):
+        """Simulator twin: nothing (a prefetch changes no value)."""
+
+    def load_u32x4_ordered(a, i):
+        """Simulator twin: four consecutive words."""
+        j = 4 * int(i)
+        return (a[j], a[j + 1], a[j + 2], a[j + 3])
+
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    from ._ptx import _elem_ptr
+
+    @intrinsic
+    def prefetch_l2(typingctx, a, i):
+        """``prefetch.global.L2`` of the line holding word 4*i of the uint32 array ``a``."""
+        sig = types.void(a, i)
+
+        def codegen(context, builder, sig, args):
+            i4 = builder.mul(context.cast(builder, args[1], sig.args[1], types.int64), ir.Constant(ir.IntType(64), 4))
+            ptr = _elem_ptr(context, builder, sig.args[0], args[0], i4, types.int64)
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ptr.type]), "prefetch.global.L2 [$0];", "l",
+                               side_effect=True)  # fmt: skip
+            builder.call(asm, [ptr])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def load_u32x4_ordered(typingctx, a, i):
+        """``_ptx.load_u32x4`` (``ld.global.nc.v4.u32``) as a side effect, so that NVVM keeps it
+        where it is written: the pipelined kernel issues the next item's loads before it
+        waits on the current item, and a load the compiler sank below the wait would not
+        overlap it."""
+        sig = types.UniTuple(types.uint32, 4)(a, i)
+
+        def codegen(context, builder, sig, args):
+            i4 = builder.mul(context.cast(builder, args[1], sig.args[1], types.int64), ir.Constant(ir.IntType(64), 4))
+            ptr = _elem_ptr(context, builder, sig.args[0], args[0], i4, types.int64)
+            i32 = ir.IntType(32)
+            fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type])
+            asm = ir.InlineAsm(fty, "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", side_effect=True)
+            res = builder.call(asm, [ptr])
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, k) for k in range(4)])
+
+        return sig, codegen
+
+
+@devfn
+def load_unit_ordered(x, x32, aligned, unit, valid, kind):
+    """load_unit by load_u32x4_ordered (aligned input; element loads otherwise)."""
+    if valid and aligned:
+        return load_u32x4_ordered(x32, unit)
+    return load_unit(x, x32, aligned, unit, valid, kind)
 _SLEEP_MAX_NS = 256  # the waiting thread's back-off doubles from 32 ns up to this
+
+
+def onepass_ahead(sms):
+    """Tickets between a block's item and the one whose chunk it prefetches into L2: about
+    the blocks resident at once (ONEPASS_PREFETCH of them; 0: no prefetch)."""
+    return int(ONEPASS_PREFETCH * sms * ONEPASS_MIN_BLOCKS)
 
 
 def onepass_workspace_words(C, S):
@@ -268,7 +344,7 @@ def onepass_workspace_words(C, S):
     return C + S + 1
 
 
-def onepass_geometry(rows, upr, sms, p_max=None, nt=None, vec=8):
+def onepass_geometry(rows, upr, sms, p_max=None, nt=None, vec=8, units=None):
     """(NT, W, U, P, S) of ``column_onepass`` for ``rows`` rows of ``upr`` units, or None
     where it does not fit (the caller takes the two passes). NT threads per block, stripes
     of W units (S of them), U units per thread, P chunks of R = U * NT / W rows per stripe;
@@ -278,7 +354,7 @@ def onepass_geometry(rows, upr, sms, p_max=None, nt=None, vec=8):
     A single chunk per stripe (P = 1: no workspace, no wait) where rows fit one: the
     narrowest stripes that hold them with at most ONEPASS_UNITS units per thread (most
     blocks for a small input). Otherwise the widest stripes whose chunks of ONEPASS_UNITS
-    units per thread cover the rows in P <= min(p_max, sms) chunks."""
+    units per thread (``units`` where given) cover the rows in P <= min(p_max, sms) chunks."""
     NT = nt or ONEPASS_THREADS
     widths = ONEPASS_WIDTHS  # (read per call: tests narrow it)
     p_max = min(ONEPASS_P_MAX if p_max is None else p_max, sms)
@@ -291,11 +367,41 @@ def onepass_geometry(rows, upr, sms, p_max=None, nt=None, vec=8):
         if U <= ONEPASS_UNITS:
             U = 1 << max(U - 1, 0).bit_length()  # a power of two: few specialisations
             return NT, W, U, 1, -(-upr // W)
+    units = units or ONEPASS_UNITS
     for W in fits:
-        P = -(-rows // (ONEPASS_UNITS * NT // W))
+        P = -(-rows // (units * NT // W))
         if P <= p_max:
-            return NT, W, ONEPASS_UNITS, P, -(-upr // W)
+            return NT, W, units, P, -(-upr // W)
     return None
+
+
+def onepass_launches(kind, fmt, max_elem, packed, rows, C, sms, p_max, force_sync, empty, x, scales, codes, nt):
+    """The launches ``(kernel, grid, block, args)`` of the one pass over ``rows`` rows of C
+    channels, or None where onepass_geometry does not fit: ``zero_words`` then
+    ``column_onepass`` (pipelined where ONEPASS_PIPE) when P > 1 or ``force_sync``, else
+    ``column_onepass`` alone. ``empty(n, dtype[, role])`` allocates (the plan recorder's),
+    ``nt``: threads of the zeroing launch; sms: onepass_geometry's."""
+    vec = vec_of(kind)
+    upr = C // vec
+    g = onepass_geometry(rows, upr, sms, p_max, vec=vec, units=ONEPASS_PIPE_UNITS) if ONEPASS_PIPE else None
+    pipe = g is not None and g[3] > 1
+    if not pipe:  # one chunk per stripe, or too many of the pipelined kernel's: one item per block
+        g = onepass_geometry(rows, upr, sms, p_max, vec=vec)
+    if g is None:
+        return None
+    NT, W, U, P, S = g
+    if P == 1 and not force_sync:
+        k = make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, False)
+        return [(k, S, NT, (x, rows, upr, C, W, 1, S, 0, empty(1, np.int32, "dummy"), scales, codes))]
+    nw = onepass_workspace_words(C, S)
+    ws = empty(nw, np.int32)
+    zero = (zero_words, max(1, min(-(-nw // nt), 1024)), nt, (ws, nw))
+    if pipe or (ONEPASS_PIPE and force_sync):
+        grid = min(S * P, ONEPASS_PIPE_BLOCKS or sms * ONEPASS_MIN_BLOCKS)
+        k = make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, True, True)
+        return [zero, (k, grid, NT, (x, rows, upr, C, W, P, S, 0, ws, scales, codes))]
+    k = make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, True)
+    return [zero, (k, S * P, NT, (x, rows, upr, C, W, P, S, onepass_ahead(sms), ws, scales, codes))]
 
 
 @cuda.jit
@@ -348,7 +454,7 @@ def encode_finite_or_flag(e, s, r, okr, unit, c8, c16, c32, fmt, cvt, vec, nb, i
 # each unit a variable of its own, so the chunk stays in registers (a local array indexed in
 # loops is left in local memory by NVVM: 256 bytes of stack at U = 16).
 _ONEPASS_SRC = """
-def column_onepass(x, rows, upr, C, W, P, S, ws, scales, codes):
+def column_onepass(x, rows, upr, C, W, P, S, ahead, ws, scales, codes):
     t = cuda.threadIdx.x
     red = cuda.shared.array((NT, VEC), np.int32)  # per thread: its channels' amax bits
     sc = cuda.shared.array(CH_MAX, np.float32)  # the stripe's scales
@@ -378,6 +484,11 @@ def column_onepass(x, rows, upr, C, W, P, S, ws, scales, codes):
     a = (z, z, z, z, z, z, z, z)
     v{i} = colok and r0 + {i} * RG < rows  #U
     w{i} = load_unit(x, x32, aligned, (r0 + {i} * RG) * upr + uc, v{i}, kind)  #U
+    if ahead > 0 and item + ahead < S * P and aligned:  # the chunk of the item ``ahead`` tickets on, into L2
+        st2 = (item + ahead) // P
+        uc2 = st2 * W + lu
+        r2 = (item + ahead - st2 * P) * (U * RG) + rg
+        if uc2 < upr and r2 + {i} * RG < rows: prefetch_l2(x32, (r2 + {i} * RG) * upr + uc2)  #U
     a = word_max(a, w{i}, kind)  #U
     for j in range(VEC):
         red[t, j] = amax_bits(a[j], j, kind)
@@ -441,8 +552,153 @@ def column_onepass(x, rows, upr, C, W, P, S, ws, scales, codes):
 """
 
 
+# The pipelined kernel (``pipe``): persistent blocks, two items in registers. Each iteration
+# takes the next ticket and issues its loads (b{i}) before waiting on the current item (a{i}),
+# so a block's next chunk streams in while it waits and encodes. Its arrival comes after
+# the current item's encode, unless both items are of one stripe (then before the wait:
+# the wait would need it). A block's items rise, so a block whose arrival is pending waits
+# only on a lower stripe: the dependencies end at the lowest incomplete stripe, all of whose
+# tickets are held once P <= the resident blocks (the module docstring's argument).
+_PIPE_ARRIVE = """
+    m8 = (z, z, z, z, z, z, z, z)
+    m8 = word_max(m8, {p}{i}, kind)  #U
+    for j in range(VEC):
+        red[t, j] = amax_bits(m8[j], j, kind)
+    cuda.syncthreads()
+    if t < CH:
+        m = np.int32(0)
+        for g in range(RG):
+            m = max(m, red[t // VEC + g * W, t % VEC])
+        if s{p} * CH + t < C:
+            cuda.atomic.max(ws, s{p} * CH + t, m)
+    cuda.threadfence()  # every thread's atomic max is visible before the arrival is
+    cuda.syncthreads()
+    if t == 0:
+        cuda.atomic.add(ws, C + s{p}, np.int32(1))
+"""
+_PIPE_SRC = """
+def column_onepass(x, rows, upr, C, W, P, S, ahead, ws, scales, codes):
+    t = cuda.threadIdx.x
+    red = cuda.shared.array((NT, VEC), np.int32)
+    sc = cuda.shared.array(CH_MAX, np.float32)
+    rcs = cuda.shared.array(CH_MAX, np.float32)
+    slot = cuda.shared.array(1, np.int32)
+    RG = NT // W
+    CH = W * VEC
+    lu = t % W
+    rg = t // W
+    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
+    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
+    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    aligned = (array_addr(x) & 15) == 0
+    total = S * P
+    z = np.int32(0)
+    if t == 0:
+        slot[0] = cuda.atomic.add(ws, C + S, np.int32(1))
+    cuda.syncthreads()
+    cur = slot[0]
+    cuda.syncthreads()
+    if cur >= total:
+        return
+    sa = cur // P
+    ca = cur - sa * P
+    uca = sa * W + lu
+    r0a = ca * (U * RG) + rg
+    va{i} = uca < upr and r0a + {i} * RG < rows  #U
+    a{i} = load_unit_ordered(x, x32, aligned, (r0a + {i} * RG) * upr + uca, va{i}, kind)  #U
+{ARRIVE_a}
+    while True:
+        if t == 0:
+            slot[0] = cuda.atomic.add(ws, C + S, np.int32(1))
+        cuda.syncthreads()
+        nxt = slot[0]
+        more = nxt < total
+        sb = nxt // P
+        cb = nxt - sb * P
+        ucb = sb * W + lu
+        r0b = cb * (U * RG) + rg
+        vb{i} = more and ucb < upr and r0b + {i} * RG < rows  #U
+        b{i} = load_unit_ordered(x, x32, aligned, (r0b + {i} * RG) * upr + ucb, vb{i}, kind)  #U
+        early = more and sb == sa
+        if early:
+{ARRIVE_b_early}
+        if t == 0:
+            ns = np.uint32(32)
+            while cuda.atomic.add(ws, C + sa, np.int32(0)) < P:
+                if SLEEP:
+                    cuda.nanosleep(ns)
+                ns = min(ns * np.uint32(2), np.uint32(SLEEP_MAX_NS))
+            cuda.threadfence()
+        cuda.syncthreads()
+        if t < CH:  # the stripe's amaxes, by atomics (L2, never stale); scales as finalize's
+            m = np.int32(0)
+            if sa * CH + t < C:
+                m = cuda.atomic.max(ws, sa * CH + t, np.int32(0))
+            s = float_scale(bits_f32(np.uint32(m)), MAXE)
+            sc[t] = s
+            rcs[t] = recip_guarded(s)
+            if ca == 0 and sa * CH + t < C:
+                scales[sa * CH + t] = s
+        cuda.syncthreads()
+        j0 = lu * VEC
+        s0, s1, s2, s3 = sc[j0], sc[j0 + 1], sc[j0 + 2], sc[j0 + 3]
+        q0, q1, q2, q3 = rcs[j0], rcs[j0 + 1], rcs[j0 + 2], rcs[j0 + 3]
+        s4, s5, s6, s7 = s0, s0, s0, s0
+        q4, q5, q6, q7 = q0, q0, q0, q0
+        if VEC == 8:
+            s4, s5, s6, s7 = sc[j0 + 4], sc[j0 + 5], sc[j0 + 6], sc[j0 + 7]
+            q4, q5, q6, q7 = rcs[j0 + 4], rcs[j0 + 5], rcs[j0 + 6], rcs[j0 + 7]
+        sv = (s0, s1, s2, s3, s4, s5, s6, s7)
+        rc = (q0, q1, q2, q3, q4, q5, q6, q7)
+        ok = scale_ok(s0) and scale_ok(s1) and scale_ok(s2) and scale_ok(s3)
+        if VEC == 8:
+            ok = ok and scale_ok(s4) and scale_ok(s5) and scale_ok(s6) and scale_ok(s7)
+        okr = RECIP and ok and q0 != ZERO and q1 != ZERO and q2 != ZERO and q3 != ZERO
+        if VEC == 8:
+            okr = okr and q4 != ZERO and q5 != ZERO and q6 != ZERO and q7 != ZERO
+        slow = np.uint32(0)
+        if va{i}: slow |= encode_finite_or_flag(unit_elems(a{i}, kind), sv, rc, okr, (r0a + {i} * RG) * upr + uca, codes, c16, c32, fmt, CVT, VEC, NB, {i})  #U
+        i = 0
+        while slow != 0:
+            if slow & np.uint32(1):
+                u = (r0a + i * RG) * upr + uca
+                e = unit_elems(load_unit(x, x32, aligned, u, True, kind), kind)
+                encode_unit_cols(e, sv, ok, u, codes, c16, c32, fmt, CVT, VEC, NB)
+            slow >>= np.uint32(1)
+            i += 1
+        cuda.syncthreads()  # (sc, rcs and slot are rewritten next)
+        if not more:
+            break
+        if not early:
+{ARRIVE_b_late}
+        a{i} = b{i}  #U
+        va{i} = vb{i}  #U
+        sa, ca, uca, r0a = sb, cb, ucb, r0b
+"""
+
+
+def _expand(src, U):
+    """Repeat the lines marked "#U" for i = 0 .. U - 1 ({i} replaced)."""
+    lines = []
+    for line in src.splitlines():
+        if line.endswith("#U"):
+            lines += [line[: -len("#U")].rstrip().replace("{i}", str(i)) for i in range(U)]
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _pipe_source(U):
+    def arrive(p, indent):
+        body = _expand(_PIPE_ARRIVE.replace("{p}", p), U)
+        return "\n".join(" " * indent + ln if ln.strip() else ln for ln in body.splitlines())
+
+    src = _PIPE_SRC.replace("{ARRIVE_a}", arrive("a", 0)).replace("{ARRIVE_b_early}", arrive("b", 8))
+    return _expand(src.replace("{ARRIVE_b_late}", arrive("b", 8)), U)
+
+
 @lru_cache(maxsize=None)
-def make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, sync):
+def make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, sync, pipe=False):
     """Grid S * P (sync) or S (P = 1, no sync) blocks of NT threads: the item (stripe,
     chunk) of a block covers units stripe * W + t % W of rows chunk * R + t // W + i * NT /
     W (i < U), W (a power of two, 4 <= W <= 32, W * VEC <= NT) an argument; see the module
@@ -453,17 +709,11 @@ def make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, sync):
         SH=0 if kind == KIND_F32 else 1, CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV,
         MAXE=F32(max_elem), CH_MAX=32 * vec_of(kind), SYNC=sync, SLEEP=_SLEEP, SLEEP_MAX_NS=_SLEEP_MAX_NS,
     )  # fmt: skip
-    ns.update(float_scale=float_scale, bits_f32=bits_f32)  # (used only in the source)
-    lines = []
-    for line in _ONEPASS_SRC.splitlines():
-        if line.endswith("#U"):
-            lines += [line[: -len("#U")].rstrip().replace("{i}", str(i)) for i in range(U)]
-        else:
-            lines.append(line)
-    src = "\n".join(lines) + "\n"
+    ns.update(float_scale=float_scale, bits_f32=bits_f32, prefetch_l2=prefetch_l2)  # (used only in the source)
+    src = (_pipe_source(U) if pipe else _expand(_ONEPASS_SRC, U)) + "\n"
     glb = dict(globals())
     glb.update(ns)
-    exec(compile(src, f"<nqdq column_onepass U={U}>", "exec"), glb)
+    exec(compile(src, f"<nqdq column_onepass U={U}{' pipe' if pipe else ''}>", "exec"), glb)
     fn = glb["column_onepass"]
     fn.source = src
     if ONEPASS_MIN_BLOCKS and not SIMULATOR:  # (the simulator's jit takes no launch bounds)

@@ -542,7 +542,7 @@ NVFP4_PARTS_MAX = 1024  # amax blocks (partials that every group-kernel block re
 GRID_ONE_LAUNCH = True  # H100 10:21 UTC: 40 GPU tests passed; 64x7168 host 14.16 -> 8.92 us (fp8_tensor), 11.46 -> 9.51 us (nvfp4)
 GRID_MAX_U = 4
 COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
-# ... in one pass where the geometry fits (_column_kernels.onepass_geometry): zero_words ->
+# ... in one pass where the geometry fits (_column_kernels.onepass_launches): zero_words ->
 # column_onepass, every block's chunk held in registers across a per-stripe wait. False: the
 # two passes above (A/B). COLUMN_ONEPASS_P_MAX: chunks per stripe at most (None: the module's
 # ONEPASS_P_MAX; always at most the SM count). COLUMN_ONEPASS_SYNC (tests): the workspace and
@@ -579,15 +579,15 @@ def _fast_column(shape, kind, mode, ax, stoch):
     return COLUMN_FAST and mode == MODE_FLOAT and not stoch and ax == len(shape) - 1 and shape[-1] % RK.vec_of(kind) == 0
 
 
-def _onepass_column(rows, C, kind) -> bool:
-    """True where the one-pass column kernel takes a _fast_column case (COLUMN_ONEPASS and
-    onepass_geometry fits)."""
+def _onepass_column(rows, C, kind, fmt, maxe, packed, rec, out, nt):
+    """The one-pass launches (``_column_kernels.onepass_launches``) of a _fast_column case
+    where COLUMN_ONEPASS is on and its geometry fits, else None (the two passes)."""
     if not COLUMN_ONEPASS:
-        return False
+        return None
     from . import _column_kernels as CK
 
-    vec = RK.vec_of(kind)
-    return CK.onepass_geometry(rows, C // vec, _sm_count(), COLUMN_ONEPASS_P_MAX, vec=vec) is not None
+    return CK.onepass_launches(kind, fmt, maxe, packed, rows, C, _sm_count(), COLUMN_ONEPASS_P_MAX, COLUMN_ONEPASS_SYNC,
+                               rec.empty, _X, out.scales, out.codes, nt)  # fmt: skip
 
 
 def _fast_static(shape, kind, sch, mode, nt):
@@ -854,20 +854,11 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         ntiles = (n // (R * C)) * _cdiv(R, B0) * _cdiv(C, B1)
         _launch(K.make_tile_params_kernel(kind, mode, maxe, nt, B0, B1), ntiles, nt, xa, R, C, scales, zps)
         run_encode()
-    elif sch.granularity == "column" and _fast_column(shape, kind, mode, ax, stoch) and _onepass_column(rows, C, kind):
-        from . import _column_kernels as CK  # one read: chunks in registers across a per-stripe wait
-
-        vec = RK.vec_of(kind)
-        NT1, W, U, P, S = CK.onepass_geometry(rows, C // vec, _sm_count(), COLUMN_ONEPASS_P_MAX, vec=vec)
-        sync = P > 1 or COLUMN_ONEPASS_SYNC
-        k = CK.make_column_onepass_kernel(kind, fmt, maxe, NT1, U, packed, sync)
-        if sync:  # the workspace zeroed in the same sequence, then S * P blocks by ticket
-            nw = CK.onepass_workspace_words(C, S)
-            ws = rec.empty(nw, np.int32)
-            _launch(CK.zero_words, max(1, min(_cdiv(nw, nt), 1024)), nt, ws, nw)
-            _launch(k, S * P, NT1, xa, rows, C // vec, C, W, P, S, ws, scales, codes)
-        else:
-            _launch(k, S, NT1, xa, rows, C // vec, C, W, 1, S, rec.empty(1, np.int32, "dummy"), scales, codes)
+    elif sch.granularity == "column" and _fast_column(shape, kind, mode, ax, stoch) and (
+        one := _onepass_column(rows, C, kind, fmt, maxe, packed, rec, out, nt)
+    ) is not None:  # one read: each block's chunk in registers across a per-stripe wait
+        for k, grid, nthreads, args in one:
+            _launch(k, grid, nthreads, *args)
     elif sch.granularity == "column" and _fast_column(shape, kind, mode, ax, stoch):
         from . import _column_kernels as CK
 
