@@ -5,6 +5,7 @@ rows. Each op costs one kernel compilation (about 20 s of NVVM time) before it i
 ``benchmarks/fused_peers.py`` is the full comparison (every op, the unfused pair).
 
     python3 benchmarks/_fused_quick.py
+    ncu --section SpeedOfLight ... python3 benchmarks/_fused_quick.py --once   # one call of each op
 """
 import sys, time; sys.path.insert(0, 'benchmarks')
 import cupy as cp, numpy as np
@@ -29,5 +30,8 @@ for s, nb in (("fp8_row", ib + N * 2 + Rr * N + Rr * 4), ("mxfp4", ib + N * 2 + 
     from nqdq.reference.packing import pack_codes
     c = pack_codes(p.codes, 4) if s == "mxfp4" else p.codes
     ok = np.array_equal(q.codes.get()[sm].view(np.uint8), c.view(np.uint8)) and np.array_equal(q.scales.get()[sm].view(np.uint8), p.scales.view(np.uint8))
+    if "--once" in sys.argv:
+        print(f"rmsnorm+{s}: exact vs spec on {len(sm)} rows: {ok}", flush=True)
+        continue
     tf, _ = t.device_us(f, 2, bytes_per_launch=ib)
     print(f"rmsnorm+{s}: {tf:.1f} us {nb / tf / 1e3:.0f} GB/s {100 * nb / tf / 1e3 / cg:.1f}% of copy; exact vs spec on {len(sm)} rows: {ok}; compile+check {time.time() - t0:.0f} s", flush=True)

@@ -465,3 +465,24 @@ def test_e2m1_unit_y_matches_the_codec(monkeypatch):
         codes = np.stack([(got >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=1).reshape(-1)
         bad = codes != want
         assert not bad.any(), f"k={k}: {int(bad.sum())} differ, first y={y[bad][0]!r}: {codes[bad][0]} != {want[bad][0]}"
+
+
+def test_mx_y_pairs_switch_matches_reference(monkeypatch):
+    """The kernel with NQDQ_FUSED_MX_Y_PAIRS on (e2m1_unit_y in finite MX groups, an A/B
+    switch, off by default) gives the spec's bits too, with and without the residual."""
+    from nqdq.kernels import _fused_rows as FR
+
+    monkeypatch.setattr(FR, "MX_Y_PAIRS", True)
+    FR.fused_row_kernel.cache_clear()
+    try:
+        rng = np.random.default_rng(41)
+        x = rows(rng, 3, 200, "bfloat16")
+        x[1, 5] = np.inf  # a non-finite group takes the element encoder
+        w = rng.standard_normal(200).astype(BF16)
+        res = rows(rng, 3, 200, "bfloat16")
+        assert_q_equal(fused.rmsnorm_quantize(x, w, "mxfp4"), fused.rmsnorm_quantize(x, w, "mxfp4", device="cuda"))
+        (qc, rc), (qg, rg) = (fused.rmsnorm_quantize(x, w, "mxfp4", residual=res, device=d) for d in (None, "cuda"))
+        assert_q_equal(qc, qg)
+        np.testing.assert_array_equal(bits(rc), bits(rg))
+    finally:
+        FR.fused_row_kernel.cache_clear()

@@ -12,7 +12,8 @@ kernels (``_rowwise_kernels``) do:
 * the residual (optional) is added per element and the new residual leaves in two 8-byte
   stores per unit;
 * RMSNorm's sum of squares in float-float, in the spec's order (reference/fused.ff_row_sum):
-  a unit's halving tree and the thread's units in order, in registers; the 32 lanes by a
+  a unit's halving tree and the thread's units in order, in registers (every TwoSum as
+  Fast2Sum by min / max: _fused_kernels.two_sum_nn, the same bits); the 32 lanes by a
   butterfly of ``shfl.sync.bfly`` (ff_add is commutative bit for bit, so each lane of a pair
   gets the tree's value); the warps by one shared slot each, one barrier, then every thread
   adds the NW pairs in order and computes 1/sqrt itself (no second barrier, no idle lanes);
@@ -223,27 +224,31 @@ def e2m1_unit_y(e, p2):
                      e2m1_pair_sum(bf16x2_min(bf16x2_absmul(h3, p2), six)), (h0, h1, h2, h3))
 
 
-# A/B switches (read when a kernel is built): the weights loaded before the row's reduction
-# (NQDQ_FUSED_W_EARLY, default on) and a launch bound of that many blocks per SM, which makes
-# ptxas fit the registers of that many (NQDQ_FUSED_MIN_BLOCKS; unset: _min_blocks's policy,
-# 0: none)
-W_EARLY = os.environ.get("NQDQ_FUSED_W_EARLY", "1") == "1"
-MIN_BLOCKS = os.environ.get("NQDQ_FUSED_MIN_BLOCKS")  # None: the policy of _min_blocks
-# MX e2m1 codes of y through bfloat16 pairs (e2m1_unit_y; NQDQ_FUSED_MX_Y_PAIRS=0: the
-# quantize kernels' e2m1_unit_f32)
-MX_Y_PAIRS = os.environ.get("NQDQ_FUSED_MX_Y_PAIRS", "1") == "1"
+# A/B switches, read when a kernel is built; all three off by default since their H100 run
+# (2026-11-21 10:55 UTC, bf16 [8192, 7168], docs/performance.md "Fused ops: instruction
+# cuts"): NQDQ_FUSED_W_EARLY=1 loads the weights before the row's reduction (to hide their
+# latency behind the shuffles, barrier and 1/sqrt; it holds 28 more registers through the
+# sum: rmsnorm + fp8_row 90.1 us with it vs 87.1 without, the unfused y kernel 269 -> 364
+# us); NQDQ_FUSED_MIN_BLOCKS=k adds a launch bound of k blocks per SM (k = "policy":
+# _min_blocks, 5 blocks of the 4-warp layout; no gain measured); NQDQ_FUSED_MX_Y_PAIRS=1
+# encodes MX e2m1 of y by e2m1_unit_y (bit-exact, 96.8 vs 97.2 us: no gain measured).
+W_EARLY = os.environ.get("NQDQ_FUSED_W_EARLY", "0") == "1"
+MIN_BLOCKS = os.environ.get("NQDQ_FUSED_MIN_BLOCKS", "0")  # "policy": _min_blocks's choice
+MX_Y_PAIRS = os.environ.get("NQDQ_FUSED_MX_Y_PAIRS", "0") == "1"
 
 
 def _min_blocks(NT, res):
-    """Blocks per SM the kernel's launch bound asks ptxas to fit: about 640 threads per SM
+    """Blocks per SM the kernel's launch bound asks ptxas to fit (0: none). NQDQ_FUSED_MIN_BLOCKS=
+    "policy" (not the default: no gain measured) gives about 640 threads per SM
     (5 blocks of the 4-warp layout of hidden 7168, whose rmsnorm + fp8_row kernel took 128
     registers, i.e. 4 blocks, with the thread bound alone); none for blocks above 320
     threads, nor with the residual (its kernels would spill at 96 registers), nor for float32 /
     float16 x (float32 words or the float16 decode take 160-255 registers: ``res`` is True
     for them too)."""
-    if MIN_BLOCKS is not None:
+    if MIN_BLOCKS != "policy":
         return int(MIN_BLOCKS)
     return 640 // NT if NT <= 320 and not res else 0
+
 
 _KERNEL_ARGS = "x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D, dm"
 
