@@ -240,8 +240,8 @@ MX_Y_PAIRS = os.environ.get("NQDQ_FUSED_MX_Y_PAIRS", "0") == "1"
 def _min_blocks(NT, res):
     """Blocks per SM the kernel's launch bound asks ptxas to fit (0: none). NQDQ_FUSED_MIN_BLOCKS=
     "policy" (not the default: no gain measured) gives about 640 threads per SM
-    (5 blocks of the 4-warp layout of hidden 7168, whose rmsnorm + fp8_row kernel took 128
-    registers, i.e. 4 blocks, with the thread bound alone); none for blocks above 320
+    (5 blocks of the 4-warp layout of hidden 7168, whose rmsnorm + fp8_row kernel takes 111
+    registers, 128 with W_EARLY, i.e. 4 blocks, with the thread bound alone); none for blocks above 320
     threads, nor with the residual (its kernels would spill at 96 registers), nor for float32 /
     float16 x (float32 words or the float16 decode take 160-255 registers: ``res`` is True
     for them too)."""
