@@ -40,7 +40,7 @@ def onepass(monkeypatch):
 
 
 def _geometry(shape, dtype):
-    """(W, P, S) of the plan, and its kernel names."""
+    """onepass_geometry's (NT, W, U, P, S) of one block per item, and the plan's kernel names."""
     plan = kq.get_plan(shape, _KIND[dtype], resolve_scheme("int8_column"))
     names = [k.py_func.__name__ for k, _, _, _ in plan.launches]
     vec = 4 if dtype == np.float32 else 8
