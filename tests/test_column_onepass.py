@@ -108,7 +108,9 @@ def test_onepass_exact(onepass, name, kw, shape, dtype, sync):
     onepass.setattr(CK, "ONEPASS_PIPE", sync == "pipe")
     sch = resolve_scheme(name, **kw)
     x = _column_data(shape, seed=len(name) + shape[-1]).astype(dtype)
-    assert _launched(x.shape, dtype, sch) == (["zero_words", "column_onepass"] if sync else ["column_onepass"])
+    assert _launched(x.shape, dtype, sch) == ["column_onepass"]
+    roles = [s.role for s in kq.get_plan(x.shape, _KINDS[dtype], sch).slots]
+    assert ("zero" in roles) == bool(sync)  # the workspace, zeroed by the plan
     check(x, sch, x_ref=x.astype(np.float32))
 
 
@@ -125,7 +127,7 @@ def test_onepass_widths(onepass, widths, dtype, C):
     x = _column_data(shape, seed=widths[0]).astype(dtype)
     onepass.setattr(CK, "ONEPASS_PIPE", False)
     plan = kq.get_plan(shape, _KINDS[dtype], sch)
-    (_, _, _, zargs), (_, grid, block, args) = plan.launches
+    ((_, grid, block, args),) = plan.launches
     vec = 4 if dtype == np.float32 else 8
     NT, W, U, P, S = CK.onepass_geometry(21, 125, 1, vec=vec)
     assert (W, P, S, grid, block, args[4]) == (widths[0], 1, -(-125 // widths[0]), S, NT, W)
@@ -148,7 +150,7 @@ def test_onepass_pipelined_two_chunks(onepass, dtype):
     shape = (32, 8 * vec)
     sch = resolve_scheme("int8_column")
     plan = kq.get_plan(shape, _KINDS[dtype], sch)
-    (_, _, _, _), (k, grid, block, args) = plan.launches
+    ((k, grid, block, args),) = plan.launches
     assert (grid, args[4], args[5], args[6]) == (1, 4, 2, 2)  # 1 block; W, P, S
     x = _column_data(shape, seed=11).astype(dtype)
     check(x, sch, x_ref=x.astype(np.float32))
@@ -166,7 +168,3 @@ def test_onepass_falls_back(onepass):
     assert _launched((4, 64), ml_dtypes.bfloat16, sch) == ["column_amax", "finalize", "column_encode"]
 
 
-def test_zero_words():
-    ws = np.full(1000, 7, np.int32)
-    kq._launch(CK.zero_words, 2, 64, None, ws, 999)
-    assert (ws[:999] == 0).all() and ws[999] == 7

@@ -15,8 +15,9 @@ line), computes the scales as ``finalize`` does (``_scales.float_scale``) and th
 reciprocals, encodes the units it still holds and writes the codes; chunk 0 of each
 stripe writes the stripe's scales. The input is read once: bytes = input + codes + scales.
 The workspace (``onepass_workspace_words``: C amaxes, S stripe counters, a ticket) is zero
-at the start of every call: the plan zeroes it with ``zero_words`` in the same launch
-sequence (so CUDA-graph capture records it too).
+at the start of every call: the plan allocates it as a "zero" slot, which its CuPy runner
+zeroes with a memset in the call's stream before the launch (a memset node under CUDA-graph
+capture) and its general path fills.
 
 *Why it cannot deadlock without a cooperative launch.* A block does not use blockIdx: its
 first act is t = atomicAdd(ticket, 1), and it works on item t, items numbered stripe-major
@@ -395,10 +396,10 @@ def onepass_geometry(rows, upr, sms, p_max=None, nt=None, vec=8, units=None):
 
 def onepass_launches(kind, fmt, max_elem, packed, rows, C, sms, p_max, force_sync, empty, x, scales, codes, nt):
     """The launches ``(kernel, grid, block, args)`` of the one pass over ``rows`` rows of C
-    channels, or None where onepass_geometry does not fit: ``zero_words`` then
-    ``column_onepass`` (pipelined where ONEPASS_PIPE) when P > 1 or ``force_sync``, else
-    ``column_onepass`` alone. ``empty(n, dtype[, role])`` allocates (the plan recorder's),
-    ``nt``: threads of the zeroing launch; sms: onepass_geometry's."""
+    channels, or None where onepass_geometry does not fit: ``column_onepass`` (pipelined
+    where ONEPASS_PIPE) with a zeroed workspace when P > 1 or ``force_sync``, else without.
+    ``empty(n, dtype[, role])`` allocates (the plan recorder's; role "zero": zero at the
+    launch); sms: onepass_geometry's."""
     vec = vec_of(kind)
     upr = C // vec
     g = onepass_geometry(rows, upr, sms, p_max, vec=vec, units=ONEPASS_PIPE_UNITS) if ONEPASS_PIPE else None
@@ -412,21 +413,13 @@ def onepass_launches(kind, fmt, max_elem, packed, rows, C, sms, p_max, force_syn
         k = make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, False)
         return [(k, S, NT, (x, rows, upr, C, W, 1, S, 0, empty(1, np.int32, "dummy"), scales, codes))]
     nw = onepass_workspace_words(C, S)
-    ws = empty(nw, np.int32)
-    zero = (zero_words, max(1, min(-(-nw // nt), 1024)), nt, (ws, nw))
+    ws = empty(nw, np.int32, "zero")
     if pipe or (ONEPASS_PIPE and force_sync):
         grid = min(S * P, ONEPASS_PIPE_BLOCKS or sms * ONEPASS_MIN_BLOCKS)
         k = make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, True, True)
-        return [zero, (k, grid, NT, (x, rows, upr, C, W, P, S, 0, ws, scales, codes))]
+        return [(k, grid, NT, (x, rows, upr, C, W, P, S, 0, ws, scales, codes))]
     k = make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, True)
-    return [zero, (k, S * P, NT, (x, rows, upr, C, W, P, S, onepass_ahead(sms), ws, scales, codes))]
-
-
-@cuda.jit
-def zero_words(ws, n):
-    """ws[:n] = 0 (the one-pass workspace, before its kernel, in the same sequence)."""
-    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
-        ws[i] = 0
+    return [(k, S * P, NT, (x, rows, upr, C, W, P, S, onepass_ahead(sms), ws, scales, codes))]
 
 
 @devfn

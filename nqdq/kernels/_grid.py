@@ -18,7 +18,7 @@ has arrived, fences again and reads the max back by an atomic (never a cached lo
 ``max`` is order-independent, so the result is the same bits as the two-kernel path's.
 
 The wait needs every block of the grid resident at once. The plans guarantee it by
-launching at most one block per SM (``grid_blocks_limit``) of a kernel that fits on an SM
+launching at most one block per SM (``quantize._sm_count``) of a kernel that fits on an SM
 by itself; a block that cannot start yet (another kernel holds the SM) only delays the
 others until it can, it cannot be starved by them, since they never take a second slot.
 Under the CUDA simulator blocks run one after another, so the plans use these kernels
@@ -33,7 +33,7 @@ from numba import cuda
 
 from ._target import SIMULATOR, devfn
 
-__all__ = ["grid_max", "grid_blocks_limit", "SYNC_WORDS"]
+__all__ = ["grid_max", "SYNC_WORDS"]
 
 SYNC_WORDS = 2  # int32 words of a grid_max workspace: [arrivals, running max]
 _SLEEP = not SIMULATOR  # (the simulator has no nanosleep; its one-block grids never spin)
@@ -56,11 +56,3 @@ def grid_max(a, tid, sync, slot):
         slot[0] = cuda.atomic.max(sync, 1, 0)
     cuda.syncthreads()
     return slot[0]
-
-
-def grid_blocks_limit() -> int:
-    """The most blocks a grid_max kernel may be launched with: one per SM of the current
-    device (1 under the simulator, which runs blocks one after another)."""
-    if SIMULATOR:
-        return 1
-    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)

@@ -27,7 +27,7 @@ per-tensor dynamic float scales, whole units          ``tensor_amax`` -> ``final
 (STATIC_FAST)                                          ``static_encode`` (16-byte loads)
 per-tensor (dynamic) otherwise                         ``tensor_partials`` -> ``finalize`` ->
                                                        ``encode``
-per-channel float scales, channel axis last, rows of   ``zero_words`` -> ``column_onepass``
+per-channel float scales, channel axis last, rows of   ``column_onepass`` (workspace zeroed by the plan)
 whole units (COLUMN_FAST), a stripe's rows in at most  (_column_kernels: one read, each
 64 chunks held on chip (COLUMN_ONEPASS)                block's chunk in registers across a
                                                        per-stripe wait; P = 1: only
@@ -542,8 +542,8 @@ NVFP4_PARTS_MAX = 1024  # amax blocks (partials that every group-kernel block re
 GRID_ONE_LAUNCH = True  # H100 10:21 UTC: 40 GPU tests passed; 64x7168 host 14.16 -> 8.92 us (fp8_tensor), 11.46 -> 9.51 us (nvfp4)
 GRID_MAX_U = 4
 COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
-# ... in one pass where the geometry fits (_column_kernels.onepass_launches): zero_words ->
-# column_onepass, every block's chunk held in registers across a per-stripe wait. False: the
+# ... in one pass where the geometry fits (_column_kernels.onepass_launches): column_onepass
+# (its workspace a "zero" slot), every block's chunk held in registers across a per-stripe wait. False: the
 # two passes above (A/B). COLUMN_ONEPASS_P_MAX: chunks per stripe at most (None: the module's
 # ONEPASS_P_MAX; always at most the SM count). COLUMN_ONEPASS_SYNC (tests): the workspace and
 # the wait even where P = 1. H100 2026-11-21 10:40-11:00 (docs/performance.md, "Per-channel
@@ -556,8 +556,10 @@ COLUMN_ONEPASS_SYNC = False
 
 
 def _sm_count() -> int:
-    """Blocks the one-pass column wait may count on being resident: one per SM of the
-    current device (1 under the simulator, which runs blocks one after another)."""
+    """Blocks a kernel whose blocks wait for each other (the one-pass column kernel, the
+    ``_grid`` one-launch kernels) may count on being resident: one per SM of the current
+    device (1 under the simulator, which runs blocks one after another; dry runs set
+    SIMULATOR)."""
     if SIMULATOR:
         return 1
     from numba import cuda
@@ -668,13 +670,13 @@ def _fast_lastaxis(shape, kind, mode, G, nt, cheap_encode=False):
 
 def _grid_geometry(nitems, nt):
     """(NT, U, blocks) for a one-launch kernel of ``_grid`` over ``nitems`` work items (units
-    or chunks) of which a thread holds U <= GRID_MAX_U, at most ``_grid.grid_blocks_limit()``
-    blocks (one per SM); None when the input is too large for that (or GRID_ONE_LAUNCH is
+    or chunks) of which a thread holds U <= GRID_MAX_U, at most _sm_count() blocks (one
+    per SM); None when the input is too large for that (or GRID_ONE_LAUNCH is
     off): the streaming two-kernel paths then."""
     if not GRID_ONE_LAUNCH:
         return None
     NT = max(32, min(nt, 256))
-    limit = 1 if SIMULATOR else GRID.grid_blocks_limit()  # (SIMULATOR: the module's, which dry runs set)
+    limit = _sm_count()
     U = _cdiv(nitems, NT * limit)
     if U > GRID_MAX_U:
         return None
