@@ -284,10 +284,9 @@ ONEPASS_PREFETCH = float(os.environ.get("NQDQ_COLUMN_ONEPASS_PREFETCH", "0"))
 # SM count x ONEPASS_MIN_BLOCKS), each holding two items of ONEPASS_PIPE_UNITS units a thread.
 # H100 2026-11-21 10:57, arrivals after the encode: 29 / 22 % of copy (see _PIPE_SRC); 11:00,
 # as now (late only where the current stripe is complete): 55 / 54 % vs 51 / 53 % per item,
-# bf16 8192x8192 / 16384x7168, bit-exact there, its GPU tests not yet run: on where
-# NQDQ_UNMEASURED_KERNELS=1 (the tests), off for users (quantize.py's convention);
-# NQDQ_COLUMN_ONEPASS_PIPE=0/1 overrides.
-ONEPASS_PIPE = os.environ.get("NQDQ_COLUMN_ONEPASS_PIPE", os.environ.get("NQDQ_UNMEASURED_KERNELS", "0")) == "1"
+# bf16 8192x8192 / 16384x7168, bit-exact there; its GPU tests (tests/test_column_onepass_gpu.py)
+# passed in the final run at 11:09 (332 GPU tests). On; NQDQ_COLUMN_ONEPASS_PIPE=0 turns it off.
+ONEPASS_PIPE = os.environ.get("NQDQ_COLUMN_ONEPASS_PIPE", "1") == "1"
 ONEPASS_PIPE_UNITS = 8
 ONEPASS_PIPE_BLOCKS = None
 
