@@ -44,6 +44,8 @@ sys.path.insert(0, str(HERE.parent))
 
 SIZES = [(8192, 8192), (16384, 7168), (64, 7168)]
 NO_COMPILE = False
+# schemes whose scales come from every row: checked on the whole tensor, not its first rows
+_WHOLE_TENSOR_CHECK = ("nvfp4", "fp8_tensor", "int8_column")
 NQDQ_SCHEMES = ["fp8_row", "int8_row", "mxfp8", "mxfp4", "nvfp4", "fp8_1x128"]
 
 
@@ -399,9 +401,10 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
     out = [getattr(parts, f, None) for f in ("codes", "scales", "zero_points", "tensor_scale", "means")]
     out_bytes = sum(int(a.nbytes) for a in out if a is not None and hasattr(a, "nbytes"))
     note = f"kernels: {'+'.join(plan_launches) if plan_launches else '?'}"
-    try:  # row-wise schemes: the first rows alone are a valid input; nvfp4's tensor scale is global
+    try:  # row-wise schemes: the first rows alone are a valid input; a scale taken over every row
+        # (nvfp4's tensor scale, dynamic per-tensor, per-channel) needs the whole tensor
         check = min(xs[0].shape[0], 128)
-        if scheme != "nvfp4" or check == xs[0].shape[0]:
+        if scheme not in _WHOLE_TENSOR_CHECK or check == xs[0].shape[0]:
             base, kw = _static(scheme)
             ref = nqdq.quantize(xs[0][:check].get().view(ml_dtypes.bfloat16), base, device="cpu", **kw)
             got_codes = parts.codes[:check].get()
@@ -410,13 +413,13 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
                 got_scales.view(np.uint8), np.ascontiguousarray(ref.scales).view(np.uint8)
             )
             note += f"; first {check} rows {'bit-exact' if same else 'DIFFER from'} reference"
-        else:  # nvfp4 at full size: the whole tensor against the reference
+        else:  # the whole tensor against the reference
             xh = xs[0].get().view(ml_dtypes.bfloat16)
             ref = nqdq.quantize(xh, scheme, device="cpu")
             same = np.array_equal(parts.codes.get(), ref.codes) and np.array_equal(
                 parts.scales.get().view(np.uint8), np.ascontiguousarray(ref.scales).view(np.uint8)
-            ) and np.array_equal(np.asarray(parts.tensor_scale.get()).view(np.uint32),
-                                 np.asarray(ref.tensor_scale).view(np.uint32))
+            ) and (ref.tensor_scale is None or np.array_equal(np.asarray(parts.tensor_scale.get()).view(np.uint32),
+                                                               np.asarray(ref.tensor_scale).view(np.uint32)))
             note += f"; whole tensor {'bit-exact' if same else 'DIFFERS from'} reference"
     except Exception as e:
         note += f"; check failed: {type(e).__name__}: {str(e)[:80]}"
