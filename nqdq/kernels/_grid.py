@@ -17,13 +17,17 @@ it). One thread per block adds its block's value (``atom.global.max``), fences, 
 has arrived, fences again and reads the max back by an atomic (never a cached load).
 ``max`` is order-independent, so the result is the same bits as the two-kernel path's.
 
-The wait needs every block of the grid resident at once. The plans guarantee it by
-launching at most one block per SM (``quantize._sm_count``) of a kernel that fits on an SM
-by itself; a block that cannot start yet (another kernel holds the SM) only delays the
-others until it can, it cannot be starved by them, since they never take a second slot.
-Under the CUDA simulator blocks run one after another, so the plans use these kernels
-there only with a grid of one block (the wait is then satisfied by the block itself); the
-multi-block wait is tested on the GPU (tests/test_kernels_gpu.py).
+The wait needs every block of the grid resident at once. The plans launch at most one
+block per SM (``quantize._sm_count``) of a kernel small enough for four blocks per SM (256
+threads of 36-60 registers, no shared memory to speak of): a block that cannot start yet
+because another kernel holds its SM only delays the others until that kernel's blocks
+leave. Limit: the blocks of up to four such grids fit on the SMs together, so up to four
+one-launch calls may be in flight on different streams at once; more, each partly resident,
+could wait for each other for ever (a cooperative launch, which the driver places whole,
+would lift this; not done). Under the CUDA simulator blocks run one after another, so the
+plans use these kernels there only with a grid of one block (the wait is then satisfied by
+the block itself); the multi-block wait, concurrent streams and graph replays are tested on
+the GPU (tests/test_grid_one_launch_gpu.py).
 """
 
 from __future__ import annotations
