@@ -111,23 +111,33 @@ if not SIMULATOR:
         i64 = context.cast(builder, idx, idxty, types.int64)
         return builder.gep(arr.data, [i64])
 
-    @intrinsic
-    def load_u32x4(typingctx, a, i):
-        """Words 4*i .. 4*i + 3 of the uint32 array ``a`` (16-byte aligned) by one
-        ``ld.global.nc.v4.u32``: the input is read-only for the kernel's lifetime."""
-        sig = types.UniTuple(types.uint32, 4)(a, i)
+    def _load_u32x4_intrinsic(ordered):
+        def load(typingctx, a, i):
+            sig = types.UniTuple(types.uint32, 4)(a, i)
 
-        def codegen(context, builder, sig, args):
-            i4 = builder.mul(context.cast(builder, args[1], sig.args[1], types.int64), ir.Constant(ir.IntType(64), 4))
-            ptr = _elem_ptr(context, builder, sig.args[0], args[0], i4, types.int64)
-            i32 = ir.IntType(32)
-            fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type])
-            asm = ir.InlineAsm(fty, "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
-            res = builder.call(asm, [ptr])
-            vals = [builder.extract_value(res, k) for k in range(4)]
-            return context.make_tuple(builder, sig.return_type, vals)
+            def codegen(context, builder, sig, args):
+                i4 = builder.mul(context.cast(builder, args[1], sig.args[1], types.int64),
+                                 ir.Constant(ir.IntType(64), 4))
+                ptr = _elem_ptr(context, builder, sig.args[0], args[0], i4, types.int64)
+                i32 = ir.IntType(32)
+                fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type])
+                asm = ir.InlineAsm(fty, "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
+                                   side_effect=ordered)
+                res = builder.call(asm, [ptr])
+                vals = [builder.extract_value(res, k) for k in range(4)]
+                return context.make_tuple(builder, sig.return_type, vals)
 
-        return sig, codegen
+            return sig, codegen
+
+        return intrinsic(load)
+
+    # Words 4*i .. 4*i + 3 of the uint32 array ``a`` (16-byte aligned) by one
+    # ``ld.global.nc.v4.u32``: the input is read-only for the kernel's lifetime.
+    load_u32x4 = _load_u32x4_intrinsic(False)
+    # The same load as a side effect, so that NVVM keeps it where it is written (the
+    # pipelined column kernel issues the next item's loads before it waits on the current
+    # item; a load the compiler sank below the wait would not overlap it).
+    load_u32x4_ordered = _load_u32x4_intrinsic(True)
 
     @intrinsic
     def store_u32x2(typingctx, a, i, w0, w1):
@@ -169,6 +179,8 @@ else:
         """Simulator twin: four consecutive words."""
         j = 4 * int(i)
         return (a[j], a[j + 1], a[j + 2], a[j + 3])
+
+    load_u32x4_ordered = load_u32x4  # (the order of loads is not observable in the simulator)
 
     def store_u32x2(a, i, w0, w1):
         """Simulator twin: two consecutive words."""
