@@ -76,7 +76,7 @@ from numba import cuda
 
 from ._codec import F32, KIND_BF16, KIND_F32, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits
 from ._division import RECIP_DIV, recip_guarded
-from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports
+from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports, load_u32x4_ordered
 from ._rowwise_kernels import (
     FINITE, abs_i32, enc, enc_finite, enc_finite_r, fp8_pair_rr, load_unit, pack4, store_packed, unit_amax, unit_elems, vec_of,
 )  # fmt: skip
@@ -197,6 +197,27 @@ def scale_ok(s):
     return abs_i32(f32_bits(s)) < FINITE and s != ZERO
 
 
+@devfn
+def unit_col_scales(sc, rcs, j0, recip, vec):
+    """The scales and reciprocals of a unit's ``vec`` channels j0 .. (8-tuples; a 4-channel
+    unit repeats its first), from a stripe's shared copies; ``ok``: every scale finite and
+    non-zero; ``okr``: also every reciprocal in range (``recip``: RECIP_DIV)."""
+    s0, s1, s2, s3 = sc[j0], sc[j0 + 1], sc[j0 + 2], sc[j0 + 3]
+    q0, q1, q2, q3 = rcs[j0], rcs[j0 + 1], rcs[j0 + 2], rcs[j0 + 3]
+    s4, s5, s6, s7 = s0, s0, s0, s0
+    q4, q5, q6, q7 = q0, q0, q0, q0
+    if vec == 8:
+        s4, s5, s6, s7 = sc[j0 + 4], sc[j0 + 5], sc[j0 + 6], sc[j0 + 7]
+        q4, q5, q6, q7 = rcs[j0 + 4], rcs[j0 + 5], rcs[j0 + 6], rcs[j0 + 7]
+    ok = scale_ok(s0) and scale_ok(s1) and scale_ok(s2) and scale_ok(s3)
+    if vec == 8:
+        ok = ok and scale_ok(s4) and scale_ok(s5) and scale_ok(s6) and scale_ok(s7)
+    okr = recip and ok and q0 != ZERO and q1 != ZERO and q2 != ZERO and q3 != ZERO
+    if vec == 8:
+        okr = okr and q4 != ZERO and q5 != ZERO and q6 != ZERO and q7 != ZERO
+    return (s0, s1, s2, s3, s4, s5, s6, s7), (q0, q1, q2, q3, q4, q5, q6, q7), ok, okr
+
+
 @lru_cache(maxsize=None)
 def make_column_encode_kernel(kind, fmt, NT, packed):
     """Grid (ceil(units per row / NT), chunks): block (bx, c) encodes rows [c * rpc,
@@ -295,11 +316,6 @@ if SIMULATOR:
     def prefetch_l2(a, i):
         """Simulator twin: nothing (a prefetch changes no value)."""
 
-    def load_u32x4_ordered(a, i):
-        """Simulator twin: four consecutive words."""
-        j = 4 * int(i)
-        return (a[j], a[j + 1], a[j + 2], a[j + 3])
-
 else:
     from llvmlite import ir
     from numba import types
@@ -319,25 +335,6 @@ else:
                                side_effect=True)  # fmt: skip
             builder.call(asm, [ptr])
             return context.get_dummy_value()
-
-        return sig, codegen
-
-    @intrinsic
-    def load_u32x4_ordered(typingctx, a, i):
-        """``_ptx.load_u32x4`` (``ld.global.nc.v4.u32``) as a side effect, so that NVVM keeps it
-        where it is written: the pipelined kernel issues the next item's loads before it
-        waits on the current item, and a load the compiler sank below the wait would not
-        overlap it."""
-        sig = types.UniTuple(types.uint32, 4)(a, i)
-
-        def codegen(context, builder, sig, args):
-            i4 = builder.mul(context.cast(builder, args[1], sig.args[1], types.int64), ir.Constant(ir.IntType(64), 4))
-            ptr = _elem_ptr(context, builder, sig.args[0], args[0], i4, types.int64)
-            i32 = ir.IntType(32)
-            fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type])
-            asm = ir.InlineAsm(fty, "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", side_effect=True)
-            res = builder.call(asm, [ptr])
-            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, k) for k in range(4)])
 
         return sig, codegen
 
@@ -531,22 +528,7 @@ def column_onepass(x, rows, upr, C, W, P, S, ahead, ws, scales, codes):
         if chunk == 0 and stripe * CH + t < C:
             scales[stripe * CH + t] = s
     cuda.syncthreads()
-    j0 = lu * VEC
-    s0, s1, s2, s3 = sc[j0], sc[j0 + 1], sc[j0 + 2], sc[j0 + 3]
-    q0, q1, q2, q3 = rcs[j0], rcs[j0 + 1], rcs[j0 + 2], rcs[j0 + 3]
-    s4, s5, s6, s7 = s0, s0, s0, s0
-    q4, q5, q6, q7 = q0, q0, q0, q0
-    if VEC == 8:
-        s4, s5, s6, s7 = sc[j0 + 4], sc[j0 + 5], sc[j0 + 6], sc[j0 + 7]
-        q4, q5, q6, q7 = rcs[j0 + 4], rcs[j0 + 5], rcs[j0 + 6], rcs[j0 + 7]
-    s = (s0, s1, s2, s3, s4, s5, s6, s7)
-    rc = (q0, q1, q2, q3, q4, q5, q6, q7)
-    ok = scale_ok(s0) and scale_ok(s1) and scale_ok(s2) and scale_ok(s3)
-    if VEC == 8:
-        ok = ok and scale_ok(s4) and scale_ok(s5) and scale_ok(s6) and scale_ok(s7)
-    okr = RECIP and ok and q0 != ZERO and q1 != ZERO and q2 != ZERO and q3 != ZERO
-    if VEC == 8:
-        okr = okr and q4 != ZERO and q5 != ZERO and q6 != ZERO and q7 != ZERO
+    s, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
     # finite units with reciprocals: encoded from registers; the rest flagged in ``slow``
     # and re-read below by one copy of the general encode (not U inlined copies of it)
     slow = np.uint32(0)
@@ -655,22 +637,7 @@ def column_onepass(x, rows, upr, C, W, P, S, ahead, ws, scales, codes):
             if ca == 0 and sa * CH + t < C:
                 scales[sa * CH + t] = s
         cuda.syncthreads()
-        j0 = lu * VEC
-        s0, s1, s2, s3 = sc[j0], sc[j0 + 1], sc[j0 + 2], sc[j0 + 3]
-        q0, q1, q2, q3 = rcs[j0], rcs[j0 + 1], rcs[j0 + 2], rcs[j0 + 3]
-        s4, s5, s6, s7 = s0, s0, s0, s0
-        q4, q5, q6, q7 = q0, q0, q0, q0
-        if VEC == 8:
-            s4, s5, s6, s7 = sc[j0 + 4], sc[j0 + 5], sc[j0 + 6], sc[j0 + 7]
-            q4, q5, q6, q7 = rcs[j0 + 4], rcs[j0 + 5], rcs[j0 + 6], rcs[j0 + 7]
-        sv = (s0, s1, s2, s3, s4, s5, s6, s7)
-        rc = (q0, q1, q2, q3, q4, q5, q6, q7)
-        ok = scale_ok(s0) and scale_ok(s1) and scale_ok(s2) and scale_ok(s3)
-        if VEC == 8:
-            ok = ok and scale_ok(s4) and scale_ok(s5) and scale_ok(s6) and scale_ok(s7)
-        okr = RECIP and ok and q0 != ZERO and q1 != ZERO and q2 != ZERO and q3 != ZERO
-        if VEC == 8:
-            okr = okr and q4 != ZERO and q5 != ZERO and q6 != ZERO and q7 != ZERO
+        sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
         slow = np.uint32(0)
         if va{i}: slow |= encode_finite_or_flag(unit_elems(a{i}, kind), sv, rc, okr, (r0a + {i} * RG) * upr + uca, codes, c16, c32, fmt, CVT, VEC, NB, {i})  #U
         i = 0
