@@ -13,3 +13,18 @@ if os.environ.get("NQDQ_TEST_GPU") != "1":
 # The kernel paths not yet run on a GPU are off for users (nqdq/kernels/quantize.py) and on
 # for the tests, so CI checks them in the simulator and the next GPU session on the device.
 os.environ.setdefault("NQDQ_UNMEASURED_KERNELS", "1")
+
+
+import pytest  # noqa: E402  (after the environment above: numba.cuda reads it at import)
+
+
+@pytest.fixture
+def onepass(monkeypatch):
+    """The one-pass per-channel path on (tests/test_column_onepass*.py); plans built inside
+    the test are dropped afterwards. Yields the monkeypatch for further switches."""
+    import nqdq.kernels.quantize as kq
+
+    monkeypatch.setattr(kq, "COLUMN_ONEPASS", True)
+    kq._PLANS.clear()
+    yield monkeypatch
+    kq._PLANS.clear()

@@ -24,15 +24,6 @@ def _launched(shape, dtype, sch):
     return [k.py_func.__name__ if hasattr(k, "py_func") else k.__name__ for k, _, _, _ in plan.launches]
 
 
-@pytest.fixture
-def onepass(monkeypatch):
-    """The one-pass path on; plans built inside the test are dropped afterwards."""
-    monkeypatch.setattr(kq, "COLUMN_ONEPASS", True)
-    kq._PLANS.clear()
-    yield monkeypatch
-    kq._PLANS.clear()
-
-
 def _column_data(shape, seed):
     x = edge_data(shape, seed=seed)
     c = x.reshape(-1, shape[-1])

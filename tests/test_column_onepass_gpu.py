@@ -22,21 +22,11 @@ cp = gpu_cupy_or_skip()
 
 import nqdq.kernels._column_kernels as CK  # noqa: E402
 import nqdq.kernels.quantize as kq  # noqa: E402
-from nqdq.kernels._codec import KIND_BF16, KIND_F16, KIND_F32  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
 from test_column_onepass import _column_data  # noqa: E402
+from test_kernels import _KINDS as _KIND  # noqa: E402
 from test_kernels_gpu import check_gpu  # noqa: E402
-
-_KIND = {np.float32: KIND_F32, np.float16: KIND_F16, ml_dtypes.bfloat16: KIND_BF16}
-
-
-@pytest.fixture
-def onepass(monkeypatch):
-    monkeypatch.setattr(kq, "COLUMN_ONEPASS", True)
-    kq._PLANS.clear()
-    yield monkeypatch
-    kq._PLANS.clear()
 
 
 def _geometry(shape, dtype):
