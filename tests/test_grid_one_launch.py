@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 import nqdq.kernels.quantize as kq
+from numba import cuda
+from nqdq.kernels._grid import SYNC_WORDS, grid_max
 from nqdq.kernels._target import SIMULATOR
 from nqdq.schemes import resolve_scheme
 
@@ -85,3 +87,22 @@ def test_one_launch_matches_streaming_path(name, grid_switch):
     for f in ("codes", "scales", "tensor_scale"):
         if getattr(a, f) is not None:
             assert np.asarray(getattr(a, f)).tobytes() == np.asarray(getattr(b, f)).tobytes(), f
+
+
+@cuda.jit
+def _grid_max_kernel(vals, sync, out):
+    slot = cuda.shared.array(1, np.int32)
+    out[cuda.blockIdx.x] = grid_max(vals[cuda.blockIdx.x], cuda.threadIdx.x, sync, slot)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a one-block grid (the GPU file runs many blocks)")
+def test_grid_max_leaves_its_workspace_zero():
+    """The kernel that used a grid_max workspace hands it on as it found it (all zero), so
+    the next kernel of the stream can use it without a memset (_grid.StreamWorkspaces)."""
+    k = _grid_max_kernel
+    sync = np.zeros(SYNC_WORDS, np.int32)
+    for v in (7, 0x7F800000, 3):  # again and again on the same words: each call sees zeros
+        out = np.full(1, -1, np.int32)
+        k[1, 32](np.array([v], np.int32), sync, out)
+        assert out[0] == v
+        assert sync.tolist() == [0] * SYNC_WORDS

@@ -1,7 +1,8 @@
 """One-launch dynamic per-tensor and NVFP4 quantization on a GPU: many blocks waiting for
 each other's amax (``nqdq.kernels._grid``), bit-exact against the NumPy reference through
-both launch paths (the plan's generated CuPy runner, with its per-call zeroed workspace,
-and the general one), repeated, on concurrent streams, and replayed from a CUDA graph.
+both launch paths (the plan's generated CuPy runner, with its stream's workspace that every
+call leaves zero, and the general one), repeated, on concurrent streams, on per-thread
+default streams, and replayed from a CUDA graph beside direct calls.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def test_one_launch_edge_values(name, shape, dtype):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_one_launch_repeated_through_the_runner(name):
-    """The generated runner zeroes the workspace per call: ten calls in a row, each exact."""
+    """Ten calls in a row on one stream's workspace, each exact."""
     rng = np.random.default_rng(11)
     for _ in range(10):
         xh = _act(rng, (64, 7168))
@@ -96,3 +97,102 @@ def test_one_launch_replays_from_a_cuda_graph(name):
     x = cp.asarray(_act(rng, (64, 7168)).view(np.uint16))
     nqdq.quantize(x, name, dtype="bfloat16")
     _check_graph_replays(x, name, rng, trials=3)
+
+
+def test_grid_max_many_blocks_leave_the_workspace_zero():
+    """Many blocks: every block gets the grid's max, and the last to leave zeroes the words."""
+    from numba import cuda
+
+    from nqdq.kernels._grid import SYNC_WORDS
+
+    from test_grid_one_launch import _grid_max_kernel as k
+
+    n = kq._sm_count()
+    rng = np.random.default_rng(5)
+    sync = cuda.to_device(np.zeros(SYNC_WORDS, np.int32))
+    for _ in range(5):
+        vals = rng.integers(0, 0x7F800001, n, dtype=np.int32)
+        out = cuda.device_array(n, np.int32)
+        k[n, 128](cuda.to_device(vals), sync, out)
+        assert (out.copy_to_host() == vals.max()).all()
+        assert sync.copy_to_host().tolist() == [0] * SYNC_WORDS
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_one_launch_stream_workspace_is_zero_between_calls(name):
+    """Direct calls use their stream's workspace (no memset), which each call leaves zero."""
+    rng = np.random.default_rng(14)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        for _ in range(4):
+            xh = _act(rng, (64, 7168))
+            q = nqdq.quantize(cp.asarray(xh.view(np.uint16)), name, dtype="bfloat16")
+            _check(q, nqdq.quantize(xh, name, device="cpu"), name)
+    s.synchronize()
+    ws = kq._STREAM_WS._by_ptr[s.ptr][1]
+    assert ws.get().tolist() == [0] * ws.size
+    assert "ws = _ws(cs)" in kq.get_plan((64, 7168), 1, resolve_scheme(name)).cupy_runner().source
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_one_launch_graph_replays_beside_direct_calls(name):
+    """A graph captured on stream a holds a workspace of its own: replayed on stream b while
+    direct calls run on a (whose workspace is a's), every result is exact."""
+    rng = np.random.default_rng(15)
+    a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    xg = cp.asarray(_act(rng, (64, 7168)).view(np.uint16))
+    with a:
+        nqdq.quantize(xg, name, dtype="bfloat16")  # warm a's pool (no cudaMalloc in the capture)
+        a.synchronize()
+        a.begin_capture()
+        qg = nqdq.quantize(xg, name, dtype="bfloat16")
+        graph = a.end_capture()
+    for trial in range(4):
+        xh_g = _act(rng, (64, 7168))
+        xg[...] = cp.asarray(xh_g.view(np.uint16))
+        cp.cuda.Device().synchronize()
+        data = [_act(rng, (64, 7168)) for _ in range(6)]
+        devs = [cp.asarray(x.view(np.uint16)) for x in data]
+        cp.cuda.Device().synchronize()
+        direct = []
+        for i in range(6):
+            if i == 1:
+                graph.launch(b)
+            with a:
+                direct.append(nqdq.quantize(devs[i], name, dtype="bfloat16"))
+        cp.cuda.Device().synchronize()
+        _check(qg, nqdq.quantize(xh_g, name, device="cpu"), f"{name} replay {trial}")
+        for i in range(6):
+            _check(direct[i], nqdq.quantize(data[i], name, device="cpu"), f"{name} trial {trial} call {i}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_one_launch_per_thread_default_streams(name):
+    """The per-thread default stream has one handle for every host thread; each thread's
+    calls get a workspace of their own (a shared one would mix two grids' arrivals)."""
+    import threading
+
+    rng = np.random.default_rng(16)
+    data = [[_act(rng, (64, 7168)) for _ in range(6)] for _ in range(2)]
+    devs = [[cp.asarray(x.view(np.uint16)) for x in d] for d in data]
+    cp.cuda.Device().synchronize()
+    results = [[], []]
+    barrier = threading.Barrier(2)
+
+    def work(t):
+        with cp.cuda.Stream.ptds:
+            barrier.wait()
+            for x in devs[t]:
+                results[t].append(nqdq.quantize(x, name, dtype="bfloat16"))
+            cp.cuda.Stream.ptds.synchronize()
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    cp.cuda.Device().synchronize()
+    for t in range(2):
+        assert len(results[t]) == 6, f"thread {t} did not finish"
+        for i in range(6):
+            _check(results[t][i], nqdq.quantize(data[t][i], name, device="cpu"), f"{name} thread {t} call {i}")

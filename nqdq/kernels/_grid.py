@@ -8,14 +8,23 @@ second launch latency on the device. :func:`grid_max` lets one kernel do both: e
 loads its units into registers, reduces their amax, and publishes it; the blocks wait for
 each other; then every block encodes what it already holds.
 
-``sync`` is two int32 words, zero when the kernel starts (the quantize plan zeroes them
-with its allocation, in the same stream: a memset node under CUDA-graph capture): sync[0]
-counts the blocks that arrived, sync[1] is the running max (non-negative int32 bits of a
-float32 magnitude, so integer max is float max, NaN above +inf where the caller counts
-it). One thread per block adds its block's value (``atom.global.max``), fences, arrives
-(``atom.global.add``), spins on the count with a short sleep until every block of the grid
-has arrived, fences again and reads the max back by an atomic (never a cached load).
-``max`` is order-independent, so the result is the same bits as the two-kernel path's.
+``sync`` is three int32 words, zero when the kernel starts, and zero again when it ends:
+sync[0] counts the blocks that arrived, sync[1] is the running max (non-negative int32
+bits of a float32 magnitude, so integer max is float max, NaN above +inf where the caller
+counts it), sync[2] counts the blocks that have read the max back. One thread per block
+adds its block's value (``atom.global.max``), fences, arrives (``atom.global.add``), spins
+on the count with a short sleep until every block of the grid has arrived, fences again,
+reads the max back by an atomic (never a cached load), fences, and departs
+(``atom.global.add`` on sync[2]); the block that departs last has seen every other block's
+read done, so it sets the three words back to zero. ``max`` is order-independent, so the
+result is the same bits as the two-kernel path's.
+
+Because the kernel leaves its workspace as it found it, kernels that run one after another
+can share one: :class:`StreamWorkspaces` gives each CUDA stream its own (kernels of one
+stream never overlap), so the CuPy runner of a quantize plan issues no memset on its
+direct calls. Under CUDA-graph capture the runner instead puts the workspace in the call's
+own allocation and zeroes it with a memset (a graph node): a graph may be replayed on any
+stream, concurrently with direct calls, so it must not share the stream's workspace.
 
 The wait needs every block of the grid resident at once. The plans launch at most one
 block per SM (``quantize._sm_count``) of a kernel small enough for four blocks per SM (256
@@ -32,14 +41,17 @@ the GPU (tests/test_grid_one_launch_gpu.py).
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from numba import cuda
 
 from ._target import SIMULATOR, devfn
 
-__all__ = ["grid_max", "SYNC_WORDS"]
+__all__ = ["grid_max", "SYNC_WORDS", "StreamWorkspaces"]
 
-SYNC_WORDS = 2  # int32 words of a grid_max workspace: [arrivals, running max]
+SYNC_WORDS = 3  # int32 words of a grid_max workspace: [arrivals, running max, departures]
+_PER_THREAD = 2  # cudaStreamPerThread, the per-thread default stream's handle
 _SLEEP = not SIMULATOR  # (the simulator has no nanosleep; its one-block grids never spin)
 
 
@@ -58,5 +70,47 @@ def grid_max(a, tid, sync, slot):
                 cuda.nanosleep(np.uint32(32))
         cuda.threadfence()
         slot[0] = cuda.atomic.max(sync, 1, 0)
+        cuda.threadfence()  # this block's read is done before its departure is counted
+        if cuda.atomic.add(sync, 2, 1) == n - 1:  # the last to leave: the next kernel finds zeros
+            cuda.atomic.exch(sync, 0, 0)
+            cuda.atomic.exch(sync, 1, 0)
+            cuda.atomic.exch(sync, 2, 0)
     cuda.syncthreads()
     return slot[0]
+
+
+class StreamWorkspaces:
+    """One zeroed ``grid_max`` workspace per CUDA stream, for the host side of a plan's
+    direct (not captured) calls: ``get(stream)`` -> the device address of ``stream``'s
+    workspace, allocated and zeroed in that stream on first use. Safe because the kernels
+    leave it zero (``grid_max``) and kernels of one stream run one after another. A dict
+    entry keeps its CuPy ``Stream`` object alive, so a handle in the dict is never a
+    destroyed stream's reused by a new one; at most ``limit`` streams are kept (the oldest
+    entry is dropped past that: its array goes back to CuPy's pool in its own stream's
+    arena). One exception: an ``ExternalStream`` does not own its handle, so a stream the
+    caller destroys while its work is pending, and a new stream given the same handle at
+    once, would share a workspace; nqdq cannot see that."""
+
+    def __init__(self, cupy, words=SYNC_WORDS, limit=64):
+        self._cp = cupy
+        self._words = int(words)
+        self._limit = int(limit)
+        self._by_ptr = {}  # stream handle -> (Stream, array, address)
+
+    def get(self, stream):
+        key = stream.ptr
+        if key == _PER_THREAD:  # one handle, a different stream in every host thread
+            key = (key, threading.get_ident())
+        e = self._by_ptr.get(key)
+        if e is None:
+            e = self._new(stream, key)
+        return e[2]
+
+    def _new(self, stream, key):
+        with stream:
+            a = self._cp.zeros(self._words, np.int32)  # its memset in this stream, before any use
+        e = (stream, a, int(a.data.ptr))
+        while len(self._by_ptr) >= self._limit:
+            self._by_ptr.pop(next(iter(self._by_ptr)), None)
+        self._by_ptr[key] = e
+        return e

@@ -168,8 +168,10 @@ def _geo_args(shape, block):
 class _Slot:
     """An array of a quantize plan: ``n`` items of ``dtype``; ``role`` is "out" (returned),
     "scratch" (written by one launch, read by a later one), "zero" (scratch that must be
-    zero when the first launch starts: a ``_grid`` workspace) or "dummy" (a placeholder
-    for an output the scheme does not have: never written, never read)."""
+    zero when the first launch starts: the column one-pass workspace), "reset" (the same,
+    and the kernel leaves it zero when it ends: a ``_grid`` workspace, which the CuPy
+    runner takes from ``_grid.StreamWorkspaces`` outside graph capture) or "dummy" (a
+    placeholder for an output the scheme does not have: never written, never read)."""
 
     __slots__ = ("i", "n", "dtype", "role")
 
@@ -301,7 +303,7 @@ class QuantPlan:
     def execute(self, xarr, alloc: Allocator, seed=None, scale_host=None, out_fill=None) -> QuantParts:
         arrays = [alloc.empty(s.n, s.dtype) for s in self.slots]
         for s in self.slots:
-            if s.role == "zero":
+            if s.role in ("zero", "reset"):
                 fill_bytes(arrays[s.i], 0)
         if out_fill is not None:
             for s in (self.codes, self.scales, self.zps, self.means, self.tscale):
@@ -364,6 +366,10 @@ class QuantPlan:
         align = 256
         offsets, total = {}, 0
         dummy_off, dummy_total = {}, 0
+        reset = [s for s in self.slots if s.role == "reset"] if GRID_STREAM_WS else []
+        zero_roles = ("zero",) if GRID_STREAM_WS else ("zero", "reset")
+        if len(reset) > 1 or any(s.n > GRID.SYNC_WORDS or s.dtype != np.int32 for s in reset):
+            return None  # (no plan has more than one grid_max workspace)
         for s in self.slots:
             nb = max(s.n * s.dtype.itemsize, 1)
             if s.role == "dummy":
@@ -378,6 +384,8 @@ class QuantPlan:
             if type(a) is _Slot:
                 if a.role == "dummy":
                     return L.Ptr("dummy", dummy_off[a.i], a.n, a.dtype)
+                if a.role == "reset" and GRID_STREAM_WS:
+                    return L.Ptr("ws", 0, a.n, a.dtype)
                 return L.Ptr("base", offsets[a.i], a.n, a.dtype)
             if a is _X:
                 return L.Ptr("xp", 0, math.prod(self.shape), self._xdtype)
@@ -388,7 +396,7 @@ class QuantPlan:
             return a
 
         launches = [(k, g, b, tuple(map(ptr, args))) for k, g, b, args in self.launches]
-        seq = L.compile_sequence(launches, ("xp", "base", "dummy", "lo", "hi"))
+        seq = L.compile_sequence(launches, ("xp", "base", "dummy", "lo", "hi", "ws"))
         if seq is None:
             return None
         # the output arrays: ndarray's own __new__ + _init where that builds the same array
@@ -399,10 +407,26 @@ class QuantPlan:
             "_cur": cp.cuda.get_current_stream, "_dummies": dummies,
             "_DP": int(dummies.data.ptr) if dummies is not None else 0,
         }  # fmt: skip
-        zero = [s for s in self.slots if s.role == "zero"]  # zeroed in the call's stream, before the launches
-        lines = ["def run(x, lo=0, hi=0):", f"    mp = _alloc({max(total, 1)})", "    st = _cur().ptr"]
+        zero = [s for s in self.slots if s.role in zero_roles]  # zeroed in the call's stream, before the launches
+        lines = ["def run(x, lo=0, hi=0):", f"    mp = _alloc({max(total, 1)})"]
+        lines += ["    cs = _cur()", "    st = cs.ptr"] if reset else ["    st = _cur().ptr"]
         lines += [f"    _memset(mp.ptr + {offsets[s.i]}, 0, {s.n * s.dtype.itemsize}, st)" for s in zero]
-        lines.append("    _seq(st, x.data.ptr, mp.ptr, _DP, lo, hi)")
+        if reset:  # the stream's own grid_max workspace; in a graph, the call's own (a memset node)
+            r = reset[0]
+            lines += [
+                "    try:",
+                "        cap = _capturing(st)",  # cudaStreamIsCapturing: 0 when not capturing
+                "    except Exception:",  # (the legacy stream while another captures): graph-safe
+                "        cap = 1",
+                "    if cap:",
+                f"        ws = mp.ptr + {offsets[r.i]}",
+                f"        _memset(ws, 0, {r.n * r.dtype.itemsize}, st)",
+                "    else:",
+                "        ws = _ws(cs)",
+            ]
+            ns["_capturing"] = cp.cuda.runtime.streamIsCapturing
+            ns["_ws"] = _stream_workspaces(cp).get
+        lines.append(f"    _seq(st, x.data.ptr, mp.ptr, _DP, lo, hi, {'ws' if reset else 0})")
         ns["_memset"] = cp.cuda.runtime.memsetAsync
         results = []
         for name, s, shape, dt in (
@@ -432,6 +456,20 @@ class QuantPlan:
         run.plan = self
         run.fast_arrays = new is not None
         return run
+
+
+_STREAM_WS = None
+_STREAM_WS_LOCK = threading.Lock()
+
+
+def _stream_workspaces(cp):
+    """The process's :class:`_grid.StreamWorkspaces` (one per process: a stream's kernels
+    share one workspace whatever plan launched them)."""
+    global _STREAM_WS
+    with _STREAM_WS_LOCK:
+        if _STREAM_WS is None:
+            _STREAM_WS = GRID.StreamWorkspaces(cp)
+    return _STREAM_WS
 
 
 _PLANS: collections.OrderedDict = collections.OrderedDict()
@@ -541,6 +579,11 @@ NVFP4_PARTS_MAX = 1024  # amax blocks (partials that every group-kernel block re
 # per thread), instead of an amax kernel before the encode (docs/performance.md)
 GRID_ONE_LAUNCH = True  # H100 10:21 UTC: 40 GPU tests passed; 64x7168 host 14.16 -> 8.92 us (fp8_tensor), 11.46 -> 9.51 us (nvfp4)
 GRID_MAX_U = 4
+# The one-launch kernels leave their workspace zero (_grid.grid_max), so the CuPy runner's
+# direct calls take their stream's workspace (_grid.StreamWorkspaces) instead of zeroing one
+# with a memset per call; under graph capture it keeps the memset (a graph node). "0": the
+# memset on every call (A/B).
+GRID_STREAM_WS = os.environ.get("NQDQ_GRID_STREAM_WS", "1") == "1"
 COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
 # ... in one pass where the geometry fits (_column_kernels.onepass_launches): column_onepass
 # (its workspace a "zero" slot), every block's chunk held in registers across a per-stripe wait. False: the
@@ -812,7 +855,7 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             NT, U, nblocks = gs
             k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL, senc_grid=True)
             _launch(k, nblocks, NT, xa, n // RK.vec_of(kind) // Kc, codes, scales, out.tscale,
-                    rec.empty(GRID.SYNC_WORDS, np.int32, "zero"))
+                    rec.empty(GRID.SYNC_WORDS, np.int32, "reset"))
         elif fast is not None and fast[0] == "group" and NVFP4_SENC_IN_GROUPS and n // RK.vec_of(kind) < NVFP4_SENC_MAX_UNITS:
             # two launches: the group kernel computes S_enc from the amax partials itself
             parts, nparts = tensor_amax_parts(max(32, min(nt, 256)), True, NVFP4_PARTS_MAX)
@@ -835,7 +878,7 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             NT, U, nblocks = gs
             k = RK.make_static_kernel(kind, fmt, NT, U, packed, False, maxe, SHFL)
             _launch(k, nblocks, NT, xa, n // RK.vec_of(kind), shape[-1] // RK.vec_of(kind), codes, scales,
-                    rec.empty(GRID.SYNC_WORDS, np.int32, "zero"))
+                    rec.empty(GRID.SYNC_WORDS, np.int32, "reset"))
         elif fast_static is not None:  # whole units: vector-load amax pass, then the static pass
             NT, U, _ = fast_static
             run_tensor_amax(NT, False)
