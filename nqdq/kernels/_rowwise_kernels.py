@@ -952,55 +952,6 @@ def lastaxis_rows(x, upr, codes, scales, sparams):
     if tid + {jNT} < upr: encode_store_unit_r(unit_elems(w{j}, kind), base + {jNT}, p0, rp, clean, codes, c16, c32, mode, fmt, CVT, VEC, NB)
 '''
 
-# Persistent rows (``persist``): a grid of a few blocks per SM, block b taking rows b, b +
-# gridDim, ...; while it reduces and encodes row r its registers already hold row r + gridDim
-# (the loads issued first), so a block's loads overlap its own barrier and encode instead of
-# only other blocks'. Two register sets of U units; the warps' amaxes alternate between two
-# shared slots per warp, so a warp that runs ahead writes the other slot (the barrier of the
-# row in between keeps it from lapping a slow warp).
-_ROWS_PERSIST_SRC = '''
-def lastaxis_rows(x, upr, codes, scales, sparams, rows):
-    tid = cuda.threadIdx.x
-    scratch = cuda.shared.array(SCRATCH, int32)
-    red2 = cuda.shared.array(NW2, int32)
-    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
-    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
-    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
-    aligned = (array_addr(x) & 15) == 0
-    row = cuda.blockIdx.x
-    step = cuda.gridDim.x
-    base = row * upr + tid
-    ok = row < rows
-    if aligned:
-        w{j} = load_unit(x, x32, True, base + {jNT}, ok and tid + {jNT} < upr, kind)
-    else:
-        w{j} = load_unit(x, x32, False, base + {jNT}, ok and tid + {jNT} < upr, kind)
-    par = 0
-    while row < rows:
-        nbase = base + step * upr
-        nok = row + step < rows
-        if aligned:
-            n{j} = load_unit(x, x32, True, nbase + {jNT}, nok and tid + {jNT} < upr, kind)
-        else:
-            n{j} = load_unit(x, x32, False, nbase + {jNT}, nok and tid + {jNT} < upr, kind)
-        a = np.int32(0)
-        a2 = np.uint32(0)
-        a, a2 = amax_step(a, a2, w{j}, kind, VEC)
-        a = amax_done(a, a2, kind)
-        a = block_max(a, tid, scratch, red2[par * NW : par * NW + NW])
-        s_enc = sparams[0] if mode == MODE_NVFP4 else ONE
-        sv, p0, pz = group_params(mode, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
-        if tid == 0:
-            store_scale(scales, row, mode, sv)
-        clean = a < FINITE
-        rp = recip_guarded(p0) if mode == MODE_FLOAT else ZERO
-        if tid + {jNT} < upr: encode_store_unit_r(unit_elems(w{j}, kind), base + {jNT}, p0, rp, clean, codes, c16, c32, mode, fmt, CVT, VEC, NB)
-        w{j} = n{j}
-        row += step
-        base = nbase
-        par ^= 1
-'''
-
 
 def _block_max_fn(NT, shfl):
     NW = NT // 32
@@ -1023,19 +974,17 @@ def _block_max_fn(NT, shfl):
 
 
 @lru_cache(maxsize=None)
-def make_lastaxis_row_kernel(kind, mode, fmt, mx_cfg, max_elem, NT, U, packed, shfl, persist=False):
+def make_lastaxis_row_kernel(kind, mode, fmt, mx_cfg, max_elem, NT, U, packed, shfl):
     """One scale per row of a C-contiguous (rows, upr units) input, one block per row: thread
     t holds the row's units t, t + NT, ... (U of them, NT * U >= upr) in registers from the
     load to the encode; the row's amax is combined by warps (butterfly) and across warps (one
-    shared slot each, one barrier). ``persist``: the kernel takes ``rows`` too and its blocks
-    loop over rows, each loading its next row before it encodes the current one
-    (_ROWS_PERSIST_SRC)."""
+    shared slot each, one barrier)."""
     VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
     assert NT % 32 == 0
-    ns = dict(NT=NT, U=U, NW=NT // 32, NW2=2 * (NT // 32), SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1,
-              kind=kind, mode=mode, fmt=fmt, VEC=VEC, NB=NB, CVT=CVT, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE, MXI=MXI,
+    ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
+              mode=mode, fmt=fmt, VEC=VEC, NB=NB, CVT=CVT, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE, MXI=MXI,
               block_max=_block_max_fn(NT, shfl))
-    return _jit_unrolled("lastaxis_rows", _ROWS_PERSIST_SRC if persist else _ROWS_SRC, ns, U)
+    return _jit_unrolled("lastaxis_rows", _ROWS_SRC, ns, U)
 
 
 # ----------------------------------------------------------------------------- tensor amax

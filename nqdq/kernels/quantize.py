@@ -543,10 +543,6 @@ CHEAP_UNITS = 1  # units per chunk where the encode is the paired fp8 cvt (K > 1
 # 123.74 (Triton peer 70.27 / 118.62; docs/performance.md)
 ROW_UNITS_DEEP = 5
 ROW_NT_EXACT = True
-# float row scales over deep rows: ROW_PERSIST blocks per SM that loop over the rows, each
-# loading its next row before it encodes the current one (_rowwise_kernels._ROWS_PERSIST_SRC);
-# 0: one block per row. Not yet measured on a GPU: off.
-ROW_PERSIST = int(os.environ.get("NQDQ_ROW_PERSIST", "0"))
 DEEP_ROWS = 528  # rows from which the row kernel uses deep threads (4 blocks per H100 SM)
 DEEP_UNITS = 4 * 256 * 264  # units from which the group kernel uses GROUP_UNITS per thread
 SHFL = RK.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twin on a GPU
@@ -812,13 +808,8 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
                 _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, zps, means)
         elif fast[0] == "row":
             _, NT, U = fast
-            nb = ROW_PERSIST * _sm_count() if mode == MODE_FLOAT and rows >= DEEP_ROWS else 0
-            if 0 < nb < rows:  # persistent blocks, each loading its next row before it encodes one
-                k = RK.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL, persist=True)
-                _launch(k, nb, NT, xa, C // vec, codes, scales, out.sparams, rows)
-            else:
-                k = RK.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL)
-                _launch(k, rows, NT, xa, C // vec, codes, scales, out.sparams)
+            k = RK.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL)
+            _launch(k, rows, NT, xa, C // vec, codes, scales, out.sparams)
         else:
             _, L, K, NT, U = fast
             k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, K, NT, U, packed, SHFL)
