@@ -121,6 +121,11 @@ def main(argv=None):
                     help="RMSNorm ops: time the fused op only (no unfused pair: not compiled, not timed); exactness "
                          "is then checked against the NumPy spec on the sampled rows only (A/B runs of the kernel's "
                          "NQDQ_FUSED_* switches, whose settings label the rows)")
+    ap.add_argument("--ab", action="append", default=[], metavar="SWITCH=V1,V2",
+                    help="A/B in this process: after an op's default timing, time it again with nqdq.kernels."
+                         "_fused_rows.SWITCH set to each value (ints; a switch is tried only on the ops it applies to: "
+                         "ROWS_BF16 flatten / MoE mxfp4, RES_CVT +res, PREFETCH rmsnorm), then the default "
+                         "once more; each variant's whole outputs are checked bit for bit against the default's")
     ap.add_argument("--pytest", nargs="*", metavar="ARG",
                     help="first run pytest -m gpu tests/test_fused_gpu.py [ARG ...] in this process (the kernels it "
                          "compiles are then reused here: one compilation per kernel for both)")
@@ -164,16 +169,72 @@ def main(argv=None):
     sample = np.sort(np.random.default_rng(0).choice(rows, SAMPLE_ROWS, replace=False))
     w_h = bf16_host(w).astype(np.float32)
 
+    from nqdq.kernels import _fused_rows as FR
+
+    ab = []
+    for spec in args.ab:
+        name, vals = spec.split("=")
+        ab += [(name, int(v)) for v in vals.split(",")]
+    applies = {"ROWS_BF16": lambda op: ("flatten" in op or "moe" in op) and "mxfp4" in op,
+               "RES_CVT": lambda op: "+res" in op, "PREFETCH": lambda op: "rmsnorm" in op}
+
+    def outputs(o):
+        """Every output array of a fused call (q's codes and scales, new residual, perm, offsets)."""
+        o = o if isinstance(o, tuple) else (o,)
+        arrs = []
+        for v in o:
+            arrs += [v.codes, v.scales] if hasattr(v, "codes") else [v]
+        return arrs
+
+    class switched:
+        """``with``: nqdq.kernels._fused_rows.NAME = v (bools stay bools), restored after."""
+
+        def __init__(self, name, v):
+            self.name, self.v = name, v
+
+        def __enter__(self):
+            self.old = getattr(FR, self.name)
+            setattr(FR, self.name, bool(self.v) if isinstance(self.old, bool) else type(self.old)(self.v))
+
+        def __exit__(self, *exc):
+            setattr(FR, self.name, self.old)
+
+    def row(op, t, t_u, nbytes, hb):
+        gbs = nbytes / t / 1e3
+        r = dict(op=op, us=t, gbs=gbs, frac_copy=gbs / copy_gbs, unfused_us=t_u, speedup=t_u / t, bytes=nbytes,
+                 host_bound=hb)
+        results.append(r)
+        # printed at once too: a run cut short by its time limit keeps what was measured
+        print(f"partial: {op:44s} {t:8.1f} us {100 * r['frac_copy']:5.1f}% of copy", flush=True)
+
     def record(op, fused_fn, unfused_fn, nbytes):
         if args.only and args.only not in op:
             return
+        # the A/B variants are compiled and checked here, outside the timing lock (other
+        # processes time meanwhile); only the timings are taken under it
+        variants_ab = [(name, v) for name, v in ab if applies.get(name, lambda op: True)(op)]
+        ready = []
+        if variants_ab:
+            ref = outputs(fused_fn(0))
+            for name, v in variants_ab:
+                with switched(name, v):
+                    got = outputs(fused_fn(0))
+                ok = len(got) == len(ref) and all(same(a, b) for a, b in zip(got, ref))
+                ready.append((name, v, ok))
+                checks.append(dict(op=f"{op} [{name}={v}]", full_vs_unfused=ok, rows_vs_reference=ok))
         with timing:
             t_f, hb_f = timer.device_us(fused_fn, nsets, bytes_per_launch=nbytes)
             t_u, hb_u = (float("nan"), False) if unfused_fn is None else timer.device_us(unfused_fn, nsets,
                                                                                         bytes_per_launch=nbytes)
-        gbs = nbytes / t_f / 1e3
-        results.append(dict(op=op, us=t_f, gbs=gbs, frac_copy=gbs / copy_gbs, unfused_us=t_u,
-                            speedup=t_u / t_f, bytes=nbytes, host_bound=hb_f or hb_u))
+            row(op, t_f, t_u, nbytes, hb_f or hb_u)
+            for name, v, ok in ready:
+                with switched(name, v):
+                    t_v, hb_v = timer.device_us(fused_fn, nsets, bytes_per_launch=nbytes)
+                row(f"{op} [{name}={v}]", t_v, t_u, nbytes, hb_v)
+            if ready:  # the default again: the drift over the A/B
+                t_a, hb_a = timer.device_us(fused_fn, nsets, bytes_per_launch=nbytes)
+                row(f"{op} [default again]", t_a, t_u, nbytes, hb_a)
+                checks.append(dict(op=f"{op} [default again]", full_vs_unfused=True, rows_vs_reference=True))
 
     # ---- RMSNorm + quantize, with and without the residual
     for scheme in SCHEMES:

@@ -486,3 +486,40 @@ def test_mx_y_pairs_switch_matches_reference(monkeypatch):
         np.testing.assert_array_equal(bits(rc), bits(rg))
     finally:
         FR.fused_row_kernel.cache_clear()
+
+
+@pytest.mark.parametrize("switch", ["ROWS_BF16", "RES_CVT", "PREFETCH"])
+def test_session3_switches_match_reference(switch, monkeypatch):
+    """Each A/B switch of the third session, on, gives the spec's bits (the switch's paths:
+    ROWS_BF16 flatten / MoE rows of bfloat16 into MXFP4 by the words' pair encoder, with a
+    non-finite group; RES_CVT the residual by cvt.rn.bf16x2 with NaN (its 0x7FFF made 0x7FC0),
+    inf, overflowing and subnormal sums; PREFETCH 1 row ahead, a hint the simulator
+    ignores, so only that the launch argument and its code path run)."""
+    from nqdq.kernels import _fused_rows as FR
+
+    monkeypatch.setattr(FR, switch, 1 if switch == "PREFETCH" else True)
+    rng = np.random.default_rng(43)
+    if switch == "ROWS_BF16":
+        x = rows(rng, 3 * 2, 64, "bfloat16").reshape(3, 2, 64)
+        x[1, 0, 40] = np.inf  # group 1 of row 1: non-finite (element encoder)
+        for scheme in ("mxfp4", "fp8_1x128"):  # fp8_1x128: the switch leaves it alone
+            q_ref = nqdq.quantize(x.reshape(3, 128), scheme)
+            assert_q_equal(fused.flatten_quantize(x, scheme, device="cuda"), q_ref)
+        ids = np.array([[1, 0], [0, 2], [2, 1]])
+        q_g, perm_g, _ = fused.moe_sort_quantize(x.reshape(3, 128), ids, 3, "mxfp4", device="cuda")
+        assert_q_equal(q_g, nqdq.quantize(x.reshape(3, 128)[perm_g], "mxfp4"))
+        return
+    x = rows(rng, 3, 64, "bfloat16")
+    res = rows(rng, 3, 64, "bfloat16")
+    if switch == "RES_CVT":
+        x[0, 3], res[0, 3] = np.inf, -np.inf  # inf + -inf: NaN (0x7FC0 in the spec)
+        x[1, 9] = np.nan
+        x[2, 17], res[2, 17] = 3e38, 3e38  # overflows to inf (no NaN: the fast words stand)
+        x[2, 20], res[2, 20] = 1e-39, 1e-39  # subnormal sum
+    w = rng.standard_normal(64).astype(BF16)
+    for scheme in ("fp8_row", "mxfp4") if switch == "RES_CVT" else ("mxfp4",):
+        (qc, rc), (qg, rg) = (fused.rmsnorm_quantize(x, w, scheme, residual=res, device=d) for d in (None, "cuda"))
+        assert_q_equal(qc, qg)
+        np.testing.assert_array_equal(bits(rc), bits(rg))
+    if switch == "PREFETCH":  # the prefetch without a residual
+        assert_q_equal(fused.rmsnorm_quantize(x, w, "fp8_row"), fused.rmsnorm_quantize(x, w, "fp8_row", device="cuda"))

@@ -170,3 +170,51 @@ def test_gpu_moe_sort_quantize():
     codes, scales = ref_q(RQ.quantize(x.astype(np.float32)[perm_ref], sch), sch)
     np.testing.assert_array_equal(bits(q.codes), bits(codes))
     np.testing.assert_array_equal(bits(q.scales), bits(scales))
+
+
+@pytest.mark.parametrize("switch", ["ROWS_BF16", "RES_CVT", "PREFETCH"])
+def test_gpu_session3_switches(switch, monkeypatch):
+    """The third session's A/B switches on a GPU, each on, bit for bit against the spec at
+    hidden 7168: ROWS_BF16 (flatten of a strided view and the MoE gather into MXFP4 by the
+    words' pair encoder; a non-finite group in one row), RES_CVT (cvt.rn.bf16x2 for the new
+    residual against round_bits, with NaN, inf - inf, overflowing and subnormal sums: the
+    intrinsic against its twin's rule), PREFETCH (prefetch.global.L2 of rows 3 ahead: a hint,
+    the outputs must not change)."""
+    from nqdq.kernels import _fused_rows as FR
+
+    monkeypatch.setattr(FR, switch, 3 if switch == "PREFETCH" else True)
+    rng = np.random.default_rng(31)
+    if switch == "ROWS_BF16":
+        x = rows(rng, 77 * 56, 128, "bfloat16").reshape(77, 56, 128)
+        x[5, 3, 7] = np.inf
+        sch = resolve_scheme("mxfp4")
+        codes, scales = ref_q(RQ.quantize(x.reshape(77, 56 * 128).astype(np.float32), sch), sch)
+        view = to_gpu(np.ascontiguousarray(x.transpose(1, 0, 2))).transpose(1, 0, 2)
+        q = fused.flatten_quantize(view, "mxfp4", dtype="bfloat16")
+        np.testing.assert_array_equal(bits(q.codes), bits(codes))
+        np.testing.assert_array_equal(bits(q.scales), bits(scales))
+        x2 = x.reshape(77, 7168)
+        ids = np.stack([rng.permutation(16)[:2] for _ in range(77)]).astype(np.int32)
+        q, perm, _ = fused.moe_sort_quantize(to_gpu(x2), cp.asarray(ids), 16, "mxfp4", dtype="bfloat16")
+        perm_ref, _ = R.moe_sort(ids, 16)
+        codes, scales = ref_q(RQ.quantize(x2.astype(np.float32)[perm_ref], sch), sch)
+        np.testing.assert_array_equal(bits(q.codes), bits(codes))
+        np.testing.assert_array_equal(bits(q.scales), bits(scales))
+        return
+    x = rows(rng, 77, 7168, "bfloat16")
+    res = rows(rng, 77, 7168, "bfloat16")
+    x[3, 9], res[3, 9] = np.inf, -np.inf
+    x[4, 100] = np.nan
+    x[5, 17], res[5, 17] = 3e38, 3e38
+    x[6, 20], res[6, 20] = 1e-39, 2e-39
+    x[7, :], res[7, :] = 1e-39, -3e-39  # a row of subnormal sums
+    w = rng.standard_normal(7168).astype(BF16)
+    for scheme in ("fp8_row", "mxfp4"):
+        sch = resolve_scheme(scheme)
+        out = fused.rmsnorm_quantize(to_gpu(x), to_gpu(w), scheme, residual=to_gpu(res), dtype="bfloat16")
+        parts, new_res = R.rmsnorm_quantize(x.astype(np.float32), w.astype(np.float32), sch, np.float32(1e-6),
+                                            "bfloat16", "bfloat16", res32=res.astype(np.float32))
+        codes, scales = ref_q(parts, sch)
+        np.testing.assert_array_equal(bits(out[0].codes), bits(codes))
+        np.testing.assert_array_equal(bits(out[0].scales), bits(scales))
+        np.testing.assert_array_equal(bits(out[1]), bits(new_res))

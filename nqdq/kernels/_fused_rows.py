@@ -42,11 +42,12 @@ from ._elements import encode_element, store_unit_wide
 from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
                              R_SPLIT_MIN_BITS, SIG_BITS, ff_add_nn, prod_err, round_bits, rsqrt_mean,
                              two_sum_nn)
-from ._ptx import bf16x2_absmul, bf16x2_min, fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt, store_u32x2, u16x2_min
+from ._ptx import (bf16x2_absmul, bf16x2_min, cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt,
+                   store_u32x2, u16x2_min)
 from ._quantize_kernels import group_params, store_scale
 from ._division import RECIP_DIV, ratio_ok, recip_guarded
-from ._rowwise_kernels import (BF16X2_SIX, FINITE, _block_max_fn, abs_i32, e2m1_pack, e2m1_pair_sum, encode_store_unit_r,
-                               half_bits, is_e2m1, unit_amax, xor_get, xor_max)
+from ._rowwise_kernels import (BF16X2_SIX, FINITE, _block_max_fn, abs_i32, e2m1_pack, e2m1_pair_sum, e2m1_unit_bf16,
+                               encode_store_unit_r, half_bits, is_e2m1, unit_amax, word_amax16, xor_get, xor_max)
 from ._scales import MODE_FLOAT, MODE_MX, MX_RCEIL
 from ._target import SIMULATOR, devfn
 
@@ -89,7 +90,27 @@ if not SIMULATOR:
 
     as_u32 = _as_words(types.uint32, 4)
     as_u16 = _as_words(types.uint16, 2)
+
+    @intrinsic
+    def prefetch_l2(typingctx, a, i):
+        """``prefetch.global.L2`` of the line holding 16-byte quad i (words 4i .. 4i + 3) of
+        the uint32 array ``a`` (the PREFETCH switch)."""
+        sig = types.void(a, i)
+
+        def codegen(context, builder, sig, args):
+            arr = context.make_array(sig.args[0])(context, builder, args[0])
+            i4 = builder.mul(context.cast(builder, args[1], sig.args[1], types.int64), ir.Constant(ir.IntType(64), 4))
+            ptr = builder.gep(arr.data, [i4])
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ptr.type]), "prefetch.global.L2 [$0];", "l",
+                               side_effect=True)
+            builder.call(asm, [ptr])
+            return context.get_dummy_value()
+
+        return sig, codegen
 else:
+
+    def prefetch_l2(a, i):
+        """Simulator twin: nothing (a prefetch changes no value)."""
 
     def as_u32(a):
         """Simulator twin: the array's whole 32-bit words as a uint32 view."""
@@ -235,9 +256,26 @@ def e2m1_unit_y(e, p2):
 W_EARLY = os.environ.get("NQDQ_FUSED_W_EARLY", "0") == "1"
 MIN_BLOCKS = os.environ.get("NQDQ_FUSED_MIN_BLOCKS", "0")  # "policy": _min_blocks's choice
 MX_Y_PAIRS = os.environ.get("NQDQ_FUSED_MX_Y_PAIRS", "0") == "1"
+# Session 3 switches (2026-11-21, docs/performance.md "Fused ops: third session"), read when a
+# kernel is built (switches() is part of its cache key, so a process can time both sides):
+# ROWS_BF16 (NQDQ_FUSED_ROWS_BF16): flatten / MoE rows of bfloat16 into MX e2m1 take the
+# quantize kernels' own bfloat16 path (word_amax16, e2m1_unit_bf16 on the loaded words: no
+# float32 unpacking, one bf16x2 product per pair); RES_CVT (NQDQ_FUSED_RES_CVT): the new
+# bfloat16 residual x + r rounded by cvt.rn.bf16x2.f32, two elements per instruction, its NaN
+# halves (0x7FFF) made the spec's canonical 0x7FC0 branch-free. PREFETCH (NQDQ_FUSED_PREFETCH, rows ahead; a launch argument, not a
+# build switch): each block issues prefetch.global.L2 for the lines of x (and the residual) of
+# row + PREFETCH, so DRAM keeps streaming while blocks reduce and encode; 0: none.
+ROWS_BF16 = os.environ.get("NQDQ_FUSED_ROWS_BF16", "0") == "1"
+RES_CVT = os.environ.get("NQDQ_FUSED_RES_CVT", "0") == "1"
+PREFETCH = int(os.environ.get("NQDQ_FUSED_PREFETCH", "0"))
 
 
-def _min_blocks(NT, res):
+def switches():
+    """The build switches' current values (fused_row_kernel's ``sw``)."""
+    return (W_EARLY, MIN_BLOCKS, MX_Y_PAIRS, ROWS_BF16, RES_CVT, PREFETCH > 0)
+
+
+def _min_blocks(NT, res, min_blocks=None):
     """Blocks per SM the kernel's launch bound asks ptxas to fit (0: none). NQDQ_FUSED_MIN_BLOCKS=
     "policy" (not the default: no gain measured) gives about 640 threads per SM
     (5 blocks of the 4-warp layout of hidden 7168, whose rmsnorm + fp8_row kernel takes 111
@@ -245,12 +283,13 @@ def _min_blocks(NT, res):
     threads, nor with the residual (its kernels would spill at 96 registers), nor for float32 /
     float16 x (float32 words or the float16 decode take 160-255 registers: ``res`` is True
     for them too)."""
-    if MIN_BLOCKS != "policy":
-        return int(MIN_BLOCKS)
+    mbk = MIN_BLOCKS if min_blocks is None else min_blocks
+    if mbk != "policy":
+        return int(mbk)
     return 640 // NT if NT <= 320 and not res else 0
 
 
-_KERNEL_ARGS = "x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D, dm"
+_KERNEL_ARGS = "x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D, dm, pf"
 
 
 @devfn
@@ -264,13 +303,15 @@ def store_words8(dst32, q, lo, hi):
 
 
 @lru_cache(maxsize=None)
-def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, mx_cfg, max_elem, G, shfl):
+def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, mx_cfg, max_elem, G, shfl, sw=None):
     """The kernel for one configuration (every argument a compile-time constant): ``op``
     OP_*, ``out`` OUT_*, input / weight kinds, NW warps x U units per thread (the spec's
     geometry), ``fast`` (16-byte aligned units: vector loads and stores), ``strided`` (a
     [B, H, D] view), ``fmt`` / ``mx_cfg`` / ``max_elem`` as in kernels.quantize, G the scale
     group (128 or 32; 0 otherwise), ``shfl`` (warp shuffles; False: their simulator twins).
-    Arguments: see _KERNEL_ARGS (flat arrays; sb the row stride of x in elements)."""
+    Arguments: see _KERNEL_ARGS (flat arrays; sb the row stride of x in elements; pf the L2
+    prefetch distance in rows, 0: none). ``sw``: switches() (None: their values now)."""
+    w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_code = switches() if sw is None else sw
     NT = WARP * NW
     NORM = op == OP_NORM
     RES = has_res and NORM
@@ -290,8 +331,13 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     LLSH = max(LL, 1).bit_length() - 1  # log2(LL)
     MXRC = MODE == MODE_MX and MXR == MX_RCEIL
     BF16X = kind == KIND_BF16 and wkind != KIND_F32  # the layouts W_EARLY and _min_blocks were measured on
-    WE = W_EARLY and BF16X
-    MXE2M1 = MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and MX_Y_PAIRS
+    WE = w_early and BF16X
+    MXE2M1 = MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and mx_y_pairs
+    # rows of bfloat16 words straight into MX e2m1 (flatten, MoE: no norm): ROWS_BF16
+    WPAIRS = rows_bf16 and not NORM and kind == KIND_BF16 and fast and MODE == MODE_MX and NB == 4 and is_e2m1(fmt)
+    CLAMP = MXR != MX_RCEIL  # e2m1_unit_bf16: "floor" / "even" scales can leave |x| / 2^k up to 8
+    RCVT = res_cvt and RES and kind == KIND_BF16 and fast  # the residual by cvt.rn.bf16x2.f32
+    PF = pf_code and fast and not strided and op != OP_GATHER  # the L2 prefetch of row + pf (contiguous rows)
     load_x = _loader(kind, fast, strided)
     load_r = _loader(kind, fast, False)
     load_w = _loader(wkind, fast, False)
@@ -299,9 +345,41 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     welems = _elems(wkind)
 
     @devfn
+    def canon_bf16x2(w):
+        """The cvt's NaN halves (0x7FFF, the only |half| above 0x7F80 it gives: + 0x7F carries
+        into the half's bit 15) made the spec's 0x7FC0: 0x3F less, branch-free."""
+        t = np.uint32((np.uint32((w & np.uint32(0x7FFF7FFF)) + np.uint32(0x007F007F)) & np.uint32(0x80008000))
+                      >> np.uint32(15))
+        return np.uint32(w - t * np.uint32(0x3F))
+
+    @devfn
+    def add_res_cvt(a, b, res, r32, newres, nr32, rbase, qu, u, nu, n):
+        """add_res of bfloat16 rows on the fast path (RCVT): the sums rounded two at a time by
+        cvt.rn.bf16x2.f32 (round to nearest even, overflow to inf, subnormals kept: round_bits'
+        bits for every non-NaN sum); its NaN 0x7FFF made round_bits' canonical 0x7FC0 by
+        canon_bf16x2 (a branch, redoing a unit by round_bits, held the 8 sums through it:
+        132 -> 156 registers for rmsnorm + res + mxfp4; branch-free, 96)."""
+        ra, rb = load_r(res, r32, qu, u, nu, rbase, n, n, n, 0)
+        xe = elems(a, b)
+        re = elems(ra, rb)
+        s0, s1 = bits_f32(xe[0]) + bits_f32(re[0]), bits_f32(xe[1]) + bits_f32(re[1])
+        s2, s3 = bits_f32(xe[2]) + bits_f32(re[2]), bits_f32(xe[3]) + bits_f32(re[3])
+        s4, s5 = bits_f32(xe[4]) + bits_f32(re[4]), bits_f32(xe[5]) + bits_f32(re[5])
+        s6, s7 = bits_f32(xe[6]) + bits_f32(re[6]), bits_f32(xe[7]) + bits_f32(re[7])
+        na = (canon_bf16x2(cvt_bf16x2(s1, s0)), canon_bf16x2(cvt_bf16x2(s3, s2)), canon_bf16x2(cvt_bf16x2(s5, s4)),
+              canon_bf16x2(cvt_bf16x2(s7, s6)))
+        if u * UNIT < n:  # fast path: unit qu of the array, 8-byte pairs 2 qu, 2 qu + 1
+            store_u32x2(nr32, 2 * qu, na[0], na[1])
+            store_u32x2(nr32, 2 * qu + 1, na[2], na[3])
+        z = np.uint32(0)
+        return na, (z, z, z, z)
+
+    @devfn
     def add_res(a, b, res, r32, newres, nr32, rbase, qu, u, nu, n):
         """The unit of x + residual rounded to the input's dtype (NaN canonical): the new
         residual, stored, and returned as the unit's words."""
+        if RCVT:
+            return add_res_cvt(a, b, res, r32, newres, nr32, rbase, qu, u, nu, n)
         ra, rb = load_r(res, r32, qu, u, nu, rbase, n, n, n, 0)
         xe = elems(a, b)
         re = elems(ra, rb)
@@ -525,6 +603,51 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
             clean = False  # a caller-given scale far below |y| (all codes saturate): element by element
         put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32, qu)
 
+    @devfn
+    def group_unit_w(w, ok, u, row, n, pcols, si, tid, scratch, codes, c16, c32, scales, qu):
+        """group_unit of a unit of bfloat16 words ``w`` (WPAIRS: rows without the norm into
+        MX e2m1), as the quantize kernels' group kernel does it (_rowwise_kernels.
+        make_lastaxis_group_kernel, PAIRS): the amax two halves per instruction (word_amax16:
+        the same bits as unit_amax of the elements), the codes of a finite group by
+        e2m1_unit_bf16 on the words themselves; a non-finite group by put_codes."""
+        a = np.int32(0)
+        if ok:
+            a2 = word_amax16(w)
+            a = np.int32(max(a2 & np.uint32(0xFFFF), a2 >> np.uint32(16)) << np.uint32(16))
+        off = LL >> 1
+        while off > 0:  # every lane takes part, in the row or not
+            a = xor_max(a, off, shfl, scratch, tid)
+            off >>= 1
+        if ok:
+            if MXRC:
+                code, p0 = mx_rceil_params(a, MXI)
+                if (tid & (LL - 1)) == 0:
+                    scales[si] = np.uint8(code)
+            else:
+                sv, p0, pz = group_params(MODE, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, ONE)
+                if (tid & (LL - 1)) == 0:
+                    store_scale(scales, si, MODE, sv)
+            if a < FINITE:
+                hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact)
+                c32[qu] = e2m1_unit_bf16(w, np.uint32(hb | (hb << np.uint32(16))), CLAMP)
+            else:
+                z = np.uint32(0)
+                put_codes(elems(w, (z, z, z, z)), u, row, n, pcols, p0, ZERO, False, codes, c16, c32, qu)
+
+    @devfn
+    def prefetch_rows(x32, r32, row, tid, nunits, sb, n):
+        """prefetch.global.L2 of the 128-byte lines of x's row ``row`` (and the residual's):
+        thread t takes lines t, t + NT, ... (a line is 8 of the loads' 16-byte quads)."""
+        qn = nunits * (2 if F32K else 1)
+        qx = (np.int64(row) * sb) >> (2 if F32K else 3)
+        qr = (np.int64(row) * n) >> (2 if F32K else 3)
+        l = np.int32(tid * 8)
+        while l < qn:
+            prefetch_l2(x32, qx + l)
+            if RES:
+                prefetch_l2(r32, qr + l)
+            l += NT * 8
+
     block_max = _block_max_fn(NT, shfl)
 
     # ---- the kernel's source, one statement per unit where a unit is involved
@@ -552,6 +675,9 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
          "    tu = (rbase >> 3) + ut"]
     J = range(U)
     L += [f"    u{j} = np.int32(tid + {j * NT})" for j in J]
+    if PF:  # the lines of row + pf into L2 (a hint: no value depends on it), before the row's own loads
+        L += ["    if pf > 0 and row + pf < cuda.gridDim.x:",
+              "        prefetch_rows(x32, r32, row + pf, tid, nunits, sb, n)"]
     L += [f"    a{j}, b{j} = load_x(x, x32, tx + {j * NT}, u{j}, nunits, base, n, sh, D, dm)" for j in J]
     if RES:
         L += [f"    a{j}, b{j} = add_res(a{j}, b{j}, res, r32, newres, nr32, rbase, tu + {j * NT}, u{j}, nunits, n)"
@@ -573,6 +699,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         else:
             L += ["    r_hi = r1", "    r_lo = r2"]
         Y = "norm_unit(a{j}, b{j}, wa{j}, wb{j}, u{j}, n, r1, r2, r_hi, r_lo)"
+    elif WPAIRS:
+        Y = "a{j}"
     else:
         Y = "elems(a{j}, b{j})"
     # each unit's values are made right before their use (fewer live registers), except per
@@ -588,8 +716,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     else:
         # the group's scale index: (row * ngroups + tid // LL) + j * NT / LL (NT % LL == 0)
         L += ["    sg = np.int64(row) * ngroups + (ut >> LLSH)"]
-        use = ("    group_unit(y{j}, u{j} < nunits, u{j}, row, n, pcols, sg + {jNL}, tid, scratch, codes, c16, c32, scales, "
-               "tu + {jNT})")
+        use = ("    group_unit{w}(y{j}, u{j} < nunits, u{j}, row, n, pcols, sg + {jNL}, tid, scratch, codes, c16, c32, "
+               "scales, tu + {jNT})").replace("{w}", "_w" if WPAIRS else "")
     for j in J:
         if NORM and not WE:
             L += [f"    wa{j}, wb{j} = load_w(w, w32, ut + {j * NT}, u{j}, nunits, 0, n, n, n, 0)"]
@@ -611,12 +739,12 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                MXI=MXI, RMASK=RMASK, load_x=load_x, load_w=load_w, LLSH=LLSH,
                add_res=add_res, unit_sq=unit_sq, row_sum=row_sum, norm_unit=norm_unit, elems=elems, put_y=put_y,
                put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max, as_u32=as_u32,
-               as_u16=as_u16)
+               as_u16=as_u16, group_unit_w=group_unit_w, prefetch_rows=prefetch_rows)
     exec(compile(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", "exec"), glb)
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most
     # rows: <= 64 registers a thread; ptxas spills rather than fail at launch)
-    mb = _min_blocks(NT, RES or not BF16X)
+    mb = _min_blocks(NT, RES or not BF16X, min_blocks)
     kern = cuda.jit(fn) if SIMULATOR else cuda.jit(fn, launch_bounds=(NT, mb) if mb else (NT,))
     kern.source = src
     return kern

@@ -20,6 +20,7 @@ from .launch import fast_kernel
 from .quantize import _max_elem, _mx_cfg
 from ..reference.fused import MAX_ROW as MAX_ROW_REF
 from ..reference.fused import row_geometry
+from . import _fused_rows
 from ._fused_rows import fused_row_kernel
 from ._rowwise_kernels import SHFL_DEFAULT
 
@@ -133,11 +134,12 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     perm_a = perm if perm is not None else _view(x, np.int32, False, alloc, dummies)
 
     kern = fused_row_kernel(op, mode, kind, wkind, nw, U, bool(fast), bool(strided), res is not None, fmt, mx,
-                            float(maxe), G, SHFL_DEFAULT)
+                            float(maxe), G, SHFL_DEFAULT, _fused_rows.switches())
     # dm: the fast strided loader's u // (D / 8) as (u * dm) >> 32 (_fused_rows._loader)
     dm = (1 << 32) // max(D // 8, 1) + 1
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
-            n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, dm)
+            n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, dm,
+            int(_fused_rows.PREFETCH))
     if rows > 0:
         fast_kernel(kern).launch(rows, 32 * nw, args, None)
     return dict(codes=codes, scales=scales, newres=newres, y=y, pcols=pcols, ngroups=ngroups, alloc=alloc)
@@ -175,7 +177,7 @@ def audit_launches():
         wd = np.float32 if wkind == 0 else np.uint16
         z = np.zeros
         return (z(8, xd), z(8, xd), z(8, wd), z(8, xd), z(8, np.float32), z(8, np.uint8), z(8, sdt), z(8, np.int32),
-                1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1, 1)
+                1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1, 1, 0)
 
     nw, u = row_geometry(7168)
     out = []
