@@ -110,8 +110,9 @@ def set_variant(tag):
         nqdq.api._FAST.clear()
 
 
-def check_one(shape, scheme):
-    """Quantize one random bf16 input with the one pass, compare with the NumPy reference."""
+def check_one(shape, scheme, variant="new"):
+    """Quantize one random bf16 input with ``variant`` (the one pass), compare with the NumPy
+    reference."""
     import cupy as cp
     import ml_dtypes
 
@@ -119,7 +120,7 @@ def check_one(shape, scheme):
     from nqdq.reference import quantize as ref
     from nqdq.schemes import resolve_scheme
 
-    set_variant("new")
+    set_variant(variant)
     sch = resolve_scheme(scheme)
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(shape) * np.exp2(rng.uniform(-8, 8, shape[-1]))).astype(ml_dtypes.bfloat16)
@@ -138,14 +139,16 @@ def check_one(shape, scheme):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="8192x8192,16384x7168,64x7168,65536x1024")
-    ap.add_argument("--variants", default="old,new,p128,old")
+    ap.add_argument("--variants", default=None)
     ap.add_argument("--scheme", default="int8_column")
     ap.add_argument("--ref", action="store_true", help="check the first variant against the NumPy reference")
-    ap.add_argument("--check", default=None, help="ROWSxCOLS: one 'new' call checked against the reference, no timing "
+    ap.add_argument("--check", default=None, help="ROWSxCOLS: one call of the first variant given (default 'new') "
+                    "checked against the reference, no timing "
                     "(small: under compute-sanitizer)")
     args = ap.parse_args(argv)
     if args.check:
-        return check_one(tuple(int(v) for v in args.check.split("x")), args.scheme)
+        shape = tuple(int(v) for v in args.check.split("x"))
+        return check_one(shape, args.scheme, (args.variants or "new").split(",")[0])
     import cupy as cp
     import ml_dtypes
 
@@ -153,7 +156,7 @@ def main(argv=None):
     import nqdq.kernels.quantize as kq
     import peers
 
-    variants = args.variants.split(",")
+    variants = (args.variants or "old,new,p128,old").split(",")
     timer = peers.Timer()
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; "
           f"spin {timer.us_per_unit:.3f} us per unit; L2 {timer.l2_bytes / 2**20:.0f} MiB")

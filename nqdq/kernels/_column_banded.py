@@ -47,7 +47,8 @@ per SM, smaller items: 42-52 %. ncu (8192x8192): DRAM 55 % of peak moving about 
 where 192 MB is the ideal (input once + codes): roughly 60 % of the phase-2 re-reads miss
 L2 even with 12 MiB bands and evict_last / evict_first hints, while the one pass moves
 188 MB at 38 % of peak; both are latency-bound (37 % / 25 % occupancy, register-limited by
-the per-channel encode). Off (``quantize.COLUMN_BANDED``); kept reachable for A/B.
+the per-channel encode). Off (``quantize.COLUMN_BANDED``); kept reachable for A/B. Its GPU
+tests (tests/test_column_banded_gpu.py, 17) and a compute-sanitizer memcheck passed (14:10).
 
 The workspace is ``_column_kernels.onepass_workspace_words(C, S)`` words (C amaxes, S
 stripe counters, the ticket), zero at the start of every call: a plan "zero" slot (a memset
@@ -75,14 +76,15 @@ from ._target import SIMULATOR, devfn
 BANDED_THREADS = 64 if SIMULATOR else int(os.environ.get("NQDQ_COLUMN_BANDED_THREADS", "256"))
 BANDED_WIDTHS = (32, 16, 8, 4)  # stripe widths W in units, widest first
 # input bytes of a band (target). H100 14:00, 8192x8192: 8 / 12 / 16 / 24 MiB 158.1 / 159.9 /
-# 159.4 / 164.4 us (2 blocks per SM, no hints); 14:08 with 3 blocks, hints, 8 phase-1 loads:
+# 159.4 / 164.4 us (2 blocks per SM, no hints); 14:03 with 3 blocks, hints, 8 phase-1 loads:
 # 12 MiB 140.4 us, 8 / 4 MiB with U = 8 140.8 / 144.5 (16384x7168: 239.5; 245.4 / 230.0)
 BAND_BYTES = int(float(os.environ.get("NQDQ_COLUMN_BAND_MB", "12")) * (1 << 20))
 BANDED_UNITS = 16  # U: units a thread covers in an item (R = U * NT / W rows a chunk)
 BANDED_LAG = 1  # L: phase 2 of band b is ticketed after phase 1 of band b + L (H100: 2 is 1-3 % slower)
 # persistent blocks: SM count x this (also the launch bound). sm_90 registers (nvJitLink):
 # 105 at 2 (no spill), 80 at 3 (60 bytes spilled), 64 at 4 (136 bytes spilled), bf16 int8.
-# H100 2026-11-21 14:00 / 14:08, 8192x8192: 2: 159.9 us, 3: 148.8 (141.5 with hints), 4: 147.7
+# H100 2026-11-21 14:00 / 14:03, 8192x8192: 2: 159.9 us, 3: 148.8 (no hints); with hints and 8
+# phase-1 loads 3: 140.4, 4: 147.7
 BANDED_BLOCKS_PER_SM = 3
 BANDED_IN_FLIGHT = 4  # loads a thread issues before it uses any, phase 2 (a compile-time unroll)
 BANDED_IN_FLIGHT_P1 = 8  # the same in phase 1 (no encode: few registers live; H100: 8 > 4 by 2-3 %)

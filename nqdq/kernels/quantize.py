@@ -598,7 +598,7 @@ COLUMN_ONEPASS_P_MAX = None
 COLUMN_ONEPASS_SYNC = False
 # COLUMN_BANDED: where a stripe's rows are more than one chunk (P > 1), column bands re-read
 # from L2 in one launch instead (_column_banded: persistent blocks, phase-1 amax items and
-# phase-2 encode items of ~12 MiB bands in one ticket order). H100 2026-11-21 14:00-14:08
+# phase-2 encode items of ~12 MiB bands in one ticket order). H100 2026-11-21 14:00-14:04
 # (docs/performance.md "Per-channel scales by column bands re-read from L2"): bit-exact but
 # slower, best 50 / 50 % of copy vs the one pass's 55 / 54 % (bf16 8192x8192 / 16384x7168;
 # about 60 % of the re-reads miss L2): off, kept for A/B.
