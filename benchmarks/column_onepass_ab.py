@@ -15,9 +15,6 @@ Variants (each plan rebuilt; an old row twice shows drift):
         0 or 2 resident grids ahead (``ONEPASS_PREFETCH``), the one-block-per-item kernel
   pipe256, pipe128p128, ...  the pipelined kernel (``ONEPASS_PIPE``: persistent blocks, each
         loading its next item while it waits on and encodes the current one)
-  band12, band16b3l2h2, ...  column bands re-read from L2 (``_column_banded``): bands of 12 /
-        16 MiB of input, b blocks per SM, lag l, u units per thread and item, f / a loads in
-        flight (phase 2 / 1), L2 hints h (0 / 1 evict_last phase 1 / 2 also evict_first phase 2)
 Every variant's codes and scales of one input set are compared bit for bit with the first
 variant's (the whole tensor), and with ``--ref`` the first variant's with the NumPy
 reference (the whole tensor, on the host).
@@ -54,28 +51,7 @@ for _nt in (256, 128, 64):
     SETTINGS[f"pipe{_nt}p128"] = dict(SETTINGS[f"nt{_nt}p128pf0"], ONEPASS_PIPE=True)
 
 
-def _banded_settings(tag):
-    """``band<MB>[b<blocks per SM>][l<lag>][u<units>][f<phase-2 loads>][a<phase-1 loads>][h<hints>]``:
-    the banded kernel (``quantize.COLUMN_BANDED``, ``_column_banded``) with bands of MB MiB
-    of input; knobs not named take the first run's values (b2 l1 u16 f4 a4 h0), not the
-    module's defaults, so a tag means one configuration (the defaults: ``band12b3h2a8``)."""
-    import re
-
-    m = re.fullmatch(r"band(\d+(?:\.\d+)?)((?:[blufa]\d+|h\d)*)", tag)
-    if not m:
-        return None
-    out = dict(COLUMN_ONEPASS=True, COLUMN_BANDED=True, BAND_BYTES=int(float(m.group(1)) * (1 << 20)),
-               BANDED_BLOCKS_PER_SM=2, BANDED_LAG=1, BANDED_UNITS=16, BANDED_IN_FLIGHT=4, BANDED_IN_FLIGHT_P1=4,
-               BANDED_HINTS=0)  # fmt: skip
-    names = dict(b="BANDED_BLOCKS_PER_SM", l="BANDED_LAG", u="BANDED_UNITS", f="BANDED_IN_FLIGHT", h="BANDED_HINTS",
-                 a="BANDED_IN_FLIGHT_P1")
-    for k, v in re.findall(r"([blufah])(\d+)", m.group(2)):
-        out[names[k]] = int(v)
-    return out
-
-
 _BUILT = {}
-_DEFAULTS = {}
 
 
 def set_variant(tag):
@@ -94,17 +70,8 @@ def set_variant(tag):
 
         CK.make_column_onepass_kernel = make
         _BUILT["installed"] = True
-    import nqdq.kernels._column_banded as CB
-
-    if not _DEFAULTS:
-        _DEFAULTS.update({k: getattr(CB, k) for k in dir(CB) if k.startswith("BAND")})
-        _DEFAULTS["COLUMN_BANDED"] = kq.COLUMN_BANDED
-    for k, v in _DEFAULTS.items():
-        setattr(kq if k == "COLUMN_BANDED" else CB, k, v)
-    kq.COLUMN_BANDED = False
-    settings = _banded_settings(tag) or SETTINGS[tag]
-    for k, v in settings.items():
-        setattr(CK if k.startswith("ONEPASS") else CB if k.startswith("BAND") else kq, k, v)
+    for k, v in SETTINGS[tag].items():
+        setattr(CK if k.startswith("ONEPASS") else kq, k, v)
     kq._PLANS.clear()
     if nqdq.api._FAST is not None:
         nqdq.api._FAST.clear()
@@ -186,10 +153,6 @@ def main(argv=None):
             cp.cuda.runtime.deviceSynchronize()
             plan = kq.get_plan((rows, cols), 1, q.scheme)
             names = "+".join(k.py_func.__name__ for k, _, _, _ in plan.launches)
-            if names == "column_banded":  # W, U, P, S, B, NB, lag; band MiB; grid
-                a = plan.launches[0][3]
-                names += f" W={a[4]} U={a[5]} P={a[6]} S={a[7]} B={a[8]} NB={a[9]} L={a[10]} " \
-                         f"band={rows * a[4] * a[8] * 16 / 2**20:.1f}MiB grid={plan.launches[0][1]}"
             got = (q.codes.get(), q.scales.get())
             if first is None:
                 first = got

@@ -596,13 +596,6 @@ COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -
 COLUMN_ONEPASS = True
 COLUMN_ONEPASS_P_MAX = None
 COLUMN_ONEPASS_SYNC = False
-# COLUMN_BANDED: where a stripe's rows are more than one chunk (P > 1), column bands re-read
-# from L2 in one launch instead (_column_banded: persistent blocks, phase-1 amax items and
-# phase-2 encode items of ~12 MiB bands in one ticket order). H100 2026-11-21 14:00-14:04
-# (docs/performance.md "Per-channel scales by column bands re-read from L2"): bit-exact but
-# slower, best 50 / 50 % of copy vs the one pass's 55 / 54 % (bf16 8192x8192 / 16384x7168;
-# about 60 % of the re-reads miss L2): off, kept for A/B.
-COLUMN_BANDED = False
 
 
 def _sm_count() -> int:
@@ -641,14 +634,6 @@ def _onepass_column(rows, C, kind, fmt, maxe, packed, rec, out, nt):
         return None
     from . import _column_kernels as CK
 
-    if COLUMN_BANDED and not COLUMN_ONEPASS_SYNC:  # P = 1 (decode shapes) keeps the one pass: no workspace
-        vec = RK.vec_of(kind)
-        g = CK.onepass_geometry(rows, C // vec, _sm_count(), COLUMN_ONEPASS_P_MAX, vec=vec)
-        if g is None or g[3] > 1:
-            from . import _column_banded as CB
-
-            return CB.banded_launches(kind, fmt, maxe, packed, rows, C, _sm_count(), rec.empty, _X, out.scales,
-                                      out.codes)  # fmt: skip
     return CK.onepass_launches(kind, fmt, maxe, packed, rows, C, _sm_count(), COLUMN_ONEPASS_P_MAX, COLUMN_ONEPASS_SYNC,
                                rec.empty, _X, out.scales, out.codes, nt)  # fmt: skip
 
