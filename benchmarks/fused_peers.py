@@ -123,9 +123,10 @@ def main(argv=None):
                          "NQDQ_FUSED_* switches, whose settings label the rows)")
     ap.add_argument("--ab", action="append", default=[], metavar="SWITCH=V1,V2",
                     help="A/B in this process: after an op's default timing, time it again with nqdq.kernels."
-                         "_fused_rows.SWITCH set to each value (ints; a switch is tried only on the ops it applies to: "
-                         "ROWS_BF16 flatten / MoE mxfp4, RES_CVT +res, PREFETCH rmsnorm), then the default "
-                         "once more; each variant's whole outputs are checked bit for bit against the default's")
+                         "_fused_rows.SWITCH (or A+B: both) set to each value (ints; a switch is tried only on the "
+                         "ops it applies to: ROWS_BF16 flatten / MoE mxfp4, RES_CVT +res, PREFETCH rmsnorm without "
+                         "residual, FLAT_STEP flatten), then the default once more; each variant's whole outputs are "
+                         "checked bit for bit against the default's")
     ap.add_argument("--pytest", nargs="*", metavar="ARG",
                     help="first run pytest -m gpu tests/test_fused_gpu.py [ARG ...] in this process (the kernels it "
                          "compiles are then reused here: one compilation per kernel for both)")
@@ -176,7 +177,8 @@ def main(argv=None):
         name, vals = spec.split("=")
         ab += [(name, int(v)) for v in vals.split(",")]
     applies = {"ROWS_BF16": lambda op: ("flatten" in op or "moe" in op) and "mxfp4" in op,
-               "RES_CVT": lambda op: "+res" in op, "PREFETCH": lambda op: "rmsnorm" in op}
+               "FLAT_STEP": lambda op: "flatten" in op,
+               "RES_CVT": lambda op: "+res" in op, "PREFETCH": lambda op: "rmsnorm" in op and "+res" not in op}
 
     def outputs(o):
         """Every output array of a fused call (q's codes and scales, new residual, perm, offsets)."""
@@ -187,17 +189,20 @@ def main(argv=None):
         return arrs
 
     class switched:
-        """``with``: nqdq.kernels._fused_rows.NAME = v (bools stay bools), restored after."""
+        """``with``: nqdq.kernels._fused_rows.NAME = v (bools stay bools), restored after; NAME
+        may be several joined by "+" (each set to v: a combination)."""
 
         def __init__(self, name, v):
-            self.name, self.v = name, v
+            self.names, self.v = name.split("+"), v
 
         def __enter__(self):
-            self.old = getattr(FR, self.name)
-            setattr(FR, self.name, bool(self.v) if isinstance(self.old, bool) else type(self.old)(self.v))
+            self.old = [getattr(FR, nm) for nm in self.names]
+            for nm, o in zip(self.names, self.old):
+                setattr(FR, nm, bool(self.v) if isinstance(o, bool) else type(o)(self.v))
 
         def __exit__(self, *exc):
-            setattr(FR, self.name, self.old)
+            for nm, o in zip(self.names, self.old):
+                setattr(FR, nm, o)
 
     def row(op, t, t_u, nbytes, hb):
         gbs = nbytes / t / 1e3
@@ -212,7 +217,8 @@ def main(argv=None):
             return
         # the A/B variants are compiled and checked here, outside the timing lock (other
         # processes time meanwhile); only the timings are taken under it
-        variants_ab = [(name, v) for name, v in ab if applies.get(name, lambda op: True)(op)]
+        variants_ab = [(name, v) for name, v in ab
+                       if any(applies.get(nm, lambda op: True)(op) for nm in name.split("+"))]
         ready = []
         if variants_ab:
             ref = outputs(fused_fn(0))

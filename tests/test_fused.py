@@ -488,17 +488,26 @@ def test_mx_y_pairs_switch_matches_reference(monkeypatch):
         FR.fused_row_kernel.cache_clear()
 
 
-@pytest.mark.parametrize("switch", ["ROWS_BF16", "RES_CVT", "PREFETCH"])
+@pytest.mark.parametrize("switch", ["ROWS_BF16", "RES_CVT", "PREFETCH", "FLAT_STEP"])
 def test_session3_switches_match_reference(switch, monkeypatch):
     """Each A/B switch of the third session, on, gives the spec's bits (the switch's paths:
     ROWS_BF16 flatten / MoE rows of bfloat16 into MXFP4 by the words' pair encoder, with a
     non-finite group; RES_CVT the residual by cvt.rn.bf16x2 with NaN (its 0x7FFF made 0x7FC0),
-    inf, overflowing and subnormal sums; PREFETCH 1 row ahead, a hint the simulator
-    ignores, so only that the launch argument and its code path run)."""
+    inf, overflowing and subnormal sums; PREFETCH 1 row ahead (no residual), a hint the
+    simulator ignores, so only that the launch argument and its code path run; FLAT_STEP the strided
+    flatten's stepped unit indices, D / 8 dividing the block's threads (D = 64, 128) or not
+    (D = 24: the per-unit path))."""
     from nqdq.kernels import _fused_rows as FR
 
     monkeypatch.setattr(FR, switch, 1 if switch == "PREFETCH" else True)
     rng = np.random.default_rng(43)
+    if switch == "FLAT_STEP":
+        for h, d, scheme in ((8, 64, "mxfp4"), (6, 128, "fp8_1x128"), (16, 24, "mxfp4")):  # 2, 3, 2 units a lane
+            x = rows(rng, 3 * h, d, "bfloat16").reshape(3, h, d)
+            view = np.ascontiguousarray(x.transpose(1, 0, 2)).transpose(1, 0, 2)  # read in place, strided
+            q = fused.flatten_quantize(view, scheme, device="cuda")
+            assert_q_equal(q, nqdq.quantize(x.reshape(3, h * d), scheme))
+        return
     if switch == "ROWS_BF16":
         x = rows(rng, 3 * 2, 64, "bfloat16").reshape(3, 2, 64)
         x[1, 0, 40] = np.inf  # group 1 of row 1: non-finite (element encoder)
@@ -517,9 +526,10 @@ def test_session3_switches_match_reference(switch, monkeypatch):
         x[2, 17], res[2, 17] = 3e38, 3e38  # overflows to inf (no NaN: the fast words stand)
         x[2, 20], res[2, 20] = 1e-39, 1e-39  # subnormal sum
     w = rng.standard_normal(64).astype(BF16)
-    for scheme in ("fp8_row", "mxfp4") if switch == "RES_CVT" else ("mxfp4",):
+    for scheme in ("fp8_row", "mxfp4"):
+        if switch == "PREFETCH":  # the prefetch is built for the ops without the residual only
+            assert_q_equal(fused.rmsnorm_quantize(x, w, scheme), fused.rmsnorm_quantize(x, w, scheme, device="cuda"))
+            continue
         (qc, rc), (qg, rg) = (fused.rmsnorm_quantize(x, w, scheme, residual=res, device=d) for d in (None, "cuda"))
         assert_q_equal(qc, qg)
         np.testing.assert_array_equal(bits(rc), bits(rg))
-    if switch == "PREFETCH":  # the prefetch without a residual
-        assert_q_equal(fused.rmsnorm_quantize(x, w, "fp8_row"), fused.rmsnorm_quantize(x, w, "fp8_row", device="cuda"))

@@ -172,18 +172,30 @@ def test_gpu_moe_sort_quantize():
     np.testing.assert_array_equal(bits(q.scales), bits(scales))
 
 
-@pytest.mark.parametrize("switch", ["ROWS_BF16", "RES_CVT", "PREFETCH"])
+@pytest.mark.parametrize("switch", ["ROWS_BF16", "RES_CVT", "PREFETCH", "FLAT_STEP"])
 def test_gpu_session3_switches(switch, monkeypatch):
     """The third session's A/B switches on a GPU, each on, bit for bit against the spec at
     hidden 7168: ROWS_BF16 (flatten of a strided view and the MoE gather into MXFP4 by the
     words' pair encoder; a non-finite group in one row), RES_CVT (cvt.rn.bf16x2 for the new
     residual against round_bits, with NaN, inf - inf, overflowing and subnormal sums: the
-    intrinsic against its twin's rule), PREFETCH (prefetch.global.L2 of rows 3 ahead: a hint,
-    the outputs must not change)."""
+    intrinsic against its twin's rule), PREFETCH (prefetch.global.L2 of rows 3 ahead, no residual:
+    a hint, the outputs must not change), FLAT_STEP (the strided flatten's stepped unit indices, with
+    ROWS_BF16 on too for MXFP4: the combination the benchmark would make the default)."""
     from nqdq.kernels import _fused_rows as FR
 
     monkeypatch.setattr(FR, switch, 3 if switch == "PREFETCH" else True)
     rng = np.random.default_rng(31)
+    if switch == "FLAT_STEP":
+        monkeypatch.setattr(FR, "ROWS_BF16", True)
+        x = rows(rng, 77 * 56, 128, "bfloat16").reshape(77, 56, 128)
+        view = to_gpu(np.ascontiguousarray(x.transpose(1, 0, 2))).transpose(1, 0, 2)
+        for scheme in ("fp8_1x128", "mxfp4"):
+            sch = resolve_scheme(scheme)
+            codes, scales = ref_q(RQ.quantize(x.reshape(77, 56 * 128).astype(np.float32), sch), sch)
+            q = fused.flatten_quantize(view, scheme, dtype="bfloat16")
+            np.testing.assert_array_equal(bits(q.codes), bits(codes))
+            np.testing.assert_array_equal(bits(q.scales), bits(scales))
+        return
     if switch == "ROWS_BF16":
         x = rows(rng, 77 * 56, 128, "bfloat16").reshape(77, 56, 128)
         x[5, 3, 7] = np.inf
@@ -209,12 +221,16 @@ def test_gpu_session3_switches(switch, monkeypatch):
     x[6, 20], res[6, 20] = 1e-39, 2e-39
     x[7, :], res[7, :] = 1e-39, -3e-39  # a row of subnormal sums
     w = rng.standard_normal(7168).astype(BF16)
+    with_res = switch == "RES_CVT"  # the prefetch is built for the ops without the residual
     for scheme in ("fp8_row", "mxfp4"):
         sch = resolve_scheme(scheme)
-        out = fused.rmsnorm_quantize(to_gpu(x), to_gpu(w), scheme, residual=to_gpu(res), dtype="bfloat16")
+        out = fused.rmsnorm_quantize(to_gpu(x), to_gpu(w), scheme, residual=to_gpu(res) if with_res else None,
+                                     dtype="bfloat16")
         parts, new_res = R.rmsnorm_quantize(x.astype(np.float32), w.astype(np.float32), sch, np.float32(1e-6),
-                                            "bfloat16", "bfloat16", res32=res.astype(np.float32))
+                                            "bfloat16", "bfloat16", res32=res.astype(np.float32) if with_res else None)
         codes, scales = ref_q(parts, sch)
-        np.testing.assert_array_equal(bits(out[0].codes), bits(codes))
-        np.testing.assert_array_equal(bits(out[0].scales), bits(scales))
-        np.testing.assert_array_equal(bits(out[1]), bits(new_res))
+        q = out[0] if with_res else out
+        np.testing.assert_array_equal(bits(q.codes), bits(codes))
+        np.testing.assert_array_equal(bits(q.scales), bits(scales))
+        if with_res:
+            np.testing.assert_array_equal(bits(out[1]), bits(new_res))

@@ -262,10 +262,15 @@ MX_Y_PAIRS = os.environ.get("NQDQ_FUSED_MX_Y_PAIRS", "0") == "1"
 # quantize kernels' own bfloat16 path (word_amax16, e2m1_unit_bf16 on the loaded words: no
 # float32 unpacking, one bf16x2 product per pair); RES_CVT (NQDQ_FUSED_RES_CVT): the new
 # bfloat16 residual x + r rounded by cvt.rn.bf16x2.f32, two elements per instruction, its NaN
-# halves (0x7FFF) made the spec's canonical 0x7FC0 branch-free. PREFETCH (NQDQ_FUSED_PREFETCH, rows ahead; a launch argument, not a
-# build switch): each block issues prefetch.global.L2 for the lines of x (and the residual) of
-# row + PREFETCH, so DRAM keeps streaming while blocks reduce and encode; 0: none.
+# halves (0x7FFF) made the spec's canonical 0x7FC0 branch-free. PREFETCH (NQDQ_FUSED_PREFETCH,
+# rows ahead, a launch argument; > 0 also builds the code): each block of an RMSNorm op without
+# the residual issues prefetch.global.L2 for the lines of x of row + PREFETCH, before its own
+# loads, so DRAM keeps streaming while blocks reduce and encode; 0: none.
+# FLAT_STEP (NQDQ_FUSED_FLAT_STEP, read by the launcher: strided=2 where it applies): the strided
+# flatten's unit indices as one per-thread index plus j * ks (ks = NT / (D / 8) heads of sh / 8
+# units, where D / 8 divides NT) instead of the head division and 64-bit index arithmetic per unit.
 ROWS_BF16 = os.environ.get("NQDQ_FUSED_ROWS_BF16", "0") == "1"
+FLAT_STEP = os.environ.get("NQDQ_FUSED_FLAT_STEP", "0") == "1"
 RES_CVT = os.environ.get("NQDQ_FUSED_RES_CVT", "0") == "1"
 PREFETCH = int(os.environ.get("NQDQ_FUSED_PREFETCH", "0"))
 
@@ -307,8 +312,9 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     """The kernel for one configuration (every argument a compile-time constant): ``op``
     OP_*, ``out`` OUT_*, input / weight kinds, NW warps x U units per thread (the spec's
     geometry), ``fast`` (16-byte aligned units: vector loads and stores), ``strided`` (a
-    [B, H, D] view), ``fmt`` / ``mx_cfg`` / ``max_elem`` as in kernels.quantize, G the scale
-    group (128 or 32; 0 otherwise), ``shfl`` (warp shuffles; False: their simulator twins).
+    [B, H, D] view; 2: with FLAT_STEP's stepped indices, D / 8 dividing NT), ``fmt`` /
+    ``mx_cfg`` / ``max_elem`` as in kernels.quantize, G the scale group (128 or 32; 0 otherwise),
+    ``shfl`` (warp shuffles; False: their simulator twins).
     Arguments: see _KERNEL_ARGS (flat arrays; sb the row stride of x in elements; pf the L2
     prefetch distance in rows, 0: none). ``sw``: switches() (None: their values now)."""
     w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_code = switches() if sw is None else sw
@@ -337,7 +343,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     WPAIRS = rows_bf16 and not NORM and kind == KIND_BF16 and fast and MODE == MODE_MX and NB == 4 and is_e2m1(fmt)
     CLAMP = MXR != MX_RCEIL  # e2m1_unit_bf16: "floor" / "even" scales can leave |x| / 2^k up to 8
     RCVT = res_cvt and RES and kind == KIND_BF16 and fast  # the residual by cvt.rn.bf16x2.f32
-    PF = pf_code and fast and not strided and op != OP_GATHER  # the L2 prefetch of row + pf (contiguous rows)
+    STEP = strided == 2 and fast  # FLAT_STEP: D / 8 divides NT (the launcher's test)
+    # the L2 prefetch of row + pf: contiguous rows without the residual (with it, the +res mxfp4
+    # kernel went from 96 to 133 registers; those ops are within 8-15 % of copy already)
+    PF = pf_code and fast and not strided and op != OP_GATHER and not RES
     load_x = _loader(kind, fast, strided)
     load_r = _loader(kind, fast, False)
     load_w = _loader(wkind, fast, False)
@@ -635,17 +644,14 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                 put_codes(elems(w, (z, z, z, z)), u, row, n, pcols, p0, ZERO, False, codes, c16, c32, qu)
 
     @devfn
-    def prefetch_rows(x32, r32, row, tid, nunits, sb, n):
-        """prefetch.global.L2 of the 128-byte lines of x's row ``row`` (and the residual's):
-        thread t takes lines t, t + NT, ... (a line is 8 of the loads' 16-byte quads)."""
+    def prefetch_rows(x32, row, tid, nunits, sb):
+        """prefetch.global.L2 of the 128-byte lines of x's row ``row``: thread t takes lines
+        t, t + NT, ... (a line is 8 of the loads' 16-byte quads)."""
         qn = nunits * (2 if F32K else 1)
         qx = (np.int64(row) * sb) >> (2 if F32K else 3)
-        qr = (np.int64(row) * n) >> (2 if F32K else 3)
         l = np.int32(tid * 8)
         while l < qn:
             prefetch_l2(x32, qx + l)
-            if RES:
-                prefetch_l2(r32, qr + l)
             l += NT * 8
 
     block_max = _block_max_fn(NT, shfl)
@@ -677,8 +683,15 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     L += [f"    u{j} = np.int32(tid + {j * NT})" for j in J]
     if PF:  # the lines of row + pf into L2 (a hint: no value depends on it), before the row's own loads
         L += ["    if pf > 0 and row + pf < cuda.gridDim.x:",
-              "        prefetch_rows(x32, r32, row + pf, tid, nunits, sb, n)"]
-    L += [f"    a{j}, b{j} = load_x(x, x32, tx + {j * NT}, u{j}, nunits, base, n, sh, D, dm)" for j in J]
+              "        prefetch_rows(x32, row + pf, tid, nunits, sb)"]
+    if STEP:  # unit j of the thread: head h0 + j * NT / (D / 8), the same place in it: index q0 + j * ks
+        # ((t * dm) >> 32 = t // (D / 8) for t <= NT: _loader's rule)
+        L += ["    h0 = (ut * dm) >> 32",
+              "    q0 = ((base + h0 * sh) >> 3) + (ut - h0 * np.int64(D >> 3))",
+              f"    ks = ((np.int64({NT}) * dm) >> 32) * (sh >> 3)"]
+        L += [f"    a{j}, b{j} = load_q(x, x32, q0 + {j} * ks, u{j}, nunits, base, n, sh, D, dm)" for j in J]
+    else:
+        L += [f"    a{j}, b{j} = load_x(x, x32, tx + {j * NT}, u{j}, nunits, base, n, sh, D, dm)" for j in J]
     if RES:
         L += [f"    a{j}, b{j} = add_res(a{j}, b{j}, res, r32, newres, nr32, rbase, tu + {j * NT}, u{j}, nunits, n)"
               for j in J]
@@ -739,7 +752,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                MXI=MXI, RMASK=RMASK, load_x=load_x, load_w=load_w, LLSH=LLSH,
                add_res=add_res, unit_sq=unit_sq, row_sum=row_sum, norm_unit=norm_unit, elems=elems, put_y=put_y,
                put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max, as_u32=as_u32,
-               as_u16=as_u16, group_unit_w=group_unit_w, prefetch_rows=prefetch_rows)
+               as_u16=as_u16, group_unit_w=group_unit_w, prefetch_rows=prefetch_rows, load_q=load_r)
     exec(compile(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", "exec"), glb)
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most

@@ -133,8 +133,10 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     scales_a = scales if scales is not None else _view(x, sdt, False, alloc, dummies)
     perm_a = perm if perm is not None else _view(x, np.int32, False, alloc, dummies)
 
-    kern = fused_row_kernel(op, mode, kind, wkind, nw, U, bool(fast), bool(strided), res is not None, fmt, mx,
-                            float(maxe), G, SHFL_DEFAULT, _fused_rows.switches())
+    # strided 2: FLAT_STEP's stepped unit indices, where D / 8 divides the block's threads
+    stepped = strided and fast and _fused_rows.FLAT_STEP and nt % (D // 8) == 0
+    kern = fused_row_kernel(op, mode, kind, wkind, nw, U, bool(fast), 2 if stepped else int(strided), res is not None,
+                            fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches())
     # dm: the fast strided loader's u // (D / 8) as (u * dm) >> 32 (_fused_rows._loader)
     dm = (1 << 32) // max(D // 8, 1) + 1
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
