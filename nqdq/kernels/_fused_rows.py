@@ -366,8 +366,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         """add_res of bfloat16 rows on the fast path (RCVT): the sums rounded two at a time by
         cvt.rn.bf16x2.f32 (round to nearest even, overflow to inf, subnormals kept: round_bits'
         bits for every non-NaN sum); its NaN 0x7FFF made round_bits' canonical 0x7FC0 by
-        canon_bf16x2 (a branch, redoing a unit by round_bits, held the 8 sums through it:
-        132 -> 156 registers for rmsnorm + res + mxfp4; branch-free, 96)."""
+        canon_bf16x2 (a branch redoing NaN units by round_bits held the 8 sums through it: 24
+        more registers for rmsnorm + res + mxfp4; branch-free, none: 96 either way)."""
         ra, rb = load_r(res, r32, qu, u, nu, rbase, n, n, n, 0)
         xe = elems(a, b)
         re = elems(ra, rb)
