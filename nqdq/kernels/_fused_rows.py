@@ -355,11 +355,13 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
 
     @devfn
     def canon_bf16x2(w):
-        """The cvt's NaN halves (0x7FFF, the only |half| above 0x7F80 it gives: + 0x7F carries
-        into the half's bit 15) made the spec's 0x7FC0: 0x3F less, branch-free."""
+        """Every NaN half of the pair w (|half| above 0x7F80: + 0x7F carries into the half's
+        bit 15) made the spec's canonical 0x7FC0, branch-free, whatever sign and payload the
+        cvt gave it (0x7FFF by the PTX manual and the twin; not relied on)."""
         t = np.uint32((np.uint32((w & np.uint32(0x7FFF7FFF)) + np.uint32(0x007F007F)) & np.uint32(0x80008000))
                       >> np.uint32(15))
-        return np.uint32(w - t * np.uint32(0x3F))
+        m = np.uint32(t * np.uint32(0xFFFF))  # 0xFFFF in each NaN half
+        return np.uint32((w & ~m) | (np.uint32(0x7FC07FC0) & m))
 
     @devfn
     def add_res_cvt(a, b, res, r32, newres, nr32, rbase, qu, u, nu, n):
