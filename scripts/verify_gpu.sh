@@ -14,12 +14,13 @@
 #                                      issue's five shapes) with the SASS counts;
 #   bash scripts/verify_gpu.sh         all three (more than one call's 10 minutes).
 #
-# Prints the summaries last. Knobs: WORKERS (8), SAN_PARTS (4), TEST_TIMEOUT (360), SCHEMES,
-# SIZES, FUSED_OPS, GEMM_SHAPES.
+# Prints the summaries last. Knobs: WORKERS (8), SAN_PARTS (4), TEST_TIMEOUT (540), SCHEMES,
+# SIZES, FUSED_OPS, GEMM_SHAPES. (The tests phase needed 325 s for 340 tests on 2026-11-21 11:10 and
+# more than 380 s for ~350 at 14:47: TEST_TIMEOUT defaults to 540, inside one call's 600 s.)
 set -uo pipefail
 source "$(dirname "$0")/_gpu_env.sh"
 PHASE="${1:-all}"
-WORKERS="${WORKERS:-8}"; SAN_PARTS="${SAN_PARTS:-4}"; TEST_TIMEOUT="${TEST_TIMEOUT:-360}"
+WORKERS="${WORKERS:-8}"; SAN_PARTS="${SAN_PARTS:-4}"; TEST_TIMEOUT="${TEST_TIMEOUT:-540}"
 SIZES="${SIZES:-8192x8192,16384x7168}"
 SCHEMES="${SCHEMES:-fp8_row,fp8_1x128,fp8_128x128,fp8_tensor,fp8_tensor@0.05,mxfp8,mxfp6_e3m2,mxfp4,nvfp4,int8_row,int8_column,int4_group,int8_asym,int4_asym,int8_centred}"
 # --only takes a substring of an op's name: "view)+mxfp4" is flatten of the transposed view
@@ -38,8 +39,9 @@ if [[ "$PHASE" == tests || "$PHASE" == all ]]; then
       --print-limit 20 python3 scripts/gpu_check.py --sweep --part "$i/$SAN_PARTS" > "$OUT/sanitizer_$i.log" 2>&1 &
     pids+=($!)
   done
-  NQDQ_TEST_GPU=1 timeout "$TEST_TIMEOUT" python3 -m pytest -q -m gpu -n "$WORKERS" -p no:cacheprovider tests/ \
-    > "$OUT/pytest_gpu.log" 2>&1
+  # -v: a test's name per result line, so a timeout shows which tests had not reported
+  NQDQ_TEST_GPU=1 timeout "$TEST_TIMEOUT" python3 -m pytest -v --durations=20 -m gpu -n "$WORKERS" -p no:cacheprovider \
+    tests/ > "$OUT/pytest_gpu.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_gpu.log"
   for p in "${pids[@]}"; do wait "$p"; echo "sanitizer process rc=$?" >> "$OUT/sanitizer_rc.log"; done
 fi
@@ -61,7 +63,8 @@ if [[ "$PHASE" == gemm || "$PHASE" == all ]]; then
 fi
 
 if [[ "$PHASE" == tests || "$PHASE" == all ]]; then
-  echo "== GPU tests =="; grep -E "passed|failed|error|rc=" "$OUT/pytest_gpu.log" | tail -15
+  echo "== GPU tests =="; grep -v -E "^\[gw|PASSED|SKIPPED|^[0-9.]+s (call|setup)" "$OUT/pytest_gpu.log" | grep -E "passed|failed|error|rc=" | tail -15
+  grep -E "FAILED|ERROR" "$OUT/pytest_gpu.log" | head -20
   echo "== compute-sanitizer memcheck ($SAN_PARTS parts) =="; cat "$OUT/sanitizer_rc.log"
   for ((i = 0; i < SAN_PARTS; i++)); do
     echo "part $i: $(grep -E '^sweep: ' "$OUT/sanitizer_$i.log" | tail -1) | $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_$i.log" | tail -1)"
