@@ -584,14 +584,15 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
             store_unit_wide(codes, c32, c16, False, rowbase, c + 4, q, n, pcols, NB, True)
 
     @devfn
-    def group_unit(y, ok, u, row, n, pcols, si, tid, scratch, codes, c16, c32, scales, qu):
-        """A 1x128 / MX-32 unit: the group's amax over its LL lanes, parameters, codes; si =
-        the group's index in ``scales`` (row * ngroups + u // LL)."""
-        a = unit_amax(y, UNIT) if ok else np.int32(0)
+    def group_scale(a, ok, si, tid, scratch, scales):
+        """(the group's amax over its LL lanes, its multiplier p0) from a lane's amax ``a``:
+        every lane takes part in the butterfly, in the row or not; where ``ok`` the group's
+        parameters (its first lane stores the scale ``si``), else p0 = 0 (unused)."""
         off = LL >> 1
-        while off > 0:  # every lane takes part, in the row or not
+        while off > 0:
             a = xor_max(a, off, shfl, scratch, tid)
             off >>= 1
+        p0 = ZERO
         if ok:
             if MXRC:  # MX "rceil" (mxfp4, mxfp8): the same code and multiplier in 32-bit arithmetic
                 code, p0 = mx_rceil_params(a, MXI)
@@ -601,6 +602,15 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                 sv, p0, pz = group_params(MODE, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, ONE)
                 if (tid & (LL - 1)) == 0:
                     store_scale(scales, si, MODE, sv)
+        return a, p0
+
+    @devfn
+    def group_unit(y, ok, u, row, n, pcols, si, tid, scratch, codes, c16, c32, scales, qu):
+        """A 1x128 / MX-32 unit: the group's amax over its LL lanes, parameters, codes; si =
+        the group's index in ``scales`` (row * ngroups + u // LL)."""
+        a = unit_amax(y, UNIT) if ok else np.int32(0)
+        a, p0 = group_scale(a, ok, si, tid, scratch, scales)
+        if ok:
             put_codes(y, u, row, n, pcols, p0, recip_guarded(p0) if MODE == MODE_FLOAT else ZERO, a < FINITE, codes,
                       c16, c32, qu)
 
@@ -625,19 +635,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         if ok:
             a2 = word_amax16(w)
             a = np.int32(max(a2 & np.uint32(0xFFFF), a2 >> np.uint32(16)) << np.uint32(16))
-        off = LL >> 1
-        while off > 0:  # every lane takes part, in the row or not
-            a = xor_max(a, off, shfl, scratch, tid)
-            off >>= 1
+        a, p0 = group_scale(a, ok, si, tid, scratch, scales)
         if ok:
-            if MXRC:
-                code, p0 = mx_rceil_params(a, MXI)
-                if (tid & (LL - 1)) == 0:
-                    scales[si] = np.uint8(code)
-            else:
-                sv, p0, pz = group_params(MODE, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, ONE)
-                if (tid & (LL - 1)) == 0:
-                    store_scale(scales, si, MODE, sv)
             if a < FINITE:
                 hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact)
                 c32[qu] = e2m1_unit_bf16(w, np.uint32(hb | (hb << np.uint32(16))), CLAMP)
