@@ -81,6 +81,25 @@ def print_profile(fn, calls, sync, title, *, stats, lines):
     print("\n".join(text.getvalue().splitlines()[:lines]))
 
 
+def _same_parts(q, ref):
+    """Every output of ``q`` (CuPy or NumPy) the same bits, shape and dtype as ``ref``'s."""
+    import numpy as np
+
+    for f in ("codes", "scales", "zero_points", "tensor_scale", "means"):
+        g, w = getattr(q, f), getattr(ref, f)
+        if (g is None) != (w is None):
+            return False
+        if g is None:
+            continue
+        g = g.get() if hasattr(g, "get") else np.asarray(g)
+        w = np.asarray(w)  # bit patterns, flattened (a 0-d view cannot change itemsize)
+        if g.shape != w.shape or g.dtype != w.dtype or not np.array_equal(
+            g.reshape(-1).view(np.uint8), w.reshape(-1).view(np.uint8)
+        ):
+            return False
+    return True
+
+
 def bench_quantize(schemes, rows, cols, calls, label, results, graphs=True):
     """``nqdq.quantize(x, scheme, dtype="bfloat16")`` on a CuPy uint16 ``rows x cols`` array,
     end to end: host us per call over ``calls`` calls after 50 warm-up calls; each result
@@ -99,21 +118,6 @@ def bench_quantize(schemes, rows, cols, calls, label, results, graphs=True):
         x = rng.standard_normal((rows, cols)) * np.exp2(rng.uniform(-6, 6, (rows, 1)))
         return x.astype(ml_dtypes.bfloat16)
 
-    def same(q, ref):
-        for f in ("codes", "scales", "zero_points", "tensor_scale", "means"):
-            g, w = getattr(q, f), getattr(ref, f)
-            if (g is None) != (w is None):
-                return False
-            if g is None:
-                continue
-            g = g.get() if hasattr(g, "get") else np.asarray(g)
-            w = np.asarray(w)  # bit patterns, flattened (a 0-d view cannot change itemsize)
-            if g.shape != w.shape or g.dtype != w.dtype or not np.array_equal(
-                g.reshape(-1).view(np.uint8), w.reshape(-1).view(np.uint8)
-            ):
-                return False
-        return True
-
     sync = cp.cuda.runtime.deviceSynchronize
     for scheme in schemes:
         try:
@@ -121,10 +125,10 @@ def bench_quantize(schemes, rows, cols, calls, label, results, graphs=True):
             x = cp.asarray(xh.view(np.uint16))
             ref = nqdq.quantize(xh, scheme, device="cpu")
             q = nqdq.quantize(x, scheme, dtype="bfloat16")
-            ok1 = same(q, ref)
+            ok1 = _same_parts(q, ref)
             q = nqdq.quantize(x, scheme, dtype="bfloat16")
             sync()
-            ok = ok1 and same(q, ref)
+            ok = ok1 and _same_parts(q, ref)
             print(f"check {label} {scheme}: {'bit-exact vs reference' if ok else 'MISMATCH'}", flush=True)
             results.append(dict(path=f"check {label} nqdq.quantize {scheme}", ok=bool(ok)))
             h, hs = host_time(lambda: nqdq.quantize(x, scheme, dtype="bfloat16"), calls, sync)
@@ -156,7 +160,7 @@ def bench_quantize(schemes, rows, cols, calls, label, results, graphs=True):
                 qg.codes.fill(0xA5)
             g.launch(s)
             s.synchronize()
-            okg = same(qg, nqdq.quantize(xh2, scheme, device="cpu"))
+            okg = _same_parts(qg, nqdq.quantize(xh2, scheme, device="cpu"))
             print(f"check {label} graph replay {scheme}: {'bit-exact vs reference' if okg else 'MISMATCH'}", flush=True)
             results.append(dict(path=f"check {label} graph {scheme}", ok=bool(okg)))
             h, hs = host_time(lambda: g.launch(s), calls, s.synchronize)
@@ -271,6 +275,7 @@ def bench_workspace_ab(schemes, rows, cols, calls, results):
 
     import nqdq
     from nqdq.kernels import quantize as kq
+    from nqdq.reference.quantize import QuantParts
     from nqdq.schemes import resolve_scheme
 
     rng = np.random.default_rng(4)
@@ -292,10 +297,9 @@ def bench_workspace_ab(schemes, rows, cols, calls, results):
             oks = {}
             for n, run in runs.items():
                 for _ in range(2):
-                    c, sc, _z, t, _m = run(x)
+                    c, sc, z, t, m = run(x)
                 sync()
-                oks[n] = np.array_equal(c.get().reshape(-1).view(np.uint8), np.asarray(ref.codes).reshape(-1).view(np.uint8)) and \
-                    np.array_equal(sc.get().reshape(-1).view(np.uint8), np.asarray(ref.scales).reshape(-1).view(np.uint8))
+                oks[n] = _same_parts(QuantParts(codes=c, scales=sc, zero_points=z, tensor_scale=t, means=m), ref)
                 for _ in range(50):
                     run(x)
             sync()

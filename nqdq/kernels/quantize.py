@@ -384,7 +384,7 @@ class QuantPlan:
             if type(a) is _Slot:
                 if a.role == "dummy":
                     return L.Ptr("dummy", dummy_off[a.i], a.n, a.dtype)
-                if a.role == "reset" and GRID_STREAM_WS:
+                if reset and a is reset[0]:  # the stream's workspace (GRID_STREAM_WS)
                     return L.Ptr("ws", 0, a.n, a.dtype)
                 return L.Ptr("base", offsets[a.i], a.n, a.dtype)
             if a is _X:
