@@ -2,6 +2,7 @@
 
     python3 benchmarks/launch_overhead.py [--json FILE] [--rows 64 --cols 7168] [--calls 1000]
     python3 benchmarks/launch_overhead.py --quantize-only [--schemes fp8_row,mxfp4,...] [--label L] [--ab] [--ab-workspace]
+        [--rounds 5 [--rounds-only]]
 
 The kernel is the toy per-row FP8 quantizer (benchmarks/toy_fp8_row.py) on a bf16
 ``rows x cols`` activation (64 x 7168: a decode step), CuPy arguments, legacy default
@@ -322,9 +323,63 @@ def bench_workspace_ab(schemes, rows, cols, calls, results):
         kq._PLANS.clear()
 
 
+def bench_rounds(schemes, rows, cols, calls, rounds, label, results, warm_s=2.0):
+    """Steady state: ``nqdq.quantize`` of every scheme called for ``warm_s`` seconds in turn
+    (the host's and the GPU's clocks come up; the single-call rows above start cold and
+    their first schemes read up to 40 % higher, 2026-11-21 17:05 UTC), then ``rounds``
+    rounds, each timing every scheme in turn: the median of ``calls`` single calls
+    (``host_median``) and the unsynchronized loop with its final synchronize (host and
+    device, ``host_time``). Each result is checked bit for bit first. Prints per scheme
+    every round's figures, their median and their maximum."""
+    import statistics
+
+    import cupy as cp
+    import ml_dtypes
+    import numpy as np
+
+    import nqdq
+
+    rng = np.random.default_rng(5)
+    xh = (rng.standard_normal((rows, cols)) * np.exp2(rng.uniform(-6, 6, (rows, 1)))).astype(ml_dtypes.bfloat16)
+    x = cp.asarray(xh.view(np.uint16))
+    sync = cp.cuda.runtime.deviceSynchronize
+    fns = {}
+    for scheme in schemes:
+        fn = fns[scheme] = (lambda s: lambda: nqdq.quantize(x, s, dtype="bfloat16"))(scheme)
+        ok = _same_parts(fn(), nqdq.quantize(xh, scheme, device="cpu"))
+        results.append(dict(path=f"check {label} rounds {scheme}", ok=bool(ok)))
+        print(f"check {label} rounds {scheme}: {'bit-exact vs reference' if ok else 'MISMATCH'}", flush=True)
+    t_end = time.perf_counter() + warm_s
+    while time.perf_counter() < t_end:
+        for fn in fns.values():
+            for _ in range(100):
+                fn()
+            sync()
+    med = {s: [] for s in schemes}
+    loop = {s: [] for s in schemes}
+    for _ in range(rounds):
+        for scheme, fn in fns.items():
+            med[scheme].append(host_median(fn, calls, sync))
+            loop[scheme].append(host_time(fn, calls, sync, warm=10)[1])
+    print(f"\n| {label}: nqdq.quantize {rows}x{cols} bf16, steady state ({warm_s:g} s warm-up), {rounds} rounds | "
+          f"median of {calls} single calls, per round (us) | their median | max | loop of {calls} + sync, per call, per round (us) | their median |")
+    print("|---|---|---:|---:|---|---:|")
+    for scheme in schemes:
+        m, lp = med[scheme], loop[scheme]
+        results.append(dict(path=f"{label}: steady nqdq.quantize {scheme}", round_medians_us=m, round_loop_sync_us=lp))
+        print(f"| {scheme} | {' '.join(f'{v:.2f}' for v in m)} | {statistics.median(m):.2f} | {max(m):.2f} | "
+              f"{' '.join(f'{v:.2f}' for v in lp)} | {statistics.median(lp):.2f} |", flush=True)
+
+
 def quantize_main(args):
     results = []
     schemes = args.schemes.split(",")
+    if args.rounds:  # first, while the process is young: its own warm-up
+        bench_rounds(schemes, args.rows, args.cols, args.calls, args.rounds, args.label, results)
+        if args.rounds_only:
+            if args.json:
+                Path(args.json).write_text(json.dumps(results, indent=1))
+            return 0
     bench_quantize(schemes, args.rows, args.cols, args.calls, args.label, results, graphs=not args.no_graphs)
     if args.ab:
         try:
@@ -365,6 +420,9 @@ def main(argv=None):
     ap.add_argument("--ab", action="store_true", help="with --quantize-only: the launch variants A/B/C/A")
     ap.add_argument("--ab-workspace", action="store_true",
                     help="with --quantize-only: the one-launch workspace, the stream's vs a memset per call (interleaved)")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="with --quantize-only: first the steady-state rounds (warm-up, then every scheme per round)")
+    ap.add_argument("--rounds-only", action="store_true", help="with --rounds: only those")
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--cols", type=int, default=7168)
     ap.add_argument("--calls", type=int, default=1000)

@@ -488,9 +488,11 @@ def test_mx_y_pairs_switch_matches_reference(monkeypatch):
         FR.fused_row_kernel.cache_clear()
 
 
-@pytest.mark.parametrize("switch", ["ROWS_BF16", "RES_CVT", "PREFETCH", "FLAT_STEP"])
-def test_session3_switches_match_reference(switch, monkeypatch):
-    """Each A/B switch of the third session, on, gives the spec's bits (the switch's paths:
+@pytest.mark.parametrize("switch, on", [("ROWS_BF16", True), ("ROWS_BF16", False), ("RES_CVT", True),
+                                        ("RES_CVT", False), ("PREFETCH", True), ("FLAT_STEP", True)])
+def test_session3_switches_match_reference(switch, on, monkeypatch):
+    """Each A/B switch of the third session, on and, for the two now on by default (ROWS_BF16,
+    RES_CVT), off too, gives the spec's bits on these edge values (the switch's paths:
     ROWS_BF16 flatten / MoE rows of bfloat16 into MXFP4 by the words' pair encoder, with a
     non-finite group; RES_CVT the residual by cvt.rn.bf16x2 with NaN (its 0x7FFF made 0x7FC0),
     inf, overflowing and subnormal sums; PREFETCH 1 row ahead (no residual), a hint the
@@ -499,7 +501,7 @@ def test_session3_switches_match_reference(switch, monkeypatch):
     (D = 24: the per-unit path))."""
     from nqdq.kernels import _fused_rows as FR
 
-    monkeypatch.setattr(FR, switch, 1 if switch == "PREFETCH" else True)
+    monkeypatch.setattr(FR, switch, 1 if switch == "PREFETCH" else on)
     rng = np.random.default_rng(43)
     if switch == "FLAT_STEP":
         for h, d, scheme in ((8, 64, "mxfp4"), (6, 128, "fp8_1x128"), (16, 24, "mxfp4")):  # 2, 3, 2 units a lane

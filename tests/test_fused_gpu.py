@@ -172,18 +172,20 @@ def test_gpu_moe_sort_quantize():
     np.testing.assert_array_equal(bits(q.scales), bits(scales))
 
 
-@pytest.mark.parametrize("switch", ["ROWS_BF16", "RES_CVT", "PREFETCH", "FLAT_STEP"])
-def test_gpu_session3_switches(switch, monkeypatch):
-    """The third session's A/B switches on a GPU, each on, bit for bit against the spec at
+@pytest.mark.parametrize("switch, on", [("ROWS_BF16", True), ("ROWS_BF16", False), ("RES_CVT", True),
+                                        ("RES_CVT", False), ("PREFETCH", True), ("FLAT_STEP", True)])
+def test_gpu_session3_switches(switch, on, monkeypatch):
+    """The third session's A/B switches on a GPU, each on and, for the two now on by default
+    (ROWS_BF16, RES_CVT), off too, bit for bit against the spec at
     hidden 7168: ROWS_BF16 (flatten of a strided view and the MoE gather into MXFP4 by the
-    words' pair encoder; a non-finite group in one row), RES_CVT (cvt.rn.bf16x2 for the new
-    residual against round_bits, with NaN, inf - inf, overflowing and subnormal sums: the
+    words' pair encoder, or off: float32 unpacking; a non-finite group in one row), RES_CVT
+    (cvt.rn.bf16x2 for the new residual, or off: round_bits, with NaN, inf - inf, overflowing and subnormal sums: the
     intrinsic against its twin's rule), PREFETCH (prefetch.global.L2 of rows 3 ahead, no residual:
     a hint, the outputs must not change), FLAT_STEP (the strided flatten's stepped unit indices, with
     ROWS_BF16 on too for MXFP4: the combination the benchmark would make the default)."""
     from nqdq.kernels import _fused_rows as FR
 
-    monkeypatch.setattr(FR, switch, 3 if switch == "PREFETCH" else True)
+    monkeypatch.setattr(FR, switch, 3 if switch == "PREFETCH" else on)
     rng = np.random.default_rng(31)
     if switch == "FLAT_STEP":
         monkeypatch.setattr(FR, "ROWS_BF16", True)

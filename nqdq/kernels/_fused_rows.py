@@ -257,7 +257,12 @@ W_EARLY = os.environ.get("NQDQ_FUSED_W_EARLY", "0") == "1"
 MIN_BLOCKS = os.environ.get("NQDQ_FUSED_MIN_BLOCKS", "0")  # "policy": _min_blocks's choice
 MX_Y_PAIRS = os.environ.get("NQDQ_FUSED_MX_Y_PAIRS", "0") == "1"
 # Session 3 switches (2026-11-21, docs/performance.md "Fused ops: third session"), read when a
-# kernel is built (switches() is part of its cache key, so a process can time both sides):
+# kernel is built (switches() is part of its cache key, so a process can time both sides).
+# ROWS_BF16 and RES_CVT are on by default since their H100 A/B (2026-11-21 17:02 UTC, bf16
+# [8192, 7168], "Fused ops: fourth session"): faster on every op they touch (RES_CVT: the four
+# +res ops, e.g. rmsnorm + res + mxfp4 158.5 -> 148.0 us; ROWS_BF16: flatten + mxfp4 60.8 ->
+# 57.0 us, MoE 209.9 -> 200.5 us); FLAT_STEP (no gain: 57.4 us with ROWS_BF16) and PREFETCH
+# (slower on three of four ops) stay off.
 # ROWS_BF16 (NQDQ_FUSED_ROWS_BF16): flatten / MoE rows of bfloat16 into MX e2m1 take the
 # quantize kernels' own bfloat16 path (word_amax16, e2m1_unit_bf16 on the loaded words: no
 # float32 unpacking, one bf16x2 product per pair); RES_CVT (NQDQ_FUSED_RES_CVT): the new
@@ -269,9 +274,16 @@ MX_Y_PAIRS = os.environ.get("NQDQ_FUSED_MX_Y_PAIRS", "0") == "1"
 # FLAT_STEP (NQDQ_FUSED_FLAT_STEP, read by the launcher: strided=2 where it applies): the strided
 # flatten's unit indices as one per-thread index plus j * ks (ks = NT / (D / 8) heads of sh / 8
 # units, where D / 8 divides NT) instead of the head division and 64-bit index arithmetic per unit.
-ROWS_BF16 = os.environ.get("NQDQ_FUSED_ROWS_BF16", "0") == "1"
-FLAT_STEP = os.environ.get("NQDQ_FUSED_FLAT_STEP", "0") == "1"
-RES_CVT = os.environ.get("NQDQ_FUSED_RES_CVT", "0") == "1"
+DEFAULTS = {"ROWS_BF16": True, "FLAT_STEP": False, "RES_CVT": True}
+
+
+def _switch(name):
+    return os.environ.get(f"NQDQ_FUSED_{name}", "1" if DEFAULTS[name] else "0") == "1"
+
+
+ROWS_BF16 = _switch("ROWS_BF16")
+FLAT_STEP = _switch("FLAT_STEP")
+RES_CVT = _switch("RES_CVT")
 PREFETCH = int(os.environ.get("NQDQ_FUSED_PREFETCH", "0"))
 
 
