@@ -488,6 +488,35 @@ def test_mx_y_pairs_switch_matches_reference(monkeypatch):
         FR.fused_row_kernel.cache_clear()
 
 
+def test_prefetch_distance_per_op(monkeypatch):
+    """PREFETCH's default (-1) prefetches for RMSNorm into the per-tensor static output only,
+    PREFETCH_TENSOR rows ahead (the one op the H100 A/B found faster); never with the residual
+    nor for the row ops without a norm; a value >= 0 applies to every RMSNorm op without the
+    residual, and the kernel builds the prefetch code exactly where the distance is > 0."""
+    from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels import _fused_rows as FR
+    from nqdq.kernels._elements import format_tuple
+
+    pd = FR.prefetch_distance
+    assert pd(-1, FK.OP_NORM, FK.OUT_TENSOR, False) == FR.PREFETCH_TENSOR > 0
+    for out in (FK.OUT_ROW, FK.OUT_GROUP, FK.OUT_MX, FK.OUT_Y):
+        assert pd(-1, FK.OP_NORM, out, False) == 0
+        assert pd(528, FK.OP_NORM, out, False) == 528
+    for out in (FK.OUT_TENSOR, FK.OUT_MX):
+        assert pd(-1, FK.OP_NORM, out, True) == 0 and pd(264, FK.OP_NORM, out, True) == 0
+        assert pd(264, FK.OP_GATHER, out, False) == 0 and pd(-1, FK.OP_ROWS, out, False) == 0
+    assert pd(0, FK.OP_NORM, FK.OUT_TENSOR, False) == 0
+    monkeypatch.setattr(FR, "PREFETCH", -1)
+    sch = resolve_scheme("fp8_tensor", static_scale=True)
+    nw, u = R.row_geometry(7168)
+    srcs = {}
+    for res in (False, True):
+        k = FR.fused_row_kernel(FK.OP_NORM, FK.OUT_TENSOR, 1, 1, nw, u, True, False, res, format_tuple(sch),
+                                (0, 0, 0, 1.0), 448.0, 0, True)
+        srcs[res] = k.source
+    assert "prefetch_rows(" in srcs[False] and "prefetch_rows(" not in srcs[True]
+
+
 @pytest.mark.parametrize("switch, on", [("ROWS_BF16", True), ("ROWS_BF16", False), ("RES_CVT", True),
                                         ("RES_CVT", False), ("PREFETCH", True), ("FLAT_STEP", True)])
 def test_session3_switches_match_reference(switch, on, monkeypatch):

@@ -261,8 +261,10 @@ MX_Y_PAIRS = os.environ.get("NQDQ_FUSED_MX_Y_PAIRS", "0") == "1"
 # ROWS_BF16 and RES_CVT are on by default since their H100 A/B (2026-11-21 17:02 UTC, bf16
 # [8192, 7168], "Fused ops: fourth session"): faster on every op they touch (RES_CVT: the four
 # +res ops, e.g. rmsnorm + res + mxfp4 158.5 -> 148.0 us; ROWS_BF16: flatten + mxfp4 60.8 ->
-# 57.0 us, MoE 209.9 -> 200.5 us); FLAT_STEP (no gain: 57.4 us with ROWS_BF16) and PREFETCH
-# (slower on three of four ops) stay off.
+# 57.0 us, MoE 209.9 -> 200.5 us); FLAT_STEP (no gain: 57.4 us with ROWS_BF16) stays off;
+# PREFETCH is on for the one op it made faster (rmsnorm + fp8_tensor, 264 rows ahead: 86.9 ->
+# 79.7 us, the default again 86.2 us; 528 and 1056 rows slower) and off for the three it made
+# slower (fp8_row, fp8_1x128, mxfp4).
 # ROWS_BF16 (NQDQ_FUSED_ROWS_BF16): flatten / MoE rows of bfloat16 into MX e2m1 take the
 # quantize kernels' own bfloat16 path (word_amax16, e2m1_unit_bf16 on the loaded words: no
 # float32 unpacking, one bf16x2 product per pair); RES_CVT (NQDQ_FUSED_RES_CVT): the new
@@ -270,7 +272,9 @@ MX_Y_PAIRS = os.environ.get("NQDQ_FUSED_MX_Y_PAIRS", "0") == "1"
 # halves (0x7FFF) made the spec's canonical 0x7FC0 branch-free. PREFETCH (NQDQ_FUSED_PREFETCH,
 # rows ahead, a launch argument; > 0 also builds the code): each block of an RMSNorm op without
 # the residual issues prefetch.global.L2 for the lines of x of row + PREFETCH, before its own
-# loads, so DRAM keeps streaming while blocks reduce and encode; 0: none.
+# loads, so DRAM keeps streaming while blocks reduce and encode; 0: none; -1 (the default):
+# per op, PREFETCH_TENSOR rows for the per-tensor static output, none for the others
+# (prefetch_distance).
 # FLAT_STEP (NQDQ_FUSED_FLAT_STEP, read by the launcher: strided=2 where it applies): the strided
 # flatten's unit indices as one per-thread index plus j * ks (ks = NT / (D / 8) heads of sh / 8
 # units, where D / 8 divides NT) instead of the head division and 64-bit index arithmetic per unit.
@@ -284,12 +288,23 @@ def _switch(name):
 ROWS_BF16 = _switch("ROWS_BF16")
 FLAT_STEP = _switch("FLAT_STEP")
 RES_CVT = _switch("RES_CVT")
-PREFETCH = int(os.environ.get("NQDQ_FUSED_PREFETCH", "0"))
+PREFETCH = int(os.environ.get("NQDQ_FUSED_PREFETCH", "-1"))
+PREFETCH_TENSOR = 264  # rows ahead (2 x the H100's 132 SMs; measured there only)
+
+
+def prefetch_distance(pf, op, out, has_res):
+    """Rows ahead that an op's blocks prefetch (0: none) for the switch value ``pf``: >= 0 for
+    every op the prefetch is built for (RMSNorm without the residual), -1 per op."""
+    if op != OP_NORM or has_res:
+        return 0
+    if pf >= 0:
+        return pf
+    return PREFETCH_TENSOR if out == OUT_TENSOR else 0
 
 
 def switches():
     """The build switches' current values (fused_row_kernel's ``sw``)."""
-    return (W_EARLY, MIN_BLOCKS, MX_Y_PAIRS, ROWS_BF16, RES_CVT, PREFETCH > 0)
+    return (W_EARLY, MIN_BLOCKS, MX_Y_PAIRS, ROWS_BF16, RES_CVT, PREFETCH)
 
 
 def _min_blocks(NT, res, min_blocks=None):
@@ -329,7 +344,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     ``shfl`` (warp shuffles; False: their simulator twins).
     Arguments: see _KERNEL_ARGS (flat arrays; sb the row stride of x in elements; pf the L2
     prefetch distance in rows, 0: none). ``sw``: switches() (None: their values now)."""
-    w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_code = switches() if sw is None else sw
+    w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw = switches() if sw is None else sw
+    pf_code = prefetch_distance(pf_sw, op, out, has_res) > 0
     NT = WARP * NW
     NORM = op == OP_NORM
     RES = has_res and NORM

@@ -141,7 +141,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     dm = (1 << 32) // max(D // 8, 1) + 1
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
             n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, dm,
-            int(_fused_rows.PREFETCH))
+            _fused_rows.prefetch_distance(_fused_rows.PREFETCH, op, mode, res is not None))
     if rows > 0:
         fast_kernel(kern).launch(rows, 32 * nw, args, None)
     return dict(codes=codes, scales=scales, newres=newres, y=y, pcols=pcols, ngroups=ngroups, alloc=alloc)
