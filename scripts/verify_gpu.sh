@@ -7,6 +7,10 @@
 #                                      host's CPUs, the GPU is shared) and, at the same time,
 #                                      compute-sanitizer memcheck over scripts/gpu_check.py's
 #                                      kernel sweep split over SAN_PARTS processes;
+#   bash scripts/verify_gpu.sh pytest / sanitizer   the two halves of "tests" alone, a call each
+#                                      (2026-11-21 17:30 UTC: 353 tests beside the sanitizer
+#                                      reported all their results in 530 s but were cut
+#                                      before pytest's summary);
 #   bash scripts/verify_gpu.sh bench   on a quiet GPU: the fused ops (one process per op:
 #                                      they compile at once and time one at a time under a
 #                                      lock), the quantize peers table for every scheme;
@@ -30,19 +34,24 @@ GEMM_SHAPES="${GEMM_SHAPES:-8192x8192x8192,4096x4096x4096,2048x7168x2048,128x143
   python3 -c "import numpy, numba, numba_cuda, cupy; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__)"
 } | tee "$OUT/device.txt"
 
-if [[ "$PHASE" == tests || "$PHASE" == all ]]; then
+RUN_PYTEST=0; RUN_SAN=0
+[[ "$PHASE" == tests || "$PHASE" == all || "$PHASE" == pytest ]] && RUN_PYTEST=1
+[[ "$PHASE" == tests || "$PHASE" == all || "$PHASE" == sanitizer ]] && RUN_SAN=1
+if [[ $RUN_PYTEST == 1 || $RUN_SAN == 1 ]]; then
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
   pids=()
-  for ((i = 0; i < SAN_PARTS; i++)); do
+  for ((i = 0; i < SAN_PARTS * RUN_SAN; i++)); do
     # --report-api-errors no: the CUDA bindings probe driver entry points at start-up
     NQDQ_TEST_GPU=1 timeout "$TEST_TIMEOUT" "$SAN" --tool memcheck --report-api-errors no --error-exitcode 99 \
       --print-limit 20 python3 scripts/gpu_check.py --sweep --part "$i/$SAN_PARTS" > "$OUT/sanitizer_$i.log" 2>&1 &
     pids+=($!)
   done
   # -v: a test's name per result line, so a timeout shows which tests had not reported
-  NQDQ_TEST_GPU=1 timeout "$TEST_TIMEOUT" python3 -m pytest -v --durations=20 -m gpu -n "$WORKERS" -p no:cacheprovider \
-    tests/ > "$OUT/pytest_gpu.log" 2>&1
-  echo "pytest rc=$?" >> "$OUT/pytest_gpu.log"
+  if [[ $RUN_PYTEST == 1 ]]; then
+    NQDQ_TEST_GPU=1 timeout "$TEST_TIMEOUT" python3 -m pytest -v --durations=20 -m gpu -n "$WORKERS" -p no:cacheprovider \
+      tests/ > "$OUT/pytest_gpu.log" 2>&1
+    echo "pytest rc=$?" >> "$OUT/pytest_gpu.log"
+  fi
   for p in "${pids[@]}"; do wait "$p"; echo "sanitizer process rc=$?" >> "$OUT/sanitizer_rc.log"; done
 fi
 
@@ -69,9 +78,11 @@ if [[ "$PHASE" == gemm || "$PHASE" == all ]]; then
     > "$OUT/gemm.log" 2>&1; echo "gemm rc=$?" >> "$OUT/gemm.log"
 fi
 
-if [[ "$PHASE" == tests || "$PHASE" == all ]]; then
+if [[ $RUN_PYTEST == 1 ]]; then
   echo "== GPU tests =="; grep -v -E "^\[gw|PASSED|SKIPPED|^[0-9.]+s (call|setup)" "$OUT/pytest_gpu.log" | grep -E "passed|failed|error|rc=" | tail -15
   grep -E "FAILED|ERROR" "$OUT/pytest_gpu.log" | head -20
+fi
+if [[ $RUN_SAN == 1 ]]; then
   echo "== compute-sanitizer memcheck ($SAN_PARTS parts) =="; cat "$OUT/sanitizer_rc.log"
   for ((i = 0; i < SAN_PARTS; i++)); do
     echo "part $i: $(grep -E '^sweep: ' "$OUT/sanitizer_$i.log" | tail -1) | $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_$i.log" | tail -1)"
