@@ -253,9 +253,17 @@ def e2m1_unit_y(e, p2):
 # us); NQDQ_FUSED_MIN_BLOCKS=k adds a launch bound of k blocks per SM (k = "policy":
 # _min_blocks, 5 blocks of the 4-warp layout; no gain measured); NQDQ_FUSED_MX_Y_PAIRS=1
 # encodes MX e2m1 of y by e2m1_unit_y (bit-exact, 96.8 vs 97.2 us: no gain measured).
-W_EARLY = os.environ.get("NQDQ_FUSED_W_EARLY", "0") == "1"
+# The on / off switches' defaults; NQDQ_FUSED_<NAME>=1 / 0 overrides one (read at import).
+DEFAULTS = {"W_EARLY": False, "MX_Y_PAIRS": False, "ROWS_BF16": True, "FLAT_STEP": False, "RES_CVT": True}
+
+
+def _switch(name):
+    return os.environ.get(f"NQDQ_FUSED_{name}", "1" if DEFAULTS[name] else "0") == "1"
+
+
+W_EARLY = _switch("W_EARLY")
 MIN_BLOCKS = os.environ.get("NQDQ_FUSED_MIN_BLOCKS", "0")  # "policy": _min_blocks's choice
-MX_Y_PAIRS = os.environ.get("NQDQ_FUSED_MX_Y_PAIRS", "0") == "1"
+MX_Y_PAIRS = _switch("MX_Y_PAIRS")
 # Session 3 switches (2026-11-21, docs/performance.md "Fused ops: third session"), read when a
 # kernel is built (switches() is part of its cache key, so a process can time both sides).
 # ROWS_BF16 and RES_CVT are on by default since their H100 A/B (2026-11-21 17:02 UTC, bf16
@@ -278,13 +286,6 @@ MX_Y_PAIRS = os.environ.get("NQDQ_FUSED_MX_Y_PAIRS", "0") == "1"
 # FLAT_STEP (NQDQ_FUSED_FLAT_STEP, read by the launcher: strided=2 where it applies): the strided
 # flatten's unit indices as one per-thread index plus j * ks (ks = NT / (D / 8) heads of sh / 8
 # units, where D / 8 divides NT) instead of the head division and 64-bit index arithmetic per unit.
-DEFAULTS = {"ROWS_BF16": True, "FLAT_STEP": False, "RES_CVT": True}
-
-
-def _switch(name):
-    return os.environ.get(f"NQDQ_FUSED_{name}", "1" if DEFAULTS[name] else "0") == "1"
-
-
 ROWS_BF16 = _switch("ROWS_BF16")
 FLAT_STEP = _switch("FLAT_STEP")
 RES_CVT = _switch("RES_CVT")
@@ -372,9 +373,9 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     CLAMP = MXR != MX_RCEIL  # e2m1_unit_bf16: "floor" / "even" scales can leave |x| / 2^k up to 8
     RCVT = res_cvt and RES and kind == KIND_BF16 and fast  # the residual by cvt.rn.bf16x2.f32
     STEP = strided == 2 and fast  # FLAT_STEP: D / 8 divides NT (the launcher's test)
-    # the L2 prefetch of row + pf: contiguous rows without the residual (with it, the +res mxfp4
-    # kernel went from 96 to 133 registers; those ops are within 8-15 % of copy already)
-    PF = pf_code and fast and not strided and op != OP_GATHER and not RES
+    # the L2 prefetch of row + pf: contiguous rows, RMSNorm without the residual (prefetch_distance;
+    # with the residual the +res mxfp4 kernel went from 96 to 133 registers)
+    PF = pf_code and fast and not strided
     load_x = _loader(kind, fast, strided)
     load_r = _loader(kind, fast, False)
     load_w = _loader(wkind, fast, False)
