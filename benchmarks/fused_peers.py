@@ -125,7 +125,7 @@ def main(argv=None):
                     help="A/B in this process: after an op's default timing, time it again with nqdq.kernels."
                          "_fused_rows.SWITCH (or A+B: both) set to each value (ints; a switch is tried only on the "
                          "ops it applies to: ROWS_BF16 flatten / MoE mxfp4, RES_CVT +res, PREFETCH rmsnorm without "
-                         "residual, FLAT_STEP flatten), then the default once more; each variant's whole outputs are "
+                         "residual, FLAT_STEP flatten, NORM_FMA rmsnorm), then the default once more; each variant's whole outputs are "
                          "checked bit for bit against the default's")
     ap.add_argument("--pytest", nargs="*", metavar="ARG",
                     help="first run pytest -m gpu tests/test_fused_gpu.py [ARG ...] in this process (the kernels it "
@@ -178,7 +178,8 @@ def main(argv=None):
         ab += [(name, int(v)) for v in vals.split(",")]
     applies = {"ROWS_BF16": lambda op: ("flatten" in op or "moe" in op) and "mxfp4" in op,
                "FLAT_STEP": lambda op: "flatten" in op,
-               "RES_CVT": lambda op: "+res" in op, "PREFETCH": lambda op: "rmsnorm" in op and "+res" not in op}
+               "RES_CVT": lambda op: "+res" in op, "PREFETCH": lambda op: "rmsnorm" in op and "+res" not in op,
+               "NORM_FMA": lambda op: "rmsnorm" in op}
 
     def outputs(o):
         """Every output array of a fused call (q's codes and scales, new residual, perm, offsets)."""

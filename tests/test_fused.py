@@ -7,6 +7,8 @@ fast; tests/test_fused_gpu.py runs the real hidden sizes on a GPU.
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -106,54 +108,47 @@ def test_element_path_equals_vector_path(monkeypatch):
 
 
 def test_row_sum_order_is_the_documented_one(monkeypatch):
-    """reference/fused.ff_row_sum against the order written out element by element (module
-    docstring, steps 1-4) in plain Python scalars, for a 1-warp and a 3-warp layout."""
+    """reference/fused.row_sum64 against the order written out element by element (module
+    docstring, steps 1-4) in plain Python floats (IEEE float64, one rounding per addition),
+    bit for bit, for a 1-warp x 3-unit and a 3-warp x 1-unit layout, 64 rows of float32 values
+    within 2^-4..2^4 (enough of their float64 sums round that swapping any step's order
+    changes some row's S), and row_sum_sq's pair (hi = fl32(S), lo = fl32(S - hi))."""
     rng = np.random.default_rng(8)
-    for upt, n in ((8, 300), (1, 700)):
+    for upt, n in ((8, 700), (1, 700)):
         monkeypatch.setattr(R, "MAX_UNITS_PER_THREAD", upt)
         nw, u = R.row_geometry(n)
-        sq = (rng.standard_normal(n) * np.exp2(rng.uniform(-20, 20, n))).astype(np.float32) ** 2
-        lo = (sq * np.float32(2.0**-30)).astype(np.float32)  # non-zero low parts (float32 inputs have them)
-        pad = lambda e: (sq[e], lo[e]) if e < n else (np.float32(0), np.float32(0))  # noqa: E731
+        assert (nw, u) == ((1, 3) if upt == 8 else (3, 1))
+        hs = (rng.uniform(1, 2, (64, n)) * np.exp2(rng.integers(-4, 4, (64, n)))).astype(np.float32)
+        got = R.row_sum64(hs)
+        hi, lo = R.row_sum_sq(hs)
+        for r, h in enumerate(hs):
+            sq = [float(v) * float(v) for v in h] + [0.0] * (8 * 32 * nw * u - n)  # exact in float64
 
-        def unit(t, j):
-            v = [pad(8 * (t + 32 * nw * j) + i) for i in range(8)]
-            for h in (4, 2, 1):
-                v = [R.ff_add(*v[i], *v[i + h]) for i in range(h)]
-            return v[0]
+            def unit(t, j):
+                acc = sq[8 * (t + 32 * nw * j)]
+                for i in range(1, 8):
+                    acc = acc + sq[8 * (t + 32 * nw * j) + i]
+                return acc
 
-        def thread(t):
-            acc = unit(t, 0)
-            for j in range(1, u):
-                acc = R.ff_add(*acc, *unit(t, j))
-            return acc
+            def thread(t):
+                acc = unit(t, 0)
+                for j in range(1, u):
+                    acc = acc + unit(t, j)
+                return acc
 
-        def warp(wi):
-            v = [thread(32 * wi + lane) for lane in range(32)]
-            for h in (16, 8, 4, 2, 1):
-                v = [R.ff_add(*v[i], *v[i + h]) for i in range(h)]
-            return v[0]
+            def warp(wi):
+                v = [thread(32 * wi + lane) for lane in range(32)]
+                for k in (16, 8, 4, 2, 1):
+                    v = [v[i] + v[i + k] for i in range(k)]
+                return v[0]
 
-        acc = warp(0)
-        for wi in range(1, nw):
-            acc = R.ff_add(*acc, *warp(wi))
-        hi, lo_ = R.ff_row_sum(sq[None], lo[None])
-        assert bits(hi.reshape(-1))[0] == bits(np.float32(acc[0])) and bits(lo_.reshape(-1))[0] == bits(np.float32(acc[1]))
-        assert (nw, u) == ((1, 2) if upt == 8 else (3, 1))
-
-
-def test_ff_add_is_commutative_bit_for_bit():
-    """What the butterfly relies on (a lane adds its partner's pair as ff_add(mine, theirs)):
-    ff_add(a, b) == ff_add(b, a) in both words, over non-negative sums of squares of every
-    magnitude, overlapping and far apart."""
-    rng = np.random.default_rng(4)
-    hi = (rng.uniform(0, 1, (2, 20000)) * np.exp2(rng.integers(-60, 60, (2, 20000)))).astype(np.float32)
-    hi[1, :5000] = hi[0, :5000] * np.float32(1 + 2.0**-23)  # near-equal pairs
-    lo = (hi * np.float32(2.0**-25) * rng.uniform(-1, 1, hi.shape)).astype(np.float32)
-    s1, e1 = R.ff_add(hi[0], lo[0], hi[1], lo[1])
-    s2, e2 = R.ff_add(hi[1], lo[1], hi[0], lo[0])
-    np.testing.assert_array_equal(bits(s1), bits(s2))
-    np.testing.assert_array_equal(bits(e1), bits(e2))
+            acc = warp(0)
+            for wi in range(1, nw):
+                acc = acc + warp(wi)
+            assert got[r, 0] == acc, r  # the float64 sum itself, bit for bit
+            want_hi = np.float32(acc)
+            assert bits(hi[r, 0]) == bits(want_hi) and bits(lo[r, 0]) == bits(np.float32(acc - float(want_hi)))
+            assert abs(float(hi[r, 0]) + float(lo[r, 0]) - math.fsum(sq)) <= 2.0**-40 * acc
 
 
 @pytest.mark.parametrize("dtype, wdtype", [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "bfloat16"),
@@ -182,9 +177,9 @@ def test_nonfinite_rows_match():
 
 
 def test_overflowing_sums_of_squares_match():
-    """Rows whose squares, or only their sums, overflow float32 (the kernel's Fast2Sum by
-    min / max gives e = -inf where the spec's TwoSum gives NaN: the outputs must still be the
-    same bits), bfloat16 (exact squares, one unit tree) and float32 (Dekker low parts)."""
+    """Rows whose squares, or only their sums, overflow float32 (the float64 sum does not: its
+    float32 high part is inf, the low part 0 by the spec; the row NaN, as before), bfloat16 and
+    float32, kernel against spec bit for bit."""
     rng = np.random.default_rng(31)
     for dtype in ("bfloat16", "float32"):
         x = rows(rng, 4, 200, dtype).astype(np.float32)
@@ -518,7 +513,8 @@ def test_prefetch_distance_per_op(monkeypatch):
 
 
 @pytest.mark.parametrize("switch, on", [("ROWS_BF16", True), ("ROWS_BF16", False), ("RES_CVT", True),
-                                        ("RES_CVT", False), ("PREFETCH", True), ("FLAT_STEP", True)])
+                                        ("RES_CVT", False), ("PREFETCH", True), ("FLAT_STEP", True),
+                                        ("NORM_FMA", True)])
 def test_session3_switches_match_reference(switch, on, monkeypatch):
     """Each A/B switch of the third session, on and, for the two now on by default (ROWS_BF16,
     RES_CVT), off too, gives the spec's bits on these edge values (the switch's paths:
@@ -527,7 +523,7 @@ def test_session3_switches_match_reference(switch, on, monkeypatch):
     inf, overflowing and subnormal sums; PREFETCH 1 row ahead (no residual), a hint the
     simulator ignores, so only that the launch argument and its code path run; FLAT_STEP the strided
     flatten's stepped unit indices, D / 8 dividing the block's threads (D = 64, 128) or not
-    (D = 24: the per-unit path))."""
+    (D = 24: the per-unit path)); and session 5's NORM_FMA (normalize's fma, with the residual)."""
     from nqdq.kernels import _fused_rows as FR
 
     monkeypatch.setattr(FR, switch, 1 if switch == "PREFETCH" else on)

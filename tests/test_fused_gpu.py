@@ -173,7 +173,8 @@ def test_gpu_moe_sort_quantize():
 
 
 @pytest.mark.parametrize("switch, on", [("ROWS_BF16", True), ("ROWS_BF16", False), ("RES_CVT", True),
-                                        ("RES_CVT", False), ("PREFETCH", True), ("FLAT_STEP", True)])
+                                        ("RES_CVT", False), ("PREFETCH", True), ("FLAT_STEP", True),
+                                        ("NORM_FMA", True)])
 def test_gpu_session3_switches(switch, on, monkeypatch):
     """The third session's A/B switches on a GPU, each on and, for the two now on by default
     (ROWS_BF16, RES_CVT), off too, bit for bit against the spec at
@@ -182,7 +183,8 @@ def test_gpu_session3_switches(switch, on, monkeypatch):
     (cvt.rn.bf16x2 for the new residual, or off: round_bits, with NaN, inf - inf, overflowing and subnormal sums: the
     intrinsic against its twin's rule), PREFETCH (prefetch.global.L2 of rows 3 ahead, no residual:
     a hint, the outputs must not change), FLAT_STEP (the strided flatten's stepped unit indices, with
-    ROWS_BF16 on too for MXFP4: the combination the benchmark would make the default)."""
+    ROWS_BF16 on too for MXFP4: the combination the benchmark would make the default); and session
+    5's NORM_FMA (normalize's y by one fma.rn.f32 where a * r_hi is exact: the same bits), no residual."""
     from nqdq.kernels import _fused_rows as FR
 
     monkeypatch.setattr(FR, switch, 3 if switch == "PREFETCH" else on)

@@ -1,5 +1,6 @@
 """Device functions of the fused ops shared by the row kernel (``_fused_rows``) -- the
-float-float arithmetic of the norm (reference/fused, operation for operation), rounding to
+float64 sum of squares' butterfly and split, the float-float arithmetic of the norm
+(reference/fused, operation for operation), rounding to
 the input's 16-bit dtype -- and the three small kernels of the MoE sort. Launchers:
 ``nqdq.kernels.fused``; spec: ``nqdq.reference.fused``.
 
@@ -15,7 +16,7 @@ import numpy as np
 from numba import cuda, int32
 
 from ._codec import F32, KIND_F16, KIND_F32, bits_f32, f16_bits_to_f32_bits, f32_bits, mul_rn
-from ._target import SIMULATOR, devfn
+from ._target import devfn
 
 ONE = F32(1.0)
 SPLITTER = F32(4097.0)  # Veltkamp, as reference/fused.SPLITTER
@@ -47,33 +48,26 @@ def two_sum(a, b):
     return s, (a - (s - bb)) + (b - bb)
 
 
-if SIMULATOR:
-    @devfn
-    def two_sum_nn(a, b):
-        """two_sum of operands that are >= 0 or NaN (sums of squares): Fast2Sum of the larger
-        and the smaller, 5 instructions where TwoSum takes 6 (twin of the GPU version below)."""
-        s = a + b
-        return s, np.fmin(a, b) - (s - np.fmax(a, b))
-else:
-    @devfn
-    def two_sum_nn(a, b):
-        """two_sum(a, b) for a, b >= 0 or NaN (the norm's sums of squares), as Fast2Sum of
-        big = max(a, b) and small = min(a, b) (FMNMX, libdevice fmaxf / fminf): s = fl(a + b)
-        is the same; e = small - (s - big) is the exact a + b - s (Dekker, |big| >= |small|)
-        whenever s is finite, which is TwoSum's e bit for bit (the error is unique). Where s is
-        inf or NaN TwoSum gives e = NaN and this NaN or -inf (an overflow of finite squares);
-        from there every sum of the row has hi = inf or NaN and 1/sqrt of it is NaN either way,
-        so the row's outputs are the same bits (tests/test_fused.py checks inf, NaN and
-        overflowing rows). Symmetric in a, b: ff_add_nn stays commutative bit for bit."""
-        s = a + b
-        return s, cuda.libdevice.fminf(a, b) - (s - cuda.libdevice.fmaxf(a, b))
+@devfn
+def xor_get64(v, off, shfl, scratch64, tid):
+    """float64 v of lane tid ^ off (``shfl.sync.bfly``, two 32-bit shuffles; the simulator's
+    twin through the float64 shared ``scratch64`` of one slot per thread)."""
+    if shfl:
+        return cuda.shfl_xor_sync(0xFFFFFFFF, v, off)
+    cuda.syncthreads()
+    scratch64[tid] = v
+    cuda.syncthreads()
+    return scratch64[tid ^ off]
 
 
 @devfn
-def ff_add_nn(ahi, alo, bhi, blo):
-    """ff_add of two float-float sums of squares (high parts >= 0 or NaN): two_sum_nn."""
-    s, e = two_sum_nn(ahi, bhi)
-    return s, e + (alo + blo)
+def split_sum64(s):
+    """reference/fused.row_sum_sq's pair from the float64 sum s: hi = fl32(s) (cvt.rn),
+    lo = fl32(s - hi) (exact difference, one rounding), 0 where hi is inf or NaN."""
+    hi = F32(s)
+    if (f32_bits(hi) & np.uint32(0x7FFFFFFF)) >= np.uint32(0x7F800000):
+        return hi, F32(0.0)
+    return hi, F32(s - np.float64(hi))
 
 
 @devfn
@@ -89,12 +83,6 @@ def prod_err(a, b, p):
     ah, al = split(a)
     bh, bl = split(b)
     return (((mul_rn(ah, bh) - p) + mul_rn(ah, bl)) + mul_rn(al, bh)) + mul_rn(al, bl)
-
-
-@devfn
-def ff_add(ahi, alo, bhi, blo):
-    s, e = two_sum(ahi, bhi)
-    return s, e + (alo + blo)
 
 
 @devfn

@@ -11,12 +11,13 @@ kernels (``_rowwise_kernels``) do:
   the same values, the same order, only slower (``fast=False``);
 * the residual (optional) is added per element and the new residual leaves in two 8-byte
   stores per unit;
-* RMSNorm's sum of squares in float-float, in the spec's order (reference/fused.ff_row_sum):
-  a unit's halving tree and the thread's units in order, in registers (every TwoSum as
-  Fast2Sum by min / max: _fused_kernels.two_sum_nn, the same bits); the 32 lanes by a
-  butterfly of ``shfl.sync.bfly`` (ff_add is commutative bit for bit, so each lane of a pair
-  gets the tree's value); the warps by one shared slot each, one barrier, then every thread
-  adds the NW pairs in order and computes 1/sqrt itself (no second barrier, no idle lanes);
+* RMSNorm's sum of squares in float64, in the spec's order (reference/fused.row_sum_sq):
+  each element converted to float64 and squared (exact), a unit's 8 squares added in element
+  order and the thread's units in order, in registers; the 32 lanes by a butterfly of
+  ``shfl.sync.bfly`` (fl64 addition is commutative, so each lane of a pair gets the tree's
+  value); the warps by one shared slot each, one barrier, then every thread adds the NW sums
+  in order, splits the sum into the float32 pair (hi, lo) and computes 1/sqrt itself (no
+  second barrier, no idle lanes);
 * quantize: per row (a butterfly max and one more barrier), per 1x128 / MX-32 group (a
   butterfly over the group's 16 / 4 lanes, no barrier) or a static scale; finite units take
   the row-wise kernels' finite encoders (paired cvt for fp8, grid rounding for e2m1) and
@@ -34,20 +35,20 @@ import os
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32, float64, int32
 
 from ..reference.fused import UNIT, WARP
 from ._codec import F32, KIND_BF16, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32_bits, mul_rn
 from ._elements import encode_element, store_unit_wide
 from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
-                             R_SPLIT_MIN_BITS, SIG_BITS, ff_add_nn, prod_err, round_bits, rsqrt_mean,
-                             two_sum_nn)
+                             R_SPLIT_MIN_BITS, SIG_BITS, prod_err, round_bits, rsqrt_mean, split_sum64,
+                             xor_get64)
 from ._ptx import (bf16x2_absmul, bf16x2_min, cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt,
                    store_u32x2, u16x2_min)
 from ._quantize_kernels import group_params, store_scale
 from ._division import RECIP_DIV, ratio_ok, recip_guarded
 from ._rowwise_kernels import (BF16X2_SIX, FINITE, _block_max_fn, abs_i32, e2m1_pack, e2m1_pair_sum, e2m1_unit_bf16,
-                               encode_store_unit_r, half_bits, is_e2m1, unit_amax, word_amax16, xor_get, xor_max)
+                               encode_store_unit_r, half_bits, is_e2m1, unit_amax, word_amax16, xor_max)
 from ._scales import MODE_FLOAT, MODE_MX, MX_RCEIL
 from ._target import SIMULATOR, devfn
 
@@ -254,7 +255,8 @@ def e2m1_unit_y(e, p2):
 # _min_blocks, 5 blocks of the 4-warp layout; no gain measured); NQDQ_FUSED_MX_Y_PAIRS=1
 # encodes MX e2m1 of y by e2m1_unit_y (bit-exact, 96.8 vs 97.2 us: no gain measured).
 # The on / off switches' defaults; NQDQ_FUSED_<NAME>=1 / 0 overrides one (read at import).
-DEFAULTS = {"W_EARLY": False, "MX_Y_PAIRS": False, "ROWS_BF16": True, "FLAT_STEP": False, "RES_CVT": True}
+DEFAULTS = {"W_EARLY": False, "MX_Y_PAIRS": False, "ROWS_BF16": True, "FLAT_STEP": False, "RES_CVT": True,
+            "NORM_FMA": True}
 
 
 def _switch(name):
@@ -286,6 +288,10 @@ MX_Y_PAIRS = _switch("MX_Y_PAIRS")
 # FLAT_STEP (NQDQ_FUSED_FLAT_STEP, read by the launcher: strided=2 where it applies): the strided
 # flatten's unit indices as one per-thread index plus j * ks (ks = NT / (D / 8) heads of sh / 8
 # units, where D / 8 divides NT) instead of the head division and 64-bit index arithmetic per unit.
+# NORM_FMA (NQDQ_FUSED_NORM_FMA, session 5): normalize's y = fl(a * r_hi) + fl(a * r_lo) as
+# fma(a, r_hi, fl(a * r_lo)), one instruction fewer per element and the same bits (a * r_hi is
+# exact: see reference/fused.normalize; the PTX audit accepts exactly this shape of fma).
+NORM_FMA = _switch("NORM_FMA")
 ROWS_BF16 = _switch("ROWS_BF16")
 FLAT_STEP = _switch("FLAT_STEP")
 RES_CVT = _switch("RES_CVT")
@@ -305,7 +311,7 @@ def prefetch_distance(pf, op, out, has_res):
 
 def switches():
     """The build switches' current values (fused_row_kernel's ``sw``)."""
-    return (W_EARLY, MIN_BLOCKS, MX_Y_PAIRS, ROWS_BF16, RES_CVT, PREFETCH)
+    return (W_EARLY, MIN_BLOCKS, MX_Y_PAIRS, ROWS_BF16, RES_CVT, PREFETCH, NORM_FMA)
 
 
 def _min_blocks(NT, res, min_blocks=None):
@@ -345,14 +351,13 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     ``shfl`` (warp shuffles; False: their simulator twins).
     Arguments: see _KERNEL_ARGS (flat arrays; sb the row stride of x in elements; pf the L2
     prefetch distance in rows, 0: none). ``sw``: switches() (None: their values now)."""
-    w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw = switches() if sw is None else sw
+    w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw, norm_fma = switches() if sw is None else sw
     pf_code = prefetch_distance(pf_sw, op, out, has_res) > 0
     NT = WARP * NW
     NORM = op == OP_NORM
     RES = has_res and NORM
     F32K = kind == KIND_F32
     XB, WB = SIG_BITS[kind], SIG_BITS[wkind]
-    SQ_EXACT = 2 * XB <= 24
     K = 24 - XB - WB
     RSPLIT = K >= R_SPLIT_MIN_BITS
     PEXACT = XB + WB <= 24
@@ -471,53 +476,42 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         put1(newres, off, valid, 7, h7, v7)
 
     @devfn
-    def sq(e):
-        v = bits_f32(e)
-        p = mul_rn(v, v)
-        return p, (ZERO if SQ_EXACT else prod_err(v, v, p))
-
-    @devfn
-    def leaf(a, b):
-        # ff_add of two squares: when they are exact (16-bit inputs) their low parts are 0
-        # and ff_add's e + (0 + 0) is e itself (e is never -0 for non-negative operands).
-        # Every sum here is of non-negative (or NaN) values: two_sum_nn / ff_add_nn, the same
-        # bits as two_sum / ff_add in every output (see _fused_kernels.two_sum_nn)
-        if SQ_EXACT:
-            return two_sum_nn(a[0], b[0])
-        return ff_add_nn(a[0], a[1], b[0], b[1])
-
-    @devfn
     def unit_sq(a, b):
-        """Step 1: the halving tree over the unit's 8 squares (i with i + 4, i + 2, i + 1)."""
+        """Step 1: the unit's 8 squares in float64 (exact), added in element order (NVVM may
+        contract a product and its sum into fma.rn.f64: the same bits, the product is exact)."""
         e = elems(a, b)
-        s0, s1, s2, s3 = sq(e[0]), sq(e[1]), sq(e[2]), sq(e[3])
-        s4, s5, s6, s7 = sq(e[4]), sq(e[5]), sq(e[6]), sq(e[7])
-        t0h, t0l = leaf(s0, s4)
-        t1h, t1l = leaf(s1, s5)
-        t2h, t2l = leaf(s2, s6)
-        t3h, t3l = leaf(s3, s7)
-        t0h, t0l = ff_add_nn(t0h, t0l, t2h, t2l)
-        t1h, t1l = ff_add_nn(t1h, t1l, t3h, t3l)
-        return ff_add_nn(t0h, t0l, t1h, t1l)
+        d = np.float64(bits_f32(e[0]))
+        t = d * d
+        d = np.float64(bits_f32(e[1]))
+        t = t + d * d
+        d = np.float64(bits_f32(e[2]))
+        t = t + d * d
+        d = np.float64(bits_f32(e[3]))
+        t = t + d * d
+        d = np.float64(bits_f32(e[4]))
+        t = t + d * d
+        d = np.float64(bits_f32(e[5]))
+        t = t + d * d
+        d = np.float64(bits_f32(e[6]))
+        t = t + d * d
+        d = np.float64(bits_f32(e[7]))
+        return t + d * d
 
     @devfn
-    def row_sum(hi, lo, tid, scratch, red):
-        """Steps 3 and 4: the lanes' halving tree by butterflies, then the warps in order."""
+    def row_sum(s, tid, scratch64, red):
+        """Steps 3 and 4: the lanes' halving tree by butterflies, then the warps in order;
+        the row's sum as the float32 pair (hi, lo) (split_sum64)."""
         off = 16
         while off > 0:
-            ph = xor_get(hi, off, shfl, scratch, tid)
-            pl = xor_get(lo, off, shfl, scratch, tid)
-            hi, lo = ff_add_nn(hi, lo, ph, pl)
+            s = s + xor_get64(s, off, shfl, scratch64, tid)
             off >>= 1
         if (tid & 31) == 0:
-            red[tid >> 5] = hi
-            red[NW + (tid >> 5)] = lo
+            red[tid >> 5] = s
         cuda.syncthreads()
-        hi = red[0]
-        lo = red[NW]
+        s = red[0]
         for k in range(1, NW):
-            hi, lo = ff_add_nn(hi, lo, red[k], red[NW + k])
-        return hi, lo
+            s = s + red[k]
+        return split_sum64(s)
 
     @devfn
     def canon(b):
@@ -539,7 +533,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         wv = bits_f32(we)
         if RSPLIT:
             a = h * wv
-            y = mul_rn(a, r_hi) + mul_rn(a, r_lo)  # a * r_hi is exact; mul_rn: no FMA
+            if norm_fma:  # a * r_hi is exact: the fma rounds once, as the sum of the two products
+                y = cuda.fma(a, r_hi, mul_rn(a, r_lo))
+            else:
+                y = mul_rn(a, r_hi) + mul_rn(a, r_lo)  # mul_rn: no FMA
         else:
             if PEXACT:
                 p = h * wv
@@ -691,7 +688,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
          "    tid = cuda.threadIdx.x",
          "    row = cuda.blockIdx.x",
          "    scratch = cuda.shared.array(SCRATCH, int32)",
-         "    red = cuda.shared.array(RED, float32)",
+         "    red = cuda.shared.array(RED, float64)",
+         "    scratch64 = cuda.shared.array(SCRATCH64, float64)",
          "    redm = cuda.shared.array(NW, int32)",
          "    x32 = as_u32(x)",
          "    r32 = as_u32(res)",
@@ -726,16 +724,15 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         L += [f"    a{j}, b{j} = add_res(a{j}, b{j}, res, r32, newres, nr32, rbase, tu + {j * NT}, u{j}, nunits, n)"
               for j in J]
     if NORM:
-        L += ["    s_hi, s_lo = unit_sq(a0, b0)"]
-        for j in range(1, U):
-            L += [f"    t_hi, t_lo = unit_sq(a{j}, b{j})", "    s_hi, s_lo = ff_add_nn(s_hi, s_lo, t_hi, t_lo)"]
+        L += ["    s = unit_sq(a0, b0)"]
+        L += [f"    s = s + unit_sq(a{j}, b{j})" for j in range(1, U)]
         # the weights' loads go out before the row's reduction (shuffles, barrier, 1/sqrt),
         # which hides their latency (W_EARLY; else right before each unit's use). Only for
         # bfloat16 x and 16-bit weights: float32 weights' words (8 a unit) held through the sum
         # took a float32 kernel from 89 to 189 registers
         if WE:
             L += [f"    wa{j}, wb{j} = load_w(w, w32, ut + {j * NT}, u{j}, nunits, 0, n, n, n, 0)" for j in J]
-        L += ["    s_hi, s_lo = row_sum(s_hi, s_lo, tid, scratch, red)",
+        L += ["    s_hi, s_lo = row_sum(s, tid, scratch64, red)",
               "    r1, r2 = rsqrt_mean(s_hi, s_lo, F32(n), eps)"]
         if RSPLIT:
             L += ["    r_hi = bits_f32(np.uint32(f32_bits(r1) & RMASK))", "    r_lo = (r1 - r_hi) + r2"]
@@ -778,7 +775,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
               for j in J]
     src = "\n".join(L) + "\n"
     glb = dict(globals())
-    glb.update(SCRATCH=1 if shfl else NT, RED=2 * NW, NW=NW, OP=op, MODE=MODE, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE,
+    glb.update(SCRATCH=1 if shfl else NT, SCRATCH64=1 if shfl or not NORM else NT, RED=NW, NW=NW, OP=op, MODE=MODE, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE,
                MXI=MXI, RMASK=RMASK, load_x=load_x, load_w=load_w, LLSH=LLSH,
                add_res=add_res, unit_sq=unit_sq, row_sum=row_sum, norm_unit=norm_unit, elems=elems, put_y=put_y,
                put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max, as_u32=as_u32,
@@ -790,7 +787,11 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     mb = _min_blocks(NT, RES or not BF16X, min_blocks)
     kern = cuda.jit(fn) if SIMULATOR else cuda.jit(fn, launch_bounds=(NT, mb) if mb else (NT,))
     kern.source = src
+    # what the PTX audit allows of float64 (its rule is none: a stray float literal would
+    # promote float32 math): the sum of squares' conversions, one per element in (8 U) and
+    # one for the sum's high part, and its two results out (hi, lo), nothing else
+    kern.f64_cvts = (UNIT * U + 1, 2) if NORM else (0, 0)
     return kern
 
 
-_ = (float32, OP_GATHER, rsqrt_mean, abs_i32, KIND_F16)  # used by the generated source
+_ = (float32, float64, OP_GATHER, rsqrt_mean, abs_i32, KIND_F16)  # used by the generated source

@@ -5,13 +5,20 @@ runs the launchers in a *dry run* (host arrays, launches recorded instead of exe
 a sweep of schemes, compiles every recorded kernel with ``numba.cuda.compile_ptx`` for
 sm_90, and checks what exactness depends on:
 
-* no float64 instruction anywhere (a stray Python float literal would promote float32 math);
+* no float64 instruction anywhere (a stray Python float literal would promote float32 math),
+  except in a kernel that declares ``f64_cvts = (a, b)`` (the fused RMSNorm kernels, whose
+  sum of squares is float64 by the spec): there its conversions must be exactly ``a``
+  ``cvt.f64.f32`` and ``b`` ``cvt.rn.f32.f64`` (a stray promotion adds one of each) and no
+  f64 instruction may be approximate (``.approx``), flush to zero or a division / sqrt;
 * every float32 division is IEEE ``div.rn.f32`` (not ``div.approx`` / ``div.full``);
 * no ``fma`` where the reference rounds a product and a sum separately (NVVM contracts
   ``a * b + c`` by default; the centred dequantize uses libdevice ``fmul_rn``), except the
   two of each division by a reciprocal (``_division.div_by_recip``: ``q0 = x * r``,
   ``e = fma(q0, s, -x)``, ``q = fma(-e, r, q0)``), which ``recip_div_fmas`` matches
-  operand by operand; any other ``fma.f32`` is a problem;
+  operand by operand, and the fused RMSNorm's ``fma.rn.f32 y, a, r_hi, t`` whose addend is
+  ``t = mul.rn.f32 a, r_lo`` of the same factor ``a`` (``split_product_fmas``: NORM_FMA, where
+  a * r_hi is exact by the spec, so the fma is the rounded sum of the two products); any other
+  ``fma.f32`` is a problem;
 * no flush-to-zero (``.ftz``) on any float instruction;
 
 and reports registers and spills per kernel (assembled by nvJitLink for sm_90, which
@@ -147,7 +154,8 @@ def compile_and_audit(launches, cc=(9, 0), registers=True):
                 continue
             seen.add(key)
             ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc)
-            rows.append(_audit_ptx(label, kernel.py_func.__name__, ptx, cc, registers))
+            rows.append(_audit_ptx(label, kernel.py_func.__name__, ptx, cc, registers,
+                                   getattr(kernel, "f64_cvts", (0, 0))))
     return rows
 
 
@@ -196,18 +204,46 @@ def recip_div_fmas(body):
     return pairs, len(fmas) - 2 * pairs
 
 
-def _audit_ptx(label, name, ptx, cc, registers):
+def split_product_fmas(body):
+    """The fma.rn.f32 of ``body`` of the shape ``fma.rn.f32 y, a, b, t`` (or ``b, a``) with
+    ``t`` defined by ``mul.rn.f32 t, a, c`` (either order): the fused RMSNorm's y = a * r_hi +
+    fl(a * r_lo) (NORM_FMA)."""
+    defs = {}
+    fmas = []
+    for op, dst, rest in _INSN.findall(body):
+        args = tuple(a.strip() for a in rest.split(",")[1:])
+        defs[dst] = (op, args)
+        if op == "fma.rn.f32" and len(args) == 3:
+            fmas.append(args)
+    n = 0
+    for a, b, t in fmas:
+        d = defs.get(t)
+        if d is not None and d[0] == "mul.rn.f32" and len(d[1]) == 2 and (a in d[1] or b in d[1]):
+            n += 1
+    return n
+
+
+def _audit_ptx(label, name, ptx, cc, registers, f64_cvts=(0, 0)):
     body = ptx[ptx.find(".entry"):]
     problems = []
     n64 = len(_FP64.findall(body))
-    if n64:
-        problems.append(f"{n64} f64 instructions")
+    if f64_cvts == (0, 0):
+        if n64:
+            problems.append(f"{n64} f64 instructions")
+    else:
+        cvts = (len(re.findall(r"\bcvt\.f64\.f32\b", body)), len(re.findall(r"\bcvt\.rn\.f32\.f64\b", body)))
+        if cvts != tuple(f64_cvts):
+            problems.append(f"f64 conversions {cvts}, expected {tuple(f64_cvts)}")
+        bad64 = sorted(set(re.findall(r"\b(?:div|sqrt|rcp|rsqrt)\.[a-z.]*f64|\b[a-z]+\.approx[a-z.]*f64", body)))
+        if bad64:
+            problems.append(f"f64 {bad64}")
     divs = re.findall(r"\bdiv\.[a-z.]*f32", body)
     bad_div = [d for d in divs if d != "div.rn.f32"]
     if bad_div:
         problems.append(f"non-IEEE division {sorted(set(bad_div))}")
     nfma = len(re.findall(r"\bfma\.[a-z.]*f32", body))
     rdiv, stray = recip_div_fmas(body)
+    stray -= split_product_fmas(body)
     if stray:
         problems.append(f"{stray} fma.f32 outside the reciprocal-division pattern")
     if re.search(r"\.ftz\.", body):

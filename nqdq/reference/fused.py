@@ -2,43 +2,47 @@
 each followed by the existing quantizer (``nqdq.reference.quantize``). The kernels in
 ``nqdq.kernels.fused`` do the same in one pass and must give the same bits.
 
-RMSNorm, the order that is the spec (all float32, one IEEE rounding per operation, no
-FMA, written as the kernel performs it)::
+RMSNorm, the order that is the spec (one IEEE rounding per operation, no FMA where it would
+change a bit, written as the kernel performs it)::
 
     h      = x                                   (no residual)
     h      = dtype(fl32(x + residual))           (residual: the new residual, NaN canonical)
-    S      = ff_row_sum(h * h)                   float-float (hi, lo) sum of the squares
+    S      = row_sum_sq(h)                       float64 sum of the exact squares h*h
+    (s_hi, s_lo) = (fl32(S), fl32(S - s_hi))     float-float; s_lo = 0 where s_hi is inf or NaN
     m      = S / n                               float-float quotient
     a      = m + eps                             float-float
     r      = 1 / sqrt(a)                         float-float (r1, r2), Dekker's algorithms
     y      = fl32(h * w * r)                     see :func:`normalize`; NaN -> 0x7FC00000
 
-Why float-float: a plain float32 sum of n squares can be log2(n) ulps off, and y = (h*r)*w
-rounds twice; together they miss the issue's bound (y within 1 float32 ulp of a float64
-evaluation) on ordinary data. Carrying the sum and r as unevaluated pairs hi + lo (about
-48 bits) and forming h*w*r with a single final rounding keeps y within 0.5 ulp + 2^-28
-relative of the exact value for rows whose squares and products neither overflow nor
-underflow float32 (|h|, |w| within about 2^-60..2^60); outside that range the bits are
-still exactly specified here, only the accuracy bound does not hold.
+Why this precision: a plain float32 sum of n squares can be log2(n) ulps off, and
+y = (h*r)*w rounds twice; together they miss the issue's bound (y within 1 float32 ulp of a
+float64 evaluation) on ordinary data. The square of a bfloat16, float16 or float32 value is
+exact in float64 (at most 48 significant bits, no overflow or underflow), so S is the exact
+sum rounded once per addition to 53 bits (relative error below n * 2^-53), carried on as
+the float-float pair (s_hi, s_lo) (about 48 bits), and forming h*w*r with a single final
+rounding keeps y within 0.5 ulp + 2^-28 relative of the exact value for rows whose products
+neither overflow nor underflow float32 (|h|, |w| within about 2^-60..2^60); outside that
+range the bits are still exactly specified here, only the accuracy bound does not hold.
+(Until 2026-11-21 S was a float-float sum of float32 squares: the same bound, but some 8
+instructions an element on the GPU where float64 takes 3.)
 
-The sum's order (:func:`ff_row_sum`) is that of the kernel's thread layout, which is a
+The sum's order (:func:`row_sum64`) is that of the kernel's thread layout, which is a
 function of the row length n only (:func:`row_geometry`, never of a launch): the row is cut
 into units of UNIT = 8 consecutive elements (16 bytes of a 16-bit input), padded with
 zero units to NT * U units, NT = 32 * NW threads of U units each; thread t = 32 * w + l
-(warp w, lane l) holds units t, t + NT, ..., t + NT * (U - 1). Then, every addition the
-float-float :func:`ff_add` of (hi, lo) pairs:
+(warp w, lane l) holds units t, t + NT, ..., t + NT * (U - 1). Then, every addition a
+float64 one (fl64):
 
-1. within a unit: the halving tree over its 8 squares (i with i + 4, i with i + 2, 0 with 1);
-2. within a thread: its units in order, acc = unit 0, acc = ff_add(acc, unit j), j = 1..U-1;
+1. within a unit: its elements in order, t = h_0^2, t = fl64(t + h_i^2), i = 1..7 (h_i^2
+   exact, so a fused multiply-add gives the same bits);
+2. within a thread: its units in order, acc = unit 0, acc = fl64(acc + unit j), j = 1..U-1;
 3. within a warp: the halving tree over its 32 lanes (l with l + 16, ..., l with l + 1);
-4. across warps: in order, acc = warp 0, acc = ff_add(acc, warp w), w = 1..NW-1.
+4. across warps: in order, acc = warp 0, acc = fl64(acc + warp w), w = 1..NW-1.
 
-On the GPU, step 3 is a butterfly of warp shuffles (lane l adds lane l ^ k's pair): both
-lanes of a pair compute ff_add of the same two operands, once as (a, b) and once as (b, a),
-and ff_add is commutative bit for bit (fl(a + b) is; TwoSum's error is the exact a + b - s,
-unique; the low parts are added by one commutative rounding), so every lane ends with the
-tree's value. Padding adds (0, 0), which changes no bit: ff_add((v, lo), (0, 0)) ==
-(v, lo), and no -0 ever appears in a sum of squares.
+On the GPU, step 3 is a butterfly of warp shuffles (lane l adds lane l ^ k's sum): both
+lanes of a pair add the same two operands, once as (a, b) and once as (b, a), and fl64(a + b)
+is commutative, so every lane ends with the tree's value. Padding adds +0, which changes no
+bit (no -0 ever appears in a sum of squares).
 """
 
 from __future__ import annotations
@@ -50,8 +54,8 @@ from ..schemes import Scheme
 from . import quantize as ref
 
 __all__ = [
-    "two_sum", "split", "two_prod", "ff_add", "ff_halving_sum", "rsqrt_mean", "normalize",
-    "row_geometry", "ff_row_sum", "add_residual", "rmsnorm", "rmsnorm_quantize", "flatten_quantize", "moe_sort", "moe_sort_quantize",
+    "two_sum", "split", "two_prod", "rsqrt_mean", "normalize",
+    "row_geometry", "row_sum64", "row_sum_sq", "add_residual", "rmsnorm", "rmsnorm_quantize", "flatten_quantize", "moe_sort", "moe_sort_quantize",
     "SIG_BITS", "R_SPLIT_MIN_BITS", "UNIT", "MAX_UNITS_PER_THREAD", "MAX_ROW",
 ]
 
@@ -100,29 +104,6 @@ def two_prod(a, b, p=None):
     return p, e
 
 
-def ff_add(ahi, alo, bhi, blo):
-    """float-float sum: TwoSum of the high parts, the low parts added to its error."""
-    s, e = two_sum(ahi, bhi)
-    return s, F32(e + F32(alo + blo))
-
-
-def ff_halving_sum(hi, lo):
-    """Float-float sum over the last axis in the halving order (pad to 2^k with zeros, then
-    (hi, lo)[:h] + (hi, lo)[h:] by :func:`ff_add` until one is left)."""
-    n = hi.shape[-1]
-    p = 1 << max(n - 1, 0).bit_length()
-    if p != n:
-        z = np.zeros(hi.shape[:-1] + (p - n,), F32)
-        hi = np.concatenate([hi, z], axis=-1)
-        lo = np.concatenate([lo, z], axis=-1)
-    hi, lo = hi.astype(F32), lo.astype(F32)
-    with np.errstate(over="ignore", invalid="ignore"):
-        while hi.shape[-1] > 1:
-            h = hi.shape[-1] // 2
-            hi, lo = ff_add(hi[..., :h], lo[..., :h], hi[..., h:], lo[..., h:])
-    return hi[..., 0], lo[..., 0]
-
-
 def row_geometry(n: int) -> tuple[int, int]:
     """(NW warps, U units per thread) of the sum's order for rows of n elements: the fewest
     warps (<= 32) that hold ceil(n / UNIT) units at <= MAX_UNITS_PER_THREAD units per lane,
@@ -133,30 +114,43 @@ def row_geometry(n: int) -> tuple[int, int]:
     return nw, -(-nu // (WARP * nw))
 
 
-def _ff_sequential(hi, lo, axis):
-    """acc = item 0, acc = ff_add(acc, item k) for k = 1.. along ``axis``."""
-    hi, lo = np.moveaxis(hi, axis, 0), np.moveaxis(lo, axis, 0)
-    ah, al = hi[0], lo[0]
-    with np.errstate(over="ignore", invalid="ignore"):
-        for k in range(1, hi.shape[0]):
-            ah, al = ff_add(ah, al, hi[k], lo[k])
-    return ah, al
-
-
-def ff_row_sum(hi, lo):
-    """Float-float sum over the last axis in the kernel's order (module docstring, steps
-    1-4; the layout from :func:`row_geometry` of the last axis' length)."""
-    n = hi.shape[-1]
+def row_sum64(h32):
+    """The float64 sum S of the squares of the float32 rows ``h32`` over the last axis in the
+    kernel's order (module docstring, steps 1-4; the layout from :func:`row_geometry` of the
+    last axis' length), shape [..., 1]."""
+    h = np.asarray(h32, F32)
+    n = h.shape[-1]
     nw, u = row_geometry(n)
     nt = WARP * nw
-    p = UNIT * nt * u
-    z = np.zeros(hi.shape[:-1] + (p - n,), F32)
-    hi = np.concatenate([np.asarray(hi, F32), z], axis=-1).reshape(hi.shape[:-1] + (u, nw, WARP, UNIT))
-    lo = np.concatenate([np.asarray(lo, F32), z], axis=-1).reshape(hi.shape)
-    hi, lo = ff_halving_sum(hi, lo)  # 1. within a unit -> [..., u, nw, 32]
-    hi, lo = _ff_sequential(hi, lo, -3)  # 2. a thread's units in order -> [..., nw, 32]
-    hi, lo = ff_halving_sum(hi, lo)  # 3. the lanes of a warp -> [..., nw]
-    return _ff_sequential(hi[..., None], lo[..., None], -2)  # 4. the warps in order -> [..., 1]
+    d = np.zeros(h.shape[:-1] + (UNIT * nt * u,), np.float64)
+    d[..., :n] = h
+    d = d.reshape(h.shape[:-1] + (u, nw, WARP, UNIT))
+    sq = d * d  # exact: at most 48 significant bits, far inside float64's exponent range
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = sq[..., 0]
+        for i in range(1, UNIT):  # 1. a unit's elements in order -> [..., u, nw, 32]
+            t = t + sq[..., i]
+        acc = t[..., 0, :, :]
+        for j in range(1, u):  # 2. a thread's units in order -> [..., nw, 32]
+            acc = acc + t[..., j, :, :]
+        k = WARP // 2
+        while k:  # 3. the lanes' halving tree -> [..., nw, 1]
+            acc = acc[..., :k] + acc[..., k:2 * k]
+            k //= 2
+        s = acc[..., 0, :]
+        for w in range(1, nw):  # 4. the warps in order
+            s = s + acc[..., w, :]
+    return s
+
+
+def row_sum_sq(h32):
+    """(s_hi, s_lo): :func:`row_sum64`'s S as the float32 pair fl32(S), fl32(S - fl32(S))
+    (the low part 0 where the high part is inf or NaN), each of shape [..., 1]."""
+    s = row_sum64(h32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        hi = s.astype(F32)
+        lo = np.where(np.isfinite(hi), (s - hi.astype(np.float64)).astype(F32), F32(0)).astype(F32)
+    return hi, lo
 
 
 def rsqrt_mean(s_hi, s_lo, n: int, eps):
@@ -245,12 +239,7 @@ def rmsnorm(x32, w32, eps, dtype_name: str, wdtype_name: str):
     x32 = np.asarray(x32, F32)
     n = x32.shape[-1]
     xbits, wbits = SIG_BITS[dtype_name], SIG_BITS[wdtype_name]
-    with np.errstate(all="ignore"):
-        if 2 * xbits <= 24:  # squares of 16-bit values are exact: their low parts are 0
-            sq, sq_lo = (x32 * x32).astype(F32), np.zeros_like(x32)
-        else:
-            sq, sq_lo = two_prod(x32, x32)
-    s_hi, s_lo = ff_row_sum(sq, sq_lo)
+    s_hi, s_lo = row_sum_sq(x32)
     r1, r2 = rsqrt_mean(s_hi, s_lo, n, eps)
     return normalize(x32, w32, r1, r2, xbits, wbits)
 
