@@ -755,8 +755,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         L += ["    am = np.int32(0)"]
     else:
         # the group's scale index: (row * ngroups + tid // LL) + j * NT / LL (NT % LL == 0)
-        L += ["    sg = np.int64(row) * ngroups + (ut >> LLSH)"]
-        use = ("    group_unit{w}(y{j}, u{j} < nunits, u{j}, row, n, pcols, sg + {jNL}, tid, scratch, codes, c16, c32, "
+        # unsigned: Numba's indexing then has no negative-index wraparound (some 6 instructions
+        # a unit, and the row's product redone per unit beside it)
+        L += ["    sg = np.uint64(np.int64(row) * ngroups + (ut >> LLSH))"]
+        use = ("    group_unit{w}(y{j}, u{j} < nunits, u{j}, row, n, pcols, sg + np.uint64({jNL}), tid, scratch, codes, c16, c32, "
                "scales, tu + {jNT})").replace("{w}", "_w" if WPAIRS else "")
     for j in J:
         if NORM and not WE:
