@@ -66,7 +66,7 @@ def test_gpu_rmsnorm_quantize_matches_reference(n, dtype, scheme, with_res):
     rng = np.random.default_rng(n + len(scheme))
     x = rows(rng, 77, n, dtype)
     # rows whose squares or sums of squares overflow float32, and non-finite ones: the
-    # kernel's sum (Fast2Sum by min / max) must give the spec's (TwoSum's) bits there too
+    # float64 sum's split (high part inf or NaN, low part 0) must give the spec's bits there too
     x[3, 9], x[4, :], x[5, :8], x[6, 11], x[7, 5] = 3e19, 1.5e19, 1.8e19, np.inf, np.nan
     w = rng.standard_normal(n).astype(NP[dtype])
     res = rows(rng, 77, n, dtype) if with_res else None

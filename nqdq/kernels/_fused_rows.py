@@ -477,25 +477,15 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
 
     @devfn
     def unit_sq(a, b):
-        """Step 1: the unit's 8 squares in float64 (exact), added in element order (NVVM may
-        contract a product and its sum into fma.rn.f64: the same bits, the product is exact)."""
+        """Step 1: the unit's 8 squares in float64 (exact), added in element order. The loop
+        starts from +0 (+0 + h_0^2 is h_0^2) and is unrolled by NVVM, which contracts each
+        product and sum into fma.rn.f64: the same bits, the product being exact."""
         e = elems(a, b)
-        d = np.float64(bits_f32(e[0]))
-        t = d * d
-        d = np.float64(bits_f32(e[1]))
-        t = t + d * d
-        d = np.float64(bits_f32(e[2]))
-        t = t + d * d
-        d = np.float64(bits_f32(e[3]))
-        t = t + d * d
-        d = np.float64(bits_f32(e[4]))
-        t = t + d * d
-        d = np.float64(bits_f32(e[5]))
-        t = t + d * d
-        d = np.float64(bits_f32(e[6]))
-        t = t + d * d
-        d = np.float64(bits_f32(e[7]))
-        return t + d * d
+        t = np.float64(0.0)
+        for i in range(UNIT):
+            d = np.float64(bits_f32(e[i]))
+            t = t + d * d
+        return t
 
     @devfn
     def row_sum(s, tid, scratch64, red):
