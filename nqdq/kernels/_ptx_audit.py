@@ -162,11 +162,9 @@ def compile_and_audit(launches, cc=(9, 0), registers=True):
 _INSN = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][a-z0-9.]*)\s+(%\w+)((?:\s*,\s*[^,;]+)*)\s*;", re.M)
 
 
-def recip_div_fmas(body):
-    """(pairs, stray): the fma.f32 of ``body`` that form _division.div_by_recip's pattern
-    (2 per division: ``mul.f32 q0, x, r``, ``neg.f32 nx, x``, ``fma.rn.f32 e, q0, s, nx``,
-    ``neg.f32 ne, e``, ``fma.rn.f32 q, ne, r, q0``; operands of the mul and of the fma's
-    product in either order), and the number of fma.f32 that do not."""
+def _defs_and_fmas(body):
+    """(defs, fmas) of a PTX ``body``: register -> (opcode, source operands) of the
+    instruction that defines it, and the fma.f32 as (opcode, destination, operands)."""
     defs = {}
     fmas = []
     for op, dst, rest in _INSN.findall(body):
@@ -174,6 +172,15 @@ def recip_div_fmas(body):
         defs[dst] = (op, args)
         if re.fullmatch(r"fma\.[a-z.]*f32", op):
             fmas.append((op, dst, args))
+    return defs, fmas
+
+
+def recip_div_fmas(body):
+    """(pairs, stray): the fma.f32 of ``body`` that form _division.div_by_recip's pattern
+    (2 per division: ``mul.f32 q0, x, r``, ``neg.f32 nx, x``, ``fma.rn.f32 e, q0, s, nx``,
+    ``neg.f32 ne, e``, ``fma.rn.f32 q, ne, r, q0``; operands of the mul and of the fma's
+    product in either order), and the number of fma.f32 that do not."""
+    defs, fmas = _defs_and_fmas(body)
 
     def is_op(reg, op, n):
         d = defs.get(reg)
@@ -208,15 +215,12 @@ def split_product_fmas(body):
     """The fma.rn.f32 of ``body`` of the shape ``fma.rn.f32 y, a, b, t`` (or ``b, a``) with
     ``t`` defined by ``mul.rn.f32 t, a, c`` (either order): the fused RMSNorm's y = a * r_hi +
     fl(a * r_lo) (NORM_FMA)."""
-    defs = {}
-    fmas = []
-    for op, dst, rest in _INSN.findall(body):
-        args = tuple(a.strip() for a in rest.split(",")[1:])
-        defs[dst] = (op, args)
-        if op == "fma.rn.f32" and len(args) == 3:
-            fmas.append(args)
+    defs, fmas = _defs_and_fmas(body)
     n = 0
-    for a, b, t in fmas:
+    for op, _dst, args in fmas:
+        if op != "fma.rn.f32" or len(args) != 3:
+            continue
+        a, b, t = args
         d = defs.get(t)
         if d is not None and d[0] == "mul.rn.f32" and len(d[1]) == 2 and (a in d[1] or b in d[1]):
             n += 1
