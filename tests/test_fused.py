@@ -483,6 +483,39 @@ def test_mx_y_pairs_switch_matches_reference(monkeypatch):
         FR.fused_row_kernel.cache_clear()
 
 
+@pytest.mark.parametrize("n, t, on", [(200, 3, True), (700, 2, True), (1100, 2, True), (2048, 1, True),
+                                     (200, 3, False)])
+def test_group_share_switch_matches_reference(n, t, on, monkeypatch):
+    """GROUP_SHARE (on by default: a group's scale computed once, by the lane that the
+    transposed butterfly leaves its amax on, and sent back by shfl.idx) gives the spec's bits
+    for 1x128 and MX-32 groups at U = 1, 3, 5 and 8 units a lane (one warp:
+    MAX_UNITS_PER_THREAD 8), rows that end inside a group and inside a unit (200, 1100),
+    non-finite groups (inf, NaN: the element encoder), with the residual, and for flatten's fp8
+    rows (no norm); off (the per-lane butterfly and parameters), at n = 200."""
+    from nqdq.kernels import _fused_rows as FR
+
+    monkeypatch.setattr(FR, "GROUP_SHARE", on)
+    rng = np.random.default_rng(n)
+    x = rows(rng, t, n, "bfloat16")
+    # every 32-element block its own magnitude, so a unit given another group's multiplier
+    # (MX's e8m0 scales too) gets other codes
+    mag = np.exp2(rng.integers(-6, 7, (t, -(-n // 32))))
+    x = (x * np.repeat(mag, 32, axis=1)[:, :n]).astype(BF16)
+    x[0, n - 3] = np.inf  # the last group of row 0
+    x[t - 1, 40] = np.nan  # group 0 of the last row
+    w = rng.standard_normal(n).astype(BF16)
+    res = rows(rng, t, n, "bfloat16")
+    for scheme in ("fp8_1x128", "mxfp4"):
+        assert_q_equal(fused.rmsnorm_quantize(x, w, scheme), fused.rmsnorm_quantize(x, w, scheme, device="cuda"))
+        if n == 1100:
+            (qc, rc), (qg, rg) = (fused.rmsnorm_quantize(x, w, scheme, residual=res, device=d) for d in (None, "cuda"))
+            assert_q_equal(qc, qg)
+            np.testing.assert_array_equal(bits(rc), bits(rg))
+    if n == 2048:
+        x3 = x.reshape(t, 8, n // 8)
+        assert_q_equal(fused.flatten_quantize(x3, "fp8_1x128", device="cuda"), nqdq.quantize(x, "fp8_1x128"))
+
+
 def test_prefetch_distance_per_op(monkeypatch):
     """PREFETCH's default (-1) prefetches for RMSNorm into the per-tensor static output only,
     PREFETCH_TENSOR rows ahead (the one op the H100 A/B found faster); never with the residual

@@ -61,6 +61,30 @@ def xor_get64(v, off, shfl, scratch64, tid):
 
 
 @devfn
+def xor_get_i32(v, off, shfl, scratch, tid):
+    """int32 v of lane tid ^ off (``shfl.sync.bfly``; the simulator's twin through the int32
+    shared ``scratch`` of one slot per thread; every thread of the block calls it)."""
+    if shfl:
+        return cuda.shfl_xor_sync(0xFFFFFFFF, v, off)
+    cuda.syncthreads()
+    scratch[tid] = v
+    cuda.syncthreads()
+    return scratch[tid ^ off]
+
+
+@devfn
+def idx_get_f32(v, src, shfl, scratch, tid):
+    """float32 v of thread ``src`` of the caller's warp (``shfl.sync.idx`` from lane src % 32;
+    the twin through the int32 ``scratch``, src the thread's index in the block)."""
+    if shfl:
+        return cuda.shfl_sync(0xFFFFFFFF, v, src & 31)
+    cuda.syncthreads()
+    scratch[tid] = np.int32(f32_bits(v))
+    cuda.syncthreads()
+    return bits_f32(np.uint32(scratch[src]))
+
+
+@devfn
 def split_sum64(s):
     """reference/fused.row_sum_sq's pair from the float64 sum s: hi = fl32(s) (cvt.rn),
     lo = fl32(s - hi) (exact difference, one rounding), 0 where hi is inf or NaN."""

@@ -40,9 +40,9 @@ from numba import cuda, float32, float64, int32
 from ..reference.fused import UNIT, WARP
 from ._codec import F32, KIND_BF16, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32_bits, mul_rn
 from ._elements import encode_element, store_unit_wide
-from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
-                             R_SPLIT_MIN_BITS, SIG_BITS, prod_err, round_bits, rsqrt_mean, split_sum64,
-                             xor_get64)
+from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OUT_GROUP, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
+                             R_SPLIT_MIN_BITS, SIG_BITS, idx_get_f32, prod_err, round_bits, rsqrt_mean,
+                             split_sum64, xor_get64, xor_get_i32)
 from ._ptx import (bf16x2_absmul, bf16x2_min, cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt,
                    store_u32x2, u16x2_min)
 from ._quantize_kernels import group_params, store_scale
@@ -256,7 +256,7 @@ def e2m1_unit_y(e, p2):
 # encodes MX e2m1 of y by e2m1_unit_y (bit-exact, 96.8 vs 97.2 us: no gain measured).
 # The on / off switches' defaults; NQDQ_FUSED_<NAME>=1 / 0 overrides one (read at import).
 DEFAULTS = {"W_EARLY": False, "MX_Y_PAIRS": False, "ROWS_BF16": True, "FLAT_STEP": False, "RES_CVT": True,
-            "NORM_FMA": True}
+            "NORM_FMA": True, "GROUP_SHARE": True}
 
 
 def _switch(name):
@@ -292,6 +292,18 @@ MX_Y_PAIRS = _switch("MX_Y_PAIRS")
 # fma(a, r_hi, fl(a * r_lo)), one instruction fewer per element and the same bits (a * r_hi is
 # exact: see reference/fused.normalize; the PTX audit accepts exactly this shape of fma).
 NORM_FMA = _switch("NORM_FMA")
+# GROUP_SHARE (NQDQ_FUSED_GROUP_SHARE, session 6): 1x128 / MX-32 group scales (float scales and
+# MX "rceil", not the words' pair path) computed once per group instead of once per lane of it.
+# A group's LL lanes hold one unit of it per j (U of them a lane); the kernel keeps the row's
+# units as the per-row op does, then reduces the U amaxes by a transposed butterfly (at each
+# step a lane keeps half of its values and trades the other half, so after log2(LL) steps lane
+# l holds the whole group's amax of the units j = jbase(l) + i), computes those groups' scale,
+# multiplier and reciprocal (and stores the scale) on its own, and every lane takes its units'
+# multipliers back by shfl.sync.idx. A max is exact in any order and the parameters are the
+# same function of it: the same bits. On by default since its H100 A/B (2026-11-21 22:53 UTC, bf16
+# [8192, 7168], docs/performance.md "Sixth session"): rmsnorm + fp8_1x128 74.7 -> 72.6 us, rmsnorm
+# + mxfp4 79.6 -> 69.2 us, the +res and flatten group ops equal or faster.
+GROUP_SHARE = _switch("GROUP_SHARE")
 ROWS_BF16 = _switch("ROWS_BF16")
 FLAT_STEP = _switch("FLAT_STEP")
 RES_CVT = _switch("RES_CVT")
@@ -311,7 +323,7 @@ def prefetch_distance(pf, op, out, has_res):
 
 def switches():
     """The build switches' current values (fused_row_kernel's ``sw``)."""
-    return (W_EARLY, MIN_BLOCKS, MX_Y_PAIRS, ROWS_BF16, RES_CVT, PREFETCH, NORM_FMA)
+    return (W_EARLY, MIN_BLOCKS, MX_Y_PAIRS, ROWS_BF16, RES_CVT, PREFETCH, NORM_FMA, GROUP_SHARE)
 
 
 def _min_blocks(NT, res, min_blocks=None):
@@ -326,6 +338,51 @@ def _min_blocks(NT, res, min_blocks=None):
     if mbk != "policy":
         return int(mbk)
     return 640 // NT if NT <= 320 and not res else 0
+
+
+def _share_source(U, LL, NT, recip):
+    """GROUP_SHARE's statements (kernel source) after the units' amaxes v0 .. v{U-1} (int32
+    bits, 0 for a unit past the row): the transposed butterfly over the group's LL lanes, the
+    groups' parameters where they end up, their multipliers back to the units' lanes, the
+    codes. With P = U rounded up to a power of two (padding amaxes 0), each of the first
+    s = min(log2 P, log2 LL) steps at offset LL / 2, LL / 4, ... splits a lane's values in two
+    halves, keeps the half that the lane's bit of the offset names (the upper one where it is
+    set), sends the other to its partner and takes the partner's maxima into the kept half; the
+    remaining offsets are plain butterfly steps of the one value left. Lane l then holds the
+    group amax of the units j = jbase(l) + i, i < c = P >> s, where bit k of l's offset bits
+    gives bit (log2 P - 1 - k) of jbase; of the LL >> s lanes holding the same j, the one whose
+    other bits are 0 stores the scale. ``recip``: float scales (the reciprocals go back too)."""
+    P = 1 << max(U - 1, 0).bit_length()
+    LG, PG = LL.bit_length() - 1, P.bit_length() - 1
+    S = min(PG, LG)
+    C = P >> S
+    L = [f"    v{j} = np.int32(0)" for j in range(U, P)]
+    c, off = P, LL >> 1
+    while off:
+        if c > 1:
+            h = c // 2
+            L += [f"    bk = (tid & {off}) != 0"]
+            for i in range(h):
+                L += [f"    sd = v{i} if bk else v{h + i}",
+                      f"    v{i} = max(v{h + i} if bk else v{i}, xor_get_i32(sd, {off}, SHFL, scratch, tid))"]
+            c = h
+        else:
+            L += [f"    v0 = xor_max(v0, {off}, SHFL, scratch, tid)"]
+        off >>= 1
+    jb = " | ".join([f"(((tid >> {LG - 1 - k}) & 1) << {PG - 1 - k})" for k in range(S)]) or "0"
+    L += [f"    jb = np.int32({jb})",
+          f"    own = (tid & {(LL >> S) - 1}) == 0",
+          f"    gu = np.int32(tid & {~(LL - 1)})"]  # the group's first unit (j = 0), its lanes' base
+    for i in range(C):
+        L += [f"    p{i}, r{i} = group_params_r(v{i}, own and jb + {i} < {U} and gu + (jb + {i}) * {NT} < nunits, "
+              f"sg + np.uint64(jb + {i}) * np.uint64({NT // LL}), scales)"]
+    for j in range(U):
+        lj = sum(((j >> (PG - 1 - k)) & 1) << (LG - 1 - k) for k in range(S))
+        i = j & (C - 1)
+        L += [f"    pj = idx_get_f32(p{i}, gu | {lj}, SHFL, scratch, tid)",
+              f"    rj = idx_get_f32(r{i}, gu | {lj}, SHFL, scratch, tid)" if recip else "    rj = ZERO",
+              f"    if u{j} < nunits: put_codes(y{j}, u{j}, row, n, pcols, pj, rj, pj == pj, codes, c16, c32, tu + {j * NT})"]
+    return L
 
 
 _KERNEL_ARGS = "x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D, dm, pf"
@@ -351,7 +408,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     ``shfl`` (warp shuffles; False: their simulator twins).
     Arguments: see _KERNEL_ARGS (flat arrays; sb the row stride of x in elements; pf the L2
     prefetch distance in rows, 0: none). ``sw``: switches() (None: their values now)."""
-    w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw, norm_fma = switches() if sw is None else sw
+    w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw, norm_fma, gshare = switches() if sw is None else sw
     pf_code = prefetch_distance(pf_sw, op, out, has_res) > 0
     NT = WARP * NW
     NORM = op == OP_NORM
@@ -381,6 +438,9 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     # the L2 prefetch of row + pf: contiguous rows, RMSNorm without the residual (prefetch_distance;
     # with the residual the +res mxfp4 kernel went from 96 to 133 registers)
     PF = pf_code and fast and not strided
+    # GROUP_SHARE: group outputs but the words' pair path, with the scales whose parameters
+    # tell a non-finite amax by a NaN multiplier (float scales; MX "rceil": code 0xFF)
+    GSHARE = gshare and out in (OUT_GROUP, OUT_MX) and not WPAIRS and (MODE == MODE_FLOAT or MXRC)
     load_x = _loader(kind, fast, strided)
     load_r = _loader(kind, fast, False)
     load_w = _loader(wkind, fast, False)
@@ -600,35 +660,41 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
             store_unit_wide(codes, c32, c16, False, rowbase, c + 4, q, n, pcols, NB, True)
 
     @devfn
+    def group_params_r(a, st, si, scales):
+        """(multiplier p0, r = recip_guarded(p0) for float scales, else 0) of a group whose amax
+        has the bits ``a``; where ``st`` its scale is stored at ``si``."""
+        if MXRC:  # MX "rceil" (mxfp4, mxfp8): the same code and multiplier in 32-bit arithmetic
+            code, p0 = mx_rceil_params(a, MXI)
+            if st:
+                scales[si] = np.uint8(code)
+            return p0, ZERO
+        sv, p0, pz = group_params(MODE, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, ONE)
+        if st:
+            store_scale(scales, si, MODE, sv)
+        return p0, recip_guarded(p0) if MODE == MODE_FLOAT else ZERO
+
+    @devfn
     def group_scale(a, ok, si, tid, scratch, scales):
-        """(the group's amax over its LL lanes, its multiplier p0) from a lane's amax ``a``:
-        every lane takes part in the butterfly, in the row or not; where ``ok`` the group's
-        parameters (its first lane stores the scale ``si``), else p0 = 0 (unused)."""
+        """(the group's amax over its LL lanes, p0, r) from a lane's amax ``a``: every lane
+        takes part in the butterfly, in the row or not; where ``ok`` the group's parameters
+        (group_params_r; its first lane stores the scale ``si``), else p0 = r = 0 (unused)."""
         off = LL >> 1
         while off > 0:
             a = xor_max(a, off, shfl, scratch, tid)
             off >>= 1
-        p0 = ZERO
+        p0, r = ZERO, ZERO
         if ok:
-            if MXRC:  # MX "rceil" (mxfp4, mxfp8): the same code and multiplier in 32-bit arithmetic
-                code, p0 = mx_rceil_params(a, MXI)
-                if (tid & (LL - 1)) == 0:
-                    scales[si] = np.uint8(code)
-            else:
-                sv, p0, pz = group_params(MODE, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, ONE)
-                if (tid & (LL - 1)) == 0:
-                    store_scale(scales, si, MODE, sv)
-        return a, p0
+            p0, r = group_params_r(a, (tid & (LL - 1)) == 0, si, scales)
+        return a, p0, r
 
     @devfn
     def group_unit(y, ok, u, row, n, pcols, si, tid, scratch, codes, c16, c32, scales, qu):
         """A 1x128 / MX-32 unit: the group's amax over its LL lanes, parameters, codes; si =
         the group's index in ``scales`` (row * ngroups + u // LL)."""
         a = unit_amax(y, UNIT) if ok else np.int32(0)
-        a, p0 = group_scale(a, ok, si, tid, scratch, scales)
+        a, p0, r = group_scale(a, ok, si, tid, scratch, scales)
         if ok:
-            put_codes(y, u, row, n, pcols, p0, recip_guarded(p0) if MODE == MODE_FLOAT else ZERO, a < FINITE, codes,
-                      c16, c32, qu)
+            put_codes(y, u, row, n, pcols, p0, r, a < FINITE, codes, c16, c32, qu)
 
     @devfn
     def put_static(y, u, row, n, pcols, p0, r, sclean, codes, c16, c32, qu):
@@ -651,7 +717,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         if ok:
             a2 = word_amax16(w)
             a = np.int32(max(a2 & np.uint32(0xFFFF), a2 >> np.uint32(16)) << np.uint32(16))
-        a, p0 = group_scale(a, ok, si, tid, scratch, scales)
+        a, p0, r = group_scale(a, ok, si, tid, scratch, scales)
         if ok:
             if a < FINITE:
                 hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact)
@@ -748,7 +814,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         # unsigned: Numba's indexing then has no negative-index wraparound (some 6 instructions
         # a unit, and the row's product redone per unit beside it)
         L += ["    sg = np.uint64(np.int64(row) * ngroups + (ut >> LLSH))"]
-        use = ("    group_unit{w}(y{j}, u{j} < nunits, u{j}, row, n, pcols, sg + np.uint64({jNL}), tid, scratch, codes, c16, c32, "
+        if GSHARE:  # every unit's amax first; the groups' parameters after the loop (_share_source)
+            use = "    v{j} = unit_amax(y{j}, UNIT) if u{j} < nunits else np.int32(0)"
+        else:
+            use = ("    group_unit{w}(y{j}, u{j} < nunits, u{j}, row, n, pcols, sg + np.uint64({jNL}), tid, scratch, codes, c16, c32, "
                "scales, tu + {jNT})").replace("{w}", "_w" if WPAIRS else "")
     for j in J:
         if NORM and not WE:
@@ -765,13 +834,16 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         # H100 10:33 UTC: rmsnorm + fp8_row 91.1 vs 81.3 us)
         L += [f"    if u{j} < nunits: put_codes(y{j}, u{j}, row, n, pcols, p0, rp, clean, codes, c16, c32, tu + {j * NT})"
               for j in J]
+    if GSHARE:
+        L += _share_source(U, LL, NT, MODE == MODE_FLOAT)
     src = "\n".join(L) + "\n"
     glb = dict(globals())
     glb.update(SCRATCH=1 if shfl else NT, SCRATCH64=1 if shfl or not NORM else NT, RED=NW, NW=NW, OP=op, MODE=MODE, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE,
                MXI=MXI, RMASK=RMASK, load_x=load_x, load_w=load_w, LLSH=LLSH,
                add_res=add_res, unit_sq=unit_sq, row_sum=row_sum, norm_unit=norm_unit, elems=elems, put_y=put_y,
                put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max, as_u32=as_u32,
-               as_u16=as_u16, group_unit_w=group_unit_w, prefetch_rows=prefetch_rows, load_q=load_r)
+               as_u16=as_u16, group_unit_w=group_unit_w, prefetch_rows=prefetch_rows, load_q=load_r,
+               group_params_r=group_params_r, SHFL=shfl)
     exec(compile(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", "exec"), glb)
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most
