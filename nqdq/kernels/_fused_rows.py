@@ -18,8 +18,11 @@ kernels (``_rowwise_kernels``) do:
   value); the warps by one shared slot each, one barrier, then every thread adds the NW sums
   in order, splits the sum into the float32 pair (hi, lo) and computes 1/sqrt itself (no
   second barrier, no idle lanes);
-* quantize: per row (a butterfly max and one more barrier), per 1x128 / MX-32 group (a
-  butterfly over the group's 16 / 4 lanes, no barrier) or a static scale; finite units take
+* quantize: per row (a butterfly max and one more barrier), per 1x128 / MX-32 group (no
+  barrier: with GROUP_SHARE, the default, the thread's U unit amaxes go through one
+  transposed butterfly over the group's 16 / 4 lanes, each group's parameters are computed by
+  the one lane its amax ends on and sent back by ``shfl.sync.idx``; without it, a butterfly
+  and the parameters per unit on every lane) or a static scale; finite units take
   the row-wise kernels' finite encoders (paired cvt for fp8, grid rounding for e2m1) and
   leave in one 8-byte (fp8) or 4-byte (fp4) store, everything else encode_element per element.
 
