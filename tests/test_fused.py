@@ -295,16 +295,25 @@ def test_moe_sort_quantize(k, E):
     assert_q_equal(q_c, nqdq.quantize(x[perm_c], "mxfp4"))
 
 
-def test_moe_sort_many_pairs_device():
-    """More pairs than one chunk of the device sort (256), so chunk bases are exercised."""
+@pytest.mark.parametrize("tokens, k, E, unroll", [(300, 2, 6, 8), (650, 4, 40, 2), (1100, 2, 33, 8)])
+def test_moe_sort_many_pairs_device(tokens, k, E, unroll, monkeypatch):
+    """More pairs than one chunk of the device sort (256), so chunk bases are exercised: 3, 11
+    and 9 chunks, each scan thread's column read one chunk at a time (3), or MOE_UNROLL at
+    once and then the rest (11 chunks with MOE_UNROLL 2: read when the simulator runs the
+    kernel; 9 with the GPU's 8); E = 6, 40, 33: scans over 32 and 64 threads, E not a power
+    of two; the scatter's per-warp counts with few and many experts (several pairs of an
+    expert in one warp)."""
+    from nqdq.kernels import _fused_kernels as FK
     from nqdq.kernels._interop import Allocator
     from nqdq.kernels.fused import moe_sort
 
+    monkeypatch.setattr(FK, "MOE_UNROLL", unroll)  # read when the simulator runs the kernel
+
     rng = np.random.default_rng(9)
-    ids = rng.integers(0, 6, (300, 2))
-    perm, off, bad = moe_sort(ids.astype(np.int32).reshape(-1), 600, 2, 6, Allocator("numpy"))
+    ids = rng.integers(0, E, (tokens, k))
+    perm, off, bad = moe_sort(ids.astype(np.int32).reshape(-1), tokens * k, k, E, Allocator("numpy"))
     np.testing.assert_array_equal(perm, [p[1] for p in sorted_pairs(ids)])
-    np.testing.assert_array_equal(off, R.moe_sort(ids, 6)[1])
+    np.testing.assert_array_equal(off, R.moe_sort(ids, E)[1])
     assert bad[0] == 0
 
 
@@ -316,13 +325,13 @@ def test_moe_sort_device_flags_ids_out_of_range():
     from nqdq.kernels.fused import moe_sort
 
     rng = np.random.default_rng(10)
-    ids = rng.integers(0, 6, (300, 2)).astype(np.int32)
-    ids[5, 1], ids[200, 0] = 6, -1
-    perm, off, bad = moe_sort(ids.reshape(-1), 600, 2, 6, Allocator("numpy"))
-    assert bad[0] == 2  # one flag per chunk of 256 pairs holding a bad id
+    ids = rng.integers(0, 6, (1200, 2)).astype(np.int32)
+    ids[5, 1], ids[200, 0], ids[1190, 1] = 6, -1, 99
+    perm, off, bad = moe_sort(ids.reshape(-1), 2400, 2, 6, Allocator("numpy"))
+    assert bad[0] == 3  # one flag per chunk of 256 pairs holding a bad id (chunks 0, 1 and 9 of 10)
     valid = [p for p in sorted_pairs(ids) if 0 <= p[0] < 6]
-    np.testing.assert_array_equal(perm[:598], [p[1] for p in valid])
-    np.testing.assert_array_equal(perm[598:], [0, 0])
+    np.testing.assert_array_equal(perm[:2397], [p[1] for p in valid])
+    np.testing.assert_array_equal(perm[2397:], [0, 0, 0])
     np.testing.assert_array_equal(off, np.concatenate([[0], np.cumsum(np.bincount(ids[(ids >= 0) & (ids < 6)], minlength=6))]))
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from numba import cuda, int32
 
 from ._codec import F32, KIND_F16, KIND_F32, bits_f32, f16_bits_to_f32_bits, f32_bits, mul_rn
-from ._target import devfn
+from ._target import SIMULATOR, devfn
 
 ONE = F32(1.0)
 SPLITTER = F32(4097.0)  # Veltkamp, as reference/fused.SPLITTER
@@ -37,7 +37,6 @@ R_SPLIT_MIN_BITS = 5  # reference/fused.R_SPLIT_MIN_BITS
 
 MOE_CHUNK = 256  # pairs per block in the MoE sort kernels
 MOE_MAX_EXPERTS = 1024
-MOE_SCAN_SLOTS = MOE_MAX_EXPERTS + 1
 
 
 # ----------------------------------------------------------------------------- float-float
@@ -217,46 +216,89 @@ def moe_count_kernel(ids, npairs, num_experts, counts, perm):
         counts[cuda.gridDim.x * num_experts + ch] = bad[0]
 
 
-@cuda.jit
+MOE_UNROLL = 8  # chunks whose counts a scan thread loads before it uses them
+MOE_WARPS = MOE_CHUNK // 32
+MOE_WARP_SLOTS = MOE_WARPS * MOE_MAX_EXPERTS  # the scatter's per-warp counts
+
+
+# the scan runs up to MOE_MAX_EXPERTS threads in its one block: a launch bound keeps its
+# registers within one SM's file (unbounded, ptxas gave it 79: too many for 1024 threads)
+@(cuda.jit if SIMULATOR else cuda.jit(launch_bounds=(MOE_MAX_EXPERTS,)))
 def moe_scan_kernel(counts, nchunks, num_experts, base, offsets, bad):
-    """One block: offsets = exclusive scan of the expert totals; base[chunk, e] = first
-    sorted row of expert e's pairs in that chunk; bad[0] = the number of chunks holding an
-    id outside [0, E) (moe_count_kernel's flags)."""
-    tot = cuda.shared.array(MOE_SCAN_SLOTS, int32)
+    """One block of nt >= E threads (a power of two): offsets = exclusive scan of the expert
+    totals; base[chunk, e] = first sorted row of expert e's pairs in that chunk; bad[0] = the
+    number of chunks holding an id outside [0, E) (moe_count_kernel's flags). Thread e sums
+    its expert's column MOE_UNROLL chunks at a time (the loads issued together, not one
+    round trip each), the totals are scanned by a Hillis-Steele scan over the block (log2 nt
+    steps), and the flags are counted by all threads at once."""
+    tot = cuda.shared.array(MOE_MAX_EXPERTS, int32)
+    nbad = cuda.shared.array(1, int32)
+    c = cuda.local.array(MOE_UNROLL, int32)
     e = cuda.threadIdx.x
-    if e < num_experts:
-        s = 0
-        for ch in range(nchunks):
-            s += counts[ch * num_experts + e]
-        tot[e] = s
-    cuda.syncthreads()
+    nt = cuda.blockDim.x
     if e == 0:
-        nb = 0
-        for ch in range(nchunks):
-            nb += counts[nchunks * num_experts + ch]
-        bad[0] = nb
-        run = 0
-        for k in range(num_experts):
-            c = tot[k]
-            tot[k] = run
-            offsets[k] = run
-            run += c
-        offsets[num_experts] = run
-    cuda.syncthreads()
+        nbad[0] = 0
+    s = 0
     if e < num_experts:
-        run = tot[e]
-        for ch in range(nchunks):
+        ch = 0
+        while ch + MOE_UNROLL <= nchunks:
+            for i in range(MOE_UNROLL):
+                c[i] = counts[(ch + i) * num_experts + e]
+            for i in range(MOE_UNROLL):
+                s += c[i]
+            ch += MOE_UNROLL
+        while ch < nchunks:
+            s += counts[ch * num_experts + e]
+            ch += 1
+    tot[e] = s
+    cuda.syncthreads()
+    nb = 0
+    for ch in range(e, nchunks, nt):
+        nb += counts[nchunks * num_experts + ch]
+    if nb:
+        cuda.atomic.add(nbad, 0, nb)
+    off = 1
+    while off < nt:  # inclusive scan of tot (entries past E are 0)
+        v = tot[e - off] if e >= off else 0
+        cuda.syncthreads()
+        tot[e] += v
+        cuda.syncthreads()
+        off *= 2
+    run = tot[e] - s  # exclusive
+    if e < num_experts:
+        offsets[e] = run
+    if e == num_experts - 1:
+        offsets[num_experts] = tot[e]
+    if e == 0:
+        bad[0] = nbad[0]
+    if e < num_experts:
+        ch = 0
+        while ch + MOE_UNROLL <= nchunks:
+            for i in range(MOE_UNROLL):
+                c[i] = counts[(ch + i) * num_experts + e]
+            for i in range(MOE_UNROLL):
+                base[(ch + i) * num_experts + e] = run
+                run += c[i]
+            ch += MOE_UNROLL
+        while ch < nchunks:
             base[ch * num_experts + e] = run
             run += counts[ch * num_experts + e]
+            ch += 1
 
 
 @cuda.jit
 def moe_scatter_kernel(ids, npairs, num_experts, k, base, perm):
     """perm[row] = token of the pair sorted to ``row``: base of (chunk, expert) plus the
-    number of earlier pairs of the same expert in the chunk (stable)."""
+    number of earlier pairs of the same expert in the chunk (stable): those of the earlier
+    warps (per-warp counts in shared memory, atomic adds: order-free) plus the earlier lanes
+    of the pair's own warp (at most 31 compares)."""
     sid = cuda.shared.array(MOE_CHUNK, int32)
+    whist = cuda.shared.array(MOE_WARP_SLOTS, int32)
     t = cuda.threadIdx.x
     ch = cuda.blockIdx.x
+    w = t >> 5
+    for i in range(t, MOE_WARPS * num_experts, MOE_CHUNK):
+        whist[i] = 0
     p = ch * MOE_CHUNK + t
     e = -1
     if p < npairs:
@@ -266,8 +308,13 @@ def moe_scatter_kernel(ids, npairs, num_experts, k, base, perm):
     sid[t] = e
     cuda.syncthreads()
     if e >= 0:
+        cuda.atomic.add(whist, w * num_experts + e, 1)
+    cuda.syncthreads()
+    if e >= 0:
         rank = 0
-        for i in range(t):
+        for v in range(w):
+            rank += whist[v * num_experts + e]
+        for i in range(t & ~31, t):
             if sid[i] == e:
                 rank += 1
         perm[base[ch * num_experts + e] + rank] = p // k

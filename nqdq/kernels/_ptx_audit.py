@@ -153,7 +153,9 @@ def compile_and_audit(launches, cc=(9, 0), registers=True):
             if key in seen:
                 continue
             seen.add(key)
-            ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc)
+            # the kernel's own launch bound (ptxas fits its registers to it)
+            lb = getattr(kernel, "targetoptions", {}).get("launch_bounds")
+            ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc, launch_bounds=lb)
             rows.append(_audit_ptx(label, kernel.py_func.__name__, ptx, cc, registers,
                                    getattr(kernel, "f64_cvts", (0, 0))))
     return rows
