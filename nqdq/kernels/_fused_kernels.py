@@ -48,21 +48,11 @@ def two_sum(a, b):
 
 
 @devfn
-def xor_get64(v, off, shfl, scratch64, tid):
-    """float64 v of lane tid ^ off (``shfl.sync.bfly``, two 32-bit shuffles; the simulator's
-    twin through the float64 shared ``scratch64`` of one slot per thread)."""
-    if shfl:
-        return cuda.shfl_xor_sync(0xFFFFFFFF, v, off)
-    cuda.syncthreads()
-    scratch64[tid] = v
-    cuda.syncthreads()
-    return scratch64[tid ^ off]
-
-
-@devfn
-def xor_get_i32(v, off, shfl, scratch, tid):
-    """int32 v of lane tid ^ off (``shfl.sync.bfly``; the simulator's twin through the int32
-    shared ``scratch`` of one slot per thread; every thread of the block calls it)."""
+def xor_lane(v, off, shfl, scratch, tid):
+    """v of lane tid ^ off (``shfl.sync.bfly``: one 32-bit shuffle for int32, two for
+    float64); the simulator's twin through the shared ``scratch`` of v's type, one slot per
+    thread (every thread of the block calls it). The row sum's float64 butterfly and
+    GROUP_SHARE's int32 one."""
     if shfl:
         return cuda.shfl_xor_sync(0xFFFFFFFF, v, off)
     cuda.syncthreads()

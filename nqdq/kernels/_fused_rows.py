@@ -26,8 +26,9 @@ kernels (``_rowwise_kernels``) do:
   the row-wise kernels' finite encoders (paired cvt for fp8, grid rounding for e2m1) and
   leave in one 8-byte (fp8) or 4-byte (fp4) store, everything else encode_element per element.
 
-The warp shuffles have twins (``_rowwise_kernels.xor_get`` / ``xor_max`` with shfl=False:
-shared memory and barriers) that the CUDA simulator runs. Per-unit statements are written
+The warp shuffles have twins (``_fused_kernels.xor_lane`` / ``idx_get_f32`` and
+``_rowwise_kernels.xor_max`` with shfl=False: shared memory and barriers) that the CUDA
+simulator runs. Per-unit statements are written
 out (generated source, as ``_rowwise_kernels._jit_unrolled``) so NVVM keeps every unit in
 registers.
 """
@@ -45,7 +46,7 @@ from ._codec import F32, KIND_BF16, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32
 from ._elements import encode_element, store_unit_wide
 from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OUT_GROUP, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
                              R_SPLIT_MIN_BITS, SIG_BITS, idx_get_f32, prod_err, round_bits, rsqrt_mean,
-                             split_sum64, xor_get64, xor_get_i32)
+                             split_sum64, xor_lane)
 from ._ptx import (bf16x2_absmul, bf16x2_min, cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt,
                    store_u32x2, u16x2_min)
 from ._quantize_kernels import group_params, store_scale
@@ -367,7 +368,7 @@ def _share_source(U, LL, NT, recip):
             L += [f"    bk = (tid & {off}) != 0"]
             for i in range(h):
                 L += [f"    sd = v{i} if bk else v{h + i}",
-                      f"    v{i} = max(v{h + i} if bk else v{i}, xor_get_i32(sd, {off}, SHFL, scratch, tid))"]
+                      f"    v{i} = max(v{h + i} if bk else v{i}, xor_lane(sd, {off}, SHFL, scratch, tid))"]
             c = h
         else:
             L += [f"    v0 = xor_max(v0, {off}, SHFL, scratch, tid)"]
@@ -556,7 +557,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         the row's sum as the float32 pair (hi, lo) (split_sum64)."""
         off = 16
         while off > 0:
-            s = s + xor_get64(s, off, shfl, scratch64, tid)
+            s = s + xor_lane(s, off, shfl, scratch64, tid)
             off >>= 1
         if (tid & 31) == 0:
             red[tid >> 5] = s
