@@ -211,6 +211,29 @@ MOE_WARPS = MOE_CHUNK // 32
 MOE_WARP_SLOTS = MOE_WARPS * MOE_MAX_EXPERTS  # the scatter's per-warp counts
 
 
+@devfn
+def column_walk(counts, nchunks, num_experts, e, run, c, base, write):
+    """run plus expert e's column of chunk counts (counts[ch, e] for every chunk), the loads
+    MOE_UNROLL at a time into ``c`` (issued together, not one round trip each); where
+    ``write`` (a literal at each call: inlined, the branch folds away) base[ch, e] = the
+    running value before chunk ch."""
+    ch = 0
+    while ch + MOE_UNROLL <= nchunks:
+        for i in range(MOE_UNROLL):
+            c[i] = counts[(ch + i) * num_experts + e]
+        for i in range(MOE_UNROLL):
+            if write:
+                base[(ch + i) * num_experts + e] = run
+            run += c[i]
+        ch += MOE_UNROLL
+    while ch < nchunks:
+        if write:
+            base[ch * num_experts + e] = run
+        run += counts[ch * num_experts + e]
+        ch += 1
+    return run
+
+
 # the scan runs up to MOE_MAX_EXPERTS threads in its one block: a launch bound keeps its
 # registers within one SM's file (unbounded, ptxas gave it 79: too many for 1024 threads)
 @(cuda.jit if SIMULATOR else cuda.jit(launch_bounds=(MOE_MAX_EXPERTS,)))
@@ -218,8 +241,7 @@ def moe_scan_kernel(counts, nchunks, num_experts, base, offsets, bad):
     """One block of nt >= E threads (a power of two): offsets = exclusive scan of the expert
     totals; base[chunk, e] = first sorted row of expert e's pairs in that chunk; bad[0] = the
     number of chunks holding an id outside [0, E) (moe_count_kernel's flags). Thread e sums
-    its expert's column MOE_UNROLL chunks at a time (the loads issued together, not one
-    round trip each), the totals are scanned by a Hillis-Steele scan over the block (log2 nt
+    its expert's column (column_walk), the totals are scanned by a Hillis-Steele scan over the block (log2 nt
     steps), and the flags are counted by all threads at once."""
     tot = cuda.shared.array(MOE_MAX_EXPERTS, int32)
     nbad = cuda.shared.array(1, int32)
@@ -230,16 +252,7 @@ def moe_scan_kernel(counts, nchunks, num_experts, base, offsets, bad):
         nbad[0] = 0
     s = 0
     if e < num_experts:
-        ch = 0
-        while ch + MOE_UNROLL <= nchunks:
-            for i in range(MOE_UNROLL):
-                c[i] = counts[(ch + i) * num_experts + e]
-            for i in range(MOE_UNROLL):
-                s += c[i]
-            ch += MOE_UNROLL
-        while ch < nchunks:
-            s += counts[ch * num_experts + e]
-            ch += 1
+        s = column_walk(counts, nchunks, num_experts, e, 0, c, base, False)
     tot[e] = s
     cuda.syncthreads()
     nb = 0
@@ -262,18 +275,7 @@ def moe_scan_kernel(counts, nchunks, num_experts, base, offsets, bad):
     if e == 0:
         bad[0] = nbad[0]
     if e < num_experts:
-        ch = 0
-        while ch + MOE_UNROLL <= nchunks:
-            for i in range(MOE_UNROLL):
-                c[i] = counts[(ch + i) * num_experts + e]
-            for i in range(MOE_UNROLL):
-                base[(ch + i) * num_experts + e] = run
-                run += c[i]
-            ch += MOE_UNROLL
-        while ch < nchunks:
-            base[ch * num_experts + e] = run
-            run += counts[ch * num_experts + e]
-            ch += 1
+        column_walk(counts, nchunks, num_experts, e, run, c, base, True)
 
 
 @cuda.jit
