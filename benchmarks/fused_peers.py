@@ -24,8 +24,9 @@ excluded, a sleep kernel queued first so host launch overhead stays out, median)
   ``nqdq.quantize(y, scheme)``; for flatten of the view, a contiguous copy then
   ``nqdq.quantize``; for the MoE sort, the sort and a gather with CuPy then ``nqdq.quantize``.
 
-Bytes per op = inputs read once (x, weight, residual) + outputs written once (codes, scales,
-new residual, perm). Checks: the fused codes/scales/residual equal the unfused pair's over
+Bytes per op = inputs read once (x, weight, residual, expert ids) + outputs written once (codes,
+scales, new residual, perm, offsets); for the MoE sort x is the [rows/4, hidden] tokens, read once
+however many of its k sorted rows a token has. Checks: the fused codes/scales/residual equal the unfused pair's over
 the whole tensor (on the GPU) and the NumPy reference's on 64 sampled rows (rows are
 independent; the reference at full size would take minutes on the host); the MoE
 permutation and offsets equal the reference's in full.
@@ -171,6 +172,7 @@ def main(argv=None):
     w_h = bf16_host(w).astype(np.float32)
 
     from nqdq.kernels import _fused_rows as FR
+    from nqdq.kernels import fused as KF
 
     ab = []
     for spec in args.ab:
@@ -179,7 +181,7 @@ def main(argv=None):
     applies = {"ROWS_BF16": lambda op: ("flatten" in op or "moe" in op) and "mxfp4" in op,
                "FLAT_STEP": lambda op: "flatten" in op,
                "RES_CVT": lambda op: "+res" in op, "PREFETCH": lambda op: "rmsnorm" in op and "+res" not in op,
-               "NORM_FMA": lambda op: "rmsnorm" in op}
+               "NORM_FMA": lambda op: "rmsnorm" in op, "MOE_SCATTER": lambda op: "moe" in op}
 
     def outputs(o):
         """Every output array of a fused call (q's codes and scales, new residual, perm, offsets)."""
@@ -190,20 +192,22 @@ def main(argv=None):
         return arrs
 
     class switched:
-        """``with``: nqdq.kernels._fused_rows.NAME = v (bools stay bools), restored after; NAME
-        may be several joined by "+" (each set to v: a combination)."""
+        """``with``: nqdq.kernels._fused_rows.NAME (or nqdq.kernels.fused.NAME, the launcher's
+        switches) = v (bools stay bools), restored after; NAME may be several joined by "+"
+        (each set to v: a combination)."""
 
         def __init__(self, name, v):
             self.names, self.v = name.split("+"), v
+            self.mods = [FR if hasattr(FR, nm) else KF for nm in self.names]
 
         def __enter__(self):
-            self.old = [getattr(FR, nm) for nm in self.names]
-            for nm, o in zip(self.names, self.old):
-                setattr(FR, nm, bool(self.v) if isinstance(o, bool) else type(o)(self.v))
+            self.old = [getattr(m, nm) for m, nm in zip(self.mods, self.names)]
+            for m, nm, o in zip(self.mods, self.names, self.old):
+                setattr(m, nm, bool(self.v) if isinstance(o, bool) else type(o)(self.v))
 
         def __exit__(self, *exc):
-            for nm, o in zip(self.names, self.old):
-                setattr(FR, nm, o)
+            for m, nm, o in zip(self.mods, self.names, self.old):
+                setattr(m, nm, o)
 
     def row(op, t, t_u, nbytes, hb):
         gbs = nbytes / t / 1e3
@@ -345,7 +349,10 @@ def main(argv=None):
         ok_ref = ok_ref and same(_host(qf.scales)[sample], parts.scales)
         checks.append(dict(op=op, full_vs_unfused=q_same(qf, qu) and ok_perm, rows_vs_reference=ok_ref,
                            perm_offsets_vs_reference=ok_perm))
-        nbytes = rows * n * 2 + code_bytes("mxfp4", rows, n) + ids_h.nbytes + rows * 4 + (E + 1) * 4
+        # the op's bytes: x [T, n] and the ids read once, the [rows, n] codes and scales, perm
+        # and offsets written (until session 7 x counted as the rows gathered rows, k times
+        # its size: 148.7 MB instead of 60.6 at the default size)
+        nbytes = T * n * 2 + code_bytes("mxfp4", rows, n) + ids_h.nbytes + rows * 4 + (E + 1) * 4
         record(op, fused_fn, unfused_fn, nbytes)
         # the same without the read-back of the device's id range check (the call's one wait)
         op2 = "moe_sort+mxfp4 (check_ids=False)"

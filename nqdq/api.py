@@ -208,8 +208,12 @@ def _remember(key, fq):
 
 
 def clear_fast_path():
-    """Forget the remembered GPU calls (tests; after changing NQDQ_FAST_LAUNCH)."""
+    """Forget the remembered GPU calls (tests; after changing NQDQ_FAST_LAUNCH): nqdq.quantize's
+    and nqdq.fused.moe_sort_quantize's."""
+    from . import fused
+
     _FAST.clear()
+    fused._MOE_FAST.clear()
 
 
 def dequantize(q: QuantizedTensor, dtype=np.float32, *, device=None):

@@ -295,6 +295,66 @@ def test_moe_sort_quantize(k, E):
     assert_q_equal(q_c, nqdq.quantize(x[perm_c], "mxfp4"))
 
 
+def test_repeated_calls_build_no_new_kernel():
+    """A kernel is built (and on a GPU compiled: ~10 s of NVVM) once per configuration: a
+    second identical call finds every fused row kernel in the cache (a decorator that
+    slipped off fused_row_kernel once made every MoE call compile anew)."""
+    from nqdq.kernels import _fused_rows
+
+    rng = np.random.default_rng(14)
+    x = rows(rng, 2, 64, "bfloat16")
+    w = rng.standard_normal(64).astype(BF16)
+    ids = np.array([[0, 1], [1, 0]])
+    calls = [lambda: fused.rmsnorm_quantize(x, w, "mxfp4", device="cuda"),
+             lambda: fused.moe_sort_quantize(x, ids, 2, "mxfp4", device="cuda")]
+    for call in calls:
+        call()
+    before = _fused_rows.fused_row_kernel.cache_info()
+    for call in calls:
+        call()
+    after = _fused_rows.fused_row_kernel.cache_info()
+    assert after.misses == before.misses and after.hits == before.hits + len(calls)
+
+
+@pytest.mark.parametrize("scatter", [True, False])
+def test_moe_sort_quantize_scatter_rows(scatter, monkeypatch):
+    """bfloat16 rows with aligned units into mxfp4, by OP_SCATTER (each token read and encoded
+    once, its codes and scales stored to its k sorted rows) and by OP_GATHER (each sorted row
+    reads its token): both the spec's bits. Hidden 1000: 4 units a lane, the last one and the
+    last group partial; a group with inf and one with NaN (the element encoder, once per
+    stored row); k = 3 of 4 experts, one expert empty."""
+    from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels import fused as KF
+
+    ops = []
+    build = KF.fused_row_kernel
+
+    def spy(op, *a, **kw):
+        ops.append(op)
+        return build(op, *a, **kw)
+
+    monkeypatch.setattr(KF, "MOE_SCATTER", scatter)
+    monkeypatch.setattr(KF, "fused_row_kernel", spy)
+    rng = np.random.default_rng(12)
+    T, H, k, E = 5, 1000, 3, 4
+    x = rows(rng, T, H, "bfloat16")
+    x[2, 70], x[4, 999] = np.inf, np.nan
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)])
+    ids[ids == 2] = 0  # expert 2 empty
+    q, perm, off = fused.moe_sort_quantize(x, ids, E, "mxfp4", device="cuda")
+    assert ops == [FK.OP_SCATTER if scatter else FK.OP_GATHER]
+    perm_ref, off_ref = R.moe_sort(ids, E)
+    np.testing.assert_array_equal(perm, perm_ref)
+    np.testing.assert_array_equal(off, off_ref)
+    assert_q_equal(q, nqdq.quantize(x[perm_ref], "mxfp4"))
+    # more rows a token than OP_SCATTER holds in registers (MOE_SCATTER_MAX_K = 8): the gather
+    ops.clear()
+    ids9 = np.stack([rng.permutation(10)[:9] for _ in range(2)])
+    q9, perm9, _ = fused.moe_sort_quantize(x[:2, :64], ids9, 10, "mxfp4", device="cuda")
+    assert ops == [FK.OP_GATHER]
+    assert_q_equal(q9, nqdq.quantize(x[:2, :64][R.moe_sort(ids9, 10)[0]], "mxfp4"))
+
+
 @pytest.mark.parametrize("tokens, k, E, unroll", [(300, 2, 6, 8), (650, 4, 40, 2), (1100, 2, 33, 8)])
 def test_moe_sort_many_pairs_device(tokens, k, E, unroll, monkeypatch):
     """More pairs than one chunk of the device sort (256), so chunk bases are exercised: 3, 11
@@ -311,28 +371,33 @@ def test_moe_sort_many_pairs_device(tokens, k, E, unroll, monkeypatch):
 
     rng = np.random.default_rng(9)
     ids = rng.integers(0, E, (tokens, k))
-    perm, off, bad = moe_sort(ids.astype(np.int32).reshape(-1), tokens * k, k, E, Allocator("numpy"))
+    perm, off, inv = moe_sort(ids.astype(np.int32).reshape(-1), tokens * k, k, E, Allocator("numpy"))
     np.testing.assert_array_equal(perm, [p[1] for p in sorted_pairs(ids)])
-    np.testing.assert_array_equal(off, R.moe_sort(ids, E)[1])
-    assert bad[0] == 0
+    np.testing.assert_array_equal(off[: E + 1], R.moe_sort(ids, E)[1])
+    assert off[E + 1] == off[E] == tokens * k  # no id out of range
+    np.testing.assert_array_equal(perm[inv], np.arange(tokens * k) // k)  # inv: each pair's sorted row
+    assert sorted(inv) == list(range(tokens * k))
 
 
-def test_moe_sort_device_flags_ids_out_of_range():
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_moe_sort_device_sorts_ids_out_of_range_last(dtype):
     """The device sort's own range check (what a CuPy expert_ids relies on: no host min / max):
-    ids outside [0, E) in two chunks are counted in bad[0], left out of offsets and of the
-    order of the valid pairs, and their perm slots name row 0 (the gather stays in bounds)."""
+    ids outside [0, E) in three chunks (int64: one past 2^32, which a cast to int32 would
+    have turned into a valid id) sort after every expert, in pair order; offsets[E] counts
+    only the valid pairs, offsets[E + 1] all of them."""
     from nqdq.kernels._interop import Allocator
     from nqdq.kernels.fused import moe_sort
 
     rng = np.random.default_rng(10)
-    ids = rng.integers(0, 6, (1200, 2)).astype(np.int32)
-    ids[5, 1], ids[200, 0], ids[1190, 1] = 6, -1, 99
-    perm, off, bad = moe_sort(ids.reshape(-1), 2400, 2, 6, Allocator("numpy"))
-    assert bad[0] == 3  # one flag per chunk of 256 pairs holding a bad id (chunks 0, 1 and 9 of 10)
+    ids = rng.integers(0, 6, (1200, 2)).astype(dtype)
+    ids[5, 1], ids[200, 0], ids[1190, 1] = 6, -1, 99 if dtype == np.int32 else 2**32 + 3
+    perm, off, inv = moe_sort(ids.reshape(-1), 2400, 2, 6, Allocator("numpy"))
     valid = [p for p in sorted_pairs(ids) if 0 <= p[0] < 6]
     np.testing.assert_array_equal(perm[:2397], [p[1] for p in valid])
-    np.testing.assert_array_equal(perm[2397:], [0, 0, 0])
-    np.testing.assert_array_equal(off, np.concatenate([[0], np.cumsum(np.bincount(ids[(ids >= 0) & (ids < 6)], minlength=6))]))
+    np.testing.assert_array_equal(perm[2397:], [5, 200, 1190])  # the bad pairs, in pair order
+    np.testing.assert_array_equal(inv[[11, 400, 2381]], [2397, 2398, 2399])
+    np.testing.assert_array_equal(off[:7], np.concatenate([[0], np.cumsum(np.bincount(ids[(ids >= 0) & (ids < 6)], minlength=6))]))
+    assert (off[6], off[7]) == (2397, 2400)
 
 
 def test_mx_rceil_params_match_the_general_path(monkeypatch):

@@ -149,11 +149,78 @@ def test_gpu_moe_ids_out_of_range():
         fused.moe_sort_quantize(x, cp.asarray(ids), 16, "mxfp4", dtype="bfloat16")
     q, perm, offsets = fused.moe_sort_quantize(x, cp.asarray(ids), 16, "mxfp4", dtype="bfloat16", check_ids=False)
     assert int(host(offsets)[16]) == 599
+    assert int(host(perm)[599]) == 100  # the pair out of range sorts last
+    ids64 = ids.astype(np.int64)
+    ids64[100, 1] = 2**32 + 3  # a cast to int32 would make it expert 3
+    with pytest.raises(ValueError, match="expert_ids"):
+        fused.moe_sort_quantize(x, cp.asarray(ids64), 16, "mxfp4", dtype="bfloat16")
     ids[100, 1] = 3
     q2, perm2, offsets2 = fused.moe_sort_quantize(x, cp.asarray(ids), 16, "mxfp4", dtype="bfloat16")
     perm_ref, off_ref = R.moe_sort(ids, 16)
     np.testing.assert_array_equal(host(perm2), perm_ref)
     np.testing.assert_array_equal(host(offsets2), off_ref)
+
+
+def test_gpu_moe_hot_path():
+    """A repeated call with the same shapes takes the planned path (one allocation, the four
+    launches in one generated function): bit for bit the general path's and the spec's
+    results; it still raises on ids out of range (and with check_ids=False sorts them last);
+    a 16-byte misaligned x goes the general way, and so does a changed shape."""
+    from nqdq import api
+
+    api.clear_fast_path()
+    rng = np.random.default_rng(15)
+    T, H, k, E = 200, 7168, 4, 32
+    x = rows(rng, T, H, "bfloat16")
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    xg, idg = to_gpu(x), cp.asarray(ids)
+    first = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")
+    assert len(fused._MOE_FAST) == 1
+    second = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")
+    perm_ref, off_ref = R.moe_sort(ids, E)
+    sch = resolve_scheme("mxfp4")
+    codes, scales = ref_q(RQ.quantize(x.astype(np.float32)[perm_ref], sch), sch)
+    for q, perm, offsets in (first, second):
+        np.testing.assert_array_equal(host(perm), perm_ref)
+        np.testing.assert_array_equal(host(offsets), off_ref)
+        np.testing.assert_array_equal(bits(q.codes), bits(codes))
+        np.testing.assert_array_equal(bits(q.scales), bits(scales))
+    bad = ids.copy()
+    bad[50, 2] = E
+    with pytest.raises(ValueError, match="expert_ids"):
+        fused.moe_sort_quantize(xg, cp.asarray(bad), E, "mxfp4", dtype="bfloat16")
+    q, perm, offsets = fused.moe_sort_quantize(xg, cp.asarray(bad), E, "mxfp4", dtype="bfloat16", check_ids=False)
+    assert int(host(offsets)[E]) == T * k - 1 and int(host(perm)[T * k - 1]) == 50
+    flat = cp.empty(T * H + 1, cp.uint16)
+    xm = flat[1:].reshape(T, H)  # 2 bytes past an aligned address
+    xm[...] = xg
+    q, perm, offsets = fused.moe_sort_quantize(xm, idg, E, "mxfp4", dtype="bfloat16")
+    np.testing.assert_array_equal(bits(q.codes), bits(codes))
+    np.testing.assert_array_equal(bits(q.scales), bits(scales))
+    api.clear_fast_path()
+
+
+@pytest.mark.parametrize("scatter", [True, False])
+def test_gpu_moe_scatter_and_gather(scatter, monkeypatch):
+    """The MoE rows by OP_SCATTER (each token encoded once, stored to its k rows) and by
+    OP_GATHER (MOE_SCATTER off): the spec's bits at hidden 7168 with int64 ids, an inf group
+    and a NaN group; both stored rows of a token carry them."""
+    from nqdq.kernels import fused as KF
+
+    monkeypatch.setattr(KF, "MOE_SCATTER", scatter)
+    rng = np.random.default_rng(13)
+    T, H, k, E = 333, 7168, 4, 64
+    x = rows(rng, T, H, "bfloat16")
+    x[7, 100], x[300, 7167] = np.inf, np.nan
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int64)
+    q, perm, offsets = fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16")
+    perm_ref, off_ref = R.moe_sort(ids, E)
+    np.testing.assert_array_equal(host(perm), perm_ref)
+    np.testing.assert_array_equal(host(offsets), off_ref)
+    sch = resolve_scheme("mxfp4")
+    codes, scales = ref_q(RQ.quantize(x.astype(np.float32)[perm_ref], sch), sch)
+    np.testing.assert_array_equal(bits(q.codes), bits(codes))
+    np.testing.assert_array_equal(bits(q.scales), bits(scales))
 
 
 @pytest.mark.parametrize("T, k, E", [(300, 4, 256), (2100, 4, 1024), (3000, 1, 7)])

@@ -25,6 +25,7 @@ CANON_NAN_BITS = 0x7FC00000
 OP_NORM = 0  # RMSNorm rows (optionally after the residual add)
 OP_ROWS = 1  # plain rows of a (possibly strided) [B, H, D] view: flatten
 OP_GATHER = 2  # row i is source row perm[i]: the MoE sort
+OP_SCATTER = 3  # row t is written to rows perm[t * k + j], j < k: the MoE sort, each token read once
 
 OUT_Y = 0  # write float32 y (the unfused norm)
 OUT_ROW = 1  # per-row float scale (fp8_row)
@@ -37,6 +38,7 @@ R_SPLIT_MIN_BITS = 5  # reference/fused.R_SPLIT_MIN_BITS
 
 MOE_CHUNK = 256  # pairs per block in the MoE sort kernels
 MOE_MAX_EXPERTS = 1024
+MOE_BUCKETS = MOE_MAX_EXPERTS + 1  # the experts and the bucket of ids out of range
 
 
 # ----------------------------------------------------------------------------- float-float
@@ -175,61 +177,57 @@ def round_bits(h, kind):
 
 
 # ----------------------------------------------------------------------------- MoE sort
+# The pairs (token, slot) are sorted into E + 1 buckets: the E experts, then one bucket for
+# ids outside [0, E), kept in pair order after every expert (rows offsets[E]: of the order).
+# Every pair thus has a sorted row, and a row's token is always a row of x: the kernels never
+# wait on the host, and the caller checks offsets[E] == T * k.
 @cuda.jit
-def moe_count_kernel(ids, npairs, num_experts, counts, perm):
-    """counts[chunk, e] = pairs of expert e among the chunk's MOE_CHUNK pairs (atomic adds
-    into shared memory: the counts do not depend on their order); counts[nchunks * E +
-    chunk] = 1 if the chunk holds an id outside [0, E) (left out of every count), else 0.
-    perm[p] = 0 for the chunk's pairs: the scatter overwrites every valid pair's slot, so a
-    slot an invalid id left unwritten still names a row of x (the gather stays in bounds)."""
-    hist = cuda.shared.array(MOE_MAX_EXPERTS, int32)
-    bad = cuda.shared.array(1, int32)
+def moe_count_kernel(ids, npairs, num_experts, counts):
+    """counts[chunk, b] (E + 1 buckets a chunk) = the chunk's MOE_CHUNK pairs in bucket b:
+    expert e for an id in [0, E), bucket E for any other id (atomic adds into shared
+    memory: the counts do not depend on their order)."""
+    hist = cuda.shared.array(MOE_BUCKETS, int32)
     t = cuda.threadIdx.x
     ch = cuda.blockIdx.x
-    for e in range(t, num_experts, MOE_CHUNK):
+    nb = num_experts + 1
+    for e in range(t, nb, MOE_CHUNK):
         hist[e] = 0
-    if t == 0:
-        bad[0] = 0
     cuda.syncthreads()
     p = ch * MOE_CHUNK + t
     if p < npairs:
-        perm[p] = 0
         e = ids[p]
-        if e >= 0 and e < num_experts:
-            cuda.atomic.add(hist, e, 1)
-        else:
-            bad[0] = 1
+        if e < 0 or e >= num_experts:
+            e = num_experts
+        cuda.atomic.add(hist, e, 1)
     cuda.syncthreads()
-    for e in range(t, num_experts, MOE_CHUNK):
-        counts[ch * num_experts + e] = hist[e]
-    if t == 0:
-        counts[cuda.gridDim.x * num_experts + ch] = bad[0]
+    for e in range(t, nb, MOE_CHUNK):
+        counts[ch * nb + e] = hist[e]
 
 
 MOE_UNROLL = 8  # chunks whose counts a scan thread loads before it uses them
 MOE_WARPS = MOE_CHUNK // 32
-MOE_WARP_SLOTS = MOE_WARPS * MOE_MAX_EXPERTS  # the scatter's per-warp counts
+MOE_WARP_SLOTS = MOE_WARPS * MOE_BUCKETS  # the scatter's per-warp counts
 
 
 @devfn
-def column_walk(counts, nchunks, num_experts, e, run, c, base, write):
-    """run plus expert e's column of chunk counts (counts[ch, e] for every chunk), the loads
-    MOE_UNROLL at a time into ``c`` (issued together, not one round trip each); where
-    ``write`` (a literal at each call: inlined, the branch folds away) base[ch, e] = the
-    running value before chunk ch."""
+def column_walk(counts, nchunks, nb, e, run, c, base, write):
+    """run plus bucket e's column of chunk counts (counts[ch, e] for every chunk, nb buckets
+    a chunk), the loads MOE_UNROLL at a time into ``c`` (issued together, not one round trip
+    each); where ``write`` (a literal at each call: inlined, the branch folds away)
+    base[ch, e] = the running value before chunk ch."""
     ch = 0
     while ch + MOE_UNROLL <= nchunks:
         for i in range(MOE_UNROLL):
-            c[i] = counts[(ch + i) * num_experts + e]
+            c[i] = counts[(ch + i) * nb + e]
         for i in range(MOE_UNROLL):
             if write:
-                base[(ch + i) * num_experts + e] = run
+                base[(ch + i) * nb + e] = run
             run += c[i]
         ch += MOE_UNROLL
     while ch < nchunks:
         if write:
-            base[ch * num_experts + e] = run
-        run += counts[ch * num_experts + e]
+            base[ch * nb + e] = run
+        run += counts[ch * nb + e]
         ch += 1
     return run
 
@@ -237,29 +235,23 @@ def column_walk(counts, nchunks, num_experts, e, run, c, base, write):
 # the scan runs up to MOE_MAX_EXPERTS threads in its one block: a launch bound keeps its
 # registers within one SM's file (unbounded, ptxas gave it 79: too many for 1024 threads)
 @(cuda.jit if SIMULATOR else cuda.jit(launch_bounds=(MOE_MAX_EXPERTS,)))
-def moe_scan_kernel(counts, nchunks, num_experts, base, offsets, bad):
-    """One block of nt >= E threads (a power of two): offsets = exclusive scan of the expert
-    totals; base[chunk, e] = first sorted row of expert e's pairs in that chunk; bad[0] = the
-    number of chunks holding an id outside [0, E) (moe_count_kernel's flags). Thread e sums
-    its expert's column (column_walk), the totals are scanned by a Hillis-Steele scan over the block (log2 nt
-    steps), and the flags are counted by all threads at once."""
+def moe_scan_kernel(counts, nchunks, num_experts, base, offsets):
+    """One block of nt >= E threads (a power of two): offsets[0..E] = exclusive scan of the
+    expert totals (offsets[E]: the pairs with a valid id), offsets[E + 1] = all pairs;
+    base[chunk, b] = first sorted row of bucket b's pairs in that chunk. Thread e sums its
+    expert's column (column_walk), the totals are scanned by a Hillis-Steele scan over the
+    block (log2 nt steps); the invalid bucket's column, after every expert, is walked by
+    thread E (thread 0 when E == nt)."""
     tot = cuda.shared.array(MOE_MAX_EXPERTS, int32)
-    nbad = cuda.shared.array(1, int32)
     c = cuda.local.array(MOE_UNROLL, int32)
     e = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    if e == 0:
-        nbad[0] = 0
+    nb = num_experts + 1
     s = 0
     if e < num_experts:
-        s = column_walk(counts, nchunks, num_experts, e, 0, c, base, False)
+        s = column_walk(counts, nchunks, nb, e, 0, c, base, False)
     tot[e] = s
     cuda.syncthreads()
-    nb = 0
-    for ch in range(e, nchunks, nt):
-        nb += counts[nchunks * num_experts + ch]
-    if nb:
-        cuda.atomic.add(nbad, 0, nb)
     off = 1
     while off < nt:  # inclusive scan of tot (entries past E are 0)
         v = tot[e - off] if e >= off else 0
@@ -270,43 +262,45 @@ def moe_scan_kernel(counts, nchunks, num_experts, base, offsets, bad):
     run = tot[e] - s  # exclusive
     if e < num_experts:
         offsets[e] = run
-    if e == num_experts - 1:
-        offsets[num_experts] = tot[e]
-    if e == 0:
-        bad[0] = nbad[0]
-    if e < num_experts:
-        column_walk(counts, nchunks, num_experts, e, run, c, base, True)
+        column_walk(counts, nchunks, nb, e, run, c, base, True)
+    if e == (num_experts if num_experts < nt else 0):
+        valid = tot[num_experts - 1]
+        offsets[num_experts] = valid
+        offsets[num_experts + 1] = column_walk(counts, nchunks, nb, num_experts, valid, c, base, True)
 
 
 @cuda.jit
-def moe_scatter_kernel(ids, npairs, num_experts, k, base, perm):
-    """perm[row] = token of the pair sorted to ``row``: base of (chunk, expert) plus the
-    number of earlier pairs of the same expert in the chunk (stable): those of the earlier
-    warps (per-warp counts in shared memory, atomic adds: order-free) plus the earlier lanes
-    of the pair's own warp (at most 31 compares)."""
+def moe_scatter_kernel(ids, npairs, num_experts, k, base, perm, inv):
+    """perm[row] = token of the pair sorted to ``row`` and inv[pair] = row: base of (chunk,
+    bucket) plus the number of earlier pairs of the same bucket in the chunk (stable): those
+    of the earlier warps (per-warp counts in shared memory, atomic adds: order-free) plus the
+    earlier lanes of the pair's own warp (at most 31 compares)."""
     sid = cuda.shared.array(MOE_CHUNK, int32)
     whist = cuda.shared.array(MOE_WARP_SLOTS, int32)
     t = cuda.threadIdx.x
     ch = cuda.blockIdx.x
     w = t >> 5
-    for i in range(t, MOE_WARPS * num_experts, MOE_CHUNK):
+    nb = num_experts + 1
+    for i in range(t, MOE_WARPS * nb, MOE_CHUNK):
         whist[i] = 0
     p = ch * MOE_CHUNK + t
     e = -1
     if p < npairs:
         e = ids[p]
         if e < 0 or e >= num_experts:
-            e = -1  # left out (moe_count_kernel flagged it)
+            e = num_experts  # the invalid bucket
     sid[t] = e
     cuda.syncthreads()
     if e >= 0:
-        cuda.atomic.add(whist, w * num_experts + e, 1)
+        cuda.atomic.add(whist, w * nb + e, 1)
     cuda.syncthreads()
     if e >= 0:
         rank = 0
         for v in range(w):
-            rank += whist[v * num_experts + e]
+            rank += whist[v * nb + e]
         for i in range(t & ~31, t):
             if sid[i] == e:
                 rank += 1
-        perm[base[ch * num_experts + e] + rank] = p // k
+        row = base[ch * nb + e] + rank
+        perm[row] = p // k
+        inv[p] = row

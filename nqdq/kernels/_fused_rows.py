@@ -26,6 +26,11 @@ kernels (``_rowwise_kernels``) do:
   the row-wise kernels' finite encoders (paired cvt for fp8, grid rounding for e2m1) and
   leave in one 8-byte (fp8) or 4-byte (fp4) store, everything else encode_element per element.
 
+The MoE sort's rows (no norm) come in two forms: OP_GATHER, one block per sorted row reading
+its token (perm), and OP_SCATTER (bfloat16 words into MX e2m1, k <= MOE_SCATTER_MAX_K), one
+block per token: the row is read and encoded once and each unit's word and group scale are
+stored to the token's k sorted rows, whose indices the block loads into registers first.
+
 The warp shuffles have twins (``_fused_kernels.xor_lane`` / ``idx_get_f32`` and
 ``_rowwise_kernels.xor_max`` with shfl=False: shared memory and barriers) that the CUDA
 simulator runs. Per-unit statements are written
@@ -44,7 +49,7 @@ from numba import cuda, float32, float64, int32
 from ..reference.fused import UNIT, WARP
 from ._codec import F32, KIND_BF16, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32_bits, mul_rn
 from ._elements import encode_element, store_unit_wide
-from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OUT_GROUP, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
+from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OP_SCATTER, OUT_GROUP, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
                              R_SPLIT_MIN_BITS, SIG_BITS, idx_get_f32, prod_err, round_bits, rsqrt_mean,
                              split_sum64, xor_lane)
 from ._ptx import (bf16x2_absmul, bf16x2_min, cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt,
@@ -264,7 +269,12 @@ DEFAULTS = {"W_EARLY": False, "MX_Y_PAIRS": False, "ROWS_BF16": True, "FLAT_STEP
 
 
 def _switch(name):
-    return os.environ.get(f"NQDQ_FUSED_{name}", "1" if DEFAULTS[name] else "0") == "1"
+    return _switch_env(name, DEFAULTS[name])
+
+
+def _switch_env(name, default: bool) -> bool:
+    """NQDQ_FUSED_<name> ("1" / "0"), else ``default``."""
+    return os.environ.get(f"NQDQ_FUSED_{name}", "1" if default else "0") == "1"
 
 
 W_EARLY = _switch("W_EARLY")
@@ -402,8 +412,20 @@ def store_words8(dst32, q, lo, hi):
     store_u32x2(dst32, q + 3, hi[2], hi[3])
 
 
+MOE_SCATTER_MAX_K = 8  # OP_SCATTER's rows per token (top-k): held in registers, the stores unrolled
+
+
+def words_path(op, out, kind, fast, fmt, rows_bf16=None) -> bool:
+    """Whether rows of bfloat16 words go straight into MX e2m1 (ROWS_BF16: flatten and the
+    MoE sort, no norm; aligned units): the only path OP_SCATTER is built for."""
+    rows_bf16 = ROWS_BF16 if rows_bf16 is None else rows_bf16
+    return bool(rows_bf16 and op != OP_NORM and kind == KIND_BF16 and fast and out == OUT_MX and fmt[5] == 4
+                and is_e2m1(fmt))
+
+
 @lru_cache(maxsize=None)
-def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, mx_cfg, max_elem, G, shfl, sw=None):
+def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, mx_cfg, max_elem, G, shfl, sw=None,
+                     KD=0):
     """The kernel for one configuration (every argument a compile-time constant): ``op``
     OP_*, ``out`` OUT_*, input / weight kinds, NW warps x U units per thread (the spec's
     geometry), ``fast`` (16-byte aligned units: vector loads and stores), ``strided`` (a
@@ -411,7 +433,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     ``mx_cfg`` / ``max_elem`` as in kernels.quantize, G the scale group (128 or 32; 0 otherwise),
     ``shfl`` (warp shuffles; False: their simulator twins).
     Arguments: see _KERNEL_ARGS (flat arrays; sb the row stride of x in elements; pf the L2
-    prefetch distance in rows, 0: none). ``sw``: switches() (None: their values now)."""
+    prefetch distance in rows, 0: none). ``sw``: switches() (None: their values now). ``KD``:
+    OP_SCATTER's rows per token (k of the MoE sort, 1..MOE_SCATTER_MAX_K)."""
     w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw, norm_fma, gshare = switches() if sw is None else sw
     pf_code = prefetch_distance(pf_sw, op, out, has_res) > 0
     NT = WARP * NW
@@ -435,7 +458,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     WE = w_early and BF16X
     MXE2M1 = MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and mx_y_pairs
     # rows of bfloat16 words straight into MX e2m1 (flatten, MoE: no norm): ROWS_BF16
-    WPAIRS = rows_bf16 and not NORM and kind == KIND_BF16 and fast and MODE == MODE_MX and NB == 4 and is_e2m1(fmt)
+    WPAIRS = words_path(op, out, kind, fast, fmt, rows_bf16)
+    if op == OP_SCATTER and not (WPAIRS and 1 <= KD <= MOE_SCATTER_MAX_K):
+        raise ValueError(f"OP_SCATTER is built for the bfloat16 words' MX e2m1 path (words_path) and 1 <= k <= "
+                         f"{MOE_SCATTER_MAX_K} rows a token, not k = {KD}")
     CLAMP = MXR != MX_RCEIL  # e2m1_unit_bf16: "floor" / "even" scales can leave |x| / 2^k up to 8
     RCVT = res_cvt and RES and kind == KIND_BF16 and fast  # the residual by cvt.rn.bf16x2.f32
     STEP = strided == 2 and fast  # FLAT_STEP: D / 8 divides NT (the launcher's test)
@@ -731,6 +757,48 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                 put_codes(elems(w, (z, z, z, z)), u, row, n, pcols, p0, ZERO, False, codes, c16, c32, qu)
 
     @devfn
+    def mx_group(a):
+        """(e8m0 code, multiplier) of an MX group whose amax has the bits ``a``: group_params_r
+        without the store."""
+        if MXRC:
+            code, p0 = mx_rceil_params(a, MXI)
+            return np.int32(code), p0
+        sv, p0, pz = group_params(MODE, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, ONE)
+        return np.int32(int(sv)), p0
+
+    @devfn
+    def group_unit_ws(w, ok, u, tid, scratch, codes, c16, c32, scales, dd, ss, n, pcols):
+        """group_unit_w of a token row encoded once and stored to its KD sorted rows
+        (OP_SCATTER): dd[j] / ss[j] = the first unit / scale index of sorted row j, loaded
+        once at the kernel's start; the unit's word at dd[j] + u, the group's scale (by the
+        group's first lane) at ss[j] + u // LL; a non-finite group by put_codes, once a row."""
+        a = np.int32(0)
+        if ok:
+            a2 = word_amax16(w)
+            a = np.int32(max(a2 & np.uint32(0xFFFF), a2 >> np.uint32(16)) << np.uint32(16))
+        off = LL >> 1
+        while off > 0:  # every lane takes part, in the row or not (the simulator's twin syncs)
+            a = xor_max(a, off, shfl, scratch, tid)
+            off >>= 1
+        if ok:
+            code, p0 = mx_group(a)
+            first = (tid & (LL - 1)) == 0
+            gi = np.int64(u >> LLSH)
+            if a < FINITE:
+                hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact)
+                word = e2m1_unit_bf16(w, np.uint32(hb | (hb << np.uint32(16))), CLAMP)
+                for j in range(KD):
+                    c32[dd[j] + u] = word
+            else:
+                z = np.uint32(0)
+                y = elems(w, (z, z, z, z))
+                for j in range(KD):  # (put_codes' fast path: only the unit index qu counts)
+                    put_codes(y, u, 0, n, pcols, p0, ZERO, False, codes, c16, c32, dd[j] + u)
+            if first:
+                for j in range(KD):
+                    scales[ss[j] + gi] = np.uint8(code)
+
+    @devfn
     def prefetch_rows(x32, row, tid, nunits, sb):
         """prefetch.global.L2 of the 128-byte lines of x's row ``row``: thread t takes lines
         t, t + NT, ... (a line is 8 of the loads' 16-byte quads)."""
@@ -818,7 +886,12 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         # unsigned: Numba's indexing then has no negative-index wraparound (some 6 instructions
         # a unit, and the row's product redone per unit beside it)
         L += ["    sg = np.uint64(np.int64(row) * ngroups + (ut >> LLSH))"]
-        if GSHARE:  # every unit's amax first; the groups' parameters after the loop (_share_source)
+        if op == OP_SCATTER:  # token row ``row`` to its KD sorted rows perm[row * KD + j]
+            L += [f"    p{j} = np.int64(perm[np.int64(row) * {KD} + {j}])" for j in range(KD)]
+            L += ["    dd = (" + "".join(f"p{j} * nunits, " for j in range(KD)) + ")",
+                  "    ss = (" + "".join(f"p{j} * ngroups, " for j in range(KD)) + ")"]
+            use = "    group_unit_ws(y{j}, u{j} < nunits, u{j}, tid, scratch, codes, c16, c32, scales, dd, ss, n, pcols)"
+        elif GSHARE:  # every unit's amax first; the groups' parameters after the loop (_share_source)
             use = "    v{j} = unit_amax(y{j}, UNIT) if u{j} < nunits else np.int32(0)"
         else:
             use = ("    group_unit{w}(y{j}, u{j} < nunits, u{j}, row, n, pcols, sg + np.uint64({jNL}), tid, scratch, codes, c16, c32, "
@@ -847,7 +920,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                add_res=add_res, unit_sq=unit_sq, row_sum=row_sum, norm_unit=norm_unit, elems=elems, put_y=put_y,
                put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max, as_u32=as_u32,
                as_u16=as_u16, group_unit_w=group_unit_w, prefetch_rows=prefetch_rows, load_q=load_r,
-               group_params_r=group_params_r, SHFL=shfl)
+               group_params_r=group_params_r, group_unit_ws=group_unit_ws, KD=KD, SHFL=shfl)
     exec(compile(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", "exec"), glb)
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most

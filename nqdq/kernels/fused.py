@@ -8,6 +8,8 @@ MoE sort adds three small launches that build the permutation).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ..reference.packing import packed_length
@@ -16,7 +18,7 @@ from . import _fused_kernels as FK
 from ._elements import format_tuple
 from ._interop import Allocator
 from ._target import SIMULATOR
-from .launch import fast_kernel
+from .launch import Ptr, fast_kernel
 from .quantize import _max_elem, _mx_cfg
 from ..reference.fused import MAX_ROW as MAX_ROW_REF
 from ..reference.fused import row_geometry
@@ -27,6 +29,10 @@ from ._rowwise_kernels import SHFL_DEFAULT
 __all__ = ["out_kind", "geometry", "run_rows", "moe_sort", "MAX_ROW"]
 
 MAX_ROW = MAX_ROW_REF  # longest row (reference/fused.row_geometry: 32 warps x 8 units per lane)
+# MOE_SCATTER (NQDQ_FUSED_MOE_SCATTER, session 7): the MoE sort's rows of bfloat16 into MX e2m1
+# by OP_SCATTER (each token read and encoded once, its codes and scales stored to its k sorted
+# rows) instead of OP_GATHER (each sorted row reads its token: k reads and encodes of it).
+MOE_SCATTER = _fused_rows._switch_env("MOE_SCATTER", True)
 
 
 def out_kind(sch: Scheme) -> int:
@@ -73,13 +79,19 @@ def _view(a, dtype, ok: bool, alloc, dummies):
 
 
 def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscale=None, perm=None,
-             strides=None, out=None, want_y=False):
+             strides=None, out=None, want_y=False, moe=None, alloc=None, launches=None):
     """Launch the fused row kernel. ``xin``: DeviceInput of the input (its flat array,
     kind, lib); ``res``: flat residual array (same kind) or None; ``w``: flat weight array
     (kind ``wkind``); ``perm``: int32 source rows (OP_GATHER); ``strides``: (sb, sh, D) in
-    elements for OP_ROWS over a [B, H, D] view (None: contiguous rows of n).
+    elements for OP_ROWS over a [B, H, D] view (None: contiguous rows of n). ``moe``: for
+    OP_GATHER, (inv, k): the sorted row of each (token, slot) pair (moe_sort's inv) and
+    k; where the kernel has the bfloat16 words' MX e2m1 path (``_fused_rows.words_path``)
+    and MOE_SCATTER is on, OP_SCATTER runs instead: one block per token of the rows // k,
+    each token read once and stored to its k rows. ``alloc``: the Allocator of the outputs
+    (default: one of the input's library); ``launches``: a list that receives the launch as
+    (kernel, grid, block, args) instead of running it (moe_plan).
     Returns dict(codes, scales, newres, y) of flat arrays (None where not produced)."""
-    alloc = Allocator(xin.lib)
+    alloc = alloc if alloc is not None else Allocator(xin.lib)
     kind = xin.kind
     x = xin.arr
     nt, U = geometry(n)
@@ -135,36 +147,132 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
 
     # strided 2: FLAT_STEP's stepped unit indices, where D / 8 divides the block's threads
     stepped = strided and fast and _fused_rows.FLAT_STEP and nt % (D // 8) == 0
+    grid, kd = rows, 0
+    if (moe is not None and MOE_SCATTER and _fused_rows.words_path(op, mode, kind, fast, fmt)
+            and 1 <= moe[1] <= _fused_rows.MOE_SCATTER_MAX_K):
+        perm_a, kd = moe[0], int(moe[1])
+        op, grid = FK.OP_SCATTER, rows // kd
     kern = fused_row_kernel(op, mode, kind, wkind, nw, U, bool(fast), 2 if stepped else int(strided), res is not None,
-                            fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches())
+                            fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches(), kd)
     # dm: the fast strided loader's u // (D / 8) as (u * dm) >> 32 (_fused_rows._loader)
     dm = (1 << 32) // max(D // 8, 1) + 1
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
             n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, dm,
             _fused_rows.prefetch_distance(_fused_rows.PREFETCH, op, mode, res is not None))
-    if rows > 0:
-        fast_kernel(kern).launch(rows, 32 * nw, args, None)
+    _launch(launches, kern, grid, 32 * nw, args)
     return dict(codes=codes, scales=scales, newres=newres, y=y, pcols=pcols, ngroups=ngroups, alloc=alloc)
 
 
-def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator):
-    """(perm int32 [npairs], offsets int32 [E+1], bad int32 [1]) on the device from int32
-    expert ids [npairs] (token-major, then slot): reference/fused.moe_sort's stable order.
-    Nothing waits for the device: ids outside [0, E) are left out of the order (their perm
-    slots name row 0, offsets[E] counts only the valid pairs) and bad[0] != 0 says so."""
+def _launch(launches, kern, grid, block, args):
+    """Launch now, or append (kernel, grid, block, args) to ``launches`` (a plan)."""
+    if launches is not None:
+        launches.append((kern, grid, block, args))
+    elif grid > 0:
+        fast_kernel(kern).launch(grid, block, args, None)
+
+
+def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launches=None):
+    """(perm int32 [npairs], offsets int32 [E+2], inv int32 [npairs]) on the device from
+    expert ids [npairs] (int32 or int64; token-major, then slot): reference/fused.moe_sort's
+    stable order, perm[row] = token of the pair sorted to ``row``, inv[pair] = its row.
+    Nothing waits for the device: ids outside [0, E) sort after every expert, in pair order
+    (rows offsets[E]:offsets[E + 1]); offsets[:E + 1] is the op's offsets, and
+    offsets[E] == npairs says every id was in range."""
     if not 1 <= num_experts <= FK.MOE_MAX_EXPERTS:
         raise ValueError(f"num_experts={num_experts} must be in [1, {FK.MOE_MAX_EXPERTS}] for the device sort")
     nchunks = max(1, -(-npairs // FK.MOE_CHUNK))
-    counts = alloc.empty(nchunks * num_experts + nchunks, np.int32)  # + one invalid-id flag per chunk
-    base = alloc.empty(nchunks * num_experts, np.int32)
-    offsets = alloc.empty(num_experts + 1, np.int32)
+    nb = num_experts + 1  # the experts, then the bucket of ids out of range
+    counts = alloc.empty(nchunks * nb, np.int32)
+    base = alloc.empty(nchunks * nb, np.int32)
+    offsets = alloc.empty(num_experts + 2, np.int32)
     perm = alloc.empty(max(npairs, 1), np.int32)
-    bad = alloc.empty(1, np.int32)
-    fast_kernel(FK.moe_count_kernel).launch(nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, counts, perm), None)
-    nt = min(FK.MOE_MAX_EXPERTS, max(32, 1 << (num_experts - 1).bit_length()))
-    fast_kernel(FK.moe_scan_kernel).launch(1, nt, (counts, nchunks, num_experts, base, offsets, bad), None)
-    fast_kernel(FK.moe_scatter_kernel).launch(nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, k, base, perm), None)
-    return perm[:npairs], offsets, bad
+    inv = alloc.empty(max(npairs, 1), np.int32)
+    _launch(launches, FK.moe_count_kernel, nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, counts))
+    _launch(launches, FK.moe_scan_kernel, 1, moe_scan_threads(num_experts), (counts, nchunks, num_experts, base, offsets))
+    _launch(launches, FK.moe_scatter_kernel, nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, k, base, perm, inv))
+    return perm[:npairs], offsets, inv[:npairs]
+
+
+def moe_scan_threads(num_experts: int) -> int:
+    """The scan's block: a power of two >= E, at least a warp, at most MOE_MAX_EXPERTS."""
+    return min(FK.MOE_MAX_EXPERTS, max(32, 1 << (num_experts - 1).bit_length()))
+
+
+# ----------------------------------------------------------------------------- the MoE hot path
+class _Slot(Ptr):
+    """A planned 1-D array: a launch.Ptr (``base`` + ``offset`` bytes) that also takes the
+    slices and dtype views run_rows and moe_sort take of real arrays."""
+
+    __slots__ = ()
+
+    def __getitem__(self, s):
+        start, stop, step = s.indices(self.n)
+        if step != 1:
+            raise ValueError("a planned array takes contiguous slices only")
+        return _Slot(self.base, self.offset + start * self.dtype.itemsize, stop - start, self.dtype)
+
+    def view(self, dtype):
+        dt = np.dtype(dtype)
+        return _Slot(self.base, self.offset, self.n * self.dtype.itemsize // dt.itemsize, dt)
+
+
+class _PlanAlloc:
+    """Allocator of a plan: every array a 256-byte aligned slot of one buffer ("base")."""
+
+    lib = "cupy"
+
+    def __init__(self):
+        self.total = 0
+
+    def empty(self, n, dtype):
+        dt = np.dtype(dtype)
+        slot = _Slot("base", self.total, n, dt)
+        self.total += -(-max(n * dt.itemsize, 1) // 256) * 256
+        return slot
+
+
+@lru_cache(maxsize=64)
+def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtype_name: str, ids_char: str, sch: Scheme,
+             switches: tuple):
+    """``run(x, ids) -> (codes, scales, perm, offsets)`` for moe_sort_quantize on C-contiguous
+    CuPy arrays of these shapes and dtypes (x: 16-byte aligned; ids: int32 or int64, the
+    char ``ids_char``), on CuPy's current stream: one ``cupy.cuda.alloc`` for every output and
+    scratch array and the four launches of the general path (moe_sort, run_rows: the same
+    kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
+    is moe_sort's [E + 2]. None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0,
+    no CuPy). ``switches``: (MOE_SCATTER, _fused_rows.switches()), part of the cache key."""
+    import sys
+
+    from . import launch as L
+
+    cp = sys.modules.get("cupy")
+    if SIMULATOR or cp is None or not L._fast_path_allowed() or tokens * k == 0:
+        return None
+    from ._interop import DeviceInput
+
+    alloc, launches = _PlanAlloc(), []
+    tk = tokens * k
+    xdt = np.float32 if kind == 0 else np.uint16
+    x = _Slot("xp", 0, tokens * hidden, xdt)
+    ids = _Slot("ids", 0, tk, np.dtype(ids_char))
+    perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc, launches)
+    xin = DeviceInput(x, kind, (tokens, hidden), dtype_name, "cupy")
+    out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, perm=perm, moe=(inv, k), alloc=alloc, launches=launches)
+    seq = L.compile_sequence(launches, ("xp", "ids", "base"))
+    if seq is None:
+        return None
+    total = max(alloc.total, 1)
+    parts = [(out["codes"], (tk, out["pcols"])), (out["scales"], sch.scale_shape((tk, hidden))), (perm, (tk,)),
+             (offsets, (num_experts + 2,))]
+    views = [(a.offset, shape, a.dtype) for a, shape in parts]
+    _alloc, _nd, _cur = cp.cuda.alloc, cp.ndarray, cp.cuda.get_current_stream
+
+    def run(x, ids):
+        mp = _alloc(total)
+        seq(_cur().ptr, x.data.ptr, ids.data.ptr, mp.ptr)
+        return tuple(_nd(shape, dt, mp + off) for off, shape, dt in views)
+
+    return run
 
 
 def audit_launches():
@@ -199,6 +307,9 @@ def audit_launches():
     k = fused_row_kernel(FK.OP_GATHER, FK.OUT_MX, 1, 0, nw, u, True, False, False, format_tuple(sch), _mx_cfg(sch), 6.0,
                          32, True)
     out.append(("moe gather mxfp4", k, args(1, 0, np.uint8)))
+    k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, nw, u, True, False, False, format_tuple(sch), _mx_cfg(sch), 6.0,
+                         32, True, None, 4)
+    out.append(("moe scatter-rows mxfp4", k, args(1, 0, np.uint8)))
     k = fused_row_kernel(FK.OP_ROWS, FK.OUT_GROUP, 1, 0, nw, u, True, True, False,
                          format_tuple(resolve_scheme("fp8_1x128")), (0, 0, 0, 1.0), 448.0, 128, True)
     out.append(("flatten strided fp8_1x128", k, args(1, 0, np.float32)))
@@ -206,8 +317,8 @@ def audit_launches():
     k = fused_row_kernel(FK.OP_NORM, FK.OUT_Y, 1, 1, nw, u, True, False, True, fy, (0, 0, 0, 1.0), 448.0, 0, True)
     out.append(("rmsnorm y (unfused)", k, args(1, 1, np.float32)))
     a = np.zeros(8, np.int32)
-    out += [("moe count", FK.moe_count_kernel, (a, 1, 1, a, a)), ("moe scan", FK.moe_scan_kernel, (a, 1, 1, a, a, a)),
-            ("moe scatter", FK.moe_scatter_kernel, (a, 1, 1, 1, a, a))]
+    out += [("moe count", FK.moe_count_kernel, (a, 1, 1, a)), ("moe scan", FK.moe_scan_kernel, (a, 1, 1, a, a)),
+            ("moe scatter", FK.moe_scatter_kernel, (a, 1, 1, 1, a, a, a))]
     return out
 
 
