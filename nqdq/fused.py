@@ -356,7 +356,7 @@ def _moe_key(x, ids, num_experts, scheme, dtype):
 
     try:
         return (x.shape, x.dtype.char, ids.shape, ids.dtype.char, num_experts, scheme, dtype, KF.MOE_SCATTER,
-                _fused_rows.switches())
+                KF.MOE_UNITS, _fused_rows.switches())
     except TypeError:  # an unhashable scheme argument
         return None
 
@@ -377,7 +377,7 @@ def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
     tokens, hidden = (int(v) for v in xin.shape)
     k = int(expert_ids.shape[1])
     run = KF.moe_plan(tokens, hidden, k, num_experts, xin.kind, xin.dtype, expert_ids.dtype.char, sch,
-                      (KF.MOE_SCATTER, _fused_rows.switches()))
+                      (KF.MOE_SCATTER, KF.MOE_UNITS, _fused_rows.switches()))
     if run is None:
         return
     _cupy_ndarray = type(x)

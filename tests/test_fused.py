@@ -316,13 +316,13 @@ def test_repeated_calls_build_no_new_kernel():
     assert after.misses == before.misses and after.hits == before.hits + len(calls)
 
 
-@pytest.mark.parametrize("scatter", [True, False])
-def test_moe_sort_quantize_scatter_rows(scatter, monkeypatch):
+@pytest.mark.parametrize("scatter, units", [(True, 0), (True, 2), (False, 0)])
+def test_moe_sort_quantize_scatter_rows(scatter, units, monkeypatch):
     """bfloat16 rows with aligned units into mxfp4, by OP_SCATTER (each token read and encoded
     once, its codes and scales stored to its k sorted rows) and by OP_GATHER (each sorted row
-    reads its token): both the spec's bits. Hidden 1000: 4 units a lane, the last one and the
-    last group partial; a group with inf and one with NaN (the element encoder, once per
-    stored row); k = 3 of 4 experts, one expert empty."""
+    reads its token): both the spec's bits. Hidden 1000: 4 units a lane (MOE_UNITS 2: 2 units
+    a lane over 2 warps), the last one and the last group partial; a group with inf and one
+    with NaN (the element encoder, once per stored row); k = 3 of 4 experts, one empty."""
     from nqdq.kernels import _fused_kernels as FK
     from nqdq.kernels import fused as KF
 
@@ -331,9 +331,12 @@ def test_moe_sort_quantize_scatter_rows(scatter, monkeypatch):
 
     def spy(op, *a, **kw):
         ops.append(op)
+        if op == FK.OP_SCATTER:  # (op, out, kind, wkind, NW, U, ...): the layout asked for
+            assert a[3:5] == ((1, 4) if units == 0 else (2, units))
         return build(op, *a, **kw)
 
     monkeypatch.setattr(KF, "MOE_SCATTER", scatter)
+    monkeypatch.setattr(KF, "MOE_UNITS", units)
     monkeypatch.setattr(KF, "fused_row_kernel", spy)
     rng = np.random.default_rng(12)
     T, H, k, E = 5, 1000, 3, 4

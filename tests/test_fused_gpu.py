@@ -161,6 +161,19 @@ def test_gpu_moe_ids_out_of_range():
     np.testing.assert_array_equal(host(offsets2), off_ref)
 
 
+def assert_moe_spec(x, ids, E, got):
+    """``got`` = moe_sort_quantize's (q, perm, offsets) for bfloat16 ``x`` and ``ids`` (host
+    arrays) equal the spec's (reference/fused.moe_sort, then the reference quantizer) bit for bit."""
+    q, perm, offsets = got
+    perm_ref, off_ref = R.moe_sort(ids, E)
+    np.testing.assert_array_equal(host(perm), perm_ref)
+    np.testing.assert_array_equal(host(offsets), off_ref)
+    sch = resolve_scheme("mxfp4")
+    codes, scales = ref_q(RQ.quantize(x.astype(np.float32)[perm_ref], sch), sch)
+    np.testing.assert_array_equal(bits(q.codes), bits(codes))
+    np.testing.assert_array_equal(bits(q.scales), bits(scales))
+
+
 def test_gpu_moe_hot_path():
     """A repeated call with the same shapes takes the planned path (one allocation, the four
     launches in one generated function): bit for bit the general path's and the spec's
@@ -174,17 +187,9 @@ def test_gpu_moe_hot_path():
     x = rows(rng, T, H, "bfloat16")
     ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
     xg, idg = to_gpu(x), cp.asarray(ids)
-    first = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")
+    assert_moe_spec(x, ids, E, fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16"))
     assert len(fused._MOE_FAST) == 1
-    second = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")
-    perm_ref, off_ref = R.moe_sort(ids, E)
-    sch = resolve_scheme("mxfp4")
-    codes, scales = ref_q(RQ.quantize(x.astype(np.float32)[perm_ref], sch), sch)
-    for q, perm, offsets in (first, second):
-        np.testing.assert_array_equal(host(perm), perm_ref)
-        np.testing.assert_array_equal(host(offsets), off_ref)
-        np.testing.assert_array_equal(bits(q.codes), bits(codes))
-        np.testing.assert_array_equal(bits(q.scales), bits(scales))
+    assert_moe_spec(x, ids, E, fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16"))  # planned
     bad = ids.copy()
     bad[50, 2] = E
     with pytest.raises(ValueError, match="expert_ids"):
@@ -194,9 +199,7 @@ def test_gpu_moe_hot_path():
     flat = cp.empty(T * H + 1, cp.uint16)
     xm = flat[1:].reshape(T, H)  # 2 bytes past an aligned address
     xm[...] = xg
-    q, perm, offsets = fused.moe_sort_quantize(xm, idg, E, "mxfp4", dtype="bfloat16")
-    np.testing.assert_array_equal(bits(q.codes), bits(codes))
-    np.testing.assert_array_equal(bits(q.scales), bits(scales))
+    assert_moe_spec(x, ids, E, fused.moe_sort_quantize(xm, idg, E, "mxfp4", dtype="bfloat16"))
     api.clear_fast_path()
 
 
@@ -213,14 +216,7 @@ def test_gpu_moe_scatter_and_gather(scatter, monkeypatch):
     x = rows(rng, T, H, "bfloat16")
     x[7, 100], x[300, 7167] = np.inf, np.nan
     ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int64)
-    q, perm, offsets = fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16")
-    perm_ref, off_ref = R.moe_sort(ids, E)
-    np.testing.assert_array_equal(host(perm), perm_ref)
-    np.testing.assert_array_equal(host(offsets), off_ref)
-    sch = resolve_scheme("mxfp4")
-    codes, scales = ref_q(RQ.quantize(x.astype(np.float32)[perm_ref], sch), sch)
-    np.testing.assert_array_equal(bits(q.codes), bits(codes))
-    np.testing.assert_array_equal(bits(q.scales), bits(scales))
+    assert_moe_spec(x, ids, E, fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16"))
 
 
 @pytest.mark.parametrize("T, k, E", [(300, 4, 256), (2100, 4, 1024), (3000, 1, 7)])
@@ -235,14 +231,7 @@ def test_gpu_moe_sort_quantize(T, k, E):
     ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
     if E > 8:
         ids[ids >= E - 8] = 3  # experts E-8.. empty
-    q, perm, offsets = fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16")
-    perm_ref, off_ref = R.moe_sort(ids, E)
-    np.testing.assert_array_equal(host(perm), perm_ref)
-    np.testing.assert_array_equal(host(offsets), off_ref)
-    sch = resolve_scheme("mxfp4")
-    codes, scales = ref_q(RQ.quantize(x.astype(np.float32)[perm_ref], sch), sch)
-    np.testing.assert_array_equal(bits(q.codes), bits(codes))
-    np.testing.assert_array_equal(bits(q.scales), bits(scales))
+    assert_moe_spec(x, ids, E, fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16"))
 
 
 @pytest.mark.parametrize("on", [True, False])

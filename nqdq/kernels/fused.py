@@ -8,6 +8,7 @@ MoE sort adds three small launches that build the permutation).
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import numpy as np
@@ -33,6 +34,13 @@ MAX_ROW = MAX_ROW_REF  # longest row (reference/fused.row_geometry: 32 warps x 8
 # by OP_SCATTER (each token read and encoded once, its codes and scales stored to its k sorted
 # rows) instead of OP_GATHER (each sorted row reads its token: k reads and encodes of it).
 MOE_SCATTER = _fused_rows._switch_env("MOE_SCATTER", True)
+# MOE_UNITS (NQDQ_FUSED_MOE_UNITS, session 7): units per lane of OP_SCATTER's blocks, with as many
+# warps as the row then needs (at most 32); 0: the spec's row geometry. The scatter path has no
+# row-wide reduction (a group's 4 lanes are neighbours in any layout), so its layout is free.
+# 4 since its H100 A/B (2026-11-22 02:47 UTC, docs/performance.md "Seventh session"): at hidden
+# 7168 (7 warps x 4 units instead of 4 x 7) moe_sort + mxfp4 without the id check 44.9 -> 40.6 us;
+# 2 units 41.7, 1 unit 50.0; ncu: the row kernel 30.3 -> 27.5 us, 59 -> 51 registers.
+MOE_UNITS = int(os.environ.get("NQDQ_FUSED_MOE_UNITS", "4"))
 
 
 def out_kind(sch: Scheme) -> int:
@@ -152,6 +160,9 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
             and 1 <= moe[1] <= _fused_rows.MOE_SCATTER_MAX_K):
         perm_a, kd = moe[0], int(moe[1])
         op, grid = FK.OP_SCATTER, rows // kd
+        if MOE_UNITS > 0 and -(-(n // 8) // (32 * MOE_UNITS)) <= 32:
+            U = MOE_UNITS
+            nw = -(-(n // 8) // (32 * U))
     kern = fused_row_kernel(op, mode, kind, wkind, nw, U, bool(fast), 2 if stepped else int(strided), res is not None,
                             fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches(), kd)
     # dm: the fast strided loader's u // (D / 8) as (u * dm) >> 32 (_fused_rows._loader)
@@ -240,7 +251,7 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     scratch array and the four launches of the general path (moe_sort, run_rows: the same
     kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
     is moe_sort's [E + 2]. None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0,
-    no CuPy). ``switches``: (MOE_SCATTER, _fused_rows.switches()), part of the cache key."""
+    no CuPy). ``switches``: (MOE_SCATTER, MOE_UNITS, _fused_rows.switches()), part of the cache key."""
     import sys
 
     from . import launch as L
