@@ -283,7 +283,7 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
     order, as rows offsets[E]: of q and perm, so offsets[E] < T*k says so).
     """
     if type(x) is _cupy_ndarray and type(expert_ids) is _cupy_ndarray and (device is None or device == "cuda"):
-        fm = _MOE_FAST.get(_moe_key(x, expert_ids, num_experts, scheme, dtype))  # the hot path (_moe_fast)
+        fm = _MOE_FAST.get(_moe_key(x, expert_ids, num_experts, scheme, dtype))  # the hot path (_remember_moe)
         if fm is not None and x._c_contiguous and expert_ids._c_contiguous and x.data.ptr % 16 == 0:
             return fm(x, expert_ids, check_ids)
     sch = _scheme(scheme, None)
