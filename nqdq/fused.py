@@ -387,7 +387,7 @@ def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
         codes, scales, perm, offsets = run(x, ids)
         if check_ids and int(offsets[E : E + 1].get()[0]) != tk:
             raise ValueError(f"expert_ids must lie in [0, {E}): some of the {tk} ids on the device do not")
-        return _qt(codes, scales, sch, shape, dname), perm, offsets[: E + 1]
+        return _qt(codes, scales, sch, shape, dname), perm, offsets
 
     fm.run = run
     _MOE_FAST[key] = fm
