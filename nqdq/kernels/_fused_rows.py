@@ -704,14 +704,21 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         return p0, recip_guarded(p0) if MODE == MODE_FLOAT else ZERO
 
     @devfn
-    def group_scale(a, ok, si, tid, scratch, scales):
-        """(the group's amax over its LL lanes, p0, r) from a lane's amax ``a``: every lane
-        takes part in the butterfly, in the row or not; where ``ok`` the group's parameters
-        (group_params_r; its first lane stores the scale ``si``), else p0 = r = 0 (unused)."""
+    def group_max(a, tid, scratch):
+        """The group's amax over its LL lanes from a lane's amax ``a`` (a butterfly): every
+        lane takes part, in the row or not (the simulator's twin syncs the block)."""
         off = LL >> 1
         while off > 0:
             a = xor_max(a, off, shfl, scratch, tid)
             off >>= 1
+        return a
+
+    @devfn
+    def group_scale(a, ok, si, tid, scratch, scales):
+        """(the group's amax over its LL lanes, p0, r) from a lane's amax ``a`` (group_max);
+        where ``ok`` the group's parameters (group_params_r; its first lane stores the scale
+        ``si``), else p0 = r = 0 (unused)."""
+        a = group_max(a, tid, scratch)
         p0, r = ZERO, ZERO
         if ok:
             p0, r = group_params_r(a, (tid & (LL - 1)) == 0, si, scales)
@@ -737,21 +744,33 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32, qu)
 
     @devfn
+    def words_amax(w, ok):
+        """The amax bits of a unit of bfloat16 words (word_amax16, two halves an instruction:
+        the same bits as unit_amax of its elements); 0 where not ``ok``."""
+        a = np.int32(0)
+        if ok:
+            a2 = word_amax16(w)
+            a = np.int32(max(a2 & np.uint32(0xFFFF), a2 >> np.uint32(16)) << np.uint32(16))
+        return a
+
+    @devfn
+    def e2m1_word(w, p0):
+        """The e2m1 codes of a finite group's unit of bfloat16 words under the multiplier p0
+        (2^-k, exact in bfloat16): one 32-bit word (e2m1_unit_bf16)."""
+        hb = np.uint32(f32_bits(p0)) >> np.uint32(16)
+        return e2m1_unit_bf16(w, np.uint32(hb | (hb << np.uint32(16))), CLAMP)
+
+    @devfn
     def group_unit_w(w, ok, u, row, n, pcols, si, tid, scratch, codes, c16, c32, scales, qu):
         """group_unit of a unit of bfloat16 words ``w`` (WPAIRS: rows without the norm into
         MX e2m1), as the quantize kernels' group kernel does it (_rowwise_kernels.
         make_lastaxis_group_kernel, PAIRS): the amax two halves per instruction (word_amax16:
         the same bits as unit_amax of the elements), the codes of a finite group by
         e2m1_unit_bf16 on the words themselves; a non-finite group by put_codes."""
-        a = np.int32(0)
-        if ok:
-            a2 = word_amax16(w)
-            a = np.int32(max(a2 & np.uint32(0xFFFF), a2 >> np.uint32(16)) << np.uint32(16))
-        a, p0, r = group_scale(a, ok, si, tid, scratch, scales)
+        a, p0, r = group_scale(words_amax(w, ok), ok, si, tid, scratch, scales)
         if ok:
             if a < FINITE:
-                hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact)
-                c32[qu] = e2m1_unit_bf16(w, np.uint32(hb | (hb << np.uint32(16))), CLAMP)
+                c32[qu] = e2m1_word(w, p0)
             else:
                 z = np.uint32(0)
                 put_codes(elems(w, (z, z, z, z)), u, row, n, pcols, p0, ZERO, False, codes, c16, c32, qu)
@@ -772,21 +791,13 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         (OP_SCATTER): dd[j] / ss[j] = the first unit / scale index of sorted row j, loaded
         once at the kernel's start; the unit's word at dd[j] + u, the group's scale (by the
         group's first lane) at ss[j] + u // LL; a non-finite group by put_codes, once a row."""
-        a = np.int32(0)
-        if ok:
-            a2 = word_amax16(w)
-            a = np.int32(max(a2 & np.uint32(0xFFFF), a2 >> np.uint32(16)) << np.uint32(16))
-        off = LL >> 1
-        while off > 0:  # every lane takes part, in the row or not (the simulator's twin syncs)
-            a = xor_max(a, off, shfl, scratch, tid)
-            off >>= 1
+        a = group_max(words_amax(w, ok), tid, scratch)
         if ok:
             code, p0 = mx_group(a)
             first = (tid & (LL - 1)) == 0
             gi = np.int64(u >> LLSH)
             if a < FINITE:
-                hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact)
-                word = e2m1_unit_bf16(w, np.uint32(hb | (hb << np.uint32(16))), CLAMP)
+                word = e2m1_word(w, p0)
                 for j in range(KD):
                     c32[dd[j] + u] = word
             else:
