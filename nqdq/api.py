@@ -198,11 +198,17 @@ def _fast_quantizer(x, sch, shape, dtype_name, kind):
 
 
 def _remember(key, fq):
+    remember_bounded(_FAST, key, fq, _FAST_MAX)
+
+
+def remember_bounded(cache: dict, key, value, limit: int):
+    """cache[key] = value, then the oldest keys dropped past ``limit`` (the GPU hot paths'
+    caches: nqdq.quantize's here, nqdq.fused.moe_sort_quantize's)."""
     hash(key)
-    _FAST[key] = fq
-    while len(_FAST) > _FAST_MAX:
+    cache[key] = value
+    while len(cache) > limit:
         try:
-            del _FAST[next(iter(_FAST))]  # dicts keep insertion order: the oldest
+            del cache[next(iter(cache))]  # dicts keep insertion order: the oldest
         except (KeyError, StopIteration, RuntimeError):  # another thread changed it meanwhile
             break
 

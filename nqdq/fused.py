@@ -348,36 +348,37 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
 _MOE_FAST: dict = {}
 _MOE_FAST_MAX = 64
 _cupy_ndarray = None  # cupy.ndarray once a CuPy input reached the hot path's builder
+_KF = _FR = None  # nqdq.kernels.fused / _fused_rows, set by _remember_moe before any hot call can come
 
 
 def _moe_key(x, ids, num_experts, scheme, dtype):
-    from .kernels import _fused_rows
-    from .kernels import fused as KF
-
+    """The hot path's key: the call's shapes, dtypes and arguments, then (last) the build
+    switches moe_plan takes."""
     try:
-        return (x.shape, x.dtype.char, ids.shape, ids.dtype.char, num_experts, scheme, dtype, KF.MOE_SCATTER,
-                KF.MOE_UNITS, _fused_rows.switches())
+        return (x.shape, x.dtype.char, ids.shape, ids.dtype.char, num_experts, scheme, dtype,
+                (_KF.MOE_SCATTER, _KF.MOE_UNITS, _FR.switches()))
     except TypeError:  # an unhashable scheme argument
         return None
 
 
 def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
-    global _cupy_ndarray
+    global _cupy_ndarray, _KF, _FR
+    from .api import remember_bounded
     from .kernels import _fused_rows
     from .kernels import fused as KF
     from .kernels._interop import is_cupy
 
     if not (is_cupy(x) and is_cupy(expert_ids) and hasattr(x, "_c_contiguous")) or xin.lib != "cupy":
         return
-    if expert_ids.dtype.itemsize not in (4, 8) or expert_ids.dtype.kind != "i":  # read as they are (_device_ids)
+    if not _ids_as_they_are(expert_ids.dtype):
         return
+    _KF, _FR = KF, _fused_rows
     key = _moe_key(x, expert_ids, num_experts, scheme, dtype)
-    if key is None:
+    if key is None or key in _MOE_FAST:  # (remembered: this call went the general way for x's layout)
         return
     tokens, hidden = (int(v) for v in xin.shape)
     k = int(expert_ids.shape[1])
-    run = KF.moe_plan(tokens, hidden, k, num_experts, xin.kind, xin.dtype, expert_ids.dtype.char, sch,
-                      (KF.MOE_SCATTER, KF.MOE_UNITS, _fused_rows.switches()))
+    run = KF.moe_plan(tokens, hidden, k, num_experts, xin.kind, xin.dtype, expert_ids.dtype.char, sch, key[-1])
     if run is None:
         return
     _cupy_ndarray = type(x)
@@ -390,22 +391,21 @@ def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
         return _qt(codes, scales, sch, shape, dname), perm, offsets
 
     fm.run = run
-    _MOE_FAST[key] = fm
-    while len(_MOE_FAST) > _MOE_FAST_MAX:
-        try:
-            del _MOE_FAST[next(iter(_MOE_FAST))]
-        except (KeyError, StopIteration, RuntimeError):
-            break
+    remember_bounded(_MOE_FAST, key, fm, _MOE_FAST_MAX)
+
+
+def _ids_as_they_are(dt) -> bool:
+    """Whether the sort kernels read CuPy ids of dtype ``dt`` as they are (int32, int64)."""
+    return dt.kind == "i" and dt.itemsize in (4, 8)
 
 
 def _device_ids(ids):
     """CuPy expert ids as the sort kernels read them, every value kept (so one out of range
     stays out of range): int32 / int64 as they are, narrower integers as int32, uint32 and
     uint64 as int64 (a uint64 past 2^63 turns negative: still out of range)."""
-    dt = ids.dtype
-    if dt.kind == "i" and dt.itemsize in (4, 8):
+    if _ids_as_they_are(ids.dtype):
         return ids
-    return ids.astype(np.int32 if dt.itemsize < 4 else np.int64)
+    return ids.astype(np.int32 if ids.dtype.itemsize < 4 else np.int64)
 
 
 def _check_moe(xshape, idshape, lo, hi, num_experts):

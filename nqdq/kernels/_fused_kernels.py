@@ -181,6 +181,12 @@ def round_bits(h, kind):
 # ids outside [0, E), kept in pair order after every expert (rows offsets[E]: of the order).
 # Every pair thus has a sorted row, and a row's token is always a row of x: the kernels never
 # wait on the host, and the caller checks offsets[E] == T * k.
+@devfn
+def moe_bucket(e, num_experts):
+    """The bucket of expert id ``e``: itself in [0, E), else E (the ids out of range)."""
+    return num_experts if e < 0 or e >= num_experts else e
+
+
 @cuda.jit
 def moe_count_kernel(ids, npairs, num_experts, counts):
     """counts[chunk, b] (E + 1 buckets a chunk) = the chunk's MOE_CHUNK pairs in bucket b:
@@ -195,10 +201,7 @@ def moe_count_kernel(ids, npairs, num_experts, counts):
     cuda.syncthreads()
     p = ch * MOE_CHUNK + t
     if p < npairs:
-        e = ids[p]
-        if e < 0 or e >= num_experts:
-            e = num_experts
-        cuda.atomic.add(hist, e, 1)
+        cuda.atomic.add(hist, moe_bucket(ids[p], num_experts), 1)
     cuda.syncthreads()
     for e in range(t, nb, MOE_CHUNK):
         counts[ch * nb + e] = hist[e]
@@ -284,11 +287,7 @@ def moe_scatter_kernel(ids, npairs, num_experts, k, base, perm, inv):
     for i in range(t, MOE_WARPS * nb, MOE_CHUNK):
         whist[i] = 0
     p = ch * MOE_CHUNK + t
-    e = -1
-    if p < npairs:
-        e = ids[p]
-        if e < 0 or e >= num_experts:
-            e = num_experts  # the invalid bucket
+    e = moe_bucket(ids[p], num_experts) if p < npairs else -1
     sid[t] = e
     cuda.syncthreads()
     if e >= 0:

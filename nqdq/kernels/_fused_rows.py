@@ -896,7 +896,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         # the group's scale index: (row * ngroups + tid // LL) + j * NT / LL (NT % LL == 0)
         # unsigned: Numba's indexing then has no negative-index wraparound (some 6 instructions
         # a unit, and the row's product redone per unit beside it)
-        L += ["    sg = np.uint64(np.int64(row) * ngroups + (ut >> LLSH))"]
+        if op != OP_SCATTER:
+            L += ["    sg = np.uint64(np.int64(row) * ngroups + (ut >> LLSH))"]
         if op == OP_SCATTER:  # token row ``row`` to its KD sorted rows perm[row * KD + j]
             L += [f"    p{j} = np.int64(perm[np.int64(row) * {KD} + {j}])" for j in range(KD)]
             L += ["    dd = (" + "".join(f"p{j} * nunits, " for j in range(KD)) + ")",

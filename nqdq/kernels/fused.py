@@ -20,7 +20,7 @@ from ._elements import format_tuple
 from ._interop import Allocator
 from ._target import SIMULATOR
 from .launch import Ptr, fast_kernel
-from .quantize import _max_elem, _mx_cfg
+from .quantize import _XDTYPES, _max_elem, _mx_cfg
 from ..reference.fused import MAX_ROW as MAX_ROW_REF
 from ..reference.fused import row_geometry
 from . import _fused_rows
@@ -106,7 +106,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     nw = nt // 32
     mode = FK.OUT_Y if want_y else (out if out is not None else out_kind(sch))
     dummies = {}
-    xdt = np.float32 if kind == 0 else np.uint16
+    xdt = _XDTYPES[kind]
     if strided := strides is not None:
         sb, sh, D = strides
         aligned = sb % 8 == 0 and sh % 8 == 0 and D % 8 == 0
@@ -160,9 +160,9 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
             and 1 <= moe[1] <= _fused_rows.MOE_SCATTER_MAX_K):
         perm_a, kd = moe[0], int(moe[1])
         op, grid = FK.OP_SCATTER, rows // kd
-        if MOE_UNITS > 0 and -(-(n // 8) // (32 * MOE_UNITS)) <= 32:
-            U = MOE_UNITS
-            nw = -(-(n // 8) // (32 * U))
+        nw_u = -(-(n // 8) // (32 * MOE_UNITS)) if MOE_UNITS > 0 else 0  # warps for MOE_UNITS a lane
+        if 0 < nw_u <= 32:
+            U, nw = MOE_UNITS, nw_u
     kern = fused_row_kernel(op, mode, kind, wkind, nw, U, bool(fast), 2 if stepped else int(strided), res is not None,
                             fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches(), kd)
     # dm: the fast strided loader's u // (D / 8) as (u * dm) >> 32 (_fused_rows._loader)
@@ -263,8 +263,7 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
 
     alloc, launches = _PlanAlloc(), []
     tk = tokens * k
-    xdt = np.float32 if kind == 0 else np.uint16
-    x = _Slot("xp", 0, tokens * hidden, xdt)
+    x = _Slot("xp", 0, tokens * hidden, _XDTYPES[kind])
     ids = _Slot("ids", 0, tk, np.dtype(ids_char))
     perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc, launches)
     xin = DeviceInput(x, kind, (tokens, hidden), dtype_name, "cupy")
@@ -308,8 +307,7 @@ def audit_launches():
     from ..schemes import resolve_scheme
 
     def args(kind, wkind, sdt):
-        xd = np.float32 if kind == 0 else np.uint16
-        wd = np.float32 if wkind == 0 else np.uint16
+        xd, wd = _XDTYPES[kind], _XDTYPES[wkind]
         z = np.zeros
         return (z(8, xd), z(8, xd), z(8, wd), z(8, xd), z(8, np.float32), z(8, np.uint8), z(8, sdt), z(8, np.int32),
                 1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1, 1, 0)
