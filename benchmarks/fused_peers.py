@@ -182,7 +182,8 @@ def main(argv=None):
                "FLAT_STEP": lambda op: "flatten" in op,
                "RES_CVT": lambda op: "+res" in op, "PREFETCH": lambda op: "rmsnorm" in op and "+res" not in op,
                "NORM_FMA": lambda op: "rmsnorm" in op, "MOE_SCATTER": lambda op: "moe" in op,
-               "MOE_UNITS": lambda op: "moe" in op}
+               "MOE_UNITS": lambda op: "moe" in op, "MOE_SORT1": lambda op: "moe" in op,
+               "MOE_PDL": lambda op: "moe" in op}
 
     def outputs(o):
         """Every output array of a fused call (q's codes and scales, new residual, perm, offsets)."""

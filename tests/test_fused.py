@@ -358,19 +358,24 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, monkeypatch):
     assert_q_equal(q9, nqdq.quantize(x[:2, :64][R.moe_sort(ids9, 10)[0]], "mxfp4"))
 
 
-@pytest.mark.parametrize("tokens, k, E, unroll", [(300, 2, 6, 8), (650, 4, 40, 2), (1100, 2, 33, 8)])
-def test_moe_sort_many_pairs_device(tokens, k, E, unroll, monkeypatch):
-    """More pairs than one chunk of the device sort (256), so chunk bases are exercised: 3, 11
-    and 9 chunks, each scan thread's column read one chunk at a time (3), or MOE_UNROLL at
-    once and then the rest (11 chunks with MOE_UNROLL 2: read when the simulator runs the
-    kernel; 9 with the GPU's 8); E = 6, 40, 33: scans over 32 and 64 threads, E not a power
-    of two; the scatter's per-warp counts with few and many experts (several pairs of an
-    expert in one warp)."""
+@pytest.mark.parametrize("sort1", [True, False])
+@pytest.mark.parametrize("tokens, k, E, unroll", [(300, 2, 6, 8), (650, 4, 40, 2), (1100, 2, 33, 8), (200, 3, 300, 8)])
+def test_moe_sort_many_pairs_device(tokens, k, E, unroll, sort1, monkeypatch):
+    """More pairs than one chunk of the device sort (256), so chunk bases are exercised: 3, 11,
+    9 and 3 chunks. Three launches: each scan thread's column read one chunk at a time (3), or
+    MOE_UNROLL at once and then the rest (11 chunks with MOE_UNROLL 2: read when the simulator
+    runs the kernel; 9 with the GPU's 8); E = 6, 40, 33, 300: scans over 32, 64 and 512
+    threads, E not a power of two; the scatter's per-warp counts with few and many experts
+    (several pairs of an expert in one warp). One launch (sort1; the simulator's grid is one
+    block, so it takes every chunk in turn, each bucket's next row advanced chunk by chunk):
+    the bucket scan with one bucket a thread and (E = 300) two."""
     from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels import fused as KF
     from nqdq.kernels._interop import Allocator
     from nqdq.kernels.fused import moe_sort
 
     monkeypatch.setattr(FK, "MOE_UNROLL", unroll)  # read when the simulator runs the kernel
+    monkeypatch.setattr(KF, "MOE_SORT1", sort1)
 
     rng = np.random.default_rng(9)
     ids = rng.integers(0, E, (tokens, k))
@@ -382,15 +387,18 @@ def test_moe_sort_many_pairs_device(tokens, k, E, unroll, monkeypatch):
     assert sorted(inv) == list(range(tokens * k))
 
 
+@pytest.mark.parametrize("sort1", [True, False])
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
-def test_moe_sort_device_sorts_ids_out_of_range_last(dtype):
+def test_moe_sort_device_sorts_ids_out_of_range_last(dtype, sort1, monkeypatch):
     """The device sort's own range check (what a CuPy expert_ids relies on: no host min / max):
     ids outside [0, E) in three chunks (int64: one past 2^32, which a cast to int32 would
     have turned into a valid id) sort after every expert, in pair order; offsets[E] counts
     only the valid pairs, offsets[E + 1] all of them."""
+    from nqdq.kernels import fused as KF
     from nqdq.kernels._interop import Allocator
     from nqdq.kernels.fused import moe_sort
 
+    monkeypatch.setattr(KF, "MOE_SORT1", sort1)
     rng = np.random.default_rng(10)
     ids = rng.integers(0, 6, (1200, 2)).astype(dtype)
     ids[5, 1], ids[200, 0], ids[1190, 1] = 6, -1, 99 if dtype == np.int32 else 2**32 + 3
@@ -670,3 +678,52 @@ def test_session3_switches_match_reference(switch, on, monkeypatch):
         (qc, rc), (qg, rg) = (fused.rmsnorm_quantize(x, w, scheme, residual=res, device=d) for d in (None, "cuda"))
         assert_q_equal(qc, qg)
         np.testing.assert_array_equal(bits(rc), bits(rg))
+
+
+_MOE_PTX_SCRIPT = r"""
+import json, re
+import numpy as np
+from numba import cuda, typeof
+from nqdq.kernels import fused as KF
+from nqdq.kernels._ptx_audit import _no_gpu_compile, compile_and_audit
+want = ("moe scatter-rows mxfp4", "moe count", "moe scan", "moe scatter", "moe sort (one launch)")
+launches = [l for l in KF.audit_launches() if l[0] in want]
+rows = compile_and_audit(launches)
+out = {}
+for (label, k, args), row in zip(launches, rows):
+    with _no_gpu_compile():
+        ptx, _ = cuda.compile_ptx(k.py_func, tuple(typeof(a) for a in args), cc=(9, 0))
+    ops = re.findall(r"^\s*(?:@!?%p\d+\s+)?(griddepcontrol\.\w+|ld\.global\.[\w.]+|atom\.global\.[\w.]+|st\.global\.[\w.]+)", ptx, re.M)
+    out[label] = dict(ops=ops, problems=row["problems"], regs=row.get("regs"))
+print(json.dumps(out))
+"""
+
+
+def test_moe_kernels_programmatic_dependent_launch_ptx():
+    """The MoE kernels as MOE_PDL launches them (compiled for sm_90 and assembled, no GPU): the
+    sort kernels allow their dependent's launch before any global access
+    (griddepcontrol.launch_dependents) and the scan, the three-launch scatter and OP_SCATTER's
+    rows wait (griddepcontrol.wait) before they read what the kernel before wrote: the rows
+    after every load of their token and before the first load of their sorted rows (perm),
+    the scatter after its ids and before the scan's bases. The one-launch sort reads the other
+    blocks' counts by ld.global.cg (L2, no atomics), its only global atomics the barrier's."""
+    from test_mma import _compile_rows
+
+    k = _compile_rows(_MOE_PTX_SCRIPT)
+    for label, v in k.items():
+        assert not v["problems"], (label, v["problems"])
+    rows = k["moe scatter-rows mxfp4"]["ops"]
+    w = rows.index("griddepcontrol.wait")
+    assert rows.count("griddepcontrol.wait") == 1 and "griddepcontrol.launch_dependents" not in rows
+    assert rows[:w] == ["ld.global.nc.v4.u32"] * w and w == 7  # the token's 7 units a lane (4 warps x 7)
+    assert rows[w + 1].startswith("ld.global.s32")  # then perm[row * k + j]
+    for label in ("moe count", "moe scan", "moe scatter", "moe sort (one launch)"):
+        assert k[label]["ops"][0] == "griddepcontrol.launch_dependents", label
+    scan = k["moe scan"]["ops"]
+    assert scan[1] == "griddepcontrol.wait" and scan[2].startswith("ld.global")
+    sc = k["moe scatter"]["ops"]
+    assert sc[1].startswith("ld.global") and sc[2] == "griddepcontrol.wait" and sc[3].startswith("ld.global")
+    one = k["moe sort (one launch)"]["ops"]
+    assert "griddepcontrol.wait" not in one  # (the first launch of the sequence: nothing to wait for)
+    assert one.count("ld.global.cg.s32") == 32  # MOE_WALK counts in flight
+    assert sorted(set(o for o in one if o.startswith("atom"))) == ["atom.global.add.u32", "atom.global.exch.b32"]

@@ -234,6 +234,94 @@ def test_gpu_moe_sort_quantize(T, k, E):
     assert_moe_spec(x, ids, E, fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16"))
 
 
+@pytest.mark.parametrize("sort1", [True, False])
+@pytest.mark.parametrize("T, k, E", [(1, 1, 1), (2048, 4, 256), (9000, 4, 256), (700, 8, 1024)])
+def test_gpu_moe_sort_one_launch(T, k, E, sort1, monkeypatch):
+    """The sort alone (kernels.fused.moe_sort: perm, offsets and inv) in one launch and in
+    three, against the spec, with a few ids out of range: one pair; the bench's 32 chunks on
+    32 blocks; 141 chunks on one block per SM (two chunks a block, some blocks none); 22
+    chunks of 1025 buckets (five a thread). Twice in a row on one zeroed workspace, which the
+    kernel leaves zero (the next call's barrier starts from it)."""
+    from nqdq.kernels import fused as KF
+    from nqdq.kernels._interop import Allocator
+
+    monkeypatch.setattr(KF, "MOE_SORT1", sort1)
+    rng = np.random.default_rng(T + E)
+    ids = rng.integers(0, E, (T, k)).astype(np.int32)
+    if T > 1:
+        ids[T // 3, 0], ids[T - 1, k - 1] = E, -5
+    valid = (ids >= 0) & (ids < E)
+    perm_ref = [p[1] for p in sorted((int(ids[i, j]) if valid[i, j] else E, i, j) for i in range(T) for j in range(k))]
+    ws = cp.zeros(3, cp.int32)
+    for _ in range(2):
+        perm, off, inv = KF.moe_sort(cp.asarray(ids.reshape(-1)), T * k, k, E, Allocator("cupy"), ws=ws)
+        np.testing.assert_array_equal(host(perm), perm_ref)
+        off = host(off)
+        counts = np.bincount(ids[valid], minlength=E)
+        np.testing.assert_array_equal(off[: E + 1], np.concatenate([[0], np.cumsum(counts)]))
+        assert off[E + 1] == T * k
+        np.testing.assert_array_equal(host(perm)[host(inv)], np.arange(T * k) // k)
+        np.testing.assert_array_equal(host(ws), 0)
+
+
+@pytest.mark.parametrize("sort1, pdl", [(True, True), (True, False), (False, True)])
+def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, monkeypatch):
+    """The planned MoE call with the one-launch sort or the three-launch one, each launch after
+    the first its predecessor's programmatic dependent (MOE_PDL: cuLaunchKernelEx) or plain: on
+    two streams at once (each stream its own workspace), and captured in a CUDA graph (the
+    call's own workspace, zeroed by a memset node; the dependent launches programmatic edges)
+    replayed on new ids and data; every result the spec's."""
+    from nqdq import api
+    from nqdq.kernels import fused as KF
+
+    monkeypatch.setattr(KF, "MOE_PDL", pdl)
+    monkeypatch.setattr(KF, "MOE_SORT1", sort1)
+    api.clear_fast_path()
+    rng = np.random.default_rng(16)
+    T, H, k, E = 600, 512, 4, 64
+
+    def data():
+        x = rows(rng, T, H, "bfloat16")
+        return x, rng.integers(0, E, (T, k)).astype(np.int32)
+
+    x, ids = data()
+    fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16")  # plans it
+    (fm,) = fused._MOE_FAST.values()
+    assert ("_KX(" in fm.run.seq.source) == pdl
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+    cases = [[data() for _ in range(4)] for _ in streams]
+    outs = [[], []]
+    for i in range(4):
+        for s, cs, o in zip(streams, cases, outs):
+            with s:
+                xh, ih = cs[i]
+                o.append(fused.moe_sort_quantize(to_gpu(xh), cp.asarray(ih), E, "mxfp4", dtype="bfloat16",
+                                                 check_ids=False))
+    for s in streams:
+        s.synchronize()
+    for cs, o in zip(cases, outs):
+        for (xh, ih), got in zip(cs, o):
+            assert_moe_spec(xh, ih, E, got)
+    s = cp.cuda.Stream(non_blocking=True)
+    xg, ig = to_gpu(x), cp.asarray(ids)
+    with s:
+        fused.moe_sort_quantize(xg, ig, E, "mxfp4", dtype="bfloat16", check_ids=False)  # warm s's pool
+        s.synchronize()
+        s.begin_capture()
+        got = fused.moe_sort_quantize(xg, ig, E, "mxfp4", dtype="bfloat16", check_ids=False)
+        graph = s.end_capture()
+    for _ in range(2):
+        xh, ih = data()
+        with s:
+            xg[...] = to_gpu(xh)
+            ig[...] = cp.asarray(ih)
+            got[0].codes.fill(0xA5)
+        graph.launch(s)
+        s.synchronize()
+        assert_moe_spec(xh, ih, E, got)
+    api.clear_fast_path()
+
+
 @pytest.mark.parametrize("on", [True, False])
 @pytest.mark.parametrize("n", [7168, 5120, 2880, 1100])
 def test_gpu_group_share(n, on, monkeypatch):

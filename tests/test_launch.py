@@ -517,6 +517,67 @@ def test_compile_sequence_prepacked_launches_store_only_the_addresses(monkeypatc
         assert launched == [((33, 4, 1, 1, 128, 1, 1, 0, 9), bytes(want1)), ((44, 1, 1, 1, 32, 1, 1, 0, 9), bytes(want2))]
 
 
+@pytest.mark.parametrize("param_buffer", [False, True], ids=["void-ptr-array", "one-buffer"])
+def test_compile_sequence_pdl_launches_by_cu_launch_kernel_ex(monkeypatch, param_buffer):
+    """A launch named in ``pdl`` goes through cuLaunchKernelEx with a CUlaunchConfig of its
+    grid, block and the call's stream, holding one attribute: programmatic stream
+    serialization (id 6, value 1); its parameter bytes are the general packer's. The other
+    launches stay plain cuLaunchKernel calls, in order."""
+    monkeypatch.setattr(launch, "PARAM_BUFFER", param_buffer)
+    entries = []
+    launched = _record_launches(monkeypatch, entries)
+    plain = launch._cupy_launch
+
+    def fake_ex(cfg_addr, handle, params, extra):
+        cfg = launch._LaunchConfig.from_address(cfg_addr)
+        attrs = [(cfg.attrs[i].id, cfg.attrs[i].value) for i in range(cfg.numAttrs)]
+        assert attrs == [(6, 1)] and cfg.sharedMemBytes == 0
+        plain(handle, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ, 0,
+              cfg.hStream, params, extra)
+        launched[-1] = (launched[-1][0] + ("ex",), launched[-1][1])
+        return 0
+
+    monkeypatch.setattr(launch, "_driver_launch_ex", lambda: fake_ex)
+    e1 = _fake_entry((types.float32[::1], types.int64), 55, "k5")
+    e2 = _fake_entry((types.uint8[::1], types.int32), 66, "k6")
+    entries += [e1, e2]
+    launches = [("k5", 3, 64, (launch.Ptr("base", 0, 5, np.float32), 7)),
+                ("k6", (9, 2), 96, (launch.Ptr("xp", 16, 32, np.uint8), 4))]
+    run = launch.compile_sequence(launches, ("xp", "base"), entries=entries, pdl=(1,))
+    for stream in (5, 0x7F00):  # the config's stream follows the call's
+        launched.clear()
+        run(stream, 0x1000, 0x8000)
+        want1, want2 = bytearray(e1.struct.size), bytearray(e2.struct.size)
+        e1.pack(want1, (_FakeCupyArray((5,), np.float32, 0x8000), 7))
+        e2.pack(want2, (_FakeCupyArray((32,), np.uint8, 0x1010), 4))
+        assert launched == [((55, 3, 1, 1, 64, 1, 1, 0, stream), bytes(want1)),
+                            ((66, 9, 2, 1, 96, 1, 1, 0, stream, "ex"), bytes(want2))]
+
+
+def test_launch_config_structs_match_cuda_h(tmp_path):
+    """The ctypes CUlaunchConfig / CUlaunchAttribute have cuda.h's sizes and field offsets
+    (compiled against the toolkit's header by the C compiler; skipped without either)."""
+    import shutil
+
+    nvcc = shutil.which("nvcc")
+    cc = shutil.which("gcc") or shutil.which("cc")
+    dirs = [os.path.join(os.path.dirname(os.path.realpath(nvcc)), "..", "include")] if nvcc else []
+    dirs += ["/usr/local/cuda/include"] + sorted(str(p) for p in Path("/usr/local").glob("cuda-*/include"))
+    inc = [d for d in dirs if os.path.exists(os.path.join(d, "cuda.h"))]
+    if not (cc and inc):
+        pytest.skip("no C compiler or cuda.h")
+    src = tmp_path / "sz.c"
+    src.write_text("#include <cuda.h>\n#include <stdio.h>\n#include <stddef.h>\nint main(void){printf(\"%zu %zu %zu %zu %zu "
+                   "%zu\", sizeof(CUlaunchAttribute), sizeof(CUlaunchConfig), offsetof(CUlaunchConfig, hStream), "
+                   "offsetof(CUlaunchConfig, attrs), offsetof(CUlaunchConfig, numAttrs), offsetof(CUlaunchAttribute, value));"
+                   "return 0;}\n")
+    subprocess.run([cc, f"-I{inc[0]}", str(src), "-o", str(tmp_path / "sz")], check=True)
+    got = subprocess.run([str(tmp_path / "sz")], capture_output=True, text=True, check=True).stdout.split()
+    C, A = launch._LaunchConfig, launch._LaunchAttribute
+    assert [int(v) for v in got] == [ctypes.sizeof(A), ctypes.sizeof(C), C.hStream.offset, C.attrs.offset,
+                                     C.numAttrs.offset, A.value.offset]
+
+
 def test_compile_sequence_declines_under_the_simulator():
     if launch.simulated():
         assert launch.compile_sequence([(toy_fp8_row.fp8_row_bf16, 1, 1, ())], ()) is None

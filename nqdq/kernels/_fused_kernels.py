@@ -1,7 +1,7 @@
 """Device functions of the fused ops shared by the row kernel (``_fused_rows``) -- the
 float64 sum of squares' butterfly and split, the float-float arithmetic of the norm
 (reference/fused, operation for operation), rounding to
-the input's 16-bit dtype -- and the three small kernels of the MoE sort. Launchers:
+the input's 16-bit dtype -- and the kernels of the MoE sort (three small ones, or one). Launchers:
 ``nqdq.kernels.fused``; spec: ``nqdq.reference.fused``.
 
 Products that meet an addition go through mul_rn so NVVM cannot contract them into an FMA
@@ -16,6 +16,8 @@ import numpy as np
 from numba import cuda, int32
 
 from ._codec import F32, KIND_F16, KIND_F32, bits_f32, f16_bits_to_f32_bits, f32_bits, mul_rn
+from ._grid import grid_leave, grid_wait
+from ._ptx import griddep_launch, griddep_wait, load_cg
 from ._target import SIMULATOR, devfn
 
 ONE = F32(1.0)
@@ -196,6 +198,7 @@ def moe_count_kernel(ids, npairs, num_experts, counts):
     t = cuda.threadIdx.x
     ch = cuda.blockIdx.x
     nb = num_experts + 1
+    griddep_launch()  # (MOE_PDL: the scan may start; it reads counts after griddep_wait)
     for e in range(t, nb, MOE_CHUNK):
         hist[e] = 0
     cuda.syncthreads()
@@ -250,6 +253,8 @@ def moe_scan_kernel(counts, nchunks, num_experts, base, offsets):
     e = cuda.threadIdx.x
     nt = cuda.blockDim.x
     nb = num_experts + 1
+    griddep_launch()  # (MOE_PDL: the scatter may start, and wait for this kernel)
+    griddep_wait()  # (MOE_PDL: the count kernel's counts are complete and visible)
     s = 0
     if e < num_experts:
         s = column_walk(counts, nchunks, nb, e, 0, c, base, False)
@@ -287,19 +292,161 @@ def moe_scatter_kernel(ids, npairs, num_experts, k, base, perm, inv):
     for i in range(t, MOE_WARPS * nb, MOE_CHUNK):
         whist[i] = 0
     p = ch * MOE_CHUNK + t
+    griddep_launch()  # (MOE_PDL: the rows may start; they read inv after griddep_wait)
     e = moe_bucket(ids[p], num_experts) if p < npairs else -1
     sid[t] = e
     cuda.syncthreads()
     if e >= 0:
         cuda.atomic.add(whist, w * nb + e, 1)
     cuda.syncthreads()
+    griddep_wait()  # (MOE_PDL: the scan's bases are complete and visible)
     if e >= 0:
-        rank = 0
-        for v in range(w):
-            rank += whist[v * nb + e]
-        for i in range(t & ~31, t):
-            if sid[i] == e:
-                rank += 1
-        row = base[ch * nb + e] + rank
+        row = base[ch * nb + e] + chunk_rank(sid, whist, w, nb, e, t)
         perm[row] = p // k
         inv[p] = row
+
+
+@devfn
+def chunk_rank(sid, whist, w, nb, e, t):
+    """The pairs of bucket ``e`` before thread t's own (of warp w) in its chunk (stable):
+    those of the earlier warps (whist[v * nb + e], the per-warp counts) plus the earlier
+    lanes of its warp whose bucket (sid) is e (at most 31 compares)."""
+    rank = 0
+    for v in range(w):
+        rank += whist[v * nb + e]
+    for i in range(t & ~31, t):
+        if sid[i] == e:
+            rank += 1
+    return rank
+
+
+MOE_WALK = 32  # the one-launch sort: counts of as many blocks a thread reads before it adds them
+
+
+@cuda.jit
+def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, inv):
+    """The three kernels above in one launch (moe_count, moe_scan, moe_scatter: the same
+    perm, inv and offsets, bit for bit) of G blocks of MOE_CHUNK threads, every block
+    resident at once (the launcher takes G <= the SM count). Block b takes the chunks
+    [b * per, (b + 1) * per) (per = ceil(chunks / G)), in order:
+
+    1. counts its pairs' buckets (shared atomics) into counts[b, :] (E + 1 buckets);
+    2. waits for every block (``_grid.grid_wait`` on the zeroed 3-word ``sync``, which the
+       last block to leave, at its end, zeroes again);
+    3. reads bucket e's column of counts (``ld.global.cg``: from L2, never a stale line of
+       the SM's L1; MOE_WALK loads in flight a thread; read by atomics, every block's read of
+       a count one after another at its L2 slice, the sort took 10.8 us instead of 9.0, H100,
+       2048 x top-4 of 256, CUDA graph): ``pre`` the earlier blocks' pairs, ``tot`` every
+       block's; scans the totals over the buckets (each thread its ceil(nb / MOE_CHUNK)
+       neighbouring buckets, then a Hillis-Steele scan of the threads' sums) into the
+       buckets' first rows; block 0 stores offsets (offsets[E]: the pairs with a valid id,
+       offsets[E + 1]: all);
+    4. sorts its chunks as moe_scatter_kernel does, bucket e's rows from first[e] + pre[e]
+       on, advanced by each chunk's counts (the first chunk's buckets kept from step 1).
+
+    Its time is global round trips in a row: the ids' load, the counts' store and fence, the
+    arrival and the spin, the columns' loads; then the stores. H100, CUDA graph, 2048 tokens
+    top-4 of 256: 9.0 us against 9.9 for the three launches; but the whole MoE op (the rows
+    after it) 36.2 against 35.2 (with MOE_PDL; 34.2 for the three launches with it): it pays
+    off in host time, two launches a call fewer (kernels.fused.MOE_SORT1).
+    """
+    hist = cuda.shared.array(MOE_BUCKETS, int32)  # the block's counts; then its next row in each bucket
+    tot = cuda.shared.array(MOE_BUCKETS, int32)  # every block's counts; then the buckets' first rows
+    part = cuda.shared.array(MOE_CHUNK, int32)  # the scan's per-thread sums
+    sid = cuda.shared.array(MOE_CHUNK, int32)
+    whist = cuda.shared.array(MOE_WARP_SLOTS, int32)
+    c = cuda.local.array(MOE_WALK, int32)
+    t = cuda.threadIdx.x
+    b = cuda.blockIdx.x
+    G = cuda.gridDim.x
+    w = t >> 5
+    nb = num_experts + 1
+    nch = (npairs + MOE_CHUNK - 1) // MOE_CHUNK
+    per = (nch + G - 1) // G
+    c0 = b * per
+    c1 = min(nch, c0 + per)
+    griddep_launch()  # the row kernel (MOE_PDL) may start now: it reads inv only after griddep_wait
+    for e in range(t, nb, MOE_CHUNK):
+        hist[e] = 0
+    p = c0 * MOE_CHUNK + t
+    e0 = moe_bucket(ids[p], num_experts) if c0 < c1 and p < npairs else -1  # the first chunk's, kept
+    cuda.syncthreads()
+    if e0 >= 0:
+        cuda.atomic.add(hist, e0, 1)
+    for ch in range(c0 + 1, c1):
+        p = ch * MOE_CHUNK + t
+        if p < npairs:
+            cuda.atomic.add(hist, moe_bucket(ids[p], num_experts), 1)
+    cuda.syncthreads()
+    for e in range(t, nb, MOE_CHUNK):
+        counts[b * nb + e] = hist[e]
+    grid_wait(t, sync)
+    for e in range(t, nb, MOE_CHUNK):
+        s = 0
+        pre = 0
+        g = 0
+        while g < G:  # (constant trip counts: unrolled, c in registers, the loads issued together)
+            for i in range(MOE_WALK):
+                if g + i < G:
+                    c[i] = load_cg(counts, (g + i) * nb + e)
+            for i in range(MOE_WALK):
+                if g + i < G:
+                    if g + i == b:
+                        pre = s
+                    s += c[i]
+            g += MOE_WALK
+        hist[e] = pre
+        tot[e] = s
+    cuda.syncthreads()
+    q = (nb + MOE_CHUNK - 1) // MOE_CHUNK
+    lo = t * q
+    hi = min(nb, lo + q)
+    s = 0
+    for e in range(lo, hi):
+        s += tot[e]
+    part[t] = s
+    cuda.syncthreads()
+    off = 1
+    while off < MOE_CHUNK:  # inclusive scan of the threads' sums
+        v = part[t - off] if t >= off else 0
+        cuda.syncthreads()
+        part[t] += v
+        cuda.syncthreads()
+        off *= 2
+    run = part[t] - s
+    for e in range(lo, hi):
+        n = tot[e]
+        tot[e] = run
+        run += n
+    cuda.syncthreads()
+    for e in range(t, nb, MOE_CHUNK):
+        hist[e] += tot[e]
+        if b == 0:
+            offsets[e] = tot[e]
+    if b == 0 and t == 0:
+        offsets[nb] = npairs
+    for ch in range(c0, c1):
+        cuda.syncthreads()  # hist is this chunk's; the previous chunk's reads of whist are done
+        for i in range(t, MOE_WARPS * nb, MOE_CHUNK):
+            whist[i] = 0
+        p = ch * MOE_CHUNK + t
+        e = e0
+        if ch != c0:
+            e = moe_bucket(ids[p], num_experts) if p < npairs else -1
+        sid[t] = e
+        cuda.syncthreads()
+        if e >= 0:
+            cuda.atomic.add(whist, w * nb + e, 1)
+        cuda.syncthreads()
+        if e >= 0:
+            row = hist[e] + chunk_rank(sid, whist, w, nb, e, t)
+            perm[row] = p // k
+            inv[p] = row
+        if ch + 1 < c1:
+            cuda.syncthreads()  # every row of this chunk is taken from hist before it moves on
+            for e2 in range(t, nb, MOE_CHUNK):
+                n = 0
+                for v in range(MOE_WARPS):
+                    n += whist[v * nb + e2]
+                hist[e2] += n
+    grid_leave(t, sync)  # (at the end: off the way of the rows)

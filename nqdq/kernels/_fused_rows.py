@@ -52,8 +52,8 @@ from ._elements import encode_element, store_unit_wide
 from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OP_SCATTER, OUT_GROUP, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
                              R_SPLIT_MIN_BITS, SIG_BITS, idx_get_f32, prod_err, round_bits, rsqrt_mean,
                              split_sum64, xor_lane)
-from ._ptx import (bf16x2_absmul, bf16x2_min, cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt,
-                   store_u32x2, u16x2_min)
+from ._ptx import (bf16x2_absmul, bf16x2_min, cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, griddep_wait, load_u32x4,
+                   prmt, store_u32x2, u16x2_min)
 from ._quantize_kernels import group_params, store_scale
 from ._division import RECIP_DIV, ratio_ok, recip_guarded
 from ._rowwise_kernels import (BF16X2_SIX, FINITE, _block_max_fn, abs_i32, e2m1_pack, e2m1_pair_sum, e2m1_unit_bf16,
@@ -899,6 +899,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         if op != OP_SCATTER:
             L += ["    sg = np.uint64(np.int64(row) * ngroups + (ut >> LLSH))"]
         if op == OP_SCATTER:  # token row ``row`` to its KD sorted rows perm[row * KD + j]
+            # the sort's rows are read only after griddep_wait: launched as the sort kernel's
+            # programmatic dependent (moe_plan, MOE_PDL), the block loads its token while the
+            # sort still runs (in any other launch the wait does nothing)
+            L += ["    griddep_wait()"]
             L += [f"    p{j} = np.int64(perm[np.int64(row) * {KD} + {j}])" for j in range(KD)]
             L += ["    dd = (" + "".join(f"p{j} * nunits, " for j in range(KD)) + ")",
                   "    ss = (" + "".join(f"p{j} * ngroups, " for j in range(KD)) + ")"]
@@ -932,7 +936,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                add_res=add_res, unit_sq=unit_sq, row_sum=row_sum, norm_unit=norm_unit, elems=elems, put_y=put_y,
                put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max, as_u32=as_u32,
                as_u16=as_u16, group_unit_w=group_unit_w, prefetch_rows=prefetch_rows, load_q=load_r,
-               group_params_r=group_params_r, group_unit_ws=group_unit_ws, KD=KD, SHFL=shfl)
+               group_params_r=group_params_r, group_unit_ws=group_unit_ws, KD=KD, SHFL=shfl,
+               griddep_wait=griddep_wait)
     exec(compile(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", "exec"), glb)
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most

@@ -48,7 +48,7 @@ from numba import cuda
 
 from ._target import SIMULATOR, devfn
 
-__all__ = ["grid_max", "SYNC_WORDS", "StreamWorkspaces"]
+__all__ = ["grid_max", "grid_wait", "grid_leave", "SYNC_WORDS", "StreamWorkspaces"]
 
 SYNC_WORDS = 3  # int32 words of a grid_max workspace: [arrivals, running max, departures]
 _PER_THREAD = 2  # cudaStreamPerThread, the per-thread default stream's handle
@@ -77,6 +77,36 @@ def grid_max(a, tid, sync, slot):
             cuda.atomic.exch(sync, 2, 0)
     cuda.syncthreads()
     return slot[0]
+
+
+@devfn
+def grid_wait(tid, sync):
+    """A grid barrier on the zeroed workspace ``sync`` (grid_max's, without the max): one thread
+    of each block fences (the block's writes, ordered before it by a block barrier, are
+    visible before its arrival is), arrives (sync[0]), spins until every block has, and
+    fences again; then a block barrier. Every block calls :func:`grid_leave` once after it:
+    the last to leave zeroes the workspace."""
+    cuda.syncthreads()
+    if tid == 0:
+        cuda.threadfence()
+        cuda.atomic.add(sync, 0, 1)
+        n = cuda.gridDim.x
+        while cuda.atomic.add(sync, 0, 0) < n:
+            if _SLEEP:
+                cuda.nanosleep(np.uint32(32))
+        cuda.threadfence()
+    cuda.syncthreads()
+
+
+@devfn
+def grid_leave(tid, sync):
+    """After :func:`grid_wait` (once a block, whenever it no longer needs the barrier: off the
+    critical path, e.g. at its end): counts the block's departure (sync[2]); the last block
+    to leave, after which nobody reads sync[0], zeroes sync[0] and sync[2]."""
+    if tid == 0:
+        if cuda.atomic.add(sync, 2, 1) == cuda.gridDim.x - 1:
+            cuda.atomic.exch(sync, 0, 0)
+            cuda.atomic.exch(sync, 2, 0)
 
 
 class StreamWorkspaces:

@@ -402,8 +402,52 @@ if not SIMULATOR:
             return context.get_dummy_value()
 
         return sig, codegen
+
+    def _void_asm(ptx):
+        @intrinsic
+        def _op(typingctx):
+            def codegen(context, builder, sig, args):
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}", side_effect=True)
+                builder.call(asm, [])
+                return context.get_dummy_value()
+
+            return types.void(), codegen
+
+        return _op
+
+    # programmatic dependent launch (sm_90+; ptxas rejects them for older targets): a grid
+    # launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION may start while the
+    # kernel before it in the stream runs, once that kernel's blocks have all executed
+    # griddep_launch (or exited); griddep_wait blocks until that kernel has completed and its
+    # memory is visible. Both do nothing in a grid launched without the attribute.
+    griddep_wait = _void_asm("griddepcontrol.wait;")
+    griddep_launch = _void_asm("griddepcontrol.launch_dependents;")
+
+    @intrinsic
+    def load_cg(typingctx, a, i):
+        """Element i of the int32 array ``a`` by ``ld.global.cg`` (cached in L2 only, never in
+        the SM's L1: what other blocks wrote before a grid barrier, without an atomic each; a
+        side effect, so NVVM keeps it after the barrier where it is written)."""
+        sig = types.int32(a, i)
+
+        def codegen(context, builder, sig, args):
+            ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            fty = ir.FunctionType(ir.IntType(32), [ptr.type])
+            return builder.call(ir.InlineAsm(fty, "ld.global.cg.s32 $0, [$1];", "=r,l", side_effect=True), [ptr])
+
+        return sig, codegen
 else:
     bf16x2_mul, bf16x2_add, bf16x2_min, bf16x2_max = bf16x2_mul_twin, bf16x2_add_twin, bf16x2_min_twin, bf16x2_max_twin
     cvt_bf16x2, cvt_f16x2, st_u32_at = cvt_bf16x2_twin, cvt_f16x2_twin, st_u32_at_twin
     bf16x2_absmul = bf16x2_absmul_twin
     u16x2_max, u16x2_min, prmt, bf16x2_absmin = u16x2_max_twin, u16x2_min_twin, prmt_twin, bf16x2_absmin_twin
+
+    def griddep_wait():
+        """Simulator twin: nothing (its grids run one after another: the kernel before has ended)."""
+
+    def griddep_launch():
+        """Simulator twin: nothing (no dependent launch to allow)."""
+
+    def load_cg(a, i):
+        """Simulator twin: the element (the simulator has no caches)."""
+        return a[i]

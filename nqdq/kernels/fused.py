@@ -3,7 +3,8 @@
 Each function takes :class:`~nqdq.kernels._interop.DeviceInput` arrays (flat, in the
 kernels' form: float32 or the uint16 bits of bfloat16 / float16) and returns flat outputs
 in the input's library. Every op is one launch of :func:`_fused_rows.fused_row_kernel` (the
-MoE sort adds three small launches that build the permutation).
+MoE sort adds the launch that builds the permutation, or three: MOE_SORT1; a planned MoE call
+launches each kernel after the first as its predecessor's programmatic dependent: MOE_PDL).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from ._elements import format_tuple
 from ._interop import Allocator
 from ._target import SIMULATOR
 from .launch import Ptr, fast_kernel
-from .quantize import _XDTYPES, _max_elem, _mx_cfg
+from ._grid import SYNC_WORDS
+from .quantize import _XDTYPES, _max_elem, _mx_cfg, _sm_count
 from ..reference.fused import MAX_ROW as MAX_ROW_REF
 from ..reference.fused import row_geometry
 from . import _fused_rows
@@ -41,6 +43,22 @@ MOE_SCATTER = _fused_rows._switch_env("MOE_SCATTER", True)
 # 7168 (7 warps x 4 units instead of 4 x 7) moe_sort + mxfp4 without the id check 44.9 -> 40.6 us;
 # 2 units 41.7, 1 unit 50.0; ncu: the row kernel 30.3 -> 27.5 us, 59 -> 51 registers.
 MOE_UNITS = int(os.environ.get("NQDQ_FUSED_MOE_UNITS", "4"))
+# MOE_SORT1 (NQDQ_FUSED_MOE_SORT1, session 8): the MoE sort in one launch (moe_sort_kernel, its
+# blocks meeting at a grid barrier) instead of three (count, scan, scatter). H100 (2026-11-22
+# 06:04 UTC, docs/performance.md "Eighth session"), 2048 tokens top-4 of 256, planned calls:
+# called eagerly (host and device) 37.7 -> 36.8 us (and 40.4 -> 37.8 without MOE_PDL), the host's
+# time a call 23.2 -> 16.1 us (38.4 -> 28.1 on another host); replayed from a CUDA graph (device
+# only) 34.2 -> 36.2 us. On for the eager calls; a graph-captured caller at these sizes gains
+# 2 us with NQDQ_FUSED_MOE_SORT1=0.
+MOE_SORT1 = _fused_rows._switch_env("MOE_SORT1", True)
+# MOE_PDL (NQDQ_FUSED_MOE_PDL, session 8): the planned MoE call launches each kernel after the first
+# as its predecessor's programmatic dependent (launch.compile_sequence's ``pdl``; sm_90+; OP_SCATTER
+# rows only): a kernel allows its dependent's launch at its start (griddepcontrol.launch_dependents)
+# and waits for its predecessor (griddepcontrol.wait) before it reads what that one wrote, so the
+# OP_SCATTER rows load their tokens while the sort runs, and the three-launch sort's kernels start
+# before the one before them ends. H100 (06:04 UTC), as MOE_SORT1's figures: eager 37.8 -> 36.8 us
+# (one-launch sort), graph 36.6 -> 36.2 (one-launch sort), 35.2 -> 34.2 (three launches).
+MOE_PDL = _fused_rows._switch_env("MOE_PDL", True)
 
 
 def out_kind(sch: Scheme) -> int:
@@ -171,7 +189,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
             n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, dm,
             _fused_rows.prefetch_distance(_fused_rows.PREFETCH, op, mode, res is not None))
     _launch(launches, kern, grid, 32 * nw, args)
-    return dict(codes=codes, scales=scales, newres=newres, y=y, pcols=pcols, ngroups=ngroups, alloc=alloc)
+    return dict(codes=codes, scales=scales, newres=newres, y=y, pcols=pcols, ngroups=ngroups, alloc=alloc, op=op)
 
 
 def _launch(launches, kern, grid, block, args):
@@ -182,22 +200,33 @@ def _launch(launches, kern, grid, block, args):
         fast_kernel(kern).launch(grid, block, args, None)
 
 
-def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launches=None):
+def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launches=None, ws=None):
     """(perm int32 [npairs], offsets int32 [E+2], inv int32 [npairs]) on the device from
     expert ids [npairs] (int32 or int64; token-major, then slot): reference/fused.moe_sort's
     stable order, perm[row] = token of the pair sorted to ``row``, inv[pair] = its row.
     Nothing waits for the device: ids outside [0, E) sort after every expert, in pair order
     (rows offsets[E]:offsets[E + 1]); offsets[:E + 1] is the op's offsets, and
-    offsets[E] == npairs says every id was in range."""
+    offsets[E] == npairs says every id was in range.
+
+    MOE_SORT1: one launch (``moe_sort_kernel``, at most one block per SM, its blocks
+    waiting for each other on ``ws``: a zeroed ``_grid`` workspace the kernel leaves zero;
+    None: a zeroed one of ``alloc``'s); else three (count, scan, scatter)."""
     if not 1 <= num_experts <= FK.MOE_MAX_EXPERTS:
         raise ValueError(f"num_experts={num_experts} must be in [1, {FK.MOE_MAX_EXPERTS}] for the device sort")
     nchunks = max(1, -(-npairs // FK.MOE_CHUNK))
     nb = num_experts + 1  # the experts, then the bucket of ids out of range
-    counts = alloc.empty(nchunks * nb, np.int32)
-    base = alloc.empty(nchunks * nb, np.int32)
     offsets = alloc.empty(num_experts + 2, np.int32)
     perm = alloc.empty(max(npairs, 1), np.int32)
     inv = alloc.empty(max(npairs, 1), np.int32)
+    if MOE_SORT1:
+        G = min(nchunks, _sm_count())
+        counts = alloc.empty(G * nb, np.int32)
+        ws = ws if ws is not None else alloc.zeros(SYNC_WORDS, np.int32)
+        _launch(launches, FK.moe_sort_kernel, G, FK.MOE_CHUNK,
+                (ids, npairs, num_experts, k, counts, ws, perm, offsets, inv))
+        return perm[:npairs], offsets, inv[:npairs]
+    counts = alloc.empty(nchunks * nb, np.int32)
+    base = alloc.empty(nchunks * nb, np.int32)
     _launch(launches, FK.moe_count_kernel, nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, counts))
     _launch(launches, FK.moe_scan_kernel, 1, moe_scan_threads(num_experts), (counts, nchunks, num_experts, base, offsets))
     _launch(launches, FK.moe_scatter_kernel, nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, k, base, perm, inv))
@@ -251,7 +280,9 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     scratch array and the four launches of the general path (moe_sort, run_rows: the same
     kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
     is the op's [E + 1] (moe_sort's but its last entry). None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0,
-    no CuPy). ``switches``: (MOE_SCATTER, MOE_UNITS, _fused_rows.switches()), part of the cache key."""
+    no CuPy). ``switches``: (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, _fused_rows.switches()), part of the
+    cache key. With MOE_PDL (OP_SCATTER rows, sm_90+) every launch after the first is its
+    predecessor's programmatic dependent: the rows' loads overlap the sort."""
     import sys
 
     from . import launch as L
@@ -265,12 +296,20 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     tk = tokens * k
     x = _Slot("xp", 0, tokens * hidden, _XDTYPES[kind])
     ids = _Slot("ids", 0, tk, np.dtype(ids_char))
-    perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc, launches)
+    ws = _Slot("ws", 0, SYNC_WORDS, np.dtype(np.int32))
+    perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc, launches, ws=ws)
     xin = DeviceInput(x, kind, (tokens, hidden), dtype_name, "cupy")
     out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, perm=perm, moe=(inv, k), alloc=alloc, launches=launches)
-    seq = L.compile_sequence(launches, ("xp", "ids", "base"))
+    # MOE_PDL: each launch after the first is its predecessor's programmatic dependent (the
+    # sort's kernels and OP_SCATTER wait for their predecessor before they read its output)
+    pdl = tuple(range(1, len(launches))) if MOE_PDL and out["op"] == FK.OP_SCATTER and _sm90() else ()
+    seq = L.compile_sequence(launches, ("xp", "ids", "base", "ws"), pdl=pdl)
     if seq is None:
         return None
+    # the one-launch sort's workspace: the stream's own (_grid.StreamWorkspaces, left zero by
+    # the kernel); under graph capture the call's own, zeroed by a memset (a graph node), as
+    # nqdq.quantize's plans do (a graph may replay on any stream, beside direct calls)
+    ws_off = alloc.empty(SYNC_WORDS, np.int32).offset if MOE_SORT1 else None
     total = max(alloc.total, 1)
     parts = [(out["codes"], (tk, out["pcols"])), (out["scales"], sch.scale_shape((tk, hidden))), (perm, (tk,)),
              (offsets, (num_experts + 1,))]
@@ -280,10 +319,31 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     # (about 1 us less each: _interop.cupy_array_new, as nqdq.quantize's hot path)
     new = cupy_array_new(cp, cp.cuda.alloc(256))
 
+    if ws_off is None:
+        def launch(st, x, ids, mp):
+            seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0)
+    else:
+        from .quantize import _stream_workspaces
+
+        _ws, _capturing = _stream_workspaces(cp).get, cp.cuda.runtime.streamIsCapturing
+        _memset = cp.cuda.runtime.memsetAsync
+
+        def launch(st, x, ids, mp):
+            try:
+                cap = _capturing(st.ptr)
+            except Exception:  # (the legacy stream while another captures): graph-safe
+                cap = 1
+            if cap:
+                ws = mp.ptr + ws_off
+                _memset(ws, 0, SYNC_WORDS * 4, st.ptr)
+            else:
+                ws = _ws(st)
+            seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, ws)
+
     if new is not None:
         def run(x, ids):
             mp = _alloc(total)
-            seq(_cur().ptr, x.data.ptr, ids.data.ptr, mp.ptr)
+            launch(_cur(), x, ids, mp)
             arrays = []
             for off, shape, dt in views:
                 a = new(_nd)
@@ -293,10 +353,18 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     else:
         def run(x, ids):
             mp = _alloc(total)
-            seq(_cur().ptr, x.data.ptr, ids.data.ptr, mp.ptr)
+            launch(_cur(), x, ids, mp)
             return [_nd(shape, dt, mp + off) for off, shape, dt in views]
 
+    run.launch, run.total, run.seq = launch, total, seq  # (diagnostics and tests)
     return run
+
+
+def _sm90() -> bool:
+    """Whether the current device has programmatic dependent launch (compute capability 9.0+)."""
+    from numba import cuda
+
+    return cuda.get_current_device().compute_capability >= (9, 0)
 
 
 def audit_launches():
@@ -341,7 +409,8 @@ def audit_launches():
     out.append(("rmsnorm y (unfused)", k, args(1, 1, np.float32)))
     a = np.zeros(8, np.int32)
     out += [("moe count", FK.moe_count_kernel, (a, 1, 1, a)), ("moe scan", FK.moe_scan_kernel, (a, 1, 1, a, a)),
-            ("moe scatter", FK.moe_scatter_kernel, (a, 1, 1, 1, a, a, a))]
+            ("moe scatter", FK.moe_scatter_kernel, (a, 1, 1, 1, a, a, a)),
+            ("moe sort (one launch)", FK.moe_sort_kernel, (a, 1, 1, 1, a, a, a, a, a))]
     return out
 
 

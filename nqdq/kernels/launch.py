@@ -798,11 +798,54 @@ _LAUNCH_PARAM_END, _LAUNCH_PARAM_BUFFER_POINTER, _LAUNCH_PARAM_BUFFER_SIZE = 0, 
 # on the GPU, direct and graph replay). Read when a sequence is compiled.
 PARAM_BUFFER = os.environ.get("NQDQ_LAUNCH_PARAM_BUFFER", "0") == "1"
 
+# cuLaunchKernelEx (cuda.h, CUDA 12+): a launch with attributes, here one: programmatic stream
+# serialization (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6, value: int 1), which
+# lets the grid start while the kernel before it in the stream still runs (programmatic
+# dependent launch, sm_90+: the kernels' griddepcontrol instructions, _ptx.griddep_*).
+_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
-def compile_sequence(launches, names, *, entries=None):
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, pad to 8, a 64-byte union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+_cu_launch_ex = None
+
+
+def _driver_launch_ex():
+    """libcuda's cuLaunchKernelEx by ctypes (config*, CUfunction, kernelParams, extra) -> CUresult."""
+    global _cu_launch_ex
+    if _cu_launch_ex is None:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+        fn.argtypes = [ctypes.c_void_p] * 4
+        fn.restype = ctypes.c_int
+        _cu_launch_ex = fn
+    return _cu_launch_ex
+
+
+def _pdl_config(grid, block):
+    """(config, attribute): a CUlaunchConfig of ``grid`` x ``block`` with the programmatic
+    serialization attribute (its stream is set per call); keep both alive together."""
+    attr = _LaunchAttribute(id=_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+    gx, gy, gz = _dim3(grid)
+    bx, by, bz = _dim3(block)
+    cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, 0, None, ctypes.pointer(attr), 1)
+    return cfg, attr
+
+
+def compile_sequence(launches, names, *, entries=None, pdl=()):
     """One generated function ``run(stream, *names)`` that packs and launches ``launches``
     in order with ``cuLaunchKernel``; None where any launch must go through Numba
-    (simulator, ``NQDQ_FAST_LAUNCH=0``, kernels the fast path does not cover).
+    (simulator, ``NQDQ_FAST_LAUNCH=0``, kernels the fast path does not cover). The launches
+    whose indices are in ``pdl`` go by ``cuLaunchKernelEx`` with programmatic stream
+    serialization (the caller's kernels must be written for it: griddepcontrol, sm_90+).
 
     ``launches``: ``(kernel, grid, block, args)`` with ``kernel`` a dispatcher or
     FastKernel, and each argument a :class:`Ptr` (the address is computed from a call
@@ -879,7 +922,12 @@ def compile_sequence(launches, names, *, entries=None):
         bx, by, bz = _dim3(block)
         params = f"0, b[{4 * i + 3}]" if param_buffer else f"b[{4 * i + 1}], 0"  # kernelParams, extra
         call = f"_K(_H{i}, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, 0, stream, {params})"
-        if launch_fn is _cupy_launch:
+        if i in pdl:  # its CUlaunchConfig (this thread's, after the launches' buffers): the stream, then the launch
+            c = 4 * len(launches) + 2 * sorted(pdl).index(i)
+            ns["_KX"] = _driver_launch_ex()
+            body += [f"    b[{c}].hStream = stream", f"    err = _KX(b[{c + 1}], _H{i}, {params})", "    if err:",
+                     f"        _raise(err, _N{i})"]
+        elif launch_fn is _cupy_launch:
             body.append(f"    {call}")
         else:
             body += [f"    err = {call}[0]", "    if err:", f"        _raise(err, _N{i})"]
@@ -900,6 +948,10 @@ def compile_sequence(launches, names, *, entries=None):
             )  # fmt: skip
             out += [buf, addr, words, ctypes.addressof(extra)]
             keep += [ptrs, size, extra]  # what addr and the extra array point at
+        for i in sorted(pdl):
+            cfg, attr = _pdl_config(launches[i][1], launches[i][2])
+            out += [cfg, ctypes.addressof(cfg)]
+            keep.append(attr)
         out.append(keep)
         return out
 
