@@ -195,19 +195,32 @@ def moe_count_kernel(ids, npairs, num_experts, counts):
     expert e for an id in [0, E), bucket E for any other id (atomic adds into shared
     memory: the counts do not depend on their order)."""
     hist = cuda.shared.array(MOE_BUCKETS, int32)
-    t = cuda.threadIdx.x
-    ch = cuda.blockIdx.x
-    nb = num_experts + 1
     griddep_launch()  # (MOE_PDL: the scan may start; it reads counts after griddep_wait)
+    ch = cuda.blockIdx.x
+    count_chunks(ids, npairs, num_experts, ch, ch + 1, cuda.threadIdx.x, hist, counts, ch)
+
+
+@devfn
+def count_chunks(ids, npairs, num_experts, c0, c1, t, hist, counts, slot):
+    """The block's count of its chunks [c0, c1)'s pairs by bucket (shared atomics into hist,
+    which keeps them) stored to counts[slot, :]; returns the bucket of thread t's pair in chunk
+    c0 (-1: none)."""
+    nb = num_experts + 1
     for e in range(t, nb, MOE_CHUNK):
         hist[e] = 0
+    p = c0 * MOE_CHUNK + t
+    e0 = moe_bucket(ids[p], num_experts) if c0 < c1 and p < npairs else -1
     cuda.syncthreads()
-    p = ch * MOE_CHUNK + t
-    if p < npairs:
-        cuda.atomic.add(hist, moe_bucket(ids[p], num_experts), 1)
+    if e0 >= 0:
+        cuda.atomic.add(hist, e0, 1)
+    for ch in range(c0 + 1, c1):
+        p = ch * MOE_CHUNK + t
+        if p < npairs:
+            cuda.atomic.add(hist, moe_bucket(ids[p], num_experts), 1)
     cuda.syncthreads()
     for e in range(t, nb, MOE_CHUNK):
-        counts[ch * nb + e] = hist[e]
+        counts[slot * nb + e] = hist[e]
+    return e0
 
 
 MOE_UNROLL = 8  # chunks whose counts a scan thread loads before it uses them
@@ -366,20 +379,7 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
     c0 = b * per
     c1 = min(nch, c0 + per)
     griddep_launch()  # the row kernel (MOE_PDL) may start now: it reads inv only after griddep_wait
-    for e in range(t, nb, MOE_CHUNK):
-        hist[e] = 0
-    p = c0 * MOE_CHUNK + t
-    e0 = moe_bucket(ids[p], num_experts) if c0 < c1 and p < npairs else -1  # the first chunk's, kept
-    cuda.syncthreads()
-    if e0 >= 0:
-        cuda.atomic.add(hist, e0, 1)
-    for ch in range(c0 + 1, c1):
-        p = ch * MOE_CHUNK + t
-        if p < npairs:
-            cuda.atomic.add(hist, moe_bucket(ids[p], num_experts), 1)
-    cuda.syncthreads()
-    for e in range(t, nb, MOE_CHUNK):
-        counts[b * nb + e] = hist[e]
+    e0 = count_chunks(ids, npairs, num_experts, c0, c1, t, hist, counts, b)  # (the first chunk's bucket, kept)
     grid_wait(t, sync)
     for e in range(t, nb, MOE_CHUNK):
         s = 0

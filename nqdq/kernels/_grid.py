@@ -56,6 +56,18 @@ _SLEEP = not SIMULATOR  # (the simulator has no nanosleep; its one-block grids n
 
 
 @devfn
+def arrive_and_wait(sync):
+    """(one thread of the block) Count its block's arrival in sync[0], then spin (a short sleep
+    between reads, each an atomic: never a stale cached word) until every block of the grid
+    has arrived."""
+    cuda.atomic.add(sync, 0, 1)
+    n = cuda.gridDim.x
+    while cuda.atomic.add(sync, 0, 0) < n:
+        if _SLEEP:
+            cuda.nanosleep(np.uint32(32))
+
+
+@devfn
 def grid_max(a, tid, sync, slot):
     """The max over the grid of every block's ``a`` (already its block's max, every thread
     holding it; non-negative int32), returned to every thread. ``slot``: a one-word shared
@@ -63,15 +75,11 @@ def grid_max(a, tid, sync, slot):
     if tid == 0:
         cuda.atomic.max(sync, 1, a)
         cuda.threadfence()  # the max is visible before the arrival is
-        cuda.atomic.add(sync, 0, 1)
-        n = cuda.gridDim.x
-        while cuda.atomic.add(sync, 0, 0) < n:
-            if _SLEEP:
-                cuda.nanosleep(np.uint32(32))
+        arrive_and_wait(sync)
         cuda.threadfence()
         slot[0] = cuda.atomic.max(sync, 1, 0)
         cuda.threadfence()  # this block's read is done before its departure is counted
-        if cuda.atomic.add(sync, 2, 1) == n - 1:  # the last to leave: the next kernel finds zeros
+        if cuda.atomic.add(sync, 2, 1) == cuda.gridDim.x - 1:  # the last to leave: the next kernel finds zeros
             cuda.atomic.exch(sync, 0, 0)
             cuda.atomic.exch(sync, 1, 0)
             cuda.atomic.exch(sync, 2, 0)
@@ -89,11 +97,7 @@ def grid_wait(tid, sync):
     cuda.syncthreads()
     if tid == 0:
         cuda.threadfence()
-        cuda.atomic.add(sync, 0, 1)
-        n = cuda.gridDim.x
-        while cuda.atomic.add(sync, 0, 0) < n:
-            if _SLEEP:
-                cuda.nanosleep(np.uint32(32))
+        arrive_and_wait(sync)
         cuda.threadfence()
     cuda.syncthreads()
 
