@@ -302,21 +302,29 @@ def moe_scatter_kernel(ids, npairs, num_experts, k, base, perm, inv):
     ch = cuda.blockIdx.x
     w = t >> 5
     nb = num_experts + 1
-    for i in range(t, MOE_WARPS * nb, MOE_CHUNK):
-        whist[i] = 0
     p = ch * MOE_CHUNK + t
     griddep_launch()  # (MOE_PDL: the rows may start; they read inv after griddep_wait)
     e = moe_bucket(ids[p], num_experts) if p < npairs else -1
-    sid[t] = e
-    cuda.syncthreads()
-    if e >= 0:
-        cuda.atomic.add(whist, w * nb + e, 1)
-    cuda.syncthreads()
+    warp_counts(e, t, w, nb, sid, whist)
     griddep_wait()  # (MOE_PDL: the scan's bases are complete and visible)
     if e >= 0:
         row = base[ch * nb + e] + chunk_rank(sid, whist, w, nb, e, t)
         perm[row] = p // k
         inv[p] = row
+
+
+@devfn
+def warp_counts(e, t, w, nb, sid, whist):
+    """What chunk_rank reads, for a chunk whose thread t holds a pair of bucket e (-1: none):
+    sid[t] = e and whist[v * nb + b] = the pairs of bucket b in warp v (whist zeroed, then
+    shared atomics: order-free); block barriers before the counts and after."""
+    for i in range(t, MOE_WARPS * nb, MOE_CHUNK):
+        whist[i] = 0
+    sid[t] = e
+    cuda.syncthreads()
+    if e >= 0:
+        cuda.atomic.add(whist, w * nb + e, 1)
+    cuda.syncthreads()
 
 
 @devfn
@@ -427,17 +435,11 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
         offsets[nb] = npairs
     for ch in range(c0, c1):
         cuda.syncthreads()  # hist is this chunk's; the previous chunk's reads of whist are done
-        for i in range(t, MOE_WARPS * nb, MOE_CHUNK):
-            whist[i] = 0
         p = ch * MOE_CHUNK + t
         e = e0
         if ch != c0:
             e = moe_bucket(ids[p], num_experts) if p < npairs else -1
-        sid[t] = e
-        cuda.syncthreads()
-        if e >= 0:
-            cuda.atomic.add(whist, w * nb + e, 1)
-        cuda.syncthreads()
+        warp_counts(e, t, w, nb, sid, whist)
         if e >= 0:
             row = hist[e] + chunk_rank(sid, whist, w, nb, e, t)
             perm[row] = p // k
