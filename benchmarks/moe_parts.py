@@ -1,0 +1,131 @@
+"""The MoE sort + MXFP4 op by parts, on the GPU: device time from CUDA graphs and host time by part.
+
+    python3 benchmarks/moe_parts.py [--tokens 2048 --hidden 7168 --k 4 --experts 256] [--reps 50]
+        [--host-tokens 64 --host-k 8]
+
+1. Device time, no host in the way: ``--reps`` back-to-back calls captured in one CUDA graph,
+   events around a replay, divided by reps (median of 15 replays, two warm-up replays left out):
+   the sort alone (its kernels launched straight: one launch, MOE_SORT1, or three) and the
+   whole planned op (``check_ids=False``) for each combination of MOE_SORT1 and MOE_PDL, twice.
+2. Host time of the planned call at decode size (``--host-tokens`` x top-``--host-k``, where the
+   device work is small): us a call over 300-call rounds (median of 7), the whole call, the
+   remembered function, its run (allocation, launches, arrays), the launches alone, the
+   allocation alone, the key. Host figures follow the host: compare only within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--host-tokens", type=int, default=64)
+    ap.add_argument("--host-k", type=int, default=8)
+    args = ap.parse_args()
+
+    import cupy as cp
+
+    from nqdq import fused
+    from nqdq.kernels import fused as KF
+    from nqdq.kernels._interop import Allocator
+    from nqdq.kernels.launch import fast_kernel
+
+    T, H, k, E = args.tokens, args.hidden, args.k, args.experts
+    rng = np.random.default_rng(5)
+    ids2 = cp.asarray(np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32))
+    ids = ids2.reshape(-1)
+    ws = cp.zeros(3, cp.int32)
+    s = cp.cuda.Stream(non_blocking=True)
+
+    def graph_us(body):
+        with s:
+            body()
+            s.synchronize()
+            s.begin_capture()
+            for _ in range(args.reps):
+                body()
+            g = s.end_capture()
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        ts = []
+        for _ in range(17):
+            e0.record(s)
+            g.launch(s)
+            e1.record(s)
+            e1.synchronize()
+            ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / args.reps)
+        return float(np.median(ts[2:]))
+
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; tokens {T} x hidden {H}, "
+          f"top-{k} of {E}; CUDA graphs of {args.reps} calls")
+    for on in (True, False):
+        KF.MOE_SORT1 = on
+        lst = []
+        with s:
+            KF.moe_sort(ids, T * k, k, E, Allocator("cupy"), launches=lst, ws=ws)
+
+        def body(lst=lst):
+            for kern, g, b, a in lst:
+                fast_kernel(kern).launch(g, b, a)
+
+        print(f"sort alone, MOE_SORT1={int(on)} ({len(lst)} launches): {graph_us(body):.2f} us a call")
+    x = (cp.random.standard_normal((T, H), dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
+    for _ in range(2):
+        for on, pdl in ((1, 1), (1, 0), (0, 1), (0, 0)):
+            KF.MOE_SORT1, KF.MOE_PDL = bool(on), bool(pdl)
+
+            def call():
+                return fused.moe_sort_quantize(x, ids2, E, "mxfp4", dtype="bfloat16", check_ids=False)
+
+            call()
+            call()  # (the second call is the planned one)
+            print(f"whole op (planned), MOE_SORT1={on} MOE_PDL={pdl}: {graph_us(call):.2f} us a call")
+    assert not ws.get().any(), "the one-launch sort left its workspace non-zero"
+
+    T, k = args.host_tokens, args.host_k
+    ids = cp.asarray(np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32))
+    x = (cp.random.standard_normal((T, H), dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
+
+    def per_call(fn, n=300, rounds=7):
+        r = []
+        for _ in range(rounds):
+            cp.cuda.runtime.deviceSynchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            r.append((time.perf_counter() - t0) / n * 1e6)
+            cp.cuda.runtime.deviceSynchronize()
+        return np.median(r)
+
+    print(f"host time a call, {T} tokens top-{k}, us:")
+    for on, pdl in ((True, True), (True, False), (False, True), (False, False)):
+        KF.MOE_SORT1, KF.MOE_PDL = on, pdl
+
+        def call():
+            return fused.moe_sort_quantize(x, ids, E, "mxfp4", dtype="bfloat16", check_ids=False)
+
+        call()
+        call()
+        fm = fused._MOE_FAST[fused._moe_key(x, ids, E, "mxfp4", "bfloat16")]
+        run, mp, cur = fm.run, cp.cuda.alloc(fm.run.total), cp.cuda.get_current_stream()
+        res = dict(call=per_call(call), remembered=per_call(lambda: fm(x, ids, False)), run=per_call(lambda: run(x, ids)),
+                   launches=per_call(lambda: run.launch(cur, x, ids, mp)),
+                   alloc=per_call(lambda: cp.cuda.alloc(run.total)),
+                   key=per_call(lambda: fused._moe_key(x, ids, E, "mxfp4", "bfloat16")))
+        print(f"  MOE_SORT1={int(on)} MOE_PDL={int(pdl)}: " + ", ".join(f"{n} {v:.1f}" for n, v in res.items()))
+
+
+if __name__ == "__main__":
+    main()
