@@ -342,7 +342,8 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
 # A repeated moe_sort_quantize with C-contiguous CuPy x (16-byte aligned) and int32 / int64
 # CuPy ids of the same shapes, dtypes and arguments skips every check and plan: the first call
 # validates on the general path and remembers a function that allocates once and launches the
-# four planned kernels (kernels.fused.moe_plan), then reads offsets[E] back where check_ids.
+# planned kernels (kernels.fused.moe_plan: the sort's one or three, then the rows), then reads
+# offsets[E] back where check_ids.
 # Keyed also by the build switches, so a benchmark's A/B of them is seen (as nqdq.quantize's
 # fast path, a dict of at most _MOE_FAST_MAX keys, the oldest dropped first).
 _MOE_FAST: dict = {}

@@ -277,7 +277,7 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     """``run(x, ids) -> (codes, scales, perm, offsets)`` for moe_sort_quantize on C-contiguous
     CuPy arrays of these shapes and dtypes (x: 16-byte aligned; ids: int32 or int64, the
     char ``ids_char``), on CuPy's current stream: one ``cupy.cuda.alloc`` for every output and
-    scratch array and the four launches of the general path (moe_sort, run_rows: the same
+    scratch array and the launches of the general path (moe_sort, run_rows: the same
     kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
     is the op's [E + 1] (moe_sort's but its last entry). None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0,
     no CuPy). ``switches``: (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, _fused_rows.switches()), part of the
