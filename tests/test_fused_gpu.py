@@ -269,8 +269,8 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, monkeypatch):
     """The planned MoE call with the one-launch sort or the three-launch one, each launch after
     the first its predecessor's programmatic dependent (MOE_PDL: cuLaunchKernelEx) or plain: on
     two streams at once (each stream its own workspace), and captured in a CUDA graph (the
-    call's own workspace, zeroed by a memset node; the dependent launches programmatic edges)
-    replayed on new ids and data; every result the spec's."""
+    three-launch sequence in every case: no workspace; the dependent launches programmatic
+    edges) replayed on new ids and data; every result the spec's."""
     from nqdq import api
     from nqdq.kernels import fused as KF
 
@@ -287,7 +287,8 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, monkeypatch):
     x, ids = data()
     fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16")  # plans it
     (fm,) = fused._MOE_FAST.values()
-    assert ("_KX(" in fm.run.seq.source) == pdl
+    assert ("_KX(" in fm.run.seq.source) == pdl and ("_KX(" in fm.run.seq_graph.source) == pdl
+    assert (len(fm.run.seq.entries), len(fm.run.seq_graph.entries)) == ((2, 4) if sort1 else (4, 4))
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
     cases = [[data() for _ in range(4)] for _ in streams]
     outs = [[], []]

@@ -48,8 +48,8 @@ MOE_UNITS = int(os.environ.get("NQDQ_FUSED_MOE_UNITS", "4"))
 # 06:04 UTC, docs/performance.md "Eighth session"), 2048 tokens top-4 of 256, planned calls:
 # called eagerly (host and device) 37.7 -> 36.8 us (and 40.4 -> 37.8 without MOE_PDL), the host's
 # time a call 23.2 -> 16.1 us (38.4 -> 28.1 on another host); replayed from a CUDA graph (device
-# only) 34.2 -> 36.2 us. On for the eager calls; a graph-captured caller at these sizes gains
-# 2 us with NQDQ_FUSED_MOE_SORT1=0.
+# only) 34.2 -> 36.2 us, and at 64 tokens top-8 9.0 -> 13.3. So it applies to direct calls only:
+# a planned call captured in a graph takes the three launches (moe_plan).
 MOE_SORT1 = _fused_rows._switch_env("MOE_SORT1", True)
 # MOE_PDL (NQDQ_FUSED_MOE_PDL, session 8): the planned MoE call launches each kernel after the first
 # as its predecessor's programmatic dependent (launch.compile_sequence's ``pdl``; sm_90+; OP_SCATTER
@@ -200,7 +200,8 @@ def _launch(launches, kern, grid, block, args):
         fast_kernel(kern).launch(grid, block, args, None)
 
 
-def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launches=None, ws=None):
+def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launches=None, ws=None, one=None,
+             out=None):
     """(perm int32 [npairs], offsets int32 [E+2], inv int32 [npairs]) on the device from
     expert ids [npairs] (int32 or int64; token-major, then slot): reference/fused.moe_sort's
     stable order, perm[row] = token of the pair sorted to ``row``, inv[pair] = its row.
@@ -208,17 +209,19 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
     (rows offsets[E]:offsets[E + 1]); offsets[:E + 1] is the op's offsets, and
     offsets[E] == npairs says every id was in range.
 
-    MOE_SORT1: one launch (``moe_sort_kernel``, at most one block per SM, its blocks
-    waiting for each other on ``ws``: a zeroed ``_grid`` workspace the kernel leaves zero;
-    None: a zeroed one of ``alloc``'s); else three (count, scan, scatter)."""
+    ``one`` (None: MOE_SORT1): one launch (``moe_sort_kernel``, at most one block per SM,
+    its blocks waiting for each other on ``ws``: a zeroed ``_grid`` workspace the kernel
+    leaves zero; None: a zeroed one of ``alloc``'s); else three (count, scan, scatter).
+    ``out``: (perm, offsets, inv) to write instead of new arrays (a plan's second sequence)."""
     if not 1 <= num_experts <= FK.MOE_MAX_EXPERTS:
         raise ValueError(f"num_experts={num_experts} must be in [1, {FK.MOE_MAX_EXPERTS}] for the device sort")
     nchunks = max(1, -(-npairs // FK.MOE_CHUNK))
     nb = num_experts + 1  # the experts, then the bucket of ids out of range
-    offsets = alloc.empty(num_experts + 2, np.int32)
-    perm = alloc.empty(max(npairs, 1), np.int32)
-    inv = alloc.empty(max(npairs, 1), np.int32)
-    if MOE_SORT1:
+    if out is None:
+        out = (alloc.empty(max(npairs, 1), np.int32), alloc.empty(num_experts + 2, np.int32),
+               alloc.empty(max(npairs, 1), np.int32))
+    perm, offsets, inv = out
+    if MOE_SORT1 if one is None else one:
         G = min(nchunks, _sm_count())
         counts = alloc.empty(G * nb, np.int32)
         ws = ws if ws is not None else alloc.zeros(SYNC_WORDS, np.int32)
@@ -282,7 +285,9 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     is the op's [E + 1] (moe_sort's but its last entry). None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0,
     no CuPy). ``switches``: (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, _fused_rows.switches()), part of the
     cache key. With MOE_PDL (OP_SCATTER rows, sm_90+) every launch after the first is its
-    predecessor's programmatic dependent: the rows' loads overlap the sort."""
+    predecessor's programmatic dependent: the rows' loads overlap the sort. With MOE_SORT1 a
+    direct call sorts in one launch, a call under graph capture in three (``run.seq`` and
+    ``run.seq_graph``)."""
     import sys
 
     from . import launch as L
@@ -300,16 +305,28 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc, launches, ws=ws)
     xin = DeviceInput(x, kind, (tokens, hidden), dtype_name, "cupy")
     out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, perm=perm, moe=(inv, k), alloc=alloc, launches=launches)
+    names = ("xp", "ids", "base", "ws")
     # MOE_PDL: each launch after the first is its predecessor's programmatic dependent (the
     # sort's kernels and OP_SCATTER wait for their predecessor before they read its output)
-    pdl = tuple(range(1, len(launches))) if MOE_PDL and out["op"] == FK.OP_SCATTER and _sm90() else ()
-    seq = L.compile_sequence(launches, ("xp", "ids", "base", "ws"), pdl=pdl)
+    pdl_ok = MOE_PDL and out["op"] == FK.OP_SCATTER and _sm90()
+
+    def sequence(ls):
+        return L.compile_sequence(ls, names, pdl=tuple(range(1, len(ls))) if pdl_ok else ())
+
+    seq = seq_graph = sequence(launches)
     if seq is None:
         return None
-    # the one-launch sort's workspace: the stream's own (_grid.StreamWorkspaces, left zero by
-    # the kernel); under graph capture the call's own, zeroed by a memset (a graph node), as
-    # nqdq.quantize's plans do (a graph may replay on any stream, beside direct calls)
-    ws_off = alloc.empty(SYNC_WORDS, np.int32).offset if MOE_SORT1 else None
+    if MOE_SORT1:
+        # Captured in a CUDA graph, the call takes the three-launch sort (into the same arrays):
+        # a graph pays no host time a launch, and on the device the three launches are shorter
+        # (H100, graphs, with MOE_PDL: 64 tokens top-8 9.0 against 13.3 us a call, 2048 top-4
+        # 34.1 against 36.1); and its replays need no workspace of their own (no memset node).
+        # Direct calls take the one launch and the stream's _grid workspace (left zero).
+        l3 = []
+        moe_sort(ids, tk, k, num_experts, alloc, l3, one=False, out=(perm, offsets, inv))
+        seq_graph = sequence(l3 + launches[-1:])
+        if seq_graph is None:
+            return None
     total = max(alloc.total, 1)
     parts = [(out["codes"], (tk, out["pcols"])), (out["scales"], sch.scale_shape((tk, hidden))), (perm, (tk,)),
              (offsets, (num_experts + 1,))]
@@ -319,14 +336,13 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     # (about 1 us less each: _interop.cupy_array_new, as nqdq.quantize's hot path)
     new = cupy_array_new(cp, cp.cuda.alloc(256))
 
-    if ws_off is None:
+    if seq_graph is seq:
         def launch(st, x, ids, mp):
             seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0)
     else:
         from .quantize import _stream_workspaces
 
         _ws, _capturing = _stream_workspaces(cp).get, cp.cuda.runtime.streamIsCapturing
-        _memset = cp.cuda.runtime.memsetAsync
 
         def launch(st, x, ids, mp):
             try:
@@ -334,11 +350,9 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
             except Exception:  # (the legacy stream while another captures): graph-safe
                 cap = 1
             if cap:
-                ws = mp.ptr + ws_off
-                _memset(ws, 0, SYNC_WORDS * 4, st.ptr)
+                seq_graph(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0)
             else:
-                ws = _ws(st)
-            seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, ws)
+                seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st))
 
     if new is not None:
         def run(x, ids):
@@ -356,7 +370,7 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
             launch(_cur(), x, ids, mp)
             return [_nd(shape, dt, mp + off) for off, shape, dt in views]
 
-    run.launch, run.total, run.seq = launch, total, seq  # (diagnostics and tests)
+    run.launch, run.total, run.seq, run.seq_graph = launch, total, seq, seq_graph  # (diagnostics and tests)
     return run
 
 
