@@ -348,7 +348,8 @@ MOE_WALK = 32  # the one-launch sort: counts of as many blocks a thread reads be
 def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, inv):
     """The three kernels above in one launch (moe_count, moe_scan, moe_scatter: the same
     perm, inv and offsets, bit for bit) of G blocks of MOE_CHUNK threads, every block
-    resident at once (the launcher takes G <= the SM count). Block b takes the chunks
+    resident at once (the launcher takes G <= the SM count; the residency limit of the
+    ``_grid`` one-launch kernels applies: see that module). Block b takes the chunks
     [b * per, (b + 1) * per) (per = ceil(chunks / G)), in order:
 
     1. counts its pairs' buckets (shared atomics) into counts[b, :] (E + 1 buckets);
