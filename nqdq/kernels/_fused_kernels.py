@@ -369,8 +369,9 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
     Its time is global round trips in a row: the ids' load, the counts' store and fence, the
     arrival and the spin, the columns' loads; then the stores. H100, CUDA graph, 2048 tokens
     top-4 of 256: 9.0 us against 9.9 for the three launches; but the whole MoE op (the rows
-    after it) 36.2 against 35.2 (with MOE_PDL; 34.2 for the three launches with it): it pays
-    off in host time, two launches a call fewer (kernels.fused.MOE_SORT1).
+    after it) 36.2 against 35.2 (with MOE_PDL; 34.2 for the three launches with it), and at 64
+    tokens top-8 13.3 against 9.0: it pays off in host time, two launches a call fewer, so
+    only direct calls take it; calls under graph capture take the three (kernels.fused.moe_plan).
     """
     hist = cuda.shared.array(MOE_BUCKETS, int32)  # the block's counts; then its next row in each bucket
     tot = cuda.shared.array(MOE_BUCKETS, int32)  # every block's counts; then the buckets' first rows
