@@ -65,6 +65,23 @@ def host_median(fn, calls, sync, sync_every=100):
     return statistics.median(ts) * 1e6
 
 
+def graph_replay_us(cp, graph, stream, replays, per=1, skip=0):
+    """Device time of a CUDA graph's replay on ``stream``: CUDA events around each of
+    ``replays`` replays, us, divided by ``per`` (the calls the graph holds); the median of
+    the replays after the first ``skip``."""
+    import numpy as np
+
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for _ in range(replays):
+        e0.record(stream)
+        graph.launch(stream)
+        e1.record(stream)
+        e1.synchronize()
+        times.append(cp.cuda.get_elapsed_time(e0, e1) * 1000 / per)
+    return float(np.median(times[skip:]))
+
+
 def print_profile(fn, calls, sync, title, *, stats, lines):
     """cProfile ``calls`` calls of ``fn`` and print the top functions by own time."""
     import cProfile
@@ -168,16 +185,9 @@ def bench_quantize(schemes, rows, cols, calls, label, results, graphs=True):
             h, hs = host_time(lambda: g.launch(s), calls, s.synchronize)
             results.append(dict(path=f"{label}: graph of nqdq.quantize {scheme}, replay", host_us=h, host_sync_us=hs))
             print(f"{label}: graph replay {scheme:10s} host {h:8.2f} us/call   +sync {hs:8.2f} us/call", flush=True)
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            ts = []
-            for _ in range(20):
-                e0.record(s)
-                g.launch(s)
-                e1.record(s)
-                e1.synchronize()
-                ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1000)
-            results.append(dict(path=f"{label}: device us per call {scheme} (graph replay, events)", device_us=float(np.median(ts))))
-            print(f"{label}: device time {scheme:10s} {float(np.median(ts)):8.2f} us (graph replay, median of 20)", flush=True)
+            dev = graph_replay_us(cp, g, s, 20)
+            results.append(dict(path=f"{label}: device us per call {scheme} (graph replay, events)", device_us=dev))
+            print(f"{label}: device time {scheme:10s} {dev:8.2f} us (graph replay, median of 20)", flush=True)
         except Exception as e:  # report and go on with the next scheme
             import traceback
 
@@ -537,15 +547,7 @@ def main(argv=None):
     print(f"{'graph (100 launches) replay, per launch':46s} host {h100 / 100:8.2f} us/call   +sync {hs100 / 100:8.2f} us/call")
 
     # device time per launch: events around graph replays of 100 launches
-    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-    times = []
-    for _ in range(20):
-        e0.record(s)
-        g100.launch(s)
-        e1.record(s)
-        e1.synchronize()
-        times.append(cp.cuda.get_elapsed_time(e0, e1) * 1000 / 100)
-    dev_us = float(np.median(times))
+    dev_us = graph_replay_us(cp, g100, s, 20, per=100)
     nbytes = rows * cols * 2 + rows * cols + rows * 4
     print(f"device time per launch (graph of 100, median of 20): {dev_us:.2f} us = {nbytes / dev_us / 1e3:.0f} GB/s")
     results.append(dict(path="device us per launch", device_us=dev_us, gbs=nbytes / dev_us / 1e3))

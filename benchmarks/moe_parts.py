@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+from launch_overhead import graph_replay_us, host_time  # noqa: E402
 
 
 def main():
@@ -59,15 +60,7 @@ def main():
             for _ in range(args.reps):
                 body()
             g = s.end_capture()
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        ts = []
-        for _ in range(17):
-            e0.record(s)
-            g.launch(s)
-            e1.record(s)
-            e1.synchronize()
-            ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / args.reps)
-        return float(np.median(ts[2:]))
+        return graph_replay_us(cp, g, s, 17, per=args.reps, skip=2)
 
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; tokens {T} x hidden {H}, "
           f"top-{k} of {E}; CUDA graphs of {args.reps} calls")
@@ -99,16 +92,8 @@ def main():
     ids = cp.asarray(np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32))
     x = (cp.random.standard_normal((T, H), dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
 
-    def per_call(fn, n=300, rounds=7):
-        r = []
-        for _ in range(rounds):
-            cp.cuda.runtime.deviceSynchronize()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            r.append((time.perf_counter() - t0) / n * 1e6)
-            cp.cuda.runtime.deviceSynchronize()
-        return np.median(r)
+    def per_call(fn, n=300, rounds=7):  # the loop's host time a call: median of the rounds
+        return np.median([host_time(fn, n, cp.cuda.runtime.deviceSynchronize, warm=0)[0] for _ in range(rounds)])
 
     print(f"host time a call, {T} tokens top-{k}, us:")
     for on, pdl in ((True, True), (True, False), (False, True), (False, False)):

@@ -106,3 +106,19 @@ def test_grid_max_leaves_its_workspace_zero():
         k[1, 32](np.array([v], np.int32), sync, out)
         assert out[0] == v
         assert sync.tolist() == [0] * SYNC_WORDS
+
+
+def test_capture_test_counts_an_error_as_capturing():
+    """The plans' capture test (quantize's one-launch runner, the MoE plan): a stream that is
+    capturing (any non-zero cudaStreamCaptureStatus) or whose query fails (the legacy stream
+    while another stream captures) gets the graph-safe path; only status 0 is a direct call."""
+    from types import SimpleNamespace
+
+    def is_capturing(st):
+        if st == 3:
+            raise RuntimeError("cudaErrorStreamCaptureImplicit")
+        return {1: 0, 2: 1, 4: 2}[st]
+
+    cp = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(streamIsCapturing=is_capturing)))
+    capturing = kq.capture_test(cp)
+    assert [capturing(st) for st in (1, 2, 3, 4)] == [False, True, True, True]

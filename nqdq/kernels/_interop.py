@@ -276,16 +276,6 @@ class Allocator:
 
         return cuda.device_array(n, dtype)
 
-    def zeros(self, n, dtype):
-        """A zeroed array (CuPy: a memset in the current stream)."""
-        if SIMULATOR:
-            return np.zeros(n, dtype)
-        if self.cp is not None:
-            return self.cp.zeros(n, dtype)
-        from numba import cuda
-
-        return cuda.to_device(np.zeros(n, dtype))
-
     def kernel_arg(self, a):
         """What to pass to a kernel for array ``a``: the array itself (launches go through
         ``launch.FastKernel``, which takes CuPy arrays, Numba device arrays and any

@@ -18,3 +18,11 @@ else:
     # forceinline: every device function is inlined into its kernel, so the compile-time
     # constants the kernel factories pass in fold the per-scheme branches away.
     devfn = cuda.jit(device=True, forceinline=True)
+
+
+def device_cc():
+    """The current GPU's compute capability (major, minor), or None without a driver or device."""
+    try:
+        return tuple(cuda.get_current_device().compute_capability)
+    except Exception:  # pragma: no cover - no driver
+        return None

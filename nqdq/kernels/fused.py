@@ -19,10 +19,10 @@ from ..schemes import Scheme
 from . import _fused_kernels as FK
 from ._elements import format_tuple
 from ._interop import Allocator
-from ._target import SIMULATOR
+from ._target import SIMULATOR, device_cc
 from .launch import Ptr, fast_kernel
 from ._grid import SYNC_WORDS
-from .quantize import _XDTYPES, _max_elem, _mx_cfg, _sm_count
+from .quantize import _XDTYPES, _max_elem, _mx_cfg, _sm_count, fill_bytes
 from ..reference.fused import MAX_ROW as MAX_ROW_REF
 from ..reference.fused import row_geometry
 from . import _fused_rows
@@ -224,7 +224,9 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
     if MOE_SORT1 if one is None else one:
         G = min(nchunks, _sm_count())
         counts = alloc.empty(G * nb, np.int32)
-        ws = ws if ws is not None else alloc.zeros(SYNC_WORDS, np.int32)
+        if ws is None:
+            ws = alloc.empty(SYNC_WORDS, np.int32)
+            fill_bytes(ws, 0)
         _launch(launches, FK.moe_sort_kernel, G, FK.MOE_CHUNK,
                 (ids, npairs, num_experts, k, counts, ws, perm, offsets, inv))
         return perm[:npairs], offsets, inv[:npairs]
@@ -308,7 +310,7 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     names = ("xp", "ids", "base", "ws")
     # MOE_PDL: each launch after the first is its predecessor's programmatic dependent (the
     # sort's kernels and OP_SCATTER wait for their predecessor before they read its output)
-    pdl_ok = MOE_PDL and out["op"] == FK.OP_SCATTER and _sm90()
+    pdl_ok = MOE_PDL and out["op"] == FK.OP_SCATTER and (device_cc() or (0, 0)) >= (9, 0)  # (sm_90+)
 
     def sequence(ls):
         return L.compile_sequence(ls, names, pdl=tuple(range(1, len(ls))) if pdl_ok else ())
@@ -340,16 +342,12 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
         def launch(st, x, ids, mp):
             seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0)
     else:
-        from .quantize import _stream_workspaces
+        from .quantize import _stream_workspaces, capture_test
 
-        _ws, _capturing = _stream_workspaces(cp).get, cp.cuda.runtime.streamIsCapturing
+        _ws, _capturing = _stream_workspaces(cp).get, capture_test(cp)
 
         def launch(st, x, ids, mp):
-            try:
-                cap = _capturing(st.ptr)
-            except Exception:  # (the legacy stream while another captures): graph-safe
-                cap = 1
-            if cap:
+            if _capturing(st.ptr):
                 seq_graph(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0)
             else:
                 seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st))
@@ -372,13 +370,6 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
 
     run.launch, run.total, run.seq, run.seq_graph = launch, total, seq, seq_graph  # (diagnostics and tests)
     return run
-
-
-def _sm90() -> bool:
-    """Whether the current device has programmatic dependent launch (compute capability 9.0+)."""
-    from numba import cuda
-
-    return cuda.get_current_device().compute_capability >= (9, 0)
 
 
 def audit_launches():

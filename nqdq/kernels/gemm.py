@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _gemm_kernels as G
 from . import _gemm_wgmma as W
-from ._target import SIMULATOR
+from ._target import SIMULATOR, device_cc
 
 __all__ = ["gemm", "PreparedGemm", "TileConfig", "WgmmaConfig", "GemmSpec", "default_config", "SIM_CONFIG"]
 
@@ -107,7 +107,7 @@ def default_config(spec: GemmSpec | None = None, shape: tuple[int, int] | None =
     env = os.environ.get("NQDQ_GEMM_TILE")
     if env:
         return parse_config(env)
-    if os.environ.get("NQDQ_GEMM_WGMMA", "1") != "0" and _device_cc() == (9, 0):
+    if os.environ.get("NQDQ_GEMM_WGMMA", "1") != "0" and device_cc() == (9, 0):
         return wgmma_config_for(spec, shape)
     return GPU_CONFIG
 
@@ -129,15 +129,6 @@ def wgmma_config_for(spec: GemmSpec | None = None, shape: tuple[int, int] | None
     if shape is not None and (not big or -(-shape[0] // 128) * -(-shape[1] // WGMMA_CONFIG_FP8_ROW.n) < FP8_ROW_MIN_TILES):
         return WGMMA_CONFIG_PERSISTENT_128
     return WGMMA_CONFIG_FP8_ROW
-
-
-def _device_cc():
-    from numba import cuda
-
-    try:
-        return tuple(cuda.get_current_device().compute_capability)
-    except Exception:  # pragma: no cover - no driver
-        return None
 
 
 def _sm_count() -> int:

@@ -414,17 +414,13 @@ class QuantPlan:
         if reset:  # the stream's own grid_max workspace; in a graph, the call's own (a memset node)
             r = reset[0]
             lines += [
-                "    try:",
-                "        cap = _capturing(st)",  # cudaStreamIsCapturing: 0 when not capturing
-                "    except Exception:",  # (the legacy stream while another captures): graph-safe
-                "        cap = 1",
-                "    if cap:",
+                "    if _capturing(st):",
                 f"        ws = mp.ptr + {offsets[r.i]}",
                 f"        _memset(ws, 0, {r.n * r.dtype.itemsize}, st)",
                 "    else:",
                 "        ws = _ws(cs)",
             ]
-            ns["_capturing"] = cp.cuda.runtime.streamIsCapturing
+            ns["_capturing"] = capture_test(cp)
             ns["_ws"] = _stream_workspaces(cp).get
         lines.append(f"    _seq(st, x.data.ptr, mp.ptr, _DP, lo, hi, {'ws' if reset else 0})")
         ns["_memset"] = cp.cuda.runtime.memsetAsync
@@ -460,6 +456,21 @@ class QuantPlan:
 
 _STREAM_WS = None
 _STREAM_WS_LOCK = threading.Lock()
+
+
+def capture_test(cp):
+    """``capturing(stream_handle) -> bool`` for a plan's runner: whether the stream is capturing
+    a CUDA graph (cudaStreamIsCapturing); an error (the legacy stream queried while another
+    stream captures) counts as capturing, the graph-safe answer."""
+    is_capturing = cp.cuda.runtime.streamIsCapturing
+
+    def capturing(st):
+        try:
+            return is_capturing(st) != 0
+        except Exception:
+            return True
+
+    return capturing
 
 
 def _stream_workspaces(cp):
