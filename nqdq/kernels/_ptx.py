@@ -273,8 +273,17 @@ def bf16x2_max_twin(a, b):
 
 
 def bf16x2_absmin_twin(a, b):
-    """min(|a|, b) (``abs.bf16x2`` then ``min.bf16x2``)."""
+    """min(|a|, b) (the sign bits cleared, then ``min.bf16x2``)."""
     return _pairwise(np.asarray(a, np.uint64) & 0x7FFF7FFF, b, _nonnan_min)
+
+
+def absmax_nan_twin(a, b):
+    """max(|a|, |b|) of two float32 bit patterns (``max.NaN.f32`` of the magnitudes): the larger
+    magnitude's bits, 0x7FFFFFFF where either is a NaN (|x| bits order as the values do)."""
+    a, b = int(a) & 0x7FFFFFFF, int(b) & 0x7FFFFFFF
+    if a > 0x7F800000 or b > 0x7F800000:
+        return np.uint32(0x7FFFFFFF)
+    return np.uint32(max(a, b))
 
 
 def u16x2_min_twin(a, b):
@@ -367,10 +376,17 @@ if not SIMULATOR:
     bf16x2_add = _u32_asm("add.rn.bf16x2 $0, $1, $2;", 2)
     bf16x2_min = _u32_asm("min.bf16x2 $0, $1, $2;", 2)
     bf16x2_max = _u32_asm("max.bf16x2 $0, $1, $2;", 2)
-    bf16x2_absmin = _u32_asm("{.reg .b32 t; abs.bf16x2 t, $1; min.bf16x2 $0, t, $2;}", 2)
+    # the sign bits cleared by and.b32 (not abs.bf16x2, which sm_90 runs as an HFMA2 of its own):
+    # ptxas folds it into the LOP3 that made the pair (rto: hi | sticky), one instruction a pair less
+    bf16x2_absmin = _u32_asm("{.reg .b32 t; and.b32 t, $1, 0x7FFF7FFF; min.bf16x2 $0, t, $2;}", 2)
     u16x2_max = _u32_asm("max.u16x2 $0, $1, $2;", 2)
     u16x2_min = _u32_asm("min.u16x2 $0, $1, $2;", 2)
     prmt = _u32_asm("prmt.b32 $0, $1, $2, $3;", 3)
+    # max(|a|, |b|) of two float32 bit patterns, NaN if either is (max.NaN: the canonical
+    # 0x7FFFFFFF, above every other |x|): one FMNMX.NAN with |.| operand modifiers, where the
+    # integer max of the masked bits takes a LOP3 per element besides the max
+    absmax_nan = _u32_asm("{.reg .f32 x, y; mov.b32 x, $1; mov.b32 y, $2; abs.f32 x, x; abs.f32 y, y; "
+                          "max.NaN.f32 x, x, y; mov.b32 $0, x;}", 2)
 
     def _cvt_half2_intrinsic(ptx_type):
         @intrinsic
@@ -444,6 +460,8 @@ else:
 
     def griddep_wait():
         """Simulator twin: nothing (its grids run one after another: the kernel before has ended)."""
+
+    absmax_nan = absmax_nan_twin
 
     def griddep_launch():
         """Simulator twin: nothing (no dependent launch to allow)."""

@@ -62,7 +62,7 @@ from ._division import RECIP_DIV, div_by_recip, ratio_ok, recip_guarded
 from ._codec import NAN, is_finite_f32, nanmax_f32, nanmin_f32, rint_f32  # asym_group_r
 from ._scales import range_scale  # asym_group_r
 from ._grid import grid_max
-from ._ptx import (E4M3, array_addr, bf16x2_absmin, bf16x2_absmul, bf16x2_add, bf16x2_max, bf16x2_min, cvt_e4m3, cvt_e4m3x2, cvt_e5m2x2,
+from ._ptx import (E4M3, absmax_nan, array_addr, bf16x2_absmin, bf16x2_absmul, bf16x2_add, bf16x2_max, bf16x2_min, cvt_e4m3, cvt_e4m3x2, cvt_e5m2x2,
                    fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt, store_u32x2, u16x2_max, u16x2_min)
 from ._quantize_kernels import group_params, store_scale
 from ._scales import (MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4, MX_RCEIL, NVFP4_INV6, float_scale,
@@ -166,6 +166,15 @@ def unit_amax(e, vec):
     if vec == 8:
         a = max(a, max(max(abs_i32(e[4]), abs_i32(e[5])), max(abs_i32(e[6]), abs_i32(e[7]))))
     return a
+
+
+@devfn
+def unit_amax_nan(e):
+    """unit_amax of an 8-element unit by _ptx.absmax_nan (FMNMX.NAN of |.|): the same bits but
+    for a unit holding a NaN, whose amax is 0x7FFFFFFF (above +inf, as unit_amax's |NaN|)."""
+    a = absmax_nan(absmax_nan(e[0], e[1]), absmax_nan(e[2], e[3]))
+    b = absmax_nan(absmax_nan(e[4], e[5]), absmax_nan(e[6], e[7]))
+    return np.int32(absmax_nan(a, b))
 
 
 @devfn
@@ -446,25 +455,28 @@ E2M1_F32_PAIRS = True
 
 @devfn
 def f32_pair_rto(e_lo, e_hi, p0):
-    """The bfloat16 pair (x_lo * p0, x_hi * p0) rounded to odd (float32 products; the sign
-    of each product in its half)."""
+    """(t, s): the bfloat16 pair (x_lo * p0, x_hi * p0) truncated (the top halves of the
+    float32 products: their signs) and its sticky bits (1 in a half whose low half was not 0);
+    t | s is the pair rounded to odd. Apart, so that the encoders' |t | s| (bf16x2_absmin's
+    and) folds into the one LOP3 with the or, the signs being read off t."""
     y0 = np.uint32(f32_bits(bits_f32(e_lo) * p0))
     y1 = np.uint32(f32_bits(bits_f32(e_hi) * p0))
-    sticky = u16x2_min(prmt(y0, y1, np.uint32(0x5410)), np.uint32(0x00010001))  # 1 where a low half is not 0
-    return np.uint32(prmt(y0, y1, np.uint32(0x7632)) | sticky)
+    sticky = u16x2_min(prmt(y0, y1, np.uint32(0x5410)), np.uint32(0x00010001))
+    return np.uint32(prmt(y0, y1, np.uint32(0x7632))), np.uint32(sticky)
 
 
 @devfn
 def e2m1_unit_f32(e, p0):
     """The 8 packed e2m1 codes (element 0 in bits 0-3) of an 8-element unit of float32 bits
     ``e`` times the MX power of two p0, for a finite group."""
-    h0 = f32_pair_rto(e[0], e[1], p0)
-    h1 = f32_pair_rto(e[2], e[3], p0)
-    h2 = f32_pair_rto(e[4], e[5], p0)
-    h3 = f32_pair_rto(e[6], e[7], p0)
+    t0, s0 = f32_pair_rto(e[0], e[1], p0)
+    t1, s1 = f32_pair_rto(e[2], e[3], p0)
+    t2, s2 = f32_pair_rto(e[4], e[5], p0)
+    t3, s3 = f32_pair_rto(e[6], e[7], p0)
     six = np.uint32(BF16X2_SIX)
-    return e2m1_pack(e2m1_pair_sum(bf16x2_absmin(h0, six)), e2m1_pair_sum(bf16x2_absmin(h1, six)),
-                     e2m1_pair_sum(bf16x2_absmin(h2, six)), e2m1_pair_sum(bf16x2_absmin(h3, six)), (h0, h1, h2, h3))
+    return e2m1_pack(e2m1_pair_sum(bf16x2_absmin(t0 | s0, six)), e2m1_pair_sum(bf16x2_absmin(t1 | s1, six)),
+                     e2m1_pair_sum(bf16x2_absmin(t2 | s2, six)), e2m1_pair_sum(bf16x2_absmin(t3 | s3, six)),
+                     (t0, t1, t2, t3))
 
 
 # ---- MX fp6 (e2m3, e3m2) in bfloat16 pairs (finite groups). The same argument as the e2m1
@@ -551,14 +563,16 @@ def fp6_unit_f32(e, p0, f6, vec):
     times the MX power of two p0 (float32), by bfloat16 pairs rounded to odd, clamped (a
     product rounded to odd can sit one bfloat16 ulp above vmax)."""
     vmax = np.uint32(f6[2])
-    h0 = f32_pair_rto(e[0], e[1], p0)
-    h1 = f32_pair_rto(e[2], e[3], p0)
-    lo = np.uint32(fp6_pair_codes(bf16x2_absmin(h0, vmax), h0, f6) | (fp6_pair_codes(bf16x2_absmin(h1, vmax), h1, f6) << np.uint32(12)))
+    t0, s0 = f32_pair_rto(e[0], e[1], p0)
+    t1, s1 = f32_pair_rto(e[2], e[3], p0)
+    lo = np.uint32(fp6_pair_codes(bf16x2_absmin(t0 | s0, vmax), t0, f6)
+                   | (fp6_pair_codes(bf16x2_absmin(t1 | s1, vmax), t1, f6) << np.uint32(12)))
     hi = np.uint32(0)
     if vec == 8:
-        h2 = f32_pair_rto(e[4], e[5], p0)
-        h3 = f32_pair_rto(e[6], e[7], p0)
-        hi = np.uint32(fp6_pair_codes(bf16x2_absmin(h2, vmax), h2, f6) | (fp6_pair_codes(bf16x2_absmin(h3, vmax), h3, f6) << np.uint32(12)))
+        t2, s2 = f32_pair_rto(e[4], e[5], p0)
+        t3, s3 = f32_pair_rto(e[6], e[7], p0)
+        hi = np.uint32(fp6_pair_codes(bf16x2_absmin(t2 | s2, vmax), t2, f6)
+                       | (fp6_pair_codes(bf16x2_absmin(t3 | s3, vmax), t3, f6) << np.uint32(12)))
     return lo, hi
 
 
