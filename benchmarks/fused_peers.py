@@ -126,7 +126,8 @@ def main(argv=None):
                     help="A/B in this process: after an op's default timing, time it again with nqdq.kernels."
                          "_fused_rows.SWITCH (or A+B: both) set to each value (ints; a switch is tried only on the "
                          "ops it applies to: ROWS_BF16 flatten / MoE mxfp4, RES_CVT +res, PREFETCH rmsnorm without "
-                         "residual, FLAT_STEP flatten, NORM_FMA rmsnorm), then the default once more; each variant's whole outputs are "
+                         "residual, FLAT_STEP flatten, NORM_FMA / AMAX_NAN / RSQRT_WARP0 rmsnorm, MX_Y_PAIRS rmsnorm mxfp4), then the "
+                         "default once more; each variant's whole outputs are "
                          "checked bit for bit against the default's")
     ap.add_argument("--pytest", nargs="*", metavar="ARG",
                     help="first run pytest -m gpu tests/test_fused_gpu.py [ARG ...] in this process (the kernels it "
@@ -183,7 +184,9 @@ def main(argv=None):
                "RES_CVT": lambda op: "+res" in op, "PREFETCH": lambda op: "rmsnorm" in op and "+res" not in op,
                "NORM_FMA": lambda op: "rmsnorm" in op, "MOE_SCATTER": lambda op: "moe" in op,
                "MOE_UNITS": lambda op: "moe" in op, "MOE_SORT1": lambda op: "moe" in op,
-               "MOE_PDL": lambda op: "moe" in op}
+               "MOE_PDL": lambda op: "moe" in op, "AMAX_NAN": lambda op: "rmsnorm" in op,
+               "RSQRT_WARP0": lambda op: "rmsnorm" in op,
+               "MX_Y_PAIRS": lambda op: "rmsnorm" in op and "mxfp4" in op}
 
     def outputs(o):
         """Every output array of a fused call (q's codes and scales, new residual, perm, offsets)."""

@@ -547,25 +547,78 @@ def test_e2m1_unit_y_matches_the_codec(monkeypatch):
         assert not bad.any(), f"k={k}: {int(bad.sum())} differ, first y={y[bad][0]!r}: {codes[bad][0]} != {want[bad][0]}"
 
 
-def test_mx_y_pairs_switch_matches_reference(monkeypatch):
+@pytest.mark.parametrize("pairs, share", [(True, True), (True, False)])
+def test_mx_y_pairs_switch_matches_reference(pairs, share, monkeypatch):
     """The kernel with NQDQ_FUSED_MX_Y_PAIRS on (e2m1_unit_y in finite MX groups, an A/B
-    switch, off by default) gives the spec's bits too, with and without the residual."""
+    switch, off by default) gives the spec's bits too, with and without the residual and
+    GROUP_SHARE. Row 1 has an inf in group 0, row 2 a NaN in group 3 (non-finite groups: the
+    element encoder); n = 200 ends inside a group and inside a unit (the slow path)."""
     from nqdq.kernels import _fused_rows as FR
 
-    monkeypatch.setattr(FR, "MX_Y_PAIRS", True)
-    FR.fused_row_kernel.cache_clear()
-    try:
-        rng = np.random.default_rng(41)
-        x = rows(rng, 3, 200, "bfloat16")
-        x[1, 5] = np.inf  # a non-finite group takes the element encoder
-        w = rng.standard_normal(200).astype(BF16)
-        res = rows(rng, 3, 200, "bfloat16")
-        assert_q_equal(fused.rmsnorm_quantize(x, w, "mxfp4"), fused.rmsnorm_quantize(x, w, "mxfp4", device="cuda"))
-        (qc, rc), (qg, rg) = (fused.rmsnorm_quantize(x, w, "mxfp4", residual=res, device=d) for d in (None, "cuda"))
-        assert_q_equal(qc, qg)
-        np.testing.assert_array_equal(bits(rc), bits(rg))
-    finally:
-        FR.fused_row_kernel.cache_clear()
+    monkeypatch.setattr(FR, "MX_Y_PAIRS", pairs)
+    monkeypatch.setattr(FR, "GROUP_SHARE", share)
+    rng = np.random.default_rng(41)
+    x = rows(rng, 3, 200, "bfloat16")
+    x = (x * np.repeat(np.exp2(rng.integers(-6, 7, (3, 7))), 32, axis=1)[:, :200]).astype(BF16)
+    x[1, 5] = np.inf
+    x[2, 100] = np.nan
+    w = rng.standard_normal(200).astype(BF16)
+    res = rows(rng, 3, 200, "bfloat16")
+    assert_q_equal(fused.rmsnorm_quantize(x, w, "mxfp4"), fused.rmsnorm_quantize(x, w, "mxfp4", device="cuda"))
+    (qc, rc), (qg, rg) = (fused.rmsnorm_quantize(x, w, "mxfp4", residual=res, device=d) for d in (None, "cuda"))
+    assert_q_equal(qc, qg)
+    np.testing.assert_array_equal(bits(rc), bits(rg))
+
+
+@pytest.mark.parametrize("scheme, amax_nan, rsqrt0, n", [(s, False, 0, 264) for s in SCHEMES]
+                         + [(s, True, 1, 264) for s in SCHEMES]
+                         + [("fp8_row", True, 1, 3000), ("mxfp4", True, -1, 3000)])
+def test_amax_and_rsqrt_switches_match_reference(scheme, amax_nan, rsqrt0, n, monkeypatch):
+    """NQDQ_FUSED_AMAX_NAN (y's unit amax by max.NaN of |.|: 0x7FFFFFFF for a unit with a NaN;
+    on by default) and NQDQ_FUSED_RSQRT_WARP0 (1: the row's 1/sqrt by warp 0, passed on through
+    shared memory; -1, the default: so for MX outputs only) give the spec's bits for the four RMSNorm outputs, with a NaN, an inf and a
+    -inf in separate groups (each a NaN scale: row, group or, static, the element encoder) and
+    a row of zeros (1/sqrt of eps alone); n = 3000: two warps (the second barrier), 264: one
+    (RSQRT_WARP0 does nothing there)."""
+    from nqdq.kernels import _fused_rows as FR
+
+    monkeypatch.setattr(FR, "AMAX_NAN", amax_nan)
+    monkeypatch.setattr(FR, "RSQRT_WARP0", rsqrt0)
+    rng = np.random.default_rng(43)
+    x = rows(rng, 3, n, "bfloat16")
+    x[0, 7] = np.nan
+    x[1, 130] = np.inf
+    x[1, 200] = -np.inf
+    x[2] = 0
+    w = rng.standard_normal(n).astype(BF16)
+    sc = scale_for(scheme)
+    assert_q_equal(fused.rmsnorm_quantize(x, w, scheme, scale=sc),
+                   fused.rmsnorm_quantize(x, w, scheme, scale=sc, device="cuda"))
+
+
+# float32 values at the edges of max.NaN of magnitudes: signs, zeros, subnormals, the largest
+# finite, infinities, NaNs of both signs and another payload
+ABSMAX_EDGES = np.array([0.0, -0.0, 1e-45, -3e-39, 1.5, -1.5, 6.0, -7.0, 3.4e38, np.inf, -np.inf, np.nan, -np.nan],
+                        np.float32).view(np.uint32)
+ABSMAX_EDGES = np.append(ABSMAX_EDGES, np.uint32(0xFF812345))
+
+
+def absmax_want(a, b):
+    """NumPy's rule for _ptx.absmax_nan: the larger magnitude's bits, 0x7FFFFFFF for a NaN."""
+    fa, fb = np.uint32(a).view(np.float32), np.uint32(b).view(np.float32)
+    if np.isnan(fa) or np.isnan(fb):
+        return 0x7FFFFFFF
+    return int(np.maximum(abs(fa), abs(fb)).view(np.uint32))
+
+
+def test_absmax_nan_twin():
+    """The twin of _ptx.absmax_nan (what the simulator runs) against NumPy on every pair of
+    ABSMAX_EDGES; tests/test_fused_gpu.py compares the intrinsic with it."""
+    from nqdq.kernels._ptx import absmax_nan_twin
+
+    for a in ABSMAX_EDGES:
+        for b in ABSMAX_EDGES:
+            assert int(absmax_nan_twin(a, b)) == absmax_want(a, b), (hex(a), hex(b))
 
 
 @pytest.mark.parametrize("n, t, on", [(200, 3, True), (700, 2, True), (1100, 2, True), (2048, 1, True),

@@ -86,6 +86,27 @@ def test_gpu_rmsnorm_quantize_matches_reference(n, dtype, scheme, with_res):
         np.testing.assert_array_equal(bits(out[1]), bits(new_res))
 
 
+def test_gpu_absmax_nan_matches_twin():
+    """_ptx.absmax_nan (max.NaN.f32 of |.|, the RMSNorm ops' unit amax) compiled, on every pair
+    of test_fused.ABSMAX_EDGES, against its twin (which test_fused checks against NumPy)."""
+    from numba import cuda
+
+    from nqdq.kernels._ptx import absmax_nan, absmax_nan_twin
+    from test_fused import ABSMAX_EDGES
+
+    @cuda.jit
+    def k(a, b, out):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = absmax_nan(a[i], b[i])
+
+    a, b = (v.reshape(-1).copy() for v in np.meshgrid(ABSMAX_EDGES, ABSMAX_EDGES))
+    out = cp.zeros(a.size, np.uint32)
+    k[1, 256](cp.asarray(a), cp.asarray(b), out)
+    want = np.array([absmax_nan_twin(x, y) for x, y in zip(a, b)], np.uint32)
+    np.testing.assert_array_equal(out.get(), want)
+
+
 @pytest.mark.parametrize("scheme", ["fp8_1x128"])
 def test_gpu_shuffle_twin_agrees(scheme, monkeypatch):
     """The warp shuffles' simulator twin (shared memory + barriers) run on the GPU gives the

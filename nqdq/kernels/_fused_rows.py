@@ -17,7 +17,9 @@ kernels (``_rowwise_kernels``) do:
   ``shfl.sync.bfly`` (fl64 addition is commutative, so each lane of a pair gets the tree's
   value); the warps by one shared slot each, one barrier, then every thread adds the NW sums
   in order, splits the sum into the float32 pair (hi, lo) and computes 1/sqrt itself (no
-  second barrier, no idle lanes);
+  second barrier); for MX outputs (RSQRT_WARP0) thread 0 alone does, and the other warps
+  read the result after a second barrier;
+* the amax of y's units by ``max.NaN.f32`` of |.| (AMAX_NAN);
 * quantize: per row (a butterfly max and one more barrier), per 1x128 / MX-32 group (no
   barrier: with GROUP_SHARE, the default, the thread's U unit amaxes go through one
   transposed butterfly over the group's 16 / 4 lanes, each group's parameters are computed by
@@ -57,7 +59,7 @@ from ._ptx import (bf16x2_absmul, bf16x2_min, cvt_bf16x2, fp8_cvt_available, fp8
 from ._quantize_kernels import group_params, store_scale
 from ._division import RECIP_DIV, ratio_ok, recip_guarded
 from ._rowwise_kernels import (BF16X2_SIX, FINITE, _block_max_fn, abs_i32, e2m1_pack, e2m1_pair_sum, e2m1_unit_bf16,
-                               encode_store_unit_r, half_bits, is_e2m1, unit_amax, word_amax16, xor_max)
+                               encode_store_unit_r, half_bits, is_e2m1, unit_amax, unit_amax_nan, word_amax16, xor_max)
 from ._scales import MODE_FLOAT, MODE_MX, MX_RCEIL
 from ._target import SIMULATOR, devfn
 
@@ -265,7 +267,8 @@ def e2m1_unit_y(e, p2):
 # encodes MX e2m1 of y by e2m1_unit_y (bit-exact, 96.8 vs 97.2 us: no gain measured).
 # The on / off switches' defaults; NQDQ_FUSED_<NAME>=1 / 0 overrides one (read at import).
 DEFAULTS = {"W_EARLY": False, "MX_Y_PAIRS": False, "ROWS_BF16": True, "FLAT_STEP": False, "RES_CVT": True,
-            "NORM_FMA": True, "GROUP_SHARE": True}
+            "NORM_FMA": True, "GROUP_SHARE": True,
+            "AMAX_NAN": True}
 
 
 def _switch(name):
@@ -318,6 +321,23 @@ NORM_FMA = _switch("NORM_FMA")
 # [8192, 7168], docs/performance.md "Sixth session"): rmsnorm + fp8_1x128 74.7 -> 72.6 us, rmsnorm
 # + mxfp4 79.6 -> 69.2 us, the +res and flatten group ops equal or faster.
 GROUP_SHARE = _switch("GROUP_SHARE")
+# AMAX_NAN (NQDQ_FUSED_AMAX_NAN, session 9): the RMSNorm ops' unit amax of y by max.NaN.f32 with
+# |.| operands (_rowwise_kernels.unit_amax_nan: 7 FMNMX.NAN a unit instead of 8 LOP3 and 7
+# integer max). The same bits but for a unit holding a NaN: 0x7FFFFFFF instead of the NaN's own
+# |bits|, both above +inf, which is all any consumer asks (a NaN or inf group or row gets the NaN
+# scale, whatever the amax's payload). On by default since its H100 A/B (2026-11-22 09:08 UTC, bf16
+# [8192, 7168], docs/performance.md "Ninth session"): rmsnorm + mxfp4 69.1 -> 66.0 us, + fp8_row
+# 70.0 -> 66.7, + fp8_1x128 72.4 -> 69.8, + fp8_tensor 71.2 either way.
+AMAX_NAN = _switch("AMAX_NAN")
+# RSQRT_WARP0 (NQDQ_FUSED_RSQRT_WARP0, session 9): the row's 1/sqrt (rsqrt_mean, about 150 SASS
+# instructions of IEEE divisions, square root and float-float steps) computed by warp 0 alone and
+# passed to the other warps through shared memory after a second barrier, instead of by every
+# warp (no barrier): NW - 1 warps' worth of those instructions a row less, a barrier more.
+# 1: on, 0: off, -1 (the default): per output, on for MX only, as measured on the H100
+# (2026-11-22 09:28 UTC, bf16 [8192, 7168]): rmsnorm + mxfp4 65.6 -> 64.5 us, + fp8_row 66.6 ->
+# 69.9 (its row amax already waits at a second barrier), + fp8_1x128 / fp8_tensor and the
+# residual ops equal within 0.2 us.
+RSQRT_WARP0 = int(os.environ.get("NQDQ_FUSED_RSQRT_WARP0", "-1"))
 ROWS_BF16 = _switch("ROWS_BF16")
 FLAT_STEP = _switch("FLAT_STEP")
 RES_CVT = _switch("RES_CVT")
@@ -337,7 +357,8 @@ def prefetch_distance(pf, op, out, has_res):
 
 def switches():
     """The build switches' current values (fused_row_kernel's ``sw``)."""
-    return (W_EARLY, MIN_BLOCKS, MX_Y_PAIRS, ROWS_BF16, RES_CVT, PREFETCH, NORM_FMA, GROUP_SHARE)
+    return (W_EARLY, MIN_BLOCKS, MX_Y_PAIRS, ROWS_BF16, RES_CVT, PREFETCH, NORM_FMA, GROUP_SHARE, AMAX_NAN,
+            RSQRT_WARP0)
 
 
 def _min_blocks(NT, res, min_blocks=None):
@@ -435,7 +456,9 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     Arguments: see _KERNEL_ARGS (flat arrays; sb the row stride of x in elements; pf the L2
     prefetch distance in rows, 0: none). ``sw``: switches() (None: their values now). ``KD``:
     OP_SCATTER's rows per token (k of the MoE sort, 1..MOE_SCATTER_MAX_K)."""
-    w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw, norm_fma, gshare = switches() if sw is None else sw
+    (w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw, norm_fma, gshare, amax_nan,
+     rsqrt_warp0) = switches() if sw is None else sw
+    RSQ0 = rsqrt_warp0 == 1 or (rsqrt_warp0 == -1 and out == OUT_MX)  # the row's 1/sqrt by warp 0
     pf_code = prefetch_distance(pf_sw, op, out, has_res) > 0
     NT = WARP * NW
     NORM = op == OP_NORM
@@ -578,9 +601,9 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         return t
 
     @devfn
-    def row_sum(s, tid, scratch64, red):
-        """Steps 3 and 4: the lanes' halving tree by butterflies, then the warps in order;
-        the row's sum as the float32 pair (hi, lo) (split_sum64)."""
+    def warp_sums(s, tid, scratch64, red):
+        """Step 3 and the first of step 4: the lanes' halving tree by butterflies, each warp's
+        sum into its shared slot, one barrier."""
         off = 16
         while off > 0:
             s = s + xor_lane(s, off, shfl, scratch64, tid)
@@ -588,10 +611,32 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         if (tid & 31) == 0:
             red[tid >> 5] = s
         cuda.syncthreads()
+
+    @devfn
+    def row_sum(red):
+        """The rest of step 4: the warps' sums in order; the row's sum as the float32 pair
+        (hi, lo) (split_sum64)."""
         s = red[0]
         for k in range(1, NW):
             s = s + red[k]
         return split_sum64(s)
+
+    @devfn
+    def row_rsqrt(s, tid, scratch64, red, rr, nf, eps):
+        """(r1, r2) = rsqrt_mean of the row's sum of squares from the thread's sum ``s``: by
+        every thread, or (RSQRT_WARP0, more than one warp) by thread 0, whose result the others
+        read from ``rr`` after a second barrier."""
+        warp_sums(s, tid, scratch64, red)
+        if not (RSQ0 and NW > 1):
+            s_hi, s_lo = row_sum(red)
+            return rsqrt_mean(s_hi, s_lo, nf, eps)
+        if tid == 0:
+            s_hi, s_lo = row_sum(red)
+            r1, r2 = rsqrt_mean(s_hi, s_lo, nf, eps)
+            rr[0] = r1
+            rr[1] = r2
+        cuda.syncthreads()
+        return rr[0], rr[1]
 
     @devfn
     def canon(b):
@@ -690,6 +735,13 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
             store_unit_wide(codes, c32, c16, False, rowbase, c + 4, q, n, pcols, NB, True)
 
     @devfn
+    def amax_y(y):
+        """A unit's amax bits (unit_amax; AMAX_NAN: unit_amax_nan for RMSNorm's y)."""
+        if amax_nan and NORM:
+            return unit_amax_nan(y)
+        return unit_amax(y, UNIT)
+
+    @devfn
     def group_params_r(a, st, si, scales):
         """(multiplier p0, r = recip_guarded(p0) for float scales, else 0) of a group whose amax
         has the bits ``a``; where ``st`` its scale is stored at ``si``."""
@@ -728,7 +780,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     def group_unit(y, ok, u, row, n, pcols, si, tid, scratch, codes, c16, c32, scales, qu):
         """A 1x128 / MX-32 unit: the group's amax over its LL lanes, parameters, codes; si =
         the group's index in ``scales`` (row * ngroups + u // LL)."""
-        a = unit_amax(y, UNIT) if ok else np.int32(0)
+        a = amax_y(y) if ok else np.int32(0)
         a, p0, r = group_scale(a, ok, si, tid, scratch, scales)
         if ok:
             put_codes(y, u, row, n, pcols, p0, r, a < FINITE, codes, c16, c32, qu)
@@ -737,7 +789,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     def put_static(y, u, row, n, pcols, p0, r, sclean, codes, c16, c32, qu):
         """put_codes under the static scale p0 (r = recip_guarded(p0)): a unit with a non-finite
         value, or (dividing by the reciprocal) one whose |y| reaches p0 * 2^64, is not clean."""
-        am = unit_amax(y, UNIT)
+        am = amax_y(y)
         clean = sclean and am < FINITE
         if RECIP_DIV and r != ZERO and not ratio_ok(am, p0):
             clean = False  # a caller-given scale far below |y| (all codes saturate): element by element
@@ -871,8 +923,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         # took a float32 kernel from 89 to 189 registers
         if WE:
             L += [f"    wa{j}, wb{j} = load_w(w, w32, ut + {j * NT}, u{j}, nunits, 0, n, n, n, 0)" for j in J]
-        L += ["    s_hi, s_lo = row_sum(s, tid, scratch64, red)",
-              "    r1, r2 = rsqrt_mean(s_hi, s_lo, F32(n), eps)"]
+        L += ["    rr = cuda.shared.array(2, float32)",
+              "    r1, r2 = row_rsqrt(s, tid, scratch64, red, rr, F32(n), eps)"]
         if RSPLIT:
             L += ["    r_hi = bits_f32(np.uint32(f32_bits(r1) & RMASK))", "    r_lo = (r1 - r_hi) + r2"]
         else:
@@ -890,7 +942,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         L += ["    p0 = sscale", "    sclean = abs_i32(f32_bits(p0)) < FINITE and p0 != ZERO", "    rp = recip_guarded(p0)"]
         use = "    if u{j} < nunits: put_static(y{j}, u{j}, row, n, pcols, p0, rp, sclean, codes, c16, c32, tu + {jNT})"
     elif out == OUT_ROW:
-        use = "    if u{j} < nunits: am = max(am, unit_amax(y{j}, UNIT))"
+        use = "    if u{j} < nunits: am = max(am, amax_y(y{j}))"
         L += ["    am = np.int32(0)"]
     else:
         # the group's scale index: (row * ngroups + tid // LL) + j * NT / LL (NT % LL == 0)
@@ -908,7 +960,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                   "    ss = (" + "".join(f"p{j} * ngroups, " for j in range(KD)) + ")"]
             use = "    group_unit_ws(y{j}, u{j} < nunits, u{j}, tid, scratch, codes, c16, c32, scales, dd, ss, n, pcols)"
         elif GSHARE:  # every unit's amax first; the groups' parameters after the loop (_share_source)
-            use = "    v{j} = unit_amax(y{j}, UNIT) if u{j} < nunits else np.int32(0)"
+            use = "    v{j} = amax_y(y{j}) if u{j} < nunits else np.int32(0)"
         else:
             use = ("    group_unit{w}(y{j}, u{j} < nunits, u{j}, row, n, pcols, sg + np.uint64({jNL}), tid, scratch, codes, c16, c32, "
                "scales, tu + {jNT})").replace("{w}", "_w" if WPAIRS else "")
@@ -933,11 +985,11 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     glb = dict(globals())
     glb.update(SCRATCH=1 if shfl else NT, SCRATCH64=1 if shfl or not NORM else NT, RED=NW, NW=NW, OP=op, MODE=MODE, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE,
                MXI=MXI, RMASK=RMASK, load_x=load_x, load_w=load_w, LLSH=LLSH,
-               add_res=add_res, unit_sq=unit_sq, row_sum=row_sum, norm_unit=norm_unit, elems=elems, put_y=put_y,
+               add_res=add_res, unit_sq=unit_sq, row_rsqrt=row_rsqrt, norm_unit=norm_unit, elems=elems, put_y=put_y,
                put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max, as_u32=as_u32,
                as_u16=as_u16, group_unit_w=group_unit_w, prefetch_rows=prefetch_rows, load_q=load_r,
                group_params_r=group_params_r, group_unit_ws=group_unit_ws, KD=KD, SHFL=shfl,
-               griddep_wait=griddep_wait)
+               griddep_wait=griddep_wait, amax_y=amax_y)
     exec(compile(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", "exec"), glb)
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most
