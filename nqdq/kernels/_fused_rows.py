@@ -55,11 +55,12 @@ from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OP_SCATTER, OUT
                              R_SPLIT_MIN_BITS, SIG_BITS, idx_get_f32, prod_err, round_bits, rsqrt_mean,
                              split_sum64, xor_lane)
 from ._ptx import (bf16x2_absmul, bf16x2_min, cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, griddep_wait, load_u32x4,
-                   prmt, store_u32x2, u16x2_min)
+                   store_u32x2)
 from ._quantize_kernels import group_params, store_scale
 from ._division import RECIP_DIV, ratio_ok, recip_guarded
 from ._rowwise_kernels import (BF16X2_SIX, FINITE, _block_max_fn, abs_i32, e2m1_pack, e2m1_pair_sum, e2m1_unit_bf16,
-                               encode_store_unit_r, half_bits, is_e2m1, unit_amax, unit_amax_nan, word_amax16, xor_max)
+                               encode_store_unit_r, half_bits, is_e2m1, rto_parts, unit_amax, unit_amax_nan, word_amax16,
+                               xor_max)
 from ._scales import MODE_FLOAT, MODE_MX, MX_RCEIL
 from ._target import SIMULATOR, devfn
 
@@ -228,9 +229,9 @@ def mx_rceil_params(a, inv):
 @devfn
 def rto_pair(b_lo, b_hi):
     """The float32 bits b_lo, b_hi rounded *to odd* into a bfloat16 pair (b_lo in bits 0-15):
-    the top halves, bit 0 set where a low half was not 0."""
-    sticky = u16x2_min(prmt(b_lo, b_hi, np.uint32(0x5410)), np.uint32(0x00010001))
-    return np.uint32(prmt(b_lo, b_hi, np.uint32(0x7632)) | sticky)
+    the top halves, bit 0 set where a low half was not 0 (rto_parts)."""
+    t, s = rto_parts(b_lo, b_hi)
+    return np.uint32(t | s)
 
 
 @devfn
@@ -613,26 +614,25 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         cuda.syncthreads()
 
     @devfn
-    def row_sum(red):
-        """The rest of step 4: the warps' sums in order; the row's sum as the float32 pair
-        (hi, lo) (split_sum64)."""
+    def row_r(red, nf, eps):
+        """The rest of step 4 and the norm's factor: the warps' sums in order, the row's sum as
+        the float32 pair (hi, lo) (split_sum64), (r1, r2) = rsqrt_mean of it."""
         s = red[0]
         for k in range(1, NW):
             s = s + red[k]
-        return split_sum64(s)
+        s_hi, s_lo = split_sum64(s)
+        return rsqrt_mean(s_hi, s_lo, nf, eps)
 
     @devfn
     def row_rsqrt(s, tid, scratch64, red, rr, nf, eps):
-        """(r1, r2) = rsqrt_mean of the row's sum of squares from the thread's sum ``s``: by
-        every thread, or (RSQRT_WARP0, more than one warp) by thread 0, whose result the others
-        read from ``rr`` after a second barrier."""
+        """(r1, r2) = row_r of the row's sum of squares from the thread's sum ``s``: by every
+        thread, or (RSQRT_WARP0, more than one warp) by thread 0, whose result the others read
+        from ``rr`` after a second barrier."""
         warp_sums(s, tid, scratch64, red)
         if not (RSQ0 and NW > 1):
-            s_hi, s_lo = row_sum(red)
-            return rsqrt_mean(s_hi, s_lo, nf, eps)
+            return row_r(red, nf, eps)
         if tid == 0:
-            s_hi, s_lo = row_sum(red)
-            r1, r2 = rsqrt_mean(s_hi, s_lo, nf, eps)
+            r1, r2 = row_r(red, nf, eps)
             rr[0] = r1
             rr[1] = r2
         cuda.syncthreads()

@@ -423,13 +423,23 @@ def e2m1_unit_bf16(w, p2, clamp):
 # bfloat16 8; both grids are binary, the e2m1 one a subset). Then as above, clamped to 6
 # (a block's e4m3 scale, rounded to nearest, and down to a subnormal, can leave |y| above 7).
 @devfn
+def rto_parts(y0, y1):
+    """(t, s) of the float32 bits y0, y1: the bfloat16 pair of their top halves (truncated; y0
+    in bits 0-15, the signs theirs) and its sticky bits (1 in a half whose low half is not 0).
+    t | s is the pair rounded to odd; apart, an encoder's |t | s| (bf16x2_absmin's and) folds
+    into the one LOP3 with the or, and the signs are read off t."""
+    t = prmt(y0, y1, np.uint32(0x7632))
+    s = u16x2_min(prmt(y0, y1, np.uint32(0x5410)), np.uint32(0x00010001))
+    return np.uint32(t), np.uint32(s)
+
+
+@devfn
 def nvfp4_pair_abs(w, mb):
     """min(|rto_bf16(x * mb)|, 6) of the bfloat16 pair w (float32 products)."""
     y0 = np.uint32(f32_bits(bits_f32(np.uint32(w << np.uint32(16))) * mb))
     y1 = np.uint32(f32_bits(bits_f32(np.uint32(w & np.uint32(0xFFFF0000))) * mb))
-    hi = prmt(y0, y1, np.uint32(0x7632))  # truncated to bfloat16
-    sticky = u16x2_min(prmt(y0, y1, np.uint32(0x5410)), np.uint32(0x00010001))  # 1 where a low half is not 0
-    return np.uint32(bf16x2_absmin(np.uint32(hi | sticky), np.uint32(BF16X2_SIX)))
+    t, s = rto_parts(y0, y1)
+    return np.uint32(bf16x2_absmin(np.uint32(t | s), np.uint32(BF16X2_SIX)))
 
 
 @devfn
@@ -455,14 +465,9 @@ E2M1_F32_PAIRS = True
 
 @devfn
 def f32_pair_rto(e_lo, e_hi, p0):
-    """(t, s): the bfloat16 pair (x_lo * p0, x_hi * p0) truncated (the top halves of the
-    float32 products: their signs) and its sticky bits (1 in a half whose low half was not 0);
-    t | s is the pair rounded to odd. Apart, so that the encoders' |t | s| (bf16x2_absmin's
-    and) folds into the one LOP3 with the or, the signs being read off t."""
-    y0 = np.uint32(f32_bits(bits_f32(e_lo) * p0))
-    y1 = np.uint32(f32_bits(bits_f32(e_hi) * p0))
-    sticky = u16x2_min(prmt(y0, y1, np.uint32(0x5410)), np.uint32(0x00010001))
-    return np.uint32(prmt(y0, y1, np.uint32(0x7632))), np.uint32(sticky)
+    """rto_parts (t, s) of the float32 products x_lo * p0, x_hi * p0: t | s is the pair
+    rounded to odd."""
+    return rto_parts(np.uint32(f32_bits(bits_f32(e_lo) * p0)), np.uint32(f32_bits(bits_f32(e_hi) * p0)))
 
 
 @devfn
