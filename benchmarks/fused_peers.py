@@ -186,7 +186,8 @@ def main(argv=None):
                "MOE_UNITS": lambda op: "moe" in op, "MOE_SORT1": lambda op: "moe" in op,
                "MOE_PDL": lambda op: "moe" in op, "AMAX_NAN": lambda op: "rmsnorm" in op,
                "RSQRT_WARP0": lambda op: "rmsnorm" in op,
-               "MX_Y_PAIRS": lambda op: "rmsnorm" in op and "mxfp4" in op}
+               "MX_Y_PAIRS": lambda op: "rmsnorm" in op and "mxfp4" in op,
+               "MX_RC": lambda op: "rmsnorm" in op and "mxfp4" in op}
 
     def outputs(o):
         """Every output array of a fused call (q's codes and scales, new residual, perm, offsets)."""

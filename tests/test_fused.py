@@ -427,6 +427,7 @@ def test_mx_rceil_params_match_the_general_path(monkeypatch):
 
     mans = [0, 1, 0x1FFFFF, 0x3FFFFF, 0x400000, 0x400001, 0x555555, 0x7FFFFE, 0x7FFFFF]
     amax = [(e << 23) | m for e in range(256) for m in mans]
+    amax += [int(a) for a in np.random.default_rng(5).integers(0, 0x80000000, 4000)]  # (NaNs among them)
     for name in ("mxfp4", "mxfp8"):
         el = resolve_scheme(name).element
         inv = np.float32(1.0 / el.max_value)
@@ -513,49 +514,79 @@ def test_bits_input_and_save_load(tmp_path):
     assert_q_equal(nqdq.load(path), q_ref)
 
 
-def test_e2m1_unit_y_matches_the_codec(monkeypatch):
-    """The fused MXFP4 encoder (y rounded to odd into bfloat16, then one bfloat16 product by
-    2^-k) against the reference codec on y * 2^-k, for y = v * 2^k with v around every e2m1
-    code boundary (grid points, ties, 1-2 float32 ulps off, saturation) and random, over the
-    MX range of k: y subnormal (k = -127 .. -120: 2^-k up to 2^127), normal, both signs."""
+def e2m1_y_probes(rc):
+    """(v, ks) for the fused MXFP4 encoders' checks: v around every e2m1 code boundary (grid
+    points, ties, 1-2 float32 ulps off, saturation) and random, both signs, a multiple of 8
+    long; for e2m1_unit_f32_rc (``rc``) only |v| <= 6.05 (rceil's |y| * 2^-k <= 6 (1 + 2^-22),
+    saturation by the magic sum alone), and k = 127 too (2^-k a bfloat16 subnormal: code 254)."""
+    base = np.array([0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6] + ([] if rc else [6.5, 7, 8]),
+                    np.float32)
+    near = [base]
+    for d in (1, 2):
+        near += [base + d * np.spacing(base), base - d * np.spacing(base)]
+    top = 6.05 if rc else 7.0
+    rng = np.random.default_rng(12)
+    v = np.concatenate(near + [rng.uniform(0, top, 4000).astype(np.float32), np.float32([top, 6 * (1 + 2**-22)])])
+    v = v[np.abs(v) <= top]
+    v = np.concatenate([v, -v]).astype(np.float32)
+    return v[: v.size // 8 * 8], (-127, -125, -120, -60, -1, 0, 1, 20, 126) + ((127,) if rc else ())
+
+
+def e2m1_y_case(v, k):
+    """(y, want, p2): y = v * 2^k in float32 (non-finite ones 0), the reference codec's codes of
+    y * 2^-k, and 2^-k as a bfloat16 pair."""
     from nqdq.formats import get_format
+    from nqdq.reference import codec as rcodec
+
+    with np.errstate(over="ignore", under="ignore"):
+        y = (v.astype(np.float64) * 2.0**k).astype(np.float32)
+        y = np.where(np.isfinite(y), y, np.float32(0))
+        want = rcodec.encode_float((y * np.float32(2.0**-k)).astype(np.float32), get_format("e2m1")).astype(np.uint32)
+    hb = np.uint32(np.float32(2.0**-k).view(np.uint32) >> np.uint32(16))
+    return y, want, np.uint32(hb | (hb << np.uint32(16)))
+
+
+def e2m1_codes(words):
+    """The 8 nibbles of packed e2m1 words, element order."""
+    return np.stack([(words >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=1).reshape(-1)
+
+
+@pytest.mark.parametrize("encoder", ["e2m1_unit_y", "e2m1_unit_f32_rc"])
+def test_e2m1_unit_y_matches_the_codec(encoder, monkeypatch):
+    """The fused MXFP4 encoders (y rounded to odd into bfloat16, then one bfloat16 product by
+    2^-k: e2m1_unit_y, which clamps to 6, and e2m1_unit_f32_rc, the "rceil" one, which does not)
+    against the reference codec on y * 2^-k, for y = v * 2^k (e2m1_y_probes) over the MX range
+    of k: y subnormal (k = -127 .. -120: 2^-k up to 2^127), normal, 2^-k subnormal in bfloat16
+    (k = 127, the "rceil" code 254). tests/test_fused_gpu.py runs e2m1_unit_f32_rc compiled."""
     from nqdq.kernels import _fused_rows as FR
     from nqdq.kernels import _rowwise_kernels as RK
-    from nqdq.reference import codec as rcodec
 
     for mod in (RK, FR):  # the bit casts by NumPy views: the twins run on whole arrays
         monkeypatch.setattr(mod, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
         monkeypatch.setattr(mod, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
-    base = np.array([0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6, 6.5, 7, 8], np.float32)
-    near = [base]
-    for d in (1, 2):
-        near += [base + d * np.spacing(base), base - d * np.spacing(base)]
-    rng = np.random.default_rng(12)
-    v = np.concatenate(near + [rng.uniform(0, 7, 4000).astype(np.float32)])
-    v = np.concatenate([v, -v]).astype(np.float32)
-    v = v[: v.size // 8 * 8]
-    for k in (-127, -125, -120, -60, -1, 0, 1, 20, 126):
-        with np.errstate(over="ignore", under="ignore"):
-            y = (v.astype(np.float64) * 2.0**k).astype(np.float32)
-            y = np.where(np.isfinite(y), y, np.float32(0))
-            want = rcodec.encode_float((y * np.float32(2.0**-k)).astype(np.float32), get_format("e2m1")).astype(np.uint32)
-        hb = np.uint32(np.float32(2.0**-k).view(np.uint32) >> np.uint32(16))
+    rc = encoder == "e2m1_unit_f32_rc"
+    v, ks = e2m1_y_probes(rc)
+    fn = (RK.e2m1_unit_f32_rc if rc else FR.e2m1_unit_y).py_func
+    for k in ks:
+        y, want, p2 = e2m1_y_case(v, k)
         e = y.view(np.uint32).reshape(-1, 8)
-        got = FR.e2m1_unit_y.py_func([e[:, j] for j in range(8)], np.uint32(hb | (hb << np.uint32(16))))
-        codes = np.stack([(got >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=1).reshape(-1)
+        codes = e2m1_codes(fn([e[:, j] for j in range(8)], p2))
         bad = codes != want
         assert not bad.any(), f"k={k}: {int(bad.sum())} differ, first y={y[bad][0]!r}: {codes[bad][0]} != {want[bad][0]}"
 
 
-@pytest.mark.parametrize("pairs, share", [(True, True), (True, False)])
-def test_mx_y_pairs_switch_matches_reference(pairs, share, monkeypatch):
+@pytest.mark.parametrize("pairs, share, rc", [(True, True, False), (True, False, False), (False, True, False),
+                                              (False, False, True)])
+def test_mx_y_pairs_switch_matches_reference(pairs, share, rc, monkeypatch):
     """The kernel with NQDQ_FUSED_MX_Y_PAIRS on (e2m1_unit_y in finite MX groups, an A/B
-    switch, off by default) gives the spec's bits too, with and without the residual and
-    GROUP_SHARE. Row 1 has an inf in group 0, row 2 a NaN in group 3 (non-finite groups: the
-    element encoder); n = 200 ends inside a group and inside a unit (the slow path)."""
+    switch, off by default) or NQDQ_FUSED_MX_RC off (e2m1_unit_f32_rc for "rceil" groups, on
+    by default; off: e2m1_unit_f32) gives the spec's bits too, with and without the residual
+    and GROUP_SHARE. Row 1 has an inf in group 0, row 2 a NaN in group 3 (non-finite groups:
+    the element encoder); n = 200 ends inside a group and inside a unit (the slow path)."""
     from nqdq.kernels import _fused_rows as FR
 
     monkeypatch.setattr(FR, "MX_Y_PAIRS", pairs)
+    monkeypatch.setattr(FR, "MX_RC", rc)
     monkeypatch.setattr(FR, "GROUP_SHARE", share)
     rng = np.random.default_rng(41)
     x = rows(rng, 3, 200, "bfloat16")
@@ -652,6 +683,71 @@ def test_group_share_switch_matches_reference(n, t, on, monkeypatch):
     if n == 2048:
         x3 = x.reshape(t, 8, n // 8)
         assert_q_equal(fused.flatten_quantize(x3, "fp8_1x128", device="cuda"), nqdq.quantize(x, "fp8_1x128"))
+
+
+def test_full_rows_policy(monkeypatch):
+    """FULL_ROWS -1 (the default): FULL for the RMSNorm ops with the residual and for mxfp4 /
+    fp8_tensor without it, and flatten (the H100 A/Bs); not for fp8_row / fp8_1x128 without the
+    residual, the y kernel or the MoE rows. 1 / 0: every op / none."""
+    from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels import _fused_rows as FR
+
+    monkeypatch.setattr(FR, "FULL_ROWS", -1)
+    on = {(FK.OP_NORM, out, res) for out in (FK.OUT_ROW, FK.OUT_GROUP, FK.OUT_MX, FK.OUT_TENSOR) for res in (True,)}
+    on |= {(FK.OP_NORM, FK.OUT_MX, False), (FK.OP_NORM, FK.OUT_TENSOR, False)}
+    on |= {(FK.OP_ROWS, out, res) for out in (FK.OUT_ROW, FK.OUT_GROUP, FK.OUT_MX, FK.OUT_TENSOR, FK.OUT_Y)
+           for res in (False, True)}
+    ops = [(op, out, res) for op in (FK.OP_NORM, FK.OP_ROWS, FK.OP_GATHER, FK.OP_SCATTER)
+           for out in (FK.OUT_ROW, FK.OUT_GROUP, FK.OUT_MX, FK.OUT_TENSOR, FK.OUT_Y) for res in (False, True)]
+    assert {o for o in ops if FR.full_rows(*o)} == on
+    for v in (0, 1):
+        monkeypatch.setattr(FR, "FULL_ROWS", v)
+        assert all(FR.full_rows(*o) == bool(v) for o in ops)
+
+
+@pytest.mark.parametrize("on", [1, 0])
+def test_full_rows_switch_matches_reference(on, monkeypatch):
+    """FULL_ROWS 1 (every op; the default, -1, picks per op: test_full_rows_policy): where the
+    row fills the block's units (n = 512: one warp x 2 units x 8), the kernel is built with fast
+    = 2 (no unit tested against the row's end) and gives the spec's bits for the four RMSNorm
+    outputs with and without the residual (a NaN and an inf in separate groups), flatten and
+    the MoE rows; 0, or where the row does not fill them (n = 520), fast stays 1."""
+    from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels import _fused_rows as FR
+    from nqdq.kernels import fused as KF
+
+    monkeypatch.setattr(FR, "FULL_ROWS", on)
+    built = []
+    build = KF.fused_row_kernel
+
+    def spy(op, out, kind, wkind, nw, u, fast, *a, **kw):
+        built.append((op, fast))
+        return build(op, out, kind, wkind, nw, u, fast, *a, **kw)
+
+    monkeypatch.setattr(KF, "fused_row_kernel", spy)
+    rng = np.random.default_rng(47)
+    for n in (512, 520):
+        x = rows(rng, 2, n, "bfloat16")
+        x = (x * np.repeat(np.exp2(rng.integers(-6, 7, (2, -(-n // 32)))), 32, axis=1)[:, :n]).astype(BF16)
+        x[0, 300], x[1, 33] = np.nan, np.inf
+        w = rng.standard_normal(n).astype(BF16)
+        res = rows(rng, 2, n, "bfloat16")
+        for scheme in SCHEMES if n == 512 else ["mxfp4"]:
+            sc = scale_for(scheme)
+            built.clear()
+            assert_q_equal(fused.rmsnorm_quantize(x, w, scheme, scale=sc),
+                           fused.rmsnorm_quantize(x, w, scheme, scale=sc, device="cuda"))
+            (qc, rc), (qg, rg) = (fused.rmsnorm_quantize(x, w, scheme, scale=sc, residual=res, device=d)
+                                  for d in (None, "cuda"))
+            assert_q_equal(qc, qg)
+            np.testing.assert_array_equal(bits(rc), bits(rg))
+            assert built == [(FK.OP_NORM, 2 if on and n == 512 else True)] * 2
+    x3 = rows(rng, 2 * 4, 128, "bfloat16").reshape(2, 4, 128)
+    assert_q_equal(fused.flatten_quantize(x3, "mxfp4", device="cuda"), nqdq.quantize(x3.reshape(2, 512), "mxfp4"))
+    ids = np.array([[0, 2], [1, 0], [2, 1]])
+    x = rows(rng, 3, 512, "bfloat16")
+    q, perm, _ = fused.moe_sort_quantize(x, ids, 3, "mxfp4", device="cuda")
+    assert_q_equal(q, nqdq.quantize(x[perm], "mxfp4"))
 
 
 def test_prefetch_distance_per_op(monkeypatch):

@@ -54,10 +54,12 @@ def ref_q(parts, sch):
 
 # One kernel compilation per case costs about 20-25 s of NVVM time on the GPU machine (the
 # row kernel is written out per unit), so the cases are chosen to cover each path once:
-# every output mode at 7168 (with and without the residual), the element-by-element path
+# every output mode at 7168 (with and without the residual; at 7168 the rows fill the units,
+# the FULL kernels where FULL_ROWS's policy picks them), the element-by-element path
 # (7167, with the residual and MX), 32 warps of 8 units (65536: launch bounds 1024), float32.
 CASES = [(7168, "bfloat16", "fp8_row", True), (7168, "bfloat16", "fp8_tensor", False),
          (7168, "bfloat16", "fp8_1x128", True), (7168, "bfloat16", "mxfp4", False), (7167, "bfloat16", "mxfp4", True),
+         (7168, "bfloat16", "mxfp4", True), (7168, "bfloat16", "fp8_row", False),
          (65536, "bfloat16", "fp8_tensor", False), (5120, "float32", "fp8_row", True)]
 
 
@@ -105,6 +107,34 @@ def test_gpu_absmax_nan_matches_twin():
     k[1, 256](cp.asarray(a), cp.asarray(b), out)
     want = np.array([absmax_nan_twin(x, y) for x, y in zip(a, b)], np.uint32)
     np.testing.assert_array_equal(out.get(), want)
+
+
+def test_gpu_e2m1_unit_f32_rc_matches_the_codec():
+    """_rowwise_kernels.e2m1_unit_f32_rc (rmsnorm + mxfp4's encoder of finite "rceil" groups:
+    the bfloat16 multiply and the magic add compiled) on test_fused's probes around every e2m1
+    code boundary over the MX range of k, 2^-k = 2^-127 (a bfloat16 subnormal) included,
+    against the reference codec: what test_fused checks through the twins."""
+    from numba import cuda
+
+    from nqdq.kernels import _rowwise_kernels as RK
+    from test_fused import e2m1_codes, e2m1_y_case, e2m1_y_probes
+
+    @cuda.jit
+    def k(e, p2, out):
+        i = cuda.grid(1)
+        if i < out.size:
+            b = 8 * i
+            out[i] = RK.e2m1_unit_f32_rc((e[b], e[b + 1], e[b + 2], e[b + 3], e[b + 4], e[b + 5], e[b + 6], e[b + 7]),
+                                         p2)
+
+    v, ks = e2m1_y_probes(True)
+    out = cp.zeros(v.size // 8, np.uint32)
+    for kk in ks:
+        y, want, p2 = e2m1_y_case(v, kk)
+        k[(out.size + 127) // 128, 128](cp.asarray(y.view(np.uint32)), p2, out)
+        codes = e2m1_codes(out.get())
+        bad = codes != want
+        assert not bad.any(), f"k={kk}: {int(bad.sum())} differ, first y={y[bad][0]!r}: {codes[bad][0]} != {want[bad][0]}"
 
 
 @pytest.mark.parametrize("scheme", ["fp8_1x128"])

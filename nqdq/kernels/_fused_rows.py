@@ -43,6 +43,7 @@ registers.
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 
 import numpy as np
@@ -51,16 +52,17 @@ from numba import cuda, float32, float64, int32
 from ..reference.fused import UNIT, WARP
 from ._codec import F32, KIND_BF16, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32_bits, mul_rn
 from ._elements import encode_element, store_unit_wide
-from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OP_SCATTER, OUT_GROUP, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
+from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OP_ROWS, OP_SCATTER, OUT_GROUP, OUT_MX, OUT_ROW,
+                             OUT_TENSOR, OUT_Y,
                              R_SPLIT_MIN_BITS, SIG_BITS, idx_get_f32, prod_err, round_bits, rsqrt_mean,
                              split_sum64, xor_lane)
 from ._ptx import (bf16x2_absmul, bf16x2_min, cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, griddep_wait, load_u32x4,
-                   store_u32x2)
+                   prmt, store_u32x2)
 from ._quantize_kernels import group_params, store_scale
 from ._division import RECIP_DIV, ratio_ok, recip_guarded
 from ._rowwise_kernels import (BF16X2_SIX, FINITE, _block_max_fn, abs_i32, e2m1_pack, e2m1_pair_sum, e2m1_unit_bf16,
-                               encode_store_unit_r, half_bits, is_e2m1, rto_parts, unit_amax, unit_amax_nan, word_amax16,
-                               xor_max)
+                               e2m1_unit_f32_rc, encode_store_unit_r, half_bits, is_e2m1, rto_parts, unit_amax,
+                               unit_amax_nan, word_amax16, xor_max)
 from ._scales import MODE_FLOAT, MODE_MX, MX_RCEIL
 from ._target import SIMULATOR, devfn
 
@@ -136,7 +138,7 @@ else:
         return a[:k].view(np.uint16)
 
 
-def _loader(kind, fast, strided):
+def _loader(kind, fast, strided, full=False):
     """load(x, x32, qu, u, nu, base, n, sh, D, dm) -> (a, b): unit u of the row at element
     ``base`` as raw words (16-bit kinds: a = 4 words of 2 elements, b unused; float32: a =
     elements 0-3, b = 4-7), zeros past n (u >= nu units on the fast path, an int32 test).
@@ -145,7 +147,8 @@ def _loader(kind, fast, strided):
     that ptxas folds into the load's address (no 64-bit arithmetic per unit). ``strided``: the
     row is H heads of D elements, head h at base + h * sh; on the fast path (sh, D multiples
     of 8 too) the unit's head is (u * dm) >> 32 = u // (D / 8) (dm = 2^32 // (D / 8) + 1
-    from the launcher: exact while u * D / 8 < 2^32) instead of a 64-bit division."""
+    from the launcher: exact while u * D / 8 < 2^32) instead of a 64-bit division. ``full``
+    (fast path, every lane's units in the row: the kernel's FULL): no test of u."""
     F32K = kind == KIND_F32
 
     @devfn
@@ -169,7 +172,7 @@ def _loader(kind, fast, strided):
         z = np.uint32(0)
         Z = (z, z, z, z)
         if fast:
-            if u >= nu:
+            if not full and u >= nu:
                 return Z, Z
             if strided:
                 hh = (np.int64(u) * dm) >> 32
@@ -214,15 +217,18 @@ def mx_rceil_params(a, inv):
     and ef < 0xFE; ef = 0: above 2^-127, i.e. man > 2^22); 0xFF (and a NaN multiplier) for a
     non-finite amax; the multiplier 2^(127 - code) is normal but for code 254 (0x00400000)."""
     vb = np.uint32(f32_bits(bits_f32(np.uint32(a)) * inv))
-    ef = np.uint32((vb >> np.uint32(23)) & np.uint32(0xFF))
-    man = np.uint32(vb & np.uint32(0x7FFFFF))
-    up = ef < np.uint32(0xFE) and (man > np.uint32(0x400000) or (ef != np.uint32(0) and man != np.uint32(0)))
-    code = np.uint32(ef + np.uint32(1)) if up else ef
+    # branch-free (selects, no divergent branches: some 10 instructions a group less): ef + 1
+    # where a mantissa bit is set is the exponent of (vb + 0x7FFFFF); a subnormal v (ef = 0) is
+    # above 2^-127 only for man > 2^22, i.e. (vb + 0x3FFFFF) >> 23 = 1; at most 0xFE (ef = 0xFE
+    # with a mantissa stays 0xFE), 0xFF for a NaN or inf v (vb <= 0x7FFFFFFF: no wraparound)
+    bias = np.uint32(0x3FFFFF) if vb < np.uint32(0x800000) else np.uint32(0x7FFFFF)
+    code = min(np.uint32(np.uint32(vb + bias) >> np.uint32(23)), np.uint32(0xFE))
+    nonfinite = vb >= np.uint32(0x7F800000)
     pb = np.uint32(np.uint32(np.uint32(254) - code) << np.uint32(23))
     if code == np.uint32(254):
         pb = np.uint32(0x00400000)
-    if code == np.uint32(0xFF):
-        pb = np.uint32(CANON_NAN_BITS)
+    if nonfinite:
+        code, pb = np.uint32(0xFF), np.uint32(CANON_NAN_BITS)
     return code, bits_f32(pb)
 
 
@@ -269,7 +275,7 @@ def e2m1_unit_y(e, p2):
 # The on / off switches' defaults; NQDQ_FUSED_<NAME>=1 / 0 overrides one (read at import).
 DEFAULTS = {"W_EARLY": False, "MX_Y_PAIRS": False, "ROWS_BF16": True, "FLAT_STEP": False, "RES_CVT": True,
             "NORM_FMA": True, "GROUP_SHARE": True,
-            "AMAX_NAN": True}
+            "AMAX_NAN": True, "MX_RC": True}
 
 
 def _switch(name):
@@ -339,6 +345,21 @@ AMAX_NAN = _switch("AMAX_NAN")
 # 69.9 (its row amax already waits at a second barrier), + fp8_1x128 / fp8_tensor and the
 # residual ops equal within 0.2 us.
 RSQRT_WARP0 = int(os.environ.get("NQDQ_FUSED_RSQRT_WARP0", "-1"))
+# MX_RC (NQDQ_FUSED_MX_RC, session 10): MX "rceil" e2m1 of y (mxfp4) by _rowwise_kernels.
+# e2m1_unit_f32_rc: y rounded to odd into bfloat16 pairs, scaled by one bfloat16 multiply a
+# pair, no clamp (rceil keeps |y| * 2^-k below 6.1): 12 instructions a unit less.
+MX_RC = _switch("MX_RC")
+# FULL_ROWS (NQDQ_FUSED_FULL_ROWS, session 10, read by the launcher: full_rows): where the row
+# fills the block's units exactly (n = NT * U * 8, aligned: hidden 7168 in 4 warps x 7 units,
+# 4096, 8192, ...), the kernel is built with fast = 2 (FULL): no unit tested against the row's
+# end, no per-unit predicates. 1: on, 0: off, -1 (the default): per op, as measured on the H100
+# (2026-11-22 12:54 UTC, bf16 [8192, 7168], docs/performance.md "Tenth session"): on for the
+# RMSNorm ops with the residual (+res mxfp4 140.7 -> 135.0 us, +res fp8_1x128 152.5 -> 147.4),
+# rmsnorm + mxfp4 (61.3 -> 58.5) and + fp8_tensor (71.1 -> 70.1), and flatten (13:02 UTC: mxfp4
+# 56.8 -> 55.3, fp8_1x128 66.0 -> 65.5); off for rmsnorm + fp8_row and + fp8_1x128 without it
+# (ptxas then takes 120 / 100 registers instead of 72: 65.9 -> 72.0 and 69.6 -> 75.6 us), the
+# MoE rows (36.6 -> 37.6) and the unfused y kernel (not measured).
+FULL_ROWS = int(os.environ.get("NQDQ_FUSED_FULL_ROWS", "-1"))
 ROWS_BF16 = _switch("ROWS_BF16")
 FLAT_STEP = _switch("FLAT_STEP")
 RES_CVT = _switch("RES_CVT")
@@ -356,10 +377,19 @@ def prefetch_distance(pf, op, out, has_res):
     return PREFETCH_TENSOR if out == OUT_TENSOR else 0
 
 
+def full_rows(op, out, has_res) -> bool:
+    """Whether an op's kernel is built FULL where its rows fill the units (FULL_ROWS)."""
+    if FULL_ROWS >= 0:
+        return FULL_ROWS == 1
+    if op == OP_ROWS:
+        return True
+    return op == OP_NORM and out != OUT_Y and (has_res or out in (OUT_MX, OUT_TENSOR))
+
+
 def switches():
     """The build switches' current values (fused_row_kernel's ``sw``)."""
     return (W_EARLY, MIN_BLOCKS, MX_Y_PAIRS, ROWS_BF16, RES_CVT, PREFETCH, NORM_FMA, GROUP_SHARE, AMAX_NAN,
-            RSQRT_WARP0)
+            RSQRT_WARP0, MX_RC, FULL_ROWS)
 
 
 def _min_blocks(NT, res, min_blocks=None):
@@ -376,7 +406,7 @@ def _min_blocks(NT, res, min_blocks=None):
     return 640 // NT if NT <= 320 and not res else 0
 
 
-def _share_source(U, LL, NT, recip):
+def _share_source(U, LL, NT, recip, full=False):
     """GROUP_SHARE's statements (kernel source) after the units' amaxes v0 .. v{U-1} (int32
     bits, 0 for a unit past the row): the transposed butterfly over the group's LL lanes, the
     groups' parameters where they end up, their multipliers back to the units' lanes, the
@@ -387,7 +417,8 @@ def _share_source(U, LL, NT, recip):
     remaining offsets are plain butterfly steps of the one value left. Lane l then holds the
     group amax of the units j = jbase(l) + i, i < c = P >> s, where bit k of l's offset bits
     gives bit (log2 P - 1 - k) of jbase; of the LL >> s lanes holding the same j, the one whose
-    other bits are 0 stores the scale. ``recip``: float scales (the reciprocals go back too)."""
+    other bits are 0 stores the scale. ``recip``: float scales (the reciprocals go back too).
+    ``full``: every group of the lanes' units is in the row (the kernel's FULL)."""
     P = 1 << max(U - 1, 0).bit_length()
     LG, PG = LL.bit_length() - 1, P.bit_length() - 1
     S = min(PG, LG)
@@ -410,7 +441,8 @@ def _share_source(U, LL, NT, recip):
           f"    own = (tid & {(LL >> S) - 1}) == 0",
           f"    gu = np.int32(tid & {~(LL - 1)})"]  # the group's first unit (j = 0), its lanes' base
     for i in range(C):
-        L += [f"    p{i}, r{i} = group_params_r(v{i}, own and jb + {i} < {U} and gu + (jb + {i}) * {NT} < nunits, "
+        inr = "" if full else f" and gu + (jb + {i}) * {NT} < nunits"
+        L += [f"    p{i}, r{i} = group_params_r(v{i}, own and jb + {i} < {U}{inr}, "
               f"sg + np.uint64(jb + {i}) * np.uint64({NT // LL}), scales)"]
     for j in range(U):
         lj = sum(((j >> (PG - 1 - k)) & 1) << (LG - 1 - k) for k in range(S))
@@ -450,7 +482,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                      KD=0):
     """The kernel for one configuration (every argument a compile-time constant): ``op``
     OP_*, ``out`` OUT_*, input / weight kinds, NW warps x U units per thread (the spec's
-    geometry), ``fast`` (16-byte aligned units: vector loads and stores), ``strided`` (a
+    geometry), ``fast`` (16-byte aligned units: vector loads and stores; 2: and n = NT * U * 8,
+    every lane's units in the row: FULL_ROWS), ``strided`` (a
     [B, H, D] view; 2: with FLAT_STEP's stepped indices, D / 8 dividing NT), ``fmt`` /
     ``mx_cfg`` / ``max_elem`` as in kernels.quantize, G the scale group (128 or 32; 0 otherwise),
     ``shfl`` (warp shuffles; False: their simulator twins).
@@ -458,7 +491,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     prefetch distance in rows, 0: none). ``sw``: switches() (None: their values now). ``KD``:
     OP_SCATTER's rows per token (k of the MoE sort, 1..MOE_SCATTER_MAX_K)."""
     (w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw, norm_fma, gshare, amax_nan,
-     rsqrt_warp0) = switches() if sw is None else sw
+     rsqrt_warp0, mx_rc, _full_rows) = switches() if sw is None else sw
     RSQ0 = rsqrt_warp0 == 1 or (rsqrt_warp0 == -1 and out == OUT_MX)  # the row's 1/sqrt by warp 0
     pf_code = prefetch_distance(pf_sw, op, out, has_res) > 0
     NT = WARP * NW
@@ -481,6 +514,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     BF16X = kind == KIND_BF16 and wkind != KIND_F32  # the layouts W_EARLY and _min_blocks were measured on
     WE = w_early and BF16X
     MXE2M1 = MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and mx_y_pairs
+    MXRC_PAIRS = MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and MXR == MX_RCEIL and mx_rc  # e2m1_unit_f32_rc
     # rows of bfloat16 words straight into MX e2m1 (flatten, MoE: no norm): ROWS_BF16
     WPAIRS = words_path(op, out, kind, fast, fmt, rows_bf16)
     if op == OP_SCATTER and not (WPAIRS and 1 <= KD <= MOE_SCATTER_MAX_K):
@@ -495,9 +529,13 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     # GROUP_SHARE: group outputs but the words' pair path, with the scales whose parameters
     # tell a non-finite amax by a NaN multiplier (float scales; MX "rceil": code 0xFF)
     GSHARE = gshare and out in (OUT_GROUP, OUT_MX) and not WPAIRS and (MODE == MODE_FLOAT or MXRC)
-    load_x = _loader(kind, fast, strided)
-    load_r = _loader(kind, fast, False)
-    load_w = _loader(wkind, fast, False)
+    # FULL (fast == 2, the launcher's: n = NT * U * 8): every lane's U units are in the row,
+    # so no unit is tested against the row's end (nor predicated: the loads' addresses and
+    # zeroed registers per unit go too)
+    FULL = fast == 2
+    load_x = _loader(kind, fast, strided, FULL)
+    load_r = _loader(kind, fast, False, FULL)
+    load_w = _loader(wkind, fast, False, FULL)
     elems = _elems(kind)
     welems = _elems(wkind)
 
@@ -713,9 +751,13 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
 
     @devfn
     def put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32, qu):
+        if MXRC_PAIRS and fast and clean:  # MX "rceil" e2m1, a finite group: the multiplier in the pairs
+            pb = np.uint32(f32_bits(p0))
+            c32[np.uint64(qu)] = e2m1_unit_f32_rc(y, prmt(pb, pb, np.uint32(0x3232)))  # (unsigned: no wraparound)
+            return
         if MXE2M1 and fast and clean:  # MX e2m1, a finite group: bfloat16 pairs (e2m1_unit_y)
             hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact)
-            c32[qu] = e2m1_unit_y(y, np.uint32(hb | (hb << np.uint32(16))))
+            c32[np.uint64(qu)] = e2m1_unit_y(y, np.uint32(hb | (hb << np.uint32(16))))
             return
         """Encode and store the unit's codes (row ``row`` of the contiguous codes array); r =
         recip_guarded(p0) for float scales (a clean unit is divided by the reciprocal: see
@@ -723,6 +765,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         if NORM and not clean:
             y = canon8(y)
         if fast:  # n % 8 == 0: the unit's codes start at byte (row * n + 8u) * NB / 8, qu = row * n / 8 + u
+            # (a clean unit of the pairs' paths has returned above: their element encoders only)
+            clean = clean and not (MXRC_PAIRS or MXE2M1)
             encode_store_unit_r(y, qu, p0, r, clean, codes, c16, c32, MODE, fmt, CVT, UNIT, NB)
             return
         q = cuda.local.array(4, int32)
@@ -980,8 +1024,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         L += [f"    if u{j} < nunits: put_codes(y{j}, u{j}, row, n, pcols, p0, rp, clean, codes, c16, c32, tu + {j * NT})"
               for j in J]
     if GSHARE:
-        L += _share_source(U, LL, NT, MODE == MODE_FLOAT)
+        L += _share_source(U, LL, NT, MODE == MODE_FLOAT, FULL)
     src = "\n".join(L) + "\n"
+    if FULL:  # unit j of every lane is in the row
+        src = re.sub(r"\bu\d+ < nunits\b", "True", src)
     glb = dict(globals())
     glb.update(SCRATCH=1 if shfl else NT, SCRATCH64=1 if shfl or not NORM else NT, RED=NW, NW=NW, OP=op, MODE=MODE, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE,
                MXI=MXI, RMASK=RMASK, load_x=load_x, load_w=load_w, LLSH=LLSH,

@@ -181,8 +181,10 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
         nw_u = -(-(n // 8) // (32 * MOE_UNITS)) if MOE_UNITS > 0 else 0  # warps for MOE_UNITS a lane
         if 0 < nw_u <= 32:
             U, nw = MOE_UNITS, nw_u
-    kern = fused_row_kernel(op, mode, kind, wkind, nw, U, bool(fast), 2 if stepped else int(strided), res is not None,
-                            fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches(), kd)
+    # fast 2: every lane's U units in the row (FULL_ROWS: no unit tested against the row's end)
+    full = _fused_rows.full_rows(op, mode, res is not None) and fast and n == 32 * nw * U * 8
+    kern = fused_row_kernel(op, mode, kind, wkind, nw, U, 2 if full else bool(fast), 2 if stepped else int(strided),
+                            res is not None, fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches(), kd)
     # dm: the fast strided loader's u // (D / 8) as (u * dm) >> 32 (_fused_rows._loader)
     dm = (1 << 32) // max(D // 8, 1) + 1
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
@@ -376,7 +378,8 @@ def audit_launches():
     """(label, kernel, args) of representative fused kernels for ``_ptx_audit.compile_and_audit``
     (``python -m nqdq.kernels.fused``: compiled for sm_90 without a GPU; the same rules as the
     quantize kernels: no f64, IEEE div/sqrt, no FMA, no ftz). The layout is hidden 7168's
-    (4 warps x 7 units), the fast (aligned) variant unless labelled "slow"."""
+    (4 warps x 7 units), the fast (aligned) variant unless labelled "slow", FULL (fast = 2: the
+    row fills the units) where FULL_ROWS is on, as the launcher builds it."""
     from ..schemes import resolve_scheme
 
     def args(kind, wkind, sdt):
@@ -386,27 +389,30 @@ def audit_launches():
                 1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1, 1, 0)
 
     nw, u = row_geometry(7168)
+    def F(op, mode, res):  # (7168 = 4 warps x 32 x 7 units x 8: FULL where the launcher builds it so)
+        return 2 if _fused_rows.full_rows(op, mode, res) else True
+
     out = []
     for name, mode, G in (("fp8_row", FK.OUT_ROW, 0), ("fp8_1x128", FK.OUT_GROUP, 128), ("mxfp4", FK.OUT_MX, 32),
                           ("fp8_tensor", FK.OUT_TENSOR, 0)):
         sch = resolve_scheme(name, static_scale=name == "fp8_tensor")
         sdt = np.uint8 if mode == FK.OUT_MX else np.float32
         for kind, res in ((1, False), (1, True), (2, True), (0, False)):
-            k = fused_row_kernel(FK.OP_NORM, mode, kind, kind, nw, u, True, False, res, format_tuple(sch), _mx_cfg(sch),
-                                 float(_max_elem(sch)), G, True)
+            k = fused_row_kernel(FK.OP_NORM, mode, kind, kind, nw, u, F(FK.OP_NORM, mode, res), False, res,
+                                 format_tuple(sch), _mx_cfg(sch), float(_max_elem(sch)), G, True)
             out.append((f"rmsnorm{'+res' if res else ''} {name} kind {kind}", k, args(kind, kind, sdt)))
     sch = resolve_scheme("fp8_row")
     k = fused_row_kernel(FK.OP_NORM, FK.OUT_ROW, 1, 1, nw, u, False, False, True, format_tuple(sch), _mx_cfg(sch), 448.0,
                          0, True)
     out.append(("rmsnorm+res fp8_row kind 1 slow", k, args(1, 1, np.float32)))
     sch = resolve_scheme("mxfp4")
-    k = fused_row_kernel(FK.OP_GATHER, FK.OUT_MX, 1, 0, nw, u, True, False, False, format_tuple(sch), _mx_cfg(sch), 6.0,
-                         32, True)
+    k = fused_row_kernel(FK.OP_GATHER, FK.OUT_MX, 1, 0, nw, u, F(FK.OP_GATHER, FK.OUT_MX, False), False, False,
+                         format_tuple(sch), _mx_cfg(sch), 6.0, 32, True)
     out.append(("moe gather mxfp4", k, args(1, 0, np.uint8)))
-    k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, nw, u, True, False, False, format_tuple(sch), _mx_cfg(sch), 6.0,
-                         32, True, None, 4)
+    k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, nw, u, F(FK.OP_SCATTER, FK.OUT_MX, False), False, False,
+                         format_tuple(sch), _mx_cfg(sch), 6.0, 32, True, None, 4)
     out.append(("moe scatter-rows mxfp4", k, args(1, 0, np.uint8)))
-    k = fused_row_kernel(FK.OP_ROWS, FK.OUT_GROUP, 1, 0, nw, u, True, True, False,
+    k = fused_row_kernel(FK.OP_ROWS, FK.OUT_GROUP, 1, 0, nw, u, F(FK.OP_ROWS, FK.OUT_GROUP, False), True, False,
                          format_tuple(resolve_scheme("fp8_1x128")), (0, 0, 0, 1.0), 448.0, 128, True)
     out.append(("flatten strided fp8_1x128", k, args(1, 0, np.float32)))
     fy = (1, 3, -6, 0x7E, 0x7F, 8, 0, 0, 4, 1)
