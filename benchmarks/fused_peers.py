@@ -126,7 +126,8 @@ def main(argv=None):
                     help="A/B in this process: after an op's default timing, time it again with nqdq.kernels."
                          "_fused_rows.SWITCH (or A+B: both) set to each value (ints; a switch is tried only on the "
                          "ops it applies to: ROWS_BF16 flatten / MoE mxfp4, RES_CVT +res, PREFETCH rmsnorm without "
-                         "residual, FLAT_STEP flatten, NORM_FMA / AMAX_NAN / RSQRT_WARP0 rmsnorm, MX_Y_PAIRS rmsnorm mxfp4), then the "
+                         "residual, FLAT_STEP flatten, NORM_FMA / AMAX_NAN / RSQRT_WARP0 rmsnorm, MX_Y_PAIRS / MX_RC "
+                         "rmsnorm mxfp4; FULL_ROWS and the others: every op), then the "
                          "default once more; each variant's whole outputs are "
                          "checked bit for bit against the default's")
     ap.add_argument("--pytest", nargs="*", metavar="ARG",
