@@ -866,7 +866,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         a, p0, r = group_scale(words_amax(w, ok), ok, si, tid, scratch, scales)
         if ok:
             if a < FINITE:
-                c32[qu] = e2m1_word(w, p0)
+                c32[np.uint64(qu)] = e2m1_word(w, p0)  # (unsigned: no wraparound code)
             else:
                 z = np.uint32(0)
                 put_codes(elems(w, (z, z, z, z)), u, row, n, pcols, p0, ZERO, False, codes, c16, c32, qu)
@@ -894,8 +894,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
             gi = np.int64(u >> LLSH)
             if a < FINITE:
                 word = e2m1_word(w, p0)
-                for j in range(KD):
-                    c32[dd[j] + u] = word
+                for j in range(KD):  # (unsigned indices: no negative-index wraparound code a store)
+                    c32[np.uint64(dd[j] + u)] = word
             else:
                 z = np.uint32(0)
                 y = elems(w, (z, z, z, z))
@@ -903,7 +903,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                     put_codes(y, u, 0, n, pcols, p0, ZERO, False, codes, c16, c32, dd[j] + u)
             if first:
                 for j in range(KD):
-                    scales[ss[j] + gi] = np.uint8(code)
+                    scales[np.uint64(ss[j] + gi)] = np.uint8(code)
 
     @devfn
     def prefetch_rows(x32, row, tid, nunits, sb):
