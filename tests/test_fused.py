@@ -517,8 +517,9 @@ def test_bits_input_and_save_load(tmp_path):
 def e2m1_y_probes(rc):
     """(v, ks) for the fused MXFP4 encoders' checks: v around every e2m1 code boundary (grid
     points, ties, 1-2 float32 ulps off, saturation) and random, both signs, a multiple of 8
-    long; for e2m1_unit_f32_rc (``rc``) only |v| <= 6.05 (rceil's |y| * 2^-k <= 6 (1 + 2^-22),
-    saturation by the magic sum alone), and k = 127 too (2^-k a bfloat16 subnormal: code 254)."""
+    long; for e2m1_unit_f32_p2 without the clamp (``rc``: "rceil" groups) only |v| <= 6.05
+    (rceil's |y| * 2^-k <= 6 (1 + 2^-22), saturation by the magic sum alone), and k = 127 too
+    (2^-k a bfloat16 subnormal: code 254)."""
     base = np.array([0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6] + ([] if rc else [6.5, 7, 8]),
                     np.float32)
     near = [base]
@@ -551,26 +552,25 @@ def e2m1_codes(words):
     return np.stack([(words >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=1).reshape(-1)
 
 
-@pytest.mark.parametrize("encoder", ["e2m1_unit_y", "e2m1_unit_f32_rc"])
-def test_e2m1_unit_y_matches_the_codec(encoder, monkeypatch):
-    """The fused MXFP4 encoders (y rounded to odd into bfloat16, then one bfloat16 product by
-    2^-k: e2m1_unit_y, which clamps to 6, and e2m1_unit_f32_rc, the "rceil" one, which does not)
-    against the reference codec on y * 2^-k, for y = v * 2^k (e2m1_y_probes) over the MX range
-    of k: y subnormal (k = -127 .. -120: 2^-k up to 2^127), normal, 2^-k subnormal in bfloat16
-    (k = 127, the "rceil" code 254). tests/test_fused_gpu.py runs e2m1_unit_f32_rc compiled."""
-    from nqdq.kernels import _fused_rows as FR
+@pytest.mark.parametrize("clamp", [True, False])
+def test_e2m1_unit_f32_p2_matches_the_codec(clamp, monkeypatch):
+    """The fused MXFP4 encoder _rowwise_kernels.e2m1_unit_f32_p2 (y rounded to odd into bfloat16,
+    then one bfloat16 product by 2^-k; clamped to 6, as MX_Y_PAIRS takes it, or not, MX_RC's
+    "rceil" groups) against the reference codec on y * 2^-k, for y = v * 2^k (e2m1_y_probes)
+    over the MX range of k: y subnormal (k = -127 .. -120: 2^-k up to 2^127), normal, 2^-k
+    subnormal in bfloat16 (k = 127, the "rceil" code 254). tests/test_fused_gpu.py runs the
+    unclamped one compiled."""
     from nqdq.kernels import _rowwise_kernels as RK
 
-    for mod in (RK, FR):  # the bit casts by NumPy views: the twins run on whole arrays
-        monkeypatch.setattr(mod, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
-        monkeypatch.setattr(mod, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
-    rc = encoder == "e2m1_unit_f32_rc"
-    v, ks = e2m1_y_probes(rc)
-    fn = (RK.e2m1_unit_f32_rc if rc else FR.e2m1_unit_y).py_func
+    # the bit casts by NumPy views: the twins run on whole arrays
+    monkeypatch.setattr(RK, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
+    monkeypatch.setattr(RK, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
+    v, ks = e2m1_y_probes(not clamp)
+    fn = RK.e2m1_unit_f32_p2.py_func
     for k in ks:
         y, want, p2 = e2m1_y_case(v, k)
         e = y.view(np.uint32).reshape(-1, 8)
-        codes = e2m1_codes(fn([e[:, j] for j in range(8)], p2))
+        codes = e2m1_codes(fn([e[:, j] for j in range(8)], p2, clamp))
         bad = codes != want
         assert not bad.any(), f"k={k}: {int(bad.sum())} differ, first y={y[bad][0]!r}: {codes[bad][0]} != {want[bad][0]}"
 
@@ -578,9 +578,9 @@ def test_e2m1_unit_y_matches_the_codec(encoder, monkeypatch):
 @pytest.mark.parametrize("pairs, share, rc", [(True, True, False), (True, False, False), (False, True, False),
                                               (False, False, True)])
 def test_mx_y_pairs_switch_matches_reference(pairs, share, rc, monkeypatch):
-    """The kernel with NQDQ_FUSED_MX_Y_PAIRS on (e2m1_unit_y in finite MX groups, an A/B
-    switch, off by default) or NQDQ_FUSED_MX_RC off (e2m1_unit_f32_rc for "rceil" groups, on
-    by default; off: e2m1_unit_f32) gives the spec's bits too, with and without the residual
+    """The kernel with NQDQ_FUSED_MX_Y_PAIRS on (e2m1_unit_f32_p2 clamped in finite MX groups, an
+    A/B switch, off by default) or NQDQ_FUSED_MX_RC off (e2m1_unit_f32_p2 unclamped for "rceil"
+    groups, on by default; both off: e2m1_unit_f32) gives the spec's bits too, with and without the residual
     and GROUP_SHARE. Row 1 has an inf in group 0, row 2 a NaN in group 3 (non-finite groups:
     the element encoder); n = 200 ends inside a group and inside a unit (the slow path)."""
     from nqdq.kernels import _fused_rows as FR

@@ -109,8 +109,8 @@ def test_gpu_absmax_nan_matches_twin():
     np.testing.assert_array_equal(out.get(), want)
 
 
-def test_gpu_e2m1_unit_f32_rc_matches_the_codec():
-    """_rowwise_kernels.e2m1_unit_f32_rc (rmsnorm + mxfp4's encoder of finite "rceil" groups:
+def test_gpu_e2m1_unit_f32_p2_matches_the_codec():
+    """_rowwise_kernels.e2m1_unit_f32_p2 unclamped (rmsnorm + mxfp4's encoder of finite "rceil" groups:
     the bfloat16 multiply and the magic add compiled) on test_fused's probes around every e2m1
     code boundary over the MX range of k, 2^-k = 2^-127 (a bfloat16 subnormal) included,
     against the reference codec: what test_fused checks through the twins."""
@@ -124,8 +124,8 @@ def test_gpu_e2m1_unit_f32_rc_matches_the_codec():
         i = cuda.grid(1)
         if i < out.size:
             b = 8 * i
-            out[i] = RK.e2m1_unit_f32_rc((e[b], e[b + 1], e[b + 2], e[b + 3], e[b + 4], e[b + 5], e[b + 6], e[b + 7]),
-                                         p2)
+            out[i] = RK.e2m1_unit_f32_p2((e[b], e[b + 1], e[b + 2], e[b + 3], e[b + 4], e[b + 5], e[b + 6], e[b + 7]),
+                                         p2, False)
 
     v, ks = e2m1_y_probes(True)
     out = cp.zeros(v.size // 8, np.uint32)

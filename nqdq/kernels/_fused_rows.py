@@ -56,13 +56,11 @@ from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OP_ROWS, OP_SCA
                              OUT_TENSOR, OUT_Y,
                              R_SPLIT_MIN_BITS, SIG_BITS, idx_get_f32, prod_err, round_bits, rsqrt_mean,
                              split_sum64, xor_lane)
-from ._ptx import (bf16x2_absmul, bf16x2_min, cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, griddep_wait, load_u32x4,
-                   prmt, store_u32x2)
+from ._ptx import cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, griddep_wait, load_u32x4, prmt, store_u32x2
 from ._quantize_kernels import group_params, store_scale
 from ._division import RECIP_DIV, ratio_ok, recip_guarded
-from ._rowwise_kernels import (BF16X2_SIX, FINITE, _block_max_fn, abs_i32, e2m1_pack, e2m1_pair_sum, e2m1_unit_bf16,
-                               e2m1_unit_f32_rc, encode_store_unit_r, half_bits, is_e2m1, rto_parts, unit_amax,
-                               unit_amax_nan, word_amax16, xor_max)
+from ._rowwise_kernels import (FINITE, _block_max_fn, abs_i32, e2m1_unit_bf16, e2m1_unit_f32_p2, encode_store_unit_r,
+                               half_bits, is_e2m1, unit_amax, unit_amax_nan, word_amax16, xor_max)
 from ._scales import MODE_FLOAT, MODE_MX, MX_RCEIL
 from ._target import SIMULATOR, devfn
 
@@ -232,38 +230,6 @@ def mx_rceil_params(a, inv):
     return code, bits_f32(pb)
 
 
-@devfn
-def rto_pair(b_lo, b_hi):
-    """The float32 bits b_lo, b_hi rounded *to odd* into a bfloat16 pair (b_lo in bits 0-15):
-    the top halves, bit 0 set where a low half was not 0 (rto_parts)."""
-    t, s = rto_parts(b_lo, b_hi)
-    return np.uint32(t | s)
-
-
-@devfn
-def e2m1_unit_y(e, p2):
-    """The 8 packed e2m1 codes (element 0 in bits 0-3) of a finite MX group's unit of float32
-    bits ``e`` times its multiplier 2^-k, given as the bfloat16 pair p2: _rowwise_kernels.
-    e2m1_unit_f32's codes with y rounded to odd into bfloat16 *before* the product, which
-    is then one bfloat16 multiply of a pair (the row kernels' bf16x2 encoder) instead of two
-    float32 ones. The same codes: where y * 2^-k is a normal float32, rto(y) * 2^-k is
-    rto(y * 2^-k) exactly (a power of two scales the bfloat16 grid); where y is subnormal
-    (its grid 2^-133 is coarser) the e2m1 spacing of y * 2^-k is at least 2^-1 and
-    2^-k <= 2^127, so in units of y it is >= 2^-128: rounding to odd on a grid 32 times
-    finer, then to nearest, is rounding to nearest once, and rto(y) (<= 7 significant bits)
-    times 2^-k is exact; where y * 2^-k < 2^-126 both give a signed zero code. The signs are
-    y's (2^-k > 0)."""
-    h0 = rto_pair(e[0], e[1])
-    h1 = rto_pair(e[2], e[3])
-    h2 = rto_pair(e[4], e[5])
-    h3 = rto_pair(e[6], e[7])
-    six = np.uint32(BF16X2_SIX)
-    return e2m1_pack(e2m1_pair_sum(bf16x2_min(bf16x2_absmul(h0, p2), six)),
-                     e2m1_pair_sum(bf16x2_min(bf16x2_absmul(h1, p2), six)),
-                     e2m1_pair_sum(bf16x2_min(bf16x2_absmul(h2, p2), six)),
-                     e2m1_pair_sum(bf16x2_min(bf16x2_absmul(h3, p2), six)), (h0, h1, h2, h3))
-
-
 # A/B switches, read when a kernel is built; all three off by default since their H100 run
 # (2026-11-21 10:55 UTC, bf16 [8192, 7168], docs/performance.md "Fused ops: instruction
 # cuts"): NQDQ_FUSED_W_EARLY=1 loads the weights before the row's reduction (to hide their
@@ -271,7 +237,8 @@ def e2m1_unit_y(e, p2):
 # sum: rmsnorm + fp8_row 90.1 us with it vs 87.1 without, the unfused y kernel 269 -> 364
 # us); NQDQ_FUSED_MIN_BLOCKS=k adds a launch bound of k blocks per SM (k = "policy":
 # _min_blocks, 5 blocks of the 4-warp layout; no gain measured); NQDQ_FUSED_MX_Y_PAIRS=1
-# encodes MX e2m1 of y by e2m1_unit_y (bit-exact, 96.8 vs 97.2 us: no gain measured).
+# encodes MX e2m1 of y by _rowwise_kernels.e2m1_unit_f32_p2 with the clamp (bit-exact, 96.8 vs
+# 97.2 us: no gain measured).
 # The on / off switches' defaults; NQDQ_FUSED_<NAME>=1 / 0 overrides one (read at import).
 DEFAULTS = {"W_EARLY": False, "MX_Y_PAIRS": False, "ROWS_BF16": True, "FLAT_STEP": False, "RES_CVT": True,
             "NORM_FMA": True, "GROUP_SHARE": True,
@@ -346,8 +313,8 @@ AMAX_NAN = _switch("AMAX_NAN")
 # residual ops equal within 0.2 us.
 RSQRT_WARP0 = int(os.environ.get("NQDQ_FUSED_RSQRT_WARP0", "-1"))
 # MX_RC (NQDQ_FUSED_MX_RC, session 10): MX "rceil" e2m1 of y (mxfp4) by _rowwise_kernels.
-# e2m1_unit_f32_rc: y rounded to odd into bfloat16 pairs, scaled by one bfloat16 multiply a
-# pair, no clamp (rceil keeps |y| * 2^-k below 6.1): 12 instructions a unit less.
+# e2m1_unit_f32_p2 without the clamp: y rounded to odd into bfloat16 pairs, scaled by one
+# bfloat16 multiply a pair (rceil keeps |y| * 2^-k below 6.1): 12 instructions a unit less.
 MX_RC = _switch("MX_RC")
 # FULL_ROWS (NQDQ_FUSED_FULL_ROWS, session 10, read by the launcher: full_rows): where the row
 # fills the block's units exactly (n = NT * U * 8, aligned: hidden 7168 in 4 warps x 7 units,
@@ -513,8 +480,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     MXRC = MODE == MODE_MX and MXR == MX_RCEIL
     BF16X = kind == KIND_BF16 and wkind != KIND_F32  # the layouts W_EARLY and _min_blocks were measured on
     WE = w_early and BF16X
-    MXE2M1 = MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and mx_y_pairs
-    MXRC_PAIRS = MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and MXR == MX_RCEIL and mx_rc  # e2m1_unit_f32_rc
+    # MX e2m1 of y by e2m1_unit_f32_p2 (the multiplier in the bfloat16 pairs): MX_RC for "rceil"
+    # groups (no clamp), MX_Y_PAIRS for any (clamped to 6)
+    MXRC_PAIRS = MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and MXR == MX_RCEIL and mx_rc
+    MXE2M1 = MXRC_PAIRS or (MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and mx_y_pairs)
     # rows of bfloat16 words straight into MX e2m1 (flatten, MoE: no norm): ROWS_BF16
     WPAIRS = words_path(op, out, kind, fast, fmt, rows_bf16)
     if op == OP_SCATTER and not (WPAIRS and 1 <= KD <= MOE_SCATTER_MAX_K):
@@ -751,13 +720,9 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
 
     @devfn
     def put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32, qu):
-        if MXRC_PAIRS and fast and clean:  # MX "rceil" e2m1, a finite group: the multiplier in the pairs
-            pb = np.uint32(f32_bits(p0))
-            c32[np.uint64(qu)] = e2m1_unit_f32_rc(y, prmt(pb, pb, np.uint32(0x3232)))  # (unsigned: no wraparound)
-            return
-        if MXE2M1 and fast and clean:  # MX e2m1, a finite group: bfloat16 pairs (e2m1_unit_y)
-            hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact)
-            c32[np.uint64(qu)] = e2m1_unit_y(y, np.uint32(hb | (hb << np.uint32(16))))
+        if MXE2M1 and fast and clean:  # MX e2m1, a finite group: the multiplier in the bfloat16 pairs
+            pb = np.uint32(f32_bits(p0))  # (2^-k: its top half is exact in bfloat16)
+            c32[np.uint64(qu)] = e2m1_unit_f32_p2(y, prmt(pb, pb, np.uint32(0x3232)), not MXRC_PAIRS)  # (unsigned)
             return
         """Encode and store the unit's codes (row ``row`` of the contiguous codes array); r =
         recip_guarded(p0) for float scales (a clean unit is divided by the reciprocal: see
@@ -766,7 +731,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
             y = canon8(y)
         if fast:  # n % 8 == 0: the unit's codes start at byte (row * n + 8u) * NB / 8, qu = row * n / 8 + u
             # (a clean unit of the pairs' paths has returned above: their element encoders only)
-            clean = clean and not (MXRC_PAIRS or MXE2M1)
+            clean = clean and not MXE2M1
             encode_store_unit_r(y, qu, p0, r, clean, codes, c16, c32, MODE, fmt, CVT, UNIT, NB)
             return
         q = cuda.local.array(4, int32)

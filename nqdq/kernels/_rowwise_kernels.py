@@ -63,7 +63,8 @@ from ._codec import NAN, is_finite_f32, nanmax_f32, nanmin_f32, rint_f32  # asym
 from ._scales import range_scale  # asym_group_r
 from ._grid import grid_max
 from ._ptx import (E4M3, absmax_nan, array_addr, bf16x2_absmin, bf16x2_absmul, bf16x2_add, bf16x2_max, bf16x2_min,
-                   bf16x2_mul, cvt_e4m3, cvt_e4m3x2, cvt_e5m2x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt, store_u32x2, u16x2_max, u16x2_min)
+                   bf16x2_mul, cvt_e4m3, cvt_e4m3x2, cvt_e5m2x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt,
+                   store_u32x2, u16x2_max, u16x2_min)
 from ._quantize_kernels import group_params, store_scale
 from ._scales import (MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4, MX_RCEIL, NVFP4_INV6, float_scale,
                       nvfp4_block_scale_code, nvfp4_tensor_encode_scale)
@@ -484,31 +485,36 @@ def e2m1_unit_f32(e, p0):
                      (t0, t1, t2, t3))
 
 
-# The same codes for an MX "rceil" group with the multiplier folded into the pair: there
-# |y| * 2^-k <= 6 * (1 + 2^-22) (the scale is amax / 6 rounded up to a power of two, amax the
-# group's), so rto(y) * 2^-k, at most one bfloat16 ulp above, stays below 6.1: no clamp (the
-# magic sum puts [6, 7) on code 7 by itself). y is rounded to odd into bfloat16 first and the
-# pair's magnitude then scaled by one bfloat16 multiply, exact where the product is normal
-# (a power of two scales the bfloat16 grid: rto(y) * 2^-k is rto(y * 2^-k)). Where y is
-# subnormal its bfloat16 grid (2^-133) is coarser than float32's, but 2^-k <= 2^127 puts the
+# The same codes with the multiplier folded into the pairs: y is rounded to odd into bfloat16
+# first and the pair's magnitude then scaled by one bfloat16 multiply, exact where the product
+# is normal (a power of two scales the bfloat16 grid: rto(y) * 2^-k is rto(y * 2^-k)). Where y
+# is subnormal its bfloat16 grid (2^-133) is coarser than float32's, but 2^-k <= 2^127 puts the
 # e2m1 spacing of y * 2^-k (>= 2^-1) at >= 2^-128 in units of y: rounding to odd on a grid at
 # least 32 times finer, then to nearest, is still rounding to nearest once, and the product is
 # exact. Where y * 2^-k < 2^-126 both give a signed zero code (p2 = 2^-127, code 254, is a
 # bfloat16 subnormal: the products it makes that are not exact are all below 2^-126). The
-# signs are y's. Per pair: two float32 multiplies and the clamp less than e2m1_unit_f32.
+# signs are y's. In an MX "rceil" group |y| * 2^-k <= 6 * (1 + 2^-22) (the scale is amax / 6
+# rounded up to a power of two, amax the group's), so rto(y) * 2^-k, at most one bfloat16 ulp
+# above, stays below 6.1 and needs no clamp (the magic sum puts [6, 7) on code 7 by itself):
+# per pair two float32 multiplies and the clamp less than e2m1_unit_f32.
 @devfn
-def e2m1_unit_f32_rc(e, p2):
+def e2m1_unit_f32_p2(e, p2, clamp):
     """e2m1_unit_f32's codes (element 0 in bits 0-3) of an 8-element unit of float32 bits ``e``
-    in a finite MX "rceil" group (|e| * 2^-k <= 6 * (1 + 2^-22)), p2 = 2^-k as a bfloat16 pair
-    (the float32 multiplier's top half twice: prmt 0x3232)."""
+    in a finite MX group, p2 = 2^-k as a bfloat16 pair (the float32 multiplier's top half
+    twice: prmt 0x3232). ``clamp`` (compile-time): each scaled pair clamped to 6 (any scale
+    rounding); without, for "rceil" groups only (|e| * 2^-k <= 6 * (1 + 2^-22))."""
+    m = np.uint32(0x7FFF7FFF)  # |.|: folds into the LOP3 with the sticky bits
+    six = np.uint32(BF16X2_SIX)
     t0, s0 = rto_parts(e[0], e[1])
     t1, s1 = rto_parts(e[2], e[3])
     t2, s2 = rto_parts(e[4], e[5])
     t3, s3 = rto_parts(e[6], e[7])
-    m = np.uint32(0x7FFF7FFF)  # |.|: folds into the LOP3 with the sticky bits
-    return e2m1_pack(e2m1_pair_sum(bf16x2_mul((t0 & m) | s0, p2)), e2m1_pair_sum(bf16x2_mul((t1 & m) | s1, p2)),
-                     e2m1_pair_sum(bf16x2_mul((t2 & m) | s2, p2)), e2m1_pair_sum(bf16x2_mul((t3 & m) | s3, p2)),
-                     (t0, t1, t2, t3))
+    a0, a1 = bf16x2_mul((t0 & m) | s0, p2), bf16x2_mul((t1 & m) | s1, p2)
+    a2, a3 = bf16x2_mul((t2 & m) | s2, p2), bf16x2_mul((t3 & m) | s3, p2)
+    if clamp:
+        a0, a1 = bf16x2_min(a0, six), bf16x2_min(a1, six)
+        a2, a3 = bf16x2_min(a2, six), bf16x2_min(a3, six)
+    return e2m1_pack(e2m1_pair_sum(a0), e2m1_pair_sum(a1), e2m1_pair_sum(a2), e2m1_pair_sum(a3), (t0, t1, t2, t3))
 
 
 # ---- MX fp6 (e2m3, e3m2) in bfloat16 pairs (finite groups). The same argument as the e2m1
