@@ -185,7 +185,9 @@ def main(argv=None):
                "RES_CVT": lambda op: "+res" in op, "PREFETCH": lambda op: "rmsnorm" in op and "+res" not in op,
                "NORM_FMA": lambda op: "rmsnorm" in op, "MOE_SCATTER": lambda op: "moe" in op,
                "MOE_UNITS": lambda op: "moe" in op, "MOE_SORT1": lambda op: "moe" in op,
-               "MOE_PDL": lambda op: "moe" in op, "AMAX_NAN": lambda op: "rmsnorm" in op,
+               "MOE_PDL": lambda op: "moe" in op, "MOE_LOCAL": lambda op: "moe" in op,
+               "MOE_LOCAL_WARPS": lambda op: "moe" in op, "MOE_LOCAL_PREFETCH": lambda op: "moe" in op,
+               "AMAX_NAN": lambda op: "rmsnorm" in op,
                "RSQRT_WARP0": lambda op: "rmsnorm" in op,
                "MX_Y_PAIRS": lambda op: "rmsnorm" in op and "mxfp4" in op,
                "MX_RC": lambda op: "rmsnorm" in op and "mxfp4" in op}
@@ -325,9 +327,9 @@ def main(argv=None):
                 checks.append(dict(op=op, error=traceback.format_exc(limit=2)))
 
     # ---- MoE sort + MXFP4: rows/4 tokens, top-4 of 256 experts -> rows gathered rows
-    op = "moe_sort+mxfp4"
+    op, op2 = "moe_sort+mxfp4", "moe_sort+mxfp4 (check_ids=False)"
     try:
-        if args.only and args.only not in op:
+        if args.only and args.only not in op2:  # (op2's name holds op's)
             raise StopIteration
         k, E = 4, 256
         T = rows // k
@@ -362,7 +364,6 @@ def main(argv=None):
         nbytes = T * n * 2 + code_bytes("mxfp4", rows, n) + ids_h.nbytes + rows * 4 + (E + 1) * 4
         record(op, fused_fn, unfused_fn, nbytes)
         # the same without the read-back of the device's id range check (the call's one wait)
-        op2 = "moe_sort+mxfp4 (check_ids=False)"
 
         def fused_nc(i):
             return fused.moe_sort_quantize(tok[i], ids, E, "mxfp4", check_ids=False, **kw)
