@@ -185,9 +185,7 @@ def main(argv=None):
                "RES_CVT": lambda op: "+res" in op, "PREFETCH": lambda op: "rmsnorm" in op and "+res" not in op,
                "NORM_FMA": lambda op: "rmsnorm" in op, "MOE_SCATTER": lambda op: "moe" in op,
                "MOE_UNITS": lambda op: "moe" in op, "MOE_SORT1": lambda op: "moe" in op,
-               "MOE_PDL": lambda op: "moe" in op, "MOE_LOCAL": lambda op: "moe" in op,
-               "MOE_LOCAL_WARPS": lambda op: "moe" in op, "MOE_LOCAL_PREFETCH": lambda op: "moe" in op,
-               "AMAX_NAN": lambda op: "rmsnorm" in op,
+               "MOE_PDL": lambda op: "moe" in op, "AMAX_NAN": lambda op: "rmsnorm" in op,
                "RSQRT_WARP0": lambda op: "rmsnorm" in op,
                "MX_Y_PAIRS": lambda op: "rmsnorm" in op and "mxfp4" in op,
                "MX_RC": lambda op: "rmsnorm" in op and "mxfp4" in op}
@@ -329,7 +327,7 @@ def main(argv=None):
     # ---- MoE sort + MXFP4: rows/4 tokens, top-4 of 256 experts -> rows gathered rows
     op, op2 = "moe_sort+mxfp4", "moe_sort+mxfp4 (check_ids=False)"
     try:
-        if args.only and args.only not in op2:  # (op2's name holds op's)
+        if args.only and args.only not in op2:  # (op2's name holds op's: --only check_ids times op2 alone)
             raise StopIteration
         k, E = 4, 256
         T = rows // k

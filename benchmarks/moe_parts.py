@@ -6,9 +6,8 @@
 1. Device time, no host in the way: ``--reps`` back-to-back calls captured in one CUDA graph,
    events around a replay, divided by reps (median of 15 replays, two warm-up replays left out):
    the sort alone (its kernels launched straight: one launch, MOE_SORT1, or three) and the
-   whole planned op (``check_ids=False``) in one launch (MOE_LOCAL) and with the sort's
-   kernels, MOE_PDL on and off, twice (captured, the planned call takes the three-launch sort
-   whatever MOE_SORT1: kernels.fused.moe_plan).
+   whole planned op (``check_ids=False``) with MOE_PDL on and off, twice (captured, the planned
+   call takes the three-launch sort whatever MOE_SORT1: kernels.fused.moe_plan).
 2. Host time of the planned call at decode size (``--host-tokens`` x top-``--host-k``, where the
    device work is small): us a call over 300-call rounds (median of 7), the whole call, the
    remembered function, its run (allocation, launches, arrays), the launches alone, the
@@ -78,16 +77,15 @@ def main():
         print(f"sort alone, MOE_SORT1={int(on)} ({len(lst)} launches): {graph_us(body):.2f} us a call")
     x = (cp.random.standard_normal((T, H), dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
     for _ in range(2):
-        for local, pdl in ((1, 1), (0, 1), (0, 0)):
-            KF.MOE_SORT1, KF.MOE_PDL, KF.MOE_LOCAL = True, bool(pdl), bool(local)
+        for pdl in (1, 0):
+            KF.MOE_SORT1, KF.MOE_PDL = True, bool(pdl)
 
             def call():
                 return fused.moe_sort_quantize(x, ids2, E, "mxfp4", dtype="bfloat16", check_ids=False)
 
             call()
             call()  # (the second call is the planned one)
-            what = "one launch, MOE_LOCAL=1" if local else f"three-launch sort, MOE_PDL={pdl}"
-            print(f"whole op (planned, captured: {what}): {graph_us(call):.2f} us a call")
+            print(f"whole op (planned, captured: three-launch sort), MOE_PDL={pdl}: {graph_us(call):.2f} us a call")
     assert not ws.get().any(), "the one-launch sort left its workspace non-zero"
 
     T, k = args.host_tokens, args.host_k
@@ -98,8 +96,8 @@ def main():
         return np.median([host_time(fn, n, cp.cuda.runtime.deviceSynchronize, warm=0)[0] for _ in range(rounds)])
 
     print(f"host time a call, {T} tokens top-{k}, us:")
-    for on, pdl, local in ((True, True, True), (True, True, False), (True, False, False), (False, True, False)):
-        KF.MOE_SORT1, KF.MOE_PDL, KF.MOE_LOCAL = on, pdl, local
+    for on, pdl in ((True, True), (True, False), (False, True), (False, False)):
+        KF.MOE_SORT1, KF.MOE_PDL = on, pdl
 
         def call():
             return fused.moe_sort_quantize(x, ids, E, "mxfp4", dtype="bfloat16", check_ids=False)
@@ -112,7 +110,7 @@ def main():
                    launches=per_call(lambda: run.launch(cur, x, ids, mp)),
                    alloc=per_call(lambda: cp.cuda.alloc(run.total)),
                    key=per_call(lambda: fused._moe_key(x, ids, E, "mxfp4", "bfloat16")))
-        print(f"  MOE_LOCAL={int(local)} MOE_SORT1={int(on)} MOE_PDL={int(pdl)}: " + ", ".join(f"{n} {v:.1f}" for n, v in res.items()))
+        print(f"  MOE_SORT1={int(on)} MOE_PDL={int(pdl)}: " + ", ".join(f"{n} {v:.1f}" for n, v in res.items()))
 
 
 if __name__ == "__main__":

@@ -316,15 +316,13 @@ def test_repeated_calls_build_no_new_kernel():
     assert after.misses == before.misses and after.hits == before.hits + len(calls)
 
 
-@pytest.mark.parametrize("scatter, units, local", [(True, 0, False), (True, 2, False), (False, 0, False),
-                                                   (True, 2, True)])
-def test_moe_sort_quantize_scatter_rows(scatter, units, local, monkeypatch):
+@pytest.mark.parametrize("scatter, units", [(True, 0), (True, 2), (False, 0)])
+def test_moe_sort_quantize_scatter_rows(scatter, units, monkeypatch):
     """bfloat16 rows with aligned units into mxfp4, by OP_SCATTER (each token read and encoded
-    once, its codes and scales stored to its k sorted rows), by OP_GATHER (each sorted row
-    reads its token) and by OP_MOE_LOCAL (OP_SCATTER's rows with the sort inside: MOE_LOCAL):
-    each the spec's bits. Hidden 1000: 4 units a lane (MOE_UNITS 2: 2 units a lane over 2
-    warps), the last one and the last group partial; a group with inf and one with NaN (the
-    element encoder, once per stored row); k = 3 of 4 experts, one empty."""
+    once, its codes and scales stored to its k sorted rows) and by OP_GATHER (each sorted row
+    reads its token): both the spec's bits. Hidden 1000: 4 units a lane (MOE_UNITS 2: 2 units
+    a lane over 2 warps), the last one and the last group partial; a group with inf and one
+    with NaN (the element encoder, once per stored row); k = 3 of 4 experts, one empty."""
     from nqdq.kernels import _fused_kernels as FK
     from nqdq.kernels import fused as KF
 
@@ -333,13 +331,12 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, local, monkeypatch):
 
     def spy(op, *a, **kw):
         ops.append(op)
-        if op in (FK.OP_SCATTER, FK.OP_MOE_LOCAL):  # (op, out, kind, wkind, NW, U, ...): the layout asked for
+        if op == FK.OP_SCATTER:  # (op, out, kind, wkind, NW, U, ...): the layout asked for
             assert a[3:5] == ((1, 4) if units == 0 else (2, units))
         return build(op, *a, **kw)
 
     monkeypatch.setattr(KF, "MOE_SCATTER", scatter)
     monkeypatch.setattr(KF, "MOE_UNITS", units)
-    monkeypatch.setattr(KF, "MOE_LOCAL", local)
     monkeypatch.setattr(KF, "fused_row_kernel", spy)
     rng = np.random.default_rng(12)
     T, H, k, E = 5, 1000, 3, 4
@@ -348,7 +345,7 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, local, monkeypatch):
     ids = np.stack([rng.permutation(E)[:k] for _ in range(T)])
     ids[ids == 2] = 0  # expert 2 empty
     q, perm, off = fused.moe_sort_quantize(x, ids, E, "mxfp4", device="cuda")
-    assert ops == [(FK.OP_MOE_LOCAL if local else FK.OP_SCATTER) if scatter else FK.OP_GATHER]
+    assert ops == [FK.OP_SCATTER if scatter else FK.OP_GATHER]
     perm_ref, off_ref = R.moe_sort(ids, E)
     np.testing.assert_array_equal(perm, perm_ref)
     np.testing.assert_array_equal(off, off_ref)
@@ -359,84 +356,6 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, local, monkeypatch):
     q9, perm9, _ = fused.moe_sort_quantize(x[:2, :64], ids9, 10, "mxfp4", device="cuda")
     assert ops == [FK.OP_GATHER]
     assert_q_equal(q9, nqdq.quantize(x[:2, :64][R.moe_sort(ids9, 10)[0]], "mxfp4"))
-
-
-@pytest.mark.parametrize("T, H, k, E, dtype, units", [(100, 520, 8, 300, np.int64, 2), (23, 512, 8, 10, np.int32, 4)])
-def test_moe_local_sort_in_the_rows(T, H, k, E, dtype, units, monkeypatch):
-    """The MoE op in one launch (OP_MOE_LOCAL: each block counts every id and ranks its own
-    tokens' pairs) against the spec, written independently (sorted tuples): the simulator's 3
-    blocks of 8 warps split the warp items mid-token (hidden 520 at 2 units a lane: 2 warps a
-    token, the second one's last unit the row's partial one), so a token's pairs are ranked by
-    two blocks and its perm stored by one; 800 pairs, over 256 a block (the rank's chunks one
-    after another, each chunk's counts carried to the next); E = 300 buckets (more than the
-    scan's 32 threads take one each); ids out of range in two blocks (int64: one past 2^32,
-    which a cast to int32 would make a valid id) sort last. A second case: 1 warp a token,
-    the blocks' last turns past their items."""
-    from nqdq.kernels import _fused_kernels as FK
-    from nqdq.kernels import fused as KF
-    from nqdq.kernels._interop import Allocator, DeviceInput
-
-    ops = []
-    build = KF.fused_row_kernel
-
-    def spy(op, *a, **kw):
-        ops.append(op)
-        return build(op, *a, **kw)
-
-    monkeypatch.setattr(KF, "fused_row_kernel", spy)
-    monkeypatch.setattr(KF, "MOE_UNITS", units)
-    rng = np.random.default_rng(T)
-    x = rows(rng, T, H, "bfloat16")
-    x[T // 2, 40] = np.inf
-    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(dtype)
-    if dtype == np.int64:
-        ids[3, 1], ids[T - 2, 0] = -1, 2**32 + 3
-    valid = (ids >= 0) & (ids < E)
-    order = sorted((int(ids[i, j]) if valid[i, j] else E, i, j) for i in range(T) for j in range(k))
-    perm_ref = np.array([p[1] for p in order])
-    xin = DeviceInput(x.view(np.uint16).reshape(-1), 1, (T, H), "bfloat16", "numpy")
-    sch = resolve_scheme("mxfp4")
-    assert KF.moe_local_geometry(xin, T * k, k, E, sch) == (3, 8)
-    out, perm, off, inv = KF.moe_rows(ids.reshape(-1), xin, T * k, k, E, sch, Allocator("numpy"))
-    assert ops == [FK.OP_MOE_LOCAL] and inv is None
-    np.testing.assert_array_equal(perm, perm_ref)
-    np.testing.assert_array_equal(off[: E + 1], np.concatenate([[0], np.cumsum(np.bincount(ids[valid], minlength=E))]))
-    assert off[E + 1] == T * k
-    parts = RQ.quantize(x.astype(np.float32)[perm_ref], sch)
-    np.testing.assert_array_equal(out["codes"].reshape(T * k, -1), pack_codes(parts.codes, 4))
-    np.testing.assert_array_equal(out["scales"].reshape(T * k, -1), parts.scales)
-
-
-def test_moe_local_geometry():
-    """Where the one launch applies (moe_local_geometry): bfloat16 words into MX e2m1 with
-    16-byte units, k <= 8, at most MOE_LOCAL_MAX_PAIRS pairs and MOE_LOCAL_MAX_EXPERTS experts;
-    the grid grows until no block's tokens hold more pairs than its shared rows."""
-    from nqdq.kernels import _fused_kernels as FK
-    from nqdq.kernels import fused as KF
-    from nqdq.kernels._interop import DeviceInput
-
-    def geo(T, H, k, E, scheme="mxfp4", kind=1):
-        arr = np.zeros(T * H, np.uint16 if kind != 0 else np.float32)
-        xin = DeviceInput(arr, kind, (T, H), "bfloat16" if kind else "float32", "numpy")
-        return KF.moe_local_geometry(xin, T * k, k, E, resolve_scheme(scheme))
-
-    assert geo(40, 512, 4, 8) == (3, 8)  # (the simulator's grid: 3 blocks of 8 warps)
-    assert geo(2, 512, 4, 8) == (1, 8)  # 2 warp items: one block
-    assert geo(40, 512, 9, 8) is None  # k past what a token's rows hold in registers
-    assert geo(40, 512, 4, FK.MOE_LOCAL_MAX_EXPERTS + 1) is None
-    assert geo(KF.MOE_LOCAL_MAX_PAIRS // 4 + 1, 8, 4, 8) is None
-    assert geo(40, 512, 4, 8, scheme="mxfp8") is None  # not e2m1
-    assert geo(40, 512, 4, 8, kind=0) is None  # float32 x
-    assert geo(40, 516, 4, 8) is None  # rows of partial units
-    # 4000 tokens of one warp item each, k = 8: 3 blocks would each touch 1335 tokens' pairs;
-    # the least grid whose blocks touch at most MOE_LOCAL_PAIRS / 8 tokens (items + 1)
-    G, bw = geo(4000, 8, 8, 8)
-    assert bw == 8
-
-    def touched(g):
-        return (-(-4000 // g) + 1) * 8
-
-    assert touched(G) <= FK.MOE_LOCAL_PAIRS < touched(G - 1)
 
 
 @pytest.mark.parametrize("sort1", [True, False])

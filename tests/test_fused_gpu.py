@@ -262,7 +262,6 @@ def test_gpu_moe_scatter_and_gather(scatter, monkeypatch):
     from nqdq.kernels import fused as KF
 
     monkeypatch.setattr(KF, "MOE_SCATTER", scatter)
-    monkeypatch.setattr(KF, "MOE_LOCAL", False)  # (OP_SCATTER itself: the one launch is test_gpu_moe_local's)
     rng = np.random.default_rng(13)
     T, H, k, E = 333, 7168, 4, 64
     x = rows(rng, T, H, "bfloat16")
@@ -316,62 +315,18 @@ def test_gpu_moe_sort_one_launch(T, k, E, sort1, monkeypatch):
         np.testing.assert_array_equal(host(ws), 0)
 
 
-@pytest.mark.parametrize("T, H, k, E", [(2048, 7168, 4, 256), (64, 7168, 8, 256), (4096, 2880, 8, 512),
-                                        (3000, 512, 1, 7), (1, 7168, 1, 1), (333, 1104, 3, 300)])
-def test_gpu_moe_local(T, H, k, E, monkeypatch):
-    """The MoE op in one launch (OP_MOE_LOCAL, MOE_LOCAL: each block of 32 warps, one an SM,
-    counts every id and ranks its own tokens' pairs) against the spec and, whole outputs bit
-    for bit, against the sort kernels + OP_SCATTER (MOE_LOCAL off), with two ids out of range
-    (check_ids=False: they sort last in both): the bench's size (8192 pairs on 132 blocks),
-    decode (64 tokens top-8: 14 blocks), the most pairs it takes (32768, 512 experts; hidden
-    2880: 3 warps a token, the last unit partial), one expert of 7, a single pair, hidden 1104
-    (2 warps a token, items split mid-token between blocks)."""
-    from nqdq.kernels import _fused_kernels as FK
-    from nqdq.kernels import fused as KF
-
-    ops = []
-    build = KF.fused_row_kernel
-
-    def spy(op, *a, **kw):
-        ops.append(op)
-        return build(op, *a, **kw)
-
-    monkeypatch.setattr(KF, "fused_row_kernel", spy)
-    rng = np.random.default_rng(T + E)
-    x = rows(rng, T, H, "bfloat16")
-    x[T // 2, H // 3], x[T - 1, H - 1] = np.inf, np.nan
-    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
-    xg = to_gpu(x)
-    got = fused.moe_sort_quantize(xg, cp.asarray(ids), E, "mxfp4", dtype="bfloat16")
-    assert ops[-1] == FK.OP_MOE_LOCAL
-    assert_moe_spec(x, ids, E, got)
-    if T > 2:
-        ids[1, 0], ids[T - 2, k - 1] = E, -3
-    outs = []
-    for local in (True, False):
-        monkeypatch.setattr(KF, "MOE_LOCAL", local)
-        q, perm, off = fused.moe_sort_quantize(xg, cp.asarray(ids), E, "mxfp4", dtype="bfloat16", check_ids=False)
-        outs.append([host(a) for a in (q.codes, q.scales, perm, off)])
-    assert ops[-1] == FK.OP_SCATTER
-    for a, b in zip(*outs):
-        np.testing.assert_array_equal(bits(a), bits(b))
-
-
-@pytest.mark.parametrize("sort1, pdl, local", [(True, True, False), (True, False, False), (False, True, False),
-                                               (True, True, True)])
-def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, local, monkeypatch):
+@pytest.mark.parametrize("sort1, pdl", [(True, True), (True, False), (False, True)])
+def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, monkeypatch):
     """The planned MoE call with the one-launch sort or the three-launch one, each launch after
-    the first its predecessor's programmatic dependent (MOE_PDL: cuLaunchKernelEx) or plain,
-    or in one launch (MOE_LOCAL): on two streams at once (each stream its own workspace), and
-    captured in a CUDA graph (the three-launch sequence in every case but the one launch: no
-    workspace; the dependent launches programmatic edges) replayed on new ids and data; every
-    result the spec's."""
+    the first its predecessor's programmatic dependent (MOE_PDL: cuLaunchKernelEx) or plain: on
+    two streams at once (each stream its own workspace), and captured in a CUDA graph (the
+    three-launch sequence in every case: no workspace; the dependent launches programmatic
+    edges) replayed on new ids and data; every result the spec's."""
     from nqdq import api
     from nqdq.kernels import fused as KF
 
     monkeypatch.setattr(KF, "MOE_PDL", pdl)
     monkeypatch.setattr(KF, "MOE_SORT1", sort1)
-    monkeypatch.setattr(KF, "MOE_LOCAL", local)
     api.clear_fast_path()
     rng = np.random.default_rng(16)
     T, H, k, E = 600, 512, 4, 64
@@ -383,11 +338,8 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, local, monkeypatch):
     x, ids = data()
     fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16")  # plans it
     (fm,) = fused._MOE_FAST.values()
-    if local:
-        assert fm.run.seq is fm.run.seq_graph and len(fm.run.seq.entries) == 1
-    else:
-        assert ("_KX(" in fm.run.seq.source) == pdl and ("_KX(" in fm.run.seq_graph.source) == pdl
-        assert (len(fm.run.seq.entries), len(fm.run.seq_graph.entries)) == ((2, 4) if sort1 else (4, 4))
+    assert ("_KX(" in fm.run.seq.source) == pdl and ("_KX(" in fm.run.seq_graph.source) == pdl
+    assert (len(fm.run.seq.entries), len(fm.run.seq_graph.entries)) == ((2, 4) if sort1 else (4, 4))
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
     cases = [[data() for _ in range(4)] for _ in streams]
     outs = [[], []]

@@ -341,37 +341,6 @@ def chunk_rank(sid, whist, w, nb, e, t):
     return rank
 
 
-@devfn
-def scan_buckets(tot, off, part, t, ns, nb):
-    """tot[off + e], e < nb, replaced by its exclusive prefix sum over the buckets (the
-    buckets' first rows). Threads t < ns each take ceil(nb / ns) neighbouring buckets, whose
-    sums a Hillis-Steele scan over ``part`` (ns entries at least) adds up; every thread of the
-    block calls it (block barriers), the last one after the writes."""
-    q = (nb + ns - 1) // ns
-    lo = t * q  # (t >= ns: past the buckets)
-    hi = min(nb, lo + q)
-    s = 0
-    for e in range(lo, hi):
-        s += tot[off + e]
-    if t < ns:
-        part[t] = s
-    cuda.syncthreads()
-    o = 1
-    while o < ns:  # inclusive scan of the threads' sums
-        v = part[t - o] if t >= o and t < ns else 0
-        cuda.syncthreads()
-        if t < ns:
-            part[t] += v
-        cuda.syncthreads()
-        o *= 2
-    run = part[t] - s if t < ns else 0
-    for e in range(lo, hi):
-        n = tot[off + e]
-        tot[off + e] = run
-        run += n
-    cuda.syncthreads()
-
-
 MOE_WALK = 32  # the one-launch sort: counts of as many blocks a thread reads before it adds them
 
 
@@ -439,7 +408,27 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
         hist[e] = pre
         tot[e] = s
     cuda.syncthreads()
-    scan_buckets(tot, 0, part, t, MOE_CHUNK, nb)
+    q = (nb + MOE_CHUNK - 1) // MOE_CHUNK
+    lo = t * q
+    hi = min(nb, lo + q)
+    s = 0
+    for e in range(lo, hi):
+        s += tot[e]
+    part[t] = s
+    cuda.syncthreads()
+    off = 1
+    while off < MOE_CHUNK:  # inclusive scan of the threads' sums
+        v = part[t - off] if t >= off else 0
+        cuda.syncthreads()
+        part[t] += v
+        cuda.syncthreads()
+        off *= 2
+    run = part[t] - s
+    for e in range(lo, hi):
+        n = tot[e]
+        tot[e] = run
+        run += n
+    cuda.syncthreads()
     for e in range(t, nb, MOE_CHUNK):
         hist[e] += tot[e]
         if b == 0:
@@ -465,79 +454,3 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
                     n += whist[v * nb + e2]
                 hist[e2] += n
     grid_leave(t, sync)  # (at the end: off the way of the rows)
-
-
-# ----------------------------------------------------------------------------- the MoE sort inside the rows
-# (OP_MOE_LOCAL, the MoE op in one launch: kernels.fused.MOE_LOCAL) every block of the rows
-# kernel ranks the pairs of its own tokens itself from a count of every id, so no block waits
-# for another and no sort kernel runs before the rows.
-OP_MOE_LOCAL = 4  # OP_SCATTER's rows, each block sorting its own tokens' pairs (moe_local_rows)
-MOE_LOCAL_MAX_EXPERTS = 512  # its shared counts (2 (E + 1) and the chunk ranks' per-warp E + 1)
-MOE_LOCAL_BUCKETS = MOE_LOCAL_MAX_EXPERTS + 1
-MOE_LOCAL_PAIRS = 1024  # a block's pairs' rows, held in shared memory
-MOE_LOCAL_BATCH = 8  # ids a thread loads before it counts them
-
-
-@devfn
-def moe_local_rows(ids, npairs, num_experts, k, pb0, pb1, tlo, thi, t, nt, cnt, part, sid, whist, inv, perm,
-                   offsets, first):
-    """The sorted rows of the pairs [pb0, pb1) (a block's tokens, pb1 - pb0 <= MOE_LOCAL_PAIRS)
-    into inv[p - pb0], by the block's nt threads (nt >= MOE_CHUNK), the same rows as moe_sort's:
-
-    1. every pair's bucket counted (shared atomics: order-free) into cnt[b] for the pairs before
-       pb0 and cnt[nb + b] for the others (nb = E + 1 buckets), the ids MOE_LOCAL_BATCH a
-       thread loaded before they are counted;
-    2. the buckets' first rows: the exclusive scan of the totals cnt[b] + cnt[nb + b]
-       (scan_buckets, over the first warp's threads) into cnt[nb + b]; ``first`` (one block
-       of the grid) stores them as offsets[0..E] and offsets[E + 1] = npairs; then bucket b's
-       next row cnt[b] = its first row + its pairs before pb0;
-    3. the pairs [pb0, pb1) ranked as moe_scatter_kernel ranks a chunk (warp_counts,
-       chunk_rank: stable), MOE_CHUNK pairs at a time by the first MOE_CHUNK threads, each
-       chunk's counts then added to cnt; perm[row] = the pair's token where that token is in
-       [tlo, thi) (the tokens this block stores: every token's by one block).
-
-    Ends after a block barrier. ``sid`` has nt entries, ``part`` 32, ``whist`` MOE_WARPS * nb."""
-    nb = num_experts + 1
-    c = cuda.local.array(MOE_LOCAL_BATCH, int32)
-    for e in range(t, 2 * nb, nt):
-        cnt[e] = 0
-    cuda.syncthreads()
-    p = t
-    while p < npairs:  # (constant trip counts: unrolled, the loads issued together)
-        for i in range(MOE_LOCAL_BATCH):
-            q = p + i * nt
-            c[i] = moe_bucket(ids[q], num_experts) if q < npairs else -1
-        for i in range(MOE_LOCAL_BATCH):
-            if c[i] >= 0:
-                cuda.atomic.add(cnt, c[i] + (nb if p + i * nt >= pb0 else 0), 1)
-        p += MOE_LOCAL_BATCH * nt
-    cuda.syncthreads()
-    for e in range(t, nb, nt):
-        cnt[nb + e] += cnt[e]
-    cuda.syncthreads()
-    scan_buckets(cnt, nb, part, t, 32, nb)
-    for e in range(t, nb, nt):
-        cnt[e] += cnt[nb + e]
-        if first:
-            offsets[e] = cnt[nb + e]
-    if first and t == 0:
-        offsets[nb] = npairs
-    w = t >> 5
-    for c0 in range(pb0, pb1, MOE_CHUNK):
-        cuda.syncthreads()  # cnt is this chunk's; the previous chunk's reads of whist are done
-        p = c0 + t
-        e = moe_bucket(ids[p], num_experts) if t < MOE_CHUNK and p < pb1 else -1
-        warp_counts(e, t, w, nb, sid, whist)
-        if e >= 0:
-            row = cnt[e] + chunk_rank(sid, whist, w, nb, e, t)
-            inv[p - pb0] = row
-            tok = p // k
-            if tlo <= tok < thi:
-                perm[row] = tok
-        cuda.syncthreads()  # every row of this chunk is taken from cnt before it moves on
-        for e2 in range(t, nb, nt):
-            n = 0
-            for v in range(MOE_WARPS):
-                n += whist[v * nb + e2]
-            cnt[e2] += n
-    cuda.syncthreads()

@@ -52,8 +52,8 @@ from numba import cuda, float32, float64, int32
 from ..reference.fused import UNIT, WARP
 from ._codec import F32, KIND_BF16, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32_bits, mul_rn
 from ._elements import encode_element, store_unit_wide
-from ._fused_kernels import (CANON_NAN_BITS, MOE_LOCAL_BUCKETS, MOE_LOCAL_PAIRS, MOE_WARPS, OP_GATHER, OP_MOE_LOCAL,
-                             OP_NORM, OP_ROWS, OP_SCATTER, OUT_GROUP, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y, moe_local_rows,
+from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OP_ROWS, OP_SCATTER, OUT_GROUP, OUT_MX, OUT_ROW,
+                             OUT_TENSOR, OUT_Y,
                              R_SPLIT_MIN_BITS, SIG_BITS, idx_get_f32, prod_err, round_bits, rsqrt_mean,
                              split_sum64, xor_lane)
 from ._ptx import cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, griddep_wait, load_u32x4, prmt, store_u32x2
@@ -331,9 +331,6 @@ ROWS_BF16 = _switch("ROWS_BF16")
 FLAT_STEP = _switch("FLAT_STEP")
 RES_CVT = _switch("RES_CVT")
 PREFETCH = int(os.environ.get("NQDQ_FUSED_PREFETCH", "-1"))
-# MOE_LOCAL_PREFETCH (NQDQ_FUSED_MOE_LOCAL_PREFETCH, session 11): OP_MOE_LOCAL's items a warp asks
-# L2 for (prefetch.global.L2) before its block's count of the ids (_moe_local_source)
-MOE_LOCAL_PREFETCH = int(os.environ.get("NQDQ_FUSED_MOE_LOCAL_PREFETCH", "0"))
 PREFETCH_TENSOR = 264  # rows ahead (2 x the H100's 132 SMs; measured there only)
 
 
@@ -359,7 +356,7 @@ def full_rows(op, out, has_res) -> bool:
 def switches():
     """The build switches' current values (fused_row_kernel's ``sw``)."""
     return (W_EARLY, MIN_BLOCKS, MX_Y_PAIRS, ROWS_BF16, RES_CVT, PREFETCH, NORM_FMA, GROUP_SHARE, AMAX_NAN,
-            RSQRT_WARP0, MX_RC, FULL_ROWS, MOE_LOCAL_PREFETCH)
+            RSQRT_WARP0, MX_RC, FULL_ROWS)
 
 
 def _min_blocks(NT, res, min_blocks=None):
@@ -424,82 +421,6 @@ def _share_source(U, LL, NT, recip, full=False):
 
 
 _KERNEL_ARGS = "x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D, dm, pf"
-_MOE_LOCAL_ARGS = "ids, npairs, nexp, offsets"  # OP_MOE_LOCAL's arguments after _KERNEL_ARGS
-
-
-def _moe_local_source(NW, U, KD, BW, PF):
-    """OP_MOE_LOCAL's kernel source: the MoE op in one launch. The rows are OP_SCATTER's (a
-    token row read and encoded once, each unit's word and group scale stored to the token's KD
-    sorted rows: group_unit_ws), laid out as there (NW warps x U units a lane cover a token),
-    but a warp is the unit of work: item i is warp slot i % NW of token i // NW (the units
-    slot * 32 + lane + j * NT of it). Block b of the grid's G blocks of BW warps takes the
-    items [b * I / G, (b + 1) * I / G) (I = T * NW), its warps every BW-th in turn, and its
-    tokens' pairs' sorted rows come from moe_local_rows (no other block waited for: each
-    counts every id itself), which also stores perm for the tokens whose first item is the
-    block's and (block 0) offsets. Before the count each warp asks L2 for the lines of its
-    first PF items (``prefetch.global.L2``: no registers held), so DRAM streams while the
-    block sorts, and at each turn for those of its item PF turns ahead: the warps of a block
-    leave the count together and would otherwise load, then encode, in step, DRAM idle while
-    they encode. No barrier in the item loop (the group max is a warp's shuffles; the
-    simulator's twin syncs the block, so every warp runs the same number of turns, an item
-    past the block's end with its units out of the row). ``perm`` is the output permutation."""
-    NT = WARP * NW
-    J = range(U)
-    L = [f"def fused_rows({_KERNEL_ARGS}, {_MOE_LOCAL_ARGS}):",
-         "    tid = cuda.threadIdx.x",
-         "    scratch = cuda.shared.array(SCRATCH, int32)",
-         "    cnt = cuda.shared.array(MOE_LOCAL_CNT, int32)",
-         "    part = cuda.shared.array(32, int32)",
-         "    sid = cuda.shared.array(NTB, int32)",
-         "    whist = cuda.shared.array(MOE_LOCAL_WHIST, int32)",
-         "    inv = cuda.shared.array(MOE_LOCAL_PAIRS, int32)",
-         "    x32 = as_u32(x)",
-         "    c32 = as_u32(codes)",
-         "    c16 = as_u16(codes)",
-         "    n = np.int32(n)",
-         "    nunits = np.int32((n + (UNIT - 1)) >> 3)",
-         "    lane = np.int32(tid & 31)",
-         "    b = np.int64(cuda.blockIdx.x)",
-         "    G = np.int64(cuda.gridDim.x)",
-         f"    nitems = np.int64(npairs // {KD}) * {NW}",
-         "    i0 = b * nitems // G",
-         "    i1 = (b + 1) * nitems // G",
-         f"    pb0 = (i0 // {NW}) * {KD}",
-         f"    pb1 = ((i1 + {NW - 1}) // {NW}) * {KD}",
-         "    item = i0 + np.int64(tid >> 5)"]
-    # the item's token row, its lane's first unit ts, its units in the row (nu: 0 past the block's items)
-    geo = [f"row = item // {NW}",
-           f"ts = np.int32(item - row * {NW}) * 32 + lane",
-           "nu = nunits if item < i1 else np.int32(0)",
-           "tx = row * (sb >> 3) + ts"]
-    def prefetch(ind):  # the L2 lines of item pfi (a hint: no value depends on it; the simulator has none)
-        if not PF or SIMULATOR:
-            return []
-        return [ind + "if pfi < i1:",
-                ind + f"    prow = pfi // {NW}",
-                ind + f"    pts = np.int32(pfi - prow * {NW}) * 32 + lane",
-                ind + "    ptx = prow * (sb >> 3) + pts"] + [
-                ind + f"    if pts + {j * NT} < nunits: prefetch_l2(x32, ptx + {j * NT})" for j in J]
-
-    if PF and not SIMULATOR:  # the warp's first PF turns' items
-        L += ["    pfi = item", f"    for f in range({PF}):"] + prefetch("        ") + [f"        pfi += {BW}"]
-    L += [f"    moe_local_rows(ids, npairs, nexp, {KD}, pb0, pb1, (i0 + {NW - 1}) // {NW}, (i1 + {NW - 1}) // {NW}, "
-          "tid, NTB, cnt, part, sid, whist, inv, perm, offsets, b == 0)",
-          f"    turns = (i1 - i0 + {BW - 1}) // {BW}",
-          "    it = 0",
-          "    while it < turns:"]
-    if PF and not SIMULATOR:  # the item PF turns ahead, so DRAM streams while the warps encode
-        L += [f"        pfi = item + {PF * BW}"] + prefetch("        ")
-    L += ["        " + g for g in geo]
-    L += [f"        a{j}, b{j} = load_x(x, x32, tx + {j * NT}, ts + {j * NT}, nu, 0, n, sh, D, dm)" for j in J]
-    L += [f"        p{j} = np.int64(inv[np.int32(row * {KD} - pb0) + {j}]) if nu > 0 else np.int64(0)" for j in range(KD)]
-    L += ["        dd = (" + "".join(f"p{j} * nunits, " for j in range(KD)) + ")",
-          "        ss = (" + "".join(f"p{j} * ngroups, " for j in range(KD)) + ")"]
-    L += [f"        group_unit_ws(a{j}, ts + {j * NT} < nu, ts + {j * NT}, tid, scratch, codes, c16, c32, scales, dd, ss, "
-          "n, pcols)" for j in J]
-    L += [f"        item += {BW}",
-          "        it += 1"]
-    return L
 
 
 @devfn
@@ -525,7 +446,7 @@ def words_path(op, out, kind, fast, fmt, rows_bf16=None) -> bool:
 
 @lru_cache(maxsize=None)
 def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, mx_cfg, max_elem, G, shfl, sw=None,
-                     KD=0, BW=0):
+                     KD=0):
     """The kernel for one configuration (every argument a compile-time constant): ``op``
     OP_*, ``out`` OUT_*, input / weight kinds, NW warps x U units per thread (the spec's
     geometry), ``fast`` (16-byte aligned units: vector loads and stores; 2: and n = NT * U * 8,
@@ -535,10 +456,9 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     ``shfl`` (warp shuffles; False: their simulator twins).
     Arguments: see _KERNEL_ARGS (flat arrays; sb the row stride of x in elements; pf the L2
     prefetch distance in rows, 0: none). ``sw``: switches() (None: their values now). ``KD``:
-    OP_SCATTER's rows per token (k of the MoE sort, 1..MOE_SCATTER_MAX_K). ``BW``: OP_MOE_LOCAL's
-    warps a block (_moe_local_source; its kernel takes four more arguments: _MOE_LOCAL_ARGS)."""
+    OP_SCATTER's rows per token (k of the MoE sort, 1..MOE_SCATTER_MAX_K)."""
     (w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw, norm_fma, gshare, amax_nan,
-     rsqrt_warp0, mx_rc, _full_rows, moe_pf) = switches() if sw is None else sw
+     rsqrt_warp0, mx_rc, _full_rows) = switches() if sw is None else sw
     RSQ0 = rsqrt_warp0 == 1 or (rsqrt_warp0 == -1 and out == OUT_MX)  # the row's 1/sqrt by warp 0
     pf_code = prefetch_distance(pf_sw, op, out, has_res) > 0
     NT = WARP * NW
@@ -566,7 +486,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     MXE2M1 = MXRC_PAIRS or (MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and mx_y_pairs)
     # rows of bfloat16 words straight into MX e2m1 (flatten, MoE: no norm): ROWS_BF16
     WPAIRS = words_path(op, out, kind, fast, fmt, rows_bf16)
-    if op in (OP_SCATTER, OP_MOE_LOCAL) and not (WPAIRS and 1 <= KD <= MOE_SCATTER_MAX_K):
+    if op == OP_SCATTER and not (WPAIRS and 1 <= KD <= MOE_SCATTER_MAX_K):
         raise ValueError(f"OP_SCATTER is built for the bfloat16 words' MX e2m1 path (words_path) and 1 <= k <= "
                          f"{MOE_SCATTER_MAX_K} rows a token, not k = {KD}")
     CLAMP = MXR != MX_RCEIL  # e2m1_unit_bf16: "floor" / "even" scales can leave |x| / 2^k up to 8
@@ -1070,28 +990,22 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
               for j in J]
     if GSHARE:
         L += _share_source(U, LL, NT, MODE == MODE_FLOAT, FULL)
-    if op == OP_MOE_LOCAL:
-        L = _moe_local_source(NW, U, KD, BW, moe_pf)
     src = "\n".join(L) + "\n"
     if FULL:  # unit j of every lane is in the row
         src = re.sub(r"\bu\d+ < nunits\b", "True", src)
     glb = dict(globals())
-    glb.update(SCRATCH=1 if shfl else (32 * BW if op == OP_MOE_LOCAL else NT), SCRATCH64=1 if shfl or not NORM else NT, RED=NW, NW=NW, OP=op, MODE=MODE, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE,
+    glb.update(SCRATCH=1 if shfl else NT, SCRATCH64=1 if shfl or not NORM else NT, RED=NW, NW=NW, OP=op, MODE=MODE, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE,
                MXI=MXI, RMASK=RMASK, load_x=load_x, load_w=load_w, LLSH=LLSH,
                add_res=add_res, unit_sq=unit_sq, row_rsqrt=row_rsqrt, norm_unit=norm_unit, elems=elems, put_y=put_y,
                put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max, as_u32=as_u32,
                as_u16=as_u16, group_unit_w=group_unit_w, prefetch_rows=prefetch_rows, load_q=load_r,
                group_params_r=group_params_r, group_unit_ws=group_unit_ws, KD=KD, SHFL=shfl,
-               griddep_wait=griddep_wait, amax_y=amax_y, moe_local_rows=moe_local_rows, NTB=32 * BW,
-               MOE_LOCAL_CNT=2 * MOE_LOCAL_BUCKETS, MOE_LOCAL_WHIST=MOE_WARPS * MOE_LOCAL_BUCKETS,
-               MOE_LOCAL_PAIRS=MOE_LOCAL_PAIRS)
+               griddep_wait=griddep_wait, amax_y=amax_y)
     exec(compile(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", "exec"), glb)
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most
     # rows: <= 64 registers a thread; ptxas spills rather than fail at launch)
     mb = _min_blocks(NT, RES or not BF16X, min_blocks)
-    if op == OP_MOE_LOCAL:  # (its blocks: BW warps, 32 / BW of them an SM: 64 registers a thread)
-        NT, mb = 32 * BW, max(1, 32 // BW)
     kern = cuda.jit(fn) if SIMULATOR else cuda.jit(fn, launch_bounds=(NT, mb) if mb else (NT,))
     kern.source = src
     # what the PTX audit allows of float64 (its rule is none: a stray float literal would

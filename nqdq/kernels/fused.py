@@ -59,17 +59,6 @@ MOE_SORT1 = _fused_rows._switch_env("MOE_SORT1", True)
 # before the one before them ends. H100 (06:04 UTC), as MOE_SORT1's figures: eager 37.8 -> 36.8 us
 # (one-launch sort), graph 36.6 -> 36.2 (one-launch sort), 35.2 -> 34.2 (three launches).
 MOE_PDL = _fused_rows._switch_env("MOE_PDL", True)
-# MOE_LOCAL (NQDQ_FUSED_MOE_LOCAL, session 11): the MoE op in one launch of OP_MOE_LOCAL where it
-# applies (moe_local_geometry: OP_SCATTER's rows, at most MOE_LOCAL_MAX_PAIRS pairs and
-# _fused_kernels.MOE_LOCAL_MAX_EXPERTS experts): every block counts every id itself and ranks its
-# own tokens' pairs (_fused_kernels.moe_local_rows), then streams its tokens' warp items; no sort
-# kernel, no block waiting for another, no workspace. MOE_LOCAL_WARPS: its blocks' warps (32:
-# one block an SM, the count done once an SM); MOE_LOCAL_MAX_PAIRS: the most ids every block
-# counts (beyond it the sort kernels' one count serves all blocks).
-MOE_LOCAL = _fused_rows._switch_env("MOE_LOCAL", True)
-MOE_LOCAL_WARPS = int(os.environ.get("NQDQ_FUSED_MOE_LOCAL_WARPS", "8" if SIMULATOR else "32"))
-MOE_LOCAL_MAX_PAIRS = int(os.environ.get("NQDQ_FUSED_MOE_LOCAL_MAX_PAIRS", "32768"))
-MOE_LOCAL_SIM_BLOCKS = 3  # the simulator's grid (its blocks run one after another: several, to test the split)
 
 
 def out_kind(sch: Scheme) -> int:
@@ -116,7 +105,7 @@ def _view(a, dtype, ok: bool, alloc, dummies):
 
 
 def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscale=None, perm=None,
-             strides=None, out=None, want_y=False, moe=None, alloc=None, launches=None, local=None):
+             strides=None, out=None, want_y=False, moe=None, alloc=None, launches=None):
     """Launch the fused row kernel. ``xin``: DeviceInput of the input (its flat array,
     kind, lib); ``res``: flat residual array (same kind) or None; ``w``: flat weight array
     (kind ``wkind``); ``perm``: int32 source rows (OP_GATHER); ``strides``: (sb, sh, D) in
@@ -126,9 +115,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     and MOE_SCATTER is on, OP_SCATTER runs instead: one block per token of the rows // k,
     each token read once and stored to its k rows. ``alloc``: the Allocator of the outputs
     (default: one of the input's library); ``launches``: a list that receives the launch as
-    (kernel, grid, block, args) instead of running it (moe_plan). ``local``: (ids, E, offsets,
-    grid, warps) of moe_local_geometry, with ``moe`` = (perm, k): OP_MOE_LOCAL (the sort inside
-    the rows kernel) writes perm and offsets too.
+    (kernel, grid, block, args) instead of running it (moe_plan).
     Returns dict(codes, scales, newres, y) of flat arrays (None where not produced)."""
     alloc = alloc if alloc is not None else Allocator(xin.lib)
     kind = xin.kind
@@ -186,28 +173,24 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
 
     # strided 2: FLAT_STEP's stepped unit indices, where D / 8 divides the block's threads
     stepped = strided and fast and _fused_rows.FLAT_STEP and nt % (D // 8) == 0
-    grid, kd, block, bw, extra = rows, 0, 32 * nw, 0, ()
+    grid, kd = rows, 0
     if (moe is not None and MOE_SCATTER and _fused_rows.words_path(op, mode, kind, fast, fmt)
             and 1 <= moe[1] <= _fused_rows.MOE_SCATTER_MAX_K):
         perm_a, kd = moe[0], int(moe[1])
         op, grid = FK.OP_SCATTER, rows // kd
-        nw, U = scatter_layout(n, nw, U)
-        block = 32 * nw
-        if local is not None:  # (the caller took moe_local_geometry's word that it applies)
-            ids, E, offsets, grid, bw = local
-            op, block, extra = FK.OP_MOE_LOCAL, 32 * bw, (ids, rows, E, offsets)
-    elif local is not None:
-        raise RuntimeError("run_rows: OP_MOE_LOCAL asked for rows that OP_SCATTER does not take")
+        nw_u = -(-(n // 8) // (32 * MOE_UNITS)) if MOE_UNITS > 0 else 0  # warps for MOE_UNITS a lane
+        if 0 < nw_u <= 32:
+            U, nw = MOE_UNITS, nw_u
     # fast 2: every lane's U units in the row (FULL_ROWS: no unit tested against the row's end)
     full = _fused_rows.full_rows(op, mode, res is not None) and fast and n == 32 * nw * U * 8
     kern = fused_row_kernel(op, mode, kind, wkind, nw, U, 2 if full else bool(fast), 2 if stepped else int(strided),
-                            res is not None, fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches(), kd, bw)
+                            res is not None, fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches(), kd)
     # dm: the fast strided loader's u // (D / 8) as (u * dm) >> 32 (_fused_rows._loader)
     dm = (1 << 32) // max(D // 8, 1) + 1
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
             n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, dm,
-            _fused_rows.prefetch_distance(_fused_rows.PREFETCH, op, mode, res is not None)) + extra
-    _launch(launches, kern, grid, block, args)
+            _fused_rows.prefetch_distance(_fused_rows.PREFETCH, op, mode, res is not None))
+    _launch(launches, kern, grid, 32 * nw, args)
     return dict(codes=codes, scales=scales, newres=newres, y=y, pcols=pcols, ngroups=ngroups, alloc=alloc, op=op)
 
 
@@ -257,59 +240,6 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
     return perm[:npairs], offsets, inv[:npairs]
 
 
-def scatter_layout(n: int, nw: int, U: int) -> tuple[int, int]:
-    """(warps, units a lane) of OP_SCATTER's rows of n elements: MOE_UNITS a lane where that
-    takes at most 32 warps, else the spec's layout (nw, U)."""
-    nw_u = -(-(n // 8) // (32 * MOE_UNITS)) if MOE_UNITS > 0 else 0  # warps for MOE_UNITS a lane
-    return (nw_u, MOE_UNITS) if 0 < nw_u <= 32 else (nw, U)
-
-
-def moe_local_geometry(xin, tk: int, k: int, num_experts: int, sch: Scheme):
-    """(grid, warps a block) of the MoE op in one launch (OP_MOE_LOCAL) for tokens ``xin``
-    [T, n] and tk = T * k pairs, or None where it does not apply: MOE_LOCAL off, rows that
-    OP_SCATTER does not take (words_path: bfloat16, 16-byte aligned units, MX e2m1; k <=
-    MOE_SCATTER_MAX_K), more than MOE_LOCAL_MAX_PAIRS pairs (each block counts every id) or
-    _fused_kernels.MOE_LOCAL_MAX_EXPERTS experts. The grid: one block of MOE_LOCAL_WARPS
-    warps an SM (32 warps: one block an SM fits), fewer where the tokens' warp items run
-    out, more where a block's pairs would pass MOE_LOCAL_PAIRS (its shared rows)."""
-    tokens, n = (int(v) for v in xin.shape)
-    if not (MOE_LOCAL and MOE_SCATTER and 1 <= k <= _fused_rows.MOE_SCATTER_MAX_K and 0 < tk <= MOE_LOCAL_MAX_PAIRS
-            and num_experts <= FK.MOE_LOCAL_MAX_EXPERTS):
-        return None
-    try:
-        mode = out_kind(sch)
-    except ValueError:
-        return None
-    fast = n % 8 == 0 and _addr(xin.arr) % 16 == 0
-    if not _fused_rows.words_path(FK.OP_GATHER, mode, xin.kind, fast, format_tuple(sch)):
-        return None
-    nw, _ = scatter_layout(n, *geometry(n))
-    bw = MOE_LOCAL_WARPS
-    items = tokens * nw
-    per_sm = max(1, 32 // bw)
-    grid = min(-(-items // bw), MOE_LOCAL_SIM_BLOCKS if SIMULATOR else _sm_count() * per_sm)
-    while ((-(-items // grid) - 1) // nw + 2) * k > FK.MOE_LOCAL_PAIRS:  # a block's tokens' pairs
-        grid += 1
-    return grid, bw
-
-
-def moe_rows(ids, xin, tk: int, k: int, num_experts: int, sch: Scheme, alloc, launches=None, ws=None):
-    """The MoE op's launches on the device: (run_rows' outputs, perm, offsets [E + 2]), as
-    moe_sort then the rows; in one launch of OP_MOE_LOCAL where moe_local_geometry allows.
-    ``ws``: moe_sort's (the one-launch sort's workspace). Returns (out, perm, offsets, inv):
-    inv, moe_sort's, None for the one launch."""
-    n = int(xin.shape[1])
-    geo = moe_local_geometry(xin, tk, k, num_experts, sch)
-    if geo is not None:
-        perm, offsets = alloc.empty(tk, np.int32), alloc.empty(num_experts + 2, np.int32)
-        out = run_rows(FK.OP_GATHER, xin, tk, n, sch, moe=(perm, k), alloc=alloc, launches=launches,
-                       local=(ids, num_experts, offsets, *geo))
-        return out, perm, offsets, None
-    perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc, launches, ws=ws)
-    out = run_rows(FK.OP_GATHER, xin, tk, n, sch, perm=perm, moe=(inv, k), alloc=alloc, launches=launches)
-    return out, perm, offsets, inv
-
-
 def moe_scan_threads(num_experts: int) -> int:
     """The scan's block: a power of two >= E, at least a warp, at most MOE_MAX_EXPERTS."""
     return min(FK.MOE_MAX_EXPERTS, max(32, 1 << (num_experts - 1).bit_length()))
@@ -354,12 +284,11 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     """``run(x, ids) -> (codes, scales, perm, offsets)`` for moe_sort_quantize on C-contiguous
     CuPy arrays of these shapes and dtypes (x: 16-byte aligned; ids: int32 or int64, the
     char ``ids_char``), on CuPy's current stream: one ``cupy.cuda.alloc`` for every output and
-    scratch array and the launches of the general path (moe_rows: the same kernels, grids and
-    arguments, recorded once; OP_MOE_LOCAL's one launch where it applies) by
-    ``launch.compile_sequence``; ``offsets`` is the op's [E + 1] (moe_sort's but its last
-    entry). None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0, no CuPy).
-    ``switches``: (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, (MOE_LOCAL, MOE_LOCAL_WARPS,
-    MOE_LOCAL_MAX_PAIRS), _fused_rows.switches()), part of the cache key. With MOE_PDL (OP_SCATTER rows, sm_90+) every launch after the first is its
+    scratch array and the launches of the general path (moe_sort, run_rows: the same
+    kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
+    is the op's [E + 1] (moe_sort's but its last entry). None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0,
+    no CuPy). ``switches``: (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, _fused_rows.switches()), part of the
+    cache key. With MOE_PDL (OP_SCATTER rows, sm_90+) every launch after the first is its
     predecessor's programmatic dependent: the rows' loads overlap the sort. With MOE_SORT1 a
     direct call sorts in one launch, a call under graph capture in three (``run.seq`` and
     ``run.seq_graph``)."""
@@ -377,12 +306,13 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     x = _Slot("xp", 0, tokens * hidden, _XDTYPES[kind])
     ids = _Slot("ids", 0, tk, np.dtype(ids_char))
     ws = _Slot("ws", 0, SYNC_WORDS, np.dtype(np.int32))
+    perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc, launches, ws=ws)
     xin = DeviceInput(x, kind, (tokens, hidden), dtype_name, "cupy")
-    out, perm, offsets, inv = moe_rows(ids, xin, tk, k, num_experts, sch, alloc, launches, ws=ws)
+    out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, perm=perm, moe=(inv, k), alloc=alloc, launches=launches)
     names = ("xp", "ids", "base", "ws")
     # MOE_PDL: each launch after the first is its predecessor's programmatic dependent (the
     # sort's kernels and OP_SCATTER wait for their predecessor before they read its output)
-    pdl_ok = MOE_PDL and out["op"] == FK.OP_SCATTER and (device_cc() or (0, 0)) >= (9, 0)  # (sm_90+; not OP_MOE_LOCAL's one launch)
+    pdl_ok = MOE_PDL and out["op"] == FK.OP_SCATTER and (device_cc() or (0, 0)) >= (9, 0)  # (sm_90+)
 
     def sequence(ls):
         return L.compile_sequence(ls, names, pdl=tuple(range(1, len(ls))) if pdl_ok else ())
@@ -390,7 +320,7 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     seq = seq_graph = sequence(launches)
     if seq is None:
         return None
-    if MOE_SORT1 and out["op"] != FK.OP_MOE_LOCAL:
+    if MOE_SORT1:
         # Captured in a CUDA graph, the call takes the three-launch sort (into the same arrays):
         # a graph pays no host time a launch, and on the device the three launches are shorter
         # (H100, graphs, with MOE_PDL: 64 tokens top-8 9.0 against 13.3 us a call, 2048 top-4
@@ -482,10 +412,6 @@ def audit_launches():
     k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, nw, u, F(FK.OP_SCATTER, FK.OUT_MX, False), False, False,
                          format_tuple(sch), _mx_cfg(sch), 6.0, 32, True, None, 4)
     out.append(("moe scatter-rows mxfp4", k, args(1, 0, np.uint8)))
-    k = fused_row_kernel(FK.OP_MOE_LOCAL, FK.OUT_MX, 1, 0, *scatter_layout(7168, nw, u), True, False, False,
-                         format_tuple(sch), _mx_cfg(sch), 6.0, 32, True, None, 4, 32)  # (as run_rows lays it out)
-    a32 = np.zeros(8, np.int32)
-    out.append(("moe one launch (local sort) mxfp4", k, args(1, 0, np.uint8) + (a32, 1, 1, a32)))
     k = fused_row_kernel(FK.OP_ROWS, FK.OUT_GROUP, 1, 0, nw, u, F(FK.OP_ROWS, FK.OUT_GROUP, False), True, False,
                          format_tuple(resolve_scheme("fp8_1x128")), (0, 0, 0, 1.0), 448.0, 128, True)
     out.append(("flatten strided fp8_1x128", k, args(1, 0, np.float32)))
