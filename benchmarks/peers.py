@@ -13,7 +13,13 @@ For bfloat16 inputs of 8192x8192, 16384x7168 and 64x7168 it times, with CUDA eve
 * ``nqdq <scheme>``: ``nqdq.quantize`` on CuPy arrays for fp8_row, mxfp8, mxfp4, nvfp4,
   fp8_1x128, when this nqdq has a GPU path (else the row says why not);
 * ``toy fp8_row (stand-in)``: ``benchmarks/toy_fp8_row.py`` launched through
-  ``nqdq.kernels.launch.FastKernel``: not nqdq's kernel, a stand-in while it is missing.
+  ``nqdq.kernels.launch.FastKernel``: not nqdq's kernel, a stand-in while it is missing;
+* with ``--seed S``: each nqdq scheme again under stochastic rounding
+  (``rounding="stochastic", seed=S``), on the 16-byte-unit kernels' stochastic variants
+  (``nqdq.kernels.quantize.LASTAXIS_STOCH`` on for that row: ``nqdq <scheme> SR``) and, with
+  ``--sr-general``, on the general kernels too (``nqdq <scheme> SR general``), beside the
+  round-to-nearest row and the copy. A scheme written ``NAME~sr`` / ``NAME~srg`` in
+  ``--schemes`` times only that variant (seed ``--seed``, default 1).
 
 Method (docs/performance.md): fresh random inputs (never zeros), several input sets
 rotated so that what one launch reads is not in L2 from the one before (sets x bytes
@@ -47,6 +53,10 @@ NO_COMPILE = False
 # schemes whose scales come from every row: checked on the whole tensor, not its first rows
 _WHOLE_TENSOR_CHECK = ("nvfp4", "fp8_tensor", "int8_column")
 NQDQ_SCHEMES = ["fp8_row", "int8_row", "mxfp8", "mxfp4", "nvfp4", "fp8_1x128"]
+SR_SEED = 1  # --seed: the seed of the stochastic-rounding rows
+# scheme-name suffix -> (label suffix, LASTAXIS_STOCH for the timed calls): stochastic rounding
+# on the 16-byte-unit kernels' stochastic variants, or on the general kernels (A/B)
+_SR_VARIANTS = {"~sr": (" SR", True), "~srg": (" SR general", False)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -211,19 +221,50 @@ def fastkernel_in_launchers(arrays_as_is=True):
         KQ._launch, _interop.Allocator.kernel_arg = old_launch, old_arg
 
 
-def nqdq_launcher(scheme_name):
-    """``x_uint16 -> QuantParts`` through ``nqdq.kernels.quantize.quantize`` (bf16 bits)."""
+def nqdq_launcher(scheme_name, seed=None):
+    """``x_uint16 -> QuantParts`` through ``nqdq.kernels.quantize.quantize`` (bf16 bits;
+    ``seed``: stochastic rounding)."""
     import nqdq.kernels.quantize as KQ
     from nqdq.schemes import resolve_scheme
 
     sch = resolve_scheme(scheme_name)
-    return lambda x: KQ.quantize(x, sch, dtype="bfloat16")
+    return lambda x: KQ.quantize(x, sch, dtype="bfloat16", seed=seed)
 
 
 def _static(scheme_name):
-    """"fp8_tensor@0.05": the scheme with a caller-given (static) scale 0.05 -> (name, kw)."""
+    """"fp8_tensor@0.05": the scheme with a caller-given (static) scale 0.05 -> (name, kw);
+    "mxfp4~sr" / "mxfp4~srg": stochastic rounding with seed SR_SEED (kw rounding, seed)."""
+    scheme_name, sr = _sr_variant(scheme_name)
     name, _, scale = scheme_name.partition("@")
-    return name, ({"scale": float(scale)} if scale else {})
+    kw = {"scale": float(scale)} if scale else {}
+    if sr is not None:
+        kw.update(rounding="stochastic", seed=SR_SEED)
+    return name, kw
+
+
+def _sr_variant(scheme_name):
+    """(the name without its ~sr / ~srg suffix, that suffix or None)."""
+    for suffix in _SR_VARIANTS:
+        if scheme_name.endswith(suffix):
+            return scheme_name[: -len(suffix)], suffix
+    return scheme_name, None
+
+
+@contextlib.contextmanager
+def lastaxis_stoch(on):
+    """``nqdq.kernels.quantize.LASTAXIS_STOCH`` set to ``on`` (None: left as it is), with the
+    plan cache cleared before and after (plans are cached without the switch)."""
+    import nqdq.kernels.quantize as KQ
+
+    old = KQ.LASTAXIS_STOCH
+    if on is not None:
+        KQ.LASTAXIS_STOCH = on
+    KQ._PLANS.clear()
+    try:
+        yield
+    finally:
+        KQ.LASTAXIS_STOCH = old
+        KQ._PLANS.clear()
 
 
 def nqdq_runner(scheme_name, x_u16):
@@ -238,7 +279,7 @@ def nqdq_runner(scheme_name, x_u16):
     tries = [
         ("nqdq.quantize", lambda x: nqdq.quantize(x, scheme_name, dtype="bfloat16", **kw)),
         ("nqdq.quantize", lambda x: nqdq.quantize(x.view(ml_dtypes.bfloat16), scheme_name, **kw)),
-        ("nqdq.kernels launcher", nqdq_launcher(scheme_name)),
+        ("nqdq.kernels launcher", nqdq_launcher(scheme_name, kw.get("seed"))),
     ]
     errors = []
     for label, run in tries:
@@ -360,7 +401,9 @@ def bench_size(timer, shape, rows_out, *, quick=False, log=print):
 
     # nqdq's own kernels, when this nqdq has a GPU path
     for scheme in NQDQ_SCHEMES:
-        bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log)
+        _, sr = _sr_variant(scheme)
+        with lastaxis_stoch(_SR_VARIANTS[sr][1] if sr else None):
+            bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log)
 
 
 def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
@@ -369,13 +412,16 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
     ``Timer.device_us`` queues a sleep kernel first, so the host (a few us per call) runs
     ahead and the events around each group of calls measure the device: all kernels of a
     call (nvfp4: 3), back to back. A row flagged host-bound measured the host instead.
-    Codes and scales are checked against the NumPy reference on the first rows."""
+    Codes and scales are checked against the NumPy reference on the first rows (stochastic
+    rounding too: an element's random bits depend on its linear index, which the first rows
+    share with the whole tensor)."""
     import cupy as cp
     import ml_dtypes
 
     import nqdq
 
-    name = f"nqdq {scheme}"
+    _, sr = _sr_variant(scheme)
+    name = f"nqdq {_sr_variant(scheme)[0]}" + (_SR_VARIANTS[sr][0] if sr else "")
     try:
         label, run = nqdq_runner(scheme, xs[0])
         parts = run(xs[0])
@@ -390,8 +436,9 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
             import nqdq.kernels.quantize as KQ
 
             base, kw = _static(scheme)
-            sch = resolve_scheme(base, static_scale=True) if kw else resolve_scheme(base)
-            plan = KQ.get_plan(tuple(xs[0].shape), 1, sch, static_scale=bool(kw))
+            static = "scale" in kw
+            sch = resolve_scheme(base, static_scale=True) if static else resolve_scheme(base)
+            plan = KQ.get_plan(tuple(xs[0].shape), 1, sch, static_scale=static, stoch="seed" in kw)
             plan_launches = [k.py_func.__name__ if hasattr(k, "py_func") else str(k) for k, _, _, _ in plan.launches]
         except Exception:
             pass
@@ -404,7 +451,12 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
     try:  # row-wise schemes: the first rows alone are a valid input; a scale taken over every row
         # (nvfp4's tensor scale, dynamic per-tensor, per-channel) needs the whole tensor
         check = min(xs[0].shape[0], 128)
-        if scheme not in _WHOLE_TENSOR_CHECK or check == xs[0].shape[0]:
+        whole = _sr_variant(scheme)[0] in _WHOLE_TENSOR_CHECK and check < xs[0].shape[0]
+        if sr and whole:
+            # the NumPy reference of a whole large tensor with Philox bits takes about a minute:
+            # tests/test_stochastic_lastaxis_gpu.py checks these kernels bit for bit instead
+            note += "; not checked here (stochastic, whole-tensor scale)"
+        elif not whole:
             base, kw = _static(scheme)
             ref = nqdq.quantize(xs[0][:check].get().view(ml_dtypes.bfloat16), base, device="cpu", **kw)
             got_codes = parts.codes[:check].get()
@@ -415,7 +467,8 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
             note += f"; first {check} rows {'bit-exact' if same else 'DIFFER from'} reference"
         else:  # the whole tensor against the reference
             xh = xs[0].get().view(ml_dtypes.bfloat16)
-            ref = nqdq.quantize(xh, scheme, device="cpu")
+            base, kw = _static(scheme)
+            ref = nqdq.quantize(xh, base, device="cpu", **kw)
             same = np.array_equal(parts.codes.get(), ref.codes) and np.array_equal(
                 parts.scales.get().view(np.uint8), np.ascontiguousarray(ref.scales).view(np.uint8)
             ) and (ref.tensor_scale is None or np.array_equal(np.asarray(parts.tensor_scale.get()).view(np.uint32),
@@ -456,17 +509,26 @@ def main(argv=None):
     ap.add_argument("--sizes", default=None, help="e.g. 64x7168,8192x8192")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer (slow to compile)")
     ap.add_argument("--schemes", default=None,
-                    help="nqdq schemes, comma-separated; NAME@S: a static (caller-given) scale S, e.g. fp8_tensor@0.05")
+                    help="nqdq schemes, comma-separated; NAME@S: a static (caller-given) scale S, e.g. fp8_tensor@0.05; "
+                         "NAME~sr / NAME~srg: stochastic rounding (seed --seed) on the last-axis / general kernels")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="also time every nqdq scheme under stochastic rounding with this seed (a 'SR' row after each)")
+    ap.add_argument("--sr-general", action="store_true",
+                    help="with --seed: also the stochastic rows on the general kernels ('SR general', the A/B)")
     args = ap.parse_args(argv)
     try:
         import cupy  # noqa: F401
     except ImportError:
         print("peers.py needs CuPy and a CUDA GPU")
         return 2
-    global NO_COMPILE, NQDQ_SCHEMES
+    global NO_COMPILE, NQDQ_SCHEMES, SR_SEED
     NO_COMPILE = args.no_compile
     if args.schemes:
         NQDQ_SCHEMES = args.schemes.split(",")
+    if args.seed is not None:
+        SR_SEED = args.seed
+        sr = ["~sr", "~srg"] if args.sr_general else ["~sr"]
+        NQDQ_SCHEMES = [v for s in NQDQ_SCHEMES for v in [s] + ([s + x for x in sr] if not _sr_variant(s)[1] else [])]
     sizes = SIZES if not args.sizes else [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
     timer = Timer()
     print(f"spin calibration: {timer.us_per_unit:.3f} us per unit; L2 {timer.l2_bytes / 2**20:.0f} MiB")

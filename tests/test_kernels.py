@@ -513,7 +513,10 @@ def test_lastaxis_kernel_choice(name, kw, shape, dtype, kernel):
     fast = {"lastaxis_rows", "lastaxis_groups", "lastaxis_asym_rows", "lastaxis_stat_groups"}
     names = _launched(shape, dtype, resolve_scheme(name, **kw))
     assert (fast & set(names)) == ({kernel} if kernel else set()), names
-    assert not fast & set(_launched(shape, dtype, resolve_scheme(name, **kw), stoch=True))  # stochastic: general
+    # stochastic rounding: the same kernel's stoch variant (kq.LASTAXIS_STOCH; off: general kernels only,
+    # tests/test_stochastic_lastaxis.py)
+    names = _launched(shape, dtype, resolve_scheme(name, **kw), stoch=True)
+    assert (fast & set(names)) == ({kernel} if kernel and kq.LASTAXIS_STOCH else set()), names
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
@@ -741,7 +744,8 @@ def test_static_kernel_choice(monkeypatch, name, kw, shape, dtype, kernel):
     sch = resolve_scheme(name, static_scale=True, **kw)
     names = set(_launched(shape, dtype, sch, static_scale=True))
     assert ("static_encode" in names) == (kernel is not None), names
-    assert "static_encode" not in _launched(shape, dtype, sch, static_scale=True, stoch=True)
+    names = set(_launched(shape, dtype, sch, static_scale=True, stoch=True))  # its stoch variant (LASTAXIS_STOCH)
+    assert ("static_encode" in names) == (kernel is not None and kq.LASTAXIS_STOCH), names
     assert "static_encode" not in _launched_with_off(monkeypatch, ["STATIC_FAST"], shape, dtype, sch, static_scale=True)
 
 
@@ -814,11 +818,11 @@ def test_dynamic_tensor_fast_formats(name, kw, deep_units):
 
 @pytest.mark.parametrize(
     "shape, dtype, stoch, fast",
-    [((3, 64), np.float32, False, True), ((3, 70), ml_dtypes.bfloat16, False, False), ((3, 64), np.float32, True, False)],
+    [((3, 64), np.float32, False, True), ((3, 70), ml_dtypes.bfloat16, False, False), ((3, 64), np.float32, True, True)],
 )
 def test_dynamic_tensor_kernel_choice(monkeypatch, shape, dtype, stoch, fast):
     sch = resolve_scheme("fp8_tensor")
-    assert ("static_encode" in _launched(shape, dtype, sch, stoch=stoch)) == fast
+    assert ("static_encode" in _launched(shape, dtype, sch, stoch=stoch)) == (fast and (not stoch or kq.LASTAXIS_STOCH))
     assert "static_encode" not in _launched_with_off(monkeypatch, ["STATIC_FAST"], shape, dtype, sch, stoch=stoch)
 
 
@@ -921,8 +925,9 @@ def test_tile_kernel_unaligned_input(unaligned_loads):
 
 
 def test_paths_checked_on_a_gpu_are_on_for_users():
-    """The one-pass paths that passed their GPU tests (H100, 2026-11-21) are on without
-    NQDQ_UNMEASURED_KERNELS, which only gates paths not yet run on a GPU."""
+    """The one-pass paths that passed their GPU tests (H100, 2026-11-21; stochastic rounding on
+    the 16-byte-unit kernels 2026-11-25) are on without NQDQ_UNMEASURED_KERNELS, which only
+    gates paths not yet run on a GPU."""
     import os
     import subprocess
     import sys
@@ -930,9 +935,10 @@ def test_paths_checked_on_a_gpu_are_on_for_users():
     env = {k: v for k, v in os.environ.items() if k != "NQDQ_UNMEASURED_KERNELS"}
     env["NUMBA_ENABLE_CUDASIM"] = "1"
     code = ("import nqdq.kernels.quantize as kq; "
-            "print(kq.LASTAXIS_ASYM, kq.LASTAXIS_CENTRED, kq.STATIC_FAST, kq.TILE_FAST, kq.COLUMN_FAST, kq._UNMEASURED)")
+            "print(kq.LASTAXIS_ASYM, kq.LASTAXIS_CENTRED, kq.STATIC_FAST, kq.TILE_FAST, kq.COLUMN_FAST, kq.LASTAXIS_STOCH, "
+            "kq._UNMEASURED)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["True"] * 5 + ["False"]
+    assert out.split() == ["True"] * 6 + ["False"]
 
 
 # ----------------------------------------------------------------------------- MX e2m1 in bfloat16 pairs

@@ -85,8 +85,7 @@ def sweep_launches():
     """(label, kernel, args) for the kernels of a representative sweep of schemes."""
     import ml_dtypes
 
-    from ..schemes import resolve_scheme, schemes
-    from . import _interop
+    from ..schemes import schemes
     from . import quantize as kq
 
     cases = [(n, {}, (8, 256), np.float32, None) for n in schemes()]
@@ -114,7 +113,7 @@ def sweep_launches():
         ("nvfp4", {}, (4, 256), ml_dtypes.bfloat16, None),
         ("e4m3", {"granularity": "row", "static_scale": True}, (8, 256), np.float16, None),
         ("int4", {"granularity": "tensor", "static_scale": True}, (8, 256), np.float32, None),
-        ("mxfp4", {}, (8, 256), np.float32, 7),  # stochastic
+        ("mxfp4", {}, (8, 256), np.float32, 7),  # stochastic, general kernels (LASTAXIS_STOCH off below)
         ("int8_centred", {}, (8, 256), np.float32, 7),
         ("int4_asym", {}, (8, 256), np.float32, 7),
         ("e4m3", {"granularity": "row", "axis": 0}, (8, 256), np.float32, None),
@@ -123,22 +122,65 @@ def sweep_launches():
         ("int4", {"granularity": "column"}, (8, 256), np.float32, None),
         ("int8", {"granularity": "block", "symmetric": False}, (8, 256), np.float32, None),
     ]
+    # stochastic rounding on the 16-byte-unit kernels (their stoch variants: kq.LASTAXIS_STOCH on
+    # for these cases, whatever NQDQ_UNMEASURED_KERNELS says), at sizes that take the deep paths
+    bf16 = ml_dtypes.bfloat16
+    sr_fast = [
+        ("fp8_row", {}, (1024, 8192), bf16, 7),  # rows
+        ("int8_row", {}, (1024, 7168), np.float16, 7),
+        ("fp8_row", {}, (8, 256), np.float32, 7),
+        ("fp8_1x128", {}, (2048, 2048), bf16, 7),  # groups
+        ("mxfp8", {}, (2048, 2048), bf16, 7),
+        ("mxfp6_e3m2", {}, (2048, 2048), bf16, 7),
+        ("mxfp6_e2m3", {}, (8, 256), np.float32, 7),
+        ("mxfp4", {}, (2048, 2048), bf16, 7),
+        ("mxfp4", {}, (8, 256), np.float32, 7),
+        ("int4_group", {}, (2048, 2048), bf16, 7),
+        ("nvfp4", {}, (2048, 2048), bf16, 7),  # NVFP4: S_enc from the amax partials
+        ("nvfp4", {}, (8192, 8192), bf16, 7),  # ... from finalize (three launches)
+        ("nvfp4", {}, (4, 256), bf16, 7),  # ... one launch (_grid)
+        ("fp8_tensor", {}, (8192, 8192), bf16, 7),  # dynamic per tensor: two passes
+        ("fp8_tensor", {}, (4, 256), bf16, 7),  # ... one launch (_grid)
+        ("fp8_tensor", {"static_scale": True}, (2048, 2048), bf16, 7),  # static: one pass
+        ("int8_asym", {}, (1024, 8192), bf16, 7),  # asymmetric rows
+        ("int4_asym", {}, (2048, 2048), bf16, 7),  # asymmetric groups
+        ("int8_centred", {}, (2048, 2048), bf16, 7),  # centred groups
+    ]
     out = []
-    for name, kw, shape, dt, seed in cases:
-        sch = resolve_scheme(name, **kw)
-        x = np.zeros(shape, dt)
-        rec = []
-        with dry_run(rec):
-            xin = _interop.DeviceInput(
-                x.reshape(-1).view(np.uint16 if dt != np.float32 else np.float32),
-                {np.float32: 0, ml_dtypes.bfloat16: 1, np.float16: 2}[dt],
-                shape, str(np.dtype(dt)), "numpy",
-            )
-            parts = kq.quantize(xin, sch, seed=seed, scale=1.0 if sch.static_scale else None)
-            kq.dequantize(parts, sch, shape)
-        label = f"{name}{kw or ''} {np.dtype(dt).name} {shape}" + (" stochastic" if seed else "")
-        out += [(label, k, a) for k, a in rec]
+    saved = kq.LASTAXIS_STOCH
+    try:
+        for case in [c + (False,) for c in cases] + [c + (True,) for c in sr_fast]:
+            kq.LASTAXIS_STOCH = case[-1]
+            kq._PLANS.clear()  # (plans are cached without the switch)
+            out += _case_launches(*case)
+    finally:
+        kq.LASTAXIS_STOCH = saved
+        kq._PLANS.clear()
     return out
+
+
+def _case_launches(name, kw, shape, dt, seed, sr_fast):
+    """(label, kernel, args) of one sweep case's quantize and dequantize, in a dry run."""
+    import ml_dtypes
+
+    from ..schemes import resolve_scheme
+    from . import _interop
+    from . import quantize as kq
+
+    sch = resolve_scheme(name, **kw)
+    x = np.zeros(shape, dt)
+    rec = []
+    with dry_run(rec):
+        xin = _interop.DeviceInput(
+            x.reshape(-1).view(np.uint16 if dt != np.float32 else np.float32),
+            {np.float32: 0, ml_dtypes.bfloat16: 1, np.float16: 2}[dt],
+            shape, str(np.dtype(dt)), "numpy",
+        )
+        parts = kq.quantize(xin, sch, seed=seed, scale=1.0 if sch.static_scale else None)
+        kq.dequantize(parts, sch, shape)
+    label = f"{name}{kw or ''} {np.dtype(dt).name} {shape}" + (" stochastic" if seed else "")
+    label += " (last-axis)" if sr_fast else ""
+    return [(label, k, a) for k, a in rec]
 
 
 def compile_and_audit(launches, cc=(9, 0), registers=True):

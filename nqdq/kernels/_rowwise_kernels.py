@@ -45,6 +45,11 @@ included; only finite groups, where no NaN can arise, use the shorter encoders
 
 The warp shuffle has a twin (``xor_max`` with ``shfl=False``: shared memory and barriers)
 that the CUDA simulator runs; the GPU tests run both variants.
+
+Stochastic rounding: every factory takes ``stoch`` (compile-time; False builds the kernels
+above unchanged), whose kernel keeps the loads, statistics, scales and stores and encodes
+each element by encode_element with its Philox bits (section "stochastic rounding" below,
+``sr_store_unit``), taking the seed's halves as two more arguments.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from numba import cuda, float32, int32, uint32
 from ._codec import F32, FLT_MAX, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits, fmin_f32, mul_rn
 from ._elements import encode_element
 from ._codec import encode_float_rne
+from ._codec import philox4x32_10  # stochastic rounding (sr_store_unit)
 from ._division import RECIP_DIV, div_by_recip, ratio_ok, recip_guarded
 from ._codec import NAN, is_finite_f32, nanmax_f32, nanmin_f32, rint_f32  # asym_group_r
 from ._scales import range_scale  # asym_group_r
@@ -750,6 +756,66 @@ def store_packed(lo, hi, unit, c8, c16, c32, vec, nb):
         c8[i + np.uint64(2)] = np.uint8(lo >> np.uint32(16))
 
 
+# ---- stochastic rounding (``rounding="stochastic"``). Every factory below takes ``stoch``, a
+# compile-time switch: False (the default) generates the RNE kernel exactly as before; True the
+# same kernel -- loads, layout, statistics, group parameters and scales (never rounded
+# stochastically, so the RNE kernel's bits) and stores -- whose per-unit encode is
+# sr_store_unit, and which takes two more arguments, key_lo and key_hi (the seed's halves).
+# Element i (its C-order linear index) takes word i % 4 of the Philox4x32-10 block at counter
+# i // 4 (reference/rng.random_bits). A 16-byte unit u holds elements u * VEC .. u * VEC + VEC - 1
+# and VEC is 4 or 8, so its random bits are whole Philox blocks, u or 2u and 2u + 1, whatever
+# thread or launch geometry holds the unit. The encode is encode_element's with stoch=True (the
+# general kernels' encoder, every NaN rule included): the finite-group shortcuts above are
+# round-to-nearest only, and a float scale keeps the IEEE x / s (div.rn) -- the reciprocal
+# division (_division) equals it only where |x / s| >= 2^-125 and |x| >= 2^-102; below, its
+# quotient is only known to be tiny and of x's sign, which round-to-nearest maps to the same zero
+# code but which would move a stochastic rounding's threshold.
+@devfn
+def unit_random_words(unit, vec, key_lo, key_hi):
+    """The 32 random bits of each element of 16-byte unit ``unit`` (element unit * vec + j
+    takes r_j): Philox block ``unit`` for a float32 unit (vec = 4; r4 .. r7 are 0), blocks
+    2 unit and 2 unit + 1 for a 16-bit one (vec = 8)."""
+    b = np.int64(unit)
+    if vec == 4:
+        r0, r1, r2, r3 = philox4x32_10(b & 0xFFFFFFFF, b >> 32, key_lo, key_hi)
+        z = np.int64(0)
+        return r0, r1, r2, r3, z, z, z, z
+    b = b * 2
+    r0, r1, r2, r3 = philox4x32_10(b & 0xFFFFFFFF, b >> 32, key_lo, key_hi)
+    b = b + 1
+    r4, r5, r6, r7 = philox4x32_10(b & 0xFFFFFFFF, b >> 32, key_lo, key_hi)
+    return r0, r1, r2, r3, r4, r5, r6, r7
+
+
+@devfn
+def sr_enc(xb, p0, p1, pz, mode, fmt, r, mask):
+    """The stochastically rounded code of the element with float32 bits ``xb`` and random
+    bits ``r`` in a group with parameters (p0, p1, pz) (group_params'; centred: p1 = mean)."""
+    return np.uint32(encode_element(bits_f32(xb), p0, p1, pz, mode, fmt, True, r, False) & mask)
+
+
+@devfn
+def sr_store_unit(e, unit, p0, p1, pz, key_lo, key_hi, c8, c16, c32, mode, fmt, vec, nb):
+    """encode_store_unit under stochastic rounding: the unit's elements (float32 bits ``e``)
+    encoded with their Philox bits (unit_random_words) and stored as store_packed does."""
+    r = unit_random_words(unit, vec, key_lo, key_hi)
+    m = (1 << nb) - 1
+    lo = pack4(sr_enc(e[0], p0, p1, pz, mode, fmt, r[0], m), sr_enc(e[1], p0, p1, pz, mode, fmt, r[1], m),
+               sr_enc(e[2], p0, p1, pz, mode, fmt, r[2], m), sr_enc(e[3], p0, p1, pz, mode, fmt, r[3], m), nb)
+    hi = np.uint32(0)
+    if vec == 8:
+        hi = pack4(sr_enc(e[4], p0, p1, pz, mode, fmt, r[4], m), sr_enc(e[5], p0, p1, pz, mode, fmt, r[5], m),
+                   sr_enc(e[6], p0, p1, pz, mode, fmt, r[6], m), sr_enc(e[7], p0, p1, pz, mode, fmt, r[7], m), nb)
+    store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
+
+
+def _sub(src, old, new):
+    """``src`` with its one occurrence of ``old`` replaced (the SR variants' edits of a kernel
+    template: an edit that no longer finds its text fails loudly instead of doing nothing)."""
+    assert src.count(old) == 1, (old, src.count(old))
+    return src.replace(old, new)
+
+
 def _consts(kind, mode, fmt, mx_cfg, max_elem, packed):
     nb = fmt[5] if packed else 8
     cvt = fp8_cvt_available() and fp8_cvt_supports(fmt)
@@ -835,7 +901,7 @@ _SENC_FROM_PARTS = ("parts, nparts, tscale", '''    red = cuda.shared.array(NW, 
 
 @lru_cache(maxsize=None)
 def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, packed, shfl, senc_parts=False,
-                               senc_grid=False):
+                               senc_grid=False, stoch=False):
     """Groups of L units (G = L * VEC elements, L a power of two <= 32) tiling a flat
     C-contiguous input whose rows hold a whole number of groups: group g covers units
     g*L .. g*L + L - 1 and owns scales[g]. A thread takes *chunks* of K consecutive units
@@ -845,7 +911,8 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     before the first is used. ``senc_parts`` (NVFP4): the kernel takes (parts, nparts,
     tscale) instead of ``sparams`` and computes S_enc itself (see _SENC_FROM_PARTS);
     ``senc_grid`` (NVFP4): it takes (tscale, sync) and computes S_enc from the whole grid's
-    units (``_grid.grid_max``: at most one block per SM, _SENC_FROM_GRID)."""
+    units (``_grid.grid_max``: at most one block per SM, _SENC_FROM_GRID). ``stoch``: stochastic
+    rounding (chunk_step_sr; the kernel takes key_lo, key_hi last)."""
     VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
     assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0 and L % K == 0 and K in (1, 2, 4)
     assert not (senc_parts or senc_grid) or mode == MODE_NVFP4
@@ -964,6 +1031,44 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
                 encode_store_unit(unit_elems(w2, kind), u + 2 * ST, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
                 encode_store_unit(unit_elems(w3, kind), u + 3 * ST, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
 
+    @devfn
+    def chunk_step_sr(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, s_enc, s_dec, key_lo, key_hi):
+        """chunk_step under stochastic rounding: the same amax (bfloat16 halves two per
+        instruction, as there: the same bits), butterfly, group parameters and scale (group_params:
+        the reference's formula, which nvfp4_block's shortcut reproduces), every unit by
+        sr_store_unit."""
+        if kind == KIND_BF16:
+            a2 = word_amax16(w0)
+            if K >= 2:
+                a2 = u16x2_max(a2, word_amax16(w1))
+            if K >= 4:
+                a2 = u16x2_max(a2, u16x2_max(word_amax16(w2), word_amax16(w3)))
+            a = np.int32(max(a2 & np.uint32(0xFFFF), a2 >> np.uint32(16)) << np.uint32(16))
+        else:
+            a = unit_amax(unit_elems(w0, kind), VEC)
+            if K >= 2:
+                a = max(a, unit_amax(unit_elems(w1, kind), VEC))
+            if K >= 4:
+                a = max(a, max(unit_amax(unit_elems(w2, kind), VEC), unit_amax(unit_elems(w3, kind), VEC)))
+        off = LL >> 1
+        while off > 0:  # every lane takes part, in range or not
+            a = xor_max(a, off, shfl, scratch, tid)
+            off >>= 1
+        if chunk < nchunks:
+            u = unit_of(chunk)
+            sv, p0, pz = group_params(mode, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
+            if (tid & (LL - 1)) == 0:
+                store_scale(scales, chunk // LL, mode, sv)
+            sr_store_unit(unit_elems(w0, kind), u, p0, ZERO, 0, key_lo, key_hi, c8, c16, c32, mode, fmt, VEC, NB)
+            if K >= 2:
+                sr_store_unit(unit_elems(w1, kind), u + ST, p0, ZERO, 0, key_lo, key_hi, c8, c16, c32, mode, fmt, VEC,
+                              NB)
+            if K >= 4:
+                sr_store_unit(unit_elems(w2, kind), u + 2 * ST, p0, ZERO, 0, key_lo, key_hi, c8, c16, c32, mode, fmt,
+                              VEC, NB)
+                sr_store_unit(unit_elems(w3, kind), u + 3 * ST, p0, ZERO, 0, key_lo, key_hi, c8, c16, c32, mode, fmt,
+                              VEC, NB)
+
     chunk_args = ", ".join("w{j}_%d" % k if k < K else "Z4" for k in range(4))
     ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind, mode=mode,
               chunk_step=chunk_step, unit_of=unit_of, ST=ST, NW=NT // 32, block_max=_block_max_fn(NT, shfl))
@@ -971,6 +1076,10 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
         ns.update(VEC=VEC, grid_max=grid_max)
     sargs, senc = _SENC_FROM_GRID if senc_grid else _SENC_FROM_PARTS if senc_parts else _SENC_FROM_SPARAMS
     src = _GROUPS_SRC.replace("CHUNK_ARGS", chunk_args).replace("SENC_ARGS", sargs).replace("SENC", senc)
+    if stoch:
+        ns["chunk_step"] = chunk_step_sr
+        src = _sub(src, f"scales, {sargs}):", f"scales, {sargs}, key_lo, key_hi):")
+        src = _sub(src, "scales, s_enc, s_dec)", "scales, s_enc, s_dec, key_lo, key_hi)")
     return _jit_unrolled("lastaxis_groups", src, ns, U, K, INT_GROUP_MIN_BLOCKS if IG else 0)
 
 
@@ -1026,17 +1135,28 @@ def _block_max_fn(NT, shfl):
 
 
 @lru_cache(maxsize=None)
-def make_lastaxis_row_kernel(kind, mode, fmt, mx_cfg, max_elem, NT, U, packed, shfl):
+def make_lastaxis_row_kernel(kind, mode, fmt, mx_cfg, max_elem, NT, U, packed, shfl, stoch=False):
     """One scale per row of a C-contiguous (rows, upr units) input, one block per row: thread
     t holds the row's units t, t + NT, ... (U of them, NT * U >= upr) in registers from the
     load to the encode; the row's amax is combined by warps (butterfly) and across warps (one
-    shared slot each, one barrier)."""
+    shared slot each, one barrier). ``stoch``: stochastic rounding (_ROWS_SR_ENCODE; the kernel
+    takes key_lo, key_hi last)."""
     VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
     assert NT % 32 == 0
     ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
               mode=mode, fmt=fmt, VEC=VEC, NB=NB, CVT=CVT, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE, MXI=MXI,
               block_max=_block_max_fn(NT, shfl))
-    return _jit_unrolled("lastaxis_rows", _ROWS_SRC, ns, U)
+    src = _ROWS_SRC
+    if stoch:
+        src = _sub(src, "scales, sparams):", "scales, sparams, key_lo, key_hi):")
+        src = _sub(src, _ROWS_RNE_ENCODE, _ROWS_SR_ENCODE)
+    return _jit_unrolled("lastaxis_rows", src, ns, U)
+
+
+# the row kernel's encode (its last two lines), and its stochastic-rounding replacement
+_ROWS_RNE_ENCODE = _ROWS_SRC[_ROWS_SRC.index("    rp = recip_guarded(p0)"):]
+_ROWS_SR_ENCODE = ("    if tid + {jNT} < upr: sr_store_unit(unit_elems(w{j}, kind), base + {jNT}, p0, ZERO, 0, key_lo, key_hi, "
+                   "codes, c16, c32, mode, fmt, VEC, NB)\n")
 
 
 # ----------------------------------------------------------------------------- tensor amax
@@ -1246,6 +1366,8 @@ _ASYM_STORE_CLIP = ("asym_unit_store_r(unit_elems(w{j}, kind), base + {jNT}, sv,
                     "fmt, VEC, NB)")
 _ASYM_STORE_EACH = ("encode_store_int_unit(unit_elems(w{j}, kind), base + {jNT}, sv, ZERO, pz, clean, codes, c16, c32, mode, "
                     "fmt, VEC, NB)")
+_ASYM_STORE_SR = ("sr_store_unit(unit_elems(w{j}, kind), base + {jNT}, sv, ZERO, pz, key_lo, key_hi, codes, c16, c32, "
+                  "mode, fmt, VEC, NB)")
 _ASYM_ONCE_LINES = """    flo = F32(-pz)
     fhi = F32(np.int32(fmt[7]) - pz)
     rr = recip_guarded(sv) if RECIP_DIV else ZERO
@@ -1253,14 +1375,18 @@ _ASYM_ONCE_LINES = """    flo = F32(-pz)
 
 
 @lru_cache(maxsize=None)
-def make_lastaxis_asym_row_kernel(kind, fmt, max_elem, NT, U, packed, shfl):
+def make_lastaxis_asym_row_kernel(kind, fmt, max_elem, NT, U, packed, shfl, stoch=False):
     """Asymmetric integers, one scale and zero point per row: make_lastaxis_row_kernel's
-    layout with a (max, min) statistic (two block reductions)."""
+    layout with a (max, min) statistic (two block reductions). ``stoch``: stochastic rounding
+    (sr_store_unit with the row's scale and zero point; the kernel takes key_lo, key_hi last)."""
     VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
     assert NT % 32 == 0
     ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
               mode=MODE_ASYM, fmt=fmt, VEC=VEC, NB=NB, MAXE=F32(max_elem), block_max=_block_max_fn(NT, shfl))
-    if ASYM_ROW_RECIP_ONCE:
+    if stoch:
+        src = _sub(_ASYM_ROWS_SRC, "zps, means):", "zps, means, key_lo, key_hi):")
+        src = _sub(src, "STORE_INT_UNIT", _ASYM_STORE_SR)
+    elif ASYM_ROW_RECIP_ONCE:
         store = _ASYM_STORE_CLIP if ASYM_INT_CLIP else _ASYM_STORE_ONCE  # (ASYM_INT_CLIP: see asym_code_r)
         src = _ASYM_ROWS_SRC.replace("    if tid + {jNT} < upr: STORE_INT_UNIT",
                                      _ASYM_ONCE_LINES + "    if tid + {jNT} < upr: " + store)
@@ -1490,6 +1616,16 @@ _CENTRED_ENCODE_ONCE = """        u = unit_of(chunk)
             encode_store_int_unit_r(e2, u + 2 * ST, s, mean, 0, ZERO, ZERO, rr, clean, c8, c16, c32, mode, fmt, VEC, NB)
             encode_store_int_unit_r(e3, u + 3 * ST, s, mean, 0, ZERO, ZERO, rr, clean, c8, c16, c32, mode, fmt, VEC, NB)"""
 
+# the centred encode under stochastic rounding (both layouts: unit_of(c) is c * K, ST = 1
+# without STAT_GROUP_FAST)
+_CENTRED_ENCODE_SR = """        u = unit_of(chunk)
+        sr_store_unit(e0, u, s, mean, 0, key_lo, key_hi, c8, c16, c32, mode, fmt, VEC, NB)
+        if K >= 2:
+            sr_store_unit(e1, u + ST, s, mean, 0, key_lo, key_hi, c8, c16, c32, mode, fmt, VEC, NB)
+        if K >= 4:
+            sr_store_unit(e2, u + 2 * ST, s, mean, 0, key_lo, key_hi, c8, c16, c32, mode, fmt, VEC, NB)
+            sr_store_unit(e3, u + 3 * ST, s, mean, 0, key_lo, key_hi, c8, c16, c32, mode, fmt, VEC, NB)"""
+
 
 def _lane_levels_src(W, LL, ind):
     """(cross, local) statement lines of the halving sum's lane levels and the position
@@ -1546,13 +1682,15 @@ def _centred_step_src(K, VEC, LL, interleaved=False):
 
 
 @lru_cache(maxsize=None)
-def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, packed, shfl):
+def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, packed, shfl, stoch=False):
     """Asymmetric (MODE_ASYM) or centred (MODE_CENTRED) groups of L units along the last
     axis: make_lastaxis_group_kernel's layout (chunks of K units, LL = L / K lanes per group,
     U chunks per thread), with the group's (max, min) or halving sum and centred amax.
     STAT_GROUP_FAST (read here): units interleaved over the group's lanes, the reciprocal
     once per chunk, 16-bit asymmetric keys in pairs; with it, ASYM_INT_CLIP: asymmetric codes
-    clipped as integers (see the comments above both)."""
+    clipped as integers (see the comments above both). ``stoch``: stochastic rounding (the
+    same statistics and parameters, every unit by sr_store_unit; the kernel takes key_lo,
+    key_hi last)."""
     VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
     assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0 and L % K == 0 and K in (1, 2, 4)
     assert mode in (MODE_ASYM, MODE_CENTRED)
@@ -1749,9 +1887,51 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
         glb.update(kind=kind, mode=mode, fmt=fmt, VEC=VEC, NB=NB, K=K, LL=LL, MAXE=MAXE, shfl=shfl, ST=ST, unit_of=unit_of,
                    INV_P=F32(1.0 / P), FACTOR=F32(np.float32(P) / np.float32(P)))  # fp32(P) / fp32(count)
         src = _centred_step_src(K, VEC, LL, FAST)
-        exec(compile(src, f"<nqdq centred_step K={K} VEC={VEC} LL={LL} fast={FAST}>", "exec"), glb)
+        if stoch:  # the same mean, scale and layout; the encode by sr_store_unit
+            src = _sub(src, "zps, means):", "zps, means, key_lo, key_hi):")
+            src = _sub(src, _CENTRED_ENCODE_ONCE if FAST else _CENTRED_ENCODE_EACH, _CENTRED_ENCODE_SR)
+        exec(compile(src, f"<nqdq centred_step K={K} VEC={VEC} LL={LL} fast={FAST}{' stoch' if stoch else ''}>",
+                     "exec"), glb)
         chunk_step = devfn(glb["centred_step"])
         chunk_step.source = src
+
+    if stoch and mode == MODE_ASYM:
+
+        @devfn
+        def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, zps, means, key_lo, key_hi):
+            """The asymmetric chunk under stochastic rounding: (max, min) keys of float32 bits
+            (the statistics of every path: exact values, order-free), asym_group's scale and
+            zero point (asym_params, the reference's), every unit by sr_store_unit."""
+            khi, nklo = unit_keys(unit_elems(w0, kind), VEC)
+            if K >= 2:
+                h1, l1 = unit_keys(unit_elems(w1, kind), VEC)
+                khi = max(khi, h1)
+                nklo = max(nklo, l1)
+            if K >= 4:
+                h2, l2 = unit_keys(unit_elems(w2, kind), VEC)
+                h3, l3 = unit_keys(unit_elems(w3, kind), VEC)
+                khi = max(khi, max(h2, h3))
+                nklo = max(nklo, max(l2, l3))
+            off = LL >> 1
+            while off > 0:
+                khi = xor_max(khi, off, shfl, scratch, tid)
+                nklo = xor_max(nklo, off, shfl, scratch, tid)
+                off >>= 1
+            if chunk < nchunks:
+                sv, pz, clean = asym_group(khi, nklo, MAXE)
+                if (tid & (LL - 1)) == 0:
+                    scales[chunk // LL] = sv
+                    zps[chunk // LL] = pz
+                u = unit_of(chunk)
+                sr_store_unit(unit_elems(w0, kind), u, sv, ZERO, pz, key_lo, key_hi, c8, c16, c32, mode, fmt, VEC, NB)
+                if K >= 2:
+                    sr_store_unit(unit_elems(w1, kind), u + ST, sv, ZERO, pz, key_lo, key_hi, c8, c16, c32, mode, fmt,
+                                  VEC, NB)
+                if K >= 4:
+                    sr_store_unit(unit_elems(w2, kind), u + 2 * ST, sv, ZERO, pz, key_lo, key_hi, c8, c16, c32, mode,
+                                  fmt, VEC, NB)
+                    sr_store_unit(unit_elems(w3, kind), u + 3 * ST, sv, ZERO, pz, key_lo, key_hi, c8, c16, c32, mode,
+                                  fmt, VEC, NB)
 
     chunk_args = ", ".join("w{j}_%d" % k if k < K else "Z4" for k in range(4))
     ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
@@ -1759,6 +1939,9 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
     src = _STAT_GROUPS_SRC.replace("CHUNK_ARGS", chunk_args)
     if FAST:
         src = src.replace(_STAT_LOAD_EACH, _STAT_LOAD_ILV)
+    if stoch:
+        src = _sub(src, "zps, means):", "zps, means, key_lo, key_hi):")
+        src = _sub(src, "scales, zps, means)", "scales, zps, means, key_lo, key_hi)")
     return _jit_unrolled("lastaxis_stat_groups", src, ns, U, K)
 
 
@@ -1803,13 +1986,14 @@ _STATIC_DYNAMIC = """    red = cuda.shared.array(NW, int32)
 
 
 @lru_cache(maxsize=None)
-def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None, shfl=True):
+def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None, shfl=True, stoch=False):
     """Static float scales of a flat C-contiguous input of ``nunits`` whole units: one
     scale for the tensor, or (``per_row``) scales[u // upr] for unit u, rows of ``upr``
     units. Block b owns units b*NT*U + j*NT + t, all U loads issued before any is used.
     ``dynamic_max_elem`` (one tensor scale): the kernel takes a ``sync`` workspace too and
     computes the scale itself, amax / max_elem as finalize does, over the whole grid
-    (``_grid.grid_max``: at most one block per SM), and writes it to scales[0]."""
+    (``_grid.grid_max``: at most one block per SM), and writes it to scales[0]. ``stoch``:
+    stochastic rounding (static_unit_sr; the kernel takes key_lo, key_hi last)."""
     VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
     DYN = dynamic_max_elem is not None
     assert not (DYN and per_row)
@@ -1826,12 +2010,23 @@ def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None,
             clean = False  # a caller-given scale far below |x| (all codes saturate): element by element
         encode_store_unit_r(e, u, s, r, clean, c8, c16, c32, MODE_FLOAT, fmt, CVT, VEC, NB)
 
+    @devfn
+    def static_unit_sr(e, u, upr, st, rst, scales, c8, c16, c32, key_lo, key_hi):
+        """static_unit under stochastic rounding: encode_element's x / s per element (any scale)."""
+        s = scales[u // upr] if per_row else st
+        sr_store_unit(e, u, s, ZERO, 0, key_lo, key_hi, c8, c16, c32, MODE_FLOAT, fmt, VEC, NB)
+
     ns = dict(NT=NT, U=U, SH=0 if kind == KIND_F32 else 1, kind=kind, static_unit=static_unit)
     src = _STATIC_SRC
     if DYN:
         ns.update(NW=NT // 32, SCRATCH=1 if shfl else NT, VEC=VEC, MAXE=F32(dynamic_max_elem), grid_max=grid_max,
                   block_max=_block_max_fn(NT, shfl))
         src = src.replace("codes, scales):", "codes, scales, sync):").replace("    st = scales[0]\n", _STATIC_DYNAMIC)
+    if stoch:
+        ns["static_unit"] = static_unit_sr
+        args = "codes, scales, sync" if DYN else "codes, scales"
+        src = _sub(src, f"{args}):", f"{args}, key_lo, key_hi):")
+        src = _sub(src, "scales, codes, c16, c32)", "scales, codes, c16, c32, key_lo, key_hi)")
     return _jit_unrolled("static_encode", src, ns, U)
 
 

@@ -9,7 +9,9 @@ scheme                                                 kernels
 C-contiguous, groups along the last axis, rows of      ``lastaxis_rows`` / ``lastaxis_groups``
 whole 16-byte units: per-token rows, 1xG with G/VEC    (``_rowwise_kernels``: 16-byte loads,
 a power of two <= 32 (MX, fp8_1x128, int4 group),      one read, shuffles; _fast_lastaxis)
-RNE, float / MX scales
+float / MX scales; RNE, and stochastic rounding
+with LASTAXIS_STOCH (every fast path of this table
+but the tiles and per-channel scales)
 NVFP4 under the same conditions                        ``tensor_amax`` -> ``lastaxis_groups``
                                                        (S_enc from the amax partials in each
                                                        block: NVFP4_SENC_IN_GROUPS, inputs
@@ -19,8 +21,8 @@ NVFP4 under the same conditions                        ``tensor_amax`` -> ``last
 asymmetric integers under the same conditions          ``lastaxis_asym_rows`` /
 (LASTAXIS_ASYM); centred INT8 whole 2^k-unit groups    ``lastaxis_stat_groups``
 (LASTAXIS_CENTRED)
-other last-axis groups / rows (partial groups,         ``group`` (one pass; groups of more
-stochastic)                                            than SEG_MAX elements re-read L1/L2)
+other last-axis groups / rows (partial groups;         ``group`` (one pass; groups of more
+stochastic without LASTAXIS_STOCH)                     than SEG_MAX elements re-read L1/L2)
 NVFP4 otherwise                                        ``tensor_partials`` -> ``finalize``
                                                        (S_enc) -> ``group``
 per-tensor dynamic float scales, whole units          ``tensor_amax`` -> ``finalize`` ->
@@ -48,6 +50,8 @@ static scales (``scale=``) otherwise                   ``encode``
 
 The paths marked with a switch in capitals (LASTAXIS_ASYM, LASTAXIS_CENTRED, STATIC_FAST,
 TILE_FAST) are on; set to False, their cases take the general kernels of the row below them.
+LASTAXIS_STOCH (stochastic rounding on the 16-byte-unit kernels: their ``stoch`` variants) is
+on too.
 
 Every path writes codes already packed along the last axis (4-bit: two per byte, 6-bit:
 four per three bytes), and scales in the linear layout ``scheme.scale_shape(shape)``.
@@ -571,6 +575,15 @@ LASTAXIS_CENTRED = True  # centred INT8 groups: lastaxis_stat_groups
 # copy with 2, 92 / 93 % with 4), 2 on the previous path (its sums are shuffled per element)
 CENTRED_UNITS = 4 if RK.STAT_GROUP_FAST else 2
 STATIC_FAST = True  # static float scales per tensor / per last-axis row: static_encode
+# Stochastic rounding on the 16-byte-unit kernels (each factory's ``stoch`` variant: the same
+# loads, statistics, scales and stores, every element by encode_element with its Philox bits,
+# _rowwise_kernels.sr_store_unit): the last-axis rows and groups (float, MX, NVFP4, asymmetric,
+# centred), static_encode (static and dynamic per-tensor / static per-row scales). Tiles and
+# per-channel scales keep the general kernels. On since its H100 run (2026-11-25 19:20 UTC,
+# docs/performance.md "Eleventh session": 71 GPU tests passed; bf16 8192x8192 1.5-4x the general
+# kernels, e.g. int8_row 353 -> 158 us, mxfp4 609 -> 306 us, still compute-bound).
+# False: every stochastic case on the general kernels (A/B; clear _PLANS after a change).
+LASTAXIS_STOCH = True
 TILE_FAST = True  # B0 x B1 float block scales over whole-unit tiles: tile_blocks (_tile_kernels)
 # NVFP4 on the last-axis group kernel in two launches (tensor_amax -> lastaxis_groups, which
 # computes S_enc from the amax partials: _rowwise_kernels._SENC_FROM_PARTS) instead of three
@@ -752,6 +765,11 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
     maxe = _max_elem(sch)
     mxc = _mx_cfg(sch)
     key_lo, key_hi = (_SEED_LO, _SEED_HI) if stoch else (0, 0)
+    # the 16-byte-unit kernels: their stochastic variants take the seed's halves last (sr);
+    # without LASTAXIS_STOCH a stochastic case takes no fast path (fast_ok)
+    fast_ok = not stoch or LASTAXIS_STOCH
+    sr = {"stoch": True} if stoch else {}
+    keys = (key_lo, key_hi) if stoch else ()
     block = sch.block_for(shape)
     out = _Outputs(rec, sch, mode, shape, packed)
     codes, scales, zps, means = out.args()
@@ -795,22 +813,22 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         if mode in (MODE_ASYM, MODE_CENTRED):
             if fast[0] == "row":
                 _, NT, U = fast
-                k = RK.make_lastaxis_asym_row_kernel(kind, fmt, maxe, NT, U, packed, SHFL)
-                _launch(k, rows, NT, xa, C // vec, codes, scales, zps, means)
+                k = RK.make_lastaxis_asym_row_kernel(kind, fmt, maxe, NT, U, packed, SHFL, **sr)
+                _launch(k, rows, NT, xa, C // vec, codes, scales, zps, means, *keys)
             else:
                 _, L, K, NT, U = fast
-                k = RK.make_lastaxis_stat_group_kernel(kind, mode, fmt, maxe, L, K, NT, U, packed, SHFL)
+                k = RK.make_lastaxis_stat_group_kernel(kind, mode, fmt, maxe, L, K, NT, U, packed, SHFL, **sr)
                 nchunks = n // vec // K
-                _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, zps, means)
+                _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, zps, means, *keys)
         elif fast[0] == "row":
             _, NT, U = fast
-            k = RK.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL)
-            _launch(k, rows, NT, xa, C // vec, codes, scales, out.sparams)
+            k = RK.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL, **sr)
+            _launch(k, rows, NT, xa, C // vec, codes, scales, out.sparams, *keys)
         else:
             _, L, K, NT, U = fast
-            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, K, NT, U, packed, SHFL)
+            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, K, NT, U, packed, SHFL, **sr)
             nchunks = n // vec // K
-            _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, out.sparams)
+            _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, out.sparams, *keys)
 
     def partials(count):
         """finalize's partial statistics, ``count`` of each: amax bits, min, max."""
@@ -839,8 +857,8 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
     def run_static(NT, U, per_row):
         """static_encode over whole units with the scales in ``scales``."""
         vec = RK.vec_of(kind)
-        k = RK.make_static_kernel(kind, fmt, NT, U, packed, per_row)
-        _launch(k, _cdiv(n // vec, NT * U), NT, xa, n // vec, C // vec, codes, scales)
+        k = RK.make_static_kernel(kind, fmt, NT, U, packed, per_row, **sr)
+        _launch(k, _cdiv(n // vec, NT * U), NT, xa, n // vec, C // vec, codes, scales, *keys)
 
     def run_finalize(fmode, parts, nchunks, ngroups, I):
         pi, pa, pb = parts
@@ -853,27 +871,29 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
 
     del stream
     ax = sch.axis % nd
-    fast_static = _fast_static(shape, kind, sch, mode, nt) if static_scale and not stoch else None
+    fast_static = _fast_static(shape, kind, sch, mode, nt) if static_scale and fast_ok else None
     if fast_static is not None:  # caller-given scales, whole units: one streaming pass
         run_static(*fast_static)
     elif static_scale:
         run_encode()
     elif mode == MODE_NVFP4:
-        fast = None if stoch else _fast_lastaxis(shape, kind, mode, block[-1], nt, _cheap(fmt))
+        fast = _fast_lastaxis(shape, kind, mode, block[-1], nt, _cheap(fmt)) if fast_ok else None
         gs = _grid_geometry(n // RK.vec_of(kind) // fast[2], nt) if fast is not None and fast[0] == "group" else None
         if gs is not None:  # one launch: S_enc over the whole grid in the group kernel (_grid)
             _, L, Kc, _, _ = fast
             NT, U, nblocks = gs
-            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL, senc_grid=True)
+            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL, senc_grid=True,
+                                              **sr)
             _launch(k, nblocks, NT, xa, n // RK.vec_of(kind) // Kc, codes, scales, out.tscale,
-                    rec.empty(GRID.SYNC_WORDS, np.int32, "reset"))
+                    rec.empty(GRID.SYNC_WORDS, np.int32, "reset"), *keys)
         elif fast is not None and fast[0] == "group" and NVFP4_SENC_IN_GROUPS and n // RK.vec_of(kind) < NVFP4_SENC_MAX_UNITS:
             # two launches: the group kernel computes S_enc from the amax partials itself
             parts, nparts = tensor_amax_parts(max(32, min(nt, 256)), True, NVFP4_PARTS_MAX)
             _, L, Kc, NT, U = fast
-            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL, senc_parts=True)
+            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL, senc_parts=True,
+                                              **sr)
             nchunks = n // RK.vec_of(kind) // Kc
-            _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, parts[0], nparts, out.tscale)
+            _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, parts[0], nparts, out.tscale, *keys)
         elif fast is not None:  # finite amax of whole units, vector loads
             run_tensor_amax(max(32, min(nt, 256)), True)
             run_fast(fast)
@@ -883,13 +903,13 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             plan = _group_plan(block[-1], C, _cdiv(C, block[-1]), mode, nt, sub_packed)
             run_group(rows, C, block[-1], plan)
     elif sch.granularity == "tensor":
-        fast_static = _fast_static(shape, kind, sch, mode, nt) if not stoch else None
+        fast_static = _fast_static(shape, kind, sch, mode, nt) if fast_ok else None
         gs = _grid_geometry(n // RK.vec_of(kind), nt) if fast_static is not None and mode == MODE_FLOAT else None
         if gs is not None:  # one launch: the amax over the whole grid in the static kernel (_grid)
             NT, U, nblocks = gs
-            k = RK.make_static_kernel(kind, fmt, NT, U, packed, False, maxe, SHFL)
+            k = RK.make_static_kernel(kind, fmt, NT, U, packed, False, maxe, SHFL, **sr)
             _launch(k, nblocks, NT, xa, n // RK.vec_of(kind), shape[-1] // RK.vec_of(kind), codes, scales,
-                    rec.empty(GRID.SYNC_WORDS, np.int32, "reset"))
+                    rec.empty(GRID.SYNC_WORDS, np.int32, "reset"), *keys)
         elif fast_static is not None:  # whole units: vector-load amax pass, then the static pass
             NT, U, _ = fast_static
             run_tensor_amax(NT, False)
@@ -943,7 +963,7 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             run_encode()
     else:  # group / row
         G = block[ax]
-        fast = _fast_lastaxis(shape, kind, mode, G, nt, _cheap(fmt)) if ax == nd - 1 and not stoch else None
+        fast = _fast_lastaxis(shape, kind, mode, G, nt, _cheap(fmt)) if ax == nd - 1 and fast_ok else None
         plan = _group_plan(G, C, _cdiv(C, G), mode, nt, sub_packed) if ax == nd - 1 and fast is None else None
         if fast is not None:
             run_fast(fast)

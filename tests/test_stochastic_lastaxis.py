@@ -1,0 +1,245 @@
+"""Stochastic rounding through the 16-byte-unit kernels (``_rowwise_kernels``' ``stoch``
+variants: ``quantize.LASTAXIS_STOCH``): the plan takes them for the cases it takes for
+round-to-nearest-even, and their codes are the reference's bit for bit (Philox4x32-10 bits of
+each element's C-order index, reference/rng.py), their scales the RNE scales.
+
+In the CUDA simulator (conftest), so the inputs are small; tests/test_stochastic_lastaxis_gpu.py
+runs the same kernels at real sizes on a GPU. Each case quantizes, dequantizes and compares
+everything (test_kernels.check: codes packed and unpacked, scales, zero points, means, tensor
+scale, dequantized values), from outputs poisoned first.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import nqdq.kernels.quantize as kq
+from nqdq.reference import quantize as ref
+from nqdq.schemes import resolve_scheme
+
+from test_kernels import _launched, assert_same, check, edge_data
+from test_kernels import unaligned_loads  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+BF16 = ml_dtypes.bfloat16
+SEEDS = (7, 2**63 + 2**40 + 12345)  # one seed with both key words non-zero
+FAST = {"lastaxis_rows", "lastaxis_groups", "lastaxis_asym_rows", "lastaxis_stat_groups", "static_encode"}
+
+# scheme -> (kw, a small shape whose rows are whole groups of whole 16-byte units, its kernel)
+SCHEMES = {
+    "fp8_row": ({}, (3, 200), "lastaxis_rows"),  # (rows of 2^k <= 32 units run the group kernel)
+    "int8_row": ({}, (3, 200), "lastaxis_rows"),
+    "fp8_1x128": ({}, (2, 256), "lastaxis_groups"),
+    "mxfp8": ({}, (3, 128), "lastaxis_groups"),
+    "mxfp8_e5m2": ({}, (3, 64), "lastaxis_groups"),
+    "mxfp6_e2m3": ({}, (3, 128), "lastaxis_groups"),
+    "mxfp6_e3m2": ({}, (3, 128), "lastaxis_groups"),
+    "mxfp4": ({}, (3, 128), "lastaxis_groups"),
+    "int4_group": ({}, (2, 256), "lastaxis_groups"),
+    "nvfp4": ({}, (3, 128), "lastaxis_groups"),
+    "fp8_tensor": ({}, (3, 128), "static_encode"),
+    "int8_asym": ({}, (3, 200), "lastaxis_asym_rows"),
+    "int4_asym": ({}, (2, 256), "lastaxis_stat_groups"),
+    "int8_centred": ({}, (2, 256), "lastaxis_stat_groups"),
+}
+# (input dtype, seed): both seeds on bfloat16, one each on float32 / float16
+KINDS = [(BF16, SEEDS[0]), (BF16, SEEDS[1]), (np.float32, SEEDS[1]), (np.float16, SEEDS[0])]
+
+
+@pytest.fixture(autouse=True)
+def sr_fast(monkeypatch):
+    """LASTAXIS_STOCH on (it is with NQDQ_UNMEASURED_KERNELS=1, which conftest sets), with a
+    fresh plan cache before and after; yields the monkeypatch for further switches."""
+    monkeypatch.setattr(kq, "LASTAXIS_STOCH", True)
+    kq._PLANS.clear()
+    yield monkeypatch
+    kq._PLANS.clear()
+
+
+def sr_data(shape, seed):
+    """edge_data (NaN, +-inf, signed zeros, subnormals, format maxima, ties) with whole groups
+    of 32 that hold a NaN, an infinity only, only zeros, and only values on the fp8 / int grids
+    (nothing to round: stochastic rounding must keep them), where the shape has room."""
+    x = edge_data(shape, seed=seed).reshape(-1, shape[-1])
+    rng = np.random.default_rng(seed)
+    groups = [g for g in range(x.shape[1] // 32)]
+    for i, g in enumerate(groups[:4] if x.shape[0] > 1 else []):
+        row = x[(i + 1) % x.shape[0], 32 * g: 32 * g + 32]
+        row[:] = rng.standard_normal(32).astype(np.float32)
+        if i == 0:
+            row[5] = np.nan
+        elif i == 1:
+            row[:] = np.where(rng.random(32) < 0.3, np.float32(-np.inf), row)
+        elif i == 2:
+            row[:] = np.where(rng.random(32) < 0.5, np.float32(0.0), np.float32(-0.0))
+        else:
+            row[:] = rng.integers(-7, 8, 32).astype(np.float32)
+    return x.reshape(shape)
+
+
+def _run(name, dtype, seed, shape=None, **kw):
+    """Check scheme ``name`` under stochastic rounding on sr_data cast to ``dtype``, asserting
+    that the plan runs the scheme's kernel (with ``shape``: a 16-byte-unit kernel); returns
+    (the kernels' QuantParts, the input, the scheme)."""
+    skw, sshape, kernel = SCHEMES[name]
+    sch = resolve_scheme(name, **skw)
+    x = sr_data(shape or sshape, seed=zlib.crc32(name.encode()) % 1000).astype(dtype)
+    names = _launched(x.shape, dtype, sch, stoch=True)
+    assert (kernel in names) if shape is None else (FAST & set(names)), names
+    return check(x, sch, seed=seed, x_ref=x.astype(np.float32), **kw), x, sch
+
+
+# ----------------------------------------------------------------------------- bit-exact
+@pytest.mark.parametrize("dtype, seed", KINDS, ids=lambda v: np.dtype(v).name if isinstance(v, type) else str(v))
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_sr_fast_kernels_exact(name, dtype, seed):
+    """Every scheme, input kind and two seeds: codes (packed and not), scales and dequantized
+    values equal the reference's, and the scales equal round-to-nearest's bit for bit."""
+    got, x, sch = _run(name, dtype, seed)
+    rne = ref.quantize(x.astype(np.float32), sch)
+    assert_same(got.scales, rne.scales, f"{name} scales under stochastic rounding vs RNE")
+
+
+@pytest.mark.parametrize(
+    "name, shape, dtype",
+    [
+        ("fp8_row", (3, 72), BF16),  # 9 units a row: fewer than a warp's threads
+        ("int8_row", (2, 1000), np.float16),  # 125 units a row
+        ("fp8_row", (1, 8), np.float32),  # one row of two units
+        ("mxfp4", (5, 96), BF16),  # 60 units: a partial block of chunks
+        ("mxfp8", (2, 3, 64), np.float32),  # 3-D: linear indices across the leading axes
+        ("nvfp4", (3, 160), np.float32),
+        ("int8_asym", (3, 40), np.float32),  # 10 units a row
+        ("int4_asym", (3, 64), BF16),  # one group a row (64 < 128)
+        ("fp8_tensor", (7, 96), BF16),
+    ],
+)
+def test_sr_fast_kernels_shapes(name, shape, dtype):
+    _run(name, dtype, SEEDS[1], shape=shape)
+
+
+@pytest.mark.parametrize(
+    "name, kw, shape, dtype",
+    [
+        ("fp8_row", {}, (3, 70), BF16),  # rows not whole 16-byte units
+        ("mxfp8", {}, (3, 80), BF16),  # a partial last group
+        ("int4", {"granularity": "group", "group_size": 24}, (2, 48), np.float32),  # groups of 6 units
+        ("int8_centred", {}, (2, 64), np.float32),  # a row shorter than the group
+        ("fp8_128x128", {}, (4, 64), np.float32),  # tiles: the general kernels under stochastic rounding
+        ("int8_column", {}, (4, 64), np.float32),  # per-channel: the same
+    ],
+)
+def test_sr_general_fallbacks(name, kw, shape, dtype):
+    """Cases the 16-byte-unit kernels do not take still give the reference's bits (general kernels)."""
+    sch = resolve_scheme(name, **kw)
+    assert not FAST & set(_launched(shape, dtype, sch, stoch=True))
+    x = sr_data(shape, seed=5).astype(dtype)
+    check(x, sch, seed=SEEDS[0], x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize("name, kw, scale", [("fp8_tensor", {}, 0.05), ("e4m3", {"granularity": "row"}, None),
+                                             ("int4", {"granularity": "tensor"}, 0.25)])
+@pytest.mark.parametrize("dtype", [np.float32, BF16])
+def test_sr_static_scales(name, kw, scale, dtype):
+    """Caller-given scales (``scale=``) through static_encode's stochastic variant."""
+    shape = (3, 64)
+    sch = resolve_scheme(name, static_scale=True, **kw)
+    if scale is None:  # one per row, one of them 0 and one NaN
+        scale = np.array([[0.05], [0.0], [np.nan]], np.float32)
+    assert "static_encode" in _launched(shape, dtype, sch, static_scale=True, stoch=True)
+    x = sr_data(shape, seed=11).astype(dtype)
+    check(x, sch, seed=SEEDS[1], scale=scale, x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize("switches, kernels", [
+    ({"GRID_ONE_LAUNCH": True}, ["lastaxis_groups"]),  # S_enc over the grid, one launch
+    ({"GRID_ONE_LAUNCH": False}, ["tensor_amax", "lastaxis_groups"]),  # S_enc from the amax partials
+    ({"GRID_ONE_LAUNCH": False, "NVFP4_SENC_IN_GROUPS": False}, ["tensor_amax", "finalize", "lastaxis_groups"]),
+])
+@pytest.mark.parametrize("dtype", [np.float32, BF16])
+def test_sr_nvfp4_tensor_scale_paths(sr_fast, switches, kernels, dtype):
+    for k, v in switches.items():
+        sr_fast.setattr(kq, k, v)
+    kq._PLANS.clear()
+    assert _launched((3, 128), dtype, resolve_scheme("nvfp4"), stoch=True) == kernels
+    _run("nvfp4", dtype, SEEDS[0])
+
+
+@pytest.mark.parametrize("one_launch, kernels", [(True, ["static_encode"]),
+                                                 (False, ["tensor_amax", "finalize", "static_encode"])])
+def test_sr_dynamic_tensor_paths(sr_fast, one_launch, kernels):
+    sr_fast.setattr(kq, "GRID_ONE_LAUNCH", one_launch)
+    kq._PLANS.clear()
+    assert _launched((3, 128), BF16, resolve_scheme("fp8_tensor"), stoch=True) == kernels
+    _run("fp8_tensor", BF16, SEEDS[1])
+
+
+@pytest.mark.parametrize("name, dtype", [("fp8_row", BF16), ("mxfp4", np.float16), ("int4_asym", BF16),
+                                         ("nvfp4", np.float32), ("int8_centred", np.float16)])
+def test_sr_unaligned_input(unaligned_loads, name, dtype):  # noqa: F811
+    """Input that is not 16-byte aligned (element-by-element loads): the same units, the same bits."""
+    x = sr_data((2, 128) if name != "int8_centred" else (2, 256), seed=4).astype(dtype)
+    assert FAST & set(_launched(x.shape, dtype, resolve_scheme(name), stoch=True))
+    check(x, resolve_scheme(name), seed=SEEDS[1], x_ref=x.astype(np.float32))
+
+
+# ----------------------------------------------------------------------------- the plan's choice
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_sr_plan_takes_the_fast_kernel(sr_fast, name):
+    """Stochastic rounding takes the RNE plan's 16-byte-unit kernel (its stoch variant, whose
+    arguments end with the seed's halves); with LASTAXIS_STOCH off, only general kernels."""
+    skw, shape, kernel = SCHEMES[name]
+    sch = resolve_scheme(name, **skw)
+    for dtype in (np.float32, np.float16, BF16):
+        rne = _launched(shape, dtype, sch)
+        assert kernel in rne
+        assert _launched(shape, dtype, sch, stoch=True) == rne, dtype
+        plan = kq.get_plan(shape, {np.float32: 0, BF16: 1, np.float16: 2}[dtype], sch, stoch=True)
+        for k, _grid, _block, args in plan.launches:
+            if k.py_func.__name__ == kernel:
+                assert args[-2:] == (kq._SEED_LO, kq._SEED_HI), args
+    sr_fast.setattr(kq, "LASTAXIS_STOCH", False)
+    kq._PLANS.clear()
+    assert not FAST & set(_launched(shape, BF16, sch, stoch=True))
+
+
+# ----------------------------------------------------------------------------- launch geometry
+@pytest.mark.parametrize("name, shape, dtype", [("fp8_row", (2, 1024), BF16), ("mxfp4", (4, 256), BF16),
+                                                ("int4_group", (2, 512), np.float32), ("int8_asym", (2, 1000), np.float16),
+                                                ("int8_centred", (2, 512), BF16), ("nvfp4", (2, 256), np.float32)])
+def test_sr_launch_geometry_does_not_change_bits(sr_fast, name, shape, dtype):
+    """The same bits under block sizes of 32 and 128 threads, and with several units per thread
+    (the deep paths: kq.DEEP_UNITS / DEEP_ROWS), as the reference's."""
+    sch = resolve_scheme(name, **SCHEMES.get(name, ({},))[0])
+    x = sr_data(shape, seed=3).astype(dtype)
+    want = ref.quantize(x.astype(np.float32), sch, seed=SEEDS[1])
+    runs = []
+    for threads, deep in ((32, False), (128, False), (128, True)):
+        if deep:
+            sr_fast.setattr(kq, "DEEP_UNITS", 0)
+            sr_fast.setattr(kq, "DEEP_ROWS", 0)
+        kq._PLANS.clear()
+        plan = kq.get_plan(shape, {np.float32: 0, BF16: 1, np.float16: 2}[dtype], sch, stoch=True, threads=threads)
+        assert FAST & {k.py_func.__name__ for k, _, _, _ in plan.launches}
+        runs.append((plan.launches, kq.quantize(x, sch, seed=SEEDS[1], threads=threads, packed=False)))
+    # (a kernel object is one geometry of units per thread: the factories cache them)
+    geometries = [tuple((id(k), g, b) for k, g, b, _ in launches) for launches, _ in runs]
+    assert len(set(geometries)) >= 2, geometries  # (rows: the block fits the row, not ``threads``)
+    for launches, got in runs:
+        assert_same(got.codes, want.codes, f"{name} codes, launches {[(g, b) for _, g, b, _ in launches]}")
+        assert_same(got.scales, want.scales, f"{name} scales")
+
+
+def test_sr_bits_depend_on_the_seed():
+    """The stochastic variant really rounds stochastically: other seeds, other codes (same scales)."""
+    sch = resolve_scheme("mxfp4")
+    x = np.random.default_rng(1).standard_normal((4, 128)).astype(np.float32)
+    a, b = (kq.quantize(x, sch, seed=s, packed=False) for s in SEEDS)
+    r = kq.quantize(x, sch, packed=False)
+    assert_same(a.scales, r.scales, "scales")
+    assert (a.codes != b.codes).mean() > 0.1 and (a.codes != r.codes).mean() > 0.1
