@@ -8,11 +8,11 @@ Rules every function here follows, because the reference is the spec:
   Python float literal would promote the expression to float64);
 * integer work is done on Python ints / int64 holding the float32 *bits* (read through a
   1-element local-array view, which NVVM lowers to a plain ``mov.b32``); the hot element
-  encoders (``encode_float_rne``, ``encode_int_f32``) wrap each step in ``np.int32`` so
+  encoders (``encode_float_rne``, ``encode_float_sr32``, ``encode_int_f32``) wrap each step in ``np.int32`` so
   that NVVM narrows Numba's int64 arithmetic to 32-bit instructions (the audit's ``i64``
   column counts what is left);
 * nothing here uses warp shuffles, cooperative groups, fp16/bf16 Numba types, libdevice
-  (except :func:`mul_rn`, which has a portable twin) or printf.
+  (except :func:`mul_rn` and :func:`umulhi32`, which have portable twins) or printf.
 """
 
 from __future__ import annotations
@@ -163,25 +163,51 @@ PHILOX_M0 = np.uint64(0xD2511F53)
 PHILOX_M1 = np.uint64(0xCD9E8D57)
 PHILOX_W0 = np.uint64(0x9E3779B9)
 PHILOX_W1 = np.uint64(0xBB67AE85)
+PHILOX_M0_32 = np.uint32(0xD2511F53)
+PHILOX_M1_32 = np.uint32(0xCD9E8D57)
+
+
+@devfn
+def umulhi32_twin(a, b):
+    """The high 32 bits of the 64-bit product of uint32 ``a`` and ``b``."""
+    return np.uint32((np.uint64(a) * np.uint64(b)) >> U64_32)
+
+
+if SIMULATOR:
+    umulhi32 = umulhi32_twin
+else:
+
+    @devfn
+    def umulhi32(a, b):
+        """umulhi32_twin by libdevice __nv_umulhi (``mul.hi.u32``): written as a 64-bit
+        product of zero-extended words, NVVM keeps Philox's arithmetic in 64-bit registers
+        (``mul.lo.s64``, several IMADs each)."""
+        return np.uint32(cuda.libdevice.umulhi(np.uint32(a), np.uint32(b)))
 
 
 @devfn
 def philox4x32_10(ctr_lo, ctr_hi, key_lo, key_hi):
-    """Philox4x32-10 of counter (ctr_lo, ctr_hi, 0, 0) under key (key_lo, key_hi), as
-    reference/rng.philox4x32_10; returns the 4 output words as ints."""
-    c0 = np.uint64(ctr_lo)
-    c1 = np.uint64(ctr_hi)
-    c2 = np.uint64(0)
-    c3 = np.uint64(0)
-    k0 = np.uint64(key_lo)
-    k1 = np.uint64(key_hi)
+    """Philox4x32-10 of counter (ctr_lo, ctr_hi, 0, 0) under key (key_lo, key_hi) (each
+    < 2^32), as reference/rng.philox4x32_10; returns the 4 output words as ints.
+
+    The counter words are uint32 and each product is a uint32 widened to uint64 times a
+    32-bit constant, so NVVM emits one ``mul.wide.u32`` per multiply (one IMAD.WIDE.U32)
+    and 32-bit xors (LOP3); the key schedule depends on the key only (uniform registers)."""
+    c0 = np.uint32(ctr_lo)
+    c1 = np.uint32(ctr_hi)
+    c2 = np.uint32(0)
+    c3 = np.uint32(0)
+    k0 = np.uint64(np.uint32(key_lo))
+    k1 = np.uint64(np.uint32(key_hi))
     for _ in range(10):
-        p0 = PHILOX_M0 * c0
-        p1 = PHILOX_M1 * c2
-        n0 = (p1 >> U64_32) ^ c1 ^ k0
-        n2 = (p0 >> U64_32) ^ c3 ^ k1
-        c1 = p1 & U64_MASK32
-        c3 = p0 & U64_MASK32
+        hi0 = umulhi32(c0, PHILOX_M0_32)
+        hi1 = umulhi32(c2, PHILOX_M1_32)
+        lo0 = np.uint32((PHILOX_M0 * np.uint64(c0)) & U64_MASK32)
+        lo1 = np.uint32((PHILOX_M1 * np.uint64(c2)) & U64_MASK32)
+        n0 = np.uint32(hi1 ^ c1 ^ np.uint32(k0))
+        n2 = np.uint32(hi0 ^ c3 ^ np.uint32(k1))
+        c1 = lo1
+        c3 = lo0
         c0 = n0
         c2 = n2
         k0 = (k0 + PHILOX_W0) & U64_MASK32
@@ -309,6 +335,81 @@ def encode_float_bits(u, mbits, emin, max_code, nan_code, nbits, stochastic, r):
     if mag > max_code:
         mag = max_code
     return mag | sbit
+
+
+U32_SIGN_OFF = np.uint32(0x7FFFFFFF)
+U32_INF = np.uint32(0x7F800000)
+
+
+@devfn
+def encode_float_sr32(u, mbits, emin, max_code, nan_code, nbits, r):
+    """encode_float_bits(u, mbits, emin, max_code, nan_code, nbits, True, r) for float32
+    bits ``u`` and random bits ``r`` (both < 2^32), in 32-bit integer arithmetic and with
+    a short path for the target's normal range; returns the code as a uint32.
+
+    Normal range (``e >= emin``, ``a = u & 0x7FFFFFFF`` finite, or inf). There the spec
+    shifts ``m = man | 2^23`` right by ``t = 23 - M`` (M = mbits; 1 <= M <= 3, so t <= 22)
+    and rounds up iff ``rem + (r >> (32 - t)) >= 2^t``, ``rem = m mod 2^t``: a carry out of
+    the low t bits. Since ``a = ef * 2^23 + man`` has the same low t bits as m, adding
+    ``R = r >> (32 - t) = r >> (9 + M)`` (< 2^t) to ``a`` carries into bit t exactly then,
+    and the carry runs on through the kept mantissa into the exponent field by itself:
+    ``A = a + R``, ``A >> t = ef * 2^M + (man >> t) + up`` (A < 2^31: no wrap). The spec's
+    magnitude is ``q + up + ((e - emin) << M)`` with ``q = 2^M + (man >> t)`` and
+    ``e = ef - 127``, which is ``(A >> t) - ((126 + emin) << M)``; the saturation
+    ``min(., max_code)`` follows. +-inf (``a = 0x7F800000``) lands far above max_code and
+    saturates, as the spec's inf does.
+
+    Below the normal range (``e < emin``: subnormal in the target, zero, float32
+    subnormals; ``a < (127 + emin) << 23``) the quantum is fixed at 2^(emin - M): with
+    ``m = (a & 0xFFFFFF) | 2^23`` (the significand, implicit bit included) and
+    ``t = 23 - M + emin - (ef - 127)`` (> 23 - M). For t <= 31,
+    ``(m + (r >> (32 - t))) >> t`` is q + up as above (the sum is < 2^24 + 2^31); for
+    t >= 32 (``a < (119 - M + emin) << 23``: below 2^(emin - M - 8)), q = 0 and the spec
+    rounds up iff ``(m >> (t - 32)) + r >= 2^32``, i.e. ``m >> (t - 32) > ~r`` (the spec's
+    clamp t <= 56 gives 0 = m >> 24, as does any shift of 24 to 31). Zero and the float32
+    subnormals (ef = 0, whose significand has no implicit bit) all have t >= 32 and a shift
+    of at least 24, so the implicit bit set in m for them shifts out: 0, as in the spec. The
+    magnitude is at most 2^M, the smallest normal code (an up from the top subnormal
+    carries into it, as in the spec).
+    NaN (``a > 0x7F800000``): nan_code with the NaN's sign, or (no NaN in the format) the
+    zero of the opposite sign (ml_dtypes).
+
+    Structure: the normal-range magnitude (4 instructions: sm_90 SASS LOP3, LEA.HI (a + R),
+    LEA.HI (>> t, - offset), and the range test) is computed for every lane; lanes outside
+    the range then run one short block (ptxas predicates its t >= 32 part) and overwrite it.
+    A warp of normal values runs about 11 instructions per element (sign and saturation
+    included); a warp that mixes normal and subnormal lanes pays the shortcut plus the
+    block (about 25 more), not two full encoders. (A branch-free variant that computes both
+    magnitudes and selects costs about 30 for every warp: better only for warps that are
+    mostly mixed, measured on one bf16 MX unit.) Every step is wrapped in np.uint32 /
+    np.int32 so that NVVM emits 32-bit instructions (see encode_float_rne)."""
+    u = np.uint32(u)
+    r = np.uint32(r)
+    a = np.uint32(u & U32_SIGN_OFF)
+    lo = (127 + emin) << 23  # the smallest normal of the target
+    big = np.uint32(np.uint32(a + np.uint32(r >> np.uint32(9 + mbits))) >> np.uint32(23 - mbits))
+    # int32: negative (and then overwritten) below the normal range; no wrap on the host
+    mag = np.int32(np.int32(big) - np.int32((126 + emin) << mbits))
+    # not in [lo, inf] (one unsigned compare; int64 then truncated, so the host does not wrap)
+    if np.uint32(np.int64(a) - lo) > np.uint32(0x7F800000 - lo):
+        if a > U32_INF:  # NaN: its sign (or the opposite sign's zero) at bit nbits - 1
+            if nan_code >= 0:
+                sb = np.uint32(np.uint32(u >> np.uint32(32 - nbits)) & np.uint32(1 << (nbits - 1)))
+                return np.uint32(np.uint32(nan_code) | sb)
+            return np.uint32(np.uint32(np.uint32(~u) >> np.uint32(32 - nbits)) & np.uint32(1 << (nbits - 1)))
+        # significand with the implicit bit (also set for a float32 subnormal or zero: those
+        # have t >= 32 and take the block below, where any m < 2^24 shifts out)
+        m = np.uint32(np.uint32(a & np.uint32(0xFFFFFF)) | np.uint32(0x800000))
+        t = np.int32(np.int32(150 - mbits + emin) - np.int32(a >> np.uint32(23)))
+        tc = np.int32(min(t, np.int32(31)))
+        mag = np.int32(np.uint32(m + np.uint32(r >> np.uint32(32 - tc))) >> np.uint32(tc))
+        if a < np.uint32((119 - mbits + emin) << 23):  # t >= 32: below 2^(emin - M - 8), or 0
+            x = np.uint32(m >> np.uint32(min(np.int32(t - 32), np.int32(31))))
+            mag = np.int32(1) if x > np.uint32(~r) else np.int32(0)
+    if mag > max_code:
+        mag = np.int32(max_code)
+    # the sign bit moved to bit nbits - 1 (one LOP3 with the OR)
+    return np.uint32(np.uint32(mag) | np.uint32(np.uint32(u >> np.uint32(32 - nbits)) & np.uint32(1 << (nbits - 1))))
 
 
 @devfn

@@ -15,8 +15,8 @@ from ..formats import FloatFormat
 from ._codec import (
     F32,
     ZERO,
-    encode_float_bits,
     encode_float_rne,
+    encode_float_sr32,
     encode_int_f32,
     f32_bits,
     philox4x32_10,
@@ -73,7 +73,8 @@ def encode_element(x, p0, p1, pz, mode, fmt, stoch, r, cvt):
             # canonical positive NaN. The code depends on the NaN's sign, so keep x's.
             v = x
         if stoch:
-            return encode_float_bits(f32_bits(v), fmt[1], fmt[2], fmt[3], fmt[4], fmt[5], True, r)
+            # encode_float_bits(..., True, r) in 32-bit arithmetic (bit for bit; tests/test_sr_encoder.py)
+            return np.int64(encode_float_sr32(f32_bits(v), fmt[1], fmt[2], fmt[3], fmt[4], fmt[5], r))
         if cvt:
             if v != v:  # the instruction writes a canonical NaN; the spec keeps the sign
                 return fmt[4] | ((f32_bits(v) >> 31) << 7)

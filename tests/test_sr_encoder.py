@@ -1,0 +1,197 @@
+"""The 32-bit stochastic float encoder (``_codec.encode_float_sr32``, what every stochastic
+float encode on the GPU runs) against the 64-bit one it replaces (``encode_float_bits(...,
+stochastic=True, r)``) and the spec (``reference.codec.encode_float(..., rbits=r)``), bit for
+bit, for every float element format; and the device Philox4x32-10 against the reference.
+
+Inputs: every float32 pattern next to each format's rounding boundaries (each code value and
+each midpoint, the float32 values just below / at / above them), the normal / subnormal edge
+of the target, max and the overflow threshold, the t = 31 / 32 and t = 56 edges of the
+encoder's rarest path, float32 subnormals, +-0, +-inf, NaNs with payloads; each crossed with
+random words {0, 1, 2^31 - 1, 2^31, 2^32 - 1} and the two words that make the spec's sum carry
+exactly and just miss. Then random (u, r) pairs. The device function itself (host: its
+``py_func``, plain Python on NumPy scalars) and, in the CUDA simulator, as a kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _helpers import FLOAT_FORMATS, _code_fields, _fields, code_values
+
+from numba import cuda
+
+from nqdq.formats import FORMATS
+from nqdq.kernels import _codec
+from nqdq.reference.codec import encode_float
+from nqdq.reference.rng import philox4x32_10 as ref_philox
+
+R_FIXED = (0, 1, 2**31 - 1, 2**31, 2**32 - 1)
+
+
+def _args(name):
+    f = FORMATS[name]
+    return (f.mbits, f.emin, f.max_code, f.nan_code if f.nan_code is not None else -1, f.bits)
+
+
+def _spec_t(u: int, name: str) -> tuple[int, int]:
+    """(t, discarded bits rem) of the spec's shift for float32 bits ``u`` (finite)."""
+    f = FORMATS[name]
+    ef = (u >> 23) & 0xFF
+    e, m = (ef - 127, (u & 0x7FFFFF) | 0x800000) if ef else (-126, u & 0x7FFFFF)
+    t = min(23 - f.mbits + max(f.emin - e, 0), 56)
+    return t, m & ((1 << t) - 1)
+
+
+def carry_words(u: int, name: str) -> tuple[int, ...]:
+    """The smallest random word whose sum with the discarded bits carries, and the one
+    below it (the spec's top min(t, 32) bits: rem + (r >> (32 - t)) >= 2^t, or
+    (rem >> (t - 32)) + r >= 2^32)."""
+    if (u & 0x7F800000) == 0x7F800000:
+        return ()
+    t, rem = _spec_t(u, name)
+    if t <= 32:
+        need = (1 << t) - rem  # r >> (32 - t) >= need
+        r = need << (32 - t)
+    else:
+        r = (1 << 32) - (rem >> (t - 32))
+    return tuple(w for w in (r, r - 1) if 0 <= w < 2**32)
+
+
+def edge_patterns(name: str) -> np.ndarray:
+    """float32 bit patterns at every boundary the encoder has (see module docstring)."""
+    f = FORMATS[name]
+    mags = code_values(name)[: f.max_code + 1].astype(np.float64)
+    ulp_top = mags[-1] - mags[-2]
+    v = np.concatenate([
+        mags,
+        (mags[:-1] + mags[1:]) / 2,  # midpoints
+        [mags[-1] + ulp_top / 2, mags[-1] + ulp_top, 2 * mags[-1], 1e30, 3.4028234663852886e38],
+        # the target's normal / subnormal edge, and the subnormal block's t = 31 / 32 and
+        # t = 56 edges (t = 23 - M + emin - e)
+        [2.0**f.emin, 2.0 ** (f.emin - f.mbits - 8), 2.0 ** (f.emin - f.mbits - 9), 2.0 ** (f.emin - f.mbits - 33)],
+        [2.0**-126, 2.0**-127, 2.0**-149],  # float32 normal / subnormal edge
+    ]).astype(np.float32)
+    u = v.view(np.uint32).astype(np.int64)
+    u = np.concatenate([u, u + 1, u - 1, u + 0x7FF, u | 0x7FFFFF])  # neighbours, binade tops
+    u = u[(u >= 0) & (u < 0x7F800000)]
+    specials = [0, 1, 2, 0x3FFFFF, 0x400000, 0x7FFFFF, 0x800000, 0x7F7FFFFF,  # zero, fp32 subnormals
+                0x7F800000, 0x7F800001, 0x7FC00000, 0x7FFFFFFF, 0x7FA00001]  # inf, NaNs with payloads
+    u = np.concatenate([u, specials]).astype(np.uint32)
+    return np.unique(np.concatenate([u, u | np.uint32(0x80000000)]))
+
+
+def edge_pairs(name: str) -> tuple[np.ndarray, np.ndarray]:
+    us, rs = [], []
+    for u in edge_patterns(name).tolist():
+        for r in R_FIXED + carry_words(u, name):
+            us.append(u)
+            rs.append(r)
+    return np.array(us, np.uint32), np.array(rs, np.uint32)
+
+
+def random_pairs(name: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Half uniform over all float32 bit patterns, half with an exponent over
+    [emin - 40, emax + 3] of the format (its normal and subnormal range, and far below)."""
+    f = FORMATS[name]
+    rng = np.random.default_rng(seed)
+    h = n // 2
+    u1 = rng.integers(0, 2**32, h, dtype=np.uint64).astype(np.uint32)
+    sign = rng.integers(0, 2, n - h, dtype=np.uint32) << np.uint32(31)
+    e = rng.integers(f.emin - 40, f.emax + 4, n - h) + 127
+    u2 = sign | (e.astype(np.uint32) << np.uint32(23)) | rng.integers(0, 1 << 23, n - h, dtype=np.uint32)
+    return np.concatenate([u1, u2]), rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+
+
+def spec_codes(us: np.ndarray, rs: np.ndarray, name: str) -> np.ndarray:
+    return encode_float(us.view(np.float32), FORMATS[name], rbits=rs).astype(np.int64)
+
+
+def host_codes(fn, us, rs, name, *extra):
+    a = _args(name)
+    return np.array([int(fn.py_func(u, *a, *extra, r)) for u, r in zip(us.tolist(), rs.tolist())], np.int64)
+
+
+def assert_codes(got, want, us, rs, name, what):
+    bad = np.flatnonzero(got != want)
+    if bad.size:
+        i = bad[0]
+        raise AssertionError(
+            f"{what} [{name}]: {bad.size} of {got.size} codes differ; first at {i}:\n"
+            f"  input {_fields(us.view(np.float32)[i], np.float32)}  r={int(rs[i]):#010x}\n"
+            f"  got   {_code_fields(got[i], name)}\n"
+            f"  want  {_code_fields(want[i], name)}"
+        )
+
+
+def sr32(u, mbits, emin, max_code, nan_code, nbits, r):
+    return _codec.encode_float_sr32.py_func(u, mbits, emin, max_code, nan_code, nbits, r)
+
+
+sr32.py_func = sr32  # host_codes' calling convention
+
+
+def bits64(u, mbits, emin, max_code, nan_code, nbits, r):
+    return _codec.encode_float_bits.py_func(u, mbits, emin, max_code, nan_code, nbits, True, r)
+
+
+bits64.py_func = bits64
+
+
+@pytest.mark.parametrize("name", FLOAT_FORMATS)
+def test_edges(name):
+    """Every boundary pattern x every edge word: sr32 == encode_float_bits == the spec."""
+    us, rs = edge_pairs(name)
+    want = spec_codes(us, rs, name)
+    assert_codes(host_codes(bits64, us, rs, name), want, us, rs, name, "encode_float_bits vs spec")
+    assert_codes(host_codes(sr32, us, rs, name), want, us, rs, name, "encode_float_sr32 vs spec")
+
+
+@pytest.mark.parametrize("name", FLOAT_FORMATS)
+def test_random_pairs(name):
+    us, rs = random_pairs(name, 60_000, seed=FORMATS[name].bits * 100 + FORMATS[name].mbits)
+    assert_codes(host_codes(sr32, us, rs, name), spec_codes(us, rs, name), us, rs, name, "encode_float_sr32 vs spec")
+
+
+@pytest.mark.parametrize("name", FLOAT_FORMATS)
+def test_random_pairs_vs_encode_float_bits(name):
+    us, rs = random_pairs(name, 10_000, seed=7 + FORMATS[name].mbits)
+    assert_codes(host_codes(sr32, us, rs, name), host_codes(bits64, us, rs, name), us, rs, name,
+                 "encode_float_sr32 vs encode_float_bits")
+
+
+@pytest.mark.parametrize("name", FLOAT_FORMATS)
+def test_device_function_in_simulator(name):
+    """The device function run as a kernel (CUDA simulator; on a GPU with NQDQ_TEST_GPU=1)."""
+    mbits, emin, max_code, nan_code, nbits = _args(name)
+
+    @cuda.jit
+    def kernel(us, rs, out):
+        i = cuda.grid(1)
+        if i < us.size:
+            out[i] = _codec.encode_float_sr32(us[i], mbits, emin, max_code, nan_code, nbits, rs[i])
+
+    e_us, e_rs = edge_pairs(name)
+    sel = np.random.default_rng(1).choice(e_us.size, min(e_us.size, 1500), replace=False)
+    r_us, r_rs = random_pairs(name, 1500, seed=11)
+    us = np.concatenate([e_us[sel], r_us])
+    rs = np.concatenate([e_rs[sel], r_rs])
+    out = np.zeros(us.size, np.uint32)
+    kernel[(us.size + 127) // 128, 128](us, rs, out)
+    assert_codes(out.astype(np.int64), spec_codes(us, rs, name), us, rs, name, "encode_float_sr32 kernel vs spec")
+
+
+def test_device_philox_matches_reference():
+    """_codec.philox4x32_10 (32-bit multiplies; its host twin) == reference/rng.py, counters
+    and keys over the whole 32-bit range."""
+    rng = np.random.default_rng(3)
+    n = 3000
+    c0, c1, k0, k1 = (rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32) for _ in range(4))
+    c0[:4] = [0, 1, 0xFFFFFFFF, 0x80000000]
+    k0[:4] = [0, 0xFFFFFFFF, 0, 0x9E3779B9]
+    z = np.zeros(n, np.uint32)
+    want = np.stack(ref_philox((c0, c1, z, z), (k0, k1)), axis=-1).astype(np.int64)
+    got = np.array([_codec.philox4x32_10.py_func(int(a), int(b), int(c), int(d)) for a, b, c, d in zip(c0, c1, k0, k1)],
+                   np.int64)
+    bad = np.flatnonzero((got != want).any(axis=1))
+    assert bad.size == 0, (f"{bad.size} blocks differ; first: counter ({c0[bad[0]]:#x}, {c1[bad[0]]:#x}) key "
+                           f"({k0[bad[0]]:#x}, {k1[bad[0]]:#x}): {got[bad[0]]} != {want[bad[0]]}")
