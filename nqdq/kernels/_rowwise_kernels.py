@@ -944,10 +944,11 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     CVT_E4M3 = fp8_cvt_available()  # NVFP4's ue4m3 block code by the cvt instruction (sm_89+)
 
     @devfn
-    def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, s_enc, s_dec):
-        """One chunk (units w0 .. w{K-1}; the rest are unused zeros): amax, butterfly over
-        the group's LL lanes, parameters, encode. Chunk by chunk, so that only one chunk's
-        parameters are live at a time (registers, hence occupancy)."""
+    def chunk_amax(w0, w1, w2, w3, tid, scratch):
+        """The group amax of a chunk (units w0 .. w{K-1}) over the group's LL lanes: the units'
+        amax bits (bfloat16 halves two per instruction where the kernel's encoders take the
+        words: word_amax16, the same bits as unit_amax), then the butterfly (every lane takes
+        part, in range or not)."""
         if PAIRS or FP6P or (IG and kind == KIND_BF16):  # bfloat16 halves: the same amax bits, two per instruction
             a2 = word_amax16(w0)
             if K >= 2:
@@ -962,9 +963,17 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
             if K >= 4:
                 a = max(a, max(unit_amax(unit_elems(w2, kind), VEC), unit_amax(unit_elems(w3, kind), VEC)))
         off = LL >> 1
-        while off > 0:  # every lane takes part, in range or not
+        while off > 0:
             a = xor_max(a, off, shfl, scratch, tid)
             off >>= 1
+        return a
+
+    @devfn
+    def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, s_enc, s_dec):
+        """One chunk (units w0 .. w{K-1}; the rest are unused zeros): amax, butterfly over
+        the group's LL lanes, parameters, encode. Chunk by chunk, so that only one chunk's
+        parameters are live at a time (registers, hence occupancy)."""
+        a = chunk_amax(w0, w1, w2, w3, tid, scratch)
         if chunk < nchunks:
             u = unit_of(chunk)
             if PAIRS and mode == MODE_NVFP4 and a < FINITE:
@@ -1033,27 +1042,10 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
 
     @devfn
     def chunk_step_sr(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, s_enc, s_dec, key_lo, key_hi):
-        """chunk_step under stochastic rounding: the same amax (bfloat16 halves two per
-        instruction, as there: the same bits), butterfly, group parameters and scale (group_params:
-        the reference's formula, which nvfp4_block's shortcut reproduces), every unit by
-        sr_store_unit."""
-        if kind == KIND_BF16:
-            a2 = word_amax16(w0)
-            if K >= 2:
-                a2 = u16x2_max(a2, word_amax16(w1))
-            if K >= 4:
-                a2 = u16x2_max(a2, u16x2_max(word_amax16(w2), word_amax16(w3)))
-            a = np.int32(max(a2 & np.uint32(0xFFFF), a2 >> np.uint32(16)) << np.uint32(16))
-        else:
-            a = unit_amax(unit_elems(w0, kind), VEC)
-            if K >= 2:
-                a = max(a, unit_amax(unit_elems(w1, kind), VEC))
-            if K >= 4:
-                a = max(a, max(unit_amax(unit_elems(w2, kind), VEC), unit_amax(unit_elems(w3, kind), VEC)))
-        off = LL >> 1
-        while off > 0:  # every lane takes part, in range or not
-            a = xor_max(a, off, shfl, scratch, tid)
-            off >>= 1
+        """chunk_step under stochastic rounding: the same amax and butterfly (chunk_amax), group
+        parameters and scale (group_params: the reference's formula, which nvfp4_block's
+        shortcut reproduces), every unit by sr_store_unit."""
+        a = chunk_amax(w0, w1, w2, w3, tid, scratch)
         if chunk < nchunks:
             u = unit_of(chunk)
             sv, p0, pz = group_params(mode, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
