@@ -53,8 +53,9 @@ KINDS = [(BF16, SEEDS[0]), (BF16, SEEDS[1]), (np.float32, SEEDS[1]), (np.float16
 
 @pytest.fixture(autouse=True)
 def sr_fast(monkeypatch):
-    """LASTAXIS_STOCH on (it is with NQDQ_UNMEASURED_KERNELS=1, which conftest sets), with a
-    fresh plan cache before and after; yields the monkeypatch for further switches."""
+    """LASTAXIS_STOCH on (its default since its GPU run; set here all the same, so the tests
+    do not depend on it), with a fresh plan cache before and after; yields the monkeypatch for
+    further switches."""
     monkeypatch.setattr(kq, "LASTAXIS_STOCH", True)
     kq._PLANS.clear()
     yield monkeypatch
