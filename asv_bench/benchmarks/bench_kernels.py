@@ -22,17 +22,19 @@ SCHEMES = ["fp8_row", "mxfp8", "mxfp4", "nvfp4", "fp8_1x128"]
 SHAPES = ["64x7168", "8192x8192"]
 
 
-def _quantizer(scheme):
-    """``x_uint16 -> quantized`` on the GPU, or NotImplementedError."""
+def _quantizer(scheme, seed=None):
+    """``x_uint16 -> quantized`` on the GPU, or NotImplementedError; ``seed``: stochastic
+    rounding with that seed."""
     import ml_dtypes
 
     import nqdq
 
+    kw = {} if seed is None else dict(rounding="stochastic", seed=seed)
     try:
         import cupy as cp
 
-        nqdq.quantize(cp.ones((1, 128), np.uint16).view(ml_dtypes.bfloat16), scheme)
-        return lambda x: nqdq.quantize(x.view(ml_dtypes.bfloat16), scheme)
+        nqdq.quantize(cp.ones((1, 128), np.uint16).view(ml_dtypes.bfloat16), scheme, **kw)
+        return lambda x: nqdq.quantize(x.view(ml_dtypes.bfloat16), scheme, **kw)
     except Exception:
         pass
     try:
@@ -41,25 +43,34 @@ def _quantizer(scheme):
     except Exception as e:
         raise NotImplementedError(f"this nqdq has no GPU quantize ({type(e).__name__})") from None
     sch = resolve_scheme(scheme)
-    return lambda x: launcher(x, sch, dtype="bfloat16")
+    return lambda x: launcher(x, sch, dtype="bfloat16", seed=seed)
 
 
 class TimeQuantizeGPU:
     params = (SCHEMES, SHAPES)
     param_names = ["scheme", "shape"]
     timeout = 300
+    seed = None  # (stochastic rounding's seed: TimeQuantizeStochasticGPU)
 
     def setup(self, scheme, shape):
         self.cp = cupy_or_skip()
         rows, cols = (int(v) for v in shape.split("x"))
         self.x = bf16_bits(self.cp, (rows, cols))
-        self.run = _quantizer(scheme)
+        self.run = _quantizer(scheme, self.seed)
         self.run(self.x)  # warm-up: compile and load every kernel the scheme uses
         self.cp.cuda.runtime.deviceSynchronize()
 
     def time_quantize(self, scheme, shape):
         self.run(self.x)
         self.cp.cuda.runtime.deviceSynchronize()
+
+
+class TimeQuantizeStochasticGPU(TimeQuantizeGPU):
+    """Stochastic rounding (seed 1) through the last-axis kernels' stochastic variants
+    (nqdq.kernels.quantize.LASTAXIS_STOCH): Philox bits and the 32-bit encoder per element."""
+
+    params = (["fp8_row", "int8_row", "mxfp8", "mxfp4", "nvfp4"], ["8192x8192"])
+    seed = 1
 
 
 class TimeLaunch:
