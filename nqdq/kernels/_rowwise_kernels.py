@@ -1704,6 +1704,52 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
             return (c // LL) * L + (c % LL)
         return c * K
 
+    @devfn
+    def chunk_keys(w0, w1, w2, w3, tid, scratch):
+        """(max key, ~min key) of an asymmetric chunk's group (units w0 .. w{K-1}) over its LL
+        lanes: the units' order-preserving keys (16-bit elements two per instruction where PK:
+        unit_ukeys, the same keys as unit_keys), then a butterfly of each (every lane takes part)."""
+        if PK:
+            hi2, lo2 = unit_ukeys(w0)
+            if K >= 2:
+                h1, l1 = unit_ukeys(w1)
+                hi2 = u16x2_max(hi2, h1)
+                lo2 = u16x2_min(lo2, l1)
+            if K >= 4:
+                h2, l2 = unit_ukeys(w2)
+                h3, l3 = unit_ukeys(w3)
+                hi2 = u16x2_max(hi2, u16x2_max(h2, h3))
+                lo2 = u16x2_min(lo2, u16x2_min(l2, l3))
+            khi = key(ukey_bits(max(hi2 & np.uint32(0xFFFF), hi2 >> np.uint32(16)), kind))
+            nklo = np.int32(~key(ukey_bits(min(lo2 & np.uint32(0xFFFF), lo2 >> np.uint32(16)), kind)))
+        else:
+            khi, nklo = unit_keys(unit_elems(w0, kind), VEC)
+            if K >= 2:
+                h1, l1 = unit_keys(unit_elems(w1, kind), VEC)
+                khi = max(khi, h1)
+                nklo = max(nklo, l1)
+            if K >= 4:
+                h2, l2 = unit_keys(unit_elems(w2, kind), VEC)
+                h3, l3 = unit_keys(unit_elems(w3, kind), VEC)
+                khi = max(khi, max(h2, h3))
+                nklo = max(nklo, max(l2, l3))
+        off = LL >> 1
+        while off > 0:
+            khi = xor_max(khi, off, shfl, scratch, tid)
+            nklo = xor_max(nklo, off, shfl, scratch, tid)
+            off >>= 1
+        return khi, nklo
+
+    @devfn
+    def chunk_asym_group(khi, nklo, chunk, tid, scales, zps):
+        """asym_group's (scale, zero point, clean) of a chunk's group from its keys; the group's
+        first lane stores the scale and zero point."""
+        sv, pz, clean = asym_group(khi, nklo, MAXE)
+        if (tid & (LL - 1)) == 0:
+            scales[chunk // LL] = sv
+            zps[chunk // LL] = pz
+        return sv, pz, clean
+
     if mode == MODE_ASYM and FAST:
 
         @devfn
@@ -1777,40 +1823,9 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
                             encode_store_int_unit_r(unit_elems(w3, kind), u + 3 * ST, sv, ZERO, pz, flo, fhi, rr, clean, c8,
                                                     c16, c32, mode, fmt, VEC, NB)
                 return
-            if PK:
-                hi2, lo2 = unit_ukeys(w0)
-                if K >= 2:
-                    h1, l1 = unit_ukeys(w1)
-                    hi2 = u16x2_max(hi2, h1)
-                    lo2 = u16x2_min(lo2, l1)
-                if K >= 4:
-                    h2, l2 = unit_ukeys(w2)
-                    h3, l3 = unit_ukeys(w3)
-                    hi2 = u16x2_max(hi2, u16x2_max(h2, h3))
-                    lo2 = u16x2_min(lo2, u16x2_min(l2, l3))
-                khi = key(ukey_bits(max(hi2 & np.uint32(0xFFFF), hi2 >> np.uint32(16)), kind))
-                nklo = np.int32(~key(ukey_bits(min(lo2 & np.uint32(0xFFFF), lo2 >> np.uint32(16)), kind)))
-            else:
-                khi, nklo = unit_keys(unit_elems(w0, kind), VEC)
-                if K >= 2:
-                    h1, l1 = unit_keys(unit_elems(w1, kind), VEC)
-                    khi = max(khi, h1)
-                    nklo = max(nklo, l1)
-                if K >= 4:
-                    h2, l2 = unit_keys(unit_elems(w2, kind), VEC)
-                    h3, l3 = unit_keys(unit_elems(w3, kind), VEC)
-                    khi = max(khi, max(h2, h3))
-                    nklo = max(nklo, max(l2, l3))
-            off = LL >> 1
-            while off > 0:
-                khi = xor_max(khi, off, shfl, scratch, tid)
-                nklo = xor_max(nklo, off, shfl, scratch, tid)
-                off >>= 1
+            khi, nklo = chunk_keys(w0, w1, w2, w3, tid, scratch)
             if chunk < nchunks:
-                sv, pz, clean = asym_group(khi, nklo, MAXE)
-                if (tid & (LL - 1)) == 0:
-                    scales[chunk // LL] = sv
-                    zps[chunk // LL] = pz
+                sv, pz, clean = chunk_asym_group(khi, nklo, chunk, tid, scales, zps)
                 u = unit_of(chunk)
                 flo = F32(-pz)  # int -> float conversions and the reciprocal: once per chunk
                 fhi = F32(np.int32(fmt[7]) - pz)
@@ -1845,26 +1860,9 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
             e1 = unit_elems(w1, kind)
             e2 = unit_elems(w2, kind)
             e3 = unit_elems(w3, kind)
-            khi, nklo = unit_keys(e0, VEC)
-            if K >= 2:
-                h1, l1 = unit_keys(e1, VEC)
-                khi = max(khi, h1)
-                nklo = max(nklo, l1)
-            if K >= 4:
-                h2, l2 = unit_keys(e2, VEC)
-                h3, l3 = unit_keys(e3, VEC)
-                khi = max(khi, max(h2, h3))
-                nklo = max(nklo, max(l2, l3))
-            off = LL >> 1
-            while off > 0:
-                khi = xor_max(khi, off, shfl, scratch, tid)
-                nklo = xor_max(nklo, off, shfl, scratch, tid)
-                off >>= 1
+            khi, nklo = chunk_keys(w0, w1, w2, w3, tid, scratch)
             if chunk < nchunks:
-                sv, pz, clean = asym_group(khi, nklo, MAXE)
-                if (tid & (LL - 1)) == 0:
-                    scales[chunk // LL] = sv
-                    zps[chunk // LL] = pz
+                sv, pz, clean = chunk_asym_group(khi, nklo, chunk, tid, scales, zps)
                 u = chunk * K
                 encode_store_int_unit(e0, u, sv, ZERO, pz, clean, c8, c16, c32, mode, fmt, VEC, NB)
                 if K >= 2:
@@ -1891,29 +1889,12 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
 
         @devfn
         def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, zps, means, key_lo, key_hi):
-            """The asymmetric chunk under stochastic rounding: (max, min) keys of float32 bits
-            (the statistics of every path: exact values, order-free), asym_group's scale and
-            zero point (asym_params, the reference's), every unit by sr_store_unit."""
-            khi, nklo = unit_keys(unit_elems(w0, kind), VEC)
-            if K >= 2:
-                h1, l1 = unit_keys(unit_elems(w1, kind), VEC)
-                khi = max(khi, h1)
-                nklo = max(nklo, l1)
-            if K >= 4:
-                h2, l2 = unit_keys(unit_elems(w2, kind), VEC)
-                h3, l3 = unit_keys(unit_elems(w3, kind), VEC)
-                khi = max(khi, max(h2, h3))
-                nklo = max(nklo, max(l2, l3))
-            off = LL >> 1
-            while off > 0:
-                khi = xor_max(khi, off, shfl, scratch, tid)
-                nklo = xor_max(nklo, off, shfl, scratch, tid)
-                off >>= 1
+            """The asymmetric chunk under stochastic rounding: the keys (chunk_keys: exact
+            values, order-free), asym_group's scale and zero point (asym_params, the
+            reference's), every unit by sr_store_unit."""
+            khi, nklo = chunk_keys(w0, w1, w2, w3, tid, scratch)
             if chunk < nchunks:
-                sv, pz, clean = asym_group(khi, nklo, MAXE)
-                if (tid & (LL - 1)) == 0:
-                    scales[chunk // LL] = sv
-                    zps[chunk // LL] = pz
+                sv, pz, clean = chunk_asym_group(khi, nklo, chunk, tid, scales, zps)
                 u = unit_of(chunk)
                 sr_store_unit(unit_elems(w0, kind), u, sv, ZERO, pz, key_lo, key_hi, c8, c16, c32, mode, fmt, VEC, NB)
                 if K >= 2:
