@@ -180,9 +180,11 @@ def test_device_function_in_simulator(name):
     assert_codes(out.astype(np.int64), spec_codes(us, rs, name), us, rs, name, "encode_float_sr32 kernel vs spec")
 
 
-def test_device_philox_matches_reference():
-    """_codec.philox4x32_10 (32-bit multiplies; its host twin) == reference/rng.py, counters
-    and keys over the whole 32-bit range."""
+@pytest.mark.parametrize("wide", [True, False])
+def test_device_philox_matches_reference(monkeypatch, wide):
+    """_codec.philox4x32_10 (32-bit multiplies, or one wide multiply each: PHILOX_WIDE; its host
+    twin) == reference/rng.py, counters and keys over the whole 32-bit range."""
+    monkeypatch.setattr(_codec, "PHILOX_WIDE", wide)
     rng = np.random.default_rng(3)
     n = 3000
     c0, c1, k0, k1 = (rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32) for _ in range(4))
@@ -195,3 +197,35 @@ def test_device_philox_matches_reference():
     bad = np.flatnonzero((got != want).any(axis=1))
     assert bad.size == 0, (f"{bad.size} blocks differ; first: counter ({c0[bad[0]]:#x}, {c1[bad[0]]:#x}) key "
                            f"({k0[bad[0]]:#x}, {k1[bad[0]]:#x}): {got[bad[0]]} != {want[bad[0]]}")
+
+
+def fast_codes(us, rs, name, sub):
+    """(codes, keys) of _codec.sr_float_code_fast (its host function) over (us, rs)."""
+    f = FORMATS[name]
+    out = [_codec.sr_float_code_fast.py_func(u, f.mbits, f.emin, f.max_code, f.bits, r, sub)
+           for u, r in zip(us.tolist(), rs.tolist())]
+    return np.array([int(c) for c, _ in out], np.int64), np.array([int(k) for _, k in out], np.int64)
+
+
+@pytest.mark.parametrize("sub", [False, True])
+@pytest.mark.parametrize("name", FLOAT_FORMATS)
+def test_fast_code_where_its_key_allows(name, sub):
+    """sr_float_code_fast (the last-axis kernels' stochastic encode of a finite unit) equals the
+    spec wherever its key passes sr_fast_key_bound, over the edge pairs and random pairs of
+    finite inputs; and the key passes exactly where the docstring says (a = 0, the normal range,
+    and with ``sub`` every |u| down to 2^(emin - M - 8)), so the bound is not vacuous."""
+    f = FORMATS[name]
+    e_us, e_rs = edge_pairs(name)
+    r_us, r_rs = random_pairs(name, 20_000, seed=5 + f.mbits + 10 * sub)
+    us = np.concatenate([e_us, r_us])
+    rs = np.concatenate([e_rs, r_rs])
+    keep = (us & np.uint32(0x7FFFFFFF)) < np.uint32(0x7F800000)  # finite only (the caller's clean units)
+    us, rs = us[keep], rs[keep]
+    codes, keys = fast_codes(us, rs, name, sub)
+    ok = keys >= _codec.sr_fast_key_bound.py_func(f.mbits, f.emin, sub)
+    a = (us & np.uint32(0x7FFFFFFF)).astype(np.int64)
+    lo = (119 - f.mbits + f.emin) << 23 if sub else (127 + f.emin) << 23
+    np.testing.assert_array_equal(ok, (a == 0) | (a >= lo))
+    assert ok.mean() > 0.3 and (~ok).any()
+    assert_codes(codes[ok], spec_codes(us[ok], rs[ok], name), us[ok], rs[ok], name,
+                 f"sr_float_code_fast(sub={sub}) vs spec")

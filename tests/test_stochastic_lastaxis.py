@@ -16,6 +16,7 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
+from numba import cuda
 
 import nqdq.kernels.quantize as kq
 from nqdq.reference import quantize as ref
@@ -244,3 +245,62 @@ def test_sr_bits_depend_on_the_seed():
     r = kq.quantize(x, sch, packed=False)
     assert_same(a.scales, r.scales, "scales")
     assert (a.codes != b.codes).mean() > 0.1 and (a.codes != r.codes).mean() > 0.1
+
+
+# ----------------------------------------------------------------------------- the short unit encode
+def _fast_units(name, units, p0s):
+    """Run _rowwise_kernels.sr_unit_fast and sr_store_unit on float32 units (rows of 8) with
+    their float scales: (ok flags, the fast codes, sr_store_unit's codes), 8 bytes a unit."""
+    from nqdq.kernels import _rowwise_kernels as rk
+    from nqdq.kernels._division import recip_guarded
+    from nqdq.kernels._elements import format_tuple
+    from nqdq.kernels._scales import MODE_FLOAT
+
+    fmt = format_tuple(resolve_scheme(name))
+    key_lo, key_hi = 7, 12345
+
+    @cuda.jit
+    def kernel(E, p0s, ok, f8, f16, f32, g8, g16, g32):
+        i = cuda.grid(1)
+        if i < E.shape[0]:
+            e = (E[i, 0], E[i, 1], E[i, 2], E[i, 3], E[i, 4], E[i, 5], E[i, 6], E[i, 7])
+            p0 = p0s[i]
+            lo, hi, good = rk.sr_unit_fast(e, i, p0, recip_guarded(p0), key_lo, key_hi, MODE_FLOAT, fmt, 8, 8)
+            ok[i] = good
+            rk.store_packed(lo, hi, i, f8, f16, f32, 8, 8)
+            rk.sr_store_unit(e, i, p0, np.float32(0), 0, key_lo, key_hi, g8, g16, g32, MODE_FLOAT, fmt, 8, 8)
+
+    n = units.shape[0]
+    E = np.ascontiguousarray(units, np.float32).view(np.uint32).astype(np.int64)
+    ok = np.zeros(n, np.bool_)
+    fast, ref = np.zeros(8 * n, np.uint8), np.zeros(8 * n, np.uint8)
+    kernel[1, n](E, np.asarray(p0s, np.float32), ok, fast, fast.view(np.uint16), fast.view(np.uint32),
+                 ref, ref.view(np.uint16), ref.view(np.uint32))
+    return ok, fast.reshape(n, 8), ref.reshape(n, 8)
+
+
+@pytest.mark.parametrize("name", ["fp8_row", "int8_row"])
+def test_sr_fast_unit_division_range(name):
+    """A float scale's unit takes the short encode only where div_by_recip is the IEEE quotient:
+    every |x| is 0 or at least max(2^-102, s * 2^-124) (the bound on either side of it tested,
+    for a small s, where 2^-102 rules, and a large one); where it does, its codes are
+    sr_store_unit's. (fp8: an x that small has |x / s| < 2^-22, below e4m3's normal range, so
+    its code's key rejects the unit first.)"""
+    f32 = np.float32
+    below = lambda v: np.nextafter(f32(v), f32(0))  # noqa: E731
+    rng = np.random.default_rng(3)
+    units, p0s, want_ok = [], [], []
+    for s in (f32(1.3 * 2.0**-60), f32(1.7 * 2.0**40)):
+        t = max(f32(2.0**-102), f32(s * f32(2.0**-124)))
+        base = (rng.standard_normal(8) * s * 100).astype(f32)
+        for x, good in [(None, True), (f32(0.0), True), (f32(-0.0), True), (t, True), (-t, True),
+                        (below(t), False), (-below(t), False), (f32(2.0**-149), False)]:
+            u = base.copy()
+            if x is not None:
+                u[3] = x
+            units.append(u)
+            p0s.append(s)
+            want_ok.append(good and (name.startswith("int") or not x))
+    ok, fast, ref = _fast_units(name, np.array(units), p0s)
+    np.testing.assert_array_equal(ok, np.array(want_ok))
+    assert_same(fast[ok], ref[ok], f"{name}: the short encode's codes")

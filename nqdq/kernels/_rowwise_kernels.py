@@ -63,7 +63,7 @@ from numba import cuda, float32, int32, uint32
 from ._codec import F32, FLT_MAX, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits, fmin_f32, mul_rn
 from ._elements import encode_element
 from ._codec import encode_float_rne
-from ._codec import philox4x32_10  # stochastic rounding (sr_store_unit)
+from ._codec import encode_int_f32, philox4x32_10, sr_fast_key_bound, sr_float_code_fast  # stochastic rounding
 from ._division import RECIP_DIV, div_by_recip, ratio_ok, recip_guarded
 from ._codec import NAN, is_finite_f32, nanmax_f32, nanmin_f32, rint_f32  # asym_group_r
 from ._scales import range_scale  # asym_group_r
@@ -809,6 +809,106 @@ def sr_store_unit(e, unit, p0, p1, pz, key_lo, key_hi, c8, c16, c32, mode, fmt, 
     store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
 
 
+# ---- stochastic rounding of a clean unit, the short way. sr_store_unit runs encode_element per
+# element: an IEEE division (ten instructions and a slow-path branch) and encode_float_sr32,
+# whose normal-range shortcut and subnormal block are two branches per element. For a unit of
+# a finite group under a float scale with a reciprocal (r != 0), an MX power of two or an NVFP4
+# multiplier, sr_store_unit_r takes instead, for every element without a branch:
+#   q = x / s by div_by_recip (three instructions), or x * multiplier (the reference's product);
+#   the code by sr_float_code_fast (float formats; formats of at most SR_SUB_BITS bits with its
+#   branch-free subnormal range, where much of a group lies) or encode_int_f32 (integers);
+# then checks the unit once: every code's key passes sr_fast_key_bound, and (float scales) every
+# |x| is 0 or at least max(2^-102, s * 2^-124), where div_by_recip is RN(x / s) bit for bit
+# (_division: |x| >= 2^-102 and |x / s| >= 2^-125 hold there, and +-0 is exact; |x| < s * 2^64 holds
+# for a dynamic scale's group and is part of ``clean`` for a caller-given one). A unit that fails
+# is encoded again by sr_store_unit (its Philox bits are recomputed: rare). The same codes bit
+# for bit as sr_store_unit (tests/test_sr_encoder.py, tests/test_stochastic_lastaxis.py).
+# NQDQ_SR_FAST=0: every unit by sr_store_unit (the A/B baseline; read when kernels compile).
+SR_FAST = os.environ.get("NQDQ_SR_FAST", "1") == "1"
+SR_SUB_BITS = 6  # e2m3, e3m2: sr_float_code_fast's subnormal range (fp8's subnormals are rare)
+# e2m1 (MXFP4, NVFP4) keeps sr_store_unit: H100, bf16 8192x8192, the short encode with the
+# branch-free subnormal range took mxfp4 SR from 199.0 to 239.0 us and nvfp4 from 280.7 to 287.9
+# (about a third of an e2m1 group lies below its normal range, [0.5, 1) of 6)
+# (so NVFP4's clause below is taken only if this is lowered to 4)
+SR_FAST_MIN_FLOAT_BITS = 6
+TINY_X_BITS = 0x0C800000  # 2^-102
+S_TINY_SHIFT = 124 << 23  # s * 2^-124 on the bits (s >= 2^-80 under recip_guarded: may underflow, then 2^-102 rules)
+# launch bound of the stochastic row and group kernels: at least this many blocks per SM (0, the
+# default: none; NQDQ_SR_MIN_BLOCKS, read when kernels compile). H100 A/B, bf16 8192x8192, 5 blocks
+# (fp8_row 62 -> 56 registers): fp8_row 156.0 -> 154.1 us, mxfp8 146.1 -> 141.8, int8_row 140.5 ->
+# 143.7, mxfp4 198.9 -> 203.0: mixed, so off
+SR_MIN_BLOCKS = int(os.environ.get("NQDQ_SR_MIN_BLOCKS", "0"))
+
+
+def _sr_min_blocks(stoch, NT):
+    return SR_MIN_BLOCKS if stoch and 0 < SR_MIN_BLOCKS and NT * SR_MIN_BLOCKS <= 2048 else 0
+
+
+@devfn
+def sr_fast_code(xb, p0, r, mode, fmt, rw, mask):
+    """(code, key) of the element with float32 bits ``xb`` and random bits ``rw`` in a clean
+    unit (see above): the key is sr_float_code_fast's (integers: always valid)."""
+    x = bits_f32(xb)
+    q = div_by_recip(x, p0, r) if mode == MODE_FLOAT else x * p0
+    if fmt[0] == 1:
+        c, k = sr_float_code_fast(f32_bits(q), fmt[1], fmt[2], fmt[3], fmt[5], rw, fmt[5] <= SR_SUB_BITS)
+        return np.uint32(c & np.uint32(mask)), k
+    return np.uint32(encode_int_f32(q, fmt[6], fmt[7], True, rw) & mask), np.uint32(0xFFFFFFFF)
+
+
+@devfn
+def x_key(xb):
+    """|x|'s bits less 1 as uint32 (x = +-0: 2^32 - 1): a unit's min of these is at least
+    T - 1 iff every |x| is 0 or >= T."""
+    return np.uint32(np.int64(np.uint32(xb) & np.uint32(0x7FFFFFFF)) - 1)
+
+
+@devfn
+def sr_unit_fast(e, unit, p0, r, key_lo, key_hi, mode, fmt, vec, nb):
+    """(lo, hi, ok): the unit's codes packed as store_packed takes them, and whether they are
+    sr_store_unit's (every key passes; float scales: every |x| in div_by_recip's range)."""
+    rw = unit_random_words(unit, vec, key_lo, key_hi)
+    m = (1 << nb) - 1
+    c0, k0 = sr_fast_code(e[0], p0, r, mode, fmt, rw[0], m)
+    c1, k1 = sr_fast_code(e[1], p0, r, mode, fmt, rw[1], m)
+    c2, k2 = sr_fast_code(e[2], p0, r, mode, fmt, rw[2], m)
+    c3, k3 = sr_fast_code(e[3], p0, r, mode, fmt, rw[3], m)
+    lo = pack4(c0, c1, c2, c3, nb)
+    kmin = min(min(k0, k1), min(k2, k3))
+    xmin = min(min(x_key(e[0]), x_key(e[1])), min(x_key(e[2]), x_key(e[3])))
+    hi = np.uint32(0)
+    if vec == 8:
+        c4, k4 = sr_fast_code(e[4], p0, r, mode, fmt, rw[4], m)
+        c5, k5 = sr_fast_code(e[5], p0, r, mode, fmt, rw[5], m)
+        c6, k6 = sr_fast_code(e[6], p0, r, mode, fmt, rw[6], m)
+        c7, k7 = sr_fast_code(e[7], p0, r, mode, fmt, rw[7], m)
+        hi = pack4(c4, c5, c6, c7, nb)
+        kmin = min(kmin, min(min(k4, k5), min(k6, k7)))
+        xmin = min(xmin, min(min(x_key(e[4]), x_key(e[5])), min(x_key(e[6]), x_key(e[7]))))
+    ok = True
+    if fmt[0] == 1:
+        ok = kmin >= np.uint32(sr_fast_key_bound(fmt[1], fmt[2], fmt[5] <= SR_SUB_BITS))
+    if mode == MODE_FLOAT:
+        tb = max(np.int32(TINY_X_BITS), np.int32(np.int32(f32_bits(p0)) - np.int32(S_TINY_SHIFT)))
+        ok = ok and xmin >= np.uint32(tb - 1)
+    return lo, hi, ok
+
+
+@devfn
+def sr_store_unit_r(e, unit, p0, r, clean, key_lo, key_hi, c8, c16, c32, mode, fmt, vec, nb):
+    """sr_store_unit of a unit with its group's parameter p0 and, for a float scale, r =
+    recip_guarded(p0) (else unused): ``clean`` (a finite group; a caller-given scale: finite,
+    non-zero, ratio_ok) units under a float scale with r != 0, an MX scale or a finite NVFP4
+    multiplier take sr_unit_fast, and keep its codes where it says they hold."""
+    if SR_FAST and (fmt[0] == 0 or fmt[5] >= SR_FAST_MIN_FLOAT_BITS) and clean and (
+            mode == MODE_MX or (mode == MODE_NVFP4 and abs_i32(f32_bits(p0)) < FINITE) or (mode == MODE_FLOAT and r != ZERO)):
+        lo, hi, ok = sr_unit_fast(e, unit, p0, r, key_lo, key_hi, mode, fmt, vec, nb)
+        if ok:
+            store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
+            return
+    sr_store_unit(e, unit, p0, ZERO, 0, key_lo, key_hi, c8, c16, c32, mode, fmt, vec, nb)
+
+
 def _sub(src, old, new):
     """``src`` with its one occurrence of ``old`` replaced (the SR variants' edits of a kernel
     template: an edit that no longer finds its text fails loudly instead of doing nothing)."""
@@ -1051,15 +1151,17 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
             sv, p0, pz = group_params(mode, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
             if (tid & (LL - 1)) == 0:
                 store_scale(scales, chunk // LL, mode, sv)
-            sr_store_unit(unit_elems(w0, kind), u, p0, ZERO, 0, key_lo, key_hi, c8, c16, c32, mode, fmt, VEC, NB)
+            clean = a < FINITE
+            rp = recip_guarded(p0) if mode == MODE_FLOAT else ZERO
+            sr_store_unit_r(unit_elems(w0, kind), u, p0, rp, clean, key_lo, key_hi, c8, c16, c32, mode, fmt, VEC, NB)
             if K >= 2:
-                sr_store_unit(unit_elems(w1, kind), u + ST, p0, ZERO, 0, key_lo, key_hi, c8, c16, c32, mode, fmt, VEC,
-                              NB)
+                sr_store_unit_r(unit_elems(w1, kind), u + ST, p0, rp, clean, key_lo, key_hi, c8, c16, c32, mode, fmt,
+                                VEC, NB)
             if K >= 4:
-                sr_store_unit(unit_elems(w2, kind), u + 2 * ST, p0, ZERO, 0, key_lo, key_hi, c8, c16, c32, mode, fmt,
-                              VEC, NB)
-                sr_store_unit(unit_elems(w3, kind), u + 3 * ST, p0, ZERO, 0, key_lo, key_hi, c8, c16, c32, mode, fmt,
-                              VEC, NB)
+                sr_store_unit_r(unit_elems(w2, kind), u + 2 * ST, p0, rp, clean, key_lo, key_hi, c8, c16, c32, mode,
+                                fmt, VEC, NB)
+                sr_store_unit_r(unit_elems(w3, kind), u + 3 * ST, p0, rp, clean, key_lo, key_hi, c8, c16, c32, mode,
+                                fmt, VEC, NB)
 
     chunk_args = ", ".join("w{j}_%d" % k if k < K else "Z4" for k in range(4))
     ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind, mode=mode,
@@ -1072,7 +1174,7 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
         ns["chunk_step"] = chunk_step_sr
         src = _sub(src, f"scales, {sargs}):", f"scales, {sargs}, key_lo, key_hi):")
         src = _sub(src, "scales, s_enc, s_dec)", "scales, s_enc, s_dec, key_lo, key_hi)")
-    return _jit_unrolled("lastaxis_groups", src, ns, U, K, INT_GROUP_MIN_BLOCKS if IG else 0)
+    return _jit_unrolled("lastaxis_groups", src, ns, U, K, INT_GROUP_MIN_BLOCKS if IG else _sr_min_blocks(stoch, NT))
 
 
 # ----------------------------------------------------------------------------- whole rows
@@ -1142,13 +1244,14 @@ def make_lastaxis_row_kernel(kind, mode, fmt, mx_cfg, max_elem, NT, U, packed, s
     if stoch:
         src = _sub(src, "scales, sparams):", "scales, sparams, key_lo, key_hi):")
         src = _sub(src, _ROWS_RNE_ENCODE, _ROWS_SR_ENCODE)
-    return _jit_unrolled("lastaxis_rows", src, ns, U)
+    return _jit_unrolled("lastaxis_rows", src, ns, U, min_blocks=_sr_min_blocks(stoch, NT))
 
 
 # the row kernel's encode (its last two lines), and its stochastic-rounding replacement
 _ROWS_RNE_ENCODE = _ROWS_SRC[_ROWS_SRC.index("    rp = recip_guarded(p0)"):]
-_ROWS_SR_ENCODE = ("    if tid + {jNT} < upr: sr_store_unit(unit_elems(w{j}, kind), base + {jNT}, p0, ZERO, 0, key_lo, key_hi, "
-                   "codes, c16, c32, mode, fmt, VEC, NB)\n")
+_ROWS_SR_ENCODE = ("    rp = recip_guarded(p0) if mode == MODE_FLOAT else ZERO\n"
+                   "    if tid + {jNT} < upr: sr_store_unit_r(unit_elems(w{j}, kind), base + {jNT}, p0, rp, clean, key_lo, "
+                   "key_hi, codes, c16, c32, mode, fmt, VEC, NB)\n")
 
 
 # ----------------------------------------------------------------------------- tensor amax
@@ -1987,7 +2090,10 @@ def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None,
     def static_unit_sr(e, u, upr, st, rst, scales, c8, c16, c32, key_lo, key_hi):
         """static_unit under stochastic rounding: encode_element's x / s per element (any scale)."""
         s = scales[u // upr] if per_row else st
-        sr_store_unit(e, u, s, ZERO, 0, key_lo, key_hi, c8, c16, c32, MODE_FLOAT, fmt, VEC, NB)
+        r = recip_guarded(s) if per_row else rst
+        am = unit_amax(e, VEC)
+        clean = am < FINITE and abs_i32(f32_bits(s)) < FINITE and s != ZERO and (r == ZERO or ratio_ok(am, s))
+        sr_store_unit_r(e, u, s, r, clean, key_lo, key_hi, c8, c16, c32, MODE_FLOAT, fmt, VEC, NB)
 
     ns = dict(NT=NT, U=U, SH=0 if kind == KIND_F32 else 1, kind=kind, static_unit=static_unit)
     src = _STATIC_SRC
