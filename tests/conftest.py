@@ -19,6 +19,20 @@ import pytest  # noqa: E402  (after the environment above: numba.cuda reads it a
 
 
 @pytest.fixture
+def sr_fast(monkeypatch):
+    """Stochastic rounding on the 16-byte-unit kernels (quantize.LASTAXIS_STOCH: on by default
+    since its GPU run; set here all the same, so the tests do not depend on it), with a fresh
+    plan cache before and after (plans are cached without the switch); yields the monkeypatch
+    for further switches (tests/test_stochastic_lastaxis*.py)."""
+    import nqdq.kernels.quantize as kq
+
+    monkeypatch.setattr(kq, "LASTAXIS_STOCH", True)
+    kq._PLANS.clear()
+    yield monkeypatch
+    kq._PLANS.clear()
+
+
+@pytest.fixture
 def onepass(monkeypatch):
     """The one-pass per-channel path on (tests/test_column_onepass*.py); plans built inside
     the test are dropped afterwards. Yields the monkeypatch for further switches."""

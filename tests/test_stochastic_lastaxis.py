@@ -25,7 +25,8 @@ from nqdq.schemes import resolve_scheme
 from test_kernels import _launched, assert_same, check, edge_data
 from test_kernels import unaligned_loads  # noqa: F401  (a fixture)
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+# conftest.sr_fast: LASTAXIS_STOCH on (its default; set all the same) with a fresh plan cache
+pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"), pytest.mark.usefixtures("sr_fast")]
 
 BF16 = ml_dtypes.bfloat16
 SEEDS = (7, 2**63 + 2**40 + 12345)  # one seed with both key words non-zero
@@ -50,17 +51,6 @@ SCHEMES = {
 }
 # (input dtype, seed): both seeds on bfloat16, one each on float32 / float16
 KINDS = [(BF16, SEEDS[0]), (BF16, SEEDS[1]), (np.float32, SEEDS[1]), (np.float16, SEEDS[0])]
-
-
-@pytest.fixture(autouse=True)
-def sr_fast(monkeypatch):
-    """LASTAXIS_STOCH on (its default since its GPU run; set here all the same, so the tests
-    do not depend on it), with a fresh plan cache before and after; yields the monkeypatch for
-    further switches."""
-    monkeypatch.setattr(kq, "LASTAXIS_STOCH", True)
-    kq._PLANS.clear()
-    yield monkeypatch
-    kq._PLANS.clear()
 
 
 def sr_data(shape, seed):

@@ -12,7 +12,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+              pytest.mark.usefixtures("sr_fast")]  # conftest.sr_fast
 
 from _helpers import gpu_cupy_or_skip  # noqa: E402
 
@@ -31,15 +32,6 @@ SEED = 2**63 + 2**40 + 12345
 SCHEMES = ["fp8_row", "int8_row", "fp8_1x128", "mxfp8", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "int4_group", "nvfp4",
            "fp8_tensor", "int8_asym", "int4_asym", "int8_centred"]
 KINDS = {"float32": 0, "bfloat16": 1, "float16": 2}
-
-
-@pytest.fixture(autouse=True)
-def sr_fast(monkeypatch):
-    """LASTAXIS_STOCH on, with a fresh plan cache before and after."""
-    monkeypatch.setattr(kq, "LASTAXIS_STOCH", True)
-    kq._PLANS.clear()
-    yield monkeypatch
-    kq._PLANS.clear()
 
 
 def _data(shape, seed):

@@ -901,7 +901,8 @@ def sr_store_unit_r(e, unit, p0, r, clean, key_lo, key_hi, c8, c16, c32, mode, f
     non-zero, ratio_ok) units under a float scale with r != 0, an MX scale or a finite NVFP4
     multiplier take sr_unit_fast, and keep its codes where it says they hold."""
     if SR_FAST and (fmt[0] == 0 or fmt[5] >= SR_FAST_MIN_FLOAT_BITS) and clean and (
-            mode == MODE_MX or (mode == MODE_NVFP4 and abs_i32(f32_bits(p0)) < FINITE) or (mode == MODE_FLOAT and r != ZERO)):
+            mode == MODE_MX or (mode == MODE_NVFP4 and abs_i32(f32_bits(p0)) < FINITE)
+            or (mode == MODE_FLOAT and r != ZERO)):
         lo, hi, ok = sr_unit_fast(e, unit, p0, r, key_lo, key_hi, mode, fmt, vec, nb)
         if ok:
             store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
@@ -1250,8 +1251,8 @@ def make_lastaxis_row_kernel(kind, mode, fmt, mx_cfg, max_elem, NT, U, packed, s
 # the row kernel's encode (its last two lines), and its stochastic-rounding replacement
 _ROWS_RNE_ENCODE = _ROWS_SRC[_ROWS_SRC.index("    rp = recip_guarded(p0)"):]
 _ROWS_SR_ENCODE = ("    rp = recip_guarded(p0) if mode == MODE_FLOAT else ZERO\n"
-                   "    if tid + {jNT} < upr: sr_store_unit_r(unit_elems(w{j}, kind), base + {jNT}, p0, rp, clean, key_lo, "
-                   "key_hi, codes, c16, c32, mode, fmt, VEC, NB)\n")
+                   "    if tid + {jNT} < upr: sr_store_unit_r(unit_elems(w{j}, kind), base + {jNT}, p0, rp, clean, "
+                   "key_lo, key_hi, codes, c16, c32, mode, fmt, VEC, NB)\n")
 
 
 # ----------------------------------------------------------------------------- tensor amax
