@@ -1809,21 +1809,28 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
         return c * K
 
     @devfn
+    def chunk_ukeys(w0, w1, w2, w3):
+        """The 16-bit (max, min) key pairs over a chunk's units w0 .. w{K-1} (unit_ukeys: two
+        elements per instruction), for chunk_keys and the packed-stats step."""
+        hi2, lo2 = unit_ukeys(w0)
+        if K >= 2:
+            h1, l1 = unit_ukeys(w1)
+            hi2 = u16x2_max(hi2, h1)
+            lo2 = u16x2_min(lo2, l1)
+        if K >= 4:
+            h2, l2 = unit_ukeys(w2)
+            h3, l3 = unit_ukeys(w3)
+            hi2 = u16x2_max(hi2, u16x2_max(h2, h3))
+            lo2 = u16x2_min(lo2, u16x2_min(l2, l3))
+        return hi2, lo2
+
+    @devfn
     def chunk_keys(w0, w1, w2, w3, tid, scratch):
         """(max key, ~min key) of an asymmetric chunk's group (units w0 .. w{K-1}) over its LL
         lanes: the units' order-preserving keys (16-bit elements two per instruction where PK:
         unit_ukeys, the same keys as unit_keys), then a butterfly of each (every lane takes part)."""
         if PK:
-            hi2, lo2 = unit_ukeys(w0)
-            if K >= 2:
-                h1, l1 = unit_ukeys(w1)
-                hi2 = u16x2_max(hi2, h1)
-                lo2 = u16x2_min(lo2, l1)
-            if K >= 4:
-                h2, l2 = unit_ukeys(w2)
-                h3, l3 = unit_ukeys(w3)
-                hi2 = u16x2_max(hi2, u16x2_max(h2, h3))
-                lo2 = u16x2_min(lo2, u16x2_min(l2, l3))
+            hi2, lo2 = chunk_ukeys(w0, w1, w2, w3)
             khi = key(ukey_bits(max(hi2 & np.uint32(0xFFFF), hi2 >> np.uint32(16)), kind))
             nklo = np.int32(~key(ukey_bits(min(lo2 & np.uint32(0xFFFF), lo2 >> np.uint32(16)), kind)))
         else:
@@ -1879,16 +1886,7 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
                     if max(a2 & np.uint32(0xFFFF), a2 >> np.uint32(16)) > np.uint32(0x7F80):
                         hk = np.uint32(0xFFFF)  # a NaN: the max key of a NaN (0x7FFF, sign 0)
                 else:
-                    hi2, lo2 = unit_ukeys(w0)
-                    if K >= 2:
-                        h1, l1 = unit_ukeys(w1)
-                        hi2 = u16x2_max(hi2, h1)
-                        lo2 = u16x2_min(lo2, l1)
-                    if K >= 4:
-                        h2, l2 = unit_ukeys(w2)
-                        h3, l3 = unit_ukeys(w3)
-                        hi2 = u16x2_max(hi2, u16x2_max(h2, h3))
-                        lo2 = u16x2_min(lo2, u16x2_min(l2, l3))
+                    hi2, lo2 = chunk_ukeys(w0, w1, w2, w3)
                     hk = max(hi2 & np.uint32(0xFFFF), hi2 >> np.uint32(16))
                 lk = min(lo2 & np.uint32(0xFFFF), lo2 >> np.uint32(16))
                 kw = np.uint32(hk | ((np.uint32(0xFFFF) - lk) << np.uint32(16)))  # both maxima in one word
