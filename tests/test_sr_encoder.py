@@ -229,3 +229,43 @@ def test_fast_code_where_its_key_allows(name, sub):
     assert ok.mean() > 0.3 and (~ok).any()
     assert_codes(codes[ok], spec_codes(us[ok], rs[ok], name), us[ok], rs[ok], name,
                  f"sr_float_code_fast(sub={sub}) vs spec")
+
+
+def _e2m1_cases(bits16, rng):
+    """float32 patterns of every finite 16-bit value given (bf16 / f16 as float32), each with
+    the words 0, 2^31 and 2^32 - 1, the two carry-exact words, and one random word."""
+    us, rs = [], []
+    for u in bits16.tolist():
+        for r in (0, 2**31, 2**32 - 1) + carry_words(u, "e2m1") + (int(rng.integers(0, 2**32)),):
+            us.append(u)
+            rs.append(r)
+    return np.array(us, np.uint32), np.array(rs, np.uint32)
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "float16"])
+def test_e2m1_float_form(kind):
+    """sr_e2m1_code_f (MX e2m1 of 16-bit input under stochastic rounding, by float arithmetic)
+    equals the spec for every finite bfloat16 / float16 value q (an MX product x * 2^-k of such
+    an x is again one: at most 8 / 11 significant bits) where its key passes, crossed with the
+    fixed, carry-exact and random words; and its key passes for q = 0 and every |q| >= 2^-14."""
+    import ml_dtypes
+
+    dt = ml_dtypes.bfloat16 if kind == "bfloat16" else np.float16
+    v = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(dt).astype(np.float32)
+    v = v[np.isfinite(v)]
+    us, rs = _e2m1_cases(v.view(np.uint32), np.random.default_rng(4))
+
+    @cuda.jit
+    def kernel(qs, rs, codes, keys):  # (it casts bits: a kernel, in the simulator or on a GPU)
+        for i in range(cuda.grid(1), qs.size, cuda.gridsize(1)):
+            codes[i], keys[i] = _codec.sr_e2m1_code_f(qs[i], rs[i])
+
+    codes = np.zeros(us.size, np.uint32)
+    keys = np.zeros(us.size, np.uint32)
+    kernel[4, 64](us.view(np.float32), rs, codes, keys)
+    codes, keys = codes.astype(np.int64), keys.astype(np.int64)
+    ok = keys >= _codec.E2M1_SR_MIN_BITS - 1
+    a = (us & np.uint32(0x7FFFFFFF)).astype(np.int64)
+    np.testing.assert_array_equal(ok, (a == 0) | (a >= _codec.E2M1_SR_MIN_BITS))
+    assert ok.mean() > 0.5 and (~ok).any()
+    assert_codes(codes[ok], spec_codes(us[ok], rs[ok], "e2m1"), us[ok], rs[ok], "e2m1", f"sr_e2m1_code_f ({kind})")

@@ -507,6 +507,72 @@ def sr_float_code_fast(u, mbits, emin, max_code, nbits, r, sub):
 
 
 @devfn
+def fadd_rz_twin(a, b):
+    """float32 a + b rounded toward zero, for the one use below (a >= 0 below 2^23, b = 2^23:
+    the sum 2^23 + floor(a) exactly)."""
+    return F32(F32(b) + F32(np.floor(F32(a))))
+
+
+if SIMULATOR:
+    fadd_rz = fadd_rz_twin
+else:
+
+    @devfn
+    def fadd_rz(a, b):
+        """float32 a + b rounded toward zero (libdevice __nv_fadd_rz -> ``add.rz.f32``)."""
+        return cuda.libdevice.fadd_rz(a, b)
+
+
+E2M1_SR_MIN_BITS = 0x38800000  # 2^-14: see sr_e2m1_code_f
+F_TWO = F32(2.0)
+F_FOUR = F32(4.0)
+F_EIGHT = F32(8.0)
+F_HALF = F32(0.5)
+F_2P23 = F32(8388608.0)
+
+
+@devfn
+def sr_e2m1_code_f(q, r):
+    """(code, key): encode_float_sr32's stochastic e2m1 code of float32 ``q`` (finite) with
+    random bits ``r``, by float arithmetic, valid where ``key >= E2M1_SR_MIN_BITS - 1`` and q
+    holds at most 11 significant bits (q = x * 2^-k of a bfloat16 or float16 x: MX e2m1 of
+    16-bit input). key = |q|'s bits - 1 as uint32 (q = +-0: 2^32 - 1).
+
+    The spec rounds up iff floor(f * 2^32) + r >= 2^32, f the fraction of |q| in units of the
+    target's step Q at |q| (any t: docs/numerics.md). e2m1's steps: Q = 0.5 below 2 (its
+    subnormals 0, 0.5 and the binade [1, 2)), 1 on [2, 4), 2 from 4 (6 and up saturate, so
+    larger binades need no step of their own). y = |q| / Q is exact (a power of two),
+    n = floor(y) = RZ(y + 2^23) - 2^23 exactly (y < 2^23), f = y - n exactly. With at most 11
+    significant bits and |q| >= 2^-14, y >= 2^-13 has no bit below 2^-23, so F = f * 2^23 is
+    an integer and floor(f * 2^32) + r >= 2^32 iff F + (r >> 9) >= 2^23, i.e. iff
+    f + h >= 2 with h = 1 + (r >> 9) * 2^-23 (the float32 with bits 0x3F800000 | (r >> 9)):
+    the exact sum is a multiple of 2^-23, below 2 it is representable, and 2 is, so the
+    rounded sum is >= 2 exactly when the exact one is. q = +-0 gives f = 0 < 2 - h: code 0.
+    The magnitude is n + up + (0, 2, 4) by Q (the codes of 0.5 * n, n, 2n), saturated at 7
+    (|q| is first clamped to 8, whose code saturates as every |q| >= 6 does); the sign at bit 3."""
+    u = np.uint32(f32_bits(q))
+    a = min(abs(q), F_EIGHT)  # (from 6 every code saturates: 8 keeps y = 4, n below 256)
+    inv = F_TWO
+    off = np.int32(0)
+    if a >= F_TWO:
+        inv = ONE
+        off = np.int32(2)
+    if a >= F_FOUR:
+        inv = F_HALF
+        off = np.int32(4)
+    y = a * inv
+    nf = fadd_rz(y, F_2P23)
+    f = y - (nf - F_2P23)
+    h = bits_f32(np.uint32(np.uint32(0x3F800000) | np.uint32(np.uint32(r) >> np.uint32(9))))
+    mag = np.int32(np.int32(np.uint32(f32_bits(nf)) & np.uint32(0xFF)) + off)
+    if f + h >= F_TWO:
+        mag = np.int32(mag + 1)
+    mag = np.int32(min(mag, np.int32(7)))
+    code = np.uint32(np.uint32(mag) | np.uint32(np.uint32(u >> np.uint32(28)) & np.uint32(8)))
+    return code, np.uint32(np.int64(u & U32_SIGN_OFF) - 1)
+
+
+@devfn
 def rint_stochastic_f32(v, stochastic, r):
     """reference codec.rint_stochastic for |v| <= 2^22: RNE, or floor + (u < frac) with
     u = (r >> 8) * 2^-24."""

@@ -64,6 +64,7 @@ from ._codec import F32, FLT_MAX, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_
 from ._elements import encode_element
 from ._codec import encode_float_rne
 from ._codec import encode_int_f32, philox4x32_10, sr_fast_key_bound, sr_float_code_fast  # stochastic rounding
+from ._codec import E2M1_SR_MIN_BITS, sr_e2m1_code_f  # stochastic rounding, MX e2m1
 from ._division import RECIP_DIV, div_by_recip, ratio_ok, recip_guarded
 from ._codec import NAN, is_finite_f32, nanmax_f32, nanmin_f32, rint_f32  # asym_group_r
 from ._scales import range_scale  # asym_group_r
@@ -894,6 +895,32 @@ def sr_unit_fast(e, unit, p0, r, key_lo, key_hi, mode, fmt, vec, nb):
     return lo, hi, ok
 
 
+# MX e2m1 of 16-bit input (mxfp4 of bf16 / f16), clean groups: sr_e2m1_code_f's float form of
+# the rule (its steps are powers of two and q = x * 2^-k keeps at most 11 significant bits), kept
+# where every |q| is 0 or >= 2^-14; mostly FMA-pipe work where encode_float_sr32's integer carry
+# and its subnormal block (about a third of an e2m1 group) fill the ALU pipe.
+# NQDQ_SR_E2M1_FLOAT=0: the old path (read when kernels compile).
+SR_E2M1_FLOAT = os.environ.get("NQDQ_SR_E2M1_FLOAT", "1") == "1"
+
+
+@devfn
+def sr_unit_e2m1(e, unit, p0, key_lo, key_hi, nb):
+    """(lo, hi, ok): the codes of an 8-element unit of a clean MX e2m1 group (multiplier p0 =
+    2^-k), packed as store_packed takes them, and whether sr_e2m1_code_f holds for all."""
+    rw = unit_random_words(unit, 8, key_lo, key_hi)
+    c0, k0 = sr_e2m1_code_f(bits_f32(e[0]) * p0, rw[0])
+    c1, k1 = sr_e2m1_code_f(bits_f32(e[1]) * p0, rw[1])
+    c2, k2 = sr_e2m1_code_f(bits_f32(e[2]) * p0, rw[2])
+    c3, k3 = sr_e2m1_code_f(bits_f32(e[3]) * p0, rw[3])
+    c4, k4 = sr_e2m1_code_f(bits_f32(e[4]) * p0, rw[4])
+    c5, k5 = sr_e2m1_code_f(bits_f32(e[5]) * p0, rw[5])
+    c6, k6 = sr_e2m1_code_f(bits_f32(e[6]) * p0, rw[6])
+    c7, k7 = sr_e2m1_code_f(bits_f32(e[7]) * p0, rw[7])
+    kmin = min(min(min(k0, k1), min(k2, k3)), min(min(k4, k5), min(k6, k7)))
+    ok = kmin >= np.uint32(E2M1_SR_MIN_BITS - 1)
+    return pack4(c0, c1, c2, c3, nb), pack4(c4, c5, c6, c7, nb), ok
+
+
 @devfn
 def sr_store_unit_r(e, unit, p0, r, clean, key_lo, key_hi, c8, c16, c32, mode, fmt, vec, nb):
     """sr_store_unit of a unit with its group's parameter p0 and, for a float scale, r =
@@ -904,6 +931,11 @@ def sr_store_unit_r(e, unit, p0, r, clean, key_lo, key_hi, c8, c16, c32, mode, f
             mode == MODE_MX or (mode == MODE_NVFP4 and abs_i32(f32_bits(p0)) < FINITE)
             or (mode == MODE_FLOAT and r != ZERO)):
         lo, hi, ok = sr_unit_fast(e, unit, p0, r, key_lo, key_hi, mode, fmt, vec, nb)
+        if ok:
+            store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
+            return
+    if SR_E2M1_FLOAT and clean and mode == MODE_MX and vec == 8 and fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7:
+        lo, hi, ok = sr_unit_e2m1(e, unit, p0, key_lo, key_hi, nb)
         if ok:
             store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
             return
