@@ -233,10 +233,11 @@ def test_fast_code_where_its_key_allows(name, sub):
 
 def _e2m1_cases(bits16, rng):
     """float32 patterns of every finite 16-bit value given (bf16 / f16 as float32), each with
-    the words 0, 2^31 and 2^32 - 1, the two carry-exact words, and one random word."""
+    the two carry-exact words and one random word, every eighth also with 0, 2^31 and 2^32 - 1."""
     us, rs = [], []
-    for u in bits16.tolist():
-        for r in (0, 2**31, 2**32 - 1) + carry_words(u, "e2m1") + (int(rng.integers(0, 2**32)),):
+    for i, u in enumerate(bits16.tolist()):
+        fixed = (0, 2**31, 2**32 - 1) if i % 8 == 0 else ()
+        for r in fixed + carry_words(u, "e2m1") + (int(rng.integers(0, 2**32)),):
             us.append(u)
             rs.append(r)
     return np.array(us, np.uint32), np.array(rs, np.uint32)
@@ -262,7 +263,7 @@ def test_e2m1_float_form(kind):
 
     codes = np.zeros(us.size, np.uint32)
     keys = np.zeros(us.size, np.uint32)
-    kernel[4, 64](us.view(np.float32), rs, codes, keys)
+    kernel[1, 1](us.view(np.float32), rs, codes, keys)  # (one simulator thread: no thread switching)
     codes, keys = codes.astype(np.int64), keys.astype(np.int64)
     ok = keys >= _codec.E2M1_SR_MIN_BITS - 1
     a = (us & np.uint32(0x7FFFFFFF)).astype(np.int64)
