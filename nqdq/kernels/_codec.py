@@ -478,7 +478,7 @@ def sr_float_code_fast(u, mbits, emin, max_code, nbits, r, sub):
     (23 - M)`` less the exponent offset), floored at 0 so that a = 0 gives magnitude 0 (the
     spec's code of a signed zero: R = r >> (9 + M) < 2^(23 - M) leaves 0 >> (23 - M) = 0,
     and 0 minus the offset is negative); valid for a = 0 and the normal range.
-    ``sub`` True (the 4- and 6-bit formats, where much of a group lies below the normal
+    ``sub`` True (the 6-bit formats, where much of a group lies below the normal
     range): the spec's shift by t with ``t = max(23 - M, 150 - M + emin - ef)`` (ef = a >>
     23), for every lane: ``m = significand | 2^23`` (0 for a = 0),
     ``q = (m + (r >> (32 - t))) >> t`` and ``mag = q + (max(ef - 127 - emin, 0) << M)``;
