@@ -124,7 +124,7 @@ def main(argv=None):
                          "NQDQ_FUSED_* switches, whose settings label the rows)")
     ap.add_argument("--ab", action="append", default=[], metavar="SWITCH=V1,V2",
                     help="A/B in this process: after an op's default timing, time it again with nqdq.kernels."
-                         "_fused_rows.SWITCH (or A+B: both) set to each value (ints; a switch is tried only on the "
+                         "_fused_rows.SWITCH (or A+B: both) set to each value (ints; A+B=V1/V2: one each; a switch is tried only on the "
                          "ops it applies to: ROWS_BF16 flatten / MoE mxfp4, RES_CVT +res, PREFETCH rmsnorm without "
                          "residual, FLAT_STEP flatten, NORM_FMA / AMAX_NAN / RSQRT_WARP0 rmsnorm, MX_Y_PAIRS / MX_RC "
                          "rmsnorm mxfp4; FULL_ROWS and the others: every op), then the "
@@ -179,13 +179,14 @@ def main(argv=None):
     ab = []
     for spec in args.ab:
         name, vals = spec.split("=")
-        ab += [(name, int(v)) for v in vals.split(",")]
+        ab += [(name, v) for v in vals.split(",")]
     applies = {"ROWS_BF16": lambda op: ("flatten" in op or "moe" in op) and "mxfp4" in op,
                "FLAT_STEP": lambda op: "flatten" in op,
                "RES_CVT": lambda op: "+res" in op, "PREFETCH": lambda op: "rmsnorm" in op and "+res" not in op,
                "NORM_FMA": lambda op: "rmsnorm" in op, "MOE_SCATTER": lambda op: "moe" in op,
                "MOE_UNITS": lambda op: "moe" in op, "MOE_SORT1": lambda op: "moe" in op,
-               "MOE_PDL": lambda op: "moe" in op, "AMAX_NAN": lambda op: "rmsnorm" in op,
+               "MOE_PDL": lambda op: "moe" in op, "MOE_STAGE": lambda op: "moe" in op,
+               "MOE_STAGE_BLOCKS": lambda op: "moe" in op, "AMAX_NAN": lambda op: "rmsnorm" in op,
                "RSQRT_WARP0": lambda op: "rmsnorm" in op,
                "MX_Y_PAIRS": lambda op: "rmsnorm" in op and "mxfp4" in op,
                "MX_RC": lambda op: "rmsnorm" in op and "mxfp4" in op}
@@ -200,17 +201,21 @@ def main(argv=None):
 
     class switched:
         """``with``: nqdq.kernels._fused_rows.NAME (or nqdq.kernels.fused.NAME, the launcher's
-        switches) = v (bools stay bools), restored after; NAME may be several joined by "+"
-        (each set to v: a combination)."""
+        switches) = v (an int; bools stay bools), restored after; NAME may be several joined by
+        "+" (a combination: each set to v, or v = "V1/V2/..": one value each)."""
 
         def __init__(self, name, v):
-            self.names, self.v = name.split("+"), v
+            self.names = name.split("+")
+            vs = [int(t) for t in str(v).split("/")]
+            self.vs = vs * len(self.names) if len(vs) == 1 else vs
+            if len(self.vs) != len(self.names):
+                raise ValueError(f"--ab {name}={v}: one value, or one per switch")
             self.mods = [FR if hasattr(FR, nm) else KF for nm in self.names]
 
         def __enter__(self):
             self.old = [getattr(m, nm) for m, nm in zip(self.mods, self.names)]
-            for m, nm, o in zip(self.mods, self.names, self.old):
-                setattr(m, nm, bool(self.v) if isinstance(o, bool) else type(o)(self.v))
+            for m, nm, o, v in zip(self.mods, self.names, self.old, self.vs):
+                setattr(m, nm, bool(v) if isinstance(o, bool) else type(o)(v))
 
         def __exit__(self, *exc):
             for m, nm, o in zip(self.mods, self.names, self.old):

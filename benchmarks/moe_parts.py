@@ -1,13 +1,15 @@
 """The MoE sort + MXFP4 op by parts, on the GPU: device time from CUDA graphs and host time by part.
 
     python3 benchmarks/moe_parts.py [--tokens 2048 --hidden 7168 --k 4 --experts 256] [--reps 50]
-        [--host-tokens 64 --host-k 8]
+        [--host-tokens 64 --host-k 8] [--stage S/B[/L] ...]
 
 1. Device time, no host in the way: ``--reps`` back-to-back calls captured in one CUDA graph,
    events around a replay, divided by reps (median of 15 replays, two warm-up replays left out):
    the sort alone (its kernels launched straight: one launch, MOE_SORT1, or three) and the
    whole planned op (``check_ids=False``) with MOE_PDL on and off, twice (captured, the planned
-   call takes the three-launch sort whatever MOE_SORT1: kernels.fused.moe_plan).
+   call takes the three-launch sort whatever MOE_SORT1: kernels.fused.moe_plan), the calls
+   cycling over token sets larger than twice the L2 together; with ``--stage S/B[/L] ..`` also
+   for each MOE_STAGE / MOE_STAGE_BLOCKS / MOE_LANES, outputs checked against the first variant's.
 2. Host time of the planned call at decode size (``--host-tokens`` x top-``--host-k``, where the
    device work is small): us a call over 300-call rounds (median of 7), the whole call, the
    remembered function, its run (allocation, launches, arrays), the launches alone, the
@@ -36,6 +38,9 @@ def main():
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--host-tokens", type=int, default=64)
     ap.add_argument("--host-k", type=int, default=8)
+    ap.add_argument("--stage", nargs="*", default=[], metavar="S/B[/L]",
+                    help="also time the whole op with kernels.fused.MOE_STAGE = S, MOE_STAGE_BLOCKS = B, "
+                         "MOE_LANES = L (default 0)")
     args = ap.parse_args()
 
     import cupy as cp
@@ -75,17 +80,36 @@ def main():
                 fast_kernel(kern).launch(g, b, a)
 
         print(f"sort alone, MOE_SORT1={int(on)} ({len(lst)} launches): {graph_us(body):.2f} us a call")
-    x = (cp.random.standard_normal((T, H), dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
+    # the calls of a graph cycle over sets of tokens that together exceed twice the L2 (each call's
+    # tokens come from DRAM, as in an eager stream of layers)
+    l2 = cp.cuda.runtime.getDeviceProperties(0)["l2CacheSize"]
+    nsets = max(2, -(-2 * l2 // (T * H * 2)) + 1)
+    xs = [(cp.random.standard_normal((T, H), dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
+          for _ in range(nsets)]
+    print(f"whole op: {nsets} token sets of {T * H * 2 / 1e6:.1f} MB in turn (L2 {l2 / 1e6:.0f} MB)")
+    stages = [(KF.MOE_STAGE, KF.MOE_STAGE_BLOCKS, KF.MOE_LANES)]
+    stages += [(tuple(int(v) for v in st.split("/")) + (0,))[:3] for st in args.stage]
+    ref = None
     for _ in range(2):
-        for pdl in (1, 0):
-            KF.MOE_SORT1, KF.MOE_PDL = True, bool(pdl)
+        for stage, blocks, lanes in stages:
+            for pdl in (1, 0):
+                KF.MOE_SORT1, KF.MOE_PDL = True, bool(pdl)
+                KF.MOE_STAGE, KF.MOE_STAGE_BLOCKS, KF.MOE_LANES = stage, blocks, lanes
+                turn = [0]
 
-            def call():
-                return fused.moe_sort_quantize(x, ids2, E, "mxfp4", dtype="bfloat16", check_ids=False)
+                def call():
+                    turn[0] += 1
+                    return fused.moe_sort_quantize(xs[turn[0] % nsets], ids2, E, "mxfp4", dtype="bfloat16",
+                                                   check_ids=False)
 
-            call()
-            call()  # (the second call is the planned one)
-            print(f"whole op (planned, captured: three-launch sort), MOE_PDL={pdl}: {graph_us(call):.2f} us a call")
+                call()
+                q = fused.moe_sort_quantize(xs[0], ids2, E, "mxfp4", dtype="bfloat16", check_ids=False)[0]
+                got = (q.codes.get(), q.scales.get())  # (this second call is the planned one)
+                ref = got if ref is None else ref
+                same = all(np.array_equal(a, b) for a, b in zip(got, ref))
+                print(f"whole op (planned, captured: three-launch sort), MOE_STAGE={stage}/{blocks}/{lanes} MOE_PDL={pdl}: "
+                      f"{graph_us(call):.2f} us a call{'' if same else '  OUTPUTS DIFFER from the first variant'}")
+    KF.MOE_STAGE, KF.MOE_STAGE_BLOCKS, KF.MOE_LANES = stages[0]
     assert not ws.get().any(), "the one-launch sort left its workspace non-zero"
 
     T, k = args.host_tokens, args.host_k

@@ -316,27 +316,38 @@ def test_repeated_calls_build_no_new_kernel():
     assert after.misses == before.misses and after.hits == before.hits + len(calls)
 
 
-@pytest.mark.parametrize("scatter, units", [(True, 0), (True, 2), (False, 0)])
-def test_moe_sort_quantize_scatter_rows(scatter, units, monkeypatch):
+@pytest.mark.parametrize("scatter, units, stage, lanes", [(True, 0, 0, 0), (True, 2, 0, 0), (False, 0, 0, 0),
+                                                          (True, 0, 1, 0), (True, 2, 2, 0), (True, 0, 2, 1)])
+def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, monkeypatch):
     """bfloat16 rows with aligned units into mxfp4, by OP_SCATTER (each token read and encoded
     once, its codes and scales stored to its k sorted rows) and by OP_GATHER (each sorted row
     reads its token): both the spec's bits. Hidden 1000: 4 units a lane (MOE_UNITS 2: 2 units
     a lane over 2 warps), the last one and the last group partial; a group with inf and one
-    with NaN (the element encoder, once per stored row); k = 3 of 4 experts, one empty."""
+    with NaN (the element encoder, once per stored row); k = 3 of 4 experts, one empty.
+    MOE_STAGE over a grid of 2 blocks (tokens b, b + 2, b + 4): rounds of 1 staged token a
+    block (three rounds) or 2 (token 2's inf group in block 0's first round, token 4's NaN in
+    its second); with MOE_LANES each lane's 4 units contiguous (its own group; the row's last
+    lanes partly or wholly past its 125 units; and hidden 1024, whose rows fill the lanes)."""
     from nqdq.kernels import _fused_kernels as FK
     from nqdq.kernels import fused as KF
 
-    ops = []
+    ops, built_lanes = [], []
     build = KF.fused_row_kernel
 
     def spy(op, *a, **kw):
         ops.append(op)
         if op == FK.OP_SCATTER:  # (op, out, kind, wkind, NW, U, ...): the layout asked for
             assert a[3:5] == ((1, 4) if units == 0 else (2, units))
+            assert a[-2] == (stage if a[-3] == 3 else 0) and bool(a[-1]) == bool(lanes)  # STAGE, LANES (k = 3)
+            built_lanes.append(a[-1])
         return build(op, *a, **kw)
 
     monkeypatch.setattr(KF, "MOE_SCATTER", scatter)
     monkeypatch.setattr(KF, "MOE_UNITS", units)
+    monkeypatch.setattr(KF, "MOE_STAGE", stage)
+    monkeypatch.setattr(KF, "MOE_STAGE_BLOCKS", 2)
+    monkeypatch.setattr(KF, "MOE_LANES", lanes)
+    monkeypatch.setattr(KF, "_sm_count", lambda: 1)
     monkeypatch.setattr(KF, "fused_row_kernel", spy)
     rng = np.random.default_rng(12)
     T, H, k, E = 5, 1000, 3, 4
@@ -350,6 +361,12 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, monkeypatch):
     np.testing.assert_array_equal(perm, perm_ref)
     np.testing.assert_array_equal(off, off_ref)
     assert_q_equal(q, nqdq.quantize(x[perm_ref], "mxfp4"))
+    if lanes:  # hidden 1024 = the lanes' 128 units (FULL): the words by 16-byte stores
+        x2 = rows(rng, T, 1024, "bfloat16")
+        x2[1, 1000], x2[3, 5] = np.nan, -np.inf
+        q2, _, _ = fused.moe_sort_quantize(x2, ids, E, "mxfp4", device="cuda")
+        assert built_lanes == [1, 2]  # (LANES 2: the 16-byte stores; 1 at hidden 1000)
+        assert_q_equal(q2, nqdq.quantize(x2[perm_ref], "mxfp4"))
     # more rows a token than OP_SCATTER holds in registers (MOE_SCATTER_MAX_K = 8): the gather
     ops.clear()
     ids9 = np.stack([rng.permutation(10)[:9] for _ in range(2)])
@@ -835,7 +852,8 @@ import numpy as np
 from numba import cuda, typeof
 from nqdq.kernels import fused as KF
 from nqdq.kernels._ptx_audit import _no_gpu_compile, compile_and_audit
-want = ("moe scatter-rows mxfp4", "moe count", "moe scan", "moe scatter", "moe sort (one launch)")
+want = ("moe scatter-rows mxfp4", "moe scatter-rows staged mxfp4", "moe count", "moe scan", "moe scatter",
+        "moe sort (one launch)")
 launches = [l for l in KF.audit_launches() if l[0] in want]
 rows = compile_and_audit(launches)
 out = {}
@@ -853,7 +871,8 @@ def test_moe_kernels_programmatic_dependent_launch_ptx():
     sort kernels allow their dependent's launch before any global access
     (griddepcontrol.launch_dependents) and the scan, the three-launch scatter and OP_SCATTER's
     rows wait (griddepcontrol.wait) before they read what the kernel before wrote: the rows
-    after every load of their token and before the first load of their sorted rows (perm),
+    after every load of their token and before the first load of their sorted rows (perm)
+    (the staged rows: after a round's loads, before its stores),
     the scatter after its ids and before the scan's bases. The one-launch sort reads the other
     blocks' counts by ld.global.cg (L2, no atomics), its only global atomics the barrier's."""
     from test_mma import _compile_rows
@@ -866,6 +885,14 @@ def test_moe_kernels_programmatic_dependent_launch_ptx():
     assert rows.count("griddepcontrol.wait") == 1 and "griddepcontrol.launch_dependents" not in rows
     assert rows[:w] == ["ld.global.nc.v4.u32"] * w and w == 7  # the token's 7 units a lane (4 warps x 7)
     assert rows[w + 1].startswith("ld.global.s32")  # then perm[row * k + j]
+    # the staged rows (MOE_STAGE, lanes' groups): a round's tokens read (4 v4 loads a lane, in the
+    # round's loop), then the one wait, then perm's 4 rows and a 16-byte store of the lane's
+    # 4 words to each, then the 4 scale codes
+    st = k["moe scatter-rows staged mxfp4"]["ops"]
+    w = st.index("griddepcontrol.wait")
+    assert st.count("griddepcontrol.wait") == 1 and "griddepcontrol.launch_dependents" not in st
+    assert set(st[:w]) == {"ld.global.nc.v4.u32"}
+    assert st[w + 1:] == ["ld.global.s32"] * 4 + ["st.global.v4.u32"] * 4 + ["st.global.u8"] * 4
     for label in ("moe count", "moe scan", "moe scatter", "moe sort (one launch)"):
         assert k[label]["ops"][0] == "griddepcontrol.launch_dependents", label
     scan = k["moe scan"]["ops"]

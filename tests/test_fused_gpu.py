@@ -254,14 +254,18 @@ def test_gpu_moe_hot_path():
     api.clear_fast_path()
 
 
-@pytest.mark.parametrize("scatter", [True, False])
-def test_gpu_moe_scatter_and_gather(scatter, monkeypatch):
+@pytest.mark.parametrize("scatter, stage, blocks", [(True, 0, 4), (False, 0, 4), (True, 4, 4), (True, 2, 1)])
+def test_gpu_moe_scatter_and_gather(scatter, stage, blocks, monkeypatch):
     """The MoE rows by OP_SCATTER (each token encoded once, stored to its k rows) and by
     OP_GATHER (MOE_SCATTER off): the spec's bits at hidden 7168 with int64 ids, an inf group
-    and a NaN group; both stored rows of a token carry them."""
+    and a NaN group; both stored rows of a token carry them. MOE_STAGE 4 (a block a token
+    here: every token staged) and 2 over one block an SM (3 tokens a block on a 132-SM
+    GPU: the third after the staged ones; token 7's inf group staged, then encoded again)."""
     from nqdq.kernels import fused as KF
 
     monkeypatch.setattr(KF, "MOE_SCATTER", scatter)
+    monkeypatch.setattr(KF, "MOE_STAGE", stage)
+    monkeypatch.setattr(KF, "MOE_STAGE_BLOCKS", blocks)
     rng = np.random.default_rng(13)
     T, H, k, E = 333, 7168, 4, 64
     x = rows(rng, T, H, "bfloat16")
@@ -315,16 +319,19 @@ def test_gpu_moe_sort_one_launch(T, k, E, sort1, monkeypatch):
         np.testing.assert_array_equal(host(ws), 0)
 
 
-@pytest.mark.parametrize("sort1, pdl", [(True, True), (True, False), (False, True)])
-def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, monkeypatch):
+@pytest.mark.parametrize("sort1, pdl, stage", [(True, True, 0), (True, False, 0), (False, True, 0), (True, True, 4),
+                                               (False, True, 1)])
+def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, monkeypatch):
     """The planned MoE call with the one-launch sort or the three-launch one, each launch after
     the first its predecessor's programmatic dependent (MOE_PDL: cuLaunchKernelEx) or plain: on
     two streams at once (each stream its own workspace), and captured in a CUDA graph (the
     three-launch sequence in every case: no workspace; the dependent launches programmatic
-    edges) replayed on new ids and data; every result the spec's."""
+    edges) replayed on new ids and data; every result the spec's. MOE_STAGE 4 and 1 (600
+    tokens over at most 4 blocks an SM, 1-2 a block: all staged, or at 1 some after the staged)."""
     from nqdq import api
     from nqdq.kernels import fused as KF
 
+    monkeypatch.setattr(KF, "MOE_STAGE", stage)
     monkeypatch.setattr(KF, "MOE_PDL", pdl)
     monkeypatch.setattr(KF, "MOE_SORT1", sort1)
     api.clear_fast_path()

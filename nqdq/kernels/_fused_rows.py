@@ -47,7 +47,7 @@ import re
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, float64, int32
+from numba import cuda, float32, float64, int32, uint8, uint32
 
 from ..reference.fused import UNIT, WARP
 from ._codec import F32, KIND_BF16, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32_bits, mul_rn
@@ -56,10 +56,11 @@ from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OP_ROWS, OP_SCA
                              OUT_TENSOR, OUT_Y,
                              R_SPLIT_MIN_BITS, SIG_BITS, idx_get_f32, prod_err, round_bits, rsqrt_mean,
                              split_sum64, xor_lane)
-from ._ptx import cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, griddep_wait, load_u32x4, prmt, store_u32x2
+from ._ptx import (cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, griddep_wait, load_u32x4, prmt, store_u32x2,
+                   store_u32x4)
 from ._quantize_kernels import group_params, store_scale
 from ._division import RECIP_DIV, ratio_ok, recip_guarded
-from ._rowwise_kernels import (FINITE, _block_max_fn, abs_i32, e2m1_unit_bf16, e2m1_unit_f32_p2, encode_store_unit_r,
+from ._rowwise_kernels import (FINITE, _block_max_fn, abs_i32, e2m1_unit_bf16, enc, e2m1_unit_f32_p2, encode_store_unit_r,
                                half_bits, is_e2m1, unit_amax, unit_amax_nan, word_amax16, xor_max)
 from ._scales import MODE_FLOAT, MODE_MX, MX_RCEIL
 from ._target import SIMULATOR, devfn
@@ -420,7 +421,7 @@ def _share_source(U, LL, NT, recip, full=False):
     return L
 
 
-_KERNEL_ARGS = "x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D, dm, pf"
+_KERNEL_ARGS = "x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D, dm, pf, m"
 
 
 @devfn
@@ -434,6 +435,7 @@ def store_words8(dst32, q, lo, hi):
 
 
 MOE_SCATTER_MAX_K = 8  # OP_SCATTER's rows per token (top-k): held in registers, the stores unrolled
+MOE_STAGE_MAX = 16  # OP_SCATTER's staged tokens a block (shared memory: 5 bytes a unit and token)
 
 
 def words_path(op, out, kind, fast, fmt, rows_bf16=None) -> bool:
@@ -444,9 +446,74 @@ def words_path(op, out, kind, fast, fmt, rows_bf16=None) -> bool:
                 and is_e2m1(fmt))
 
 
+def _scatter_staged_source(U, NT, KD, S, LANES, LL):
+    """OP_SCATTER's body with STAGE = S (after the prelude: tid, views, nunits, ut, u0..): a
+    block takes tokens blockIdx + i * gridDim (m tokens) in rounds of S. A round loads and
+    encodes its S tokens, their words and scale codes into shared memory, then waits for the
+    sort (griddep_wait: launched as the sort's programmatic dependent, MOE_PDL, the first
+    round reads its tokens while the sort runs; after that the wait returns at once) and
+    stores them to the rows perm gives them. Each lane reads back only its own slots, so no
+    barrier. The codes and scales are the one-block-per-token form's.
+
+    The lane's units: t + j * NT (the prelude's, a group over LL lanes: stage_unit's
+    butterfly, put_staged), or with LANES t * U + j (U a multiple of LL: the lane's whole
+    groups, their amax in the lane: stage_group; put_word, put_code), and with LANES = 2 (the
+    rows fill the lanes, n = NT * U * 8, aligned) its U words leave in 16-byte stores
+    (put_quad)."""
+    J = range(U)
+    H = range(U // LL) if LANES else ()
+    I3 = " " * 12
+    L = ["    sw = cuda.shared.array(SWN, uint32)",
+         "    sc = cuda.shared.array(SWN, uint8)",
+         "    g = np.int32(cuda.gridDim.x)",
+         "    t0 = np.int32(cuda.blockIdx.x)"]
+    if LANES:  # the lane's units t * U + j, read from quad (row's first) + t * U + j
+        L += [f"    u{j} = np.int32(tid * {U} + {j})" for j in J]
+        L += [f"    ul = ut * {U}"]
+        q = "tx + {j}"
+    else:
+        L += ["    ul = ut"]
+        q = f"tx + {{j}} * {NT}"
+    L += ["    while t0 < m:",
+          "        for i in range(STAGE):",
+          "            tok = t0 + np.int32(i) * g",
+          "            if tok < m:",
+          f"{I3}    base = np.int64(tok) * sb",
+          f"{I3}    tx = (base >> 3) + ul"]
+    L += [f"{I3}    a{j}, b{j} = load_x(x, x32, {q.format(j=j)}, u{j}, nunits, base, n, sh, D, dm)" for j in J]
+    if LANES:
+        L += [f"{I3}    stage_group(" + "".join(f"a{h * LL + e}, " for e in range(LL))
+              + "".join(f"u{h * LL + e} < nunits, " for e in range(LL))
+              + f"sw, sc, (i * {U} + {h * LL}) * {NT} + tid, (i * {U // LL} + {h}) * {NT} + tid)" for h in H]
+    else:
+        L += [f"{I3}    stage_unit(a{j}, u{j} < nunits, tid, scratch, sw, sc, (i * {U} + {j}) * {NT} + tid)"
+              for j in J]
+    # the sort's rows are read only after griddep_wait (in any launch but MOE_PDL's it does nothing)
+    L += ["        griddep_wait()",
+          "        for i in range(STAGE):",
+          "            tok = t0 + np.int32(i) * g",
+          "            if tok < m:"]
+    L += [f"{I3}    p{j} = np.int64(perm[np.int64(tok) * {KD} + {j}])" for j in range(KD)]
+    L += [f"{I3}    dd = (" + "".join(f"p{j} * nunits, " for j in range(KD)) + ")",
+          f"{I3}    ss = (" + "".join(f"p{j} * ngroups, " for j in range(KD)) + ")"]
+    if LANES == 2:  # the rows fill the lanes: 4 words a 16-byte store, quad (row's first unit + t * U + 4 r) / 4
+        L += [f"{I3}    put_quad(sw, (i * {U} + {4 * r}) * {NT} + tid, c32, dd, ut * {U // 4} + {r})"
+              for r in range(U // 4)]
+    elif LANES:
+        L += [f"{I3}    put_word(sw, (i * {U} + {j}) * {NT} + tid, u{j} < nunits, u{j}, c32, dd)" for j in J]
+    if LANES:
+        L += [f"{I3}    put_code(sc, (i * {U // LL} + {h}) * {NT} + tid, u{h * LL} < nunits, "
+              f"ut * {U // LL} + {h}, scales, ss)" for h in H]
+    else:
+        L += [f"{I3}    put_staged(sw, sc, (i * {U} + {j}) * {NT} + tid, u{j} < nunits, u{j}, tid, c32, scales, dd, ss)"
+              for j in J]
+    L += ["        t0 += np.int32(STAGE) * g"]
+    return L
+
+
 @lru_cache(maxsize=None)
 def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, mx_cfg, max_elem, G, shfl, sw=None,
-                     KD=0):
+                     KD=0, STAGE=0, LANES=0):
     """The kernel for one configuration (every argument a compile-time constant): ``op``
     OP_*, ``out`` OUT_*, input / weight kinds, NW warps x U units per thread (the spec's
     geometry), ``fast`` (16-byte aligned units: vector loads and stores; 2: and n = NT * U * 8,
@@ -455,8 +522,12 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     ``mx_cfg`` / ``max_elem`` as in kernels.quantize, G the scale group (128 or 32; 0 otherwise),
     ``shfl`` (warp shuffles; False: their simulator twins).
     Arguments: see _KERNEL_ARGS (flat arrays; sb the row stride of x in elements; pf the L2
-    prefetch distance in rows, 0: none). ``sw``: switches() (None: their values now). ``KD``:
-    OP_SCATTER's rows per token (k of the MoE sort, 1..MOE_SCATTER_MAX_K)."""
+    prefetch distance in rows, 0: none; m the rows, OP_SCATTER's tokens). ``sw``: switches()
+    (None: their values now). ``KD``: OP_SCATTER's rows per token (k of the MoE sort,
+    1..MOE_SCATTER_MAX_K). ``STAGE``: OP_SCATTER's tokens a block encodes into shared memory
+    before it waits for the sort (0: one block per token; see _scatter_staged_source); ``LANES``:
+    with STAGE, each lane's units contiguous (its whole scale groups); 2: and the rows fill the
+    lanes (16-byte stores)."""
     (w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw, norm_fma, gshare, amax_nan,
      rsqrt_warp0, mx_rc, _full_rows) = switches() if sw is None else sw
     RSQ0 = rsqrt_warp0 == 1 or (rsqrt_warp0 == -1 and out == OUT_MX)  # the row's 1/sqrt by warp 0
@@ -489,6 +560,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     if op == OP_SCATTER and not (WPAIRS and 1 <= KD <= MOE_SCATTER_MAX_K):
         raise ValueError(f"OP_SCATTER is built for the bfloat16 words' MX e2m1 path (words_path) and 1 <= k <= "
                          f"{MOE_SCATTER_MAX_K} rows a token, not k = {KD}")
+    if STAGE and (op != OP_SCATTER or not 1 <= STAGE <= MOE_STAGE_MAX):
+        raise ValueError(f"STAGE is OP_SCATTER's, 1..{MOE_STAGE_MAX} tokens a block, not {STAGE} (op {op})")
+    if LANES and not (STAGE and U % (G // UNIT) == 0):
+        raise ValueError(f"LANES needs STAGE and whole groups a lane: U = {U}, G = {G}")
     CLAMP = MXR != MX_RCEIL  # e2m1_unit_bf16: "floor" / "even" scales can leave |x| / 2^k up to 8
     RCVT = res_cvt and RES and kind == KIND_BF16 and fast  # the residual by cvt.rn.bf16x2.f32
     STEP = strided == 2 and fast  # FLAT_STEP: D / 8 divides NT (the launcher's test)
@@ -871,6 +946,85 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                     scales[np.uint64(ss[j] + gi)] = np.uint8(code)
 
     @devfn
+    def stage_unit(w, ok, tid, scratch, sw, sc, k):
+        """group_unit_ws's encode without its stores (OP_SCATTER, STAGE): the unit's e2m1 word
+        and its group's scale code to slot ``k`` of the block's shared ``sw`` / ``sc`` (the
+        lane's own slot, read back by the same lane: no barrier). A non-finite group's word
+        by the element encoder (put_codes' path for it: enc, every NaN rule)."""
+        a = group_max(words_amax(w, ok), tid, scratch)
+        if ok:
+            code, p0 = mx_group(a)
+            sw[k] = group_word(w, a, p0)
+            sc[k] = np.uint8(code)
+
+    @devfn
+    def put_staged(sw, sc, k, ok, u, tid, c32, scales, dd, ss):
+        """A staged unit (stage_unit's slot ``k``) to its token's KD sorted rows: the word at
+        dd[j] + u, the group's scale (by the group's first lane) at ss[j] + u // LL."""
+        if ok:
+            word = sw[k]
+            for j in range(KD):
+                c32[np.uint64(dd[j] + u)] = word
+            if (tid & (LL - 1)) == 0:
+                code = sc[k]
+                gi = np.int64(u >> LLSH)
+                for j in range(KD):
+                    scales[np.uint64(ss[j] + gi)] = code
+
+    @devfn
+    def group_word(w, a, p0):
+        """The e2m1 word of a unit of bfloat16 words in a group of amax bits ``a`` and
+        multiplier p0: e2m1_word where the group is finite, else the element encoder (enc,
+        put_codes' path for it: every NaN rule)."""
+        if a < FINITE:
+            return e2m1_word(w, p0)
+        z = np.uint32(0)
+        y = elems(w, (z, z, z, z))
+        word = np.uint32(0)
+        for i in range(UNIT):
+            word |= enc(f32_bits(y[i]), p0, MODE, fmt, CVT, np.uint32(0xF)) << np.uint32(4 * i)
+        return word
+
+    @devfn
+    def stage_group(w0, w1, w2, w3, n0, n1, n2, n3, sw, sc, k, ks):
+        """A lane's whole group of 4 units (OP_SCATTER, STAGE with LANES; ``n*``: the unit is in
+        the row): its amax in the lane (words_amax, no butterfly), parameters, the 4 words to
+        slots k, k + NT, .. of ``sw`` and the scale code to slot ks of ``sc``."""
+        a = max(max(words_amax(w0, n0), words_amax(w1, n1)), max(words_amax(w2, n2), words_amax(w3, n3)))
+        if n0:
+            code, p0 = mx_group(a)
+            sw[k] = group_word(w0, a, p0)
+            sw[k + NT] = group_word(w1, a, p0)
+            sw[k + 2 * NT] = group_word(w2, a, p0)
+            sw[k + 3 * NT] = group_word(w3, a, p0)
+            sc[ks] = np.uint8(code)
+
+    @devfn
+    def put_quad(sw, k, c32, dd, qi):
+        """Staged words k, k + NT, k + 2 NT, k + 3 NT (a lane's 4 consecutive units) to the
+        KD sorted rows by one 16-byte store each: quad dd[j] / 4 + qi (dd[j] = row * nunits, a
+        multiple of 4 where the rows fill the lanes: FULL)."""
+        w0, w1, w2, w3 = sw[k], sw[k + NT], sw[k + 2 * NT], sw[k + 3 * NT]
+        for j in range(KD):
+            store_u32x4(c32, np.uint64((dd[j] >> 2) + qi), w0, w1, w2, w3)
+
+    @devfn
+    def put_word(sw, k, ok, u, c32, dd):
+        """Staged word k (unit u) to the KD sorted rows, where the unit is in the row."""
+        if ok:
+            word = sw[k]
+            for j in range(KD):
+                c32[np.uint64(dd[j] + u)] = word
+
+    @devfn
+    def put_code(sc, k, ok, gi, scales, ss):
+        """Staged scale code k (the lane's group gi of the row) to the KD sorted rows."""
+        if ok:
+            code = sc[k]
+            for j in range(KD):
+                scales[np.uint64(ss[j] + gi)] = code
+
+    @devfn
     def prefetch_rows(x32, row, tid, nunits, sb):
         """prefetch.global.L2 of the 128-byte lines of x's row ``row``: thread t takes lines
         t, t + NT, ... (a line is 8 of the loads' 16-byte quads)."""
@@ -990,6 +1144,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
               for j in J]
     if GSHARE:
         L += _share_source(U, LL, NT, MODE == MODE_FLOAT, FULL)
+    if STAGE:  # the staged scatter replaces the one-token body (the prelude up to the units' indices stays)
+        k = L.index("    tu = (rbase >> 3) + ut") + 1 + U
+        assert L[k - 1].startswith(f"    u{U - 1} = "), L[k - 1]
+        L = L[:k] + _scatter_staged_source(U, NT, KD, STAGE, LANES, LL)
     src = "\n".join(L) + "\n"
     if FULL:  # unit j of every lane is in the row
         src = re.sub(r"\bu\d+ < nunits\b", "True", src)
@@ -1000,7 +1158,9 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max, as_u32=as_u32,
                as_u16=as_u16, group_unit_w=group_unit_w, prefetch_rows=prefetch_rows, load_q=load_r,
                group_params_r=group_params_r, group_unit_ws=group_unit_ws, KD=KD, SHFL=shfl,
-               griddep_wait=griddep_wait, amax_y=amax_y)
+               griddep_wait=griddep_wait, amax_y=amax_y, STAGE=STAGE, SWN=max(STAGE * U * NT, 1),
+               stage_unit=stage_unit, put_staged=put_staged, uint32=uint32, uint8=uint8, stage_group=stage_group,
+               put_quad=put_quad, put_word=put_word, put_code=put_code)
     exec(compile(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", "exec"), glb)
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most

@@ -156,6 +156,23 @@ if not SIMULATOR:
 
         return sig, codegen
 
+    @intrinsic
+    def store_u32x4(typingctx, a, i, w0, w1, w2, w3):
+        """Words 4*i .. 4*i + 3 of the uint32 array ``a`` (16-byte aligned) := w0 .. w3, by one
+        ``st.global.v4.u32``."""
+        sig = types.void(a, i, types.uint32, types.uint32, types.uint32, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            i4 = builder.mul(context.cast(builder, args[1], sig.args[1], types.int64), ir.Constant(ir.IntType(64), 4))
+            ptr = _elem_ptr(context, builder, sig.args[0], args[0], i4, types.int64)
+            i32 = ir.IntType(32)
+            fty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32, i32])
+            asm = ir.InlineAsm(fty, "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r", side_effect=True)
+            builder.call(asm, [ptr, args[2], args[3], args[4], args[5]])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
     def _cvt_pair_intrinsic(ptx_type):
         @intrinsic
         def _cvt2(typingctx, hi, lo):
@@ -187,6 +204,11 @@ else:
         j = 2 * int(i)
         a[j] = w0
         a[j + 1] = w1
+
+    def store_u32x4(a, i, w0, w1, w2, w3):
+        """Simulator twin: four consecutive words."""
+        j = 4 * int(i)
+        a[j], a[j + 1], a[j + 2], a[j + 3] = w0, w1, w2, w3
 
     cvt_e4m3x2 = cvt_e5m2x2 = None  # the simulator never calls these (fp8_cvt_available() is False)
 

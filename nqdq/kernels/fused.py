@@ -59,6 +59,16 @@ MOE_SORT1 = _fused_rows._switch_env("MOE_SORT1", True)
 # before the one before them ends. H100 (06:04 UTC), as MOE_SORT1's figures: eager 37.8 -> 36.8 us
 # (one-launch sort), graph 36.6 -> 36.2 (one-launch sort), 35.2 -> 34.2 (three launches).
 MOE_PDL = _fused_rows._switch_env("MOE_PDL", True)
+# MOE_STAGE (NQDQ_FUSED_MOE_STAGE, session 13): OP_SCATTER's tokens a block loads and encodes
+# into shared memory before it waits for the sort (_fused_rows._scatter_staged_source), over a
+# grid of at most MOE_STAGE_BLOCKS blocks an SM (NQDQ_FUSED_MOE_STAGE_BLOCKS); 0: one block per
+# token, which waits for the sort after its token's loads (only the first wave reads early).
+MOE_STAGE = int(os.environ.get("NQDQ_FUSED_MOE_STAGE", "4"))
+MOE_STAGE_BLOCKS = int(os.environ.get("NQDQ_FUSED_MOE_STAGE_BLOCKS", "4"))
+# MOE_LANES (NQDQ_FUSED_MOE_LANES, session 13): with MOE_STAGE, each lane's units contiguous, so a
+# lane holds whole MX groups (no butterfly; its words leave in 16-byte stores where the rows fill
+# the lanes); where the lane's units are not whole groups, the strided layout.
+MOE_LANES = int(os.environ.get("NQDQ_FUSED_MOE_LANES", "1"))
 
 
 def out_kind(sch: Scheme) -> int:
@@ -173,7 +183,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
 
     # strided 2: FLAT_STEP's stepped unit indices, where D / 8 divides the block's threads
     stepped = strided and fast and _fused_rows.FLAT_STEP and nt % (D // 8) == 0
-    grid, kd = rows, 0
+    grid, kd, stage, lanes = rows, 0, 0, 0
     if (moe is not None and MOE_SCATTER and _fused_rows.words_path(op, mode, kind, fast, fmt)
             and 1 <= moe[1] <= _fused_rows.MOE_SCATTER_MAX_K):
         perm_a, kd = moe[0], int(moe[1])
@@ -181,15 +191,20 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
         nw_u = -(-(n // 8) // (32 * MOE_UNITS)) if MOE_UNITS > 0 else 0  # warps for MOE_UNITS a lane
         if 0 < nw_u <= 32:
             U, nw = MOE_UNITS, nw_u
+        if MOE_STAGE > 0:
+            stage = min(MOE_STAGE, _fused_rows.MOE_STAGE_MAX)
+            if MOE_LANES and U % (G // 8) == 0:  # (2: the rows fill the lanes: 16-byte stores)
+                lanes = 2 if fast and n == 32 * nw * U * 8 else 1
+            grid = min(grid, max(1, _sm_count() * MOE_STAGE_BLOCKS))
     # fast 2: every lane's U units in the row (FULL_ROWS: no unit tested against the row's end)
     full = _fused_rows.full_rows(op, mode, res is not None) and fast and n == 32 * nw * U * 8
     kern = fused_row_kernel(op, mode, kind, wkind, nw, U, 2 if full else bool(fast), 2 if stepped else int(strided),
-                            res is not None, fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches(), kd)
+                            res is not None, fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches(), kd, stage, lanes)
     # dm: the fast strided loader's u // (D / 8) as (u * dm) >> 32 (_fused_rows._loader)
     dm = (1 << 32) // max(D // 8, 1) + 1
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
             n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, dm,
-            _fused_rows.prefetch_distance(_fused_rows.PREFETCH, op, mode, res is not None))
+            _fused_rows.prefetch_distance(_fused_rows.PREFETCH, op, mode, res is not None), rows // max(kd, 1))
     _launch(launches, kern, grid, 32 * nw, args)
     return dict(codes=codes, scales=scales, newres=newres, y=y, pcols=pcols, ngroups=ngroups, alloc=alloc, op=op)
 
@@ -287,7 +302,8 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     scratch array and the launches of the general path (moe_sort, run_rows: the same
     kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
     is the op's [E + 1] (moe_sort's but its last entry). None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0,
-    no CuPy). ``switches``: (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, _fused_rows.switches()), part of the
+    no CuPy). ``switches``: (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, MOE_STAGE, MOE_STAGE_BLOCKS,
+    MOE_LANES, _fused_rows.switches()), part of the
     cache key. With MOE_PDL (OP_SCATTER rows, sm_90+) every launch after the first is its
     predecessor's programmatic dependent: the rows' loads overlap the sort. With MOE_SORT1 a
     direct call sorts in one launch, a call under graph capture in three (``run.seq`` and
@@ -386,7 +402,7 @@ def audit_launches():
         xd, wd = _XDTYPES[kind], _XDTYPES[wkind]
         z = np.zeros
         return (z(8, xd), z(8, xd), z(8, wd), z(8, xd), z(8, np.float32), z(8, np.uint8), z(8, sdt), z(8, np.int32),
-                1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1, 1, 0)
+                1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1, 1, 0, 1)
 
     nw, u = row_geometry(7168)
     def F(op, mode, res):  # (7168 = 4 warps x 32 x 7 units x 8: FULL where the launcher builds it so)
@@ -412,6 +428,10 @@ def audit_launches():
     k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, nw, u, F(FK.OP_SCATTER, FK.OUT_MX, False), False, False,
                          format_tuple(sch), _mx_cfg(sch), 6.0, 32, True, None, 4)
     out.append(("moe scatter-rows mxfp4", k, args(1, 0, np.uint8)))
+    # the staged form as the launcher builds it at hidden 7168 (MOE_UNITS: 7 warps x 4 units, lanes' groups)
+    k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, 7, 4, True, False, False, format_tuple(sch), _mx_cfg(sch),
+                         6.0, 32, True, None, 4, 4, 2)
+    out.append(("moe scatter-rows staged mxfp4", k, args(1, 0, np.uint8)))
     k = fused_row_kernel(FK.OP_ROWS, FK.OUT_GROUP, 1, 0, nw, u, F(FK.OP_ROWS, FK.OUT_GROUP, False), True, False,
                          format_tuple(resolve_scheme("fp8_1x128")), (0, 0, 0, 1.0), 448.0, 128, True)
     out.append(("flatten strided fp8_1x128", k, args(1, 0, np.float32)))
