@@ -358,7 +358,7 @@ def _moe_key(x, ids, num_experts, scheme, dtype):
     try:
         return (x.shape, x.dtype.char, ids.shape, ids.dtype.char, num_experts, scheme, dtype,
                 (_KF.MOE_SCATTER, _KF.MOE_UNITS, _KF.MOE_SORT1, _KF.MOE_PDL, _KF.MOE_STAGE, _KF.MOE_STAGE_BLOCKS,
-                 _KF.MOE_LANES, _KF.MOE_SORT_BLOCK, _FR.switches()))
+                 _KF.MOE_LANES, _FR.switches()))
     except TypeError:  # an unhashable scheme argument
         return None
 

@@ -404,35 +404,6 @@ def test_moe_sort_many_pairs_device(tokens, k, E, unroll, sort1, monkeypatch):
     assert sorted(inv) == list(range(tokens * k))
 
 
-@pytest.mark.parametrize("tokens, k, E", [(1, 1, 1), (700, 2, 6), (90, 8, 256), (513, 3, 40)])
-def test_moe_sort_one_block(tokens, k, E, monkeypatch):
-    """MOE_SORT_BLOCK's one-block sort (the simulator's block: 4 warps) against the spec: one
-    pair; 1400 pairs of 6 experts (11 steps of 32 a warp, many pairs of a bucket in a step);
-    720 of 256 (the most buckets, E + 1 = 257); 1539 of 40, ids out of range (negative and
-    past E) sorted after every expert in pair order; every warp's segment partly full."""
-    from nqdq.kernels import _fused_kernels as FK
-    from nqdq.kernels import fused as KF
-    from nqdq.kernels._interop import Allocator
-    from nqdq.kernels.fused import moe_sort
-
-    monkeypatch.setattr(KF, "MOE_SORT_BLOCK", True)
-    launches = []
-    rng = np.random.default_rng(17)
-    ids = rng.integers(0, E, (tokens, k))
-    if E == 40:
-        ids[3, 1], ids[100, 0], ids[400, 2] = -1, 40, 1 << 20
-    flat = ids.astype(np.int32).reshape(-1)
-    moe_sort(flat, tokens * k, k, E, Allocator("numpy"), launches=launches)
-    assert [kern for kern, *_ in launches] == [FK.moe_sort_block_kernel]
-    perm, off, inv = moe_sort(flat, tokens * k, k, E, Allocator("numpy"))
-    valid = (ids >= 0) & (ids < E)
-    order = sorted(range(tokens * k), key=lambda p: (flat[p] if valid.flat[p] else E, p))
-    np.testing.assert_array_equal(perm, [p // k for p in order])
-    counts = np.bincount(np.where(valid, ids, E).reshape(-1), minlength=E + 1)
-    np.testing.assert_array_equal(off, np.concatenate([[0], np.cumsum(counts)]))
-    np.testing.assert_array_equal(inv[order], np.arange(tokens * k))
-
-
 @pytest.mark.parametrize("sort1", [True, False])
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 def test_moe_sort_device_sorts_ids_out_of_range_last(dtype, sort1, monkeypatch):

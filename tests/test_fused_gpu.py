@@ -289,21 +289,18 @@ def test_gpu_moe_sort_quantize(T, k, E):
     assert_moe_spec(x, ids, E, fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16"))
 
 
-@pytest.mark.parametrize("sort1, block", [(True, False), (False, False), (True, True)])
-@pytest.mark.parametrize("T, k, E", [(1, 1, 1), (2048, 4, 256), (9000, 4, 256), (700, 8, 1024), (4096, 4, 256)])
-def test_gpu_moe_sort_one_launch(T, k, E, sort1, block, monkeypatch):
+@pytest.mark.parametrize("sort1", [True, False])
+@pytest.mark.parametrize("T, k, E", [(1, 1, 1), (2048, 4, 256), (9000, 4, 256), (700, 8, 1024)])
+def test_gpu_moe_sort_one_launch(T, k, E, sort1, monkeypatch):
     """The sort alone (kernels.fused.moe_sort: perm, offsets and inv) in one launch and in
     three, against the spec, with a few ids out of range: one pair; the bench's 32 chunks on
     32 blocks; 141 chunks on one block per SM (two chunks a block, some blocks none); 22
     chunks of 1025 buckets (five a thread). Twice in a row on one zeroed workspace, which the
-    kernel leaves zero (the next call's barrier starts from it). MOE_SORT_BLOCK: one block of
-    1024 threads where it fits (1 pair, 8192 and 16384 pairs of 256 experts; the others take
-    the grid's sort)."""
+    kernel leaves zero (the next call's barrier starts from it)."""
     from nqdq.kernels import fused as KF
     from nqdq.kernels._interop import Allocator
 
     monkeypatch.setattr(KF, "MOE_SORT1", sort1)
-    monkeypatch.setattr(KF, "MOE_SORT_BLOCK", block)
     rng = np.random.default_rng(T + E)
     ids = rng.integers(0, E, (T, k)).astype(np.int32)
     if T > 1:
@@ -322,22 +319,19 @@ def test_gpu_moe_sort_one_launch(T, k, E, sort1, block, monkeypatch):
         np.testing.assert_array_equal(host(ws), 0)
 
 
-@pytest.mark.parametrize("sort1, pdl, stage, block", [(True, True, 0, False), (True, False, 0, False),
-                                                      (False, True, 0, False), (True, True, 4, False),
-                                                      (False, True, 1, False), (True, True, 4, True)])
-def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, block, monkeypatch):
+@pytest.mark.parametrize("sort1, pdl, stage", [(True, True, 0), (True, False, 0), (False, True, 0), (True, True, 4),
+                                               (False, True, 1)])
+def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, monkeypatch):
     """The planned MoE call with the one-launch sort or the three-launch one, each launch after
     the first its predecessor's programmatic dependent (MOE_PDL: cuLaunchKernelEx) or plain: on
     two streams at once (each stream its own workspace), and captured in a CUDA graph (the
     three-launch sequence in every case: no workspace; the dependent launches programmatic
     edges) replayed on new ids and data; every result the spec's. MOE_STAGE 4 and 1 (600
-    tokens over at most 4 blocks an SM, 1-2 a block: all staged, or at 1 some after the staged).
-    MOE_SORT_BLOCK: the one-block sort, direct and captured."""
+    tokens over at most 4 blocks an SM, 1-2 a block: all staged, or at 1 some after the staged)."""
     from nqdq import api
     from nqdq.kernels import fused as KF
 
     monkeypatch.setattr(KF, "MOE_STAGE", stage)
-    monkeypatch.setattr(KF, "MOE_SORT_BLOCK", block)
     monkeypatch.setattr(KF, "MOE_PDL", pdl)
     monkeypatch.setattr(KF, "MOE_SORT1", sort1)
     api.clear_fast_path()
@@ -352,8 +346,7 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, block, monkeypatc
     fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16")  # plans it
     (fm,) = fused._MOE_FAST.values()
     assert ("_KX(" in fm.run.seq.source) == pdl and ("_KX(" in fm.run.seq_graph.source) == pdl
-    want = (2, 2) if block else (2, 4) if sort1 else (4, 4)  # (launches: direct, captured)
-    assert (len(fm.run.seq.entries), len(fm.run.seq_graph.entries)) == want
+    assert (len(fm.run.seq.entries), len(fm.run.seq_graph.entries)) == ((2, 4) if sort1 else (4, 4))
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
     cases = [[data() for _ in range(4)] for _ in streams]
     outs = [[], []]

@@ -65,10 +65,6 @@ MOE_PDL = _fused_rows._switch_env("MOE_PDL", True)
 # token, which waits for the sort after its token's loads (only the first wave reads early).
 MOE_STAGE = int(os.environ.get("NQDQ_FUSED_MOE_STAGE", "4"))
 MOE_STAGE_BLOCKS = int(os.environ.get("NQDQ_FUSED_MOE_STAGE_BLOCKS", "4"))
-# MOE_SORT_BLOCK (NQDQ_FUSED_MOE_SORT_BLOCK, session 13): the MoE sort by one block
-# (_fused_kernels.moe_sort_block_kernel) where it fits (sort_block_fits), direct calls and graphs
-# alike; else MOE_SORT1's choice.
-MOE_SORT_BLOCK = _fused_rows._switch_env("MOE_SORT_BLOCK", False)
 # MOE_LANES (NQDQ_FUSED_MOE_LANES, session 13): with MOE_STAGE, each lane's units contiguous, so a
 # lane holds whole MX groups (no butterfly; its words leave in 16-byte stores where the rows fill
 # the lanes); where the lane's units are not whole groups, the strided layout.
@@ -221,11 +217,6 @@ def _launch(launches, kern, grid, block, args):
         fast_kernel(kern).launch(grid, block, args, None)
 
 
-def sort_block_fits(npairs: int, num_experts: int) -> bool:
-    """Whether MOE_SORT_BLOCK sorts this many pairs and experts in one block."""
-    return MOE_SORT_BLOCK and npairs <= FK.MOE_BLOCK_MAX_PAIRS and num_experts + 1 <= FK.MOE_BLOCK_BUCKETS
-
-
 def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launches=None, ws=None, one=None,
              out=None):
     """(perm int32 [npairs], offsets int32 [E+2], inv int32 [npairs]) on the device from
@@ -238,8 +229,7 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
     ``one`` (None: MOE_SORT1): one launch (``moe_sort_kernel``, at most one block per SM,
     its blocks waiting for each other on ``ws``: a zeroed ``_grid`` workspace the kernel
     leaves zero; None: a zeroed one of ``alloc``'s); else three (count, scan, scatter).
-    ``out``: (perm, offsets, inv) to write instead of new arrays (a plan's second sequence).
-    Where sort_block_fits (MOE_SORT_BLOCK), one block sorts them whatever ``one``."""
+    ``out``: (perm, offsets, inv) to write instead of new arrays (a plan's second sequence)."""
     if not 1 <= num_experts <= FK.MOE_MAX_EXPERTS:
         raise ValueError(f"num_experts={num_experts} must be in [1, {FK.MOE_MAX_EXPERTS}] for the device sort")
     nchunks = max(1, -(-npairs // FK.MOE_CHUNK))
@@ -248,10 +238,6 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
         out = (alloc.empty(max(npairs, 1), np.int32), alloc.empty(num_experts + 2, np.int32),
                alloc.empty(max(npairs, 1), np.int32))
     perm, offsets, inv = out
-    if sort_block_fits(npairs, num_experts):
-        _launch(launches, FK.moe_sort_block_kernel, 1, FK.MOE_BLOCK_THREADS,
-                (ids, npairs, num_experts, k, perm, offsets, inv))
-        return perm[:npairs], offsets, inv[:npairs]
     if MOE_SORT1 if one is None else one:
         G = min(nchunks, _sm_count())
         counts = alloc.empty(G * nb, np.int32)
@@ -317,7 +303,7 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
     is the op's [E + 1] (moe_sort's but its last entry). None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0,
     no CuPy). ``switches``: (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, MOE_STAGE, MOE_STAGE_BLOCKS,
-    MOE_LANES, MOE_SORT_BLOCK, _fused_rows.switches()), part of the
+    MOE_LANES, _fused_rows.switches()), part of the
     cache key. With MOE_PDL (OP_SCATTER rows, sm_90+) every launch after the first is its
     predecessor's programmatic dependent: the rows' loads overlap the sort. With MOE_SORT1 a
     direct call sorts in one launch, a call under graph capture in three (``run.seq`` and
@@ -350,7 +336,7 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     seq = seq_graph = sequence(launches)
     if seq is None:
         return None
-    if MOE_SORT1 and not sort_block_fits(tk, num_experts):
+    if MOE_SORT1:
         # Captured in a CUDA graph, the call takes the three-launch sort (into the same arrays):
         # a graph pays no host time a launch, and on the device the three launches are shorter
         # (H100, graphs, with MOE_PDL: 64 tokens top-8 9.0 against 13.3 us a call, 2048 top-4
@@ -455,8 +441,7 @@ def audit_launches():
     a = np.zeros(8, np.int32)
     out += [("moe count", FK.moe_count_kernel, (a, 1, 1, a)), ("moe scan", FK.moe_scan_kernel, (a, 1, 1, a, a)),
             ("moe scatter", FK.moe_scatter_kernel, (a, 1, 1, 1, a, a, a)),
-            ("moe sort (one launch)", FK.moe_sort_kernel, (a, 1, 1, 1, a, a, a, a, a)),
-            ("moe sort (one block)", FK.moe_sort_block_kernel, (a, 1, 1, 1, a, a, a))]
+            ("moe sort (one launch)", FK.moe_sort_kernel, (a, 1, 1, 1, a, a, a, a, a))]
     return out
 
 
