@@ -124,7 +124,8 @@ def main(argv=None):
                          "NQDQ_FUSED_* switches, whose settings label the rows)")
     ap.add_argument("--ab", action="append", default=[], metavar="SWITCH=V1,V2",
                     help="A/B in this process: after an op's default timing, time it again with nqdq.kernels."
-                         "_fused_rows.SWITCH (or A+B: both) set to each value (ints; A+B=V1/V2: one each; a switch is tried only on the "
+                         "_fused_rows.SWITCH (or A+B: both) set to each value (ints; A+B=V1/V2: one each; "
+                         "a switch is tried only on the "
                          "ops it applies to: ROWS_BF16 flatten / MoE mxfp4, RES_CVT +res, PREFETCH rmsnorm without "
                          "residual, FLAT_STEP flatten, NORM_FMA / AMAX_NAN / RSQRT_WARP0 rmsnorm, MX_Y_PAIRS / MX_RC "
                          "rmsnorm mxfp4; FULL_ROWS and the others: every op), then the "

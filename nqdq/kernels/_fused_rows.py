@@ -29,9 +29,11 @@ kernels (``_rowwise_kernels``) do:
   leave in one 8-byte (fp8) or 4-byte (fp4) store, everything else encode_element per element.
 
 The MoE sort's rows (no norm) come in two forms: OP_GATHER, one block per sorted row reading
-its token (perm), and OP_SCATTER (bfloat16 words into MX e2m1, k <= MOE_SCATTER_MAX_K), one
-block per token: the row is read and encoded once and each unit's word and group scale are
-stored to the token's k sorted rows, whose indices the block loads into registers first.
+its token (perm), and OP_SCATTER (bfloat16 words into MX e2m1, k <= MOE_SCATTER_MAX_K), each
+token read and encoded once and each unit's word and group scale stored to the token's k
+sorted rows: one block per token, or (STAGE, the launcher's default) a grid of a few blocks an
+SM staging rounds of tokens' codes in shared memory before the sort's wait
+(_scatter_staged_source), each lane holding whole MX groups where it can (LANES).
 
 The warp shuffles have twins (``_fused_kernels.xor_lane`` / ``idx_get_f32`` and
 ``_rowwise_kernels.xor_max`` with shfl=False: shared memory and barriers) that the CUDA
@@ -60,8 +62,8 @@ from ._ptx import (cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, griddep_wait
                    store_u32x4)
 from ._quantize_kernels import group_params, store_scale
 from ._division import RECIP_DIV, ratio_ok, recip_guarded
-from ._rowwise_kernels import (FINITE, _block_max_fn, abs_i32, e2m1_unit_bf16, enc, e2m1_unit_f32_p2, encode_store_unit_r,
-                               half_bits, is_e2m1, unit_amax, unit_amax_nan, word_amax16, xor_max)
+from ._rowwise_kernels import (FINITE, _block_max_fn, abs_i32, e2m1_unit_bf16, e2m1_unit_f32_p2, enc,
+                               encode_store_unit_r, half_bits, is_e2m1, unit_amax, unit_amax_nan, word_amax16, xor_max)
 from ._scales import MODE_FLOAT, MODE_MX, MX_RCEIL
 from ._target import SIMULATOR, devfn
 

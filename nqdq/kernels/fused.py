@@ -63,11 +63,15 @@ MOE_PDL = _fused_rows._switch_env("MOE_PDL", True)
 # into shared memory before it waits for the sort (_fused_rows._scatter_staged_source), over a
 # grid of at most MOE_STAGE_BLOCKS blocks an SM (NQDQ_FUSED_MOE_STAGE_BLOCKS); 0: one block per
 # token, which waits for the sort after its token's loads (only the first wave reads early).
+# H100 (2026-11-26, docs/performance.md "Thirteenth session"), 2048 tokens x 7168 top-4 of 256,
+# with MOE_LANES: eager 35.5 -> 32.0 us, graphs 32.4 -> 26.8 us a call (64 tokens top-8 9.1 ->
+# 7.6); 4 / 4 measured best of 4 / 5, 3 / 5, 2 / 8, 8 / 2 (H100 and H200).
 MOE_STAGE = int(os.environ.get("NQDQ_FUSED_MOE_STAGE", "4"))
 MOE_STAGE_BLOCKS = int(os.environ.get("NQDQ_FUSED_MOE_STAGE_BLOCKS", "4"))
 # MOE_LANES (NQDQ_FUSED_MOE_LANES, session 13): with MOE_STAGE, each lane's units contiguous, so a
 # lane holds whole MX groups (no butterfly; its words leave in 16-byte stores where the rows fill
-# the lanes); where the lane's units are not whole groups, the strided layout.
+# the lanes); where the lane's units are not whole groups, the strided layout. H100, as above:
+# the rows kernel alone 25.2 (staged, strided) -> 22.2 us, 56 -> 47 registers.
 MOE_LANES = int(os.environ.get("NQDQ_FUSED_MOE_LANES", "1"))
 
 
@@ -199,7 +203,8 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     # fast 2: every lane's U units in the row (FULL_ROWS: no unit tested against the row's end)
     full = _fused_rows.full_rows(op, mode, res is not None) and fast and n == 32 * nw * U * 8
     kern = fused_row_kernel(op, mode, kind, wkind, nw, U, 2 if full else bool(fast), 2 if stepped else int(strided),
-                            res is not None, fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches(), kd, stage, lanes)
+                            res is not None, fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches(), kd, stage,
+                            lanes)
     # dm: the fast strided loader's u // (D / 8) as (u * dm) >> 32 (_fused_rows._loader)
     dm = (1 << 32) // max(D // 8, 1) + 1
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
