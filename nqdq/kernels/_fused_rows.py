@@ -459,7 +459,7 @@ def _scatter_staged_source(U, NT, KD, S, LANES, LL):
 
     The lane's units: t + j * NT (the prelude's, a group over LL lanes: stage_unit's
     butterfly, put_staged), or with LANES t * U + j (U a multiple of LL: the lane's whole
-    groups, their amax in the lane: stage_group; put_word, put_code), and with LANES = 2 (the
+    groups, their amax in the lane: stage_group; put_rows), and with LANES = 2 (the
     rows fill the lanes, n = NT * U * 8, aligned) its U words leave in 16-byte stores
     (put_quad)."""
     J = range(U)
@@ -502,9 +502,9 @@ def _scatter_staged_source(U, NT, KD, S, LANES, LL):
         L += [f"{I3}    put_quad(sw, (i * {U} + {4 * r}) * {NT} + tid, c32, dd, ut * {U // 4} + {r})"
               for r in range(U // 4)]
     elif LANES:
-        L += [f"{I3}    put_word(sw, (i * {U} + {j}) * {NT} + tid, u{j} < nunits, u{j}, c32, dd)" for j in J]
+        L += [f"{I3}    put_rows(sw, (i * {U} + {j}) * {NT} + tid, u{j} < nunits, u{j}, c32, dd)" for j in J]
     if LANES:
-        L += [f"{I3}    put_code(sc, (i * {U // LL} + {h}) * {NT} + tid, u{h * LL} < nunits, "
+        L += [f"{I3}    put_rows(sc, (i * {U // LL} + {h}) * {NT} + tid, u{h * LL} < nunits, "
               f"ut * {U // LL} + {h}, scales, ss)" for h in H]
     else:
         L += [f"{I3}    put_staged(sw, sc, (i * {U} + {j}) * {NT} + tid, u{j} < nunits, u{j}, tid, c32, scales, dd, ss)"
@@ -963,15 +963,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     def put_staged(sw, sc, k, ok, u, tid, c32, scales, dd, ss):
         """A staged unit (stage_unit's slot ``k``) to its token's KD sorted rows: the word at
         dd[j] + u, the group's scale (by the group's first lane) at ss[j] + u // LL."""
-        if ok:
-            word = sw[k]
-            for j in range(KD):
-                c32[np.uint64(dd[j] + u)] = word
-            if (tid & (LL - 1)) == 0:
-                code = sc[k]
-                gi = np.int64(u >> LLSH)
-                for j in range(KD):
-                    scales[np.uint64(ss[j] + gi)] = code
+        put_rows(sw, k, ok, u, c32, dd)
+        put_rows(sc, k, ok and (tid & (LL - 1)) == 0, np.int64(u >> LLSH), scales, ss)
 
     @devfn
     def group_word(w, a, p0):
@@ -1011,20 +1004,14 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
             store_u32x4(c32, np.uint64((dd[j] >> 2) + qi), w0, w1, w2, w3)
 
     @devfn
-    def put_word(sw, k, ok, u, c32, dd):
-        """Staged word k (unit u) to the KD sorted rows, where the unit is in the row."""
+    def put_rows(src, k, ok, i, dst, base):
+        """Staged slot k of ``src`` (a word or a scale code) to entry i of each of the token's
+        KD sorted rows, dst[base[j] + i] (dd: the rows' first units, ss: their first groups),
+        where ``ok``."""
         if ok:
-            word = sw[k]
+            v = src[k]
             for j in range(KD):
-                c32[np.uint64(dd[j] + u)] = word
-
-    @devfn
-    def put_code(sc, k, ok, gi, scales, ss):
-        """Staged scale code k (the lane's group gi of the row) to the KD sorted rows."""
-        if ok:
-            code = sc[k]
-            for j in range(KD):
-                scales[np.uint64(ss[j] + gi)] = code
+                dst[np.uint64(base[j] + i)] = v
 
     @devfn
     def prefetch_rows(x32, row, tid, nunits, sb):
@@ -1162,7 +1149,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                group_params_r=group_params_r, group_unit_ws=group_unit_ws, KD=KD, SHFL=shfl,
                griddep_wait=griddep_wait, amax_y=amax_y, STAGE=STAGE, SWN=max(STAGE * U * NT, 1),
                stage_unit=stage_unit, put_staged=put_staged, uint32=uint32, uint8=uint8, stage_group=stage_group,
-               put_quad=put_quad, put_word=put_word, put_code=put_code)
+               put_quad=put_quad, put_rows=put_rows)
     exec(compile(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", "exec"), glb)
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most
