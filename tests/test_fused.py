@@ -326,8 +326,9 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, monkeypatc
     with NaN (the element encoder, once per stored row); k = 3 of 4 experts, one empty.
     MOE_STAGE over a grid of 2 blocks (tokens b, b + 2, b + 4): rounds of 1 staged token a
     block (three rounds) or 2 (token 2's inf group in block 0's first round, token 4's NaN in
-    its second); with MOE_LANES each lane's 4 units contiguous (its own group; the row's last
-    lanes partly or wholly past its 125 units; and hidden 1024, whose rows fill the lanes)."""
+    its second); MOE_LANES at hidden 1000 (not whole quads of units: the strided staged form),
+    and at 1024 and 992, rows of whole quads, each lane's 4 units contiguous (its own group),
+    its words by 16-byte stores, the last lane wholly past the row at 992."""
     from nqdq.kernels import _fused_kernels as FK
     from nqdq.kernels import fused as KF
 
@@ -338,7 +339,7 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, monkeypatc
         ops.append(op)
         if op == FK.OP_SCATTER:  # (op, out, kind, wkind, NW, U, ...): the layout asked for
             assert a[3:5] == ((1, 4) if units == 0 else (2, units))
-            assert a[-2] == (stage if a[-3] == 3 else 0) and bool(a[-1]) == bool(lanes)  # STAGE, LANES (k = 3)
+            assert a[-2] == (stage if a[-3] == 3 else 0) and a[-1] <= lanes  # STAGE, LANES (k = 3)
             built_lanes.append(a[-1])
         return build(op, *a, **kw)
 
@@ -361,12 +362,13 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, monkeypatc
     np.testing.assert_array_equal(perm, perm_ref)
     np.testing.assert_array_equal(off, off_ref)
     assert_q_equal(q, nqdq.quantize(x[perm_ref], "mxfp4"))
-    if lanes:  # hidden 1024 = the lanes' 128 units (FULL): the words by 16-byte stores
-        x2 = rows(rng, T, 1024, "bfloat16")
-        x2[1, 1000], x2[3, 5] = np.nan, -np.inf
-        q2, _, _ = fused.moe_sort_quantize(x2, ids, E, "mxfp4", device="cuda")
-        assert built_lanes == [1, 2]  # (LANES 2: the 16-byte stores; 1 at hidden 1000)
-        assert_q_equal(q2, nqdq.quantize(x2[perm_ref], "mxfp4"))
+    if lanes:  # hidden 1024 and 992 (rows of whole quads: the lanes' 128 units, 124): 16-byte stores
+        for h in (1024, 992):
+            x2 = rows(rng, T, h, "bfloat16")
+            x2[1, 980], x2[3, 5] = np.nan, -np.inf
+            q2, _, _ = fused.moe_sort_quantize(x2, ids, E, "mxfp4", device="cuda")
+            assert_q_equal(q2, nqdq.quantize(x2[perm_ref], "mxfp4"))
+        assert built_lanes == [0, 1, 1]  # (hidden 1000: not whole quads, the strided staged form)
     # more rows a token than OP_SCATTER holds in registers (MOE_SCATTER_MAX_K = 8): the gather
     ops.clear()
     ids9 = np.stack([rng.permutation(10)[:9] for _ in range(2)])

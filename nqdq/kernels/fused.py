@@ -69,8 +69,8 @@ MOE_PDL = _fused_rows._switch_env("MOE_PDL", True)
 MOE_STAGE = int(os.environ.get("NQDQ_FUSED_MOE_STAGE", "4"))
 MOE_STAGE_BLOCKS = int(os.environ.get("NQDQ_FUSED_MOE_STAGE_BLOCKS", "4"))
 # MOE_LANES (NQDQ_FUSED_MOE_LANES, session 13): with MOE_STAGE, each lane's units contiguous, so a
-# lane holds whole MX groups (no butterfly; its words leave in 16-byte stores where the rows fill
-# the lanes); where the lane's units are not whole groups, the strided layout. H100, as above:
+# lane holds whole MX groups (no butterfly; its words leave in 16-byte stores) where rows are
+# whole quads of units (n % 32 == 0); elsewhere the strided layout. H100, as above:
 # the rows kernel alone 25.2 (staged, strided) -> 22.2 us, 56 -> 47 registers.
 MOE_LANES = int(os.environ.get("NQDQ_FUSED_MOE_LANES", "1"))
 
@@ -197,8 +197,8 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
             U, nw = MOE_UNITS, nw_u
         if MOE_STAGE > 0:
             stage = min(MOE_STAGE, _fused_rows.MOE_STAGE_MAX)
-            if MOE_LANES and U % (G // 8) == 0:  # (2: the rows fill the lanes: 16-byte stores)
-                lanes = 2 if fast and n == 32 * nw * U * 8 else 1
+            # lanes' groups where a lane's 4 units are one group and rows are whole quads of units
+            lanes = int(bool(MOE_LANES) and U % (G // 8) == 0 and U % 4 == 0 and fast and n % 32 == 0)
             grid = min(grid, max(1, _sm_count() * MOE_STAGE_BLOCKS))
     # fast 2: every lane's U units in the row (FULL_ROWS: no unit tested against the row's end)
     full = _fused_rows.full_rows(op, mode, res is not None) and fast and n == 32 * nw * U * 8
@@ -435,7 +435,7 @@ def audit_launches():
     out.append(("moe scatter-rows mxfp4", k, args(1, 0, np.uint8)))
     # the staged form as the launcher builds it at hidden 7168 (MOE_UNITS: 7 warps x 4 units, lanes' groups)
     k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, 7, 4, True, False, False, format_tuple(sch), _mx_cfg(sch),
-                         6.0, 32, True, None, 4, 4, 2)
+                         6.0, 32, True, None, 4, 4, 1)
     out.append(("moe scatter-rows staged mxfp4", k, args(1, 0, np.uint8)))
     k = fused_row_kernel(FK.OP_ROWS, FK.OUT_GROUP, 1, 0, nw, u, F(FK.OP_ROWS, FK.OUT_GROUP, False), True, False,
                          format_tuple(resolve_scheme("fp8_1x128")), (0, 0, 0, 1.0), 448.0, 128, True)
