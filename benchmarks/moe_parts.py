@@ -108,8 +108,8 @@ def main():
                 ref = got if ref is None else ref
                 same = all(np.array_equal(a, b) for a, b in zip(got, ref))
                 print(f"whole op (planned, captured: three-launch sort), MOE_STAGE={stage}/{blocks}/{lanes} "
-                      f"MOE_PDL={pdl}: "
-                      f"{graph_us(call):.2f} us a call{'' if same else '  OUTPUTS DIFFER from the first variant'}")
+                      f"MOE_PDL={pdl}: {graph_us(call):.2f} us a call"
+                      f"{'' if same else '  OUTPUTS DIFFER from the first variant'}")
     KF.MOE_STAGE, KF.MOE_STAGE_BLOCKS, KF.MOE_LANES = stages[0]
     assert not ws.get().any(), "the one-launch sort left its workspace non-zero"
 

@@ -197,8 +197,8 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
             U, nw = MOE_UNITS, nw_u
         if MOE_STAGE > 0:
             stage = min(MOE_STAGE, _fused_rows.MOE_STAGE_MAX)
-            # lanes' groups where a lane's 4 units are one group and rows are whole quads of units
-            lanes = int(bool(MOE_LANES) and U % (G // 8) == 0 and U % 4 == 0 and fast and n % 32 == 0)
+            # lanes' groups where a lane's units are whole groups (G = 32: quads) and rows whole quads of units
+            lanes = int(bool(MOE_LANES) and U % (G // 8) == 0 and fast and n % 32 == 0)
             grid = min(grid, max(1, _sm_count() * MOE_STAGE_BLOCKS))
     # fast 2: every lane's U units in the row (FULL_ROWS: no unit tested against the row's end)
     full = _fused_rows.full_rows(op, mode, res is not None) and fast and n == 32 * nw * U * 8
