@@ -304,7 +304,7 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
         return _qt(_pack(parts.codes, sch), parts.scales, sch, shape, dname), perm, offsets
     from .kernels import _fused_kernels as FK
     from .kernels._interop import device_input, is_cupy
-    from .kernels.fused import moe_sort, run_rows
+    from .kernels.fused import moe_rank, moe_sort, rank_path, run_rows
 
     xin = device_input(x, "x", dtype)
     if len(xin.shape) != 2:
@@ -326,10 +326,14 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
     _check_moe(xin.shape, tuple(expert_ids.shape), lo, hi, num_experts)
     tk = int(np.prod(expert_ids.shape))
     k = int(expert_ids.shape[1])
-    perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc)
     shape = (tk, xin.shape[1])
     sch.check_shape(shape)
-    out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, perm=perm, moe=(inv, k))
+    if rank_path(xin, xin.shape[1], sch, k, tk):  # the rows kernel finds each pair's row (and stores perm)
+        packed, cbase, offsets, perm = moe_rank(ids, tk, num_experts, alloc)
+        out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, moe=(packed, k, cbase, perm, num_experts + 1))
+    else:
+        perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc)
+        out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, perm=perm, moe=(inv, k))
     q = _finish(out, sch, shape, xin)
     if on_device and check_ids and tk > 0 and int(_arrays.host(offsets[num_experts : num_experts + 1])[0]) != tk:
         raise ValueError(f"expert_ids must lie in [0, {num_experts}): some of the {tk} ids on the device do not")
@@ -358,7 +362,8 @@ def _moe_key(x, ids, num_experts, scheme, dtype):
     try:
         return (x.shape, x.dtype.char, ids.shape, ids.dtype.char, num_experts, scheme, dtype,
                 (_KF.MOE_SCATTER, _KF.MOE_UNITS, _KF.MOE_SORT1, _KF.MOE_PDL, _KF.MOE_STAGE, _KF.MOE_STAGE_BLOCKS,
-                 _KF.MOE_LANES, _FR.switches()))
+                 _KF.MOE_LANES, _KF.MOE_PIPE, _KF.MOE_RANK, _KF.MOE_RANK_MIN_PAIRS,
+                 _FR.switches()))
     except TypeError:  # an unhashable scheme argument
         return None
 

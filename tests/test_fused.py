@@ -316,9 +316,10 @@ def test_repeated_calls_build_no_new_kernel():
     assert after.misses == before.misses and after.hits == before.hits + len(calls)
 
 
-@pytest.mark.parametrize("scatter, units, stage, lanes", [(True, 0, 0, 0), (True, 2, 0, 0), (False, 0, 0, 0),
-                                                          (True, 0, 1, 0), (True, 2, 2, 0), (True, 0, 2, 1)])
-def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, monkeypatch):
+@pytest.mark.parametrize("scatter, units, stage, lanes, pipe, rank", [
+    (True, 0, 0, 0, 0, 0), (True, 2, 0, 0, 0, 0), (False, 0, 0, 0, 0, 0), (True, 0, 1, 0, 0, 1), (True, 2, 2, 0, 0, 0),
+    (True, 0, 2, 1, 0, 1), (True, 0, 1, 0, 1, 0), (True, 0, 2, 1, 1, 1)])
+def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank, monkeypatch):
     """bfloat16 rows with aligned units into mxfp4, by OP_SCATTER (each token read and encoded
     once, its codes and scales stored to its k sorted rows) and by OP_GATHER (each sorted row
     reads its token): both the spec's bits. Hidden 1000: 4 units a lane (MOE_UNITS 2: 2 units
@@ -328,7 +329,10 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, monkeypatc
     block (three rounds) or 2 (token 2's inf group in block 0's first round, token 4's NaN in
     its second); MOE_LANES at hidden 1000 (not whole quads of units: the strided staged form),
     and at 1024 and 992, rows of whole quads, each lane's 4 units contiguous (its own group),
-    its words by 16-byte stores, the last lane wholly past the row at 992."""
+    its words by 16-byte stores, the last lane wholly past the row at 992. MOE_PIPE on those
+    rounds: each round's stores with the next round's loads (block 0's last round of 2 has one
+    token). MOE_RANK (staged only): the sort by moe_rank_kernel, each pair's row found by the
+    rows kernel, which also stores perm."""
     from nqdq.kernels import _fused_kernels as FK
     from nqdq.kernels import fused as KF
 
@@ -339,8 +343,10 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, monkeypatc
         ops.append(op)
         if op == FK.OP_SCATTER:  # (op, out, kind, wkind, NW, U, ...): the layout asked for
             assert a[3:5] == ((1, 4) if units == 0 else (2, units))
-            assert a[-2] == (stage if a[-3] == 3 else 0) and a[-1] <= lanes  # STAGE, LANES (k = 3)
-            built_lanes.append(a[-1])
+            # (..., KD, STAGE, LANES, PIPE, RANK): k = 3
+            assert a[-4] == (stage if a[-5] == 3 else 0) and a[-3] <= lanes and a[-2] == pipe
+            assert a[-1] == (rank if a[-5] == 3 else 0)
+            built_lanes.append(a[-3])
         return build(op, *a, **kw)
 
     monkeypatch.setattr(KF, "MOE_SCATTER", scatter)
@@ -348,6 +354,9 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, monkeypatc
     monkeypatch.setattr(KF, "MOE_STAGE", stage)
     monkeypatch.setattr(KF, "MOE_STAGE_BLOCKS", 2)
     monkeypatch.setattr(KF, "MOE_LANES", lanes)
+    monkeypatch.setattr(KF, "MOE_PIPE", pipe)
+    monkeypatch.setattr(KF, "MOE_RANK", bool(rank))
+    monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", 0)
     monkeypatch.setattr(KF, "_sm_count", lambda: 1)
     monkeypatch.setattr(KF, "fused_row_kernel", spy)
     rng = np.random.default_rng(12)
@@ -377,9 +386,30 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, monkeypatc
     assert_q_equal(q9, nqdq.quantize(x[:2, :64][R.moe_sort(ids9, 10)[0]], "mxfp4"))
 
 
-@pytest.mark.parametrize("sort1", [True, False])
-@pytest.mark.parametrize("tokens, k, E, unroll", [(300, 2, 6, 8), (650, 4, 40, 2), (1100, 2, 33, 8), (200, 3, 300, 8)])
-def test_moe_sort_many_pairs_device(tokens, k, E, unroll, sort1, monkeypatch):
+def _device_sort(ids, npairs, k, E, mode):
+    """(perm, offsets, inv) of the device sort ``mode``: "one" / "three" (moe_sort's one
+    launch or three), or "rank" (moe_rank_kernel: each pair's row from its packed rank and its
+    chunk's base, as the rows kernel finds it, perm from those rows; its ticket checked left zero)."""
+    from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels._interop import Allocator
+    from nqdq.kernels.fused import moe_rank, moe_sort
+
+    if mode != "rank":
+        return moe_sort(ids, npairs, k, E, Allocator("numpy"), one=mode == "one")
+    ws = np.zeros(3, np.int32)
+    packed, cbase, off, _ = moe_rank(ids, npairs, E, Allocator("numpy"), ws=ws)
+    assert not ws.any()
+    p = np.arange(npairs)
+    inv = cbase[(p >> FK.MOE_RANK_SHIFT) * (E + 1) + (packed >> FK.MOE_RANK_SHIFT)] + (packed & (FK.MOE_RANK_CHUNK - 1))
+    perm = np.full(npairs, -1, np.int64)
+    perm[inv] = p // k
+    return perm, off, inv
+
+
+@pytest.mark.parametrize("mode", ["one", "three", "rank"])
+@pytest.mark.parametrize("tokens, k, E, unroll", [(300, 2, 6, 8), (650, 4, 40, 2), (1100, 2, 33, 8), (200, 3, 300, 8),
+                                                  (1100, 4, 300, 8)])
+def test_moe_sort_many_pairs_device(tokens, k, E, unroll, mode, monkeypatch):
     """More pairs than one chunk of the device sort (256), so chunk bases are exercised: 3, 11,
     9 and 3 chunks. Three launches: each scan thread's column read one chunk at a time (3), or
     MOE_UNROLL at once and then the rest (11 chunks with MOE_UNROLL 2: read when the simulator
@@ -387,18 +417,15 @@ def test_moe_sort_many_pairs_device(tokens, k, E, unroll, sort1, monkeypatch):
     threads, E not a power of two; the scatter's per-warp counts with few and many experts
     (several pairs of an expert in one warp). One launch (sort1; the simulator's grid is one
     block, so it takes every chunk in turn, each bucket's next row advanced chunk by chunk):
-    the bucket scan with one bucket a thread and (E = 300) two."""
+    the bucket scan with one bucket a thread and (E = 300) two. The rank kernel: 1, 3, 3, 1
+    and 5 chunks of 1024 pairs (each ranked in 4 rounds, the last chunk partial), the last
+    block's column sums and scan over 7 to 301 buckets."""
     from nqdq.kernels import _fused_kernels as FK
-    from nqdq.kernels import fused as KF
-    from nqdq.kernels._interop import Allocator
-    from nqdq.kernels.fused import moe_sort
 
     monkeypatch.setattr(FK, "MOE_UNROLL", unroll)  # read when the simulator runs the kernel
-    monkeypatch.setattr(KF, "MOE_SORT1", sort1)
-
     rng = np.random.default_rng(9)
     ids = rng.integers(0, E, (tokens, k))
-    perm, off, inv = moe_sort(ids.astype(np.int32).reshape(-1), tokens * k, k, E, Allocator("numpy"))
+    perm, off, inv = _device_sort(ids.astype(np.int32).reshape(-1), tokens * k, k, E, mode)
     np.testing.assert_array_equal(perm, [p[1] for p in sorted_pairs(ids)])
     np.testing.assert_array_equal(off[: E + 1], R.moe_sort(ids, E)[1])
     assert off[E + 1] == off[E] == tokens * k  # no id out of range
@@ -406,22 +433,17 @@ def test_moe_sort_many_pairs_device(tokens, k, E, unroll, sort1, monkeypatch):
     assert sorted(inv) == list(range(tokens * k))
 
 
-@pytest.mark.parametrize("sort1", [True, False])
+@pytest.mark.parametrize("mode", ["one", "three", "rank"])
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
-def test_moe_sort_device_sorts_ids_out_of_range_last(dtype, sort1, monkeypatch):
+def test_moe_sort_device_sorts_ids_out_of_range_last(dtype, mode):
     """The device sort's own range check (what a CuPy expert_ids relies on: no host min / max):
     ids outside [0, E) in three chunks (int64: one past 2^32, which a cast to int32 would
     have turned into a valid id) sort after every expert, in pair order; offsets[E] counts
     only the valid pairs, offsets[E + 1] all of them."""
-    from nqdq.kernels import fused as KF
-    from nqdq.kernels._interop import Allocator
-    from nqdq.kernels.fused import moe_sort
-
-    monkeypatch.setattr(KF, "MOE_SORT1", sort1)
     rng = np.random.default_rng(10)
     ids = rng.integers(0, 6, (1200, 2)).astype(dtype)
     ids[5, 1], ids[200, 0], ids[1190, 1] = 6, -1, 99 if dtype == np.int32 else 2**32 + 3
-    perm, off, inv = moe_sort(ids.reshape(-1), 2400, 2, 6, Allocator("numpy"))
+    perm, off, inv = _device_sort(ids.reshape(-1), 2400, 2, 6, mode)
     valid = [p for p in sorted_pairs(ids) if 0 <= p[0] < 6]
     np.testing.assert_array_equal(perm[:2397], [p[1] for p in valid])
     np.testing.assert_array_equal(perm[2397:], [5, 200, 1190])  # the bad pairs, in pair order
@@ -854,8 +876,8 @@ import numpy as np
 from numba import cuda, typeof
 from nqdq.kernels import fused as KF
 from nqdq.kernels._ptx_audit import _no_gpu_compile, compile_and_audit
-want = ("moe scatter-rows mxfp4", "moe scatter-rows staged mxfp4", "moe count", "moe scan", "moe scatter",
-        "moe sort (one launch)")
+want = ("moe scatter-rows mxfp4", "moe scatter-rows staged mxfp4", "moe scatter-rows staged rank mxfp4", "moe count",
+        "moe scan", "moe scatter", "moe sort (one launch)", "moe rank")
 launches = [l for l in KF.audit_launches() if l[0] in want]
 rows = compile_and_audit(launches)
 out = {}
@@ -876,7 +898,8 @@ def test_moe_kernels_programmatic_dependent_launch_ptx():
     after every load of their token and before the first load of their sorted rows (perm)
     (the staged rows: after a round's loads, before its stores),
     the scatter after its ids and before the scan's bases. The one-launch sort reads the other
-    blocks' counts by ld.global.cg (L2, no atomics), its only global atomics the barrier's."""
+    blocks' counts by ld.global.cg (L2, no atomics), its only global atomics the barrier's; the
+    rank kernel too (its ticket's), and it never waits: no spin, one atomic add a block."""
     from test_mma import _compile_rows
 
     k = _compile_rows(_MOE_PTX_SCRIPT)
@@ -888,14 +911,20 @@ def test_moe_kernels_programmatic_dependent_launch_ptx():
     assert rows[:w] == ["ld.global.nc.v4.u32"] * w and w == 7  # the token's 7 units a lane (4 warps x 7)
     assert rows[w + 1].startswith("ld.global.s32")  # then perm[row * k + j]
     # the staged rows (MOE_STAGE, lanes' groups): a round's tokens read (4 v4 loads a lane, in the
-    # round's loop), then the one wait, then perm's 4 rows and a 16-byte store of the lane's
-    # 4 words to each, then the 4 scale codes
-    st = k["moe scatter-rows staged mxfp4"]["ops"]
-    w = st.index("griddepcontrol.wait")
-    assert st.count("griddepcontrol.wait") == 1 and "griddepcontrol.launch_dependents" not in st
-    assert set(st[:w]) == {"ld.global.nc.v4.u32"}
-    assert st[w + 1:] == ["ld.global.s32"] * 4 + ["st.global.v4.u32"] * 4 + ["st.global.u8"] * 4
-    for label in ("moe count", "moe scan", "moe scatter", "moe sort (one launch)"):
+    # round's loop), then the one wait, then the round's rows (a thread a pair: inv's one load,
+    # or with RANK its packed rank, its chunk's base, and the perm entry stored), then a 16-byte
+    # store of the lane's 4 words to each of a token's 4 rows, then the 4 scale codes
+    for label, rows_ops in (("moe scatter-rows staged mxfp4", ["ld.global.s32"]),
+                            ("moe scatter-rows staged rank mxfp4", ["ld.global.u32", "ld.global.s32", "st.global.u32"])):
+        st = k[label]["ops"]
+        w = st.index("griddepcontrol.wait")
+        assert st.count("griddepcontrol.wait") == 1 and "griddepcontrol.launch_dependents" not in st
+        assert set(st[:w]) == {"ld.global.nc.v4.u32"}
+        assert st[w + 1:] == rows_ops + ["st.global.v4.u32"] * 4 + ["st.global.u8"] * 4, label
+    rank = k["moe rank"]["ops"]
+    assert "griddepcontrol.wait" not in rank and rank.count("ld.global.cg.s32") == 2 * 32  # two column walks
+    assert [o for o in rank if o.startswith("atom")] == ["atom.global.add.u32", "atom.global.exch.b32"]
+    for label in ("moe count", "moe scan", "moe scatter", "moe sort (one launch)", "moe rank"):
         assert k[label]["ops"][0] == "griddepcontrol.launch_dependents", label
     scan = k["moe scan"]["ops"]
     assert scan[1] == "griddepcontrol.wait" and scan[2].startswith("ld.global")

@@ -274,6 +274,38 @@ def test_gpu_moe_scatter_and_gather(scatter, stage, blocks, monkeypatch):
     assert_moe_spec(x, ids, E, fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16"))
 
 
+@pytest.mark.parametrize("T, H, k, min_pairs", [(3300, 7168, 4, None), (1500, 2880, 8, 0), (1300, 1000, 8, 0),
+                                              (900, 16384, 2, 0), (3300, 7168, 4, 10 ** 9)])
+def test_gpu_moe_defaults(T, H, k, min_pairs, monkeypatch):
+    """The launcher's defaults (MOE_STAGE 8 over 3 blocks an SM, MOE_PIPE, MOE_LANES, MOE_RANK)
+    against the spec: 3300 tokens at hidden 7168 (13200 pairs: the rank sort by default; a
+    second round in some blocks on a 132-SM GPU, loaded while the first is stored), and with the
+    rank sort forced at hidden 2880 (lanes' groups), 1000 (rows not whole quads: the strided
+    staged form) and 16384 (4 staged tokens a block: the shared-memory bound), or off
+    (moe_sort's one launch: min_pairs past every size); inf and NaN groups. The general path,
+    then the planned one (bit for bit the same)."""
+    from nqdq import api
+    from nqdq.kernels import fused as KF
+
+    if min_pairs is not None:
+        monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", min_pairs)
+    api.clear_fast_path()
+    rng = np.random.default_rng(T + H)
+    x = rows(rng, T, H, "bfloat16")
+    x[7, 100], x[T - 1, H - 1], x[T // 2, 40] = np.inf, np.nan, -np.inf
+    E = 256
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    xg, idg = to_gpu(x), cp.asarray(ids)
+    first = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")
+    assert fused._MOE_FAST  # (remembered: the next call is the planned one)
+    planned = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")
+    assert_moe_spec(x, ids, E, first)
+    for a, b in ((first[0].codes, planned[0].codes), (first[0].scales, planned[0].scales), (first[1], planned[1]),
+                 (first[2], planned[2])):
+        np.testing.assert_array_equal(bits(a), bits(b))
+    api.clear_fast_path()
+
+
 @pytest.mark.parametrize("T, k, E", [(300, 4, 256), (2100, 4, 1024), (3000, 1, 7)])
 def test_gpu_moe_sort_quantize(T, k, E):
     """The device sort and gather against the spec: 5 chunks of pairs and 256 experts; 33
@@ -319,21 +351,58 @@ def test_gpu_moe_sort_one_launch(T, k, E, sort1, monkeypatch):
         np.testing.assert_array_equal(host(ws), 0)
 
 
-@pytest.mark.parametrize("sort1, pdl, stage", [(True, True, 0), (True, False, 0), (False, True, 0), (True, True, 4),
-                                               (False, True, 1)])
-def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, monkeypatch):
+@pytest.mark.parametrize("T, k, E", [(1, 1, 1), (2048, 4, 256), (9000, 4, 256), (700, 8, 1024), (40000, 8, 256)])
+def test_gpu_moe_rank(T, k, E):
+    """moe_rank_kernel alone against the spec: each pair's row from its packed rank and its
+    chunk's base (as the rows kernel finds it) is the stable sort's, offsets the spec's, with a
+    few ids out of range: one pair; 8, 36, 6 (1025 buckets, five a thread) and 313 chunks of
+    1024 pairs (the last block's column walks 10 rounds of MOE_WALK loads). Twice in a row on
+    one zeroed ticket, which the kernel leaves zero."""
+    from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels import fused as KF
+    from nqdq.kernels._interop import Allocator
+
+    rng = np.random.default_rng(T + E + 1)
+    ids = rng.integers(0, E, (T, k)).astype(np.int32)
+    if T > 1:
+        ids[T // 3, 0], ids[T - 1, k - 1] = E, -5
+    valid = (ids >= 0) & (ids < E)
+    inv_ref = np.empty(T * k, np.int64)  # the stable sort's row of each pair (bucket E: ids out of range)
+    inv_ref[[p[1] * k + p[2] for p in sorted((int(ids[i, j]) if valid[i, j] else E, i, j)
+                                             for i in range(T) for j in range(k))]] = np.arange(T * k)
+    ws = cp.zeros(3, cp.int32)
+    for _ in range(2):
+        packed, cbase, off, _perm = KF.moe_rank(cp.asarray(ids.reshape(-1)), T * k, E, Allocator("cupy"), ws=ws)
+        packed, cbase, off = host(packed)[: T * k], host(cbase), host(off)
+        p = np.arange(T * k)
+        rows_ = cbase[(p >> FK.MOE_RANK_SHIFT) * (E + 1) + (packed >> FK.MOE_RANK_SHIFT)] + (packed & 1023)
+        np.testing.assert_array_equal(rows_, inv_ref)
+        counts = np.bincount(ids[valid], minlength=E)
+        np.testing.assert_array_equal(off[: E + 1], np.concatenate([[0], np.cumsum(counts)]))
+        assert off[E + 1] == T * k
+        np.testing.assert_array_equal(host(ws), 0)
+
+
+@pytest.mark.parametrize("sort1, pdl, stage, rank", [(True, True, 0, 0), (True, False, 0, 0), (False, True, 0, 0),
+                                                     (True, True, 4, 0), (False, True, 1, 0), (True, True, 4, 1),
+                                                     (True, False, 1, 1)])
+def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, monkeypatch):
     """The planned MoE call with the one-launch sort or the three-launch one, each launch after
     the first its predecessor's programmatic dependent (MOE_PDL: cuLaunchKernelEx) or plain: on
     two streams at once (each stream its own workspace), and captured in a CUDA graph (the
     three-launch sequence in every case: no workspace; the dependent launches programmatic
     edges) replayed on new ids and data; every result the spec's. MOE_STAGE 4 and 1 (600
-    tokens over at most 4 blocks an SM, 1-2 a block: all staged, or at 1 some after the staged)."""
+    tokens over at most 4 blocks an SM, 1-2 a block: all staged, or at 1 some after the staged).
+    MOE_RANK (staged): the rank kernel then the rows, two launches direct or captured, its
+    ticket the stream's workspace, or in a graph the call's own, zeroed by a memset node."""
     from nqdq import api
     from nqdq.kernels import fused as KF
 
     monkeypatch.setattr(KF, "MOE_STAGE", stage)
     monkeypatch.setattr(KF, "MOE_PDL", pdl)
     monkeypatch.setattr(KF, "MOE_SORT1", sort1)
+    monkeypatch.setattr(KF, "MOE_RANK", bool(rank))
+    monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", 0)
     api.clear_fast_path()
     rng = np.random.default_rng(16)
     T, H, k, E = 600, 512, 4, 64
@@ -346,7 +415,8 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, monkeypatch):
     fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16")  # plans it
     (fm,) = fused._MOE_FAST.values()
     assert ("_KX(" in fm.run.seq.source) == pdl and ("_KX(" in fm.run.seq_graph.source) == pdl
-    assert (len(fm.run.seq.entries), len(fm.run.seq_graph.entries)) == ((2, 4) if sort1 else (4, 4))
+    want = (2, 2) if rank else (2, 4) if sort1 else (4, 4)
+    assert (len(fm.run.seq.entries), len(fm.run.seq_graph.entries)) == want
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
     cases = [[data() for _ in range(4)] for _ in streams]
     outs = [[], []]

@@ -1,7 +1,8 @@
 """Device functions of the fused ops shared by the row kernel (``_fused_rows``) -- the
 float64 sum of squares' butterfly and split, the float-float arithmetic of the norm
 (reference/fused, operation for operation), rounding to
-the input's 16-bit dtype -- and the kernels of the MoE sort (three small ones, or one). Launchers:
+the input's 16-bit dtype -- and the kernels of the MoE sort (three small ones, or one; or the
+rank kernel, whose ranks the staged rows kernel turns into rows). Launchers:
 ``nqdq.kernels.fused``; spec: ``nqdq.reference.fused``.
 
 Products that meet an addition go through mul_rn so NVVM cannot contract them into an FMA
@@ -328,6 +329,17 @@ def warp_counts(e, t, w, nb, sid, whist):
 
 
 @devfn
+def advance_buckets(hist, whist, t, nb):
+    """hist[b] (each bucket's next row, or running count) advanced past a chunk: plus the
+    chunk's pairs of bucket b, the sum of its per-warp counts (warp_counts' whist)."""
+    for e in range(t, nb, MOE_CHUNK):
+        n = 0
+        for v in range(MOE_WARPS):
+            n += whist[v * nb + e]
+        hist[e] += n
+
+
+@devfn
 def chunk_rank(sid, whist, w, nb, e, t):
     """The pairs of bucket ``e`` before thread t's own (of warp w) in its chunk (stable):
     those of the earlier warps (whist[v * nb + e], the per-warp counts) plus the earlier
@@ -342,6 +354,36 @@ def chunk_rank(sid, whist, w, nb, e, t):
 
 
 MOE_WALK = 32  # the one-launch sort: counts of as many blocks a thread reads before it adds them
+
+
+@devfn
+def scan_buckets(tot, part, t, nb):
+    """tot[0..nb) (the buckets' totals) made their exclusive scan, the buckets' first rows,
+    by a block of MOE_CHUNK threads: each thread sums its ceil(nb / MOE_CHUNK) neighbouring
+    buckets, a Hillis-Steele scan of those sums (``part``: MOE_CHUNK words of shared memory),
+    then each thread its buckets' runs. Block barriers before and after."""
+    cuda.syncthreads()
+    q = (nb + MOE_CHUNK - 1) // MOE_CHUNK
+    lo = t * q
+    hi = min(nb, lo + q)
+    s = 0
+    for e in range(lo, hi):
+        s += tot[e]
+    part[t] = s
+    cuda.syncthreads()
+    off = 1
+    while off < MOE_CHUNK:  # inclusive scan of the threads' sums
+        v = part[t - off] if t >= off else 0
+        cuda.syncthreads()
+        part[t] += v
+        cuda.syncthreads()
+        off *= 2
+    run = part[t] - s
+    for e in range(lo, hi):
+        n = tot[e]
+        tot[e] = run
+        run += n
+    cuda.syncthreads()
 
 
 @cuda.jit
@@ -407,28 +449,7 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
             g += MOE_WALK
         hist[e] = pre
         tot[e] = s
-    cuda.syncthreads()
-    q = (nb + MOE_CHUNK - 1) // MOE_CHUNK
-    lo = t * q
-    hi = min(nb, lo + q)
-    s = 0
-    for e in range(lo, hi):
-        s += tot[e]
-    part[t] = s
-    cuda.syncthreads()
-    off = 1
-    while off < MOE_CHUNK:  # inclusive scan of the threads' sums
-        v = part[t - off] if t >= off else 0
-        cuda.syncthreads()
-        part[t] += v
-        cuda.syncthreads()
-        off *= 2
-    run = part[t] - s
-    for e in range(lo, hi):
-        n = tot[e]
-        tot[e] = run
-        run += n
-    cuda.syncthreads()
+    scan_buckets(tot, part, t, nb)
     for e in range(t, nb, MOE_CHUNK):
         hist[e] += tot[e]
         if b == 0:
@@ -448,9 +469,97 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
             inv[p] = row
         if ch + 1 < c1:
             cuda.syncthreads()  # every row of this chunk is taken from hist before it moves on
-            for e2 in range(t, nb, MOE_CHUNK):
-                n = 0
-                for v in range(MOE_WARPS):
-                    n += whist[v * nb + e2]
-                hist[e2] += n
+            advance_buckets(hist, whist, t, nb)
     grid_leave(t, sync)  # (at the end: off the way of the rows)
+
+
+# ----------------------------------------------------------------------------- MoE rank
+# The sort as the staged OP_SCATTER rows kernel takes it (MOE_RANK): one launch whose blocks
+# each rank a chunk of MOE_RANK_CHUNK pairs on their own, the last of them to finish scanning
+# the chunks' counts; the rows kernel then finds each pair's row itself.
+MOE_RANK_SUB = 4  # the rank kernel's chunk: MOE_RANK_SUB rounds of its MOE_CHUNK threads' pairs
+MOE_RANK_SHIFT = 10
+MOE_RANK_CHUNK = 1 << MOE_RANK_SHIFT  # pairs a rank block takes
+assert MOE_RANK_CHUNK == MOE_CHUNK * MOE_RANK_SUB and MOE_BUCKETS << MOE_RANK_SHIFT < 2 ** 31
+
+
+@cuda.jit
+def moe_rank_kernel(ids, npairs, num_experts, counts, cbase, packed, offsets, ticket):
+    """Block b (MOE_CHUNK threads) ranks the pairs [b * MOE_RANK_CHUNK, ..) of its chunk:
+    packed[p] = bucket << MOE_RANK_SHIFT | (the pairs of the same bucket before p in the chunk),
+    the bucket as moe_bucket's (E + 1: ids out of range), the rank stable (moe_scatter_kernel's
+    per-warp counts and compares, a round of MOE_CHUNK pairs at a time, each bucket's running
+    count carried between rounds), and stores its buckets' counts to counts[b, :]. The block
+    that finishes last (a ticket: ``atom.add`` on ticket[0], zero at the start, which that
+    block sets back to zero) reads every chunk's counts (``ld.global.cg``, MOE_WALK loads in
+    flight a thread), scans the totals over the buckets (scan_buckets) and stores
+    cbase[c, e] = first row of bucket e's pairs in chunk c and offsets (moe_sort's: [E + 2]).
+    A pair's sorted row is then cbase[p >> MOE_RANK_SHIFT, bucket] + its rank (_fused_rows,
+    RANK): the same rows as moe_sort's, without a second pass over the pairs or a grid
+    barrier; no block waits for another."""
+    hist = cuda.shared.array(MOE_BUCKETS, int32)  # the chunk's running counts; then the totals' scan
+    part = cuda.shared.array(MOE_CHUNK, int32)
+    sid = cuda.shared.array(MOE_CHUNK, int32)
+    whist = cuda.shared.array(MOE_WARP_SLOTS, int32)
+    last = cuda.shared.array(1, int32)
+    c = cuda.local.array(MOE_WALK, int32)
+    ev = cuda.local.array(MOE_RANK_SUB, int32)
+    t = cuda.threadIdx.x
+    b = cuda.blockIdx.x
+    G = cuda.gridDim.x
+    w = t >> 5
+    nb = num_experts + 1
+    griddep_launch()  # the rows kernel (MOE_PDL) may start: it reads packed and cbase after griddep_wait
+    for r in range(MOE_RANK_SUB):  # every round's id loaded at once (one round trip, not one a round)
+        p = b * MOE_RANK_CHUNK + r * MOE_CHUNK + t
+        ev[r] = moe_bucket(ids[p], num_experts) if p < npairs else -1
+    for e in range(t, nb, MOE_CHUNK):
+        hist[e] = 0
+    for r in range(MOE_RANK_SUB):
+        cuda.syncthreads()  # hist is this round's; the last round's reads of whist are done
+        p = b * MOE_RANK_CHUNK + r * MOE_CHUNK + t
+        e = ev[r]
+        warp_counts(e, t, w, nb, sid, whist)
+        if e >= 0:
+            packed[p] = (e << MOE_RANK_SHIFT) | (hist[e] + chunk_rank(sid, whist, w, nb, e, t))
+        cuda.syncthreads()  # every rank of this round is taken from hist before it moves on
+        advance_buckets(hist, whist, t, nb)
+    for e in range(t, nb, MOE_CHUNK):
+        counts[b * nb + e] = hist[e]
+    cuda.syncthreads()
+    if t == 0:
+        cuda.threadfence()  # the block's counts are visible before its ticket is
+        last[0] = 1 if cuda.atomic.add(ticket, 0, 1) == G - 1 else 0
+    cuda.syncthreads()
+    if last[0] == 0:
+        return
+    if t == 0:
+        cuda.atomic.exch(ticket, 0, 0)  # (every block has taken its ticket: the next launch finds zero)
+    cuda.threadfence()
+    for e in range(t, nb, MOE_CHUNK):
+        hist[e] = column_cg(counts, G, nb, e, 0, c, cbase, False)
+    scan_buckets(hist, part, t, nb)
+    for e in range(t, nb, MOE_CHUNK):
+        offsets[e] = hist[e]
+        column_cg(counts, G, nb, e, hist[e], c, cbase, True)
+    if t == 0:
+        offsets[nb] = npairs
+
+
+@devfn
+def column_cg(counts, nchunks, nb, e, run, c, base, write):
+    """column_walk's sum of bucket e's column of counts from ``run`` (and where ``write``,
+    base[ch, e] = the running value before chunk ch), each count by ``ld.global.cg`` (other
+    blocks' stores, never a stale L1 line), MOE_WALK loads in flight (``c``)."""
+    g = 0
+    while g < nchunks:  # (constant trip counts: unrolled, c in registers, the loads issued together)
+        for i in range(MOE_WALK):
+            if g + i < nchunks:
+                c[i] = load_cg(counts, (g + i) * nb + e)
+        for i in range(MOE_WALK):
+            if g + i < nchunks:
+                if write:
+                    base[(g + i) * nb + e] = run
+                run += c[i]
+        g += MOE_WALK
+    return run

@@ -49,13 +49,13 @@ import re
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, float64, int32, uint8, uint32
+from numba import cuda, float32, float64, int32, int64, uint8, uint32
 
 from ..reference.fused import UNIT, WARP
 from ._codec import F32, KIND_BF16, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32_bits, mul_rn
 from ._elements import encode_element, store_unit_wide
-from ._fused_kernels import (CANON_NAN_BITS, OP_GATHER, OP_NORM, OP_ROWS, OP_SCATTER, OUT_GROUP, OUT_MX, OUT_ROW,
-                             OUT_TENSOR, OUT_Y,
+from ._fused_kernels import (CANON_NAN_BITS, MOE_RANK_SHIFT, OP_GATHER, OP_NORM, OP_ROWS, OP_SCATTER, OUT_GROUP,
+                             OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
                              R_SPLIT_MIN_BITS, SIG_BITS, idx_get_f32, prod_err, round_bits, rsqrt_mean,
                              split_sum64, xor_lane)
 from ._ptx import (cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, griddep_wait, load_u32x4, prmt, store_u32x2,
@@ -423,7 +423,20 @@ def _share_source(U, LL, NT, recip, full=False):
     return L
 
 
-_KERNEL_ARGS = "x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D, dm, pf, m"
+_KERNEL_ARGS = ("x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D, dm, pf, m, "
+                "cbase, pout, nbk")
+
+
+@devfn
+def rank_row(packed, cbase, pout, nbk, pi, tok):
+    """The sorted row of pair ``pi`` (token ``tok``) from moe_rank_kernel's outputs (RANK):
+    the first row of its bucket in its chunk, cbase[chunk, bucket] (nbk buckets a chunk),
+    plus its rank in the chunk, both in packed[pi]; stores the token to pout[row] (the op's
+    perm: one thread a pair)."""
+    v = packed[pi]
+    row = np.int64(cbase[(pi >> MOE_RANK_SHIFT) * nbk + (v >> MOE_RANK_SHIFT)]) + (v & ((1 << MOE_RANK_SHIFT) - 1))
+    pout[row] = tok
+    return row
 
 
 @devfn
@@ -448,14 +461,26 @@ def words_path(op, out, kind, fast, fmt, rows_bf16=None) -> bool:
                 and is_e2m1(fmt))
 
 
-def _scatter_staged_source(U, NT, KD, S, LANES, LL):
+def _scatter_staged_source(U, NT, KD, S, LANES, LL, PIPE=0, RANK=0):
     """OP_SCATTER's body with STAGE = S (after the prelude: tid, views, nunits, ut, u0..): a
     block takes tokens blockIdx + i * gridDim (m tokens) in rounds of S. A round loads and
     encodes its S tokens, their words and scale codes into shared memory, then waits for the
     sort (griddep_wait: launched as the sort's programmatic dependent, MOE_PDL, the first
     round reads its tokens while the sort runs; after that the wait returns at once) and
-    stores them to the rows perm gives them. Each lane reads back only its own slots, so no
-    barrier. The codes and scales are the one-block-per-token form's.
+    stores them to the rows perm gives them. Each lane reads back only its own slots. The
+    round's S * KD rows are read first, thread t < S * KD the pair t (``rw``, shared, by round
+    parity: one barrier a round), so the round waits for one round trip, not one a token (a
+    token's row loads after the last token's stores, which may alias them, would each wait).
+    The codes and scales are the one-block-per-token form's.
+
+    ``PIPE``: the rounds after the first overlap their loads with the stores: for each slot
+    i, the lane issues the loads of the next round's token i (into registers), stores slot i
+    of this round, then encodes the loaded token into slot i (its own slots: program order
+    keeps the store's reads before the new writes). Without it a block's rounds alternate
+    a load phase and a store phase, and its SM's reads stall while it stores.
+
+    ``RANK``: ``perm`` holds moe_rank_kernel's packed ranks, and each pair's row is found here
+    (rank_row, which also stores the op's perm to ``pout``) instead of read from moe_sort's inv.
 
     The lane's units: t + j * NT (the prelude's, a group over LL lanes: stage_unit's
     butterfly, put_staged), or with LANES t * U + j (U a multiple of LL, rows of whole quads
@@ -466,11 +491,13 @@ def _scatter_staged_source(U, NT, KD, S, LANES, LL):
     op 27.7 us against 18.0 for one block a token, and 13.9 by 16-byte stores.)"""
     J = range(U)
     H = range(U // LL) if LANES else ()
-    I3 = " " * 12
+    SK = S * KD
     L = ["    sw = cuda.shared.array(SWN, uint32)",
          "    sc = cuda.shared.array(SWN, uint8)",
+         f"    rw = cuda.shared.array({2 * SK}, int64)",
          "    g = np.int32(cuda.gridDim.x)",
-         "    t0 = np.int32(cuda.blockIdx.x)"]
+         "    t0 = np.int32(cuda.blockIdx.x)",
+         "    par = 0"]
     if LANES:  # the lane's units t * U + j, read from quad (row's first) + t * U + j
         L += [f"    u{j} = np.int32(tid * {U} + {j})" for j in J]
         L += [f"    ul = ut * {U}"]
@@ -478,44 +505,85 @@ def _scatter_staged_source(U, NT, KD, S, LANES, LL):
     else:
         L += ["    ul = ut"]
         q = f"tx + {{j}} * {NT}"
-    L += ["    while t0 < m:",
+
+    def load(tok, ind):  # token ``tok``'s units into a{j}, b{j}
+        return [f"{ind}base = np.int64({tok}) * sb",
+                f"{ind}tx = (base >> 3) + ul"] + [
+            f"{ind}a{j}, b{j} = load_x(x, x32, {q.format(j=j)}, u{j}, nunits, base, n, sh, D, dm)" for j in J]
+
+    def stage(ind):  # the loaded token into slot i
+        if LANES:
+            return [f"{ind}stage_group(" + "".join(f"a{h * LL + e}, " for e in range(LL))
+                    + "".join(f"u{h * LL + e} < nunits, " for e in range(LL))
+                    + f"sw, sc, (i * {U} + {h * LL}) * {NT} + tid, (i * {U // LL} + {h}) * {NT} + tid)" for h in H]
+        return [f"{ind}stage_unit(a{j}, u{j} < nunits, tid, scratch, sw, sc, (i * {U} + {j}) * {NT} + tid)" for j in J]
+
+    def rows(ind):  # the round's rows (round t0) into rw[par], then a barrier
+        R = [f"{ind}if tid < {SK}:",
+             f"{ind}    ti = np.int32(tid // {KD})",
+             f"{ind}    tk = t0 + ti * g",
+             f"{ind}    if tk < m:",
+             f"{ind}        pi = np.int64(tk) * {KD} + (tid - ti * {KD})"]
+        if RANK:
+            R += [f"{ind}        rw[par * {SK} + tid] = rank_row(perm, cbase, pout, nbk, pi, tk)"]
+        else:
+            R += [f"{ind}        rw[par * {SK} + tid] = np.int64(perm[pi])"]
+        return R + [f"{ind}cuda.syncthreads()"]
+
+    def put(ind):  # slot i (token ``tok``) to its KD sorted rows
+        P = [f"{ind}p{j} = rw[par * {SK} + i * {KD} + {j}]" for j in range(KD)]
+        P += [f"{ind}dd = (" + "".join(f"p{j} * nunits, " for j in range(KD)) + ")",
+              f"{ind}ss = (" + "".join(f"p{j} * ngroups, " for j in range(KD)) + ")"]
+        if LANES:  # 4 words a 16-byte store, quad (row's first unit + t * U + 4 r) / 4 (rows of whole quads)
+            for r in range(U // 4):
+                P += [f"{ind}if u{4 * r} < nunits:",
+                      f"{ind}    put_quad(sw, (i * {U} + {4 * r}) * {NT} + tid, c32, dd, ut * {U // 4} + {r})"]
+            P += [f"{ind}put_rows(sc, (i * {U // LL} + {h}) * {NT} + tid, u{h * LL} < nunits, "
+                  f"ut * {U // LL} + {h}, scales, ss)" for h in H]
+        else:
+            P += [f"{ind}put_staged(sw, sc, (i * {U} + {j}) * {NT} + tid, u{j} < nunits, u{j}, tid, c32, scales, dd, "
+                  f"ss)" for j in J]
+        return P
+
+    I2, I3, I4 = " " * 8, " " * 12, " " * 16
+    if not PIPE:
+        L += ["    while t0 < m:",
+              "        for i in range(STAGE):",
+              "            tok = t0 + np.int32(i) * g",
+              "            if tok < m:"]
+        L += load("tok", I4) + stage(I4)
+        # the sort's rows are read only after griddep_wait (in any launch but MOE_PDL's it does nothing)
+        L += ["        griddep_wait()"] + rows(I2)
+        L += ["        for i in range(STAGE):",
+              "            tok = t0 + np.int32(i) * g",
+              "            if tok < m:"]
+        L += put(I4)
+        L += ["        t0 += np.int32(STAGE) * g",
+              "        par ^= 1"]
+        return L
+    # PIPE: the first round as above, then each slot's next token loaded before the slot's stores
+    L += ["    for i in range(STAGE):",
+          "        tok = t0 + np.int32(i) * g",
+          "        if tok < m:"]
+    L += load("tok", I3) + stage(I3)
+    L += ["    griddep_wait()",
+          "    while t0 < m:"] + rows(I2)
+    L += ["        t1 = t0 + np.int32(STAGE) * g",
           "        for i in range(STAGE):",
           "            tok = t0 + np.int32(i) * g",
-          "            if tok < m:",
-          f"{I3}    base = np.int64(tok) * sb",
-          f"{I3}    tx = (base >> 3) + ul"]
-    L += [f"{I3}    a{j}, b{j} = load_x(x, x32, {q.format(j=j)}, u{j}, nunits, base, n, sh, D, dm)" for j in J]
-    if LANES:
-        L += [f"{I3}    stage_group(" + "".join(f"a{h * LL + e}, " for e in range(LL))
-              + "".join(f"u{h * LL + e} < nunits, " for e in range(LL))
-              + f"sw, sc, (i * {U} + {h * LL}) * {NT} + tid, (i * {U // LL} + {h}) * {NT} + tid)" for h in H]
-    else:
-        L += [f"{I3}    stage_unit(a{j}, u{j} < nunits, tid, scratch, sw, sc, (i * {U} + {j}) * {NT} + tid)"
-              for j in J]
-    # the sort's rows are read only after griddep_wait (in any launch but MOE_PDL's it does nothing)
-    L += ["        griddep_wait()",
-          "        for i in range(STAGE):",
-          "            tok = t0 + np.int32(i) * g",
-          "            if tok < m:"]
-    L += [f"{I3}    p{j} = np.int64(perm[np.int64(tok) * {KD} + {j}])" for j in range(KD)]
-    L += [f"{I3}    dd = (" + "".join(f"p{j} * nunits, " for j in range(KD)) + ")",
-          f"{I3}    ss = (" + "".join(f"p{j} * ngroups, " for j in range(KD)) + ")"]
-    if LANES:  # 4 words a 16-byte store, quad (row's first unit + t * U + 4 r) / 4 (rows of whole quads)
-        for r in range(U // 4):
-            L += [f"{I3}    if u{4 * r} < nunits:",
-                  f"{I3}        put_quad(sw, (i * {U} + {4 * r}) * {NT} + tid, c32, dd, ut * {U // 4} + {r})"]
-        L += [f"{I3}    put_rows(sc, (i * {U // LL} + {h}) * {NT} + tid, u{h * LL} < nunits, "
-              f"ut * {U // LL} + {h}, scales, ss)" for h in H]
-    else:
-        L += [f"{I3}    put_staged(sw, sc, (i * {U} + {j}) * {NT} + tid, u{j} < nunits, u{j}, tid, c32, scales, dd, ss)"
-              for j in J]
-    L += ["        t0 += np.int32(STAGE) * g"]
+          "            nxt = t1 + np.int32(i) * g",
+          "            if nxt < m:"]
+    L += load("nxt", I4)
+    L += ["            if tok < m:"] + put(I4)
+    L += ["            if nxt < m:"] + stage(I4)
+    L += ["        t0 = t1",
+          "        par ^= 1"]
     return L
 
 
 @lru_cache(maxsize=None)
 def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, mx_cfg, max_elem, G, shfl, sw=None,
-                     KD=0, STAGE=0, LANES=0):
+                     KD=0, STAGE=0, LANES=0, PIPE=0, RANK=0):
     """The kernel for one configuration (every argument a compile-time constant): ``op``
     OP_*, ``out`` OUT_*, input / weight kinds, NW warps x U units per thread (the spec's
     geometry), ``fast`` (16-byte aligned units: vector loads and stores; 2: and n = NT * U * 8,
@@ -529,7 +597,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     1..MOE_SCATTER_MAX_K). ``STAGE``: OP_SCATTER's tokens a block encodes into shared memory
     before it waits for the sort (0: one block per token; see _scatter_staged_source); ``LANES``:
     with STAGE, each lane's units contiguous (its whole scale groups; rows of whole quads of
-    units, n % 32 == 0: 16-byte stores)."""
+    units, n % 32 == 0: 16-byte stores); ``PIPE``: with STAGE, each round's stores overlap the
+    next round's loads (_scatter_staged_source); ``RANK``: with STAGE, the rows from
+    moe_rank_kernel's packed ranks (in ``perm``) and chunk bases (``cbase``, ``nbk`` buckets a
+    chunk), the op's perm stored to ``pout``."""
     (w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw, norm_fma, gshare, amax_nan,
      rsqrt_warp0, mx_rc, _full_rows) = switches() if sw is None else sw
     RSQ0 = rsqrt_warp0 == 1 or (rsqrt_warp0 == -1 and out == OUT_MX)  # the row's 1/sqrt by warp 0
@@ -566,6 +637,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         raise ValueError(f"STAGE is OP_SCATTER's, 1..{MOE_STAGE_MAX} tokens a block, not {STAGE} (op {op})")
     if LANES and not (STAGE and U % (G // UNIT) == 0 and fast):
         raise ValueError(f"LANES needs STAGE, aligned rows and whole groups a lane: U = {U}, G = {G}")
+    if (PIPE or RANK) and not STAGE:
+        raise ValueError("PIPE and RANK need STAGE (the staged rounds)")
     CLAMP = MXR != MX_RCEIL  # e2m1_unit_bf16: "floor" / "even" scales can leave |x| / 2^k up to 8
     RCVT = res_cvt and RES and kind == KIND_BF16 and fast  # the residual by cvt.rn.bf16x2.f32
     STEP = strided == 2 and fast  # FLAT_STEP: D / 8 divides NT (the launcher's test)
@@ -1136,7 +1209,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     if STAGE:  # the staged scatter replaces the one-token body (the prelude up to the units' indices stays)
         k = L.index("    tu = (rbase >> 3) + ut") + 1 + U
         assert L[k - 1].startswith(f"    u{U - 1} = "), L[k - 1]
-        L = L[:k] + _scatter_staged_source(U, NT, KD, STAGE, LANES, LL)
+        L = L[:k] + _scatter_staged_source(U, NT, KD, STAGE, LANES, LL, PIPE, RANK)
     src = "\n".join(L) + "\n"
     if FULL:  # unit j of every lane is in the row
         src = re.sub(r"\bu\d+ < nunits\b", "True", src)
@@ -1149,7 +1222,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                group_params_r=group_params_r, group_unit_ws=group_unit_ws, KD=KD, SHFL=shfl,
                griddep_wait=griddep_wait, amax_y=amax_y, STAGE=STAGE, SWN=max(STAGE * U * NT, 1),
                stage_unit=stage_unit, put_staged=put_staged, uint32=uint32, uint8=uint8, stage_group=stage_group,
-               put_quad=put_quad, put_rows=put_rows)
+               put_quad=put_quad, put_rows=put_rows, rank_row=rank_row)
     exec(compile(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", "exec"), glb)
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most

@@ -3,8 +3,10 @@
 Each function takes :class:`~nqdq.kernels._interop.DeviceInput` arrays (flat, in the
 kernels' form: float32 or the uint16 bits of bfloat16 / float16) and returns flat outputs
 in the input's library. Every op is one launch of :func:`_fused_rows.fused_row_kernel` (the
-MoE sort adds the launch that builds the permutation, or three: MOE_SORT1; a planned MoE call
-launches each kernel after the first as its predecessor's programmatic dependent: MOE_PDL).
+MoE sort adds the launch that builds the permutation, or three: MOE_SORT1; or, from
+MOE_RANK_MIN_PAIRS pairs on, the one that ranks the pairs by chunks, the rows kernel then finding
+each pair's row: MOE_RANK; a planned MoE call launches each kernel after the first as its
+predecessor's programmatic dependent: MOE_PDL).
 """
 
 from __future__ import annotations
@@ -66,13 +68,29 @@ MOE_PDL = _fused_rows._switch_env("MOE_PDL", True)
 # H100 (2026-11-26, docs/performance.md "Thirteenth session"), 2048 tokens x 7168 top-4 of 256,
 # with MOE_LANES: eager 35.5 -> 32.0 us, graphs 32.4 -> 26.8 us a call (64 tokens top-8 9.1 ->
 # 7.6); 4 / 4 measured best of 4 / 5, 3 / 5, 2 / 8, 8 / 2 (H100 and H200).
-MOE_STAGE = int(os.environ.get("NQDQ_FUSED_MOE_STAGE", "4"))
-MOE_STAGE_BLOCKS = int(os.environ.get("NQDQ_FUSED_MOE_STAGE_BLOCKS", "4"))
+# Session 14, with MOE_PIPE and MOE_RANK: 8 / 3 (eager, 2048 tokens: 32.0 -> 29.0 us; 8192: 112.2 -> 95.8).
+MOE_STAGE = int(os.environ.get("NQDQ_FUSED_MOE_STAGE", "8"))
+MOE_STAGE_BLOCKS = int(os.environ.get("NQDQ_FUSED_MOE_STAGE_BLOCKS", "3"))
+MOE_STAGE_SMEM = 40 << 10  # the staged tokens' shared memory, at most (static shared memory: < 48 KiB a block)
 # MOE_LANES (NQDQ_FUSED_MOE_LANES, session 13): with MOE_STAGE, each lane's units contiguous, so a
 # lane holds whole MX groups (no butterfly; its words leave in 16-byte stores) where rows are
 # whole quads of units (n % 32 == 0); elsewhere the strided layout. H100, as above:
 # the rows kernel alone 25.2 (staged, strided) -> 22.2 us, 56 -> 47 registers.
 MOE_LANES = int(os.environ.get("NQDQ_FUSED_MOE_LANES", "1"))
+# MOE_PIPE (NQDQ_FUSED_MOE_PIPE, session 14): with MOE_STAGE, a block's rounds after the first
+# load their tokens while the round before is stored (_fused_rows._scatter_staged_source).
+# H100, 8192 tokens x 7168 top-4 of 256 (4 rounds a block), eager, with MOE_RANK and MOE_STAGE 8:
+# 106.2 -> 97.0 us (without MOE_RANK, MOE_STAGE 4: 113.0 -> 109.8).
+MOE_PIPE = int(os.environ.get("NQDQ_FUSED_MOE_PIPE", "1"))
+# MOE_RANK (NQDQ_FUSED_MOE_RANK, session 14): where the rows take the staged OP_SCATTER kernel
+# (rank_path), the sort is moe_rank_kernel (one launch: each block ranks its chunk of pairs,
+# the last to finish scans the counts; no grid barrier, no second pass) and the rows kernel
+# finds each pair's row from its rank (_fused_rows.rank_row), storing the op's perm itself.
+MOE_RANK = _fused_rows._switch_env("MOE_RANK", True)
+# ... from this many (token, expert) pairs on (NQDQ_FUSED_MOE_RANK_MIN_PAIRS). H100, bf16 x 7168
+# top-4 of 256, MOE_STAGE 8 / MOE_PIPE, eager: 4096 pairs 24.8 us against 17.5 for moe_sort's
+# one launch, 8192 33.1 against 30.0; 16384 51.5 against 59.0, 32768 99.5 against 107.6.
+MOE_RANK_MIN_PAIRS = int(os.environ.get("NQDQ_FUSED_MOE_RANK_MIN_PAIRS", "12288"))
 
 
 def out_kind(sch: Scheme) -> int:
@@ -184,32 +202,42 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     sdt = np.uint8 if mode == FK.OUT_MX else np.float32
     scales_a = scales if scales is not None else _view(x, sdt, False, alloc, dummies)
     perm_a = perm if perm is not None else _view(x, np.int32, False, alloc, dummies)
+    cbase_a = pout_a = _view(x, np.int32, False, alloc, dummies)
+    nbk, rank = 1, 0
 
     # strided 2: FLAT_STEP's stepped unit indices, where D / 8 divides the block's threads
     stepped = strided and fast and _fused_rows.FLAT_STEP and nt % (D // 8) == 0
-    grid, kd, stage, lanes = rows, 0, 0, 0
+    grid, kd, stage, lanes, pipe = rows, 0, 0, 0, 0
     if (moe is not None and MOE_SCATTER and _fused_rows.words_path(op, mode, kind, fast, fmt)
             and 1 <= moe[1] <= _fused_rows.MOE_SCATTER_MAX_K):
         perm_a, kd = moe[0], int(moe[1])
+        if len(moe) > 2:  # moe_rank's (packed, k, cbase, pout, buckets): the staged kernel finds the rows
+            cbase_a, pout_a, nbk, rank = moe[2], moe[3], int(moe[4]), 1
         op, grid = FK.OP_SCATTER, rows // kd
         nw_u = -(-(n // 8) // (32 * MOE_UNITS)) if MOE_UNITS > 0 else 0  # warps for MOE_UNITS a lane
         if 0 < nw_u <= 32:
             U, nw = MOE_UNITS, nw_u
         if MOE_STAGE > 0:
-            stage = min(MOE_STAGE, _fused_rows.MOE_STAGE_MAX)
+            # (at most MOE_STAGE_SMEM bytes of staged words and scale codes: 5 a unit and token)
+            stage = max(1, min(MOE_STAGE, _fused_rows.MOE_STAGE_MAX, MOE_STAGE_SMEM // (5 * U * 32 * nw)))
             # lanes' groups where a lane's units are whole groups (G = 32: quads) and rows whole quads of units
             lanes = int(bool(MOE_LANES) and U % (G // 8) == 0 and fast and n % 32 == 0)
             grid = min(grid, max(1, _sm_count() * MOE_STAGE_BLOCKS))
+            pipe = int(bool(MOE_PIPE) and grid * stage < rows // kd)  # (a block with one round has nothing to overlap)
+    if moe is not None and len(moe) > 2 and not (rank and stage):
+        raise RuntimeError("internal: moe_rank's ranks given, but the rows do not take the staged OP_SCATTER kernel "
+                           "(rank_path and run_rows disagree)")
     # fast 2: every lane's U units in the row (FULL_ROWS: no unit tested against the row's end)
     full = _fused_rows.full_rows(op, mode, res is not None) and fast and n == 32 * nw * U * 8
     kern = fused_row_kernel(op, mode, kind, wkind, nw, U, 2 if full else bool(fast), 2 if stepped else int(strided),
                             res is not None, fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches(), kd, stage,
-                            lanes)
+                            lanes, pipe, rank)
     # dm: the fast strided loader's u // (D / 8) as (u * dm) >> 32 (_fused_rows._loader)
     dm = (1 << 32) // max(D // 8, 1) + 1
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
             n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, dm,
-            _fused_rows.prefetch_distance(_fused_rows.PREFETCH, op, mode, res is not None), rows // max(kd, 1))
+            _fused_rows.prefetch_distance(_fused_rows.PREFETCH, op, mode, res is not None), rows // max(kd, 1),
+            cbase_a, pout_a, nbk)
     _launch(launches, kern, grid, 32 * nw, args)
     return dict(codes=codes, scales=scales, newres=newres, y=y, pcols=pcols, ngroups=ngroups, alloc=alloc, op=op)
 
@@ -260,6 +288,46 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
     return perm[:npairs], offsets, inv[:npairs]
 
 
+def rank_path(xin, n: int, sch: Scheme, k: int, npairs: int) -> bool:
+    """Whether moe_sort_quantize's sort is moe_rank (MOE_RANK, npairs >= MOE_RANK_MIN_PAIRS):
+    where run_rows takes the staged OP_SCATTER kernel for its rows of ``xin`` (C-contiguous
+    [tokens, n]) with k experts a token (its conditions, in the same order)."""
+    if not (MOE_RANK and npairs >= MOE_RANK_MIN_PAIRS and MOE_SCATTER and MOE_STAGE > 0
+            and 1 <= k <= _fused_rows.MOE_SCATTER_MAX_K):
+        return False
+    try:
+        mode = out_kind(sch)
+    except ValueError:
+        return False
+    fast = n % 8 == 0 and _addr(xin.arr) % 16 == 0  # (the outputs: fresh, aligned arrays)
+    return _fused_rows.words_path(FK.OP_GATHER, mode, xin.kind, fast, format_tuple(sch))
+
+
+def moe_rank(ids, npairs: int, num_experts: int, alloc: Allocator, launches=None, ws=None, out=None):
+    """(packed int32 [npairs], cbase, offsets int32 [E+2], perm int32 [npairs]) from expert
+    ids [npairs] as moe_sort takes them, by moe_rank_kernel (one launch, a block a chunk of
+    MOE_RANK_CHUNK pairs): packed and cbase (the chunks' first rows of each bucket) are what
+    the staged rows kernel reads with RANK (run_rows' ``moe=(packed, k, cbase, perm,
+    E + 1)``); perm is written by that kernel; offsets as moe_sort's. ``ws``: a zeroed
+    ``_grid`` workspace (its first word the kernel's ticket, left zero); None: a zeroed one of
+    ``alloc``'s. ``out``: (packed, cbase, offsets, perm) to write instead of new arrays."""
+    if not 1 <= num_experts <= FK.MOE_MAX_EXPERTS:
+        raise ValueError(f"num_experts={num_experts} must be in [1, {FK.MOE_MAX_EXPERTS}] for the device sort")
+    nchunks = max(1, -(-npairs // FK.MOE_RANK_CHUNK))
+    nb = num_experts + 1
+    counts = alloc.empty(nchunks * nb, np.int32)
+    if out is None:
+        out = (alloc.empty(max(npairs, 1), np.int32), alloc.empty(nchunks * nb, np.int32),
+               alloc.empty(num_experts + 2, np.int32), alloc.empty(max(npairs, 1), np.int32))
+    packed, cbase, offsets, perm = out
+    if ws is None:
+        ws = alloc.empty(SYNC_WORDS, np.int32)
+        fill_bytes(ws, 0)
+    _launch(launches, FK.moe_rank_kernel, nchunks, FK.MOE_CHUNK,
+            (ids, npairs, num_experts, counts, cbase, packed, offsets, ws))
+    return packed, cbase, offsets, perm[:npairs]
+
+
 def moe_scan_threads(num_experts: int) -> int:
     """The scan's block: a power of two >= E, at least a warp, at most MOE_MAX_EXPERTS."""
     return min(FK.MOE_MAX_EXPERTS, max(32, 1 << (num_experts - 1).bit_length()))
@@ -304,15 +372,17 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     """``run(x, ids) -> (codes, scales, perm, offsets)`` for moe_sort_quantize on C-contiguous
     CuPy arrays of these shapes and dtypes (x: 16-byte aligned; ids: int32 or int64, the
     char ``ids_char``), on CuPy's current stream: one ``cupy.cuda.alloc`` for every output and
-    scratch array and the launches of the general path (moe_sort, run_rows: the same
-    kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
+    scratch array and the launches of the general path (moe_rank or moe_sort, run_rows: the
+    same kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
     is the op's [E + 1] (moe_sort's but its last entry). None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0,
     no CuPy). ``switches``: (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, MOE_STAGE, MOE_STAGE_BLOCKS,
-    MOE_LANES, _fused_rows.switches()), part of the
+    MOE_LANES, MOE_PIPE, MOE_RANK, MOE_RANK_MIN_PAIRS, _fused_rows.switches()), part of the
     cache key. With MOE_PDL (OP_SCATTER rows, sm_90+) every launch after the first is its
-    predecessor's programmatic dependent: the rows' loads overlap the sort. With MOE_SORT1 a
-    direct call sorts in one launch, a call under graph capture in three (``run.seq`` and
-    ``run.seq_graph``)."""
+    predecessor's programmatic dependent: the rows' loads overlap the sort. With MOE_RANK
+    (rank_path) the sort is moe_rank's one launch, its ticket the stream's workspace on a
+    direct call and, under graph capture, a word of the call's allocation zeroed by a memset
+    first. Else with MOE_SORT1 a direct call sorts in one launch, a call under graph capture
+    in three (``run.seq`` and ``run.seq_graph``)."""
     import sys
 
     from . import launch as L
@@ -327,9 +397,16 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     x = _Slot("xp", 0, tokens * hidden, _XDTYPES[kind])
     ids = _Slot("ids", 0, tk, np.dtype(ids_char))
     ws = _Slot("ws", 0, SYNC_WORDS, np.dtype(np.int32))
-    perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc, launches, ws=ws)
     xin = DeviceInput(x, kind, (tokens, hidden), dtype_name, "cupy")
-    out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, perm=perm, moe=(inv, k), alloc=alloc, launches=launches)
+    rank = rank_path(xin, hidden, sch, k, tk)  # (x's slot at offset 0: aligned, as the hot path's x must be)
+    if rank:
+        packed, cbase, offsets, perm = moe_rank(ids, tk, num_experts, alloc, launches, ws=ws)
+        out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, moe=(packed, k, cbase, perm, num_experts + 1), alloc=alloc,
+                       launches=launches)
+        ws_graph = alloc.empty(SYNC_WORDS, np.int32)  # a captured call's own ticket, zeroed by a memset node
+    else:
+        perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc, launches, ws=ws)
+        out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, perm=perm, moe=(inv, k), alloc=alloc, launches=launches)
     names = ("xp", "ids", "base", "ws")
     # MOE_PDL: each launch after the first is its predecessor's programmatic dependent (the
     # sort's kernels and OP_SCATTER wait for their predecessor before they read its output)
@@ -341,7 +418,7 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     seq = seq_graph = sequence(launches)
     if seq is None:
         return None
-    if MOE_SORT1:
+    if MOE_SORT1 and not rank:
         # Captured in a CUDA graph, the call takes the three-launch sort (into the same arrays):
         # a graph pays no host time a launch, and on the device the three launches are shorter
         # (H100, graphs, with MOE_PDL: 64 tokens top-8 9.0 against 13.3 us a call, 2048 top-4
@@ -361,7 +438,21 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     # (about 1 us less each: _interop.cupy_array_new, as nqdq.quantize's hot path)
     new = cupy_array_new(cp, cp.cuda.alloc(256))
 
-    if seq_graph is seq:
+    if rank:
+        # direct calls: the stream's workspace (left zero by the rank kernel); captured: the
+        # call's own, zeroed first (a graph may be replayed on any stream, beside direct calls)
+        from .quantize import _stream_workspaces, capture_test
+
+        _ws, _capturing, _memset = _stream_workspaces(cp).get, capture_test(cp), cp.cuda.runtime.memsetAsync
+        ws_off = ws_graph.offset
+
+        def launch(st, x, ids, mp):
+            if _capturing(st.ptr):
+                _memset(mp.ptr + ws_off, 0, SYNC_WORDS * 4, st.ptr)
+                seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, mp.ptr + ws_off)
+            else:
+                seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st))
+    elif seq_graph is seq:
         def launch(st, x, ids, mp):
             seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0)
     else:
@@ -407,7 +498,7 @@ def audit_launches():
         xd, wd = _XDTYPES[kind], _XDTYPES[wkind]
         z = np.zeros
         return (z(8, xd), z(8, xd), z(8, wd), z(8, xd), z(8, np.float32), z(8, np.uint8), z(8, sdt), z(8, np.int32),
-                1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1, 1, 0, 1)
+                1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1, 1, 0, 1, z(8, np.int32), z(8, np.int32), 1)
 
     nw, u = row_geometry(7168)
     def F(op, mode, res):  # (7168 = 4 warps x 32 x 7 units x 8: FULL where the launcher builds it so)
@@ -437,6 +528,9 @@ def audit_launches():
     k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, 7, 4, True, False, False, format_tuple(sch), _mx_cfg(sch),
                          6.0, 32, True, None, 4, 4, 1)
     out.append(("moe scatter-rows staged mxfp4", k, args(1, 0, np.uint8)))
+    k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, 7, 4, True, False, False, format_tuple(sch), _mx_cfg(sch),
+                         6.0, 32, True, None, 4, 4, 1, 0, 1)
+    out.append(("moe scatter-rows staged rank mxfp4", k, args(1, 0, np.uint8)))
     k = fused_row_kernel(FK.OP_ROWS, FK.OUT_GROUP, 1, 0, nw, u, F(FK.OP_ROWS, FK.OUT_GROUP, False), True, False,
                          format_tuple(resolve_scheme("fp8_1x128")), (0, 0, 0, 1.0), 448.0, 128, True)
     out.append(("flatten strided fp8_1x128", k, args(1, 0, np.float32)))
@@ -446,7 +540,8 @@ def audit_launches():
     a = np.zeros(8, np.int32)
     out += [("moe count", FK.moe_count_kernel, (a, 1, 1, a)), ("moe scan", FK.moe_scan_kernel, (a, 1, 1, a, a)),
             ("moe scatter", FK.moe_scatter_kernel, (a, 1, 1, 1, a, a, a)),
-            ("moe sort (one launch)", FK.moe_sort_kernel, (a, 1, 1, 1, a, a, a, a, a))]
+            ("moe sort (one launch)", FK.moe_sort_kernel, (a, 1, 1, 1, a, a, a, a, a)),
+            ("moe rank", FK.moe_rank_kernel, (a, 1, 1, a, a, a, a, a))]
     return out
 
 
