@@ -18,14 +18,15 @@ excluded, a sleep kernel queued first so host launch overhead stays out, median)
 * each fused op: ``rmsnorm_quantize`` for fp8_row, fp8_tensor (static scale), fp8_1x128 and
   mxfp4, without and with the residual add; ``flatten_quantize`` (fp8_1x128, mxfp4) of the
   input seen as a transposed view of a [hidden/128, rows, 128] array (a contiguous
-  [B, H, D] is a reshape, and flatten_quantize hands it to nqdq.quantize); ``moe_sort_quantize`` (mxfp4) of [rows/4, hidden] tokens
-  with top-4 of 256 experts (rows gathered rows out);
+  [B, H, D] is a reshape, and flatten_quantize hands it to nqdq.quantize); ``moe_sort_quantize`` (mxfp4) of [rows, hidden]
+  tokens with top-4 of 256 experts (4 * rows gathered rows out), and of [rows/4, hidden] (rows gathered rows out;
+  ``--moe-tokens T ..`` for others);
 * the unfused pair for each: ``nqdq.fused.rmsnorm`` (float32 y, + the new residual) then
   ``nqdq.quantize(y, scheme)``; for flatten of the view, a contiguous copy then
   ``nqdq.quantize``; for the MoE sort, the sort and a gather with CuPy then ``nqdq.quantize``.
 
 Bytes per op = inputs read once (x, weight, residual, expert ids) + outputs written once (codes,
-scales, new residual, perm, offsets); for the MoE sort x is the [rows/4, hidden] tokens, read once
+scales, new residual, perm, offsets); for the MoE sort x is the [T, hidden] tokens, read once
 however many of its k sorted rows a token has. Checks: the fused codes/scales/residual equal the unfused pair's over
 the whole tensor (on the GPU) and the NumPy reference's on 64 sampled rows (rows are
 independent; the reference at full size would take minutes on the host); the MoE
@@ -111,6 +112,11 @@ def main(argv=None):
     ap.add_argument("--json")
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--moe-tokens", type=int, nargs="*", default=None, metavar="T",
+                    help="the MoE op's tokens, one op row each (default: rows, x of [rows, hidden] as every other "
+                         "op's input, and rows / 4, whose top-4 give [rows, hidden] gathered rows: the table's row "
+                         "until session 14)")
+    ap.add_argument("--moe-k", type=int, default=4, help="the MoE op's experts a token (top-k of 256)")
     ap.add_argument("--only", help="time only the ops whose name contains this")
     ap.add_argument("--lock", help="hold an exclusive lock on this file while timing, so several processes (each "
                                    "--only one op) compile at once and time one at a time")
@@ -187,7 +193,7 @@ def main(argv=None):
                "NORM_FMA": lambda op: "rmsnorm" in op, "MOE_SCATTER": lambda op: "moe" in op,
                "MOE_UNITS": lambda op: "moe" in op, "MOE_SORT1": lambda op: "moe" in op,
                "MOE_PDL": lambda op: "moe" in op, "MOE_STAGE": lambda op: "moe" in op,
-               "MOE_STAGE_BLOCKS": lambda op: "moe" in op, "AMAX_NAN": lambda op: "rmsnorm" in op,
+               "MOE_STAGE_BLOCKS": lambda op: "moe" in op, "MOE_PIPE": lambda op: "moe" in op, "MOE_RANK": lambda op: "moe" in op, "AMAX_NAN": lambda op: "rmsnorm" in op,
                "RSQRT_WARP0": lambda op: "rmsnorm" in op,
                "MX_Y_PAIRS": lambda op: "rmsnorm" in op and "mxfp4" in op,
                "MX_RC": lambda op: "rmsnorm" in op and "mxfp4" in op}
@@ -230,7 +236,7 @@ def main(argv=None):
         # printed at once too: a run cut short by its time limit keeps what was measured
         print(f"partial: {op:44s} {t:8.1f} us {100 * r['frac_copy']:5.1f}% of copy", flush=True)
 
-    def record(op, fused_fn, unfused_fn, nbytes):
+    def record(op, fused_fn, unfused_fn, nbytes, n_sets=None):
         if args.only and args.only not in op:
             return
         # the A/B variants are compiled and checked here, outside the timing lock (other
@@ -247,16 +253,17 @@ def main(argv=None):
                 ready.append((name, v, ok))
                 checks.append(dict(op=f"{op} [{name}={v}]", full_vs_unfused=ok, rows_vs_reference=ok))
         with timing:
-            t_f, hb_f = timer.device_us(fused_fn, nsets, bytes_per_launch=nbytes)
-            t_u, hb_u = (float("nan"), False) if unfused_fn is None else timer.device_us(unfused_fn, nsets,
+            ns = n_sets or nsets
+            t_f, hb_f = timer.device_us(fused_fn, ns, bytes_per_launch=nbytes)
+            t_u, hb_u = (float("nan"), False) if unfused_fn is None else timer.device_us(unfused_fn, ns,
                                                                                         bytes_per_launch=nbytes)
             row(op, t_f, t_u, nbytes, hb_f or hb_u)
             for name, v, ok in ready:
                 with switched(name, v):
-                    t_v, hb_v = timer.device_us(fused_fn, nsets, bytes_per_launch=nbytes)
+                    t_v, hb_v = timer.device_us(fused_fn, ns, bytes_per_launch=nbytes)
                 row(f"{op} [{name}={v}]", t_v, t_u, nbytes, hb_v)
             if ready:  # the default again: the drift over the A/B
-                t_a, hb_a = timer.device_us(fused_fn, nsets, bytes_per_launch=nbytes)
+                t_a, hb_a = timer.device_us(fused_fn, ns, bytes_per_launch=nbytes)
                 row(f"{op} [default again]", t_a, t_u, nbytes, hb_a)
                 checks.append(dict(op=f"{op} [default again]", full_vs_unfused=True, rows_vs_reference=True))
 
@@ -330,57 +337,62 @@ def main(argv=None):
                 traceback.print_exc()
                 checks.append(dict(op=op, error=traceback.format_exc(limit=2)))
 
-    # ---- MoE sort + MXFP4: rows/4 tokens, top-4 of 256 experts -> rows gathered rows
-    op, op2 = "moe_sort+mxfp4", "moe_sort+mxfp4 (check_ids=False)"
-    try:
-        if args.only and args.only not in op2:  # (op2's name holds op's: --only check_ids times op2 alone)
-            raise StopIteration
-        k, E = 4, 256
-        T = rows // k
-        tok = [x[:T] for x in xs]
-        rng = np.random.default_rng(5)
-        ids_h = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
-        ids_h[:, 0] = np.minimum(ids_h[:, 0], E - 8)  # experts E-8..E-1 mostly empty: exercises empty ranges
-        ids = cp.asarray(ids_h)
+    def moe_op(T, k):
+        op = f"moe_sort+mxfp4 [{T}x{n}, top-{k}]"
+        op2 = op + " (check_ids=False)"
+        try:
+            if args.only and args.only not in op2:  # (op2's name holds op's: --only check_ids times op2 alone)
+                raise StopIteration
+            E = 256
+            tok = [x[:T] for x in xs] if T <= rows else random_bf16_sets((T, n), n_sets_for(T * n * 2, l2, cap=4), seed=4)
+            rng = np.random.default_rng(5)
+            ids_h = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+            ids_h[:, 0] = np.minimum(ids_h[:, 0], E - 8)  # experts E-8..E-1 mostly empty: exercises empty ranges
+            ids = cp.asarray(ids_h)
 
-        def fused_fn(i):
-            return fused.moe_sort_quantize(tok[i], ids, E, "mxfp4", **kw)
+            def fused_fn(i):
+                return fused.moe_sort_quantize(tok[i], ids, E, "mxfp4", **kw)
 
-        def unfused_fn(i):
-            order = cp.argsort(ids.reshape(-1), kind="stable")
-            perm = (order // k).astype(cp.int32)
-            return nqdq.quantize(cp.take(tok[i], perm, axis=0), "mxfp4", **kw)
+            def unfused_fn(i):
+                order = cp.argsort(ids.reshape(-1), kind="stable")
+                perm = (order // k).astype(cp.int32)
+                return nqdq.quantize(cp.take(tok[i], perm, axis=0), "mxfp4", **kw)
 
-        qf, perm, offsets = fused_fn(0)
-        qu = unfused_fn(0)
-        perm_ref, off_ref = R.moe_sort(ids_h, E)
-        ok_perm = same(perm, perm_ref) and same(offsets, off_ref)
-        sch = resolve_scheme("mxfp4")
-        x_h = bf16_host(tok[0]).astype(np.float32)
-        parts = RQ.quantize(x_h[perm_ref[sample]], sch)
-        ok_ref = same(_host(qf.codes)[sample], pack_codes(parts.codes, 4))
-        ok_ref = ok_ref and same(_host(qf.scales)[sample], parts.scales)
-        checks.append(dict(op=op, full_vs_unfused=q_same(qf, qu) and ok_perm, rows_vs_reference=ok_ref,
-                           perm_offsets_vs_reference=ok_perm))
-        # the op's bytes: x [T, n] and the ids read once, the [rows, n] codes and scales, perm
-        # and offsets written (until session 7 x counted as the rows gathered rows, k times
-        # its size: 148.7 MB instead of 60.6 at the default size)
-        nbytes = T * n * 2 + code_bytes("mxfp4", rows, n) + ids_h.nbytes + rows * 4 + (E + 1) * 4
-        record(op, fused_fn, unfused_fn, nbytes)
-        # the same without the read-back of the device's id range check (the call's one wait)
+            qf, perm, offsets = fused_fn(0)
+            qu = unfused_fn(0)
+            perm_ref, off_ref = R.moe_sort(ids_h, E)
+            ok_perm = same(perm, perm_ref) and same(offsets, off_ref)
+            sch = resolve_scheme("mxfp4")
+            x_h = bf16_host(tok[0]).astype(np.float32)
+            rsample = np.sort(np.random.default_rng(0).choice(T * k, min(SAMPLE_ROWS, T * k), replace=False))
+            parts = RQ.quantize(x_h[perm_ref[rsample]], sch)
+            ok_ref = same(_host(qf.codes)[rsample], pack_codes(parts.codes, 4))
+            ok_ref = ok_ref and same(_host(qf.scales)[rsample], parts.scales)
+            checks.append(dict(op=op, full_vs_unfused=q_same(qf, qu) and ok_perm, rows_vs_reference=ok_ref,
+                               perm_offsets_vs_reference=ok_perm))
+            # the op's bytes: x [T, n] and the ids read once, the [rows, n] codes and scales, perm
+            # and offsets written (until session 7 x counted as the rows gathered rows, k times
+            # its size: 148.7 MB instead of 60.6 at the default size)
+            nbytes = T * n * 2 + code_bytes("mxfp4", T * k, n) + ids_h.nbytes + T * k * 4 + (E + 1) * 4
+            record(op, fused_fn, unfused_fn, nbytes, len(tok))
+            # the same without the read-back of the device's id range check (the call's one wait)
 
-        def fused_nc(i):
-            return fused.moe_sort_quantize(tok[i], ids, E, "mxfp4", check_ids=False, **kw)
+            def fused_nc(i):
+                return fused.moe_sort_quantize(tok[i], ids, E, "mxfp4", check_ids=False, **kw)
 
-        qn, permn, offn = fused_nc(0)
-        checks.append(dict(op=op2, full_vs_unfused=q_same(qn, qf) and same(permn, perm) and same(offn, offsets),
-                           rows_vs_reference=ok_ref))
-        record(op2, fused_nc, unfused_fn, nbytes)
-    except StopIteration:
-        pass
-    except Exception:
-        traceback.print_exc()
-        checks.append(dict(op=op, error=traceback.format_exc(limit=2)))
+            qn, permn, offn = fused_nc(0)
+            checks.append(dict(op=op2, full_vs_unfused=q_same(qn, qf) and same(permn, perm) and same(offn, offsets),
+                               rows_vs_reference=ok_ref))
+            record(op2, fused_nc, unfused_fn, nbytes, len(tok))
+        except StopIteration:
+            pass
+        except Exception:
+            traceback.print_exc()
+            checks.append(dict(op=op, error=traceback.format_exc(limit=2)))
+
+    # ---- MoE sort + MXFP4: T tokens (default rows/4), top-k of 256 experts -> T * k gathered rows
+    for T in (args.moe_tokens or [rows, rows // args.moe_k]):
+        moe_op(T, args.moe_k)
 
     variants = []
     default_upt = R.MAX_UNITS_PER_THREAD

@@ -48,7 +48,7 @@ class TimeRMSNormQuantizeGPU:
 
 
 class TimeFlattenMoEGPU:
-    params = (["flatten fp8_1x128", "flatten mxfp4", "moe_sort mxfp4"],)
+    params = (["flatten fp8_1x128", "flatten mxfp4", "moe_sort mxfp4", "moe_sort mxfp4 all rows"],)
     param_names = ["op"]
     timeout = 300
 
@@ -59,9 +59,11 @@ class TimeFlattenMoEGPU:
         self.fused = fused
         # [H, rows, 128] seen as a [rows, H, 128] view: the strided flatten
         self.xt = bf16_bits(self.cp, (HIDDEN // 128, ROWS, 128), 4).transpose(1, 0, 2)
-        self.tok = bf16_bits(self.cp, (ROWS // 4, HIDDEN), 5)
+        # the MoE tokens: ROWS / 4 (ROWS gathered rows out), or "all rows": ROWS (x as the other ops')
+        t = ROWS if op.endswith("all rows") else ROWS // 4
+        self.tok = bf16_bits(self.cp, (t, HIDDEN), 5)
         rng = np.random.default_rng(6)
-        self.ids = self.cp.asarray(np.stack([rng.permutation(256)[:4] for _ in range(ROWS // 4)]).astype(np.int32))
+        self.ids = self.cp.asarray(np.stack([rng.permutation(256)[:4] for _ in range(t)]).astype(np.int32))
         self.time_op(op)
 
     def time_op(self, op):
