@@ -329,8 +329,8 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
     shape = (tk, xin.shape[1])
     sch.check_shape(shape)
     if rank_path(xin, xin.shape[1], sch, k, tk):  # the rows kernel finds each pair's row (and stores perm)
-        packed, cbase, offsets, perm = moe_rank(ids, tk, num_experts, alloc)
-        out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, moe=(packed, k, cbase, perm, num_experts + 1))
+        packed, cbase, offsets, perm, csh = moe_rank(ids, tk, num_experts, alloc)
+        out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, moe=(packed, k, cbase, perm, num_experts + 1, csh))
     else:
         perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc)
         out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, perm=perm, moe=(inv, k))

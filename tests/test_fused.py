@@ -388,25 +388,32 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank
 
 def _device_sort(ids, npairs, k, E, mode):
     """(perm, offsets, inv) of the device sort ``mode``: "one" / "three" (moe_sort's one
-    launch or three), or "rank" (moe_rank_kernel: each pair's row from its packed rank and its
-    chunk's base, as the rows kernel finds it, perm from those rows; its ticket checked left zero)."""
+    launch or three), or "rank[B]" (moe_rank_kernel over about B chunks, MOE_RANK_BLOCKS:
+    each pair's row from its packed rank and its chunk's base, as the rows kernel finds it,
+    perm from those rows; its ticket checked left zero)."""
     from nqdq.kernels import _fused_kernels as FK
     from nqdq.kernels._interop import Allocator
     from nqdq.kernels.fused import moe_rank, moe_sort
 
-    if mode != "rank":
+    from nqdq.kernels import fused as KF
+
+    if not mode.startswith("rank"):
         return moe_sort(ids, npairs, k, E, Allocator("numpy"), one=mode == "one")
     ws = np.zeros(3, np.int32)
-    packed, cbase, off, _ = moe_rank(ids, npairs, E, Allocator("numpy"), ws=ws)
+    blocks, KF.MOE_RANK_BLOCKS = KF.MOE_RANK_BLOCKS, int(mode[4:])
+    try:
+        packed, cbase, off, _, csh = moe_rank(ids, npairs, E, Allocator("numpy"), ws=ws)
+    finally:
+        KF.MOE_RANK_BLOCKS = blocks
     assert not ws.any()
     p = np.arange(npairs)
-    inv = cbase[(p >> FK.MOE_RANK_SHIFT) * (E + 1) + (packed >> FK.MOE_RANK_SHIFT)] + (packed & (FK.MOE_RANK_CHUNK - 1))
+    inv = cbase[(p >> csh) * (E + 1) + (packed >> FK.MOE_RANK_SHIFT)] + (packed & (FK.MOE_RANK_CHUNK - 1))
     perm = np.full(npairs, -1, np.int64)
     perm[inv] = p // k
     return perm, off, inv
 
 
-@pytest.mark.parametrize("mode", ["one", "three", "rank"])
+@pytest.mark.parametrize("mode", ["one", "three", "rank32", "rank2"])
 @pytest.mark.parametrize("tokens, k, E, unroll", [(300, 2, 6, 8), (650, 4, 40, 2), (1100, 2, 33, 8), (200, 3, 300, 8),
                                                   (1100, 4, 300, 8)])
 def test_moe_sort_many_pairs_device(tokens, k, E, unroll, mode, monkeypatch):
@@ -417,9 +424,11 @@ def test_moe_sort_many_pairs_device(tokens, k, E, unroll, mode, monkeypatch):
     threads, E not a power of two; the scatter's per-warp counts with few and many experts
     (several pairs of an expert in one warp). One launch (sort1; the simulator's grid is one
     block, so it takes every chunk in turn, each bucket's next row advanced chunk by chunk):
-    the bucket scan with one bucket a thread and (E = 300) two. The rank kernel: 1, 3, 3, 1
-    and 5 chunks of 1024 pairs (each ranked in 4 rounds, the last chunk partial), the last
-    block's column sums and scan over 7 to 301 buckets."""
+    the bucket scan with one bucket a thread and (E = 300) two. The rank kernel (MOE_RANK_BLOCKS)
+    over about 32 chunks (256 pairs a chunk, one round: 3, 11, 9, 3 and 18 chunks) and about 2
+    (512 pairs, two rounds: 2 chunks of 600 pairs; 1024 pairs, four rounds: 3, 3 and 5
+    chunks), the last chunk partial, the last block's column sums and scan over 7 to 301
+    buckets."""
     from nqdq.kernels import _fused_kernels as FK
 
     monkeypatch.setattr(FK, "MOE_UNROLL", unroll)  # read when the simulator runs the kernel
@@ -433,7 +442,7 @@ def test_moe_sort_many_pairs_device(tokens, k, E, unroll, mode, monkeypatch):
     assert sorted(inv) == list(range(tokens * k))
 
 
-@pytest.mark.parametrize("mode", ["one", "three", "rank"])
+@pytest.mark.parametrize("mode", ["one", "three", "rank32", "rank4"])
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 def test_moe_sort_device_sorts_ids_out_of_range_last(dtype, mode):
     """The device sort's own range check (what a CuPy expert_ids relies on: no host min / max):

@@ -355,9 +355,9 @@ def test_gpu_moe_sort_one_launch(T, k, E, sort1, monkeypatch):
 def test_gpu_moe_rank(T, k, E):
     """moe_rank_kernel alone against the spec: each pair's row from its packed rank and its
     chunk's base (as the rows kernel finds it) is the stable sort's, offsets the spec's, with a
-    few ids out of range: one pair; 8, 36, 6 (1025 buckets, five a thread) and 313 chunks of
-    1024 pairs (the last block's column walks 10 rounds of MOE_WALK loads). Twice in a row on
-    one zeroed ticket, which the kernel leaves zero."""
+    few ids out of range: one pair; 32 chunks of 256 pairs, 36 of 1024, 22 of 256 (1025
+    buckets, five a thread) and 313 of 1024 (the last block's column walks 10 rounds of
+    MOE_WALK loads). Twice in a row on one zeroed ticket, which the kernel leaves zero."""
     from nqdq.kernels import _fused_kernels as FK
     from nqdq.kernels import fused as KF
     from nqdq.kernels._interop import Allocator
@@ -372,10 +372,11 @@ def test_gpu_moe_rank(T, k, E):
                                              for i in range(T) for j in range(k))]] = np.arange(T * k)
     ws = cp.zeros(3, cp.int32)
     for _ in range(2):
-        packed, cbase, off, _perm = KF.moe_rank(cp.asarray(ids.reshape(-1)), T * k, E, Allocator("cupy"), ws=ws)
+        packed, cbase, off, _perm, csh = KF.moe_rank(cp.asarray(ids.reshape(-1)), T * k, E, Allocator("cupy"), ws=ws)
+        assert csh == KF.rank_chunk_shift(T * k)
         packed, cbase, off = host(packed)[: T * k], host(cbase), host(off)
         p = np.arange(T * k)
-        rows_ = cbase[(p >> FK.MOE_RANK_SHIFT) * (E + 1) + (packed >> FK.MOE_RANK_SHIFT)] + (packed & 1023)
+        rows_ = cbase[(p >> csh) * (E + 1) + (packed >> FK.MOE_RANK_SHIFT)] + (packed & (FK.MOE_RANK_CHUNK - 1))
         np.testing.assert_array_equal(rows_, inv_ref)
         counts = np.bincount(ids[valid], minlength=E)
         np.testing.assert_array_equal(off[: E + 1], np.concatenate([[0], np.cumsum(counts)]))

@@ -477,15 +477,16 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
 # The sort as the staged OP_SCATTER rows kernel takes it (MOE_RANK): one launch whose blocks
 # each rank a chunk of MOE_RANK_CHUNK pairs on their own, the last of them to finish scanning
 # the chunks' counts; the rows kernel then finds each pair's row itself.
-MOE_RANK_SUB = 4  # the rank kernel's chunk: MOE_RANK_SUB rounds of its MOE_CHUNK threads' pairs
-MOE_RANK_SHIFT = 10
-MOE_RANK_CHUNK = 1 << MOE_RANK_SHIFT  # pairs a rank block takes
-assert MOE_RANK_CHUNK == MOE_CHUNK * MOE_RANK_SUB and MOE_BUCKETS << MOE_RANK_SHIFT < 2 ** 31
+MOE_RANK_SHIFT = 10  # packed = bucket << MOE_RANK_SHIFT | rank in the chunk
+MOE_RANK_CHUNK = 1 << MOE_RANK_SHIFT  # the most pairs a rank block takes (its chunk: 2^csh, csh in 8..10)
+MOE_RANK_SUB = MOE_RANK_CHUNK // MOE_CHUNK  # ... in at most MOE_RANK_SUB rounds of its MOE_CHUNK threads' pairs
+assert MOE_BUCKETS << MOE_RANK_SHIFT < 2 ** 31
 
 
 @cuda.jit
-def moe_rank_kernel(ids, npairs, num_experts, counts, cbase, packed, offsets, ticket):
-    """Block b (MOE_CHUNK threads) ranks the pairs [b * MOE_RANK_CHUNK, ..) of its chunk:
+def moe_rank_kernel(ids, npairs, num_experts, csh, counts, cbase, packed, offsets, ticket):
+    """Block b (MOE_CHUNK threads) ranks the pairs [b * 2^csh, (b + 1) * 2^csh) of its chunk
+    (csh in 8..10: one to MOE_RANK_SUB rounds):
     packed[p] = bucket << MOE_RANK_SHIFT | (the pairs of the same bucket before p in the chunk),
     the bucket as moe_bucket's (E + 1: ids out of range), the rank stable (moe_scatter_kernel's
     per-warp counts and compares, a round of MOE_CHUNK pairs at a time, each bucket's running
@@ -494,7 +495,7 @@ def moe_rank_kernel(ids, npairs, num_experts, counts, cbase, packed, offsets, ti
     block sets back to zero) reads every chunk's counts (``ld.global.cg``, MOE_WALK loads in
     flight a thread), scans the totals over the buckets (scan_buckets) and stores
     cbase[c, e] = first row of bucket e's pairs in chunk c and offsets (moe_sort's: [E + 2]).
-    A pair's sorted row is then cbase[p >> MOE_RANK_SHIFT, bucket] + its rank (_fused_rows,
+    A pair's sorted row is then cbase[p >> csh, bucket] + its rank (_fused_rows,
     RANK): the same rows as moe_sort's, without a second pass over the pairs or a grid
     barrier; no block waits for another."""
     hist = cuda.shared.array(MOE_BUCKETS, int32)  # the chunk's running counts; then the totals' scan
@@ -510,14 +511,16 @@ def moe_rank_kernel(ids, npairs, num_experts, counts, cbase, packed, offsets, ti
     w = t >> 5
     nb = num_experts + 1
     griddep_launch()  # the rows kernel (MOE_PDL) may start: it reads packed and cbase after griddep_wait
+    nsub = 1 << (csh - 8)  # (MOE_CHUNK = 2^8)
+    p0 = b << csh
     for r in range(MOE_RANK_SUB):  # every round's id loaded at once (one round trip, not one a round)
-        p = b * MOE_RANK_CHUNK + r * MOE_CHUNK + t
-        ev[r] = moe_bucket(ids[p], num_experts) if p < npairs else -1
+        p = p0 + r * MOE_CHUNK + t
+        ev[r] = moe_bucket(ids[p], num_experts) if r < nsub and p < npairs else -1
     for e in range(t, nb, MOE_CHUNK):
         hist[e] = 0
-    for r in range(MOE_RANK_SUB):
+    for r in range(nsub):
         cuda.syncthreads()  # hist is this round's; the last round's reads of whist are done
-        p = b * MOE_RANK_CHUNK + r * MOE_CHUNK + t
+        p = p0 + r * MOE_CHUNK + t
         e = ev[r]
         warp_counts(e, t, w, nb, sid, whist)
         if e >= 0:

@@ -424,17 +424,17 @@ def _share_source(U, LL, NT, recip, full=False):
 
 
 _KERNEL_ARGS = ("x, res, w, newres, yout, codes, scales, perm, n, pcols, ngroups, eps, sscale, sb, sh, D, dm, pf, m, "
-                "cbase, pout, nbk")
+                "cbase, pout, nbk, csh")
 
 
 @devfn
-def rank_row(packed, cbase, pout, nbk, pi, tok):
+def rank_row(packed, cbase, pout, nbk, csh, pi, tok):
     """The sorted row of pair ``pi`` (token ``tok``) from moe_rank_kernel's outputs (RANK):
-    the first row of its bucket in its chunk, cbase[chunk, bucket] (nbk buckets a chunk),
+    the first row of its bucket in its chunk (pi >> csh), cbase[chunk, bucket] (nbk buckets a chunk),
     plus its rank in the chunk, both in packed[pi]; stores the token to pout[row] (the op's
     perm: one thread a pair)."""
     v = packed[pi]
-    row = np.int64(cbase[(pi >> MOE_RANK_SHIFT) * nbk + (v >> MOE_RANK_SHIFT)]) + (v & ((1 << MOE_RANK_SHIFT) - 1))
+    row = np.int64(cbase[(pi >> csh) * nbk + (v >> MOE_RANK_SHIFT)]) + (v & ((1 << MOE_RANK_SHIFT) - 1))
     pout[row] = tok
     return row
 
@@ -525,7 +525,7 @@ def _scatter_staged_source(U, NT, KD, S, LANES, LL, PIPE=0, RANK=0):
              f"{ind}    if tk < m:",
              f"{ind}        pi = np.int64(tk) * {KD} + (tid - ti * {KD})"]
         if RANK:
-            R += [f"{ind}        rw[par * {SK} + tid] = rank_row(perm, cbase, pout, nbk, pi, tk)"]
+            R += [f"{ind}        rw[par * {SK} + tid] = rank_row(perm, cbase, pout, nbk, csh, pi, tk)"]
         else:
             R += [f"{ind}        rw[par * {SK} + tid] = np.int64(perm[pi])"]
         return R + [f"{ind}cuda.syncthreads()"]
@@ -600,7 +600,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     units, n % 32 == 0: 16-byte stores); ``PIPE``: with STAGE, each round's stores overlap the
     next round's loads (_scatter_staged_source); ``RANK``: with STAGE, the rows from
     moe_rank_kernel's packed ranks (in ``perm``) and chunk bases (``cbase``, ``nbk`` buckets a
-    chunk), the op's perm stored to ``pout``."""
+    chunk, chunks of 2^``csh`` pairs), the op's perm stored to ``pout``."""
     (w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw, norm_fma, gshare, amax_nan,
      rsqrt_warp0, mx_rc, _full_rows) = switches() if sw is None else sw
     RSQ0 = rsqrt_warp0 == 1 or (rsqrt_warp0 == -1 and out == OUT_MX)  # the row's 1/sqrt by warp 0

@@ -91,6 +91,10 @@ MOE_RANK = _fused_rows._switch_env("MOE_RANK", True)
 # top-4 of 256, MOE_STAGE 8 / MOE_PIPE, eager: 4096 pairs 24.8 us against 17.5 for moe_sort's
 # one launch, 8192 33.1 against 30.0; 16384 51.5 against 59.0, 32768 99.5 against 107.6.
 MOE_RANK_MIN_PAIRS = int(os.environ.get("NQDQ_FUSED_MOE_RANK_MIN_PAIRS", "12288"))
+# ... over about MOE_RANK_BLOCKS chunks of 256 to 1024 pairs (rank_chunk_shift). H100, as above,
+# chunks of 256 / 512 / 1024 pairs: 8192 pairs 29.8 / 30.9 / 33.4 us, 16384 57.2 / 49.7 / 53.0,
+# 32768 121.4 / 105.2 / 95.3 (moe_sort's one launch: 29.4, 57.7, 109.8).
+MOE_RANK_BLOCKS = 32
 
 
 def out_kind(sch: Scheme) -> int:
@@ -203,7 +207,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     scales_a = scales if scales is not None else _view(x, sdt, False, alloc, dummies)
     perm_a = perm if perm is not None else _view(x, np.int32, False, alloc, dummies)
     cbase_a = pout_a = _view(x, np.int32, False, alloc, dummies)
-    nbk, rank = 1, 0
+    nbk, csh, rank = 1, 8, 0
 
     # strided 2: FLAT_STEP's stepped unit indices, where D / 8 divides the block's threads
     stepped = strided and fast and _fused_rows.FLAT_STEP and nt % (D // 8) == 0
@@ -211,8 +215,8 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     if (moe is not None and MOE_SCATTER and _fused_rows.words_path(op, mode, kind, fast, fmt)
             and 1 <= moe[1] <= _fused_rows.MOE_SCATTER_MAX_K):
         perm_a, kd = moe[0], int(moe[1])
-        if len(moe) > 2:  # moe_rank's (packed, k, cbase, pout, buckets): the staged kernel finds the rows
-            cbase_a, pout_a, nbk, rank = moe[2], moe[3], int(moe[4]), 1
+        if len(moe) > 2:  # moe_rank's (packed, k, cbase, pout, buckets, csh): the staged kernel finds the rows
+            cbase_a, pout_a, nbk, csh, rank = moe[2], moe[3], int(moe[4]), int(moe[5]), 1
         op, grid = FK.OP_SCATTER, rows // kd
         nw_u = -(-(n // 8) // (32 * MOE_UNITS)) if MOE_UNITS > 0 else 0  # warps for MOE_UNITS a lane
         if 0 < nw_u <= 32:
@@ -237,7 +241,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
             n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, dm,
             _fused_rows.prefetch_distance(_fused_rows.PREFETCH, op, mode, res is not None), rows // max(kd, 1),
-            cbase_a, pout_a, nbk)
+            cbase_a, pout_a, nbk, csh)
     _launch(launches, kern, grid, 32 * nw, args)
     return dict(codes=codes, scales=scales, newres=newres, y=y, pcols=pcols, ngroups=ngroups, alloc=alloc, op=op)
 
@@ -303,17 +307,24 @@ def rank_path(xin, n: int, sch: Scheme, k: int, npairs: int) -> bool:
     return _fused_rows.words_path(FK.OP_GATHER, mode, xin.kind, fast, format_tuple(sch))
 
 
+def rank_chunk_shift(npairs: int) -> int:
+    """log2 of moe_rank_kernel's chunk: about MOE_RANK_BLOCKS chunks, of 256 to 1024 pairs."""
+    return max(8, min(FK.MOE_RANK_SHIFT, (-(-npairs // MOE_RANK_BLOCKS) - 1).bit_length()))
+
+
 def moe_rank(ids, npairs: int, num_experts: int, alloc: Allocator, launches=None, ws=None, out=None):
-    """(packed int32 [npairs], cbase, offsets int32 [E+2], perm int32 [npairs]) from expert
-    ids [npairs] as moe_sort takes them, by moe_rank_kernel (one launch, a block a chunk of
-    MOE_RANK_CHUNK pairs): packed and cbase (the chunks' first rows of each bucket) are what
-    the staged rows kernel reads with RANK (run_rows' ``moe=(packed, k, cbase, perm,
-    E + 1)``); perm is written by that kernel; offsets as moe_sort's. ``ws``: a zeroed
-    ``_grid`` workspace (its first word the kernel's ticket, left zero); None: a zeroed one of
-    ``alloc``'s. ``out``: (packed, cbase, offsets, perm) to write instead of new arrays."""
+    """(packed int32 [npairs], cbase, offsets int32 [E+2], perm int32 [npairs], csh) from
+    expert ids [npairs] as moe_sort takes them, by moe_rank_kernel (one launch, a block a chunk
+    of 2^csh pairs: rank_chunk_shift): packed and cbase (the chunks' first rows of each
+    bucket) are what the staged rows kernel reads with RANK (run_rows' ``moe=(packed, k,
+    cbase, perm, E + 1, csh)``); perm is written by that kernel; offsets as moe_sort's.
+    ``ws``: a zeroed ``_grid`` workspace (its first word the kernel's ticket, left zero); None:
+    a zeroed one of ``alloc``'s. ``out``: (packed, cbase, offsets, perm) to write instead of
+    new arrays."""
     if not 1 <= num_experts <= FK.MOE_MAX_EXPERTS:
         raise ValueError(f"num_experts={num_experts} must be in [1, {FK.MOE_MAX_EXPERTS}] for the device sort")
-    nchunks = max(1, -(-npairs // FK.MOE_RANK_CHUNK))
+    csh = rank_chunk_shift(npairs)
+    nchunks = max(1, -(-npairs // (1 << csh)))
     nb = num_experts + 1
     counts = alloc.empty(nchunks * nb, np.int32)
     if out is None:
@@ -324,8 +335,8 @@ def moe_rank(ids, npairs: int, num_experts: int, alloc: Allocator, launches=None
         ws = alloc.empty(SYNC_WORDS, np.int32)
         fill_bytes(ws, 0)
     _launch(launches, FK.moe_rank_kernel, nchunks, FK.MOE_CHUNK,
-            (ids, npairs, num_experts, counts, cbase, packed, offsets, ws))
-    return packed, cbase, offsets, perm[:npairs]
+            (ids, npairs, num_experts, csh, counts, cbase, packed, offsets, ws))
+    return packed, cbase, offsets, perm[:npairs], csh
 
 
 def moe_scan_threads(num_experts: int) -> int:
@@ -400,9 +411,9 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     xin = DeviceInput(x, kind, (tokens, hidden), dtype_name, "cupy")
     rank = rank_path(xin, hidden, sch, k, tk)  # (x's slot at offset 0: aligned, as the hot path's x must be)
     if rank:
-        packed, cbase, offsets, perm = moe_rank(ids, tk, num_experts, alloc, launches, ws=ws)
-        out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, moe=(packed, k, cbase, perm, num_experts + 1), alloc=alloc,
-                       launches=launches)
+        packed, cbase, offsets, perm, csh = moe_rank(ids, tk, num_experts, alloc, launches, ws=ws)
+        out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, moe=(packed, k, cbase, perm, num_experts + 1, csh),
+                       alloc=alloc, launches=launches)
         ws_graph = alloc.empty(SYNC_WORDS, np.int32)  # a captured call's own ticket, zeroed by a memset node
     else:
         perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc, launches, ws=ws)
@@ -498,7 +509,7 @@ def audit_launches():
         xd, wd = _XDTYPES[kind], _XDTYPES[wkind]
         z = np.zeros
         return (z(8, xd), z(8, xd), z(8, wd), z(8, xd), z(8, np.float32), z(8, np.uint8), z(8, sdt), z(8, np.int32),
-                1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1, 1, 0, 1, z(8, np.int32), z(8, np.int32), 1)
+                1, 1, 1, np.float32(1), np.float32(1), 1, 1, 1, 1, 0, 1, z(8, np.int32), z(8, np.int32), 1, 8)
 
     nw, u = row_geometry(7168)
     def F(op, mode, res):  # (7168 = 4 warps x 32 x 7 units x 8: FULL where the launcher builds it so)
@@ -541,7 +552,7 @@ def audit_launches():
     out += [("moe count", FK.moe_count_kernel, (a, 1, 1, a)), ("moe scan", FK.moe_scan_kernel, (a, 1, 1, a, a)),
             ("moe scatter", FK.moe_scatter_kernel, (a, 1, 1, 1, a, a, a)),
             ("moe sort (one launch)", FK.moe_sort_kernel, (a, 1, 1, 1, a, a, a, a, a)),
-            ("moe rank", FK.moe_rank_kernel, (a, 1, 1, a, a, a, a, a))]
+            ("moe rank", FK.moe_rank_kernel, (a, 1, 1, 8, a, a, a, a, a))]
     return out
 
 
