@@ -212,8 +212,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     # strided 2: FLAT_STEP's stepped unit indices, where D / 8 divides the block's threads
     stepped = strided and fast and _fused_rows.FLAT_STEP and nt % (D // 8) == 0
     grid, kd, stage, lanes, pipe = rows, 0, 0, 0, 0
-    if (moe is not None and MOE_SCATTER and _fused_rows.words_path(op, mode, kind, fast, fmt)
-            and 1 <= moe[1] <= _fused_rows.MOE_SCATTER_MAX_K):
+    if moe is not None and _scatter(op, mode, kind, fast, fmt, moe[1]):
         perm_a, kd = moe[0], int(moe[1])
         if len(moe) > 2:  # moe_rank's (packed, k, cbase, pout, buckets, csh): the staged kernel finds the rows
             cbase_a, pout_a, nbk, csh, rank = moe[2], moe[3], int(moe[4]), int(moe[5]), 1
@@ -292,19 +291,26 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
     return perm[:npairs], offsets, inv[:npairs]
 
 
+def _scatter(op, mode, kind, fast, fmt, k) -> bool:
+    """Whether run_rows takes OP_SCATTER (MOE_SCATTER) for the MoE rows of ``op`` (OP_GATHER)
+    with k experts a token: the bfloat16 words' MX e2m1 path, at most MOE_SCATTER_MAX_K rows a
+    token (staged where MOE_STAGE > 0)."""
+    return bool(MOE_SCATTER and _fused_rows.words_path(op, mode, kind, fast, fmt)
+                and 1 <= k <= _fused_rows.MOE_SCATTER_MAX_K)
+
+
 def rank_path(xin, n: int, sch: Scheme, k: int, npairs: int) -> bool:
     """Whether moe_sort_quantize's sort is moe_rank (MOE_RANK, npairs >= MOE_RANK_MIN_PAIRS):
-    where run_rows takes the staged OP_SCATTER kernel for its rows of ``xin`` (C-contiguous
-    [tokens, n]) with k experts a token (its conditions, in the same order)."""
-    if not (MOE_RANK and npairs >= MOE_RANK_MIN_PAIRS and MOE_SCATTER and MOE_STAGE > 0
-            and 1 <= k <= _fused_rows.MOE_SCATTER_MAX_K):
+    where run_rows takes the staged OP_SCATTER kernel (_scatter, MOE_STAGE) for its rows of
+    ``xin`` (C-contiguous [tokens, n]) with k experts a token."""
+    if not (MOE_RANK and npairs >= MOE_RANK_MIN_PAIRS and MOE_STAGE > 0):
         return False
     try:
         mode = out_kind(sch)
     except ValueError:
         return False
     fast = n % 8 == 0 and _addr(xin.arr) % 16 == 0  # (the outputs: fresh, aligned arrays)
-    return _fused_rows.words_path(FK.OP_GATHER, mode, xin.kind, fast, format_tuple(sch))
+    return _scatter(FK.OP_GATHER, mode, xin.kind, fast, format_tuple(sch), k)
 
 
 def rank_chunk_shift(npairs: int) -> int:
