@@ -88,8 +88,9 @@ MOE_PIPE = int(os.environ.get("NQDQ_FUSED_MOE_PIPE", "1"))
 # finds each pair's row from its rank (_fused_rows.rank_row), storing the op's perm itself.
 MOE_RANK = _fused_rows._switch_env("MOE_RANK", True)
 # ... from this many (token, expert) pairs on (NQDQ_FUSED_MOE_RANK_MIN_PAIRS). H100, bf16 x 7168
-# top-4 of 256, MOE_STAGE 8 / MOE_PIPE, eager: 4096 pairs 24.8 us against 17.5 for moe_sort's
-# one launch, 8192 33.1 against 30.0; 16384 51.5 against 59.0, 32768 99.5 against 107.6.
+# top-4 of 256, MOE_STAGE 8 / MOE_PIPE, eager, chunks of 1024 pairs at every size (before
+# rank_chunk_shift): 4096 pairs 24.8 us against 17.5 for moe_sort's one launch, 8192 33.1
+# against 30.0; 16384 51.5 against 59.0, 32768 99.5 against 107.6.
 MOE_RANK_MIN_PAIRS = int(os.environ.get("NQDQ_FUSED_MOE_RANK_MIN_PAIRS", "12288"))
 # ... over about MOE_RANK_BLOCKS chunks of 256 to 1024 pairs (rank_chunk_shift). H100, as above,
 # chunks of 256 / 512 / 1024 pairs: 8192 pairs 29.8 / 30.9 / 33.4 us, 16384 57.2 / 49.7 / 53.0,
