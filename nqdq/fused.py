@@ -304,7 +304,7 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
         return _qt(_pack(parts.codes, sch), parts.scales, sch, shape, dname), perm, offsets
     from .kernels import _fused_kernels as FK
     from .kernels._interop import device_input, is_cupy
-    from .kernels.fused import moe_rank, moe_sort, rank_path, run_rows
+    from .kernels.fused import local_path, moe_rank, moe_sort, rank_path, run_rows
 
     xin = device_input(x, "x", dtype)
     if len(xin.shape) != 2:
@@ -328,7 +328,10 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
     k = int(expert_ids.shape[1])
     shape = (tk, xin.shape[1])
     sch.check_shape(shape)
-    if rank_path(xin, xin.shape[1], sch, k, tk):  # the rows kernel finds each pair's row (and stores perm)
+    if local_path(xin, xin.shape[1], sch, k, tk, num_experts):  # no sort: the rows kernel sorts its own pairs
+        offsets, perm = alloc.empty(num_experts + 2, np.int32), alloc.empty(tk, np.int32)
+        out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, moe=(ids, k, offsets, perm, num_experts + 1, None))
+    elif rank_path(xin, xin.shape[1], sch, k, tk):  # the rows kernel finds each pair's row (and stores perm)
         packed, cbase, offsets, perm, csh = moe_rank(ids, tk, num_experts, alloc)
         out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, moe=(packed, k, cbase, perm, num_experts + 1, csh))
     else:
@@ -362,7 +365,8 @@ def _moe_key(x, ids, num_experts, scheme, dtype):
     try:
         return (x.shape, x.dtype.char, ids.shape, ids.dtype.char, num_experts, scheme, dtype,
                 (_KF.MOE_SCATTER, _KF.MOE_UNITS, _KF.MOE_SORT1, _KF.MOE_PDL, _KF.MOE_STAGE, _KF.MOE_STAGE_BLOCKS,
-                 _KF.MOE_LANES, _KF.MOE_PIPE, _KF.MOE_RANK, _KF.MOE_RANK_MIN_PAIRS,
+                 _KF.MOE_LANES, _KF.MOE_PIPE, _KF.MOE_RANK, _KF.MOE_RANK_MIN_PAIRS, _KF.MOE_LOCAL,
+                 _KF.MOE_LOCAL_MAX_PAIRS,
                  _FR.switches()))
     except TypeError:  # an unhashable scheme argument
         return None

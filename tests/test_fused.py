@@ -318,7 +318,7 @@ def test_repeated_calls_build_no_new_kernel():
 
 @pytest.mark.parametrize("scatter, units, stage, lanes, pipe, rank", [
     (True, 0, 0, 0, 0, 0), (True, 2, 0, 0, 0, 0), (False, 0, 0, 0, 0, 0), (True, 0, 1, 0, 0, 1), (True, 2, 2, 0, 0, 0),
-    (True, 0, 2, 1, 0, 1), (True, 0, 1, 0, 1, 0), (True, 0, 2, 1, 1, 1)])
+    (True, 0, 2, 1, 0, 1), (True, 0, 1, 0, 1, 0), (True, 0, 2, 1, 1, 1), (True, 2, 2, 0, 0, 2), (True, 0, 2, 1, 0, 2)])
 def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank, monkeypatch):
     """bfloat16 rows with aligned units into mxfp4, by OP_SCATTER (each token read and encoded
     once, its codes and scales stored to its k sorted rows) and by OP_GATHER (each sorted row
@@ -332,7 +332,9 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank
     its words by 16-byte stores, the last lane wholly past the row at 992. MOE_PIPE on those
     rounds: each round's stores with the next round's loads (block 0's last round of 2 has one
     token). MOE_RANK (staged only): the sort by moe_rank_kernel, each pair's row found by the
-    rows kernel, which also stores perm."""
+    rows kernel, which also stores perm. rank 2, MOE_LOCAL: no sort; 3 blocks of 2 tokens
+    (the last of 1: tokens 0-1, 2-3, 4), each counting every pair's bucket and finding its own
+    pairs' rows, perm and (block 0) the offsets."""
     from nqdq.kernels import _fused_kernels as FK
     from nqdq.kernels import fused as KF
 
@@ -352,11 +354,12 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank
     monkeypatch.setattr(KF, "MOE_SCATTER", scatter)
     monkeypatch.setattr(KF, "MOE_UNITS", units)
     monkeypatch.setattr(KF, "MOE_STAGE", stage)
-    monkeypatch.setattr(KF, "MOE_STAGE_BLOCKS", 2)
+    monkeypatch.setattr(KF, "MOE_STAGE_BLOCKS", 3 if rank == 2 else 2)
     monkeypatch.setattr(KF, "MOE_LANES", lanes)
     monkeypatch.setattr(KF, "MOE_PIPE", pipe)
-    monkeypatch.setattr(KF, "MOE_RANK", bool(rank))
+    monkeypatch.setattr(KF, "MOE_RANK", rank == 1)
     monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", 0)
+    monkeypatch.setattr(KF, "MOE_LOCAL", rank == 2)
     monkeypatch.setattr(KF, "_sm_count", lambda: 1)
     monkeypatch.setattr(KF, "fused_row_kernel", spy)
     rng = np.random.default_rng(12)
@@ -885,8 +888,9 @@ import numpy as np
 from numba import cuda, typeof
 from nqdq.kernels import fused as KF
 from nqdq.kernels._ptx_audit import _no_gpu_compile, compile_and_audit
-want = ("moe scatter-rows mxfp4", "moe scatter-rows staged mxfp4", "moe scatter-rows staged rank mxfp4", "moe count",
-        "moe scan", "moe scatter", "moe sort (one launch)", "moe rank")
+want = ("moe scatter-rows mxfp4", "moe scatter-rows staged mxfp4", "moe scatter-rows staged rank mxfp4",
+        "moe scatter-rows staged local mxfp4", "moe count", "moe scan", "moe scatter", "moe sort (one launch)",
+        "moe rank")
 launches = [l for l in KF.audit_launches() if l[0] in want]
 rows = compile_and_audit(launches)
 out = {}
@@ -930,6 +934,16 @@ def test_moe_kernels_programmatic_dependent_launch_ptx():
         assert st.count("griddepcontrol.wait") == 1 and "griddepcontrol.launch_dependents" not in st
         assert set(st[:w]) == {"ld.global.nc.v4.u32"}
         assert st[w + 1:] == rows_ops + ["st.global.v4.u32"] * 4 + ["st.global.u8"] * 4, label
+    # the local sort (MOE_LOCAL: no sort before it): no wait, no global atomic; the ids read in
+    # batches of MOE_LOCAL_BATCH (the token loads beside them), then the rows (the block's own
+    # pairs' ids read again, perm and the offsets stored), then the same 16-byte and byte stores
+    loc = k["moe scatter-rows staged local mxfp4"]["ops"]
+    assert not [o for o in loc if o.startswith(("griddepcontrol", "atom"))]
+    assert loc.count("ld.global.nc.v4.u32") == 4 and loc.count("ld.global.s32") == 8  # (MOE_LOCAL_BATCH)
+    assert loc[-8:] == ["st.global.v4.u32"] * 4 + ["st.global.u8"] * 4
+    first_u32 = loc.index("ld.global.u32")  # the rows: the block's own pairs' ids, then perm / offsets stored
+    assert set(loc[:first_u32]) == {"ld.global.nc.v4.u32", "ld.global.s32"}
+    assert set(loc[first_u32:-8]) == {"ld.global.u32", "st.global.u32"}
     rank = k["moe rank"]["ops"]
     assert "griddepcontrol.wait" not in rank and rank.count("ld.global.cg.s32") == 2 * 32  # two column walks
     assert [o for o in rank if o.startswith("atom")] == ["atom.global.add.u32", "atom.global.exch.b32"]

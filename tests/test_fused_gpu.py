@@ -306,6 +306,64 @@ def test_gpu_moe_defaults(T, H, k, min_pairs, monkeypatch):
     api.clear_fast_path()
 
 
+@pytest.mark.parametrize("T, H, k, E, idt, bad", [
+    (1, 7168, 8, 256, np.int32, False), (64, 7168, 8, 256, np.int64, False), (256, 7168, 8, 256, np.int32, True),
+    (200, 2880, 4, 512, np.int32, False), (255, 1000, 8, 33, np.int32, True), (500, 16384, 4, 64, np.int32, False),
+    (100, 7168, 4, 513, np.int32, False)])
+def test_gpu_moe_local(T, H, k, E, idt, bad, monkeypatch):
+    """MOE_LOCAL (no sort launch: each block of the staged rows counts every pair's bucket and
+    finds its own pairs' rows) against the spec, the general path then the planned one: one
+    token; decode sizes at hidden 7168, int64 ids; 2048 pairs (MOE_LOCAL_MAX_PAIRS) with ids
+    out of range (sorted last, check_ids=False); 512 experts (513 buckets: the most it
+    counts) at hidden 2880; hidden 1000 (the strided staged form); hidden 16384 (the stage cut
+    to fit the local sort's shared memory); 513 experts: not taken (moe_sort, moe_rank)."""
+    from nqdq import api
+    from nqdq.kernels import _fused_rows as FR
+    from nqdq.kernels import fused as KF
+
+    ranks = []
+    build = KF.fused_row_kernel
+
+    def spy(*a, **kw):
+        ranks.append(a[-1])
+        return build(*a, **kw)
+
+    monkeypatch.setattr(KF, "fused_row_kernel", spy)
+    monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", 0)
+    api.clear_fast_path()
+    rng = np.random.default_rng(T + H + E)
+    x = rows(rng, T, H, "bfloat16")
+    x[0, 5], x[T - 1, H - 1] = np.inf, np.nan
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(idt)
+    if bad:
+        ids[1, 0], ids[T // 2, k - 1], ids[T - 1, 1] = E, -1, E + 100
+    xg, idg = to_gpu(x), cp.asarray(ids)
+    first = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16", check_ids=False)
+    local = E + 1 <= 513
+    assert ranks[-1] == (FR.RANK_LOCAL if local else FR.RANK_PACKED)
+    (fm,) = fused._MOE_FAST.values()
+    assert len(fm.run.seq.entries) == (1 if local else 2)
+    planned = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16", check_ids=False)
+    # the spec's order, ids out of range sorted after every expert in pair order (the op's
+    # offsets stop at the last expert: offsets[E] = the pairs with a valid id)
+    key = np.where((ids >= 0) & (ids < E), ids, E).astype(np.int64)
+    perm_ref = np.argsort(key.reshape(-1), kind="stable") // k
+    off_ref = np.searchsorted(np.sort(key.reshape(-1)), np.arange(E + 1))
+    np.testing.assert_array_equal(host(first[1]), perm_ref)
+    np.testing.assert_array_equal(host(first[2]), off_ref)
+    sch = resolve_scheme("mxfp4")
+    codes, scales = ref_q(RQ.quantize(x.astype(np.float32)[perm_ref], sch), sch)
+    np.testing.assert_array_equal(bits(first[0].codes), bits(codes))
+    np.testing.assert_array_equal(bits(first[0].scales), bits(scales))
+    for a, b in ((first[0].codes, planned[0].codes), (first[0].scales, planned[0].scales), (first[1], planned[1]),
+                 (first[2], planned[2])):
+        np.testing.assert_array_equal(bits(a), bits(b))
+    if bad:  # by default the call checks the ids
+        with pytest.raises(ValueError, match="must lie in"):
+            fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")
+    api.clear_fast_path()
+
+
 @pytest.mark.parametrize("T, k, E", [(300, 4, 256), (2100, 4, 1024), (3000, 1, 7)])
 def test_gpu_moe_sort_quantize(T, k, E):
     """The device sort and gather against the spec: 5 chunks of pairs and 256 experts; 33
@@ -384,10 +442,10 @@ def test_gpu_moe_rank(T, k, E):
         np.testing.assert_array_equal(host(ws), 0)
 
 
-@pytest.mark.parametrize("sort1, pdl, stage, rank", [(True, True, 0, 0), (True, False, 0, 0), (False, True, 0, 0),
-                                                     (True, True, 4, 0), (False, True, 1, 0), (True, True, 4, 1),
-                                                     (True, False, 1, 1)])
-def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, monkeypatch):
+@pytest.mark.parametrize("sort1, pdl, stage, rank, local", [
+    (True, True, 0, 0, 0), (True, False, 0, 0, 0), (False, True, 0, 0, 0), (True, True, 4, 0, 0), (False, True, 1, 0, 0),
+    (True, True, 4, 1, 0), (True, False, 1, 1, 0), (True, True, 4, 0, 1), (False, False, 1, 1, 1)])
+def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, local, monkeypatch):
     """The planned MoE call with the one-launch sort or the three-launch one, each launch after
     the first its predecessor's programmatic dependent (MOE_PDL: cuLaunchKernelEx) or plain: on
     two streams at once (each stream its own workspace), and captured in a CUDA graph (the
@@ -395,7 +453,9 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, monkeypatch
     edges) replayed on new ids and data; every result the spec's. MOE_STAGE 4 and 1 (600
     tokens over at most 4 blocks an SM, 1-2 a block: all staged, or at 1 some after the staged).
     MOE_RANK (staged): the rank kernel then the rows, two launches direct or captured, its
-    ticket the stream's workspace, or in a graph the call's own, zeroed by a memset node."""
+    ticket the stream's workspace, or in a graph the call's own, zeroed by a memset node.
+    MOE_LOCAL (staged, 600 tokens in one round: at 4 a block, and at 1 with 600 blocks an SM):
+    the rows kernel alone, one launch direct or captured, no workspace."""
     from nqdq import api
     from nqdq.kernels import fused as KF
 
@@ -404,6 +464,10 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, monkeypatch
     monkeypatch.setattr(KF, "MOE_SORT1", sort1)
     monkeypatch.setattr(KF, "MOE_RANK", bool(rank))
     monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", 0)
+    monkeypatch.setattr(KF, "MOE_LOCAL", bool(local))
+    monkeypatch.setattr(KF, "MOE_LOCAL_MAX_PAIRS", 10 ** 6)  # (2400 pairs)
+    if local and stage == 1:
+        monkeypatch.setattr(KF, "MOE_STAGE_BLOCKS", 600)
     api.clear_fast_path()
     rng = np.random.default_rng(16)
     T, H, k, E = 600, 512, 4, 64
@@ -415,8 +479,9 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, monkeypatch
     x, ids = data()
     fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16")  # plans it
     (fm,) = fused._MOE_FAST.values()
-    assert ("_KX(" in fm.run.seq.source) == pdl and ("_KX(" in fm.run.seq_graph.source) == pdl
-    want = (2, 2) if rank else (2, 4) if sort1 else (4, 4)
+    kx = pdl and not local  # (one launch: no dependent)
+    assert ("_KX(" in fm.run.seq.source) == kx and ("_KX(" in fm.run.seq_graph.source) == kx
+    want = (1, 1) if local else (2, 2) if rank else (2, 4) if sort1 else (4, 4)
     assert (len(fm.run.seq.entries), len(fm.run.seq_graph.entries)) == want
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
     cases = [[data() for _ in range(4)] for _ in streams]

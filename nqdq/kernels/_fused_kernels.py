@@ -356,34 +356,42 @@ def chunk_rank(sid, whist, w, nb, e, t):
 MOE_WALK = 32  # the one-launch sort: counts of as many blocks a thread reads before it adds them
 
 
-@devfn
-def scan_buckets(tot, part, t, nb):
-    """tot[0..nb) (the buckets' totals) made their exclusive scan, the buckets' first rows,
-    by a block of MOE_CHUNK threads: each thread sums its ceil(nb / MOE_CHUNK) neighbouring
-    buckets, a Hillis-Steele scan of those sums (``part``: MOE_CHUNK words of shared memory),
-    then each thread its buckets' runs. Block barriers before and after."""
-    cuda.syncthreads()
-    q = (nb + MOE_CHUNK - 1) // MOE_CHUNK
-    lo = t * q
-    hi = min(nb, lo + q)
-    s = 0
-    for e in range(lo, hi):
-        s += tot[e]
-    part[t] = s
-    cuda.syncthreads()
-    off = 1
-    while off < MOE_CHUNK:  # inclusive scan of the threads' sums
-        v = part[t - off] if t >= off else 0
+def scan_buckets_fn(NT):
+    """scan_buckets for a block of NT threads (a compile-time constant)."""
+
+    @devfn
+    def scan_buckets(tot, part, t, nb):
+        """tot[0..nb) (the buckets' totals) made their exclusive scan, the buckets' first rows,
+        by a block of NT threads: each thread sums its ceil(nb / NT) neighbouring buckets, a
+        Hillis-Steele scan of those sums (``part``: NT words of shared memory), then each
+        thread its buckets' runs. Block barriers before and after."""
         cuda.syncthreads()
-        part[t] += v
+        q = (nb + NT - 1) // NT
+        lo = t * q
+        hi = min(nb, lo + q)
+        s = 0
+        for e in range(lo, hi):
+            s += tot[e]
+        part[t] = s
         cuda.syncthreads()
-        off *= 2
-    run = part[t] - s
-    for e in range(lo, hi):
-        n = tot[e]
-        tot[e] = run
-        run += n
-    cuda.syncthreads()
+        off = 1
+        while off < NT:  # inclusive scan of the threads' sums
+            v = part[t - off] if t >= off else 0
+            cuda.syncthreads()
+            part[t] += v
+            cuda.syncthreads()
+            off *= 2
+        run = part[t] - s
+        for e in range(lo, hi):
+            n = tot[e]
+            tot[e] = run
+            run += n
+        cuda.syncthreads()
+
+    return scan_buckets
+
+
+scan_buckets = scan_buckets_fn(MOE_CHUNK)  # the sort kernels' (blocks of MOE_CHUNK threads)
 
 
 @cuda.jit
@@ -566,3 +574,68 @@ def column_cg(counts, nchunks, nb, e, run, c, base, write):
                 run += c[i]
         g += MOE_WALK
     return run
+
+
+# ----------------------------------------------------------------------------- the local sort
+# MOE_LOCAL (kernels.fused.local_path): no sort launch. Each block of the staged rows kernel
+# (_fused_rows, RANK == RANK_LOCAL) takes a contiguous run of tokens, counts every pair's
+# bucket itself (the ids are npairs words, read by every block from L2) and finds its own
+# pairs' rows from those counts: rows = the bucket's first row + the bucket's pairs before the
+# block's first pair + the rank among the block's own pairs. The same rows as moe_sort's
+# stable order, with no block waiting for another and no workspace.
+MOE_LOCAL_BUCKETS = 513  # the experts (at most 512) and the bucket of ids out of range (shared counts)
+MOE_LOCAL_BATCH = 8  # ids a thread loads before it counts any (one round trip for 8)
+
+
+@devfn
+def local_count(ids, lo, hi, ne, first, t, nt, ht, hb, ev):
+    """Count the pairs [lo, hi) (thread t of nt takes lo + t, lo + t + nt, ...) of bucket b
+    (moe_bucket): those before pair ``first`` into hb[b], the others into ht[b]; shared
+    atomics (order-free), one a pair. ``ev``: MOE_LOCAL_BATCH int32 of local memory (the
+    batch's buckets)."""
+    p = lo + t
+    while p < hi:
+        for r in range(MOE_LOCAL_BATCH):  # (constant trip counts: unrolled, ev in registers)
+            q = p + r * nt
+            ev[r] = moe_bucket(ids[q], ne) if q < hi else -1
+        for r in range(MOE_LOCAL_BATCH):
+            e = ev[r]
+            if e >= 0:
+                cuda.atomic.add(hb if p + r * nt < first else ht, e, 1)
+        p += MOE_LOCAL_BATCH * nt
+
+
+def local_rows_fn(NT):
+    """local_rows for a block of NT threads."""
+    scan = scan_buckets_fn(NT)
+
+    @devfn
+    def local_rows(ids, ne, npairs, first, cnt, k, ht, hb, ob, part, rw, perm, offsets, t, b):
+        """After local_count over every pair (hb: each bucket's pairs before pair ``first``, ht:
+        the others): rw[q] = the sorted row of pair first + q, q < cnt (the block's own pairs),
+        perm[row] = its token (pair // k); block 0 stores offsets (moe_sort's: [E + 2]).
+        ``ob``: cnt int32 of shared memory, ``part``: NT. Block barriers before and after."""
+        nb = ne + 1
+        cuda.syncthreads()
+        for e in range(t, nb, NT):
+            ht[e] += hb[e]  # each bucket's pairs
+        scan(ht, part, t, nb)  # ht: each bucket's first row
+        for q in range(t, cnt, NT):
+            ob[q] = moe_bucket(ids[first + q], ne)
+        cuda.syncthreads()
+        for q in range(t, cnt, NT):
+            e = ob[q]
+            row = ht[e] + hb[e]
+            for j in range(q):  # the block's earlier pairs of the same bucket (stable)
+                if ob[j] == e:
+                    row += 1
+            rw[q] = row
+            perm[row] = (first + q) // k
+        if b == 0:
+            for e in range(t, nb, NT):
+                offsets[e] = ht[e]
+            if t == 0:
+                offsets[nb] = npairs
+        cuda.syncthreads()
+
+    return local_rows

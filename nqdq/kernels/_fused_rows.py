@@ -54,10 +54,10 @@ from numba import cuda, float32, float64, int32, int64, uint8, uint32
 from ..reference.fused import UNIT, WARP
 from ._codec import F32, KIND_BF16, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32_bits, mul_rn
 from ._elements import encode_element, store_unit_wide
-from ._fused_kernels import (CANON_NAN_BITS, MOE_RANK_SHIFT, OP_GATHER, OP_NORM, OP_ROWS, OP_SCATTER, OUT_GROUP,
-                             OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
+from ._fused_kernels import (CANON_NAN_BITS, MOE_LOCAL_BATCH, MOE_LOCAL_BUCKETS, MOE_RANK_SHIFT, OP_GATHER,
+                             OP_NORM, OP_ROWS, OP_SCATTER, OUT_GROUP, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
                              R_SPLIT_MIN_BITS, SIG_BITS, idx_get_f32, prod_err, round_bits, rsqrt_mean,
-                             split_sum64, xor_lane)
+                             split_sum64, local_count, local_rows_fn, xor_lane)
 from ._ptx import (cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, griddep_wait, load_u32x4, prmt, store_u32x2,
                    store_u32x4)
 from ._quantize_kernels import group_params, store_scale
@@ -461,6 +461,10 @@ def words_path(op, out, kind, fast, fmt, rows_bf16=None) -> bool:
                 and is_e2m1(fmt))
 
 
+RANK_PACKED = 1  # OP_SCATTER's rows from moe_rank_kernel's packed ranks and chunk bases
+RANK_LOCAL = 2  # OP_SCATTER's rows found by each block from every pair's bucket (MOE_LOCAL)
+
+
 def _scatter_staged_source(U, NT, KD, S, LANES, LL, PIPE=0, RANK=0):
     """OP_SCATTER's body with STAGE = S (after the prelude: tid, views, nunits, ut, u0..): a
     block takes tokens blockIdx + i * gridDim (m tokens) in rounds of S. A round loads and
@@ -479,8 +483,15 @@ def _scatter_staged_source(U, NT, KD, S, LANES, LL, PIPE=0, RANK=0):
     keeps the store's reads before the new writes). Without it a block's rounds alternate
     a load phase and a store phase, and its SM's reads stall while it stores.
 
-    ``RANK``: ``perm`` holds moe_rank_kernel's packed ranks, and each pair's row is found here
-    (rank_row, which also stores the op's perm to ``pout``) instead of read from moe_sort's inv.
+    ``RANK`` RANK_PACKED: ``perm`` holds moe_rank_kernel's packed ranks, and each pair's row is
+    found here (rank_row, which also stores the op's perm to ``pout``) instead of read from
+    moe_sort's inv. RANK_LOCAL: no sort ran; ``perm`` holds the expert ids (nbk = E + 1
+    buckets), ``csh`` the tokens a block: block b takes the tokens [b * csh, (b + 1) * csh) in
+    one round, counts every pair's bucket in shared memory while its tokens load (a slice of
+    the pairs after each token's loads: _fused_kernels.local_count), and finds its pairs'
+    rows (local_rows: each bucket's first row, plus its pairs before the block's first pair,
+    plus the rank among the block's own), storing the op's perm to ``pout`` and (block 0) the
+    offsets to ``cbase``. No block waits for another.
 
     The lane's units: t + j * NT (the prelude's, a group over LL lanes: stage_unit's
     butterfly, put_staged), or with LANES t * U + j (U a multiple of LL, rows of whole quads
@@ -524,7 +535,7 @@ def _scatter_staged_source(U, NT, KD, S, LANES, LL, PIPE=0, RANK=0):
              f"{ind}    tk = t0 + ti * g",
              f"{ind}    if tk < m:",
              f"{ind}        pi = np.int64(tk) * {KD} + (tid - ti * {KD})"]
-        if RANK:
+        if RANK == RANK_PACKED:
             R += [f"{ind}        rw[par * {SK} + tid] = rank_row(perm, cbase, pout, nbk, csh, pi, tk)"]
         else:
             R += [f"{ind}        rw[par * {SK} + tid] = np.int64(perm[pi])"]
@@ -546,6 +557,35 @@ def _scatter_staged_source(U, NT, KD, S, LANES, LL, PIPE=0, RANK=0):
         return P
 
     I2, I3, I4 = " " * 8, " " * 12, " " * 16
+    if RANK == RANK_LOCAL:  # one round: tokens [f0, fe), their rows found here from every pair's bucket
+        L += ["    ht = cuda.shared.array(MOE_LOCAL_BUCKETS, int32)",
+              "    hb = cuda.shared.array(MOE_LOCAL_BUCKETS, int32)",
+              f"    ob = cuda.shared.array({SK}, int32)",
+              f"    part = cuda.shared.array({NT}, int32)",
+              "    ev = cuda.local.array(MOE_LOCAL_BATCH, int32)",
+              "    ne = nbk - 1",
+              f"    npairs = np.int64(m) * {KD}",
+              "    f0 = t0 * csh",  # (csh: the tokens a block)
+              "    fe = min(f0 + csh, m)",
+              f"    first = np.int64(f0) * {KD}",
+              f"    for e in range(tid, nbk, {NT}):",
+              "        ht[e] = 0",
+              "        hb[e] = 0",
+              "    cuda.syncthreads()",
+              "    for i in range(STAGE):",
+              "        tok = f0 + np.int32(i)",
+              "        if tok < fe:"]
+        # a slice of the pairs counted while the token's loads are in flight
+        L += load("tok", I3)
+        L += [f"{I3}local_count(perm, npairs * i // (fe - f0), npairs * (i + 1) // (fe - f0), ne, first, tid, {NT}, "
+              "ht, hb, ev)"]
+        L += stage(I3)
+        L += [f"    local_rows(perm, ne, npairs, first, (fe - f0) * {KD}, {KD}, ht, hb, ob, part, rw, pout, cbase, tid, "
+              "t0)",
+              "    for i in range(STAGE):",
+              "        tok = f0 + np.int32(i)",
+              "        if tok < fe:"]
+        return L + put(I3)
     if not PIPE:
         L += ["    while t0 < m:",
               "        for i in range(STAGE):",
@@ -598,9 +638,11 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     before it waits for the sort (0: one block per token; see _scatter_staged_source); ``LANES``:
     with STAGE, each lane's units contiguous (its whole scale groups; rows of whole quads of
     units, n % 32 == 0: 16-byte stores); ``PIPE``: with STAGE, each round's stores overlap the
-    next round's loads (_scatter_staged_source); ``RANK``: with STAGE, the rows from
-    moe_rank_kernel's packed ranks (in ``perm``) and chunk bases (``cbase``, ``nbk`` buckets a
-    chunk, chunks of 2^``csh`` pairs), the op's perm stored to ``pout``."""
+    next round's loads (_scatter_staged_source); ``RANK``: with STAGE, RANK_PACKED: the rows
+    from moe_rank_kernel's packed ranks (in ``perm``) and chunk bases (``cbase``, ``nbk``
+    buckets a chunk, chunks of 2^``csh`` pairs), the op's perm stored to ``pout``; RANK_LOCAL:
+    no sort before it, the rows found by each block from the ids (in ``perm``; ``nbk`` = E + 1,
+    ``csh`` the tokens a block), the op's perm to ``pout``, its offsets to ``cbase``."""
     (w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw, norm_fma, gshare, amax_nan,
      rsqrt_warp0, mx_rc, _full_rows) = switches() if sw is None else sw
     RSQ0 = rsqrt_warp0 == 1 or (rsqrt_warp0 == -1 and out == OUT_MX)  # the row's 1/sqrt by warp 0
@@ -639,6 +681,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         raise ValueError(f"LANES needs STAGE, aligned rows and whole groups a lane: U = {U}, G = {G}")
     if (PIPE or RANK) and not STAGE:
         raise ValueError("PIPE and RANK need STAGE (the staged rounds)")
+    if RANK == RANK_LOCAL and PIPE:
+        raise ValueError("RANK_LOCAL is one round a block: no PIPE")
     CLAMP = MXR != MX_RCEIL  # e2m1_unit_bf16: "floor" / "even" scales can leave |x| / 2^k up to 8
     RCVT = res_cvt and RES and kind == KIND_BF16 and fast  # the residual by cvt.rn.bf16x2.f32
     STEP = strided == 2 and fast  # FLAT_STEP: D / 8 divides NT (the launcher's test)
@@ -1222,7 +1266,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                group_params_r=group_params_r, group_unit_ws=group_unit_ws, KD=KD, SHFL=shfl,
                griddep_wait=griddep_wait, amax_y=amax_y, STAGE=STAGE, SWN=max(STAGE * U * NT, 1),
                stage_unit=stage_unit, put_staged=put_staged, uint32=uint32, uint8=uint8, stage_group=stage_group,
-               put_quad=put_quad, put_rows=put_rows, rank_row=rank_row)
+               put_quad=put_quad, put_rows=put_rows, rank_row=rank_row, local_count=local_count,
+               local_rows=local_rows_fn(NT), MOE_LOCAL_BUCKETS=MOE_LOCAL_BUCKETS, MOE_LOCAL_BATCH=MOE_LOCAL_BATCH)
     exec(compile(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", "exec"), glb)
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most

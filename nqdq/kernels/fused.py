@@ -96,6 +96,19 @@ MOE_RANK_MIN_PAIRS = int(os.environ.get("NQDQ_FUSED_MOE_RANK_MIN_PAIRS", "12288"
 # chunks of 256 / 512 / 1024 pairs: 8192 pairs 29.8 / 30.9 / 33.4 us, 16384 57.2 / 49.7 / 53.0,
 # 32768 121.4 / 105.2 / 95.3 (moe_sort's one launch: 29.4, 57.7, 109.8).
 MOE_RANK_BLOCKS = 32
+# MOE_LOCAL (NQDQ_FUSED_MOE_LOCAL, session 15): where the staged rows take every token in one
+# round (local_path: at most MOE_STAGE_BLOCKS blocks an SM x the stage), no sort is launched:
+# each block counts every pair's bucket itself while its tokens load and finds its own pairs'
+# rows (_fused_rows.RANK_LOCAL). One launch, no workspace, no block waiting for another.
+MOE_LOCAL = _fused_rows._switch_env("MOE_LOCAL", True)
+# ... up to this many (token, expert) pairs (NQDQ_FUSED_MOE_LOCAL_MAX_PAIRS): every block reads
+# and counts every id (a shared atomic each: about 1.3 us more a block per 1000 pairs), so it
+# pays only for small calls. H100 (2026-11-26, docs/performance.md "Fifteenth session"), hidden
+# 7168 of 256 experts, against the sorts (local / not, us): CUDA graphs 64 tokens top-8 5.86 /
+# 7.92, 256 top-8 9.85 / 10.26, 512 top-8 14.91 / 13.90, 1024 top-4 19.63 / 14.23; eager 256
+# top-8 10.4 / 14.3, 512 top-8 15.5 / 17.3, 2048 top-4 36.3 / 29.2.
+MOE_LOCAL_MAX_PAIRS = int(os.environ.get("NQDQ_FUSED_MOE_LOCAL_MAX_PAIRS", "2048"))
+STATIC_SMEM = 48 << 10  # a block's static shared memory, at most
 
 
 def out_kind(sch: Scheme) -> int:
@@ -209,28 +222,35 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     perm_a = perm if perm is not None else _view(x, np.int32, False, alloc, dummies)
     cbase_a = pout_a = _view(x, np.int32, False, alloc, dummies)
     nbk, csh, rank = 1, 8, 0
+    tokens = rows // max(1, int(moe[1])) if moe is not None else rows
 
     # strided 2: FLAT_STEP's stepped unit indices, where D / 8 divides the block's threads
     stepped = strided and fast and _fused_rows.FLAT_STEP and nt % (D // 8) == 0
     grid, kd, stage, lanes, pipe = rows, 0, 0, 0, 0
     if moe is not None and _scatter(op, mode, kind, fast, fmt, moe[1]):
         perm_a, kd = moe[0], int(moe[1])
-        if len(moe) > 2:  # moe_rank's (packed, k, cbase, pout, buckets, csh): the staged kernel finds the rows
-            cbase_a, pout_a, nbk, csh, rank = moe[2], moe[3], int(moe[4]), int(moe[5]), 1
-        op, grid = FK.OP_SCATTER, rows // kd
-        nw_u = -(-(n // 8) // (32 * MOE_UNITS)) if MOE_UNITS > 0 else 0  # warps for MOE_UNITS a lane
-        if 0 < nw_u <= 32:
-            U, nw = MOE_UNITS, nw_u
-        if MOE_STAGE > 0:
-            # (at most MOE_STAGE_SMEM bytes of staged words and scale codes: 5 a unit and token)
-            stage = max(1, min(MOE_STAGE, _fused_rows.MOE_STAGE_MAX, MOE_STAGE_SMEM // (5 * U * 32 * nw)))
+        if len(moe) > 2:  # (packed / ids, k, cbase / offsets, pout, buckets, csh / None): the kernel finds the rows
+            cbase_a, pout_a, nbk = moe[2], moe[3], int(moe[4])
+            if moe[5] is None:  # local_path's: the ids, no sort before
+                rank = _fused_rows.RANK_LOCAL
+            else:  # moe_rank's packed ranks and chunk bases
+                csh, rank = int(moe[5]), _fused_rows.RANK_PACKED
+        op, grid = FK.OP_SCATTER, tokens
+        U, nw, stage = scatter_geometry(n, kd, local=rank == _fused_rows.RANK_LOCAL)
+        if stage:
             # lanes' groups where a lane's units are whole groups (G = 32: quads) and rows whole quads of units
             lanes = int(bool(MOE_LANES) and U % (G // 8) == 0 and fast and n % 32 == 0)
-            grid = min(grid, max(1, _sm_count() * MOE_STAGE_BLOCKS))
-            pipe = int(bool(MOE_PIPE) and grid * stage < rows // kd)  # (a block with one round has nothing to overlap)
+            if rank == _fused_rows.RANK_LOCAL:  # one round: csh tokens a block
+                csh = -(-tokens // max(1, _sm_count() * MOE_STAGE_BLOCKS))
+                if csh > stage:
+                    raise RuntimeError("internal: local_path's tokens do not fit one round of the staged kernel")
+                grid = -(-tokens // max(csh, 1))
+            else:
+                grid = min(grid, max(1, _sm_count() * MOE_STAGE_BLOCKS))
+                pipe = int(bool(MOE_PIPE) and grid * stage < tokens)  # (a block with one round has nothing to overlap)
     if moe is not None and len(moe) > 2 and not (rank and stage):
-        raise RuntimeError("internal: moe_rank's ranks given, but the rows do not take the staged OP_SCATTER kernel "
-                           "(rank_path and run_rows disagree)")
+        raise RuntimeError("internal: moe_rank's ranks or the ids given, but the rows do not take the staged "
+                           "OP_SCATTER kernel (rank_path / local_path and run_rows disagree)")
     # fast 2: every lane's U units in the row (FULL_ROWS: no unit tested against the row's end)
     full = _fused_rows.full_rows(op, mode, res is not None) and fast and n == 32 * nw * U * 8
     kern = fused_row_kernel(op, mode, kind, wkind, nw, U, 2 if full else bool(fast), 2 if stepped else int(strided),
@@ -300,11 +320,47 @@ def _scatter(op, mode, kind, fast, fmt, k) -> bool:
                 and 1 <= k <= _fused_rows.MOE_SCATTER_MAX_K)
 
 
-def rank_path(xin, n: int, sch: Scheme, k: int, npairs: int) -> bool:
-    """Whether moe_sort_quantize's sort is moe_rank (MOE_RANK, npairs >= MOE_RANK_MIN_PAIRS):
-    where run_rows takes the staged OP_SCATTER kernel (_scatter, MOE_STAGE) for its rows of
-    ``xin`` (C-contiguous [tokens, n]) with k experts a token."""
-    if not (MOE_RANK and npairs >= MOE_RANK_MIN_PAIRS and MOE_STAGE > 0):
+def scatter_geometry(n: int, k: int, local: bool = False) -> tuple[int, int, int]:
+    """(U, warps, stage) of OP_SCATTER's blocks for rows of n: MOE_UNITS a lane over as many
+    warps as the row needs (the spec's geometry where that is over 32 warps or MOE_UNITS is
+    0); with MOE_STAGE the tokens a block stages (0: one block a token), their words and scale
+    codes (5 bytes a unit and token) at most MOE_STAGE_SMEM, and with ``local`` (RANK_LOCAL)
+    small enough that the block's shared memory, the local sort's included, stays under
+    STATIC_SMEM."""
+    nt, U = geometry(n)
+    nw = nt // 32
+    nw_u = -(-(n // 8) // (32 * MOE_UNITS)) if MOE_UNITS > 0 else 0  # warps for MOE_UNITS a lane
+    if 0 < nw_u <= 32:
+        U, nw = MOE_UNITS, nw_u
+    if MOE_STAGE <= 0:
+        return U, nw, 0
+    NT = 32 * nw
+    stage = max(1, min(MOE_STAGE, _fused_rows.MOE_STAGE_MAX, MOE_STAGE_SMEM // (5 * U * NT)))
+    if local:
+        def smem(s):  # the staged words and codes, rw (int64, two rounds), and the local sort's
+            return 5 * s * U * NT + 16 * s * k + 8 * FK.MOE_LOCAL_BUCKETS + 4 * s * k + 4 * NT + 256
+
+        while stage > 0 and smem(stage) > STATIC_SMEM:
+            stage -= 1
+    return U, nw, stage
+
+
+def local_path(xin, n: int, sch: Scheme, k: int, npairs: int, num_experts: int) -> bool:
+    """Whether moe_sort_quantize launches no sort (MOE_LOCAL): the rows take the staged
+    OP_SCATTER kernel (_scatter, MOE_STAGE) and fit one round of it, at most
+    MOE_LOCAL_MAX_PAIRS pairs and MOE_LOCAL_BUCKETS - 1 experts."""
+    if not (MOE_LOCAL and 0 < npairs <= MOE_LOCAL_MAX_PAIRS and num_experts + 1 <= FK.MOE_LOCAL_BUCKETS):
+        return False
+    _, _, stage = scatter_geometry(n, k, local=True)
+    if stage <= 0 or -(-npairs // k) > stage * _sm_count() * MOE_STAGE_BLOCKS:
+        return False
+    return staged_scatter(xin, n, sch, k)
+
+
+def staged_scatter(xin, n: int, sch: Scheme, k: int) -> bool:
+    """Whether run_rows takes the staged OP_SCATTER kernel (_scatter, MOE_STAGE) for the MoE
+    rows of ``xin`` (C-contiguous [tokens, n]) with k experts a token."""
+    if MOE_STAGE <= 0:
         return False
     try:
         mode = out_kind(sch)
@@ -312,6 +368,13 @@ def rank_path(xin, n: int, sch: Scheme, k: int, npairs: int) -> bool:
         return False
     fast = n % 8 == 0 and _addr(xin.arr) % 16 == 0  # (the outputs: fresh, aligned arrays)
     return _scatter(FK.OP_GATHER, mode, xin.kind, fast, format_tuple(sch), k)
+
+
+def rank_path(xin, n: int, sch: Scheme, k: int, npairs: int) -> bool:
+    """Whether moe_sort_quantize's sort is moe_rank (MOE_RANK, npairs >= MOE_RANK_MIN_PAIRS):
+    where run_rows takes the staged OP_SCATTER kernel (_scatter, MOE_STAGE) for its rows of
+    ``xin`` (C-contiguous [tokens, n]) with k experts a token."""
+    return bool(MOE_RANK and npairs >= MOE_RANK_MIN_PAIRS) and staged_scatter(xin, n, sch, k)
 
 
 def rank_chunk_shift(npairs: int) -> int:
@@ -394,8 +457,9 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     same kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
     is the op's [E + 1] (moe_sort's but its last entry). None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0,
     no CuPy). ``switches``: (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, MOE_STAGE, MOE_STAGE_BLOCKS,
-    MOE_LANES, MOE_PIPE, MOE_RANK, MOE_RANK_MIN_PAIRS, _fused_rows.switches()), part of the
-    cache key. With MOE_PDL (OP_SCATTER rows, sm_90+) every launch after the first is its
+    MOE_LANES, MOE_PIPE, MOE_RANK, MOE_RANK_MIN_PAIRS, MOE_LOCAL, MOE_LOCAL_MAX_PAIRS,
+    _fused_rows.switches()), part of the cache key. With MOE_LOCAL (local_path) the call is
+    one launch, the rows kernel's, with no workspace. With MOE_PDL (OP_SCATTER rows, sm_90+) every launch after the first is its
     predecessor's programmatic dependent: the rows' loads overlap the sort. With MOE_RANK
     (rank_path) the sort is moe_rank's one launch, its ticket the stream's workspace on a
     direct call and, under graph capture, a word of the call's allocation zeroed by a memset
@@ -416,8 +480,14 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     ids = _Slot("ids", 0, tk, np.dtype(ids_char))
     ws = _Slot("ws", 0, SYNC_WORDS, np.dtype(np.int32))
     xin = DeviceInput(x, kind, (tokens, hidden), dtype_name, "cupy")
-    rank = rank_path(xin, hidden, sch, k, tk)  # (x's slot at offset 0: aligned, as the hot path's x must be)
-    if rank:
+    # (x's slot at offset 0: aligned, as the hot path's x must be)
+    local = local_path(xin, hidden, sch, k, tk, num_experts)
+    rank = not local and rank_path(xin, hidden, sch, k, tk)
+    if local:  # one launch, no workspace
+        offsets, perm = alloc.empty(num_experts + 2, np.int32), alloc.empty(tk, np.int32)
+        out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, moe=(ids, k, offsets, perm, num_experts + 1, None),
+                       alloc=alloc, launches=launches)
+    elif rank:
         packed, cbase, offsets, perm, csh = moe_rank(ids, tk, num_experts, alloc, launches, ws=ws)
         out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, moe=(packed, k, cbase, perm, num_experts + 1, csh),
                        alloc=alloc, launches=launches)
@@ -436,7 +506,7 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     seq = seq_graph = sequence(launches)
     if seq is None:
         return None
-    if MOE_SORT1 and not rank:
+    if MOE_SORT1 and not rank and not local:
         # Captured in a CUDA graph, the call takes the three-launch sort (into the same arrays):
         # a graph pays no host time a launch, and on the device the three launches are shorter
         # (H100, graphs, with MOE_PDL: 64 tokens top-8 9.0 against 13.3 us a call, 2048 top-4
@@ -549,6 +619,9 @@ def audit_launches():
     k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, 7, 4, True, False, False, format_tuple(sch), _mx_cfg(sch),
                          6.0, 32, True, None, 4, 4, 1, 0, 1)
     out.append(("moe scatter-rows staged rank mxfp4", k, args(1, 0, np.uint8)))
+    k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, 7, 4, True, False, False, format_tuple(sch), _mx_cfg(sch),
+                         6.0, 32, True, None, 4, 8, 1, 0, _fused_rows.RANK_LOCAL)
+    out.append(("moe scatter-rows staged local mxfp4", k, args(1, 0, np.uint8)))
     k = fused_row_kernel(FK.OP_ROWS, FK.OUT_GROUP, 1, 0, nw, u, F(FK.OP_ROWS, FK.OUT_GROUP, False), True, False,
                          format_tuple(resolve_scheme("fp8_1x128")), (0, 0, 0, 1.0), 448.0, 128, True)
     out.append(("flatten strided fp8_1x128", k, args(1, 0, np.float32)))
