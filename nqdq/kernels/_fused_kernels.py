@@ -589,10 +589,12 @@ MOE_LOCAL_BATCH = 8  # ids a thread loads before it counts any (one round trip f
 
 @devfn
 def local_count(ids, lo, hi, ne, first, t, nt, ht, hb, ev):
-    """Count the pairs [lo, hi) (thread t of nt takes lo + t, lo + t + nt, ...) of bucket b
-    (moe_bucket): those before pair ``first`` into hb[b], the others into ht[b]; shared
-    atomics (order-free), one a pair. ``ev``: MOE_LOCAL_BATCH int32 of local memory (the
-    batch's buckets)."""
+    """Count the pairs [lo, hi) (thread t of nt takes lo + t, lo + t + nt, ...): ht[b] += the
+    pairs of bucket b (moe_bucket), hb[b] += those before pair ``first``; shared atomics
+    (order-free; ptxas aggregates a warp's increments of one address). ``ev``: MOE_LOCAL_BATCH
+    int32 of local memory (the batch's buckets). (H100, 2048 tokens top-4: this form 36.3 us
+    a call; one atomic a pair into hb or ht by a select between them, 38.8 us, the select
+    making the atomics generic ones; into one array of both, its index without a branch, 43.1.)"""
     p = lo + t
     while p < hi:
         for r in range(MOE_LOCAL_BATCH):  # (constant trip counts: unrolled, ev in registers)
@@ -601,7 +603,9 @@ def local_count(ids, lo, hi, ne, first, t, nt, ht, hb, ev):
         for r in range(MOE_LOCAL_BATCH):
             e = ev[r]
             if e >= 0:
-                cuda.atomic.add(hb if p + r * nt < first else ht, e, 1)
+                cuda.atomic.add(ht, e, 1)
+                if p + r * nt < first:
+                    cuda.atomic.add(hb, e, 1)
         p += MOE_LOCAL_BATCH * nt
 
 
@@ -611,14 +615,11 @@ def local_rows_fn(NT):
 
     @devfn
     def local_rows(ids, ne, npairs, first, cnt, k, ht, hb, ob, part, rw, perm, offsets, t, b):
-        """After local_count over every pair (hb: each bucket's pairs before pair ``first``, ht:
-        the others): rw[q] = the sorted row of pair first + q, q < cnt (the block's own pairs),
+        """After local_count over every pair (ht: each bucket's pairs; hb: those before pair
+        ``first``): rw[q] = the sorted row of pair first + q, q < cnt (the block's own pairs),
         perm[row] = its token (pair // k); block 0 stores offsets (moe_sort's: [E + 2]).
         ``ob``: cnt int32 of shared memory, ``part``: NT. Block barriers before and after."""
         nb = ne + 1
-        cuda.syncthreads()
-        for e in range(t, nb, NT):
-            ht[e] += hb[e]  # each bucket's pairs
         scan(ht, part, t, nb)  # ht: each bucket's first row
         for q in range(t, cnt, NT):
             ob[q] = moe_bucket(ids[first + q], ne)

@@ -33,7 +33,8 @@ its token (perm), and OP_SCATTER (bfloat16 words into MX e2m1, k <= MOE_SCATTER_
 token read and encoded once and each unit's word and group scale stored to the token's k
 sorted rows: one block per token, or (STAGE, the launcher's default) a grid of a few blocks an
 SM staging rounds of tokens' codes in shared memory before the sort's wait
-(_scatter_staged_source), each lane holding whole MX groups where it can (LANES).
+(_scatter_staged_source), each lane holding whole MX groups where it can (LANES); for small
+calls with no sort before it, each block counting every pair's bucket itself (RANK_LOCAL).
 
 The warp shuffles have twins (``_fused_kernels.xor_lane`` / ``idx_get_f32`` and
 ``_rowwise_kernels.xor_max`` with shfl=False: shared memory and barriers) that the CUDA

@@ -6,7 +6,8 @@ in the input's library. Every op is one launch of :func:`_fused_rows.fused_row_k
 MoE sort adds the launch that builds the permutation, or three: MOE_SORT1; or, from
 MOE_RANK_MIN_PAIRS pairs on, the one that ranks the pairs by chunks, the rows kernel then finding
 each pair's row: MOE_RANK; a planned MoE call launches each kernel after the first as its
-predecessor's programmatic dependent: MOE_PDL).
+predecessor's programmatic dependent: MOE_PDL; up to MOE_LOCAL_MAX_PAIRS pairs no sort is
+launched, each block of the rows kernel finding its own pairs' rows: MOE_LOCAL).
 """
 
 from __future__ import annotations
@@ -102,11 +103,11 @@ MOE_RANK_BLOCKS = 32
 # rows (_fused_rows.RANK_LOCAL). One launch, no workspace, no block waiting for another.
 MOE_LOCAL = _fused_rows._switch_env("MOE_LOCAL", True)
 # ... up to this many (token, expert) pairs (NQDQ_FUSED_MOE_LOCAL_MAX_PAIRS): every block reads
-# and counts every id (a shared atomic each: about 1.3 us more a block per 1000 pairs), so it
-# pays only for small calls. H100 (2026-11-26, docs/performance.md "Fifteenth session"), hidden
-# 7168 of 256 experts, against the sorts (local / not, us): CUDA graphs 64 tokens top-8 5.86 /
-# 7.92, 256 top-8 9.85 / 10.26, 512 top-8 14.91 / 13.90, 1024 top-4 19.63 / 14.23; eager 256
-# top-8 10.4 / 14.3, 512 top-8 15.5 / 17.3, 2048 top-4 36.3 / 29.2.
+# and counts every id, so it pays only for small calls. H100 (2026-11-26, docs/performance.md
+# "Fifteenth session"), hidden 7168 of 256 experts, local / the sorts, us: CUDA graphs 64 tokens
+# top-8 5.88 / 8.01, 256 top-8 9.19 / 10.25, 512 top-4 10.45 / 10.60; eager 64 top-8 6.7 / 11.9,
+# 256 top-8 9.4 / 14.1, 512 top-4 10.8 / 14.3; past the bound, graphs 512 top-8 14.91 / 13.90,
+# 1024 top-4 19.63 / 14.23, eager 2048 top-4 36.3 / 29.2.
 MOE_LOCAL_MAX_PAIRS = int(os.environ.get("NQDQ_FUSED_MOE_LOCAL_MAX_PAIRS", "2048"))
 STATIC_SMEM = 48 << 10  # a block's static shared memory, at most
 
