@@ -376,6 +376,19 @@ def test_audit_matches_only_the_pattern():
     assert recip_div_fmas(_PTX_PAIR.replace("neg.f32 \t%f5, %f1;", "neg.f32 \t%f5, %f3;")) == (0, 2)  # -s, not -x
 
 
+def test_audit_flags_generic_atomics():
+    """_ptx_audit.generic_atomics counts the atomics and reductions with no state space (NVVM
+    could not tell shared from global memory: a generic ATOM on the GPU), predicated ones
+    included, and none of those that name .shared, .shared::cta or .global."""
+    from nqdq.kernels._ptx_audit import generic_atomics
+
+    ok = ("\tatom.shared.add.u32 \t%r1, [%r2], 1;\n\t@%p1 atom.global.add.u32 \t%r1, [%rd2], 1;\n"
+          "\tred.shared::cta.add.u32 \t[%r2], 1;\n\tatom.global.exch.b32 \t%r1, [%rd2], 0;\n")
+    assert generic_atomics(ok) == 0
+    bad = "\t@!%p3 atom.add.u32 \t%r1, [%rd2], 1;\n\tatom.exch.b32 \t%r1, [%rd2], 0;\n\tred.add.u32 \t[%rd2], 1;\n"
+    assert generic_atomics(ok + bad) == 3
+
+
 _AUDIT_SCRIPT = r"""
 import json
 import ml_dtypes, numpy as np

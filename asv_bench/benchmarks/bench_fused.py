@@ -48,7 +48,8 @@ class TimeRMSNormQuantizeGPU:
 
 
 class TimeFlattenMoEGPU:
-    params = (["flatten fp8_1x128", "flatten mxfp4", "moe_sort mxfp4", "moe_sort mxfp4 all rows"],)
+    params = (["flatten fp8_1x128", "flatten mxfp4", "moe_sort mxfp4", "moe_sort mxfp4 all rows",
+               "moe_sort mxfp4 decode"],)
     param_names = ["op"]
     timeout = 300
 
@@ -59,11 +60,13 @@ class TimeFlattenMoEGPU:
         self.fused = fused
         # [H, rows, 128] seen as a [rows, H, 128] view: the strided flatten
         self.xt = bf16_bits(self.cp, (HIDDEN // 128, ROWS, 128), 4).transpose(1, 0, 2)
-        # the MoE tokens: ROWS / 4 (ROWS gathered rows out), or "all rows": ROWS (x as the other ops')
-        t = ROWS if op.endswith("all rows") else ROWS // 4
+        # the MoE tokens: ROWS / 4 top-4 (ROWS gathered rows out), "all rows": ROWS (x as the other
+        # ops'), "decode": 64 top-8 (one launch, no sort before it: kernels.fused.MOE_LOCAL)
+        t = ROWS if op.endswith("all rows") else 64 if op.endswith("decode") else ROWS // 4
+        k = 8 if op.endswith("decode") else 4
         self.tok = bf16_bits(self.cp, (t, HIDDEN), 5)
         rng = np.random.default_rng(6)
-        self.ids = self.cp.asarray(np.stack([rng.permutation(256)[:4] for _ in range(t)]).astype(np.int32))
+        self.ids = self.cp.asarray(np.stack([rng.permutation(256)[:k] for _ in range(t)]).astype(np.int32))
         self.time_op(op)
 
     def time_op(self, op):

@@ -20,6 +20,9 @@ sm_90, and checks what exactness depends on:
   a * r_hi is exact by the spec, so the fma is the rounded sum of the two products); any other
   ``fma.f32`` is a problem;
 * no flush-to-zero (``.ftz``) on any float instruction;
+* no atomic without a state space (a generic ``atom`` / ``red``: NVVM could not tell the
+  array's memory, e.g. through a select between two shared arrays; on sm_90 it runs as a
+  generic ``ATOM``, far slower than a shared ``ATOMS``: ``generic_atomics``);
 
 and reports registers and spills per kernel (assembled by nvJitLink for sm_90, which
 accepts NVVM's newest PTX ISA where the machine's ptxas may not) and its count of 64-bit
@@ -271,6 +274,12 @@ def split_product_fmas(body):
     return n
 
 
+def generic_atomics(body) -> int:
+    """The atomics / reductions of PTX ``body`` without a state space (``atom.add.u32``, not
+    ``atom.shared.add.u32`` or ``atom.global...``)."""
+    return len(re.findall(r"^\s*(?:@!?%p\d+\s+)?(?:atom|red)\.(?!global\b|shared\b|shared::)", body, re.M))
+
+
 def _audit_ptx(label, name, ptx, cc, registers, f64_cvts=(0, 0)):
     body = ptx[ptx.find(".entry"):]
     problems = []
@@ -296,6 +305,9 @@ def _audit_ptx(label, name, ptx, cc, registers, f64_cvts=(0, 0)):
         problems.append(f"{stray} fma.f32 outside the reciprocal-division pattern")
     if re.search(r"\.ftz\.", body):
         problems.append("ftz")
+    gen = generic_atomics(body)
+    if gen:
+        problems.append(f"{gen} generic atomics")
     row = dict(case=label, kernel=name, divs=len(divs), fma=nfma, rdiv=rdiv, f64=n64, problems=problems,
                mul_rn=len(re.findall(r"\bmul\.rn\.f32", body)), i64=len(_INT64.findall(body)))
     if registers:

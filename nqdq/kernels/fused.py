@@ -338,8 +338,9 @@ def scatter_geometry(n: int, k: int, local: bool = False) -> tuple[int, int, int
     NT = 32 * nw
     stage = max(1, min(MOE_STAGE, _fused_rows.MOE_STAGE_MAX, MOE_STAGE_SMEM // (5 * U * NT)))
     if local:
-        def smem(s):  # the staged words and codes, rw (int64, two rounds), and the local sort's
-            return 5 * s * U * NT + 16 * s * k + 8 * FK.MOE_LOCAL_BUCKETS + 4 * s * k + 4 * NT + 256
+        def smem(s):  # the staged words and codes, rw (int64, two rounds), the local sort's, and 1 KiB for
+            # the prelude's arrays and alignment (hidden 7168, top-4, stage 8: 42504 bytes by ptxas, 41480 + 1024 here)
+            return 5 * s * U * NT + 16 * s * k + 8 * FK.MOE_LOCAL_BUCKETS + 4 * s * k + 4 * NT + 1024
 
         while stage > 0 and smem(stage) > STATIC_SMEM:
             stage -= 1
