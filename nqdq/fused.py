@@ -304,7 +304,7 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
         return _qt(_pack(parts.codes, sch), parts.scales, sch, shape, dname), perm, offsets
     from .kernels import _fused_kernels as FK
     from .kernels._interop import device_input, is_cupy
-    from .kernels.fused import local_path, moe_rank, moe_sort, rank_path, run_rows
+    from .kernels.fused import local_path, moe_local, moe_rank, moe_sort, rank_path, run_rows
 
     xin = device_input(x, "x", dtype)
     if len(xin.shape) != 2:
@@ -329,8 +329,8 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
     shape = (tk, xin.shape[1])
     sch.check_shape(shape)
     if local_path(xin, xin.shape[1], sch, k, tk, num_experts):  # no sort: the rows kernel sorts its own pairs
-        offsets, perm = alloc.empty(num_experts + 2, np.int32), alloc.empty(tk, np.int32)
-        out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, moe=(ids, k, offsets, perm, num_experts + 1, None))
+        offsets, perm, moe = moe_local(ids, tk, k, num_experts, alloc)
+        out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, moe=moe)
     elif rank_path(xin, xin.shape[1], sch, k, tk):  # the rows kernel finds each pair's row (and stores perm)
         packed, cbase, offsets, perm, csh = moe_rank(ids, tk, num_experts, alloc)
         out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, moe=(packed, k, cbase, perm, num_experts + 1, csh))

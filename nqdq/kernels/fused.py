@@ -359,6 +359,14 @@ def local_path(xin, n: int, sch: Scheme, k: int, npairs: int, num_experts: int) 
     return staged_scatter(xin, n, sch, k)
 
 
+def moe_local(ids, npairs: int, k: int, num_experts: int, alloc: Allocator):
+    """(offsets int32 [E + 2], perm int32 [npairs], moe) for local_path's call: run_rows'
+    ``moe=`` argument, with which the rows kernel sorts the pairs of the ids itself
+    (RANK_LOCAL) and writes perm and offsets (moe_sort's)."""
+    offsets, perm = alloc.empty(num_experts + 2, np.int32), alloc.empty(max(npairs, 1), np.int32)
+    return offsets, perm[:npairs], (ids, k, offsets, perm, num_experts + 1, None)
+
+
 def staged_scatter(xin, n: int, sch: Scheme, k: int) -> bool:
     """Whether run_rows takes the staged OP_SCATTER kernel (_scatter, MOE_STAGE) for the MoE
     rows of ``xin`` (C-contiguous [tokens, n]) with k experts a token."""
@@ -486,9 +494,8 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     local = local_path(xin, hidden, sch, k, tk, num_experts)
     rank = not local and rank_path(xin, hidden, sch, k, tk)
     if local:  # one launch, no workspace
-        offsets, perm = alloc.empty(num_experts + 2, np.int32), alloc.empty(tk, np.int32)
-        out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, moe=(ids, k, offsets, perm, num_experts + 1, None),
-                       alloc=alloc, launches=launches)
+        offsets, perm, moe = moe_local(ids, tk, k, num_experts, alloc)
+        out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, moe=moe, alloc=alloc, launches=launches)
     elif rank:
         packed, cbase, offsets, perm, csh = moe_rank(ids, tk, num_experts, alloc, launches, ws=ws)
         out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, moe=(packed, k, cbase, perm, num_experts + 1, csh),
