@@ -302,9 +302,8 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
         parts, perm, offsets = R.moe_sort_quantize(x32, ids, num_experts, sch)
         shape = (ids.size, x32.shape[1])
         return _qt(_pack(parts.codes, sch), parts.scales, sch, shape, dname), perm, offsets
-    from .kernels import _fused_kernels as FK
     from .kernels._interop import device_input, is_cupy
-    from .kernels.fused import local_path, moe_local, moe_rank, moe_sort, rank_path, run_rows
+    from .kernels.fused import moe_rows
 
     xin = device_input(x, "x", dtype)
     if len(xin.shape) != 2:
@@ -328,15 +327,7 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
     k = int(expert_ids.shape[1])
     shape = (tk, xin.shape[1])
     sch.check_shape(shape)
-    if local_path(xin, xin.shape[1], sch, k, tk, num_experts):  # no sort: the rows kernel sorts its own pairs
-        offsets, perm, moe = moe_local(ids, tk, k, num_experts, alloc)
-        out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, moe=moe)
-    elif rank_path(xin, xin.shape[1], sch, k, tk):  # the rows kernel finds each pair's row (and stores perm)
-        packed, cbase, offsets, perm, csh = moe_rank(ids, tk, num_experts, alloc)
-        out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, moe=(packed, k, cbase, perm, num_experts + 1, csh))
-    else:
-        perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc)
-        out = run_rows(FK.OP_GATHER, xin, tk, xin.shape[1], sch, perm=perm, moe=(inv, k))
+    out, perm, offsets, _, _ = moe_rows(xin, ids, tk, k, num_experts, sch, alloc)
     q = _finish(out, sch, shape, xin)
     if on_device and check_ids and tk > 0 and int(_arrays.host(offsets[num_experts : num_experts + 1])[0]) != tk:
         raise ValueError(f"expert_ids must lie in [0, {num_experts}): some of the {tk} ids on the device do not")

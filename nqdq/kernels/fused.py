@@ -419,6 +419,29 @@ def moe_rank(ids, npairs: int, num_experts: int, alloc: Allocator, launches=None
     return packed, cbase, offsets, perm[:npairs], csh
 
 
+def moe_rows(xin, ids, npairs: int, k: int, num_experts: int, sch: Scheme, alloc: Allocator, launches=None,
+             ws=None):
+    """The MoE sort + quantize's launches for x ``xin`` (C-contiguous [tokens, hidden]) and
+    ``ids`` (npairs, token-major): no sort where local_path holds (MOE_LOCAL), moe_rank's
+    where rank_path does (MOE_RANK), else moe_sort's; then run_rows. ``ws``: the sort's
+    workspace (None: a zeroed one of ``alloc``'s). Returns (run_rows' outputs, perm, offsets
+    [E + 2], the path: "local", "rank" or "sort", and moe_sort's inv on the sort path, else
+    None)."""
+    hidden = xin.shape[1]
+    if local_path(xin, hidden, sch, k, npairs, num_experts):  # the rows kernel sorts its own pairs
+        offsets, perm, moe = moe_local(ids, npairs, k, num_experts, alloc)
+        out = run_rows(FK.OP_GATHER, xin, npairs, hidden, sch, moe=moe, alloc=alloc, launches=launches)
+        return out, perm, offsets, "local", None
+    if rank_path(xin, hidden, sch, k, npairs):  # the rows kernel finds each pair's row (and stores perm)
+        packed, cbase, offsets, perm, csh = moe_rank(ids, npairs, num_experts, alloc, launches, ws=ws)
+        out = run_rows(FK.OP_GATHER, xin, npairs, hidden, sch, moe=(packed, k, cbase, perm, num_experts + 1, csh),
+                       alloc=alloc, launches=launches)
+        return out, perm, offsets, "rank", None
+    perm, offsets, inv = moe_sort(ids, npairs, k, num_experts, alloc, launches, ws=ws)
+    out = run_rows(FK.OP_GATHER, xin, npairs, hidden, sch, perm=perm, moe=(inv, k), alloc=alloc, launches=launches)
+    return out, perm, offsets, "sort", inv
+
+
 def moe_scan_threads(num_experts: int) -> int:
     """The scan's block: a power of two >= E, at least a warp, at most MOE_MAX_EXPERTS."""
     return min(FK.MOE_MAX_EXPERTS, max(32, 1 << (num_experts - 1).bit_length()))
@@ -469,8 +492,9 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     no CuPy). ``switches``: (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, MOE_STAGE, MOE_STAGE_BLOCKS,
     MOE_LANES, MOE_PIPE, MOE_RANK, MOE_RANK_MIN_PAIRS, MOE_LOCAL, MOE_LOCAL_MAX_PAIRS,
     _fused_rows.switches()), part of the cache key. With MOE_LOCAL (local_path) the call is
-    one launch, the rows kernel's, with no workspace. With MOE_PDL (OP_SCATTER rows, sm_90+) every launch after the first is its
-    predecessor's programmatic dependent: the rows' loads overlap the sort. With MOE_RANK
+    one launch, the rows kernel's, with no workspace. With MOE_PDL (OP_SCATTER rows, sm_90+)
+    every launch after the first is its predecessor's programmatic dependent: the rows' loads
+    overlap the sort. With MOE_RANK
     (rank_path) the sort is moe_rank's one launch, its ticket the stream's workspace on a
     direct call and, under graph capture, a word of the call's allocation zeroed by a memset
     first. Else with MOE_SORT1 a direct call sorts in one launch, a call under graph capture
@@ -491,19 +515,10 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     ws = _Slot("ws", 0, SYNC_WORDS, np.dtype(np.int32))
     xin = DeviceInput(x, kind, (tokens, hidden), dtype_name, "cupy")
     # (x's slot at offset 0: aligned, as the hot path's x must be)
-    local = local_path(xin, hidden, sch, k, tk, num_experts)
-    rank = not local and rank_path(xin, hidden, sch, k, tk)
-    if local:  # one launch, no workspace
-        offsets, perm, moe = moe_local(ids, tk, k, num_experts, alloc)
-        out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, moe=moe, alloc=alloc, launches=launches)
-    elif rank:
-        packed, cbase, offsets, perm, csh = moe_rank(ids, tk, num_experts, alloc, launches, ws=ws)
-        out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, moe=(packed, k, cbase, perm, num_experts + 1, csh),
-                       alloc=alloc, launches=launches)
+    out, perm, offsets, path, inv = moe_rows(xin, ids, tk, k, num_experts, sch, alloc, launches, ws=ws)
+    local, rank = path == "local", path == "rank"
+    if rank:
         ws_graph = alloc.empty(SYNC_WORDS, np.int32)  # a captured call's own ticket, zeroed by a memset node
-    else:
-        perm, offsets, inv = moe_sort(ids, tk, k, num_experts, alloc, launches, ws=ws)
-        out = run_rows(FK.OP_GATHER, xin, tk, hidden, sch, perm=perm, moe=(inv, k), alloc=alloc, launches=launches)
     names = ("xp", "ids", "base", "ws")
     # MOE_PDL: each launch after the first is its predecessor's programmatic dependent (the
     # sort's kernels and OP_SCATTER wait for their predecessor before they read its output)
