@@ -214,15 +214,28 @@ def test_gpu_moe_ids_out_of_range():
 
 def assert_moe_spec(x, ids, E, got):
     """``got`` = moe_sort_quantize's (q, perm, offsets) for bfloat16 ``x`` and ``ids`` (host
-    arrays) equal the spec's (reference/fused.moe_sort, then the reference quantizer) bit for bit."""
+    arrays) equal the spec's (reference/fused.moe_sort, then the reference quantizer) bit for bit;
+    ids out of [0, E) (check_ids=False) sort after every expert in pair order, and the op's
+    offsets stop at the last expert (offsets[E]: the pairs with a valid id)."""
     q, perm, offsets = got
-    perm_ref, off_ref = R.moe_sort(ids, E)
+    if ((ids >= 0) & (ids < E)).all():
+        perm_ref, off_ref = R.moe_sort(ids, E)
+    else:
+        key = np.where((ids >= 0) & (ids < E), ids, E).astype(np.int64).reshape(-1)
+        perm_ref = np.argsort(key, kind="stable") // ids.shape[1]
+        off_ref = np.searchsorted(np.sort(key), np.arange(E + 1))
     np.testing.assert_array_equal(host(perm), perm_ref)
     np.testing.assert_array_equal(host(offsets), off_ref)
     sch = resolve_scheme("mxfp4")
     codes, scales = ref_q(RQ.quantize(x.astype(np.float32)[perm_ref], sch), sch)
     np.testing.assert_array_equal(bits(q.codes), bits(codes))
     np.testing.assert_array_equal(bits(q.scales), bits(scales))
+
+
+def assert_moe_same(a, b):
+    """Two moe_sort_quantize results (q, perm, offsets) bit for bit the same."""
+    for u, v in ((a[0].codes, b[0].codes), (a[0].scales, b[0].scales), (a[1], b[1]), (a[2], b[2])):
+        np.testing.assert_array_equal(bits(u), bits(v))
 
 
 def test_gpu_moe_hot_path():
@@ -300,9 +313,7 @@ def test_gpu_moe_defaults(T, H, k, min_pairs, monkeypatch):
     assert fused._MOE_FAST  # (remembered: the next call is the planned one)
     planned = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")
     assert_moe_spec(x, ids, E, first)
-    for a, b in ((first[0].codes, planned[0].codes), (first[0].scales, planned[0].scales), (first[1], planned[1]),
-                 (first[2], planned[2])):
-        np.testing.assert_array_equal(bits(a), bits(b))
+    assert_moe_same(first, planned)
     api.clear_fast_path()
 
 
@@ -344,20 +355,8 @@ def test_gpu_moe_local(T, H, k, E, idt, bad, monkeypatch):
     (fm,) = fused._MOE_FAST.values()
     assert len(fm.run.seq.entries) == (1 if local else 2)
     planned = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16", check_ids=False)
-    # the spec's order, ids out of range sorted after every expert in pair order (the op's
-    # offsets stop at the last expert: offsets[E] = the pairs with a valid id)
-    key = np.where((ids >= 0) & (ids < E), ids, E).astype(np.int64)
-    perm_ref = np.argsort(key.reshape(-1), kind="stable") // k
-    off_ref = np.searchsorted(np.sort(key.reshape(-1)), np.arange(E + 1))
-    np.testing.assert_array_equal(host(first[1]), perm_ref)
-    np.testing.assert_array_equal(host(first[2]), off_ref)
-    sch = resolve_scheme("mxfp4")
-    codes, scales = ref_q(RQ.quantize(x.astype(np.float32)[perm_ref], sch), sch)
-    np.testing.assert_array_equal(bits(first[0].codes), bits(codes))
-    np.testing.assert_array_equal(bits(first[0].scales), bits(scales))
-    for a, b in ((first[0].codes, planned[0].codes), (first[0].scales, planned[0].scales), (first[1], planned[1]),
-                 (first[2], planned[2])):
-        np.testing.assert_array_equal(bits(a), bits(b))
+    assert_moe_spec(x, ids, E, first)
+    assert_moe_same(first, planned)
     if bad:  # by default the call checks the ids
         with pytest.raises(ValueError, match="must lie in"):
             fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")
