@@ -15,6 +15,11 @@ Variants (each plan rebuilt; an old row twice shows drift):
         0 or 2 resident grids ahead (``ONEPASS_PREFETCH``), the one-block-per-item kernel
   pipe256, pipe128p128, ...  the pipelined kernel (``ONEPASS_PIPE``: persistent blocks, each
         loading its next item while it waits on and encodes the current one)
+  ring, ring256-8-3-1, ring256-16-3-1-b1-a ...  the shared-memory ring (``quantize.COLUMN_RING``,
+        ``_column_ring``): threads, units a thread, slots, lag (NT-U-D-L; bare "ring": the
+        module's defaults), then -bB: B blocks an SM, -a: counters and amaxes read by atomics,
+        -w: the wait path on every item
+The variants above run with the ring off.
 Every variant's codes and scales of one input set are compared bit for bit with the first
 variant's (the whole tensor), and with ``--ref`` the first variant's with the NumPy
 reference (the whole tensor, on the host).
@@ -37,6 +42,7 @@ SETTINGS = {
     "new": dict(COLUMN_ONEPASS=True, COLUMN_ONEPASS_P_MAX=None),
     "p128": dict(COLUMN_ONEPASS=True, COLUMN_ONEPASS_P_MAX=128),
 }
+_RING_DEFAULTS = {}
 # block sizes / P / prefetch: ``nt128``, ``nt64p128pf0`` ...: _column_kernels.ONEPASS_THREADS =
 # 256 / 128 / 64 with ONEPASS_MIN_BLOCKS = 512 / threads (128 registers a thread), P_MAX 64 or
 # (p128) 128, ONEPASS_PREFETCH 1 or (pf0, pf2) 0 / 2 resident grids ahead
@@ -70,8 +76,29 @@ def set_variant(tag):
 
         CK.make_column_onepass_kernel = make
         _BUILT["installed"] = True
-    for k, v in SETTINGS[tag].items():
-        setattr(CK if k.startswith("ONEPASS") else kq, k, v)
+    import nqdq.kernels._column_ring as CR
+
+    if not _RING_DEFAULTS:
+        _RING_DEFAULTS.update(RING_THREADS=CR.RING_THREADS, RING_UNITS=CR.RING_UNITS, RING_SLOTS=CR.RING_SLOTS,
+                              RING_LAG=CR.RING_LAG, RING_BLOCKS_PER_SM=CR.RING_BLOCKS_PER_SM,
+                              RING_RELAXED=CR.RING_RELAXED, RING_FORCE_WAIT=False)  # fmt: skip
+    if tag.startswith("ring"):
+        settings = dict(SETTINGS["pipe256"], COLUMN_RING=True, **_RING_DEFAULTS)
+        if tag != "ring":  # ringNT-U-D-L, then optionally -bB (blocks an SM) and -a (atomic reads)
+            parts = tag[4:].split("-")
+            nt, u, d, lag = (int(v) for v in parts[:4])
+            settings.update(RING_THREADS=nt, RING_UNITS=u, RING_SLOTS=d, RING_LAG=lag)
+            for p in parts[4:]:
+                if p.startswith("b"):
+                    settings["RING_BLOCKS_PER_SM"] = int(p[1:])
+                elif p == "a":
+                    settings["RING_RELAXED"] = False
+                elif p == "w":
+                    settings["RING_FORCE_WAIT"] = True
+    else:
+        settings = dict(SETTINGS[tag], COLUMN_RING=False)
+    for k, v in settings.items():
+        setattr(CK if k.startswith("ONEPASS") else CR if k.startswith("RING") else kq, k, v)
     kq._PLANS.clear()
     if nqdq.api._FAST is not None:
         nqdq.api._FAST.clear()
@@ -171,7 +198,7 @@ def main(argv=None):
             add(f"nqdq {args.scheme} [{tag}]", us, in_bytes + out_bytes, hb, f"{names}; {note}")
         xs = dst = first = None  # this size's arrays are garbage now
         cp.get_default_memory_pool().free_all_blocks()
-    set_variant("new")
+    set_variant("ring")
     print()
     print(peers.table(rows_out))
     return 0

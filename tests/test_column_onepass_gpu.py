@@ -50,12 +50,17 @@ def _geometry(shape, dtype):
         ((40000, 64), ml_dtypes.bfloat16),  # taller, narrow: 256 threads: W = 4
     ],
 )
-@pytest.mark.parametrize("pipe", [True, False])
+@pytest.mark.parametrize("pipe", [True, False, "ring"])
 def test_onepass_multichunk_exact(onepass, shape, dtype, pipe):
-    onepass.setattr(CK, "ONEPASS_PIPE", pipe)
+    onepass.setattr(CK, "ONEPASS_PIPE", pipe is True)
+    onepass.setattr(kq, "COLUMN_RING", pipe == "ring")
     plan = kq.get_plan(shape, _KIND[dtype], resolve_scheme("int8_column"))
     names = [k.py_func.__name__ for k, _, _, _ in plan.launches]
-    P = plan.launches[0][3][5] if names == ["column_onepass"] else 1
+    if pipe == "ring":
+        assert names == ["column_ring"]
+    P = 1
+    if names in (["column_onepass"], ["column_ring"]):
+        P = plan.launches[0][3][4 if names == ["column_ring"] else 5]
     if P == 1:
         pytest.skip(f"no multi-chunk one pass at this block size: {names}")
     assert P > 1
@@ -63,9 +68,11 @@ def test_onepass_multichunk_exact(onepass, shape, dtype, pipe):
     check_gpu(x, resolve_scheme("int8_column"))
 
 
+@pytest.mark.parametrize("ring", [False, True])
 @pytest.mark.parametrize("name, kw", [("e4m3", {"granularity": "column"}), ("int4", {"granularity": "column"})])
-def test_onepass_formats(onepass, name, kw):
+def test_onepass_formats(onepass, name, kw, ring):
     """fp8 (the paired cvt encode) and packed 4-bit codes (e2m1 / e5m2: the simulator)."""
+    onepass.setattr(kq, "COLUMN_RING", ring)
     x = _column_data((2500, 1536), seed=3).astype(ml_dtypes.bfloat16)
     check_gpu(x, resolve_scheme(name, **kw))
 
@@ -76,6 +83,26 @@ def test_onepass_single_chunk(onepass, shape):
     g, names = _geometry(shape, ml_dtypes.bfloat16)
     assert names == ["column_onepass"] and g[3] == 1
     check_gpu(_column_data(shape, seed=5).astype(ml_dtypes.bfloat16), resolve_scheme("int8_column"))
+
+
+@pytest.mark.parametrize("shape, dtype", [((8192, 8192), ml_dtypes.bfloat16), ((16384, 7168), ml_dtypes.bfloat16),
+                                          ((3000, 4000), np.float32), ((1, 5000, 1032), np.float16)])
+@pytest.mark.parametrize("force_wait", [False, True])
+def test_ring_issue_shapes(onepass, shape, dtype, force_wait):
+    """The shared-memory ring at the issue's sizes (P = 128 / 256 chunks a stripe), odd
+    shapes, and with the wait path (every item held arrives first) on every item."""
+    import nqdq.kernels._column_ring as CR
+
+    onepass.setattr(kq, "COLUMN_RING", True)
+    onepass.setattr(CR, "RING_FORCE_WAIT", force_wait)
+    plan = kq.get_plan(shape, _KIND[dtype], resolve_scheme("int8_column"))
+    assert [k.py_func.__name__ for k, _, _, _ in plan.launches] == ["column_ring"]
+    assert plan.launches[0][3][4] > 1  # P
+    rng = np.random.default_rng(shape[-1])
+    x = (rng.standard_normal(shape) * np.exp2(rng.uniform(-8, 8, shape[-1]))).astype(dtype)
+    x.reshape(-1, shape[-1])[7, 3] = np.nan
+    x.reshape(-1, shape[-1])[:, 5] = 0
+    check_gpu(x, resolve_scheme("int8_column"))
 
 
 def test_onepass_p_max_128(onepass):
@@ -92,9 +119,11 @@ def test_onepass_p_max_128(onepass):
     check_gpu(x, resolve_scheme("int8_column"))
 
 
-def test_onepass_repeated_calls_and_graph(onepass):
+@pytest.mark.parametrize("ring", [False, True])
+def test_onepass_repeated_calls_and_graph(onepass, ring):
     """The workspace is scratch of each call, zeroed in its sequence: calls after a first
     one (whose workspace ends non-zero), and a captured CUDA graph replayed on new data."""
+    onepass.setattr(kq, "COLUMN_RING", ring)
     sch = resolve_scheme("int8_column")
     rng = np.random.default_rng(2)
     shape = (4096, 2048)

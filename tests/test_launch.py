@@ -554,6 +554,44 @@ def test_compile_sequence_pdl_launches_by_cu_launch_kernel_ex(monkeypatch, param
                             ((66, 9, 2, 1, 96, 1, 1, 0, stream, "ex"), bytes(want2))]
 
 
+class _SmemKernel:
+    """A stand-in kernel that declares dynamic shared memory (``launch.dynamic_smem``)."""
+
+    def __init__(self, nbytes):
+        self.nqdq_dynamic_smem = nbytes
+
+
+def test_compile_sequence_dynamic_shared_memory(monkeypatch):
+    """A kernel carrying ``nqdq_dynamic_smem`` (the shared-memory ring of per-channel
+    scales) is launched with that many bytes of dynamic shared memory, by cuLaunchKernel
+    and in a PDL launch's CUlaunchConfig alike; kernels without it get 0."""
+    entries = []
+    launched = _record_launches(monkeypatch, entries)
+    plain = launch._cupy_launch
+    seen = []
+
+    def fake_ex(cfg_addr, handle, params, extra):
+        cfg = launch._LaunchConfig.from_address(cfg_addr)
+        seen.append(cfg.sharedMemBytes)
+        plain(handle, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ,
+              cfg.sharedMemBytes, cfg.hStream, params, extra)  # fmt: skip
+        return 0
+
+    monkeypatch.setattr(launch, "_driver_launch_ex", lambda: fake_ex)
+    e1 = _fake_entry((types.float32[::1], types.int64), 77, "k7")
+    e2 = _fake_entry((types.uint8[::1], types.int32), 88, "k8")
+    e3 = _fake_entry((types.uint8[::1], types.int32), 99, "k9")
+    entries += [e1, e2, e3]
+    assert launch.dynamic_smem(_SmemKernel(49152)) == 49152 and launch.dynamic_smem("k") == 0
+    launches = [(_SmemKernel(49152), 3, 128, (launch.Ptr("base", 0, 5, np.float32), 7)),
+                (_SmemKernel(100000), 2, 64, (launch.Ptr("xp", 0, 32, np.uint8), 4)),
+                ("k9", 1, 32, (launch.Ptr("xp", 0, 32, np.uint8), 4))]
+    run = launch.compile_sequence(launches, ("xp", "base"), entries=entries, pdl=(1,))
+    run(5, 0x1000, 0x8000)
+    assert [rec[0][7] for rec in launched] == [49152, 100000, 0]
+    assert seen == [100000]
+
+
 def test_launch_config_structs_match_cuda_h(tmp_path):
     """The ctypes CUlaunchConfig / CUlaunchAttribute have cuda.h's sizes and field offsets
     (compiled against the toolkit's header by the C compiler; skipped without either)."""

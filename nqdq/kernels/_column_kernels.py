@@ -359,6 +359,14 @@ def onepass_workspace_words(C, S):
     return C + S + 1
 
 
+def stripe_widths(upr, NT, vec):
+    """The stripe widths (units) of ONEPASS_WIDTHS a block of NT threads can take over rows
+    of ``upr`` units, widest first: W * vec channels at most NT (a thread each for the
+    scales), and none wider than 2 * upr (but the narrowest)."""
+    widths = ONEPASS_WIDTHS  # (read per call: tests narrow it)
+    return [W for W in widths if W * vec <= NT and (W < 2 * upr or W == widths[-1])]
+
+
 def onepass_geometry(rows, upr, sms, p_max=None, nt=None, vec=8, units=None):
     """(NT, W, U, P, S) of ``column_onepass`` for ``rows`` rows of ``upr`` units, or None
     where it does not fit (the caller takes the two passes). NT threads per block, stripes
@@ -371,9 +379,8 @@ def onepass_geometry(rows, upr, sms, p_max=None, nt=None, vec=8, units=None):
     blocks for a small input). Otherwise the widest stripes whose chunks of ONEPASS_UNITS
     units per thread (``units`` where given) cover the rows in P <= min(p_max, sms) chunks."""
     NT = nt or ONEPASS_THREADS
-    widths = ONEPASS_WIDTHS  # (read per call: tests narrow it)
     p_max = min(ONEPASS_P_MAX if p_max is None else p_max, sms)
-    fits = [W for W in widths if W * vec <= NT and (W < 2 * upr or W == widths[-1])]
+    fits = stripe_widths(upr, NT, vec)
     if not fits:
         return None
     for W in reversed(fits):  # P = 1: narrowest first

@@ -16,6 +16,9 @@ stub                         PTX (sm_80+; the fp8 ``mma`` needs sm_89+)
 ``cp_async16(...)``          ``cp.async.cg.shared.global [s], [g], 16, src_bytes``
 ``cp_async_commit()``        ``cp.async.commit_group``
 ``cp_async_wait(n)()``       ``cp.async.wait_group n``
+``shared_base(s)``          ``cvta.to.shared`` of a shared array (once per kernel)
+``cp_async_unit(s, b, i, g, j)``  ``cp.async.cg.shared.global`` of one 16-byte unit, word indices
+``ld_shared_u32x4(s, b, i)``  ``ld.shared.v4.u32``
 ``mbarrier_*`` (sm_90 wait)  ``mbarrier.init / arrive / try_wait.parity``,
                              ``cp.async.mbarrier.arrive.noinc``
 ``setmaxnreg(op, n)()``      ``setmaxnreg.{inc,dec}.sync.aligned.u32 n`` (sm_90a)
@@ -56,8 +59,8 @@ from ._target import SIMULATOR
 
 __all__ = [
     "ldmatrix_x4", "mma_s8s8", "mma_u8s8", "mma_fp8", "cp_async16", "cp_async_commit",
-    "cp_async_wait", "FP8_TYPES", "mbarrier_init", "mbarrier_arrive", "cp_async_mbarrier_arrive",
-    "mbarrier_try_wait", "setmaxnreg", "named_barrier",
+    "cp_async_wait", "shared_base", "cp_async_unit", "ld_shared_u32x4", "FP8_TYPES", "mbarrier_init",
+    "mbarrier_arrive", "cp_async_mbarrier_arrive", "mbarrier_try_wait", "setmaxnreg", "named_barrier",
 ]
 
 FP8_TYPES = ("e4m3", "e5m2")
@@ -239,6 +242,30 @@ def cp_async_wait(n: int):
     return _WAITS[n]
 
 
+def shared_base(smem):
+    """The 32-bit shared-window address of shared array ``smem`` (``cvta.to.shared``), for
+    ``cp_async_unit`` / ``ld_shared_u32x4``: taken once per kernel, not per access (ptxas
+    does not hoist it out of a loop). The twin: 0 (the twins index the array)."""
+    return 0
+
+
+def cp_async_unit(smem, sb, si, gmem, gi, ok):
+    """``cp.async.cg.shared.global`` of one 16-byte unit between uint32 arrays: words
+    ``si .. si + 3`` of shared ``smem`` (``sb``: its ``shared_base``) from words ``gi .. gi
+    + 3`` of global ``gmem``, or zeros where not ``ok`` (``gmem`` is then not read). Word
+    indices, both units 16-byte aligned. Per thread; complete (and visible to this thread)
+    after a ``cp_async_wait`` that covers its group. The twin copies at once."""
+    for k in range(4):
+        smem[si + k] = gmem[gi + k] if ok else np.uint32(0)
+
+
+def ld_shared_u32x4(smem, sb, si):
+    """``ld.shared.v4.u32``: words ``si .. si + 3`` (``si % 4 == 0``) of shared uint32
+    ``smem`` (``sb``: its ``shared_base``), one 16-byte load (four 32-bit loads of
+    16-byte strided lanes would conflict)."""
+    return smem[si], smem[si + 1], smem[si + 2], smem[si + 3]
+
+
 # ----------------------------------------------------------------------------- the GPU side
 if not SIMULATOR:
     from llvmlite import ir
@@ -351,6 +378,42 @@ if not SIMULATOR:
     def _ol_cp_async16(smem, soff, gmem, goff, nbytes):
         def impl(smem, soff, gmem, goff, nbytes):
             _cp_async16(_smem_u32(smem) + np.uint32(soff), _gmem_u64(gmem) + np.uint64(goff), np.uint32(nbytes))
+
+        return impl
+
+    @overload(shared_base, target="cuda")
+    def _ol_shared_base(smem):
+        def impl(smem):
+            return _smem_u32(smem)
+
+        return impl
+
+    @overload(cp_async_unit, target="cuda")
+    def _ol_cp_async_unit(smem, sb, si, gmem, gi, ok):
+        def impl(smem, sb, si, gmem, gi, ok):
+            g = np.uint64(gi) if ok else np.uint64(0)
+            n = np.uint32(16) if ok else np.uint32(0)
+            _cp_async16(np.uint32(sb) + np.uint32(si) * np.uint32(4), _gmem_u64(gmem) + g * np.uint64(4), n)
+
+        return impl
+
+    @intrinsic
+    def _lds_u32x4(typingctx, addr):
+        sig = types.UniTuple(types.uint32, 4)(types.uint32)
+
+        def codegen(context, builder, sig, args):
+            st = ir.LiteralStructType([_I32] * 4)
+            fty = ir.FunctionType(st, [_I32])
+            # side effect: reads what cp.async wrote; must stay after the wait / barrier
+            asm = ir.InlineAsm(fty, "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", side_effect=True)
+            return _ret_tuple(context, builder, sig, builder.call(asm, args), 4)
+
+        return sig, codegen
+
+    @overload(ld_shared_u32x4, target="cuda")
+    def _ol_ld_shared_u32x4(smem, sb, si):
+        def impl(smem, sb, si):
+            return _lds_u32x4(np.uint32(sb) + np.uint32(si) * np.uint32(4))
 
         return impl
 

@@ -187,6 +187,27 @@ if not SIMULATOR:
 
         return _cvt2
 
+    def _load_sem_i32(sem):
+        def load(typingctx, a, i):
+            sig = types.int32(a, i)
+
+            def codegen(context, builder, sig, args):
+                ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+                fty = ir.FunctionType(ir.IntType(32), [ptr.type])
+                asm = ir.InlineAsm(fty, f"ld.{sem}.gpu.global.s32 $0, [$1];", "=r,l", side_effect=True)
+                return builder.call(asm, [ptr])
+
+            return sig, codegen
+
+        return intrinsic(load)
+
+    # ``a[i]`` (int32) by ``ld.relaxed.gpu``: sees other blocks' atomics (never a stale L1
+    # line) and is issued again on every call (a spin's poll); cheaper than reading by an
+    # atomic, which serialises with the writers at L2. ``load_acquire_i32``: ``ld.acquire.gpu``,
+    # the same with acquire semantics (what other blocks released before their write of
+    # a[i] is visible to this thread's later loads, and through a block barrier its block's).
+    load_relaxed_i32 = _load_sem_i32("relaxed")
+    load_acquire_i32 = _load_sem_i32("acquire")
     cvt_e4m3x2 = _cvt_pair_intrinsic("e4m3x2")  # (code(hi) << 8) | code(lo), NaN canonical
     cvt_e5m2x2 = _cvt_pair_intrinsic("e5m2x2")
     _ = cgutils
@@ -198,6 +219,12 @@ else:
         return (a[j], a[j + 1], a[j + 2], a[j + 3])
 
     load_u32x4_ordered = load_u32x4  # (the order of loads is not observable in the simulator)
+
+    def load_relaxed_i32(a, i):
+        """Simulator twin: the element."""
+        return a[i]
+
+    load_acquire_i32 = load_relaxed_i32
 
     def store_u32x2(a, i, w0, w1):
         """Simulator twin: two consecutive words."""

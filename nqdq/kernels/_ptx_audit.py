@@ -123,6 +123,8 @@ def sweep_launches():
         ("int8_centred", {"axis": 0}, (256, 8), np.float32, None),
         ("mxfp8", {"axis": 0}, (64, 8), np.float32, None),
         ("int4", {"granularity": "column"}, (8, 256), np.float32, None),
+        ("int8_column", {}, (128, 4096), ml_dtypes.bfloat16, None),  # the shared-memory ring (P = 2 in a dry run)
+        ("e4m3", {"granularity": "column"}, (256, 1024), np.float32, None),
         ("int8", {"granularity": "block", "symmetric": False}, (8, 256), np.float32, None),
     ]
     # stochastic rounding on the 16-byte-unit kernels (their stoch variants: kq.LASTAXIS_STOCH on

@@ -16,6 +16,7 @@ import numpy as np
 from . import _gemm_kernels as G
 from . import _gemm_wgmma as W
 from ._target import SIMULATOR, device_cc
+from .launch import allow_smem
 
 __all__ = ["gemm", "PreparedGemm", "TileConfig", "WgmmaConfig", "GemmSpec", "default_config", "SIM_CONFIG"]
 
@@ -155,26 +156,6 @@ def built_kernels() -> dict:
     return dict(_KERNELS)
 
 
-_SMEM_SET: set = set()
-
-
-def _allow_smem(kern, nbytes):
-    """Raise the dynamic shared memory limit (48 KiB unless opted in) of every compiled
-    overload of ``kern`` to ``nbytes`` (cuKernelSetAttribute on Numba's own handle)."""
-    if nbytes <= 48 * 1024:
-        return
-    from numba.cuda.cudadrv import driver as drv
-
-    for compiled in kern.overloads.values():
-        fn = compiled._codelibrary.get_cufunc()
-        key = (int(fn.handle), nbytes)
-        if key in _SMEM_SET:
-            continue
-        attr = drv.binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        drv.driver.cuKernelSetAttribute(attr, nbytes, fn.handle, fn.device.id)
-        _SMEM_SET.add(key)
-
-
 class _Lib:
     """Allocation and copies in the array library the call runs in."""
 
@@ -277,7 +258,7 @@ class PreparedGemm:
                 from .launch import fast_kernel
 
                 kern.compile(kernel_signature(spec))
-                _allow_smem(kern, cfg.smem_bytes)
+                allow_smem(kern, cfg.smem_bytes)
                 fk = fast_kernel(kern)
                 fk.compile(args)
                 self._launch = fk.prepare(grid, cfg.threads, args, shared_mem=cfg.smem_bytes)

@@ -506,6 +506,34 @@ def _make_fast_launch(key, entry):
 # The public objects
 
 
+_SMEM_SET: set = set()
+
+
+def dynamic_smem(kernel) -> int:
+    """Bytes of dynamic shared memory ``kernel`` is always launched with: its
+    ``nqdq_dynamic_smem`` attribute (set by the factories of kernels that declare
+    ``cuda.shared.array(0, ...)``), 0 where it has none."""
+    return int(getattr(kernel, "nqdq_dynamic_smem", 0))
+
+
+def allow_smem(kern, nbytes):
+    """Raise the dynamic shared memory limit (48 KiB unless opted in) of every compiled
+    overload of ``kern`` to ``nbytes`` (cuKernelSetAttribute on Numba's own handle). Any
+    non-zero amount opts in: the 48 KiB default bounds static and dynamic together."""
+    if nbytes <= 0 or simulated():
+        return
+    from numba.cuda.cudadrv import driver as drv
+
+    for compiled in kern.overloads.values():
+        fn = compiled._codelibrary.get_cufunc()
+        key = (int(fn.handle), nbytes)
+        if key in _SMEM_SET:
+            continue
+        attr = drv.binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        drv.driver.cuKernelSetAttribute(attr, nbytes, fn.handle, fn.device.id)
+        _SMEM_SET.add(key)
+
+
 class FastKernel:
     """A Numba ``@cuda.jit`` kernel launched through ``cuLaunchKernel`` with packed arguments.
 
@@ -527,6 +555,7 @@ class FastKernel:
         self._fixed_entry = None
         self._fast_launch = None  # specialised launcher for the last key seen (see _make_fast_launch)
         self._cc = None
+        self.smem = dynamic_smem(kernel)  # launched with this much dynamic shared memory where a launch gives 0
         py = getattr(kernel, "py_func", None)
         import inspect
 
@@ -555,6 +584,7 @@ class FastKernel:
 
     def launch(self, grid, block, args, stream=None, shared_mem: int = 0):
         """Launch on ``stream`` (None: CuPy's current stream, else the legacy default)."""
+        shared_mem = shared_mem or self.smem
         if not self.fast:
             return self._numba_launch(grid, block, args, stream, shared_mem)
         gx, gy, gz = (grid, 1, 1) if type(grid) is int else _dim3(grid)
@@ -636,6 +666,7 @@ class FastKernel:
         return getattr(getattr(self.kernel, "py_func", None), "__name__", repr(self.kernel))
 
     def _numba_launch(self, grid, block, args, stream, shared_mem):
+        shared_mem = shared_mem or self.smem
         if stream is None:
             cp = sys.modules.get("cupy")
             stream = 0
@@ -643,6 +674,9 @@ class FastKernel:
                 from numba import cuda
 
                 stream = cuda.external_stream(cp.cuda.get_current_stream().ptr)
+        if shared_mem and not simulated():  # compiled first, to opt in before the launch
+            self.kernel.compile(tuple(self.kernel.typeof_pyval(a) for a in args))
+            allow_smem(self.kernel, shared_mem)
         self.kernel[grid, block, stream, shared_mem](*args)
 
     def _explain_args(self, args):
@@ -679,6 +713,7 @@ class FastKernel:
                 else:
                     _cupy_type()
                     compiled = self.kernel.compile(argtypes)
+                    allow_smem(self.kernel, self.smem)
                     if _needs_numba_launch(self.kernel, compiled):
                         entry = _NUMBA_LAUNCH
                     else:
@@ -728,7 +763,7 @@ class PreparedLaunch:
         self.args = tuple(args)
         self.grid = _dim3(grid)
         self.block = _dim3(block)
-        self.shared_mem = int(shared_mem)
+        self.shared_mem = int(shared_mem) or fk.smem
         if entry is not None:
             self._buf, self._ptrs, self._addr = entry.new_buffer()
             entry.pack(self._buf, self.args)
@@ -830,13 +865,19 @@ def _driver_launch_ex():
     return _cu_launch_ex
 
 
-def _pdl_config(grid, block):
-    """(config, attribute): a CUlaunchConfig of ``grid`` x ``block`` with the programmatic
-    serialization attribute (its stream is set per call); keep both alive together."""
+def _smem_of(kern) -> int:
+    """Dynamic shared memory of a sequence's kernel (dispatcher or FastKernel)."""
+    return kern.smem if isinstance(kern, FastKernel) else dynamic_smem(kern)
+
+
+def _pdl_config(grid, block, smem=0):
+    """(config, attribute): a CUlaunchConfig of ``grid`` x ``block`` (``smem`` bytes of
+    dynamic shared memory) with the programmatic serialization attribute (its stream is
+    set per call); keep both alive together."""
     attr = _LaunchAttribute(id=_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
     gx, gy, gz = _dim3(grid)
     bx, by, bz = _dim3(block)
-    cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, 0, None, ctypes.pointer(attr), 1)
+    cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, smem, None, ctypes.pointer(attr), 1)
     return cfg, attr
 
 
@@ -920,8 +961,9 @@ def compile_sequence(launches, names, *, entries=None, pdl=()):
         ns[f"_N{i}"] = entry.name
         gx, gy, gz = _dim3(grid)
         bx, by, bz = _dim3(block)
+        smem = _smem_of(_kern)
         params = f"0, b[{4 * i + 3}]" if param_buffer else f"b[{4 * i + 1}], 0"  # kernelParams, extra
-        call = f"_K(_H{i}, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, 0, stream, {params})"
+        call = f"_K(_H{i}, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {smem}, stream, {params})"
         if i in pdl:  # its CUlaunchConfig (this thread's, after the launches' buffers): the stream, then the launch
             c = 4 * len(launches) + 2 * sorted(pdl).index(i)
             ns["_KX"] = _driver_launch_ex()
@@ -949,7 +991,7 @@ def compile_sequence(launches, names, *, entries=None, pdl=()):
             out += [buf, addr, words, ctypes.addressof(extra)]
             keep += [ptrs, size, extra]  # what addr and the extra array point at
         for i in sorted(pdl):
-            cfg, attr = _pdl_config(launches[i][1], launches[i][2])
+            cfg, attr = _pdl_config(launches[i][1], launches[i][2], _smem_of(launches[i][0]))
             out += [cfg, ctypes.addressof(cfg)]
             keep.append(attr)
         out.append(keep)

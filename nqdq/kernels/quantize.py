@@ -619,6 +619,10 @@ COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -
 # host-bound), 65536x1024 43 % (42 %): on.
 COLUMN_ONEPASS = True
 COLUMN_ONEPASS_P_MAX = None
+# ... through a shared-memory ring where its geometry fits and the stripes take more than one
+# chunk (_column_ring: cp.async loads of a block's next items in flight while it waits and
+# encodes). NQDQ_COLUMN_RING=0: the register kernels (A/B).
+COLUMN_RING = os.environ.get("NQDQ_COLUMN_RING", "1") == "1"
 COLUMN_ONEPASS_SYNC = False
 
 
@@ -657,6 +661,14 @@ def _onepass_column(rows, C, kind, fmt, maxe, packed, rec, out, nt):
     if not COLUMN_ONEPASS:
         return None
     from . import _column_kernels as CK
+
+    if COLUMN_RING:
+        from . import _column_ring as CR
+
+        ring = CR.ring_launch(kind, fmt, maxe, packed, rows, C, _sm_count(), rec.empty, _X, out.scales, out.codes,
+                              allow_p1=COLUMN_ONEPASS_SYNC)  # fmt: skip
+        if ring is not None:
+            return [ring]
 
     return CK.onepass_launches(kind, fmt, maxe, packed, rows, C, _sm_count(), COLUMN_ONEPASS_P_MAX, COLUMN_ONEPASS_SYNC,
                                rec.empty, _X, out.scales, out.codes, nt)  # fmt: skip

@@ -1,0 +1,334 @@
+"""Per-channel (``column``) float scales in one pass through a shared-memory ring
+(``column_ring``): the one-pass design of ``_column_kernels`` (a work item is a stripe of W
+16-byte unit columns by a chunk of R rows; the amaxes of a stripe's P chunks meet in a
+workspace; a block encodes its chunk once all P have arrived) with the chunks held in
+shared memory instead of registers, so that a block keeps loading while it waits and
+encodes.
+
+Persistent blocks of NT threads, each with a ring of D slots of one item (U units a
+thread: ``D * U * NT * 16`` bytes of dynamic shared memory). Iteration k of a block:
+
+1. takes the next ticket (item k + D - 1) and issues its loads into the free slot with
+   ``cp.async`` (``_mma.cp_async_unit``; zeros for units past the rows or channels), one
+   commit group per item (empty past the last ticket);
+2. waits for the group of item k + L (``cp.async.wait_group D - 1 - L``: the D - 1 - L
+   newer groups may stay in flight), reduces its per-channel amaxes, adds them to the
+   stripe's workspace by atomic max and arrives on the stripe's counter (``arrive``);
+3. looks once at the counter of item k's stripe (arrived L iterations ago). If it is not
+   complete, the block first waits for all its loads and arrives every item it holds, then
+   spins until it is;
+4. computes the stripe's scales from the workspace as ``finalize`` does, encodes item k
+   from its slot and writes the codes (chunk 0 of a stripe its scales).
+
+So DRAM keeps D - 1 - L items a block in flight while the block waits and encodes, and a
+stripe normally completes in the L iterations between a block's arrival and its encode.
+
+*Why it cannot deadlock* (the one-pass argument of ``_column_kernels``, with "held" for
+"its own"): tickets are taken in order, stripe-major, by blocks that have started. A block
+spins only in step 3, after arriving every item it holds, and nothing else a block does
+waits on another block. If every running block were spinning, let s be the lowest
+incomplete stripe: every issued ticket has arrived (held ones by the rule above, the rest
+by blocks that finished), so s has a ticket not yet issued, and every ticket issued is
+below it; a spinning block spins on its oldest item's stripe, which is therefore s. So
+each running block holds a distinct ticket of s, and there are at most P - 1 of them. With
+P <= the blocks that can be resident at once (``ring_launch`` bounds P by the SM count
+times the blocks an SM holds) that cannot happen.
+
+Under the CUDA simulator blocks run one after another, so only P = 1 runs there (a stripe
+is complete at its own arrival); ``RING_FORCE_WAIT`` (tests) takes step 3's wait path on
+every item, so the simulator covers it too.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, types
+
+from ._codec import F32, KIND_F32, bits_f32
+from ._column_kernels import (
+    _SLEEP, _SLEEP_MAX_NS, _expand, amax_bits, encode_finite_or_flag, encode_unit_cols, onepass_workspace_words,
+    stripe_widths, unit_col_scales, word_max,
+)  # fmt: skip
+from ._division import RECIP_DIV, recip_guarded
+from ._mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, shared_base
+from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports, load_acquire_i32, load_relaxed_i32
+from ._rowwise_kernels import load_unit, unit_elems, vec_of
+from ._scales import float_scale
+from ._target import SIMULATOR, devfn
+
+
+def _env_geometry():
+    """(NT, U, D, L) from NQDQ_COLUMN_RING_GEOMETRY ("NT,U,D,L": A/B on a GPU; read at import)."""
+    v = os.environ.get("NQDQ_COLUMN_RING_GEOMETRY", "128,8,3,1")
+    NT, U, D, L = (int(p) for p in v.split(","))
+    if not (1 <= L < D - 0 and D - 1 - L >= 0 and D <= 8):
+        raise ValueError(f"NQDQ_COLUMN_RING_GEOMETRY={v!r}: need 1 <= L <= D - 1, D <= 8")
+    return NT, U, D, L
+
+
+RING_THREADS, RING_UNITS, RING_SLOTS, RING_LAG = (64, 2, 3, 1) if SIMULATOR else _env_geometry()
+RING_BLOCKS_PER_SM = 4  # resident blocks an SM is asked to hold (launch bounds; the smem fits them)
+RING_P_MAX = 256  # chunks per stripe at most (and at most the resident blocks)
+RING_FORCE_WAIT = False  # tests: step 3's wait path on every item
+RING_RELAXED = True  # counters and amaxes read by ld.relaxed.gpu (False: by atomics; A/B)
+SMEM_PER_SM = 228 * 1024  # H100 / H200: shared memory an SM holds
+SMEM_RESERVED = 1024  # per resident block (the driver's)
+
+
+def ring_smem(NT, U, D):
+    """Dynamic shared memory of a block: D slots of U units a thread."""
+    return D * U * NT * 16
+
+
+def static_smem(NT, vec):
+    """The kernel's static shared arrays (red, scales, reciprocals, tickets), bytes."""
+    return NT * vec * 4 + 2 * 32 * vec * 4 + 64
+
+
+# The kernel's source: snippets for a slot's loads (STAGE), its arrival (ARRIVE) and the
+# encode, with the lines marked "#U" repeated for each unit i < U ({i} replaced: straight-line
+# code, every shared offset a constant) and {d} the slot's variable. W (the stripe width),
+# NT, U, D and L are compile-time constants, so t % W, t // W and the row loops fold; the
+# stripe of an item is one 32-bit division by the runtime P (``udiv32``); the shared window's
+# base address is taken once (``_mma.shared_base``).
+_STAGE = """
+s_it = np.int64(tk[{d}])
+if s_it < total:
+    s_st = udiv32(s_it, P)
+    s_uc = s_st * W + lu
+    s_r0 = (s_it - s_st * P) * (U * RG) + rg
+    s_nv = 0
+    if s_uc < upr:
+        s_nv = min(max(rows - s_r0 + (RG - 1), 0) >> LOG_RG, U)
+    s_g = s_r0 * upr + s_uc
+    s_sw = {d} * SLOT + t4
+    if aligned:
+        cp_async_unit(ring, sb, s_sw + {i} * NT * 4, x32, (s_g + {i} * ustep) * 4, {i} < s_nv)  #U
+    else:
+        stage_sync(ring, s_sw + {i} * NT * 4, x, x32, s_g + {i} * ustep, {i} < s_nv, kind)  #U
+"""
+_ARRIVE = """
+a_st = udiv32(tk[{d}], P)
+a_sw = {d} * SLOT + t4
+a_m8 = (z, z, z, z, z, z, z, z)
+a_m8 = word_max(a_m8, ld_shared_u32x4(ring, sb, a_sw + {i} * NT * 4), kind)  #U
+for j in range(VEC):
+    red[t, j] = amax_bits(a_m8[j], j, kind)
+cuda.syncthreads()
+if t < CH:
+    a_m = z
+    for a_gg in range(RG):
+        a_m = max(a_m, red[(t // VEC) + a_gg * W, t % VEC])
+    if a_st * CH + t < C:
+        cuda.atomic.max(ws, a_st * CH + t, a_m)
+cuda.syncthreads()
+if t == 0:  # the block's atomics (ordered before it by the barrier) visible before the arrival
+    cuda.threadfence()
+    cuda.atomic.add(ws, C + a_st, np.int32(1))
+arrived |= 1 << {d}
+"""
+
+
+@devfn
+def udiv32(a, b):
+    """a // b for 0 <= a, b < 2**32 as one 32-bit division (int64 result)."""
+    return np.int64(np.uint32(a) // np.uint32(b))
+
+
+@devfn
+def stage_sync(ring, si, x, x32, u, ok, kind):
+    """Unaligned input: unit ``u`` loaded (element by element) and stored into the ring."""
+    w = load_unit(x, x32, False, u, ok, kind)
+    ring[si] = w[0]
+    ring[si + 1] = w[1]
+    ring[si + 2] = w[2]
+    ring[si + 3] = w[3]
+
+
+_RING_SRC = """
+def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
+    t = cuda.threadIdx.x
+    ring = cuda.shared.array(0, u32)  # (a Numba type: the simulator sizes dynamic arrays by it)
+    red = cuda.shared.array((NT, VEC), np.int32)
+    sc = cuda.shared.array(CH, np.float32)
+    rcs = cuda.shared.array(CH, np.float32)
+    tk = cuda.shared.array(D, np.int32)  # each slot's item (>= total: none)
+    flag = cuda.shared.array(1, np.int32)
+    sb = shared_base(ring)
+    lu = t % W
+    rg = t // W
+    t4 = t * 4
+    total = S * P
+    ustep = np.int64(RG) * upr  # units between a thread's units of an item
+    z = np.int32(0)
+    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
+    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
+    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    aligned = (array_addr(x) & 15) == 0
+    arrived = 0  # bit d: slot d's item has arrived (every thread keeps the same mask)
+    for d in range(D - 1):  # items 0 .. D - 2 in flight
+        if t == 0:
+            tk[d] = cuda.atomic.add(ws, C + S, np.int32(1))
+        cuda.syncthreads()
+{STAGE_d}
+        commit()
+    wait_lag()
+    for d in range(L):  # items 0 .. L - 1 arrive
+        if tk[d] < total:
+{ARRIVE_d}
+    k = 0
+    while True:
+        sl = k % D
+        nx = (k + D - 1) % D  # the slot item k - 1 left
+        item = np.int64(tk[sl])
+        stripe = udiv32(item, P)
+        chunk = item - stripe * P
+        if t == 0:  # the next ticket, and one look at item k's stripe: both in flight at once
+            tk[nx] = cuda.atomic.add(ws, C + S, np.int32(1))
+            flag[0] = 1 if not FORCE_WAIT and item < total and peek_acq(ws, C + stripe) >= P else 0
+        cuda.syncthreads()
+        arrived &= ~(1 << nx)
+        ready = flag[0] == 1
+        m = z
+        if ready and t < CH and stripe * CH + t < C:  # the stripe's amaxes, loaded while k + L arrives
+            m = peek(ws, stripe * CH + t)
+{STAGE_nx}
+        commit()
+        wait_lag()  # item k + L's loads are complete
+        la = (k + L) % D
+        if tk[la] < total and (arrived >> la) & 1 == 0:
+{ARRIVE_la}
+        if item >= total:  # (tickets only grow: nothing after it either)
+            break
+        if not ready:  # every item held arrives before the block waits
+            wait_all()
+            for j1 in range(1, D):
+                d = (k + j1) % D
+                if tk[d] < total and (arrived >> d) & 1 == 0:
+{ARRIVE_d3}
+            if t == 0:
+                ns = np.uint32(32)
+                while peek_acq(ws, C + stripe) < P:
+                    if SLEEP:
+                        cuda.nanosleep(ns)
+                    ns = min(ns * np.uint32(2), np.uint32(SLEEP_MAX_NS))
+            cuda.syncthreads()
+            if t < CH and stripe * CH + t < C:
+                m = peek(ws, stripe * CH + t)
+        if t < CH:  # scales as finalize computes them
+            s = float_scale(bits_f32(np.uint32(m)), MAXE)
+            sc[t] = s
+            rcs[t] = recip_guarded(s)
+            if chunk == 0 and stripe * CH + t < C:
+                scales[stripe * CH + t] = s
+        cuda.syncthreads()
+        sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
+        uc = stripe * W + lu
+        r0 = chunk * (U * RG) + rg
+        nv = 0
+        if uc < upr:
+            nv = min(max(rows - r0 + (RG - 1), 0) >> LOG_RG, U)
+        g = r0 * upr + uc
+        sw = sl * SLOT + t4
+        slow = np.uint32(0)
+        if {i} < nv: slow |= encode_finite_or_flag(unit_elems(ld_shared_u32x4(ring, sb, sw + {i} * NT * 4), kind), sv, rc, okr, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, {i})  #U
+        i = 0
+        while slow != 0:  # units with a NaN / inf or a scale without reciprocal: the general encode
+            if slow & np.uint32(1):
+                e = unit_elems(ld_shared_u32x4(ring, sb, sw + i * NT * 4), kind)
+                encode_unit_cols(e, sv, ok, g + i * ustep, codes, c16, c32, fmt, CVT, VEC, NB)
+            slow >>= np.uint32(1)
+            i += 1
+        cuda.syncthreads()  # (slot sl, sc, rcs, flag and the tickets are rewritten next)
+        k += 1
+"""
+
+
+def _indent(src, n):
+    return "\n".join(" " * n + ln if ln.strip() else ln for ln in src.strip("\n").splitlines())
+
+
+def _ring_source(U):
+    src = _RING_SRC
+    for key, snip, d, n in (("{STAGE_d}", _STAGE, "d", 8), ("{ARRIVE_d}", _ARRIVE, "d", 12),
+                            ("{STAGE_nx}", _STAGE, "nx", 8), ("{ARRIVE_la}", _ARRIVE, "la", 12),
+                            ("{ARRIVE_d3}", _ARRIVE, "d", 20)):  # fmt: skip
+        src = src.replace(key, _indent(snip.replace("{d}", d), n))
+    return _expand(src, U)
+
+
+def _peek_atomic(a, i):
+    return cuda.atomic.add(a, i, np.int32(0))
+
+
+peek_atomic = devfn(_peek_atomic)
+
+
+@lru_cache(maxsize=None)
+def make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, force_wait=False, bps=None, relaxed=None):
+    """Persistent blocks of NT threads over items of U units a thread of stripes W units
+    wide (R = U * NT / W rows), a ring of D slots, arrivals L items ahead of the encode; the
+    kernel carries its dynamic shared memory (``launch.dynamic_smem``). ``bps``: blocks an
+    SM (launch bounds; RING_BLOCKS_PER_SM); ``relaxed``: counters and amaxes read by
+    ``ld.relaxed`` / ``ld.acquire`` (RING_RELAXED), else by atomics."""
+    bps = bps or RING_BLOCKS_PER_SM
+    relaxed = RING_RELAXED if relaxed is None else relaxed
+    vec = vec_of(kind)
+    RG = NT // W
+    ns = dict(
+        kind=kind, fmt=fmt, NT=NT, W=W, RG=RG, LOG_RG=RG.bit_length() - 1, U=U, D=D, L=L, VEC=vec, CH=W * vec,
+        SLOT=U * NT * 4, NB=(fmt[5] if packed else 8), SH=0 if kind == KIND_F32 else 1,
+        CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV, MAXE=F32(max_elem),
+        FORCE_WAIT=force_wait, SLEEP=_SLEEP, SLEEP_MAX_NS=_SLEEP_MAX_NS, u32=types.uint32,
+        peek=load_relaxed_i32 if relaxed else peek_atomic, peek_acq=load_acquire_i32 if relaxed else peek_atomic,
+        commit=cp_async_commit, wait_lag=cp_async_wait(D - 1 - L), wait_all=cp_async_wait(0),
+    )  # fmt: skip
+    src = _ring_source(U) + "\n"
+    glb = dict(globals())
+    glb.update(ns)
+    exec(compile(src, f"<nqdq column_ring NT={NT} W={W} U={U} D={D} L={L}>", "exec"), glb)
+    fn = glb["column_ring"]
+    fn.source = src
+    k = cuda.jit(fn) if SIMULATOR else cuda.jit(fn, launch_bounds=(NT, bps))
+    k.nqdq_dynamic_smem = ring_smem(NT, U, D)
+    return k
+
+
+def ring_geometry(rows, upr, sms, vec, nt=None, units=None, slots=None):
+    """(NT, W, U, D, L, P, S) of ``column_ring`` for ``rows`` rows of ``upr`` units: the
+    widest stripes (``_column_kernels.stripe_widths``) whose chunks of R = U * NT / W rows
+    cover the rows in P <= min(RING_P_MAX, resident blocks) chunks; None where none does,
+    or where the ring does not fit RING_BLOCKS_PER_SM blocks an SM. ``sms``: the SM count
+    (1 under the simulator, which runs one block at a time)."""
+    NT = nt or RING_THREADS
+    U = units or RING_UNITS
+    D = slots or RING_SLOTS
+    L = min(RING_LAG, D - 1)
+    per_block = ring_smem(NT, U, D) + static_smem(NT, vec) + SMEM_RESERVED
+    if not SIMULATOR and per_block * RING_BLOCKS_PER_SM > SMEM_PER_SM:
+        return None
+    p_max = min(RING_P_MAX, sms * (1 if SIMULATOR else RING_BLOCKS_PER_SM))
+    for W in stripe_widths(upr, NT, vec):
+        P = -(-rows // (U * NT // W))
+        if P <= p_max:
+            return NT, W, U, D, L, P, -(-upr // W)
+    return None
+
+
+def ring_launch(kind, fmt, max_elem, packed, rows, C, sms, empty, x, scales, codes, allow_p1=False):
+    """The launch ``(kernel, grid, block, args)`` of ``column_ring``, or None where
+    ring_geometry does not apply (or gives P = 1, unless ``allow_p1``: tests). Its
+    workspace (onepass_workspace_words) is a "zero" slot of ``empty``."""
+    vec = vec_of(kind)
+    g = ring_geometry(rows, C // vec, sms, vec)
+    if g is None or (g[5] == 1 and not allow_p1):
+        return None
+    NT, W, U, D, L, P, S = g
+    k = make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, RING_FORCE_WAIT, RING_BLOCKS_PER_SM,
+                                RING_RELAXED)  # fmt: skip
+    grid = min(S * P, sms * (1 if SIMULATOR else RING_BLOCKS_PER_SM))
+    ws = empty(onepass_workspace_words(C, S), np.int32, "zero")
+    return (k, grid, NT, (x, rows, C // vec, C, P, S, ws, scales, codes))

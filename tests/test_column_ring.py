@@ -1,0 +1,147 @@
+"""The shared-memory ring kernel of per-channel scales (``_column_ring.column_ring``) in the
+simulator, bit for bit against the NumPy reference: through the plan (P = 1: one block
+takes every stripe in turn, so the ring's slots cycle), launched directly with P = 2 chunks
+a stripe (one block holds both), and with the wait path taken on every item
+(``RING_FORCE_WAIT``). cp.async and ld.shared.v4 run as their twins here; the GPU tests
+(tests/test_column_onepass_gpu.py, ``ring``) run the instructions with P > 1. The geometry
+is checked by hand against the issue's shapes."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import nqdq.kernels._column_ring as CR
+import nqdq.kernels.quantize as kq
+from nqdq.kernels.launch import dynamic_smem
+from nqdq.reference import quantize as ref
+from nqdq.schemes import resolve_scheme
+
+from test_column_onepass import _column_data, _launched
+from test_kernels import _KINDS, check
+
+
+@pytest.fixture
+def ring(onepass):
+    onepass.setattr(kq, "COLUMN_RING", True)
+    onepass.setattr(kq, "COLUMN_ONEPASS_SYNC", True)  # the ring at P = 1 (the simulator's only P)
+    return onepass
+
+
+# ----------------------------------------------------------------------------- geometry
+_H100 = dict(RING_THREADS=128, RING_UNITS=8, RING_SLOTS=3, RING_LAG=1, RING_BLOCKS_PER_SM=4)  # the GPU defaults
+
+
+@pytest.mark.parametrize(
+    "rows, upr, vec, knobs, want",
+    [
+        # bf16 8192 x 8192 on 132 SMs, 128 threads, 8 units a thread: W = 16 (128 channels:
+        # a thread each for the scales), chunks of 8 * 128 / 16 = 64 rows, P = 128 <= 256
+        (8192, 1024, 8, {}, (128, 16, 8, 3, 1, 128, 64)),
+        # bf16 16384 x 7168: P = 256 (at most RING_P_MAX, and 4 blocks x 132 SMs resident)
+        (16384, 896, 8, {}, (128, 16, 8, 3, 1, 256, 56)),
+        # 32768 rows: P = 512 at W = 16, 256 at W = 8
+        (32768, 896, 8, {}, (128, 8, 8, 3, 1, 256, 112)),
+        # f32: 4 channels a unit, W = 32 (128 channels), 32 rows a chunk
+        (8192, 2048, 4, {}, (128, 32, 8, 3, 1, 256, 64)),
+        # too tall for the narrowest stripe (W = 4: 256 rows a chunk, P = 1024 > 256)
+        (262144, 128, 8, {}, None),
+        # 256 threads, 2 blocks an SM: W = 32, P = 128 / 256
+        (8192, 1024, 8, dict(RING_THREADS=256, RING_BLOCKS_PER_SM=2), (256, 32, 8, 3, 1, 128, 32)),
+        (16384, 896, 8, dict(RING_THREADS=256, RING_BLOCKS_PER_SM=2), (256, 32, 8, 3, 1, 256, 28)),
+        # 4 slots of 256 threads x 8 units do not fit twice in an SM
+        (8192, 1024, 8, dict(RING_THREADS=256, RING_SLOTS=4, RING_BLOCKS_PER_SM=2), None),
+    ],
+)
+def test_ring_geometry(rows, upr, vec, knobs, want, monkeypatch):
+    monkeypatch.setattr(CR, "SIMULATOR", False)  # the GPU's rules
+    for k, v in {**_H100, **knobs}.items():
+        monkeypatch.setattr(CR, k, v)
+    assert CR.ring_geometry(rows, upr, 132, vec) == want
+
+
+def test_ring_smem_fits():
+    """The defaults: 3 slots of 8 units x 128 threads, 48 KiB of ring + the static arrays +
+    1 KiB reserved, four times within an SM's 228 KiB; a fourth slot does not fit."""
+    per_block = CR.ring_smem(128, 8, 3) + CR.static_smem(128, 8) + CR.SMEM_RESERVED
+    assert CR.ring_smem(128, 8, 3) == 48 * 1024 and 4 * per_block <= CR.SMEM_PER_SM
+    assert 4 * (CR.ring_smem(128, 8, 4) + CR.static_smem(128, 8) + CR.SMEM_RESERVED) > CR.SMEM_PER_SM
+
+
+# ----------------------------------------------------------------------------- bit for bit
+@pytest.mark.parametrize(
+    "name, kw, shape, dtype",
+    [
+        ("int8_column", {}, (13, 256), ml_dtypes.bfloat16),  # 4 stripes of 8 units through one block
+        ("int8_column", {}, (7, 100), np.float32),  # 25 units: the last stripe partial
+        ("int8_column", {}, (16, 200), np.float16),
+        ("e4m3", {"granularity": "column"}, (2, 5, 96), ml_dtypes.bfloat16),
+        ("int4", {"granularity": "column"}, (9, 64), ml_dtypes.bfloat16),
+    ],
+)
+def test_ring_exact(ring, name, kw, shape, dtype):
+    sch = resolve_scheme(name, **kw)
+    x = _column_data(shape, seed=shape[-1]).astype(dtype)
+    assert _launched(x.shape, dtype, sch) == ["column_ring"]
+    plan = kq.get_plan(x.shape, _KINDS[dtype], sch)
+    ((k, grid, block, args),) = plan.launches
+    assert grid == 1 and dynamic_smem(k) == CR.ring_smem(block, CR.RING_UNITS, CR.RING_SLOTS)
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
+def test_ring_off_and_p1(onepass):
+    """Without the workspace (P = 1, COLUMN_ONEPASS_SYNC off) the register kernel stays;
+    COLUMN_RING off: the register kernel with the workspace."""
+    sch = resolve_scheme("int8_column")
+    onepass.setattr(kq, "COLUMN_RING", True)
+    assert _launched((13, 256), ml_dtypes.bfloat16, sch) == ["column_onepass"]
+    onepass.setattr(kq, "COLUMN_RING", False)
+    onepass.setattr(kq, "COLUMN_ONEPASS_SYNC", True)
+    kq._PLANS.clear()
+    assert _launched((13, 256), ml_dtypes.bfloat16, sch) == ["column_onepass"]
+
+
+def _direct(x, sch, W, P, force_wait, D=3, L=1, U=1):
+    """Launch column_ring once (one block of the simulator's threads) over a 2-D input with
+    W-unit stripes of P chunks of U units a thread; returns (int8 codes, scales)."""
+    rows, C = x.shape
+    kind = _KINDS[x.dtype.type]
+    vec = 4 if x.dtype == np.float32 else 8
+    upr = C // vec
+    S = -(-upr // W)
+    NT = CR.RING_THREADS
+    assert -(-rows // (U * NT // W)) == P
+    k = CR.make_column_ring_kernel(kind, kq.format_tuple(sch), kq._max_elem(sch), NT, W, U, D, L, False, force_wait)
+    xf = x.reshape(-1)
+    xf = xf if x.dtype == np.float32 else xf.view(np.uint16)
+    ws = np.zeros(C + S + 1, np.int32)
+    scales = np.full(C, np.nan, np.float32)
+    codes = np.full(rows * C, 0xA5, np.uint8)
+    k[1, NT, 0, dynamic_smem(k)](xf, rows, upr, C, P, S, ws, scales, codes)
+    # one block took every ticket: D - 1 ahead, then one an iteration, the last one past the end
+    assert ws[C + S] == S * P + D
+    assert (ws[C : C + S] == P).all()  # every stripe's P arrivals, none twice
+    return codes.view(np.int8).reshape(rows, C), scales
+
+
+@pytest.mark.parametrize("force_wait", [False, True])
+@pytest.mark.parametrize(
+    "dtype, C, W, P, D, L",
+    [
+        (ml_dtypes.bfloat16, 128, 8, 2, 3, 1),  # 2 stripes x 2 chunks of 8 rows; lag 1
+        (ml_dtypes.bfloat16, 136, 4, 3, 4, 2),  # 5 stripes (the last partial) x 3 chunks; 4 slots, lag 2
+        (np.float32, 96, 8, 2, 3, 2),  # f32; lag 2: arrival right after the loads (wait_group 0)
+    ],
+)
+def test_ring_direct_chunks(dtype, C, W, P, D, L, force_wait):
+    """P > 1 in one block: a stripe completes by the block's own arrivals, L items ahead of
+    its encode (or, with force_wait, by the wait path's arrival of every item held)."""
+    sch = resolve_scheme("int8_column")
+    NT = CR.RING_THREADS
+    rows = P * (NT // W) - 3  # the last chunk short
+    x = _column_data((rows, C), seed=C + P).astype(dtype)
+    codes, scales = _direct(x, sch, W, P, force_wait, D=D, L=L)
+    want = ref.quantize(x.astype(np.float32), sch)
+    assert (scales.view(np.uint32) == want.scales.view(np.uint32)).all()
+    assert (codes == want.codes).all()
