@@ -49,7 +49,7 @@ from numba import cuda, types
 
 from ._codec import F32, KIND_F32, bits_f32
 from ._column_kernels import (
-    _SLEEP, _SLEEP_MAX_NS, _expand, amax_bits, encode_finite_or_flag, encode_unit_cols, onepass_workspace_words,
+    _SLEEP, _SLEEP_MAX_NS, _expand, amax_bits, encode_unit_cols, encode_unit_cols_r, onepass_workspace_words,
     stripe_widths, unit_col_scales, word_max,
 )  # fmt: skip
 from ._division import RECIP_DIV, recip_guarded
@@ -74,6 +74,11 @@ RING_BLOCKS_PER_SM = 4  # resident blocks an SM is asked to hold (launch bounds;
 RING_P_MAX = 256  # chunks per stripe at most (and at most the resident blocks)
 RING_FORCE_WAIT = False  # tests: step 3's wait path on every item
 RING_RELAXED = True  # counters and amaxes read by ld.relaxed.gpu (False: by atomics; A/B)
+# Each warp of the stripe's channels arrives (no block barrier before the arrival). H100
+# 10:39 UTC: 111.5 us against 97.5 (8192x8192 bf16): four fences and counter atomics an item
+# cost more than the barrier. Off.
+RING_WARP_ARRIVE = False
+RING_END_BARRIER = False  # a block barrier at the end of each iteration (A/B: not needed)
 SMEM_PER_SM = 228 * 1024  # H100 / H200: shared memory an SM holds
 SMEM_RESERVED = 1024  # per resident block (the driver's)
 
@@ -124,10 +129,17 @@ if t < CH:
         a_m = max(a_m, red[(t // VEC) + a_gg * W, t % VEC])
     if a_st * CH + t < C:
         cuda.atomic.max(ws, a_st * CH + t, a_m)
-cuda.syncthreads()
-if t == 0:  # the block's atomics (ordered before it by the barrier) visible before the arrival
-    cuda.threadfence()
-    cuda.atomic.add(ws, C + a_st, np.int32(1))
+if WARP_ARRIVE:  # each warp holding some of the CH channels arrives for its own atomics
+    if t // 32 < ARRIVALS:  # (whole warps: syncwarp's full mask)
+        warp_sync()
+        if t % 32 == 0:
+            cuda.threadfence()
+            cuda.atomic.add(ws, C + a_st, np.int32(1))
+else:
+    cuda.syncthreads()
+    if t == 0:  # the block's atomics (ordered before it by the barrier) visible before the arrival
+        cuda.threadfence()
+        cuda.atomic.add(ws, C + a_st, np.int32(1))
 arrived |= 1 << {d}
 """
 
@@ -162,6 +174,7 @@ def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
     rg = t // W
     t4 = t * 4
     total = S * P
+    DONE = P * ARRIVALS  # arrivals that complete a stripe
     ustep = np.int64(RG) * upr  # units between a thread's units of an item
     z = np.int32(0)
     x32 = x[: (x.size >> SH) << SH].view(np.uint32)
@@ -178,7 +191,9 @@ def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
     wait_lag()
     for d in range(L):  # items 0 .. L - 1 arrive
         if tk[d] < total:
+            cuda.syncthreads()  # (red: the previous arrival's reads)
 {ARRIVE_d}
+    cuda.syncthreads()  # (per-warp arrivals: every warp's before the first look at a counter)
     k = 0
     while True:
         sl = k % D
@@ -188,7 +203,7 @@ def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
         chunk = item - stripe * P
         if t == 0:  # the next ticket, and one look at item k's stripe: both in flight at once
             tk[nx] = cuda.atomic.add(ws, C + S, np.int32(1))
-            flag[0] = 1 if not FORCE_WAIT and item < total and peek_acq(ws, C + stripe) >= P else 0
+            flag[0] = 1 if not FORCE_WAIT and item < total and peek_acq(ws, C + stripe) >= DONE else 0
         cuda.syncthreads()
         arrived &= ~(1 << nx)
         ready = flag[0] == 1
@@ -208,10 +223,11 @@ def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
             for j1 in range(1, D):
                 d = (k + j1) % D
                 if tk[d] < total and (arrived >> d) & 1 == 0:
+                    cuda.syncthreads()  # (red: the previous arrival's reads)
 {ARRIVE_d3}
             if t == 0:
                 ns = np.uint32(32)
-                while peek_acq(ws, C + stripe) < P:
+                while peek_acq(ws, C + stripe) < DONE:
                     if SLEEP:
                         cuda.nanosleep(ns)
                     ns = min(ns * np.uint32(2), np.uint32(SLEEP_MAX_NS))
@@ -233,16 +249,17 @@ def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
             nv = min(max(rows - r0 + (RG - 1), 0) >> LOG_RG, U)
         g = r0 * upr + uc
         sw = sl * SLOT + t4
-        slow = np.uint32(0)
-        if {i} < nv: slow |= encode_finite_or_flag(unit_elems(ld_shared_u32x4(ring, sb, sw + {i} * NT * 4), kind), sv, rc, okr, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, {i})  #U
-        i = 0
-        while slow != 0:  # units with a NaN / inf or a scale without reciprocal: the general encode
-            if slow & np.uint32(1):
+        if okr:  # every scale finite with a reciprocal: so is every element of these channels
+            if {i} < nv: encode_unit_cols_r(unit_elems(ld_shared_u32x4(ring, sb, sw + {i} * NT * 4), kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB)  #U
+        else:  # a NaN / inf in a channel, a zero or out-of-range scale: the general encode, one copy
+            for i in range(nv):
                 e = unit_elems(ld_shared_u32x4(ring, sb, sw + i * NT * 4), kind)
                 encode_unit_cols(e, sv, ok, g + i * ustep, codes, c16, c32, fmt, CVT, VEC, NB)
-            slow >>= np.uint32(1)
-            i += 1
-        cuda.syncthreads()  # (slot sl, sc, rcs, flag and the tickets are rewritten next)
+        if END_BARRIER:
+            cuda.syncthreads()
+        # (else the next iteration's first barrier, before its loads into slot sl, is the one
+        # that separates them from this encode's reads; sc, rcs, flag and red are rewritten
+        # only after further barriers)
         k += 1
 """
 
@@ -260,6 +277,19 @@ def _ring_source(U):
     return _expand(src, U)
 
 
+if SIMULATOR:
+
+    def warp_sync():
+        """Simulator twin of ``__syncwarp``: nothing (its blocks read the amaxes only after
+        later block barriers; the ordering it gives is a GPU matter, tested there)."""
+
+else:
+
+    @devfn
+    def warp_sync():
+        cuda.syncwarp()
+
+
 def _peek_atomic(a, i):
     return cuda.atomic.add(a, i, np.int32(0))
 
@@ -268,7 +298,8 @@ peek_atomic = devfn(_peek_atomic)
 
 
 @lru_cache(maxsize=None)
-def make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, force_wait=False, bps=None, relaxed=None):
+def make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, force_wait=False, bps=None, relaxed=None,
+                            warp_arrive=None, end_barrier=None):  # fmt: skip
     """Persistent blocks of NT threads over items of U units a thread of stripes W units
     wide (R = U * NT / W rows), a ring of D slots, arrivals L items ahead of the encode; the
     kernel carries its dynamic shared memory (``launch.dynamic_smem``). ``bps``: blocks an
@@ -276,13 +307,16 @@ def make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, force_w
     ``ld.relaxed`` / ``ld.acquire`` (RING_RELAXED), else by atomics."""
     bps = bps or RING_BLOCKS_PER_SM
     relaxed = RING_RELAXED if relaxed is None else relaxed
+    warp_arrive = RING_WARP_ARRIVE if warp_arrive is None else warp_arrive
+    end_barrier = RING_END_BARRIER if end_barrier is None else end_barrier
     vec = vec_of(kind)
     RG = NT // W
     ns = dict(
         kind=kind, fmt=fmt, NT=NT, W=W, RG=RG, LOG_RG=RG.bit_length() - 1, U=U, D=D, L=L, VEC=vec, CH=W * vec,
         SLOT=U * NT * 4, NB=(fmt[5] if packed else 8), SH=0 if kind == KIND_F32 else 1,
         CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV, MAXE=F32(max_elem),
-        FORCE_WAIT=force_wait, SLEEP=_SLEEP, SLEEP_MAX_NS=_SLEEP_MAX_NS, u32=types.uint32,
+        FORCE_WAIT=force_wait, WARP_ARRIVE=warp_arrive, END_BARRIER=end_barrier,
+        ARRIVALS=-(-W * vec // 32) if warp_arrive else 1, SLEEP=_SLEEP, SLEEP_MAX_NS=_SLEEP_MAX_NS, u32=types.uint32,
         peek=load_relaxed_i32 if relaxed else peek_atomic, peek_acq=load_acquire_i32 if relaxed else peek_atomic,
         commit=cp_async_commit, wait_lag=cp_async_wait(D - 1 - L), wait_all=cp_async_wait(0),
     )  # fmt: skip
@@ -328,7 +362,7 @@ def ring_launch(kind, fmt, max_elem, packed, rows, C, sms, empty, x, scales, cod
         return None
     NT, W, U, D, L, P, S = g
     k = make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, RING_FORCE_WAIT, RING_BLOCKS_PER_SM,
-                                RING_RELAXED)  # fmt: skip
+                                RING_RELAXED, RING_WARP_ARRIVE, RING_END_BARRIER)  # fmt: skip
     grid = min(S * P, sms * (1 if SIMULATOR else RING_BLOCKS_PER_SM))
     ws = empty(onepass_workspace_words(C, S), np.int32, "zero")
     return (k, grid, NT, (x, rows, C // vec, C, P, S, ws, scales, codes))
