@@ -8,24 +8,40 @@ encodes.
 Persistent blocks of NT threads, each with a ring of D slots of one item (U units a
 thread: ``D * U * NT * 16`` bytes of dynamic shared memory). Iteration k of a block:
 
-1. takes the next ticket (item k + D - 1) and issues its loads into the free slot with
-   ``cp.async`` (``_mma.cp_async_unit``; zeros for units past the rows or channels), one
-   commit group per item (empty past the last ticket);
-2. waits for the group of item k + L (``cp.async.wait_group D - 1 - L``: the D - 1 - L
-   newer groups may stay in flight), reduces its per-channel amaxes, adds them to the
-   stripe's workspace by atomic max and arrives on the stripe's counter (``arrive``);
-3. looks once at the counter of item k's stripe (arrived L iterations ago). If it is not
-   complete, the block first waits for all its loads and arrives every item it holds, then
-   spins until it is;
-4. computes the stripe's scales from the workspace as ``finalize`` does, encodes item k
-   from its slot and writes the codes (chunk 0 of a stripe its scales).
+1. thread 0 takes the next ticket (item k + D - 1) and looks once at the counter of item
+   k's stripe (``ld.acquire``), both in flight at once; a block barrier; where the stripe
+   is complete, the threads of its channels start loading its amaxes (``ld.relaxed``);
+2. the block issues item k + D - 1's loads into the free slot with ``cp.async``
+   (``_mma.cp_async_unit``; zeros for units past the rows or channels), one commit group
+   per item (empty past the last ticket);
+3. it waits for the group of item k + L (``cp.async.wait_group D - 1 - L``: the D - 1 - L
+   newer groups stay in flight), reduces its per-channel amaxes, adds them to the stripe's
+   workspace by atomic max and arrives on the stripe's counter (a barrier, then thread 0's
+   fence and atomic add);
+4. if item k's stripe was not complete at step 1, the block first waits for all its loads
+   and arrives every item it holds, then spins until it is and loads the amaxes;
+5. it computes the stripe's scales as ``finalize`` does (chunk 0 writes them), encodes item
+   k from its slot and writes the codes. Where every scale of a thread's 8 channels has a
+   reciprocal, every element of those channels is finite (an inf or NaN would have made
+   its channel's scale inf or NaN), so the units go straight to the reciprocal encoder
+   (``encode_unit_cols_r``) with no per-unit check; otherwise one copy of the general
+   encode takes them.
 
 So DRAM keeps D - 1 - L items a block in flight while the block waits and encodes, and a
 stripe normally completes in the L iterations between a block's arrival and its encode.
+The next iteration's first barrier separates this encode's reads of slot k from that
+iteration's loads into it, so an iteration ends without a barrier.
+
+Measured (H100, bf16 int8_column, docs/performance.md "Sixteenth session"): 71 / 73 % of a
+D2D copy at 8192x8192 / 16384x7168 (98.4 / 164.3 us), against 55 / 54 % for the register
+kernels of ``_column_kernels``. Defaults: 128 threads, 8 units a thread, 3 slots, lag 1, 4
+blocks an SM (48 KiB of ring each). The kernel is instruction- and latency-bound (16 warps
+an SM: its registers and shared memory allow no more; ncu: 43 M warp instructions, about 8
+an element in the encode).
 
 *Why it cannot deadlock* (the one-pass argument of ``_column_kernels``, with "held" for
 "its own"): tickets are taken in order, stripe-major, by blocks that have started. A block
-spins only in step 3, after arriving every item it holds, and nothing else a block does
+spins only in step 4, after arriving every item it holds, and nothing else a block does
 waits on another block. If every running block were spinning, let s be the lowest
 incomplete stripe: every issued ticket has arrived (held ones by the rule above, the rest
 by blocks that finished), so s has a ticket not yet issued, and every ticket issued is
@@ -35,8 +51,11 @@ P <= the blocks that can be resident at once (``ring_launch`` bounds P by the SM
 times the blocks an SM holds) that cannot happen.
 
 Under the CUDA simulator blocks run one after another, so only P = 1 runs there (a stripe
-is complete at its own arrival); ``RING_FORCE_WAIT`` (tests) takes step 3's wait path on
+is complete at its own arrival); ``RING_FORCE_WAIT`` (tests) takes step 4's wait path on
 every item, so the simulator covers it too.
+
+Launched by ``quantize._onepass_column`` (switch ``quantize.COLUMN_RING``) where
+``ring_geometry`` fits and the stripes take more than one chunk; else the register kernels.
 """
 
 from __future__ import annotations
@@ -72,7 +91,7 @@ def _env_geometry():
 RING_THREADS, RING_UNITS, RING_SLOTS, RING_LAG = (64, 2, 3, 1) if SIMULATOR else _env_geometry()
 RING_BLOCKS_PER_SM = 4  # resident blocks an SM is asked to hold (launch bounds; the smem fits them)
 RING_P_MAX = 256  # chunks per stripe at most (and at most the resident blocks)
-RING_FORCE_WAIT = False  # tests: step 3's wait path on every item
+RING_FORCE_WAIT = False  # tests: step 4's wait path on every item
 RING_RELAXED = True  # counters and amaxes read by ld.relaxed.gpu (False: by atomics; A/B)
 # Each warp of the stripe's channels arrives (no block barrier before the arrival). H100
 # 10:39 UTC: 111.5 us against 97.5 (8192x8192 bf16): four fences and counter atomics an item
