@@ -72,7 +72,7 @@ from ._column_kernels import (
     stripe_widths, unit_col_scales, word_max,
 )  # fmt: skip
 from ._division import RECIP_DIV, recip_guarded
-from ._mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, shared_base
+from ._mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, smem_addr
 from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports, load_acquire_i32, load_relaxed_i32
 from ._rowwise_kernels import load_unit, unit_elems, vec_of
 from ._scales import float_scale
@@ -117,7 +117,7 @@ def static_smem(NT, vec):
 # code, every shared offset a constant) and {d} the slot's variable. W (the stripe width),
 # NT, U, D and L are compile-time constants, so t % W, t // W and the row loops fold; the
 # stripe of an item is one 32-bit division by the runtime P (``udiv32``); the shared window's
-# base address is taken once (``_mma.shared_base``).
+# base address is taken once (``_mma.smem_addr``).
 _STAGE = """
 s_it = np.int64(tk[{d}])
 if s_it < total:
@@ -188,7 +188,7 @@ def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
     rcs = cuda.shared.array(CH, np.float32)
     tk = cuda.shared.array(D, np.int32)  # each slot's item (>= total: none)
     flag = cuda.shared.array(1, np.int32)
-    sb = shared_base(ring)
+    sb = smem_addr(ring)
     lu = t % W
     rg = t // W
     t4 = t * 4

@@ -16,7 +16,6 @@ stub                         PTX (sm_80+; the fp8 ``mma`` needs sm_89+)
 ``cp_async16(...)``          ``cp.async.cg.shared.global [s], [g], 16, src_bytes``
 ``cp_async_commit()``        ``cp.async.commit_group``
 ``cp_async_wait(n)()``       ``cp.async.wait_group n``
-``shared_base(s)``          ``cvta.to.shared`` of a shared array (once per kernel)
 ``cp_async_unit(s, b, i, g, j)``  ``cp.async.cg.shared.global`` of one 16-byte unit, word indices
 ``ld_shared_u32x4(s, b, i)``  ``ld.shared.v4.u32``
 ``mbarrier_*`` (sm_90 wait)  ``mbarrier.init / arrive / try_wait.parity``,
@@ -59,7 +58,7 @@ from ._target import SIMULATOR
 
 __all__ = [
     "ldmatrix_x4", "mma_s8s8", "mma_u8s8", "mma_fp8", "cp_async16", "cp_async_commit",
-    "cp_async_wait", "shared_base", "cp_async_unit", "ld_shared_u32x4", "FP8_TYPES", "mbarrier_init",
+    "cp_async_wait", "cp_async_unit", "ld_shared_u32x4", "FP8_TYPES", "mbarrier_init",
     "mbarrier_arrive", "cp_async_mbarrier_arrive", "mbarrier_try_wait", "setmaxnreg", "named_barrier",
 ]
 
@@ -242,16 +241,9 @@ def cp_async_wait(n: int):
     return _WAITS[n]
 
 
-def shared_base(smem):
-    """The 32-bit shared-window address of shared array ``smem`` (``cvta.to.shared``), for
-    ``cp_async_unit`` / ``ld_shared_u32x4``: taken once per kernel, not per access (ptxas
-    does not hoist it out of a loop). The twin: 0 (the twins index the array)."""
-    return 0
-
-
 def cp_async_unit(smem, sb, si, gmem, gi, ok):
     """``cp.async.cg.shared.global`` of one 16-byte unit between uint32 arrays: words
-    ``si .. si + 3`` of shared ``smem`` (``sb``: its ``shared_base``) from words ``gi .. gi
+    ``si .. si + 3`` of shared ``smem`` (``sb``: its ``smem_addr``) from words ``gi .. gi
     + 3`` of global ``gmem``, or zeros where not ``ok`` (``gmem`` is then not read). Word
     indices, both units 16-byte aligned. Per thread; complete (and visible to this thread)
     after a ``cp_async_wait`` that covers its group. The twin copies at once."""
@@ -261,7 +253,7 @@ def cp_async_unit(smem, sb, si, gmem, gi, ok):
 
 def ld_shared_u32x4(smem, sb, si):
     """``ld.shared.v4.u32``: words ``si .. si + 3`` (``si % 4 == 0``) of shared uint32
-    ``smem`` (``sb``: its ``shared_base``), one 16-byte load (four 32-bit loads of
+    ``smem`` (``sb``: its ``smem_addr``), one 16-byte load (four 32-bit loads of
     16-byte strided lanes would conflict)."""
     return smem[si], smem[si + 1], smem[si + 2], smem[si + 3]
 
@@ -378,13 +370,6 @@ if not SIMULATOR:
     def _ol_cp_async16(smem, soff, gmem, goff, nbytes):
         def impl(smem, soff, gmem, goff, nbytes):
             _cp_async16(_smem_u32(smem) + np.uint32(soff), _gmem_u64(gmem) + np.uint64(goff), np.uint32(nbytes))
-
-        return impl
-
-    @overload(shared_base, target="cuda")
-    def _ol_shared_base(smem):
-        def impl(smem):
-            return _smem_u32(smem)
 
         return impl
 
