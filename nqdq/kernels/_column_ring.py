@@ -83,7 +83,7 @@ def _env_geometry():
     """(NT, U, D, L) from NQDQ_COLUMN_RING_GEOMETRY ("NT,U,D,L": A/B on a GPU; read at import)."""
     v = os.environ.get("NQDQ_COLUMN_RING_GEOMETRY", "128,8,3,1")
     NT, U, D, L = (int(p) for p in v.split(","))
-    if not (1 <= L < D - 0 and D - 1 - L >= 0 and D <= 8):
+    if not (1 <= L <= D - 1 and D <= 8):
         raise ValueError(f"NQDQ_COLUMN_RING_GEOMETRY={v!r}: need 1 <= L <= D - 1, D <= 8")
     return NT, U, D, L
 
