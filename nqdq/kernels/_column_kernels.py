@@ -457,6 +457,18 @@ def amax_bits(m, j, kind):
 
 
 @devfn
+def channel_scale(m, t, col, out, sc, rcs, scales, maxe):
+    """Thread t's channel of a stripe: its scale from the amax bits ``m`` as ``finalize``
+    computes it, and the scale's reciprocal (``recip_guarded``), into ``sc[t]`` / ``rcs[t]``;
+    where ``out`` (the stripe's chunk 0, a channel inside the input) also into ``scales[col]``."""
+    s = float_scale(bits_f32(np.uint32(m)), maxe)
+    sc[t] = s
+    rcs[t] = recip_guarded(s)
+    if out:
+        scales[col] = s
+
+
+@devfn
 def encode_finite_or_flag(e, s, r, okr, unit, c8, c16, c32, fmt, cvt, vec, nb, i):
     """encode_unit_cols_r of a finite unit when every scale has a reciprocal (``okr``) and 0;
     else nothing and bit i (the unit for the caller's general encode)."""
@@ -530,12 +542,8 @@ def column_onepass(x, rows, upr, C, W, P, S, ahead, ws, scales, codes):
         cuda.syncthreads()
         if t < CH and stripe * CH + t < C:  # the stripe's amaxes, by atomics (L2, never stale)
             m = cuda.atomic.max(ws, stripe * CH + t, np.int32(0))
-    if t < CH:  # scales as finalize computes them
-        s = float_scale(bits_f32(np.uint32(m)), MAXE)
-        sc[t] = s
-        rcs[t] = recip_guarded(s)
-        if chunk == 0 and stripe * CH + t < C:
-            scales[stripe * CH + t] = s
+    if t < CH:
+        channel_scale(m, t, stripe * CH + t, chunk == 0 and stripe * CH + t < C, sc, rcs, scales, MAXE)
     cuda.syncthreads()
     s, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
     # finite units with reciprocals: encoded from registers; the rest flagged in ``slow``
@@ -640,11 +648,7 @@ def column_onepass(x, rows, upr, C, W, P, S, ahead, ws, scales, codes):
             m = np.int32(0)
             if sa * CH + t < C:
                 m = cuda.atomic.max(ws, sa * CH + t, np.int32(0))
-            s = float_scale(bits_f32(np.uint32(m)), MAXE)
-            sc[t] = s
-            rcs[t] = recip_guarded(s)
-            if ca == 0 and sa * CH + t < C:
-                scales[sa * CH + t] = s
+            channel_scale(m, t, sa * CH + t, ca == 0 and sa * CH + t < C, sc, rcs, scales, MAXE)
         cuda.syncthreads()
         sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
         slow = np.uint32(0)
@@ -700,7 +704,7 @@ def make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, sync, pipe=Fa
         SH=0 if kind == KIND_F32 else 1, CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV, LATE=True,
         MAXE=F32(max_elem), CH_MAX=32 * vec_of(kind), SYNC=sync, SLEEP=_SLEEP, SLEEP_MAX_NS=_SLEEP_MAX_NS,
     )  # fmt: skip
-    ns.update(float_scale=float_scale, bits_f32=bits_f32, prefetch_l2=prefetch_l2)  # (used only in the source)
+    ns.update(prefetch_l2=prefetch_l2)  # (used only in the source)
     src = (_pipe_source(U) if pipe else _expand(_ONEPASS_SRC, U)) + "\n"
     glb = dict(globals())
     glb.update(ns)

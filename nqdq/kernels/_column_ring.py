@@ -66,16 +66,15 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, types
 
-from ._codec import F32, KIND_F32, bits_f32
+from ._codec import F32, KIND_F32
 from ._column_kernels import (
-    _SLEEP, _SLEEP_MAX_NS, _expand, amax_bits, encode_unit_cols, encode_unit_cols_r, onepass_workspace_words,
-    stripe_widths, unit_col_scales, word_max,
+    _SLEEP, _SLEEP_MAX_NS, _expand, amax_bits, channel_scale, encode_unit_cols, encode_unit_cols_r,
+    onepass_workspace_words, stripe_widths, unit_col_scales, word_max,
 )  # fmt: skip
-from ._division import RECIP_DIV, recip_guarded
+from ._division import RECIP_DIV
 from ._mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, smem_addr
 from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports, load_acquire_i32, load_relaxed_i32
 from ._rowwise_kernels import load_unit, unit_elems, vec_of
-from ._scales import float_scale
 from ._target import SIMULATOR, devfn
 
 
@@ -253,12 +252,8 @@ def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
             cuda.syncthreads()
             if t < CH and stripe * CH + t < C:
                 m = peek(ws, stripe * CH + t)
-        if t < CH:  # scales as finalize computes them
-            s = float_scale(bits_f32(np.uint32(m)), MAXE)
-            sc[t] = s
-            rcs[t] = recip_guarded(s)
-            if chunk == 0 and stripe * CH + t < C:
-                scales[stripe * CH + t] = s
+        if t < CH:
+            channel_scale(m, t, stripe * CH + t, chunk == 0 and stripe * CH + t < C, sc, rcs, scales, MAXE)
         cuda.syncthreads()
         sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
         uc = stripe * W + lu
