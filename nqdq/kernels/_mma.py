@@ -296,19 +296,27 @@ if not SIMULATOR:
 
         return sig, codegen
 
-    @intrinsic
-    def _ldsm_x4(typingctx, addr):
-        sig = types.UniTuple(types.int32, 4)(types.uint32)
+    def _shared_x4(text, ty):
+        """An intrinsic: four 32-bit words (Numba type ``ty``) read from a 32-bit shared
+        address by the one PTX instruction ``text``. A side effect: it reads what cp.async
+        wrote, so it must stay after the waits and barriers."""
 
-        def codegen(context, builder, sig, args):
-            st = ir.LiteralStructType([_I32] * 4)
-            fty = ir.FunctionType(st, [_I32])
-            # side effect: reads shared memory written by cp.async; must stay after barriers
-            asm = ir.InlineAsm(fty, "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];",
-                               "=r,=r,=r,=r,r", side_effect=True)
-            return _ret_tuple(context, builder, sig, builder.call(asm, args), 4)
+        @intrinsic
+        def _load(typingctx, addr):
+            sig = types.UniTuple(ty, 4)(types.uint32)
 
-        return sig, codegen
+            def codegen(context, builder, sig, args):
+                st = ir.LiteralStructType([_I32] * 4)
+                fty = ir.FunctionType(st, [_I32])
+                asm = ir.InlineAsm(fty, text, "=r,=r,=r,=r,r", side_effect=True)
+                return _ret_tuple(context, builder, sig, builder.call(asm, args), 4)
+
+            return sig, codegen
+
+        return _load
+
+    _ldsm_x4 = _shared_x4("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];", types.int32)
+    _lds_u32x4 = _shared_x4("ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", types.uint32)
 
     def _mma_intrinsic(ptx_types, acc):
         ity = types.int32 if acc == "s32" else types.float32
@@ -381,19 +389,6 @@ if not SIMULATOR:
             _cp_async16(np.uint32(sb) + np.uint32(si) * np.uint32(4), _gmem_u64(gmem) + g * np.uint64(4), n)
 
         return impl
-
-    @intrinsic
-    def _lds_u32x4(typingctx, addr):
-        sig = types.UniTuple(types.uint32, 4)(types.uint32)
-
-        def codegen(context, builder, sig, args):
-            st = ir.LiteralStructType([_I32] * 4)
-            fty = ir.FunctionType(st, [_I32])
-            # side effect: reads what cp.async wrote; must stay after the wait / barrier
-            asm = ir.InlineAsm(fty, "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", side_effect=True)
-            return _ret_tuple(context, builder, sig, builder.call(asm, args), 4)
-
-        return sig, codegen
 
     @overload(ld_shared_u32x4, target="cuda")
     def _ol_ld_shared_u32x4(smem, sb, si):
