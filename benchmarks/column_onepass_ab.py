@@ -18,8 +18,7 @@ Variants (each plan rebuilt; an old row twice shows drift):
   ring, ring256-8-3-1, ring256-16-3-1-b1-a ...  the shared-memory ring (``quantize.COLUMN_RING``,
         ``_column_ring``): threads, units a thread, slots, lag (NT-U-D-L; bare "ring": the
         module's defaults), then -bB: B blocks an SM, -a: counters and amaxes read by atomics,
-        -w: the wait path on every item, -bar: a block barrier at each iteration's end, -wa:
-        per-warp arrivals (no block barrier before an arrival)
+        -w: the wait path on every item, -bar: a block barrier at each iteration's end
 The variants above run with the ring off.
 Every variant's codes and scales of one input set are compared bit for bit with the first
 variant's (the whole tensor), and with ``--ref`` the first variant's with the NumPy
@@ -83,7 +82,7 @@ def set_variant(tag):
         _RING_DEFAULTS.update(RING_THREADS=CR.RING_THREADS, RING_UNITS=CR.RING_UNITS, RING_SLOTS=CR.RING_SLOTS,
                               RING_LAG=CR.RING_LAG, RING_BLOCKS_PER_SM=CR.RING_BLOCKS_PER_SM,
                               RING_RELAXED=CR.RING_RELAXED, RING_FORCE_WAIT=False,
-                              RING_WARP_ARRIVE=CR.RING_WARP_ARRIVE, RING_END_BARRIER=CR.RING_END_BARRIER)  # fmt: skip
+                              RING_END_BARRIER=CR.RING_END_BARRIER)  # fmt: skip
     if tag.startswith("ring"):
         settings = dict(SETTINGS["pipe256"], COLUMN_RING=True, **_RING_DEFAULTS)
         if tag != "ring":  # ringNT-U-D-L, then optionally -bB (blocks an SM) and -a (atomic reads)
@@ -93,16 +92,12 @@ def set_variant(tag):
             for p in parts[4:]:
                 if p == "bar":  # the block barrier at each iteration's end
                     settings["RING_END_BARRIER"] = True
-                elif p == "wa":  # per-warp arrivals
-                    settings["RING_WARP_ARRIVE"] = True
                 elif p.startswith("b"):
                     settings["RING_BLOCKS_PER_SM"] = int(p[1:])
                 elif p == "a":
                     settings["RING_RELAXED"] = False
                 elif p == "w":
                     settings["RING_FORCE_WAIT"] = True
-                elif p == "bar":  # the block barrier before each arrival and at each iteration's end
-                    settings.update(RING_WARP_ARRIVE=False, RING_END_BARRIER=True)
     else:
         settings = dict(SETTINGS[tag], COLUMN_RING=False)
     for k, v in settings.items():

@@ -121,8 +121,7 @@ def _direct(x, sch, W, P, force_wait, D=3, L=1, U=1):
     k[1, NT, 0, dynamic_smem(k)](xf, rows, upr, C, P, S, ws, scales, codes)
     # one block took every ticket: D - 1 ahead, then one an iteration, the last one past the end
     assert ws[C + S] == S * P + D
-    per_item = -(-W * vec // 32) if CR.RING_WARP_ARRIVE else 1  # one arrival a warp of the stripe's channels
-    assert (ws[C : C + S] == P * per_item).all()  # every stripe's P items arrived, none twice
+    assert (ws[C : C + S] == P).all()  # every stripe's P items arrived, none twice
     return codes.view(np.int8).reshape(rows, C), scales
 
 

@@ -92,10 +92,6 @@ RING_BLOCKS_PER_SM = 4  # resident blocks an SM is asked to hold (launch bounds;
 RING_P_MAX = 256  # chunks per stripe at most (and at most the resident blocks)
 RING_FORCE_WAIT = False  # tests: step 4's wait path on every item
 RING_RELAXED = True  # counters and amaxes read by ld.relaxed.gpu (False: by atomics; A/B)
-# Each warp of the stripe's channels arrives (no block barrier before the arrival). H100
-# 10:39 UTC: 111.5 us against 97.5 (8192x8192 bf16): four fences and counter atomics an item
-# cost more than the barrier. Off.
-RING_WARP_ARRIVE = False
 RING_END_BARRIER = False  # a block barrier at the end of each iteration (A/B: not needed)
 SMEM_PER_SM = 228 * 1024  # H100 / H200: shared memory an SM holds
 SMEM_RESERVED = 1024  # per resident block (the driver's)
@@ -147,17 +143,10 @@ if t < CH:
         a_m = max(a_m, red[(t // VEC) + a_gg * W, t % VEC])
     if a_st * CH + t < C:
         cuda.atomic.max(ws, a_st * CH + t, a_m)
-if WARP_ARRIVE:  # each warp holding some of the CH channels arrives for its own atomics
-    if t // 32 < ARRIVALS:  # (whole warps: syncwarp's full mask)
-        warp_sync()
-        if t % 32 == 0:
-            cuda.threadfence()
-            cuda.atomic.add(ws, C + a_st, np.int32(1))
-else:
-    cuda.syncthreads()
-    if t == 0:  # the block's atomics (ordered before it by the barrier) visible before the arrival
-        cuda.threadfence()
-        cuda.atomic.add(ws, C + a_st, np.int32(1))
+cuda.syncthreads()
+if t == 0:  # the block's atomics (ordered before it by the barrier) visible before the arrival
+    cuda.threadfence()
+    cuda.atomic.add(ws, C + a_st, np.int32(1))
 arrived |= 1 << {d}
 """
 
@@ -192,7 +181,6 @@ def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
     rg = t // W
     t4 = t * 4
     total = S * P
-    DONE = P * ARRIVALS  # arrivals that complete a stripe
     ustep = np.int64(RG) * upr  # units between a thread's units of an item
     z = np.int32(0)
     x32 = x[: (x.size >> SH) << SH].view(np.uint32)
@@ -209,9 +197,7 @@ def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
     wait_lag()
     for d in range(L):  # items 0 .. L - 1 arrive
         if tk[d] < total:
-            cuda.syncthreads()  # (red: the previous arrival's reads)
 {ARRIVE_d}
-    cuda.syncthreads()  # (per-warp arrivals: every warp's before the first look at a counter)
     k = 0
     while True:
         sl = k % D
@@ -221,7 +207,7 @@ def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
         chunk = item - stripe * P
         if t == 0:  # the next ticket, and one look at item k's stripe: both in flight at once
             tk[nx] = cuda.atomic.add(ws, C + S, np.int32(1))
-            flag[0] = 1 if not FORCE_WAIT and item < total and peek_acq(ws, C + stripe) >= DONE else 0
+            flag[0] = 1 if not FORCE_WAIT and item < total and peek_acq(ws, C + stripe) >= P else 0
         cuda.syncthreads()
         arrived &= ~(1 << nx)
         ready = flag[0] == 1
@@ -241,11 +227,10 @@ def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
             for j1 in range(1, D):
                 d = (k + j1) % D
                 if tk[d] < total and (arrived >> d) & 1 == 0:
-                    cuda.syncthreads()  # (red: the previous arrival's reads)
 {ARRIVE_d3}
             if t == 0:
                 ns = np.uint32(32)
-                while peek_acq(ws, C + stripe) < DONE:
+                while peek_acq(ws, C + stripe) < P:
                     if SLEEP:
                         cuda.nanosleep(ns)
                     ns = min(ns * np.uint32(2), np.uint32(SLEEP_MAX_NS))
@@ -291,19 +276,6 @@ def _ring_source(U):
     return _expand(src, U)
 
 
-if SIMULATOR:
-
-    def warp_sync():
-        """Simulator twin of ``__syncwarp``: nothing (its blocks read the amaxes only after
-        later block barriers; the ordering it gives is a GPU matter, tested there)."""
-
-else:
-
-    @devfn
-    def warp_sync():
-        cuda.syncwarp()
-
-
 def _peek_atomic(a, i):
     return cuda.atomic.add(a, i, np.int32(0))
 
@@ -313,7 +285,7 @@ peek_atomic = devfn(_peek_atomic)
 
 @lru_cache(maxsize=None)
 def make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, force_wait=False, bps=None, relaxed=None,
-                            warp_arrive=None, end_barrier=None):  # fmt: skip
+                            end_barrier=None):  # fmt: skip
     """Persistent blocks of NT threads over items of U units a thread of stripes W units
     wide (R = U * NT / W rows), a ring of D slots, arrivals L items ahead of the encode; the
     kernel carries its dynamic shared memory (``launch.dynamic_smem``). ``bps``: blocks an
@@ -321,7 +293,6 @@ def make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, force_w
     ``ld.relaxed`` / ``ld.acquire`` (RING_RELAXED), else by atomics."""
     bps = bps or RING_BLOCKS_PER_SM
     relaxed = RING_RELAXED if relaxed is None else relaxed
-    warp_arrive = RING_WARP_ARRIVE if warp_arrive is None else warp_arrive
     end_barrier = RING_END_BARRIER if end_barrier is None else end_barrier
     vec = vec_of(kind)
     RG = NT // W
@@ -329,8 +300,7 @@ def make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, force_w
         kind=kind, fmt=fmt, NT=NT, W=W, RG=RG, LOG_RG=RG.bit_length() - 1, U=U, D=D, L=L, VEC=vec, CH=W * vec,
         SLOT=U * NT * 4, NB=(fmt[5] if packed else 8), SH=0 if kind == KIND_F32 else 1,
         CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV, MAXE=F32(max_elem),
-        FORCE_WAIT=force_wait, WARP_ARRIVE=warp_arrive, END_BARRIER=end_barrier,
-        ARRIVALS=-(-W * vec // 32) if warp_arrive else 1, SLEEP=_SLEEP, SLEEP_MAX_NS=_SLEEP_MAX_NS, u32=types.uint32,
+        FORCE_WAIT=force_wait, END_BARRIER=end_barrier, SLEEP=_SLEEP, SLEEP_MAX_NS=_SLEEP_MAX_NS, u32=types.uint32,
         peek=load_relaxed_i32 if relaxed else peek_atomic, peek_acq=load_acquire_i32 if relaxed else peek_atomic,
         commit=cp_async_commit, wait_lag=cp_async_wait(D - 1 - L), wait_all=cp_async_wait(0),
     )  # fmt: skip
@@ -376,7 +346,7 @@ def ring_launch(kind, fmt, max_elem, packed, rows, C, sms, empty, x, scales, cod
         return None
     NT, W, U, D, L, P, S = g
     k = make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, RING_FORCE_WAIT, RING_BLOCKS_PER_SM,
-                                RING_RELAXED, RING_WARP_ARRIVE, RING_END_BARRIER)  # fmt: skip
+                                RING_RELAXED, RING_END_BARRIER)  # fmt: skip
     grid = min(S * P, sms * (1 if SIMULATOR else RING_BLOCKS_PER_SM))
     ws = empty(onepass_workspace_words(C, S), np.int32, "zero")
     return (k, grid, NT, (x, rows, C // vec, C, P, S, ws, scales, codes))
