@@ -147,6 +147,38 @@ def test_onepass_pipelined_two_chunks(onepass, dtype):
     check(x, sch, x_ref=x.astype(np.float32))
 
 
+@pytest.mark.parametrize(
+    "name, kw, want",
+    [("int8_column", {}, True), ("int4", {"granularity": "column"}, True), ("e4m3", {"granularity": "column"}, False)],
+)
+def test_rint_in_range(name, kw, want):
+    """The integer formats of the per-channel schemes take the encode without the clip; a
+    max_elem past the format's range, or a float format, does not."""
+    sch = resolve_scheme(name, **kw)
+    fmt = kq.format_tuple(sch)
+    assert CK.rint_in_range(fmt, kq._max_elem(sch)) == want
+    if fmt[0] == 0:
+        assert not CK.rint_in_range(fmt, fmt[7] + 0.5) and CK.rint_in_range(fmt, fmt[7] + 0.25)
+
+
+@pytest.mark.parametrize("max_elem", [127.0, 7.0])
+def test_dynamic_quotients_stay_in_range(max_elem):
+    """What rint_in_range relies on, in float32 over a million amaxes of every binade that
+    recip_guarded accepts (s = RN(amax / max_elem) in [2^-80, 2^126]): x = +-amax (the
+    largest quotients) and x = the float32 neighbours below amax give RN(x / s) within
+    max_elem * (1 + 2^-22), so rint stays in [-max_elem, max_elem]."""
+    rng = np.random.default_rng(7)
+    lo, hi = np.float32(2.0**-80) * np.float32(max_elem), np.float32(2.0**126)
+    bits = rng.integers(lo.view(np.int32), hi.view(np.int32), 1 << 20, dtype=np.int32)
+    amax = bits.view(np.float32)
+    m = np.float32(max_elem)
+    s = amax / m
+    for x in (amax, -amax, np.nextafter(amax, np.float32(0)), np.nextafter(amax, np.float32(0)) * np.float32(0.75)):
+        q = x / s
+        assert np.abs(q).max() <= max_elem * (1 + 2.0**-22)
+        assert np.abs(np.rint(q)).max() <= max_elem
+
+
 def test_onepass_falls_back(onepass):
     """More rows than one chunk holds in the simulator (P would exceed 1): the two passes;
     COLUMN_ONEPASS off: the two passes too."""

@@ -77,10 +77,11 @@ import numpy as np
 from numba import cuda
 
 from ._codec import F32, KIND_BF16, KIND_F32, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits
-from ._division import RECIP_DIV, recip_guarded
-from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports, load_u32x4_ordered
+from ._division import RECIP_DIV, div_by_recip, recip_guarded
+from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports, load_u32x4_ordered, u16x2_max
 from ._rowwise_kernels import (
-    FINITE, abs_i32, enc, enc_finite, enc_finite_r, fp8_pair_rr, load_unit, pack4, store_packed, unit_amax, unit_elems, vec_of,
+    FINITE, abs_i32, enc, enc_finite, enc_finite_r, fp8_pair_rr, int_code_rint, load_unit, pack4, store_packed, unit_amax,
+    unit_elems, vec_of,
 )  # fmt: skip
 from ._scales import MODE_FLOAT, float_scale
 from ._target import SIMULATOR, devfn
@@ -159,12 +160,33 @@ def encode_unit_cols(e, s, ok, unit, c8, c16, c32, fmt, cvt, vec, nb):
     store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
 
 
+def rint_in_range(fmt, max_elem):
+    """Whether the integer codes of a dynamic per-channel scale need no clip (the finite
+    encode then rounds the quotient and nothing else): ``fmt`` an integer format whose range
+    holds [-max_elem, max_elem] with half a step to spare. Then for x in a channel of amax
+    ``amax`` and s = RN(amax / max_elem) in recip_guarded's range (normal: within 2^-24 of
+    amax / max_elem, relatively), |x / s| <= max_elem / (1 - 2^-24) and its rounding
+    RN(x / s) <= max_elem * (1 + 2^-22) < hi + 0.5 (and > lo - 0.5): rint never leaves
+    [lo, hi], so ``int_code_finite``'s clip is a no-op there. A compile-time test."""
+    m = float(max_elem) * (1.0 + 2.0**-22)
+    return fmt[0] == 0 and m < fmt[7] + 0.5 and -m > fmt[6] - 0.5
+
+
 @devfn
-def encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb):
+def rint_code_r(xb, s, r, mask):
+    """The integer code of a quotient known to be in range (rint_in_range)."""
+    return np.uint32(int_code_rint(div_by_recip(bits_f32(xb), s, r)) & np.uint32(mask))
+
+
+@devfn
+def encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb, noclip, st):
     """encode_unit_cols of a finite unit whose channels' scales all have reciprocals r[j]
     (``recip_guarded`` != 0): x / s[j] by the reciprocal, bit for bit the IEEE quotient.
     The scales are dynamic (amax / max_elem down the column), so |x| <= s * max_elem *
-    (1 + 2^-23) and div_by_recip's ratio condition holds without a check."""
+    (1 + 2^-23) and div_by_recip's ratio condition holds without a check; ``noclip``
+    (``rint_in_range`` of the format and max_elem): integer codes without the clip. The
+    codes are stored where ``st`` (only the store depends on it: a caller whose units past
+    the data hold zeros encodes them all and predicates the stores)."""
     if cvt:
         lo = fp8_pair_rr(e[0], e[1], s[0], s[1], r[0], r[1], fmt) | (
             fp8_pair_rr(e[2], e[3], s[2], s[3], r[2], r[3], fmt) << np.uint32(16))
@@ -172,16 +194,25 @@ def encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb):
         if vec == 8:
             hi = fp8_pair_rr(e[4], e[5], s[4], s[5], r[4], r[5], fmt) | (
                 fp8_pair_rr(e[6], e[7], s[6], s[7], r[6], r[7], fmt) << np.uint32(16))
-        store_packed(np.uint32(lo), np.uint32(hi), unit, c8, c16, c32, vec, nb)
+        if st:
+            store_packed(np.uint32(lo), np.uint32(hi), unit, c8, c16, c32, vec, nb)
         return
     m = (1 << nb) - 1
     hi = np.uint32(0)
-    lo = pack4(enc_finite_r(e[0], s[0], r[0], fmt, m), enc_finite_r(e[1], s[1], r[1], fmt, m),
-               enc_finite_r(e[2], s[2], r[2], fmt, m), enc_finite_r(e[3], s[3], r[3], fmt, m), nb)
-    if vec == 8:
-        hi = pack4(enc_finite_r(e[4], s[4], r[4], fmt, m), enc_finite_r(e[5], s[5], r[5], fmt, m),
-                   enc_finite_r(e[6], s[6], r[6], fmt, m), enc_finite_r(e[7], s[7], r[7], fmt, m), nb)
-    store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
+    if noclip:
+        lo = pack4(rint_code_r(e[0], s[0], r[0], m), rint_code_r(e[1], s[1], r[1], m),
+                   rint_code_r(e[2], s[2], r[2], m), rint_code_r(e[3], s[3], r[3], m), nb)
+        if vec == 8:
+            hi = pack4(rint_code_r(e[4], s[4], r[4], m), rint_code_r(e[5], s[5], r[5], m),
+                       rint_code_r(e[6], s[6], r[6], m), rint_code_r(e[7], s[7], r[7], m), nb)
+    else:
+        lo = pack4(enc_finite_r(e[0], s[0], r[0], fmt, m), enc_finite_r(e[1], s[1], r[1], fmt, m),
+                   enc_finite_r(e[2], s[2], r[2], fmt, m), enc_finite_r(e[3], s[3], r[3], fmt, m), nb)
+        if vec == 8:
+            hi = pack4(enc_finite_r(e[4], s[4], r[4], fmt, m), enc_finite_r(e[5], s[5], r[5], fmt, m),
+                       enc_finite_r(e[6], s[6], r[6], fmt, m), enc_finite_r(e[7], s[7], r[7], fmt, m), nb)
+    if st:
+        store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
 
 
 @devfn
@@ -189,7 +220,7 @@ def encode_cols(e, s, r, ok, okr, unit, c8, c16, c32, fmt, cvt, vec, nb):
     """A unit's codes: by the reciprocals where ``okr`` (every scale has one) and the unit is
     finite, else encode_unit_cols."""
     if okr and unit_amax(e, vec) < FINITE:
-        encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb)
+        encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb, False, True)
     else:
         encode_unit_cols(e, s, ok, unit, c8, c16, c32, fmt, cvt, vec, nb)
 
@@ -431,28 +462,31 @@ def onepass_launches(kind, fmt, max_elem, packed, rows, C, sms, p_max, force_syn
 def word_max(a, w, kind):
     """Running per-channel max of |x|'s bits in the input's own width, straight from a unit's
     words ``w`` (no conversion, so the compiler keeps only the words live until the
-    encode): f32 |x| bits; 16-bit inputs the 16-bit magnitude (element 2k: low half of
-    word k, masked in place; 2k + 1: high half, masked in place). The order of |x| is the
-    order of those bits (NaN above inf) in every width; ``amax_bits`` converts."""
+    encode): f32 |x| bits; 16-bit inputs two 16-bit magnitudes a word, both halves by one
+    ``max.u16x2`` (elements 2k and 2k + 1 share word k: a[2k] and a[2k + 1] hold the same
+    running word). The order of |x| is the order of those bits (NaN above inf) in every
+    width; ``amax_bits`` converts."""
     if kind == KIND_F32:
         return (max(a[0], abs_i32(w[0])), max(a[1], abs_i32(w[1])), max(a[2], abs_i32(w[2])), max(a[3], abs_i32(w[3])),
                 a[4], a[5], a[6], a[7])  # fmt: skip
-    lo = np.uint32(0x7FFF)
-    hi = np.uint32(0x7FFF0000)
-    return (max(a[0], np.int32(w[0] & lo)), max(a[1], np.int32(w[0] & hi)), max(a[2], np.int32(w[1] & lo)),
-            max(a[3], np.int32(w[1] & hi)), max(a[4], np.int32(w[2] & lo)), max(a[5], np.int32(w[2] & hi)),
-            max(a[6], np.int32(w[3] & lo)), max(a[7], np.int32(w[3] & hi)))  # fmt: skip
+    m = np.uint32(0x7FFF7FFF)
+    p0 = np.int32(u16x2_max(np.uint32(a[0]), w[0] & m))
+    p1 = np.int32(u16x2_max(np.uint32(a[2]), w[1] & m))
+    p2 = np.int32(u16x2_max(np.uint32(a[4]), w[2] & m))
+    p3 = np.int32(u16x2_max(np.uint32(a[6]), w[3] & m))
+    return p0, p0, p1, p1, p2, p2, p3, p3
 
 
 @devfn
 def amax_bits(m, j, kind):
     """float32 bits of channel j's max from word_max's ``m`` (exact for finite values and
-    inf; a NaN stays above inf, which is all float_scale needs of it)."""
+    inf; a NaN stays above inf, which is all float_scale needs of it): a 16-bit input's
+    channel j is the low (j even) or high half of m[j]."""
     if kind == KIND_F32:
         return np.int32(m)
-    h = np.uint32(m) if j % 2 == 0 else np.uint32(m) >> np.uint32(16)
     if kind == KIND_BF16:
-        return np.int32(h << np.uint32(16))
+        return np.int32(np.uint32(m) << np.uint32(16) if j % 2 == 0 else np.uint32(m) & np.uint32(0xFFFF0000))
+    h = np.uint32(m) & np.uint32(0xFFFF) if j % 2 == 0 else np.uint32(m) >> np.uint32(16)
     return np.int32(f16_bits_to_f32_bits(np.int64(h)))
 
 
@@ -469,11 +503,11 @@ def channel_scale(m, t, col, out, sc, rcs, scales, maxe):
 
 
 @devfn
-def encode_finite_or_flag(e, s, r, okr, unit, c8, c16, c32, fmt, cvt, vec, nb, i):
+def encode_finite_or_flag(e, s, r, okr, unit, c8, c16, c32, fmt, cvt, vec, nb, noclip, i):
     """encode_unit_cols_r of a finite unit when every scale has a reciprocal (``okr``) and 0;
     else nothing and bit i (the unit for the caller's general encode)."""
     if okr and unit_amax(e, vec) < FINITE:
-        encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb)
+        encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb, noclip, True)
         return np.uint32(0)
     return np.uint32(1) << np.uint32(i)
 
@@ -549,7 +583,7 @@ def column_onepass(x, rows, upr, C, W, P, S, ahead, ws, scales, codes):
     # finite units with reciprocals: encoded from registers; the rest flagged in ``slow``
     # and re-read below by one copy of the general encode (not U inlined copies of it)
     slow = np.uint32(0)
-    if v{i}: slow |= encode_finite_or_flag(unit_elems(w{i}, kind), s, rc, okr, (r0 + {i} * RG) * upr + uc, codes, c16, c32, fmt, CVT, VEC, NB, {i})  #U
+    if v{i}: slow |= encode_finite_or_flag(unit_elems(w{i}, kind), s, rc, okr, (r0 + {i} * RG) * upr + uc, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP, {i})  #U
     i = 0
     while slow != 0:  # a data-dependent trip count: never unrolled
         if slow & np.uint32(1):
@@ -652,7 +686,7 @@ def column_onepass(x, rows, upr, C, W, P, S, ahead, ws, scales, codes):
         cuda.syncthreads()
         sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
         slow = np.uint32(0)
-        if va{i}: slow |= encode_finite_or_flag(unit_elems(a{i}, kind), sv, rc, okr, (r0a + {i} * RG) * upr + uca, codes, c16, c32, fmt, CVT, VEC, NB, {i})  #U
+        if va{i}: slow |= encode_finite_or_flag(unit_elems(a{i}, kind), sv, rc, okr, (r0a + {i} * RG) * upr + uca, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP, {i})  #U
         i = 0
         while slow != 0:
             if slow & np.uint32(1):
@@ -702,7 +736,8 @@ def make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, sync, pipe=Fa
     ns = dict(
         kind=kind, fmt=fmt, NT=NT, U=U, VEC=vec_of(kind), NB=(fmt[5] if packed else 8),
         SH=0 if kind == KIND_F32 else 1, CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV, LATE=True,
-        MAXE=F32(max_elem), CH_MAX=32 * vec_of(kind), SYNC=sync, SLEEP=_SLEEP, SLEEP_MAX_NS=_SLEEP_MAX_NS,
+        MAXE=F32(max_elem), NOCLIP=rint_in_range(fmt, F32(max_elem)), CH_MAX=32 * vec_of(kind), SYNC=sync, SLEEP=_SLEEP,
+        SLEEP_MAX_NS=_SLEEP_MAX_NS,
     )  # fmt: skip
     ns.update(prefetch_l2=prefetch_l2)  # (used only in the source)
     src = (_pipe_source(U) if pipe else _expand(_ONEPASS_SRC, U)) + "\n"

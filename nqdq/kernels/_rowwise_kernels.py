@@ -316,6 +316,13 @@ def int_code_finite_f(v, flo, fhi):
         v = flo
     if v > fhi:
         v = fhi
+    return int_code_rint(v)
+
+
+@devfn
+def int_code_rint(v):
+    """rint(v) (RNE) as int32 bits, for |v| < 2^22: int_code_finite without the clip, for
+    callers that know v lies in the format's range (``_column_kernels.rint_in_range``)."""
     return np.uint32(np.int32(f32_bits(v + RINT_MAGIC) - RINT_MAGIC_BITS))
 
 
