@@ -18,7 +18,8 @@ Variants (each plan rebuilt; an old row twice shows drift):
   ring, ring256-8-3-1, ring256-16-3-1-b1-a ...  the shared-memory ring (``quantize.COLUMN_RING``,
         ``_column_ring``): threads, units a thread, slots, lag (NT-U-D-L; bare "ring": the
         module's defaults), then -bB: B blocks an SM, -a: counters and amaxes read by atomics,
-        -w: the wait path on every item, -bar: a block barrier at each iteration's end
+        -w: the wait path on every item, -nw: a whole item's units encoded one branch each
+        (RING_WHOLE off)
 The variants above run with the ring off.
 Every variant's codes and scales of one input set are compared bit for bit with the first
 variant's (the whole tensor), and with ``--ref`` the first variant's with the NumPy
@@ -82,7 +83,7 @@ def set_variant(tag):
         _RING_DEFAULTS.update(RING_THREADS=CR.RING_THREADS, RING_UNITS=CR.RING_UNITS, RING_SLOTS=CR.RING_SLOTS,
                               RING_LAG=CR.RING_LAG, RING_BLOCKS_PER_SM=CR.RING_BLOCKS_PER_SM,
                               RING_RELAXED=CR.RING_RELAXED, RING_FORCE_WAIT=False,
-                              RING_END_BARRIER=CR.RING_END_BARRIER)  # fmt: skip
+                              RING_WHOLE=CR.RING_WHOLE)  # fmt: skip
     if tag.startswith("ring"):
         settings = dict(SETTINGS["pipe256"], COLUMN_RING=True, **_RING_DEFAULTS)
         if tag != "ring":  # ringNT-U-D-L, then optionally -bB (blocks an SM) and -a (atomic reads)
@@ -90,8 +91,8 @@ def set_variant(tag):
             nt, u, d, lag = (int(v) for v in parts[:4])
             settings.update(RING_THREADS=nt, RING_UNITS=u, RING_SLOTS=d, RING_LAG=lag)
             for p in parts[4:]:
-                if p == "bar":  # the block barrier at each iteration's end
-                    settings["RING_END_BARRIER"] = True
+                if p == "nw":  # per-unit branches in whole items too
+                    settings["RING_WHOLE"] = False
                 elif p.startswith("b"):
                     settings["RING_BLOCKS_PER_SM"] = int(p[1:])
                 elif p == "a":

@@ -105,6 +105,24 @@ def test_ring_issue_shapes(onepass, shape, dtype, force_wait):
     check_gpu(x, resolve_scheme("int8_column"))
 
 
+@pytest.mark.parametrize("name", ["int8_column", "e4m3"])
+def test_ring_unaligned_input(onepass, name):
+    """An input 2 bytes past a 16-byte boundary (a flat buffer's [1:], reshaped): the ring's
+    element-load staging (``stage_sync``) instead of cp.async, P > 1."""
+    onepass.setattr(kq, "COLUMN_RING", True)
+    sch = resolve_scheme(name, **({} if name == "int8_column" else {"granularity": "column"}))
+    shape = (3000, 1024)
+    plan = kq.get_plan(shape, _KIND[ml_dtypes.bfloat16], sch)
+    assert [k.py_func.__name__ for k, _, _, _ in plan.launches] == ["column_ring"]
+    assert plan.launches[0][3][4] > 1  # P
+    x = _column_data(shape, seed=11).astype(ml_dtypes.bfloat16)
+    buf = cp.empty(x.size + 1, cp.uint16)
+    buf[1:] = cp.asarray(x.view(np.uint16).reshape(-1))
+    xd = buf[1:].reshape(shape)
+    assert xd.data.ptr % 16 == 2
+    check_gpu(x, sch, dtype="bfloat16", x_dev=xd)
+
+
 def test_onepass_p_max_128(onepass):
     """The knob raises P: 65536 x 1024 bf16 (256 threads: W = 8, P = 128; needs >= 128 SMs)."""
     if kq._sm_count() < 128:

@@ -52,6 +52,9 @@ _H100 = dict(RING_THREADS=128, RING_UNITS=8, RING_SLOTS=3, RING_LAG=1, RING_BLOC
         (16384, 896, 8, dict(RING_THREADS=256, RING_BLOCKS_PER_SM=2), (256, 32, 8, 3, 1, 256, 28)),
         # 4 slots of 256 threads x 8 units do not fit twice in an SM
         (8192, 1024, 8, dict(RING_THREADS=256, RING_SLOTS=4, RING_BLOCKS_PER_SM=2), None),
+        # 2^16 stripes x 256 chunks: 2^24 items, past divp's range
+        (16384, 1 << 20, 8, {}, None),
+        (16384 - 64, 1 << 20, 8, {}, (128, 16, 8, 3, 1, 255, 1 << 16)),
     ],
 )
 def test_ring_geometry(rows, upr, vec, knobs, want, monkeypatch):
@@ -59,6 +62,21 @@ def test_ring_geometry(rows, upr, vec, knobs, want, monkeypatch):
     for k, v in {**_H100, **knobs}.items():
         monkeypatch.setattr(CR, k, v)
     assert CR.ring_geometry(rows, upr, 132, vec) == want
+
+
+def test_divp_is_floor_division():
+    """divp (the stripe of an item: a multiply by ceil(2^32 / P) and a shift) is a // P for
+    every divisor 1 .. 256, over the small items, the top of its range and both sides of
+    every multiple of P there."""
+    divp = getattr(CR.divp, "py_func", CR.divp)
+    top = CR.ITEMS_MAX - 1 - np.arange(4096, dtype=np.int64)
+    for P in range(1, 257):
+        k = np.arange(CR.ITEMS_MAX // P - 4096 // P - 1, CR.ITEMS_MAX // P + 1, dtype=np.int64) * P
+        a = np.concatenate([np.arange(4096, dtype=np.int64), top, k - 1, k, k + 1])
+        a = a[(a >= 0) & (a < CR.ITEMS_MAX)]
+        assert (divp(a, CR.p_reciprocal(P)) == a // P).all(), P
+    with pytest.raises(ValueError):
+        CR.p_reciprocal(257)
 
 
 def test_ring_smem_fits():
@@ -118,7 +136,7 @@ def _direct(x, sch, W, P, force_wait, D=3, L=1, U=1):
     ws = np.zeros(C + S + 1, np.int32)
     scales = np.full(C, np.nan, np.float32)
     codes = np.full(rows * C, 0xA5, np.uint8)
-    k[1, NT, 0, dynamic_smem(k)](xf, rows, upr, C, P, S, ws, scales, codes)
+    k[1, NT, 0, dynamic_smem(k)](xf, rows, upr, C, P, CR.p_reciprocal(P), S, ws, scales, codes)
     # one block took every ticket: D - 1 ahead, then one an iteration, the last one past the end
     assert ws[C + S] == S * P + D
     assert (ws[C : C + S] == P).all()  # every stripe's P items arrived, none twice

@@ -24,20 +24,23 @@ thread: ``D * U * NT * 16`` bytes of dynamic shared memory). Iteration k of a bl
    k from its slot and writes the codes. Where every scale of a thread's 8 channels has a
    reciprocal, every element of those channels is finite (an inf or NaN would have made
    its channel's scale inf or NaN), so the units go straight to the reciprocal encoder
-   (``encode_unit_cols_r``) with no per-unit check; otherwise one copy of the general
-   encode takes them.
+   (``encode_unit_cols_r``) with no per-unit check, and without the integer clip where the
+   format's range holds every quotient (``rint_in_range``); a whole item's units (every
+   row inside the data, the common case) as one straight-line block. Otherwise one copy
+   of the general encode takes them.
 
 So DRAM keeps D - 1 - L items a block in flight while the block waits and encodes, and a
 stripe normally completes in the L iterations between a block's arrival and its encode.
 The next iteration's first barrier separates this encode's reads of slot k from that
 iteration's loads into it, so an iteration ends without a barrier.
 
-Measured (H100, bf16 int8_column, docs/performance.md "Sixteenth session"): 71 / 73 % of a
-D2D copy at 8192x8192 / 16384x7168 (98.4 / 164.3 us), against 55 / 54 % for the register
-kernels of ``_column_kernels``. Defaults: 128 threads, 8 units a thread, 3 slots, lag 1, 4
-blocks an SM (48 KiB of ring each). The kernel is instruction- and latency-bound (16 warps
-an SM: its registers and shared memory allow no more; ncu: 43 M warp instructions, about 8
-an element in the encode).
+Measured (H100, bf16 int8_column, docs/performance.md "Sixteenth session" and
+"Seventeenth session"): 75 / 76 % of a D2D copy at 8192x8192 / 16384x7168 (93.3 / 155.8
+us), against 55 / 54 % for the register kernels of ``_column_kernels``. Defaults: 128
+threads, 8 units a thread, 3 slots, lag 1, 4 blocks an SM (48 KiB of ring each). The kernel
+is latency-bound (16 warps an SM: its registers and shared memory allow no more; ncu: 34 M
+warp instructions; about 40 % of its warps' stall samples wait at block barriers, on the
+stripe's counter and amaxes or on the ticket, 22 % fall in the encode).
 
 *Why it cannot deadlock* (the one-pass argument of ``_column_kernels``, with "held" for
 "its own"): tickets are taken in order, stripe-major, by blocks that have started. A block
@@ -69,7 +72,7 @@ from numba import cuda, types
 from ._codec import F32, KIND_F32
 from ._column_kernels import (
     _SLEEP, _SLEEP_MAX_NS, _expand, amax_bits, channel_scale, encode_unit_cols, encode_unit_cols_r,
-    onepass_workspace_words, stripe_widths, unit_col_scales, word_max,
+    onepass_workspace_words, rint_in_range, stripe_widths, unit_col_scales, word_max,
 )  # fmt: skip
 from ._division import RECIP_DIV
 from ._mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, smem_addr
@@ -92,7 +95,7 @@ RING_BLOCKS_PER_SM = 4  # resident blocks an SM is asked to hold (launch bounds;
 RING_P_MAX = 256  # chunks per stripe at most (and at most the resident blocks)
 RING_FORCE_WAIT = False  # tests: step 4's wait path on every item
 RING_RELAXED = True  # counters and amaxes read by ld.relaxed.gpu (False: by atomics; A/B)
-RING_END_BARRIER = False  # a block barrier at the end of each iteration (A/B: not needed)
+RING_WHOLE = True  # a whole item's units encoded straight-line (no branch between units; A/B)
 SMEM_PER_SM = 228 * 1024  # H100 / H200: shared memory an SM holds
 SMEM_RESERVED = 1024  # per resident block (the driver's)
 
@@ -111,12 +114,12 @@ def static_smem(NT, vec):
 # encode, with the lines marked "#U" repeated for each unit i < U ({i} replaced: straight-line
 # code, every shared offset a constant) and {d} the slot's variable. W (the stripe width),
 # NT, U, D and L are compile-time constants, so t % W, t // W and the row loops fold; the
-# stripe of an item is one 32-bit division by the runtime P (``udiv32``); the shared window's
+# stripe of an item is a multiply-shift by P's reciprocal (``divp``); the shared window's
 # base address is taken once (``_mma.smem_addr``).
 _STAGE = """
 s_it = np.int64(tk[{d}])
 if s_it < total:
-    s_st = udiv32(s_it, P)
+    s_st = divp(s_it, pinv)
     s_uc = s_st * W + lu
     s_r0 = (s_it - s_st * P) * (U * RG) + rg
     s_nv = 0
@@ -130,7 +133,7 @@ if s_it < total:
         stage_sync(ring, s_sw + {i} * NT * 4, x, x32, s_g + {i} * ustep, {i} < s_nv, kind)  #U
 """
 _ARRIVE = """
-a_st = udiv32(tk[{d}], P)
+a_st = divp(tk[{d}], pinv)
 a_sw = {d} * SLOT + t4
 a_m8 = (z, z, z, z, z, z, z, z)
 a_m8 = word_max(a_m8, ld_shared_u32x4(ring, sb, a_sw + {i} * NT * 4), kind)  #U
@@ -151,10 +154,22 @@ arrived |= 1 << {d}
 """
 
 
+ITEMS_MAX = 1 << 24  # items a launch may have (divp's range)
+
+
+def p_reciprocal(P):
+    """``pinv`` of divp for a divisor 1 <= P <= 256: ceil(2^32 / P)."""
+    if not 1 <= P <= 256:
+        raise ValueError(f"P = {P}: divp takes divisors 1 .. 256")
+    return -(-(1 << 32) // P)
+
+
 @devfn
-def udiv32(a, b):
-    """a // b for 0 <= a, b < 2**32 as one 32-bit division (int64 result)."""
-    return np.int64(np.uint32(a) // np.uint32(b))
+def divp(a, pinv):
+    """a // P for 0 <= a < ITEMS_MAX and pinv = p_reciprocal(P) (int64 result): with pinv =
+    2^32 / P + e, 0 <= e < 1, a * pinv / 2^32 = a / P + a * e / 2^32, and a * e / 2^32 < 2^-8
+    <= 1 / P, so the floor is that of a / P (a multiply and a shift instead of a division)."""
+    return np.int64((np.uint64(a) * np.uint64(pinv)) >> np.uint64(32))
 
 
 @devfn
@@ -168,7 +183,7 @@ def stage_sync(ring, si, x, x32, u, ok, kind):
 
 
 _RING_SRC = """
-def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
+def column_ring(x, rows, upr, C, P, pinv, S, ws, scales, codes):
     t = cuda.threadIdx.x
     ring = cuda.shared.array(0, u32)  # (a Numba type: the simulator sizes dynamic arrays by it)
     red = cuda.shared.array((NT, VEC), np.int32)
@@ -203,7 +218,7 @@ def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
         sl = k % D
         nx = (k + D - 1) % D  # the slot item k - 1 left
         item = np.int64(tk[sl])
-        stripe = udiv32(item, P)
+        stripe = divp(item, pinv)
         chunk = item - stripe * P
         if t == 0:  # the next ticket, and one look at item k's stripe: both in flight at once
             tk[nx] = cuda.atomic.add(ws, C + S, np.int32(1))
@@ -243,22 +258,22 @@ def column_ring(x, rows, upr, C, P, S, ws, scales, codes):
         sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
         uc = stripe * W + lu
         r0 = chunk * (U * RG) + rg
-        nv = 0
+        nv = np.int32(0)  # units of the item inside the data (the rest of the slot holds zeros)
         if uc < upr:
-            nv = min(max(rows - r0 + (RG - 1), 0) >> LOG_RG, U)
+            nv = np.int32(min(max(rows - r0 + (RG - 1), 0) >> LOG_RG, U))
         g = r0 * upr + uc
         sw = sl * SLOT + t4
-        if okr:  # every scale finite with a reciprocal: so is every element of these channels
-            if {i} < nv: encode_unit_cols_r(unit_elems(ld_shared_u32x4(ring, sb, sw + {i} * NT * 4), kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB)  #U
+        if okr and WHOLE and nv == U:  # every unit inside: one basic block, the units interleaved
+            encode_unit_cols_r(unit_elems(ld_shared_u32x4(ring, sb, sw + {i} * NT * 4), kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP, True)  #U
+        elif okr:  # every scale finite with a reciprocal: so is every element of these channels
+            encode_unit_cols_r(unit_elems(ld_shared_u32x4(ring, sb, sw + {i} * NT * 4), kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP, {i} < nv)  #U
         else:  # a NaN / inf in a channel, a zero or out-of-range scale: the general encode, one copy
             for i in range(nv):
                 e = unit_elems(ld_shared_u32x4(ring, sb, sw + i * NT * 4), kind)
                 encode_unit_cols(e, sv, ok, g + i * ustep, codes, c16, c32, fmt, CVT, VEC, NB)
-        if END_BARRIER:
-            cuda.syncthreads()
-        # (else the next iteration's first barrier, before its loads into slot sl, is the one
-        # that separates them from this encode's reads; sc, rcs, flag and red are rewritten
-        # only after further barriers)
+        # (the next iteration's first barrier, before its loads into slot sl, is the one that
+        # separates them from this encode's reads; sc, rcs, flag and red are rewritten only
+        # after further barriers)
         k += 1
 """
 
@@ -285,7 +300,7 @@ peek_atomic = devfn(_peek_atomic)
 
 @lru_cache(maxsize=None)
 def make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, force_wait=False, bps=None, relaxed=None,
-                            end_barrier=None):  # fmt: skip
+                            whole=None):  # fmt: skip
     """Persistent blocks of NT threads over items of U units a thread of stripes W units
     wide (R = U * NT / W rows), a ring of D slots, arrivals L items ahead of the encode; the
     kernel carries its dynamic shared memory (``launch.dynamic_smem``). ``bps``: blocks an
@@ -293,14 +308,15 @@ def make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, force_w
     ``ld.relaxed`` / ``ld.acquire`` (RING_RELAXED), else by atomics."""
     bps = bps or RING_BLOCKS_PER_SM
     relaxed = RING_RELAXED if relaxed is None else relaxed
-    end_barrier = RING_END_BARRIER if end_barrier is None else end_barrier
+    whole = RING_WHOLE if whole is None else whole
     vec = vec_of(kind)
     RG = NT // W
     ns = dict(
         kind=kind, fmt=fmt, NT=NT, W=W, RG=RG, LOG_RG=RG.bit_length() - 1, U=U, D=D, L=L, VEC=vec, CH=W * vec,
         SLOT=U * NT * 4, NB=(fmt[5] if packed else 8), SH=0 if kind == KIND_F32 else 1,
         CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV, MAXE=F32(max_elem),
-        FORCE_WAIT=force_wait, END_BARRIER=end_barrier, SLEEP=_SLEEP, SLEEP_MAX_NS=_SLEEP_MAX_NS, u32=types.uint32,
+        NOCLIP=rint_in_range(fmt, F32(max_elem)),
+        FORCE_WAIT=force_wait, WHOLE=whole, SLEEP=_SLEEP, SLEEP_MAX_NS=_SLEEP_MAX_NS, u32=types.uint32,
         peek=load_relaxed_i32 if relaxed else peek_atomic, peek_acq=load_acquire_i32 if relaxed else peek_atomic,
         commit=cp_async_commit, wait_lag=cp_async_wait(D - 1 - L), wait_all=cp_async_wait(0),
     )  # fmt: skip
@@ -319,7 +335,8 @@ def ring_geometry(rows, upr, sms, vec, nt=None, units=None, slots=None):
     """(NT, W, U, D, L, P, S) of ``column_ring`` for ``rows`` rows of ``upr`` units: the
     widest stripes (``_column_kernels.stripe_widths``) whose chunks of R = U * NT / W rows
     cover the rows in P <= min(RING_P_MAX, resident blocks) chunks; None where none does,
-    or where the ring does not fit RING_BLOCKS_PER_SM blocks an SM. ``sms``: the SM count
+    where the ring does not fit RING_BLOCKS_PER_SM blocks an SM, or where the items would
+    reach ITEMS_MAX (divp's range; 256 GiB of input at least). ``sms``: the SM count
     (1 under the simulator, which runs one block at a time)."""
     NT = nt or RING_THREADS
     U = units or RING_UNITS
@@ -331,8 +348,9 @@ def ring_geometry(rows, upr, sms, vec, nt=None, units=None, slots=None):
     p_max = min(RING_P_MAX, sms * (1 if SIMULATOR else RING_BLOCKS_PER_SM))
     for W in stripe_widths(upr, NT, vec):
         P = -(-rows // (U * NT // W))
+        S = -(-upr // W)
         if P <= p_max:
-            return NT, W, U, D, L, P, -(-upr // W)
+            return (NT, W, U, D, L, P, S) if S * P < ITEMS_MAX else None
     return None
 
 
@@ -346,7 +364,7 @@ def ring_launch(kind, fmt, max_elem, packed, rows, C, sms, empty, x, scales, cod
         return None
     NT, W, U, D, L, P, S = g
     k = make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, RING_FORCE_WAIT, RING_BLOCKS_PER_SM,
-                                RING_RELAXED, RING_END_BARRIER)  # fmt: skip
+                                RING_RELAXED, RING_WHOLE)  # fmt: skip
     grid = min(S * P, sms * (1 if SIMULATOR else RING_BLOCKS_PER_SM))
     ws = empty(onepass_workspace_words(C, S), np.int32, "zero")
-    return (k, grid, NT, (x, rows, C // vec, C, P, S, ws, scales, codes))
+    return (k, grid, NT, (x, rows, C // vec, C, P, p_reciprocal(P), S, ws, scales, codes))
