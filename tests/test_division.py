@@ -252,7 +252,9 @@ def test_guards():
 
 # ----------------------------------------------------------------------------- kernels (simulator)
 def _spy_count(monkeypatch):
-    """Count div_by_recip calls made by the row-wise kernels (the simulator runs Python)."""
+    """Count div_by_recip calls made by the row-wise and per-channel kernels (the simulator
+    runs Python)."""
+    from nqdq.kernels import _column_kernels as CK
     from nqdq.kernels import _rowwise_kernels as RK
 
     calls = [0]
@@ -263,6 +265,7 @@ def _spy_count(monkeypatch):
         return real(x, s, r)
 
     monkeypatch.setattr(RK, "div_by_recip", spy)
+    monkeypatch.setattr(CK, "div_by_recip", spy)  # (the per-channel integer encode without the clip)
     return calls
 
 
