@@ -173,20 +173,21 @@ def rint_in_range(fmt, max_elem):
 
 
 @devfn
-def rint_code_r(xb, s, r, mask):
-    """The integer code of a quotient known to be in range (rint_in_range)."""
-    return np.uint32(int_code_rint(div_by_recip(bits_f32(xb), s, r)) & np.uint32(mask))
+def enc_col_r(xb, s, r, fmt, mask, noclip):
+    """enc_finite_r of one element, or (``noclip``: rint_in_range holds) the rounded quotient
+    without the clip."""
+    if noclip:
+        return np.uint32(int_code_rint(div_by_recip(bits_f32(xb), s, r)) & np.uint32(mask))
+    return enc_finite_r(xb, s, r, fmt, mask)
 
 
 @devfn
-def encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb, noclip, st):
+def encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb, noclip):
     """encode_unit_cols of a finite unit whose channels' scales all have reciprocals r[j]
     (``recip_guarded`` != 0): x / s[j] by the reciprocal, bit for bit the IEEE quotient.
     The scales are dynamic (amax / max_elem down the column), so |x| <= s * max_elem *
     (1 + 2^-23) and div_by_recip's ratio condition holds without a check; ``noclip``
-    (``rint_in_range`` of the format and max_elem): integer codes without the clip. The
-    codes are stored where ``st`` (only the store depends on it: a caller whose units past
-    the data hold zeros encodes them all and predicates the stores)."""
+    (``rint_in_range`` of the format and max_elem): integer codes without the clip."""
     if cvt:
         lo = fp8_pair_rr(e[0], e[1], s[0], s[1], r[0], r[1], fmt) | (
             fp8_pair_rr(e[2], e[3], s[2], s[3], r[2], r[3], fmt) << np.uint32(16))
@@ -194,25 +195,16 @@ def encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb, noclip, s
         if vec == 8:
             hi = fp8_pair_rr(e[4], e[5], s[4], s[5], r[4], r[5], fmt) | (
                 fp8_pair_rr(e[6], e[7], s[6], s[7], r[6], r[7], fmt) << np.uint32(16))
-        if st:
-            store_packed(np.uint32(lo), np.uint32(hi), unit, c8, c16, c32, vec, nb)
+        store_packed(np.uint32(lo), np.uint32(hi), unit, c8, c16, c32, vec, nb)
         return
     m = (1 << nb) - 1
     hi = np.uint32(0)
-    if noclip:
-        lo = pack4(rint_code_r(e[0], s[0], r[0], m), rint_code_r(e[1], s[1], r[1], m),
-                   rint_code_r(e[2], s[2], r[2], m), rint_code_r(e[3], s[3], r[3], m), nb)
-        if vec == 8:
-            hi = pack4(rint_code_r(e[4], s[4], r[4], m), rint_code_r(e[5], s[5], r[5], m),
-                       rint_code_r(e[6], s[6], r[6], m), rint_code_r(e[7], s[7], r[7], m), nb)
-    else:
-        lo = pack4(enc_finite_r(e[0], s[0], r[0], fmt, m), enc_finite_r(e[1], s[1], r[1], fmt, m),
-                   enc_finite_r(e[2], s[2], r[2], fmt, m), enc_finite_r(e[3], s[3], r[3], fmt, m), nb)
-        if vec == 8:
-            hi = pack4(enc_finite_r(e[4], s[4], r[4], fmt, m), enc_finite_r(e[5], s[5], r[5], fmt, m),
-                       enc_finite_r(e[6], s[6], r[6], fmt, m), enc_finite_r(e[7], s[7], r[7], fmt, m), nb)
-    if st:
-        store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
+    lo = pack4(enc_col_r(e[0], s[0], r[0], fmt, m, noclip), enc_col_r(e[1], s[1], r[1], fmt, m, noclip),
+               enc_col_r(e[2], s[2], r[2], fmt, m, noclip), enc_col_r(e[3], s[3], r[3], fmt, m, noclip), nb)
+    if vec == 8:
+        hi = pack4(enc_col_r(e[4], s[4], r[4], fmt, m, noclip), enc_col_r(e[5], s[5], r[5], fmt, m, noclip),
+                   enc_col_r(e[6], s[6], r[6], fmt, m, noclip), enc_col_r(e[7], s[7], r[7], fmt, m, noclip), nb)
+    store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
 
 
 @devfn
@@ -220,7 +212,7 @@ def encode_cols(e, s, r, ok, okr, unit, c8, c16, c32, fmt, cvt, vec, nb):
     """A unit's codes: by the reciprocals where ``okr`` (every scale has one) and the unit is
     finite, else encode_unit_cols."""
     if okr and unit_amax(e, vec) < FINITE:
-        encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb, False, True)
+        encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb, False)
     else:
         encode_unit_cols(e, s, ok, unit, c8, c16, c32, fmt, cvt, vec, nb)
 
@@ -507,7 +499,7 @@ def encode_finite_or_flag(e, s, r, okr, unit, c8, c16, c32, fmt, cvt, vec, nb, n
     """encode_unit_cols_r of a finite unit when every scale has a reciprocal (``okr``) and 0;
     else nothing and bit i (the unit for the caller's general encode)."""
     if okr and unit_amax(e, vec) < FINITE:
-        encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb, noclip, True)
+        encode_unit_cols_r(e, s, r, unit, c8, c16, c32, fmt, cvt, vec, nb, noclip)
         return np.uint32(0)
     return np.uint32(1) << np.uint32(i)
 

@@ -258,15 +258,15 @@ def column_ring(x, rows, upr, C, P, pinv, S, ws, scales, codes):
         sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
         uc = stripe * W + lu
         r0 = chunk * (U * RG) + rg
-        nv = np.int32(0)  # units of the item inside the data (the rest of the slot holds zeros)
+        nv = np.int32(0)  # units of the item inside the data
         if uc < upr:
             nv = np.int32(min(max(rows - r0 + (RG - 1), 0) >> LOG_RG, U))
         g = r0 * upr + uc
         sw = sl * SLOT + t4
         if okr and WHOLE and nv == U:  # every unit inside: one basic block, the units interleaved
-            encode_unit_cols_r(unit_elems(ld_shared_u32x4(ring, sb, sw + {i} * NT * 4), kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP, True)  #U
+            encode_unit_cols_r(unit_elems(ld_shared_u32x4(ring, sb, sw + {i} * NT * 4), kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
         elif okr:  # every scale finite with a reciprocal: so is every element of these channels
-            encode_unit_cols_r(unit_elems(ld_shared_u32x4(ring, sb, sw + {i} * NT * 4), kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP, {i} < nv)  #U
+            if {i} < nv: encode_unit_cols_r(unit_elems(ld_shared_u32x4(ring, sb, sw + {i} * NT * 4), kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
         else:  # a NaN / inf in a channel, a zero or out-of-range scale: the general encode, one copy
             for i in range(nv):
                 e = unit_elems(ld_shared_u32x4(ring, sb, sw + i * NT * 4), kind)
