@@ -622,7 +622,8 @@ COLUMN_ONEPASS_P_MAX = None
 # ... through a shared-memory ring where its geometry fits and the stripes take more than one
 # chunk (_column_ring: cp.async loads of a block's next items in flight while it waits and
 # encodes). H100 2026-11-26 10:46-10:54 UTC: GPU tests and compute-sanitizer clean; bf16
-# int8_column 8192x8192 / 16384x7168 71 / 73 % of copy (register kernels 55 / 54 %).
+# int8_column 8192x8192 / 16384x7168 71 / 73 % of copy (register kernels 55 / 54 %); 74 / 76 %
+# after the seventeenth session's instruction cuts (13:18-13:40 UTC).
 # NQDQ_COLUMN_RING=0: the register kernels (A/B).
 COLUMN_RING = os.environ.get("NQDQ_COLUMN_RING", "1") == "1"
 COLUMN_ONEPASS_SYNC = False
