@@ -35,8 +35,8 @@ The next iteration's first barrier separates this encode's reads of slot k from 
 iteration's loads into it, so an iteration ends without a barrier.
 
 Measured (H100, bf16 int8_column, docs/performance.md "Sixteenth session" and
-"Seventeenth session"): 75 / 76 % of a D2D copy at 8192x8192 / 16384x7168 (93.3 / 155.8
-us), against 55 / 54 % for the register kernels of ``_column_kernels``. Defaults: 128
+"Seventeenth session"): 74-75 / 76 % of a D2D copy at 8192x8192 / 16384x7168 (93.3-94.0 /
+155.8-157.6 us), against 55 / 54 % for the register kernels of ``_column_kernels``. Defaults: 128
 threads, 8 units a thread, 3 slots, lag 1, 4 blocks an SM (48 KiB of ring each). The kernel
 is latency-bound (16 warps an SM: its registers and shared memory allow no more; ncu: 34 M
 warp instructions; about 40 % of its warps' stall samples wait at block barriers, on the
@@ -122,9 +122,7 @@ if s_it < total:
     s_st = divp(s_it, pinv)
     s_uc = s_st * W + lu
     s_r0 = (s_it - s_st * P) * (U * RG) + rg
-    s_nv = 0
-    if s_uc < upr:
-        s_nv = min(max(rows - s_r0 + (RG - 1), 0) >> LOG_RG, U)
+    s_nv = units_inside(rows, s_r0, s_uc, upr, LOG_RG, U)
     s_g = s_r0 * upr + s_uc
     s_sw = {d} * SLOT + t4
     if aligned:
@@ -170,6 +168,17 @@ def divp(a, pinv):
     2^32 / P + e, 0 <= e < 1, a * pinv / 2^32 = a / P + a * e / 2^32, and a * e / 2^32 < 2^-8
     <= 1 / P, so the floor is that of a / P (a multiply and a shift instead of a division)."""
     return np.int64((np.uint64(a) * np.uint64(pinv)) >> np.uint64(32))
+
+
+@devfn
+def units_inside(rows, r0, uc, upr, log_rg, U):
+    """How many of a thread's U units of an item lie inside the data: those of rows r0, r0 +
+    RG, ... (RG = 2^log_rg) below ``rows``; none where its unit column uc is past the row's
+    ``upr`` units. The stage loads (the rest of the slot gets zeros) and the encode stores
+    exactly these."""
+    if uc >= upr:
+        return np.int32(0)
+    return np.int32(min(max(rows - r0 + ((1 << log_rg) - 1), 0) >> log_rg, U))
 
 
 @devfn
@@ -258,9 +267,7 @@ def column_ring(x, rows, upr, C, P, pinv, S, ws, scales, codes):
         sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
         uc = stripe * W + lu
         r0 = chunk * (U * RG) + rg
-        nv = np.int32(0)  # units of the item inside the data
-        if uc < upr:
-            nv = np.int32(min(max(rows - r0 + (RG - 1), 0) >> LOG_RG, U))
+        nv = units_inside(rows, r0, uc, upr, LOG_RG, U)
         g = r0 * upr + uc
         sw = sl * SLOT + t4
         if okr and WHOLE and nv == U:  # every unit inside: one basic block, the units interleaved
