@@ -553,6 +553,33 @@ def test_lastaxis_several_units_per_thread(deep_units, name, shape, dtype):
     check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
 
 
+@pytest.mark.parametrize(
+    "name, shape, dtype",
+    [
+        ("fp8_row", (6, 320), ml_dtypes.bfloat16),  # 40 units: 32 threads x 2, a partial second
+        ("fp8_row", (6, 1000), np.float16),  # 125 units: 32 threads x 4, a partial fourth
+        ("int8_row", (6, 256), np.float32),  # 64 units: 32 threads x 2, no partial unit
+    ],
+)
+def test_row_kernel_whole_rows(deep_units, monkeypatch, name, shape, dtype):
+    """The row kernel's straight-line rows (kq.ROW_WHOLE: a finite row whose scale has a
+    reciprocal encodes every unit without a check but the last unit's), which a GPU takes
+    where the encode is the fp8 cvt (kq._cheap): forced here, so the simulator runs them.
+    Rows: finite, all zeros, tiny (its scale has no reciprocal in recip_guarded's range:
+    the per-unit path), with an inf, with a NaN."""
+    monkeypatch.setattr(kq, "_cheap", lambda fmt: True)
+    kq._PLANS.clear()
+    x = (np.random.default_rng(7).standard_normal(shape) * 3).astype(np.float32)
+    x[1] = 0
+    if dtype != np.float16:  # (a float16 row cannot be that small)
+        x[2] *= np.float32(2.0**-120)
+    x[3, 5] = np.inf
+    x[4, 7] = np.nan
+    x = x.astype(dtype)
+    assert "lastaxis_rows" in _launched(shape, dtype, resolve_scheme(name))
+    check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
+
+
 @pytest.fixture
 def unaligned_loads(monkeypatch):
     """The kernels read element by element when the input is not 16-byte aligned (a view

@@ -1230,9 +1230,9 @@ def lastaxis_rows(x, upr, codes, scales, sparams):
     aligned = (array_addr(x) & 15) == 0
     base = row * upr + tid
     if aligned:  # (two copies of the loads: a uniform branch instead of predicated element loads)
-        w{j} = load_unit(x, x32, True, base + {jNT}, tid + {jNT} < upr, kind)
+        w{j} = load_unit(x, x32, True, base + {jNT}, {j} < U - 1 or tid + {jNT} < upr, kind)
     else:
-        w{j} = load_unit(x, x32, False, base + {jNT}, tid + {jNT} < upr, kind)
+        w{j} = load_unit(x, x32, False, base + {jNT}, {j} < U - 1 or tid + {jNT} < upr, kind)
     a = np.int32(0)
     a2 = np.uint32(0)
     a, a2 = amax_step(a, a2, w{j}, kind, VEC)
@@ -1244,7 +1244,10 @@ def lastaxis_rows(x, upr, codes, scales, sparams):
         store_scale(scales, row, mode, sv)
     clean = a < FINITE
     rp = recip_guarded(p0) if mode == MODE_FLOAT else ZERO
-    if tid + {jNT} < upr: encode_store_unit_r(unit_elems(w{j}, kind), base + {jNT}, p0, rp, clean, codes, c16, c32, mode, fmt, CVT, VEC, NB)
+    if WHOLE and clean and rp != ZERO:  # (row-uniform: the units straight-line, no check each)
+        if {j} < U - 1 or tid + {jNT} < upr: recip_store_unit(unit_elems(w{j}, kind), base + {jNT}, p0, rp, codes, c16, c32, fmt, CVT, VEC, NB)
+    else:
+        if tid + {jNT} < upr: encode_store_unit_r(unit_elems(w{j}, kind), base + {jNT}, p0, rp, clean, codes, c16, c32, mode, fmt, CVT, VEC, NB)
 '''
 
 
@@ -1269,17 +1272,21 @@ def _block_max_fn(NT, shfl):
 
 
 @lru_cache(maxsize=None)
-def make_lastaxis_row_kernel(kind, mode, fmt, mx_cfg, max_elem, NT, U, packed, shfl, stoch=False):
+def make_lastaxis_row_kernel(kind, mode, fmt, mx_cfg, max_elem, NT, U, packed, shfl, stoch=False, whole=True):
     """One scale per row of a C-contiguous (rows, upr units) input, one block per row: thread
-    t holds the row's units t, t + NT, ... (U of them, NT * U >= upr) in registers from the
-    load to the encode; the row's amax is combined by warps (butterfly) and across warps (one
-    shared slot each, one barrier). ``stoch``: stochastic rounding (_ROWS_SR_ENCODE; the kernel
-    takes key_lo, key_hi last)."""
+    t holds the row's units t, t + NT, ... (U of them) in registers from the load to the
+    encode; the row's amax is combined by warps (butterfly) and across warps (one shared slot
+    each, one barrier). The launch must have U = ceil(upr / NT), so that NT * (U - 1) < upr
+    <= NT * U: units 0 .. U - 2 of every thread are inside the row, and only the last one is
+    checked. ``whole``: where the row is finite and its scale has a reciprocal (row-uniform),
+    the units go to the reciprocal encoder as one straight-line block, with no per-unit check
+    (ptxas interleaves them); else each unit through encode_store_unit_r. ``stoch``:
+    stochastic rounding (_ROWS_SR_ENCODE; the kernel takes key_lo, key_hi last)."""
     VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
     assert NT % 32 == 0
     ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
               mode=mode, fmt=fmt, VEC=VEC, NB=NB, CVT=CVT, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE, MXI=MXI,
-              block_max=_block_max_fn(NT, shfl))
+              WHOLE=whole and RECIP_DIV and mode == MODE_FLOAT, block_max=_block_max_fn(NT, shfl))
     src = _ROWS_SRC
     if stoch:
         src = _sub(src, "scales, sparams):", "scales, sparams, key_lo, key_hi):")

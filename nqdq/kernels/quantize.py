@@ -558,6 +558,10 @@ CHEAP_UNITS = 1  # units per chunk where the encode is the paired fp8 cvt (K > 1
 # 123.74 (Triton peer 70.27 / 118.62; docs/performance.md)
 ROW_UNITS_DEEP = 5
 ROW_NT_EXACT = True
+# where the encode is the fp8 cvt: a finite row's units straight-line (make_lastaxis_row_kernel's
+# whole). H100, bf16 fp8_row: 31.8 -> 27.9 M warp instructions (ncu), 71.0-71.4 -> 70.9-71.2 us at
+# 8192x8192; int8_row measured 0.5-1 us slower with it, so integer rows keep a branch a unit
+ROW_WHOLE = True
 DEEP_ROWS = 528  # rows from which the row kernel uses deep threads (4 blocks per H100 SM)
 DEEP_UNITS = 4 * 256 * 264  # units from which the group kernel uses GROUP_UNITS per thread
 SHFL = RK.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twin on a GPU
@@ -837,7 +841,8 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
                 _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, zps, means, *keys)
         elif fast[0] == "row":
             _, NT, U = fast
-            k = RK.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL, **sr)
+            assert NT * (U - 1) < C // vec <= NT * U  # (the kernel checks only its last unit)
+            k = RK.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL, whole=ROW_WHOLE and _cheap(fmt), **sr)
             _launch(k, rows, NT, xa, C // vec, codes, scales, out.sparams, *keys)
         else:
             _, L, K, NT, U = fast
