@@ -78,7 +78,8 @@ from numba import cuda
 
 from ._codec import F32, KIND_BF16, KIND_F32, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits
 from ._division import RECIP_DIV, div_by_recip, recip_guarded
-from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports, load_u32x4_ordered, u16x2_max
+from ._ptx import (array_addr, as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports, load_u32x4_ordered, prefetch_l2,
+                   u16x2_max)
 from ._rowwise_kernels import (
     FINITE, abs_i32, enc, enc_finite, enc_finite_r, fp8_pair_rr, int_code_rint, load_unit, pack4, store_packed, unit_amax,
     unit_elems, vec_of,
@@ -108,13 +109,12 @@ def make_column_amax_kernel(kind, NT):
     * rpc) of units bx * NT + t and writes, for each of their channels j, part_i[c * C + j]
     (amax bits; part_a = part_b = 0, unused by finalize's float branch)."""
     VEC = vec_of(kind)
-    SH = 0 if kind == KIND_F32 else 1
 
     @cuda.jit
     def column_amax(x, rows, upr, rpc, part_i, part_a, part_b):
         uc = cuda.blockIdx.x * NT + cuda.threadIdx.x
         c = cuda.blockIdx.y
-        x32 = x[: (x.size >> SH) << SH].view(np.uint32)
+        x32 = as_u32(x)
         aligned = (array_addr(x) & 15) == 0
         z = np.int32(0)
         a = (z, z, z, z, z, z, z, z)
@@ -248,7 +248,6 @@ def make_column_encode_kernel(kind, fmt, NT, packed):
     """Grid (ceil(units per row / NT), chunks): block (bx, c) encodes rows [c * rpc,
     (c + 1) * rpc) of units bx * NT + t with the scales of their channels."""
     VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
-    SH = 0 if kind == KIND_F32 else 1
     CVT = fp8_cvt_available() and fp8_cvt_supports(fmt)
     RECIP = RECIP_DIV
 
@@ -258,9 +257,9 @@ def make_column_encode_kernel(kind, fmt, NT, packed):
         c = cuda.blockIdx.y
         if uc >= upr:
             return
-        x32 = x[: (x.size >> SH) << SH].view(np.uint32)
-        c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
-        c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+        x32 = as_u32(x)
+        c32 = as_u32(codes)
+        c16 = as_u16(codes)
         aligned = (array_addr(x) & 15) == 0
         j0 = uc * VEC
         s0, s1, s2, s3 = scales[j0], scales[j0 + 1], scales[j0 + 2], scales[j0 + 3]
@@ -336,32 +335,6 @@ ONEPASS_PIPE = os.environ.get("NQDQ_COLUMN_ONEPASS_PIPE", "1") == "1"
 ONEPASS_PIPE_UNITS = 8
 ONEPASS_PIPE_BLOCKS = None
 
-if SIMULATOR:
-
-    def prefetch_l2(a, i):
-        """Simulator twin: nothing (a prefetch changes no value)."""
-
-else:
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
-    from ._ptx import _elem_ptr
-
-    @intrinsic
-    def prefetch_l2(typingctx, a, i):
-        """``prefetch.global.L2`` of the line holding word 4*i of the uint32 array ``a``."""
-        sig = types.void(a, i)
-
-        def codegen(context, builder, sig, args):
-            i4 = builder.mul(context.cast(builder, args[1], sig.args[1], types.int64), ir.Constant(ir.IntType(64), 4))
-            ptr = _elem_ptr(context, builder, sig.args[0], args[0], i4, types.int64)
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ptr.type]), "prefetch.global.L2 [$0];", "l",
-                               side_effect=True)  # fmt: skip
-            builder.call(asm, [ptr])
-            return context.get_dummy_value()
-
-        return sig, codegen
 
 
 @devfn
@@ -530,9 +503,9 @@ def column_onepass(x, rows, upr, C, W, P, S, ahead, ws, scales, codes):
     uc = stripe * W + lu
     colok = uc < upr
     r0 = chunk * (U * RG) + rg
-    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
-    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
-    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    x32 = as_u32(x)
+    c32 = as_u32(codes)
+    c16 = as_u16(codes)
     aligned = (array_addr(x) & 15) == 0
     z = np.int32(0)
     a = (z, z, z, z, z, z, z, z)
@@ -624,9 +597,9 @@ def column_onepass(x, rows, upr, C, W, P, S, ahead, ws, scales, codes):
     CH = W * VEC
     lu = t % W
     rg = t // W
-    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
-    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
-    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    x32 = as_u32(x)
+    c32 = as_u32(codes)
+    c16 = as_u16(codes)
     aligned = (array_addr(x) & 15) == 0
     total = S * P
     z = np.int32(0)
@@ -727,7 +700,7 @@ def make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, sync, pipe=Fa
     sync)."""
     ns = dict(
         kind=kind, fmt=fmt, NT=NT, U=U, VEC=vec_of(kind), NB=(fmt[5] if packed else 8),
-        SH=0 if kind == KIND_F32 else 1, CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV, LATE=True,
+        CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV, LATE=True,
         MAXE=F32(max_elem), NOCLIP=rint_in_range(fmt, F32(max_elem)), CH_MAX=32 * vec_of(kind), SYNC=sync, SLEEP=_SLEEP,
         SLEEP_MAX_NS=_SLEEP_MAX_NS,
     )  # fmt: skip

@@ -69,14 +69,14 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, types
 
-from ._codec import F32, KIND_F32
+from ._codec import F32
 from ._column_kernels import (
     _SLEEP, _SLEEP_MAX_NS, _expand, amax_bits, channel_scale, encode_unit_cols, encode_unit_cols_r,
     onepass_workspace_words, rint_in_range, stripe_widths, unit_col_scales, word_max,
 )  # fmt: skip
 from ._division import RECIP_DIV
 from ._mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, smem_addr
-from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports, load_acquire_i32, load_relaxed_i32
+from ._ptx import array_addr, as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports, load_acquire_i32, load_relaxed_i32
 from ._rowwise_kernels import load_unit, unit_elems, vec_of
 from ._target import SIMULATOR, devfn
 
@@ -207,9 +207,9 @@ def column_ring(x, rows, upr, C, P, pinv, S, ws, scales, codes):
     total = S * P
     ustep = np.int64(RG) * upr  # units between a thread's units of an item
     z = np.int32(0)
-    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
-    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
-    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    x32 = as_u32(x)
+    c32 = as_u32(codes)
+    c16 = as_u16(codes)
     aligned = (array_addr(x) & 15) == 0
     arrived = 0  # bit d: slot d's item has arrived (every thread keeps the same mask)
     for d in range(D - 1):  # items 0 .. D - 2 in flight
@@ -320,7 +320,7 @@ def make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, force_w
     RG = NT // W
     ns = dict(
         kind=kind, fmt=fmt, NT=NT, W=W, RG=RG, LOG_RG=RG.bit_length() - 1, U=U, D=D, L=L, VEC=vec, CH=W * vec,
-        SLOT=U * NT * 4, NB=(fmt[5] if packed else 8), SH=0 if kind == KIND_F32 else 1,
+        SLOT=U * NT * 4, NB=(fmt[5] if packed else 8),
         CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV, MAXE=F32(max_elem),
         NOCLIP=rint_in_range(fmt, F32(max_elem)),
         FORCE_WAIT=force_wait, WHOLE=whole, SLEEP=_SLEEP, SLEEP_MAX_NS=_SLEEP_MAX_NS, u32=types.uint32,

@@ -59,8 +59,8 @@ from ._fused_kernels import (CANON_NAN_BITS, MOE_LOCAL_BATCH, MOE_LOCAL_BUCKETS,
                              OP_NORM, OP_ROWS, OP_SCATTER, OUT_GROUP, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y,
                              R_SPLIT_MIN_BITS, SIG_BITS, idx_get_f32, prod_err, round_bits, rsqrt_mean,
                              split_sum64, local_count, local_rows_fn, xor_lane)
-from ._ptx import (cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, griddep_wait, load_u32x4, prmt, store_u32x2,
-                   store_u32x4)
+from ._ptx import (as_u16, as_u32, cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, griddep_wait, load_u32x4,
+                   prefetch_l2, prmt, store_u32x2, store_u32x4)
 from ._quantize_kernels import group_params, store_scale
 from ._division import RECIP_DIV, ratio_ok, recip_guarded
 from ._rowwise_kernels import (FINITE, _block_max_fn, abs_i32, e2m1_unit_bf16, e2m1_unit_f32_p2, enc,
@@ -68,76 +68,7 @@ from ._rowwise_kernels import (FINITE, _block_max_fn, abs_i32, e2m1_unit_bf16, e
 from ._scales import MODE_FLOAT, MODE_MX, MX_RCEIL
 from ._target import SIMULATOR, devfn
 
-__all__ = ["fused_row_kernel", "as_u32", "as_u16"]
-
-
-# ----------------------------------------------------------------------------- word views
-# The kernel reads and writes 16-bit rows, codes and residuals through 32-bit (and 16-bit)
-# views of the same memory. Numba's ``a[:k].view(np.uint32)`` checks size and contiguity on
-# the device and exits on failure: some 400 SASS instructions per thread for the kernel's 7
-# views, 7 per element at hidden 7168. ``as_u32`` / ``as_u16`` build the view's array struct
-# directly (same data pointer, the whole words of the array's bytes), which the launcher's
-# arrays (contiguous, from Allocator or the caller's 1-D view) allow; their twins are the
-# slicing views the simulator runs.
-if not SIMULATOR:
-    from llvmlite import ir
-    from numba.core import cgutils, types
-    from numba.core.extending import intrinsic
-
-    def _as_words(ty, size):
-        @intrinsic
-        def as_words(typingctx, a):
-            rty = types.Array(ty, 1, "C")
-
-            def codegen(context, builder, sig, args):
-                src = context.make_array(sig.args[0])(context, builder, args[0])
-                dst = context.make_array(rty)(context, builder)
-                i64 = ir.IntType(64)
-                size_c = ir.Constant(i64, size)
-                n = builder.udiv(builder.mul(src.nitems, src.itemsize), size_c)
-                context.populate_array(dst, data=builder.bitcast(src.data, dst.data.type),
-                                       shape=cgutils.pack_array(builder, [n]),
-                                       strides=cgutils.pack_array(builder, [size_c]), itemsize=size_c,
-                                       meminfo=src.meminfo, parent=src.parent)
-                return dst._getvalue()
-
-            return rty(a), codegen
-
-        return as_words
-
-    as_u32 = _as_words(types.uint32, 4)
-    as_u16 = _as_words(types.uint16, 2)
-
-    @intrinsic
-    def prefetch_l2(typingctx, a, i):
-        """``prefetch.global.L2`` of the line holding 16-byte quad i (words 4i .. 4i + 3) of
-        the uint32 array ``a`` (the PREFETCH switch)."""
-        sig = types.void(a, i)
-
-        def codegen(context, builder, sig, args):
-            arr = context.make_array(sig.args[0])(context, builder, args[0])
-            i4 = builder.mul(context.cast(builder, args[1], sig.args[1], types.int64), ir.Constant(ir.IntType(64), 4))
-            ptr = builder.gep(arr.data, [i4])
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ptr.type]), "prefetch.global.L2 [$0];", "l",
-                               side_effect=True)
-            builder.call(asm, [ptr])
-            return context.get_dummy_value()
-
-        return sig, codegen
-else:
-
-    def prefetch_l2(a, i):
-        """Simulator twin: nothing (a prefetch changes no value)."""
-
-    def as_u32(a):
-        """Simulator twin: the array's whole 32-bit words as a uint32 view."""
-        k = a.size * a.dtype.itemsize // 4 * 4 // a.dtype.itemsize
-        return a[:k].view(np.uint32)
-
-    def as_u16(a):
-        """Simulator twin: the array's whole 16-bit words as a uint16 view."""
-        k = a.size * a.dtype.itemsize // 2 * 2 // a.dtype.itemsize
-        return a[:k].view(np.uint16)
+__all__ = ["fused_row_kernel"]
 
 
 def _loader(kind, fast, strided, full=False):

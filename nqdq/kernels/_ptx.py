@@ -49,6 +49,7 @@ def fp8_cvt_supports(fmt) -> bool:
 if not SIMULATOR:
     from llvmlite import ir
     from numba import types
+    from numba.core import cgutils
     from numba.cuda.extending import intrinsic
 
     def _cvt_intrinsic(ptx_type):
@@ -96,6 +97,72 @@ else:
         return 0
 
 
+# ----------------------------------------------------------------------------- word views
+# Kernels read 16-bit inputs and write 8-bit codes through 32-bit (and 16-bit) views of the
+# same memory. Numba's ``a[:k].view(np.uint32)`` checks size and contiguity on the device and
+# exits on failure: about 60 SASS instructions a view, ahead of a kernel's first load (the
+# row kernel's three: 190 instructions before its first load, 0.3-0.5 us of a bf16
+# 8192x8192 fp8_row; docs/performance.md "Eighteenth session"). ``as_u32`` / ``as_u16``
+# build the view's array struct directly: the same data pointer, the array's whole 32-bit
+# (16-bit) words, which every array a plan passes allows (1-D and contiguous: the Allocator's
+# or a 1-D view of the caller's). Their twins are the slicing views the simulator runs.
+if not SIMULATOR:
+
+    def _as_words(ty, size):
+        @intrinsic
+        def as_words(typingctx, a):
+            rty = types.Array(ty, 1, "C")
+
+            def codegen(context, builder, sig, args):
+                src = context.make_array(sig.args[0])(context, builder, args[0])
+                dst = context.make_array(rty)(context, builder)
+                size_c = ir.Constant(ir.IntType(64), size)
+                n = builder.udiv(builder.mul(src.nitems, src.itemsize), size_c)
+                context.populate_array(dst, data=builder.bitcast(src.data, dst.data.type),
+                                       shape=cgutils.pack_array(builder, [n]),
+                                       strides=cgutils.pack_array(builder, [size_c]), itemsize=size_c,
+                                       meminfo=src.meminfo, parent=src.parent)  # fmt: skip
+                return dst._getvalue()
+
+            return rty(a), codegen
+
+        return as_words
+
+    as_u32 = _as_words(types.uint32, 4)
+    as_u16 = _as_words(types.uint16, 2)
+
+    @intrinsic
+    def prefetch_l2(typingctx, a, i):
+        """``prefetch.global.L2`` of the line holding word 4*i of the uint32 array ``a``."""
+        sig = types.void(a, i)
+
+        def codegen(context, builder, sig, args):
+            arr = context.make_array(sig.args[0])(context, builder, args[0])
+            i4 = builder.mul(context.cast(builder, args[1], sig.args[1], types.int64), ir.Constant(ir.IntType(64), 4))
+            ptr = builder.gep(arr.data, [i4])
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ptr.type]), "prefetch.global.L2 [$0];", "l",
+                               side_effect=True)  # fmt: skip
+            builder.call(asm, [ptr])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+else:
+
+    def as_u32(a):
+        """Simulator twin: the array's whole 32-bit words as a uint32 view."""
+        k = a.size * a.dtype.itemsize // 4 * 4 // a.dtype.itemsize
+        return a[:k].view(np.uint32)
+
+    def as_u16(a):
+        """Simulator twin: the array's whole 16-bit words as a uint16 view."""
+        k = a.size * a.dtype.itemsize // 2 * 2 // a.dtype.itemsize
+        return a[:k].view(np.uint16)
+
+    def prefetch_l2(a, i):
+        """Simulator twin: nothing (a prefetch changes no value)."""
+
+
 # ----------------------------------------------------------------------------- wide memory access
 # The last-axis kernels (_rowwise_kernels) move 16 bytes of input per load and 8 bytes of
 # codes per store: one instruction where Numba's element indexing would issue 4-8. On a GPU
@@ -104,7 +171,6 @@ else:
 # codes array is one the plan allocated (CuPy / Numba allocations are 256-byte aligned).
 # ``fp8x2``: two float8 codes by one cvt (sm_89+), the pair form of cvt_e4m3 / cvt_e5m2.
 if not SIMULATOR:
-    from numba.core import cgutils
 
     def _elem_ptr(context, builder, aryty, ary, idx, idxty):
         arr = context.make_array(aryty)(context, builder, ary)

@@ -66,7 +66,7 @@ from ._scales import (
     pairwise_push,
 )
 from ._codec import KIND_BF16
-from ._ptx import array_addr, fp8_cvt_available, fp8_cvt_supports
+from ._ptx import array_addr, as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports
 from ._target import devfn
 
 
@@ -206,7 +206,7 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
         # LOADS loads per thread are issued before any is stored, so they are in flight together
         if STASH and PAIRS and (cols & 1) == 0 and (array_addr(x) & 3) == 0:
             # bf16 two at a time: one 32-bit load per pair (rows start at even elements)
-            x32 = x[:(x.size >> 1) << 1].view(np.uint32)
+            x32 = as_u32(x)
             wv = cuda.local.array(LOADS, uint32)
             for m0 in range(0, M2, LOADS):
                 for uu in range(LOADS):
@@ -339,8 +339,8 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
         xs = cuda.local.array(4, float32)
         cache = cuda.local.array(5, int64)
         cache[0] = -1
-        c32 = codes[:(codes.size >> 2) << 2].view(np.uint32)
-        c16 = codes[:(codes.size >> 1) << 1].view(np.uint16)
+        c32 = as_u32(codes)
+        c16 = as_u16(codes)
         wide = (array_addr(codes) & 3) == 0
         if one:
             upr = (cols + 3) // 4

@@ -69,9 +69,9 @@ from ._division import RECIP_DIV, div_by_recip, ratio_ok, recip_guarded
 from ._codec import NAN, is_finite_f32, nanmax_f32, nanmin_f32, rint_f32  # asym_group_r
 from ._scales import range_scale  # asym_group_r
 from ._grid import grid_max
-from ._ptx import (E4M3, absmax_nan, array_addr, bf16x2_absmin, bf16x2_absmul, bf16x2_add, bf16x2_max, bf16x2_min,
-                   bf16x2_mul, cvt_e4m3, cvt_e4m3x2, cvt_e5m2x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, prmt,
-                   store_u32x2, u16x2_max, u16x2_min)
+from ._ptx import (E4M3, absmax_nan, array_addr, as_u16, as_u32, bf16x2_absmin, bf16x2_absmul, bf16x2_add,
+                   bf16x2_max, bf16x2_min, bf16x2_mul, cvt_e4m3, cvt_e4m3x2, cvt_e5m2x2, fp8_cvt_available,
+                   fp8_cvt_supports, load_u32x4, prmt, store_u32x2, u16x2_max, u16x2_min)
 from ._quantize_kernels import group_params, store_scale
 from ._scales import (MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4, MX_RCEIL, NVFP4_INV6, float_scale,
                       nvfp4_block_scale_code, nvfp4_tensor_encode_scale)
@@ -996,9 +996,9 @@ _GROUPS_SRC = '''
 def lastaxis_groups(x, nchunks, codes, scales, SENC_ARGS):
     tid = cuda.threadIdx.x
     scratch = cuda.shared.array(SCRATCH, int32)
-    x32 = x[: (x.size >> SH) << SH].view(np.uint32)  # 16-bit kinds: two elements per word
-    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
-    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    x32 = as_u32(x)  # 16-bit kinds: two elements per word
+    c32 = as_u32(codes)
+    c16 = as_u16(codes)
     aligned = (array_addr(x) & 15) == 0
     z = np.uint32(0)
     Z4 = (z, z, z, z)
@@ -1204,7 +1204,7 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
                                 fmt, VEC, NB)
 
     chunk_args = ", ".join("w{j}_%d" % k if k < K else "Z4" for k in range(4))
-    ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind, mode=mode,
+    ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, kind=kind, mode=mode,
               chunk_step=chunk_step, unit_of=unit_of, ST=ST, NW=NT // 32, block_max=_block_max_fn(NT, shfl))
     if senc_grid:
         ns.update(VEC=VEC, grid_max=grid_max)
@@ -1224,9 +1224,9 @@ def lastaxis_rows(x, upr, codes, scales, sparams):
     row = cuda.blockIdx.x
     scratch = cuda.shared.array(SCRATCH, int32)
     red = cuda.shared.array(NW, int32)
-    x32 = x[: (x.size >> SH) << SH].view(np.uint32)  # 16-bit kinds: two elements per word
-    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
-    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    x32 = as_u32(x)  # 16-bit kinds: two elements per word
+    c32 = as_u32(codes)
+    c16 = as_u16(codes)
     aligned = (array_addr(x) & 15) == 0
     base = row * upr + tid
     if aligned:  # (two copies of the loads: a uniform branch instead of predicated element loads)
@@ -1284,7 +1284,7 @@ def make_lastaxis_row_kernel(kind, mode, fmt, mx_cfg, max_elem, NT, U, packed, s
     stochastic rounding (_ROWS_SR_ENCODE; the kernel takes key_lo, key_hi last)."""
     VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
     assert NT % 32 == 0
-    ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
+    ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, kind=kind,
               mode=mode, fmt=fmt, VEC=VEC, NB=NB, CVT=CVT, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE, MXI=MXI,
               WHOLE=whole and RECIP_DIV and mode == MODE_FLOAT, block_max=_block_max_fn(NT, shfl))
     src = _ROWS_SRC
@@ -1307,7 +1307,7 @@ def tensor_amax(x, nunits, part_i, part_a, part_b):
     tid = cuda.threadIdx.x
     scratch = cuda.shared.array(SCRATCH, int32)
     red = cuda.shared.array(NW, int32)
-    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
+    x32 = as_u32(x)
     aligned = (array_addr(x) & 15) == 0
     a = np.int32(0)
     for ub in range(cuda.blockIdx.x * (NT * U), nunits, cuda.gridDim.x * (NT * U)):
@@ -1331,7 +1331,7 @@ def make_tensor_amax_kernel(kind, NT, U, shfl, finite=True):
     loads in flight per thread), written as finalize's partials (part_i = amax bits;
     part_a = part_b = 0, which finalize's NVFP4 and float branches do not use)."""
     assert NT % 32 == 0
-    ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
+    ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, kind=kind,
               VEC=vec_of(kind), block_max=_block_max_fn(NT, shfl), amax_of=unit_amax_finite if finite else unit_amax)
     return _jit_unrolled("tensor_amax", _TENSOR_SRC, ns, U)
 
@@ -1476,9 +1476,9 @@ def lastaxis_asym_rows(x, upr, codes, scales, zps, means):
     scratch = cuda.shared.array(SCRATCH, int32)
     red = cuda.shared.array(NW, int32)
     red2 = cuda.shared.array(NW, int32)
-    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
-    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
-    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    x32 = as_u32(x)
+    c32 = as_u32(codes)
+    c16 = as_u16(codes)
     aligned = (array_addr(x) & 15) == 0
     base = row * upr + tid
     w{j} = load_unit(x, x32, aligned, base + {jNT}, tid + {jNT} < upr, kind)
@@ -1523,7 +1523,7 @@ def make_lastaxis_asym_row_kernel(kind, fmt, max_elem, NT, U, packed, shfl, stoc
     (sr_store_unit with the row's scale and zero point; the kernel takes key_lo, key_hi last)."""
     VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
     assert NT % 32 == 0
-    ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
+    ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, kind=kind,
               mode=MODE_ASYM, fmt=fmt, VEC=VEC, NB=NB, MAXE=F32(max_elem), block_max=_block_max_fn(NT, shfl))
     if stoch:
         src = _sub(_ASYM_ROWS_SRC, "zps, means):", "zps, means, key_lo, key_hi):")
@@ -1578,9 +1578,9 @@ _STAT_GROUPS_SRC = """
 def lastaxis_stat_groups(x, nchunks, codes, scales, zps, means):
     tid = cuda.threadIdx.x
     scratch = cuda.shared.array(SCRATCH, int32)
-    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
-    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
-    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    x32 = as_u32(x)
+    c32 = as_u32(codes)
+    c16 = as_u16(codes)
     aligned = (array_addr(x) & 15) == 0
     z = np.uint32(0)
     Z4 = (z, z, z, z)
@@ -2055,7 +2055,7 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
                                   fmt, VEC, NB)
 
     chunk_args = ", ".join("w{j}_%d" % k if k < K else "Z4" for k in range(4))
-    ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
+    ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, kind=kind,
               chunk_step=chunk_step, unit_of=unit_of, ST=ST)
     src = _STAT_GROUPS_SRC.replace("CHUNK_ARGS", chunk_args)
     if FAST:
@@ -2073,9 +2073,9 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
 _STATIC_SRC = """
 def static_encode(x, nunits, upr, codes, scales):
     tid = cuda.threadIdx.x
-    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
-    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
-    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    x32 = as_u32(x)
+    c32 = as_u32(codes)
+    c16 = as_u16(codes)
     aligned = (array_addr(x) & 15) == 0
     u0 = cuda.blockIdx.x * (NT * U) + tid
     if aligned:  # (two copies of the loads: a uniform branch instead of predicated element loads)
@@ -2140,7 +2140,7 @@ def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None,
         clean = am < FINITE and abs_i32(f32_bits(s)) < FINITE and s != ZERO and (r == ZERO or ratio_ok(am, s))
         sr_store_unit_r(e, u, s, r, clean, key_lo, key_hi, c8, c16, c32, MODE_FLOAT, fmt, VEC, NB)
 
-    ns = dict(NT=NT, U=U, SH=0 if kind == KIND_F32 else 1, kind=kind, static_unit=static_unit)
+    ns = dict(NT=NT, U=U, kind=kind, static_unit=static_unit)
     src = _STATIC_SRC
     if DYN:
         ns.update(NW=NT // 32, SCRATCH=1 if shfl else NT, VEC=VEC, MAXE=F32(dynamic_max_elem), grid_max=grid_max,
@@ -2154,6 +2154,6 @@ def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None,
     return _jit_unrolled("static_encode", src, ns, U)
 
 
-_ = (float32, int32, uint32, ONE, array_addr, group_params, store_scale)  # used by the generated kernel sources
+_ = (float32, int32, uint32, ONE, array_addr, as_u16, as_u32, group_params, store_scale)  # used by the generated kernel sources
 _ = (mul_rn, float_scale, MODE_CENTRED)  # used by the generated centred step
 _ = nvfp4_tensor_encode_scale  # used by the generated group kernel (_SENC_FROM_PARTS)

@@ -19,8 +19,8 @@ import os
 from functools import lru_cache
 
 from . import _rowwise_kernels as RK
-from ._codec import F32, KIND_F32
-from ._ptx import fp8_cvt_available, fp8_cvt_supports
+from ._codec import F32
+from ._ptx import as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports
 
 __all__ = ["make_tile_kernel"]
 
@@ -43,9 +43,9 @@ def tile_blocks(x, R, C, nR, nC, codes, scales):
     t = cuda.blockIdx.x
     scratch = cuda.shared.array(SCRATCH, int32)
     red = cuda.shared.array(NW, int32)
-    x32 = x[: (x.size >> SH) << SH].view(np.uint32)
-    c32 = codes[: (codes.size >> 2) << 2].view(np.uint32)
-    c16 = codes[: (codes.size >> 1) << 1].view(np.uint16)
+    x32 = as_u32(x)
+    c32 = as_u32(codes)
+    c16 = as_u16(codes)
     aligned = (array_addr(x) & 15) == 0
     tj = t % nC
     tr = t // nC
@@ -91,7 +91,7 @@ def make_tile_kernel(kind, fmt, max_elem, B0, B1, packed, shfl):
     VEC = RK.vec_of(kind)
     assert B1 % VEC == 0
     LU, TU, NT, U = tile_geometry(kind, B0, B1)
-    ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, SH=0 if kind == KIND_F32 else 1, kind=kind,
+    ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, kind=kind,
               fmt=fmt, VEC=VEC, NB=fmt[5] if packed else 8, CVT=fp8_cvt_available() and fp8_cvt_supports(fmt),
               MAXE=F32(max_elem), B0=B0, LU=LU, TU=TU, block_max=RK._block_max_fn(NT, shfl))
     ns["RECIP_ONCE"] = RECIP_ONCE
