@@ -336,7 +336,6 @@ ONEPASS_PIPE_UNITS = 8
 ONEPASS_PIPE_BLOCKS = None
 
 
-
 @devfn
 def load_unit_ordered(x, x32, aligned, unit, valid, kind):
     """load_unit by load_u32x4_ordered (aligned input; element loads otherwise)."""

@@ -101,7 +101,7 @@ else:
 # Kernels read 16-bit inputs and write 8-bit codes through 32-bit (and 16-bit) views of the
 # same memory. Numba's ``a[:k].view(np.uint32)`` checks size and contiguity on the device and
 # exits on failure: about 60 SASS instructions a view, ahead of a kernel's first load (the
-# row kernel's three: 190 instructions before its first load, 0.3-0.5 us of a bf16
+# row kernel's three: 190 instructions before its first load, 0.4-0.7 us of a bf16
 # 8192x8192 fp8_row; docs/performance.md "Eighteenth session"). ``as_u32`` / ``as_u16``
 # build the view's array struct directly: the same data pointer, the array's whole 32-bit
 # (16-bit) words, which every array a plan passes allows (1-D and contiguous: the Allocator's
