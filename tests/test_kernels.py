@@ -1191,7 +1191,8 @@ def body(k, args):
     with _no_gpu_compile():
         ptx, _ = cuda.compile_ptx(k.py_func, tuple(typeof(a) for a in args), cc=(9, 0))
     b = ptx[ptx.index(".entry"):]
-    return [ln.strip() for ln in b.splitlines() if re.match(r"\s*(@!?%p\d+\s+)?[a-z]", ln) and not ln.strip().startswith(".")]
+    ins = (ln.strip() for ln in b.splitlines() if re.match(r"\s*(@!?%p\d+\s+)?[a-z]", ln))
+    return [s for s in ins if not s.startswith(".")]
 
 
 @cuda.jit
@@ -1205,7 +1206,8 @@ rows = {}
 for label, k, args in A._case_launches("fp8_row", {}, (1024, 8192), ml_dtypes.bfloat16, None, False):
     if k.py_func.__name__ == "lastaxis_rows":
         ins = body(k, args)
-        rows = dict(before_load=next(i for i, s in enumerate(ins) if s.split()[0].startswith("ld.global")), total=len(ins))
+        first = next(i for i, s in enumerate(ins) if s.split()[0].startswith("ld.global"))
+        rows = dict(before_load=first, total=len(ins))
 print(json.dumps(dict(tiny=tiny, rows=rows)))
 """
 

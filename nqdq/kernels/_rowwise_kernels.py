@@ -2154,6 +2154,7 @@ def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None,
     return _jit_unrolled("static_encode", src, ns, U)
 
 
-_ = (float32, int32, uint32, ONE, array_addr, as_u16, as_u32, group_params, store_scale)  # used by the generated kernel sources
+_ = (float32, int32, uint32, ONE, array_addr, group_params, store_scale)  # used by the generated kernel sources
+_ = (as_u16, as_u32)  # the generated kernels' word views
 _ = (mul_rn, float_scale, MODE_CENTRED)  # used by the generated centred step
 _ = nvfp4_tensor_encode_scale  # used by the generated group kernel (_SENC_FROM_PARTS)

@@ -842,7 +842,8 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         elif fast[0] == "row":
             _, NT, U = fast
             assert NT * (U - 1) < C // vec <= NT * U  # (the kernel checks only its last unit)
-            k = RK.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL, whole=ROW_WHOLE and _cheap(fmt), **sr)
+            whole = ROW_WHOLE and _cheap(fmt)
+            k = RK.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL, whole=whole, **sr)
             _launch(k, rows, NT, xa, C // vec, codes, scales, out.sparams, *keys)
         else:
             _, L, K, NT, U = fast
