@@ -530,7 +530,7 @@ def test_compile_sequence_pdl_launches_by_cu_launch_kernel_ex(monkeypatch, param
 
     def fake_ex(cfg_addr, handle, params, extra):
         cfg = launch._LaunchConfig.from_address(cfg_addr)
-        attrs = [(cfg.attrs[i].id, cfg.attrs[i].value) for i in range(cfg.numAttrs)]
+        attrs = [(cfg.attrs[i].id, cfg.attrs[i].value[0]) for i in range(cfg.numAttrs)]
         assert attrs == [(6, 1)] and cfg.sharedMemBytes == 0
         plain(handle, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ, 0,
               cfg.hStream, params, extra)
@@ -590,6 +590,44 @@ def test_compile_sequence_dynamic_shared_memory(monkeypatch):
     run(5, 0x1000, 0x8000)
     assert [rec[0][7] for rec in launched] == [49152, 100000, 0]
     assert seen == [100000]
+
+
+class _ClusterKernel:
+    """A stand-in kernel written for thread-block clusters (``launch.cluster_size``)."""
+
+    def __init__(self, n):
+        self.nqdq_cluster = n
+
+
+def test_compile_sequence_cluster_launches_by_cu_launch_kernel_ex(monkeypatch):
+    """A kernel carrying ``nqdq_cluster`` (the cluster kernel of per-channel scales) goes
+    through cuLaunchKernelEx with the cluster dimension (id 4, value x, 1, 1), beside a PDL
+    launch's serialization where both apply; the other launches stay cuLaunchKernel."""
+    entries = []
+    launched = _record_launches(monkeypatch, entries)
+    plain = launch._cupy_launch
+    seen = []
+
+    def fake_ex(cfg_addr, handle, params, extra):
+        cfg = launch._LaunchConfig.from_address(cfg_addr)
+        seen.append([(cfg.attrs[i].id, list(cfg.attrs[i].value[:3])) for i in range(cfg.numAttrs)])
+        plain(handle, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ,
+              cfg.sharedMemBytes, cfg.hStream, params, extra)  # fmt: skip
+        return 0
+
+    monkeypatch.setattr(launch, "_driver_launch_ex", lambda: fake_ex)
+    e1 = _fake_entry((types.float32[::1], types.int64), 11, "c1")
+    e2 = _fake_entry((types.uint8[::1], types.int32), 12, "c2")
+    e3 = _fake_entry((types.uint8[::1], types.int32), 13, "c3")
+    entries += [e1, e2, e3]
+    assert launch.cluster_size(_ClusterKernel(16)) == 16 and launch.cluster_size("k") == 1
+    launches = [(_ClusterKernel(16), 32, 512, (launch.Ptr("base", 0, 5, np.float32), 7)),
+                ("c2", 2, 64, (launch.Ptr("xp", 0, 32, np.uint8), 4)),
+                (_ClusterKernel(8), 16, 128, (launch.Ptr("xp", 0, 32, np.uint8), 4))]
+    run = launch.compile_sequence(launches, ("xp", "base"), entries=entries, pdl=(2,))
+    run(5, 0x1000, 0x8000)
+    assert [rec[0][:5] for rec in launched] == [(11, 32, 1, 1, 512), (12, 2, 1, 1, 64), (13, 16, 1, 1, 128)]
+    assert seen == [[(4, [16, 1, 1])], [(6, [1, 0, 0]), (4, [8, 1, 1])]]
 
 
 def test_launch_config_structs_match_cuda_h(tmp_path):

@@ -306,6 +306,80 @@ else:
     cvt_e4m3x2 = cvt_e5m2x2 = None  # the simulator never calls these (fp8_cvt_available() is False)
 
 
+# ----------------------------------------------------------------------------- thread-block clusters
+# sm_90+: the blocks of a cluster (launched together on one GPC, ``launch``'s cluster
+# attribute) meet at ``barrier.cluster`` and read each other's shared memory.
+# ``cluster_arrive`` / ``cluster_wait``: ``barrier.cluster.arrive.release`` /
+# ``barrier.cluster.wait.acquire`` (every thread of every block of the cluster arrives;
+# what a thread wrote before its arrival is visible to every thread of the cluster after
+# its wait); ``cluster_arrive_relaxed``: an arrival that orders nothing (``.relaxed``: no
+# fence; for "my reads are done"). Not the ``.aligned`` forms, which require every thread
+# of a warp to execute the same instruction: ptxas may copy a barrier at the end of a
+# kernel into each branch before it (a kernel whose last wait followed a per-thread branch
+# hung on an H100 when its lanes took different branches). ``ld_cluster_u32(a, i, rank)``: word ``i`` of
+# the shared uint32 array ``a`` of the cluster's block ``rank`` (``mapa.shared::cluster``
+# then ``ld.shared::cluster``). Twins (simulator: clusters of one block): the arrival does
+# nothing, the wait is a block barrier, the load reads the block's own array (rank 0).
+if not SIMULATOR:
+
+    def _cluster_barrier(text):
+        @intrinsic
+        def barrier(typingctx):
+            sig = types.void()
+
+            def codegen(context, builder, sig, args):
+                fty = ir.FunctionType(ir.VoidType(), [])
+                builder.call(ir.InlineAsm(fty, text, "~{memory}", side_effect=True), [])
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return barrier
+
+    cluster_arrive = _cluster_barrier("barrier.cluster.arrive.release;")
+    cluster_arrive_relaxed = _cluster_barrier("barrier.cluster.arrive.relaxed;")
+    cluster_wait = _cluster_barrier("barrier.cluster.wait.acquire;")
+
+    @intrinsic
+    def ld_cluster_u32(typingctx, a, i, rank):
+        sig = types.uint32(a, i, rank)
+
+        def codegen(context, builder, sig, args):
+            ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            r = context.cast(builder, args[2], sig.args[2], types.uint32)
+            fty = ir.FunctionType(ir.IntType(32), [ptr.type, ir.IntType(32)])
+            asm = ir.InlineAsm(
+                fty,
+                "{ .reg .u64 g; .reg .u32 s, d; cvta.to.shared.u64 g, $1; cvt.u32.u64 s, g; "
+                "mapa.shared::cluster.u32 d, s, $2; ld.shared::cluster.u32 $0, [d]; }",
+                "=r,l,r",
+                side_effect=True,
+            )
+            return builder.call(asm, [ptr, r])
+
+        return sig, codegen
+
+else:
+
+    def cluster_arrive():
+        """Simulator twin: nothing (a cluster is one block; cluster_wait is its barrier)."""
+
+    cluster_arrive_relaxed = cluster_arrive
+
+    from numba import cuda as _cuda
+
+    from ._target import devfn as _devfn
+
+    @_devfn
+    def cluster_wait():
+        """Simulator twin: a block barrier."""
+        _cuda.syncthreads()
+
+    def ld_cluster_u32(a, i, rank):
+        """Simulator twin: the block's own word (a cluster of one block: rank 0)."""
+        return np.uint32(a[i])
+
+
 # ----------------------------------------------------------------------------- 16-bit pairs
 # The e2m1 pair encoder of _rowwise_kernels works on two bfloat16 values per 32-bit word
 # (element 0 in bits 0-15): ``bf16x2_mul`` / ``bf16x2_add`` (``mul.rn`` / ``add.rn.bf16x2``:

@@ -516,6 +516,13 @@ def dynamic_smem(kernel) -> int:
     return int(getattr(kernel, "nqdq_dynamic_smem", 0))
 
 
+def cluster_size(kernel) -> int:
+    """Blocks a cluster of ``kernel`` (its ``nqdq_cluster`` attribute, set by the factories
+    of kernels written for thread-block clusters, sm_90+): such a kernel is always launched
+    by ``cuLaunchKernelEx`` with that cluster dimension (x), 1 where it has none."""
+    return int(getattr(kernel, "nqdq_cluster", 1))
+
+
 def allow_smem(kern, nbytes):
     """Raise the dynamic shared memory limit (48 KiB unless opted in) of every compiled
     overload of ``kern`` to ``nbytes`` (cuKernelSetAttribute on Numba's own handle). Any
@@ -531,6 +538,23 @@ def allow_smem(kern, nbytes):
             continue
         attr = drv.binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         drv.driver.cuKernelSetAttribute(attr, nbytes, fn.handle, fn.device.id)
+        _SMEM_SET.add(key)
+
+
+def allow_cluster(kern, size):
+    """Clusters of more than 8 blocks (not portable: H100 / H200 take up to 16) opted in for
+    every compiled overload of ``kern``."""
+    if size <= 8 or simulated():
+        return
+    from numba.cuda.cudadrv import driver as drv
+
+    for compiled in kern.overloads.values():
+        fn = compiled._codelibrary.get_cufunc()
+        key = (int(fn.handle), "cluster")
+        if key in _SMEM_SET:
+            continue
+        attr = drv.binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        drv.driver.cuKernelSetAttribute(attr, 1, fn.handle, fn.device.id)
         _SMEM_SET.add(key)
 
 
@@ -556,6 +580,7 @@ class FastKernel:
         self._fast_launch = None  # specialised launcher for the last key seen (see _make_fast_launch)
         self._cc = None
         self.smem = dynamic_smem(kernel)  # launched with this much dynamic shared memory where a launch gives 0
+        self.cluster = cluster_size(kernel)  # > 1: cuLaunchKernelEx with this cluster dimension
         py = getattr(kernel, "py_func", None)
         import inspect
 
@@ -593,7 +618,7 @@ class FastKernel:
             s = _cupy_current_stream().ptr
         else:
             s = _stream_handle(stream)
-        fl = self._fast_launch
+        fl = self._fast_launch if self.cluster == 1 else None
         try:
             if fl is not None and fl(args, gx, gy, gz, bx, by, bz, shared_mem, s):
                 return
@@ -620,6 +645,13 @@ class FastKernel:
             entry.pack(buf, args)
         except struct.error as e:
             raise TypeError(f"{self._name()}: an argument does not fit its parameter type: {e}") from None
+        if self.cluster > 1:
+            cfg, _attrs = _ex_config((gx, gy, gz), (bx, by, bz), shared_mem, cluster=self.cluster)
+            cfg.hStream = s
+            err = _driver_launch_ex()(ctypes.addressof(cfg), entry.handle, addr, None)
+            if err:
+                _raise_launch_error(err, self._name())
+            return
         if _cupy_launch is not None:  # raises CUDADriverError itself
             _cupy_launch(entry.handle, gx, gy, gz, bx, by, bz, shared_mem, s, addr, 0)
         else:
@@ -667,6 +699,8 @@ class FastKernel:
 
     def _numba_launch(self, grid, block, args, stream, shared_mem):
         shared_mem = shared_mem or self.smem
+        if self.cluster > 1 and not simulated():
+            raise RuntimeError(f"{self._name()}: a cluster kernel launches only by cuLaunchKernelEx (the fast path)")
         if stream is None:
             cp = sys.modules.get("cupy")
             stream = 0
@@ -714,6 +748,7 @@ class FastKernel:
                     _cupy_type()
                     compiled = self.kernel.compile(argtypes)
                     allow_smem(self.kernel, self.smem)
+                    allow_cluster(self.kernel, self.cluster)
                     if _needs_numba_launch(self.kernel, compiled):
                         entry = _NUMBA_LAUNCH
                     else:
@@ -840,8 +875,12 @@ PARAM_BUFFER = os.environ.get("NQDQ_LAUNCH_PARAM_BUFFER", "0") == "1"
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 
+# ... and a cluster dimension (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4, value: unsigned x, y, z)
+_ATTR_CLUSTER_DIMENSION = 4
+
+
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, pad to 8, a 64-byte union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
 
 
 class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
@@ -865,20 +904,34 @@ def _driver_launch_ex():
     return _cu_launch_ex
 
 
+def _cluster_of(kern) -> int:
+    """Cluster size of a sequence's kernel (dispatcher or FastKernel)."""
+    return kern.cluster if isinstance(kern, FastKernel) else cluster_size(kern)
+
+
 def _smem_of(kern) -> int:
     """Dynamic shared memory of a sequence's kernel (dispatcher or FastKernel)."""
     return kern.smem if isinstance(kern, FastKernel) else dynamic_smem(kern)
 
 
-def _pdl_config(grid, block, smem=0):
-    """(config, attribute): a CUlaunchConfig of ``grid`` x ``block`` (``smem`` bytes of
-    dynamic shared memory) with the programmatic serialization attribute (its stream is
-    set per call); keep both alive together."""
-    attr = _LaunchAttribute(id=_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+def _ex_config(grid, block, smem=0, *, pdl=False, cluster=1):
+    """(config, attributes): a CUlaunchConfig of ``grid`` x ``block`` (``smem`` bytes of
+    dynamic shared memory) with the programmatic serialization attribute (``pdl``) and a
+    cluster dimension (``cluster`` > 1 blocks along x); its stream is set per call. Keep
+    both alive together."""
+    attrs = (_LaunchAttribute * 2)()
+    n = 0
+    if pdl:
+        attrs[n].id, attrs[n].value[0] = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, 1
+        n += 1
+    if cluster > 1:
+        attrs[n].id = _ATTR_CLUSTER_DIMENSION
+        attrs[n].value[0], attrs[n].value[1], attrs[n].value[2] = cluster, 1, 1
+        n += 1
     gx, gy, gz = _dim3(grid)
     bx, by, bz = _dim3(block)
-    cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, smem, None, ctypes.pointer(attr), 1)
-    return cfg, attr
+    cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, smem, None, attrs, n)
+    return cfg, attrs
 
 
 def compile_sequence(launches, names, *, entries=None, pdl=()):
@@ -886,7 +939,8 @@ def compile_sequence(launches, names, *, entries=None, pdl=()):
     in order with ``cuLaunchKernel``; None where any launch must go through Numba
     (simulator, ``NQDQ_FAST_LAUNCH=0``, kernels the fast path does not cover). The launches
     whose indices are in ``pdl`` go by ``cuLaunchKernelEx`` with programmatic stream
-    serialization (the caller's kernels must be written for it: griddepcontrol, sm_90+).
+    serialization (the caller's kernels must be written for it: griddepcontrol, sm_90+), and
+    so do the launches of cluster kernels (``cluster_size``), with their cluster dimension.
 
     ``launches``: ``(kernel, grid, block, args)`` with ``kernel`` a dispatcher or
     FastKernel, and each argument a :class:`Ptr` (the address is computed from a call
@@ -898,6 +952,8 @@ def compile_sequence(launches, names, *, entries=None, pdl=()):
     """
     names = tuple(names)
     param_buffer = PARAM_BUFFER
+    clusters = [_cluster_of(k) for k, _g, _b, _a in launches]
+    ex = sorted(set(pdl) | {i for i, c in enumerate(clusters) if c > 1})  # the launches by cuLaunchKernelEx
     _cupy_type()  # CuPy's launchKernel when CuPy is loaded by now
     if entries is None:
         if not _fast_path_allowed():
@@ -964,8 +1020,8 @@ def compile_sequence(launches, names, *, entries=None, pdl=()):
         smem = _smem_of(_kern)
         params = f"0, b[{4 * i + 3}]" if param_buffer else f"b[{4 * i + 1}], 0"  # kernelParams, extra
         call = f"_K(_H{i}, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {smem}, stream, {params})"
-        if i in pdl:  # its CUlaunchConfig (this thread's, after the launches' buffers): the stream, then the launch
-            c = 4 * len(launches) + 2 * sorted(pdl).index(i)
+        if i in ex:  # its CUlaunchConfig (this thread's, after the launches' buffers): the stream, then the launch
+            c = 4 * len(launches) + 2 * ex.index(i)
             ns["_KX"] = _driver_launch_ex()
             body += [f"    b[{c}].hStream = stream", f"    err = _KX(b[{c + 1}], _H{i}, {params})", "    if err:",
                      f"        _raise(err, _N{i})"]
@@ -990,8 +1046,9 @@ def compile_sequence(launches, names, *, entries=None, pdl=()):
             )  # fmt: skip
             out += [buf, addr, words, ctypes.addressof(extra)]
             keep += [ptrs, size, extra]  # what addr and the extra array point at
-        for i in sorted(pdl):
-            cfg, attr = _pdl_config(launches[i][1], launches[i][2], _smem_of(launches[i][0]))
+        for i in ex:
+            cfg, attr = _ex_config(launches[i][1], launches[i][2], _smem_of(launches[i][0]), pdl=i in pdl,
+                                   cluster=clusters[i])  # fmt: skip
             out += [cfg, ctypes.addressof(cfg)]
             keep.append(attr)
         out.append(keep)
