@@ -35,12 +35,14 @@ def sr_fast(monkeypatch):
 @pytest.fixture
 def onepass(monkeypatch):
     """The one-pass per-channel path on (tests/test_column_onepass*.py), in registers (the
-    shared-memory ring off: tests/test_column_ring*.py turn it on); plans built inside the
+    shared-memory ring and the cluster kernel off: tests/test_column_ring*.py and
+    tests/test_column_cluster*.py turn them on); plans built inside the
     test are dropped afterwards. Yields the monkeypatch for further switches."""
     import nqdq.kernels.quantize as kq
 
     monkeypatch.setattr(kq, "COLUMN_ONEPASS", True)
     monkeypatch.setattr(kq, "COLUMN_RING", False)
+    monkeypatch.setattr(kq, "COLUMN_CLUSTER", False)
     kq._PLANS.clear()
     yield monkeypatch
     kq._PLANS.clear()

@@ -630,6 +630,10 @@ COLUMN_ONEPASS_P_MAX = None
 # after the seventeenth session's instruction cuts (13:18-13:40 UTC).
 # NQDQ_COLUMN_RING=0: the register kernels (A/B).
 COLUMN_RING = os.environ.get("NQDQ_COLUMN_RING", "1") == "1"
+# ... and ahead of both, by thread-block clusters where its geometry fits (_column_cluster:
+# a stripe down every row is one cluster of 8 blocks, its amax combined through the
+# cluster's shared memory; sm_90+). NQDQ_COLUMN_CLUSTER=0: the ring (A/B).
+COLUMN_CLUSTER = os.environ.get("NQDQ_COLUMN_CLUSTER", "1") == "1"
 COLUMN_ONEPASS_SYNC = False
 
 
@@ -669,6 +673,13 @@ def _onepass_column(rows, C, kind, fmt, maxe, packed, rec, out, nt):
         return None
     from . import _column_kernels as CK
 
+    if COLUMN_CLUSTER:
+        from . import _column_cluster as CC
+
+        if CC.available():
+            cl = CC.cluster_launch(kind, fmt, maxe, packed, rows, C, _sm_count(), _X, out.scales, out.codes)
+            if cl is not None:
+                return [cl]
     if COLUMN_RING:
         from . import _column_ring as CR
 

@@ -1,0 +1,288 @@
+"""Per-channel (``column``) float scales in one pass by thread-block clusters
+(``column_cluster``, sm_90+): a stripe of W 16-byte unit columns down ALL the rows is one
+cluster of CL blocks, so the stripe's amax is combined in the cluster's shared memory, with
+no workspace, no counters and no wait on any block outside the cluster.
+
+Block ``rank`` of a stripe's cluster holds rows ``rank * R .. rank * R + R - 1`` (R = U *
+RG, RG = NT / W rows at a time): thread t takes unit column ``t % W`` of rows ``rank * R +
+t // W + i * RG``, i < U, in registers. It then
+
+1. keeps the per-channel max of |x| in the input's own width (``word_max``: four words a
+   thread), combines it over the lanes of its unit column (butterfly) and over the warps
+   (one shared slot each, one block barrier) into the block's words ``bam``;
+2. arrives at and waits on the cluster barrier (``barrier.cluster``: release / acquire),
+   after which every block's ``bam`` is complete;
+3. one thread a channel reads that channel's word from the CL blocks' ``bam``
+   (``ld.shared::cluster``), computes the scale as ``finalize`` does and its reciprocal
+   (``channel_scale``; rank 0 writes the stripe's scales), then a block barrier;
+4. arrives on the cluster barrier again (it has read the others' ``bam``), encodes its
+   units from registers as ``_column_ring`` does (the reciprocal encoder straight-line
+   where every scale of its channels has one and all U units are inside the data), writes
+   the codes, and waits on that barrier before it exits, so that no block's shared memory
+   goes while another block of its cluster may still read it.
+
+So the input is read once (bytes = input + codes + scales), and a block waits only for
+the CL - 1 blocks that the hardware launched with it on the same GPC: the cross-block
+latency is one cluster barrier, which other resident blocks of the SM cover, as they cover
+the row kernel's block barrier. Clusters never wait on each other, so any grid size is
+safe (no residency argument, unlike ``_column_kernels`` and ``_column_ring``).
+
+Launched with one cluster a stripe (grid = S * CL blocks, ``launch.cluster_size`` of the
+kernel: ``cuLaunchKernelEx`` with the cluster attribute) by ``quantize._onepass_column``
+(switch ``quantize.COLUMN_CLUSTER``) where ``cluster_geometry`` fits; else the ring or the
+register kernels. Under the CUDA simulator a cluster is one block (CL = 1: the barrier is
+a block barrier and the remote load the block's own word, ``_ptx``'s twins); the GPU tests
+run CL = 8.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, types
+
+from ._codec import F32, KIND_F32
+from ._column_kernels import (
+    _expand, amax_bits, channel_scale, encode_unit_cols, encode_unit_cols_r, rint_in_range, unit_col_scales, word_max,
+)  # fmt: skip
+from ._column_ring import SMEM_PER_SM, stage_sync, units_inside
+from ._division import RECIP_DIV
+from ._mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, smem_addr
+from ._ptx import (
+    array_addr, as_u16, as_u32, cluster_arrive, cluster_arrive_relaxed, cluster_wait, fp8_cvt_available,
+    fp8_cvt_supports, ld_cluster_u32, u16x2_max,
+)  # fmt: skip
+from ._rowwise_kernels import load_unit, unit_elems, vec_of
+from ._target import SIMULATOR, devfn, device_cc
+
+
+def _env_geometry():
+    """(CL, NT, U) from NQDQ_COLUMN_CLUSTER_GEOMETRY ("CL,NT,U", CL 0: by the SM count; A/B
+    on a GPU; read at import)."""
+    v = os.environ.get("NQDQ_COLUMN_CLUSTER_GEOMETRY", "0,512,8")
+    CL, NT, U = (int(p) for p in v.split(","))
+    if not (0 <= CL <= 16 and NT in (64, 128, 256, 512, 1024) and 1 <= U <= 16):
+        raise ValueError(f"NQDQ_COLUMN_CLUSTER_GEOMETRY={v!r}: need CL 0 .. 16, NT a power of two 64 .. 1024, "
+                         "U 1 .. 16")
+    return CL, NT, U
+
+
+CLUSTER_SIZE, CLUSTER_THREADS, CLUSTER_UNITS = (1, 64, 2) if SIMULATOR else _env_geometry()
+# a row's share of a stripe at least this many bytes: DRAM reads 32- and 64-byte pieces of
+# rows 16 KiB apart poorly (H100, bf16 int8_column, clusters of 8 or 16, registers: 8192x8192
+# 32-byte shares 34 % of copy, 64-byte 71 %, 128-byte 78 %; 16384x7168 64-byte shares 67-71 %
+# against the ring's 76 %: docs/performance.md "Nineteenth session"), so the taller inputs
+# go to the ring
+MIN_STRIPE_BYTES = int(os.environ.get("NQDQ_COLUMN_CLUSTER_MIN_BYTES", "128"))
+# the blocks' items staged in shared memory by cp.async (else held in registers): 3 blocks
+# an SM instead of 2 (NQDQ_COLUMN_CLUSTER_SMEM=0: registers; A/B)
+CLUSTER_SMEM = os.environ.get("NQDQ_COLUMN_CLUSTER_SMEM", "1") == "1"
+
+
+def cluster_size_for(sms):
+    """Blocks a cluster where CLUSTER_SIZE is 0: 16 (the most an H100 / H200 GPC takes, not
+    portable) on GPUs of 132 SMs or more, else 8 (portable); 1 under the simulator."""
+    if SIMULATOR:
+        return 1
+    return CLUSTER_SIZE or (16 if sms >= 132 else 8)
+
+
+@devfn
+def comb(a, b, kind):
+    """The per-channel max of two of word_max's words: f32 magnitude bits (their integer
+    order is that of |x|, NaN above inf), else two 16-bit magnitudes a word (max.u16x2)."""
+    if kind == KIND_F32:
+        return max(np.uint32(a), np.uint32(b))
+    return u16x2_max(np.uint32(a), np.uint32(b))
+
+
+@devfn
+def xor_comb(v, off, shfl, scratch, t, kind):
+    """comb(v, v of lane t ^ off): a butterfly step (``shfl``: by shuffle; else through
+    shared memory, every thread of the block calling, as in ``_rowwise_kernels.xor_max``)."""
+    if shfl:
+        return comb(v, np.uint32(cuda.shfl_xor_sync(0xFFFFFFFF, np.int32(v), off)), kind)
+    cuda.syncthreads()
+    scratch[t] = v
+    cuda.syncthreads()
+    return comb(v, scratch[t ^ off], kind)
+
+
+# the loads of a thread's U units: into registers w0 .. w{U-1}, or (SMEM) into the block's
+# shared slots by cp.async, where "w{i}" then stands for a load of the slot (a thread reads
+# only its own slots: its cp.async wait makes them visible to it, no barrier)
+_LOADS_REGS = """
+    if (array_addr(x) & 15) == 0:  # (two copies of the loads: a uniform branch, not a test a unit)
+        w{i} = load_unit(x, x32, True, g + {i} * ustep, {i} < nv, kind)  #U
+    else:
+        w{i} = load_unit(x, x32, False, g + {i} * ustep, {i} < nv, kind)  #U
+"""
+_LOADS_SMEM = """
+    ring = cuda.shared.array(0, u32)
+    sb = smem_addr(ring)
+    if (array_addr(x) & 15) == 0:
+        cp_async_unit(ring, sb, (t + {i} * NT) * 4, x32, (g + {i} * ustep) * 4, {i} < nv)  #U
+    else:
+        stage_sync(ring, (t + {i} * NT) * 4, x, x32, g + {i} * ustep, {i} < nv, kind)  #U
+    commit()
+    wait_all()
+"""
+
+_SRC = """
+def column_cluster(x, rows, upr, C, scales, codes):
+    t = cuda.threadIdx.x
+    stripe = cuda.blockIdx.x // CL
+    rank = cuda.blockIdx.x - stripe * CL
+    scratch = cuda.shared.array(SCRATCH, u32)
+    red = cuda.shared.array(RED, u32)  # per warp: W unit columns x 4 words
+    bam = cuda.shared.array(BAM, u32)  # the block's words (the cluster reads them)
+    sc = cuda.shared.array(CH, np.float32)
+    rcs = cuda.shared.array(CH, np.float32)
+    x32 = as_u32(x)
+    c32 = as_u32(codes)
+    c16 = as_u16(codes)
+    lu = t % W
+    uc = stripe * W + lu
+    r0 = rank * (U * RG) + t // W
+    nv = units_inside(rows, r0, uc, upr, LOG_RG, U)
+    g = np.int64(r0) * upr + uc
+    ustep = np.int64(RG) * upr  # units between a thread's rows
+LOADS
+    z = np.int32(0)
+    m = (z, z, z, z, z, z, z, z)
+    m = word_max(m, w{i}, kind)  #U
+    q0 = np.uint32(m[0])
+    q1 = np.uint32(m[Q1])  # (16-bit kinds: word k in m[2k] and m[2k + 1])
+    q2 = np.uint32(m[Q2])
+    q3 = np.uint32(m[Q3])
+    off = 16
+    while off >= W:  # the lanes of one unit column
+        q0 = xor_comb(q0, off, SHFL, scratch, t, kind)
+        q1 = xor_comb(q1, off, SHFL, scratch, t, kind)
+        q2 = xor_comb(q2, off, SHFL, scratch, t, kind)
+        q3 = xor_comb(q3, off, SHFL, scratch, t, kind)
+        off >>= 1
+    if t % 32 < W:
+        rb = ((t // 32) * W + lu) * 4
+        red[rb] = q0
+        red[rb + 1] = q1
+        red[rb + 2] = q2
+        red[rb + 3] = q3
+    cuda.syncthreads()
+    if t < W * 4:
+        a = red[t]
+        for k in range(1, NW):
+            a = comb(a, red[k * (W * 4) + t], kind)
+        bam[t] = a
+    cluster_arrive()
+    cluster_wait()  # every block's bam written
+    if t < CH:  # channel t: word (t // VEC) * 4 + its element's word, of each block of the cluster
+        e = t % VEC
+        wi = (t // VEC) * 4 + (e // 2 if VEC == 8 else e)
+        a = ld_cluster_u32(bam, wi, 0)
+        for r in range(1, CL):
+            a = comb(a, ld_cluster_u32(bam, wi, r), kind)
+        col = stripe * CH + t
+        channel_scale(amax_bits(a, e, kind), t, col, rank == 0 and col < C, sc, rcs, scales, MAXE)
+    cuda.syncthreads()
+    cluster_arrive_relaxed()  # this block has read the others' bam (its loads consumed: no fence)
+    sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
+    if okr and nv == U:  # every unit inside, every scale with a reciprocal: one basic block
+        encode_unit_cols_r(unit_elems(w{i}, kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
+    elif okr:
+        if {i} < nv: encode_unit_cols_r(unit_elems(w{i}, kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
+    else:  # a NaN / inf in a channel, a zero or out-of-range scale: the general encode
+        if {i} < nv: encode_unit_cols(unit_elems(w{i}, kind), sv, ok, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB)  #U
+    cluster_wait()  # no block's bam goes while another may read it
+"""
+
+
+@lru_cache(maxsize=None)
+def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, smem=False, shfl=None):
+    """``column_cluster`` for clusters of CL blocks of NT threads, stripes W units wide, U
+units a thread (R = U * NT / W rows a block); the kernel carries its cluster size
+    (``launch.cluster_size``). ``smem``: the units staged in shared memory (cp.async; the
+    kernel carries its dynamic shared memory, ``launch.dynamic_smem``), launch bounds of as
+    many blocks an SM as it holds (3 of 512 threads x 8 units); else held in registers,
+    1024 / NT blocks an SM (at most 64 registers a thread). ``shfl``: warp shuffles
+    (default: on a GPU; the simulator has none)."""
+    assert NT % 32 == 0 and 1 <= W <= 32 and W & (W - 1) == 0 and NT % W == 0
+    vec = vec_of(kind)
+    RG = NT // W
+    shfl_on = (not SIMULATOR) if shfl is None else shfl
+    ns = dict(
+        kind=kind, fmt=fmt, CL=CL, NT=NT, W=W, RG=RG, LOG_RG=RG.bit_length() - 1, U=U, VEC=vec, CH=W * vec,
+        Q1=1 if vec == 4 else 2, Q2=2 if vec == 4 else 4, Q3=3 if vec == 4 else 6,
+        NW=NT // 32, RED=NT // 32 * W * 4, BAM=W * 4, SCRATCH=1 if shfl_on else NT, NB=(fmt[5] if packed else 8),
+        SHFL=shfl_on,
+        CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV, MAXE=F32(max_elem),
+        NOCLIP=rint_in_range(fmt, F32(max_elem)), u32=types.uint32,
+        commit=cp_async_commit, wait_all=cp_async_wait(0),
+    )  # fmt: skip
+    src = _SRC.replace("LOADS\n", (_LOADS_SMEM if smem else _LOADS_REGS).lstrip("\n"))
+    if smem:
+        src = src.replace("w{i}", "ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4)")
+    src = _expand(src, U) + "\n"
+    glb = dict(globals())
+    glb.update(ns)
+    exec(compile(src, f"<nqdq column_cluster CL={CL} NT={NT} W={W} U={U}>", "exec"), glb)
+    fn = glb["column_cluster"]
+    fn.source = src
+    bps = max(1, min(2048 // NT, SMEM_PER_SM // (slot_bytes(NT, U) + 4096))) if smem else max(1, 1024 // NT)
+    k = cuda.jit(fn) if SIMULATOR else cuda.jit(fn, launch_bounds=(NT, bps))
+    k.nqdq_cluster = CL
+    if smem:
+        k.nqdq_dynamic_smem = slot_bytes(NT, U)
+    return k
+
+
+def slot_bytes(NT, U):
+    """Shared memory of a block's units where staged (CLUSTER_SMEM): U 16-byte units a thread."""
+    return NT * U * 16
+
+
+def available() -> bool:
+    """Clusters on the current device: compute capability 9.0 or newer (the simulator's
+    clusters of one block always; with no GPU, compile-only tools such as the PTX audit
+    target sm_90: yes)."""
+    if SIMULATOR or not cuda.is_available():
+        return True
+    cc = device_cc()
+    return cc is not None and cc >= (9, 0)
+
+
+def cluster_geometry(rows, upr, vec, sms, cl=None, nt=None, units=None):
+    """(CL, NT, W, U) of ``column_cluster`` for ``rows`` rows of ``upr`` 16-byte units, or
+    None where it does not apply: a block of NT threads takes RG = NT / W rows at a time,
+    U of them, so the cluster's CL blocks hold CL * U * RG >= rows; RG is the least power
+    of two that covers, but at least ``vec`` (so that the block's RG * W threads are as many
+    as its W * vec channels: a thread computes each scale), and W = NT / RG (at most 32, and
+    no wider than the row needs). None where W would cut a row into pieces of less than
+    MIN_STRIPE_BYTES (too many rows: the ring takes them), and where one block of the
+    widest stripes already holds every row (the single-block kernels take those). ``sms``:
+    the SM count (``cluster_size_for``)."""
+    CL = cl or cluster_size_for(sms)
+    NT = nt or CLUSTER_THREADS
+    U = units or CLUSTER_UNITS
+    if rows <= U * (NT // 32):
+        return None
+    RG = max(1 << max(-(-rows // (CL * U)) - 1, 0).bit_length(), vec)
+    W = min(NT // RG, 32, 1 << max(upr - 1, 0).bit_length())
+    if (W * 16 < MIN_STRIPE_BYTES and W < upr) or RG * W < 32:
+        return None
+    return CL, RG * W, W, U
+
+
+def cluster_launch(kind, fmt, max_elem, packed, rows, C, sms, x, scales, codes):
+    """The launch ``(kernel, grid, block, args)`` of ``column_cluster``, or None where
+    cluster_geometry does not apply."""
+    vec = vec_of(kind)
+    upr = C // vec
+    g = cluster_geometry(rows, upr, vec, sms)
+    if g is None:
+        return None
+    CL, NT, W, U = g
+    k = make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, CLUSTER_SMEM)
+    return (k, -(-upr // W) * CL, NT, (x, rows, upr, C, scales, codes))

@@ -1,0 +1,172 @@
+"""The thread-block-cluster kernel of per-channel scales (``_column_cluster.column_cluster``)
+without a GPU: its geometry by hand against the issue's shapes; bit for bit against the
+NumPy reference in the simulator, where a cluster is one block (CL = 1: the cluster barrier
+runs as a block barrier and the remote load reads the block's own word); its PTX for sm_90
+(the cluster barrier and the distributed shared-memory load, assembled by ptxas); and the
+launch's cluster attribute. tests/test_column_cluster_gpu.py runs CL = 8 on the GPU."""
+
+from __future__ import annotations
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import nqdq.kernels._column_cluster as CC
+import nqdq.kernels.quantize as kq
+from nqdq.kernels import launch as L
+
+from test_column_onepass import _column_data, _launched
+from test_kernels import check
+from nqdq.schemes import resolve_scheme
+
+
+@pytest.fixture
+def cluster(onepass):
+    onepass.setattr(kq, "COLUMN_CLUSTER", True)
+    return onepass
+
+
+# ----------------------------------------------------------------------------- geometry
+@pytest.mark.parametrize(
+    "rows, upr, vec, cl, want",
+    [
+        # bf16 8192 x 8192, clusters of 16 (the default on 132 SMs): 512 rows a block, 64 at
+        # a time -> 8 units (64 channels, 128 bytes of a row) a stripe, 512 threads
+        (8192, 1024, 8, 16, (16, 512, 8, 8)),
+        # clusters of 8: 1024 rows a block, 128 at a time -> 4 units: 64-byte pieces of
+        # rows, under MIN_STRIPE_BYTES: not taken (the ring)
+        (8192, 1024, 8, 8, None),
+        # bf16 16384 x 7168: 4 units with clusters of 16: not taken
+        (16384, 896, 8, 16, None),
+        (4096, 896, 8, 8, (8, 512, 8, 8)),
+        # f32 (4 channels a unit): the same rows, the same units
+        (8192, 2048, 4, 16, (16, 512, 8, 8)),
+        # 129 rows: 3 -> 4 at a time, but at least 8 (a thread for each of 32 units x 8
+        # channels: 8 rows x 32 units = 256 threads)
+        (129, 896, 8, 8, (8, 256, 32, 8)),
+        # ... f32: 4 at a time (4 channels a unit), 128 threads
+        (129, 896, 4, 8, (8, 128, 32, 8)),
+        # rows of 3 units and of 1: a stripe is whole rows (contiguous), whatever its width
+        (8192, 3, 8, 8, (8, 512, 4, 8)),
+        (2000, 3, 8, 8, (8, 128, 4, 8)),
+        (2000, 1, 8, 8, (8, 32, 1, 8)),
+        # 128 rows: one block of 512 threads at 32 units a row holds them (the single-block kernels)
+        (128, 896, 8, 8, None),
+    ],
+)
+def test_cluster_geometry(rows, upr, vec, cl, want):
+    assert CC.cluster_geometry(rows, upr, vec, 132, cl=cl, nt=512, units=8) == want
+    if want is not None:
+        CL, NT, W, U = want
+        RG = NT // W
+        assert CL * U * RG >= rows > CL * U * RG // 2 or RG == vec  # the least power of two that covers
+        assert (W * 16 >= CC.MIN_STRIPE_BYTES or W >= upr) and W * vec <= NT and NT % 32 == 0 and RG >= vec
+
+
+def test_cluster_size_by_sms(monkeypatch):
+    """Clusters of 16 on GPUs of 132 SMs or more (H100 SXM, H200), else 8."""
+    monkeypatch.setattr(CC, "SIMULATOR", False)
+    monkeypatch.setattr(CC, "CLUSTER_SIZE", 0)
+    assert (CC.cluster_size_for(132), CC.cluster_size_for(114)) == (16, 8)
+    monkeypatch.setattr(CC, "CLUSTER_SIZE", 4)
+    assert CC.cluster_size_for(132) == 4
+
+
+# ----------------------------------------------------------------------------- bit for bit
+@pytest.mark.parametrize(
+    "name, kw, shape, dtype",
+    [
+        ("int8_column", {}, (13, 256), ml_dtypes.bfloat16),  # 8 rows at a time, 2 units: the second partial; 4 stripes
+        ("int8_column", {}, (7, 100), np.float32),  # 25 units of 4 channels, 16 a stripe: the second partial
+        ("int8_column", {}, (16, 200), np.float16),
+        ("e4m3", {"granularity": "column"}, (2, 5, 96), ml_dtypes.bfloat16),  # N-D
+        ("int4", {"granularity": "column"}, (9, 64), ml_dtypes.bfloat16),  # packed 4-bit codes
+    ],
+)
+def test_cluster_exact(cluster, name, kw, shape, dtype):
+    sch = resolve_scheme(name, **kw)
+    x = _column_data(shape, seed=shape[-1]).astype(dtype)
+    assert _launched(x.shape, dtype, sch) == ["column_cluster"]
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
+def test_cluster_off(cluster):
+    """COLUMN_CLUSTER off: the register kernel again; and rows that one block holds."""
+    sch = resolve_scheme("int8_column")
+    assert _launched((4, 256), ml_dtypes.bfloat16, sch) == ["column_onepass"]
+    cluster.setattr(kq, "COLUMN_CLUSTER", False)
+    kq._PLANS.clear()
+    assert _launched((13, 256), ml_dtypes.bfloat16, sch) == ["column_onepass"]
+
+
+# ----------------------------------------------------------------------------- launch
+def test_cluster_launch_config():
+    """The kernel carries its cluster size; cuLaunchKernelEx's config holds the cluster
+    dimension (attribute 4: x, y, z) and, for a PDL launch, the serialization (6: 1)."""
+    k = CC.make_column_cluster_kernel(1, kq.format_tuple(resolve_scheme("int8_column")), 127.0, 1, 64, 8, 2, False)
+    assert L.cluster_size(k) == 1 and L.cluster_size(object()) == 1
+    cfg, attrs = L._ex_config(64, 512, 0, cluster=8)
+    assert (cfg.gridDimX, cfg.blockDimX, cfg.numAttrs) == (64, 512, 1)
+    assert attrs[0].id == 4 and list(attrs[0].value[:3]) == [8, 1, 1]
+    assert ctypes.addressof(cfg.attrs.contents) == ctypes.addressof(attrs[0])
+    cfg, attrs = L._ex_config((3, 2), 128, 1024, pdl=True, cluster=2)
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.sharedMemBytes, cfg.numAttrs) == (3, 2, 1024, 2)
+    assert (attrs[0].id, attrs[0].value[0]) == (6, 1) and attrs[1].id == 4 and list(attrs[1].value[:3]) == [2, 1, 1]
+    cfg, _ = L._ex_config(5, 32)
+    assert cfg.numAttrs == 0
+
+
+_CLUSTER_PTX_SCRIPT = r"""
+import json, re
+import ml_dtypes
+from numba import cuda, typeof
+from cuda.bindings import nvjitlink
+from nqdq.kernels import _ptx_audit as A
+from nqdq.kernels import _column_cluster as CC
+from nqdq.kernels._ptx_audit import _no_gpu_compile
+
+CC.CLUSTER_SIZE = 16  # (a dry run counts one SM)
+out = []
+for shape in [(8192, 8192), (4096, 7168)]:
+    for label, k, args in A._case_launches("int8_column", {}, shape, ml_dtypes.bfloat16, None, False):
+        if k.py_func.__name__ != "column_cluster":
+            continue
+        with _no_gpu_compile():
+            ptx, _ = cuda.compile_ptx(k.py_func, tuple(typeof(a) for a in args), cc=(9, 0),
+                                      launch_bounds=k.targetoptions.get("launch_bounds"))
+        h = nvjitlink.create(1, [b"-arch=sm_90"])
+        d = ptx.encode()
+        nvjitlink.add_data(h, nvjitlink.InputType.PTX, d, len(d), "k.ptx")
+        nvjitlink.complete(h)
+        body = ptx[ptx.index(".entry"):]
+        ops = [ln.split()[0].rstrip(";") for ln in body.splitlines() if re.match(r"\s*[a-z]", ln)]
+        out.append(dict(shape=shape, cluster=k.nqdq_cluster,
+                        arrive=[o for o in ops if o.startswith("barrier.cluster.arrive")],
+                        wait=[o for o in ops if o.startswith("barrier.cluster.wait")],
+                        mapa=body.count("mapa.shared::cluster.u32"),  # (inside the asm's braces)
+                        ld_cluster=body.count("ld.shared::cluster.u32"),
+                        cp_async=sum(o.startswith("cp.async.cg.shared.global") for o in ops),
+                        smem=k.nqdq_dynamic_smem, bounds=k.targetoptions.get("launch_bounds"),
+                        cubin=nvjitlink.get_linked_cubin_size(h)))
+print(json.dumps(out))
+"""
+
+
+def test_cluster_kernel_assembles_for_sm90():
+    """At the issue's shapes the plan takes column_cluster with clusters of 16, its units
+    staged in shared memory (8 cp.async a thread for each of the two alignments, 64 KiB a
+    block, launch bounds of 3 blocks an SM); its PTX has one release arrival and one
+    relaxed, two acquire waits (none ``.aligned``: a warp's lanes may reach the last one
+    from different branches), and a distributed shared-memory load (mapa +
+    ld.shared::cluster) for each of the 16 blocks; ptxas assembles it."""
+    from test_mma import _compile_rows
+
+    rows = _compile_rows(_CLUSTER_PTX_SCRIPT)
+    assert len(rows) == 2, rows
+    for r in rows:
+        assert r["cluster"] == 16 and r["smem"] == 512 * 8 * 16 and r["bounds"] == [512, 3], r
+        assert sorted(r["arrive"]) == ["barrier.cluster.arrive.relaxed", "barrier.cluster.arrive.release"], r
+        assert r["wait"] == ["barrier.cluster.wait.acquire"] * 2, r
+        assert r["mapa"] == r["ld_cluster"] == 16 and r["cp_async"] == 8 and r["cubin"] > 0, r

@@ -1,0 +1,153 @@
+"""The thread-block-cluster kernel of per-channel scales (``_column_cluster.column_cluster``)
+on a real GPU (sm_90+): clusters of 8 blocks that combine a stripe's amax through each
+other's shared memory, bit for bit against the NumPy reference at the issue's shapes and
+odd ones (partial stripes, rows that fill no block, every input dtype), NaN / inf / zero
+channels, fp8 and packed 4-bit codes, an unaligned input, the launch outside the CuPy
+runner (``FastKernel.launch``), repeated calls and a captured CUDA graph.
+
+Runs only with NQDQ_TEST_GPU=1 on a machine with a CUDA GPU and CuPy (``pytest -m gpu``).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+from _helpers import gpu_cupy_or_skip  # noqa: E402
+
+cp = gpu_cupy_or_skip()
+
+import nqdq  # noqa: E402
+import nqdq.kernels._column_cluster as CC  # noqa: E402
+import nqdq.kernels.quantize as kq  # noqa: E402
+from nqdq.reference import quantize as ref  # noqa: E402
+from nqdq.schemes import resolve_scheme  # noqa: E402
+
+from test_column_onepass import _column_data  # noqa: E402
+from test_kernels import _KINDS as _KIND  # noqa: E402
+from test_kernels_gpu import check_gpu  # noqa: E402
+
+if not CC.available():
+    pytest.skip("thread-block clusters need sm_90+", allow_module_level=True)
+
+
+@pytest.fixture
+def cluster(onepass):
+    onepass.setattr(kq, "COLUMN_CLUSTER", True)
+    return onepass
+
+
+def _taken(shape, dtype, sch):
+    """The plan's launch, asserted to be column_cluster with this GPU's cluster size where
+    cluster_geometry takes the shape here (clusters of 16 on an H100 / H200: every shape
+    below; a shape a cluster of 8 cannot take skips)."""
+    vec = 4 if dtype == np.float32 else 8
+    CL = CC.cluster_size_for(kq._sm_count())
+    g = CC.cluster_geometry(int(np.prod(shape[:-1])), shape[-1] // vec, vec, kq._sm_count())
+    if g is None:
+        pytest.skip(f"not a cluster shape for clusters of {CL}")
+    plan = kq.get_plan(shape, _KIND[dtype], sch)
+    assert [k.py_func.__name__ for k, _, _, _ in plan.launches] == ["column_cluster"]
+    ((k, grid, block, args),) = plan.launches
+    assert k.nqdq_cluster == CL == g[0] and grid % CL == 0 and block == g[1]
+    return k, grid, block
+
+
+def _channels(shape, dtype, seed):
+    """Channels of very different magnitudes, a NaN, an inf, an all-zero channel."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * np.exp2(rng.uniform(-8, 8, shape[-1]))).astype(np.float32)
+    v = x.reshape(-1, shape[-1])
+    v[v.shape[0] // 3, 3] = np.nan
+    v[v.shape[0] - 1, 9] = -np.inf
+    v[:, 5] = 0
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [
+        ((8192, 8192), ml_dtypes.bfloat16),  # the issue's: 8-unit stripes, 512 rows a block (16 blocks)
+        ((8000, 7168), ml_dtypes.bfloat16),  # rows that fill no block
+        ((1000, 4104), ml_dtypes.bfloat16),  # 513 units: the last stripe partial; rows fill no block
+        ((3000, 4000), np.float32),  # f32: 4 channels a unit
+        ((1, 5000, 1032), np.float16),  # N-D, f16
+        ((129, 7168), ml_dtypes.bfloat16),  # just over one block's rows: 32-unit stripes
+    ],
+)
+def test_cluster_exact(cluster, shape, dtype):
+    _taken(shape, dtype, resolve_scheme("int8_column"))
+    check_gpu(_channels(shape, dtype, shape[-1]), resolve_scheme("int8_column"))
+
+
+def test_cluster_edge_channels(cluster):
+    """The simulator's edge data (every channel kind of _column_data) at a GPU size."""
+    shape = (4096, 2048)
+    _taken(shape, ml_dtypes.bfloat16, resolve_scheme("int8_column"))
+    check_gpu(_column_data(shape, seed=7).astype(ml_dtypes.bfloat16), resolve_scheme("int8_column"))
+
+
+@pytest.mark.parametrize("name, kw", [("e4m3", {"granularity": "column"}), ("int4", {"granularity": "column"}),
+                                      ("e5m2", {"granularity": "column"})])
+def test_cluster_formats(cluster, name, kw):
+    """fp8 (the paired cvt encode) and packed 4-bit codes."""
+    sch = resolve_scheme(name, **kw)
+    _taken((2500, 1536), ml_dtypes.bfloat16, sch)
+    check_gpu(_channels((2500, 1536), ml_dtypes.bfloat16, 3), sch)
+
+
+def test_cluster_unaligned_input(cluster):
+    """An input 2 bytes past a 16-byte boundary: the element loads."""
+    sch = resolve_scheme("int8_column")
+    shape = (3000, 1024)
+    _taken(shape, ml_dtypes.bfloat16, sch)
+    x = _channels(shape, ml_dtypes.bfloat16, 11)
+    buf = cp.empty(x.size + 1, cp.uint16)
+    buf[1:] = cp.asarray(x.view(np.uint16).reshape(-1))
+    xd = buf[1:].reshape(shape)
+    assert xd.data.ptr % 16 == 2
+    check_gpu(x, sch, dtype="bfloat16", x_dev=xd)
+
+
+def test_cluster_numpy_device_cuda(cluster):
+    """A NumPy input with device="cuda" (the launch by FastKernel.launch, not the CuPy runner)."""
+    x = _channels((2048, 3072), np.float32, 5)
+    sch = resolve_scheme("int8_column")
+    _taken(x.shape, np.float32, sch)
+    q = nqdq.quantize(x, scheme="int8_column", device="cuda")
+    want = ref.quantize(x, sch)
+    assert (np.asarray(q.codes).view(np.int8) == want.codes).all()
+    assert (np.asarray(q.scales).view(np.uint32) == want.scales.view(np.uint32)).all()
+
+
+def test_cluster_repeated_calls_and_graph(cluster):
+    """Calls after a first one, and a captured CUDA graph (the cluster launch by
+    cuLaunchKernelEx in the runner's sequence) replayed on new data."""
+    sch = resolve_scheme("int8_column")
+    shape = (4096, 2048)
+    _taken(shape, ml_dtypes.bfloat16, sch)
+    for trial in range(3):
+        xh = _channels(shape, ml_dtypes.bfloat16, 20 + trial)
+        check_gpu(xh, sch)
+    x = cp.asarray(xh.view(np.uint16))
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        kq.quantize(x, sch, dtype="bfloat16")
+        s.synchronize()
+        s.begin_capture()
+        q = kq.quantize(x, sch, dtype="bfloat16")
+        graph = s.end_capture()
+    for trial in range(2):
+        xh = _channels(shape, ml_dtypes.bfloat16, 30 + trial)
+        with s:
+            x[...] = cp.asarray(xh.view(np.uint16))
+            q.codes.fill(0x5A)
+            q.scales.fill(0)
+        graph.launch(s)
+        s.synchronize()
+        want = ref.quantize(xh.astype(np.float32), sch)
+        assert (q.codes.get().view(np.int8) == want.codes).all(), f"replay {trial} codes"
+        assert (q.scales.get().view(np.uint32) == want.scales.view(np.uint32)).all(), f"replay {trial} scales"
