@@ -2,9 +2,11 @@
 per last-axis index, the amax taken down all the leading rows (``reference/quantize``:
 ``s = amax / max_elem``, ``1`` where that is 0; codes ``encode(x / s)``).
 
-The amax needs every row before any code can be written. Two designs live here; a third,
-the one pass with each block's items in a shared-memory ring (``_column_ring``, faster where
-a stripe takes several chunks), is the default where its geometry fits.
+The amax needs every row before any code can be written. Two designs live here; two more
+are the defaults where their geometries fit: one cluster of blocks a stripe, the amax met in
+the cluster's shared memory (``_column_cluster``, sm_90+, first), and the one pass with each
+block's items in a shared-memory ring (``_column_ring``, where a stripe takes several
+chunks).
 
 **One pass** (``column_onepass``, the default where ``onepass_geometry`` fits): a work item
 is (stripe of W 16-byte unit columns, chunk of R rows); its block loads the item into

@@ -58,7 +58,8 @@ is complete at its own arrival); ``RING_FORCE_WAIT`` (tests) takes step 4's wait
 every item, so the simulator covers it too.
 
 Launched by ``quantize._onepass_column`` (switch ``quantize.COLUMN_RING``) where
-``ring_geometry`` fits and the stripes take more than one chunk; else the register kernels.
+``ring_geometry`` fits and the stripes take more than one chunk, unless the cluster kernel
+(``_column_cluster``, ahead of it) takes the shape; else the register kernels.
 """
 
 from __future__ import annotations
