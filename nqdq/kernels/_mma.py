@@ -397,19 +397,7 @@ if not SIMULATOR:
 
         return impl
 
-    def _void_asm(text):
-        @intrinsic
-        def _asm(typingctx):
-            sig = types.void()
-
-            def codegen(context, builder, sig, args):
-                fty = ir.FunctionType(ir.VoidType(), [])
-                builder.call(ir.InlineAsm(fty, text, "~{memory}", side_effect=True), [])
-                return context.get_dummy_value()
-
-            return sig, codegen
-
-        return _asm
+    from ._ptx import void_asm as _void_asm
 
     def _join0(stub, intr):
         @overload(stub, target="cuda")

@@ -316,15 +316,18 @@ else:
 # fence; for "my reads are done"). Not the ``.aligned`` forms, which require every thread
 # of a warp to execute the same instruction: ptxas may copy a barrier at the end of a
 # kernel into each branch before it (a kernel whose last wait followed a per-thread branch
-# hung on an H100 when its lanes took different branches). ``ld_cluster_u32(a, i, rank)``: word ``i`` of
-# the shared uint32 array ``a`` of the cluster's block ``rank`` (``mapa.shared::cluster``
-# then ``ld.shared::cluster``). Twins (simulator: clusters of one block): the arrival does
+# hung on an H100 when its lanes took different branches). ``ld_cluster_u32(a, i, rank)``:
+# word ``i`` of the shared uint32 array ``a`` of the cluster's block ``rank``
+# (``mapa.shared::cluster`` then ``ld.shared::cluster``). Twins (simulator: clusters of one block): the arrival does
 # nothing, the wait is a block barrier, the load reads the block's own array (rank 0).
 if not SIMULATOR:
 
-    def _cluster_barrier(text):
+    def void_asm(text):
+        """An intrinsic of no arguments and no result: the PTX ``text``, a side effect that
+        clobbers memory (so loads and stores stay on their side of it)."""
+
         @intrinsic
-        def barrier(typingctx):
+        def _asm(typingctx):
             sig = types.void()
 
             def codegen(context, builder, sig, args):
@@ -334,11 +337,11 @@ if not SIMULATOR:
 
             return sig, codegen
 
-        return barrier
+        return _asm
 
-    cluster_arrive = _cluster_barrier("barrier.cluster.arrive.release;")
-    cluster_arrive_relaxed = _cluster_barrier("barrier.cluster.arrive.relaxed;")
-    cluster_wait = _cluster_barrier("barrier.cluster.wait.acquire;")
+    cluster_arrive = void_asm("barrier.cluster.arrive.release;")
+    cluster_arrive_relaxed = void_asm("barrier.cluster.arrive.relaxed;")
+    cluster_wait = void_asm("barrier.cluster.wait.acquire;")
 
     @intrinsic
     def ld_cluster_u32(typingctx, a, i, rank):
@@ -608,25 +611,13 @@ if not SIMULATOR:
 
         return sig, codegen
 
-    def _void_asm(ptx):
-        @intrinsic
-        def _op(typingctx):
-            def codegen(context, builder, sig, args):
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}", side_effect=True)
-                builder.call(asm, [])
-                return context.get_dummy_value()
-
-            return types.void(), codegen
-
-        return _op
-
     # programmatic dependent launch (sm_90+; ptxas rejects them for older targets): a grid
     # launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION may start while the
     # kernel before it in the stream runs, once that kernel's blocks have all executed
     # griddep_launch (or exited); griddep_wait blocks until that kernel has completed and its
     # memory is visible. Both do nothing in a grid launched without the attribute.
-    griddep_wait = _void_asm("griddepcontrol.wait;")
-    griddep_launch = _void_asm("griddepcontrol.launch_dependents;")
+    griddep_wait = void_asm("griddepcontrol.wait;")
+    griddep_launch = void_asm("griddepcontrol.launch_dependents;")
 
     @intrinsic
     def load_cg(typingctx, a, i):
