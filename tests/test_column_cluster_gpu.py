@@ -27,6 +27,7 @@ from nqdq.reference import quantize as ref  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
 from test_column_onepass import _column_data  # noqa: E402
+from test_column_onepass_gpu import check_calls_and_graph  # noqa: E402
 from test_kernels import _KINDS as _KIND  # noqa: E402
 from test_kernels_gpu import check_gpu  # noqa: E402
 
@@ -129,25 +130,5 @@ def test_cluster_repeated_calls_and_graph(cluster):
     sch = resolve_scheme("int8_column")
     shape = (4096, 2048)
     _taken(shape, ml_dtypes.bfloat16, sch)
-    for trial in range(3):
-        xh = _channels(shape, ml_dtypes.bfloat16, 20 + trial)
-        check_gpu(xh, sch)
-    x = cp.asarray(xh.view(np.uint16))
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        kq.quantize(x, sch, dtype="bfloat16")
-        s.synchronize()
-        s.begin_capture()
-        q = kq.quantize(x, sch, dtype="bfloat16")
-        graph = s.end_capture()
-    for trial in range(2):
-        xh = _channels(shape, ml_dtypes.bfloat16, 30 + trial)
-        with s:
-            x[...] = cp.asarray(xh.view(np.uint16))
-            q.codes.fill(0x5A)
-            q.scales.fill(0)
-        graph.launch(s)
-        s.synchronize()
-        want = ref.quantize(xh.astype(np.float32), sch)
-        assert (q.codes.get().view(np.int8) == want.codes).all(), f"replay {trial} codes"
-        assert (q.scales.get().view(np.uint32) == want.scales.view(np.uint32)).all(), f"replay {trial} scales"
+    new = [_channels(shape, ml_dtypes.bfloat16, seed) for seed in (20, 21, 22, 30, 31)]
+    check_calls_and_graph(sch, new[:3], new[3:])

@@ -554,6 +554,23 @@ def test_compile_sequence_pdl_launches_by_cu_launch_kernel_ex(monkeypatch, param
                             ((66, 9, 2, 1, 96, 1, 1, 0, stream, "ex"), bytes(want2))]
 
 
+def _fake_launch_ex(seen):
+    """A stand-in for cuLaunchKernelEx: records each config's (dynamic shared memory,
+    [(attribute id, its first three value words)]) in ``seen``, then launches through the
+    recorded plain launch (_record_launches)."""
+    plain = launch._cupy_launch
+
+    def fake_ex(cfg_addr, handle, params, extra):
+        cfg = launch._LaunchConfig.from_address(cfg_addr)
+        attrs = [(cfg.attrs[i].id, list(cfg.attrs[i].value[:3])) for i in range(cfg.numAttrs)]
+        seen.append((cfg.sharedMemBytes, attrs))
+        plain(handle, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ,
+              cfg.sharedMemBytes, cfg.hStream, params, extra)  # fmt: skip
+        return 0
+
+    return fake_ex
+
+
 class _SmemKernel:
     """A stand-in kernel that declares dynamic shared memory (``launch.dynamic_smem``)."""
 
@@ -565,19 +582,9 @@ def test_compile_sequence_dynamic_shared_memory(monkeypatch):
     """A kernel carrying ``nqdq_dynamic_smem`` (the shared-memory ring of per-channel
     scales) is launched with that many bytes of dynamic shared memory, by cuLaunchKernel
     and in a PDL launch's CUlaunchConfig alike; kernels without it get 0."""
-    entries = []
+    entries, seen = [], []
     launched = _record_launches(monkeypatch, entries)
-    plain = launch._cupy_launch
-    seen = []
-
-    def fake_ex(cfg_addr, handle, params, extra):
-        cfg = launch._LaunchConfig.from_address(cfg_addr)
-        seen.append(cfg.sharedMemBytes)
-        plain(handle, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ,
-              cfg.sharedMemBytes, cfg.hStream, params, extra)  # fmt: skip
-        return 0
-
-    monkeypatch.setattr(launch, "_driver_launch_ex", lambda: fake_ex)
+    monkeypatch.setattr(launch, "_driver_launch_ex", lambda: _fake_launch_ex(seen))
     e1 = _fake_entry((types.float32[::1], types.int64), 77, "k7")
     e2 = _fake_entry((types.uint8[::1], types.int32), 88, "k8")
     e3 = _fake_entry((types.uint8[::1], types.int32), 99, "k9")
@@ -589,7 +596,7 @@ def test_compile_sequence_dynamic_shared_memory(monkeypatch):
     run = launch.compile_sequence(launches, ("xp", "base"), entries=entries, pdl=(1,))
     run(5, 0x1000, 0x8000)
     assert [rec[0][7] for rec in launched] == [49152, 100000, 0]
-    assert seen == [100000]
+    assert seen == [(100000, [(6, [1, 0, 0])])]
 
 
 class _ClusterKernel:
@@ -603,19 +610,9 @@ def test_compile_sequence_cluster_launches_by_cu_launch_kernel_ex(monkeypatch):
     """A kernel carrying ``nqdq_cluster`` (the cluster kernel of per-channel scales) goes
     through cuLaunchKernelEx with the cluster dimension (id 4, value x, 1, 1), beside a PDL
     launch's serialization where both apply; the other launches stay cuLaunchKernel."""
-    entries = []
+    entries, seen = [], []
     launched = _record_launches(monkeypatch, entries)
-    plain = launch._cupy_launch
-    seen = []
-
-    def fake_ex(cfg_addr, handle, params, extra):
-        cfg = launch._LaunchConfig.from_address(cfg_addr)
-        seen.append([(cfg.attrs[i].id, list(cfg.attrs[i].value[:3])) for i in range(cfg.numAttrs)])
-        plain(handle, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ,
-              cfg.sharedMemBytes, cfg.hStream, params, extra)  # fmt: skip
-        return 0
-
-    monkeypatch.setattr(launch, "_driver_launch_ex", lambda: fake_ex)
+    monkeypatch.setattr(launch, "_driver_launch_ex", lambda: _fake_launch_ex(seen))
     e1 = _fake_entry((types.float32[::1], types.int64), 11, "c1")
     e2 = _fake_entry((types.uint8[::1], types.int32), 12, "c2")
     e3 = _fake_entry((types.uint8[::1], types.int32), 13, "c3")
@@ -627,7 +624,7 @@ def test_compile_sequence_cluster_launches_by_cu_launch_kernel_ex(monkeypatch):
     run = launch.compile_sequence(launches, ("xp", "base"), entries=entries, pdl=(2,))
     run(5, 0x1000, 0x8000)
     assert [rec[0][:5] for rec in launched] == [(11, 32, 1, 1, 512), (12, 2, 1, 1, 64), (13, 16, 1, 1, 128)]
-    assert seen == [[(4, [16, 1, 1])], [(6, [1, 0, 0]), (4, [8, 1, 1])]]
+    assert seen == [(0, [(4, [16, 1, 1])]), (0, [(6, [1, 0, 0]), (4, [8, 1, 1])])]
 
 
 def test_launch_config_structs_match_cuda_h(tmp_path):
