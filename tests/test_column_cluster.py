@@ -92,6 +92,19 @@ def test_cluster_exact(cluster, name, kw, shape, dtype):
     check(x, sch, x_ref=x.astype(np.float32))
 
 
+def test_cluster_pull_exact(cluster):
+    """The pull exchange (CLUSTER_PUSH off: each block's words read by ld.shared::cluster
+    between cluster barriers), bit for bit."""
+    cluster.setattr(CC, "CLUSTER_PUSH", False)
+    sch = resolve_scheme("int8_column")
+    x = _column_data((13, 256), seed=4).astype(ml_dtypes.bfloat16)
+    plan = kq.get_plan(x.shape, 1, sch)  # (kind 1: bfloat16)
+    ((k, _, _, _),) = plan.launches
+    fn = getattr(k, "py_func", k)
+    assert fn.__name__ == "column_cluster" and fn.__globals__["PUSH"] is False
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
 def test_cluster_off(cluster):
     """COLUMN_CLUSTER off: the register kernel again; and rows that one block holds."""
     sch = resolve_scheme("int8_column")
@@ -147,6 +160,10 @@ for shape in [(8192, 8192), (4096, 7168)]:
                         wait=[o for o in ops if o.startswith("barrier.cluster.wait")],
                         mapa=body.count("mapa.shared::cluster.u32"),  # (inside the asm's braces)
                         ld_cluster=body.count("ld.shared::cluster.u32"),
+                        st_async=body.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32"),
+                        try_wait=body.count("mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64"),
+                        init_fence=body.count("fence.mbarrier_init.release.cluster"),
+                        release=body.count(".release.cluster") + body.count("arrive.release"),
                         cp_async=sum(o.startswith("cp.async.cg.shared.global") for o in ops),
                         smem=k.nqdq_dynamic_smem, bounds=k.targetoptions.get("launch_bounds"),
                         cubin=nvjitlink.get_linked_cubin_size(h)))
@@ -156,17 +173,18 @@ print(json.dumps(out))
 
 def test_cluster_kernel_assembles_for_sm90():
     """At the issue's shapes the plan takes column_cluster with clusters of 16, its units
-    staged in shared memory (8 cp.async a thread for each of the two alignments, 64 KiB a
-    block, launch bounds of 3 blocks an SM); its PTX has one release arrival and one
-    relaxed, two acquire waits (none ``.aligned``: a warp's lanes may reach the last one
-    from different branches), and a distributed shared-memory load (mapa +
-    ld.shared::cluster) for each of the 16 blocks; ptxas assembles it."""
+    staged in shared memory (8 cp.async a thread, 64 KiB a block, launch bounds of 3
+    blocks an SM). Its PTX pushes the amax words: one st.async into each of the 16 blocks
+    (two mapa each: the word's and the mbarrier's address), one acquire wait on its own
+    mbarrier at cluster scope, and no cluster-scope release but the mbarrier's init fence
+    (ptxas makes a release a MEMBAR.GPU): one relaxed arrival and one acquire wait at the
+    start (not ``.aligned``), no remote load. ptxas assembles it."""
     from test_mma import _compile_rows
 
     rows = _compile_rows(_CLUSTER_PTX_SCRIPT)
     assert len(rows) == 2, rows
     for r in rows:
         assert r["cluster"] == 16 and r["smem"] == 512 * 8 * 16 and r["bounds"] == [512, 3], r
-        assert sorted(r["arrive"]) == ["barrier.cluster.arrive.relaxed", "barrier.cluster.arrive.release"], r
-        assert r["wait"] == ["barrier.cluster.wait.acquire"] * 2, r
-        assert r["mapa"] == r["ld_cluster"] == 16 and r["cp_async"] == 8 and r["cubin"] > 0, r
+        assert r["arrive"] == ["barrier.cluster.arrive.relaxed"] and r["wait"] == ["barrier.cluster.wait.acquire"], r
+        assert r["st_async"] == 16 and r["mapa"] == 32 and r["ld_cluster"] == 0 and r["try_wait"] >= 1, r
+        assert r["init_fence"] == 1 and r["release"] == 1 and r["cp_async"] == 8 and r["cubin"] > 0, r

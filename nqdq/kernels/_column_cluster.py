@@ -5,34 +5,43 @@ no workspace, no counters and no wait on any block outside the cluster.
 
 Block ``rank`` of a stripe's cluster holds rows ``rank * R .. rank * R + R - 1`` (R = U *
 RG, RG = NT / W rows at a time): thread t takes unit column ``t % W`` of rows ``rank * R +
-t // W + i * RG``, i < U, in registers. It then
+t // W + i * RG``, i < U, staged in the block's shared memory by ``cp.async`` (a thread's
+own slots: its wait makes them visible to it). While the loads fly, thread 0 sets up the
+block's mbarrier for CL * 4W words and a cluster barrier (relaxed arrival, acquire wait)
+makes every block's mbarrier ready before anyone stores into it. Then each block
 
 1. keeps the per-channel max of |x| in the input's own width (``word_max``: four words a
    thread), combines it over the lanes of its unit column (butterfly) and over the warps
-   (one shared slot each, one block barrier) into the block's words ``bam``;
-2. arrives at and waits on the cluster barrier (``barrier.cluster``: release / acquire),
-   after which every block's ``bam`` is complete;
-3. one thread a channel reads that channel's word from the CL blocks' ``bam``
-   (``ld.shared::cluster``), computes the scale as ``finalize`` does and its reciprocal
-   (``channel_scale``; rank 0 writes the stripe's scales), then a block barrier;
-4. arrives on the cluster barrier again (it has read the others' ``bam``), encodes its
-   units from registers as ``_column_ring`` does (the reciprocal encoder straight-line
-   where every scale of its channels has one and all U units are inside the data), writes
-   the codes, and waits on that barrier before it exits, so that no block's shared memory
-   goes while another block of its cluster may still read it.
+   (one shared slot each, one block barrier) into the block's 4W words;
+2. pushes those words into every block of the cluster, itself included, by ``st.async``
+   (``_ptx.st_async_u32``: each store counts its bytes into the receiver's mbarrier) and
+   waits on its own mbarrier (acquire, cluster scope) until all CL blocks' words are in;
+3. one thread a channel combines that channel's word of the CL blocks, computes the scale
+   as ``finalize`` does and its reciprocal (``channel_scale``; rank 0 writes the stripe's
+   scales), then a block barrier;
+4. encodes its units from shared memory as ``_column_ring`` does (the reciprocal encoder
+   straight-line where every scale of its channels has one and all U units are inside the
+   data) and writes the codes. A block exits only after every store into it has landed,
+   and nobody reads its memory, so it needs no barrier before it exits.
+
+``CLUSTER_PUSH`` off: the pull form instead, where each block's words stay in its own
+shared memory and are read by ``ld.shared::cluster`` between a release / acquire cluster
+barrier, and the block waits on a second barrier before it exits. ptxas makes every
+cluster-scope release a ``MEMBAR.GPU`` (a round trip to L2, under load: ncu put 12 % of the
+warps' stall cycles there); the push measured 1.0-1.3 us faster at bf16 8192x8192.
 
 So the input is read once (bytes = input + codes + scales), and a block waits only for
-the CL - 1 blocks that the hardware launched with it on the same GPC: the cross-block
-latency is one cluster barrier, which other resident blocks of the SM cover, as they cover
-the row kernel's block barrier. Clusters never wait on each other, so any grid size is
-safe (no residency argument, unlike ``_column_kernels`` and ``_column_ring``).
+the CL - 1 blocks that the hardware launched with it on the same GPC, which other resident
+blocks of the SM cover, as they cover the row kernel's block barrier. Clusters never wait
+on each other, so any grid size is safe (no residency argument, unlike ``_column_kernels``
+and ``_column_ring``).
 
 Launched with one cluster a stripe (grid = S * CL blocks, ``launch.cluster_size`` of the
 kernel: ``cuLaunchKernelEx`` with the cluster attribute) by ``quantize._onepass_column``
 (switch ``quantize.COLUMN_CLUSTER``) where ``cluster_geometry`` fits; else the ring or the
-register kernels. Under the CUDA simulator a cluster is one block (CL = 1: the barrier is
-a block barrier and the remote load the block's own word, ``_ptx``'s twins); the GPU tests
-run CL = 8.
+register kernels. Under the CUDA simulator a cluster is one block (CL = 1: the barriers
+and the mbarrier wait are block barriers, the stores and loads the block's own words,
+``_ptx``'s twins); the GPU tests run CL = 16.
 """
 
 from __future__ import annotations
@@ -52,9 +61,9 @@ from ._division import RECIP_DIV
 from ._mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, smem_addr
 from ._ptx import (
     array_addr, as_u16, as_u32, cluster_arrive, cluster_arrive_relaxed, cluster_wait, fp8_cvt_available,
-    fp8_cvt_supports, ld_cluster_u32, u16x2_max,
+    fp8_cvt_supports, ld_cluster_u32, mbar_init_tx, mbar_wait0, st_async_u32, u16x2_max,
 )  # fmt: skip
-from ._rowwise_kernels import load_unit, unit_elems, vec_of
+from ._rowwise_kernels import unit_elems, vec_of
 from ._target import SIMULATOR, devfn, device_cc
 
 
@@ -76,9 +85,9 @@ CLUSTER_SIZE, CLUSTER_THREADS, CLUSTER_UNITS = (1, 64, 2) if SIMULATOR else _env
 # against the ring's 76 %: docs/performance.md "Nineteenth session"), so the taller inputs
 # go to the ring
 MIN_STRIPE_BYTES = int(os.environ.get("NQDQ_COLUMN_CLUSTER_MIN_BYTES", "128"))
-# the blocks' items staged in shared memory by cp.async (else held in registers): 3 blocks
-# an SM instead of 2 (NQDQ_COLUMN_CLUSTER_SMEM=0: registers; A/B)
-CLUSTER_SMEM = os.environ.get("NQDQ_COLUMN_CLUSTER_SMEM", "1") == "1"
+# the amax words pushed by st.async into mbarrier-counted buffers (else read remotely
+# between cluster barriers, whose release is a MEMBAR.GPU; NQDQ_COLUMN_CLUSTER_PUSH=0: A/B)
+CLUSTER_PUSH = os.environ.get("NQDQ_COLUMN_CLUSTER_PUSH", "1") == "1"
 
 
 def cluster_size_for(sms):
@@ -110,34 +119,18 @@ def xor_comb(v, off, shfl, scratch, t, kind):
     return comb(v, scratch[t ^ off], kind)
 
 
-# the loads of a thread's U units: into registers w0 .. w{U-1}, or (SMEM) into the block's
-# shared slots by cp.async, where "w{i}" then stands for a load of the slot (a thread reads
-# only its own slots: its cp.async wait makes them visible to it, no barrier)
-_LOADS_REGS = """
-    if (array_addr(x) & 15) == 0:  # (two copies of the loads: a uniform branch, not a test a unit)
-        w{i} = load_unit(x, x32, True, g + {i} * ustep, {i} < nv, kind)  #U
-    else:
-        w{i} = load_unit(x, x32, False, g + {i} * ustep, {i} < nv, kind)  #U
-"""
-_LOADS_SMEM = """
-    ring = cuda.shared.array(0, u32)
-    sb = smem_addr(ring)
-    if (array_addr(x) & 15) == 0:
-        cp_async_unit(ring, sb, (t + {i} * NT) * 4, x32, (g + {i} * ustep) * 4, {i} < nv)  #U
-    else:
-        stage_sync(ring, (t + {i} * NT) * 4, x, x32, g + {i} * ustep, {i} < nv, kind)  #U
-    commit()
-    wait_all()
-"""
-
 _SRC = """
 def column_cluster(x, rows, upr, C, scales, codes):
     t = cuda.threadIdx.x
     stripe = cuda.blockIdx.x // CL
     rank = cuda.blockIdx.x - stripe * CL
+    ring = cuda.shared.array(0, u32)  # the block's units: U a thread, a thread's own slots
+    sb = smem_addr(ring)
     scratch = cuda.shared.array(SCRATCH, u32)
     red = cuda.shared.array(RED, u32)  # per warp: W unit columns x 4 words
-    bam = cuda.shared.array(BAM, u32)  # the block's words (the cluster reads them)
+    bam = cuda.shared.array(BAM, u32)  # the block's words (pull: the cluster reads them)
+    recv = cuda.shared.array(RECV, u32)  # push: every block's words, block r's at r * BAM
+    mbar = cuda.shared.array(1, u64)
     sc = cuda.shared.array(CH, np.float32)
     rcs = cuda.shared.array(CH, np.float32)
     x32 = as_u32(x)
@@ -149,10 +142,20 @@ def column_cluster(x, rows, upr, C, scales, codes):
     nv = units_inside(rows, r0, uc, upr, LOG_RG, U)
     g = np.int64(r0) * upr + uc
     ustep = np.int64(RG) * upr  # units between a thread's rows
-LOADS
+    if (array_addr(x) & 15) == 0:
+        cp_async_unit(ring, sb, (t + {i} * NT) * 4, x32, (g + {i} * ustep) * 4, {i} < nv)  #U
+    else:
+        stage_sync(ring, (t + {i} * NT) * 4, x, x32, g + {i} * ustep, {i} < nv, kind)  #U
+    commit()
+    if PUSH:  # while the loads fly: every block's mbarrier set up before any block stores into it
+        if t == 0:
+            mbar_init_tx(mbar, CL * BAM * 4)
+        cluster_arrive_relaxed()
+        cluster_wait()
+    wait_all()  # (a thread reads only its own slots: its wait makes them visible to it)
     z = np.int32(0)
     m = (z, z, z, z, z, z, z, z)
-    m = word_max(m, w{i}, kind)  #U
+    m = word_max(m, ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4), kind)  #U
     q0 = np.uint32(m[0])
     q1 = np.uint32(m[Q1])  # (16-bit kinds: word k in m[2k] and m[2k + 1])
     q2 = np.uint32(m[Q2])
@@ -175,71 +178,78 @@ LOADS
         a = red[t]
         for k in range(1, NW):
             a = comb(a, red[k * (W * 4) + t], kind)
-        bam[t] = a
-    cluster_arrive()
-    cluster_wait()  # every block's bam written
+        if PUSH:
+            for r in range(CL):
+                st_async_u32(recv, rank * BAM + t, a, mbar, r)
+        else:
+            bam[t] = a
+    if PUSH:
+        mbar_wait0(mbar)  # every block's words are here
+    else:
+        cluster_arrive()
+        cluster_wait()  # every block's bam written
     if t < CH:  # channel t: word (t // VEC) * 4 + its element's word, of each block of the cluster
         e = t % VEC
         wi = (t // VEC) * 4 + (e // 2 if VEC == 8 else e)
-        a = ld_cluster_u32(bam, wi, 0)
+        a = recv[wi] if PUSH else ld_cluster_u32(bam, wi, 0)
         for r in range(1, CL):
-            a = comb(a, ld_cluster_u32(bam, wi, r), kind)
+            a = comb(a, recv[r * BAM + wi] if PUSH else ld_cluster_u32(bam, wi, r), kind)
         col = stripe * CH + t
         channel_scale(amax_bits(a, e, kind), t, col, rank == 0 and col < C, sc, rcs, scales, MAXE)
     cuda.syncthreads()
-    cluster_arrive_relaxed()  # this block has read the others' bam (its loads consumed: no fence)
+    if not PUSH:
+        cluster_arrive_relaxed()  # this block has read the others' bam (its loads consumed: no fence)
     sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
     if okr and nv == U:  # every unit inside, every scale with a reciprocal: one basic block
-        encode_unit_cols_r(unit_elems(w{i}, kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
+        encode_unit_cols_r(unit_elems(ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4), kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
     elif okr:
-        if {i} < nv: encode_unit_cols_r(unit_elems(w{i}, kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
+        if {i} < nv: encode_unit_cols_r(unit_elems(ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4), kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
     else:  # a NaN / inf in a channel, a zero or out-of-range scale: the general encode
-        if {i} < nv: encode_unit_cols(unit_elems(w{i}, kind), sv, ok, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB)  #U
-    cluster_wait()  # no block's bam goes while another may read it
+        if {i} < nv: encode_unit_cols(unit_elems(ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4), kind), sv, ok, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB)  #U
+    if not PUSH:
+        cluster_wait()  # no block's bam goes while another may read it
 """
 
 
 @lru_cache(maxsize=None)
-def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, smem=False, shfl=None):
+def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, push=None, shfl=None):
     """``column_cluster`` for clusters of CL blocks of NT threads, stripes W units wide, U
-units a thread (R = U * NT / W rows a block); the kernel carries its cluster size
-    (``launch.cluster_size``). ``smem``: the units staged in shared memory (cp.async; the
-    kernel carries its dynamic shared memory, ``launch.dynamic_smem``), launch bounds of as
-    many blocks an SM as it holds (3 of 512 threads x 8 units); else held in registers,
-    1024 / NT blocks an SM (at most 64 registers a thread). ``shfl``: warp shuffles
-    (default: on a GPU; the simulator has none)."""
+    units a thread (R = U * NT / W rows a block), staged in shared memory by cp.async; the
+    kernel carries its cluster size (``launch.cluster_size``) and its dynamic shared memory
+    (``launch.dynamic_smem``); launch bounds of as many blocks an SM as that memory allows
+    (3 of 512 threads x 8 units). ``push``: the amax words by ``st.async`` into every
+    block's mbarrier-counted buffer (default CLUSTER_PUSH), else read from each block by
+    ``ld.shared::cluster`` between cluster barriers. ``shfl``: warp shuffles (default: on a
+    GPU; the simulator has none)."""
     assert NT % 32 == 0 and 1 <= W <= 32 and W & (W - 1) == 0 and NT % W == 0
     vec = vec_of(kind)
     RG = NT // W
     shfl_on = (not SIMULATOR) if shfl is None else shfl
+    push = CLUSTER_PUSH if push is None else push
     ns = dict(
         kind=kind, fmt=fmt, CL=CL, NT=NT, W=W, RG=RG, LOG_RG=RG.bit_length() - 1, U=U, VEC=vec, CH=W * vec,
         Q1=1 if vec == 4 else 2, Q2=2 if vec == 4 else 4, Q3=3 if vec == 4 else 6,
-        NW=NT // 32, RED=NT // 32 * W * 4, BAM=W * 4, SCRATCH=1 if shfl_on else NT, NB=(fmt[5] if packed else 8),
-        SHFL=shfl_on,
+        NW=NT // 32, RED=NT // 32 * W * 4, BAM=W * 4, RECV=CL * W * 4 if push else 1, PUSH=push,
+        SCRATCH=1 if shfl_on else NT, NB=(fmt[5] if packed else 8), SHFL=shfl_on,
         CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV, MAXE=F32(max_elem),
-        NOCLIP=rint_in_range(fmt, F32(max_elem)), u32=types.uint32,
+        NOCLIP=rint_in_range(fmt, F32(max_elem)), u32=types.uint32, u64=types.uint64,
         commit=cp_async_commit, wait_all=cp_async_wait(0),
     )  # fmt: skip
-    src = _SRC.replace("LOADS\n", (_LOADS_SMEM if smem else _LOADS_REGS).lstrip("\n"))
-    if smem:
-        src = src.replace("w{i}", "ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4)")
-    src = _expand(src, U) + "\n"
+    src = _expand(_SRC, U) + "\n"
     glb = dict(globals())
     glb.update(ns)
-    exec(compile(src, f"<nqdq column_cluster CL={CL} NT={NT} W={W} U={U}>", "exec"), glb)
+    exec(compile(src, f"<nqdq column_cluster CL={CL} NT={NT} W={W} U={U} push={push}>", "exec"), glb)
     fn = glb["column_cluster"]
     fn.source = src
-    bps = max(1, min(2048 // NT, SMEM_PER_SM // (slot_bytes(NT, U) + 4096))) if smem else max(1, 1024 // NT)
+    bps = max(1, min(2048 // NT, SMEM_PER_SM // (slot_bytes(NT, U) + 4096)))
     k = cuda.jit(fn) if SIMULATOR else cuda.jit(fn, launch_bounds=(NT, bps))
     k.nqdq_cluster = CL
-    if smem:
-        k.nqdq_dynamic_smem = slot_bytes(NT, U)
+    k.nqdq_dynamic_smem = slot_bytes(NT, U)
     return k
 
 
 def slot_bytes(NT, U):
-    """Shared memory of a block's units where staged (CLUSTER_SMEM): U 16-byte units a thread."""
+    """Shared memory of a block's units: U 16-byte units a thread."""
     return NT * U * 16
 
 
@@ -284,5 +294,5 @@ def cluster_launch(kind, fmt, max_elem, packed, rows, C, sms, x, scales, codes):
     if g is None:
         return None
     CL, NT, W, U = g
-    k = make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, CLUSTER_SMEM)
+    k = make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, CLUSTER_PUSH)
     return (k, -(-upr // W) * CL, NT, (x, rows, upr, C, scales, codes))
