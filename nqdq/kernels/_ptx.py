@@ -318,8 +318,10 @@ else:
 # kernel into each branch before it (a kernel whose last wait followed a per-thread branch
 # hung on an H100 when its lanes took different branches). ``ld_cluster_u32(a, i, rank)``:
 # word ``i`` of the shared uint32 array ``a`` of the cluster's block ``rank``
-# (``mapa.shared::cluster`` then ``ld.shared::cluster``). Twins (simulator: clusters of one block): the arrival does
-# nothing, the wait is a block barrier, the load reads the block's own array (rank 0).
+# (``mapa.shared::cluster`` then ``ld.shared::cluster``). Twins (simulator: clusters of one
+# block): the arrival does nothing, the wait is a block barrier, the load reads the block's
+# own array (rank 0); likewise for the push form below (the store writes the block's own
+# array, the mbarrier wait is a block barrier).
 if not SIMULATOR:
 
     def void_asm(text):
