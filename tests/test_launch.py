@@ -676,3 +676,40 @@ def test_function_handle_takes_the_cufunction_of_a_cukernel(monkeypatch):
     monkeypatch.setattr(launch, "FUNCTION_HANDLES", False)
     assert launch._function_handle(driver.CUkernel(0x99)) == 0x99
     assert asked == [0x99, 0x77]
+
+
+def test_function_attributes_set_once_per_handle(monkeypatch):
+    """allow_smem / allow_cluster set their attribute (MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+    NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14) on each compiled overload's handle once per
+    value; nothing for 0 bytes or portable clusters (<= 8 blocks)."""
+    from numba.cuda.cudadrv import driver as drv
+
+    calls = []
+
+    class _Fn:
+        handle, device = 0x5150, type("Dev", (), {"id": 0})()
+
+    class _Lib:
+        @staticmethod
+        def get_cufunc():
+            return _Fn()
+
+    class _Kern:
+        overloads = {"sig": type("Compiled", (), {"_codelibrary": _Lib})()}
+
+    class _Drv:
+        def cuKernelSetAttribute(self, attr, value, handle, dev):
+            calls.append((int(attr), value, handle))
+
+    pytest.importorskip("cuda.bindings.driver")
+    monkeypatch.setattr(drv, "driver", _Drv(), raising=False)  # (the simulator's module has none)
+    monkeypatch.setattr(launch, "simulated", lambda: False)
+    monkeypatch.setattr(launch, "_ATTR_SET", set())
+    launch.allow_smem(_Kern, 100000)
+    launch.allow_smem(_Kern, 100000)
+    launch.allow_smem(_Kern, 0)
+    launch.allow_smem(_Kern, 120000)
+    launch.allow_cluster(_Kern, 16)
+    launch.allow_cluster(_Kern, 16)
+    launch.allow_cluster(_Kern, 8)
+    assert calls == [(8, 100000, 0x5150), (8, 120000, 0x5150), (14, 1, 0x5150)]

@@ -506,7 +506,7 @@ def _make_fast_launch(key, entry):
 # The public objects
 
 
-_SMEM_SET: set = set()
+_ATTR_SET: set = set()  # (function handle, attribute, value) already set
 
 
 def dynamic_smem(kernel) -> int:
@@ -523,39 +523,34 @@ def cluster_size(kernel) -> int:
     return int(getattr(kernel, "nqdq_cluster", 1))
 
 
+def _set_function_attribute(kern, name, value):
+    """cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_<name>, value) on Numba's own handle of every
+    compiled overload of ``kern``, once each (remembered in _ATTR_SET)."""
+    from cuda.bindings.driver import CUfunction_attribute
+    from numba.cuda.cudadrv import driver as drv
+
+    attr = getattr(CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
+    for compiled in kern.overloads.values():
+        fn = compiled._codelibrary.get_cufunc()
+        key = (int(fn.handle), name, value)
+        if key not in _ATTR_SET:
+            drv.driver.cuKernelSetAttribute(attr, value, fn.handle, fn.device.id)
+            _ATTR_SET.add(key)
+
+
 def allow_smem(kern, nbytes):
     """Raise the dynamic shared memory limit (48 KiB unless opted in) of every compiled
     overload of ``kern`` to ``nbytes`` (cuKernelSetAttribute on Numba's own handle). Any
     non-zero amount opts in: the 48 KiB default bounds static and dynamic together."""
-    if nbytes <= 0 or simulated():
-        return
-    from numba.cuda.cudadrv import driver as drv
-
-    for compiled in kern.overloads.values():
-        fn = compiled._codelibrary.get_cufunc()
-        key = (int(fn.handle), nbytes)
-        if key in _SMEM_SET:
-            continue
-        attr = drv.binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        drv.driver.cuKernelSetAttribute(attr, nbytes, fn.handle, fn.device.id)
-        _SMEM_SET.add(key)
+    if nbytes > 0 and not simulated():
+        _set_function_attribute(kern, "MAX_DYNAMIC_SHARED_SIZE_BYTES", nbytes)
 
 
 def allow_cluster(kern, size):
     """Clusters of more than 8 blocks (not portable: H100 / H200 take up to 16) opted in for
     every compiled overload of ``kern``."""
-    if size <= 8 or simulated():
-        return
-    from numba.cuda.cudadrv import driver as drv
-
-    for compiled in kern.overloads.values():
-        fn = compiled._codelibrary.get_cufunc()
-        key = (int(fn.handle), "cluster")
-        if key in _SMEM_SET:
-            continue
-        attr = drv.binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-        drv.driver.cuKernelSetAttribute(attr, 1, fn.handle, fn.device.id)
-        _SMEM_SET.add(key)
+    if size > 8 and not simulated():
+        _set_function_attribute(kern, "NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1)
 
 
 class FastKernel:
