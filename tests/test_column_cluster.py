@@ -34,35 +34,59 @@ def cluster(onepass):
     [
         # bf16 8192 x 8192, clusters of 16 (the default on 132 SMs): 512 rows a block, 64 at
         # a time -> 8 units (64 channels, 128 bytes of a row) a stripe, 512 threads
-        (8192, 1024, 8, 16, (16, 512, 8, 8)),
+        (8192, 1024, 8, 16, (16, 512, 8, 8, 0)),
         # clusters of 8: 1024 rows a block, 128 at a time -> 4 units: 64-byte pieces of
         # rows, under MIN_STRIPE_BYTES: not taken (the ring)
         (8192, 1024, 8, 8, None),
         # bf16 16384 x 7168: 4 units with clusters of 16: not taken
         (16384, 896, 8, 16, None),
-        (4096, 896, 8, 8, (8, 512, 8, 8)),
+        (4096, 896, 8, 8, (8, 512, 8, 8, 0)),
         # f32 (4 channels a unit): the same rows, the same units
-        (8192, 2048, 4, 16, (16, 512, 8, 8)),
+        (8192, 2048, 4, 16, (16, 512, 8, 8, 0)),
         # 129 rows: 3 -> 4 at a time, but at least 8 (a thread for each of 32 units x 8
         # channels: 8 rows x 32 units = 256 threads)
-        (129, 896, 8, 8, (8, 256, 32, 8)),
+        (129, 896, 8, 8, (8, 256, 32, 8, 0)),
         # ... f32: 4 at a time (4 channels a unit), 128 threads
-        (129, 896, 4, 8, (8, 128, 32, 8)),
+        (129, 896, 4, 8, (8, 128, 32, 8, 0)),
         # rows of 3 units and of 1: a stripe is whole rows (contiguous), whatever its width
-        (8192, 3, 8, 8, (8, 512, 4, 8)),
-        (2000, 3, 8, 8, (8, 128, 4, 8)),
-        (2000, 1, 8, 8, (8, 32, 1, 8)),
+        (8192, 3, 8, 8, (8, 512, 4, 8, 0)),
+        (2000, 3, 8, 8, (8, 128, 4, 8, 0)),
+        (2000, 1, 8, 8, (8, 32, 1, 8, 0)),
         # 128 rows: one block of 512 threads at 32 units a row holds them (the single-block kernels)
         (128, 896, 8, 8, None),
     ],
 )
 def test_cluster_geometry(rows, upr, vec, cl, want):
-    assert CC.cluster_geometry(rows, upr, vec, 132, cl=cl, nt=512, units=8) == want
+    """One config, (512, 8, 0): 512 threads x 8 units, all in shared slots."""
+    assert CC.cluster_geometry(rows, upr, vec, 132, cl=cl, configs=((512, 8, 0),)) == want
     if want is not None:
-        CL, NT, W, U = want
+        CL, NT, W, U, _ = want
         RG = NT // W
         assert CL * U * RG >= rows > CL * U * RG // 2 or RG == vec  # the least power of two that covers
         assert (W * 16 >= CC.MIN_STRIPE_BYTES or W >= upr) and W * vec <= NT and NT % 32 == 0 and RG >= vec
+
+
+@pytest.mark.parametrize(
+    "rows, upr, want",
+    [
+        # bf16 8192 x 8192: the first config, 256 threads x 16 units (10 in registers): 512
+        # rows a block, 32 at a time -> 8-unit stripes
+        (8192, 1024, (16, 256, 8, 16, 10)),
+        (4096, 896, (16, 256, 16, 16, 10)),
+        # bf16 16384 x 7168: 4-unit stripes at 256 threads; the second config, 512 x 16 (5 in
+        # registers): 1024 rows a block, 64 at a time -> 8-unit stripes
+        (16384, 896, (16, 512, 8, 16, 5)),
+        (12000, 257, (16, 512, 8, 16, 5)),
+        # twice as many rows: neither (the ring)
+        (32768, 896, None),
+        # rows one block holds: neither (the single-block kernels)
+        (128, 896, None),
+    ],
+)
+def test_cluster_geometry_configs(rows, upr, want):
+    """The default configs on a GPU (GPU_CONFIGS) tried in order, clusters of 16."""
+    assert CC.GPU_CONFIGS == ((256, 16, 10), (512, 16, 5))
+    assert CC.cluster_geometry(rows, upr, 8, 132, cl=16, configs=CC.GPU_CONFIGS) == want
 
 
 def test_cluster_size_by_sms(monkeypatch):
@@ -105,6 +129,22 @@ def test_cluster_pull_exact(cluster):
     check(x, sch, x_ref=x.astype(np.float32))
 
 
+@pytest.mark.parametrize("units, reg_units, shape", [(2, 1, (13, 200)), (3, 3, (21, 200)), (3, 1, (19, 72))])
+def test_cluster_register_units_exact(cluster, units, reg_units, shape):
+    """Units held in registers beside the shared slots (UR of a thread's U units),
+    bit for bit, with the data in partial stripes and rows."""
+    cluster.setattr(CC, "CLUSTER_CONFIGS", ((64, units, reg_units),))
+    sch = resolve_scheme("int8_column")
+    x = _column_data(shape, seed=7).astype(ml_dtypes.bfloat16)
+    plan = kq.get_plan(x.shape, 1, sch)  # (kind 1: bfloat16)
+    ((k, _, _, _),) = plan.launches
+    fn = getattr(k, "py_func", k)
+    src = fn.source
+    assert fn.__name__ == "column_cluster"
+    assert src.count("load_unit(") == 2 * reg_units and src.count("cp_async_unit(") == units - reg_units
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
 def test_cluster_off(cluster):
     """COLUMN_CLUSTER off: the register kernel again; and rows that one block holds."""
     sch = resolve_scheme("int8_column")
@@ -142,7 +182,7 @@ from nqdq.kernels._ptx_audit import _no_gpu_compile
 
 CC.CLUSTER_SIZE = 16  # (a dry run counts one SM)
 out = []
-for shape in [(8192, 8192), (4096, 7168)]:
+for shape in [(8192, 8192), (4096, 7168), (16384, 7168)]:
     for label, k, args in A._case_launches("int8_column", {}, shape, ml_dtypes.bfloat16, None, False):
         if k.py_func.__name__ != "column_cluster":
             continue
@@ -165,6 +205,7 @@ for shape in [(8192, 8192), (4096, 7168)]:
                         init_fence=body.count("fence.mbarrier_init.release.cluster"),
                         release=body.count(".release.cluster") + body.count("arrive.release"),
                         cp_async=sum(o.startswith("cp.async.cg.shared.global") for o in ops),
+                        ldg_v4=body.count("ld.global.nc.v4.u32"),
                         smem=k.nqdq_dynamic_smem, bounds=k.targetoptions.get("launch_bounds"),
                         cubin=nvjitlink.get_linked_cubin_size(h)))
 print(json.dumps(out))
@@ -172,9 +213,11 @@ print(json.dumps(out))
 
 
 def test_cluster_kernel_assembles_for_sm90():
-    """At the issue's shapes the plan takes column_cluster with clusters of 16, its units
-    staged in shared memory (8 cp.async a thread, 64 KiB a block, launch bounds of 3
-    blocks an SM). Its PTX pushes the amax words: one st.async into each of the 16 blocks
+    """At the issue's shapes the plan takes column_cluster with clusters of 16: at 8192x8192
+    and 4096x7168 the first of GPU_CONFIGS (256 threads x 16 units: 6 staged in shared
+    memory by cp.async, 24 KiB a block, and 10 loaded into registers; launch bounds of 3
+    blocks an SM), at 16384x7168 the second (512 x 16: 11 staged, 88 KiB, 5 in registers;
+    2 blocks an SM). Its PTX pushes the amax words: one st.async into each of the 16 blocks
     (two mapa each: the word's and the mbarrier's address), one acquire wait on its own
     mbarrier at cluster scope, and no cluster-scope release but the mbarrier's init fence
     (ptxas makes a release a MEMBAR.GPU): one relaxed arrival and one acquire wait at the
@@ -182,9 +225,10 @@ def test_cluster_kernel_assembles_for_sm90():
     from test_mma import _compile_rows
 
     rows = _compile_rows(_CLUSTER_PTX_SCRIPT)
-    assert len(rows) == 2, rows
-    for r in rows:
-        assert r["cluster"] == 16 and r["smem"] == 512 * 8 * 16 and r["bounds"] == [512, 3], r
+    assert [r["shape"] for r in rows] == [[8192, 8192], [4096, 7168], [16384, 7168]], rows
+    for r, (nt, staged, regs, bps) in zip(rows, [(256, 6, 10, 3), (256, 6, 10, 3), (512, 11, 5, 2)]):
+        assert r["cluster"] == 16 and r["smem"] == nt * staged * 16 and r["bounds"] == [nt, bps], r
         assert r["arrive"] == ["barrier.cluster.arrive.relaxed"] and r["wait"] == ["barrier.cluster.wait.acquire"], r
         assert r["st_async"] == 16 and r["mapa"] == 32 and r["ld_cluster"] == 0 and r["try_wait"] >= 1, r
-        assert r["init_fence"] == 1 and r["release"] == 1 and r["cp_async"] == 8 and r["cubin"] > 0, r
+        assert r["init_fence"] == 1 and r["release"] == 1 and r["cp_async"] == staged and r["cubin"] > 0, r
+        assert r["ldg_v4"] == regs, r

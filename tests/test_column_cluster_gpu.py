@@ -1,7 +1,7 @@
 """The thread-block-cluster kernel of per-channel scales (``_column_cluster.column_cluster``)
-on a real GPU (sm_90+): clusters of 8 blocks that combine a stripe's amax through each
-other's shared memory, bit for bit against the NumPy reference at the issue's shapes and
-odd ones (partial stripes, rows that fill no block, every input dtype), NaN / inf / zero
+on a real GPU (sm_90+): clusters of 16 blocks (8 on GPUs of fewer SMs) that combine a
+stripe's amax through each other's shared memory, in both of GPU_CONFIGS, bit for bit
+against the NumPy reference at the issue's shapes and odd ones (partial stripes, rows that fill no block, every input dtype), NaN / inf / zero
 channels, fp8 and packed 4-bit codes, an unaligned input, the launch outside the CuPy
 runner (``FastKernel.launch``), repeated calls and a captured CUDA graph.
 
@@ -72,6 +72,8 @@ def _channels(shape, dtype, seed):
     "shape, dtype",
     [
         ((8192, 8192), ml_dtypes.bfloat16),  # the issue's: 8-unit stripes, 512 rows a block (16 blocks)
+        ((16384, 7168), ml_dtypes.bfloat16),  # the issue's: the second config, 1024 rows a block
+        ((12000, 2056), ml_dtypes.bfloat16),  # the second config; rows fill no block, the last stripe 1 unit
         ((8000, 7168), ml_dtypes.bfloat16),  # rows that fill no block
         ((1000, 4104), ml_dtypes.bfloat16),  # 513 units: the last stripe partial; rows fill no block
         ((3000, 4000), np.float32),  # f32: 4 channels a unit

@@ -5,8 +5,10 @@ no workspace, no counters and no wait on any block outside the cluster.
 
 Block ``rank`` of a stripe's cluster holds rows ``rank * R .. rank * R + R - 1`` (R = U *
 RG, RG = NT / W rows at a time): thread t takes unit column ``t % W`` of rows ``rank * R +
-t // W + i * RG``, i < U, staged in the block's shared memory by ``cp.async`` (a thread's
-own slots: its wait makes them visible to it). While the loads fly, thread 0 sets up the
+t // W + i * RG``, i < U: its first U - UR units staged in the block's shared memory by
+``cp.async`` (a thread's own slots: its wait makes them visible to it), the last UR loaded
+into registers (so that a block holds 512 or 1024 rows of a 128-byte stripe at 3 or 2
+blocks an SM: ``GPU_CONFIGS``). While the loads fly, thread 0 sets up the
 block's mbarrier for CL * 4W words and a cluster barrier (relaxed arrival, acquire wait)
 makes every block's mbarrier ready before anyone stores into it. Then each block
 
@@ -19,7 +21,7 @@ makes every block's mbarrier ready before anyone stores into it. Then each block
 3. one thread a channel combines that channel's word of the CL blocks, computes the scale
    as ``finalize`` does and its reciprocal (``channel_scale``; rank 0 writes the stripe's
    scales), then a block barrier;
-4. encodes its units from shared memory as ``_column_ring`` does (the reciprocal encoder
+4. encodes its units from shared memory and registers as ``_column_ring`` does (the reciprocal encoder
    straight-line where every scale of its channels has one and all U units are inside the
    data) and writes the codes. A block exits only after every store into it has landed,
    and nobody reads its memory, so it needs no barrier before it exits.
@@ -63,22 +65,37 @@ from ._ptx import (
     array_addr, as_u16, as_u32, cluster_arrive, cluster_arrive_relaxed, cluster_wait, fp8_cvt_available,
     fp8_cvt_supports, ld_cluster_u32, mbar_init_tx, mbar_wait0, st_async_u32, u16x2_max,
 )  # fmt: skip
-from ._rowwise_kernels import unit_elems, vec_of
+from ._rowwise_kernels import load_unit, unit_elems, vec_of
 from ._target import SIMULATOR, devfn, device_cc
 
 
+# (NT, U, UR) tried in order by cluster_geometry: NT threads a block, U 16-byte units a
+# thread, UR of them in registers and U - UR in shared slots (cp.async). The first whose
+# stripes are wide enough (MIN_STRIPE_BYTES) takes the shape. H100, bf16 int8_column, clusters
+# of 16, 2026-11-26 21:30-21:50 UTC (docs/performance.md "Twentieth session"), % of copy:
+# * (256, 16, 10): 24 KiB shared + 40 registers of data a thread, 3 blocks an SM: 8192x8192
+#   88.8 %, 4096x7168 84.9 % (UR 8: 87.8 / 84.5 %; UR 0, all shared: 85.0 / 80.3 %; the
+#   previous (512, 8, 0): 85.0 / 79.5 %);
+# * (512, 16, 5), for up to twice the rows (16384x7168: 128-byte stripes of 1024 rows a
+#   block, 88 KiB shared, 2 blocks an SM): 83.6 % (UR 4: 83.1 %; the ring: 76.5 %).
+GPU_CONFIGS = ((256, 16, 10), (512, 16, 5))
+
+
 def _env_geometry():
-    """(CL, NT, U) from NQDQ_COLUMN_CLUSTER_GEOMETRY ("CL,NT,U", CL 0: by the SM count; A/B
-    on a GPU; read at import)."""
-    v = os.environ.get("NQDQ_COLUMN_CLUSTER_GEOMETRY", "0,512,8")
-    CL, NT, U = (int(p) for p in v.split(","))
-    if not (0 <= CL <= 16 and NT in (64, 128, 256, 512, 1024) and 1 <= U <= 16):
+    """(CL, configs) from NQDQ_COLUMN_CLUSTER_GEOMETRY ("CL,NT,U,UR": one config; CL 0: by
+    the SM count; A/B on a GPU; read at import)."""
+    v = os.environ.get("NQDQ_COLUMN_CLUSTER_GEOMETRY")
+    if not v:
+        return 0, GPU_CONFIGS
+    CL, NT, U, UR = (int(p) for p in (v + ",0").split(",")[:4])
+    if not (0 <= CL <= 16 and NT in (64, 128, 256, 512, 1024) and 1 <= U <= 16 and 0 <= UR <= U):
         raise ValueError(f"NQDQ_COLUMN_CLUSTER_GEOMETRY={v!r}: need CL 0 .. 16, NT a power of two 64 .. 1024, "
-                         "U 1 .. 16")
-    return CL, NT, U
+                         "U 1 .. 16, UR 0 .. U")
+    return CL, ((NT, U, UR),)
 
 
-CLUSTER_SIZE, CLUSTER_THREADS, CLUSTER_UNITS = (1, 64, 2) if SIMULATOR else _env_geometry()
+# the simulator: clusters of one block, 64 threads x 2 units in shared slots
+CLUSTER_SIZE, CLUSTER_CONFIGS = (1, ((64, 2, 0),)) if SIMULATOR else _env_geometry()
 # a row's share of a stripe at least this many bytes: DRAM reads 32- and 64-byte pieces of
 # rows 16 KiB apart poorly (H100, bf16 int8_column, clusters of 8 or 16, registers: 8192x8192
 # 32-byte shares 34 % of copy, 64-byte 71 %, 128-byte 78 %; 16384x7168 64-byte shares 67-71 %
@@ -143,9 +160,9 @@ def column_cluster(x, rows, upr, C, scales, codes):
     g = np.int64(r0) * upr + uc
     ustep = np.int64(RG) * upr  # units between a thread's rows
     if (array_addr(x) & 15) == 0:
-        cp_async_unit(ring, sb, (t + {i} * NT) * 4, x32, (g + {i} * ustep) * 4, {i} < nv)  #U
+        LOAD_A{i}  #U
     else:
-        stage_sync(ring, (t + {i} * NT) * 4, x, x32, g + {i} * ustep, {i} < nv, kind)  #U
+        LOAD_U{i}  #U
     commit()
     if PUSH:  # while the loads fly: every block's mbarrier set up before any block stores into it
         if t == 0:
@@ -155,7 +172,7 @@ def column_cluster(x, rows, upr, C, scales, codes):
     wait_all()  # (a thread reads only its own slots: its wait makes them visible to it)
     z = np.int32(0)
     m = (z, z, z, z, z, z, z, z)
-    m = word_max(m, ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4), kind)  #U
+    m = word_max(m, SLOT{i}, kind)  #U
     q0 = np.uint32(m[0])
     q1 = np.uint32(m[Q1])  # (16-bit kinds: word k in m[2k] and m[2k + 1])
     q2 = np.uint32(m[Q2])
@@ -201,23 +218,24 @@ def column_cluster(x, rows, upr, C, scales, codes):
         cluster_arrive_relaxed()  # this block has read the others' bam (its loads consumed: no fence)
     sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
     if okr and nv == U:  # every unit inside, every scale with a reciprocal: one basic block
-        encode_unit_cols_r(unit_elems(ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4), kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
+        encode_unit_cols_r(unit_elems(SLOT{i}, kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
     elif okr:
-        if {i} < nv: encode_unit_cols_r(unit_elems(ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4), kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
+        if {i} < nv: encode_unit_cols_r(unit_elems(SLOT{i}, kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
     else:  # a NaN / inf in a channel, a zero or out-of-range scale: the general encode
-        if {i} < nv: encode_unit_cols(unit_elems(ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4), kind), sv, ok, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB)  #U
+        if {i} < nv: encode_unit_cols(unit_elems(SLOT{i}, kind), sv, ok, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB)  #U
     if not PUSH:
         cluster_wait()  # no block's bam goes while another may read it
 """
 
 
 @lru_cache(maxsize=None)
-def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, push=None, shfl=None):
+def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, push=None, shfl=None, UR=0):
     """``column_cluster`` for clusters of CL blocks of NT threads, stripes W units wide, U
-    units a thread (R = U * NT / W rows a block), staged in shared memory by cp.async; the
-    kernel carries its cluster size (``launch.cluster_size``) and its dynamic shared memory
-    (``launch.dynamic_smem``); launch bounds of as many blocks an SM as that memory allows
-    (3 of 512 threads x 8 units). ``push``: the amax words by ``st.async`` into every
+    units a thread (R = U * NT / W rows a block), U - UR of them staged in shared memory by
+    cp.async and UR loaded into registers; the kernel carries its cluster size
+    (``launch.cluster_size``) and its dynamic shared memory (``launch.dynamic_smem``);
+    launch bounds of as many blocks an SM as that memory and the registers allow (3 of 256
+    threads x (6 + 10) units, 2 of 512 x (11 + 5)). ``push``: the amax words by ``st.async`` into every
     block's mbarrier-counted buffer (default CLUSTER_PUSH), else read from each block by
     ``ld.shared::cluster`` between cluster barriers. ``shfl``: warp shuffles (default: on a
     GPU; the simulator has none)."""
@@ -235,17 +253,35 @@ def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, push=N
         NOCLIP=rint_in_range(fmt, F32(max_elem)), u32=types.uint32, u64=types.uint64,
         commit=cp_async_commit, wait_all=cp_async_wait(0),
     )  # fmt: skip
-    src = _expand(_SRC, U) + "\n"
+    src = _units(_expand(_SRC, U), U, U - UR) + "\n"
     glb = dict(globals())
     glb.update(ns)
     exec(compile(src, f"<nqdq column_cluster CL={CL} NT={NT} W={W} U={U} push={push}>", "exec"), glb)
     fn = glb["column_cluster"]
     fn.source = src
-    bps = max(1, min(2048 // NT, SMEM_PER_SM // (slot_bytes(NT, U) + 4096)))
+    # blocks an SM: as many as the shared slots allow, and the registers (about 40 a thread
+    # and 4 a register unit)
+    bps = max(1, min(2048 // NT, SMEM_PER_SM // (slot_bytes(NT, U - UR) + 4096), 65536 // (NT * (40 + 4 * UR))))
     k = cuda.jit(fn) if SIMULATOR else cuda.jit(fn, launch_bounds=(NT, bps))
     k.nqdq_cluster = CL
-    k.nqdq_dynamic_smem = slot_bytes(NT, U)
+    k.nqdq_dynamic_smem = slot_bytes(NT, U - UR)
     return k
+
+
+def _units(src, U, US):
+    """A thread's units 0 .. US - 1 in the block's shared slots (cp.async; "SLOT{i}" a load
+    of the slot), US .. U - 1 in registers w{i} (ld.global)."""
+    for i in range(U):
+        if i < US:
+            a = f"cp_async_unit(ring, sb, (t + {i} * NT) * 4, x32, (g + {i} * ustep) * 4, {i} < nv)"
+            u = f"stage_sync(ring, (t + {i} * NT) * 4, x, x32, g + {i} * ustep, {i} < nv, kind)"
+            v = f"ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4)"
+        else:
+            a = f"w{i} = load_unit(x, x32, True, g + {i} * ustep, {i} < nv, kind)"
+            u = f"w{i} = load_unit(x, x32, False, g + {i} * ustep, {i} < nv, kind)"
+            v = f"w{i}"
+        src = src.replace(f"LOAD_A{i}\n", a + "\n").replace(f"LOAD_U{i}\n", u + "\n").replace(f"SLOT{i},", v + ",")
+    return src
 
 
 def slot_bytes(NT, U):
@@ -263,26 +299,27 @@ def available() -> bool:
     return cc is not None and cc >= (9, 0)
 
 
-def cluster_geometry(rows, upr, vec, sms, cl=None, nt=None, units=None):
-    """(CL, NT, W, U) of ``column_cluster`` for ``rows`` rows of ``upr`` 16-byte units, or
-    None where it does not apply: a block of NT threads takes RG = NT / W rows at a time,
-    U of them, so the cluster's CL blocks hold CL * U * RG >= rows; RG is the least power
-    of two that covers, but at least ``vec`` (so that the block's RG * W threads are as many
-    as its W * vec channels: a thread computes each scale), and W = NT / RG (at most 32, and
-    no wider than the row needs). None where W would cut a row into pieces of less than
-    MIN_STRIPE_BYTES (too many rows: the ring takes them), and where one block of the
-    widest stripes already holds every row (the single-block kernels take those). ``sms``:
-    the SM count (``cluster_size_for``)."""
+def cluster_geometry(rows, upr, vec, sms, cl=None, configs=None):
+    """(CL, NT, W, U, UR) of ``column_cluster`` for ``rows`` rows of ``upr`` 16-byte units,
+    from the first of ``configs`` (default CLUSTER_CONFIGS: (NT, U, UR) each) that applies,
+    or None where none does. A block of NT threads takes RG = NT / W rows at a time, U of
+    them, so the cluster's CL blocks hold CL * U * RG >= rows; RG is the least power of two
+    that covers, but at least ``vec`` (so that the block's RG * W threads are as many as its
+    W * vec channels: a thread computes each scale), and W = NT / RG (at most 32, and no
+    wider than the row needs); the NT returned is RG * W. A config does not apply where W
+    would cut a row into pieces of less than MIN_STRIPE_BYTES (too many rows: the next
+    config, else the ring), nor where one block of the widest stripes already holds every
+    row (the single-block kernels take those). ``sms``: the SM count (``cluster_size_for``)."""
     CL = cl or cluster_size_for(sms)
-    NT = nt or CLUSTER_THREADS
-    U = units or CLUSTER_UNITS
-    if rows <= U * (NT // 32):
-        return None
-    RG = max(1 << max(-(-rows // (CL * U)) - 1, 0).bit_length(), vec)
-    W = min(NT // RG, 32, 1 << max(upr - 1, 0).bit_length())
-    if (W * 16 < MIN_STRIPE_BYTES and W < upr) or RG * W < 32:
-        return None
-    return CL, RG * W, W, U
+    for NT, U, UR in configs or CLUSTER_CONFIGS:
+        if rows <= U * (NT // 32):
+            return None
+        RG = max(1 << max(-(-rows // (CL * U)) - 1, 0).bit_length(), vec)
+        W = min(NT // RG, 32, 1 << max(upr - 1, 0).bit_length())
+        if (W * 16 < MIN_STRIPE_BYTES and W < upr) or RG * W < 32:
+            continue
+        return CL, RG * W, W, U, UR
+    return None
 
 
 def cluster_launch(kind, fmt, max_elem, packed, rows, C, sms, x, scales, codes):
@@ -293,6 +330,6 @@ def cluster_launch(kind, fmt, max_elem, packed, rows, C, sms, x, scales, codes):
     g = cluster_geometry(rows, upr, vec, sms)
     if g is None:
         return None
-    CL, NT, W, U = g
-    k = make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, CLUSTER_PUSH)
+    CL, NT, W, U, UR = g
+    k = make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, CLUSTER_PUSH, None, UR)
     return (k, -(-upr // W) * CL, NT, (x, rows, upr, C, scales, codes))
