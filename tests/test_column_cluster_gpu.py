@@ -27,7 +27,7 @@ from nqdq.reference import quantize as ref  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
 from test_column_onepass import _column_data  # noqa: E402
-from test_column_onepass_gpu import check_calls_and_graph  # noqa: E402
+from test_column_onepass_gpu import check_calls_and_graph, check_unaligned  # noqa: E402
 from test_kernels import _KINDS as _KIND  # noqa: E402
 from test_kernels_gpu import check_gpu  # noqa: E402
 
@@ -107,12 +107,7 @@ def test_cluster_unaligned_input(cluster):
     sch = resolve_scheme("int8_column")
     shape = (3000, 1024)
     _taken(shape, ml_dtypes.bfloat16, sch)
-    x = _channels(shape, ml_dtypes.bfloat16, 11)
-    buf = cp.empty(x.size + 1, cp.uint16)
-    buf[1:] = cp.asarray(x.view(np.uint16).reshape(-1))
-    xd = buf[1:].reshape(shape)
-    assert xd.data.ptr % 16 == 2
-    check_gpu(x, sch, dtype="bfloat16", x_dev=xd)
+    check_unaligned(_channels(shape, ml_dtypes.bfloat16, 11), sch)
 
 
 def test_cluster_numpy_device_cuda(cluster):

@@ -115,10 +115,15 @@ def test_ring_unaligned_input(onepass, name):
     plan = kq.get_plan(shape, _KIND[ml_dtypes.bfloat16], sch)
     assert [k.py_func.__name__ for k, _, _, _ in plan.launches] == ["column_ring"]
     assert plan.launches[0][3][4] > 1  # P
-    x = _column_data(shape, seed=11).astype(ml_dtypes.bfloat16)
+    check_unaligned(_column_data(shape, seed=11).astype(ml_dtypes.bfloat16), sch)
+
+
+def check_unaligned(x, sch):
+    """check_gpu of bf16 ``x`` given as the device view 2 bytes past a 16-byte boundary (a
+    flat buffer's [1:], reshaped)."""
     buf = cp.empty(x.size + 1, cp.uint16)
     buf[1:] = cp.asarray(x.view(np.uint16).reshape(-1))
-    xd = buf[1:].reshape(shape)
+    xd = buf[1:].reshape(x.shape)
     assert xd.data.ptr % 16 == 2
     check_gpu(x, sch, dtype="bfloat16", x_dev=xd)
 
