@@ -56,9 +56,9 @@ from numba import cuda, types
 
 from ._codec import F32, KIND_F32
 from ._column_kernels import (
-    _expand, amax_bits, channel_scale, encode_unit_cols, encode_unit_cols_r, rint_in_range, unit_col_scales, word_max,
+    SMEM_PER_SM, _expand, amax_bits, channel_scale, encode_unit_cols, encode_unit_cols_r, rint_in_range, stage_sync,
+    unit_col_scales, units_inside, word_max,
 )  # fmt: skip
-from ._column_ring import SMEM_PER_SM, stage_sync, units_inside
 from ._division import RECIP_DIV
 from ._mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, smem_addr
 from ._ptx import (

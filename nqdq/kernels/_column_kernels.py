@@ -424,6 +424,31 @@ def onepass_launches(kind, fmt, max_elem, packed, rows, C, sms, p_max, force_syn
     return [(k, S * P, NT, (x, rows, upr, C, W, P, S, onepass_ahead(sms), ws, scales, codes))]
 
 
+SMEM_PER_SM = 228 * 1024  # H100 / H200: shared memory an SM holds
+
+
+@devfn
+def units_inside(rows, r0, uc, upr, log_rg, U):
+    """How many of a thread's U units of an item lie inside the data: those of rows r0, r0 +
+    RG, ... (RG = 2^log_rg) below ``rows``; none where its unit column uc is past the row's
+    ``upr`` units. The loads (the rest of a shared slot gets zeros) and the encode stores
+    exactly these (``_column_ring``, ``_column_cluster``)."""
+    if uc >= upr:
+        return np.int32(0)
+    return np.int32(min(max(rows - r0 + ((1 << log_rg) - 1), 0) >> log_rg, U))
+
+
+@devfn
+def stage_sync(ring, si, x, x32, u, ok, kind):
+    """Unaligned input: unit ``u`` loaded (element by element) and stored into the shared
+    slot at word ``si`` (where an aligned input's unit goes by cp.async)."""
+    w = load_unit(x, x32, False, u, ok, kind)
+    ring[si] = w[0]
+    ring[si + 1] = w[1]
+    ring[si + 2] = w[2]
+    ring[si + 3] = w[3]
+
+
 @devfn
 def word_max(a, w, kind):
     """Running per-channel max of |x|'s bits in the input's own width, straight from a unit's

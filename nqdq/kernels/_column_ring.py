@@ -73,12 +73,13 @@ from numba import cuda, types
 from ._codec import F32
 from ._column_kernels import (
     _SLEEP, _SLEEP_MAX_NS, _expand, amax_bits, channel_scale, encode_unit_cols, encode_unit_cols_r,
-    onepass_workspace_words, rint_in_range, stripe_widths, unit_col_scales, word_max,
+    SMEM_PER_SM, onepass_workspace_words, rint_in_range, stage_sync, stripe_widths, unit_col_scales, units_inside,
+    word_max,
 )  # fmt: skip
 from ._division import RECIP_DIV
 from ._mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, smem_addr
 from ._ptx import array_addr, as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports, load_acquire_i32, load_relaxed_i32
-from ._rowwise_kernels import load_unit, unit_elems, vec_of
+from ._rowwise_kernels import unit_elems, vec_of
 from ._target import SIMULATOR, devfn
 
 
@@ -97,7 +98,6 @@ RING_P_MAX = 256  # chunks per stripe at most (and at most the resident blocks)
 RING_FORCE_WAIT = False  # tests: step 4's wait path on every item
 RING_RELAXED = True  # counters and amaxes read by ld.relaxed.gpu (False: by atomics; A/B)
 RING_WHOLE = True  # a whole item's units encoded straight-line (no branch between units; A/B)
-SMEM_PER_SM = 228 * 1024  # H100 / H200: shared memory an SM holds
 SMEM_RESERVED = 1024  # per resident block (the driver's)
 
 
@@ -169,27 +169,6 @@ def divp(a, pinv):
     2^32 / P + e, 0 <= e < 1, a * pinv / 2^32 = a / P + a * e / 2^32, and a * e / 2^32 < 2^-8
     <= 1 / P, so the floor is that of a / P (a multiply and a shift instead of a division)."""
     return np.int64((np.uint64(a) * np.uint64(pinv)) >> np.uint64(32))
-
-
-@devfn
-def units_inside(rows, r0, uc, upr, log_rg, U):
-    """How many of a thread's U units of an item lie inside the data: those of rows r0, r0 +
-    RG, ... (RG = 2^log_rg) below ``rows``; none where its unit column uc is past the row's
-    ``upr`` units. The stage loads (the rest of the slot gets zeros) and the encode stores
-    exactly these."""
-    if uc >= upr:
-        return np.int32(0)
-    return np.int32(min(max(rows - r0 + ((1 << log_rg) - 1), 0) >> log_rg, U))
-
-
-@devfn
-def stage_sync(ring, si, x, x32, u, ok, kind):
-    """Unaligned input: unit ``u`` loaded (element by element) and stored into the ring."""
-    w = load_unit(x, x32, False, u, ok, kind)
-    ring[si] = w[0]
-    ring[si + 1] = w[1]
-    ring[si + 2] = w[2]
-    ring[si + 3] = w[3]
 
 
 _RING_SRC = """
