@@ -1,9 +1,10 @@
 """The thread-block-cluster kernel of per-channel scales (``_column_cluster.column_cluster``)
 on a real GPU (sm_90+): clusters of 16 blocks (8 on GPUs of fewer SMs) that combine a
 stripe's amax through each other's shared memory, in both of GPU_CONFIGS, bit for bit
-against the NumPy reference at the issue's shapes and odd ones (partial stripes, rows that fill no block, every input dtype), NaN / inf / zero
-channels, fp8 and packed 4-bit codes, an unaligned input, the launch outside the CuPy
-runner (``FastKernel.launch``), repeated calls and a captured CUDA graph.
+against the NumPy reference at the issue's shapes and odd ones (partial stripes, rows that
+fill no block, every input dtype), NaN / inf / zero channels, fp8 and packed 4-bit codes,
+an unaligned input, the launch outside the CuPy runner (``FastKernel.launch``), repeated
+calls and a captured CUDA graph.
 
 Runs only with NQDQ_TEST_GPU=1 on a machine with a CUDA GPU and CuPy (``pytest -m gpu``).
 """

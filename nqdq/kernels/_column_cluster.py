@@ -8,9 +8,9 @@ RG, RG = NT / W rows at a time): thread t takes unit column ``t % W`` of rows ``
 t // W + i * RG``, i < U: its first U - UR units staged in the block's shared memory by
 ``cp.async`` (a thread's own slots: its wait makes them visible to it), the last UR loaded
 into registers (so that a block holds 512 or 1024 rows of a 128-byte stripe at 3 or 2
-blocks an SM: ``GPU_CONFIGS``). While the loads fly, thread 0 sets up the
-block's mbarrier for CL * 4W words and a cluster barrier (relaxed arrival, acquire wait)
-makes every block's mbarrier ready before anyone stores into it. Then each block
+blocks an SM: ``GPU_CONFIGS``). While the loads fly, thread 0 sets up the block's mbarrier
+for CL * 4W words and a cluster barrier (relaxed arrival, acquire wait) makes every
+block's mbarrier ready before anyone stores into it. Then each block
 
 1. keeps the per-channel max of |x| in the input's own width (``word_max``: four words a
    thread), combines it over the lanes of its unit column (butterfly) and over the warps
@@ -21,9 +21,9 @@ makes every block's mbarrier ready before anyone stores into it. Then each block
 3. one thread a channel combines that channel's word of the CL blocks, computes the scale
    as ``finalize`` does and its reciprocal (``channel_scale``; rank 0 writes the stripe's
    scales), then a block barrier;
-4. encodes its units from shared memory and registers as ``_column_ring`` does (the reciprocal encoder
-   straight-line where every scale of its channels has one and all U units are inside the
-   data) and writes the codes. A block exits only after every store into it has landed,
+4. encodes its units from shared memory and registers as ``_column_ring`` does (the
+   reciprocal encoder straight-line where every scale of its channels has one and all U
+   units are inside the data) and writes the codes. A block exits only after every store into it has landed,
    and nobody reads its memory, so it needs no barrier before it exits.
 
 ``CLUSTER_PUSH`` off: the pull form instead, where each block's words stay in its own
@@ -99,8 +99,8 @@ CLUSTER_SIZE, CLUSTER_CONFIGS = (1, ((64, 2, 0),)) if SIMULATOR else _env_geomet
 # a row's share of a stripe at least this many bytes: DRAM reads 32- and 64-byte pieces of
 # rows 16 KiB apart poorly (H100, bf16 int8_column, clusters of 8 or 16, registers: 8192x8192
 # 32-byte shares 34 % of copy, 64-byte 71 %, 128-byte 78 %; 16384x7168 64-byte shares 67-71 %
-# against the ring's 76 %: docs/performance.md "Nineteenth session"), so the taller inputs
-# go to the ring
+# against the ring's 76 %: docs/performance.md "Nineteenth session"), so cluster_geometry
+# passes over a config that would cut rows finer (the next config, else the ring)
 MIN_STRIPE_BYTES = int(os.environ.get("NQDQ_COLUMN_CLUSTER_MIN_BYTES", "128"))
 # the amax words pushed by st.async into mbarrier-counted buffers (else read remotely
 # between cluster barriers, whose release is a MEMBAR.GPU; NQDQ_COLUMN_CLUSTER_PUSH=0: A/B)
@@ -235,10 +235,10 @@ def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, push=N
     cp.async and UR loaded into registers; the kernel carries its cluster size
     (``launch.cluster_size``) and its dynamic shared memory (``launch.dynamic_smem``);
     launch bounds of as many blocks an SM as that memory and the registers allow (3 of 256
-    threads x (6 + 10) units, 2 of 512 x (11 + 5)). ``push``: the amax words by ``st.async`` into every
-    block's mbarrier-counted buffer (default CLUSTER_PUSH), else read from each block by
-    ``ld.shared::cluster`` between cluster barriers. ``shfl``: warp shuffles (default: on a
-    GPU; the simulator has none)."""
+    threads x (6 + 10) units, 2 of 512 x (11 + 5)). ``push``: the amax words by ``st.async``
+    into every block's mbarrier-counted buffer (default CLUSTER_PUSH), else read from each
+    block by ``ld.shared::cluster`` between cluster barriers. ``shfl``: warp shuffles
+    (default: on a GPU; the simulator has none)."""
     assert NT % 32 == 0 and 1 <= W <= 32 and W & (W - 1) == 0 and NT % W == 0
     vec = vec_of(kind)
     RG = NT // W
@@ -301,8 +301,9 @@ def available() -> bool:
 
 def cluster_geometry(rows, upr, vec, sms, cl=None, configs=None):
     """(CL, NT, W, U, UR) of ``column_cluster`` for ``rows`` rows of ``upr`` 16-byte units,
-    from the first of ``configs`` (default CLUSTER_CONFIGS: (NT, U, UR) each) that applies,
-    or None where none does. A block of NT threads takes RG = NT / W rows at a time, U of
+    from the first of ``configs`` ((NT, U, UR) each; default CLUSTER_CONFIGS: GPU_CONFIGS on
+    a GPU unless NQDQ_COLUMN_CLUSTER_GEOMETRY names one) that applies, or None where none
+    does. A block of NT threads takes RG = NT / W rows at a time, U of
     them, so the cluster's CL blocks hold CL * U * RG >= rows; RG is the least power of two
     that covers, but at least ``vec`` (so that the block's RG * W threads are as many as its
     W * vec channels: a thread computes each scale), and W = NT / RG (at most 32, and no
@@ -331,5 +332,5 @@ def cluster_launch(kind, fmt, max_elem, packed, rows, C, sms, x, scales, codes):
     if g is None:
         return None
     CL, NT, W, U, UR = g
-    k = make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, CLUSTER_PUSH, None, UR)
+    k = make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, CLUSTER_PUSH, UR=UR)
     return (k, -(-upr // W) * CL, NT, (x, rows, upr, C, scales, codes))
