@@ -145,6 +145,27 @@ def test_cluster_register_units_exact(cluster, units, reg_units, shape):
     check(x, sch, x_ref=x.astype(np.float32))
 
 
+def test_cluster_units_template():
+    """The kernel template's unit tokens at U = 16 (two-digit units: SLOT1 is not a prefix
+    of SLOT10): units 0 .. 5 staged by cp.async and read from their slots, 6 .. 15 loaded
+    into registers w6 .. w15 and used by name, no token left."""
+    import re
+
+    from nqdq.kernels._column_kernels import _expand
+
+    src = CC._units(_expand(CC._SRC, 16), 16, 6)
+    assert not re.search(r"LOAD_A|LOAD_U|SLOT", src)
+    staged = sorted(int(i) for i in re.findall(r"cp_async_unit\(ring, sb, \(t \+ (\d+) \* NT\)", src))
+    assert staged == list(range(6))
+    for aligned in ("True", "False"):
+        regs = re.findall(rf"w(\d+) = load_unit\(x, x32, {aligned}, g \+ (\d+) \* ustep, (\d+) < nv", src)
+        assert regs == [(str(i),) * 3 for i in range(6, 16)]
+    words = re.findall(r"word_max\(m, (.+?), kind\)", src)
+    assert words == [f"ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4)" for i in range(6)] + [f"w{i}" for i in range(6, 16)]
+    with pytest.raises(AssertionError):  # a unit the thread does not have
+        CC._units("SLOT16,", 16, 6)
+
+
 def test_cluster_off(cluster):
     """COLUMN_CLUSTER off: the register kernel again; and rows that one block holds."""
     sch = resolve_scheme("int8_column")

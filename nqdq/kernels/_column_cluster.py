@@ -49,6 +49,7 @@ and the mbarrier wait are block barriers, the stores and loads the block's own w
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 
 import numpy as np
@@ -75,7 +76,8 @@ from ._target import SIMULATOR, devfn, device_cc
 # of 16, 2026-11-26 21:30-21:50 UTC (docs/performance.md "Twentieth session"), % of copy:
 # * (256, 16, 10): 24 KiB shared + 40 registers of data a thread, 3 blocks an SM: 8192x8192
 #   88.8 %, 4096x7168 84.9 % (UR 8: 87.8 / 84.5 %; UR 0, all shared: 85.0 / 80.3 %; the
-#   previous (512, 8, 0): 85.0 / 79.5 %);
+#   previous (512, 8, 0): 85.0 / 79.5 %; UR 4 / 5 / 6 under launch bounds of 4 blocks an SM,
+#   the rest staged: 8192x8192 85.9 / 86.7 / 84.7 %, "Twenty-first session");
 # * (512, 16, 5), for up to twice the rows (16384x7168: 128-byte stripes of 1024 rows a
 #   block, 88 KiB shared, 2 blocks an SM): 83.6 % (UR 4: 83.1 %; the ring: 76.5 %).
 GPU_CONFIGS = ((256, 16, 10), (512, 16, 5))
@@ -270,18 +272,25 @@ def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, push=N
 
 def _units(src, U, US):
     """A thread's units 0 .. US - 1 in the block's shared slots (cp.async; "SLOT{i}" a load
-    of the slot), US .. U - 1 in registers w{i} (ld.global)."""
-    for i in range(U):
+    of the slot), US .. U - 1 in registers w{i} (ld.global): each whole token LOAD_A{i},
+    LOAD_U{i} (the aligned and unaligned loads) and SLOT{i} of ``src`` replaced."""
+
+    def unit(m):
+        what, i = m.group(1), int(m.group(2))
+        assert i < U, m.group(0)
         if i < US:
-            a = f"cp_async_unit(ring, sb, (t + {i} * NT) * 4, x32, (g + {i} * ustep) * 4, {i} < nv)"
-            u = f"stage_sync(ring, (t + {i} * NT) * 4, x, x32, g + {i} * ustep, {i} < nv, kind)"
-            v = f"ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4)"
-        else:
-            a = f"w{i} = load_unit(x, x32, True, g + {i} * ustep, {i} < nv, kind)"
-            u = f"w{i} = load_unit(x, x32, False, g + {i} * ustep, {i} < nv, kind)"
-            v = f"w{i}"
-        src = src.replace(f"LOAD_A{i}\n", a + "\n").replace(f"LOAD_U{i}\n", u + "\n").replace(f"SLOT{i},", v + ",")
-    return src
+            return {
+                "LOAD_A": f"cp_async_unit(ring, sb, (t + {i} * NT) * 4, x32, (g + {i} * ustep) * 4, {i} < nv)",
+                "LOAD_U": f"stage_sync(ring, (t + {i} * NT) * 4, x, x32, g + {i} * ustep, {i} < nv, kind)",
+                "SLOT": f"ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4)",
+            }[what]
+        return {
+            "LOAD_A": f"w{i} = load_unit(x, x32, True, g + {i} * ustep, {i} < nv, kind)",
+            "LOAD_U": f"w{i} = load_unit(x, x32, False, g + {i} * ustep, {i} < nv, kind)",
+            "SLOT": f"w{i}",
+        }[what]
+
+    return re.sub(r"\b(LOAD_A|LOAD_U|SLOT)(\d+)\b", unit, src)
 
 
 def slot_bytes(NT, U):
