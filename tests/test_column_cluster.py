@@ -8,6 +8,7 @@ launch's cluster attribute. tests/test_column_cluster_gpu.py runs CL = 8 on the 
 from __future__ import annotations
 
 import ctypes
+import re
 
 import ml_dtypes
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 import nqdq.kernels._column_cluster as CC
 import nqdq.kernels.quantize as kq
 from nqdq.kernels import launch as L
+from nqdq.kernels._column_kernels import _expand
 
 from test_column_onepass import _column_data, _launched
 from test_kernels import check
@@ -149,10 +151,6 @@ def test_cluster_units_template():
     """The kernel template's unit tokens at U = 16 (two-digit units: SLOT1 is not a prefix
     of SLOT10): units 0 .. 5 staged by cp.async and read from their slots, 6 .. 15 loaded
     into registers w6 .. w15 and used by name, no token left."""
-    import re
-
-    from nqdq.kernels._column_kernels import _expand
-
     src = CC._units(_expand(CC._SRC, 16), 16, 6)
     assert not re.search(r"LOAD_A|LOAD_U|SLOT", src)
     staged = sorted(int(i) for i in re.findall(r"cp_async_unit\(ring, sb, \(t \+ (\d+) \* NT\)", src))
