@@ -76,8 +76,9 @@ from ._target import SIMULATOR, devfn, device_cc
 # of 16, 2026-11-26 21:30-21:50 UTC (docs/performance.md "Twentieth session"), % of copy:
 # * (256, 16, 10): 24 KiB shared + 40 registers of data a thread, 3 blocks an SM: 8192x8192
 #   88.8 %, 4096x7168 84.9 % (UR 8: 87.8 / 84.5 %; UR 0, all shared: 85.0 / 80.3 %; the
-#   previous (512, 8, 0): 85.0 / 79.5 %; UR 4 / 5 / 6 under launch bounds of 4 blocks an SM,
-#   the rest staged: 8192x8192 85.9 / 86.7 / 84.7 %, "Twenty-first session");
+#   previous (512, 8, 0): 85.0 / 79.5 %; 8192x8192 in the "Twenty-first session": UR 4 / 5 /
+#   6 under launch bounds of 4 blocks an SM, the rest staged, 85.9 / 86.7 / 84.7 %; UR 9, no
+#   spill, 88.1 %; UR 12 at 2 blocks an SM 86.0 %);
 # * (512, 16, 5), for up to twice the rows (16384x7168: 128-byte stripes of 1024 rows a
 #   block, 88 KiB shared, 2 blocks an SM): 83.6 % (UR 4: 83.1 %; the ring: 76.5 %).
 GPU_CONFIGS = ((256, 16, 10), (512, 16, 5))
