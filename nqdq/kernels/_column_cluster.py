@@ -23,8 +23,8 @@ block's mbarrier ready before anyone stores into it. Then each block
    scales), then a block barrier;
 4. encodes its units from shared memory and registers as ``_column_ring`` does (the
    reciprocal encoder straight-line where every scale of its channels has one and all U
-   units are inside the data) and writes the codes. A block exits only after every store into it has landed,
-   and nobody reads its memory, so it needs no barrier before it exits.
+   units are inside the data) and writes the codes. A block exits only after every store
+   into it has landed, and nobody reads its memory, so it needs no barrier before it exits.
 
 ``CLUSTER_PUSH`` off: the pull form instead, where each block's words stay in its own
 shared memory and are read by ``ld.shared::cluster`` between a release / acquire cluster
@@ -259,7 +259,7 @@ def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, push=N
     src = _units(_expand(_SRC, U), U, U - UR) + "\n"
     glb = dict(globals())
     glb.update(ns)
-    exec(compile(src, f"<nqdq column_cluster CL={CL} NT={NT} W={W} U={U} push={push}>", "exec"), glb)
+    exec(compile(src, f"<nqdq column_cluster CL={CL} NT={NT} W={W} U={U} UR={UR} push={push}>", "exec"), glb)
     fn = glb["column_cluster"]
     fn.source = src
     # blocks an SM: as many as the shared slots allow, and the registers (about 40 a thread

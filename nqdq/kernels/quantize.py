@@ -638,7 +638,8 @@ COLUMN_RING = os.environ.get("NQDQ_COLUMN_RING", "1") == "1"
 # its rows would be 64-byte pieces, 71 %). 19:25-19:28 UTC, the amax words pushed by
 # st.async (_column_cluster.CLUSTER_PUSH): 85 %. 2026-11-26 21:55-22:07 UTC, part of each
 # thread's units in registers (_column_cluster.GPU_CONFIGS): 8192x8192 89 %, 16384x7168 83 %
-# (taken from the ring), whole tensors bit-exact, 15 GPU tests passed.
+# (taken from the ring), whole tensors bit-exact; its 15 GPU tests compute-sanitizer clean
+# (2026-11-26 23:42 UTC).
 # NQDQ_COLUMN_CLUSTER=0: the ring (A/B).
 COLUMN_CLUSTER = os.environ.get("NQDQ_COLUMN_CLUSTER", "1") == "1"
 COLUMN_ONEPASS_SYNC = False
