@@ -78,9 +78,18 @@ from ._target import SIMULATOR, devfn, device_cc
 #   88.8 %, 4096x7168 84.9 % (UR 8: 87.8 / 84.5 %; UR 0, all shared: 85.0 / 80.3 %; the
 #   previous (512, 8, 0): 85.0 / 79.5 %; 8192x8192 in the "Twenty-first session": UR 4 / 5 /
 #   6 under launch bounds of 4 blocks an SM, the rest staged, 85.9 / 86.7 / 84.7 %; UR 9, no
-#   spill, 88.1 %; UR 12 at 2 blocks an SM 86.0 %);
+#   spill, 88.1 %; UR 12 at 2 blocks an SM 86.0 %; "Twenty-second session": 256-byte
+#   stripes at 2 blocks of 512 threads an SM, (512, 16, 4 / 5 / 6), 83.2 / 82.8 / 83.9 %, at
+#   1 block of 1024, (1024, 8, 2 / 4), 61 / 62 %; clusters of 8, (512, 16, 5), 84.1 %, and
+#   of 12, (512, 11, 5), 82.3 %; 4096x7168 in clusters of 8: 84.9 %);
 # * (512, 16, 5), for up to twice the rows (16384x7168: 128-byte stripes of 1024 rows a
-#   block, 88 KiB shared, 2 blocks an SM): 83.6 % (UR 4: 83.1 %; the ring: 76.5 %).
+#   block, 88 KiB shared, 2 blocks an SM): 83.6 % (UR 4: 83.1 %; the ring: 76.5 %; 64-byte
+#   stripes at 3 blocks an SM, (256, 16, 4 / 8 / 9 / 10): 68.7 / 72.9 / 73.0 / 74.2 %,
+#   "Twenty-second session").
+# A cluster that takes stripes in turn (as many clusters as are resident: 21 / 14 of 16
+# blocks by cuOccupancyMaxActiveClusters for these two configs; the next stripe's loads
+# issued after an encode) was 10-17 % slower than this kernel at every shape, and as slow
+# with one cluster a stripe, so the loop itself cost it ("Twenty-second session").
 GPU_CONFIGS = ((256, 16, 10), (512, 16, 5))
 
 
