@@ -143,7 +143,8 @@ def test_cluster_register_units_exact(cluster, units, reg_units, shape):
     fn = getattr(k, "py_func", k)
     src = fn.source
     assert fn.__name__ == "column_cluster"
-    assert src.count("load_unit(") == 2 * reg_units and src.count("cp_async_unit(") == units - reg_units
+    loads = src.count("load_unit(") + src.count("load_unit_l2_256(")  # (unaligned; aligned)
+    assert loads == 2 * reg_units and src.count("cp_async_unit(") + src.count("cp_async_unit_l2_256(") == units - reg_units
     check(x, sch, x_ref=x.astype(np.float32))
 
 
@@ -162,6 +163,31 @@ def test_cluster_units_template():
     assert words == [f"ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4)" for i in range(6)] + [f"w{i}" for i in range(6, 16)]
     with pytest.raises(AssertionError):  # a unit the thread does not have
         CC._units("SLOT16,", 16, 6)
+    # with the .L2::256B prefetch size: the aligned loads only
+    wide = CC._units(_expand(CC._SRC, 16), 16, 6, True)
+    staged = sorted(int(i) for i in re.findall(r"cp_async_unit_l2_256\(ring, sb, \(t \+ (\d+) \* NT\)", wide))
+    assert staged == list(range(6)) and "cp_async_unit(" not in wide
+    regs = re.findall(r"w(\d+) = load_unit_l2_256\(x32, g \+ (\d+) \* ustep, (\d+) < nv\)", wide)
+    assert regs == [(str(i),) * 3 for i in range(6, 16)]
+    regs = re.findall(r"w(\d+) = load_unit\(x, x32, False, g \+ (\d+) \* ustep, (\d+) < nv", wide)
+    assert regs == [(str(i),) * 3 for i in range(6, 16)] and "load_unit(x, x32, True" not in wide
+
+
+@pytest.mark.parametrize("l2", [True, False])
+def test_cluster_l2_prefetch_switch(cluster, l2):
+    """CLUSTER_L2_256 (the aligned loads with the .L2::256B prefetch size, on by default)
+    and off: the kernel built for it, bit for bit (register and staged units)."""
+    assert CC.CLUSTER_L2_256  # the default
+    cluster.setattr(CC, "CLUSTER_L2_256", l2)
+    cluster.setattr(CC, "CLUSTER_CONFIGS", ((64, 3, 1),))
+    sch = resolve_scheme("int8_column")
+    x = _column_data((21, 200), seed=9).astype(ml_dtypes.bfloat16)
+    plan = kq.get_plan(x.shape, 1, sch)  # (kind 1: bfloat16)
+    ((k, _, _, _),) = plan.launches
+    src = getattr(k, "py_func", k).source
+    assert ("cp_async_unit_l2_256(" in src and "load_unit_l2_256(" in src) is l2
+    assert ("cp_async_unit(" in src and "load_unit(x, x32, True" in src) is not l2
+    check(x, sch, x_ref=x.astype(np.float32))
 
 
 def test_cluster_off(cluster):
@@ -224,7 +250,9 @@ for shape in [(8192, 8192), (4096, 7168), (16384, 7168)]:
                         init_fence=body.count("fence.mbarrier_init.release.cluster"),
                         release=body.count(".release.cluster") + body.count("arrive.release"),
                         cp_async=sum(o.startswith("cp.async.cg.shared.global") for o in ops),
+                        cp_async_l2=sum(o == "cp.async.cg.shared.global.L2::256B" for o in ops),
                         ldg_v4=body.count("ld.global.nc.v4.u32"),
+                        ldg_v4_l2=body.count("ld.global.nc.L2::256B.v4.u32"),
                         smem=k.nqdq_dynamic_smem, bounds=k.targetoptions.get("launch_bounds"),
                         cubin=nvjitlink.get_linked_cubin_size(h)))
 print(json.dumps(out))
@@ -240,7 +268,8 @@ def test_cluster_kernel_assembles_for_sm90():
     (two mapa each: the word's and the mbarrier's address), one acquire wait on its own
     mbarrier at cluster scope, and no cluster-scope release but the mbarrier's init fence
     (ptxas makes a release a MEMBAR.GPU): one relaxed arrival and one acquire wait at the
-    start (not ``.aligned``), no remote load. ptxas assembles it."""
+    start (not ``.aligned``), no remote load. Every load of the input (cp.async and
+    ld.global.nc) carries the ``.L2::256B`` prefetch size. ptxas assembles it."""
     from test_mma import _compile_rows
 
     rows = _compile_rows(_CLUSTER_PTX_SCRIPT)
@@ -250,4 +279,4 @@ def test_cluster_kernel_assembles_for_sm90():
         assert r["arrive"] == ["barrier.cluster.arrive.relaxed"] and r["wait"] == ["barrier.cluster.wait.acquire"], r
         assert r["st_async"] == 16 and r["mapa"] == 32 and r["ld_cluster"] == 0 and r["try_wait"] >= 1, r
         assert r["init_fence"] == 1 and r["release"] == 1 and r["cp_async"] == staged and r["cubin"] > 0, r
-        assert r["ldg_v4"] == regs, r
+        assert r["cp_async_l2"] == staged and r["ldg_v4_l2"] == regs and r["ldg_v4"] == 0, r

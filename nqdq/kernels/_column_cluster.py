@@ -8,9 +8,11 @@ RG, RG = NT / W rows at a time): thread t takes unit column ``t % W`` of rows ``
 t // W + i * RG``, i < U: its first U - UR units staged in the block's shared memory by
 ``cp.async`` (a thread's own slots: its wait makes them visible to it), the last UR loaded
 into registers (so that a block holds 512 or 1024 rows of a 128-byte stripe at 3 or 2
-blocks an SM: ``GPU_CONFIGS``). While the loads fly, thread 0 sets up the block's mbarrier
-for CL * 4W words and a cluster barrier (relaxed arrival, acquire wait) makes every
-block's mbarrier ready before anyone stores into it. Then each block
+blocks an SM: ``GPU_CONFIGS``); an aligned input's loads carry the ``.L2::256B`` prefetch
+size (``CLUSTER_L2_256``: the neighbouring stripe's half of the 256 bytes comes into L2
+with them, for the cluster resident beside this one). While the loads fly, thread 0 sets
+up the block's mbarrier for CL * 4W words and a cluster barrier (relaxed arrival, acquire
+wait) makes every block's mbarrier ready before anyone stores into it. Then each block
 
 1. keeps the per-channel max of |x| in the input's own width (``word_max``: four words a
    thread), combines it over the lanes of its unit column (butterfly) and over the warps
@@ -61,10 +63,10 @@ from ._column_kernels import (
     unit_col_scales, units_inside, word_max,
 )  # fmt: skip
 from ._division import RECIP_DIV
-from ._mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, smem_addr
+from ._mma import cp_async_commit, cp_async_unit, cp_async_unit_l2_256, cp_async_wait, ld_shared_u32x4, smem_addr
 from ._ptx import (
     array_addr, as_u16, as_u32, cluster_arrive, cluster_arrive_relaxed, cluster_wait, fp8_cvt_available,
-    fp8_cvt_supports, ld_cluster_u32, mbar_init_tx, mbar_wait0, st_async_u32, u16x2_max,
+    fp8_cvt_supports, ld_cluster_u32, load_u32x4_l2_256, mbar_init_tx, mbar_wait0, st_async_u32, u16x2_max,
 )  # fmt: skip
 from ._rowwise_kernels import load_unit, unit_elems, vec_of
 from ._target import SIMULATOR, devfn, device_cc
@@ -117,6 +119,15 @@ MIN_STRIPE_BYTES = int(os.environ.get("NQDQ_COLUMN_CLUSTER_MIN_BYTES", "128"))
 # the amax words pushed by st.async into mbarrier-counted buffers (else read remotely
 # between cluster barriers, whose release is a MEMBAR.GPU; NQDQ_COLUMN_CLUSTER_PUSH=0: A/B)
 CLUSTER_PUSH = os.environ.get("NQDQ_COLUMN_CLUSTER_PUSH", "1") == "1"
+# an aligned input's loads with the ".L2::256B" prefetch size: a miss brings the 256-byte
+# piece of the row that holds the unit into L2, so the neighbouring 128-byte stripe, which
+# a cluster resident at the same time reads, arrives in one DRAM access with this one (H100,
+# bf16 int8_column, 2026-11-27 02:35-02:38 UTC, docs/performance.md "Twenty-second session":
+# 8192x8192 88.9 -> 90.5 % of copy, 16384x7168 84.0 -> 86.0 %; 4096x7168, 256-byte
+# stripes, 85.5 / 85.8 %; 64 and 128 bytes: no change; 02:55-02:58 UTC, this switch, three
+# rounds each: 88.9-89.2 -> 90.1-90.2 %, 83.7-84.1 -> 85.8-86.4 %; its GPU tests pass);
+# NQDQ_COLUMN_CLUSTER_L2_256=0: A/B
+CLUSTER_L2_256 = os.environ.get("NQDQ_COLUMN_CLUSTER_L2_256", "1") == "1"
 
 
 def cluster_size_for(sms):
@@ -146,6 +157,16 @@ def xor_comb(v, off, shfl, scratch, t, kind):
     scratch[t] = v
     cuda.syncthreads()
     return comb(v, scratch[t ^ off], kind)
+
+
+@devfn
+def load_unit_l2_256(x32, unit, valid):
+    """``load_unit`` of an aligned input (16-byte unit ``unit`` of the word view ``x32``;
+    zeros where not ``valid``) with the ``.L2::256B`` prefetch size."""
+    z = np.uint32(0)
+    if not valid:
+        return z, z, z, z
+    return load_u32x4_l2_256(x32, unit)
 
 
 _SRC = """
@@ -241,7 +262,7 @@ def column_cluster(x, rows, upr, C, scales, codes):
 
 
 @lru_cache(maxsize=None)
-def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, push=None, shfl=None, UR=0):
+def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, push=None, shfl=None, UR=0, l2=None):
     """``column_cluster`` for clusters of CL blocks of NT threads, stripes W units wide, U
     units a thread (R = U * NT / W rows a block), U - UR of them staged in shared memory by
     cp.async and UR loaded into registers; the kernel carries its cluster size
@@ -250,12 +271,14 @@ def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, push=N
     threads x (6 + 10) units, 2 of 512 x (11 + 5)). ``push``: the amax words by ``st.async``
     into every block's mbarrier-counted buffer (default CLUSTER_PUSH), else read from each
     block by ``ld.shared::cluster`` between cluster barriers. ``shfl``: warp shuffles
-    (default: on a GPU; the simulator has none)."""
+    (default: on a GPU; the simulator has none). ``l2``: an aligned input's loads with the
+    ``.L2::256B`` prefetch size (default CLUSTER_L2_256)."""
     assert NT % 32 == 0 and 1 <= W <= 32 and W & (W - 1) == 0 and NT % W == 0
     vec = vec_of(kind)
     RG = NT // W
     shfl_on = (not SIMULATOR) if shfl is None else shfl
     push = CLUSTER_PUSH if push is None else push
+    l2 = CLUSTER_L2_256 if l2 is None else l2
     ns = dict(
         kind=kind, fmt=fmt, CL=CL, NT=NT, W=W, RG=RG, LOG_RG=RG.bit_length() - 1, U=U, VEC=vec, CH=W * vec,
         Q1=1 if vec == 4 else 2, Q2=2 if vec == 4 else 4, Q3=3 if vec == 4 else 6,
@@ -265,10 +288,10 @@ def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, push=N
         NOCLIP=rint_in_range(fmt, F32(max_elem)), u32=types.uint32, u64=types.uint64,
         commit=cp_async_commit, wait_all=cp_async_wait(0),
     )  # fmt: skip
-    src = _units(_expand(_SRC, U), U, U - UR) + "\n"
+    src = _units(_expand(_SRC, U), U, U - UR, l2) + "\n"
     glb = dict(globals())
     glb.update(ns)
-    exec(compile(src, f"<nqdq column_cluster CL={CL} NT={NT} W={W} U={U} UR={UR} push={push}>", "exec"), glb)
+    exec(compile(src, f"<nqdq column_cluster CL={CL} NT={NT} W={W} U={U} UR={UR} push={push} l2={l2}>", "exec"), glb)
     fn = glb["column_cluster"]
     fn.source = src
     # blocks an SM: as many as the shared slots allow, and the registers (about 40 a thread
@@ -280,22 +303,25 @@ def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, push=N
     return k
 
 
-def _units(src, U, US):
+def _units(src, U, US, l2=False):
     """A thread's units 0 .. US - 1 in the block's shared slots (cp.async; "SLOT{i}" a load
     of the slot), US .. U - 1 in registers w{i} (ld.global): each whole token LOAD_A{i},
-    LOAD_U{i} (the aligned and unaligned loads) and SLOT{i} of ``src`` replaced."""
+    LOAD_U{i} (the aligned and unaligned loads) and SLOT{i} of ``src`` replaced; ``l2``:
+    the aligned loads with the ``.L2::256B`` prefetch size."""
+    cp = "cp_async_unit_l2_256" if l2 else "cp_async_unit"
+    ld = "load_unit_l2_256(x32, " if l2 else "load_unit(x, x32, True, "
 
     def unit(m):
         what, i = m.group(1), int(m.group(2))
         assert i < U, m.group(0)
         if i < US:
             return {
-                "LOAD_A": f"cp_async_unit(ring, sb, (t + {i} * NT) * 4, x32, (g + {i} * ustep) * 4, {i} < nv)",
+                "LOAD_A": f"{cp}(ring, sb, (t + {i} * NT) * 4, x32, (g + {i} * ustep) * 4, {i} < nv)",
                 "LOAD_U": f"stage_sync(ring, (t + {i} * NT) * 4, x, x32, g + {i} * ustep, {i} < nv, kind)",
                 "SLOT": f"ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4)",
             }[what]
         return {
-            "LOAD_A": f"w{i} = load_unit(x, x32, True, g + {i} * ustep, {i} < nv, kind)",
+            "LOAD_A": f"w{i} = {ld}g + {i} * ustep, {i} < nv{'' if l2 else ', kind'})",
             "LOAD_U": f"w{i} = load_unit(x, x32, False, g + {i} * ustep, {i} < nv, kind)",
             "SLOT": f"w{i}",
         }[what]
@@ -351,5 +377,5 @@ def cluster_launch(kind, fmt, max_elem, packed, rows, C, sms, x, scales, codes):
     if g is None:
         return None
     CL, NT, W, U, UR = g
-    k = make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, CLUSTER_PUSH, UR=UR)
+    k = make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, CLUSTER_PUSH, UR=UR, l2=CLUSTER_L2_256)
     return (k, -(-upr // W) * CL, NT, (x, rows, upr, C, scales, codes))

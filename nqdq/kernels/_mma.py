@@ -17,6 +17,7 @@ stub                         PTX (sm_80+; the fp8 ``mma`` needs sm_89+)
 ``cp_async_commit()``        ``cp.async.commit_group``
 ``cp_async_wait(n)()``       ``cp.async.wait_group n``
 ``cp_async_unit(s, b, i, g, j)``  ``cp.async.cg.shared.global`` of one 16-byte unit, word indices
+``cp_async_unit_l2_256(...)``  ``cp.async.cg.shared.global.L2::256B``: the same, 256-byte L2 fetch
 ``ld_shared_u32x4(s, b, i)``  ``ld.shared.v4.u32``
 ``mbarrier_*`` (sm_90 wait)  ``mbarrier.init / arrive / try_wait.parity``,
                              ``cp.async.mbarrier.arrive.noinc``
@@ -58,7 +59,7 @@ from ._target import SIMULATOR
 
 __all__ = [
     "ldmatrix_x4", "mma_s8s8", "mma_u8s8", "mma_fp8", "cp_async16", "cp_async_commit",
-    "cp_async_wait", "cp_async_unit", "ld_shared_u32x4", "FP8_TYPES", "mbarrier_init",
+    "cp_async_wait", "cp_async_unit", "cp_async_unit_l2_256", "ld_shared_u32x4", "FP8_TYPES", "mbarrier_init",
     "mbarrier_arrive", "cp_async_mbarrier_arrive", "mbarrier_try_wait", "setmaxnreg", "named_barrier",
 ]
 
@@ -251,6 +252,12 @@ def cp_async_unit(smem, sb, si, gmem, gi, ok):
         smem[si + k] = gmem[gi + k] if ok else np.uint32(0)
 
 
+def cp_async_unit_l2_256(smem, sb, si, gmem, gi, ok):
+    """``cp_async_unit`` with the ``.L2::256B`` prefetch size (a miss brings the 256-byte
+    aligned piece around the unit into L2); the same twin."""
+    cp_async_unit(smem, sb, si, gmem, gi, ok)
+
+
 def ld_shared_u32x4(smem, sb, si):
     """``ld.shared.v4.u32``: words ``si .. si + 3`` (``si % 4 == 0``) of shared uint32
     ``smem`` (``sb``: its ``smem_addr``), one 16-byte load (four 32-bit loads of
@@ -362,17 +369,23 @@ if not SIMULATOR:
 
         return impl
 
-    @intrinsic
-    def _cp_async16(typingctx, saddr, gaddr, nbytes):
-        sig = types.void(types.uint32, types.uint64, types.uint32)
+    def _cp_async16_intrinsic(prefetch):
+        def cp(typingctx, saddr, gaddr, nbytes):
+            sig = types.void(types.uint32, types.uint64, types.uint32)
 
-        def codegen(context, builder, sig, args):
-            fty = ir.FunctionType(ir.VoidType(), [_I32, ir.IntType(64), _I32])
-            asm = ir.InlineAsm(fty, "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r", side_effect=True)
-            builder.call(asm, args)
-            return context.get_dummy_value()
+            def codegen(context, builder, sig, args):
+                fty = ir.FunctionType(ir.VoidType(), [_I32, ir.IntType(64), _I32])
+                asm = ir.InlineAsm(fty, f"cp.async.cg.shared.global{prefetch} [$0], [$1], 16, $2;", "r,l,r",
+                                   side_effect=True)
+                builder.call(asm, args)
+                return context.get_dummy_value()
 
-        return sig, codegen
+            return sig, codegen
+
+        return intrinsic(cp)
+
+    _cp_async16 = _cp_async16_intrinsic("")
+    _cp_async16_l2_256 = _cp_async16_intrinsic(".L2::256B")
 
     @overload(cp_async16, target="cuda")
     def _ol_cp_async16(smem, soff, gmem, goff, nbytes):
@@ -387,6 +400,15 @@ if not SIMULATOR:
             g = np.uint64(gi) if ok else np.uint64(0)
             n = np.uint32(16) if ok else np.uint32(0)
             _cp_async16(np.uint32(sb) + np.uint32(si) * np.uint32(4), _gmem_u64(gmem) + g * np.uint64(4), n)
+
+        return impl
+
+    @overload(cp_async_unit_l2_256, target="cuda")
+    def _ol_cp_async_unit_l2_256(smem, sb, si, gmem, gi, ok):
+        def impl(smem, sb, si, gmem, gi, ok):
+            g = np.uint64(gi) if ok else np.uint64(0)
+            n = np.uint32(16) if ok else np.uint32(0)
+            _cp_async16_l2_256(np.uint32(sb) + np.uint32(si) * np.uint32(4), _gmem_u64(gmem) + g * np.uint64(4), n)
 
         return impl
 

@@ -177,7 +177,7 @@ if not SIMULATOR:
         i64 = context.cast(builder, idx, idxty, types.int64)
         return builder.gep(arr.data, [i64])
 
-    def _load_u32x4_intrinsic(ordered):
+    def _load_u32x4_intrinsic(ordered, prefetch=""):
         def load(typingctx, a, i):
             sig = types.UniTuple(types.uint32, 4)(a, i)
 
@@ -187,7 +187,7 @@ if not SIMULATOR:
                 ptr = _elem_ptr(context, builder, sig.args[0], args[0], i4, types.int64)
                 i32 = ir.IntType(32)
                 fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type])
-                asm = ir.InlineAsm(fty, "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
+                asm = ir.InlineAsm(fty, f"ld.global.nc{prefetch}.v4.u32 {{$0, $1, $2, $3}}, [$4];", "=r,=r,=r,=r,l",
                                    side_effect=ordered)
                 res = builder.call(asm, [ptr])
                 vals = [builder.extract_value(res, k) for k in range(4)]
@@ -204,6 +204,11 @@ if not SIMULATOR:
     # pipelined column kernel issues the next item's loads before it waits on the current
     # item; a load the compiler sank below the wait would not overlap it).
     load_u32x4_ordered = _load_u32x4_intrinsic(True)
+    # The same load with the ``.L2::256B`` prefetch size: a miss brings the 256-byte
+    # aligned piece around the 16 bytes into L2, where the loads of the other half arrive
+    # soon after (the per-channel cluster kernel: neighbouring 128-byte stripes of a row
+    # are read by clusters resident together).
+    load_u32x4_l2_256 = _load_u32x4_intrinsic(False, ".L2::256B")
 
     @intrinsic
     def store_u32x2(typingctx, a, i, w0, w1):
@@ -285,6 +290,7 @@ else:
         return (a[j], a[j + 1], a[j + 2], a[j + 3])
 
     load_u32x4_ordered = load_u32x4  # (the order of loads is not observable in the simulator)
+    load_u32x4_l2_256 = load_u32x4  # (nor is what L2 fetches around them)
 
     def load_relaxed_i32(a, i):
         """Simulator twin: the element."""

@@ -639,7 +639,8 @@ COLUMN_RING = os.environ.get("NQDQ_COLUMN_RING", "1") == "1"
 # st.async (_column_cluster.CLUSTER_PUSH): 85 %. 2026-11-26 21:55-22:07 UTC, part of each
 # thread's units in registers (_column_cluster.GPU_CONFIGS): 8192x8192 89 %, 16384x7168 83 %
 # (taken from the ring), whole tensors bit-exact; its 15 GPU tests compute-sanitizer clean
-# (2026-11-26 23:42 UTC).
+# (2026-11-26 23:42 UTC). 2026-11-27 02:55-02:58 UTC, its loads with the .L2::256B prefetch
+# size (_column_cluster.CLUSTER_L2_256): 90 / 86 %.
 # NQDQ_COLUMN_CLUSTER=0: the ring (A/B).
 COLUMN_CLUSTER = os.environ.get("NQDQ_COLUMN_CLUSTER", "1") == "1"
 COLUMN_ONEPASS_SYNC = False
