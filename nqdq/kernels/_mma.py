@@ -394,23 +394,23 @@ if not SIMULATOR:
 
         return impl
 
-    @overload(cp_async_unit, target="cuda")
-    def _ol_cp_async_unit(smem, sb, si, gmem, gi, ok):
+    def _unit_copy(cp):
+        """The body of a ``cp_async_unit`` overload that copies by the intrinsic ``cp``."""
+
         def impl(smem, sb, si, gmem, gi, ok):
             g = np.uint64(gi) if ok else np.uint64(0)
             n = np.uint32(16) if ok else np.uint32(0)
-            _cp_async16(np.uint32(sb) + np.uint32(si) * np.uint32(4), _gmem_u64(gmem) + g * np.uint64(4), n)
+            cp(np.uint32(sb) + np.uint32(si) * np.uint32(4), _gmem_u64(gmem) + g * np.uint64(4), n)
 
         return impl
+
+    @overload(cp_async_unit, target="cuda")
+    def _ol_cp_async_unit(smem, sb, si, gmem, gi, ok):
+        return _unit_copy(_cp_async16)
 
     @overload(cp_async_unit_l2_256, target="cuda")
     def _ol_cp_async_unit_l2_256(smem, sb, si, gmem, gi, ok):
-        def impl(smem, sb, si, gmem, gi, ok):
-            g = np.uint64(gi) if ok else np.uint64(0)
-            n = np.uint32(16) if ok else np.uint32(0)
-            _cp_async16_l2_256(np.uint32(sb) + np.uint32(si) * np.uint32(4), _gmem_u64(gmem) + g * np.uint64(4), n)
-
-        return impl
+        return _unit_copy(_cp_async16_l2_256)
 
     @overload(ld_shared_u32x4, target="cuda")
     def _ol_ld_shared_u32x4(smem, sb, si):
