@@ -144,7 +144,8 @@ def test_cluster_register_units_exact(cluster, units, reg_units, shape):
     src = fn.source
     assert fn.__name__ == "column_cluster"
     loads = src.count("load_unit(") + src.count("load_unit_l2_256(")  # (unaligned; aligned)
-    assert loads == 2 * reg_units and src.count("cp_async_unit(") + src.count("cp_async_unit_l2_256(") == units - reg_units
+    staged = src.count("cp_async_unit(") + src.count("cp_async_unit_l2_256(")
+    assert loads == 2 * reg_units and staged == units - reg_units
     check(x, sch, x_ref=x.astype(np.float32))
 
 
@@ -160,7 +161,8 @@ def test_cluster_units_template():
         regs = re.findall(rf"w(\d+) = load_unit\(x, x32, {aligned}, g \+ (\d+) \* ustep, (\d+) < nv", src)
         assert regs == [(str(i),) * 3 for i in range(6, 16)]
     words = re.findall(r"word_max\(m, (.+?), kind\)", src)
-    assert words == [f"ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4)" for i in range(6)] + [f"w{i}" for i in range(6, 16)]
+    slots = [f"ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4)" for i in range(6)]
+    assert words == slots + [f"w{i}" for i in range(6, 16)]
     with pytest.raises(AssertionError):  # a unit the thread does not have
         CC._units("SLOT16,", 16, 6)
     # with the .L2::256B prefetch size: the aligned loads only
