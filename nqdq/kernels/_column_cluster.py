@@ -92,6 +92,11 @@ from ._target import SIMULATOR, devfn, device_cc
 # blocks by cuOccupancyMaxActiveClusters for these two configs; the next stripe's loads
 # issued after an encode) was 10-17 % slower than this kernel at every shape, and as slow
 # with one cluster a stripe, so the loop itself cost it ("Twenty-second session").
+# With the .L2::256B loads, at 16384x7168 ("Twenty-third session"; the default 86 %):
+# 64-byte stripes, (256, 16, 10 / 8), 82.2 / 80.9 %; clusters of 8, (512, 16, 5), 64-byte
+# stripes, 78.8 %; blocks of 1024 threads, CL 16 (1024, 8, 2) / CL 8 (1024, 16, 4), 64.6 /
+# 78.7 %; the first wave's stripe pairs delayed by 0.5-1 us each (nanosleep), 87 %, but the
+# delays must stop at the resident cluster count, which the plan does not know: not kept.
 GPU_CONFIGS = ((256, 16, 10), (512, 16, 5))
 
 
