@@ -97,6 +97,9 @@ from ._target import SIMULATOR, devfn, device_cc
 # stripes, 78.8 %; blocks of 1024 threads, CL 16 (1024, 8, 2) / CL 8 (1024, 16, 4), 64.6 /
 # 78.7 %; the first wave's stripe pairs delayed by 0.5-1 us each (nanosleep), 87 %, but the
 # delays must stop at the resident cluster count, which the plan does not know: not kept.
+# "Twenty-fourth session": each block prefetching into L2 the rows of the stripe that takes
+# its place next wave, 86 % at best and slower with more (L2 evicts the lines first); with
+# no encode at all (timing only) the kernel reaches 88 %, so the rest is its shape.
 GPU_CONFIGS = ((256, 16, 10), (512, 16, 5))
 
 
