@@ -1,0 +1,39 @@
+"""benchmarks/column_stream_ceiling.py: its stream kernels move every unit of every item
+once, in static and in ticket order (simulator: blocks of 64 threads, so small items).
+
+The benchmark's figures mean something only if the stream reads and writes what an
+int8_column pass would: each 16-byte unit of the input once, its 8-byte output where the
+codes of that unit go. Here the output is checked against the XORs computed by NumPy, and
+the ticket kernel's count against the items it must have taken (nitems + grid).
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import column_stream_ceiling as CS  # noqa: E402
+
+
+@pytest.mark.parametrize("ui, nbuf, ticket, grid", [(2, 1, 0, 2), (2, 2, 0, 3), (1, 3, 0, 2), (2, 2, 1, 3),
+                                                     (1, 3, 1, 2), (1, 1, 1, 5)])  # fmt: skip
+def test_stream_moves_every_unit_once(monkeypatch, ui, nbuf, ticket, grid):
+    monkeypatch.setattr(CS, "NT", 64)  # 8 units a row piece, 8 rows at a time
+    monkeypatch.setattr(CS, "RG", 8)
+    k = CS.make(ui, nbuf, 0, 1, ticket).kernel
+    R, C = 48, 256  # 3 or 6 chunks of rows, 4 stripes: items in both directions of the grid
+    chunks = R // (ui * CS.RG)
+    upr = C // 8
+    nitems = chunks * (upr // CS.W)
+    x = np.random.default_rng(ui * 10 + nbuf).integers(0, 1 << 16, (R, C), dtype=np.uint16)
+    out = np.zeros((R, C), np.uint8)
+    counter = np.array([7], np.int32)  # a launch's tickets start at `base`
+    args = (x.reshape(-1), nitems, chunks, upr, out.reshape(-1)) + ((counter, 7) if ticket else ())
+    k[grid, CS.NT, 0, nbuf * ui * CS.NT * 16](*args)
+    w = x.reshape(-1).view(np.uint32).reshape(-1, 4)
+    want = np.stack([w[:, 0] ^ w[:, 1], w[:, 2] ^ w[:, 3]], axis=1).reshape(-1)
+    np.testing.assert_array_equal(out.reshape(-1).view(np.uint32), want)
+    if ticket:
+        assert counter[0] - 7 == nitems + grid
