@@ -1,22 +1,27 @@
-"""The ceiling of per-channel scales' read pattern: a column-stripe stream with no amax and
-no encode, timed against the device-to-device copy and nqdq's int8_column in one process.
+"""The per-channel read pattern alone: a column-stripe stream with no amax and no encode,
+timed against the device-to-device copy and nqdq's int8_column in one process, with the same
+stream reading in row order as a control.
 
 A one-pass per-channel quantizer must hold a stripe of channels down *all* the rows before
 it writes any code of it, so it reads the input as 128-byte row pieces of a few adjacent
 stripes at a time (``nqdq.kernels._column_cluster``: the stripes of the resident clusters).
 This script times that read pattern alone: persistent blocks of 512 threads take items (a
-128-byte stripe by ``UI`` x 64 rows) and copy each to the output as two XORs of its 16-byte
-units (no reduction, no scale, no encode, no block barrier), with ``NBUF`` items in flight a
-block (``cp.async``, the ``.L2::256B`` prefetch size or not). Items go in stripe order, by a
-ticket (``atom.add``: the hardware's launch order, as the cluster kernel gets it) or
-statically (block b takes b, b + grid, ...). Bytes count as for int8_column (input + one
-byte a value + four a channel), so "% of copy" is the figure int8_column is held to.
+stripe of WU 16-byte units by UI x 512 / WU rows) and copy each to the output as two XORs
+of its units (no reduction, no scale, no encode, no block barrier), with ``NBUF`` items in
+flight a block (``cp.async``, the ``.L2::256B`` prefetch size or not). Items go stripe by
+stripe, by a ticket (``atom.add``: the hardware's launch order, as the cluster kernel gets
+it) or statically (block b takes b, b + grid, ...); or, as the control, band of rows by
+band (every stripe of a band in turn, a copy's order). Bytes count as for int8_column
+(input + one byte a value + four a channel), so "% of copy" is the figure int8_column is
+held to.
 
-    python3 benchmarks/column_stream_ceiling.py --sizes 16384x7168,8192x8192 \
-        --variants 16:1:2:1:1,8:1:2:1:1,8:2:1:1:1,8:2:1:0:1,4:3:2:1:1,16:1:2:1:0
+    python3 benchmarks/column_stream.py --sizes 16384x7168,8192x8192 \
+        --variants 16:1:2:1:1,8:1:2:1:1,8:2:1:1:1,8:2:1:0:1,4:3:2:1:1,16:1:2:1:0,8:1:2:1:1:1
 
-A variant is UI:NBUF:BPS:L2:TICKET (units a thread an item, items in flight a block, blocks
-an SM, the 256-byte prefetch size, ticket order). Every stream's output is checked against
+A variant is UI:NBUF:BPS:L2:TICKET[:ORDER[:WU]] (units a thread an item, items in flight a
+block, blocks an SM, the 256-byte prefetch size, ticket order; ORDER 1: a control, the items
+band of rows by band, every stripe of a band in turn, as a copy reads; WU: row pieces of WU
+16-byte units, 8 by default). Every stream's output is checked against
 the XORs computed by CuPy, and the ticket count against the items.
 """
 
@@ -32,8 +37,14 @@ RG = NT // W  # rows a block reads at a time
 
 _FUNCS = """
 def piece(k, chunks, upr, t):  # unit index of thread t's first unit of item k
-    st = k // chunks
-    return (np.int64(k - st * chunks) * ROWS + t // W) * upr + st * W + t % W
+    if ORDER == 0:  # stripe by stripe (a per-channel kernel's order)
+        st = k // chunks
+        ch = k - st * chunks
+    else:  # band of rows by band, every stripe of a band in turn (a copy's order)
+        ns = upr // W
+        ch = k // ns
+        st = k - ch * ns
+    return (np.int64(ch) * ROWS + t // W) * upr + st * W + t % W
 
 def issue(buf, sb, x32, g, b, t, upr):  # item's units into buffer b (cp.async)
     for i in range(UI):
@@ -109,8 +120,8 @@ def stream(x, nitems, chunks, upr, codes, counter, base):
 """
 
 
-def make(UI, NBUF, BPS, L2, TK):
-    """The stream kernel (a FastKernel) for one variant."""
+def make(UI, NBUF, BPS, L2, TK, ORDER=0, WU=None):
+    """The stream kernel (a FastKernel) for one variant: row pieces of WU units (default W)."""
     from nqdq.kernels._mma import (
         cp_async_commit, cp_async_unit, cp_async_unit_l2_256, cp_async_wait, ld_shared_u32x4, smem_addr,
     )  # fmt: skip
@@ -119,8 +130,8 @@ def make(UI, NBUF, BPS, L2, TK):
 
     glb = dict(cuda=cuda, np=np, u32=types.uint32, i32=types.int32, smem_addr=smem_addr, as_u32=as_u32,
                store_u32x2=store_u32x2, ld_shared_u32x4=ld_shared_u32x4, commit=cp_async_commit,
-               waitn=cp_async_wait(NBUF - 1), CP=cp_async_unit_l2_256 if L2 else cp_async_unit, NT=NT, W=W,
-               RG=RG, UI=UI, NBUF=NBUF, ROWS=UI * RG)  # fmt: skip
+               waitn=cp_async_wait(NBUF - 1), CP=cp_async_unit_l2_256 if L2 else cp_async_unit, NT=NT, W=WU or W,
+               RG=NT // (WU or W), UI=UI, NBUF=NBUF, ROWS=UI * (NT // (WU or W)), ORDER=ORDER)  # fmt: skip
     exec(compile(_FUNCS, "<column stream functions>", "exec"), glb)
     for f in ("piece", "issue", "drain"):
         glb[f] = cuda.jit(glb[f], device=True)
@@ -137,7 +148,7 @@ def main():
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="16384x7168,8192x8192")
-    ap.add_argument("--variants", default="16:1:2:1:1,8:1:2:1:1,8:2:1:1:1,8:2:1:0:1,4:3:2:1:1,16:1:2:1:0")
+    ap.add_argument("--variants", default="16:1:2:1:1,8:1:2:1:1,8:2:1:1:1,8:2:1:0:1,4:3:2:1:1,16:1:2:1:0,8:1:2:1:1:1")
     a = ap.parse_args()
 
     def timeit(fn):  # CUDA events, median of 30 after 3 warm-up calls, 3 rotating inputs
@@ -166,17 +177,19 @@ def main():
         pct = lambda t: (3 * n + 4 * C) / t / (4 * n / tc) * 100  # noqa: E731
         tq = timeit(lambda i: nqdq.quantize(xs[i], "int8_column", dtype="bfloat16"))
         print(f"\n{R}x{C}: copy {tc:.2f} us; nqdq int8_column {tq:.2f} us = {pct(tq):.1f} % of copy")
-        print("| UI:NBUF:BPS:L2:TICKET | grid | items | us | % of copy | output |")
+        print("| UI:NBUF:BPS:L2:TICKET[:ORDER:WU] | grid | items | us | % of copy | output |")
         print("|---|---:|---:|---:|---:|---|")
         upr = C // 8
         for v in a.variants.split(","):
-            UI, NBUF, BPS, L2, TK = (int(p) for p in v.split(":"))
-            if R % (UI * RG) or upr % W:
+            UI, NBUF, BPS, L2, TK, ORDER, WU = (int(p) for p in (v + ":0:0:0").split(":")[:7])
+            WU = WU or W
+            rg = NT // WU
+            if R % (UI * rg) or upr % WU:
                 print(f"| {v} | | | | | shape not a multiple of the item |")
                 continue
-            chunks = R // (UI * RG)
-            nitems = chunks * (upr // W)
-            fk = make(UI, NBUF, BPS, L2, TK)
+            chunks = R // (UI * rg)
+            nitems = chunks * (upr // WU)
+            fk = make(UI, NBUF, BPS, L2, TK, ORDER, WU)
             G = sms * BPS
             counter = cp.zeros(1, cp.int32)
             base = [0]

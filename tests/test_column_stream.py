@@ -1,4 +1,4 @@
-"""benchmarks/column_stream_ceiling.py: its stream kernels move every unit of every item
+"""benchmarks/column_stream.py: its stream kernels move every unit of every item
 once, in static and in ticket order (simulator: blocks of 64 threads, so small items).
 
 The benchmark's figures mean something only if the stream reads and writes what an
@@ -14,19 +14,20 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import column_stream_ceiling as CS  # noqa: E402
+import column_stream as CS  # noqa: E402
 
 
-@pytest.mark.parametrize("ui, nbuf, ticket, grid", [(2, 1, 0, 2), (2, 2, 0, 3), (1, 3, 0, 2), (2, 2, 1, 3),
-                                                     (1, 3, 1, 2), (1, 1, 1, 5)])  # fmt: skip
-def test_stream_moves_every_unit_once(monkeypatch, ui, nbuf, ticket, grid):
-    monkeypatch.setattr(CS, "NT", 64)  # 8 units a row piece, 8 rows at a time
-    monkeypatch.setattr(CS, "RG", 8)
-    k = CS.make(ui, nbuf, 0, 1, ticket).kernel
-    R, C = 48, 256  # 3 or 6 chunks of rows, 4 stripes: items in both directions of the grid
-    chunks = R // (ui * CS.RG)
+@pytest.mark.parametrize("ui, nbuf, ticket, grid, order, wu", [
+    (2, 1, 0, 2, 0, 8), (2, 2, 0, 3, 0, 8), (1, 3, 0, 2, 0, 8), (2, 2, 1, 3, 0, 8), (1, 3, 1, 2, 0, 8),
+    (1, 1, 1, 5, 0, 8), (2, 2, 1, 3, 1, 8), (1, 2, 0, 2, 1, 8), (2, 2, 1, 3, 0, 16), (1, 3, 0, 2, 1, 4),
+])  # fmt: skip
+def test_stream_moves_every_unit_once(monkeypatch, ui, nbuf, ticket, grid, order, wu):
+    monkeypatch.setattr(CS, "NT", 64)  # blocks of 64 threads: 64 / wu rows at a time
+    k = CS.make(ui, nbuf, 0, 1, ticket, order, wu).kernel
+    R, C = 48, 256  # chunks of rows x 2-8 stripes: items in both directions of the grid
+    chunks = R // (ui * (CS.NT // wu))
     upr = C // 8
-    nitems = chunks * (upr // CS.W)
+    nitems = chunks * (upr // wu)
     x = np.random.default_rng(ui * 10 + nbuf).integers(0, 1 << 16, (R, C), dtype=np.uint16)
     out = np.zeros((R, C), np.uint8)
     counter = np.array([7], np.int32)  # a launch's tickets start at `base`
