@@ -32,8 +32,7 @@ import argparse
 import numpy as np
 from numba import cuda, types
 
-NT, W = 512, 8  # threads a block; 16-byte units a row piece (128 bytes)
-RG = NT // W  # rows a block reads at a time
+NT, W = 512, 8  # threads a block; 16-byte units a row piece by default (128 bytes)
 
 _FUNCS = """
 def piece(k, chunks, upr, t):  # unit index of thread t's first unit of item k
@@ -128,10 +127,12 @@ def make(UI, NBUF, BPS, L2, TK, ORDER=0, WU=None):
     from nqdq.kernels._ptx import as_u32, store_u32x2
     from nqdq.kernels.launch import FastKernel
 
+    wu = WU or W
+    rg = NT // wu  # rows a block reads at a time
     glb = dict(cuda=cuda, np=np, u32=types.uint32, i32=types.int32, smem_addr=smem_addr, as_u32=as_u32,
                store_u32x2=store_u32x2, ld_shared_u32x4=ld_shared_u32x4, commit=cp_async_commit,
-               waitn=cp_async_wait(NBUF - 1), CP=cp_async_unit_l2_256 if L2 else cp_async_unit, NT=NT, W=WU or W,
-               RG=NT // (WU or W), UI=UI, NBUF=NBUF, ROWS=UI * (NT // (WU or W)), ORDER=ORDER)  # fmt: skip
+               waitn=cp_async_wait(NBUF - 1), CP=cp_async_unit_l2_256 if L2 else cp_async_unit, NT=NT, W=wu,
+               RG=rg, UI=UI, NBUF=NBUF, ROWS=UI * rg, ORDER=ORDER)  # fmt: skip
     exec(compile(_FUNCS, "<column stream functions>", "exec"), glb)
     for f in ("piece", "issue", "drain"):
         glb[f] = cuda.jit(glb[f], device=True)
