@@ -21,8 +21,9 @@ held to.
 A variant is UI:NBUF:BPS:L2:TICKET[:ORDER[:WU]] (units a thread an item, items in flight a
 block, blocks an SM, the 256-byte prefetch size, ticket order; ORDER 1: a control, the items
 band of rows by band, every stripe of a band in turn, as a copy reads; WU: row pieces of WU
-16-byte units, 8 by default). Every stream's output is checked against
-the XORs computed by CuPy, and the ticket count against the items.
+16-byte units, 8 by default). Timing is peers.py's (``Timer.device_us``: CUDA events, median
+of groups, warm-up excluded, input sets over 4 x L2). Every stream's output is checked
+against the XORs computed by CuPy, and the ticket count against the items.
 """
 
 from __future__ import annotations
@@ -142,8 +143,20 @@ def make(UI, NBUF, BPS, L2, TK, ORDER=0, WU=None):
     return FastKernel(k)
 
 
+def items(R, C, UI, WU=None):
+    """(chunks of rows a stripe, units a row, items) of an R x C bf16 input cut into items of
+    UI x NT / WU rows by a stripe of WU units; None where the shape is not a multiple."""
+    wu = WU or W
+    upr = C // 8
+    if C % 8 or R % (UI * (NT // wu)) or upr % wu:
+        return None
+    chunks = R // (UI * (NT // wu))
+    return chunks, upr, chunks * (upr // wu)
+
+
 def main():
     import cupy as cp
+    import peers
 
     import nqdq
 
@@ -151,45 +164,34 @@ def main():
     ap.add_argument("--sizes", default="16384x7168,8192x8192")
     ap.add_argument("--variants", default="16:1:2:1:1,8:1:2:1:1,8:2:1:1:1,8:2:1:0:1,4:3:2:1:1,16:1:2:1:0,8:1:2:1:1:1")
     a = ap.parse_args()
-
-    def timeit(fn):  # CUDA events, median of 30 after 3 warm-up calls, 3 rotating inputs
-        for i in range(3):
-            fn(i % 3)
-        ev = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(30)]
-        for i, (e0, e1) in enumerate(ev):
-            e0.record()
-            fn(i % 3)
-            e1.record()
-        ev[-1][1].synchronize()
-        return float(np.median([cp.cuda.get_elapsed_time(e0, e1) * 1000 for e0, e1 in ev]))
+    timer = peers.Timer()  # CUDA events, median of groups, warm-up excluded, host run ahead
 
     sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
     for size in a.sizes.split(","):
         R, C = (int(v) for v in size.split("x"))
-        xs = []
-        for _ in range(3):  # random bf16 bits, 3 sets of R x C x 2 bytes (> L2 at these sizes)
-            f = cp.random.standard_normal((R, C), dtype=cp.float32)
-            xs.append((f.view(cp.uint32) >> 16).astype(cp.uint16))
+        n = R * C
+        n_sets = peers.n_sets_for(3 * n, timer.l2_bytes)
+        xs = peers.random_bf16_sets((R, C), n_sets, seed=R * 31 + C)
         out = cp.empty((R, C), cp.uint8)
         dst = cp.empty_like(xs[0])
-        n = R * C
-        tc = timeit(lambda i: dst.__setitem__(Ellipsis, xs[i]))
+
+        def us(launch):
+            return timer.device_us(launch, n_sets, bytes_per_launch=3 * n)[0]
+
+        tc = us(lambda i: dst.data.copy_from_device_async(xs[i].data, 2 * n))
         pct = lambda t: (3 * n + 4 * C) / t / (4 * n / tc) * 100  # noqa: E731
-        tq = timeit(lambda i: nqdq.quantize(xs[i], "int8_column", dtype="bfloat16"))
-        print(f"\n{R}x{C}: copy {tc:.2f} us; nqdq int8_column {tq:.2f} us = {pct(tq):.1f} % of copy")
+        tq = us(lambda i: nqdq.quantize(xs[i], "int8_column", dtype="bfloat16"))
+        print(f"\n{R}x{C} ({n_sets} input sets): copy {tc:.2f} us; nqdq int8_column {tq:.2f} us = {pct(tq):.1f} % of copy")
         print("| UI:NBUF:BPS:L2:TICKET[:ORDER:WU] | grid | items | us | % of copy | output |")
         print("|---|---:|---:|---:|---:|---|")
-        upr = C // 8
         for v in a.variants.split(","):
             UI, NBUF, BPS, L2, TK, ORDER, WU = (int(p) for p in (v + ":0:0:0").split(":")[:7])
-            WU = WU or W
-            rg = NT // WU
-            if R % (UI * rg) or upr % WU:
+            geo = items(R, C, UI, WU)
+            if geo is None:
                 print(f"| {v} | | | | | shape not a multiple of the item |")
                 continue
-            chunks = R // (UI * rg)
-            nitems = chunks * (upr // WU)
+            chunks, upr, nitems = geo
             fk = make(UI, NBUF, BPS, L2, TK, ORDER, WU)
             G = sms * BPS
             counter = cp.zeros(1, cp.int32)
@@ -209,7 +211,7 @@ def main():
             ok = bool(cp.array_equal(want, out.reshape(-1).view(cp.uint32)))
             if TK:
                 ok = ok and int(counter[0]) == nitems + G
-            tp = timeit(lambda i: fk.launch(G, NT, args(i)))
+            tp = us(lambda i: fk.launch(G, NT, args(i)))
             print(f"| {v} | {G} | {nitems} | {tp:.2f} | {pct(tp):.1f} % | {'right' if ok else 'WRONG'} |", flush=True)
 
 

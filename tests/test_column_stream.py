@@ -25,9 +25,8 @@ def test_stream_moves_every_unit_once(monkeypatch, ui, nbuf, ticket, grid, order
     monkeypatch.setattr(CS, "NT", 64)  # blocks of 64 threads: 64 / wu rows at a time
     k = CS.make(ui, nbuf, 0, 1, ticket, order, wu).kernel
     R, C = 48, 256  # chunks of rows x 2-8 stripes: items in both directions of the grid
-    chunks = R // (ui * (CS.NT // wu))
-    upr = C // 8
-    nitems = chunks * (upr // wu)
+    chunks, upr, nitems = CS.items(R, C, ui, wu)
+    assert nitems * ui * CS.NT == R * upr  # the items cover the input's units exactly
     x = np.random.default_rng(ui * 10 + nbuf).integers(0, 1 << 16, (R, C), dtype=np.uint16)
     out = np.zeros((R, C), np.uint8)
     counter = np.array([7], np.int32)  # a launch's tickets start at `base`
@@ -38,3 +37,10 @@ def test_stream_moves_every_unit_once(monkeypatch, ui, nbuf, ticket, grid, order
     np.testing.assert_array_equal(out.reshape(-1).view(np.uint32), want)
     if ticket:
         assert counter[0] - 7 == nitems + grid
+
+
+def test_items_need_whole_items():  # blocks of 512 threads: 64 rows at a time of 128-byte pieces
+    assert CS.items(16384, 7168, 8) == (32, 896, 32 * 112)
+    assert CS.items(16384, 7168, 8, 16) == (64, 896, 64 * 56)
+    assert CS.items(16384 + 64, 7168, 8) is None  # rows not a multiple of an item's 512
+    assert CS.items(16384, 7168 + 8, 8) is None  # 897 units: not whole 8-unit stripes
