@@ -627,6 +627,35 @@ def test_compile_sequence_cluster_launches_by_cu_launch_kernel_ex(monkeypatch):
     assert seen == [(0, [(4, [16, 1, 1])]), (0, [(6, [1, 0, 0]), (4, [8, 1, 1])])]
 
 
+class _CoopKernel:
+    """A stand-in kernel whose blocks wait for each other (``launch.cooperative``)."""
+
+    nqdq_cooperative = True
+
+
+def test_compile_sequence_cooperative_launches_by_cu_launch_kernel_ex(monkeypatch):
+    """A kernel carrying ``nqdq_cooperative`` (``_tensor_resident``) goes through
+    cuLaunchKernelEx with the cooperative attribute (id 2, value 1), together with its
+    dynamic shared memory and beside a cluster dimension where both apply; the other
+    launches stay cuLaunchKernel."""
+    entries, seen = [], []
+    launched = _record_launches(monkeypatch, entries)
+    monkeypatch.setattr(launch, "_driver_launch_ex", lambda: _fake_launch_ex(seen))
+    entries += [_fake_entry((types.float32[::1], types.int64), 21, "p1"),
+                _fake_entry((types.uint8[::1], types.int32), 22, "p2")]
+    coop = _CoopKernel()
+    coop.nqdq_dynamic_smem = 229376
+    assert launch.cooperative(coop) and not launch.cooperative("k") and not launch.cooperative(_ClusterKernel(8))
+    launches = [("p1", 3, 128, (launch.Ptr("base", 0, 5, np.float32), 7)),
+                (coop, 132, 1024, (launch.Ptr("xp", 0, 32, np.uint8), 4))]
+    run = launch.compile_sequence(launches, ("xp", "base"), entries=entries)
+    run(5, 0x1000, 0x8000)
+    assert [rec[0][:5] for rec in launched] == [(21, 3, 1, 1, 128), (22, 132, 1, 1, 1024)]
+    assert seen == [(229376, [(2, [1, 0, 0])])]
+    cfg, attrs = launch._ex_config(16, 64, cluster=8, coop=True)
+    assert [(attrs[i].id, list(attrs[i].value[:3])) for i in range(cfg.numAttrs)] == [(4, [8, 1, 1]), (2, [1, 0, 0])]
+
+
 def test_launch_config_structs_match_cuda_h(tmp_path):
     """The ctypes CUlaunchConfig / CUlaunchAttribute have cuda.h's sizes and field offsets
     (compiled against the toolkit's header by the C compiler; skipped without either)."""

@@ -523,6 +523,15 @@ def cluster_size(kernel) -> int:
     return int(getattr(kernel, "nqdq_cluster", 1))
 
 
+def cooperative(kernel) -> bool:
+    """Whether ``kernel`` is always launched cooperatively (its ``nqdq_cooperative``
+    attribute, set by the factories of kernels whose blocks wait for each other, e.g.
+    ``_tensor_resident``): ``cuLaunchKernelEx`` with the cooperative attribute, so that the
+    driver starts the grid only when all its blocks can be resident at once (a launch that
+    could not is refused, never left waiting)."""
+    return bool(getattr(kernel, "nqdq_cooperative", False))
+
+
 def _set_function_attribute(kern, name, value):
     """cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_<name>, value) on Numba's own handle of every
     compiled overload of ``kern``, once each (remembered in _ATTR_SET)."""
@@ -576,6 +585,7 @@ class FastKernel:
         self._cc = None
         self.smem = dynamic_smem(kernel)  # launched with this much dynamic shared memory where a launch gives 0
         self.cluster = cluster_size(kernel)  # > 1: cuLaunchKernelEx with this cluster dimension
+        self.coop = cooperative(kernel)  # cuLaunchKernelEx with the cooperative attribute
         py = getattr(kernel, "py_func", None)
         import inspect
 
@@ -613,7 +623,7 @@ class FastKernel:
             s = _cupy_current_stream().ptr
         else:
             s = _stream_handle(stream)
-        fl = self._fast_launch if self.cluster == 1 else None
+        fl = self._fast_launch if self.cluster == 1 and not self.coop else None
         try:
             if fl is not None and fl(args, gx, gy, gz, bx, by, bz, shared_mem, s):
                 return
@@ -640,8 +650,8 @@ class FastKernel:
             entry.pack(buf, args)
         except struct.error as e:
             raise TypeError(f"{self._name()}: an argument does not fit its parameter type: {e}") from None
-        if self.cluster > 1:
-            cfg, _attrs = _ex_config((gx, gy, gz), (bx, by, bz), shared_mem, cluster=self.cluster)
+        if self.cluster > 1 or self.coop:
+            cfg, _attrs = _ex_config((gx, gy, gz), (bx, by, bz), shared_mem, cluster=self.cluster, coop=self.coop)
             cfg.hStream = s
             err = _driver_launch_ex()(ctypes.addressof(cfg), entry.handle, addr, None)
             if err:
@@ -694,8 +704,9 @@ class FastKernel:
 
     def _numba_launch(self, grid, block, args, stream, shared_mem):
         shared_mem = shared_mem or self.smem
-        if self.cluster > 1 and not simulated():
-            raise RuntimeError(f"{self._name()}: a cluster kernel launches only by cuLaunchKernelEx (the fast path)")
+        if (self.cluster > 1 or self.coop) and not simulated():
+            raise RuntimeError(f"{self._name()}: a cluster or cooperative kernel launches only by cuLaunchKernelEx "
+                               "(the fast path)")
         if stream is None:
             cp = sys.modules.get("cupy")
             stream = 0
@@ -872,6 +883,9 @@ _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 # ... and a cluster dimension (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4, value: unsigned x, y, z)
 _ATTR_CLUSTER_DIMENSION = 4
+# ... and a cooperative launch (CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2, value: int 1): every block
+# of the grid resident at once, or CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+_ATTR_COOPERATIVE = 2
 
 
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, pad to 8, a 64-byte union
@@ -904,17 +918,22 @@ def _cluster_of(kern) -> int:
     return kern.cluster if isinstance(kern, FastKernel) else cluster_size(kern)
 
 
+def _coop_of(kern) -> bool:
+    """Whether a sequence's kernel (dispatcher or FastKernel) launches cooperatively."""
+    return kern.coop if isinstance(kern, FastKernel) else cooperative(kern)
+
+
 def _smem_of(kern) -> int:
     """Dynamic shared memory of a sequence's kernel (dispatcher or FastKernel)."""
     return kern.smem if isinstance(kern, FastKernel) else dynamic_smem(kern)
 
 
-def _ex_config(grid, block, smem=0, *, pdl=False, cluster=1):
+def _ex_config(grid, block, smem=0, *, pdl=False, cluster=1, coop=False):
     """(config, attributes): a CUlaunchConfig of ``grid`` x ``block`` (``smem`` bytes of
-    dynamic shared memory) with the programmatic serialization attribute (``pdl``) and a
-    cluster dimension (``cluster`` > 1 blocks along x); its stream is set per call. Keep
-    both alive together."""
-    attrs = (_LaunchAttribute * 2)()
+    dynamic shared memory) with the programmatic serialization attribute (``pdl``), a
+    cluster dimension (``cluster`` > 1 blocks along x) and the cooperative attribute
+    (``coop``); its stream is set per call. Keep both alive together."""
+    attrs = (_LaunchAttribute * 3)()
     n = 0
     if pdl:
         attrs[n].id, attrs[n].value[0] = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, 1
@@ -922,6 +941,9 @@ def _ex_config(grid, block, smem=0, *, pdl=False, cluster=1):
     if cluster > 1:
         attrs[n].id = _ATTR_CLUSTER_DIMENSION
         attrs[n].value[0], attrs[n].value[1], attrs[n].value[2] = cluster, 1, 1
+        n += 1
+    if coop:
+        attrs[n].id, attrs[n].value[0] = _ATTR_COOPERATIVE, 1
         n += 1
     gx, gy, gz = _dim3(grid)
     bx, by, bz = _dim3(block)
@@ -935,7 +957,8 @@ def compile_sequence(launches, names, *, entries=None, pdl=()):
     (simulator, ``NQDQ_FAST_LAUNCH=0``, kernels the fast path does not cover). The launches
     whose indices are in ``pdl`` go by ``cuLaunchKernelEx`` with programmatic stream
     serialization (the caller's kernels must be written for it: griddepcontrol, sm_90+), and
-    so do the launches of cluster kernels (``cluster_size``), with their cluster dimension.
+    so do the launches of cluster kernels (``cluster_size``), with their cluster dimension,
+    and of cooperative kernels (``cooperative``).
 
     ``launches``: ``(kernel, grid, block, args)`` with ``kernel`` a dispatcher or
     FastKernel, and each argument a :class:`Ptr` (the address is computed from a call
@@ -948,7 +971,8 @@ def compile_sequence(launches, names, *, entries=None, pdl=()):
     names = tuple(names)
     param_buffer = PARAM_BUFFER
     clusters = [_cluster_of(k) for k, _g, _b, _a in launches]
-    ex = sorted(set(pdl) | {i for i, c in enumerate(clusters) if c > 1})  # the launches by cuLaunchKernelEx
+    coops = [_coop_of(k) for k, _g, _b, _a in launches]
+    ex = sorted(set(pdl) | {i for i, (c, co) in enumerate(zip(clusters, coops)) if c > 1 or co})  # by cuLaunchKernelEx
     _cupy_type()  # CuPy's launchKernel when CuPy is loaded by now
     if entries is None:
         if not _fast_path_allowed():
@@ -1043,7 +1067,7 @@ def compile_sequence(launches, names, *, entries=None, pdl=()):
             keep += [ptrs, size, extra]  # what addr and the extra array point at
         for i in ex:
             cfg, attr = _ex_config(launches[i][1], launches[i][2], _smem_of(launches[i][0]), pdl=i in pdl,
-                                   cluster=clusters[i])  # fmt: skip
+                                   cluster=clusters[i], coop=coops[i])  # fmt: skip
             out += [cfg, ctypes.addressof(cfg)]
             keep.append(attr)
         out.append(keep)
