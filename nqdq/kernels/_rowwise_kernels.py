@@ -2107,19 +2107,12 @@ _STATIC_DYNAMIC = """    red = cuda.shared.array(NW, int32)
 
 
 @lru_cache(maxsize=None)
-def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None, shfl=True, stoch=False):
-    """Static float scales of a flat C-contiguous input of ``nunits`` whole units: one
-    scale for the tensor, or (``per_row``) scales[u // upr] for unit u, rows of ``upr``
-    units. Block b owns units b*NT*U + j*NT + t, all U loads issued before any is used.
-    ``dynamic_max_elem`` (one tensor scale): the kernel takes a ``sync`` workspace too and
-    computes the scale itself, amax / max_elem as finalize does, over the whole grid
-    (``_grid.grid_max``: at most one block per SM), and writes it to scales[0]. ``stoch``:
-    stochastic rounding (static_unit_sr; the kernel takes key_lo, key_hi last)."""
-    VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
-    DYN = dynamic_max_elem is not None
-    assert not (DYN and per_row)
-    CVT = fp8_cvt_available() and fp8_cvt_supports(fmt)
-    assert NT % 32 == 0
+def static_unit_fns(fmt, VEC, NB, CVT, per_row):
+    """(static_unit, static_unit_sr): encode and store unit ``u`` (elements ``e``) under the
+    float scale ``st`` of the tensor (its guarded reciprocal ``rst``), or (``per_row``) under
+    scales[u // upr]; by the reciprocal where the unit is finite and the scale allows, else
+    element by element (``static_unit_sr``: stochastic rounding, keys last). Used by
+    ``static_encode`` and ``_tensor_resident``."""
 
     @devfn
     def static_unit(e, u, upr, st, rst, scales, c8, c16, c32):
@@ -2139,6 +2132,25 @@ def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None,
         am = unit_amax(e, VEC)
         clean = am < FINITE and abs_i32(f32_bits(s)) < FINITE and s != ZERO and (r == ZERO or ratio_ok(am, s))
         sr_store_unit_r(e, u, s, r, clean, key_lo, key_hi, c8, c16, c32, MODE_FLOAT, fmt, VEC, NB)
+
+    return static_unit, static_unit_sr
+
+
+@lru_cache(maxsize=None)
+def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None, shfl=True, stoch=False):
+    """Static float scales of a flat C-contiguous input of ``nunits`` whole units: one
+    scale for the tensor, or (``per_row``) scales[u // upr] for unit u, rows of ``upr``
+    units. Block b owns units b*NT*U + j*NT + t, all U loads issued before any is used.
+    ``dynamic_max_elem`` (one tensor scale): the kernel takes a ``sync`` workspace too and
+    computes the scale itself, amax / max_elem as finalize does, over the whole grid
+    (``_grid.grid_max``: at most one block per SM), and writes it to scales[0]. ``stoch``:
+    stochastic rounding (static_unit_sr; the kernel takes key_lo, key_hi last)."""
+    VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
+    DYN = dynamic_max_elem is not None
+    assert not (DYN and per_row)
+    CVT = fp8_cvt_available() and fp8_cvt_supports(fmt)
+    assert NT % 32 == 0
+    static_unit, static_unit_sr = static_unit_fns(fmt, VEC, NB, CVT, per_row)
 
     ns = dict(NT=NT, U=U, kind=kind, static_unit=static_unit)
     src = _STATIC_SRC
