@@ -25,8 +25,12 @@ other last-axis groups / rows (partial groups;         ``group`` (one pass; grou
 stochastic without LASTAXIS_STOCH)                     than SEG_MAX elements re-read L1/L2)
 NVFP4 otherwise                                        ``tensor_partials`` -> ``finalize``
                                                        (S_enc) -> ``group``
-per-tensor dynamic float scales, whole units          ``tensor_amax`` -> ``finalize`` ->
-(STATIC_FAST)                                          ``static_encode`` (16-byte loads)
+per-tensor dynamic float scales, whole units          ``static_encode`` with the grid's amax
+(STATIC_FAST): decode sizes (GRID_ONE_LAUNCH)          (``_grid``, one launch)
+... larger (TENSOR_RESIDENT, RNE, sm_80+)              ``tensor_resident`` (one cooperative
+                                                       launch, part of the input on chip)
+... otherwise                                          ``tensor_amax`` -> ``finalize`` ->
+                                                       ``static_encode`` (16-byte loads)
 per-tensor (dynamic) otherwise                         ``tensor_partials`` -> ``finalize`` ->
                                                        ``encode``
 per-channel float scales, channel axis last, rows of   ``column_onepass`` (workspace zeroed by the plan)
@@ -75,6 +79,7 @@ from ..schemes import Scheme
 from . import _grid as GRID
 from . import _quantize_kernels as K
 from . import _rowwise_kernels as RK
+from . import _tensor_resident as TR
 from ._elements import format_tuple
 from ._codec import KIND_BF16, KIND_F16, KIND_F32
 from ._interop import Allocator, DeviceInput, cupy_array_new, device_input, is_cupy, lib_of
@@ -612,6 +617,10 @@ GRID_MAX_U = 4
 # with a memset per call; under graph capture it keeps the memset (a graph node). "0": the
 # memset on every call (A/B).
 GRID_STREAM_WS = os.environ.get("NQDQ_GRID_STREAM_WS", "1") == "1"
+# ... and above that size, one cooperative launch that holds part of the input in registers and
+# shared memory across the grid's amax and re-reads the rest last-read first, from L2 where it
+# still is (_tensor_resident). NQDQ_TENSOR_RESIDENT=0: the amax pass, then the encode pass (A/B).
+TENSOR_RESIDENT = os.environ.get("NQDQ_TENSOR_RESIDENT", "1") == "1"
 COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
 # ... in one pass where the geometry fits (_column_kernels.onepass_launches): column_onepass
 # (its workspace a "zero" slot), every block's chunk held in registers across a per-stripe wait. False: the
@@ -951,6 +960,12 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             k = RK.make_static_kernel(kind, fmt, NT, U, packed, False, maxe, SHFL, **sr)
             _launch(k, nblocks, NT, xa, n // RK.vec_of(kind), shape[-1] // RK.vec_of(kind), codes, scales,
                     rec.empty(GRID.SYNC_WORDS, np.int32, "reset"), *keys)
+        elif fast_static is not None and mode == MODE_FLOAT and not stoch and TENSOR_RESIDENT and TR.available():
+            # one cooperative launch: part of the input held on chip across the grid's amax (_tensor_resident)
+            NT, UR, US, V = TR.resident_geometry()
+            k = TR.make_tensor_resident_kernel(kind, fmt, maxe, NT, UR, US, V, packed)
+            _launch(k, _sm_count(), NT, xa, n // RK.vec_of(kind), codes, scales,
+                    rec.empty(GRID.SYNC_WORDS, np.int32, "reset"))
         elif fast_static is not None:  # whole units: vector-load amax pass, then the static pass
             NT, U, _ = fast_static
             run_tensor_amax(NT, False)

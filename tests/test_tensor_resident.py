@@ -1,0 +1,137 @@
+"""Dynamic per-tensor float scales in one cooperative launch (``nqdq.kernels._tensor_resident``):
+the plan takes it above the one-launch sizes, and its codes and scales are the reference's
+bit for bit, whatever part of the input is held in registers, in shared memory or streamed
+(and read again, last round first). Under the simulator the grid is one block of a small
+geometry; tests/test_tensor_resident_gpu.py runs the real grid.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import nqdq.kernels._tensor_resident as TR
+import nqdq.kernels.quantize as kq
+from nqdq.kernels._target import SIMULATOR
+from nqdq.schemes import resolve_scheme
+
+from test_kernels import check, edge_data
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+KIND = {np.dtype(np.float32): 0, np.dtype(ml_dtypes.bfloat16): 1, np.dtype(np.float16): 2}
+
+
+@pytest.fixture
+def resident(monkeypatch):
+    """The resident kernel for every size (the one-launch kernels off), with ``geometry``
+    (NT, UR, US, V) where given; a fresh plan cache before and after."""
+
+    def set_(geometry=None, on=True):
+        monkeypatch.setattr(kq, "GRID_ONE_LAUNCH", False)
+        monkeypatch.setattr(kq, "TENSOR_RESIDENT", on)
+        if geometry is not None:
+            monkeypatch.setattr(TR, "GEOMETRY", geometry)
+        kq._PLANS.clear()
+
+    yield set_
+    kq._PLANS.clear()
+
+
+def _names(shape, dtype, sch, stoch=False):
+    plan = kq.get_plan(shape, KIND[np.dtype(dtype)], sch, stoch=stoch)
+    return [k.py_func.__name__ for k, _g, _b, _a in plan.launches]
+
+
+def _units(dtype):
+    return 4 if np.dtype(dtype) == np.float32 else 8
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator's plan (one block)")
+def test_plan_takes_the_resident_kernel(resident):
+    sch = resolve_scheme("fp8_tensor")
+    resident()
+    assert _names((16, 64), ml_dtypes.bfloat16, sch) == ["tensor_resident"]
+    assert _names((16, 64), ml_dtypes.bfloat16, sch, stoch=True) != ["tensor_resident"]  # RNE only
+    assert _names((5, 7), np.float32, sch) != ["tensor_resident"]  # not whole 16-byte units
+    resident(on=False)
+    assert _names((16, 64), ml_dtypes.bfloat16, sch) == ["tensor_amax", "finalize", "static_encode"]
+
+
+def test_kernel_carries_its_launch(resident):
+    """Cooperative, with the shared memory of its NT * US units, and the grid one block an SM."""
+    resident()
+    NT, UR, US, V = TR.resident_geometry()
+    (k, grid, block, _args), = kq.get_plan((16, 64), 1, resolve_scheme("fp8_tensor")).launches
+    assert k.py_func.__name__ == "tensor_resident"
+    assert k.nqdq_cooperative and k.nqdq_dynamic_smem == NT * US * 16
+    assert (grid, block) == (kq._sm_count(), NT)
+
+
+def test_geometry_fills_shared_memory():
+    """US 0 takes as many units as the block's shared memory holds beyond SMEM_RESERVE."""
+    got = TR.resident_geometry(smem_per_block=232448, geometry=(1024, 4, 0, 4))
+    assert got == ((1024, 4, 14, 4) if not SIMULATOR else (1024, 4, 0, 4))
+    assert TR.resident_geometry(smem_per_block=232448, geometry=(512, 8, 3, 8)) == (512, 8, 3, 8)
+
+
+# (geometry, elements): every unit resident (a partial block), resident + one partial round,
+# resident + several rounds ending in a partial one; registers only, shared memory only
+CASES = [
+    ((64, 1, 2, 2), 8 * 150),
+    ((64, 1, 2, 2), 8 * 300),
+    ((64, 1, 2, 2), 8 * 640 + 8 * 3),
+    ((64, 0, 3, 1), 8 * 420),
+    ((64, 2, 0, 2), 8 * 333),
+]
+
+
+@pytest.mark.parametrize("geometry,n", CASES, ids=lambda v: str(v))
+def test_bit_exact_bf16(resident, geometry, n):
+    resident(geometry)
+    x = edge_data((n,), seed=n).astype(ml_dtypes.bfloat16)
+    check(x, resolve_scheme("fp8_tensor"), x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "unaligned"])
+def test_bit_exact_kinds_and_unaligned_views(resident, dtype, offset):
+    """f32 / f16 inputs, and a view one element into its buffer (no 16-byte alignment: the
+    shared units staged through registers, every load element by element)."""
+    resident((64, 1, 2, 2))
+    n = 64 * 3 * _units(dtype) + 40 * _units(dtype)
+    base = edge_data((n + offset,), seed=5).astype(dtype)
+    x = base[offset:]
+    check(x, resolve_scheme("fp8_tensor"), x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize("fmt", ["e5m2", "int8", "int4", "e2m3"])
+def test_other_element_formats(resident, fmt):
+    """Per-tensor scales of other formats: 8-bit float and integer, packed int4, 6-bit."""
+    resident((64, 1, 2, 2))
+    x = edge_data((12, 64), seed=7).astype(ml_dtypes.bfloat16)
+    check(x, resolve_scheme(fmt, granularity="tensor"), x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize("fill", [0.0, np.nan, np.inf, 1e-40], ids=["zero", "nan", "inf", "subnormal"])
+def test_uniform_inputs(resident, fill):
+    """All-equal inputs (amax 0: scale 1; NaN / inf amax: a non-finite scale, every code by
+    the element path) with one ordinary value in a streamed round."""
+    resident((64, 1, 2, 2))
+    x = np.full(8 * 260, fill, np.float32)
+    x[8 * 250 + 3] = -1.5
+    xb = x.astype(ml_dtypes.bfloat16)
+    check(xb, resolve_scheme("fp8_tensor"), x_ref=xb.astype(np.float32))
+
+
+def test_matches_the_two_kernel_path(resident):
+    """The resident kernel and the amax pass + static encode agree bit for bit."""
+    x = (np.random.default_rng(3).standard_normal((24, 96)) * 5).astype(ml_dtypes.bfloat16)
+    sch = resolve_scheme("fp8_tensor")
+    resident((64, 1, 2, 2))
+    a = kq.quantize(x, sch)
+    resident(on=False)
+    b = kq.quantize(x, sch)
+    for f in ("codes", "scales"):
+        assert np.asarray(getattr(a, f)).tobytes() == np.asarray(getattr(b, f)).tobytes(), f

@@ -1,0 +1,133 @@
+"""Dynamic per-tensor scales in one cooperative launch on a GPU (``nqdq.kernels._tensor_resident``):
+a grid of one block an SM, part of the input held on chip across the grid's amax, bit-exact
+against the NumPy reference at real sizes (all resident; resident + streamed rounds;
+f32 / f16 / bf16; an unaligned view; other element formats), repeated through the plan's
+runner, on concurrent streams beside the one-launch kernels, and replayed from a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+from _helpers import gpu_cupy_or_skip  # noqa: E402
+
+cp = gpu_cupy_or_skip()
+
+import nqdq  # noqa: E402
+import nqdq.kernels._tensor_resident as TR  # noqa: E402
+import nqdq.kernels.quantize as kq  # noqa: E402
+from nqdq.schemes import resolve_scheme  # noqa: E402
+
+from test_api_gpu_path import _check  # noqa: E402
+from test_kernels import edge_data  # noqa: E402
+from test_kernels_gpu import check_gpu  # noqa: E402
+
+KIND = {np.dtype(np.float32): 0, np.dtype(ml_dtypes.bfloat16): 1, np.dtype(np.float16): 2}
+
+
+def _act(rng, shape, dtype=ml_dtypes.bfloat16):
+    x = rng.standard_normal(shape).astype(np.float32)
+    x *= np.exp2(rng.uniform(-6, 6, (shape[0], 1))).astype(np.float32)
+    return x.astype(dtype)
+
+
+def _launches(shape, dtype=ml_dtypes.bfloat16, name="fp8_tensor"):
+    plan = kq.get_plan(shape, KIND[np.dtype(dtype)], resolve_scheme(name))
+    return [(k.py_func.__name__, g, b) for k, g, b, _a in plan.launches]
+
+
+def test_large_inputs_take_one_cooperative_launch():
+    assert kq.TENSOR_RESIDENT and TR.available()
+    NT, UR, US, V = TR.resident_geometry()
+    assert US > 0
+    for shape in [(256, 7168), (8192, 8192), (16384, 7168)]:
+        assert _launches(shape) == [("tensor_resident", kq._sm_count(), NT)]
+    assert [n for n, _g, _b in _launches((64, 7168))] == ["static_encode"]  # decode sizes: the one-launch kernel
+
+
+@pytest.mark.parametrize(
+    "shape,dtype",
+    [((256, 7168), ml_dtypes.bfloat16), ((4096, 7168), ml_dtypes.bfloat16), ((8192, 8192), ml_dtypes.bfloat16),
+     ((1000, 5000), np.float16), ((6000, 6000), np.float32), ((3, 1 << 22), ml_dtypes.bfloat16)],
+    ids=str,
+)  # fmt: skip
+def test_bit_exact_edge_values(shape, dtype):
+    x = edge_data(shape, seed=shape[0] + shape[1]).astype(dtype)
+    check_gpu(x, resolve_scheme("fp8_tensor"))
+
+
+def test_unaligned_view():
+    """A 1-D view one element into its buffer: no 16-byte alignment, every load element by
+    element, the shared units staged through registers."""
+    n = 20_000_000
+    xh = edge_data((n + 1,), seed=3).astype(ml_dtypes.bfloat16)
+    xd = cp.asarray(xh.view(np.uint16))[1:]
+    check_gpu(xh[1:], resolve_scheme("fp8_tensor"), dtype="bfloat16", x_dev=xd)
+
+
+@pytest.mark.parametrize("fmt", ["e5m2", "int8", "int4"])
+def test_other_element_formats(fmt):
+    x = edge_data((2048, 7168), seed=11).astype(ml_dtypes.bfloat16)
+    check_gpu(x, resolve_scheme(fmt, granularity="tensor"))
+
+
+def test_repeated_through_the_runner():
+    """Five calls in a row on one stream's grid workspace (left zero by each), each exact."""
+    rng = np.random.default_rng(21)
+    for _ in range(5):
+        xh = _act(rng, (4096, 7168))
+        q = nqdq.quantize(cp.asarray(xh.view(np.uint16)), "fp8_tensor", dtype="bfloat16")
+        _check(q, nqdq.quantize(xh, "fp8_tensor", device="cpu"), "fp8_tensor")
+
+
+def test_concurrent_streams_beside_one_launch_kernels():
+    """Calls in flight on two streams at once, and one-launch (non-cooperative, waiting)
+    grids on a third: the cooperative grids start only when every block fits, so nothing
+    waits for ever, and every result is exact."""
+    rng = np.random.default_rng(22)
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(3)]
+    big = [[_act(rng, (4096, 7168)) for _ in range(4)] for _ in range(2)]
+    small = [_act(rng, (64, 7168)) for _ in range(8)]
+    dev_big = [[cp.asarray(x.view(np.uint16)) for x in d] for d in big]
+    dev_small = [cp.asarray(x.view(np.uint16)) for x in small]
+    cp.cuda.Device().synchronize()
+    got_big, got_small = [[], []], []
+    for i in range(8):
+        if i < 4:
+            for s in range(2):
+                with streams[s]:
+                    got_big[s].append(nqdq.quantize(dev_big[s][i], "fp8_tensor", dtype="bfloat16"))
+        with streams[2]:
+            got_small.append(nqdq.quantize(dev_small[i], "fp8_tensor", dtype="bfloat16"))
+    cp.cuda.Device().synchronize()
+    for s in range(2):
+        for i in range(4):
+            _check(got_big[s][i], nqdq.quantize(big[s][i], "fp8_tensor", device="cpu"), f"stream {s} call {i}")
+    for i in range(8):
+        _check(got_small[i], nqdq.quantize(small[i], "fp8_tensor", device="cpu"), f"small call {i}")
+
+
+def test_replays_from_a_cuda_graph():
+    """Captured (a cooperative kernel node), then replayed on new data in the same buffer."""
+    rng = np.random.default_rng(23)
+    shape = (4096, 7168)
+    x = cp.asarray(_act(rng, shape).view(np.uint16))
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
+        s.synchronize()
+        s.begin_capture()
+        q = nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
+        graph = s.end_capture()
+    for trial in range(3):
+        xh = _act(rng, shape)
+        with s:
+            x[...] = cp.asarray(xh.view(np.uint16))
+            q.codes.fill(0xA5)
+        graph.launch(s)
+        s.synchronize()
+        _check(q, nqdq.quantize(xh, "fp8_tensor", device="cpu"), f"replay {trial}")
