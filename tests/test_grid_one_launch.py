@@ -33,10 +33,12 @@ def _launches(shape, dtype, name):
 
 @pytest.fixture
 def grid_switch(monkeypatch):
-    """Set kq.GRID_ONE_LAUNCH for one test, with a fresh plan cache before and after."""
+    """Set kq.GRID_ONE_LAUNCH for one test, with a fresh plan cache before and after; off,
+    the streaming kernels (fp8_tensor's cooperative kernel off too: tests/test_tensor_resident.py)."""
 
     def set_(on):
         monkeypatch.setattr(kq, "GRID_ONE_LAUNCH", on)
+        monkeypatch.setattr(kq, "TENSOR_RESIDENT", on)
         kq._PLANS.clear()
 
     yield set_

@@ -46,7 +46,9 @@ def test_decode_sizes_take_one_launch_of_many_blocks(name):
     assert len(plan.launches) == 1
     grid = plan.launches[0][1]
     assert 1 < grid <= kq._sm_count()
-    assert len(_plan((1024, 7168), ml_dtypes.bfloat16, name).launches) >= 2  # too large: streaming
+    large = [k.py_func.__name__ for k, _g, _b, _a in _plan((1024, 7168), ml_dtypes.bfloat16, name).launches]
+    # too large: fp8_tensor's cooperative kernel (tests/test_tensor_resident_gpu.py), NVFP4's streaming kernels
+    assert large == ["tensor_resident"] if name == "fp8_tensor" else len(large) >= 2
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -824,10 +824,11 @@ def _dynamic_tensor_data(case, shape, seed):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
 @pytest.mark.parametrize("case", ["gauss", "edge", "inf", "zeros", "huge", "tiny"])
 def test_dynamic_tensor_fast(monkeypatch, dtype, case):
-    """The streaming path (one launch at these sizes otherwise: tests/test_grid_one_launch.py)."""
+    """The streaming path (one launch at these sizes otherwise: tests/test_grid_one_launch.py;
+    above them, one cooperative launch: tests/test_tensor_resident.py)."""
     sch = resolve_scheme("fp8_tensor")
     x = _dynamic_tensor_data(case, (5, 64), seed=3).astype(dtype)
-    names = _launched_with_off(monkeypatch, ["GRID_ONE_LAUNCH"], x.shape, dtype, sch)
+    names = _launched_with_off(monkeypatch, ["GRID_ONE_LAUNCH", "TENSOR_RESIDENT"], x.shape, dtype, sch)
     assert names == ["tensor_amax", "finalize", "static_encode"], names
     check(x, sch, x_ref=x.astype(np.float32))
     kq._PLANS.clear()

@@ -18,7 +18,7 @@ import numpy as np
 
 from ._gpu import bf16_bits, cupy_or_skip
 
-SCHEMES = ["fp8_row", "mxfp8", "mxfp4", "nvfp4", "fp8_1x128", "int8_column"]
+SCHEMES = ["fp8_row", "fp8_tensor", "mxfp8", "mxfp4", "nvfp4", "fp8_1x128", "int8_column"]
 SHAPES = ["64x7168", "8192x8192"]
 
 
