@@ -341,8 +341,10 @@ def test_static_encode(big_bf16, name, kw, scale):
 def test_two_pass_fast(monkeypatch, big_bf16, name, kw, kernel, nan):
     """The two-pass paths (an amax over the whole tensor / every row first) at a size with
     several units per thread and many row chunks, with and without NaN / inf in the input
-    (per channel: the one pass off, tests/test_column_onepass_gpu.py covers it)."""
+    (per channel: the one pass off, tests/test_column_onepass_gpu.py covers it; per tensor:
+    the cooperative kernel off, tests/test_tensor_resident_gpu.py covers it)."""
     monkeypatch.setattr(kq, "COLUMN_ONEPASS", False)
+    monkeypatch.setattr(kq, "TENSOR_RESIDENT", False)
     kq._PLANS.clear()
     x = big_bf16
     if not nan:
