@@ -26,8 +26,11 @@ SCHEMES = ["fp8_row", "mxfp4", "nvfp4", "fp8_1x128", "int8_asym", "int8_centred"
            "fp8_128x128"]  # fmt: skip
 
 
-def test_plans_are_cached_and_classify_their_arrays():
+def test_plans_are_cached_and_classify_their_arrays(monkeypatch):
     from nqdq.kernels._codec import KIND_BF16
+
+    monkeypatch.setattr(kq, "TENSOR_RESIDENT", False)  # (NVFP4's streaming plan below; the cooperative kernel:
+    kq._PLANS.clear()  # tests/test_tensor_resident.py)
 
     sch = resolve_scheme("fp8_row")
     p = kq.get_plan((64, 7168), KIND_BF16, sch)

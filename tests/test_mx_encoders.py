@@ -182,6 +182,7 @@ def test_nvfp4_two_launches(monkeypatch, kind):
     monkeypatch.setattr(kq, "NVFP4_SENC_IN_GROUPS", True)
     monkeypatch.setattr(kq, "GROUP_UNITS", 1)
     monkeypatch.setattr(kq, "GRID_ONE_LAUNCH", False)  # (small inputs: one launch, tests/test_grid_one_launch.py)
+    monkeypatch.setattr(kq, "TENSOR_RESIDENT", False)  # (larger: one cooperative launch, tests/test_tensor_resident.py)
     sch = resolve_scheme("nvfp4")
     kq._PLANS.clear()
     try:

@@ -95,6 +95,7 @@ def test_nvfp4_two_launches_gpu(monkeypatch):
     with non-finite values; the plan has the two kernels."""
     assert kq.NVFP4_SENC_IN_GROUPS
     monkeypatch.setattr(kq, "NVFP4_SENC_MAX_UNITS", 1 << 40)
+    monkeypatch.setattr(kq, "TENSOR_RESIDENT", False)  # (the cooperative kernel: tests/test_tensor_resident_gpu.py)
     kq._PLANS.clear()
     try:
         sch = resolve_scheme("nvfp4")

@@ -1,4 +1,4 @@
-"""Dynamic per-tensor scales in one cooperative launch on a GPU (``nqdq.kernels._tensor_resident``):
+"""Dynamic per-tensor scales and NVFP4 in one cooperative launch on a GPU (``nqdq.kernels._tensor_resident``):
 a grid of one block an SM, part of the input held on chip across the grid's amax, bit-exact
 against the NumPy reference at real sizes (all resident; resident + streamed rounds;
 f32 / f16 / bf16; an unaligned view; other element formats), repeated through the plan's
@@ -40,13 +40,30 @@ def _launches(shape, dtype=ml_dtypes.bfloat16, name="fp8_tensor"):
     return [(k.py_func.__name__, g, b) for k, g, b, _a in plan.launches]
 
 
-def test_large_inputs_take_one_cooperative_launch():
+NAMES = ["fp8_tensor", "nvfp4"]
+
+
+@pytest.fixture(autouse=True)
+def nvfp4_on(monkeypatch):
+    """NVFP4's cooperative kernel on (off by default: no faster), with fresh plans."""
+    monkeypatch.setattr(kq, "NVFP4_RESIDENT", True)
+    kq._PLANS.clear()
+    yield
+    kq._PLANS.clear()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_large_inputs_take_one_cooperative_launch(name, monkeypatch):
     assert kq.TENSOR_RESIDENT and TR.available()
     NT, UR, US, V = TR.resident_geometry()
     assert US > 0
-    for shape in [(256, 7168), (8192, 8192), (16384, 7168)]:
-        assert _launches(shape) == [("tensor_resident", kq._sm_count(), NT)]
-    assert [n for n, _g, _b in _launches((64, 7168))] == ["static_encode"]  # decode sizes: the one-launch kernel
+    for shape in [(1024, 7168), (8192, 8192), (16384, 7168)]:
+        assert _launches(shape, name=name) == [("tensor_resident", kq._sm_count(), NT)]
+    one = {"fp8_tensor": "static_encode", "nvfp4": "lastaxis_groups"}[name]
+    assert [n for n, _g, _b in _launches((64, 7168), name=name)] == [one]  # decode sizes: the one-launch kernel
+    monkeypatch.setattr(kq, "NVFP4_RESIDENT", False)  # the default for NVFP4: the streaming kernels
+    kq._PLANS.clear()
+    assert (_launches((8192, 8192), name=name)[0][0] == "tensor_resident") == (name == "fp8_tensor")
 
 
 @pytest.mark.parametrize(
@@ -55,18 +72,20 @@ def test_large_inputs_take_one_cooperative_launch():
      ((1000, 5000), np.float16), ((6000, 6000), np.float32), ((3, 1 << 22), ml_dtypes.bfloat16)],
     ids=str,
 )  # fmt: skip
-def test_bit_exact_edge_values(shape, dtype):
-    x = edge_data(shape, seed=shape[0] + shape[1]).astype(dtype)
-    check_gpu(x, resolve_scheme("fp8_tensor"))
+@pytest.mark.parametrize("name", NAMES)
+def test_bit_exact_edge_values(shape, dtype, name):
+    x = edge_data(shape, seed=shape[0] + shape[1], scale=30.0).astype(dtype)
+    check_gpu(x, resolve_scheme(name))
 
 
-def test_unaligned_view():
+@pytest.mark.parametrize("name", NAMES)
+def test_unaligned_view(name):
     """A 1-D view one element into its buffer: no 16-byte alignment, every load element by
     element, the shared units staged through registers."""
     n = 20_000_000
     xh = edge_data((n + 1,), seed=3).astype(ml_dtypes.bfloat16)
     xd = cp.asarray(xh.view(np.uint16))[1:]
-    check_gpu(xh[1:], resolve_scheme("fp8_tensor"), dtype="bfloat16", x_dev=xd)
+    check_gpu(xh[1:], resolve_scheme(name), dtype="bfloat16", x_dev=xd)
 
 
 @pytest.mark.parametrize("fmt", ["e5m2", "int8", "int4"])
@@ -75,16 +94,18 @@ def test_other_element_formats(fmt):
     check_gpu(x, resolve_scheme(fmt, granularity="tensor"))
 
 
-def test_repeated_through_the_runner():
+@pytest.mark.parametrize("name", NAMES)
+def test_repeated_through_the_runner(name):
     """Five calls in a row on one stream's grid workspace (left zero by each), each exact."""
     rng = np.random.default_rng(21)
     for _ in range(5):
         xh = _act(rng, (4096, 7168))
-        q = nqdq.quantize(cp.asarray(xh.view(np.uint16)), "fp8_tensor", dtype="bfloat16")
-        _check(q, nqdq.quantize(xh, "fp8_tensor", device="cpu"), "fp8_tensor")
+        q = nqdq.quantize(cp.asarray(xh.view(np.uint16)), name, dtype="bfloat16")
+        _check(q, nqdq.quantize(xh, name, device="cpu"), name)
 
 
-def test_concurrent_streams_beside_one_launch_kernels():
+@pytest.mark.parametrize("name", NAMES)
+def test_concurrent_streams_beside_one_launch_kernels(name):
     """Calls in flight on two streams at once, and one-launch (non-cooperative, waiting)
     grids on a third: the cooperative grids start only when every block fits, so nothing
     waits for ever, and every result is exact."""
@@ -100,28 +121,29 @@ def test_concurrent_streams_beside_one_launch_kernels():
         if i < 4:
             for s in range(2):
                 with streams[s]:
-                    got_big[s].append(nqdq.quantize(dev_big[s][i], "fp8_tensor", dtype="bfloat16"))
+                    got_big[s].append(nqdq.quantize(dev_big[s][i], name, dtype="bfloat16"))
         with streams[2]:
-            got_small.append(nqdq.quantize(dev_small[i], "fp8_tensor", dtype="bfloat16"))
+            got_small.append(nqdq.quantize(dev_small[i], name, dtype="bfloat16"))
     cp.cuda.Device().synchronize()
     for s in range(2):
         for i in range(4):
-            _check(got_big[s][i], nqdq.quantize(big[s][i], "fp8_tensor", device="cpu"), f"stream {s} call {i}")
+            _check(got_big[s][i], nqdq.quantize(big[s][i], name, device="cpu"), f"stream {s} call {i}")
     for i in range(8):
-        _check(got_small[i], nqdq.quantize(small[i], "fp8_tensor", device="cpu"), f"small call {i}")
+        _check(got_small[i], nqdq.quantize(small[i], name, device="cpu"), f"small call {i}")
 
 
-def test_replays_from_a_cuda_graph():
+@pytest.mark.parametrize("name", NAMES)
+def test_replays_from_a_cuda_graph(name):
     """Captured (a cooperative kernel node), then replayed on new data in the same buffer."""
     rng = np.random.default_rng(23)
     shape = (4096, 7168)
     x = cp.asarray(_act(rng, shape).view(np.uint16))
     s = cp.cuda.Stream(non_blocking=True)
     with s:
-        nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
+        nqdq.quantize(x, name, dtype="bfloat16")
         s.synchronize()
         s.begin_capture()
-        q = nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
+        q = nqdq.quantize(x, name, dtype="bfloat16")
         graph = s.end_capture()
     for trial in range(3):
         xh = _act(rng, shape)
@@ -130,4 +152,4 @@ def test_replays_from_a_cuda_graph():
             q.codes.fill(0xA5)
         graph.launch(s)
         s.synchronize()
-        _check(q, nqdq.quantize(xh, "fp8_tensor", device="cpu"), f"replay {trial}")
+        _check(q, nqdq.quantize(xh, name, device="cpu"), f"{name} replay {trial}")

@@ -1040,22 +1040,14 @@ _SENC_FROM_PARTS = ("parts, nparts, tscale", '''    red = cuda.shared.array(NW, 
 
 
 @lru_cache(maxsize=None)
-def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, packed, shfl, senc_parts=False,
-                               senc_grid=False, stoch=False):
-    """Groups of L units (G = L * VEC elements, L a power of two <= 32) tiling a flat
-    C-contiguous input whose rows hold a whole number of groups: group g covers units
-    g*L .. g*L + L - 1 and owns scales[g]. A thread takes *chunks* of K consecutive units
-    (K divides L: one set of group parameters per chunk, not per unit), so a group is LL =
-    L / K consecutive lanes of one warp, combined by a butterfly of log2(LL) steps. Block b
-    owns chunks b*NT*U + j*NT + t (thread t, j < U); all U * K loads of a thread are issued
-    before the first is used. ``senc_parts`` (NVFP4): the kernel takes (parts, nparts,
-    tscale) instead of ``sparams`` and computes S_enc itself (see _SENC_FROM_PARTS);
-    ``senc_grid`` (NVFP4): it takes (tscale, sync) and computes S_enc from the whole grid's
-    units (``_grid.grid_max``: at most one block per SM, _SENC_FROM_GRID). ``stoch``: stochastic
-    rounding (chunk_step_sr; the kernel takes key_lo, key_hi last)."""
+def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
+    """The per-chunk functions of ``lastaxis_groups`` (see make_lastaxis_group_kernel):
+    ``chunk_step`` / ``chunk_step_sr`` (a chunk of K units w0 .. w3: its group's amax over
+    the group's L / K lanes, the group's scale, the encode and the stores), ``unit_of`` (a
+    chunk's first unit), ``ST`` (units between a chunk's units), ``IG``, ``VEC``; shared
+    with ``_tensor_resident``'s NVFP4 kernel."""
     VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
-    assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0 and L % K == 0 and K in (1, 2, 4)
-    assert not (senc_parts or senc_grid) or mode == MODE_NVFP4
+    assert L & (L - 1) == 0 and 1 <= L <= 32 and L % K == 0 and K in (1, 2, 4)
     LL = L // K
     # MX e2m1 of bfloat16 input: amax and encode two elements per instruction (e2m1_unit_bf16);
     # "floor" / "even" scales can leave |x| / 2^k up to 8, which is clamped to 6 first
@@ -1203,6 +1195,28 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
                 sr_store_unit_r(unit_elems(w3, kind), u + 3 * ST, p0, rp, clean, key_lo, key_hi, c8, c16, c32, mode,
                                 fmt, VEC, NB)
 
+    return dict(chunk_step=chunk_step, chunk_step_sr=chunk_step_sr, unit_of=unit_of, ST=ST, IG=IG, VEC=VEC)
+
+
+@lru_cache(maxsize=None)
+def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, packed, shfl, senc_parts=False,
+                               senc_grid=False, stoch=False):
+    """Groups of L units (G = L * VEC elements, L a power of two <= 32) tiling a flat
+    C-contiguous input whose rows hold a whole number of groups: group g covers units
+    g*L .. g*L + L - 1 and owns scales[g]. A thread takes *chunks* of K consecutive units
+    (K divides L: one set of group parameters per chunk, not per unit), so a group is LL =
+    L / K consecutive lanes of one warp, combined by a butterfly of log2(LL) steps. Block b
+    owns chunks b*NT*U + j*NT + t (thread t, j < U); all U * K loads of a thread are issued
+    before the first is used. ``senc_parts`` (NVFP4): the kernel takes (parts, nparts,
+    tscale) instead of ``sparams`` and computes S_enc itself (see _SENC_FROM_PARTS);
+    ``senc_grid`` (NVFP4): it takes (tscale, sync) and computes S_enc from the whole grid's
+    units (``_grid.grid_max``: at most one block per SM, _SENC_FROM_GRID). ``stoch``: stochastic
+    rounding (chunk_step_sr; the kernel takes key_lo, key_hi last)."""
+    assert NT % 32 == 0
+    assert not (senc_parts or senc_grid) or mode == MODE_NVFP4
+    fns = group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl)
+    chunk_step, chunk_step_sr, unit_of, ST, IG, VEC = (fns[k] for k in ("chunk_step", "chunk_step_sr", "unit_of", "ST", "IG",
+                                                                         "VEC"))
     chunk_args = ", ".join("w{j}_%d" % k if k < K else "Z4" for k in range(4))
     ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, kind=kind, mode=mode,
               chunk_step=chunk_step, unit_of=unit_of, ST=ST, NW=NT // 32, block_max=_block_max_fn(NT, shfl))

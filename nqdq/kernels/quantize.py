@@ -23,6 +23,7 @@ asymmetric integers under the same conditions          ``lastaxis_asym_rows`` /
 (LASTAXIS_CENTRED)
 other last-axis groups / rows (partial groups;         ``group`` (one pass; groups of more
 stochastic without LASTAXIS_STOCH)                     than SEG_MAX elements re-read L1/L2)
+(NVFP4_RESIDENT, off: no faster)                        ``tensor_resident`` (NVFP4 blocks)
 NVFP4 otherwise                                        ``tensor_partials`` -> ``finalize``
                                                        (S_enc) -> ``group``
 per-tensor dynamic float scales, whole units          ``static_encode`` with the grid's amax
@@ -621,6 +622,12 @@ GRID_STREAM_WS = os.environ.get("NQDQ_GRID_STREAM_WS", "1") == "1"
 # shared memory across the grid's amax and re-reads the rest last-read first, from L2 where it
 # still is (_tensor_resident). NQDQ_TENSOR_RESIDENT=0: the amax pass, then the encode pass (A/B).
 TENSOR_RESIDENT = os.environ.get("NQDQ_TENSOR_RESIDENT", "1") == "1"
+# NVFP4 in the same cooperative kernel (its items whole 16-element blocks, encoded by the group
+# kernel's chunk_step): exact, but no faster on an H100 (2026-11-27 09:37-09:40 UTC, bf16
+# 8192x8192 / 16384x7168 / 4096x7168 / 2048x7168: 51.9 / 54.1 / 45.0 / 39.3 % of copy against
+# the streaming kernels' 51.2 / 53.6 / 45.1 / 47.5 %: the block encode, not the second read,
+# bounds it; docs/performance.md "Twenty-fifth session"), so off; NQDQ_NVFP4_RESIDENT=1: on.
+NVFP4_RESIDENT = os.environ.get("NQDQ_NVFP4_RESIDENT", "0") == "1"
 COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
 # ... in one pass where the geometry fits (_column_kernels.onepass_launches): column_onepass
 # (its workspace a "zero" slot), every block's chunk held in registers across a per-stripe wait. False: the
@@ -936,6 +943,13 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
                                               **sr)
             _launch(k, nblocks, NT, xa, n // RK.vec_of(kind) // Kc, codes, scales, out.tscale,
                     rec.empty(GRID.SYNC_WORDS, np.int32, "reset"), *keys)
+        elif fast is not None and fast[0] == "group" and fast[1] == fast[2] and not stoch and NVFP4_RESIDENT and TR.available():
+            # one cooperative launch: part of the input held on chip across the grid's finite amax (_tensor_resident)
+            _, L, Kc, _, _ = fast
+            NT, UR, US, V = TR.resident_geometry(Kc)
+            k = TR.make_nvfp4_resident_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, UR, US, V, packed, SHFL)
+            _launch(k, _sm_count(), NT, xa, n // RK.vec_of(kind) // Kc, codes, scales, out.tscale,
+                    rec.empty(GRID.SYNC_WORDS, np.int32, "reset"))
         elif fast is not None and fast[0] == "group" and NVFP4_SENC_IN_GROUPS and n // RK.vec_of(kind) < NVFP4_SENC_MAX_UNITS:
             # two launches: the group kernel computes S_enc from the amax partials itself
             parts, nparts = tensor_amax_parts(max(32, min(nt, 256)), True, NVFP4_PARTS_MAX)
