@@ -118,8 +118,9 @@ def test_gpu_quantize_captured_in_a_cuda_graph_replays(name):
 
 
 def _check_graph_replays(x, name, rng, trials):
-    """Capture nqdq.quantize(x) in a CUDA graph, then, ``trials`` times, put new data in the
-    same input buffer, poison the codes, replay and compare with the reference."""
+    """Capture nqdq.quantize(x) in a CUDA graph (``x`` a bf16 activation of (rows, cols)
+    as uint16 bits), then, ``trials`` times, put new data in the same input buffer, poison
+    the codes, replay and compare with the reference."""
     import cupy as cp
 
     s = cp.cuda.Stream(non_blocking=True)
@@ -130,7 +131,7 @@ def _check_graph_replays(x, name, rng, trials):
         q = nqdq.quantize(x, name, dtype="bfloat16")
         graph = s.end_capture()
     for trial in range(trials):
-        xh = _act(rng)
+        xh = _act(rng, *x.shape)
         with s:  # on the replay's stream: s is non-blocking, so the null stream's work is unordered with it
             x[...] = cp.asarray(xh.view(np.uint16))
             q.codes.fill(0xA5)

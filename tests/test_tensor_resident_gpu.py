@@ -22,17 +22,12 @@ import nqdq.kernels._tensor_resident as TR  # noqa: E402
 import nqdq.kernels.quantize as kq  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
-from test_api_gpu_path import _check  # noqa: E402
+from test_api_gpu_path import _check, _check_graph_replays  # noqa: E402
+from test_grid_one_launch_gpu import _act, check_repeated  # noqa: E402
 from test_kernels import edge_data  # noqa: E402
 from test_kernels_gpu import check_gpu  # noqa: E402
 
 KIND = {np.dtype(np.float32): 0, np.dtype(ml_dtypes.bfloat16): 1, np.dtype(np.float16): 2}
-
-
-def _act(rng, shape, dtype=ml_dtypes.bfloat16):
-    x = rng.standard_normal(shape).astype(np.float32)
-    x *= np.exp2(rng.uniform(-6, 6, (shape[0], 1))).astype(np.float32)
-    return x.astype(dtype)
 
 
 def _launches(shape, dtype=ml_dtypes.bfloat16, name="fp8_tensor"):
@@ -97,11 +92,7 @@ def test_other_element_formats(fmt):
 @pytest.mark.parametrize("name", NAMES)
 def test_repeated_through_the_runner(name):
     """Five calls in a row on one stream's grid workspace (left zero by each), each exact."""
-    rng = np.random.default_rng(21)
-    for _ in range(5):
-        xh = _act(rng, (4096, 7168))
-        q = nqdq.quantize(cp.asarray(xh.view(np.uint16)), name, dtype="bfloat16")
-        _check(q, nqdq.quantize(xh, name, device="cpu"), name)
+    check_repeated(name, (4096, 7168), 5, 21)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -136,20 +127,5 @@ def test_concurrent_streams_beside_one_launch_kernels(name):
 def test_replays_from_a_cuda_graph(name):
     """Captured (a cooperative kernel node), then replayed on new data in the same buffer."""
     rng = np.random.default_rng(23)
-    shape = (4096, 7168)
-    x = cp.asarray(_act(rng, shape).view(np.uint16))
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        nqdq.quantize(x, name, dtype="bfloat16")
-        s.synchronize()
-        s.begin_capture()
-        q = nqdq.quantize(x, name, dtype="bfloat16")
-        graph = s.end_capture()
-    for trial in range(3):
-        xh = _act(rng, shape)
-        with s:
-            x[...] = cp.asarray(xh.view(np.uint16))
-            q.codes.fill(0xA5)
-        graph.launch(s)
-        s.synchronize()
-        _check(q, nqdq.quantize(xh, name, device="cpu"), f"{name} replay {trial}")
+    x = cp.asarray(_act(rng, (4096, 7168)).view(np.uint16))
+    _check_graph_replays(x, name, rng, trials=3)
