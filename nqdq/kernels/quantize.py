@@ -18,15 +18,15 @@ NVFP4 under the same conditions                        ``tensor_amax`` -> ``last
                                                        below NVFP4_SENC_MAX_UNITS); larger:
                                                        ``tensor_amax`` -> ``finalize`` ->
                                                        ``lastaxis_groups``
+... with NVFP4_RESIDENT (off: no faster), RNE, sm_80+  ``tensor_resident`` (NVFP4 blocks)
 asymmetric integers under the same conditions          ``lastaxis_asym_rows`` /
 (LASTAXIS_ASYM); centred INT8 whole 2^k-unit groups    ``lastaxis_stat_groups``
 (LASTAXIS_CENTRED)
 other last-axis groups / rows (partial groups;         ``group`` (one pass; groups of more
 stochastic without LASTAXIS_STOCH)                     than SEG_MAX elements re-read L1/L2)
-(NVFP4_RESIDENT, off: no faster)                        ``tensor_resident`` (NVFP4 blocks)
 NVFP4 otherwise                                        ``tensor_partials`` -> ``finalize``
                                                        (S_enc) -> ``group``
-per-tensor dynamic float scales, whole units          ``static_encode`` with the grid's amax
+per-tensor dynamic float scales, whole units           ``static_encode`` with the grid's amax
 (STATIC_FAST): decode sizes (GRID_ONE_LAUNCH)          (``_grid``, one launch)
 ... larger (TENSOR_RESIDENT, RNE, sm_80+)              ``tensor_resident`` (one cooperative
                                                        launch, part of the input on chip)
