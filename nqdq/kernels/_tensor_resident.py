@@ -32,7 +32,7 @@ On an H100 (132 SMs, 227 KiB of shared memory a block) the default geometry hold
 also writes each block's ue4m3 scale), so the results are theirs bit for bit.
 
 What it gains, and what limits it (H100, bf16 fp8_tensor, docs/performance.md "Twenty-fifth
-session"): 62-63 % of copy at 8192x8192 and 16384x7168 (the two kernels: 56 / 58 %), 64-65 %
+session"): 62-63 % of copy at 8192x8192 and 16384x7168 (the two kernels: 56 / 58 %), 63-65 %
 at 4096x7168 (51 %). ncu shows the second read mostly missing L2: at 8192x8192 DRAM reads
 212.7 MB, of which the input is 134.2 and the streamed part 95, so L2 served only about
 17 MB of the reversed rounds (the codes written meanwhile take its room); the evict-first L2
