@@ -61,19 +61,17 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, int32, types
 
-from ._codec import F32, ONE, ZERO
+from ._codec import F32, ONE, ZERO, bits_f32
 from ._column_kernels import stage_sync
 from ._division import recip_guarded
 from ._grid import grid_max
 from ._mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, smem_addr
 from ._ptx import array_addr, as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports
 from ._quantize_kernels import group_params
-from ._codec import bits_f32
 from ._rowwise_kernels import (
     _block_max_fn, amax_done, amax_step, group_chunk_fns, load_unit, static_unit_fns, unit_amax_finite, unit_elems, vec_of,
 )  # fmt: skip
-from ._scales import nvfp4_tensor_encode_scale
-from ._scales import MODE_FLOAT, MODE_NVFP4
+from ._scales import MODE_FLOAT, MODE_NVFP4, nvfp4_tensor_encode_scale
 from ._target import SIMULATOR, devfn, device_cc
 
 # (NT, UR, US, V): threads a block (one block an SM), units a thread in registers and in
