@@ -1039,13 +1039,14 @@ _SENC_FROM_PARTS = ("parts, nparts, tscale", '''    red = cuda.shared.array(NW, 
         tscale[0] = ONE / s_enc''')
 
 
-@lru_cache(maxsize=None)
 def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
     """The per-chunk functions of ``lastaxis_groups`` (see make_lastaxis_group_kernel):
     ``chunk_step`` / ``chunk_step_sr`` (a chunk of K units w0 .. w3: its group's amax over
     the group's L / K lanes, the group's scale, the encode and the stores), ``unit_of`` (a
     chunk's first unit), ``ST`` (units between a chunk's units), ``IG``, ``VEC``; shared
-    with ``_tensor_resident``'s NVFP4 kernel."""
+    with ``_tensor_resident``'s NVFP4 kernel. Not cached: each kernel factory (cached
+    itself) builds its own, so a module switch (INT_GROUP_FAST, FP6_PAIRS, ...) set before
+    a factory's cache is cleared takes effect, as it did when these were the factory's own."""
     VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
     assert L & (L - 1) == 0 and 1 <= L <= 32 and L % K == 0 and K in (1, 2, 4)
     LL = L // K
@@ -2120,13 +2121,12 @@ _STATIC_DYNAMIC = """    red = cuda.shared.array(NW, int32)
 """
 
 
-@lru_cache(maxsize=None)
 def static_unit_fns(fmt, VEC, NB, CVT, per_row):
     """(static_unit, static_unit_sr): encode and store unit ``u`` (elements ``e``) under the
     float scale ``st`` of the tensor (its guarded reciprocal ``rst``), or (``per_row``) under
     scales[u // upr]; by the reciprocal where the unit is finite and the scale allows, else
     element by element (``static_unit_sr``: stochastic rounding, keys last). Used by
-    ``static_encode`` and ``_tensor_resident``."""
+    ``static_encode`` and ``_tensor_resident``; not cached (see group_chunk_fns)."""
 
     @devfn
     def static_unit(e, u, upr, st, rst, scales, c8, c16, c32):
