@@ -69,7 +69,7 @@ from ._ptx import (
     fp8_cvt_supports, ld_cluster_u32, load_u32x4_l2_256, mbar_init_tx, mbar_wait0, st_async_u32, u16x2_max,
 )  # fmt: skip
 from ._rowwise_kernels import load_unit, unit_elems, vec_of
-from ._target import SIMULATOR, devfn, device_cc
+from ._target import SIMULATOR, devfn, device_has
 
 
 # (NT, U, UR) tried in order by cluster_geometry: NT threads a block, U 16-byte units a
@@ -348,10 +348,7 @@ def available() -> bool:
     """Clusters on the current device: compute capability 9.0 or newer (the simulator's
     clusters of one block always; with no GPU, compile-only tools such as the PTX audit
     target sm_90: yes)."""
-    if SIMULATOR or not cuda.is_available():
-        return True
-    cc = device_cc()
-    return cc is not None and cc >= (9, 0)
+    return device_has((9, 0))
 
 
 def cluster_geometry(rows, upr, vec, sms, cl=None, configs=None):

@@ -26,3 +26,13 @@ def device_cc():
         return tuple(cuda.get_current_device().compute_capability)
     except Exception:  # pragma: no cover - no driver
         return None
+
+
+def device_has(cc) -> bool:
+    """Whether kernels that need compute capability ``cc`` (major, minor) or newer may be
+    planned: the current GPU's, always under the simulator (which runs their twins), and
+    with no GPU (compile-only tools such as the PTX audit target the newest paths)."""
+    if SIMULATOR or not cuda.is_available():
+        return True
+    have = device_cc()
+    return have is not None and have >= cc

@@ -72,7 +72,7 @@ from ._rowwise_kernels import (
     _block_max_fn, amax_done, amax_step, group_chunk_fns, load_unit, static_unit_fns, unit_amax_finite, unit_elems, vec_of,
 )  # fmt: skip
 from ._scales import MODE_FLOAT, MODE_NVFP4, nvfp4_tensor_encode_scale
-from ._target import SIMULATOR, devfn, device_cc
+from ._target import SIMULATOR, devfn, device_has
 
 # (NT, UR, US, V): threads a block (one block an SM), units a thread in registers and in
 # shared memory, units a thread streams a round. NQDQ_TENSOR_RESIDENT_GEOMETRY="NT,UR,US,V"
@@ -254,21 +254,17 @@ def make_tensor_resident_kernel(kind, fmt, max_elem, NT, UR, US, V, packed, shfl
         return st, recip_guarded(st)
 
     @devfn
+    def stat_done(a, a2):
+        return amax_done(a, a2, kind)
+
+    @devfn
     def encode(w0, w1, w2, w3, u, n, t, scratch, codes, c16, c32, scales, st, rst):
         if u < n:
             static_unit(unit_elems(w0, kind), u, 1, st, rst, scales, codes, c16, c32)
 
-    ns.update(stat=stat, stat_done=_amax_done_fn(kind), params=params, encode=encode)
+    ns.update(stat=stat, stat_done=stat_done, params=params, encode=encode)
     src = _source(1, UR, US, V, "sync", "scales[0] = p")
     return _build(f"tensor_resident NT={NT} UR={UR} US={US} V={V}", src, ns, NT, US, 1)
-
-
-def _amax_done_fn(kind):
-    @devfn
-    def stat_done(a, a2):
-        return amax_done(a, a2, kind)
-
-    return stat_done
 
 
 @lru_cache(maxsize=None)
@@ -314,10 +310,7 @@ def make_nvfp4_resident_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, UR, 
 def available() -> bool:
     """``cp.async`` (sm_80+) on the current device; always under the simulator (and with no
     GPU, for compile-only tools)."""
-    if SIMULATOR or not cuda.is_available():
-        return True
-    cc = device_cc()
-    return cc is not None and cc >= (8, 0)
+    return device_has((8, 0))
 
 
 def resident_geometry(K=1, smem_per_block=None, geometry=None):
@@ -335,5 +328,5 @@ def resident_geometry(K=1, smem_per_block=None, geometry=None):
     return NT, (UR if UR + US else 1), US, V
 
 
-_ = (int32, array_addr, as_u16, as_u32, grid_max, group_params, recip_guarded, amax_done, amax_step, load_unit,
-     unit_elems, stage_sync, cp_async_unit, ld_shared_u32x4, smem_addr)  # used by the generated source
+_ = (int32, array_addr, as_u16, as_u32, grid_max, load_unit, stage_sync, cp_async_unit, ld_shared_u32x4,
+     smem_addr)  # used by the generated source
