@@ -742,3 +742,21 @@ def test_function_attributes_set_once_per_handle(monkeypatch):
     launch.allow_cluster(_Kern, 16)
     launch.allow_cluster(_Kern, 8)
     assert calls == [(8, 100000, 0x5150), (8, 120000, 0x5150), (14, 1, 0x5150)]
+
+
+def test_launch_errors_name_the_refusals(monkeypatch):
+    """The driver's refusal of a cooperative grid (720) or of a cluster (912) is
+    LaunchRefused for a launch of that kind, any other error a plain RuntimeError; a refusal
+    rules that kind out of later plans (ex_launch_ok) and warns once."""
+    monkeypatch.setattr(launch, "_REFUSED", set())
+    e = launch.launch_error(720, "k", "cooperative")
+    assert isinstance(e, launch.LaunchRefused) and e.kind == "cooperative" and "cuLaunchKernel(k)" in str(e)
+    assert isinstance(launch.launch_error(912, "k", "cluster"), launch.LaunchRefused)
+    for err, kind in [(720, "cluster"), (912, "cooperative"), (701, "cooperative"), (720, None)]:
+        e = launch.launch_error(err, "k", kind)
+        assert type(e) is RuntimeError, (err, kind)
+    assert launch.ex_launch_ok("cooperative") == (launch.simulated() or os.environ.get("NQDQ_FAST_LAUNCH", "1") != "0")
+    with pytest.warns(RuntimeWarning, match="refused a cluster launch"):
+        assert launch.refuse("cluster")
+    assert not launch.refuse("cluster")  # once
+    assert not launch.ex_launch_ok("cluster")

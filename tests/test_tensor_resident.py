@@ -177,3 +177,84 @@ def test_nvfp4_unaligned_and_uniform(resident):
     x[16 * 190 + 5] = 3.0
     xb = x.astype(ml_dtypes.bfloat16)
     check(xb, sch, x_ref=xb.astype(np.float32))
+
+
+@pytest.fixture
+def refusals(monkeypatch):
+    """launch._REFUSED emptied for the test and restored after (a refusal is process-wide)."""
+    import nqdq.kernels.launch as LAUNCH
+
+    monkeypatch.setattr(LAUNCH, "_REFUSED", set())
+    return LAUNCH
+
+
+def test_refused_cooperative_launch_falls_back(resident, refusals, monkeypatch):
+    """A cooperative launch the driver refuses (launch.LaunchRefused: an MPS thread limit, a
+    partial green context) runs the call again by the plan built without such kernels, warns
+    once, and later plans avoid them; the results are the reference's."""
+    resident((64, 1, 2, 2))
+    sch = resolve_scheme("fp8_tensor")
+    x = edge_data((8 * 300,), seed=9).astype(ml_dtypes.bfloat16)
+    plan = kq.get_plan(x.shape, 1, sch)
+    assert plan.ex_kinds == {"cooperative"} and kq.get_plan((16, 64), 1, sch).ex_kinds == {"cooperative"}
+    tries = []
+
+    def refused(*a, **k):
+        tries.append(1)
+        raise refusals.LaunchRefused("refused (test)", "cooperative")
+
+    monkeypatch.setattr(plan, "_execute", refused)
+    with pytest.warns(RuntimeWarning, match="refused a cooperative launch"):
+        check(x, sch, x_ref=x.astype(np.float32))  # (its quantize call: the fallback's result)
+    assert tries == [1] and refusals._REFUSED == {"cooperative"} and not TR.available()
+    assert [k.py_func.__name__ for k, *_ in plan.fallback().launches] == ["tensor_amax", "finalize", "static_encode"]
+    assert _names((16, 64), ml_dtypes.bfloat16, sch) == ["tensor_amax", "finalize", "static_encode"]  # plans afresh
+    check(x, sch, x_ref=x.astype(np.float32))  # the refused plan itself forwards, without trying again
+    assert tries == [1]
+
+
+def test_refusal_guard_of_a_runner(resident, refusals, monkeypatch):
+    """The CuPy runner of a plan with a cooperative launch: a refusal switches it for good to
+    the fallback plan's runner; any other launch error reaches the caller."""
+    resident((64, 1, 2, 2))
+    plan = kq.get_plan((16, 64), 1, resolve_scheme("fp8_tensor"))
+    other = kq.get_plan((32, 64), 1, resolve_scheme("fp8_tensor"))
+    assert plan.ex_kinds == other.ex_kinds == {"cooperative"}
+    calls = []
+
+    class Alt:
+        def cupy_runner(self):
+            return lambda x, lo=0, hi=0: calls.append(("alt", x)) or "alt result"
+
+    monkeypatch.setattr(plan, "fallback", lambda: Alt())
+
+    def inner(x, lo=0, hi=0):
+        calls.append(("inner", x))
+        if x == "bad":
+            raise RuntimeError("cuLaunchKernel(tensor_resident) failed: 700")
+        raise refusals.LaunchRefused("refused (test)", "cooperative")
+
+    run = plan._refusal_guard(inner)
+    with pytest.raises(RuntimeError, match="700"):
+        run("bad")
+    with pytest.warns(RuntimeWarning, match="refused"):
+        assert run("x1") == "alt result"
+    assert run("x2") == "alt result"
+    assert calls == [("inner", "bad"), ("inner", "x1"), ("alt", "x1"), ("alt", "x2")]
+    # a runner built before the refusal (another plan of the kind) goes straight to its fallback;
+    # where building that fails (e.g. inside an invalidated graph capture) the next call tries again
+    builds = []
+
+    def flaky():
+        builds.append(1)
+        if len(builds) == 1:
+            raise RuntimeError("cudaErrorStreamCaptureInvalidated (test)")
+        return Alt()
+
+    monkeypatch.setattr(other, "fallback", flaky)
+    run2 = other._refusal_guard(inner)
+    del calls[:]
+    with pytest.raises(RuntimeError, match="Invalidated"):
+        run2("y1")
+    assert run2("y2") == "alt result" and run2("y3") == "alt result"
+    assert calls == [("alt", "y2"), ("alt", "y3")] and builds == [1, 1]

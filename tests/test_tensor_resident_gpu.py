@@ -129,3 +129,109 @@ def test_replays_from_a_cuda_graph(name):
     rng = np.random.default_rng(23)
     x = cp.asarray(_act(rng, (4096, 7168)).view(np.uint16))
     _check_graph_replays(x, name, rng, trials=3)
+
+
+def test_refused_cooperative_launch_falls_back(monkeypatch):
+    """A grid larger than the device holds at once (here: two blocks an SM of a kernel that
+    fits one) is refused by the driver (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE), as under an
+    MPS thread limit: the call runs the two-pass plan instead, warns once, and later calls
+    plan without the cooperative kernel; every result exact."""
+    import nqdq.api as api
+    import nqdq.kernels.launch as LAUNCH
+
+    monkeypatch.setattr(LAUNCH, "_REFUSED", set())
+    sms = kq._sm_count()
+    monkeypatch.setattr(kq, "_sm_count", lambda: 2 * sms)
+    kq._PLANS.clear()
+    api.clear_fast_path()
+    rng = np.random.default_rng(31)
+    try:
+        for i in range(3):
+            xh = _act(rng, (4096, 7168))
+            x = cp.asarray(xh.view(np.uint16))
+            if i == 0:
+                assert _launches((4096, 7168))[0][:2] == ("tensor_resident", 2 * sms)
+                with pytest.warns(RuntimeWarning, match="refused a cooperative launch"):
+                    q = nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
+                assert LAUNCH._REFUSED == {"cooperative"} and not TR.available()
+                names = [n for n, _g, _b in _launches((4096, 7168))]
+                assert names[0] == "tensor_amax" and "tensor_resident" not in names, names
+            else:
+                q = nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
+            _check(q, nqdq.quantize(xh, "fp8_tensor", device="cpu"), f"call {i}")
+        # a NumPy input on the GPU (the plan's execute): the same fallback
+        xh = _act(rng, (2048, 7168))
+        _check(nqdq.quantize(xh, "fp8_tensor", device="cuda"), nqdq.quantize(xh, "fp8_tensor", device="cpu"), "numpy")
+    finally:
+        kq._PLANS.clear()
+        api.clear_fast_path()
+
+
+def test_numba_launch_plans_no_cooperative_or_cluster_kernels():
+    """NQDQ_FAST_LAUNCH=0 (every launch through Numba, which has neither attribute): the
+    planner takes the two-pass per-tensor path and the cluster-free per-channel path, and
+    the results are exact (a separate process: the switch is read at import)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent('''
+        import cupy as cp, ml_dtypes, numpy as np
+        import nqdq, nqdq.kernels.quantize as kq
+        from nqdq.schemes import resolve_scheme
+        rng = np.random.default_rng(5)
+        for name, shape in [("fp8_tensor", (4096, 7168)), ("int8_column", (8192, 8192))]:
+            xh = (rng.standard_normal(shape) * 3).astype(ml_dtypes.bfloat16)
+            plan = kq.get_plan(shape, 1, resolve_scheme(name))
+            names = [k.py_func.__name__ for k, *_ in plan.launches]
+            assert not plan.ex_kinds and "tensor_resident" not in names and "column_cluster" not in names, names
+            q = nqdq.quantize(cp.asarray(xh.view(np.uint16)), name, dtype="bfloat16")
+            r = nqdq.quantize(xh, name, device="cpu")
+            assert np.array_equal(cp.asnumpy(q.codes).view(np.uint8), np.asarray(r.codes).view(np.uint8)), name
+            assert np.array_equal(cp.asnumpy(q.scales), np.asarray(r.scales)), name
+            print(name, names)
+    ''')
+    env = dict(os.environ, NQDQ_FAST_LAUNCH="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "fp8_tensor" in out.stdout and "int8_column" in out.stdout
+
+
+def test_refusal_inside_a_graph_capture(monkeypatch):
+    """The first call of a plan whose cooperative launch is refused, inside a CUDA-graph
+    capture: the capture is invalidated (the driver's error reaches the caller, after the
+    warning); the next capture records the fallback's launches and replays exactly."""
+    import nqdq.api as api
+    import nqdq.kernels.launch as LAUNCH
+
+    monkeypatch.setattr(LAUNCH, "_REFUSED", set())
+    sms = kq._sm_count()
+    monkeypatch.setattr(kq, "_sm_count", lambda: 2 * sms)
+    kq._PLANS.clear()
+    api.clear_fast_path()
+    rng = np.random.default_rng(32)
+    xh = _act(rng, (4096, 7168))
+    x = cp.asarray(xh.view(np.uint16))
+    want = nqdq.quantize(xh, "fp8_tensor", device="cpu")
+    s = cp.cuda.Stream(non_blocking=True)
+    try:
+        with s:
+            s.begin_capture()
+            with pytest.warns(RuntimeWarning, match="refused a cooperative launch"):
+                with pytest.raises(Exception, match="[Cc]apture"):
+                    nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
+            with pytest.raises(Exception, match="[Cc]apture"):
+                s.end_capture()
+        cp.cuda.Device().synchronize()
+        with s:
+            s.begin_capture()
+            q = nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
+            g = s.end_capture()
+            x[...] = cp.asarray(xh.view(np.uint16))
+            g.launch()
+        s.synchronize()
+        _check(q, want, "replayed")
+    finally:
+        kq._PLANS.clear()
+        api.clear_fast_path()

@@ -347,8 +347,11 @@ def slot_bytes(NT, U):
 def available() -> bool:
     """Clusters on the current device: compute capability 9.0 or newer (the simulator's
     clusters of one block always; with no GPU, compile-only tools such as the PTX audit
-    target sm_90: yes)."""
-    return device_has((9, 0))
+    target sm_90: yes), where a cluster launch is to be had (``launch.ex_launch_ok``: the
+    fast launch path, not refused in this process)."""
+    from .launch import ex_launch_ok
+
+    return device_has((9, 0)) and ex_launch_ok("cluster")
 
 
 def cluster_geometry(rows, upr, vec, sms, cl=None, configs=None):

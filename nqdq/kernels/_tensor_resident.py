@@ -46,6 +46,11 @@ the grid only when all P blocks fit (and refuses one that never could) -- concur
 on other streams, or other kernels, delay it, never split it. The grid is one block an SM:
 the launch bounds cap a thread's registers at 65536 / NT, and ``resident_geometry`` sizes
 the shared memory by the device's opt-in limit a block, so one block always fits an SM.
+Where the process has less of the device at once (an MPS active-thread limit, a green
+context of part of the SMs) the driver refuses the grid (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE):
+the plan then runs the call by the two-pass plan, warns once, and plans no cooperative
+kernel again (``launch.LaunchRefused``, ``quantize.QuantPlan.fallback``). Under
+``NQDQ_FAST_LAUNCH=0`` (every launch through Numba) it is not planned at all (``available``).
 
 Under the CUDA simulator the grid is one block (blocks run one after another there), with
 a small geometry, so CI runs every phase: resident units in registers and shared memory,
@@ -308,9 +313,12 @@ def make_nvfp4_resident_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, UR, 
 
 
 def available() -> bool:
-    """``cp.async`` (sm_80+) on the current device; always under the simulator (and with no
-    GPU, for compile-only tools)."""
-    return device_has((8, 0))
+    """``cp.async`` (sm_80+) on the current device and a cooperative launch to be had
+    (``launch.ex_launch_ok``: the fast launch path, not refused in this process); always
+    under the simulator (and with no GPU, for compile-only tools)."""
+    from .launch import ex_launch_ok
+
+    return device_has((8, 0)) and ex_launch_ok("cooperative")
 
 
 def resident_geometry(K=1, smem_per_block=None, geometry=None):

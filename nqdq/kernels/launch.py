@@ -348,11 +348,71 @@ def _raw_launch(handle, gx, gy, gz, bx, by, bz, shared_mem, stream, params, fk):
         _raise_launch_error(err, fk._name())
 
 
-def _raise_launch_error(err, name):
-    from cuda.bindings import driver
+# The driver's refusals of a launch that needs more of the device at once than it lends this
+# process -- a cooperative grid larger than the blocks it holds together, a cluster no GPC
+# can hold -- as under an MPS active-thread limit or in a green context with part of the SMs:
+# CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, CUDA_ERROR_INVALID_CLUSTER_SIZE.
+_REFUSALS = {720: "cooperative", 912: "cluster"}
 
-    _, msg = driver.cuGetErrorString(err)
-    raise RuntimeError(f"cuLaunchKernel({name}) failed: {err!r}: {msg.decode() if msg else ''}")
+
+class LaunchRefused(RuntimeError):
+    """The driver refused a cooperative or cluster launch for want of room on the device
+    (``kind``: "cooperative" or "cluster"); nothing ran. Callers that planned such a kernel
+    may plan again without that kind (:func:`refuse`, :func:`ex_launch_ok`)."""
+
+    def __init__(self, msg, kind):
+        super().__init__(msg)
+        self.kind = kind
+
+
+# kinds of launch ("cooperative", "cluster") refused in this process: planned no more
+_REFUSED: set = set()
+
+
+def refuse(kind: str) -> bool:
+    """Record that launches of ``kind`` are refused in this process (the planners then
+    avoid them: :func:`ex_launch_ok`); True the first time, after a RuntimeWarning."""
+    if kind in _REFUSED:
+        return False
+    import warnings
+
+    _REFUSED.add(kind)
+    warnings.warn(f"the driver refused a {kind} launch (this process has less of the GPU at once than the launch "
+                  f"needs: an MPS thread limit or a partial green context?); nqdq plans no {kind} kernels from now on "
+                  "and takes its other kernels, with the same results", RuntimeWarning, stacklevel=3)
+    return True
+
+
+def ex_launch_ok(kind: str) -> bool:
+    """Whether a planner may choose a kernel that launches only by ``cuLaunchKernelEx``
+    (``kind``: "cooperative" or "cluster"): not once the driver refused such a launch in
+    this process (:func:`refuse`); else under the simulator (its own launch), or on a GPU
+    where the fast path is on (``NQDQ_FAST_LAUNCH=0`` launches through Numba, which sets
+    neither attribute)."""
+    if kind in _REFUSED:
+        return False
+    return simulated() or _fast_path_allowed()
+
+
+def launch_error(err, name, kind=None) -> RuntimeError:
+    """The exception for the driver's error ``err`` (a CUresult) of a launch of kernel
+    ``name``: :class:`LaunchRefused` where it is the driver's refusal of a launch of
+    ``kind`` ("cooperative" / "cluster", see _REFUSALS), else RuntimeError."""
+    try:
+        from cuda.bindings import driver
+
+        msg = driver.cuGetErrorString(err)[1]
+        msg = msg.decode() if msg else ""
+    except Exception:  # no driver to name it
+        msg = ""
+    text = f"cuLaunchKernel({name}) failed: {err!r}: {msg}"
+    if kind is not None and _REFUSALS.get(int(err)) == kind:
+        return LaunchRefused(text, kind)
+    return RuntimeError(text)
+
+
+def _raise_launch_error(err, name, kind=None):
+    raise launch_error(err, name, kind)
 
 
 # ---------------------------------------------------------------------------------------
@@ -655,7 +715,7 @@ class FastKernel:
             cfg.hStream = s
             err = _driver_launch_ex()(ctypes.addressof(cfg), entry.handle, addr, None)
             if err:
-                _raise_launch_error(err, self._name())
+                _raise_launch_error(err, self._name(), "cooperative" if self.coop else "cluster")
             return
         if _cupy_launch is not None:  # raises CUDADriverError itself
             _cupy_launch(entry.handle, gx, gy, gz, bx, by, bz, shared_mem, s, addr, 0)
@@ -1042,8 +1102,9 @@ def compile_sequence(launches, names, *, entries=None, pdl=()):
         if i in ex:  # its CUlaunchConfig (this thread's, after the launches' buffers): the stream, then the launch
             c = 4 * len(launches) + 2 * ex.index(i)
             ns["_KX"] = _driver_launch_ex()
+            kind = "cooperative" if coops[i] else "cluster" if clusters[i] > 1 else None
             body += [f"    b[{c}].hStream = stream", f"    err = _KX(b[{c + 1}], _H{i}, {params})", "    if err:",
-                     f"        _raise(err, _N{i})"]
+                     f"        _raise(err, _N{i}, {kind!r})"]
         elif launch_fn is _cupy_launch:
             body.append(f"    {call}")
         else:

@@ -81,6 +81,7 @@ from . import _grid as GRID
 from . import _quantize_kernels as K
 from . import _rowwise_kernels as RK
 from . import _tensor_resident as TR
+from . import launch as LAUNCH
 from ._elements import format_tuple
 from ._codec import KIND_BF16, KIND_F16, KIND_F32
 from ._interop import Allocator, DeviceInput, cupy_array_new, device_input, is_cupy, lib_of
@@ -308,9 +309,34 @@ class QuantPlan:
         self._runner = None
         self._runner_built = False
         self._lock = threading.Lock()
+        # its cooperative / cluster launches (launch.LaunchRefused: the plan built again without them)
+        self.ex_kinds = {"cooperative" if LAUNCH.cooperative(k) else "cluster" for k, _g, _b, _a in self.launches
+                         if LAUNCH.cooperative(k) or LAUNCH.cluster_size(k) > 1}  # fmt: skip
+        self._build_args = None
+        self._fallback = None
+
+    def fallback(self) -> "QuantPlan":
+        """The plan of the same call built again now, after the driver refused one of this
+        plan's cooperative or cluster launches (``launch.refuse`` has ruled that kind out, so
+        the planner takes its other kernels: the same results). Cached; the plan cache is
+        cleared so later calls plan afresh."""
+        if self._fallback is None:
+            with _PLANS_LOCK:
+                _PLANS.clear()
+            self._fallback = _build_plan(*self._build_args)
+        return self._fallback
 
     # -- any library: slots become arrays of the allocator's library, FastKernel launches
     def execute(self, xarr, alloc: Allocator, seed=None, scale_host=None, out_fill=None) -> QuantParts:
+        if self.ex_kinds & LAUNCH._REFUSED:
+            return self.fallback().execute(xarr, alloc, seed, scale_host, out_fill)
+        try:
+            return self._execute(xarr, alloc, seed, scale_host, out_fill)
+        except LAUNCH.LaunchRefused as e:  # the fallback runs the whole call again, on arrays of its own
+            LAUNCH.refuse(e.kind)
+            return self.fallback().execute(xarr, alloc, seed, scale_host, out_fill)
+
+    def _execute(self, xarr, alloc, seed, scale_host, out_fill):
         arrays = [alloc.empty(s.n, s.dtype) for s in self.slots]
         for s in self.slots:
             if s.role in ("zero", "reset"):
@@ -358,12 +384,38 @@ class QuantPlan:
         if self._runner_built:
             return self._runner
         with self._lock:
-            if not self._runner_built:
-                try:
-                    self._runner = self._build_cupy_runner()
-                finally:
-                    self._runner_built = True
+            if not self._runner_built:  # (an error, e.g. under an invalidated graph capture: built again next call)
+                run = self._build_cupy_runner()
+                self._runner = run if run is None or not self.ex_kinds else self._refusal_guard(run)
+                self._runner_built = True
         return self._runner
+
+    def _refusal_guard(self, run):
+        """``run`` (a runner of this plan's cooperative or cluster launches) until the driver
+        refuses such a launch; from then on (a refused launch runs nothing) the fallback
+        plan's runner, for this call and every later one (the calls that remembered this
+        runner keep it: it forwards). Inside a CUDA-graph capture the refusal invalidates the
+        capture (the driver's cudaErrorStreamCaptureInvalidated reaches the caller, the
+        warning says why); a capture after it records the fallback's launches."""
+        state = [run]
+
+        def guarded(x, lo=0, hi=0):
+            f = state[0]
+            if f is run:
+                if not LAUNCH._REFUSED or not self.ex_kinds & LAUNCH._REFUSED:
+                    try:
+                        return run(x, lo, hi)
+                    except LAUNCH.LaunchRefused as e:
+                        LAUNCH.refuse(e.kind)
+                f = self.fallback().cupy_runner()  # (an error here: tried again next call)
+                if f is None:  # (built under the same conditions as this plan's: not expected)
+                    raise RuntimeError(f"no runner for the fallback of the plan of {self.shape}")
+                state[0] = f
+            return f(x, lo, hi)
+
+        guarded.plan = self
+        guarded.inner = run
+        return guarded
 
     def _build_cupy_runner(self):
         if SIMULATOR or self.static_scale:
@@ -1048,6 +1100,7 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
 
     qp = QuantPlan(shape, rec, out, sch, packed, static_scale)
     qp._xdtype = _XDTYPES[kind]
+    qp._build_args = (shape, kind, sch, packed, stoch, nt, static_scale)
     return qp
 
 
