@@ -124,3 +124,32 @@ def test_capture_test_counts_an_error_as_capturing():
     cp = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(streamIsCapturing=is_capturing)))
     capturing = kq.capture_test(cp)
     assert [capturing(st) for st in (1, 2, 3, 4)] == [False, True, True, True]
+
+
+@pytest.mark.parametrize("name", sorted(ONE_LAUNCH))
+def test_cooperative_one_launch_switch(name, grid_switch, monkeypatch):
+    """GRID_COOPERATIVE marks the one-launch kernel for a cooperative launch (plans built
+    after the switch; off by default), exact either way; once the driver refused a
+    cooperative launch the plans take the streaming kernels instead."""
+    import nqdq.kernels.launch as LAUNCH
+
+    monkeypatch.setattr(LAUNCH, "_REFUSED", set())
+    grid_switch(True)
+    x = edge_data((4, 64), seed=3).astype(ml_dtypes.bfloat16)
+    assert not kq.GRID_COOPERATIVE
+    for on in (True, False):
+        monkeypatch.setattr(kq, "GRID_COOPERATIVE", on)
+        kq._PLANS.clear()
+        plan = kq.get_plan((4, 64), 1, resolve_scheme(name))
+        ((k, *_),) = plan.launches
+        assert k.py_func.__name__ == ONE_LAUNCH[name] and k.nqdq_cooperative == on
+        assert plan.ex_kinds == ({"cooperative"} if on else set())
+        check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
+    monkeypatch.setattr(kq, "GRID_COOPERATIVE", True)
+    LAUNCH._REFUSED.add("cooperative")
+    kq._PLANS.clear()
+    assert len(_launches((4, 64), ml_dtypes.bfloat16, name)) >= 2
+    monkeypatch.setattr(kq, "GRID_COOPERATIVE", False)  # the plain launch needs no cooperative attribute
+    kq._PLANS.clear()
+    assert _launches((4, 64), ml_dtypes.bfloat16, name) == [(ONE_LAUNCH[name], 1)]
+    kq._PLANS.clear()

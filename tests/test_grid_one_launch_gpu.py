@@ -99,6 +99,49 @@ def test_one_launch_on_concurrent_streams(name):
             _check(results[s][i], nqdq.quantize(data[s][i], name, device="cpu"), f"{name} stream {s} call {i}")
 
 
+@pytest.fixture
+def grid_cooperative(monkeypatch):
+    """quantize.GRID_COOPERATIVE on (off by default: about 1 us a call), fresh plans and
+    remembered calls before and after."""
+    import nqdq.api as api
+
+    monkeypatch.setattr(kq, "GRID_COOPERATIVE", True)
+    kq._PLANS.clear()
+    api.clear_fast_path()
+    yield
+    monkeypatch.setattr(kq, "GRID_COOPERATIVE", False)
+    kq._PLANS.clear()
+    api.clear_fast_path()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_one_launch_on_many_streams(name, grid_cooperative):
+    """Eight streams with calls of a grid of about one block an SM in flight at once: more
+    grids than fit the SMs together. Cooperative launches (GRID_COOPERATIVE) are placed whole
+    by the driver, so none is left partly resident waiting for the others; every result
+    exact."""
+    shape = (130, 8192)
+    plan = _plan(shape, ml_dtypes.bfloat16, name)
+    ((k, grid, _b, _a),) = plan.launches
+    assert k.nqdq_cooperative and plan.ex_kinds == {"cooperative"}
+    assert grid > kq._sm_count() // 2
+    rng = np.random.default_rng(14)
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(8)]
+    data = [[_act(rng, shape) for _ in range(6)] for _ in streams]
+    devs = [[cp.asarray(x.view(np.uint16)) for x in d] for d in data]
+    cp.cuda.Device().synchronize()
+    results = [[] for _ in streams]
+    for i in range(6):
+        for s, st in enumerate(streams):
+            with st:
+                results[s].append(nqdq.quantize(devs[s][i], name, dtype="bfloat16"))
+    cp.cuda.Device().synchronize()
+    for s in range(len(streams)):
+        for i in range(6):
+            _check(results[s][i], nqdq.quantize(data[s][i], name, device="cpu"), f"{name} stream {s} call {i}")
+    check_repeated(name, (64, 7168), 3, 15)  # the runner (its refusal guard) and the workspace, repeated
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_one_launch_replays_from_a_cuda_graph(name):
     rng = np.random.default_rng(13)

@@ -645,7 +645,6 @@ class FastKernel:
         self._cc = None
         self.smem = dynamic_smem(kernel)  # launched with this much dynamic shared memory where a launch gives 0
         self.cluster = cluster_size(kernel)  # > 1: cuLaunchKernelEx with this cluster dimension
-        self.coop = cooperative(kernel)  # cuLaunchKernelEx with the cooperative attribute
         py = getattr(kernel, "py_func", None)
         import inspect
 
@@ -669,6 +668,12 @@ class FastKernel:
                     _arg_codes(t)
                 except NotImplementedError:
                     self.fast = False
+
+    @property
+    def coop(self) -> bool:
+        """Launched with the cooperative attribute (``cooperative``: read at each launch, as
+        a planner may mark a kernel so, e.g. quantize.GRID_COOPERATIVE)."""
+        return cooperative(self.kernel)
 
     # -- launches
 
