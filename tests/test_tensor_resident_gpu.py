@@ -131,11 +131,12 @@ def test_replays_from_a_cuda_graph(name):
     _check_graph_replays(x, name, rng, trials=3)
 
 
-def test_refused_cooperative_launch_falls_back(monkeypatch):
-    """A grid larger than the device holds at once (here: two blocks an SM of a kernel that
-    fits one) is refused by the driver (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE), as under an
-    MPS thread limit: the call runs the two-pass plan instead, warns once, and later calls
-    plan without the cooperative kernel; every result exact."""
+@pytest.fixture
+def refusing(monkeypatch):
+    """Cooperative grids of two blocks an SM (kq._sm_count doubled), which the driver refuses
+    (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) as under an MPS thread limit; no refusal
+    recorded before (launch._REFUSED emptied, restored after), fresh plans and remembered
+    calls before and after. Yields (launch module, the real SM count)."""
     import nqdq.api as api
     import nqdq.kernels.launch as LAUNCH
 
@@ -144,27 +145,34 @@ def test_refused_cooperative_launch_falls_back(monkeypatch):
     monkeypatch.setattr(kq, "_sm_count", lambda: 2 * sms)
     kq._PLANS.clear()
     api.clear_fast_path()
+    yield LAUNCH, sms
+    kq._PLANS.clear()
+    api.clear_fast_path()
+
+
+def test_refused_cooperative_launch_falls_back(refusing):
+    """A grid larger than the device holds at once (here: two blocks an SM of a kernel that
+    fits one) is refused by the driver (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE), as under an
+    MPS thread limit: the call runs the two-pass plan instead, warns once, and later calls
+    plan without the cooperative kernel; every result exact."""
+    LAUNCH, sms = refusing
     rng = np.random.default_rng(31)
-    try:
-        for i in range(3):
-            xh = _act(rng, (4096, 7168))
-            x = cp.asarray(xh.view(np.uint16))
-            if i == 0:
-                assert _launches((4096, 7168))[0][:2] == ("tensor_resident", 2 * sms)
-                with pytest.warns(RuntimeWarning, match="refused a cooperative launch"):
-                    q = nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
-                assert LAUNCH._REFUSED == {"cooperative"} and not TR.available()
-                names = [n for n, _g, _b in _launches((4096, 7168))]
-                assert names[0] == "tensor_amax" and "tensor_resident" not in names, names
-            else:
+    for i in range(3):
+        xh = _act(rng, (4096, 7168))
+        x = cp.asarray(xh.view(np.uint16))
+        if i == 0:
+            assert _launches((4096, 7168))[0][:2] == ("tensor_resident", 2 * sms)
+            with pytest.warns(RuntimeWarning, match="refused a cooperative launch"):
                 q = nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
-            _check(q, nqdq.quantize(xh, "fp8_tensor", device="cpu"), f"call {i}")
-        # a NumPy input on the GPU (the plan's execute): the same fallback
-        xh = _act(rng, (2048, 7168))
-        _check(nqdq.quantize(xh, "fp8_tensor", device="cuda"), nqdq.quantize(xh, "fp8_tensor", device="cpu"), "numpy")
-    finally:
-        kq._PLANS.clear()
-        api.clear_fast_path()
+            assert LAUNCH._REFUSED == {"cooperative"} and not TR.available()
+            names = [n for n, _g, _b in _launches((4096, 7168))]
+            assert names[0] == "tensor_amax" and "tensor_resident" not in names, names
+        else:
+            q = nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
+        _check(q, nqdq.quantize(xh, "fp8_tensor", device="cpu"), f"call {i}")
+    # a NumPy input on the GPU (the plan's execute): the same fallback
+    xh = _act(rng, (2048, 7168))
+    _check(nqdq.quantize(xh, "fp8_tensor", device="cuda"), nqdq.quantize(xh, "fp8_tensor", device="cpu"), "numpy")
 
 
 def test_numba_launch_plans_no_cooperative_or_cluster_kernels():
@@ -198,40 +206,28 @@ def test_numba_launch_plans_no_cooperative_or_cluster_kernels():
     assert "fp8_tensor" in out.stdout and "int8_column" in out.stdout
 
 
-def test_refusal_inside_a_graph_capture(monkeypatch):
+def test_refusal_inside_a_graph_capture(refusing):
     """The first call of a plan whose cooperative launch is refused, inside a CUDA-graph
     capture: the capture is invalidated (the driver's error reaches the caller, after the
     warning); the next capture records the fallback's launches and replays exactly."""
-    import nqdq.api as api
-    import nqdq.kernels.launch as LAUNCH
-
-    monkeypatch.setattr(LAUNCH, "_REFUSED", set())
-    sms = kq._sm_count()
-    monkeypatch.setattr(kq, "_sm_count", lambda: 2 * sms)
-    kq._PLANS.clear()
-    api.clear_fast_path()
     rng = np.random.default_rng(32)
     xh = _act(rng, (4096, 7168))
     x = cp.asarray(xh.view(np.uint16))
     want = nqdq.quantize(xh, "fp8_tensor", device="cpu")
     s = cp.cuda.Stream(non_blocking=True)
-    try:
-        with s:
-            s.begin_capture()
-            with pytest.warns(RuntimeWarning, match="refused a cooperative launch"):
-                with pytest.raises(Exception, match="[Cc]apture"):
-                    nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
+    with s:
+        s.begin_capture()
+        with pytest.warns(RuntimeWarning, match="refused a cooperative launch"):
             with pytest.raises(Exception, match="[Cc]apture"):
-                s.end_capture()
-        cp.cuda.Device().synchronize()
-        with s:
-            s.begin_capture()
-            q = nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
-            g = s.end_capture()
-            x[...] = cp.asarray(xh.view(np.uint16))
-            g.launch()
-        s.synchronize()
-        _check(q, want, "replayed")
-    finally:
-        kq._PLANS.clear()
-        api.clear_fast_path()
+                nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
+        with pytest.raises(Exception, match="[Cc]apture"):
+            s.end_capture()
+    cp.cuda.Device().synchronize()
+    with s:
+        s.begin_capture()
+        q = nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
+        g = s.end_capture()
+        x[...] = cp.asarray(xh.view(np.uint16))
+        g.launch()
+    s.synchronize()
+    _check(q, want, "replayed")

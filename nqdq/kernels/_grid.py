@@ -32,11 +32,14 @@ threads of 36-60 registers, no shared memory to speak of): a block that cannot s
 because another kernel holds its SM only delays the others until that kernel's blocks
 leave. Limit: the blocks of up to four such grids fit on the SMs together, so up to four
 one-launch calls may be in flight on different streams at once; more, each partly resident,
-could wait for each other for ever (a cooperative launch, which the driver places whole,
-would lift this; not done). Under the CUDA simulator blocks run one after another, so the
-plans use these kernels there only with a grid of one block (the wait is then satisfied by
-the block itself); the multi-block wait, concurrent streams and graph replays are tested on
-the GPU (tests/test_grid_one_launch_gpu.py).
+could wait for each other for ever, as could grids on a GPU of which the process has only
+part (an MPS thread limit). ``quantize.GRID_COOPERATIVE`` (``NQDQ_GRID_COOPERATIVE=1``)
+lifts both: a cooperative launch, which the driver places whole or refuses (the plan then
+takes the two launches); off by default, as it costs about 1 us a call (H100). Under the
+CUDA simulator blocks run one after another, so the plans use these kernels there only with
+a grid of one block (the wait is then satisfied by the block itself); the multi-block wait,
+concurrent streams and graph replays are tested on the GPU
+(tests/test_grid_one_launch_gpu.py).
 """
 
 from __future__ import annotations

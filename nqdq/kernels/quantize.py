@@ -670,8 +670,8 @@ GRID_MAX_U = 4
 # launch.LaunchRefused), so no number of concurrent one-launch calls, and no MPS thread limit,
 # can leave grids partly resident and waiting for each other for ever. Off by default: on an
 # H100 (2026-11-27 12:42-12:43 UTC, docs/performance.md "Twenty-sixth session") it costs
-# 1.0-1.3 us a call at 64x7168 (fp8_tensor 9.8 against 8.4-9.8 us, nvfp4 10.4-10.6 against
-# 9.6-10.4, against fp8_row in the same processes), past the 10 us; the plain launch
+# 0.7-1.3 us a call at 64x7168 against fp8_row in the same processes (fp8_tensor 9.8 against
+# 8.4-9.8 us, nvfp4 10.4-10.6 against 9.6-10.4), past the 10 us; the plain launch
 # is safe for up to four such calls in flight at once on a device whose SMs are all this
 # process's (_grid's docstring). Read when plans are built.
 GRID_COOPERATIVE = os.environ.get("NQDQ_GRID_COOPERATIVE", "0") == "1"
