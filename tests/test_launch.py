@@ -654,6 +654,13 @@ def test_compile_sequence_cooperative_launches_by_cu_launch_kernel_ex(monkeypatc
     assert seen == [(229376, [(2, [1, 0, 0])])]
     cfg, attrs = launch._ex_config(16, 64, cluster=8, coop=True)
     assert [(attrs[i].id, list(attrs[i].value[:3])) for i in range(cfg.numAttrs)] == [(4, [8, 1, 1]), (2, [1, 0, 0])]
+    # the driver's refusal (720) of the cooperative launch: LaunchRefused of that kind
+    assert [launch.ex_kind(k) for k in (coop, _ClusterKernel(8), "k")] == ["cooperative", "cluster", None]
+    monkeypatch.setattr(launch, "_driver_launch_ex", lambda: lambda *a: 720)
+    run = launch.compile_sequence(launches, ("xp", "base"), entries=entries)
+    with pytest.raises(launch.LaunchRefused) as got:
+        run(5, 0x1000, 0x8000)
+    assert got.value.kind == "cooperative"
 
 
 def test_launch_config_structs_match_cuda_h(tmp_path):

@@ -720,7 +720,7 @@ class FastKernel:
             cfg.hStream = s
             err = _driver_launch_ex()(ctypes.addressof(cfg), entry.handle, addr, None)
             if err:
-                _raise_launch_error(err, self._name(), "cooperative" if self.coop else "cluster")
+                _raise_launch_error(err, self._name(), ex_kind(self))
             return
         if _cupy_launch is not None:  # raises CUDADriverError itself
             _cupy_launch(entry.handle, gx, gy, gz, bx, by, bz, shared_mem, s, addr, 0)
@@ -988,6 +988,14 @@ def _coop_of(kern) -> bool:
     return kern.coop if isinstance(kern, FastKernel) else cooperative(kern)
 
 
+def ex_kind(kern):
+    """"cooperative", "cluster" or None: the cuLaunchKernelEx attribute a kernel (dispatcher
+    or FastKernel) launches with, which names the driver's refusal of it (LaunchRefused)."""
+    if _coop_of(kern):
+        return "cooperative"
+    return "cluster" if _cluster_of(kern) > 1 else None
+
+
 def _smem_of(kern) -> int:
     """Dynamic shared memory of a sequence's kernel (dispatcher or FastKernel)."""
     return kern.smem if isinstance(kern, FastKernel) else dynamic_smem(kern)
@@ -1107,9 +1115,8 @@ def compile_sequence(launches, names, *, entries=None, pdl=()):
         if i in ex:  # its CUlaunchConfig (this thread's, after the launches' buffers): the stream, then the launch
             c = 4 * len(launches) + 2 * ex.index(i)
             ns["_KX"] = _driver_launch_ex()
-            kind = "cooperative" if coops[i] else "cluster" if clusters[i] > 1 else None
             body += [f"    b[{c}].hStream = stream", f"    err = _KX(b[{c + 1}], _H{i}, {params})", "    if err:",
-                     f"        _raise(err, _N{i}, {kind!r})"]
+                     f"        _raise(err, _N{i}, {ex_kind(launches[i][0])!r})"]
         elif launch_fn is _cupy_launch:
             body.append(f"    {call}")
         else:

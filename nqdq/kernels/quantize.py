@@ -310,8 +310,7 @@ class QuantPlan:
         self._runner_built = False
         self._lock = threading.Lock()
         # its cooperative / cluster launches (launch.LaunchRefused: the plan built again without them)
-        self.ex_kinds = {"cooperative" if LAUNCH.cooperative(k) else "cluster" for k, _g, _b, _a in self.launches
-                         if LAUNCH.cooperative(k) or LAUNCH.cluster_size(k) > 1}  # fmt: skip
+        self.ex_kinds = {LAUNCH.ex_kind(k) for k, _g, _b, _a in self.launches} - {None}
         self._build_args = None
         self._fallback = None
 
