@@ -294,3 +294,58 @@ def test_sr_fast_unit_division_range(name):
     ok, fast, ref = _fast_units(name, np.array(units), p0s)
     np.testing.assert_array_equal(ok, np.array(want_ok))
     assert_same(fast[ok], ref[ok], f"{name}: the short encode's codes")
+
+
+@pytest.mark.parametrize("mode_name", ["nvfp4", "mxfp4"])
+def test_sr_e2m1_integer_unit(mode_name):
+    """sr_unit_e2m1_i (MX e2m1 / NVFP4 units of a clean group, any input kind) against
+    sr_store_unit, the per-element path: equal codes wherever it reports ok, and ok exactly
+    where every |x * p0| is 0, below 2^-33 or at least 2^-10 (an element placed on either side
+    of 2^-10 and 2^-33, for NVFP4's multipliers and MX powers of two)."""
+    from nqdq.kernels import _rowwise_kernels as rk
+    from nqdq.kernels._elements import format_tuple
+    from nqdq.kernels._scales import MODE_MX, MODE_NVFP4
+
+    fmt = format_tuple(resolve_scheme(mode_name))
+    mode = MODE_NVFP4 if mode_name == "nvfp4" else MODE_MX
+    key_lo, key_hi = 7, 12345
+
+    @cuda.jit
+    def kernel(E, p0s, ok, f16, g8, g16, g32):
+        i = cuda.grid(1)
+        if i < E.shape[0]:
+            e = (E[i, 0], E[i, 1], E[i, 2], E[i, 3], E[i, 4], E[i, 5], E[i, 6], E[i, 7])
+            lo, hi, good = rk.sr_unit_e2m1_i(e, i, p0s[i], key_lo, key_hi, 8, 4)
+            ok[i] = good
+            f16[2 * i] = np.uint16(lo)
+            f16[2 * i + 1] = np.uint16(hi)
+            rk.sr_store_unit(e, i, p0s[i], np.float32(0), 0, key_lo, key_hi, g8, g16, g32, mode, fmt, 8, 4)
+
+    f32 = np.float32
+    rng = np.random.default_rng(5)
+    units, p0s, want_ok = [], [], []
+    for _ in range(6):
+        p0 = f32(rng.uniform(0.5, 2.0) * 2.0 ** rng.integers(-20, 20)) if mode == MODE_NVFP4 else \
+            f32(2.0 ** rng.integers(-20, 20))
+        base = (rng.standard_normal(8) * 2.5 / p0).astype(f32)  # |x * p0| mostly within e2m1's range
+        for q, good in [(None, True), (0.0, True), (-0.0, True), (2.0**-10, True), (-(2.0**-10), True),
+                        (0.99 * 2.0**-10, False), (2.0**-33, False), (0.99 * 2.0**-33, True), (1e-30, True),
+                        (7.5, True), (1e6, True)]:
+            u = base.copy()
+            if q is not None:
+                x = f32(q / p0)  # |x * p0| rounds to q or its neighbour: the bound is checked on it
+                u[rng.integers(8)] = x
+                qq = abs(np.float64(f32(abs(x) * p0)))
+                good = qq == 0 or qq < 2.0**-33 or qq >= 2.0**-10
+            units.append(u)
+            p0s.append(p0)
+            want_ok.append(good)
+    n = len(units)
+    E = np.ascontiguousarray(np.array(units), np.float32).view(np.uint32).astype(np.int64)
+    ok = np.zeros(n, np.bool_)
+    fast, ref = np.zeros(4 * n, np.uint8), np.zeros(4 * n, np.uint8)
+    kernel[1, n](E, np.asarray(p0s, np.float32), ok, fast.view(np.uint16), ref, ref.view(np.uint16),
+                 ref.view(np.uint32))
+    np.testing.assert_array_equal(ok, np.array(want_ok))
+    assert ok.sum() > n // 2 and (~ok).sum() >= 6
+    assert_same(fast.reshape(n, 4)[ok], ref.reshape(n, 4)[ok], f"{mode_name}: the integer unit encode's codes")

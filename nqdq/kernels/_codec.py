@@ -572,6 +572,65 @@ def sr_e2m1_code_f(q, r):
     return code, np.uint32(np.int64(u & U32_SIGN_OFF) - 1)
 
 
+# MX e2m1 and NVFP4 under stochastic rounding in integer arithmetic, any float32 q (NVFP4's
+# q = x * m_b has 24 significant bits, so sr_e2m1_code_f's float form does not hold there).
+# The spec's magnitude is floor(|q| / Q + r * 2^-32) plus the codes below Q's binade (0, 2, 4
+# for Q = 0.5, 1, 2: docs/numerics.md), saturated at 7. With ef = |q|'s exponent field and
+# m its significand (implicit bit set), |q| / Q = m * 2^(c - 32) for c = min(ef - 117, 10):
+# Q = 0.5 below 2 (ef <= 127: |q| / Q = m * 2^(ef - 149)), 1 on [2, 4), 2 on [4, 8) (c = 10
+# for ef >= 127: |q| / Q = m * 2^-22 in [2, 4)). For 0 <= c (ef >= 117, |q| >= 2^-10) m * 2^c
+# is an integer, so the spec's floor(floor(f * 2^32) + r) carry is exactly the high word of the
+# 64-bit m * 2^c + r, and with e2 = 2 * max(ef - 127, 0) (the codes below Q's binade) in the
+# addend's high word that word is the magnitude: one mad.wide.u32 (IMAD.WIDE.U32) a element,
+# its multiplier 2^c by a shl that gives 0 for c < 0 (PTX clamps shift amounts at 32). Where
+# c < 0 the result is then 0: right for q = +-0 and every |q| < 2^-33 (floor(f * 2^32) = 0
+# there: no r carries), not for 2^-33 <= |q| < 2^-10 (94 <= ef <= 116), which the key marks:
+# c + 23 (uint32) >= 23 exactly where the result is the spec's (E2M1_SR_I_KEY).
+E2M1_SR_I_KEY = 23
+
+
+def sr_carry_hi_twin(m, c, r, h):
+    """The high word of the 64-bit m * 2^c + (h * 2^32 + r) for uint32 m, r, h and int32 c,
+    2^c taken as 0 unless 0 <= c < 32 (the PTX shl's clamp)."""
+    cu = int(c) & 0xFFFFFFFF
+    p = (1 << cu) if cu < 32 else 0
+    return np.uint32(((int(m) * p + ((int(h) << 32) | int(r))) >> 32) & 0xFFFFFFFF)
+
+
+if SIMULATOR:
+    sr_carry_hi = sr_carry_hi_twin
+else:
+
+    @intrinsic
+    def sr_carry_hi(typingctx, m, c, r, h):
+        """sr_carry_hi_twin by a shl and one ``mad.wide.u32`` (one SHF and one IMAD.WIDE.U32:
+        the 64-bit addend is the register pair (r, h))."""
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 4),
+                               "{.reg .b32 p, lo; .reg .b64 t, d; mov.b32 p, 1; shl.b32 p, p, $2; "
+                               "mov.b64 t, {$3, $4}; mad.wide.u32 d, $1, p, t; mov.b64 {lo, $0}, d;}", "=r,r,r,r,r")
+            return builder.call(asm, vals)
+
+        return types.uint32(m, c, r, h), codegen
+
+
+@devfn
+def sr_e2m1_mag_i(a, r):
+    """(magnitude, key): encode_float_sr32's stochastic e2m1 magnitude (code less its sign bit)
+    of |q| with bits ``a`` (finite, sign clear) and random bits ``r``, valid where ``key >=
+    E2M1_SR_I_KEY`` (see above): q = +-0, |q| < 2^-33 or |q| >= 2^-10."""
+    a = np.uint32(a)
+    ef = np.int32(a >> np.uint32(23))
+    c = np.int32(min(np.int32(ef - 117), np.int32(10)))
+    e2 = np.uint32(np.int32(max(np.int32(ef - 127), np.int32(0))) * np.int32(2))
+    m = np.uint32(np.uint32(a & np.uint32(0x7FFFFF)) | np.uint32(0x800000))
+    mag = np.uint32(min(np.uint32(sr_carry_hi(m, c, np.uint32(r), e2)), np.uint32(7)))
+    return mag, np.uint32(np.int64(c) + 23)  # ef - 94 where c < 0 (c = ef - 117 there)
+
+
 @devfn
 def rint_stochastic_f32(v, stochastic, r):
     """reference codec.rint_stochastic for |v| <= 2^22: RNE, or floor + (u < frac) with

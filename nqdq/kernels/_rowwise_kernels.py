@@ -65,6 +65,7 @@ from ._elements import encode_element
 from ._codec import encode_float_rne
 from ._codec import encode_int_f32, philox4x32_10, sr_fast_key_bound, sr_float_code_fast  # stochastic rounding
 from ._codec import E2M1_SR_MIN_BITS, sr_e2m1_code_f  # stochastic rounding, MX e2m1
+from ._codec import E2M1_SR_I_KEY, sr_e2m1_mag_i  # stochastic rounding, MX e2m1 and NVFP4
 from ._division import RECIP_DIV, div_by_recip, ratio_ok, recip_guarded
 from ._codec import NAN, is_finite_f32, nanmax_f32, nanmin_f32, rint_f32  # asym_group_r
 from ._scales import range_scale  # asym_group_r
@@ -928,12 +929,53 @@ def sr_unit_e2m1(e, unit, p0, key_lo, key_hi, nb):
     return pack4(c0, c1, c2, c3, nb), pack4(c4, c5, c6, c7, nb), ok
 
 
+# MX e2m1 and NVFP4, clean groups, any input kind: sr_e2m1_mag_i's integer form of the rule
+# (one IMAD.WIDE.U32 a element, no branch), kept where every |q| is 0, below 2^-33 or at
+# least 2^-10; q = |x| * p0 (the sign is x's: p0 > 0). NQDQ_SR_E2M1_INT=0: the float form
+# (MX of 16-bit input) or the old path (read when kernels compile).
+SR_E2M1_INT = os.environ.get("NQDQ_SR_E2M1_INT", "1") == "1"
+
+
+@devfn
+def e2m1_sr_i(xb, p0, rw):
+    """(code, key) of the element with float32 bits ``xb`` times p0 > 0 (sr_e2m1_mag_i)."""
+    mag, key = sr_e2m1_mag_i(f32_bits(abs(bits_f32(xb)) * p0), rw)
+    return np.uint32(mag | np.uint32(np.uint32(np.uint32(xb) >> np.uint32(28)) & np.uint32(8))), key
+
+
+@devfn
+def sr_unit_e2m1_i(e, unit, p0, key_lo, key_hi, vec, nb):
+    """(lo, hi, ok): the e2m1 codes of a unit of a clean MX / NVFP4 group (multiplier p0),
+    packed as store_packed takes them, and whether sr_e2m1_mag_i holds for all."""
+    rw = unit_random_words(unit, vec, key_lo, key_hi)
+    c0, k0 = e2m1_sr_i(e[0], p0, rw[0])
+    c1, k1 = e2m1_sr_i(e[1], p0, rw[1])
+    c2, k2 = e2m1_sr_i(e[2], p0, rw[2])
+    c3, k3 = e2m1_sr_i(e[3], p0, rw[3])
+    kmin = min(min(k0, k1), min(k2, k3))
+    hi = np.uint32(0)
+    if vec == 8:
+        c4, k4 = e2m1_sr_i(e[4], p0, rw[4])
+        c5, k5 = e2m1_sr_i(e[5], p0, rw[5])
+        c6, k6 = e2m1_sr_i(e[6], p0, rw[6])
+        c7, k7 = e2m1_sr_i(e[7], p0, rw[7])
+        hi = pack4(c4, c5, c6, c7, nb)
+        kmin = min(kmin, min(min(k4, k5), min(k6, k7)))
+    return pack4(c0, c1, c2, c3, nb), hi, kmin >= np.uint32(E2M1_SR_I_KEY)
+
+
 @devfn
 def sr_store_unit_r(e, unit, p0, r, clean, key_lo, key_hi, c8, c16, c32, mode, fmt, vec, nb):
     """sr_store_unit of a unit with its group's parameter p0 and, for a float scale, r =
     recip_guarded(p0) (else unused): ``clean`` (a finite group; a caller-given scale: finite,
     non-zero, ratio_ok) units under a float scale with r != 0, an MX scale or a finite NVFP4
     multiplier take sr_unit_fast, and keep its codes where it says they hold."""
+    if SR_E2M1_INT and clean and fmt[0] == 1 and fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7 and (
+            mode == MODE_MX or (mode == MODE_NVFP4 and abs_i32(f32_bits(p0)) < FINITE)):
+        lo, hi, ok = sr_unit_e2m1_i(e, unit, p0, key_lo, key_hi, vec, nb)
+        if ok:
+            store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
+            return
     if SR_FAST and (fmt[0] == 0 or fmt[5] >= SR_FAST_MIN_FLOAT_BITS) and clean and (
             mode == MODE_MX or (mode == MODE_NVFP4 and abs_i32(f32_bits(p0)) < FINITE)
             or (mode == MODE_FLOAT and r != ZERO)):
@@ -1176,15 +1218,21 @@ def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
     @devfn
     def chunk_step_sr(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, s_enc, s_dec, key_lo, key_hi):
         """chunk_step under stochastic rounding: the same amax and butterfly (chunk_amax), group
-        parameters and scale (group_params: the reference's formula, which nvfp4_block's
-        shortcut reproduces), every unit by sr_store_unit."""
+        parameters and scale (group_params: the reference's formula; a finite NVFP4 block, with
+        SR_E2M1_INT, by nvfp4_block's shortcut, which reproduces it), every unit by
+        sr_store_unit_r."""
         a = chunk_amax(w0, w1, w2, w3, tid, scratch)
         if chunk < nchunks:
             u = unit_of(chunk)
-            sv, p0, pz = group_params(mode, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
-            if (tid & (LL - 1)) == 0:
-                store_scale(scales, chunk // LL, mode, sv)
             clean = a < FINITE
+            if SR_E2M1_INT and mode == MODE_NVFP4 and clean:  # nvfp4_block's shortcut, as chunk_step's
+                code, p0 = nvfp4_block(a, s_enc, s_enc * NVFP4_INV6, s_dec, CVT_E4M3)
+                if (tid & (LL - 1)) == 0:
+                    scales[chunk // LL] = np.uint8(code)
+            else:
+                sv, p0, pz = group_params(mode, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
+                if (tid & (LL - 1)) == 0:
+                    store_scale(scales, chunk // LL, mode, sv)
             rp = recip_guarded(p0) if mode == MODE_FLOAT else ZERO
             sr_store_unit_r(unit_elems(w0, kind), u, p0, rp, clean, key_lo, key_hi, c8, c16, c32, mode, fmt, VEC, NB)
             if K >= 2:
