@@ -273,12 +273,12 @@ def test_e2m1_float_form(kind):
 
 
 def test_e2m1_integer_form():
-    """sr_e2m1_mag_i (MX e2m1 and NVFP4 under stochastic rounding, one wide multiply-add an
-    element) with x's sign equals the spec wherever its key passes E2M1_SR_I_KEY, over every
+    """sr_e2m1_code_i (MX e2m1 and NVFP4 under stochastic rounding, one wide multiply-add an
+    element) equals the spec wherever its key passes E2M1_SR_I_KEY, over every
     e2m1 edge pair and random finite float32 q with full 24-bit significands from 2^-40 to 2^10
     (NVFP4's q = x * m_b), crossed with the fixed, carry-exact and random words; the key passes
-    exactly for q = +-0, |q| < 2^-33 and |q| >= 2^-10. Run as a kernel: the simulator's twin of
-    sr_carry_hi here, the PTX (shl + mad.wide.u32) on a GPU with NQDQ_TEST_GPU=1."""
+    exactly for q = +-0, |q| < 2^-33 and |q| >= 2^-10. Run as a kernel: the simulator's twin
+    here (Python ints), the inline PTX on a GPU with NQDQ_TEST_GPU=1."""
     rng = np.random.default_rng(27)
     e_us, e_rs = edge_pairs("e2m1")
     n = 6000
@@ -299,8 +299,7 @@ def test_e2m1_integer_form():
     def kernel(us, rs, codes, keys):
         for i in range(cuda.grid(1), us.size, cuda.gridsize(1)):
             u = us[i]
-            mag, keys[i] = _codec.sr_e2m1_mag_i(u & np.uint32(0x7FFFFFFF), rs[i])
-            codes[i] = mag | ((u >> np.uint32(28)) & np.uint32(8))
+            codes[i], keys[i] = _codec.sr_e2m1_code_i(u & np.uint32(0x7FFFFFFF), rs[i], u)
 
     codes = np.zeros(us.size, np.uint32)
     keys = np.zeros(us.size, np.uint32)
@@ -311,15 +310,4 @@ def test_e2m1_integer_form():
     np.testing.assert_array_equal(ok, (a == 0) | (e < 94) | (e >= 117))
     assert ok.mean() > 0.5 and (~ok).sum() > 100
     assert_codes(codes[ok].astype(np.int64), spec_codes(us[ok], rs[ok], "e2m1"), us[ok], rs[ok], "e2m1",
-                 "sr_e2m1_mag_i vs spec")
-
-
-def test_sr_carry_hi_twin():
-    """The twin of sr_carry_hi against exact integer arithmetic, shift amounts outside 0 .. 31
-    included (the PTX shl's clamp: multiplier 0)."""
-    rng = np.random.default_rng(28)
-    for _ in range(2000):
-        m, r, h = (int(v) for v in rng.integers(0, 2**32, 3, dtype=np.uint64))
-        c = int(rng.integers(-200, 40))
-        want = ((m * (2**c if 0 <= c < 32 else 0) + h * 2**32 + r) // 2**32) % 2**32
-        assert int(_codec.sr_carry_hi_twin(m, np.int32(c), r, h)) == want, (m, c, r, h)
+                 "sr_e2m1_code_i vs spec")

@@ -580,55 +580,63 @@ def sr_e2m1_code_f(q, r):
 # Q = 0.5 below 2 (ef <= 127: |q| / Q = m * 2^(ef - 149)), 1 on [2, 4), 2 on [4, 8) (c = 10
 # for ef >= 127: |q| / Q = m * 2^-22 in [2, 4)). For 0 <= c (ef >= 117, |q| >= 2^-10) m * 2^c
 # is an integer, so the spec's floor(floor(f * 2^32) + r) carry is exactly the high word of the
-# 64-bit m * 2^c + r, and with e2 = 2 * max(ef - 127, 0) (the codes below Q's binade) in the
-# addend's high word that word is the magnitude: one mad.wide.u32 (IMAD.WIDE.U32) a element,
-# its multiplier 2^c by a shl that gives 0 for c < 0 (PTX clamps shift amounts at 32). Where
-# c < 0 the result is then 0: right for q = +-0 and every |q| < 2^-33 (floor(f * 2^32) = 0
-# there: no r carries), not for 2^-33 <= |q| < 2^-10 (94 <= ef <= 116), which the key marks:
-# c + 23 (uint32) >= 23 exactly where the result is the spec's (E2M1_SR_I_KEY).
+# 64-bit m * 2^c + r: one mad.wide.u32 an element, its multiplier 2^c by a shl that gives 0
+# for c < 0 (PTX clamps shift amounts at 32), then 2 * max(ef - 127, 0) added and min(., 7).
+# Where c < 0 the magnitude is then 0: right for q = +-0 and every |q| < 2^-33 (floor(f * 2^32)
+# = 0 there: no r carries), not for 2^-33 <= |q| < 2^-10 (94 <= ef <= 116), which the key
+# marks: c + 23 (uint32) >= 23 exactly where the code is the spec's (E2M1_SR_I_KEY).
+# On a GPU it is one inline-PTX block whose sign (x's bit 31 times 8), significand
+# (a - (ef - 1) * 2^23) and sums are multiply-adds: the ALU pipe, which stochastic rounding
+# fills (Philox's xors), gets 9 instructions an element where plain integer code took 13.
 E2M1_SR_I_KEY = 23
 
 
-def sr_carry_hi_twin(m, c, r, h):
-    """The high word of the 64-bit m * 2^c + (h * 2^32 + r) for uint32 m, r, h and int32 c,
-    2^c taken as 0 unless 0 <= c < 32 (the PTX shl's clamp)."""
-    cu = int(c) & 0xFFFFFFFF
-    p = (1 << cu) if cu < 32 else 0
-    return np.uint32(((int(m) * p + ((int(h) << 32) | int(r))) >> 32) & 0xFFFFFFFF)
+def sr_e2m1_code_i_twin(a, r, xb):
+    """(code, key): encode_float_sr32's stochastic e2m1 code of q with |q|'s bits ``a``
+    (finite, sign clear), random bits ``r`` and q's sign that of the float32 bits ``xb``; the
+    code is the spec's where ``key >= E2M1_SR_I_KEY`` (see above): q = +-0, |q| < 2^-33 or
+    |q| >= 2^-10. Python ints (the simulator's and the host's form of the PTX)."""
+    a, r, xb = int(a) & 0xFFFFFFFF, int(r) & 0xFFFFFFFF, int(xb) & 0xFFFFFFFF
+    e1 = (a >> 23) - 1
+    c = min(e1 - 116, 10)
+    e2 = max(e1 - 126, 0)
+    m = a - (e1 << 23)  # the significand with its implicit bit (a + 2^23 for ef = 0, where c < 0)
+    hi = (m * ((1 << c) if c >= 0 else 0) + r) >> 32
+    return np.uint32(min(hi + 2 * e2, 7) + 8 * (xb >> 31)), np.uint32((c + 23) & 0xFFFFFFFF)
 
+
+_E2M1_SR_PTX = (
+    "{.reg .b32 e1, c, e2, m, p, lo, hi, s, z; .reg .b64 d, t; "
+    "shr.u32 e1, $2, 23; add.s32 e1, e1, -1; "
+    "add.s32 c, e1, -116; min.s32 c, c, 10; "
+    "add.s32 e2, e1, -126; max.s32 e2, e2, 0; "
+    "mad.lo.s32 m, e1, -8388608, $2; "
+    "mov.b32 p, 1; shl.b32 p, p, c; "
+    "mov.b32 z, 0; mov.b64 t, {$3, z}; "
+    "mad.wide.u32 d, m, p, t; mov.b64 {lo, hi}, d; "
+    "mad.lo.u32 hi, e2, 2, hi; min.u32 hi, hi, 7; "
+    "mul.hi.u32 s, $4, 2; mad.lo.u32 $0, s, 8, hi; "
+    "add.s32 $1, c, 23;}"
+)
 
 if SIMULATOR:
-    sr_carry_hi = sr_carry_hi_twin
+    sr_e2m1_code_i = sr_e2m1_code_i_twin
 else:
 
     @intrinsic
-    def sr_carry_hi(typingctx, m, c, r, h):
-        """sr_carry_hi_twin by a shl and one ``mad.wide.u32`` (one SHF and one IMAD.WIDE.U32:
-        the 64-bit addend is the register pair (r, h))."""
+    def sr_e2m1_code_i(typingctx, a, r, xb):
+        """sr_e2m1_code_i_twin by one inline-PTX block (shl, mad.wide.u32 and multiply-adds)."""
+        sig = types.UniTuple(types.uint32, 2)(a, r, xb)
 
         def codegen(context, builder, sig, args):
             i32 = ir.IntType(32)
             vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
-            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 4),
-                               "{.reg .b32 p, lo; .reg .b64 t, d; mov.b32 p, 1; shl.b32 p, p, $2; "
-                               "mov.b64 t, {$3, $4}; mad.wide.u32 d, $1, p, t; mov.b64 {lo, $0}, d;}", "=r,r,r,r,r")
-            return builder.call(asm, vals)
+            fty = ir.FunctionType(ir.LiteralStructType([i32, i32]), [i32] * 3)
+            res = builder.call(ir.InlineAsm(fty, _E2M1_SR_PTX, "=r,=r,r,r,r"), vals)
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, 0),
+                                                                 builder.extract_value(res, 1)])
 
-        return types.uint32(m, c, r, h), codegen
-
-
-@devfn
-def sr_e2m1_mag_i(a, r):
-    """(magnitude, key): encode_float_sr32's stochastic e2m1 magnitude (code less its sign bit)
-    of |q| with bits ``a`` (finite, sign clear) and random bits ``r``, valid where ``key >=
-    E2M1_SR_I_KEY`` (see above): q = +-0, |q| < 2^-33 or |q| >= 2^-10."""
-    a = np.uint32(a)
-    ef = np.int32(a >> np.uint32(23))
-    c = np.int32(min(np.int32(ef - 117), np.int32(10)))
-    e2 = np.uint32(np.int32(max(np.int32(ef - 127), np.int32(0))) * np.int32(2))
-    m = np.uint32(np.uint32(a & np.uint32(0x7FFFFF)) | np.uint32(0x800000))
-    mag = np.uint32(min(np.uint32(sr_carry_hi(m, c, np.uint32(r), e2)), np.uint32(7)))
-    return mag, np.uint32(np.int64(c) + 23)  # ef - 94 where c < 0 (c = ef - 117 there)
+        return sig, codegen
 
 
 @devfn

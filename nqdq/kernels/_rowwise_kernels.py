@@ -65,7 +65,7 @@ from ._elements import encode_element
 from ._codec import encode_float_rne
 from ._codec import encode_int_f32, philox4x32_10, sr_fast_key_bound, sr_float_code_fast  # stochastic rounding
 from ._codec import E2M1_SR_MIN_BITS, sr_e2m1_code_f  # stochastic rounding, MX e2m1
-from ._codec import E2M1_SR_I_KEY, sr_e2m1_mag_i  # stochastic rounding, MX e2m1 and NVFP4
+from ._codec import E2M1_SR_I_KEY, sr_e2m1_code_i  # stochastic rounding, MX e2m1 and NVFP4
 from ._division import RECIP_DIV, div_by_recip, ratio_ok, recip_guarded
 from ._codec import NAN, is_finite_f32, nanmax_f32, nanmin_f32, rint_f32  # asym_group_r
 from ._scales import range_scale  # asym_group_r
@@ -929,7 +929,7 @@ def sr_unit_e2m1(e, unit, p0, key_lo, key_hi, nb):
     return pack4(c0, c1, c2, c3, nb), pack4(c4, c5, c6, c7, nb), ok
 
 
-# MX e2m1 and NVFP4, clean groups, any input kind: sr_e2m1_mag_i's integer form of the rule
+# MX e2m1 and NVFP4, clean groups, any input kind: sr_e2m1_code_i's integer form of the rule
 # (one IMAD.WIDE.U32 a element, no branch), kept where every |q| is 0, below 2^-33 or at
 # least 2^-10; q = |x| * p0 (the sign is x's: p0 > 0). NQDQ_SR_E2M1_INT=0: the float form
 # (MX of 16-bit input) or the old path (read when kernels compile).
@@ -938,15 +938,14 @@ SR_E2M1_INT = os.environ.get("NQDQ_SR_E2M1_INT", "1") == "1"
 
 @devfn
 def e2m1_sr_i(xb, p0, rw):
-    """(code, key) of the element with float32 bits ``xb`` times p0 > 0 (sr_e2m1_mag_i)."""
-    mag, key = sr_e2m1_mag_i(f32_bits(abs(bits_f32(xb)) * p0), rw)
-    return np.uint32(mag | np.uint32(np.uint32(np.uint32(xb) >> np.uint32(28)) & np.uint32(8))), key
+    """(code, key) of the element with float32 bits ``xb`` times p0 > 0 (sr_e2m1_code_i)."""
+    return sr_e2m1_code_i(f32_bits(abs(bits_f32(xb)) * p0), rw, xb)
 
 
 @devfn
 def sr_unit_e2m1_i(e, unit, p0, key_lo, key_hi, vec, nb):
     """(lo, hi, ok): the e2m1 codes of a unit of a clean MX / NVFP4 group (multiplier p0),
-    packed as store_packed takes them, and whether sr_e2m1_mag_i holds for all."""
+    packed as store_packed takes them, and whether sr_e2m1_code_i holds for all."""
     rw = unit_random_words(unit, vec, key_lo, key_hi)
     c0, k0 = e2m1_sr_i(e[0], p0, rw[0])
     c1, k1 = e2m1_sr_i(e[1], p0, rw[1])
