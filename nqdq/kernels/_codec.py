@@ -466,6 +466,32 @@ def sr_fast_key_bound(mbits, emin, sub):
     return (lo << 23) - 1
 
 
+def sign_add_twin(u, mag, bit):
+    """mag + bit where float32 bits ``u`` are negative, else mag (a code's sign: mag < bit)."""
+    return np.uint32(int(mag) + (int(bit) if int(u) & 0x80000000 else 0))
+
+
+if SIMULATOR:
+    sign_add = sign_add_twin
+else:
+
+    @intrinsic
+    def sign_add(typingctx, u, mag, bit):
+        """sign_add_twin by two multiply-adds (``mul.hi.u32`` by 2, ``mad.lo``: IMAD.HI and IMAD
+        on the FMA pipe), where the shift and the LOP3 of ``mag | (u >> k) & bit`` take two ALU
+        slots: stochastic rounding's kernels fill the ALU pipe (Philox's xors)."""
+        sig = types.uint32(u, mag, bit)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3),
+                               "{.reg .b32 s; mul.hi.u32 s, $1, 2; mad.lo.u32 $0, s, $3, $2;}", "=r,r,r,r")
+            return builder.call(asm, vals)
+
+        return sig, codegen
+
+
 @devfn
 def sr_float_code_fast(u, mbits, emin, max_code, nbits, r, sub):
     """(code, key): encode_float_sr32(u, mbits, emin, max_code, nan_code, nbits, r) for
@@ -485,7 +511,7 @@ def sr_float_code_fast(u, mbits, emin, max_code, nbits, r, sub):
     in the normal range that is the spec's q + ((e - emin) << M) with t = 23 - M, below it
     the subnormal q with a zero exponent term; valid for a = 0 and wherever t <= 31 (t is
     clamped to 31, so no shift reaches 32). Then min(mag, max_code) and the sign, as in
-    encode_float_sr32."""
+    encode_float_sr32 (by sign_add: multiply-adds, off the ALU pipe)."""
     u = np.uint32(u)
     r = np.uint32(r)
     a = np.uint32(u & U32_SIGN_OFF)
@@ -502,8 +528,7 @@ def sr_float_code_fast(u, mbits, emin, max_code, nbits, r, sub):
         big = np.uint32(np.uint32(a + np.uint32(r >> np.uint32(9 + mbits))) >> np.uint32(23 - mbits))
         mag = np.int32(max(np.int32(np.int32(big) - np.int32((126 + emin) << mbits)), np.int32(0)))
     mag = np.int32(min(mag, np.int32(max_code)))
-    code = np.uint32(np.uint32(mag) | np.uint32(np.uint32(u >> np.uint32(32 - nbits)) & np.uint32(1 << (nbits - 1))))
-    return code, np.uint32(np.int64(a) - 1)
+    return np.uint32(sign_add(u, np.uint32(mag), np.uint32(1 << (nbits - 1)))), np.uint32(np.int64(a) - 1)
 
 
 @devfn
