@@ -835,9 +835,10 @@ def sr_store_unit(e, unit, p0, p1, pz, key_lo, key_hi, c8, c16, c32, mode, fmt, 
 # NQDQ_SR_FAST=0: every unit by sr_store_unit (the A/B baseline; read when kernels compile).
 SR_FAST = os.environ.get("NQDQ_SR_FAST", "1") == "1"
 SR_SUB_BITS = 6  # e2m3, e3m2: sr_float_code_fast's subnormal range (fp8's subnormals are rare)
-# e2m1 (MXFP4, NVFP4) keeps sr_store_unit: H100, bf16 8192x8192, the short encode with the
-# branch-free subnormal range took mxfp4 SR from 199.0 to 239.0 us and nvfp4 from 280.7 to 287.9
-# (about a third of an e2m1 group lies below its normal range, [0.5, 1) of 6)
+# e2m1 (MXFP4, NVFP4) does not take this short encode: H100, bf16 8192x8192, with its branch-free
+# subnormal range it took mxfp4 SR from 199.0 to 239.0 us and nvfp4 from 280.7 to 287.9 (about a
+# third of an e2m1 group lies below its normal range, [0.5, 1) of 6); e2m1 has its own integer
+# encode (SR_E2M1_INT, below), and with NQDQ_SR_E2M1_INT=0 the float form or sr_store_unit
 # (so NVFP4's clause below is taken only if this is lowered to 4)
 SR_FAST_MIN_FLOAT_BITS = 6
 TINY_X_BITS = 0x0C800000  # 2^-102
@@ -906,7 +907,9 @@ def sr_unit_fast(e, unit, p0, r, key_lo, key_hi, mode, fmt, vec, nb):
 # MX e2m1 of 16-bit input (mxfp4 of bf16 / f16), clean groups: sr_e2m1_code_f's float form of
 # the rule (its steps are powers of two and q = x * 2^-k keeps at most 11 significant bits), kept
 # where every |q| is 0 or >= 2^-14; mostly FMA-pipe work where encode_float_sr32's integer carry
-# and its subnormal block (about a third of an e2m1 group) fill the ALU pipe.
+# and its subnormal block (about a third of an e2m1 group) fill the ALU pipe. Taken only with
+# NQDQ_SR_E2M1_INT=0 (the integer encode below is faster: H100, bf16 8192x8192, mxfp4 SR 145.2 ->
+# 134.5 us, docs/performance.md "Twenty-seventh session").
 # NQDQ_SR_E2M1_FLOAT=0: the old path (read when kernels compile).
 SR_E2M1_FLOAT = os.environ.get("NQDQ_SR_E2M1_FLOAT", "1") == "1"
 
@@ -930,9 +933,10 @@ def sr_unit_e2m1(e, unit, p0, key_lo, key_hi, nb):
 
 
 # MX e2m1 and NVFP4, clean groups, any input kind: sr_e2m1_code_i's integer form of the rule
-# (one IMAD.WIDE.U32 a element, no branch), kept where every |q| is 0, below 2^-33 or at
-# least 2^-10; q = |x| * p0 (the sign is x's: p0 > 0). NQDQ_SR_E2M1_INT=0: the float form
-# (MX of 16-bit input) or the old path (read when kernels compile).
+# (one IMAD.WIDE.U32 an element, no branch), kept where every |q| is 0, below 2^-33 or at
+# least 2^-10; q = |x| * p0 (the sign is x's: p0 > 0). H100, bf16 8192x8192 (docs/performance.md
+# "Twenty-seventh session"): nvfp4 SR 265.0 -> 191 us, mxfp4 SR 145.2 -> 134.5. NQDQ_SR_E2M1_INT=0:
+# the float form (MX of 16-bit input) or the old path (read when kernels compile).
 SR_E2M1_INT = os.environ.get("NQDQ_SR_E2M1_INT", "1") == "1"
 
 
