@@ -973,7 +973,8 @@ def sr_store_unit_r(e, unit, p0, r, clean, key_lo, key_hi, c8, c16, c32, mode, f
     recip_guarded(p0) (else unused): ``clean`` (a finite group; a caller-given scale: finite,
     non-zero, ratio_ok) units under a float scale with r != 0, an MX scale or a finite NVFP4
     multiplier take sr_unit_fast, and keep its codes where it says they hold."""
-    if SR_E2M1_INT and clean and fmt[0] == 1 and fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7 and (
+    e2m1 = fmt[0] == 1 and fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7  # (constants: folded)
+    if SR_E2M1_INT and clean and e2m1 and (
             mode == MODE_MX or (mode == MODE_NVFP4 and abs_i32(f32_bits(p0)) < FINITE)):
         lo, hi, ok = sr_unit_e2m1_i(e, unit, p0, key_lo, key_hi, vec, nb)
         if ok:
@@ -986,7 +987,7 @@ def sr_store_unit_r(e, unit, p0, r, clean, key_lo, key_hi, c8, c16, c32, mode, f
         if ok:
             store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
             return
-    if SR_E2M1_FLOAT and clean and mode == MODE_MX and vec == 8 and fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7:
+    if SR_E2M1_FLOAT and clean and mode == MODE_MX and vec == 8 and e2m1:
         lo, hi, ok = sr_unit_e2m1(e, unit, p0, key_lo, key_hi, nb)
         if ok:
             store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
