@@ -47,6 +47,7 @@ def main():
 
     from nqdq import fused
     from nqdq.kernels import fused as KF
+    from nqdq.kernels._grid import SYNC_WORDS
     from nqdq.kernels._interop import Allocator
     from nqdq.kernels.launch import fast_kernel
 
@@ -54,7 +55,7 @@ def main():
     rng = np.random.default_rng(5)
     ids2 = cp.asarray(np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32))
     ids = ids2.reshape(-1)
-    ws = cp.zeros(3, cp.int32)
+    ws = cp.zeros(SYNC_WORDS, cp.int32)
     s = cp.cuda.Stream(non_blocking=True)
 
     def graph_us(body):

@@ -6,6 +6,7 @@ Nothing here calls nqdq: these are the *expected* side of the tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from fractions import Fraction
 
@@ -251,3 +252,60 @@ def gpu_cupy_or_skip():
     except Exception:
         pytest.skip("no CUDA device", allow_module_level=True)
     return cp
+
+
+FREE_SMS = 8  # SMs sm_hog leaves to the grid under test
+_HOG_SRC = r"""
+extern "C" __global__ void hog(const volatile int *flag, int *gave_up, long long limit) {
+    extern __shared__ int s[];
+    long long t0 = clock64();
+    if (threadIdx.x == 0) {
+        while (flag[0] == 0) {
+            if (clock64() - t0 > limit) { atomicAdd(gave_up, 1); break; }
+            __nanosleep(1000);
+        }
+    }
+    s[threadIdx.x] = threadIdx.x;
+    __syncthreads();
+}
+extern "C" __global__ void release(int *flag) { flag[0] = 1; }
+"""
+
+
+@contextlib.contextmanager
+def sm_hog(stream, free=FREE_SMS, seconds=2.0):
+    """A grid that holds all but ``free`` SMs of the current device (one block on each, with
+    all the shared memory a block may have) until ``done()`` (yielded) is called: that
+    launches, in ``stream`` (the grid under test's, after it), a kernel that releases the hog.
+    So the grid under test has only ``free`` SMs until it ends. On leaving, the device is
+    synchronized and the test fails if the hog gave up (about ``seconds`` of waiting, so a
+    grid that cannot end without the held SMs fails the test instead of hanging it)."""
+    import time
+
+    import cupy as cp
+
+    dev = cp.cuda.Device()
+    attrs = dev.attributes
+    mod = cp.RawModule(code=_HOG_SRC, options=("-std=c++14",))
+    hog, release = mod.get_function("hog"), mod.get_function("release")
+    smem = attrs["MaxSharedMemoryPerBlockOptin"]
+    hog.max_dynamic_shared_size_bytes = smem
+    flag, gave_up = cp.zeros(1, cp.int32), cp.zeros(1, cp.int32)
+    clock_hz = attrs["ClockRate"] * 1e3
+    hs = cp.cuda.Stream(non_blocking=True)
+    hog((attrs["MultiProcessorCount"] - free,), (32,), (flag, gave_up, np.int64(seconds * clock_hz)),
+        stream=hs, shared_mem=smem)
+    time.sleep(0.05)  # the hog's blocks are on their SMs before the grid under test is launched
+    released = []
+
+    def done():
+        release((1,), (1,), (flag,), stream=stream)
+        released.append(True)
+
+    try:
+        yield done
+    finally:
+        if not released:
+            done()
+        dev.synchronize()
+    assert int(gave_up.get()[0]) == 0, "the hog gave up waiting: the grid under test did not end without its SMs"

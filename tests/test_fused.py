@@ -395,14 +395,24 @@ def _device_sort(ids, npairs, k, E, mode):
     each pair's row from its packed rank and its chunk's base, as the rows kernel finds it,
     perm from those rows; its ticket checked left zero)."""
     from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels._grid import SYNC_WORDS
     from nqdq.kernels._interop import Allocator
     from nqdq.kernels.fused import moe_rank, moe_sort
 
     from nqdq.kernels import fused as KF
 
+    if mode == "one3":  # a grid of 3 blocks, which the simulator runs one after another
+        ws = np.zeros(SYNC_WORDS, np.int32)
+        sm, KF._sm_count = KF._sm_count, lambda: 3
+        try:
+            out = moe_sort(ids, npairs, k, E, Allocator("numpy"), ws=ws, one=True)
+        finally:
+            KF._sm_count = sm
+        assert not ws.any()
+        return out
     if not mode.startswith("rank"):
         return moe_sort(ids, npairs, k, E, Allocator("numpy"), one=mode == "one")
-    ws = np.zeros(3, np.int32)
+    ws = np.zeros(SYNC_WORDS, np.int32)
     blocks, KF.MOE_RANK_BLOCKS = KF.MOE_RANK_BLOCKS, int(mode[4:])
     try:
         packed, cbase, off, _, csh = moe_rank(ids, npairs, E, Allocator("numpy"), ws=ws)
@@ -416,7 +426,7 @@ def _device_sort(ids, npairs, k, E, mode):
     return perm, off, inv
 
 
-@pytest.mark.parametrize("mode", ["one", "three", "rank32", "rank2"])
+@pytest.mark.parametrize("mode", ["one", "one3", "three", "rank32", "rank2"])
 @pytest.mark.parametrize("tokens, k, E, unroll", [(300, 2, 6, 8), (650, 4, 40, 2), (1100, 2, 33, 8), (200, 3, 300, 8),
                                                   (1100, 4, 300, 8)])
 def test_moe_sort_many_pairs_device(tokens, k, E, unroll, mode, monkeypatch):
@@ -427,7 +437,11 @@ def test_moe_sort_many_pairs_device(tokens, k, E, unroll, mode, monkeypatch):
     threads, E not a power of two; the scatter's per-warp counts with few and many experts
     (several pairs of an expert in one warp). One launch (sort1; the simulator's grid is one
     block, so it takes every chunk in turn, each bucket's next row advanced chunk by chunk):
-    the bucket scan with one bucket a thread and (E = 300) two. The rank kernel (MOE_RANK_BLOCKS)
+    the bucket scan with one bucket a thread and (E = 300) two. One launch of 3 blocks
+    ("one3"), which the simulator runs one after another, as a GPU whose SMs other grids
+    hold would: block 0 waits, finds blocks 1 and 2 not done, counts their chunks itself
+    and sorts its own; blocks 1 and 2, when they run, count theirs again, find every block
+    done and sort theirs; the workspace left zero. The rank kernel (MOE_RANK_BLOCKS)
     over about 32 chunks (256 pairs a chunk, one round: 3, 11, 9, 3 and 18 chunks) and about 2
     (512 pairs, two rounds: 2 chunks of 600 pairs; 1024 pairs, four rounds: 3, 3 and 5
     chunks), the last chunk partial, the last block's column sums and scan over 7 to 301
@@ -956,4 +970,6 @@ def test_moe_kernels_programmatic_dependent_launch_ptx():
     one = k["moe sort (one launch)"]["ops"]
     assert "griddepcontrol.wait" not in one  # (the first launch of the sequence: nothing to wait for)
     assert one.count("ld.global.cg.s32") == 32  # MOE_WALK counts in flight
-    assert sorted(set(o for o in one if o.startswith("atom"))) == ["atom.global.add.u32", "atom.global.exch.b32"]
+    # the departures (add), the done bits (or: set and read) and their zeroing (exch), all global
+    assert sorted(set(o for o in one if o.startswith("atom"))) == ["atom.global.add.u32", "atom.global.exch.b32",
+                                                                   "atom.global.or.b32"]

@@ -23,6 +23,7 @@ from nqdq.reference import fused as R  # noqa: E402
 from nqdq.reference import quantize as RQ  # noqa: E402
 from nqdq.reference.packing import pack_codes  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
+from nqdq.kernels._grid import SYNC_WORDS  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 NP = {"bfloat16": BF16, "float16": np.dtype(np.float16), "float32": np.dtype(np.float32)}
@@ -396,7 +397,7 @@ def test_gpu_moe_sort_one_launch(T, k, E, sort1, monkeypatch):
         ids[T // 3, 0], ids[T - 1, k - 1] = E, -5
     valid = (ids >= 0) & (ids < E)
     perm_ref = [p[1] for p in sorted((int(ids[i, j]) if valid[i, j] else E, i, j) for i in range(T) for j in range(k))]
-    ws = cp.zeros(3, cp.int32)
+    ws = cp.zeros(SYNC_WORDS, cp.int32)
     for _ in range(2):
         perm, off, inv = KF.moe_sort(cp.asarray(ids.reshape(-1)), T * k, k, E, Allocator("cupy"), ws=ws)
         np.testing.assert_array_equal(host(perm), perm_ref)
@@ -406,6 +407,39 @@ def test_gpu_moe_sort_one_launch(T, k, E, sort1, monkeypatch):
         assert off[E + 1] == T * k
         np.testing.assert_array_equal(host(perm)[host(inv)], np.arange(T * k) // k)
         np.testing.assert_array_equal(host(ws), 0)
+
+
+def test_gpu_moe_sort_one_launch_partly_resident():
+    """The one-launch sort (141 chunks of 9000 tokens top-4: one block per SM) while another
+    grid holds all but FREE_SMS SMs (a block of all the shared memory an SM has on each,
+    _helpers.sm_hog), so only part of the sort's grid is resident at once, as under an MPS
+    thread limit or beside another process's kernels. The other grid waits until the sort is
+    done (a flag set by a kernel after it in the sort's stream), so a sort whose resident
+    blocks waited for the rest (the grid barrier it had until the twenty-eighth session)
+    would never end: the hog gives up after about two seconds and counts that. Here the
+    resident blocks count the missing blocks' chunks themselves (_grid.mark_done): the sort
+    ends, the hog never gives up, and perm, offsets, inv are the spec's, the workspace left
+    zero."""
+    from _helpers import sm_hog
+
+    from nqdq.kernels import fused as KF
+    from nqdq.kernels._interop import Allocator
+
+    T, k, E = 9000, 4, 256
+    ids = np.random.default_rng(28).integers(0, E, (T, k)).astype(np.int32)
+    dev = cp.asarray(ids.reshape(-1))
+    ws = cp.zeros(SYNC_WORDS, cp.int32)
+    KF.moe_sort(dev, T * k, k, E, Allocator("cupy"), ws=ws, one=True)  # (compiled before the hog holds the SMs)
+    st = cp.cuda.Stream(non_blocking=True)
+    with sm_hog(st) as done:
+        with st:
+            perm, off, inv = KF.moe_sort(dev, T * k, k, E, Allocator("cupy"), ws=ws, one=True)
+        done()
+    perm_ref, off_ref = R.moe_sort(ids, E)
+    np.testing.assert_array_equal(host(perm), perm_ref)
+    np.testing.assert_array_equal(host(off)[: E + 1], off_ref)
+    np.testing.assert_array_equal(host(perm)[host(inv)], np.arange(T * k) // k)
+    np.testing.assert_array_equal(host(ws), 0)
 
 
 @pytest.mark.parametrize("T, k, E", [(1, 1, 1), (2048, 4, 256), (9000, 4, 256), (700, 8, 1024), (40000, 8, 256)])
@@ -427,7 +461,7 @@ def test_gpu_moe_rank(T, k, E):
     inv_ref = np.empty(T * k, np.int64)  # the stable sort's row of each pair (bucket E: ids out of range)
     inv_ref[[p[1] * k + p[2] for p in sorted((int(ids[i, j]) if valid[i, j] else E, i, j)
                                              for i in range(T) for j in range(k))]] = np.arange(T * k)
-    ws = cp.zeros(3, cp.int32)
+    ws = cp.zeros(SYNC_WORDS, cp.int32)
     for _ in range(2):
         packed, cbase, off, _perm, csh = KF.moe_rank(cp.asarray(ids.reshape(-1)), T * k, E, Allocator("cupy"), ws=ws)
         assert csh == KF.rank_chunk_shift(T * k)

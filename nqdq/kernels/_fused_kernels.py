@@ -17,7 +17,7 @@ import numpy as np
 from numba import cuda, int32
 
 from ._codec import F32, KIND_F16, KIND_F32, bits_f32, f16_bits_to_f32_bits, f32_bits, mul_rn
-from ._grid import grid_leave, grid_wait
+from ._grid import DONE_WORDS, done_bit, all_done, done_words, leave_done, mark_done
 from ._ptx import griddep_launch, griddep_wait, load_cg
 from ._target import SIMULATOR, devfn
 
@@ -42,6 +42,9 @@ R_SPLIT_MIN_BITS = 5  # reference/fused.R_SPLIT_MIN_BITS
 MOE_CHUNK = 256  # pairs per block in the MoE sort kernels
 MOE_MAX_EXPERTS = 1024
 MOE_BUCKETS = MOE_MAX_EXPERTS + 1  # the experts and the bucket of ids out of range
+# reads of the done bits before moe_sort_kernel's block counts the missing blocks' chunks
+# itself (each read about a microsecond on an H100, the sort's wait a few of them)
+MOE_HELP_SPINS = 2 if SIMULATOR else 256
 
 
 # ----------------------------------------------------------------------------- float-float
@@ -397,14 +400,20 @@ scan_buckets = scan_buckets_fn(MOE_CHUNK)  # the sort kernels' (blocks of MOE_CH
 @cuda.jit
 def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, inv):
     """The three kernels above in one launch (moe_count, moe_scan, moe_scatter: the same
-    perm, inv and offsets, bit for bit) of G blocks of MOE_CHUNK threads, every block
-    resident at once (the launcher takes G <= the SM count; the residency limit of the
-    ``_grid`` one-launch kernels applies: see that module). Block b takes the chunks
-    [b * per, (b + 1) * per) (per = ceil(chunks / G)), in order:
+    perm, inv and offsets, bit for bit) of G <= MAX_DONE blocks of MOE_CHUNK threads (the
+    launcher takes G <= the SM count). Block b takes the chunks [b * per, (b + 1) * per)
+    (per = ceil(chunks / G)), in order:
 
-    1. counts its pairs' buckets (shared atomics) into counts[b, :] (E + 1 buckets);
-    2. waits for every block (``_grid.grid_wait`` on the zeroed 3-word ``sync``, which the
-       last block to leave, at its end, zeroes again);
+    1. counts its pairs' buckets (shared atomics) into counts[b, :] (E + 1 buckets) and sets
+       its done bit (``_grid.mark_done`` on the zeroed workspace ``sync``, which the last
+       block to leave, at its end, zeroes again: ``_grid.leave_done``);
+    2. waits for every block's bit (``_grid.all_done``); after MOE_HELP_SPINS reads of the
+       bits it counts the missing blocks' chunks itself (the same counts, stored to the same
+       words) and sets their bits. So no block waits for a block that has not started, and
+       the sort ends whatever part of the grid is resident: a block that could not start
+       (its SM held by other grids, an MPS thread limit), when it does start, counts its
+       chunks again, finds every bit set and sorts its chunks (until the twenty-eighth
+       session a block barrier over the grid, ``_grid.grid_wait``: it could wait for ever there);
     3. reads bucket e's column of counts (``ld.global.cg``: from L2, never a stale line of
        the SM's L1; MOE_WALK loads in flight a thread; read by atomics, every block's read of
        a count one after another at its L2 slice, the sort took 10.8 us instead of 9.0, H100,
@@ -428,6 +437,8 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
     part = cuda.shared.array(MOE_CHUNK, int32)  # the scan's per-thread sums
     sid = cuda.shared.array(MOE_CHUNK, int32)
     whist = cuda.shared.array(MOE_WARP_SLOTS, int32)
+    flag = cuda.shared.array(1, int32)
+    miss = cuda.shared.array(DONE_WORDS, int32)
     c = cuda.local.array(MOE_WALK, int32)
     t = cuda.threadIdx.x
     b = cuda.blockIdx.x
@@ -440,7 +451,25 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
     c1 = min(nch, c0 + per)
     griddep_launch()  # the row kernel (MOE_PDL) may start now: it reads inv only after griddep_wait
     e0 = count_chunks(ids, npairs, num_experts, c0, c1, t, hist, counts, b)  # (the first chunk's bucket, kept)
-    grid_wait(t, sync)
+    cuda.syncthreads()
+    if t == 0:
+        mark_done(sync, b)
+    while True:  # every block's counts stored; after a while, the missing ones counted here
+        if t == 0:
+            flag[0] = all_done(sync, G, MOE_HELP_SPINS)
+        cuda.syncthreads()
+        if flag[0]:
+            break
+        for v in range(t, DONE_WORDS, MOE_CHUNK):
+            miss[v] = ~done_words(sync, v)
+        cuda.syncthreads()
+        for g in range(G):
+            if miss[g >> 5] & done_bit(g & 31):  # (uniform: shared)
+                g0 = g * per
+                count_chunks(ids, npairs, num_experts, g0, min(nch, g0 + per), t, hist, counts, g)
+                cuda.syncthreads()
+                if t == 0:
+                    mark_done(sync, g)
     for e in range(t, nb, MOE_CHUNK):
         s = 0
         pre = 0
@@ -478,7 +507,7 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
         if ch + 1 < c1:
             cuda.syncthreads()  # every row of this chunk is taken from hist before it moves on
             advance_buckets(hist, whist, t, nb)
-    grid_leave(t, sync)  # (at the end: off the way of the rows)
+    leave_done(t, sync)  # (at the end: off the way of the rows)
 
 
 # ----------------------------------------------------------------------------- MoE rank

@@ -8,10 +8,11 @@ second launch latency on the device. :func:`grid_max` lets one kernel do both: e
 loads its units into registers, reduces their amax, and publishes it; the blocks wait for
 each other; then every block encodes what it already holds.
 
-``sync`` is three int32 words, zero when the kernel starts, and zero again when it ends:
-sync[0] counts the blocks that arrived, sync[1] is the running max (non-negative int32
-bits of a float32 magnitude, so integer max is float max, NaN above +inf where the caller
-counts it), sync[2] counts the blocks that have read the max back. One thread per block
+``sync`` is SYNC_WORDS int32 words, zero when the kernel starts, and zero again when it
+ends (the words after the first three: the done bits of :func:`mark_done`). sync[0] counts
+the blocks that arrived, sync[1] is the running max (non-negative int32 bits of a float32
+magnitude, so integer max is float max, NaN above +inf where the caller counts it), sync[2]
+counts the blocks that have read the max back. One thread per block
 adds its block's value (``atom.global.max``), fences, arrives (``atom.global.add``), spins
 on the count with a short sleep until every block of the grid has arrived, fences again,
 reads the max back by an atomic (never a cached load), fences, and departs
@@ -51,9 +52,13 @@ from numba import cuda
 
 from ._target import SIMULATOR, devfn
 
-__all__ = ["grid_max", "grid_wait", "grid_leave", "SYNC_WORDS", "StreamWorkspaces"]
+__all__ = ["grid_max", "grid_wait", "grid_leave", "done_bit", "mark_done", "done_words", "all_done", "leave_done",
+           "SYNC_WORDS", "DONE_BASE", "DONE_WORDS", "MAX_DONE", "StreamWorkspaces"]
 
-SYNC_WORDS = 3  # int32 words of a grid_max workspace: [arrivals, running max, departures]
+DONE_BASE = 3  # grid_max / grid_wait: words [arrivals, running max, departures]; then ...
+DONE_WORDS = 8  # ... the done bits of up to MAX_DONE work items (mark_done, all_done)
+MAX_DONE = 32 * DONE_WORDS
+SYNC_WORDS = DONE_BASE + DONE_WORDS  # int32 words of a workspace, zero before and after each kernel
 _PER_THREAD = 2  # cudaStreamPerThread, the per-thread default stream's handle
 _SLEEP = not SIMULATOR  # (the simulator has no nanosleep; its one-block grids never spin)
 
@@ -114,6 +119,75 @@ def grid_leave(tid, sync):
         if cuda.atomic.add(sync, 2, 1) == cuda.gridDim.x - 1:
             cuda.atomic.exch(sync, 0, 0)
             cuda.atomic.exch(sync, 2, 0)
+
+
+# -- a wait no residency can deadlock: work items whose results are idempotent --------------
+# grid_wait needs every block of the grid resident at once. A kernel whose blocks each do a
+# work item before the wait, an item's stores being the same values whoever does it (so that
+# an item done twice is harmless), can wait on the items instead of the blocks: block b does
+# item b and sets its done bit (mark_done); a block waits for every item's bit (all_done), and
+# a block that has waited a while (all_done's ``spins``) does the missing items itself (done_words tells it
+# which) and sets their bits. A block waits only for items that a running block does or that
+# it does itself, so the wait ends however few of the grid's blocks are resident: a block that
+# could not start (its SM held by other grids, an MPS thread limit) does its item again when
+# it does start, finds every bit set, and goes on. Every block calls leave_done at its end;
+# the last to leave zeroes the bits and the departures.
+
+
+@devfn
+def done_bit(i):
+    """Bit i (0..31) of an int32 word."""
+    return np.int32(-2147483648) if i == 31 else np.int32(1 << i)
+
+
+@devfn
+def _full(n, w):
+    """Word w of the done bits when all of items 0..n-1 are done."""
+    m = n - 32 * w
+    return np.int32(-1) if m >= 32 else np.int32(0) if m <= 0 else np.int32((1 << m) - 1)
+
+
+@devfn
+def mark_done(sync, i):
+    """(one thread of the block, after a block barrier that orders the item's stores before it)
+    Item i's stores made visible (a fence), then its done bit set."""
+    cuda.threadfence()
+    cuda.atomic.or_(sync, DONE_BASE + (i >> 5), done_bit(i & 31))
+
+
+@devfn
+def done_words(sync, w):
+    """Word w of the done bits, read by an atomic (never a stale cached word)."""
+    return cuda.atomic.or_(sync, DONE_BASE + w, 0)
+
+
+@devfn
+def all_done(sync, n, spins):
+    """(one thread) Whether items 0..n-1 (n <= MAX_DONE) are all done, the bits read up to
+    ``spins`` times (a short sleep between reads); a fence after the last read when they are,
+    so the items' stores are read after it."""
+    for _ in range(spins):
+        ok = True
+        for w in range(DONE_WORDS):  # (unrolled: the words' reads in flight together)
+            if 32 * w < n and done_words(sync, w) != _full(n, w):
+                ok = False
+        if ok:
+            cuda.threadfence()
+            return True
+        if _SLEEP:
+            cuda.nanosleep(np.uint32(32))
+    return False
+
+
+@devfn
+def leave_done(tid, sync):
+    """At a block's end, after all_done: counts its departure (sync[2]); the last block of the
+    grid to leave zeroes the departures and the done bits."""
+    if tid == 0:
+        if cuda.atomic.add(sync, 2, 1) == cuda.gridDim.x - 1:
+            cuda.atomic.exch(sync, 2, 0)
+            for w in range(DONE_WORDS):
+                cuda.atomic.exch(sync, DONE_BASE + w, 0)
 
 
 class StreamWorkspaces:

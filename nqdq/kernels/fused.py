@@ -24,7 +24,7 @@ from ._elements import format_tuple
 from ._interop import Allocator
 from ._target import SIMULATOR, device_cc
 from .launch import Ptr, fast_kernel
-from ._grid import SYNC_WORDS
+from ._grid import MAX_DONE, SYNC_WORDS
 from .quantize import _XDTYPES, _max_elem, _mx_cfg, _sm_count, fill_bytes
 from ..reference.fused import MAX_ROW as MAX_ROW_REF
 from ..reference.fused import row_geometry
@@ -47,7 +47,8 @@ MOE_SCATTER = _fused_rows._switch_env("MOE_SCATTER", True)
 # 2 units 41.7, 1 unit 50.0; ncu: the row kernel 30.3 -> 27.5 us, 59 -> 51 registers.
 MOE_UNITS = int(os.environ.get("NQDQ_FUSED_MOE_UNITS", "4"))
 # MOE_SORT1 (NQDQ_FUSED_MOE_SORT1, session 8): the MoE sort in one launch (moe_sort_kernel, its
-# blocks meeting at a grid barrier) instead of three (count, scan, scatter). H100 (2026-11-22
+# blocks waiting for each other's counts; since session 28 a wait that no residency can turn into
+# a deadlock: _grid.mark_done) instead of three (count, scan, scatter). H100 (2026-11-22
 # 06:04 UTC, docs/performance.md "Eighth session"), 2048 tokens top-4 of 256, planned calls:
 # called eagerly (host and device) 37.7 -> 36.8 us (and 40.4 -> 37.8 without MOE_PDL), the host's
 # time a call 23.2 -> 16.1 us (38.4 -> 28.1 on another host); replayed from a CUDA graph (device
@@ -285,8 +286,9 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
     offsets[E] == npairs says every id was in range.
 
     ``one`` (None: MOE_SORT1): one launch (``moe_sort_kernel``, at most one block per SM,
-    its blocks waiting for each other on ``ws``: a zeroed ``_grid`` workspace the kernel
-    leaves zero; None: a zeroed one of ``alloc``'s); else three (count, scan, scatter).
+    its blocks waiting for each other's counts on ``ws``: a zeroed ``_grid`` workspace the
+    kernel leaves zero; None: a zeroed one of ``alloc``'s; the wait ends whatever part of the
+    grid is resident); else three (count, scan, scatter).
     ``out``: (perm, offsets, inv) to write instead of new arrays (a plan's second sequence)."""
     if not 1 <= num_experts <= FK.MOE_MAX_EXPERTS:
         raise ValueError(f"num_experts={num_experts} must be in [1, {FK.MOE_MAX_EXPERTS}] for the device sort")
@@ -297,7 +299,7 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
                alloc.empty(max(npairs, 1), np.int32))
     perm, offsets, inv = out
     if MOE_SORT1 if one is None else one:
-        G = min(nchunks, _sm_count())
+        G = min(nchunks, _sm_count(), MAX_DONE)
         counts = alloc.empty(G * nb, np.int32)
         if ws is None:
             ws = alloc.empty(SYNC_WORDS, np.int32)
