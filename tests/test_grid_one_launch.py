@@ -91,6 +91,25 @@ def test_one_launch_matches_streaming_path(name, grid_switch):
             assert np.asarray(getattr(a, f)).tobytes() == np.asarray(getattr(b, f)).tobytes(), f
 
 
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator runs a grid's blocks one after another")
+@pytest.mark.parametrize("name", sorted(ONE_LAUNCH))
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
+def test_one_launch_grid_run_block_after_block(name, dtype, grid_switch, monkeypatch):
+    """A one-launch grid of 3 blocks, which the simulator runs one after another (as a GPU
+    whose SMs other grids hold would): block 0 publishes its max, waits, finds blocks 1 and
+    2 not done, computes their maxima from their units itself (_rowwise_kernels._GRID_MAX_SRC)
+    and encodes its own units; blocks 1 and 2, when they run, find every block done. The
+    tensor's largest magnitude is in block 2's units, so block 0's codes match the reference
+    only if it took block 2's max."""
+    monkeypatch.setattr(kq, "_sm_count", lambda: 3)
+    grid_switch(True)
+    assert _launches((12, 256), dtype, name) == [(ONE_LAUNCH[name], 3)]
+    x = np.random.default_rng(28).standard_normal((12, 256)).astype(np.float32)
+    x[11, 200] = 40.0  # (the last block's units)
+    x = x.astype(dtype)
+    check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
+
+
 @cuda.jit
 def _grid_max_kernel(vals, sync, out):
     slot = cuda.shared.array(1, np.int32)
@@ -127,29 +146,16 @@ def test_capture_test_counts_an_error_as_capturing():
 
 
 @pytest.mark.parametrize("name", sorted(ONE_LAUNCH))
-def test_cooperative_one_launch_switch(name, grid_switch, monkeypatch):
-    """GRID_COOPERATIVE marks the one-launch kernel for a cooperative launch (plans built
-    after the switch; off by default), exact either way; once the driver refused a
-    cooperative launch the plans take the streaming kernels instead."""
+def test_one_launch_is_plain_after_a_refused_cooperative_launch(name, grid_switch, monkeypatch):
+    """The one-launch kernels are launched plainly (their wait needs no co-resident grid:
+    _grid.wait_done), so they stay the plan after the driver refused a cooperative launch
+    (which rules out _tensor_resident's kernels), exact."""
     import nqdq.kernels.launch as LAUNCH
 
-    monkeypatch.setattr(LAUNCH, "_REFUSED", set())
+    monkeypatch.setattr(LAUNCH, "_REFUSED", {"cooperative"})
     grid_switch(True)
+    plan = kq.get_plan((4, 64), 1, resolve_scheme(name))
+    ((k, *_),) = plan.launches
+    assert k.py_func.__name__ == ONE_LAUNCH[name] and not LAUNCH.cooperative(k) and plan.ex_kinds == set()
     x = edge_data((4, 64), seed=3).astype(ml_dtypes.bfloat16)
-    assert not kq.GRID_COOPERATIVE
-    for on in (True, False):
-        monkeypatch.setattr(kq, "GRID_COOPERATIVE", on)
-        kq._PLANS.clear()
-        plan = kq.get_plan((4, 64), 1, resolve_scheme(name))
-        ((k, *_),) = plan.launches
-        assert k.py_func.__name__ == ONE_LAUNCH[name] and k.nqdq_cooperative == on
-        assert plan.ex_kinds == ({"cooperative"} if on else set())
-        check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
-    monkeypatch.setattr(kq, "GRID_COOPERATIVE", True)
-    LAUNCH._REFUSED.add("cooperative")
-    kq._PLANS.clear()
-    assert len(_launches((4, 64), ml_dtypes.bfloat16, name)) >= 2
-    monkeypatch.setattr(kq, "GRID_COOPERATIVE", False)  # the plain launch needs no cooperative attribute
-    kq._PLANS.clear()
-    assert _launches((4, 64), ml_dtypes.bfloat16, name) == [(ONE_LAUNCH[name], 1)]
-    kq._PLANS.clear()
+    check(x, resolve_scheme(name), x_ref=x.astype(np.float32))

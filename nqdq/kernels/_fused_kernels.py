@@ -17,7 +17,7 @@ import numpy as np
 from numba import cuda, int32
 
 from ._codec import F32, KIND_F16, KIND_F32, bits_f32, f16_bits_to_f32_bits, f32_bits, mul_rn
-from ._grid import DONE_WORDS, done_bit, all_done, done_words, leave_done, mark_done
+from ._grid import DONE_WORDS, arrive, done_bit, leave_done, mark_done, wait_done
 from ._ptx import griddep_launch, griddep_wait, load_cg
 from ._target import SIMULATOR, devfn
 
@@ -42,9 +42,6 @@ R_SPLIT_MIN_BITS = 5  # reference/fused.R_SPLIT_MIN_BITS
 MOE_CHUNK = 256  # pairs per block in the MoE sort kernels
 MOE_MAX_EXPERTS = 1024
 MOE_BUCKETS = MOE_MAX_EXPERTS + 1  # the experts and the bucket of ids out of range
-# reads of the done bits before moe_sort_kernel's block counts the missing blocks' chunks
-# itself (each read about a microsecond on an H100, the sort's wait a few of them)
-MOE_HELP_SPINS = 2 if SIMULATOR else 256
 
 
 # ----------------------------------------------------------------------------- float-float
@@ -404,12 +401,12 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
     launcher takes G <= the SM count). Block b takes the chunks [b * per, (b + 1) * per)
     (per = ceil(chunks / G)), in order:
 
-    1. counts its pairs' buckets (shared atomics) into counts[b, :] (E + 1 buckets) and sets
-       its done bit (``_grid.mark_done`` on the zeroed workspace ``sync``, which the last
-       block to leave, at its end, zeroes again: ``_grid.leave_done``);
-    2. waits for every block's bit (``_grid.all_done``); after MOE_HELP_SPINS reads of the
-       bits it counts the missing blocks' chunks itself (the same counts, stored to the same
-       words) and sets their bits. So no block waits for a block that has not started, and
+    1. counts its pairs' buckets (shared atomics) into counts[b, :] (E + 1 buckets) and
+       arrives (``_grid.arrive`` on the zeroed workspace ``sync``, which the last block to
+       leave, at its end, zeroes again: ``_grid.leave_done``);
+    2. waits for every block (``_grid.wait_done``); after HELP_SPINS reads of the arrivals
+       it counts the chunks of the blocks not done itself (the same counts, stored to the
+       same words) and marks them done. So no block waits for a block that has not started, and
        the sort ends whatever part of the grid is resident: a block that could not start
        (its SM held by other grids, an MPS thread limit), when it does start, counts its
        chunks again, finds every bit set and sorts its chunks (until the twenty-eighth
@@ -453,16 +450,8 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
     e0 = count_chunks(ids, npairs, num_experts, c0, c1, t, hist, counts, b)  # (the first chunk's bucket, kept)
     cuda.syncthreads()
     if t == 0:
-        mark_done(sync, b)
-    while True:  # every block's counts stored; after a while, the missing ones counted here
-        if t == 0:
-            flag[0] = all_done(sync, G, MOE_HELP_SPINS)
-        cuda.syncthreads()
-        if flag[0]:
-            break
-        for v in range(t, DONE_WORDS, MOE_CHUNK):
-            miss[v] = ~done_words(sync, v)
-        cuda.syncthreads()
+        arrive(sync, b)
+    while not wait_done(t, sync, flag, miss):  # (every block's counts stored; else the missing ones counted here)
         for g in range(G):
             if miss[g >> 5] & done_bit(g & 31):  # (uniform: shared)
                 g0 = g * per

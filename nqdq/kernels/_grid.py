@@ -4,21 +4,30 @@ statistic (dynamic per-tensor float scales, NVFP4's S_enc) at decode sizes.
 The streaming paths take that statistic in a kernel of its own (amax partials, then the
 encode), which is right for large inputs but costs small ones a second ``cuLaunchKernel``
 on the host (~3 us each on an H100 host, docs/performance.md "Host time per call") and a
-second launch latency on the device. :func:`grid_max` lets one kernel do both: every block
-loads its units into registers, reduces their amax, and publishes it; the blocks wait for
-each other; then every block encodes what it already holds.
+second launch latency on the device. One kernel can do both: every block loads its units
+into registers, reduces their amax, and publishes it; the blocks wait for each other; then
+every block encodes what it already holds.
+
+Two waits. :func:`grid_max` is a barrier over the grid: it needs every block resident at
+once, so only a cooperative launch (which the driver places whole or refuses) may use it
+(``_tensor_resident``). The plainly launched one-launch kernels (quantize's at decode sizes,
+at most one block per SM; the MoE sort's one launch) wait on work items instead
+(:func:`wait_done`, below): a block that waits long computes the missing blocks' maxima (or
+counts) itself, so the wait ends however few of the grid's blocks are resident: beside other
+grids that hold the SMs, under an MPS thread limit, with any number of calls in flight on
+other streams (tests/test_grid_one_launch_gpu.py and tests/test_fused_gpu.py hold all but a
+few SMs while such a grid runs).
 
 ``sync`` is SYNC_WORDS int32 words, zero when the kernel starts, and zero again when it
-ends (the words after the first three: the done bits of :func:`mark_done`). sync[0] counts
-the blocks that arrived, sync[1] is the running max (non-negative int32 bits of a float32
-magnitude, so integer max is float max, NaN above +inf where the caller counts it), sync[2]
-counts the blocks that have read the max back. One thread per block
-adds its block's value (``atom.global.max``), fences, arrives (``atom.global.add``), spins
-on the count with a short sleep until every block of the grid has arrived, fences again,
-reads the max back by an atomic (never a cached load), fences, and departs
-(``atom.global.add`` on sync[2]); the block that departs last has seen every other block's
-read done, so it sets the three words back to zero. ``max`` is order-independent, so the
-result is the same bits as the two-kernel path's.
+ends. sync[0] counts the blocks that arrived, sync[1] is the running max (non-negative int32
+bits of a float32 magnitude, so integer max is float max, NaN above +inf where the caller
+counts it), sync[2] counts the blocks that have read the max back (departed), and the words
+after those are wait_done's done bits. In grid_max one thread per block adds its block's
+value (``atom.global.max``), fences, arrives (``atom.global.add``), spins on the count with
+a short sleep until every block of the grid has arrived, fences again, reads the max back by
+an atomic (never a cached load), fences, and departs (``atom.global.add`` on sync[2]); the
+block that departs last has seen every other block's read done, so it sets the words back to
+zero. ``max`` is order-independent, so the result is the same bits as the two-kernel path's.
 
 Because the kernel leaves its workspace as it found it, kernels that run one after another
 can share one: :class:`StreamWorkspaces` gives each CUDA stream its own (kernels of one
@@ -26,21 +35,8 @@ stream never overlap), so the CuPy runner of a quantize plan issues no memset on
 direct calls. Under CUDA-graph capture the runner instead puts the workspace in the call's
 own allocation and zeroes it with a memset (a graph node): a graph may be replayed on any
 stream, concurrently with direct calls, so it must not share the stream's workspace.
-
-The wait needs every block of the grid resident at once. The plans launch at most one
-block per SM (``quantize._sm_count``) of a kernel small enough for four blocks per SM (256
-threads of 36-60 registers, no shared memory to speak of): a block that cannot start yet
-because another kernel holds its SM only delays the others until that kernel's blocks
-leave. Limit: the blocks of up to four such grids fit on the SMs together, so up to four
-one-launch calls may be in flight on different streams at once; more, each partly resident,
-could wait for each other for ever, as could grids on a GPU of which the process has only
-part (an MPS thread limit). ``quantize.GRID_COOPERATIVE`` (``NQDQ_GRID_COOPERATIVE=1``)
-lifts both: a cooperative launch, which the driver places whole or refuses (the plan then
-takes the two launches); off by default, as it costs about 1 us a call (H100). Under the
-CUDA simulator blocks run one after another, so the plans use these kernels there only with
-a grid of one block (the wait is then satisfied by the block itself); the multi-block wait,
-concurrent streams and graph replays are tested on the GPU
-(tests/test_grid_one_launch_gpu.py).
+Under the CUDA simulator blocks run one after another: a grid of several blocks there is
+the worst case of residency, which the wait_done kernels' simulator tests take.
 """
 
 from __future__ import annotations
@@ -52,11 +48,12 @@ from numba import cuda
 
 from ._target import SIMULATOR, devfn
 
-__all__ = ["grid_max", "grid_wait", "grid_leave", "done_bit", "mark_done", "done_words", "all_done", "leave_done",
-           "SYNC_WORDS", "DONE_BASE", "DONE_WORDS", "MAX_DONE", "StreamWorkspaces"]
+__all__ = ["grid_max", "done_bit", "arrive", "mark_done", "wait_done", "leave_done", "grid_max_publish",
+           "grid_max_help", "grid_max_read", "SYNC_WORDS", "DONE_BASE", "DONE_WORDS", "MAX_DONE", "HELP_SPINS",
+           "StreamWorkspaces"]
 
-DONE_BASE = 3  # grid_max / grid_wait: words [arrivals, running max, departures]; then ...
-DONE_WORDS = 8  # ... the done bits of up to MAX_DONE work items (mark_done, all_done)
+DONE_BASE = 3  # words [arrivals, running max, departures]; then ...
+DONE_WORDS = 8  # ... the done bits of up to MAX_DONE work items (arrive, mark_done, wait_done)
 MAX_DONE = 32 * DONE_WORDS
 SYNC_WORDS = DONE_BASE + DONE_WORDS  # int32 words of a workspace, zero before and after each kernel
 _PER_THREAD = 2  # cudaStreamPerThread, the per-thread default stream's handle
@@ -95,43 +92,28 @@ def grid_max(a, tid, sync, slot):
     return slot[0]
 
 
-@devfn
-def grid_wait(tid, sync):
-    """A grid barrier on the zeroed workspace ``sync`` (grid_max's, without the max): one thread
-    of each block fences (the block's writes, ordered before it by a block barrier, are
-    visible before its arrival is), arrives (sync[0]), spins until every block has, and
-    fences again; then a block barrier. Every block calls :func:`grid_leave` once after it:
-    the last to leave zeroes the workspace."""
-    cuda.syncthreads()
-    if tid == 0:
-        cuda.threadfence()
-        arrive_and_wait(sync)
-        cuda.threadfence()
-    cuda.syncthreads()
-
-
-@devfn
-def grid_leave(tid, sync):
-    """After :func:`grid_wait` (once a block, whenever it no longer needs the barrier: off the
-    critical path, e.g. at its end): counts the block's departure (sync[2]); the last block
-    to leave, after which nobody reads sync[0], zeroes sync[0] and sync[2]."""
-    if tid == 0:
-        if cuda.atomic.add(sync, 2, 1) == cuda.gridDim.x - 1:
-            cuda.atomic.exch(sync, 0, 0)
-            cuda.atomic.exch(sync, 2, 0)
-
-
 # -- a wait no residency can deadlock: work items whose results are idempotent --------------
-# grid_wait needs every block of the grid resident at once. A kernel whose blocks each do a
-# work item before the wait, an item's stores being the same values whoever does it (so that
-# an item done twice is harmless), can wait on the items instead of the blocks: block b does
-# item b and sets its done bit (mark_done); a block waits for every item's bit (all_done), and
-# a block that has waited a while (all_done's ``spins``) does the missing items itself (done_words tells it
-# which) and sets their bits. A block waits only for items that a running block does or that
-# it does itself, so the wait ends however few of the grid's blocks are resident: a block that
-# could not start (its SM held by other grids, an MPS thread limit) does its item again when
-# it does start, finds every bit set, and goes on. Every block calls leave_done at its end;
-# the last to leave zeroes the bits and the departures.
+# grid_wait and grid_max need every block of the grid resident at once. A kernel whose blocks
+# each do a work item before the wait, an item's results being the same whoever produces them
+# (stores of the same values, an atomic max of the same value: an item done twice is
+# harmless), can wait on the items instead of the blocks. Block b does item b and arrives
+# (``arrive``: grid_max's arrival count, sync[0], then item b's done bit); the block waits
+# for the count to reach the grid's size, as grid_max does (``wait_done``), and once it has
+# read the count HELP_SPINS times it reads the done bits instead, does the missing items
+# itself and sets their bits (``mark_done``), and is through when every bit is set. A block
+# waits only for items that a running block does or that it does itself, so the wait ends
+# however few of the grid's blocks are resident: a block that could not start (its SM held
+# by other grids, an MPS thread limit) does its item again when it does start, finds every
+# bit set, and goes on. While every block is resident, no block reads a bit: the wait is
+# grid_max's, one atomic word polled (polling the done words themselves, 4 of them at 112
+# blocks, made the one-launch kernels at 64x7168 1.3-2.0 us slower by atomics and 0.8 us by
+# ld.global.cg on an H100; this way 0.45 us: docs/performance.md "Twenty-eighth session").
+# Every block calls leave_done (or grid_max_read) at its end; the last to leave zeroes the
+# words.
+
+# reads of the arrival count before a block turns to the done bits (each read about a
+# microsecond on an H100; a grid whose blocks are all resident waits a few of them)
+HELP_SPINS = 2 if SIMULATOR else 256
 
 
 @devfn
@@ -148,47 +130,113 @@ def _full(n, w):
 
 
 @devfn
+def arrive(sync, b):
+    """(one thread of block b, after a block barrier that orders its item's results before
+    it) Item b's results made visible (a fence), block b's arrival counted (sync[0]), then
+    item b's done bit set (not awaited: the count is what a resident grid waits on)."""
+    cuda.threadfence()
+    cuda.atomic.add(sync, 0, 1)
+    cuda.atomic.or_(sync, DONE_BASE + (b >> 5), done_bit(b & 31))
+
+
+@devfn
 def mark_done(sync, i):
-    """(one thread of the block, after a block barrier that orders the item's stores before it)
-    Item i's stores made visible (a fence), then its done bit set."""
+    """(one thread, after a block barrier that orders item i's results before it; a block
+    doing another block's item) Item i's results made visible (a fence), then its done bit
+    set."""
     cuda.threadfence()
     cuda.atomic.or_(sync, DONE_BASE + (i >> 5), done_bit(i & 31))
 
 
 @devfn
-def done_words(sync, w):
-    """Word w of the done bits, read by an atomic (never a stale cached word)."""
-    return cuda.atomic.or_(sync, DONE_BASE + w, 0)
+def _arrived(sync, n):
+    """(one thread) Whether all n blocks have arrived, the count read up to HELP_SPINS times
+    (a short sleep between reads), each by an atomic (never a stale cached word); a fence
+    after the last read when they have, so their results are read after it."""
+    k = 0
+    while cuda.atomic.add(sync, 0, 0) < n:  # (a while, not a for of HELP_SPINS: NVVM unrolled that
+        k += 1  # 32 times, 0.4 us slower a launch at 64x7168 on an H100)
+        if k == HELP_SPINS:
+            return False
+        if _SLEEP:
+            cuda.nanosleep(np.uint32(32))
+    cuda.threadfence()
+    return True
 
 
 @devfn
-def all_done(sync, n, spins):
-    """(one thread) Whether items 0..n-1 (n <= MAX_DONE) are all done, the bits read up to
-    ``spins`` times (a short sleep between reads); a fence after the last read when they are,
-    so the items' stores are read after it."""
-    for _ in range(spins):
-        ok = True
-        for w in range(DONE_WORDS):  # (unrolled: the words' reads in flight together)
-            if 32 * w < n and done_words(sync, w) != _full(n, w):
-                ok = False
-        if ok:
-            cuda.threadfence()
-            return True
-        if _SLEEP:
-            cuda.nanosleep(np.uint32(32))
-    return False
+def wait_done(tid, sync, flag, miss):
+    """(every thread of the block) True once items 0..gridDim.x-1 are all done: every block
+    has arrived, or (read after HELP_SPINS reads of the count) every done bit is set. Else
+    False, with ``miss`` (DONE_WORDS words of shared memory) holding the items not done then
+    as set bits (item i: ``miss[i >> 5] & done_bit(i & 31)``): the caller does those items
+    (mark_done each) and calls again. ``flag``: a one-word shared int32 array. Block barriers
+    inside; the result is the same in every thread."""
+    n = cuda.gridDim.x
+    if tid == 0:
+        flag[0] = _arrived(sync, n)
+    cuda.syncthreads()
+    if flag[0]:
+        return True
+    if tid < DONE_WORDS:
+        miss[tid] = ~cuda.atomic.or_(sync, DONE_BASE + tid, 0)
+        cuda.threadfence()  # (where every bit is set, the items' results are read after this)
+    cuda.syncthreads()
+    for w in range(DONE_WORDS):
+        if miss[w] & _full(n, w):
+            return False
+    return True
+
+
+@devfn
+def _zero(sync):
+    """(the last block to leave: no other block reads the words any more) The words zeroed by
+    plain stores, visible to the next kernel of the stream."""
+    for w in range(DONE_BASE + DONE_WORDS):
+        sync[w] = 0
 
 
 @devfn
 def leave_done(tid, sync):
-    """At a block's end, after all_done: counts its departure (sync[2]); the last block of the
-    grid to leave zeroes the departures and the done bits."""
+    """At a block's end, after wait_done: counts its departure (sync[2]); the last block of the
+    grid to leave zeroes the workspace."""
     if tid == 0:
         if cuda.atomic.add(sync, 2, 1) == cuda.gridDim.x - 1:
-            cuda.atomic.exch(sync, 2, 0)
-            for w in range(DONE_WORDS):
-                cuda.atomic.exch(sync, DONE_BASE + w, 0)
+            _zero(sync)
 
+
+@devfn
+def grid_max_publish(a, tid, sync):
+    """(every thread, after its block's max ``a``: non-negative int32) The block's max
+    published (sync[1] raised to it) and the block arrived (item blockIdx.x)."""
+    if tid == 0:
+        cuda.atomic.max(sync, 1, a)
+        arrive(sync, cuda.blockIdx.x)
+
+
+@devfn
+def grid_max_help(h, tid, sync, i):
+    """(every thread, after block i's max ``h``, computed by this block from block i's
+    inputs) Block i's max published and item i marked done."""
+    if tid == 0:
+        cuda.atomic.max(sync, 1, h)
+        mark_done(sync, i)
+
+
+@devfn
+def grid_max_read(tid, sync, slot):
+    """(every thread, after wait_done returned True) The grid's max (sync[1]), read by an
+    atomic into ``slot`` (a one-word shared int32 array) and returned; then the block's
+    departure counted, the last block to leave zeroing the workspace. The grid_max of a
+    kernel whose blocks publish their maxima (grid_max_publish) and, in wait_done's loop,
+    the missing blocks' maxima (grid_max_help, each from that block's inputs)."""
+    if tid == 0:
+        slot[0] = cuda.atomic.max(sync, 1, 0)
+        cuda.threadfence()  # this block's read is done before its departure is counted
+        if cuda.atomic.add(sync, 2, 1) == cuda.gridDim.x - 1:
+            _zero(sync)
+    cuda.syncthreads()
+    return slot[0]
 
 class StreamWorkspaces:
     """One zeroed ``grid_max`` workspace per CUDA stream, for the host side of a plan's

@@ -69,7 +69,7 @@ from ._codec import E2M1_SR_I_KEY, sr_e2m1_code_i  # stochastic rounding, MX e2m
 from ._division import RECIP_DIV, div_by_recip, ratio_ok, recip_guarded
 from ._codec import NAN, is_finite_f32, nanmax_f32, nanmin_f32, rint_f32  # asym_group_r
 from ._scales import range_scale  # asym_group_r
-from ._grid import grid_max
+from ._grid import DONE_WORDS, done_bit, grid_max_help, grid_max_publish, grid_max_read, wait_done
 from ._ptx import (E4M3, absmax_nan, array_addr, as_u16, as_u32, bf16x2_absmin, bf16x2_absmul, bf16x2_add,
                    bf16x2_max, bf16x2_min, bf16x2_mul, cvt_e4m3, cvt_e4m3x2, cvt_e5m2x2, fp8_cvt_available,
                    fp8_cvt_supports, load_u32x4, prmt, store_u32x2, u16x2_max, u16x2_min)
@@ -1057,6 +1057,27 @@ SENC
     s_dec = ONE / s_enc  # NVFP4's S_dec, once per thread (the pair path's block multiplier uses it)
     chunk_step(CHUNK_ARGS, c0 + {jNT}, nchunks, tid, scratch, codes, c16, c32, scales, s_enc, s_dec)
 '''
+# The grid's max of a one-launch kernel (``_grid``, decode sizes) by done bits instead of a
+# barrier over the grid (_grid.wait_done): block b publishes its block max as item b; a block
+# that waits long computes the missing blocks' maxima itself, from their units (HELP: source
+# lines, at 16 spaces, that leave block g's block max in ``h``), so the wait ends however few
+# of the grid's blocks are resident. VAR: the block max in, the grid max out.
+_GRID_MAX_SRC = """    miss = cuda.shared.array(DONE_WORDS, int32)
+    grid_max_publish(VAR, tid, sync)
+    while not wait_done(tid, sync, gslot, miss):
+        for g in range(cuda.gridDim.x):
+            if miss[g >> 5] & done_bit(g & 31):
+HELP
+                grid_max_help(h, tid, sync, g)
+                cuda.syncthreads()  # (block_max's ``red`` read by every thread before the next writes it)
+    VAR = grid_max_read(tid, sync, gslot)
+"""
+
+
+def _grid_max_src(var, help_lines):
+    return _GRID_MAX_SRC.replace("VAR", var).replace("HELP\n", help_lines)
+
+
 # S_enc: read from the finalize kernel's output (``sparams``), or -- NVFP4 with
 # ``senc_parts`` -- computed by every block from the tensor-amax kernel's per-block partials
 # (``parts``, ``nparts`` of them: a few KiB, L2-resident), by the reference's formula
@@ -1071,10 +1092,22 @@ _SENC_FROM_GRID = ("tscale, sync", '''    red = cuda.shared.array(NW, int32)
     pa = np.int32(0)
     pa = max(pa, unit_amax_finite(unit_elems(w{j}_{k}, kind), VEC))
     pa = block_max(pa, tid, scratch, red)
-    pa = grid_max(pa, tid, sync, gslot)
+GRID_MAX
     s_enc = nvfp4_tensor_encode_scale(bits_f32(np.uint32(pa)))
     if cuda.blockIdx.x == 0 and tid == 0:
         tscale[0] = ONE / s_enc''')
+_SENC_FROM_GRID = (_SENC_FROM_GRID[0], _SENC_FROM_GRID[1].replace("GRID_MAX\n", _grid_max_src("pa", """\
+                h = np.int32(0)
+                cg = g * (NT * U) + tid
+                for jj in range(U):
+                    for kk in range(K):
+                        if aligned:
+                            wv = load_unit(x, x32, True, unit_of(cg + jj * NT) + kk * ST, cg + jj * NT < nchunks, kind)
+                        else:
+                            wv = load_unit(x, x32, False, unit_of(cg + jj * NT) + kk * ST, cg + jj * NT < nchunks, kind)
+                        h = max(h, unit_amax_finite(unit_elems(wv, kind), VEC))
+                h = block_max(h, tid, scratch, red)
+""")))
 _SENC_FROM_PARTS = ("parts, nparts, tscale", '''    red = cuda.shared.array(NW, int32)
     pa = np.int32(0)
     for i in range(tid, nparts, NT):
@@ -1263,7 +1296,7 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     before the first is used. ``senc_parts`` (NVFP4): the kernel takes (parts, nparts,
     tscale) instead of ``sparams`` and computes S_enc itself (see _SENC_FROM_PARTS);
     ``senc_grid`` (NVFP4): it takes (tscale, sync) and computes S_enc from the whole grid's
-    units (``_grid.grid_max``: at most one block per SM, _SENC_FROM_GRID). ``stoch``: stochastic
+    units (_GRID_MAX_SRC: at most one block per SM, _SENC_FROM_GRID). ``stoch``: stochastic
     rounding (chunk_step_sr; the kernel takes key_lo, key_hi last)."""
     assert NT % 32 == 0
     assert not (senc_parts or senc_grid) or mode == MODE_NVFP4
@@ -1274,7 +1307,7 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, kind=kind, mode=mode,
               chunk_step=chunk_step, unit_of=unit_of, ST=ST, NW=NT // 32, block_max=_block_max_fn(NT, shfl))
     if senc_grid:
-        ns.update(VEC=VEC, grid_max=grid_max)
+        ns.update(VEC=VEC)
     sargs, senc = _SENC_FROM_GRID if senc_grid else _SENC_FROM_PARTS if senc_parts else _SENC_FROM_SPARAMS
     src = _GROUPS_SRC.replace("CHUNK_ARGS", chunk_args).replace("SENC_ARGS", sargs).replace("SENC", senc)
     if stoch:
@@ -2166,8 +2199,19 @@ _STATIC_DYNAMIC = """    red = cuda.shared.array(NW, int32)
     a, a2 = amax_step(a, a2, w{j}, kind, VEC)
     a = amax_done(a, a2, kind)
     a = block_max(a, tid, scratch, red)
-    a = grid_max(a, tid, sync, gslot)
-    st, p0, pz = group_params(MODE_FLOAT, a, ZERO, ZERO, MAXE, 0, 0, 0, ONE, ONE)
+""" + _grid_max_src("a", """\
+                h = np.int32(0)
+                h2 = np.uint32(0)
+                ug = g * (NT * U) + tid
+                for jj in range(U):
+                    if aligned:
+                        wv = load_unit(x, x32, True, ug + jj * NT, ug + jj * NT < nunits, kind)
+                    else:
+                        wv = load_unit(x, x32, False, ug + jj * NT, ug + jj * NT < nunits, kind)
+                    h, h2 = amax_step(h, h2, wv, kind, VEC)
+                h = amax_done(h, h2, kind)
+                h = block_max(h, tid, scratch, red)
+""") + """    st, p0, pz = group_params(MODE_FLOAT, a, ZERO, ZERO, MAXE, 0, 0, 0, ONE, ONE)
     if cuda.blockIdx.x == 0 and tid == 0:
         scales[0] = st
 """
@@ -2209,7 +2253,7 @@ def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None,
     units. Block b owns units b*NT*U + j*NT + t, all U loads issued before any is used.
     ``dynamic_max_elem`` (one tensor scale): the kernel takes a ``sync`` workspace too and
     computes the scale itself, amax / max_elem as finalize does, over the whole grid
-    (``_grid.grid_max``: at most one block per SM), and writes it to scales[0]. ``stoch``:
+    (_GRID_MAX_SRC: at most one block per SM), and writes it to scales[0]. ``stoch``:
     stochastic rounding (static_unit_sr; the kernel takes key_lo, key_hi last)."""
     VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
     DYN = dynamic_max_elem is not None
@@ -2221,7 +2265,7 @@ def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None,
     ns = dict(NT=NT, U=U, kind=kind, static_unit=static_unit)
     src = _STATIC_SRC
     if DYN:
-        ns.update(NW=NT // 32, SCRATCH=1 if shfl else NT, VEC=VEC, MAXE=F32(dynamic_max_elem), grid_max=grid_max,
+        ns.update(NW=NT // 32, SCRATCH=1 if shfl else NT, VEC=VEC, MAXE=F32(dynamic_max_elem),
                   block_max=_block_max_fn(NT, shfl))
         src = src.replace("codes, scales):", "codes, scales, sync):").replace("    st = scales[0]\n", _STATIC_DYNAMIC)
     if stoch:
@@ -2236,3 +2280,4 @@ _ = (float32, int32, uint32, ONE, array_addr, group_params, store_scale)  # used
 _ = (as_u16, as_u32)  # the generated kernels' word views
 _ = (mul_rn, float_scale, MODE_CENTRED)  # used by the generated centred step
 _ = nvfp4_tensor_encode_scale  # used by the generated group kernel (_SENC_FROM_PARTS)
+_ = (DONE_WORDS, done_bit, grid_max_help, grid_max_publish, grid_max_read, wait_done)  # the one-launch kernels' wait

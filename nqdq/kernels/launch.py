@@ -672,7 +672,7 @@ class FastKernel:
     @property
     def coop(self) -> bool:
         """Launched with the cooperative attribute (``cooperative``: read at each launch, as
-        a planner may mark a kernel so, e.g. quantize.GRID_COOPERATIVE)."""
+        a planner may mark a kernel so)."""
         return cooperative(self.kernel)
 
     # -- launches

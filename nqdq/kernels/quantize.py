@@ -660,21 +660,15 @@ NVFP4_SENC_IN_GROUPS = True
 NVFP4_SENC_MAX_UNITS = 1 << 21
 NVFP4_PARTS_MAX = 1024  # amax blocks (partials that every group-kernel block reduces) at most
 # dynamic fp8_tensor-style scales and NVFP4 at decode sizes: one launch whose blocks share
-# the tensor amax through _grid.grid_max (at most one block per SM, GRID_MAX_U units or chunks
+# the tensor amax through _grid.wait_done (at most one block per SM, GRID_MAX_U units or chunks
 # per thread), instead of an amax kernel before the encode (docs/performance.md)
 GRID_ONE_LAUNCH = True  # H100 10:21 UTC: 40 GPU tests passed; 64x7168 host 14.16 -> 8.92 us (fp8_tensor), 11.46 -> 9.51 us (nvfp4)
 GRID_MAX_U = 4
-# ... launched cooperatively where NQDQ_GRID_COOPERATIVE=1 (launch.cooperative): the driver
-# places the whole grid at once or refuses it (the plan then falls back to the two launches,
-# launch.LaunchRefused), so no number of concurrent one-launch calls, and no MPS thread limit,
-# can leave grids partly resident and waiting for each other for ever. Off by default: on an
-# H100 (2026-11-27 12:42-12:43 UTC, docs/performance.md "Twenty-sixth session") it costs
-# 0.7-1.3 us a call at 64x7168 against fp8_row in the same processes (fp8_tensor 9.8 against
-# 8.4-9.8 us, nvfp4 10.4-10.6 against 9.6-10.4), past the issue's 10 us; the plain launch
-# is safe for up to four such calls in flight at once on a device whose SMs are all this
-# process's (_grid's docstring). Read when plans are built.
-GRID_COOPERATIVE = os.environ.get("NQDQ_GRID_COOPERATIVE", "0") == "1"
-# The one-launch kernels leave their workspace zero (_grid.grid_max), so the CuPy runner's
+# ... launched plainly: their blocks wait on work items, not on each other (_grid.wait_done),
+# so no residency (concurrent calls on other streams, other grids holding the SMs, an MPS
+# thread limit) can leave a grid waiting for ever. (NQDQ_GRID_COOPERATIVE, sessions 26-27,
+# launched them cooperatively for that, at 0.7-1.3 us a call: gone in session 28.)
+# The one-launch kernels leave their workspace zero (_grid.grid_max_read), so the CuPy runner's
 # direct calls take their stream's workspace (_grid.StreamWorkspaces) instead of zeroing one
 # with a memset per call; under graph capture it keeps the memset (a graph node). "0": the
 # memset on every call (A/B).
@@ -856,22 +850,14 @@ def _grid_geometry(nitems, nt):
     or chunks) of which a thread holds U <= GRID_MAX_U, at most _sm_count() blocks (one
     per SM); None when the input is too large for that (or GRID_ONE_LAUNCH is
     off): the streaming two-kernel paths then."""
-    if not GRID_ONE_LAUNCH or (GRID_COOPERATIVE and not LAUNCH.ex_launch_ok("cooperative")):
+    if not GRID_ONE_LAUNCH:
         return None
     NT = max(32, min(nt, 256))
-    limit = _sm_count()
+    limit = min(_sm_count(), GRID.MAX_DONE)
     U = _cdiv(nitems, NT * limit)
     if U > GRID_MAX_U:
         return None
     return NT, U, _cdiv(nitems, NT * U)
-
-
-def _grid_kernel(k):
-    """A one-launch kernel of ``_grid`` (its blocks wait for each other), marked for a
-    cooperative launch or not as GRID_COOPERATIVE says now (the plans built after a change
-    of the switch launch it so)."""
-    k.nqdq_cooperative = GRID_COOPERATIVE
-    return k
 
 
 def _cheap(fmt) -> bool:
@@ -1008,8 +994,8 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         if gs is not None:  # one launch: S_enc over the whole grid in the group kernel (_grid)
             _, L, Kc, _, _ = fast
             NT, U, nblocks = gs
-            k = _grid_kernel(RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL,
-                                                           senc_grid=True, **sr))
+            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL, senc_grid=True,
+                                              **sr)
             _launch(k, nblocks, NT, xa, n // RK.vec_of(kind) // Kc, codes, scales, out.tscale,
                     rec.empty(GRID.SYNC_WORDS, np.int32, "reset"), *keys)
         elif fast is not None and fast[0] == "group" and fast[1] == fast[2] and not stoch and NVFP4_RESIDENT and TR.available():
@@ -1040,7 +1026,7 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         gs = _grid_geometry(n // RK.vec_of(kind), nt) if fast_static is not None and mode == MODE_FLOAT else None
         if gs is not None:  # one launch: the amax over the whole grid in the static kernel (_grid)
             NT, U, nblocks = gs
-            k = _grid_kernel(RK.make_static_kernel(kind, fmt, NT, U, packed, False, maxe, SHFL, **sr))
+            k = RK.make_static_kernel(kind, fmt, NT, U, packed, False, maxe, SHFL, **sr)
             _launch(k, nblocks, NT, xa, n // RK.vec_of(kind), shape[-1] // RK.vec_of(kind), codes, scales,
                     rec.empty(GRID.SYNC_WORDS, np.int32, "reset"), *keys)
         elif fast_static is not None and mode == MODE_FLOAT and not stoch and TENSOR_RESIDENT and TR.available():
