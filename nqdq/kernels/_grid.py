@@ -93,7 +93,7 @@ def grid_max(a, tid, sync, slot):
 
 
 # -- a wait no residency can deadlock: work items whose results are idempotent --------------
-# grid_wait and grid_max need every block of the grid resident at once. A kernel whose blocks
+# grid_max needs every block of the grid resident at once. A kernel whose blocks
 # each do a work item before the wait, an item's results being the same whoever produces them
 # (stores of the same values, an atomic max of the same value: an item done twice is
 # harmless), can wait on the items instead of the blocks. Block b does item b and arrives
