@@ -17,7 +17,7 @@ import numpy as np
 from numba import cuda, int32
 
 from ._codec import F32, KIND_F16, KIND_F32, bits_f32, f16_bits_to_f32_bits, f32_bits, mul_rn
-from ._grid import DONE_WORDS, arrive, done_bit, leave_done, mark_done, wait_done
+from ._grid import DONE_WORDS, arrive, leave_done, mark_done, missing, wait_done
 from ._ptx import griddep_launch, griddep_wait, load_cg
 from ._target import SIMULATOR, devfn
 
@@ -454,7 +454,7 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
         arrive(sync, b)
     while not wait_done(t, sync, flag, miss):  # (every block's counts stored; else the missing ones counted here)
         for g in range(G):
-            if miss[g >> 5] & done_bit(g & 31):  # (uniform: shared)
+            if missing(miss, g):  # (uniform: shared)
                 g0 = g * per
                 count_chunks(ids, npairs, num_experts, g0, min(nch, g0 + per), t, hist, counts, g)
                 cuda.syncthreads()

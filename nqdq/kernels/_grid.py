@@ -48,7 +48,7 @@ from numba import cuda
 
 from ._target import SIMULATOR, devfn
 
-__all__ = ["grid_max", "done_bit", "arrive", "mark_done", "wait_done", "leave_done", "grid_max_publish",
+__all__ = ["grid_max", "done_bit", "arrive", "mark_done", "missing", "wait_done", "leave_done", "grid_max_publish",
            "grid_max_help", "grid_max_read", "SYNC_WORDS", "DONE_BASE", "DONE_WORDS", "MAX_DONE", "HELP_SPINS",
            "StreamWorkspaces"]
 
@@ -165,12 +165,18 @@ def _arrived(sync, n):
 
 
 @devfn
+def missing(miss, i):
+    """Whether item i is among wait_done's missing items ``miss``."""
+    return miss[i >> 5] & done_bit(i & 31)
+
+
+@devfn
 def wait_done(tid, sync, flag, miss):
     """(every thread of the block) True once items 0..gridDim.x-1 are all done: every block
     has arrived, or (read after HELP_SPINS reads of the count) every done bit is set. Else
     False, with ``miss`` (DONE_WORDS words of shared memory) holding the items not done then
-    as set bits (item i: ``miss[i >> 5] & done_bit(i & 31)``): the caller does those items
-    (mark_done each) and calls again. ``flag``: a one-word shared int32 array. Block barriers
+    as set bits (:func:`missing`): the caller does those items (mark_done each) and calls
+    again. ``flag``: a one-word shared int32 array. Block barriers
     inside; the result is the same in every thread."""
     n = cuda.gridDim.x
     if tid == 0:

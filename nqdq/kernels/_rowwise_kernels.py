@@ -69,7 +69,7 @@ from ._codec import E2M1_SR_I_KEY, sr_e2m1_code_i  # stochastic rounding, MX e2m
 from ._division import RECIP_DIV, div_by_recip, ratio_ok, recip_guarded
 from ._codec import NAN, is_finite_f32, nanmax_f32, nanmin_f32, rint_f32  # asym_group_r
 from ._scales import range_scale  # asym_group_r
-from ._grid import DONE_WORDS, done_bit, grid_max_help, grid_max_publish, grid_max_read, wait_done
+from ._grid import DONE_WORDS, grid_max_help, grid_max_publish, grid_max_read, missing, wait_done
 from ._ptx import (E4M3, absmax_nan, array_addr, as_u16, as_u32, bf16x2_absmin, bf16x2_absmul, bf16x2_add,
                    bf16x2_max, bf16x2_min, bf16x2_mul, cvt_e4m3, cvt_e4m3x2, cvt_e5m2x2, fp8_cvt_available,
                    fp8_cvt_supports, load_u32x4, prmt, store_u32x2, u16x2_max, u16x2_min)
@@ -1066,7 +1066,7 @@ _GRID_MAX_SRC = """    miss = cuda.shared.array(DONE_WORDS, int32)
     grid_max_publish(VAR, tid, sync)
     while not wait_done(tid, sync, gslot, miss):
         for g in range(cuda.gridDim.x):
-            if miss[g >> 5] & done_bit(g & 31):
+            if missing(miss, g):
 HELP
                 grid_max_help(h, tid, sync, g)
                 cuda.syncthreads()  # (block_max's ``red`` read by every thread before the next writes it)
@@ -1092,11 +1092,7 @@ _SENC_FROM_GRID = ("tscale, sync", '''    red = cuda.shared.array(NW, int32)
     pa = np.int32(0)
     pa = max(pa, unit_amax_finite(unit_elems(w{j}_{k}, kind), VEC))
     pa = block_max(pa, tid, scratch, red)
-GRID_MAX
-    s_enc = nvfp4_tensor_encode_scale(bits_f32(np.uint32(pa)))
-    if cuda.blockIdx.x == 0 and tid == 0:
-        tscale[0] = ONE / s_enc''')
-_SENC_FROM_GRID = (_SENC_FROM_GRID[0], _SENC_FROM_GRID[1].replace("GRID_MAX\n", _grid_max_src("pa", """\
+''' + _grid_max_src("pa", """\
                 h = np.int32(0)
                 cg = g * (NT * U) + tid
                 for jj in range(U):
@@ -1107,7 +1103,9 @@ _SENC_FROM_GRID = (_SENC_FROM_GRID[0], _SENC_FROM_GRID[1].replace("GRID_MAX\n", 
                             wv = load_unit(x, x32, False, unit_of(cg + jj * NT) + kk * ST, cg + jj * NT < nchunks, kind)
                         h = max(h, unit_amax_finite(unit_elems(wv, kind), VEC))
                 h = block_max(h, tid, scratch, red)
-""")))
+""") + '''    s_enc = nvfp4_tensor_encode_scale(bits_f32(np.uint32(pa)))
+    if cuda.blockIdx.x == 0 and tid == 0:
+        tscale[0] = ONE / s_enc''')
 _SENC_FROM_PARTS = ("parts, nparts, tscale", '''    red = cuda.shared.array(NW, int32)
     pa = np.int32(0)
     for i in range(tid, nparts, NT):
@@ -2280,4 +2278,4 @@ _ = (float32, int32, uint32, ONE, array_addr, group_params, store_scale)  # used
 _ = (as_u16, as_u32)  # the generated kernels' word views
 _ = (mul_rn, float_scale, MODE_CENTRED)  # used by the generated centred step
 _ = nvfp4_tensor_encode_scale  # used by the generated group kernel (_SENC_FROM_PARTS)
-_ = (DONE_WORDS, done_bit, grid_max_help, grid_max_publish, grid_max_read, wait_done)  # the one-launch kernels' wait
+_ = (DONE_WORDS, grid_max_help, grid_max_publish, grid_max_read, missing, wait_done)  # the one-launch kernels' wait

@@ -48,7 +48,7 @@ MOE_SCATTER = _fused_rows._switch_env("MOE_SCATTER", True)
 MOE_UNITS = int(os.environ.get("NQDQ_FUSED_MOE_UNITS", "4"))
 # MOE_SORT1 (NQDQ_FUSED_MOE_SORT1, session 8): the MoE sort in one launch (moe_sort_kernel, its
 # blocks waiting for each other's counts; since session 28 a wait that no residency can turn into
-# a deadlock: _grid.mark_done) instead of three (count, scan, scatter). H100 (2026-11-22
+# a deadlock: _grid.wait_done) instead of three (count, scan, scatter). H100 (2026-11-22
 # 06:04 UTC, docs/performance.md "Eighth session"), 2048 tokens top-4 of 256, planned calls:
 # called eagerly (host and device) 37.7 -> 36.8 us (and 40.4 -> 37.8 without MOE_PDL), the host's
 # time a call 23.2 -> 16.1 us (38.4 -> 28.1 on another host); replayed from a CUDA graph (device
