@@ -194,7 +194,8 @@ def main(argv=None):
                "MOE_UNITS": lambda op: "moe" in op, "MOE_SORT1": lambda op: "moe" in op,
                "MOE_PDL": lambda op: "moe" in op, "MOE_STAGE": lambda op: "moe" in op,
                "MOE_STAGE_BLOCKS": lambda op: "moe" in op, "MOE_PIPE": lambda op: "moe" in op, "MOE_RANK": lambda op: "moe" in op,
-               "MOE_LOCAL": lambda op: "moe" in op, "AMAX_NAN": lambda op: "rmsnorm" in op,
+               "MOE_LOCAL": lambda op: "moe" in op, "MOE_CHECK": lambda op: "moe" in op and "check_ids=False" not in op,
+               "AMAX_NAN": lambda op: "rmsnorm" in op,
                "RSQRT_WARP0": lambda op: "rmsnorm" in op,
                "MX_Y_PAIRS": lambda op: "rmsnorm" in op and "mxfp4" in op,
                "MX_RC": lambda op: "rmsnorm" in op and "mxfp4" in op}

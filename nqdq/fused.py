@@ -277,10 +277,12 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
     offsets[e]:offsets[e+1] (int32, [E+1]); empty experts have equal offsets.
 
     An id outside [0, num_experts) is a ValueError naming ``expert_ids``. For ids already on
-    the GPU (CuPy) that check is made by the sort kernels and read back at the end of the
-    call, the one wait for the device; ``check_ids=False`` skips the read (the call then
-    never waits: the pairs with ids out of range sort after every expert, in (token, slot)
-    order, as rows offsets[E]: of q and perm, so offsets[E] < T*k says so).
+    the GPU (CuPy) that check is made by the sort kernels and read back, the one wait for the
+    device: a repeated call waits for the sort only (a kernel after it writes the result to
+    pinned host memory), the first call for the whole op. ``check_ids=False`` skips the read
+    (the call then never waits: the pairs with ids out of range sort after every expert, in
+    (token, slot) order, as rows offsets[E]: of q and perm, so offsets[E] < T*k says so); a
+    call on a stream capturing a CUDA graph must pass it (else RuntimeError).
     """
     if type(x) is _cupy_ndarray and type(expert_ids) is _cupy_ndarray and (device is None or device == "cuda"):
         fm = _MOE_FAST.get(_moe_key(x, expert_ids, num_experts, scheme, dtype))  # the hot path (_remember_moe)
@@ -324,6 +326,8 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
             ids = _to_device(ids, alloc)
     _check_moe(xin.shape, tuple(expert_ids.shape), lo, hi, num_experts)
     tk = int(np.prod(expert_ids.shape))
+    if on_device and check_ids and tk > 0 and not SIMULATOR and _capturing_now():
+        raise RuntimeError(_CHECK_CAPTURED)
     k = int(expert_ids.shape[1])
     shape = (tk, xin.shape[1])
     sch.check_shape(shape)
@@ -340,8 +344,10 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
 # A repeated moe_sort_quantize with C-contiguous CuPy x (16-byte aligned) and int32 / int64
 # CuPy ids of the same shapes, dtypes and arguments skips every check and plan: the first call
 # validates on the general path and remembers a function that allocates once and launches the
-# planned kernels (kernels.fused.moe_plan: the sort's one or three, then the rows), then reads
-# offsets[E] back where check_ids.
+# planned kernels (kernels.fused.moe_plan: the sort's one or three, then the rows). Where
+# check_ids, it launches the id check between the sort and the rows and polls the word of
+# pinned memory that check writes (MOE_CHECK: kernels.fused.IdChecks), or (the local path, or
+# MOE_CHECK off) reads offsets[E] back.
 # Keyed also by the build switches, so a benchmark's A/B of them is seen (as nqdq.quantize's
 # fast path, a dict of at most _MOE_FAST_MAX keys, the oldest dropped first).
 _MOE_FAST: dict = {}
@@ -357,7 +363,7 @@ def _moe_key(x, ids, num_experts, scheme, dtype):
         return (x.shape, x.dtype.char, ids.shape, ids.dtype.char, num_experts, scheme, dtype,
                 (_KF.MOE_SCATTER, _KF.MOE_UNITS, _KF.MOE_SORT1, _KF.MOE_PDL, _KF.MOE_STAGE, _KF.MOE_STAGE_BLOCKS,
                  _KF.MOE_LANES, _KF.MOE_PIPE, _KF.MOE_RANK, _KF.MOE_RANK_MIN_PAIRS, _KF.MOE_LOCAL,
-                 _KF.MOE_LOCAL_MAX_PAIRS,
+                 _KF.MOE_LOCAL_MAX_PAIRS, _KF.MOE_CHECK,
                  _FR.switches()))
     except TypeError:  # an unhashable scheme argument
         return None
@@ -386,14 +392,47 @@ def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
     _cupy_ndarray = type(x)
     tk, E, shape, dname = tokens * k, num_experts, (tokens * k, hidden), xin.dtype
 
+    import cupy
+
+    from .kernels.quantize import capture_test
+
+    checks = KF.id_checks(cupy) if run.seq_check is not None else None
+    capturing, current = capture_test(cupy), cupy.cuda.get_current_stream
+
     def fm(x, ids, check_ids):
-        codes, scales, perm, offsets = run(x, ids)
-        if check_ids and int(offsets[E : E + 1].get()[0]) != tk:
+        if not check_ids:
+            codes, scales, perm, offsets = run(x, ids)
+            return _qt(codes, scales, sch, shape, dname), perm, offsets
+        st = current()
+        if capturing(st.ptr):
+            raise RuntimeError(_CHECK_CAPTURED)
+        if checks is not None:  # MOE_CHECK: wait for the sort's check, not for the rows
+            i, flag = checks.take()
+            codes, scales, perm, offsets = run(x, ids, flag)
+            ok = checks.wait(i, st)
+        else:
+            codes, scales, perm, offsets = run(x, ids)
+            ok = int(offsets[E : E + 1].get()[0]) == tk
+        if not ok:
             raise ValueError(f"expert_ids must lie in [0, {E}): some of the {tk} ids on the device do not")
         return _qt(codes, scales, sch, shape, dname), perm, offsets
 
     fm.run = run
     remember_bounded(_MOE_FAST, key, fm, _MOE_FAST_MAX)
+
+
+_CHECK_CAPTURED = ("moe_sort_quantize(check_ids=True) waits for the device's check of expert_ids, which a "
+                   "stream capturing a CUDA graph cannot do: pass check_ids=False (offsets[E] < T*k then "
+                   "says that some ids were out of range)")
+
+
+def _capturing_now() -> bool:
+    """Whether CuPy's current stream is capturing a CUDA graph."""
+    import cupy
+
+    from .kernels.quantize import capture_test
+
+    return capture_test(cupy)(cupy.cuda.get_current_stream().ptr)
 
 
 def _ids_as_they_are(dt) -> bool:

@@ -459,6 +459,62 @@ def test_moe_sort_many_pairs_device(tokens, k, E, unroll, mode, monkeypatch):
     assert sorted(inv) == list(range(tokens * k))
 
 
+@pytest.mark.parametrize("valid, want", [(2400, 1), (2397, 2), (0, 2)])
+def test_moe_check_kernel(valid, want):
+    """moe_check_kernel (MOE_CHECK) writes 1 to its word where offsets[E] is every pair
+    (every id in range), else 2, and nothing else (the word's neighbours stay poisoned)."""
+    from nqdq.kernels import _fused_kernels as FK
+
+    E = 6
+    offsets = np.array([0, 3, 9, 9, 400, 2000, valid, 2400], np.int32)
+    words = np.full(3, -7, np.int32)
+    FK.moe_check_kernel[1, 1](offsets, E, 2400, words[1:2])
+    np.testing.assert_array_equal(words, [-7, want, -7])
+
+
+class _Stream:
+    """A stand-in for a CuPy stream: ``done`` queried; ``on_query`` runs at each query."""
+
+    def __init__(self, done, on_query=None):
+        self._done, self.queries, self.on_query = done, 0, on_query
+
+    @property
+    def done(self):
+        self.queries += 1
+        if self.on_query:
+            self.on_query(self.queries)
+        return self._done
+
+
+def test_id_checks_ring_and_wait():
+    """IdChecks (the words moe_check_kernel writes, polled by the host): take clears a word
+    and gives its device address, round the ring; wait reads 1 as every id in range and 2 as
+    not; it queries the stream every POLLS reads and goes on while the stream runs (the word
+    written at the third query here); a stream with nothing left and the word clear is a
+    RuntimeError, not a wait for ever."""
+    from nqdq.kernels.fused import IdChecks
+
+    host = np.full(4, 9, np.int32)
+    ch = IdChecks(host, 0x1000)
+    assert [ch.take() for _ in range(5)] == [(0, 0x1000), (1, 0x1004), (2, 0x1008), (3, 0x100C), (0, 0x1000)]
+    assert host.tolist() == [0, 0, 0, 0]
+    host[0], host[1] = 1, 2
+    assert ch.wait(0, _Stream(False)) is True and ch.wait(1, _Stream(False)) is False
+
+    def write_late(q):
+        if q == 3:
+            host[2] = 1
+
+    st = _Stream(False, write_late)
+    assert ch.wait(2, st) is True and st.queries == 3
+    st = _Stream(True)
+    with pytest.raises(RuntimeError, match="moe_check_kernel"):
+        ch.wait(3, st)
+    assert st.queries == 1
+    host[3] = 2
+    assert ch.wait(3, _Stream(True)) is False
+
+
 @pytest.mark.parametrize("mode", ["one", "three", "rank32", "rank4"])
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 def test_moe_sort_device_sorts_ids_out_of_range_last(dtype, mode):
@@ -904,7 +960,7 @@ from nqdq.kernels import fused as KF
 from nqdq.kernels._ptx_audit import _no_gpu_compile, compile_and_audit
 want = ("moe scatter-rows mxfp4", "moe scatter-rows staged mxfp4", "moe scatter-rows staged rank mxfp4",
         "moe scatter-rows staged local mxfp4", "moe count", "moe scan", "moe scatter", "moe sort (one launch)",
-        "moe rank")
+        "moe rank", "moe check")
 launches = [l for l in KF.audit_launches() if l[0] in want]
 rows = compile_and_audit(launches)
 out = {}
@@ -912,7 +968,8 @@ for (label, k, args), row in zip(launches, rows):
     with _no_gpu_compile():
         ptx, _ = cuda.compile_ptx(k.py_func, tuple(typeof(a) for a in args), cc=(9, 0))
     ops = re.findall(r"^\s*(?:@!?%p\d+\s+)?(griddepcontrol\.\w+|ld\.global\.[\w.]+|atom\.global\.[\w.]+|st\.global\.[\w.]+)", ptx, re.M)
-    out[label] = dict(ops=ops, problems=row["problems"], regs=row.get("regs"))
+    fences = re.findall(r"^\s*(membar\.\w+|fence\.[\w.]+)", ptx, re.M)
+    out[label] = dict(ops=ops, fences=fences, problems=row["problems"], regs=row.get("regs"))
 print(json.dumps(out))
 """
 
@@ -973,3 +1030,8 @@ def test_moe_kernels_programmatic_dependent_launch_ptx():
     # the arrivals and departures (add) and the done bits (or: set and read), all global; the
     # last block zeroes the workspace by plain stores
     assert sorted(set(o for o in one if o.startswith("atom"))) == ["atom.global.add.u32", "atom.global.or.b32"]
+    # the id check (MOE_CHECK): allows the rows' launch, waits for the sort, reads offsets[E]
+    # and stores its word, then a system fence (the host polls the word)
+    chk = k["moe check"]
+    assert chk["ops"] == ["griddepcontrol.launch_dependents", "griddepcontrol.wait", "ld.global.s32", "st.global.u32"]
+    assert chk["fences"] == ["membar.sys"]

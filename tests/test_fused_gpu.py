@@ -268,6 +268,35 @@ def test_gpu_moe_hot_path():
     api.clear_fast_path()
 
 
+def test_gpu_moe_check_returns_before_the_rows():
+    """A planned call with check_ids=True (MOE_CHECK) waits for the sort's check, not for the
+    rows: at 8192 tokens x 7168 top-4 (rows of about 90 us on an H100) the stream still has
+    work when the call returns, in at least one of five calls (reading offsets[E] back, as
+    before MOE_CHECK, it never would); perm and offsets are the spec's, and every output
+    check_ids=False's (the rows' bits against the spec: the tests above)."""
+    from nqdq import api
+
+    api.clear_fast_path()
+    rng = np.random.default_rng(29)
+    T, H, k, E = 8192, 7168, 4, 256
+    x = rows(rng, T, H, "bfloat16")
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    xg, idg = to_gpu(x), cp.asarray(ids)
+    fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")  # plans it
+    st = cp.cuda.get_current_stream()
+    busy = []
+    for _ in range(5):
+        st.synchronize()
+        got = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")
+        busy.append(not st.done)
+    assert any(busy), busy
+    perm_ref, off_ref = R.moe_sort(ids, E)
+    np.testing.assert_array_equal(host(got[1]), perm_ref)
+    np.testing.assert_array_equal(host(got[2]), off_ref)
+    assert_moe_same(got, fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16", check_ids=False))
+    api.clear_fast_path()
+
+
 @pytest.mark.parametrize("scatter, stage, blocks", [(True, 0, 4), (False, 0, 4), (True, 4, 4), (True, 2, 1)])
 def test_gpu_moe_scatter_and_gather(scatter, stage, blocks, monkeypatch):
     """The MoE rows by OP_SCATTER (each token encoded once, stored to its k rows) and by
@@ -481,7 +510,9 @@ def test_gpu_moe_rank(T, k, E):
 def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, local, monkeypatch):
     """The planned MoE call with the one-launch sort or the three-launch one, each launch after
     the first its predecessor's programmatic dependent (MOE_PDL: cuLaunchKernelEx) or plain: on
-    two streams at once (each stream its own workspace), and captured in a CUDA graph (the
+    two streams at once (each stream its own workspace; check_ids on and off: MOE_CHECK's
+    kernel, and ids out of range a ValueError), and captured in a CUDA graph (check_ids=True
+    there a RuntimeError; the
     three-launch sequence in every case: no workspace; the dependent launches programmatic
     edges) replayed on new ids and data; every result the spec's. MOE_STAGE 4 and 1 (600
     tokens over at most 4 blocks an SM, 1-2 a block: all staged, or at 1 some after the staged).
@@ -516,6 +547,15 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, local, monk
     assert ("_KX(" in fm.run.seq.source) == kx and ("_KX(" in fm.run.seq_graph.source) == kx
     want = (1, 1) if local else (2, 2) if rank else (2, 4) if sort1 else (4, 4)
     assert (len(fm.run.seq.entries), len(fm.run.seq_graph.entries)) == want
+    # check_ids=True (MOE_CHECK): the check kernel between the sort and the rows, a dependent
+    # launch as they are; the local path has no sort to check after and reads offsets back
+    assert (fm.run.seq_check is None) == local
+    if not local:
+        assert len(fm.run.seq_check.entries) == want[0] + 1 and ("_KX(" in fm.run.seq_check.source) == pdl
+    bad = ids.copy()
+    bad[T // 2, 1] = E + 3
+    with pytest.raises(ValueError, match="expert_ids"):
+        fused.moe_sort_quantize(to_gpu(x), cp.asarray(bad), E, "mxfp4", dtype="bfloat16")  # planned
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
     cases = [[data() for _ in range(4)] for _ in streams]
     outs = [[], []]
@@ -524,7 +564,7 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, local, monk
             with s:
                 xh, ih = cs[i]
                 o.append(fused.moe_sort_quantize(to_gpu(xh), cp.asarray(ih), E, "mxfp4", dtype="bfloat16",
-                                                 check_ids=False))
+                                                 check_ids=i % 2 == 0))
     for s in streams:
         s.synchronize()
     for cs, o in zip(cases, outs):
@@ -536,6 +576,8 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, local, monk
         fused.moe_sort_quantize(xg, ig, E, "mxfp4", dtype="bfloat16", check_ids=False)  # warm s's pool
         s.synchronize()
         s.begin_capture()
+        with pytest.raises(RuntimeError, match="check_ids=False"):  # (raised before any launch)
+            fused.moe_sort_quantize(xg, ig, E, "mxfp4", dtype="bfloat16")
         got = fused.moe_sort_quantize(xg, ig, E, "mxfp4", dtype="bfloat16", check_ids=False)
         graph = s.end_capture()
     for _ in range(2):

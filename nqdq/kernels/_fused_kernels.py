@@ -576,6 +576,22 @@ def moe_rank_kernel(ids, npairs, num_experts, csh, counts, cbase, packed, offset
         offsets[nb] = npairs
 
 
+# ----------------------------------------------------------------------------- the id check
+@cuda.jit
+def moe_check_kernel(offsets, num_experts, npairs, flag):
+    """flag[0] = 1 where the sort put every pair in an expert's rows (offsets[E] == npairs:
+    every id in [0, E)), else 2. Launched (one thread) between the sort and the rows, each its
+    programmatic dependent (MOE_PDL): it allows the rows' launch at once and reads offsets[E]
+    once the sort has ended (griddep_wait). ``flag`` is a word of pinned host memory
+    (kernels.fused.IdChecks) that the caller polls, so moe_sort_quantize(check_ids=True) waits
+    for the sort but not for the rows (MOE_CHECK). The store is followed by a system fence:
+    the host may read the word while the rows still run."""
+    griddep_launch()
+    griddep_wait()
+    flag[0] = 1 if offsets[num_experts] == npairs else 2
+    cuda.threadfence_system()
+
+
 @devfn
 def column_cg(counts, nchunks, nb, e, run, c, base, write):
     """column_walk's sum of bucket e's column of counts from ``run`` (and where ``write``,

@@ -12,7 +12,9 @@ launched, each block of the rows kernel finding its own pairs' rows: MOE_LOCAL).
 
 from __future__ import annotations
 
+import itertools
 import os
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -111,6 +113,12 @@ MOE_LOCAL = _fused_rows._switch_env("MOE_LOCAL", True)
 # 1024 top-4 19.63 / 14.23, eager 2048 top-4 36.3 / 29.2.
 MOE_LOCAL_MAX_PAIRS = int(os.environ.get("NQDQ_FUSED_MOE_LOCAL_MAX_PAIRS", "2048"))
 STATIC_SMEM = 48 << 10  # a block's static shared memory, at most
+# MOE_CHECK (NQDQ_FUSED_MOE_CHECK, session 29): a planned call with check_ids=True launches
+# moe_check_kernel between the sort and the rows, which writes the check's result to a word of
+# pinned host memory (IdChecks), and waits for that word: for the sort, not for the rows. Off:
+# the call reads offsets[E] back (CuPy's copy), waiting for the whole op. The local path (no
+# sort) reads it back either way.
+MOE_CHECK = _fused_rows._switch_env("MOE_CHECK", True)
 
 
 def out_kind(sch: Scheme) -> int:
@@ -450,6 +458,71 @@ def moe_scan_threads(num_experts: int) -> int:
 
 
 # ----------------------------------------------------------------------------- the MoE hot path
+class IdChecks:
+    """Words of pinned host memory that moe_check_kernel writes (1: every expert id in range,
+    2: not), mapped into the device's address space: a planned moe_sort_quantize with
+    check_ids=True takes one (``take``), launches the check with its device address, and
+    polls it (``wait``) instead of waiting for the stream, so it returns once the sort has
+    ended, the rows still running. A ring of ``n`` words: a word is taken again only after n
+    later calls, each of which waited for its own word (calls in flight at once: at most one
+    a thread). ``host``: an int32 array over the words; ``dev``: their device address
+    (tests build one over a NumPy array, ``dev`` 0)."""
+
+    POLLS = 1024  # reads of the word between two queries of the stream
+
+    def __init__(self, host, dev: int):
+        self.host, self.dev, self.n = host, int(dev), len(host)
+        self._read = host.item
+        self._next = itertools.count()
+
+    @classmethod
+    def pinned(cls, cp, n: int = 1024):
+        mem = cp.cuda.alloc_pinned_memory(4 * n)
+        # (cudaHostAlloc's memory is mapped; its device address, the same as the host's with
+        # unified addressing, by cudaPointerGetAttributes)
+        self = cls(np.frombuffer(mem, np.int32, n), cp.cuda.runtime.pointerGetAttributes(mem.ptr).devicePointer)
+        self._mem = mem  # (kept alive with the words)
+        return self
+
+    def take(self) -> tuple[int, int]:
+        """(i, device address) of a word, cleared."""
+        i = next(self._next) % self.n
+        self.host[i] = 0
+        return i, self.dev + 4 * i
+
+    def wait(self, i: int, stream) -> bool:
+        """Whether word i says every id was in range, once the kernel has written it. Every
+        POLLS reads, the stream is queried (``stream.done``): a stream with nothing left to
+        run and the word still clear means the check never ran (RuntimeError), not a wait
+        for ever."""
+        read, polls = self._read, self.POLLS
+        n = 0
+        while True:
+            v = read(i)
+            if v:
+                return v == 1
+            n += 1
+            if n % polls == 0 and stream.done:
+                v = read(i)
+                if v:
+                    return v == 1
+                raise RuntimeError("moe_sort_quantize: the stream ended without the device's id check "
+                                   "(moe_check_kernel) writing its result")
+
+
+_ID_CHECKS = None
+_ID_CHECKS_LOCK = threading.Lock()
+
+
+def id_checks(cp) -> IdChecks:
+    """The process's pinned :class:`IdChecks` (made on first use)."""
+    global _ID_CHECKS
+    with _ID_CHECKS_LOCK:
+        if _ID_CHECKS is None:
+            _ID_CHECKS = IdChecks.pinned(cp)
+    return _ID_CHECKS
+
+
 class _Slot(Ptr):
     """A planned 1-D array: a launch.Ptr (``base`` + ``offset`` bytes) that also takes the
     slices and dtype views run_rows and moe_sort take of real arrays."""
@@ -485,14 +558,14 @@ class _PlanAlloc:
 @lru_cache(maxsize=64)
 def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtype_name: str, ids_char: str, sch: Scheme,
              switches: tuple):
-    """``run(x, ids) -> (codes, scales, perm, offsets)`` for moe_sort_quantize on C-contiguous
+    """``run(x, ids, flag=0) -> (codes, scales, perm, offsets)`` for moe_sort_quantize on C-contiguous
     CuPy arrays of these shapes and dtypes (x: 16-byte aligned; ids: int32 or int64, the
     char ``ids_char``), on CuPy's current stream: one ``cupy.cuda.alloc`` for every output and
     scratch array and the launches of the general path (moe_rank or moe_sort, run_rows: the
     same kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
     is the op's [E + 1] (moe_sort's but its last entry). None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0,
     no CuPy). ``switches``: (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, MOE_STAGE, MOE_STAGE_BLOCKS,
-    MOE_LANES, MOE_PIPE, MOE_RANK, MOE_RANK_MIN_PAIRS, MOE_LOCAL, MOE_LOCAL_MAX_PAIRS,
+    MOE_LANES, MOE_PIPE, MOE_RANK, MOE_RANK_MIN_PAIRS, MOE_LOCAL, MOE_LOCAL_MAX_PAIRS, MOE_CHECK,
     _fused_rows.switches()), part of the cache key. With MOE_LOCAL (local_path) the call is
     one launch, the rows kernel's, with no workspace. With MOE_PDL (OP_SCATTER rows, sm_90+)
     every launch after the first is its predecessor's programmatic dependent: the rows' loads
@@ -500,7 +573,10 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     (rank_path) the sort is moe_rank's one launch, its ticket the stream's workspace on a
     direct call and, under graph capture, a word of the call's allocation zeroed by a memset
     first. Else with MOE_SORT1 a direct call sorts in one launch, a call under graph capture
-    in three (``run.seq`` and ``run.seq_graph``)."""
+    in three (``run.seq`` and ``run.seq_graph``). With MOE_CHECK, but for the local path, a
+    direct call given ``flag`` (the device address of an IdChecks word) launches
+    moe_check_kernel between the sort and the rows (``run.seq_check``), which writes the
+    id check's result there."""
     import sys
 
     from . import launch as L
@@ -521,7 +597,7 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     local, rank = path == "local", path == "rank"
     if rank:
         ws_graph = alloc.empty(SYNC_WORDS, np.int32)  # a captured call's own ticket, zeroed by a memset node
-    names = ("xp", "ids", "base", "ws")
+    names = ("xp", "ids", "base", "ws", "flag")
     # MOE_PDL: each launch after the first is its predecessor's programmatic dependent (the
     # sort's kernels and OP_SCATTER wait for their predecessor before they read its output)
     pdl_ok = MOE_PDL and out["op"] == FK.OP_SCATTER and (device_cc() or (0, 0)) >= (9, 0)  # (sm_90+)
@@ -543,6 +619,12 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
         seq_graph = sequence(l3 + launches[-1:])
         if seq_graph is None:
             return None
+    seq_check = None
+    if MOE_CHECK and not local:
+        # check_ids=True: the id check between the sort and the rows (direct calls only: a
+        # call under graph capture cannot wait for its check)
+        check = (FK.moe_check_kernel, 1, 1, (offsets, num_experts, tk, Ptr("flag", 0, 1, np.int32)))
+        seq_check = sequence(launches[:-1] + [check] + launches[-1:])
     total = max(alloc.total, 1)
     parts = [(out["codes"], (tk, out["pcols"])), (out["scales"], sch.scale_shape((tk, hidden))), (perm, (tk,)),
              (offsets, (num_experts + 1,))]
@@ -560,30 +642,30 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
         _ws, _capturing, _memset = _stream_workspaces(cp).get, capture_test(cp), cp.cuda.runtime.memsetAsync
         ws_off = ws_graph.offset
 
-        def launch(st, x, ids, mp):
+        def launch(st, x, ids, mp, flag=0):
             if _capturing(st.ptr):
                 _memset(mp.ptr + ws_off, 0, SYNC_WORDS * 4, st.ptr)
-                seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, mp.ptr + ws_off)
+                seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, mp.ptr + ws_off, 0)
             else:
-                seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st))
+                (seq_check if flag else seq)(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st), flag)
     elif seq_graph is seq:
-        def launch(st, x, ids, mp):
-            seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0)
+        def launch(st, x, ids, mp, flag=0):
+            (seq_check if flag else seq)(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0, flag)
     else:
         from .quantize import _stream_workspaces, capture_test
 
         _ws, _capturing = _stream_workspaces(cp).get, capture_test(cp)
 
-        def launch(st, x, ids, mp):
+        def launch(st, x, ids, mp, flag=0):
             if _capturing(st.ptr):
-                seq_graph(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0)
+                seq_graph(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0, 0)
             else:
-                seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st))
+                (seq_check if flag else seq)(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st), flag)
 
     if new is not None:
-        def run(x, ids):
+        def run(x, ids, flag=0):
             mp = _alloc(total)
-            launch(_cur(), x, ids, mp)
+            launch(_cur(), x, ids, mp, flag)
             arrays = []
             for off, shape, dt in views:
                 a = new(_nd)
@@ -591,12 +673,14 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
                 arrays.append(a)
             return arrays
     else:
-        def run(x, ids):
+        def run(x, ids, flag=0):
             mp = _alloc(total)
-            launch(_cur(), x, ids, mp)
+            launch(_cur(), x, ids, mp, flag)
             return [_nd(shape, dt, mp + off) for off, shape, dt in views]
 
-    run.launch, run.total, run.seq, run.seq_graph = launch, total, seq, seq_graph  # (diagnostics and tests)
+    run.launch, run.total, run.seq, run.seq_graph, run.seq_check = launch, total, seq, seq_graph, seq_check
+    # (diagnostics and tests; run(x, ids, flag) with ``flag`` an IdChecks word's device address
+    # launches seq_check, which needs one)
     return run
 
 
@@ -658,7 +742,8 @@ def audit_launches():
     out += [("moe count", FK.moe_count_kernel, (a, 1, 1, a)), ("moe scan", FK.moe_scan_kernel, (a, 1, 1, a, a)),
             ("moe scatter", FK.moe_scatter_kernel, (a, 1, 1, 1, a, a, a)),
             ("moe sort (one launch)", FK.moe_sort_kernel, (a, 1, 1, 1, a, a, a, a, a)),
-            ("moe rank", FK.moe_rank_kernel, (a, 1, 1, 8, a, a, a, a, a))]
+            ("moe rank", FK.moe_rank_kernel, (a, 1, 1, 8, a, a, a, a, a)),
+            ("moe check", FK.moe_check_kernel, (a, 1, 1, a))]
     return out
 
 
