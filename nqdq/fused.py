@@ -345,9 +345,8 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
 # CuPy ids of the same shapes, dtypes and arguments skips every check and plan: the first call
 # validates on the general path and remembers a function that allocates once and launches the
 # planned kernels (kernels.fused.moe_plan: the sort's one or three, then the rows). Where
-# check_ids, it launches the id check between the sort and the rows and polls the word of
-# pinned memory that check writes (MOE_CHECK: kernels.fused.IdChecks), or (the local path, or
-# MOE_CHECK off) reads offsets[E] back.
+# check_ids, it polls the word of pinned memory the sort writes its id check to (MOE_CHECK:
+# kernels.fused.IdChecks), or (the local path, or MOE_CHECK off) reads offsets[E] back.
 # Keyed also by the build switches, so a benchmark's A/B of them is seen (as nqdq.quantize's
 # fast path, a dict of at most _MOE_FAST_MAX keys, the oldest dropped first).
 _MOE_FAST: dict = {}
@@ -396,7 +395,7 @@ def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
 
     from .kernels.quantize import capture_test
 
-    checks = KF.id_checks(cupy) if run.seq_check is not None else None
+    checks = KF.id_checks(cupy) if run.flags and KF.MOE_CHECK else None
     capturing, current = capture_test(cupy), cupy.cuda.get_current_stream
 
     def fm(x, ids, check_ids):
@@ -406,7 +405,7 @@ def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
         st = current()
         if capturing(st.ptr):
             raise RuntimeError(_CHECK_CAPTURED)
-        if checks is not None:  # MOE_CHECK: wait for the sort's check, not for the rows
+        if checks is not None:  # MOE_CHECK: wait for the sort's id check, not for the rows
             i, flag = checks.take()
             codes, scales, perm, offsets = run(x, ids, flag)
             ok = checks.wait(i, st)

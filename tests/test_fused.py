@@ -389,11 +389,11 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank
     assert_q_equal(q9, nqdq.quantize(x[:2, :64][R.moe_sort(ids9, 10)[0]], "mxfp4"))
 
 
-def _device_sort(ids, npairs, k, E, mode):
+def _device_sort(ids, npairs, k, E, mode, flag=None):
     """(perm, offsets, inv) of the device sort ``mode``: "one" / "three" (moe_sort's one
     launch or three), or "rank[B]" (moe_rank_kernel over about B chunks, MOE_RANK_BLOCKS:
     each pair's row from its packed rank and its chunk's base, as the rows kernel finds it,
-    perm from those rows; its ticket checked left zero)."""
+    perm from those rows; its ticket checked left zero). ``flag``: the id check's word."""
     from nqdq.kernels import _fused_kernels as FK
     from nqdq.kernels._grid import SYNC_WORDS
     from nqdq.kernels._interop import Allocator
@@ -405,17 +405,17 @@ def _device_sort(ids, npairs, k, E, mode):
         ws = np.zeros(SYNC_WORDS, np.int32)
         sm, KF._sm_count = KF._sm_count, lambda: 3
         try:
-            out = moe_sort(ids, npairs, k, E, Allocator("numpy"), ws=ws, one=True)
+            out = moe_sort(ids, npairs, k, E, Allocator("numpy"), ws=ws, one=True, flag=flag)
         finally:
             KF._sm_count = sm
         assert not ws.any()
         return out
     if not mode.startswith("rank"):
-        return moe_sort(ids, npairs, k, E, Allocator("numpy"), one=mode == "one")
+        return moe_sort(ids, npairs, k, E, Allocator("numpy"), one=mode == "one", flag=flag)
     ws = np.zeros(SYNC_WORDS, np.int32)
     blocks, KF.MOE_RANK_BLOCKS = KF.MOE_RANK_BLOCKS, int(mode[4:])
     try:
-        packed, cbase, off, _, csh = moe_rank(ids, npairs, E, Allocator("numpy"), ws=ws)
+        packed, cbase, off, _, csh = moe_rank(ids, npairs, E, Allocator("numpy"), ws=ws, flag=flag)
     finally:
         KF.MOE_RANK_BLOCKS = blocks
     assert not ws.any()
@@ -451,25 +451,14 @@ def test_moe_sort_many_pairs_device(tokens, k, E, unroll, mode, monkeypatch):
     monkeypatch.setattr(FK, "MOE_UNROLL", unroll)  # read when the simulator runs the kernel
     rng = np.random.default_rng(9)
     ids = rng.integers(0, E, (tokens, k))
-    perm, off, inv = _device_sort(ids.astype(np.int32).reshape(-1), tokens * k, k, E, mode)
+    flag = np.full(3, -7, np.int32)
+    perm, off, inv = _device_sort(ids.astype(np.int32).reshape(-1), tokens * k, k, E, mode, flag[1:2])
+    np.testing.assert_array_equal(flag, [-7, 1, -7])  # the id check: every id in range (its neighbours untouched)
     np.testing.assert_array_equal(perm, [p[1] for p in sorted_pairs(ids)])
     np.testing.assert_array_equal(off[: E + 1], R.moe_sort(ids, E)[1])
     assert off[E + 1] == off[E] == tokens * k  # no id out of range
     np.testing.assert_array_equal(perm[inv], np.arange(tokens * k) // k)  # inv: each pair's sorted row
     assert sorted(inv) == list(range(tokens * k))
-
-
-@pytest.mark.parametrize("valid, want", [(2400, 1), (2397, 2), (0, 2)])
-def test_moe_check_kernel(valid, want):
-    """moe_check_kernel (MOE_CHECK) writes 1 to its word where offsets[E] is every pair
-    (every id in range), else 2, and nothing else (the word's neighbours stay poisoned)."""
-    from nqdq.kernels import _fused_kernels as FK
-
-    E = 6
-    offsets = np.array([0, 3, 9, 9, 400, 2000, valid, 2400], np.int32)
-    words = np.full(3, -7, np.int32)
-    FK.moe_check_kernel[1, 1](offsets, E, 2400, words[1:2])
-    np.testing.assert_array_equal(words, [-7, want, -7])
 
 
 class _Stream:
@@ -487,7 +476,7 @@ class _Stream:
 
 
 def test_id_checks_ring_and_wait():
-    """IdChecks (the words moe_check_kernel writes, polled by the host): take clears a word
+    """IdChecks (the words the sort writes its id check to, polled by the host): take clears a word
     and gives its device address, round the ring; wait reads 1 as every id in range and 2 as
     not; it queries the stream every POLLS reads and goes on while the stream runs (the word
     written at the third query here); a stream with nothing left and the word clear is a
@@ -508,7 +497,7 @@ def test_id_checks_ring_and_wait():
     st = _Stream(False, write_late)
     assert ch.wait(2, st) is True and st.queries == 3
     st = _Stream(True)
-    with pytest.raises(RuntimeError, match="moe_check_kernel"):
+    with pytest.raises(RuntimeError, match="report_ids"):
         ch.wait(3, st)
     assert st.queries == 1
     host[3] = 2
@@ -525,7 +514,9 @@ def test_moe_sort_device_sorts_ids_out_of_range_last(dtype, mode):
     rng = np.random.default_rng(10)
     ids = rng.integers(0, 6, (1200, 2)).astype(dtype)
     ids[5, 1], ids[200, 0], ids[1190, 1] = 6, -1, 99 if dtype == np.int32 else 2**32 + 3
-    perm, off, inv = _device_sort(ids.reshape(-1), 2400, 2, 6, mode)
+    flag = np.zeros(1, np.int32)
+    perm, off, inv = _device_sort(ids.reshape(-1), 2400, 2, 6, mode, flag)
+    assert flag[0] == 2  # the id check: some out of range
     valid = [p for p in sorted_pairs(ids) if 0 <= p[0] < 6]
     np.testing.assert_array_equal(perm[:2397], [p[1] for p in valid])
     np.testing.assert_array_equal(perm[2397:], [5, 200, 1190])  # the bad pairs, in pair order
@@ -960,7 +951,7 @@ from nqdq.kernels import fused as KF
 from nqdq.kernels._ptx_audit import _no_gpu_compile, compile_and_audit
 want = ("moe scatter-rows mxfp4", "moe scatter-rows staged mxfp4", "moe scatter-rows staged rank mxfp4",
         "moe scatter-rows staged local mxfp4", "moe count", "moe scan", "moe scatter", "moe sort (one launch)",
-        "moe rank", "moe check")
+        "moe rank")
 launches = [l for l in KF.audit_launches() if l[0] in want]
 rows = compile_and_audit(launches)
 out = {}
@@ -1030,8 +1021,8 @@ def test_moe_kernels_programmatic_dependent_launch_ptx():
     # the arrivals and departures (add) and the done bits (or: set and read), all global; the
     # last block zeroes the workspace by plain stores
     assert sorted(set(o for o in one if o.startswith("atom"))) == ["atom.global.add.u32", "atom.global.or.b32"]
-    # the id check (MOE_CHECK): allows the rows' launch, waits for the sort, reads offsets[E]
-    # and stores its word, then a system fence (the host polls the word)
-    chk = k["moe check"]
-    assert chk["ops"] == ["griddepcontrol.launch_dependents", "griddepcontrol.wait", "ld.global.s32", "st.global.u32"]
-    assert chk["fences"] == ["membar.sys"]
+    # the id check's word (report_ids), then (at the kernel's end) a system fence: the host
+    # polls the word (MOE_CHECK); the kernels' own fences are GPU-wide
+    for label in ("moe scan", "moe sort (one launch)", "moe rank"):
+        assert k[label]["fences"].count("membar.sys") == 1, (label, k[label]["fences"])
+    assert k["moe scan"]["fences"][-1] == "membar.sys" and k["moe rank"]["fences"][-1] == "membar.sys"
