@@ -395,7 +395,7 @@ def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
 
     from .kernels.quantize import capture_test
 
-    checks = KF.id_checks(cupy) if run.flags and KF.MOE_CHECK else None
+    checks = KF.id_checks(cupy) if run.seq_check is not None else None
     capturing, current = capture_test(cupy), cupy.cuda.get_current_stream
 
     def fm(x, ids, check_ids):

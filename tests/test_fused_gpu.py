@@ -547,9 +547,11 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, local, monk
     assert ("_KX(" in fm.run.seq.source) == kx and ("_KX(" in fm.run.seq_graph.source) == kx
     want = (1, 1) if local else (2, 2) if rank else (2, 4) if sort1 else (4, 4)
     assert (len(fm.run.seq.entries), len(fm.run.seq_graph.entries)) == want
-    # check_ids=True (MOE_CHECK): the sort writes its id check to a polled word; the local path
-    # has no sort and reads offsets back
-    assert fm.run.flags == (not local)
+    # check_ids=True (MOE_CHECK): the same launches, the sort's report argument set (it writes
+    # its id check to a polled word); the local path has no sort and reads offsets back
+    assert (fm.run.seq_check is None) == local
+    if not local:
+        assert len(fm.run.seq_check.entries) == want[0] and ("_KX(" in fm.run.seq_check.source) == pdl
     bad = ids.copy()
     bad[T // 2, 1] = E + 3
     with pytest.raises(ValueError, match="expert_ids"):

@@ -255,10 +255,11 @@ def column_walk(counts, nchunks, nb, e, run, c, base, write):
 # the scan runs up to MOE_MAX_EXPERTS threads in its one block: a launch bound keeps its
 # registers within one SM's file (unbounded, ptxas gave it 79: too many for 1024 threads)
 @(cuda.jit if SIMULATOR else cuda.jit(launch_bounds=(MOE_MAX_EXPERTS,)))
-def moe_scan_kernel(counts, nchunks, num_experts, base, offsets, id_flag):
+def moe_scan_kernel(counts, nchunks, num_experts, base, offsets, id_flag, report):
     """One block of nt >= E threads (a power of two): offsets[0..E] = exclusive scan of the
     expert totals (offsets[E]: the pairs with a valid id), offsets[E + 1] = all pairs;
-    base[chunk, b] = first sorted row of bucket b's pairs in that chunk; id_flag[0]: report_ids'.
+    base[chunk, b] = first sorted row of bucket b's pairs in that chunk; where ``report``,
+    id_flag[0]: report_ids'.
     Thread e sums its expert's column (column_walk), the totals are scanned by a Hillis-Steele
     scan over the block (log2 nt steps); the invalid bucket's column, after every expert, is
     walked by thread E (thread 0 when E == nt)."""
@@ -290,17 +291,20 @@ def moe_scan_kernel(counts, nchunks, num_experts, base, offsets, id_flag):
         offsets[num_experts] = valid
         total = column_walk(counts, nchunks, nb, num_experts, valid, c, base, True)
         offsets[num_experts + 1] = total
-        report_ids(id_flag, valid, total)
-        cuda.threadfence_system()
+        if report:
+            report_ids(id_flag, valid, total)
+            cuda.threadfence_system()
 
 
 @devfn
 def report_ids(flag, valid, npairs):
     """The sort's id check for the caller: flag[0] = 1 where every pair has a valid id
-    (``valid`` == npairs: offsets[E]), else 2. ``flag`` is a word of the call's own memory, or
-    of pinned host memory that moe_sort_quantize(check_ids=True) polls (kernels.fused.IdChecks)
-    instead of waiting for the rows; so each kernel that stores it ends with a system fence
-    (the store leaves the SM at once; the fence sees it out before the kernel ends)."""
+    (``valid`` == npairs: offsets[E]), else 2. ``flag`` is a word of pinned host memory that
+    moe_sort_quantize(check_ids=True) polls (kernels.fused.IdChecks) instead of waiting for the
+    rows; so each kernel that stores it ends with a system fence (the store leaves the SM at
+    once; the fence sees it out before the kernel ends). The sort kernels store it only where
+    their ``report`` argument is set (kernels.fused.moe_plan: the sequence of a call with
+    check_ids=True): the fence costs about 1 us of the three-launch sort (H100, CUDA graph)."""
     flag[0] = 1 if valid == npairs else 2
 
 
@@ -408,7 +412,7 @@ scan_buckets = scan_buckets_fn(MOE_CHUNK)  # the sort kernels' (blocks of MOE_CH
 
 
 @cuda.jit
-def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, inv, id_flag):
+def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, inv, id_flag, report):
     """The three kernels above in one launch (moe_count, moe_scan, moe_scatter: the same
     perm, inv and offsets, bit for bit) of G <= MAX_DONE blocks of MOE_CHUNK threads (the
     launcher takes G <= the SM count). Block b takes the chunks [b * per, (b + 1) * per)
@@ -432,7 +436,8 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
        block's; scans the totals over the buckets (each thread its ceil(nb / MOE_CHUNK)
        neighbouring buckets, then a Hillis-Steele scan of the threads' sums) into the
        buckets' first rows; block 0 stores offsets (offsets[E]: the pairs with a valid id,
-       offsets[E + 1]: all) and report_ids' id_flag[0] (its system fence at the kernel's end);
+       offsets[E + 1]: all) and, where ``report``, report_ids' id_flag[0] (its system fence at
+       the kernel's end);
     4. sorts its chunks as moe_scatter_kernel does, bucket e's rows from first[e] + pre[e]
        on, advanced by each chunk's counts (the first chunk's buckets kept from step 1).
 
@@ -496,7 +501,8 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
             offsets[e] = tot[e]
     if b == 0 and t == 0:
         offsets[nb] = npairs
-        report_ids(id_flag, tot[num_experts], npairs)  # (before the block sorts its chunks: the caller may go on)
+        if report:  # (before the block sorts its chunks: the caller may go on)
+            report_ids(id_flag, tot[num_experts], npairs)
     for ch in range(c0, c1):
         cuda.syncthreads()  # hist is this chunk's; the previous chunk's reads of whist are done
         p = ch * MOE_CHUNK + t
@@ -512,7 +518,7 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
             cuda.syncthreads()  # every row of this chunk is taken from hist before it moves on
             advance_buckets(hist, whist, t, nb)
     leave_done(t, sync)  # (at the end: off the way of the rows)
-    if b == 0 and t == 0:
+    if report and b == 0 and t == 0:
         cuda.threadfence_system()  # (report_ids' word out before the kernel ends)
 
 
@@ -527,7 +533,7 @@ assert MOE_BUCKETS << MOE_RANK_SHIFT < 2 ** 31
 
 
 @cuda.jit
-def moe_rank_kernel(ids, npairs, num_experts, csh, counts, cbase, packed, offsets, ticket, id_flag):
+def moe_rank_kernel(ids, npairs, num_experts, csh, counts, cbase, packed, offsets, ticket, id_flag, report):
     """Block b (MOE_CHUNK threads) ranks the pairs [b * 2^csh, (b + 1) * 2^csh) of its chunk
     (csh in 8..10: one to MOE_RANK_SUB rounds):
     packed[p] = bucket << MOE_RANK_SHIFT | (the pairs of the same bucket before p in the chunk),
@@ -538,7 +544,7 @@ def moe_rank_kernel(ids, npairs, num_experts, csh, counts, cbase, packed, offset
     block sets back to zero) reads every chunk's counts (``ld.global.cg``, MOE_WALK loads in
     flight a thread), scans the totals over the buckets (scan_buckets) and stores
     cbase[c, e] = first row of bucket e's pairs in chunk c, offsets (moe_sort's: [E + 2]) and
-    report_ids' id_flag[0].
+    (where ``report``) report_ids' id_flag[0].
     A pair's sorted row is then cbase[p >> csh, bucket] + its rank (_fused_rows,
     RANK): the same rows as moe_sort's, without a second pass over the pairs or a grid
     barrier; no block waits for another."""
@@ -591,8 +597,9 @@ def moe_rank_kernel(ids, npairs, num_experts, csh, counts, cbase, packed, offset
         column_cg(counts, G, nb, e, hist[e], c, cbase, True)
     if t == 0:
         offsets[nb] = npairs
-        report_ids(id_flag, hist[num_experts], npairs)
-        cuda.threadfence_system()
+        if report:
+            report_ids(id_flag, hist[num_experts], npairs)
+            cuda.threadfence_system()
 
 
 @devfn

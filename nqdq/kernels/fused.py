@@ -298,7 +298,8 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
     grid is resident); else three (count, scan, scatter).
     ``out``: (perm, offsets, inv) to write instead of new arrays (a plan's second sequence).
     ``flag``: an int32 [1] the sort sets to 1 (every id in range) or 2 (_fused_kernels.report_ids:
-    what a planned call with check_ids=True polls); None: a new one of ``alloc``'s."""
+    what a planned call with check_ids=True polls); None: none set (the kernels' ``report``
+    argument 0)."""
     if not 1 <= num_experts <= FK.MOE_MAX_EXPERTS:
         raise ValueError(f"num_experts={num_experts} must be in [1, {FK.MOE_MAX_EXPERTS}] for the device sort")
     nchunks = max(1, -(-npairs // FK.MOE_CHUNK))
@@ -307,8 +308,7 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
         out = (alloc.empty(max(npairs, 1), np.int32), alloc.empty(num_experts + 2, np.int32),
                alloc.empty(max(npairs, 1), np.int32))
     perm, offsets, inv = out
-    if flag is None:
-        flag = alloc.empty(1, np.int32)
+    report, flag = _report(flag, alloc)
     if MOE_SORT1 if one is None else one:
         G = min(nchunks, _sm_count(), MAX_DONE)
         counts = alloc.empty(G * nb, np.int32)
@@ -316,13 +316,13 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
             ws = alloc.empty(SYNC_WORDS, np.int32)
             fill_bytes(ws, 0)
         _launch(launches, FK.moe_sort_kernel, G, FK.MOE_CHUNK,
-                (ids, npairs, num_experts, k, counts, ws, perm, offsets, inv, flag))
+                (ids, npairs, num_experts, k, counts, ws, perm, offsets, inv, flag, report))
         return perm[:npairs], offsets, inv[:npairs]
     counts = alloc.empty(nchunks * nb, np.int32)
     base = alloc.empty(nchunks * nb, np.int32)
     _launch(launches, FK.moe_count_kernel, nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, counts))
     _launch(launches, FK.moe_scan_kernel, 1, moe_scan_threads(num_experts),
-            (counts, nchunks, num_experts, base, offsets, flag))
+            (counts, nchunks, num_experts, base, offsets, flag, report))
     _launch(launches, FK.moe_scatter_kernel, nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, k, base, perm, inv))
     return perm[:npairs], offsets, inv[:npairs]
 
@@ -425,14 +425,29 @@ def moe_rank(ids, npairs: int, num_experts: int, alloc: Allocator, launches=None
         out = (alloc.empty(max(npairs, 1), np.int32), alloc.empty(nchunks * nb, np.int32),
                alloc.empty(num_experts + 2, np.int32), alloc.empty(max(npairs, 1), np.int32))
     packed, cbase, offsets, perm = out
-    if flag is None:
-        flag = alloc.empty(1, np.int32)
+    report, flag = _report(flag, alloc)
     if ws is None:
         ws = alloc.empty(SYNC_WORDS, np.int32)
         fill_bytes(ws, 0)
     _launch(launches, FK.moe_rank_kernel, nchunks, FK.MOE_CHUNK,
-            (ids, npairs, num_experts, csh, counts, cbase, packed, offsets, ws, flag))
+            (ids, npairs, num_experts, csh, counts, cbase, packed, offsets, ws, flag, report))
     return packed, cbase, offsets, perm[:npairs], csh
+
+
+_SORTS_REPORTING = (FK.moe_sort_kernel, FK.moe_scan_kernel, FK.moe_rank_kernel)  # (their last argument: report)
+
+
+def _report(flag, alloc):
+    """(report, flag) arguments of a sort kernel: (1, flag), or where ``flag`` is None (0, a
+    word of ``alloc``'s that the kernel never touches; not an array it writes: the simulator
+    copies each argument back after the kernel, the last copy of an array passed twice
+    winning)."""
+    return (0, alloc.empty(1, np.int32)) if flag is None else (1, flag)
+
+
+def _unreported(launches):
+    """``launches`` (a plan's) with every sort kernel's ``report`` argument 0."""
+    return [(kern, g, b, a[:-1] + (0,)) if kern in _SORTS_REPORTING else (kern, g, b, a) for kern, g, b, a in launches]
 
 
 def moe_rows(xin, ids, npairs: int, k: int, num_experts: int, sch: Scheme, alloc: Allocator, launches=None,
@@ -579,10 +594,10 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     (rank_path) the sort is moe_rank's one launch, its ticket the stream's workspace on a
     direct call and, under graph capture, a word of the call's allocation zeroed by a memset
     first. Else with MOE_SORT1 a direct call sorts in one launch, a call under graph capture
-    in three (``run.seq`` and ``run.seq_graph``). The sort (but on the local path, which has
-    none: ``run.flags`` False) writes its id check (_fused_kernels.report_ids) to ``flag``, a
-    device address (an IdChecks word: check_ids=True), or with none given to a word of the
-    call's own allocation."""
+    in three (``run.seq`` and ``run.seq_graph``). With MOE_CHECK (but on the local path, which
+    has no sort), a direct call given ``flag`` (the device address of an IdChecks word:
+    check_ids=True) launches ``run.seq_check``, the same launches but the sort's ``report``
+    argument 1: the sort writes its id check there (_fused_kernels.report_ids)."""
     import sys
 
     from . import launch as L
@@ -597,12 +612,12 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
     x = _Slot("xp", 0, tokens * hidden, _XDTYPES[kind])
     ids = _Slot("ids", 0, tk, np.dtype(ids_char))
     ws = _Slot("ws", 0, SYNC_WORDS, np.dtype(np.int32))
-    flag = _Slot("flag", 0, 1, np.dtype(np.int32))  # the sort's id check word (run's ``flag``, else own_flag)
+    flag = _Slot("flag", 0, 1, np.dtype(np.int32))  # the sort's id check word (run's ``flag``)
     xin = DeviceInput(x, kind, (tokens, hidden), dtype_name, "cupy")
     # (x's slot at offset 0: aligned, as the hot path's x must be)
     out, perm, offsets, path, inv = moe_rows(xin, ids, tk, k, num_experts, sch, alloc, launches, ws=ws, flag=flag)
     local, rank = path == "local", path == "rank"
-    own_flag = alloc.empty(1, np.int32).offset  # a call's own word, where it polls none
+    checked, launches = launches, _unreported(launches)  # (a call with check_ids=True, and one without)
     if rank:
         ws_graph = alloc.empty(SYNC_WORDS, np.int32)  # a captured call's own ticket, zeroed by a memset node
     names = ("xp", "ids", "base", "ws", "flag")
@@ -614,7 +629,8 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
         return L.compile_sequence(ls, names, pdl=tuple(range(1, len(ls))) if pdl_ok else ())
 
     seq = seq_graph = sequence(launches)
-    if seq is None:
+    seq_check = sequence(checked) if MOE_CHECK and not local else None
+    if seq is None or (MOE_CHECK and not local and seq_check is None):
         return None
     if MOE_SORT1 and not rank and not local:
         # Captured in a CUDA graph, the call takes the three-launch sort (into the same arrays):
@@ -623,7 +639,7 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
         # 34.1 against 36.1); and its replays need no workspace of their own (no memset node).
         # Direct calls take the one launch and the stream's _grid workspace (left zero).
         l3 = []
-        moe_sort(ids, tk, k, num_experts, alloc, l3, one=False, out=(perm, offsets, inv), flag=flag)
+        moe_sort(ids, tk, k, num_experts, alloc, l3, one=False, out=(perm, offsets, inv))
         seq_graph = sequence(l3 + launches[-1:])
         if seq_graph is None:
             return None
@@ -647,12 +663,12 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
         def launch(st, x, ids, mp, flag=0):
             if _capturing(st.ptr):
                 _memset(mp.ptr + ws_off, 0, SYNC_WORDS * 4, st.ptr)
-                seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, mp.ptr + ws_off, mp.ptr + own_flag)
+                seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, mp.ptr + ws_off, 0)
             else:
-                seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st), flag or mp.ptr + own_flag)
+                (seq_check if flag else seq)(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st), flag)
     elif seq_graph is seq:
         def launch(st, x, ids, mp, flag=0):
-            seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0, flag or mp.ptr + own_flag)
+            (seq_check if flag else seq)(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0, flag)
     else:
         from .quantize import _stream_workspaces, capture_test
 
@@ -660,9 +676,9 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
 
         def launch(st, x, ids, mp, flag=0):
             if _capturing(st.ptr):
-                seq_graph(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0, mp.ptr + own_flag)
+                seq_graph(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0, 0)
             else:
-                seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st), flag or mp.ptr + own_flag)
+                (seq_check if flag else seq)(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st), flag)
 
     if new is not None:
         def run(x, ids, flag=0):
@@ -681,7 +697,7 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
             return [_nd(shape, dt, mp + off) for off, shape, dt in views]
 
     run.launch, run.total, run.seq, run.seq_graph = launch, total, seq, seq_graph  # (diagnostics and tests)
-    run.flags = not local  # whether the sort writes run's ``flag`` (the local path has no sort)
+    run.seq_check = seq_check  # run(x, ids, flag) with ``flag`` != 0 launches it: the sort reports to flag
     return run
 
 
@@ -740,10 +756,10 @@ def audit_launches():
     k = fused_row_kernel(FK.OP_NORM, FK.OUT_Y, 1, 1, nw, u, True, False, True, fy, (0, 0, 0, 1.0), 448.0, 0, True)
     out.append(("rmsnorm y (unfused)", k, args(1, 1, np.float32)))
     a = np.zeros(8, np.int32)
-    out += [("moe count", FK.moe_count_kernel, (a, 1, 1, a)), ("moe scan", FK.moe_scan_kernel, (a, 1, 1, a, a, a)),
+    out += [("moe count", FK.moe_count_kernel, (a, 1, 1, a)), ("moe scan", FK.moe_scan_kernel, (a, 1, 1, a, a, a, 1)),
             ("moe scatter", FK.moe_scatter_kernel, (a, 1, 1, 1, a, a, a)),
-            ("moe sort (one launch)", FK.moe_sort_kernel, (a, 1, 1, 1, a, a, a, a, a, a)),
-            ("moe rank", FK.moe_rank_kernel, (a, 1, 1, 8, a, a, a, a, a, a))]
+            ("moe sort (one launch)", FK.moe_sort_kernel, (a, 1, 1, 1, a, a, a, a, a, a, 1)),
+            ("moe rank", FK.moe_rank_kernel, (a, 1, 1, 8, a, a, a, a, a, a, 1))]
     return out
 
 
