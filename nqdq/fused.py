@@ -278,8 +278,8 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
 
     An id outside [0, num_experts) is a ValueError naming ``expert_ids``. For ids already on
     the GPU (CuPy) that check is made by the sort kernels and read back, the one wait for the
-    device: a repeated call waits for the sort only (a kernel after it writes the result to
-    pinned host memory), the first call for the whole op. ``check_ids=False`` skips the read
+    device: a repeated call waits for the sort only (the sort writes the result to pinned host
+    memory, which the call polls), the first call for the whole op. ``check_ids=False`` skips the read
     (the call then never waits: the pairs with ids out of range sort after every expert, in
     (token, slot) order, as rows offsets[E]: of q and perm, so offsets[E] < T*k says so); a
     call on a stream capturing a CUDA graph must pass it (else RuntimeError).

@@ -455,9 +455,9 @@ def moe_rows(xin, ids, npairs: int, k: int, num_experts: int, sch: Scheme, alloc
     """The MoE sort + quantize's launches for x ``xin`` (C-contiguous [tokens, hidden]) and
     ``ids`` (npairs, token-major): no sort where local_path holds (MOE_LOCAL), moe_rank's
     where rank_path does (MOE_RANK), else moe_sort's; then run_rows. ``ws``: the sort's
-    workspace (None: a zeroed one of ``alloc``'s); ``flag``: the sort's id check word (moe_sort). Returns (run_rows' outputs, perm, offsets
-    [E + 2], the path: "local", "rank" or "sort", and moe_sort's inv on the sort path, else
-    None)."""
+    workspace (None: a zeroed one of ``alloc``'s); ``flag``: the sort's id check word (as
+    moe_sort's; the local path has none). Returns (run_rows' outputs, perm, offsets [E + 2],
+    the path: "local", "rank" or "sort", and moe_sort's inv on the sort path, else None)."""
     hidden = xin.shape[1]
     if local_path(xin, hidden, sch, k, npairs, num_experts):  # the rows kernel sorts its own pairs
         offsets, perm, moe = moe_local(ids, npairs, k, num_experts, alloc)
@@ -481,10 +481,10 @@ def moe_scan_threads(num_experts: int) -> int:
 # ----------------------------------------------------------------------------- the MoE hot path
 class IdChecks:
     """Words of pinned host memory that the sort's kernels write (_fused_kernels.report_ids: 1
-    every expert id in range, 2 not), mapped into the device's address space: a planned moe_sort_quantize with
-    check_ids=True takes one (``take``), launches the check with its device address, and
-    polls it (``wait``) instead of waiting for the stream, so it returns once the sort has
-    its totals, the rows still to run. A ring of ``n`` words: a word is taken again only after n
+    every expert id in range, 2 not), mapped into the device's address space: a planned
+    moe_sort_quantize with check_ids=True takes one (``take``), passes its device address to
+    the sort, and polls it (``wait``) instead of waiting for the stream, so it returns once the
+    sort has its totals, the rows still to run. A ring of ``n`` words: a word is taken again only after n
     later calls, each of which waited for its own word (calls in flight at once: at most one
     a thread). ``host``: an int32 array over the words; ``dev``: their device address
     (tests build one over a NumPy array, ``dev`` 0)."""
@@ -579,8 +579,8 @@ class _PlanAlloc:
 @lru_cache(maxsize=64)
 def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtype_name: str, ids_char: str, sch: Scheme,
              switches: tuple):
-    """``run(x, ids, flag=0) -> (codes, scales, perm, offsets)`` for moe_sort_quantize on C-contiguous
-    CuPy arrays of these shapes and dtypes (x: 16-byte aligned; ids: int32 or int64, the
+    """``run(x, ids, flag=0) -> (codes, scales, perm, offsets)`` for moe_sort_quantize on
+    C-contiguous CuPy arrays of these shapes and dtypes (x: 16-byte aligned; ids: int32 or int64, the
     char ``ids_char``), on CuPy's current stream: one ``cupy.cuda.alloc`` for every output and
     scratch array and the launches of the general path (moe_rank or moe_sort, run_rows: the
     same kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
