@@ -629,8 +629,9 @@ def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtyp
         return L.compile_sequence(ls, names, pdl=tuple(range(1, len(ls))) if pdl_ok else ())
 
     seq = seq_graph = sequence(launches)
-    seq_check = sequence(checked) if MOE_CHECK and not local else None
-    if seq is None or (MOE_CHECK and not local and seq_check is None):
+    reports = MOE_CHECK and not local  # (the local path has no sort to report the check)
+    seq_check = sequence(checked) if reports else None
+    if seq is None or (reports and seq_check is None):
         return None
     if MOE_SORT1 and not rank and not local:
         # Captured in a CUDA graph, the call takes the three-launch sort (into the same arrays):
