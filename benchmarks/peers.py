@@ -10,10 +10,9 @@ For bfloat16 inputs of 8192x8192, 16384x7168 and 64x7168 it times, with CUDA eve
   ``_dynamic_per_token_quant_fp8_i8_kernel`` (one program per row, amax, scale = amax/448,
   x * (1/scale) -> e4m3);
 * ``torch.compile fp8_row``: the same math through ``torch.compile``;
-* ``nqdq <scheme>``: ``nqdq.quantize`` on CuPy arrays for fp8_row, mxfp8, mxfp4, nvfp4,
-  fp8_1x128, when this nqdq has a GPU path (else the row says why not);
-* ``toy fp8_row (stand-in)``: ``benchmarks/toy_fp8_row.py`` launched through
-  ``nqdq.kernels.launch.FastKernel``: not nqdq's kernel, a stand-in while it is missing;
+* ``nqdq <scheme>``: ``nqdq.quantize`` on CuPy arrays for each scheme of ``--schemes``
+  (default fp8_row, int8_row, mxfp8, mxfp4, nvfp4, fp8_1x128), when this nqdq has a GPU
+  path (else the row says why not);
 * with ``--seed S``: each nqdq scheme again under stochastic rounding
   (``rounding="stochastic", seed=S``), on the 16-byte-unit kernels' stochastic variants
   (``nqdq.kernels.quantize.LASTAXIS_STOCH`` on for that row: ``nqdq <scheme> SR``) and, with
@@ -330,34 +329,13 @@ def bench_size(timer, shape, rows_out, *, quick=False, log=print):
     us, hb = timer.device_us(copy, n_sets, groups=groups, bytes_per_launch=2 * in_bytes)
     add("copy (cudaMemcpyAsync D2D)", us, 2 * in_bytes, hb)
 
-    # toy per-row FP8 through FastKernel (stand-in)
-    import toy_fp8_row
-
-    from nqdq.kernels.launch import FastKernel
-
-    fk = FastKernel(toy_fp8_row.fp8_row_bf16)
-    codes = [cp.empty((rows, cols), cp.uint8) for _ in range(n_sets)]
-    scales = [cp.empty(rows, cp.float32) for _ in range(n_sets)]
-    launches = [toy_fp8_row.launch_args(xs[i], codes[i], scales[i]) for i in range(n_sets)]
-
-    def toy(i):
-        g, b, a = launches[i]
-        fk.launch(g, b, a)
-
-    us, hb = timer.device_us(toy, n_sets, groups=groups, bytes_per_launch=in_bytes)
-    nbytes = in_bytes + rows * cols + rows * 4
-    # correctness against nqdq's NumPy reference on one set
+    # the peers' reference: nqdq's NumPy fp8_row of the first rows of one set
     import nqdq
 
+    nbytes = in_bytes + rows * cols + rows * 4
     check = min(rows, 64)  # rows are independent: check the first 64 against the reference
     xh = xs[0][:check].get().view(ml_dtypes.bfloat16)
-    toy(0)
-    ref = nqdq.quantize(xh, "fp8_row", device="cpu")
-    ref_codes = ref.codes.view(np.uint8)
-    ok = np.array_equal(codes[0][:check].get(), ref_codes) and np.array_equal(
-        scales[0][:check].get().view(np.uint32), ref.scales.reshape(-1).view(np.uint32)
-    )
-    add("toy fp8_row (stand-in, FastKernel)", us, nbytes, hb, "bit-exact vs reference" if ok else "MISMATCH vs reference")
+    ref_codes = nqdq.quantize(xh, "fp8_row", device="cpu").codes.view(np.uint8)
 
     # triton + torch.compile
     try:
