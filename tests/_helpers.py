@@ -240,6 +240,12 @@ def sqnr_db(x, y) -> float:
     return float(10 * np.log10(np.sum(x * x) / np.sum((x - y) ** 2)))
 
 
+def topk_ids(rng, tokens: int, num_experts: int, k: int, dtype=np.int64):
+    """Expert ids [tokens, k] as a router's top-k gives them: k distinct experts a token, in
+    random order (one ``rng.permutation`` a token)."""
+    return np.stack([rng.permutation(num_experts)[:k] for _ in range(tokens)]).astype(dtype)
+
+
 def gpu_cupy_or_skip():
     """CuPy, for a module of GPU tests (call it at module level): the whole module is
     skipped unless NQDQ_TEST_GPU=1, CuPy imports and a CUDA device is present."""

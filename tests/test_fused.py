@@ -12,6 +12,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
+from _helpers import topk_ids
 
 import nqdq
 from nqdq import fused
@@ -280,7 +281,7 @@ def test_moe_sort_quantize(k, E):
     rng = np.random.default_rng(k)
     T, H = 5, 130
     x = rows(rng, T, H, "bfloat16")
-    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int64)
+    ids = topk_ids(rng, T, E, k)
     ids[ids == E - 1] = 0  # expert E-1 is empty
     q_c, perm_c, off_c = fused.moe_sort_quantize(x, ids, E, "mxfp4")
     q_g, perm_g, off_g = fused.moe_sort_quantize(x, ids, E, "mxfp4", device="cuda")
@@ -366,7 +367,7 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank
     T, H, k, E = 5, 1000, 3, 4
     x = rows(rng, T, H, "bfloat16")
     x[2, 70], x[4, 999] = np.inf, np.nan
-    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)])
+    ids = topk_ids(rng, T, E, k)
     ids[ids == 2] = 0  # expert 2 empty
     q, perm, off = fused.moe_sort_quantize(x, ids, E, "mxfp4", device="cuda")
     assert ops == [FK.OP_SCATTER if scatter else FK.OP_GATHER]
@@ -383,7 +384,7 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank
         assert built_lanes == [0, 1, 1]  # (hidden 1000: not whole quads, the strided staged form)
     # more rows a token than OP_SCATTER holds in registers (MOE_SCATTER_MAX_K = 8): the gather
     ops.clear()
-    ids9 = np.stack([rng.permutation(10)[:9] for _ in range(2)])
+    ids9 = topk_ids(rng, 2, 10, 9)
     q9, perm9, _ = fused.moe_sort_quantize(x[:2, :64], ids9, 10, "mxfp4", device="cuda")
     assert ops == [FK.OP_GATHER]
     assert_q_equal(q9, nqdq.quantize(x[:2, :64][R.moe_sort(ids9, 10)[0]], "mxfp4"))

@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
-from _helpers import gpu_cupy_or_skip  # noqa: E402
+from _helpers import gpu_cupy_or_skip, topk_ids  # noqa: E402
 
 cp = gpu_cupy_or_skip()
 
@@ -195,7 +195,7 @@ def test_gpu_moe_ids_out_of_range():
     counts only the valid pairs."""
     rng = np.random.default_rng(6)
     x = to_gpu(rows(rng, 300, 256, "bfloat16"))
-    ids = np.stack([rng.permutation(16)[:2] for _ in range(300)]).astype(np.int32)
+    ids = topk_ids(rng, 300, 16, 2, np.int32)
     ids[100, 1] = 16
     with pytest.raises(ValueError, match="expert_ids"):
         fused.moe_sort_quantize(x, cp.asarray(ids), 16, "mxfp4", dtype="bfloat16")
@@ -250,7 +250,7 @@ def test_gpu_moe_hot_path():
     rng = np.random.default_rng(15)
     T, H, k, E = 200, 7168, 4, 32
     x = rows(rng, T, H, "bfloat16")
-    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    ids = topk_ids(rng, T, E, k, np.int32)
     xg, idg = to_gpu(x), cp.asarray(ids)
     assert_moe_spec(x, ids, E, fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16"))
     assert len(fused._MOE_FAST) == 1
@@ -280,7 +280,7 @@ def test_gpu_moe_check_returns_before_the_rows():
     rng = np.random.default_rng(29)
     T, H, k, E = 8192, 7168, 4, 256
     x = rows(rng, T, H, "bfloat16")
-    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    ids = topk_ids(rng, T, E, k, np.int32)
     xg, idg = to_gpu(x), cp.asarray(ids)
     fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")  # plans it
     st = cp.cuda.get_current_stream()
@@ -313,7 +313,7 @@ def test_gpu_moe_scatter_and_gather(scatter, stage, blocks, monkeypatch):
     T, H, k, E = 333, 7168, 4, 64
     x = rows(rng, T, H, "bfloat16")
     x[7, 100], x[300, 7167] = np.inf, np.nan
-    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int64)
+    ids = topk_ids(rng, T, E, k)
     assert_moe_spec(x, ids, E, fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16"))
 
 
@@ -337,7 +337,7 @@ def test_gpu_moe_defaults(T, H, k, min_pairs, monkeypatch):
     x = rows(rng, T, H, "bfloat16")
     x[7, 100], x[T - 1, H - 1], x[T // 2, 40] = np.inf, np.nan, -np.inf
     E = 256
-    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    ids = topk_ids(rng, T, E, k, np.int32)
     xg, idg = to_gpu(x), cp.asarray(ids)
     first = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")
     assert fused._MOE_FAST  # (remembered: the next call is the planned one)
@@ -375,7 +375,7 @@ def test_gpu_moe_local(T, H, k, E, idt, bad, monkeypatch):
     rng = np.random.default_rng(T + H + E)
     x = rows(rng, T, H, "bfloat16")
     x[0, 5], x[T - 1, H - 1] = np.inf, np.nan
-    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(idt)
+    ids = topk_ids(rng, T, E, k, idt)
     if bad:
         ids[1, 0], ids[T // 2, k - 1], ids[T - 1, 1] = E, -1, E + 100
     xg, idg = to_gpu(x), cp.asarray(ids)
@@ -402,7 +402,7 @@ def test_gpu_moe_sort_quantize(T, k, E):
     rng = np.random.default_rng(4)
     H = 7168 if T <= 300 else 512
     x = rows(rng, T, H, "bfloat16")
-    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    ids = topk_ids(rng, T, E, k, np.int32)
     if E > 8:
         ids[ids >= E - 8] = 3  # experts E-8.. empty
     assert_moe_spec(x, ids, E, fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16"))
@@ -670,7 +670,7 @@ def test_gpu_session3_switches(switch, on, monkeypatch):
         np.testing.assert_array_equal(bits(q.codes), bits(codes))
         np.testing.assert_array_equal(bits(q.scales), bits(scales))
         x2 = x.reshape(77, 7168)
-        ids = np.stack([rng.permutation(16)[:2] for _ in range(77)]).astype(np.int32)
+        ids = topk_ids(rng, 77, 16, 2, np.int32)
         q, perm, _ = fused.moe_sort_quantize(to_gpu(x2), cp.asarray(ids), 16, "mxfp4", dtype="bfloat16")
         perm_ref, _ = R.moe_sort(ids, 16)
         codes, scales = ref_q(RQ.quantize(x2.astype(np.float32)[perm_ref], sch), sch)
