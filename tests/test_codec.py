@@ -82,6 +82,38 @@ def test_encode_saturating(name):
         assert_codes_equal(got, want, x, name, f"saturate=True, {label}")
 
 
+def test_encode_in_chunks(monkeypatch):
+    """Arrays larger than codec.CHUNK are encoded a chunk at a time (the int64 temporaries
+    stay small): with a chunk of 12 elements, odd sizes and 2-D shapes whose rows straddle
+    chunks, every float format against ml_dtypes, stochastic codes and integer codes against
+    the same functions in one pass, and random bits of another size refused."""
+    from nqdq.formats import get_format
+    from nqdq.reference import codec
+    from nqdq.reference.rng import random_bits
+
+    monkeypatch.setattr(codec, "CHUNK", 12)
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((7, 143)) * 30).astype(np.float32)
+    x.flat[::50] = np.nan
+    x.flat[3::70] = -np.inf
+    x.flat[5::41] = -0.0
+    r = random_bits(9, x.size).reshape(x.shape)
+    for name in FLOAT_FORMATS:
+        fmt = get_format(name)
+        got = codec.encode_float(x, fmt, saturate=False)
+        assert got.shape == x.shape and got.dtype == np.uint8
+        assert_codes_equal(got, ml_codes(x, name), x, name, "in chunks")
+        np.testing.assert_array_equal(codec.encode_float(x, fmt, rbits=r),
+                                      codec.encode_float.__wrapped__(x, fmt, rbits=r))
+    for name in ("int8", "int4"):
+        for sym in (True, False):
+            fmt = get_format(name)
+            got = codec.encode_int(x[:, 1:], fmt, symmetric=sym, rbits=r[:, 1:])  # (a strided view)
+            np.testing.assert_array_equal(got, codec.encode_int.__wrapped__(x[:, 1:], fmt, symmetric=sym, rbits=r[:, 1:]))
+    with pytest.raises(ValueError, match="rbits has 1000 elements"):
+        codec.encode_float(x, get_format("e4m3"), rbits=r.reshape(-1)[:1000])
+
+
 @pytest.mark.parametrize("name", FLOAT_FORMATS)
 @pytest.mark.parametrize("saturate", [False, True])
 def test_encode_equals_exact_oracle(name, saturate):
@@ -364,6 +396,16 @@ def test_int_decode_every_code():
     # int4 nibbles 0..15 are two's complement: 0..7, -8..-1; two per byte, low nibble first
     packed = np.array([0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE], np.uint8)
     assert nqdq.decode(packed, "int4").tolist() == list(range(8)) + list(range(-8, 0))
+    # the codec on byte codes (a table of every byte value) and on wider integers (the rule)
+    from nqdq.formats import get_format
+    from nqdq.reference.codec import decode_int
+
+    b = np.arange(256, dtype=np.uint8)
+    assert decode_int(b, get_format("int8"), symmetric=False).tolist() == list(range(256))  # zero-point codes
+    assert decode_int(b, get_format("int8")).tolist() == list(range(128)) + list(range(-128, 0))
+    assert decode_int(b.reshape(16, 16), get_format("int4")).reshape(-1).tolist() == [((v & 15) ^ 8) - 8 for v in range(256)]
+    assert decode_int(np.array([3, -3, 300], np.int16), get_format("int8"), symmetric=False).tolist() == [3, -3, 300]
+    assert decode_int(b, get_format("int8")).dtype == np.float32
 
 
 def test_encode_int_rejects_saturate_false():

@@ -19,9 +19,15 @@ NaN inputs: formats with a NaN keep the sign (``0x7F``/``0xFF`` for e4m3fn,
 sign bit is the *complement* of the NaN's sign bit, which is what ml_dtypes 0.5-0.6 does
 (``float4_e2m1fn(nan) == -0.0``). Inside :func:`nqdq.quantize` a NaN always also makes its
 block's scale NaN, so the block decodes to NaN whatever its codes are.
+
+Large arrays are encoded ``CHUNK`` elements at a time (:func:`in_chunks`): every element is
+computed on its own, so the codes are the same, and the int64 temporaries of the steps above
+stay in the CPU's caches (a 4096x7168 float32 array to e4m3: about 13x faster than in one pass).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -36,7 +42,35 @@ __all__ = [
     "decode_e8m0",
     "float_code_table",
     "split_float",
+    "in_chunks",
 ]
+
+CHUNK = 1 << 16  # elements an elementwise encode takes at a time (a multiple of 4: rng's blocks)
+
+
+def in_chunks(fn):
+    """``fn(x, *args, rbits=None, **kw)``, elementwise in ``x`` and its random bits ``rbits``
+    (same size), evaluated ``CHUNK`` elements at a time into one array of ``x``'s shape: the
+    same result, with temporaries of ``CHUNK`` elements instead of ``x.size``."""
+
+    @functools.wraps(fn)
+    def run(x, *args, rbits=None, **kw):
+        x = np.asarray(x)
+        if x.size <= CHUNK:
+            return fn(x, *args, rbits=rbits, **kw)
+        if rbits is not None and np.size(rbits) != x.size:
+            raise ValueError(f"rbits has {np.size(rbits)} elements, x has {x.size}")
+        flat = np.ascontiguousarray(x).reshape(-1)
+        rflat = None if rbits is None else np.ascontiguousarray(rbits).reshape(-1)
+        out = None
+        for i in range(0, flat.size, CHUNK):
+            part = fn(flat[i : i + CHUNK], *args, rbits=None if rflat is None else rflat[i : i + CHUNK], **kw)
+            if out is None:
+                out = np.empty(flat.size, part.dtype)
+            out[i : i + CHUNK] = part
+        return out.reshape(x.shape)
+
+    return run
 
 _SRC = {
     np.dtype(np.float32): (np.uint32, 8, 23),
@@ -89,6 +123,7 @@ def _round_shift(m, t, rbits):
     return q + up.astype(np.int64)
 
 
+@in_chunks
 def encode_float(x: np.ndarray, fmt: FloatFormat, *, saturate: bool = True, rbits=None):
     """Encode float32/float64 ``x`` to ``fmt`` codes (uint8, one code per byte).
 
@@ -159,6 +194,7 @@ def rint_stochastic(v: np.ndarray, rbits) -> np.ndarray:
     return fl + (u < frac).astype(np.float32)
 
 
+@in_chunks
 def encode_int(x: np.ndarray, fmt: IntFormat, *, symmetric: bool = True, rbits=None):
     """Round float32 ``x`` to integers (RNE or stochastic) and saturate to the code range.
 
@@ -175,8 +211,17 @@ def encode_int(x: np.ndarray, fmt: IntFormat, *, symmetric: bool = True, rbits=N
 
 
 def decode_int(codes: np.ndarray, fmt: IntFormat, *, symmetric: bool = True) -> np.ndarray:
-    """float32 values of integer codes; a 4-bit symmetric code is sign-extended from its nibble."""
-    c = np.asarray(codes).astype(np.int64)
+    """float32 values of integer codes; a 4-bit symmetric code is sign-extended from its nibble.
+    Byte codes (int8, uint8) are looked up in a table of the same rule over every byte value."""
+    c = np.asarray(codes)
+    if c.dtype in (np.int8, np.uint8):
+        table = _int_values(np.arange(256, dtype=np.uint8).view(c.dtype), fmt, symmetric)
+        return table[c.view(np.uint8)]
+    return _int_values(c, fmt, symmetric)
+
+
+def _int_values(codes, fmt: IntFormat, symmetric: bool) -> np.ndarray:
+    c = codes.astype(np.int64)
     if symmetric:
         c = c & ((1 << fmt.bits) - 1)
         c = np.where(c >= (1 << (fmt.bits - 1)), c - (1 << fmt.bits), c)
