@@ -216,6 +216,27 @@ def test_reference_norm_within_one_ulp_of_float64(n, dtype, wdtype):
     assert ulps_from_float64(y, x, w, 1e-6).max() <= 1.0
 
 
+def test_reference_norm_rows_in_chunks(monkeypatch):
+    """R.rmsnorm takes whole rows about R.CHUNK elements at a time: with a chunk of 2 rows
+    (and a remainder of 1) every row equals that row normalized alone, non-finite and
+    3-D inputs included, and the 1-ulp bound holds."""
+    rng = np.random.default_rng(3)
+    n = 200
+    x = rows(rng, 15, n, "bfloat16", spread=8).astype(np.float32)
+    x[4, 7] = np.inf
+    x[9, 0] = np.nan
+    x[11] = 0.0
+    w = rng.standard_normal(n).astype(BF16).astype(np.float32)
+    alone = np.stack([R.rmsnorm(x[i : i + 1], w, 1e-6, "bfloat16", "bfloat16")[0] for i in range(15)])
+    monkeypatch.setattr(R, "CHUNK", 2 * n)
+    y = R.rmsnorm(x, w, 1e-6, "bfloat16", "bfloat16")
+    np.testing.assert_array_equal(y.view(np.uint32), alone.view(np.uint32))
+    y3 = R.rmsnorm(x.reshape(3, 5, n), w, 1e-6, "bfloat16", "bfloat16")
+    np.testing.assert_array_equal(y3.reshape(15, n).view(np.uint32), alone.view(np.uint32))
+    fine = np.isfinite(x).all(axis=1) & (np.abs(x).sum(axis=1) > 0)
+    assert ulps_from_float64(y[fine], x[fine], w, 1e-6).max() <= 1.0
+
+
 def test_reference_is_the_unfused_composition():
     """rmsnorm_quantize == nqdq.quantize(rmsnorm(...)) for every scheme (the spec's definition)."""
     rng = np.random.default_rng(11)
