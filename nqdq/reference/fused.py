@@ -52,6 +52,7 @@ import numpy as np
 
 from ..schemes import Scheme
 from . import quantize as ref
+from .codec import settle_allocator
 
 __all__ = [
     "two_sum", "split", "two_prod", "rsqrt_mean", "normalize",
@@ -252,6 +253,7 @@ def rmsnorm(x32, w32, eps, dtype_name: str, wdtype_name: str):
     nrows = x32.size // n if n else 0
     if nrows <= step:
         return rows(x32)
+    settle_allocator()
     flat = x32.reshape(nrows, n)
     y = np.empty(flat.shape, F32)
     for i in range(0, flat.shape[0], step):

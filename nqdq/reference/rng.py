@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .codec import settle_allocator
+
 __all__ = ["philox4x32_10", "random_bits"]
 
 PHILOX_M0 = 0xD2511F53
@@ -47,6 +49,8 @@ def random_bits(seed: int, n: int) -> np.ndarray:
     seed = int(seed) & 0xFFFFFFFFFFFFFFFF
     key = (np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32))
     out = np.empty(n, np.uint32)
+    if n > CHUNK:
+        settle_allocator()
     for i in range(0, n, CHUNK):
         m = min(CHUNK, n - i)
         blocks = np.arange(i // 4, -(-(i + m) // 4), dtype=np.uint64)
