@@ -22,7 +22,8 @@ block's scale NaN, so the block decodes to NaN whatever its codes are.
 
 Large arrays are encoded ``CHUNK`` elements at a time (:func:`in_chunks`): every element is
 computed on its own, so the codes are the same, and the int64 temporaries of the steps above
-stay in the CPU's caches (a 4096x7168 float32 array to e4m3: about 13x faster than in one pass).
+stay in the CPU's caches (a 4096x7168 float32 array to e4m3: 7-16x faster than in one pass on
+the 2-core CI machine; docs/performance.md, thirtieth session).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ __all__ = [
     "settle_allocator",
 ]
 
-CHUNK = 1 << 16  # elements an elementwise encode takes at a time (a multiple of 4: rng's blocks)
-_SETTLED = []  # settle_allocator ran (once a process)
+CHUNK = 1 << 16  # elements an elementwise encode takes at a time
+_settled = False  # settle_allocator ran (once a process)
 
 
 def settle_allocator():
@@ -57,10 +58,11 @@ def settle_allocator():
     free of a mapped block below 32 MiB raises the threshold to that block's size, as a
     program that frees such an array does. A chunk's int64 temporaries are 512 KiB each, so
     an input whose own arrays are all larger than 32 MiB never raised it: float32 16384x7168
-    to fp8 took 5.0 s a call, against 2.0 s after this. One untouched block of just under
-    32 MiB, allocated and freed, raises it; other allocators ignore it."""
-    if not _SETTLED:
-        _SETTLED.append(True)
+    to fp8 took 5.0-8.7 s a call, against 1.8-3.9 s after this (the CI machine). One untouched
+    block of just under 32 MiB, allocated and freed, raises it; other allocators ignore it."""
+    global _settled
+    if not _settled:
+        _settled = True
         np.empty((32 << 20) - (1 << 16), np.uint8)  # (freed at once)
 
 
