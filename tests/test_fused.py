@@ -217,7 +217,7 @@ def test_reference_norm_within_one_ulp_of_float64(n, dtype, wdtype):
 
 
 def test_reference_norm_rows_in_chunks(monkeypatch):
-    """R.rmsnorm takes whole rows about R.CHUNK elements at a time: with a chunk of 2 rows
+    """R.rmsnorm takes whole rows about codec.CHUNK elements at a time: with a chunk of 2 rows
     (and a remainder of 1) every row equals that row normalized alone, non-finite and
     3-D inputs included, and the 1-ulp bound holds."""
     rng = np.random.default_rng(3)
@@ -228,7 +228,9 @@ def test_reference_norm_rows_in_chunks(monkeypatch):
     x[11] = 0.0
     w = rng.standard_normal(n).astype(BF16).astype(np.float32)
     alone = np.stack([R.rmsnorm(x[i : i + 1], w, 1e-6, "bfloat16", "bfloat16")[0] for i in range(15)])
-    monkeypatch.setattr(R, "CHUNK", 2 * n)
+    from nqdq.reference import codec
+
+    monkeypatch.setattr(codec, "CHUNK", 2 * n)
     y = R.rmsnorm(x, w, 1e-6, "bfloat16", "bfloat16")
     np.testing.assert_array_equal(y.view(np.uint32), alone.view(np.uint32))
     y3 = R.rmsnorm(x.reshape(3, 5, n), w, 1e-6, "bfloat16", "bfloat16")

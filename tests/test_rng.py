@@ -54,16 +54,16 @@ def test_random_bits_layout():
 
 
 def test_random_bits_in_chunks(monkeypatch):
-    """random_bits works rng.CHUNK elements (whole blocks) at a time: with a chunk of 8, the
-    words of blocks computed in one vectorized call, for sizes that end inside a block."""
-    from nqdq.reference import rng
+    """random_bits works codec.CHUNK elements (whole blocks) at a time: with a chunk of 8,
+    the words of blocks computed in one vectorized call, for sizes that end inside a block."""
+    from nqdq.reference import codec
 
     seed = (0x299F31D0 << 32) | 0xA4093822
     blocks = np.arange(10, dtype=np.uint32)
     zero = np.zeros_like(blocks)
     want = np.stack(philox4x32_10((blocks, zero, zero, zero), (np.uint32(0xA4093822), np.uint32(0x299F31D0))),
                     axis=-1).reshape(-1)
-    monkeypatch.setattr(rng, "CHUNK", 8)
+    monkeypatch.setattr(codec, "CHUNK", 8)
     for n in (0, 1, 7, 8, 9, 23, 37, 40):
         got = random_bits(seed, n)
         assert got.dtype == np.uint32 and got.shape == (n,)

@@ -47,7 +47,9 @@ __all__ = [
     "settle_allocator",
 ]
 
-CHUNK = 1 << 16  # elements an elementwise encode takes at a time
+# elements a chunked loop of the reference takes at a time: in_chunks' encodes, rng.random_bits
+# (a multiple of 4: whole Philox blocks), fused.rmsnorm's rows
+CHUNK = 1 << 16
 _settled = False  # settle_allocator ran (once a process)
 
 

@@ -52,7 +52,7 @@ import numpy as np
 
 from ..schemes import Scheme
 from . import quantize as ref
-from .codec import settle_allocator
+from . import codec
 
 __all__ = [
     "two_sum", "split", "two_prod", "rsqrt_mean", "normalize",
@@ -76,7 +76,6 @@ UNIT = 8  # elements per unit of the sum's order (16 bytes of a 16-bit row)
 WARP = 32
 MAX_UNITS_PER_THREAD = 8  # U <= this; warps are added until it holds (at most 32)
 MAX_ROW = UNIT * WARP * 32 * MAX_UNITS_PER_THREAD  # 65536 elements: the longest row the kernels hold
-CHUNK = 1 << 16  # elements rmsnorm takes at a time (whole rows, at least one)
 
 
 # ----------------------------------------------------------------------------- error-free ops
@@ -238,7 +237,7 @@ def add_residual(x32, res32, dtype_name: str):
 def rmsnorm(x32, w32, eps, dtype_name: str, wdtype_name: str):
     """RMSNorm of float32 rows ``x32`` (exact values of ``dtype_name``) over the last axis:
     float32 y, in the order of the module docstring. Rows are independent: they are taken
-    about ``CHUNK`` elements at a time, so that the float64 and float-float temporaries
+    about ``codec.CHUNK`` elements at a time, so that the float64 and float-float temporaries
     stay in the CPU's caches (the same values)."""
     x32 = np.asarray(x32, F32)
     n = x32.shape[-1]
@@ -249,11 +248,11 @@ def rmsnorm(x32, w32, eps, dtype_name: str, wdtype_name: str):
         r1, r2 = rsqrt_mean(s_hi, s_lo, n, eps)
         return normalize(h, w32, r1, r2, xbits, wbits)
 
-    step = max(1, CHUNK // max(n, 1))
+    step = max(1, codec.CHUNK // max(n, 1))
     nrows = x32.size // n if n else 0
     if nrows <= step:
         return rows(x32)
-    settle_allocator()
+    codec.settle_allocator()
     flat = x32.reshape(nrows, n)
     y = np.empty(flat.shape, F32)
     for i in range(0, flat.shape[0], step):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .codec import settle_allocator
+from . import codec
 
 __all__ = ["philox4x32_10", "random_bits"]
 
@@ -20,7 +20,6 @@ PHILOX_M1 = 0xCD9E8D57
 PHILOX_W0 = 0x9E3779B9  # golden ratio
 PHILOX_W1 = 0xBB67AE85  # sqrt(3) - 1
 _MASK32 = np.uint64(0xFFFFFFFF)
-CHUNK = 1 << 16  # elements random_bits computes at a time (a multiple of 4: whole blocks)
 
 
 def _mulhilo(a: int, b: np.ndarray):
@@ -44,15 +43,17 @@ def philox4x32_10(counter, key):
 
 def random_bits(seed: int, n: int) -> np.ndarray:
     """32 random bits for each of ``n`` elements (linear indices 0..n-1), as uint32;
-    computed ``CHUNK`` elements (whole Philox blocks) at a time, so that the uint64
+    computed ``codec.CHUNK`` elements (whole Philox blocks) at a time, so that the uint64
     temporaries of the rounds stay small."""
     seed = int(seed) & 0xFFFFFFFFFFFFFFFF
     key = (np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32))
+    step = codec.CHUNK
+    assert step % 4 == 0, step
     out = np.empty(n, np.uint32)
-    if n > CHUNK:
-        settle_allocator()
-    for i in range(0, n, CHUNK):
-        m = min(CHUNK, n - i)
+    if n > step:
+        codec.settle_allocator()
+    for i in range(0, n, step):
+        m = min(step, n - i)
         blocks = np.arange(i // 4, -(-(i + m) // 4), dtype=np.uint64)
         zero = np.zeros_like(blocks)
         words = philox4x32_10((blocks & _MASK32, blocks >> np.uint64(32), zero, zero), key)
