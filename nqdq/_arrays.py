@@ -5,6 +5,9 @@ Every error names the argument it is about.
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import ml_dtypes
 import numpy as np
 
@@ -100,6 +103,40 @@ def use_device(x, device, argname: str = "x") -> bool:
             raise ValueError(f"{argname} is a GPU array but device='cpu'; copy it to the host first (e.g. {argname}.get())")
         return False
     return device in ("cuda", "gpu") or is_device_array(x)
+
+
+def on_gpu_of(*names):
+    """Decorator: a call whose named arguments hold GPU arrays runs with their GPU current
+    (``nqdq.kernels._devices.guard``: kernels, outputs and stream on the arrays' device; a
+    ValueError where two are on different GPUs). A name may reach into an argument by
+    attribute, ``"q.codes"``. Host arrays: the call as it is."""
+
+    def deco(fn):
+        params = list(inspect.signature(fn).parameters)
+        where = []
+        for name in names:
+            arg, _, attr = name.partition(".")
+            where.append((name, params.index(arg), arg, attr))
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            named = []
+            for name, i, arg, attr in where:
+                a = args[i] if i < len(args) else kwargs.get(arg)
+                if attr:
+                    a = getattr(a, attr, None)
+                if is_device_array(a):
+                    named.append((name, a))
+            if not named:
+                return fn(*args, **kwargs)
+            from .kernels._devices import guard
+
+            with guard(*named):
+                return fn(*args, **kwargs)
+
+        return call
+
+    return deco
 
 
 def device_astype(values, dtype):

@@ -3,6 +3,8 @@ backend and wraps the result; the numerics live in ``nqdq.reference`` (and the k
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from . import _arrays
@@ -70,18 +72,27 @@ def quantize(
         (CuPy has no bfloat16 dtype); None reads ``x.dtype``.
 
     GPU arrays (CuPy, ``__cuda_array_interface__``, CUDA DLPack) stay on the GPU: the result
-    holds arrays of the same library (CuPy when installed).
+    holds arrays of the same library (CuPy when installed), on the GPU that holds ``x``
+    (whichever device is current; the call leaves the current device as it was).
     """
     if type(x) is _cupy_ndarray and scale is None and seed is None and (device is None or device == "cuda"):
-        # the hot path: a repeated call with a CuPy array (see _fast_quantizer)
+        # the hot path: a repeated call with a CuPy array on the current GPU (see _fast_quantizer)
         try:
             key = (scheme, granularity, axis, group_size, block_shape, symmetric, scale_rounding, rounding,
-                   scale_layout, nonfinite, dtype, x.shape, x.dtype.char)  # fmt: skip
+                   scale_layout, nonfinite, dtype, x.shape, x.dtype.char, x.data.device_id)  # fmt: skip
             fq = _FAST.get(key)
         except TypeError:  # an unhashable argument (a list for block_shape, ...)
             fq = None
-        if fq is not None and x._c_contiguous:
+        if fq is not None and x._c_contiguous and _current_gpu() == key[-1]:
             return fq(x)
+    return _quantize(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding, rounding,
+                     seed, scale_layout, device, nonfinite, dtype)  # fmt: skip
+
+
+@_arrays.on_gpu_of("x")
+def _quantize(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding, rounding, seed,
+              scale_layout, device, nonfinite, dtype):  # fmt: skip
+    """quantize's general path, on x's GPU where x is a GPU array (every check, the plan)."""
     on_device = _arrays.use_device(x, device)
     if on_device:
         from .kernels import quantize as kq
@@ -131,7 +142,7 @@ def quantize(
             try:
                 _remember(
                     (scheme, granularity, axis, group_size, block_shape, symmetric, scale_rounding, rounding,
-                     scale_layout, nonfinite, dtype, x.shape, x.dtype.char),
+                     scale_layout, nonfinite, dtype, x.shape, x.dtype.char, x.data.device_id),
                     fq,
                 )  # fmt: skip
             except TypeError:
@@ -161,7 +172,8 @@ def quantize(
 
 # ----------------------------------------------------------------------------- the GPU hot path
 # A repeated nqdq.quantize call with a C-contiguous CuPy array and the same arguments
-# (scheme options, shape, dtype) skips every check and plan: the first call validates
+# (scheme options, shape, dtype, the array's GPU, which must be the current one: the
+# remembered function allocates and launches there) skips every check and plan: the first call validates
 # the arguments on the general path, and when the result needs no per-call host work
 # (no static scale, no stochastic rounding, nonfinite="propagate") remembers a function
 # that only allocates the outputs and launches the planned kernels
@@ -172,11 +184,12 @@ def quantize(
 _FAST: dict = None  # set below
 _FAST_MAX = 256
 _cupy_ndarray = None  # cupy.ndarray once a CuPy input was seen (nqdq never imports CuPy itself)
+_current_gpu = None  # cupy.cuda.runtime.getDevice, set with _cupy_ndarray
 
 
 def _fast_quantizer(x, sch, shape, dtype_name, kind):
     """``fq(x) -> QuantizedTensor`` for this call's arguments, or None."""
-    global _cupy_ndarray
+    global _cupy_ndarray, _current_gpu
     from .kernels import quantize as kq
     from .kernels._interop import is_cupy
 
@@ -186,6 +199,7 @@ def _fast_quantizer(x, sch, shape, dtype_name, kind):
     if run is None:
         return None
     if _cupy_ndarray is None:
+        _current_gpu = sys.modules["cupy"].cuda.runtime.getDevice
         _cupy_ndarray = type(x)
     QT = QuantizedTensor
 
@@ -222,6 +236,7 @@ def clear_fast_path():
     fused._MOE_FAST.clear()
 
 
+@_arrays.on_gpu_of("q.codes")
 def dequantize(q: QuantizedTensor, dtype=np.float32, *, device=None):
     """Decode ``q`` to ``dtype`` (float32, float16 or bfloat16): values are computed in
     float32, then rounded to ``dtype`` (nearest even). A ``q`` holding GPU arrays (or

@@ -14,6 +14,8 @@ static), ``"fp8_1x128"``, ``"mxfp4"`` (and ``"mxfp8"``).
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from . import _arrays
@@ -113,6 +115,7 @@ def _residual_out(a, dtype_name, lib, x):
 
 
 # ----------------------------------------------------------------------------- public ops
+@_arrays.on_gpu_of("x", "weight", "residual")
 def rmsnorm(x, weight, eps=1e-6, residual=None, *, device=None, dtype=None, weight_dtype=None):
     """RMSNorm over the last axis as float32 y (reference/fused's order): the first half of
     the unfused composition. Returns y, or (y, new residual) when ``residual`` is given."""
@@ -140,6 +143,7 @@ def rmsnorm(x, weight, eps=1e-6, residual=None, *, device=None, dtype=None, weig
     return y, _residual_out(alloc.to_lib(out["newres"], xin.shape), xin.dtype, xin.lib, x)
 
 
+@_arrays.on_gpu_of("x", "weight", "residual")
 def rmsnorm_quantize(x, weight, scheme, eps=1e-6, residual=None, scale=None, device=None, *, dtype=None,
                      weight_dtype=None):
     """Quantize RMSNorm(x [+ residual]) * weight under ``scheme``, in one pass on the GPU.
@@ -194,6 +198,7 @@ def _to_device(host, alloc):
     return cuda.to_device(host)
 
 
+@_arrays.on_gpu_of("x")
 def flatten_quantize(x, scheme, *, device=None, dtype=None):
     """Quantize a [B, H, D] array as [B, H*D] (row b = x[b] in C order of (h, d)). On the GPU a
     strided view (e.g. ``a.transpose(1, 0, 2)`` of a [H, B, D] array) is read in place when
@@ -285,9 +290,17 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
     call on a stream capturing a CUDA graph must pass it (else RuntimeError).
     """
     if type(x) is _cupy_ndarray and type(expert_ids) is _cupy_ndarray and (device is None or device == "cuda"):
-        fm = _MOE_FAST.get(_moe_key(x, expert_ids, num_experts, scheme, dtype))  # the hot path (_remember_moe)
-        if fm is not None and x._c_contiguous and expert_ids._c_contiguous and x.data.ptr % 16 == 0:
+        key = _moe_key(x, expert_ids, num_experts, scheme, dtype)  # the hot path (_remember_moe)
+        fm = _MOE_FAST.get(key)
+        if (fm is not None and x._c_contiguous and expert_ids._c_contiguous and x.data.ptr % 16 == 0
+                and expert_ids.data.device_id == key[0] == _current_gpu()):  # fmt: skip
             return fm(x, expert_ids, check_ids)
+    return _moe_sort_quantize(x, expert_ids, num_experts, scheme, device, dtype, check_ids)
+
+
+@_arrays.on_gpu_of("x", "expert_ids")
+def _moe_sort_quantize(x, expert_ids, num_experts, scheme, device, dtype, check_ids):
+    """moe_sort_quantize's general path, on the arrays' GPU (every check, the plan)."""
     sch = _scheme(scheme, None)
     if isinstance(num_experts, bool) or not isinstance(num_experts, (int, np.integer)) or num_experts < 1:
         raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
@@ -352,14 +365,15 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
 _MOE_FAST: dict = {}
 _MOE_FAST_MAX = 64
 _cupy_ndarray = None  # cupy.ndarray once a CuPy input reached the hot path's builder
+_current_gpu = None  # cupy.cuda.runtime.getDevice, set with _cupy_ndarray
 _KF = _FR = None  # nqdq.kernels.fused / _fused_rows, set by _remember_moe before any hot call can come
 
 
 def _moe_key(x, ids, num_experts, scheme, dtype):
-    """The hot path's key: the call's shapes, dtypes and arguments, then (last) the build
-    switches moe_plan takes."""
+    """The hot path's key: x's GPU (first), the call's shapes, dtypes and arguments, then
+    (last) the build switches moe_plan takes."""
     try:
-        return (x.shape, x.dtype.char, ids.shape, ids.dtype.char, num_experts, scheme, dtype,
+        return (x.data.device_id, x.shape, x.dtype.char, ids.shape, ids.dtype.char, num_experts, scheme, dtype,
                 (_KF.MOE_SCATTER, _KF.MOE_UNITS, _KF.MOE_SORT1, _KF.MOE_PDL, _KF.MOE_STAGE, _KF.MOE_STAGE_BLOCKS,
                  _KF.MOE_LANES, _KF.MOE_PIPE, _KF.MOE_RANK, _KF.MOE_RANK_MIN_PAIRS, _KF.MOE_LOCAL,
                  _KF.MOE_LOCAL_MAX_PAIRS, _KF.MOE_CHECK,
@@ -369,7 +383,7 @@ def _moe_key(x, ids, num_experts, scheme, dtype):
 
 
 def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
-    global _cupy_ndarray, _KF, _FR
+    global _cupy_ndarray, _current_gpu, _KF, _FR
     from .api import remember_bounded
     from .kernels import _fused_rows
     from .kernels import fused as KF
@@ -385,9 +399,11 @@ def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
         return
     tokens, hidden = (int(v) for v in xin.shape)
     k = int(expert_ids.shape[1])
-    run = KF.moe_plan(tokens, hidden, k, num_experts, xin.kind, xin.dtype, expert_ids.dtype.char, sch, key[-1])
+    run = KF.moe_plan(key[0], tokens, hidden, k, num_experts, xin.kind, xin.dtype, expert_ids.dtype.char, sch,
+                      key[-1])  # fmt: skip
     if run is None:
         return
+    _current_gpu = sys.modules["cupy"].cuda.runtime.getDevice
     _cupy_ndarray = type(x)
     tk, E, shape, dname = tokens * k, num_experts, (tokens * k, hidden), xin.dtype
 

@@ -104,6 +104,7 @@ def _operand(q, name: str, role: str, xp) -> _Operand:
     return _Operand(q.codes, elem.name, scales.reshape(-1), "block")
 
 
+@_arrays.on_gpu_of("qa.codes", "qb.codes", "bias")
 def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0, device=None):
     """``act(alpha * dequant(qa) @ dequant(qb).T + bias)`` as ``out_dtype``.
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import _arrays
 from .formats import FloatFormat
 from .reference.packing import unpack_codes
 from .schemes import Scheme, bits_per_value
@@ -71,6 +72,7 @@ class QuantizedTensor:
         signed = not isinstance(elem, FloatFormat) and self.scheme.symmetric
         return unpack_codes(codes, elem.bits, self.shape[-1], signed=signed)
 
+    @_arrays.on_gpu_of("self.scales")
     def with_layout(self, scale_layout: str) -> "QuantizedTensor":
         """A new QuantizedTensor whose scales are stored in ``scale_layout`` (one of
         ``nqdq.reference.layouts.LAYOUTS``); the other arrays are shared, not copied.

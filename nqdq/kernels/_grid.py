@@ -46,6 +46,7 @@ import threading
 import numpy as np
 from numba import cuda
 
+from . import _devices
 from ._target import SIMULATOR, devfn
 
 __all__ = ["grid_max", "done_bit", "arrive", "mark_done", "missing", "wait_done", "leave_done", "grid_max_publish",
@@ -247,7 +248,8 @@ def grid_max_read(tid, sync, slot):
 class StreamWorkspaces:
     """One zeroed ``grid_max`` workspace per CUDA stream, for the host side of a plan's
     direct (not captured) calls: ``get(stream)`` -> the device address of ``stream``'s
-    workspace, allocated and zeroed in that stream on first use. Safe because the kernels
+    workspace, allocated and zeroed in that stream on first use (a default stream's handle,
+    the same on every GPU, is told apart by the current GPU: _devices). Safe because the kernels
     leave it zero (``grid_max``) and kernels of one stream run one after another. A dict
     entry keeps its CuPy ``Stream`` object alive, so a handle in the dict is never a
     destroyed stream's reused by a new one; at most ``limit`` streams are kept (the oldest
@@ -264,8 +266,8 @@ class StreamWorkspaces:
 
     def get(self, stream):
         key = stream.ptr
-        if key == _PER_THREAD:  # one handle, a different stream in every host thread
-            key = (key, threading.get_ident())
+        if key <= _PER_THREAD:  # the default streams: one handle on every GPU (and per-thread's in every thread)
+            key = (key, _devices.current(), threading.get_ident() if key == _PER_THREAD else 0)
         e = self._by_ptr.get(key)
         if e is None:
             e = self._new(stream, key)

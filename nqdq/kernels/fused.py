@@ -577,11 +577,12 @@ class _PlanAlloc:
 
 
 @lru_cache(maxsize=64)
-def moe_plan(tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtype_name: str, ids_char: str, sch: Scheme,
-             switches: tuple):
+def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, kind: int, dtype_name: str,
+             ids_char: str, sch: Scheme, switches: tuple):
     """``run(x, ids, flag=0) -> (codes, scales, perm, offsets)`` for moe_sort_quantize on
-    C-contiguous CuPy arrays of these shapes and dtypes (x: 16-byte aligned; ids: int32 or int64, the
-    char ``ids_char``), on CuPy's current stream: one ``cupy.cuda.alloc`` for every output and
+    C-contiguous CuPy arrays of these shapes and dtypes (x: 16-byte aligned; ids: int32 or int64,
+    the char ``ids_char``) on GPU ``device`` (current when built and called: _devices), on CuPy's
+    current stream: one ``cupy.cuda.alloc`` for every output and
     scratch array and the launches of the general path (moe_rank or moe_sort, run_rows: the
     same kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
     is the op's [E + 1] (moe_sort's but its last entry). None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0,

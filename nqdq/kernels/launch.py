@@ -10,8 +10,9 @@ driver call itself is about 4 (docs/performance.md):
 * compile once per argument signature (``dispatcher.compile(sig)``, Numba's own compiled
   module: same cubin, same linking, same module setup), and launch the current context's
   ``CUfunction`` of Numba's ``CUkernel`` (see :func:`_function_handle`);
-* per call, build a small cache key from the arguments (dtype, ndim, layout of arrays;
-  Python type of scalars), look the compiled entry up in an LRU, pack the arguments into a
+* per call, build a small cache key from the current device (an entry's ``CUfunction``
+  belongs to that device's context: ``_devices``) and the arguments (dtype, ndim, layout of
+  arrays; Python type of scalars), look the compiled entry up in an LRU, pack the arguments into a
   thread-local parameter buffer with one precompiled ``struct.Struct.pack_into`` and call
   ``cuLaunchKernel`` (CuPy's ``driver.launchKernel`` when CuPy is loaded, else
   ``cuda.bindings``') with a fixed ``void*[]`` pointing into it;
@@ -72,6 +73,8 @@ import struct
 import sys
 import threading
 import weakref
+
+from ._devices import current as _current_device
 
 __all__ = [
     "FastKernel", "PreparedLaunch", "fast_kernel", "simulated", "param_format", "ptx_param_sizes",
@@ -566,7 +569,7 @@ def _make_fast_launch(key, entry):
 # The public objects
 
 
-_ATTR_SET: set = set()  # (function handle, attribute, value) already set
+_ATTR_SET: set = set()  # (function handle, device, attribute, value) already set
 
 
 def dynamic_smem(kernel) -> int:
@@ -594,14 +597,14 @@ def cooperative(kernel) -> bool:
 
 def _set_function_attribute(kern, name, value):
     """cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_<name>, value) on Numba's own handle of every
-    compiled overload of ``kern``, once each (remembered in _ATTR_SET)."""
+    compiled overload of ``kern`` for the current device, once each (remembered in _ATTR_SET)."""
     from cuda.bindings.driver import CUfunction_attribute
     from numba.cuda.cudadrv import driver as drv
 
     attr = getattr(CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
     for compiled in kern.overloads.values():
-        fn = compiled._codelibrary.get_cufunc()
-        key = (int(fn.handle), name, value)
+        fn = compiled._codelibrary.get_cufunc()  # the current device's
+        key = (int(fn.handle), fn.device.id, name, value)
         if key not in _ATTR_SET:
             drv.driver.cuKernelSetAttribute(attr, value, fn.handle, fn.device.id)
             _ATTR_SET.add(key)
@@ -640,8 +643,9 @@ class FastKernel:
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
         self._fixed = None
-        self._fixed_entry = None
-        self._fast_launch = None  # specialised launcher for the last key seen (see _make_fast_launch)
+        self._fixed_entry = {}  # device -> the fixed signature's entry
+        self._fast_launch = None  # specialised launcher for the last key seen (see _make_fast_launch) ...
+        self._fast_device = None  # ... on this device
         self._cc = None
         self.smem = dynamic_smem(kernel)  # launched with this much dynamic shared memory where a launch gives 0
         self.cluster = cluster_size(kernel)  # > 1: cuLaunchKernelEx with this cluster dimension
@@ -688,7 +692,8 @@ class FastKernel:
             s = _cupy_current_stream().ptr
         else:
             s = _stream_handle(stream)
-        fl = self._fast_launch if self.cluster == 1 and not self.coop else None
+        dev = _current_device()
+        fl = self._fast_launch if self.cluster == 1 and not self.coop and self._fast_device == dev else None
         try:
             if fl is not None and fl(args, gx, gy, gz, bx, by, bz, shared_mem, s):
                 return
@@ -696,7 +701,7 @@ class FastKernel:
             raise TypeError(f"{self._name()}: an argument does not fit its parameter type: {e}") from None
         # the general path: key, LRU lookup (compiling on a miss), pack, launch
         try:
-            key = tuple(map(_arg_key, args))
+            key = (dev, *map(_arg_key, args))
         except TypeError:
             self._explain_args(args)
             raise
@@ -728,7 +733,8 @@ class FastKernel:
             err = _cu_launch(entry.handle, gx, gy, gz, bx, by, bz, shared_mem, s, addr, 0)[0]
             if err:
                 _raise_launch_error(err, self._name())
-        self._fast_launch = entry.fast_launch(key)  # the next call with this key skips the lookup
+        self._fast_launch = entry.fast_launch(key[1:])  # the next call with this key skips the lookup
+        self._fast_device = dev
 
     def __getitem__(self, config):
         """``fk[grid, block]``, ``fk[grid, block, stream]``, ``fk[grid, block, stream, shared_mem]``."""
@@ -749,7 +755,7 @@ class FastKernel:
         :class:`PreparedLaunch`. Under the simulator it launches through Numba."""
         if not self.fast:
             return PreparedLaunch(self, None, grid, block, args, shared_mem)
-        key = tuple(map(_arg_key, args))
+        key = (_current_device(), *map(_arg_key, args))
         entry = self._entries.get(key) or self._entry_for(key)
         return PreparedLaunch(self, None if entry is _NUMBA_LAUNCH else entry, grid, block, args, shared_mem)
 
@@ -758,7 +764,7 @@ class FastKernel:
         (None on the Numba path). Call before capturing a graph."""
         if not self.fast:
             return None
-        key = tuple(map(_arg_key, args))
+        key = (_current_device(), *map(_arg_key, args))
         entry = self._entries.get(key) or self._entry_for(key)
         return None if entry is _NUMBA_LAUNCH else entry
 
@@ -792,11 +798,14 @@ class FastKernel:
                 name = self.argnames[i] if i < len(self.argnames) else f"#{i}"
                 raise TypeError(f"{self._name()}: argument {name!r} is {e}") from None
 
-    def _entry_for(self, key):
+    def _entry_for(self, dev_key):
+        """The entry of ``dev_key`` = (device, argument keys...), compiled and loaded on that
+        device (the current one) on a miss."""
         with self._lock:
-            entry = self._entries.get(key)
+            entry = self._entries.get(dev_key)
             if entry is not None:
                 return entry
+            dev, key = dev_key[0], dev_key[1:]
             if self._fixed is not None:
                 if len(key) != len(self._fixed):
                     raise TypeError(f"{self._name()} takes {len(self._fixed)} arguments, got {len(key)}")
@@ -805,7 +814,7 @@ class FastKernel:
                         name = self.argnames[i] if i < len(self.argnames) else f"#{i}"
                         raise TypeError(f"{self._name()}: argument {name!r} ({k}) does not fit the signature's {t}")
                 argtypes = self._fixed
-                same = self._fixed_entry
+                same = self._fixed_entry.get(dev)
             else:
                 argtypes = tuple(_numba_type(k) for k in key)
                 same = None
@@ -831,10 +840,10 @@ class FastKernel:
                         self._cc = cuda.get_current_device().compute_capability
                     entry.check_abi(self._cc)
                 if self._fixed is not None:
-                    self._fixed_entry = entry
+                    self._fixed_entry[dev] = entry
             else:
                 entry = same
-            self._entries[key] = entry
+            self._entries[dev_key] = entry
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
             return entry
@@ -860,7 +869,8 @@ class PreparedLaunch:
     """A launch whose parameters were packed once: calling it only calls ``cuLaunchKernel``.
 
     It keeps references to its arguments (so their memory stays alive) and its own
-    parameter buffer. ``prepared(stream=None)`` launches on ``stream``.
+    parameter buffer. ``prepared(stream=None)`` launches on ``stream``, with the device that
+    prepared it current (its entry is that device's).
     """
 
     def __init__(self, fk: FastKernel, entry, grid, block, args, shared_mem):

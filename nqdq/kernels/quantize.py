@@ -77,6 +77,7 @@ from ..reference import quantize as ref
 from ..reference.packing import packed_length
 from ..reference.quantize import QuantParts
 from ..schemes import Scheme
+from . import _devices
 from . import _grid as GRID
 from . import _quantize_kernels as K
 from . import _rowwise_kernels as RK
@@ -550,9 +551,10 @@ _PLANS_LOCK = threading.Lock()
 
 
 def get_plan(shape, kind, sch: Scheme, *, packed=True, stoch=False, threads=None, static_scale=False) -> QuantPlan:
-    """The (LRU-cached) :class:`QuantPlan` of a quantize call."""
+    """The (LRU-cached) :class:`QuantPlan` of a quantize call on the current GPU (a plan's
+    grids follow its SM count, its runner holds its arrays and kernel handles: _devices)."""
     nt = threads or THREADS
-    key = (tuple(shape), kind, sch, bool(packed), bool(stoch), nt, bool(static_scale))
+    key = (tuple(shape), kind, sch, bool(packed), bool(stoch), nt, bool(static_scale), _devices.current())
     plan = _PLANS.get(key)
     if plan is not None:
         try:
