@@ -516,7 +516,7 @@ def main(argv=None):
     fkg = FastKernel(k)
 
     def general():  # drop the specialised launcher: key, LRU lookup, general packer
-        fkg._fast_launch = None
+        fkg._fast = (None, None)
         fkg.launch(grid, block, kargs)
 
     row("FastKernel.launch, general path", general)

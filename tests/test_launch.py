@@ -332,7 +332,7 @@ def test_gpu_raw_launch_equals_numba_launch_all_argument_kinds():
     fk.launch(1, 64, (a, out_fast) + args_common)  # general path (compiles)
     out_again = cupy.full(a.shape[0], np.nan, np.float64)
     fk.launch(1, 64, (a, out_again) + args_common)  # the specialised launcher for this key
-    assert fk._fast_launch is not None
+    assert fk._fast[1] is not None
     entry = fk.compile((a, out_again) + args_common)
     assert entry.handle != entry.kernel_handle  # launched: the context's CUfunction, not Numba's CUkernel
     cupy.cuda.runtime.deviceSynchronize()

@@ -644,8 +644,9 @@ class FastKernel:
         self._lock = threading.Lock()
         self._fixed = None
         self._fixed_entry = {}  # device -> the fixed signature's entry
-        self._fast_launch = None  # specialised launcher for the last key seen (see _make_fast_launch) ...
-        self._fast_device = None  # ... on this device
+        # (device, the specialised launcher for the last key seen on it: _make_fast_launch), one
+        # tuple, so that threads on two GPUs never pair one's device with the other's launcher
+        self._fast = (None, None)
         self._cc = None
         self.smem = dynamic_smem(kernel)  # launched with this much dynamic shared memory where a launch gives 0
         self.cluster = cluster_size(kernel)  # > 1: cuLaunchKernelEx with this cluster dimension
@@ -693,7 +694,9 @@ class FastKernel:
         else:
             s = _stream_handle(stream)
         dev = _current_device()
-        fl = self._fast_launch if self.cluster == 1 and not self.coop and self._fast_device == dev else None
+        fast_dev, fl = self._fast
+        if fast_dev != dev or self.cluster != 1 or self.coop:
+            fl = None
         try:
             if fl is not None and fl(args, gx, gy, gz, bx, by, bz, shared_mem, s):
                 return
@@ -733,8 +736,7 @@ class FastKernel:
             err = _cu_launch(entry.handle, gx, gy, gz, bx, by, bz, shared_mem, s, addr, 0)[0]
             if err:
                 _raise_launch_error(err, self._name())
-        self._fast_launch = entry.fast_launch(key[1:])  # the next call with this key skips the lookup
-        self._fast_device = dev
+        self._fast = (dev, entry.fast_launch(key[1:]))  # the next call with this key skips the lookup
 
     def __getitem__(self, config):
         """``fk[grid, block]``, ``fk[grid, block, stream]``, ``fk[grid, block, stream, shared_mem]``."""
