@@ -5,7 +5,8 @@ returns arrays there, leaves the current device as it was, and is bit-exact agai
 NumPy reference. Calls alternate between the GPUs so that every per-device cache (launch
 entries, plans, the hot paths' remembered calls, the default stream's grid workspace, the
 MoE op's pinned id-check words) is used from both. Public API only (it runs against older
-trees too). The routing without a GPU: tests/test_devices.py.
+trees too), but for the last test, which checks the path without CuPy through
+``nqdq.kernels._devices`` in a fresh process. The routing without a GPU: tests/test_devices.py.
 """
 
 from __future__ import annotations
@@ -172,3 +173,42 @@ def test_matmul_runs_on_the_operands_gpu():
     np.testing.assert_array_equal(got[1], got[0])  # one kernel, the same bits on either GPU
     # the float32 epilogue against the float64 reference rounded once (as tests/test_matmul_gpu.py)
     np.testing.assert_allclose(got[1], want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+_NO_CUPY = r"""
+import sys
+sys.modules["cupy"] = None  # as if CuPy were not installed: Numba arrays, libcuda's pointer query
+import numpy as np
+from numba import cuda
+import nqdq
+from nqdq.kernels import _devices
+
+x = np.random.default_rng(4).standard_normal((64, 7168)).astype(np.float32)
+ref = nqdq.quantize(x, "nvfp4", device="cpu")
+with cuda.gpus[1]:
+    d = cuda.to_device(x)
+assert _devices.ordinal_of(d) == 1, _devices.ordinal_of(d)
+for cur in (0, 1, 0):
+    with cuda.gpus[cur]:
+        q = nqdq.quantize(d, "nvfp4")
+        assert _devices.current() == cur
+    assert _devices.ordinal_of(q.codes) == 1
+    assert np.array_equal(q.codes.copy_to_host(), ref.codes)
+    assert np.array_equal(q.scales.copy_to_host().view(np.uint8), ref.scales.view(np.uint8))
+    ts = q.tensor_scale
+    ts = ts.copy_to_host() if hasattr(ts, "copy_to_host") else ts
+    assert np.array_equal(np.asarray(ts).view(np.uint8), np.asarray(ref.tensor_scale).view(np.uint8))
+print("exact on GPU 1")
+"""
+
+
+def test_numba_arrays_without_cupy_run_on_their_gpu():
+    """Without CuPy: the device from libcuda's cuPointerGetAttribute (ctypes), the switch by
+    Numba's ``gpus[n]``, outputs as Numba arrays on the input's GPU (a fresh process, CuPy
+    blocked)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _NO_CUPY], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ))  # fmt: skip
+    assert r.returncode == 0 and "exact on GPU 1" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
