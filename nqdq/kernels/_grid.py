@@ -46,7 +46,6 @@ import threading
 import numpy as np
 from numba import cuda
 
-from . import _devices
 from ._target import SIMULATOR, devfn
 
 __all__ = ["grid_max", "done_bit", "arrive", "mark_done", "missing", "wait_done", "leave_done", "grid_max_publish",
@@ -248,8 +247,9 @@ def grid_max_read(tid, sync, slot):
 class StreamWorkspaces:
     """One zeroed ``grid_max`` workspace per CUDA stream, for the host side of a plan's
     direct (not captured) calls: ``get(stream)`` -> the device address of ``stream``'s
-    workspace, allocated and zeroed in that stream on first use (a default stream's handle,
-    the same on every GPU, is told apart by the current GPU: _devices). Safe because the kernels
+    workspace, allocated and zeroed in that stream on first use; ``get(stream, device)`` names
+    the stream's GPU (the caller's plan's: _devices), which tells apart the default streams,
+    whose handles are the same on every GPU. Safe because the kernels
     leave it zero (``grid_max``) and kernels of one stream run one after another. A dict
     entry keeps its CuPy ``Stream`` object alive, so a handle in the dict is never a
     destroyed stream's reused by a new one; at most ``limit`` streams are kept (the oldest
@@ -264,10 +264,10 @@ class StreamWorkspaces:
         self._limit = int(limit)
         self._by_ptr = {}  # stream handle -> (Stream, array, address)
 
-    def get(self, stream):
+    def get(self, stream, device):
         key = stream.ptr
         if key <= _PER_THREAD:  # the default streams: one handle on every GPU (and per-thread's in every thread)
-            key = (key, _devices.current(), threading.get_ident() if key == _PER_THREAD else 0)
+            key = (key, device, threading.get_ident() if key == _PER_THREAD else 0)
         e = self._by_ptr.get(key)
         if e is None:
             e = self._new(stream, key)

@@ -667,7 +667,7 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
                 _memset(mp.ptr + ws_off, 0, SYNC_WORDS * 4, st.ptr)
                 seq(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, mp.ptr + ws_off, 0)
             else:
-                (seq_check if flag else seq)(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st), flag)
+                (seq_check if flag else seq)(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st, device), flag)
     elif seq_graph is seq:
         def launch(st, x, ids, mp, flag=0):
             (seq_check if flag else seq)(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0, flag)
@@ -680,7 +680,7 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
             if _capturing(st.ptr):
                 seq_graph(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0, 0)
             else:
-                (seq_check if flag else seq)(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st), flag)
+                (seq_check if flag else seq)(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, _ws(st, device), flag)
 
     if new is not None:
         def run(x, ids, flag=0):

@@ -480,10 +480,11 @@ class QuantPlan:
                 f"        ws = mp.ptr + {offsets[r.i]}",
                 f"        _memset(ws, 0, {r.n * r.dtype.itemsize}, st)",
                 "    else:",
-                "        ws = _ws(cs)",
+                "        ws = _ws(cs, _DEV)",
             ]
             ns["_capturing"] = capture_test(cp)
             ns["_ws"] = _stream_workspaces(cp).get
+            ns["_DEV"] = _devices.current()  # the plan's GPU (current while it is built and run)
         lines.append(f"    _seq(st, x.data.ptr, mp.ptr, _DP, lo, hi, {'ws' if reset else 0})")
         ns["_memset"] = cp.cuda.runtime.memsetAsync
         results = []
