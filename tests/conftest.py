@@ -13,6 +13,13 @@ if os.environ.get("NQDQ_TEST_GPU") != "1":
 # The kernel paths not yet run on a GPU are off for users (nqdq/kernels/quantize.py) and on
 # for the tests, so CI checks them in the simulator and the next GPU session on the device.
 os.environ.setdefault("NQDQ_UNMEASURED_KERNELS", "1")
+# NQDQ_TEST_SPREAD_GPUS=N (N GPUs, with pytest-xdist): worker gwK sees only GPU K % N, so one
+# run spreads the single-GPU tests over every GPU of the machine. Run the two-GPU tests
+# (tests/test_multi_gpu.py) without it: each worker sees one GPU and they skip.
+_spread = os.environ.get("NQDQ_TEST_SPREAD_GPUS")
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _spread and _worker.startswith("gw"):
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(int(_worker[2:]) % int(_spread))
 
 
 import pytest  # noqa: E402  (after the environment above: numba.cuda reads it at import)
