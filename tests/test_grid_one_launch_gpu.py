@@ -192,7 +192,7 @@ def test_one_launch_stream_workspace_is_zero_between_calls(name):
     s.synchronize()
     ws = kq._STREAM_WS._by_ptr[s.ptr][1]
     assert ws.get().tolist() == [0] * ws.size
-    assert "ws = _ws(cs)" in kq.get_plan((64, 7168), 1, resolve_scheme(name)).cupy_runner().source
+    assert "ws = _ws(cs, _DEV)" in kq.get_plan((64, 7168), 1, resolve_scheme(name)).cupy_runner().source
 
 
 @pytest.mark.parametrize("name", NAMES)
