@@ -50,21 +50,6 @@ def lib_of(a) -> str:
     return "cupy" if is_cupy(a) else "numba"
 
 
-def is_device_array(a) -> bool:
-    """True for arrays that live on a GPU (CUDA array interface or a CUDA DLPack device)."""
-    if isinstance(a, np.ndarray) or a is None:
-        return False
-    if has_cuda_array_interface(a):
-        return True
-    dev = getattr(a, "__dlpack_device__", None)
-    if dev is not None:
-        try:
-            return int(dev()[0]) in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
-        except Exception:
-            return False
-    return False
-
-
 def has_cuda_array_interface(a) -> bool:
     """``hasattr`` lets anything but AttributeError through; PyTorch raises TypeError for a
     bfloat16 tensor's ``__cuda_array_interface__`` (such tensors come in through DLPack)."""
