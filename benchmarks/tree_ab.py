@@ -141,7 +141,8 @@ def main(argv=None):
         row = dict(scheme=s, old=statistics.median(o), new=statistics.median(n), diff=statistics.median(d),
                    new_slower=sum(v > 0 for v in d), rounds=args.rounds, old_blocks=o, new_blocks=n)
         rows.append(row)
-        print(f"| {s} | {row['old']:.2f} | {row['new']:.2f} | {row['diff']:+.2f} | {row['new_slower']} of {args.rounds} |")
+        print(f"| {s} | {row['old']:.2f} | {row['new']:.2f} | {row['diff']:+.2f} "
+              f"| {row['new_slower']} of {args.rounds} |")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(rows=rows, shape=[args.rows, args.cols], cpu=args.cpu), indent=1))
 
