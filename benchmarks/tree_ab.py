@@ -47,13 +47,13 @@ def absolute_imports(pkg):
 def load_tree(root, name="nqdq_old"):
     """The package ``root``/nqdq imported as ``name`` (beside this tree's ``nqdq``)."""
     pkg = Path(root).resolve() / "nqdq"
+    if not (pkg / "__init__.py").is_file():
+        raise SystemExit(f"--old {root}: no nqdq/__init__.py there")
     bad = absolute_imports(pkg)
     if bad:
         raise SystemExit(f"{pkg} imports nqdq by its absolute name ({bad[0][0]}:{bad[0][1]}, {len(bad)} in all): "
                          "loaded beside this tree it would run this tree's modules")
     spec = importlib.util.spec_from_file_location(name, pkg / "__init__.py", submodule_search_locations=[str(pkg)])
-    if spec is None:
-        raise SystemExit(f"--old {root}: no nqdq/__init__.py there")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)

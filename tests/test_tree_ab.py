@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -45,3 +46,11 @@ def test_a_tree_loaded_beside_nqdq_is_its_own_package():
     finally:
         for k in [k for k in sys.modules if k == "nqdq_twin" or k.startswith("nqdq_twin.")]:
             del sys.modules[k]
+
+
+def test_a_directory_without_nqdq_is_refused(tmp_path):
+    """(spec_from_file_location gives a spec for a missing file: the check must come first,
+    before an empty scan for absolute imports passes it)"""
+    with pytest.raises(SystemExit, match="no nqdq/__init__.py there"):
+        tree_ab.load_tree(tmp_path, "nqdq_missing")
+    assert "nqdq_missing" not in sys.modules
