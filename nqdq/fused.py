@@ -412,13 +412,13 @@ def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
     from .kernels.quantize import capture_test
 
     checks = KF.id_checks(cupy) if run.seq_check is not None else None
-    capturing, current = capture_test(cupy), cupy.cuda.get_current_stream
+    capturing, current, dev = capture_test(cupy), cupy.cuda.get_current_stream, key[0]  # (x's GPU: current in fm)
 
     def fm(x, ids, check_ids):
         if not check_ids:
             codes, scales, perm, offsets = run(x, ids)
             return _qt(codes, scales, sch, shape, dname), perm, offsets
-        st = current()
+        st = current(dev)
         if capturing(st.ptr):
             raise RuntimeError(_CHECK_CAPTURED)
         if checks is not None:  # MOE_CHECK: wait for the sort's id check, not for the rows

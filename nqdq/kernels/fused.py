@@ -685,7 +685,7 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
     if new is not None:
         def run(x, ids, flag=0):
             mp = _alloc(total)
-            launch(_cur(), x, ids, mp, flag)
+            launch(_cur(device), x, ids, mp, flag)
             arrays = []
             for off, shape, dt in views:
                 a = new(_nd)
@@ -695,7 +695,7 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
     else:
         def run(x, ids, flag=0):
             mp = _alloc(total)
-            launch(_cur(), x, ids, mp, flag)
+            launch(_cur(device), x, ids, mp, flag)
             return [_nd(shape, dt, mp + off) for off, shape, dt in views]
 
     run.launch, run.total, run.seq, run.seq_graph = launch, total, seq, seq_graph  # (diagnostics and tests)

@@ -471,7 +471,10 @@ class QuantPlan:
         }  # fmt: skip
         zero = [s for s in self.slots if s.role in zero_roles]  # zeroed in the call's stream, before the launches
         lines = ["def run(x, lo=0, hi=0):", f"    mp = _alloc({max(total, 1)})"]
-        lines += ["    cs = _cur()", "    st = cs.ptr"] if reset else ["    st = _cur().ptr"]
+        # the current stream of the plan's GPU, named so that CuPy need not ask for the current
+        # device again (the caller runs the plan with its GPU current: get_plan)
+        ns["_DEV"] = _devices.current()
+        lines += ["    cs = _cur(_DEV)", "    st = cs.ptr"] if reset else ["    st = _cur(_DEV).ptr"]
         lines += [f"    _memset(mp.ptr + {offsets[s.i]}, 0, {s.n * s.dtype.itemsize}, st)" for s in zero]
         if reset:  # the stream's own grid_max workspace; in a graph, the call's own (a memset node)
             r = reset[0]
@@ -484,7 +487,6 @@ class QuantPlan:
             ]
             ns["_capturing"] = capture_test(cp)
             ns["_ws"] = _stream_workspaces(cp).get
-            ns["_DEV"] = _devices.current()  # the plan's GPU (current while it is built and run)
         lines.append(f"    _seq(st, x.data.ptr, mp.ptr, _DP, lo, hi, {'ws' if reset else 0})")
         ns["_memset"] = cp.cuda.runtime.memsetAsync
         results = []
