@@ -4,7 +4,8 @@ stripe's amax through each other's shared memory, in both of GPU_CONFIGS, bit fo
 against the NumPy reference at the issue's shapes and odd ones (partial stripes, rows that
 fill no block, every input dtype), NaN / inf / zero channels, fp8 and packed 4-bit codes,
 an unaligned input, the launch outside the CuPy runner (``FastKernel.launch``), repeated
-calls and a captured CUDA graph.
+calls and a captured CUDA graph; a cluster launch the driver refuses (the plan without
+clusters, exact).
 
 Runs only with NQDQ_TEST_GPU=1 on a machine with a CUDA GPU and CuPy (``pytest -m gpu``).
 """
@@ -130,3 +131,52 @@ def test_cluster_repeated_calls_and_graph(cluster):
     _taken(shape, ml_dtypes.bfloat16, sch)
     new = [_channels(shape, ml_dtypes.bfloat16, seed) for seed in (20, 21, 22, 30, 31)]
     check_calls_and_graph(sch, new[:3], new[3:])
+
+
+@pytest.fixture
+def refusing_clusters(cluster):
+    """Plans of clusters of 32 blocks, more than any GPU takes, so that the driver refuses the
+    launch (CUDA_ERROR_INVALID_CLUSTER_SIZE, 912) as it refuses a cluster that no GPC of this
+    process can hold; no refusal recorded before (launch._REFUSED emptied, restored after),
+    fresh plans and remembered calls before and after. Yields the launch module."""
+    import nqdq.api as api
+    import nqdq.kernels.launch as LAUNCH
+
+    cluster.setattr(LAUNCH, "_REFUSED", set())
+    cluster.setattr(CC, "cluster_size_for", lambda sms: 32)
+    kq._PLANS.clear()
+    api.clear_fast_path()
+    yield LAUNCH
+    kq._PLANS.clear()
+    api.clear_fast_path()
+
+
+def test_refused_cluster_launch_falls_back(refusing_clusters):
+    """The first call of a plan whose cluster launch the driver refuses warns once and runs
+    the plan without clusters; later calls (the CuPy runner remembered by nqdq.quantize, and
+    a NumPy input with device="cuda": the plan's execute) plan no cluster kernel. Every result
+    exact."""
+    LAUNCH = refusing_clusters
+    sch = resolve_scheme("int8_column")
+    shape = (4096, 2048)
+    ((k, _g, _b, _a),) = kq.get_plan(shape, _KIND[ml_dtypes.bfloat16], sch).launches
+    assert k.py_func.__name__ == "column_cluster" and k.nqdq_cluster == 32
+    for i in range(3):
+        xh = _channels(shape, ml_dtypes.bfloat16, 40 + i)
+        x = cp.asarray(xh.view(np.uint16))
+        if i == 0:
+            with pytest.warns(RuntimeWarning, match="refused a cluster launch"):
+                q = nqdq.quantize(x, "int8_column", dtype="bfloat16")
+            assert LAUNCH._REFUSED == {"cluster"} and not CC.available()
+            names = [k.py_func.__name__ for k, _, _, _ in kq.get_plan(shape, _KIND[ml_dtypes.bfloat16], sch).launches]
+            assert "column_cluster" not in names, names
+        else:
+            q = nqdq.quantize(x, "int8_column", dtype="bfloat16")
+        want = ref.quantize(xh.astype(np.float32), sch)
+        assert (cp.asnumpy(q.codes).view(np.int8) == want.codes).all(), f"call {i}"
+        assert (cp.asnumpy(q.scales).view(np.uint32) == want.scales.view(np.uint32)).all(), f"call {i}"
+    xh = _channels((2048, 3072), np.float32, 5)
+    q = nqdq.quantize(xh, "int8_column", device="cuda")
+    want = ref.quantize(xh, sch)
+    assert (np.asarray(q.codes).view(np.int8) == want.codes).all()
+    assert (np.asarray(q.scales).view(np.uint32) == want.scales.view(np.uint32)).all()
