@@ -244,6 +244,7 @@ def dequantize(q: QuantizedTensor, dtype=np.float32, *, device=None):
     as its uint16 bits there (CuPy has no bfloat16 dtype)."""
     if not isinstance(q, QuantizedTensor):
         raise TypeError(f"q must be a QuantizedTensor (from nqdq.quantize or nqdq.load), got {type(q).__name__}")
+    q.check_arrays("q")  # shapes, dtypes, presence: the kernels index with the implied shapes
     out_dtype = _arrays.float_dtype(dtype, "dtype")
     if q.scale_layout not in _LAYOUTS:
         raise ValueError(f"q.scale_layout={q.scale_layout!r} is not one of {_LAYOUTS}")

@@ -61,6 +61,7 @@ def _expand_rows(s, rows, block_rows, xp):
 def _operand(q, name: str, role: str, xp) -> _Operand:
     if not isinstance(q, QuantizedTensor):
         raise TypeError(f"{name} must be a QuantizedTensor (from nqdq.quantize), got {type(q).__name__}")
+    q.check_arrays(name)  # shapes, dtypes, presence: the GEMM indexes with the implied shapes
     sch = q.scheme
     shape = tuple(q.shape)
     if len(shape) != 2:

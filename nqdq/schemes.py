@@ -15,6 +15,11 @@ group          ``group_size`` consecutive along ``axis``  ``axis``: G, others: 1
 block          ``block_shape`` tile of the last 2 axes   (..., 1, B0, B1)
 =============  ========================================  ===============================
 
+A group or block side longer than its axis is one partial group (computed as if padded with
+zeros, which the reference allocates): :meth:`Scheme.check_shape` allows that only up to
+``MAX_OVERHANG`` = 128 elements, the longest group of any preset, so that padding stays
+bounded by the data (``group_size=2**40`` on a row of 256 is a ValueError, not 4 TiB).
+
 Presets:
 
 ``mxfp8`` (``mxfp8_e5m2``), ``mxfp6_e2m3``, ``mxfp6_e3m2``, ``mxfp4``
@@ -61,6 +66,9 @@ SCALE_ROUNDINGS = {
 DEFAULT_SCALE_ROUNDING = "rceil"
 
 _DEFAULT_GROUP = 128
+# The longest a scale group (group_size, a block_shape side) may be beyond the length of its
+# axis: the longest group of any preset. Longer groups are refused by Scheme.check_shape.
+MAX_OVERHANG = 128
 _DEFAULT_BLOCK = (128, 128)
 _MX_BLOCK = 32
 _NVFP4_BLOCK = 16
@@ -127,6 +135,16 @@ class Scheme:
                 f"axis={self.axis}: {self.code_bits}-bit codes are packed along the last axis, so their "
                 f"groups must run along it too; transpose x (e.g. np.moveaxis(x, {self.axis}, -1)) first"
             )
+        if self.granularity in ("group", "block"):
+            # a group longer than its axis is a partial group, computed as if zero-padded; the
+            # padding is allocated, so it is bounded by the data (or by the presets' groups)
+            for i, (d, b) in enumerate(zip(shape, self.block_for(shape))):
+                if b > max(d, MAX_OVERHANG):
+                    what = "group_size" if self.granularity == "group" else f"block_shape[{i - nd + 2}]"
+                    raise ValueError(
+                        f"{what}={b} is longer than axis {i} of x (length {d}); a scale group may be "
+                        f"longer than its axis only up to {MAX_OVERHANG} elements"
+                    )
 
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """Shape of the (linear-layout) scale array for an input of ``shape``."""
@@ -138,14 +156,64 @@ class Scheme:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Scheme":
-        d = dict(d)
-        if d.get("block_shape") is not None:
-            d["block_shape"] = tuple(d["block_shape"])
-        unknown = set(d) - set(cls.__dataclass_fields__)
+    def from_dict(cls, d) -> "Scheme":
+        """The scheme that :meth:`to_dict` wrote as ``d`` (a file's metadata: untrusted input).
+
+        ``d`` must be exactly what :func:`resolve_scheme` gives for its name and options, so
+        it passes the checks :func:`nqdq.quantize` makes; anything else is a ValueError
+        naming the field. Fields with defaults may be left out."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a scheme must be a JSON object, got {type(d).__name__}")
+        fields = cls.__dataclass_fields__
+        unknown = sorted(set(d) - set(fields))
         if unknown:
-            raise ValueError(f"unknown scheme fields {sorted(unknown)}")
-        return cls(**d)
+            raise ValueError(f"unknown scheme fields {unknown}")
+        missing = [k for k in ("name", "fmt", "granularity") if k not in d]
+        if missing:
+            raise ValueError(f"scheme fields {missing} are missing")
+        d = {k: d.get(k, f.default) for k, f in fields.items()}
+        for k, types in _FIELD_TYPES.items():
+            v = d[k]
+            if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+                raise ValueError(f"scheme field {k}={v!r} has the wrong type ({type(v).__name__})")
+        bs = d["block_shape"]
+        if bs is not None:
+            if len(bs) != 2 or not all(isinstance(b, int) and not isinstance(b, bool) for b in bs):
+                raise ValueError(f"scheme field block_shape={bs!r} is not a pair of ints")
+            d["block_shape"] = tuple(bs)
+        want = cls(**d)
+        gran = d["granularity"]
+        options = dict(
+            axis=d["axis"],
+            group_size=d["group_size"] if gran == "group" else None,
+            block_shape=d["block_shape"] if gran == "block" else None,
+            symmetric=d["symmetric"],
+            scale_rounding=d["scale_rounding"],
+            static_scale=d["static_scale"],
+        )
+        # a bare element format resolves with granularity=None to its default (e2m1: its MX
+        # scheme), and with the granularity named to the f32-scaled one: either may be meant
+        resolved, error = [], None
+        for g in (gran, None):
+            try:
+                resolved.append(resolve_scheme(d["name"], granularity=g, **options))
+            except (ValueError, TypeError) as exc:
+                error = error or exc
+        if want in resolved:
+            return want
+        if not resolved:
+            raise ValueError(f"scheme {d['name']!r}: {error}")
+        got = resolved[0]
+        diff = ", ".join(f"{k}={getattr(want, k)!r} (expected {getattr(got, k)!r})"
+                         for k in fields if getattr(want, k) != getattr(got, k))  # fmt: skip
+        raise ValueError(f"scheme {d['name']!r} does not match its fields: {diff}")
+
+
+_FIELD_TYPES = {  # Scheme.from_dict: the JSON type of each field
+    "name": (str,), "fmt": (str,), "granularity": (str,), "scale_format": (str,), "axis": (int,),
+    "group_size": (int, type(None)), "block_shape": (list, tuple, type(None)), "symmetric": (bool,),
+    "centred": (bool,), "scale_rounding": (str, type(None)), "tensor_scale": (bool,), "static_scale": (bool,),
+}  # fmt: skip
 
 
 def _mx(fmt):

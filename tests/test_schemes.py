@@ -27,6 +27,8 @@ same model gives a data-dependent prediction from the scales actually chosen,
 
 from __future__ import annotations
 
+import json
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -292,3 +294,92 @@ def test_half_inputs_same_as_their_float32(scheme, dtype):
         assert y.dtype == np.dtype(want_dtype)
         # computed in float32, rounded once to the output type
         np.testing.assert_array_equal(y.view(np.uint16), y32.astype(want_dtype).view(np.uint16))
+
+
+# ----------------------------------------------------------------------------- from_dict (file metadata)
+@pytest.mark.parametrize("name", nqdq.schemes())
+def test_from_dict_round_trips_every_scheme(name):
+    from nqdq.schemes import Scheme, resolve_scheme
+
+    sch = resolve_scheme(name)
+    assert Scheme.from_dict(sch.to_dict()) == sch
+    assert Scheme.from_dict(json.loads(json.dumps(sch.to_dict()))) == sch  # as a file holds it
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(scheme="e4m3", granularity="group", group_size=64), dict(scheme="int8", granularity="block", block_shape=(64, 32)),
+     dict(scheme="mxfp4", scale_rounding="floor"), dict(scheme="int4", symmetric=False, group_size=16),
+     dict(scheme="e2m1", granularity="group", group_size=16), dict(scheme="e4m3", axis=0),
+     dict(scheme="fp8_tensor", static_scale=True)],
+)  # fmt: skip
+def test_from_dict_round_trips_options(kw):
+    from nqdq.schemes import Scheme, resolve_scheme
+
+    sch = resolve_scheme(**kw)
+    assert Scheme.from_dict(json.loads(json.dumps(sch.to_dict()))) == sch
+
+
+def _fp8_1x128(**change):
+    from nqdq.schemes import resolve_scheme
+
+    return {**resolve_scheme("fp8_1x128").to_dict(), **change}
+
+
+@pytest.mark.parametrize(
+    "d,message",
+    [
+        ([1, 2], r"must be a JSON object, got list"),
+        ("mxfp4", r"must be a JSON object, got str"),
+        ({}, r"fields \['name', 'fmt', 'granularity'\] are missing"),
+        ({"name": "mxfp4", "fmt": "e2m1"}, r"\['granularity'\] are missing"),
+        (_fp8_1x128(colour="red"), r"unknown scheme fields \['colour'\]"),
+        (_fp8_1x128(granularity="diagonal"), r"granularity='diagonal' \(expected 'group'\)"),
+        (_fp8_1x128(group_size=0), r"group_size must be a positive int"),
+        (_fp8_1x128(group_size="128"), r"group_size='128' has the wrong type"),
+        (_fp8_1x128(group_size=True), r"group_size=True has the wrong type"),
+        (_fp8_1x128(axis="last"), r"axis='last' has the wrong type"),
+        (_fp8_1x128(symmetric=1), r"symmetric=1 has the wrong type"),
+        (_fp8_1x128(fmt="e8m0"), r"fmt='e8m0' \(expected 'e4m3'\)"),
+        (_fp8_1x128(name="e8m0", fmt="e8m0"), r"'e8m0' is a scale format"),
+        (_fp8_1x128(scale_format="bogus"), r"scale_format='bogus' \(expected 'f32'\)"),
+        (_fp8_1x128(scale_rounding="floor"), r"scale_rounding applies to MX schemes only"),
+        (_fp8_1x128(name="nosuch"), r"scheme='nosuch' is unknown"),
+        (_fp8_1x128(block_shape=[1, 2, 3]), r"block_shape=\[1, 2, 3\] is not a pair of ints"),
+        (_fp8_1x128(centred=True), r"centred=True \(expected False\)"),
+    ],
+)
+def test_from_dict_refuses_what_quantize_would(d, message):
+    # issue 44, item 3: a list gave AttributeError, missing keys KeyError, fmt="e8m0" and
+    # scale_format="bogus" were accepted
+    from nqdq.schemes import Scheme
+
+    with pytest.raises(ValueError, match=message):
+        Scheme.from_dict(d)
+
+
+# ----------------------------------------------------------------------------- groups longer than their axis
+def test_group_longer_than_its_axis_is_bounded():
+    # issue 44, item 7: group_size=10**13 on a (1, 256) input asked for 36 TiB (MemoryError)
+    x = np.random.default_rng(5).standard_normal((1, 256)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"group_size=10000000000000 is longer than axis 1 of x \(length 256\)"):
+        nqdq.quantize(x, "e4m3", granularity="group", group_size=10**13)
+    with pytest.raises(ValueError, match=r"block_shape\[0\]=1048576 is longer than axis 0"):
+        nqdq.quantize(x, "e4m3", granularity="block", block_shape=(2**20, 128))
+    with pytest.raises(ValueError, match=r"block_shape\[1\]=257"):
+        nqdq.quantize(x, "e4m3", granularity="block", block_shape=(1, 257))
+
+
+def test_group_longer_than_its_axis_up_to_128_is_one_partial_group():
+    # a short axis keeps working with the presets' groups (and any group up to 128): one
+    # partial group, as if padded with zeros: the same scale as a group the axis' length
+    x = np.random.default_rng(6).standard_normal((3, 20)).astype(np.float32)
+    a = nqdq.quantize(x, "e4m3", granularity="group", group_size=128)
+    b = nqdq.quantize(x, "e4m3", granularity="group", group_size=20)
+    np.testing.assert_array_equal(a.scales.view(np.uint32), b.scales.view(np.uint32))
+    np.testing.assert_array_equal(a.codes, b.codes)
+    assert nqdq.quantize(x, "mxfp4").scales.shape == (3, 1)
+    assert nqdq.quantize(x, "fp8_128x128").scales.shape == (1, 1)
+    with pytest.raises(ValueError, match=r"group_size=129 is longer than axis 1"):
+        nqdq.quantize(x, "e4m3", granularity="group", group_size=129)
+    nqdq.quantize(np.zeros((2, 300), np.float32), "e4m3", granularity="group", group_size=300)  # = the axis
