@@ -3,6 +3,8 @@ backend and wraps the result; the numerics live in ``nqdq.reference`` (and the k
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
 
 import numpy as np
@@ -21,6 +23,8 @@ __all__ = ["quantize", "dequantize", "encode", "decode"]
 _ROUNDINGS = ("nearest", "stochastic")
 _LAYOUTS = LAYOUTS  # the one list of scale layout names (nqdq.reference.layouts)
 _NONFINITE = ("propagate", "raise")
+_NULL = contextlib.nullcontext()
+_PARTS = ("codes", "scales", "zero_points", "tensor_scale", "means")
 
 
 def quantize(
@@ -40,6 +44,7 @@ def quantize(
     device=None,
     nonfinite="propagate",
     dtype=None,
+    stream=None,
 ) -> QuantizedTensor:
     """Quantize a float32 / float16 / bfloat16 array.
 
@@ -70,30 +75,64 @@ def quantize(
     nonfinite : ``"propagate"`` (a NaN/inf makes its scale group NaN) or ``"raise"``.
     dtype : ``"bfloat16"`` / ``"float16"`` to read a uint16 array as the bits of that type
         (CuPy has no bfloat16 dtype); None reads ``x.dtype``.
+    stream : GPU calls: the stream to run on (an int handle, a CuPy or PyTorch stream);
+        None: the caller's library's current stream (PyTorch's for a tensor, CuPy's
+        otherwise; ``nqdq.kernels._callers``). A ValueError with NumPy input on the CPU.
 
-    GPU arrays (CuPy, ``__cuda_array_interface__``, CUDA DLPack) stay on the GPU: the result
-    holds arrays of the same library (CuPy when installed), on the GPU that holds ``x``
-    (whichever device is current; the call leaves the current device as it was).
+    GPU arrays (CuPy, PyTorch, JAX, ``__cuda_array_interface__``, CUDA DLPack) stay on the GPU:
+    the result holds arrays of the caller's library (CuPy for CuPy and other CUDA arrays when
+    installed, ``torch.Tensor`` for PyTorch, ``jax.Array`` for JAX), on the GPU that holds
+    ``x`` (whichever device is current; the call leaves the current device as it was).
     """
-    if type(x) is _cupy_ndarray and scale is None and seed is None and (device is None or device == "cuda"):
-        # the hot path: a repeated call with a CuPy array on the current GPU (see _fast_quantizer)
-        try:
-            key = (scheme, granularity, axis, group_size, block_shape, symmetric, scale_rounding, rounding,
-                   scale_layout, nonfinite, dtype, x.shape, x.dtype.char, x.data.device_id)  # fmt: skip
-            fq = _FAST.get(key)
-        except TypeError:  # an unhashable argument (a list for block_shape, ...)
-            fq = None
-        if fq is not None and x._c_contiguous and _current_gpu() == key[-1]:
-            return fq(x)
+    t = type(x)
+    if scale is None and seed is None and stream is None and (device is None or device == "cuda"):
+        if t is _cupy_ndarray:
+            # the hot path: a repeated call with a CuPy array on the current GPU (see _fast_quantizer)
+            try:
+                key = (scheme, granularity, axis, group_size, block_shape, symmetric, scale_rounding, rounding,
+                       scale_layout, nonfinite, dtype, x.shape, x.dtype.char, x.data.device_id)  # fmt: skip
+                fq = _FAST.get(key)
+            except TypeError:  # an unhashable argument (a list for block_shape, ...)
+                fq = None
+            if fq is not None and x._c_contiguous and _current_gpu() == key[-1]:
+                return fq(x)
+        elif t is _torch_tensor:
+            # ... and with a PyTorch tensor (see _fast_torch_quantizer)
+            try:
+                key = (t, scheme, granularity, axis, group_size, block_shape, symmetric, scale_rounding, rounding,
+                       scale_layout, nonfinite, dtype, x.shape, x.dtype, x.get_device())  # fmt: skip
+                fq = _FAST.get(key)
+            except TypeError:
+                fq = None
+            if fq is not None and x.is_contiguous() and _torch_gpu() == key[-1]:
+                return fq(x)
     return _quantize(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding, rounding,
-                     seed, scale_layout, device, nonfinite, dtype)  # fmt: skip
+                     seed, scale_layout, device, nonfinite, dtype, stream)  # fmt: skip
 
 
 @_arrays.on_gpu_of("x")
 def _quantize(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding, rounding, seed,
-              scale_layout, device, nonfinite, dtype):  # fmt: skip
-    """quantize's general path, on x's GPU where x is a GPU array (every check, the plan)."""
+              scale_layout, device, nonfinite, dtype, stream):  # fmt: skip
+    """quantize's general path, on x's GPU where x is a GPU array (every check, the plan),
+    on the call's stream, with its results in the caller's library."""
     on_device = _arrays.use_device(x, device)
+    if not on_device:
+        if stream is not None:
+            raise ValueError("stream= is for GPU calls; x is a host array (pass device='cuda' to run on the GPU)")
+        return _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding,
+                            rounding, seed, scale_layout, False, nonfinite, dtype)  # fmt: skip
+    from .kernels import _callers
+
+    caller = _callers.caller_of(x)
+    handle = _callers.call_stream(caller, stream, _devices_current())
+    with _callers.running_on(handle) if handle is not None else _NULL:
+        q = _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding,
+                         rounding, seed, scale_layout, True, nonfinite, dtype, caller, stream)  # fmt: skip
+    return q
+
+
+def _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding, rounding,
+                 seed, scale_layout, on_device, nonfinite, dtype, caller=None, stream=None):  # fmt: skip
     if on_device:
         from .kernels import quantize as kq
         from .kernels._interop import device_input
@@ -136,7 +175,20 @@ def _quantize(x, scheme, granularity, axis, group_size, block_shape, scale, symm
         raise ValueError("x contains NaN or inf and nonfinite='raise'")
 
     seed = None if rounding == "nearest" else int(seed)
-    if on_device and seed is None and scale is None and nonfinite == "propagate" and xdev.lib == "cupy" and scale_layout == "linear":
+    fast_ok = on_device and seed is None and scale is None and nonfinite == "propagate" and scale_layout == "linear"
+    if fast_ok and stream is None and caller is not None and caller.name == "torch" and xdev.kind is not None:
+        fq = _fast_torch_quantizer(x, sch, shape, dtype_name, xdev.kind, caller)
+        if fq is not None:
+            try:
+                _remember(
+                    (type(x), scheme, granularity, axis, group_size, block_shape, symmetric, scale_rounding, rounding,
+                     scale_layout, nonfinite, dtype, x.shape, x.dtype, x.get_device()),
+                    fq,
+                )  # fmt: skip
+            except TypeError:
+                pass
+            return fq(x)
+    if fast_ok and xdev.lib == "cupy" and (caller is None or caller.name == "cupy"):
         fq = _fast_quantizer(x, sch, shape, dtype_name, xdev.kind)
         if fq is not None:
             try:
@@ -150,6 +202,8 @@ def _quantize(x, scheme, granularity, axis, group_size, block_shape, scale, symm
             return fq(xdev.arr)
     if on_device:
         parts = kq.quantize(xdev, sch, scale=scale, seed=seed)  # codes come back packed
+        if caller is not None and caller.name != "cupy":
+            parts = ref.QuantParts(*(caller.result(getattr(parts, f)) for f in _PARTS))
         codes = parts.codes
     else:
         parts = ref.quantize(x32, sch, scale=scale, seed=seed)
@@ -211,6 +265,95 @@ def _fast_quantizer(x, sch, shape, dtype_name, kind):
     return fq
 
 
+_torch_tensor = None  # torch.Tensor once a PyTorch input was seen (nqdq never imports PyTorch itself)
+_torch_gpu = None  # nqdq.kernels._devices.current, set with _torch_tensor
+
+
+def _devices_current():
+    from .kernels._devices import current
+
+    return current()
+
+
+def _fast_torch_quantizer(x, sch, shape, dtype_name, kind, caller):
+    """``fq(x) -> QuantizedTensor`` of PyTorch tensors for this call's arguments, or None
+    (``QuantPlan.torch_runner``)."""
+    global _torch_tensor, _torch_gpu
+    from .kernels import _devices
+    from .kernels import quantize as kq
+
+    if not x.is_contiguous():
+        return None
+    run = kq.get_plan(shape, kind, sch).torch_runner(caller)
+    if run is None:
+        return None
+    _torch_gpu = _devices.current
+    _torch_tensor = caller.tensor
+    QT = QuantizedTensor
+
+    def fq(x):
+        c, s, z, t, m = run(x)
+        return QT(c, s, sch, shape, dtype_name, "linear", z, t, m)
+
+    fq.run = run
+    return fq
+
+
+def _fast_dequantizer(q, caller, out_dtype):
+    """``fd(q) -> values`` for repeated dequantize calls like this one (CuPy or PyTorch
+    arrays, C-contiguous, linear scales), or None (``kernels.dequant_plan``)."""
+    global _torch_gpu, _torch_tensor, _cupy_ndarray, _current_gpu
+    from .kernels import _devices
+    from .kernels import dequant_plan
+    from .kernels._interop import is_cupy
+
+    arrays = (q.codes, q.scales, q.zero_points, q.tensor_scale, q.means)
+    if caller.name == "torch":
+        contiguous = _torch_contiguous
+    elif caller.name == "cupy" and is_cupy(q.codes) and hasattr(q.codes, "_c_contiguous"):
+        contiguous = _cupy_contiguous
+    else:
+        return None
+    if q.scale_layout != "linear" or not contiguous(q) or math.prod(q.shape) == 0:
+        return None
+    if any(a is not None and type(a) is not type(q.codes) for a in arrays):
+        return None
+    plan = dequant_plan.get_plan(q.scheme, tuple(q.shape), out_dtype == _arrays.BFLOAT16)
+    run = plan.torch_runner(caller) if caller.name == "torch" else plan.cupy_runner()
+    if run is None:
+        return None
+    f16 = out_dtype == np.float16
+    if caller.name == "torch":
+        _torch_gpu, _torch_tensor = _devices.current, caller.tensor
+        half = caller.torch.float16
+
+        def fd(q):
+            v = run(q.codes, q.scales, q.zero_points, q.tensor_scale, q.means)
+            return v.to(half) if f16 else v
+
+        fd.gpu = _torch_gpu
+    else:
+        if _cupy_ndarray is None:
+            _current_gpu = sys.modules["cupy"].cuda.runtime.getDevice
+            _cupy_ndarray = type(q.codes)
+
+        def fd(q):
+            v = run(q.codes, q.scales, q.zero_points, q.tensor_scale, q.means)
+            return v.astype(np.float16) if f16 else v
+
+        fd.gpu = _current_gpu
+    fd.contiguous = contiguous
+    return fd
+
+
+def _torch_contiguous(q):
+    return all(a is None or a.is_contiguous() for a in (q.codes, q.scales, q.zero_points, q.tensor_scale, q.means))
+
+
+def _cupy_contiguous(q):
+    return all(a is None or a._c_contiguous for a in (q.codes, q.scales, q.zero_points, q.tensor_scale, q.means))
+
+
 def _remember(key, fq):
     remember_bounded(_FAST, key, fq, _FAST_MAX)
 
@@ -236,15 +379,46 @@ def clear_fast_path():
     fused._MOE_FAST.clear()
 
 
-@_arrays.on_gpu_of("q.codes")
-def dequantize(q: QuantizedTensor, dtype=np.float32, *, device=None):
+def dequantize(q: QuantizedTensor, dtype=np.float32, *, device=None, stream=None):
     """Decode ``q`` to ``dtype`` (float32, float16 or bfloat16): values are computed in
     float32, then rounded to ``dtype`` (nearest even). A ``q`` holding GPU arrays (or
-    ``device="cuda"``) decodes on the GPU into the same array library; bfloat16 comes back
-    as its uint16 bits there (CuPy has no bfloat16 dtype)."""
+    ``device="cuda"``) decodes on the GPU into the library of ``q.codes`` (PyTorch and JAX
+    give their own bfloat16; CuPy, which has none, its uint16 bits), on ``stream`` (None:
+    that library's current stream, as ``quantize``)."""
+    c = getattr(q, "codes", None)
+    t = type(c)
+    if (t is _cupy_ndarray or t is _torch_tensor) and stream is None and (device is None or device == "cuda"):
+        # the hot path: a repeated call on arrays of the shapes and dtypes a first call checked
+        try:
+            key = _dequant_key(q, t, dtype)
+            fd = _FAST.get(key)
+        except TypeError:  # an unhashable field (a list for q.shape, ...)
+            fd = None
+        if fd is not None and fd.contiguous(q) and fd.gpu() == key[-1]:
+            return fd(q)
+    return _dequantize(q, dtype, device, stream)
+
+
+def _dequant_key(q, t, dtype):
+    """What a remembered dequantize depends on: the arrays' shapes and dtypes (checked by the
+    first call's ``check_arrays``), the scheme, shape, layout, output dtype and GPU."""
+    c, s, z, ts, m = q.codes, q.scales, q.zero_points, q.tensor_scale, q.means
+    return (t, "dequantize", dtype, q.scheme, q.shape, q.scale_layout, c.shape, c.dtype, s.shape, s.dtype,
+            None if z is None else (z.shape, z.dtype), None if ts is None else (ts.shape, ts.dtype),
+            None if m is None else (m.shape, m.dtype), _array_gpu(c))  # fmt: skip
+
+
+def _array_gpu(a):
+    return a.data.device_id if type(a) is _cupy_ndarray else a.get_device()
+
+
+@_arrays.on_gpu_of("q.codes")
+def _dequantize(q, dtype, device, stream):
+    """dequantize's general path, on the GPU of q's arrays where they are GPU arrays."""
     if not isinstance(q, QuantizedTensor):
         raise TypeError(f"q must be a QuantizedTensor (from nqdq.quantize or nqdq.load), got {type(q).__name__}")
     q.check_arrays("q")  # shapes, dtypes, presence: the kernels index with the implied shapes
+    q_in = q
     out_dtype = _arrays.float_dtype(dtype, "dtype")
     if q.scale_layout not in _LAYOUTS:
         raise ValueError(f"q.scale_layout={q.scale_layout!r} is not one of {_LAYOUTS}")
@@ -252,10 +426,30 @@ def dequantize(q: QuantizedTensor, dtype=np.float32, *, device=None):
         q = q.with_layout("linear")  # the decoders read linear scales
     sch = q.scheme
     if _arrays.use_device(q.codes, device, argname="q.codes"):
+        from .kernels import _callers
         from .kernels import quantize as kq
+        from .kernels._interop import kernel_view
 
-        parts = ref.QuantParts(q.codes, q.scales, q.zero_points, q.tensor_scale, q.means)
-        return _arrays.device_astype(kq.dequantize(parts, sch, tuple(q.shape)), out_dtype)
+        caller = _callers.caller_of(q.codes)
+        if stream is None and (device is None or device == "cuda") and q is q_in:
+            fd = _fast_dequantizer(q, caller, out_dtype)
+            if fd is not None:
+                try:
+                    _remember(_dequant_key(q, type(q.codes), dtype), fd)
+                except TypeError:
+                    pass
+                return fd(q)
+        handle = _callers.call_stream(caller, stream, _devices_current())
+        with _callers.running_on(handle) if handle is not None else _NULL:
+            arrays = (q.codes, q.scales, q.zero_points, q.tensor_scale, q.means)
+            if caller.name != "cupy":  # PyTorch / JAX arrays as the kernels take them (zero-copy)
+                arrays = tuple(None if a is None else kernel_view(a) for a in arrays)
+            out = _arrays.device_astype(kq.dequantize(ref.QuantParts(*arrays), sch, tuple(q.shape)), out_dtype)
+            if caller.name == "cupy":
+                return out
+            return caller.result_bfloat16(out) if out_dtype == _arrays.BFLOAT16 else caller.result(out)
+    if stream is not None:
+        raise ValueError("stream= is for GPU calls; q holds host arrays (pass device='cuda' to run on the GPU)")
     codes = q.unpacked_codes()
     parts = ref.QuantParts(
         codes=codes,

@@ -182,6 +182,8 @@ _DLManagedTensor._fields_ = [
 ]
 
 _DL_TYPES = {(2, 32): "<f4", (2, 16): "<f2", (4, 16): "<u2", (1, 16): "<u2", (0, 16): "<i2"}  # bf16 -> bits
+# ... and what a QuantizedTensor's arrays hold (codes, scales, zero points, means): kernel_view
+_DL_ANY_TYPES = {**_DL_TYPES, (1, 8): "|u1", (0, 8): "|i1", (0, 32): "<i4", (1, 32): "<u4", (0, 64): "<i8"}
 
 
 class _DLPackOwner:
@@ -200,7 +202,7 @@ class _DLPackOwner:
             pass
 
 
-def from_dlpack(x, argname="x"):
+def from_dlpack(x, argname="x", any_dtype=False):
     """A Numba device array over a CUDA DLPack tensor (bfloat16 arrives as uint16 bits)."""
     from numba import cuda
 
@@ -209,8 +211,13 @@ def from_dlpack(x, argname="x"):
     get_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
     rename = ctypes.pythonapi.PyCapsule_SetName
     rename.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    # the stream this call launches on, so that the producer orders its pending work before
+    # ours (DLPack: 1 names the legacy default stream, whose handle is 0)
+    from .launch import _stream_handle
+
+    st = _stream_handle(None) if not SIMULATOR else 0
     try:
-        capsule = x.__dlpack__(stream=None)
+        capsule = x.__dlpack__(stream=st or 1)
     except TypeError:
         capsule = x.__dlpack__()
     ptr = get_ptr(capsule, b"dltensor")
@@ -219,7 +226,8 @@ def from_dlpack(x, argname="x"):
     if t.device.device_type not in (2, 3, 13):
         raise TypeError(f"{argname} is a DLPack tensor on device type {t.device.device_type}, not CUDA")
     key = (t.dtype.code, t.dtype.bits)
-    if key not in _DL_TYPES or t.dtype.lanes != 1:
+    types = _DL_ANY_TYPES if any_dtype else _DL_TYPES
+    if key not in types or t.dtype.lanes != 1:
         raise TypeError(f"{argname} has DLPack dtype code {t.dtype.code}/{t.dtype.bits} bits; expected float32, float16 or bfloat16")
     shape = tuple(t.shape[i] for i in range(t.ndim))
     itemsize = t.dtype.bits // 8
@@ -232,7 +240,7 @@ def from_dlpack(x, argname="x"):
     desc = {
         "shape": shape,
         "strides": strides,
-        "typestr": _DL_TYPES[key],
+        "typestr": types[key],
         "data": (t.data + t.byte_offset, False),
         "version": 3,
     }
@@ -336,3 +344,22 @@ def cupy_array_new(cp, memptr):
     except Exception:  # a CuPy whose internals differ: the constructor it is
         return None
     return new
+
+
+def kernel_view(a, argname="array"):
+    """A GPU array of any library (PyTorch, JAX, Numba, ``__cuda_array_interface__``, CUDA
+    DLPack) as an array the launchers take, zero-copy: CuPy where installed, else a Numba
+    device array; bfloat16 as its uint16 bits."""
+    if is_cupy(a) or isinstance(a, np.ndarray):
+        return a
+    from numba import cuda
+
+    void16 = has_cuda_array_interface(a) and a.__cuda_array_interface__.get("typestr", "")[1:] == "V2"
+    if has_cuda_array_interface(a) and not void16:
+        dev = cuda.as_cuda_array(a, sync=False)
+    elif hasattr(a, "__dlpack__"):
+        dev, _keep = from_dlpack(a, argname, any_dtype=True)
+    else:
+        raise TypeError(f"{argname} must be a GPU array, got {type(a).__name__}")
+    cp = _cupy()
+    return cp.asarray(dev) if cp is not None else dev

@@ -301,8 +301,23 @@ def _np_dtype(char):
     return np.dtype(char)
 
 
+_OVERRIDE = threading.local()  # .handle: this thread's launches' stream (stream_override)
+
+
+def stream_override(handle):
+    """Send this thread's launches with no stream of their own to ``handle`` (None: back to
+    CuPy's current stream); returns the previous override. A call with a caller's stream
+    (``_callers.running_on``) sets it for its body."""
+    prev = getattr(_OVERRIDE, "handle", None)
+    _OVERRIDE.handle = handle
+    return prev
+
+
 def _stream_handle(stream) -> int:
     if stream is None:
+        h = getattr(_OVERRIDE, "handle", None)
+        if h is not None:
+            return h
         if _cupy_current_stream is not None:
             return _cupy_current_stream().ptr
         cp = sys.modules.get("cupy")
@@ -310,6 +325,9 @@ def _stream_handle(stream) -> int:
     if type(stream) is int:
         return stream
     ptr = getattr(stream, "ptr", None)  # CuPy
+    if ptr is not None:
+        return int(ptr)
+    ptr = getattr(stream, "cuda_stream", None)  # PyTorch
     if ptr is not None:
         return int(ptr)
     if hasattr(stream, "__cuda_stream__"):  # cuda.core, Numba

@@ -519,6 +519,119 @@ class QuantPlan:
         return run
 
 
+    # -- PyTorch on a GPU: the same launches, the arrays PyTorch's
+    def torch_runner(self, caller):
+        """``run(x) -> (codes, scales, zero_points, tensor_scale, means)`` for a contiguous
+        PyTorch tensor ``x`` of this plan's shape and kind on the plan's GPU: each output and
+        scratch array a ``torch.empty`` on PyTorch's current stream (its caching allocator
+        orders reuse by stream and keeps a graph capture's allocations in the graph's pool),
+        the workspaces that must start zero ``torch.zeros`` (a memset node under capture), the
+        launches a compiled sequence on that stream. None where it cannot be built (as
+        :meth:`cupy_runner`, and plans with cooperative or cluster launches, whose refusal
+        fallback the CuPy runner alone carries)."""
+        with self._lock:
+            if not hasattr(self, "_torch_run"):
+                self._torch_run = self._build_torch_runner(caller)
+        return self._torch_run
+
+    def _build_torch_runner(self, caller):
+        if SIMULATOR or self.static_scale or self.ex_kinds:
+            return None
+        from . import launch as L
+
+        if not L._fast_path_allowed():
+            return None
+        torch = caller.torch
+        dev_index = _devices.current()
+        device = torch.device("cuda", dev_index)
+        shapes = {
+            self.codes.i: (self.cshape, np.int8 if self.codes_int8 else np.uint8),
+            self.scales.i: (self.sshape, self.scales.dtype),
+        }
+        for s, shape in ((self.zps, self.sshape), (self.tscale, ()), (self.means, self.sshape)):
+            if s is not None:
+                shapes[s.i] = (shape, s.dtype)
+        outs = [s for s in self.slots if s.i in shapes]  # each its own tensor, returned
+        reset = [s for s in self.slots if s.role == "reset"]
+        if len(reset) > 1 or any(s.n > GRID.SYNC_WORDS or s.dtype != np.int32 for s in reset):
+            return None
+        offsets, totals = {}, {"scratch": 0, "zero": 0, "dummy": 0}
+        for s in self.slots:  # scratch, zeroed scratch and dummies: one buffer each, 256-byte aligned parts
+            if s.i in shapes or s.role == "reset":
+                continue
+            pool = {"scratch": "scratch", "zero": "zero", "dummy": "dummy"}[s.role]
+            offsets[s.i] = (pool, totals[pool])
+            totals[pool] += -(-max(s.n * s.dtype.itemsize, 1) // 256) * 256
+        dummies = torch.zeros(max(totals["dummy"], 256), dtype=torch.uint8, device=device)
+        names = {s.i: f"out{k}" for k, s in enumerate(outs)}
+
+        def ptr(a):
+            if type(a) is _Slot:
+                if a.i in names:
+                    return L.Ptr(names[a.i], 0, a.n, a.dtype)
+                if a.role == "reset":
+                    return L.Ptr("ws", 0, a.n, a.dtype)
+                pool, off = offsets[a.i]
+                return L.Ptr(pool, off, a.n, a.dtype)
+            if a is _X:
+                return L.Ptr("xp", 0, math.prod(self.shape), self._xdtype)
+            if a is _SEED_LO:
+                return L.Var("lo")
+            if a is _SEED_HI:
+                return L.Var("hi")
+            return a
+
+        launches = [(k, g, b, tuple(map(ptr, args))) for k, g, b, args in self.launches]
+        seq = L.compile_sequence(launches, ("xp", *names.values(), "scratch", "zero", "dummy", "ws", "lo", "hi"))
+        if seq is None:
+            return None
+        make = tuple((shapes[s.i][0], caller.dtypes[np.dtype(shapes[s.i][1])]) for s in outs)
+        where = {s.i: k for k, s in enumerate(outs)}
+        picks = tuple(None if s is None else where[s.i] for s in (self.codes, self.scales, self.zps, self.tscale, self.means))
+        stream_of, DP, empty, zeros, u8 = caller.stream, dummies.data_ptr(), torch.empty, torch.zeros, torch.uint8
+        n_scratch, n_zero = totals["scratch"], totals["zero"]
+        workspaces = _TorchWorkspaces(torch, device, dev_index) if reset else None
+
+        def run(x):
+            st = stream_of(dev_index)
+            arrays = [empty(shape, dtype=dt, device=device) for shape, dt in make]
+            scratch = empty(n_scratch, dtype=u8, device=device) if n_scratch else None
+            zero = zeros(n_zero, dtype=u8, device=device) if n_zero else None
+            ws = workspaces.get(st) if workspaces is not None else None
+            seq(st, x.data_ptr(), *[a.data_ptr() for a in arrays], 0 if scratch is None else scratch.data_ptr(),
+                0 if zero is None else zero.data_ptr(), DP, 0 if ws is None else ws.data_ptr(), 0, 0)  # fmt: skip
+            return tuple(None if k is None else arrays[k] for k in picks)
+
+        run.plan = self
+        run.dummies = dummies
+        return run
+
+
+class _TorchWorkspaces:
+    """The torch runners' ``grid_max`` workspace (``_grid``): one zeroed tensor per stream of
+    a direct call, as ``_grid.StreamWorkspaces`` keeps for CuPy (the kernels leave it zero,
+    and kernels of one stream run one after another); under graph capture the call's own,
+    zeroed by a memset node of the graph. A stream handle that the caller destroys and
+    PyTorch reuses for a new stream keeps the workspace, which is then still zero."""
+
+    def __init__(self, torch, device, dev_index, limit=64):
+        self._zeros, self._device, self._i32 = torch.zeros, device, torch.int32
+        self._capturing = torch.cuda.is_current_stream_capturing
+        self._by_stream = {}
+        self._limit = limit
+
+    def get(self, stream):
+        if self._capturing():
+            return self._zeros(GRID.SYNC_WORDS, dtype=self._i32, device=self._device)
+        ws = self._by_stream.get(stream)
+        if ws is None:
+            ws = self._zeros(GRID.SYNC_WORDS, dtype=self._i32, device=self._device)
+            while len(self._by_stream) >= self._limit:
+                self._by_stream.pop(next(iter(self._by_stream)), None)
+            self._by_stream[stream] = ws
+        return ws
+
+
 _STREAM_WS = None
 _STREAM_WS_LOCK = threading.Lock()
 

@@ -1,0 +1,273 @@
+"""nqdq as its users measure it: the wall clock of back-to-back calls from each array library.
+
+    python3 benchmarks/user_view.py [--sizes 64x7168,8192x8192,16384x7168]
+        [--schemes fp8_row,nvfp4,mxfp4] [--libs cupy,torch,jax] [--dtypes bfloat16,float16,float32]
+        [--ops quantize,dequantize] [--json FILE]
+
+For each (op, scheme, size, library, dtype):
+
+* ``wall us``: ``calls`` calls back to back from the library's own arrays, one device
+  synchronize at the end, divided by ``calls``; the median of 7 rounds. Host work, hidden
+  waits and launch gaps count, as they do in a user's program.
+* ``device us``: the same calls captured in a CUDA graph (``torch.cuda.graph`` for PyTorch,
+  CuPy's stream capture for CuPy) and replayed, timed with CUDA events: the kernels alone.
+  JAX cannot be captured: its row shows the CuPy graph's figure (the same kernels).
+* ``% of copy``: bytes read and written (input, codes, scales) against a device-to-device
+  copy of the input timed in the same run (read + written).
+
+Peers in the same run: a Triton per-token FP8 quantizer (``peers._triton_fp8_row``) beside
+``fp8_row`` from PyTorch. Inputs: fresh random data (normal, per-row magnitudes 2^U(-4, 4)),
+rotated over enough sets that one call's input is not in L2 from the call before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import nqdq  # noqa: E402
+
+ROUNDS = 7
+
+
+def _sets(shape, dtype, n_sets, seed):
+    """``n_sets`` NumPy float32 arrays of random data, rounded to ``dtype`` later."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_sets):
+        f = rng.standard_normal(shape, dtype=np.float32)
+        f *= np.exp2(rng.uniform(-4, 4, (shape[0], 1))).astype(np.float32)
+        out.append(f)
+    return out
+
+
+class Lib:
+    """One array library: its arrays from NumPy data, a device sync, graph timing."""
+
+    def __init__(self, name):
+        import cupy
+
+        self.name, self.cp = name, cupy
+        if name == "torch":
+            import torch
+
+            self.torch = torch
+        if name == "jax":
+            import jax
+            import jax.numpy as jnp
+
+            self.jax, self.jnp = jax, jnp
+
+    def array(self, f32, dtype):
+        import ml_dtypes
+
+        host = f32.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+        if self.name == "cupy":
+            if dtype == "bfloat16":  # CuPy has no bfloat16: its bits, with dtype= in the call
+                return self.cp.asarray(host.view(np.uint16))
+            return self.cp.asarray(host)
+        if self.name == "torch":
+            t = self.torch
+            if dtype == "bfloat16":
+                return t.from_numpy(host.view(np.int16)).cuda().view(t.bfloat16)
+            return t.from_numpy(host).cuda()
+        return self.jax.device_put(host)
+
+    def kwargs(self, dtype):
+        return {"dtype": "bfloat16"} if self.name == "cupy" and dtype == "bfloat16" else {}
+
+    def sync(self):
+        self.cp.cuda.runtime.deviceSynchronize()
+
+    def graph_us(self, fn, xs):
+        """Device time per call of ``fn(x)`` over ``xs``, captured in one CUDA graph and
+        replayed (median of 7 replays); None where the library cannot capture."""
+        n = len(xs)
+        if self.name == "torch":
+            t = self.torch
+            s = t.cuda.Stream()
+            s.wait_stream(t.cuda.current_stream())
+            g = t.cuda.CUDAGraph()
+            with t.cuda.stream(s), t.cuda.graph(g, stream=s):
+                keep = [fn(x) for x in xs]
+            t.cuda.synchronize()
+            a, b = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+            ts = []
+            for _ in range(8):
+                a.record()
+                g.replay()
+                b.record()
+                b.synchronize()
+                ts.append(a.elapsed_time(b) * 1000 / n)
+            del keep
+            return statistics.median(ts[1:])
+        if self.name == "cupy":
+            cp = self.cp
+            s = cp.cuda.Stream(non_blocking=True)
+            with s:
+                s.begin_capture()
+                keep = [fn(x) for x in xs]
+                g = s.end_capture()
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            ts = []
+            for _ in range(8):
+                a.record(s)
+                g.launch(s)
+                b.record(s)
+                b.synchronize()
+                ts.append(cp.cuda.get_elapsed_time(a, b) * 1000 / n)
+            del keep
+            return statistics.median(ts[1:])
+        return None
+
+
+def wall_us(fn, xs, sync, calls):
+    """Median over rounds of (``calls`` back-to-back calls + one sync) / calls, in us."""
+    for i in range(min(len(xs), 8) + 3):  # warm-up: plans, compilation, remembered runners
+        fn(xs[i % len(xs)])
+    sync()
+    res = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        for i in range(calls):
+            fn(xs[i % len(xs)])
+        sync()
+        res.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(res)
+
+
+def copy_us(nbytes):
+    """A device-to-device copy of ``nbytes``: device us (CuPy events, median of 20)."""
+    import cupy as cp
+
+    src = cp.random.default_rng(0).integers(0, 255, nbytes, dtype=cp.uint8)
+    dst = cp.empty_like(src)
+    dst[...] = src
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    ts = []
+    for _ in range(20):
+        a.record()
+        cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, cp.cuda.runtime.memcpyDeviceToDevice, 0)
+        b.record()
+        b.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(a, b) * 1000)
+    return statistics.median(ts)
+
+
+def out_bytes(q):
+    n = 0
+    for a in (q.codes, q.scales, q.zero_points, q.tensor_scale, q.means):
+        if a is not None:
+            n += int(np.prod(a.shape)) * (a.element_size() if hasattr(a, "element_size") else a.dtype.itemsize)
+    return n
+
+
+def bench(args):
+    import cupy as cp
+
+    l2 = cp.cuda.Device().attributes["L2CacheSize"]
+    rows = []
+    libs = {name: Lib(name) for name in args.libs}
+    device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    for size in args.sizes:
+        shape = tuple(int(v) for v in size.split("x"))
+        for dtype in args.dtypes:
+            isz = 4 if dtype == "float32" else 2
+            in_bytes = math.prod(shape) * isz
+            n_sets = int(min(64, max(2, math.ceil(4 * l2 / in_bytes))))
+            calls = max(n_sets, 20 if in_bytes > l2 else 200)
+            data = _sets(shape, dtype, n_sets, seed=len(rows))
+            copy = copy_us(in_bytes)
+            for lib in libs.values():
+                xs = [lib.array(f, dtype) for f in data]
+                kw = lib.kwargs(dtype)
+                for scheme in args.schemes:
+                    q0 = nqdq.quantize(xs[0], scheme, **kw)
+                    nbytes = in_bytes + out_bytes(q0)
+                    cases = {"quantize": (lambda x, s=scheme, kw=kw: nqdq.quantize(x, s, **kw), xs, nbytes)}
+                    if "dequantize" in args.ops:
+                        qs = [nqdq.quantize(x, scheme, **kw) for x in xs]
+                        cases["dequantize"] = (lambda q: nqdq.dequantize(q, dtype), qs, nbytes)
+                    for op in args.ops:
+                        fn, inputs, nb = cases[op]
+                        w = wall_us(fn, inputs, lib.sync, calls)
+                        try:
+                            d = lib.graph_us(fn, inputs)
+                        except Exception as e:  # a call that cannot be captured: say so in the row
+                            d, note = None, f"capture: {type(e).__name__}"
+                        else:
+                            note = ""
+                        rows.append(dict(op=op, scheme=scheme, size=size, lib=lib.name, dtype=dtype, wall_us=w,
+                                         device_us=d, copy_us=copy * nb / (2 * in_bytes), note=note))  # fmt: skip
+                        print(_row(rows[-1]), flush=True)
+            if "torch" in libs and "fp8_row" in args.schemes and dtype != "float32":
+                rows += _triton_row(libs["torch"], data, dtype, size, calls, copy, in_bytes, shape)
+    return device, rows
+
+
+def _triton_row(lib, data, dtype, size, calls, copy, in_bytes, shape):
+    try:
+        from peers import _triton_fp8_row
+
+        run, torch = _triton_fp8_row()
+    except Exception as e:
+        print(f"triton peer skipped: {type(e).__name__}: {e}")
+        return []
+    xs = [lib.array(f, dtype) for f in data]
+
+    def fn(x):
+        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        s = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
+        run(x, q, s)
+        return q, s
+
+    nb = in_bytes + math.prod(shape) + shape[0] * 4
+    row = dict(op="quantize", scheme="fp8_row (Triton peer)", size=size, lib="torch", dtype=dtype,
+               wall_us=wall_us(fn, xs, lib.sync, calls), device_us=lib.graph_us(fn, xs),
+               copy_us=copy * nb / (2 * in_bytes), note="")  # fmt: skip
+    print(_row(row), flush=True)
+    return [row]
+
+
+def _pct(copy, us):
+    return f"{100 * copy / us:.0f} %" if us else "-"
+
+
+def _row(r):
+    d = f"{r['device_us']:.1f}" if r["device_us"] else "-"
+    return (f"| {r['op']} | {r['scheme']} | {r['size']} | {r['lib']} | {r['dtype']} | {r['wall_us']:.1f} | {d} | "
+            f"{_pct(r['copy_us'], r['wall_us'])} | {_pct(r['copy_us'], r['device_us'])} | {r['note']} |")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="64x7168,8192x8192,16384x7168", type=lambda s: s.split(","))
+    p.add_argument("--schemes", default="fp8_row,nvfp4,mxfp4", type=lambda s: s.split(","))
+    p.add_argument("--libs", default="cupy,torch,jax", type=lambda s: s.split(","))
+    p.add_argument("--dtypes", default="bfloat16,float16,float32", type=lambda s: s.split(","))
+    p.add_argument("--ops", default="quantize,dequantize", type=lambda s: s.split(","))
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    device, rows = bench(args)
+    print(f"\n{device}; wall: back-to-back calls, one synchronize; device: CUDA-graph replay (CUDA events)\n")
+    print("| op | scheme | size | library | dtype | wall us | device us | wall % of copy | device % of copy | |")
+    print("|---|---|---|---|---|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(_row(r))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""The caller's array library on the GPU path: the stream a call runs on, and the library
+its results come back in.
+
+nqdq imports neither PyTorch nor JAX. A library is reached through the module of the array
+the caller passed (``sys.modules``), once an array of its type arrives:
+
+==========  =====================================  ==========================================
+caller      stream a call runs on (``stream=None``)  results
+==========  =====================================  ==========================================
+CuPy        CuPy's current stream                  CuPy arrays
+PyTorch     PyTorch's current stream of the        ``torch.Tensor`` (codes uint8 / int8,
+            tensor's device                        scales float32, bfloat16 as torch.bfloat16)
+JAX         CuPy's current stream (JAX has no      ``jax.Array`` through DLPack (bfloat16 as
+            current stream: its arrays are ready   jnp.bfloat16); the input is exported with
+            when exported through DLPack)          ``__dlpack__(stream=...)``, so JAX orders it
+Numba, any  CuPy's current stream (the legacy      CuPy arrays where CuPy is installed, Numba
+CAI array   default stream without CuPy)           device arrays otherwise
+==========  =====================================  ==========================================
+
+``stream=`` given to an entry point (an integer handle, a CuPy stream, a PyTorch stream, or
+any object with ``__cuda_stream__``) overrides the default for that call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+
+import numpy as np
+
+from . import launch
+
+_NULL = contextlib.nullcontext()
+
+
+def stream_handle(stream) -> int:
+    """The ``CUstream`` handle of ``stream``: an int, a CuPy stream (``.ptr``), a PyTorch
+    stream (``.cuda_stream``) or an object with ``__cuda_stream__``; TypeError naming
+    ``stream`` otherwise."""
+    if isinstance(stream, bool):
+        raise TypeError("stream must be a CUDA stream (an int handle, a CuPy or PyTorch stream), got a bool")
+    if isinstance(stream, (int, np.integer)):
+        if int(stream) < 0:
+            raise ValueError(f"stream={int(stream)} is not a stream handle")
+        return int(stream)
+    h = getattr(stream, "cuda_stream", None)  # PyTorch
+    if h is not None:
+        return int(h)
+    try:
+        return launch._stream_handle(stream)
+    except TypeError:
+        raise TypeError(f"stream must be a CUDA stream (an int handle, a CuPy or PyTorch stream), "
+                        f"got {type(stream).__name__}") from None
+
+
+class Caller:
+    """CuPy, Numba and ``__cuda_array_interface__`` callers: CuPy's current stream, results
+    as the kernels' allocator made them (CuPy where installed)."""
+
+    name = "cupy"
+
+    def stream(self, device: int) -> int | None:
+        """This library's current stream on ``device``; None: CuPy's (launch's default)."""
+        return None
+
+    def result(self, a):
+        return a
+
+    def result_bfloat16(self, bits):
+        """``bits`` (uint16 holding bfloat16) as this library's bfloat16 where it has one."""
+        return bits
+
+
+class TorchCaller(Caller):
+    """PyTorch tensors: PyTorch's current stream, results as tensors (zero-copy, DLPack)."""
+
+    name = "torch"
+
+    def __init__(self, torch):
+        self.torch = torch
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's launcher reads
+        self._raw_stream = raw if raw is not None else self._public_stream
+        self.tensor = torch.Tensor
+        self.dtypes = {
+            np.dtype(np.uint8): torch.uint8, np.dtype(np.int8): torch.int8, np.dtype(np.float32): torch.float32,
+            np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64, np.dtype(np.float16): torch.float16,
+        }  # fmt: skip
+
+    def _public_stream(self, device):
+        return self.torch.cuda.current_stream(device).cuda_stream
+
+    def stream(self, device):
+        return self._raw_stream(device)
+
+    def current_device(self) -> int:
+        return self.torch.cuda.current_device()
+
+    def result(self, a):
+        if a is None or isinstance(a, self.tensor):
+            return a
+        if a.dtype == np.uint16:  # (PyTorch's uint16 is a storage type: view it from int16)
+            a = a.view(np.int16)
+        if hasattr(a, "__dlpack__"):
+            return self.torch.from_dlpack(a)
+        return self.torch.as_tensor(a, device=f"cuda:{launch_device(a)}")
+
+    def result_bfloat16(self, bits):
+        return self.result(bits).view(self.torch.bfloat16)
+
+    def empty(self, shape, dtype, device):
+        return self.torch.empty(shape, dtype=self.dtypes[np.dtype(dtype)], device=device)
+
+
+class JaxCaller(Caller):
+    """JAX arrays: results imported by ``jax.dlpack.from_dlpack`` (zero-copy; JAX's stream
+    waits for the call's through the exporter's ``__dlpack__(stream=...)``)."""
+
+    name = "jax"
+
+    def __init__(self, jax):
+        import importlib
+
+        self.jax = jax
+        self.dlpack = importlib.import_module("jax.dlpack")  # (part of the loaded jax package)
+        self.bfloat16 = importlib.import_module("jax.numpy").bfloat16
+        self.bitcast = importlib.import_module("jax.lax").bitcast_convert_type
+
+    def result(self, a):
+        if a is None:
+            return None
+        return self.dlpack.from_dlpack(a)
+
+    def result_bfloat16(self, bits):
+        return self.bitcast(self.result(bits), self.bfloat16)
+
+
+def launch_device(a) -> int:
+    from ._devices import ordinal_of
+
+    dev = ordinal_of(a)
+    return 0 if dev is None else dev
+
+
+_CALLERS: dict = {}
+_DEFAULT = Caller()
+_LOCK = threading.Lock()
+
+
+def caller_of(x) -> Caller:
+    """The :class:`Caller` of array ``x``'s library (by its type; made once a type)."""
+    t = type(x)
+    c = _CALLERS.get(t)
+    if c is not None:
+        return c
+    root = t.__module__.split(".")[0]
+    mod = sys.modules.get(root)
+    if root == "torch" and mod is not None and isinstance(x, mod.Tensor):
+        c = TorchCaller(mod)
+    elif root in ("jax", "jaxlib") and sys.modules.get("jax") is not None:
+        c = JaxCaller(sys.modules["jax"])
+    else:
+        c = _DEFAULT
+    with _LOCK:
+        _CALLERS[t] = c
+    return c
+
+
+@contextlib.contextmanager
+def running_on(handle: int):
+    """Launches of this thread, and CuPy's allocations and current stream where CuPy is
+    loaded, on stream ``handle`` for the body (the general path of a call with a caller's
+    stream: the kernels' allocator and every launch follow it)."""
+    cp = sys.modules.get("cupy")
+    ctx = cp.cuda.ExternalStream(handle) if cp is not None and handle else _NULL
+    prev = launch.stream_override(handle)
+    try:
+        with ctx:
+            yield
+    finally:
+        launch.stream_override(prev)
+
+
+def call_stream(caller: Caller, stream, device: int):
+    """The stream handle a GPU call runs on: ``stream`` when given, else the caller's
+    library's current stream on ``device`` (None: CuPy's, launch's default)."""
+    if stream is not None:
+        return stream_handle(stream)
+    return caller.stream(device)

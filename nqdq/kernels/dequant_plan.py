@@ -1,0 +1,145 @@
+"""``dequantize`` on a GPU, planned once per (scheme, shape, output dtype, device): the
+launches of ``quantize.dequantize`` compiled into one launch sequence, and a runner per
+caller library that per call only allocates the output and stores the arrays' addresses.
+
+The decode kernel (``_quantize_kernels.make_dequant_kernel``) writes float32; a bfloat16
+result is rounded from it by ``f32_to_bf16_kernel`` in the same sequence (float32 scratch).
+float16 results are rounded by the caller's library (``astype`` / ``to``), as on the
+general path.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import sys
+import threading
+
+import numpy as np
+
+from ..reference.packing import packed_length
+from ..schemes import Scheme
+from . import _devices
+from . import _quantize_kernels as K
+from . import launch as L
+from ._elements import format_tuple
+from ._scales import MODE_MX, MODE_NVFP4
+from ._target import SIMULATOR
+
+_U8, _F32, _U16 = np.dtype(np.uint8), np.dtype(np.float32), np.dtype(np.uint16)
+
+
+class DequantPlan:
+    """The launches of one dequantize call: the decode kernel over ``shape`` (codes packed
+    along the last axis), and for ``bfloat16`` the rounding kernel after it."""
+
+    def __init__(self, sch: Scheme, shape: tuple, bfloat16: bool, threads: int):
+        from . import quantize as kq
+
+        self.shape = shape
+        self.bfloat16 = bfloat16
+        n = math.prod(shape)
+        C = shape[-1]
+        rows = n // C
+        sub = sch.code_bits < 8
+        pcols = packed_length(C, sch.code_bits) if sub else C
+        mode = kq._mode(sch)
+        sc = _U8 if mode in (MODE_MX, MODE_NVFP4) else _F32
+        ns = math.prod(sch.scale_shape(shape))
+        tpr_log2 = kq._team_log2(C, threads)
+        grid = max(1, min(kq._cdiv(rows, threads >> tpr_log2), 1 << 20))
+        kernel = K.make_dequant_kernel(mode, format_tuple(sch), sch.symmetric, sub)
+        out = L.Ptr("f32", 0, n, _F32)
+        self.launches = [(kernel, grid, threads, (
+            L.Ptr("codes", 0, rows * pcols, _U8), rows, C, pcols, *kq._geo_args(shape, sch.block_for(shape)),
+            L.Ptr("scales", 0, ns, sc), L.Ptr("zps", 0, ns if sch.symmetric is False else 1, _U8),
+            L.Ptr("means", 0, ns if sch.centred else 1, _F32), L.Ptr("tscale", 0, 1, _F32), out, tpr_log2,
+        ))]  # fmt: skip
+        if bfloat16:
+            g = max(1, min(kq._cdiv(n, threads), 1 << 20))
+            self.launches.append((K.f32_to_bf16_kernel, g, threads, (out, L.Ptr("bf16", 0, n, _U16), n)))
+        self.names = ("codes", "scales", "zps", "means", "tscale", "f32", "bf16")
+        self._seq = None
+        self._seq_built = False
+        self._lock = threading.Lock()
+        self.dummy_nbytes = 256
+
+    def sequence(self):
+        """The compiled launch sequence ``seq(stream, codes, scales, zps, means, tscale, f32,
+        bf16)`` (addresses), or None where it cannot be built (simulator, NQDQ_FAST_LAUNCH=0)."""
+        if not self._seq_built:
+            with self._lock:
+                if not self._seq_built:
+                    self._seq = None if SIMULATOR else L.compile_sequence(self.launches, self.names)
+                    self._seq_built = True
+        return self._seq
+
+    def cupy_runner(self):
+        """``run(codes, scales, zps, means, tscale) -> values`` (CuPy arrays in and out, on
+        CuPy's current stream of the plan's GPU; absent arrays None), or None."""
+        seq = self.sequence()
+        cp = sys.modules.get("cupy")
+        if seq is None or cp is None:
+            return None
+        dev = _devices.current()
+        dummy = cp.zeros(self.dummy_nbytes // 4, np.float32)
+        DP = dummy.data.ptr
+        n, shape, alloc, nd, cur = math.prod(self.shape), self.shape, cp.cuda.alloc, cp.ndarray, cp.cuda.get_current_stream
+        bf16 = self.bfloat16
+
+        def run(codes, scales, zps, means, tscale):
+            mp = alloc(n * (6 if bf16 else 4))
+            f32 = mp.ptr
+            seq(cur(dev).ptr, codes.data.ptr, scales.data.ptr, DP if zps is None else zps.data.ptr,
+                DP if means is None else means.data.ptr, DP if tscale is None else tscale.data.ptr, f32,
+                f32 + 4 * n)  # fmt: skip
+            return nd(shape, _U16, mp + 4 * n) if bf16 else nd(shape, _F32, mp)
+
+        run.dummy = dummy
+        return run
+
+    def torch_runner(self, caller):
+        """As :meth:`cupy_runner` for PyTorch tensors, on PyTorch's current stream; results
+        float32 or torch.bfloat16."""
+        seq = self.sequence()
+        if seq is None:
+            return None
+        torch = caller.torch
+        dev = _devices.current()
+        device = torch.device("cuda", dev)
+        dummy = torch.zeros(self.dummy_nbytes, dtype=torch.uint8, device=device)
+        DP = dummy.data_ptr()
+        shape, empty, stream = self.shape, torch.empty, caller.stream
+        f32, bf16 = torch.float32, (torch.bfloat16 if self.bfloat16 else None)
+
+        def run(codes, scales, zps, means, tscale):
+            v = empty(shape, dtype=f32, device=device)
+            out = v if bf16 is None else empty(shape, dtype=bf16, device=device)
+            seq(stream(dev), codes.data_ptr(), scales.data_ptr(), DP if zps is None else zps.data_ptr(),
+                DP if means is None else means.data_ptr(), DP if tscale is None else tscale.data_ptr(), v.data_ptr(),
+                out.data_ptr())  # fmt: skip
+            return out
+
+        run.dummy = dummy
+        return run
+
+
+_PLANS: collections.OrderedDict = collections.OrderedDict()
+_PLANS_MAX = 256
+_PLANS_LOCK = threading.Lock()
+
+
+def get_plan(sch: Scheme, shape, bfloat16: bool, threads: int | None = None) -> DequantPlan:
+    """The cached :class:`DequantPlan` on the current GPU."""
+    from .quantize import THREADS
+
+    nt = threads or THREADS
+    key = (sch, tuple(shape), bool(bfloat16), nt, _devices.current())
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = DequantPlan(sch, tuple(shape), bool(bfloat16), nt)
+        with _PLANS_LOCK:
+            _PLANS[key] = plan
+            while len(_PLANS) > _PLANS_MAX:
+                _PLANS.popitem(last=False)
+    return plan
