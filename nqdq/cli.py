@@ -2,13 +2,16 @@
 
 Argument parsing only; the work is done by :mod:`nqdq.report`. :func:`main` returns the
 exit status (0 ok, 1 nothing could be reported, 2 bad arguments) instead of exiting, so it
-can be called in-process: ``main(["report", "w.safetensors", "--json"])``.
+can be called in-process: ``main(["report", "w.safetensors", "--json"])``. Text from a file
+(tensor names) reaches the terminal through :func:`nqdq.report.printable`, control
+characters escaped; ``--json`` escapes them as JSON does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from . import __version__
@@ -46,7 +49,21 @@ def _shape_arg(text: str) -> tuple[int, ...]:
         shape = ()
     if not shape or any(d <= 0 for d in shape):
         raise argparse.ArgumentTypeError(f"{text!r} is not a shape like 1024x4096 (positive integers)")
+    if math.prod(shape) > R.SAMPLE_MAX_VALUES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has {math.prod(shape):,} values; the built-in sample has at most {R.SAMPLE_MAX_VALUES:,}"
+        )
     return shape
+
+
+def _seed_arg(text: str) -> int:
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed (a non-negative integer)")
+    return seed
 
 
 def _schemes_arg(text: str) -> list[str]:
@@ -78,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print a JSON list, one object per (tensor, scheme)")
     r.add_argument("--sample-shape", type=_shape_arg, metavar="RxC",
                    help=f"shape of the built-in sample (default {'x'.join(map(str, R.SAMPLE_SHAPE))})")
-    r.add_argument("--seed", type=int, default=R.SAMPLE_SEED, help="seed of the built-in sample (default 0)")
+    r.add_argument("--seed", type=_seed_arg, default=R.SAMPLE_SEED, help="seed of the built-in sample (default 0)")
     r.add_argument("--no-progress", action="store_true",
                    help="no progress bar (it is off anyway unless stderr is a TTY)")
 
@@ -97,7 +114,7 @@ def main(argv=None) -> int:
             return _schemes(args)
         return _report(args)
     except R.ReportError as exc:
-        print(f"nqdq {args.command}: error: {exc}", file=sys.stderr)
+        print(f"nqdq {args.command}: error: {R.printable(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `nqdq report | head`
         sys.stderr.close()
@@ -129,7 +146,7 @@ def _inputs(args):
         missing = [t for t in args.tensor if t not in by_name]
         if missing:
             names = list(by_name)
-            shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+            shown = ", ".join(map(R.printable, names[:20])) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
             raise R.ReportError("--tensor", f"no tensor named {', '.join(map(repr, missing))} in {args.file}; "
                                             f"it has: {shown or '(none)'}")
         sources = [by_name[t] for t in dict.fromkeys(args.tensor)]
@@ -160,14 +177,14 @@ def _report(args) -> int:
     if args.json:
         print(json.dumps([r.to_json() for r in rows], indent=2))
         for n in notes:
-            print(f"note: {n}", file=sys.stderr)
+            print(f"note: {R.printable(n)}", file=sys.stderr)
     else:
         print(title)
         print()
         if rows:
             print(R.format_report(rows))
         for n in notes:
-            print(f"note: {n}")
+            print(f"note: {R.printable(n)}")
     if not rows:
         print("nqdq report: no tensor could be quantized (see the notes)", file=sys.stderr)
         return 1

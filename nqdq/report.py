@@ -45,10 +45,12 @@ __all__ = [
     "scheme_rows",
     "format_schemes",
     "prepare_tensor",
+    "printable",
 ]
 
 SAMPLE_SHAPE = (1024, 4096)
 SAMPLE_SEED = 0
+SAMPLE_MAX_VALUES = 1 << 26  # the largest built-in sample: 256 MiB as float32
 
 
 # --------------------------------------------------------------------------- the sample
@@ -324,8 +326,17 @@ def _shape_str(shape) -> str:
     return "x".join(str(d) for d in shape) if len(shape) else "scalar"
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (control characters such as ESC,
+    BEL, newline; format characters such as U+202E) written as its Python escape, so that a
+    tensor name from a file can neither drive the terminal nor start a line of its own."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def tensor_title(r: Row) -> str:
-    return f"{r.tensor}  ({_shape_str(r.shape)} {r.dtype}, {r.numel:,} value{'s' if r.numel != 1 else ''})"
+    return f"{printable(r.tensor)}  ({_shape_str(r.shape)} {r.dtype}, {r.numel:,} value{'s' if r.numel != 1 else ''})"
 
 
 def format_report(rows: list[Row], *, totals: bool = True) -> str:

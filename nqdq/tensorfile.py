@@ -9,6 +9,8 @@ safetensors package's NumPy API (``safe_open``), which gives bfloat16 as
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,31 +51,45 @@ def _safetensors_sources(path: str) -> list[TensorSource]:
 
     def loader(name):
         def load():
-            with safe_open(path, framework="numpy") as f:
-                try:
-                    return f.get_tensor(name)
-                except (AttributeError, TypeError):  # a dtype NumPy has no type for
-                    return None
+            try:
+                with safe_open(path, framework="numpy") as f:
+                    try:
+                        return f.get_tensor(name)
+                    except (AttributeError, TypeError):  # a dtype NumPy has no type for
+                        return None
+            except Exception as exc:  # the file changed or is damaged (safetensors' own error type)
+                raise TensorFileError("FILE", f"tensor {name!r} of {path} cannot be read ({exc})") from None
 
         return load
 
     return [TensorSource(name, dtype, loader(name)) for name, dtype in entries]
 
 
+# What a damaged zip raises: zipfile's own errors, a truncated or corrupt deflate stream, a
+# short read, a compression method Python lacks, an encrypted member.
+_ZIP_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error,
+               NotImplementedError, RuntimeError)  # fmt: skip
+
+
 def _npz_sources(path: str) -> list[TensorSource]:
     try:
         with np.load(path, allow_pickle=False) as z:
             names = list(z.files)
-    except (OSError, ValueError) as exc:
+    except _ZIP_ERRORS as exc:
         raise TensorFileError("FILE", f"{path} is not a readable .npz file ({exc})") from None
 
     def loader(name):
         def load():
-            with np.load(path, allow_pickle=False) as z:
-                try:
-                    return z[name]
-                except ValueError:  # an object array (would need pickles): not a tensor
-                    return None
+            try:
+                with np.load(path, allow_pickle=False) as z:
+                    try:
+                        return z[name]
+                    except ValueError as exc:
+                        if "allow_pickle" in str(exc):  # an object array: not a tensor
+                            return None
+                        raise
+            except _ZIP_ERRORS as exc:
+                raise TensorFileError("FILE", f"tensor {name!r} of {path} cannot be read ({exc})") from None
 
         return load
 

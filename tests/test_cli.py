@@ -329,3 +329,76 @@ def test_errors_exit_2_naming_the_argument(capsys, tmp_path, argv, message):
     assert rc == 2
     assert message in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["report", "--seed", "-1"], "argument --seed: '-1' is not a seed (a non-negative integer)"),
+        (["report", "--seed", "x"], "argument --seed: 'x' is not a seed"),
+        (["report", "--sample-shape", "10000000x10000000"], "argument --sample-shape: '10000000x10000000' has "
+                                                            "100,000,000,000,000 values; the built-in sample has at most"),
+    ],
+)  # fmt: skip
+def test_sample_arguments_out_of_range_exit_2(capsys, argv, message):
+    # issue 44, item 9: both exited 1 with a traceback
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and message in err, err
+    assert "Traceback" not in err and out == ""
+
+
+def _npz_of_two(path):
+    rng = np.random.default_rng(7)
+    np.savez(path, a=rng.standard_normal((8, 64)).astype(np.float32), b=rng.standard_normal((8, 64)).astype(np.float32))
+    return path.read_bytes()
+
+
+def test_truncated_npz_exits_2_naming_file(capsys, tmp_path):
+    # issue 44, item 5: a raw zipfile.BadZipFile, a traceback and exit status 1
+    path = tmp_path / "cut.npz"
+    data = _npz_of_two(path)
+    path.write_bytes(data[: len(data) // 2])
+    rc, out, err = run(capsys, "report", str(path), "--schemes", "fp8_row")
+    assert rc == 2 and "Traceback" not in err
+    assert f"nqdq report: error: argument FILE: {path} is not a readable .npz file" in err, err
+
+
+def test_npz_member_that_fails_to_read_exits_2_naming_file(capsys, tmp_path):
+    # the zip directory is intact, a member's bytes are not (its CRC fails when it is read)
+    path = tmp_path / "crc.npz"
+    data = bytearray(_npz_of_two(path))
+    i = data.index(b"b.npy") + 200  # inside member b's data (stored, not compressed)
+    data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    rc, out, err = run(capsys, "report", str(path), "--schemes", "fp8_row")
+    assert rc == 2 and "Traceback" not in err
+    assert f"argument FILE: tensor 'b' of {path} cannot be read" in err, err
+
+
+NASTY = {"\x1b]0;owned\x07\x1b[31mred": "escape sequences", "w\nnote: fake": "a fake note line", "rtl\u202eexe": "U+202E"}
+
+
+def test_tensor_names_reach_the_terminal_escaped(capsys, tmp_path):
+    # issue 44, item 10: a name from a file could drive the terminal or forge a line
+    path = tmp_path / "names.safetensors"
+    rng = np.random.default_rng(8)
+    write_safetensors(path, {name: ("F32", rng.standard_normal((4, 64)).astype(np.float32)) for name in NASTY})
+    rc, out, err = run(capsys, "report", str(path), "--schemes", "fp8_row")
+    assert rc == 0, err
+    text = out + err
+    assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
+    assert not any(line.startswith("note: fake") for line in text.splitlines())
+    assert "\\x1b]0;owned\\x07\\x1b[31mred" in out and "w\\nnote: fake" in out and "rtl\\u202eexe" in out
+    rows, _ = run_json(capsys, "report", str(path), "--schemes", "fp8_row")
+    assert sorted(r["tensor"] for r in rows) == sorted(NASTY)  # JSON keeps the names, escaped as JSON does
+
+
+def test_tensor_names_in_errors_and_notes_are_escaped(capsys, tmp_path):
+    path = tmp_path / "n.safetensors"
+    write_safetensors(path, {"i\x1b[2Jx": ("I32", np.arange(4, dtype=np.int32))})
+    rc, out, err = run(capsys, "report", str(path), "--tensor", "nope")
+    assert rc == 2 and "\x1b" not in err and "i\\x1b[2Jx" in err
+    rc, out, err = run(capsys, "report", str(path), "--schemes", "fp8_row")
+    assert "\x1b" not in out + err and "note: i\\x1b[2Jx: skipped: integer tensor" in out
+    rc, out, err = run(capsys, "report", str(path), "--schemes", "fp8_row", "--json")
+    assert "\x1b" not in err and "note: i\\x1b[2Jx: skipped" in err
