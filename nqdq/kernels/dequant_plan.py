@@ -75,7 +75,7 @@ class DequantPlan:
         return self._seq
 
     def cupy_runner(self):
-        """``run(codes, scales, zps, means, tscale) -> values`` (CuPy arrays in and out, on
+        """``run(codes, scales, zps, tscale, means) -> values`` (CuPy arrays in and out, on
         CuPy's current stream of the plan's GPU; absent arrays None), or None."""
         seq = self.sequence()
         cp = sys.modules.get("cupy")
@@ -87,7 +87,7 @@ class DequantPlan:
         n, shape, alloc, nd, cur = math.prod(self.shape), self.shape, cp.cuda.alloc, cp.ndarray, cp.cuda.get_current_stream
         bf16 = self.bfloat16
 
-        def run(codes, scales, zps, means, tscale):
+        def run(codes, scales, zps, tscale, means):
             mp = alloc(n * (6 if bf16 else 4))
             f32 = mp.ptr
             seq(cur(dev).ptr, codes.data.ptr, scales.data.ptr, DP if zps is None else zps.data.ptr,
@@ -112,7 +112,7 @@ class DequantPlan:
         shape, empty, stream = self.shape, torch.empty, caller.stream
         f32, bf16 = torch.float32, (torch.bfloat16 if self.bfloat16 else None)
 
-        def run(codes, scales, zps, means, tscale):
+        def run(codes, scales, zps, tscale, means):
             v = empty(shape, dtype=f32, device=device)
             out = v if bf16 is None else empty(shape, dtype=bf16, device=device)
             seq(stream(dev), codes.data_ptr(), scales.data_ptr(), DP if zps is None else zps.data_ptr(),

@@ -1,0 +1,147 @@
+"""The caller's library and stream (nqdq.kernels._callers), without a GPU.
+
+Stand-in modules play PyTorch and JAX: routing by the array's type, the stream a call takes,
+results handed to the library's own import (``from_dlpack``), and ``stream=`` checks. The
+GPU tests (tests/test_callers_gpu.py) run the real libraries.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import nqdq
+from nqdq.kernels import _callers, launch
+
+
+def _stand_in_torch(monkeypatch, raw_stream=True):
+    """A module named ``torch`` with what TorchCaller reads: Tensor, _C, cuda, from_dlpack."""
+    torch = types.ModuleType("torch")
+    calls = []
+
+    class Tensor:
+        __module__ = "torch"
+
+        def __init__(self, data, dtype="uint8"):
+            self.data, self.dtype = data, dtype
+
+        def view(self, dtype):
+            calls.append(("view", dtype))
+            return Tensor(self.data, dtype)
+
+    torch.Tensor = Tensor
+    torch.bfloat16, torch.uint8, torch.int8, torch.float32 = "bfloat16", "uint8", "int8", "float32"
+    torch.int32, torch.int64, torch.float16 = "int32", "int64", "float16"
+    torch._C = types.SimpleNamespace()
+    if raw_stream:
+        torch._C._cuda_getCurrentRawStream = lambda dev: 1000 + dev
+    torch.cuda = types.SimpleNamespace(current_stream=lambda dev: types.SimpleNamespace(cuda_stream=2000 + dev),
+                                       current_device=lambda: 0)  # fmt: skip
+
+    def from_dlpack(a):
+        calls.append(("from_dlpack", a.dtype))
+        return Tensor(a, str(a.dtype))
+
+    torch.from_dlpack = from_dlpack
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(_callers, "_CALLERS", {})
+    return torch, calls
+
+
+class _Exported:
+    """A stand-in GPU result: an array with a DLPack export (the kernels' CuPy array)."""
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+
+    def view(self, dtype):
+        return _Exported(dtype)
+
+    def __dlpack__(self, stream=None):
+        raise AssertionError("the stand-in library imports it itself")
+
+
+def test_stream_handles():
+    assert _callers.stream_handle(0) == 0 and _callers.stream_handle(np.int64(7)) == 7
+    assert _callers.stream_handle(types.SimpleNamespace(ptr=11)) == 11  # CuPy
+    assert _callers.stream_handle(types.SimpleNamespace(cuda_stream=12)) == 12  # PyTorch
+
+    class Protocol:
+        def __cuda_stream__(self):
+            return (0, 13)
+
+    assert _callers.stream_handle(Protocol()) == 13
+    with pytest.raises(TypeError, match="stream"):
+        _callers.stream_handle(True)
+    with pytest.raises(TypeError, match="stream"):
+        _callers.stream_handle("default")
+    with pytest.raises(ValueError, match="stream"):
+        _callers.stream_handle(-1)
+
+
+def test_torch_tensors_route_to_torch(monkeypatch):
+    torch, calls = _stand_in_torch(monkeypatch)
+    c = _callers.caller_of(torch.Tensor(None))
+    assert c.name == "torch" and _callers.caller_of(torch.Tensor(None)) is c  # made once a type
+    assert c.stream(1) == 1001  # PyTorch's current raw stream of the tensor's device
+    assert _callers.call_stream(c, 55, 1) == 55  # stream= wins
+    t = c.result(_Exported(np.float32))
+    assert isinstance(t, torch.Tensor) and calls == [("from_dlpack", np.dtype(np.float32))]
+    calls.clear()
+    b = c.result_bfloat16(_Exported(np.uint16))
+    # PyTorch's uint16 is a storage type: int16 bits are imported, then viewed as bfloat16
+    assert calls == [("from_dlpack", np.dtype(np.int16)), ("view", "bfloat16")] and b.dtype == "bfloat16"
+    assert c.result(None) is None
+
+
+def test_torch_without_raw_stream_uses_public_api(monkeypatch):
+    torch, _ = _stand_in_torch(monkeypatch, raw_stream=False)
+    assert _callers.caller_of(torch.Tensor(None)).stream(0) == 2000
+
+
+def test_other_arrays_keep_the_default_caller(monkeypatch):
+    monkeypatch.setattr(_callers, "_CALLERS", {})
+    c = _callers.caller_of(np.zeros(3))
+    assert c.name == "cupy" and c.stream(0) is None and c.result("a") == "a"
+
+
+def test_jax_arrays_route_to_jax(monkeypatch):
+    jax = types.ModuleType("jax")
+    seen = []
+    dl = types.ModuleType("jax.dlpack")
+    dl.from_dlpack = lambda a: seen.append(("from_dlpack", a.dtype)) or ("jax", a.dtype)
+    jnp = types.ModuleType("jax.numpy")
+    jnp.bfloat16 = "bf16"
+    lax = types.ModuleType("jax.lax")
+    lax.bitcast_convert_type = lambda a, t: seen.append(("bitcast", t)) or ("jax", t)
+    for name, mod in (("jax", jax), ("jax.dlpack", dl), ("jax.numpy", jnp), ("jax.lax", lax)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(_callers, "_CALLERS", {})
+    ArrayImpl = type("ArrayImpl", (), {"__module__": "jaxlib._jax"})
+    c = _callers.caller_of(ArrayImpl())
+    assert c.name == "jax" and c.stream(0) is None  # CuPy's current stream
+    assert c.result(_Exported(np.uint8)) == ("jax", np.dtype(np.uint8))
+    assert c.result_bfloat16(_Exported(np.uint16)) == ("jax", "bf16")
+    assert seen[-1] == ("bitcast", "bf16")
+
+
+def test_stream_override_reaches_launches():
+    assert launch._stream_handle(None) == 0  # no CuPy in this process: the legacy stream
+    with _callers.running_on(42):
+        assert launch._stream_handle(None) == 42
+        with _callers.running_on(43):
+            assert launch._stream_handle(None) == 43
+        assert launch._stream_handle(None) == 42
+    assert launch._stream_handle(None) == 0
+
+
+def test_stream_with_host_arrays_is_an_error():
+    x = np.random.default_rng(5).standard_normal((4, 64)).astype(np.float32)
+    with pytest.raises(ValueError, match="stream"):
+        nqdq.quantize(x, "fp8_row", stream=0)
+    q = nqdq.quantize(x, "fp8_row")
+    with pytest.raises(ValueError, match="stream"):
+        nqdq.dequantize(q, stream=0)
