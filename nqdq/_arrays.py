@@ -43,6 +43,13 @@ def float_input(x, argname: str, *, allow_float64: bool = False, dtype=None):
     if not isinstance(x, np.ndarray):
         if isinstance(x, (list, tuple, float, int)):
             x = np.asarray(x)
+        elif hasattr(x, "__dlpack__"):  # a PyTorch / JAX array in host memory
+            lib = type(x).__module__.split(".")[0]
+            raise TypeError(
+                f"{argname} is a {lib} array in host memory; nqdq runs the kernels on GPU arrays and the NumPy "
+                f"reference on NumPy arrays: move {argname} to the GPU, or pass np.asarray({argname}) "
+                "(results then come back as NumPy arrays)"
+            )
         else:
             raise TypeError(f"{argname} must be a NumPy array, got {type(x).__name__}")
     if x.dtype.kind == "f" and not x.dtype.isnative:  # e.g. a big-endian .npy

@@ -169,6 +169,11 @@ def _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, s
     sch.check_shape(shape)
     if scale_layout != "linear":
         scale_matrix_shape(sch, shape, scale_layout)  # ValueError if the layout does not apply
+    if on_device and (scale is not None or nonfinite == "raise"):
+        from .kernels._callers import refuse_capture
+
+        refuse_capture("scale= is checked on the host and copied to the GPU" if scale is not None else
+                       "nonfinite='raise' reads the check's result back to the host")  # fmt: skip
     if scale is not None:
         scale = _arrays.static_scale(scale, sch.scale_shape(shape))
     if nonfinite == "raise" and (kq.has_nonfinite(xdev) if on_device else not np.isfinite(x32).all()):

@@ -145,3 +145,27 @@ def test_stream_with_host_arrays_is_an_error():
     q = nqdq.quantize(x, "fp8_row")
     with pytest.raises(ValueError, match="stream"):
         nqdq.dequantize(q, stream=0)
+
+
+def test_a_stream_of_another_gpu_is_an_error():
+    c = _callers.Caller()
+    torch_stream = types.SimpleNamespace(cuda_stream=77, device=types.SimpleNamespace(index=1))
+    with pytest.raises(ValueError, match="stream is a stream of GPU 1"):
+        _callers.call_stream(c, torch_stream, 0)
+    cupy_stream = types.SimpleNamespace(ptr=78, device_id=0)
+    assert _callers.call_stream(c, cupy_stream, 0) == 78
+    assert _callers.call_stream(c, 0, 3) == 0  # the legacy default stream serves every GPU
+
+
+def test_a_host_array_of_another_library_is_an_error():
+    class HostTensor:  # a CPU tensor: DLPack on kDLCPU
+        __module__ = "torch"
+
+        def __dlpack__(self, stream=None):
+            raise AssertionError("not read")
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    with pytest.raises(TypeError, match="torch array in host memory.*np.asarray"):
+        nqdq.quantize(HostTensor(), "fp8_row")

@@ -182,8 +182,57 @@ def running_on(handle: int):
 
 
 def call_stream(caller: Caller, stream, device: int):
-    """The stream handle a GPU call runs on: ``stream`` when given, else the caller's
-    library's current stream on ``device`` (None: CuPy's, launch's default)."""
-    if stream is not None:
-        return stream_handle(stream)
-    return caller.stream(device)
+    """The stream handle a GPU call runs on: ``stream`` when given (ValueError where it
+    belongs to another GPU than the call's arrays), else the caller's library's current
+    stream on ``device`` (None: CuPy's, launch's default)."""
+    if stream is None:
+        return caller.stream(device)
+    handle = stream_handle(stream)
+    owner = stream_device(stream, handle)
+    if owner is not None and owner != device:
+        raise ValueError(f"stream is a stream of GPU {owner}, but the call's arrays are on GPU {device}")
+    return handle
+
+
+def stream_device(stream, handle: int):
+    """The GPU of a stream object (PyTorch's ``.device``, CuPy's ``.device_id``) or handle
+    (``cuStreamGetDevice``, CUDA 12.8+); None where unknown or for the default streams."""
+    dev = getattr(stream, "device", None)
+    index = getattr(dev, "index", None)  # PyTorch: torch.device("cuda", n)
+    if isinstance(index, int):
+        return index
+    dev_id = getattr(stream, "device_id", None)  # CuPy
+    if isinstance(dev_id, int):
+        return dev_id
+    if handle <= 2:  # the legacy and per-thread default streams: one handle on every GPU
+        return None
+    try:
+        from cuda.bindings import driver
+
+        err, dev = driver.cuStreamGetDevice(handle)
+    except Exception:
+        return None
+    return int(dev) if err == driver.CUresult.CUDA_SUCCESS else None
+
+
+def capturing(handle: int) -> bool:
+    """Whether stream ``handle`` is capturing a CUDA graph (``cuStreamIsCapturing``); an
+    error (the legacy stream queried while another stream captures) counts as capturing."""
+    from ._target import SIMULATOR
+
+    if SIMULATOR:
+        return False
+    try:
+        from cuda.bindings import driver
+
+        err, status = driver.cuStreamIsCapturing(handle)
+    except Exception:
+        return True
+    return err != driver.CUresult.CUDA_SUCCESS or int(status) != 0
+
+
+def refuse_capture(what: str):
+    """RuntimeError where this call's stream is capturing a CUDA graph: ``what`` reads or
+    writes host memory per call, which a graph cannot replay."""
+    if capturing(launch._stream_handle(None)):
+        raise RuntimeError(f"{what}, so this call cannot be captured in a CUDA graph; run it outside the capture")
