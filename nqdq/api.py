@@ -128,7 +128,15 @@ def _quantize(x, scheme, granularity, axis, group_size, block_shape, scale, symm
     with _callers.running_on(handle) if handle is not None else _NULL:
         q = _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding,
                          rounding, seed, scale_layout, True, nonfinite, dtype, caller, stream)  # fmt: skip
+        if caller.name == "jax":
+            caller.hold(x, _launch_stream())
     return q
+
+
+def _launch_stream():
+    from .kernels.launch import _stream_handle
+
+    return _stream_handle(None)
 
 
 def _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding, rounding,
@@ -452,6 +460,8 @@ def _dequantize(q, dtype, device, stream):
             out = _arrays.device_astype(kq.dequantize(ref.QuantParts(*arrays), sch, tuple(q.shape)), out_dtype)
             if caller.name == "cupy":
                 return out
+            if caller.name == "jax":
+                caller.hold(tuple(getattr(q, f) for f in _PARTS), _launch_stream())
             return caller.result_bfloat16(out) if out_dtype == _arrays.BFLOAT16 else caller.result(out)
     if stream is not None:
         raise ValueError("stream= is for GPU calls; q holds host arrays (pass device='cuda' to run on the GPU)")

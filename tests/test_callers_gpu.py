@@ -168,3 +168,20 @@ def test_bad_callers():
         nqdq.quantize(x.t(), "fp8_row")
     with pytest.raises(TypeError, match="stream"):
         nqdq.quantize(x, "fp8_row", stream="default")
+
+
+def test_calls_that_touch_host_memory_refuse_capture():
+    torch = _torch()
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    nqdq.quantize(x, "fp8_tensor", scale=0.5)  # warm
+    nqdq.quantize(x, "fp8_row", nonfinite="raise")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    for kw in ({"scale": 0.5}, {"nonfinite": "raise"}):
+        g = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match="cannot be captured"):
+            with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+                nqdq.quantize(x, "fp8_tensor" if "scale" in kw else "fp8_row", **kw)
+    torch.cuda.synchronize()
+    q = nqdq.quantize(x, "fp8_row")  # the process still works after the refused captures
+    assert isinstance(q.codes, torch.Tensor)

@@ -134,6 +134,41 @@ class JaxCaller(Caller):
     def result_bfloat16(self, bits):
         return self.bitcast(self.result(bits), self.bfloat16)
 
+    def hold(self, inputs, handle: int):
+        """Keep ``inputs`` (JAX arrays, their DLPack owners) alive until the work queued on
+        stream ``handle`` so far has run: JAX frees a buffer in the order of its own streams,
+        not of the stream nqdq read it on."""
+        _HELD.hold(inputs, handle)
+
+
+class _HeldUntilDone:
+    """Objects kept alive until an event recorded after them on a stream has completed
+    (``cuEventRecord`` / ``cuEventQuery``); the completed ones are released at the next call."""
+
+    def __init__(self):
+        self._held = []
+        self._lock = threading.Lock()
+
+    def hold(self, objs, handle: int):
+        from cuda.bindings import driver
+
+        err, ev = driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+        if err != driver.CUresult.CUDA_SUCCESS or driver.cuEventRecord(ev, handle)[0] != driver.CUresult.CUDA_SUCCESS:
+            driver.cuStreamSynchronize(handle)  # (no event: wait here rather than free what is read)
+            return
+        with self._lock:
+            keep = []
+            for e, o in self._held:
+                if driver.cuEventQuery(e)[0] == driver.CUresult.CUDA_SUCCESS:
+                    driver.cuEventDestroy(e)
+                else:
+                    keep.append((e, o))
+            keep.append((ev, objs))
+            self._held = keep
+
+
+_HELD = _HeldUntilDone()
+
 
 def launch_device(a) -> int:
     from ._devices import ordinal_of
