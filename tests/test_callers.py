@@ -42,26 +42,57 @@ def _stand_in_torch(monkeypatch, raw_stream=True):
                                        current_device=lambda: 0)  # fmt: skip
 
     def from_dlpack(a):
-        calls.append(("from_dlpack", a.dtype))
-        return Tensor(a, str(a.dtype))
+        info = _read_capsule(a.__dlpack__(stream=1000))
+        calls.append(("from_dlpack", info[2:4]))
+        return Tensor(a, info[2:4])
 
     torch.from_dlpack = from_dlpack
     monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr("nqdq.kernels._interop._order_after", lambda consumer, producer: None)  # (no driver)
     monkeypatch.setattr(_callers, "_CALLERS", {})
     return torch, calls
 
 
 class _Exported:
-    """A stand-in GPU result: an array with a DLPack export (the kernels' CuPy array)."""
+    """A stand-in GPU result: a C-contiguous device array (``__cuda_array_interface__``)."""
 
-    def __init__(self, dtype):
+    def __init__(self, dtype, shape=(2, 3), ptr=0x7000):
         self.dtype = np.dtype(dtype)
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": self.dtype.str, "data": (ptr, False),
+                                         "strides": None, "version": 3}  # fmt: skip
 
-    def view(self, dtype):
-        return _Exported(dtype)
 
-    def __dlpack__(self, stream=None):
-        raise AssertionError("the stand-in library imports it itself")
+def _read_capsule(capsule):
+    """(device type, ndim, dtype code, bits, shape, data) of a DLPack capsule, then its deleter called."""
+    import ctypes
+
+    from nqdq.kernels import _interop
+
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    ptr = get(capsule, b"dltensor")
+    m = _interop._DLManagedTensor.from_address(ptr)
+    t = m.dl_tensor
+    out = (t.device.device_type, t.ndim, t.dtype.code, t.dtype.bits, tuple(t.shape[i] for i in range(t.ndim)), t.data)
+    assert ptr in _interop._EXPORTED
+    m.deleter(ptr)
+    assert ptr not in _interop._EXPORTED  # the deleter releases the export
+    return out
+
+
+def test_dlpack_export_names_the_dtype():
+    from nqdq.kernels._interop import DLPackExport
+
+    e = DLPackExport(_Exported(np.uint16, (4, 5), 0x9000), stream=0, as_bfloat16=True)
+    assert e.__dlpack_device__() == (2, 0)
+    assert _read_capsule(e.__dlpack__()) == (2, 2, 4, 16, (4, 5), 0x9000)  # kDLCUDA, bfloat16
+    assert _read_capsule(DLPackExport(_Exported(np.float32), 0).__dlpack__())[2:4] == (2, 32)
+    assert _read_capsule(DLPackExport(_Exported(np.int8), 0).__dlpack__())[2:4] == (0, 8)
+    assert _read_capsule(DLPackExport(_Exported(np.float32, ()), 0).__dlpack__())[1] == 0  # 0-d
+    strided = _Exported(np.float32, (2, 3))
+    strided.__cuda_array_interface__["strides"] = (4, 8)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        DLPackExport(strided, 0)
 
 
 def test_stream_handles():
@@ -89,11 +120,10 @@ def test_torch_tensors_route_to_torch(monkeypatch):
     assert c.stream(1) == 1001  # PyTorch's current raw stream of the tensor's device
     assert _callers.call_stream(c, 55, 1) == 55  # stream= wins
     t = c.result(_Exported(np.float32))
-    assert isinstance(t, torch.Tensor) and calls == [("from_dlpack", np.dtype(np.float32))]
+    assert isinstance(t, torch.Tensor) and calls == [("from_dlpack", (2, 32))]
     calls.clear()
-    b = c.result_bfloat16(_Exported(np.uint16))
-    # PyTorch's uint16 is a storage type: int16 bits are imported, then viewed as bfloat16
-    assert calls == [("from_dlpack", np.dtype(np.int16)), ("view", "bfloat16")] and b.dtype == "bfloat16"
+    c.result_bfloat16(_Exported(np.uint16))
+    assert calls == [("from_dlpack", (4, 16))]  # bfloat16 named in the capsule: no view needed
     assert c.result(None) is None
 
 
@@ -110,22 +140,17 @@ def test_other_arrays_keep_the_default_caller(monkeypatch):
 
 def test_jax_arrays_route_to_jax(monkeypatch):
     jax = types.ModuleType("jax")
-    seen = []
     dl = types.ModuleType("jax.dlpack")
-    dl.from_dlpack = lambda a: seen.append(("from_dlpack", a.dtype)) or ("jax", a.dtype)
-    jnp = types.ModuleType("jax.numpy")
-    jnp.bfloat16 = "bf16"
-    lax = types.ModuleType("jax.lax")
-    lax.bitcast_convert_type = lambda a, t: seen.append(("bitcast", t)) or ("jax", t)
-    for name, mod in (("jax", jax), ("jax.dlpack", dl), ("jax.numpy", jnp), ("jax.lax", lax)):
+    dl.from_dlpack = lambda a: ("jax", _read_capsule(a.__dlpack__(stream=5))[2:4])
+    for name, mod in (("jax", jax), ("jax.dlpack", dl)):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(_callers, "_CALLERS", {})
     ArrayImpl = type("ArrayImpl", (), {"__module__": "jaxlib._jax"})
     c = _callers.caller_of(ArrayImpl())
     assert c.name == "jax" and c.stream(0) is None  # CuPy's current stream
-    assert c.result(_Exported(np.uint8)) == ("jax", np.dtype(np.uint8))
-    assert c.result_bfloat16(_Exported(np.uint16)) == ("jax", "bf16")
-    assert seen[-1] == ("bitcast", "bf16")
+    monkeypatch.setattr("nqdq.kernels._interop._order_after", lambda consumer, producer: None)
+    assert c.result(_Exported(np.uint8)) == ("jax", (1, 8))
+    assert c.result_bfloat16(_Exported(np.uint16)) == ("jax", (4, 16))
 
 
 def test_stream_override_reaches_launches():

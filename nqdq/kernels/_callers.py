@@ -99,14 +99,10 @@ class TorchCaller(Caller):
     def result(self, a):
         if a is None or isinstance(a, self.tensor):
             return a
-        if a.dtype == np.uint16:  # (PyTorch's uint16 is a storage type: view it from int16)
-            a = a.view(np.int16)
-        if hasattr(a, "__dlpack__"):
-            return self.torch.from_dlpack(a)
-        return self.torch.as_tensor(a, device=f"cuda:{launch_device(a)}")
+        return self.torch.from_dlpack(_export(a))
 
     def result_bfloat16(self, bits):
-        return self.result(bits).view(self.torch.bfloat16)
+        return self.torch.from_dlpack(_export(bits, as_bfloat16=True))
 
     def empty(self, shape, dtype, device):
         return self.torch.empty(shape, dtype=self.dtypes[np.dtype(dtype)], device=device)
@@ -123,16 +119,14 @@ class JaxCaller(Caller):
 
         self.jax = jax
         self.dlpack = importlib.import_module("jax.dlpack")  # (part of the loaded jax package)
-        self.bfloat16 = importlib.import_module("jax.numpy").bfloat16
-        self.bitcast = importlib.import_module("jax.lax").bitcast_convert_type
 
     def result(self, a):
         if a is None:
             return None
-        return self.dlpack.from_dlpack(a)
+        return self.dlpack.from_dlpack(_export(a))
 
     def result_bfloat16(self, bits):
-        return self.bitcast(self.result(bits), self.bfloat16)
+        return self.dlpack.from_dlpack(_export(bits, as_bfloat16=True))
 
     def hold(self, inputs, handle: int):
         """Keep ``inputs`` (JAX arrays, their DLPack owners) alive until the work queued on
@@ -170,11 +164,12 @@ class _HeldUntilDone:
 _HELD = _HeldUntilDone()
 
 
-def launch_device(a) -> int:
-    from ._devices import ordinal_of
+def _export(a, as_bfloat16=False):
+    """``a`` (the kernels' CuPy or Numba array) offered through DLPack, written on this
+    call's stream (``_interop.DLPackExport``: bfloat16 named as such; no CuPy needed)."""
+    from ._interop import DLPackExport
 
-    dev = ordinal_of(a)
-    return 0 if dev is None else dev
+    return DLPackExport(a, launch._stream_handle(None), as_bfloat16=as_bfloat16)
 
 
 _CALLERS: dict = {}

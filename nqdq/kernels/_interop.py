@@ -20,6 +20,7 @@ otherwise), NumPy for NumPy.
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -363,3 +364,89 @@ def kernel_view(a, argname="array"):
         raise TypeError(f"{argname} must be a GPU array, got {type(a).__name__}")
     cp = _cupy()
     return cp.asarray(dev) if cp is not None else dev
+
+
+# ----------------------------------------------------------------------------- DLPack export
+_DL_CODES = {"u": 1, "i": 0, "f": 2}
+_EXPORTED: dict = {}  # address of a DLManagedTensor handed out -> (struct, shape, owner): freed by its deleter
+_EXPORT_LOCK = threading.Lock()
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _export_deleter(ptr):
+    with _EXPORT_LOCK:
+        _EXPORTED.pop(ptr, None)
+
+
+class DLPackExport:
+    """A device array (CuPy, Numba, anything with ``__cuda_array_interface__``) offered
+    through DLPack (``__dlpack__`` / ``__dlpack_device__``), optionally as another dtype of
+    the same size: ``as_bfloat16`` exports uint16 bits as bfloat16 (DLPack code 4), which
+    neither CuPy nor Numba can describe. The consumer's stream waits for the exporter's
+    (``stream``, the one the data was written on) through an event, as the protocol asks."""
+
+    def __init__(self, array, stream: int, *, as_bfloat16=False):
+        cai = array.__cuda_array_interface__
+        self._array = array
+        self._stream = int(stream)
+        self._ptr = int(cai["data"][0] or 0)
+        self._shape = tuple(int(d) for d in cai["shape"])
+        dt = np.dtype(cai["typestr"])
+        if cai.get("strides") is not None and tuple(cai["strides"]) != _c_strides(self._shape, dt.itemsize):
+            raise ValueError("DLPackExport takes C-contiguous arrays")
+        self._code = 4 if as_bfloat16 else _DL_CODES[dt.kind]
+        self._bits = dt.itemsize * 8
+        from ._devices import ordinal_of
+
+        self._device = ordinal_of(array) or 0
+
+    def __dlpack_device__(self):
+        return (2, self._device)  # kDLCUDA
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        if stream is not None and stream != -1:
+            _order_after(int(stream), self._stream)
+        n = len(self._shape)
+        shape = (ctypes.c_int64 * max(n, 1))(*self._shape)
+        m = _DLManagedTensor()
+        t = m.dl_tensor
+        t.data = self._ptr
+        t.device.device_type, t.device.device_id = 2, self._device
+        t.ndim = n
+        t.dtype.code, t.dtype.bits, t.dtype.lanes = self._code, self._bits, 1
+        t.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+        t.strides = None  # C-contiguous (DLPack: NULL strides)
+        t.byte_offset = 0
+        m.deleter = _export_deleter
+        addr = ctypes.addressof(m)
+        with _EXPORT_LOCK:
+            _EXPORTED[addr] = (m, shape, self._array)
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype = ctypes.py_object
+        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new(addr, b"dltensor", None)
+
+
+def _c_strides(shape, itemsize):
+    strides, acc = [], itemsize
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def _order_after(consumer: int, producer: int):
+    """Make stream ``consumer`` (a DLPack stream number: 1 legacy, 2 per-thread, else a
+    handle) wait for the work queued so far on stream handle ``producer``."""
+    consumer = {1: 0}.get(consumer, consumer)
+    if consumer == producer:
+        return
+    from cuda.bindings import driver
+
+    err, ev = driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        driver.cuStreamSynchronize(producer)
+        return
+    driver.cuEventRecord(ev, producer)
+    driver.cuStreamWaitEvent(consumer, ev, 0)
+    driver.cuEventDestroy(ev)  # (destroyed once the wait is queued: the driver keeps what it needs)
