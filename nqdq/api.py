@@ -96,6 +96,16 @@ def quantize(
                 fq = None
             if fq is not None and x._c_contiguous and _current_gpu() == key[-1]:
                 return fq(x)
+        elif t is _jax_array:
+            # ... and with a JAX array (see _fast_jax_quantizer)
+            try:
+                key = (t, scheme, granularity, axis, group_size, block_shape, symmetric, scale_rounding, rounding,
+                       scale_layout, nonfinite, dtype, x.shape, x.dtype, x.__dlpack_device__()[1])  # fmt: skip
+                fq = _FAST.get(key)
+            except TypeError:
+                fq = None
+            if fq is not None and _current_gpu() == key[-1]:
+                return fq(x)
         elif t is _torch_tensor:
             # ... and with a PyTorch tensor (see _fast_torch_quantizer)
             try:
@@ -201,6 +211,18 @@ def _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, s
             except TypeError:
                 pass
             return fq(x)
+    if fast_ok and stream is None and caller is not None and caller.name == "jax":
+        fq = _fast_jax_quantizer(x, sch, shape, dtype_name, xdev.kind, caller)
+        if fq is not None:
+            try:
+                _remember(
+                    (type(x), scheme, granularity, axis, group_size, block_shape, symmetric, scale_rounding, rounding,
+                     scale_layout, nonfinite, dtype, x.shape, x.dtype, x.__dlpack_device__()[1]),
+                    fq,
+                )  # fmt: skip
+            except TypeError:
+                pass
+            return fq(x)
     if fast_ok and xdev.lib == "cupy" and (caller is None or caller.name == "cupy"):
         fq = _fast_quantizer(x, sch, shape, dtype_name, xdev.kind)
         if fq is not None:
@@ -286,6 +308,54 @@ def _devices_current():
     from .kernels._devices import current
 
     return current()
+
+
+_jax_array = None  # the JAX array type once a JAX input was seen (nqdq never imports JAX itself)
+
+
+class _Address:
+    """A device address where a runner reads ``x.data.ptr`` (CuPy's spelling)."""
+
+    __slots__ = ("ptr", "data")
+
+    def __init__(self, ptr):
+        self.ptr, self.data = ptr, self
+
+
+def _fast_jax_quantizer(x, sch, shape, dtype_name, kind, caller):
+    """``fq(x) -> QuantizedTensor`` of JAX arrays for this call's arguments, or None: the
+    CuPy runner of the plan on CuPy's current stream, its input address from JAX's DLPack
+    export for that stream (JAX orders its pending writes before it), the results imported
+    by ``jax.dlpack.from_dlpack``, the input held until the call has run
+    (``_callers.JaxCaller.hold``). Needs CuPy (the runner allocates through it)."""
+    global _jax_array, _cupy_ndarray, _current_gpu
+    from .kernels import quantize as kq
+    from .kernels._interop import dlpack_address
+    from .kernels.launch import _stream_handle
+
+    cp = sys.modules.get("cupy")
+    if cp is None:
+        return None
+    run = kq.get_plan(shape, kind, sch).cupy_runner()
+    if run is None:
+        return None
+    if _cupy_ndarray is None:
+        _current_gpu = cp.cuda.runtime.getDevice
+        _cupy_ndarray = cp.ndarray
+    _jax_array = type(x)
+    QT, R, hold = QuantizedTensor, caller.result, caller.hold
+
+    def fq(x):
+        st = _stream_handle(None)
+        got = dlpack_address(x, st)
+        if got is None:
+            raise ValueError("x must be C-contiguous on the device (make a contiguous copy first)")
+        c, s, z, t, m = run(_Address(got[0]))
+        hold((x, got[1]), st)
+        return QT(R(c), R(s), sch, shape, dtype_name, "linear", R(z), R(t), R(m))
+
+    fq.run = run
+    return fq
 
 
 def _fast_torch_quantizer(x, sch, shape, dtype_name, kind, caller):

@@ -249,6 +249,33 @@ def from_dlpack(x, argname="x", any_dtype=False):
     return arr, (owner, t.dtype.code == 4)
 
 
+_get_capsule_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+_get_capsule_ptr.restype = ctypes.c_void_p
+_get_capsule_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_rename_capsule = ctypes.pythonapi.PyCapsule_SetName
+_rename_capsule.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def dlpack_address(x, stream: int):
+    """``(address, owner)`` of a CUDA DLPack tensor's first element, exported for ``stream``
+    (the producer orders its pending writes before it); None where the tensor is not
+    C-contiguous. ``owner`` returns the capsule to the producer when collected: keep it (and
+    ``x``) alive until the work reading the address has run. For the hot paths: the caller
+    checked the shape, dtype and device when it planned the call."""
+    capsule = x.__dlpack__(stream=stream or 1)
+    ptr = _get_capsule_ptr(capsule, b"dltensor")
+    t = _DLManagedTensor.from_address(ptr).dl_tensor
+    _rename_capsule(capsule, b"used_dltensor")
+    owner = _DLPackOwner(ptr, x)
+    if t.strides:
+        acc = 1
+        for i in range(t.ndim - 1, -1, -1):
+            if t.shape[i] != 1 and t.strides[i] != acc:
+                return None
+            acc *= t.shape[i]
+    return t.data + t.byte_offset, owner
+
+
 def dlpack_is_bf16(keepalive) -> bool:
     return bool(keepalive and keepalive[1])
 
