@@ -32,6 +32,8 @@ NAN = F32(np.nan)  # bits 0x7FC00000, the reference's np.nan
 FLT_MAX = F32(np.finfo(np.float32).max)
 TWO_M24 = F32(2.0**-24)
 TWO_23 = F32(2.0**23)
+TWO_112 = F32(2.0**112)  # float32's exponent bias less float16's: f16_top_to_f32_bits
+TWO_16 = F32(2.0**16)  # float16's exponent 31 (inf, NaN) through that rebias: above its max 65504
 U64_MASK32 = np.uint64(0xFFFFFFFF)
 U64_32 = np.uint64(32)
 
@@ -69,22 +71,34 @@ def is_finite_f32(f):
 
 
 @devfn
+def f16_top_to_f32_bits(t):
+    """Exact float16 -> float32 on the bits, for the float16 in the top 16 bits of uint32
+    ``t`` (its low 16 bits are ignored: the high element of an input word is passed as is),
+    without a branch or a loop (one multiply, one compare and a select; no float16 type, so
+    the same source builds for CUDA, the simulator and numba-hip).
+
+    The sign, exponent and mantissa moved to float32's places (an arithmetic shift by 3
+    keeps the sign at bit 31), read as float32, are the value times 2^-112 (float32's
+    exponent bias 127 less float16's 15); one multiply by 2^112 restores it, exactly, for
+    every finite float16: a normal one's exponent rises by 112; a subnormal one, m * 2^-24,
+    is read as the float32 subnormal m * 2^-136 (IEEE gradual underflow, which float32 inputs
+    already need: no ftz, as the PTX audit checks) and comes out normal. Zeros keep their
+    sign. Exponent 31 (inf, NaN) comes out as 2^16 or more, above float16's max 65504: those
+    take the moved bits with float32's all-ones exponent instead, keeping a NaN's payload as
+    NumPy's float16 -> float32 cast does."""
+    x = np.uint32(np.uint32(np.int32(t) >> np.int32(3)) & np.uint32(0x8FFFE000))
+    f = bits_f32(x) * TWO_112
+    b = np.uint32(f32_bits(f))
+    if abs(f) >= TWO_16:  # a select (no branch): float16 inf or NaN
+        b = np.uint32(x | np.uint32(0x7F800000))
+    return b
+
+
+@devfn
 def f16_bits_to_f32_bits(h):
-    """Exact float16 -> float32 on the bits (subnormals normalised, NaN payload kept)."""
-    s = (h >> 15) << 31
-    e = (h >> 10) & 0x1F
-    m = h & 0x3FF
-    if e == 0x1F:
-        return s | 0x7F800000 | (m << 13)
-    if e == 0:
-        if m == 0:
-            return s
-        e32 = 113  # 127 - 15 + 1, decremented once per normalising shift
-        while (m & 0x400) == 0:
-            m = m << 1
-            e32 -= 1
-        return s | (e32 << 23) | ((m & 0x3FF) << 13)
-    return s | ((e + 112) << 23) | (m << 13)
+    """Exact float16 -> float32 on the bits (0 <= h < 2^16; subnormals normalised, NaN
+    payload kept), as a uint32: f16_top_to_f32_bits of ``h << 16``."""
+    return f16_top_to_f32_bits(np.uint32(np.uint32(h) << np.uint32(16)))
 
 
 @devfn

@@ -60,7 +60,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ._codec import F32, FLT_MAX, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits, fmin_f32, mul_rn
+from ._codec import F32, FLT_MAX, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_top_to_f32_bits, f32_bits, fmin_f32, mul_rn
 from ._elements import encode_element
 from ._codec import encode_float_rne
 from ._codec import encode_int_f32, philox4x32_10, sr_fast_key_bound, sr_float_code_fast  # stochastic rounding
@@ -149,8 +149,8 @@ def half_bits(w, hi, kind):
         if hi == 0:
             return np.uint32(w << np.uint32(16))
         return np.uint32(w & np.uint32(0xFFFF0000))
-    h = (w >> np.uint32(16)) if hi == 1 else (w & np.uint32(0xFFFF))
-    return np.uint32(f16_bits_to_f32_bits(np.int64(h)))
+    # float16: its bits in the word's top half (the high element's are there already)
+    return f16_top_to_f32_bits(w if hi == 1 else np.uint32(w << np.uint32(16)))
 
 
 @devfn
