@@ -10,6 +10,11 @@ with ``dtype="bfloat16"``); NumPy inputs run the reference on the CPU unless
 
 Schemes: ``"fp8_row"`` (per-token dynamic), ``"fp8_tensor"`` with ``scale=`` (per-tensor
 static), ``"fp8_1x128"``, ``"mxfp4"`` (and ``"mxfp8"``).
+
+A repeated GPU call with the same arguments takes a hot path that skips every check and plan
+(one allocation, one planned launch on the current stream, no wait for the device): the
+"rows hot path" section for rmsnorm / rmsnorm_quantize / flatten_quantize, the "MoE hot
+path" one for moe_sort_quantize.
 """
 
 from __future__ import annotations
@@ -107,18 +112,35 @@ def _residual_out(a, dtype_name, lib, x):
     """The new residual in the input's form (NumPy: its dtype; GPU: uint16 bits for bfloat16)."""
     if a is None:
         return None
+    dt = _residual_dtype(dtype_name, lib, x)
+    return a if a.dtype == dt else a.view(dt)
+
+
+def _residual_dtype(dtype_name, lib, x) -> np.dtype:
+    """The dtype of the new residual that comes back for input x of ``dtype_name``."""
     if lib == "numpy":
-        return a.view({"bfloat16": _arrays.BFLOAT16, "float16": np.float16, "float32": np.float32}[dtype_name])
+        return np.dtype({"bfloat16": _arrays.BFLOAT16, "float16": np.float16, "float32": np.float32}[dtype_name])
     if dtype_name == "float16" and _dtype_of(x) == "float16":
-        return a.view(np.float16)
-    return a
+        return np.dtype(np.float16)
+    return np.dtype(np.float32 if dtype_name == "float32" else np.uint16)
 
 
 # ----------------------------------------------------------------------------- public ops
-@_arrays.on_gpu_of("x", "weight", "residual")
 def rmsnorm(x, weight, eps=1e-6, residual=None, *, device=None, dtype=None, weight_dtype=None):
     """RMSNorm over the last axis as float32 y (reference/fused's order): the first half of
     the unfused composition. Returns y, or (y, new residual) when ``residual`` is given."""
+    if _ROWS_FAST:  # the hot path: a repeated GPU call (_remember_rows)
+        fr = _hot(_norm_key(_OP_Y, x, weight, residual, (eps.__class__, eps), device, dtype, weight_dtype))
+        if fr is not None:
+            out = fr(x, weight, residual)
+            if out is not None:
+                return out
+    return _rmsnorm(x, weight, eps, residual, device, dtype, weight_dtype)
+
+
+@_arrays.on_gpu_of("x", "weight", "residual")
+def _rmsnorm(x, weight, eps, residual, device, dtype, weight_dtype):
+    """rmsnorm's general path, on the arrays' GPU (every check; remembers the hot path)."""
     e = _eps(eps)
     if not _arrays.use_device(x, device):
         x32, dname, w32, wname, r32 = _host_rows(x, weight, residual, dtype, weight_dtype)
@@ -138,12 +160,14 @@ def rmsnorm(x, weight, eps=1e-6, residual=None, *, device=None, dtype=None, weig
                    eps=e, want_y=True)
     alloc = out["alloc"]
     y = alloc.to_lib(out["y"], xin.shape)
-    if residual is None:
-        return y
-    return y, _residual_out(alloc.to_lib(out["newres"], xin.shape), xin.dtype, xin.lib, x)
+    new_res = None if residual is None else _residual_out(alloc.to_lib(out["newres"], xin.shape), xin.dtype, xin.lib, x)
+    lib = _hot_lib(x, xin, device, weight, residual)
+    if lib is not None:
+        _remember_rows(lambda: _norm_key(_OP_Y, x, weight, residual, (eps.__class__, eps), device, dtype, weight_dtype),
+                       lambda: _norm_runner(lib, xin, win, rin, None, e, None, x))
+    return y if residual is None else (y, new_res)
 
 
-@_arrays.on_gpu_of("x", "weight", "residual")
 def rmsnorm_quantize(x, weight, scheme, eps=1e-6, residual=None, scale=None, device=None, *, dtype=None,
                      weight_dtype=None):
     """Quantize RMSNorm(x [+ residual]) * weight under ``scheme``, in one pass on the GPU.
@@ -153,6 +177,19 @@ def rmsnorm_quantize(x, weight, scheme, eps=1e-6, residual=None, scale=None, dev
     returned: ``(q, new_residual)``; without residual just ``q``. ``scale``: the static
     per-tensor dequantization scale of ``"fp8_tensor"``. eps: float32, > 0.
     """
+    if _ROWS_FAST:  # the hot path: a repeated GPU call (_remember_rows)
+        fr = _hot(_norm_key(_OP_NORM_Q, x, weight, residual, (scheme, eps.__class__, eps, scale.__class__, scale),
+                            device, dtype, weight_dtype))
+        if fr is not None:
+            out = fr(x, weight, residual)
+            if out is not None:
+                return out
+    return _rmsnorm_quantize(x, weight, scheme, eps, residual, scale, device, dtype, weight_dtype)
+
+
+@_arrays.on_gpu_of("x", "weight", "residual")
+def _rmsnorm_quantize(x, weight, scheme, eps, residual, scale, device, dtype, weight_dtype):
+    """rmsnorm_quantize's general path, on the arrays' GPU (every check; remembers the hot path)."""
     e = _eps(eps)
     sch = _scheme(scheme, scale)
     if not _arrays.use_device(x, device):
@@ -174,9 +211,13 @@ def rmsnorm_quantize(x, weight, scheme, eps=1e-6, residual=None, scale=None, dev
     out = run_rows(FK.OP_NORM, xin, rows, n, sch, w=win.arr, wkind=win.kind, res=None if rin is None else rin.arr,
                    eps=e, sscale=None if s is None else np.float32(s.reshape(-1)[0]))
     q = _finish(out, sch, shape, xin, s)
-    if residual is None:
-        return q
-    return q, _residual_out(out["alloc"].to_lib(out["newres"], shape), xin.dtype, xin.lib, x)
+    new_res = None if residual is None else _residual_out(out["alloc"].to_lib(out["newres"], shape), xin.dtype, xin.lib, x)
+    lib = _hot_lib(x, xin, device, weight, residual)
+    if lib is not None:
+        _remember_rows(lambda: _norm_key(_OP_NORM_Q, x, weight, residual,
+                                         (scheme, eps.__class__, eps, scale.__class__, scale), device, dtype, weight_dtype),
+                       lambda: _norm_runner(lib, xin, win, rin, sch, e, s, x))  # fmt: skip
+    return q if residual is None else (q, new_res)
 
 
 def _finish(out, sch, shape, xin, static=None):
@@ -198,11 +239,22 @@ def _to_device(host, alloc):
     return cuda.to_device(host)
 
 
-@_arrays.on_gpu_of("x")
 def flatten_quantize(x, scheme, *, device=None, dtype=None):
     """Quantize a [B, H, D] array as [B, H*D] (row b = x[b] in C order of (h, d)). On the GPU a
     strided view (e.g. ``a.transpose(1, 0, 2)`` of a [H, B, D] array) is read in place when
     its last axis is contiguous and D and the other strides are multiples of 4."""
+    if _ROWS_FAST:  # the hot path: a repeated GPU call (_remember_rows)
+        fr = _hot(_flat_key(x, scheme, device, dtype))
+        if fr is not None:
+            out = fr(x, None, None)
+            if out is not None:
+                return out
+    return _flatten_quantize(x, scheme, device, dtype)
+
+
+@_arrays.on_gpu_of("x")
+def _flatten_quantize(x, scheme, device, dtype):
+    """flatten_quantize's general path, on x's GPU (every check; remembers the hot path)."""
     sch = _scheme(scheme, None)
     if not _arrays.use_device(x, device):
         x32, dname = _arrays.float_input(x, "x", dtype=dtype)
@@ -225,13 +277,21 @@ def flatten_quantize(x, scheme, *, device=None, dtype=None):
         from .api import quantize
 
         b, h, d = (int(v) for v in x.shape)
-        return quantize(x.reshape(b, h * d), sch, device="cuda", dtype=dtype)
+        q = quantize(x.reshape(b, h * d), sch, device="cuda", dtype=dtype)
+        lib = _hot_lib(x, None, device)
+        if lib is not None and lib.compiled:  # (CuPy)
+            _remember_rows(lambda: _flat_key(x, scheme, device, dtype), lambda: _flat_plan_runner(x, sch, q, dtype))
+        return q
     xin, strides = _strided_input(x, dtype)
     b, h, d = xin.shape
     shape = (b, h * d)
     sch.check_shape(shape)
     out = run_rows(FK.OP_ROWS, xin, b, h * d, sch, strides=strides)
-    return _finish(out, sch, shape, xin)
+    q = _finish(out, sch, shape, xin)
+    lib = _hot_lib(x, xin, device)
+    if lib is not None and (strides is not None or _c_contiguous(x)):  # (not a contiguous copy of x)
+        _remember_rows(lambda: _flat_key(x, scheme, device, dtype), lambda: _flat_rows_runner(lib, xin, strides, sch, q))
+    return q
 
 
 def _c_contiguous(x) -> bool:
@@ -270,6 +330,305 @@ def _strided_input(x, dtype):
     if probe.dtype != "float32":
         flat = flat.view(np.uint16)
     return DeviceInput(flat, probe.kind, (b, h, d), probe.dtype, probe.lib), (sb, sh, d)
+
+
+# ----------------------------------------------------------------------------- the rows hot path
+# A repeated rmsnorm / rmsnorm_quantize / flatten_quantize call on the GPU with the same
+# arguments (op, array types, shapes, dtypes, strides for flatten, scheme, eps, static scale,
+# residual or not, dtype options, the current GPU, the build switches: the key) skips every
+# check and plan: the first call validates on the general path and remembers a function that
+# takes the arrays' addresses (refusing, for the general path, arrays on another GPU, not
+# C-contiguous where the plan reads them so, or not 16-byte aligned), makes the call's one
+# allocation of outputs (_CupyLib.alloc) and launches the planned sequence on the current
+# stream (kernels.fused.rows_plan: the general path's kernel, grid and arguments, recorded
+# once; a contiguous flatten on a GPU: nqdq.quantize's plan runner, as its general path). No
+# host copy, no wait for the device: fp8_tensor's static scales are filled on the stream
+# (cuMemsetD32Async). Under the simulator, NumPy arrays with device="cuda" take it too
+# (_SimulatedLib: the plan's replay), so CI runs it. A dict of at most _ROWS_FAST_MAX keys,
+# the oldest dropped first (api.remember_bounded).
+_ROWS_FAST: dict = {}
+_ROWS_FAST_MAX = 256
+_OP_Y, _OP_NORM_Q, _OP_FLAT = "rmsnorm", "rmsnorm_quantize", "flatten_quantize"  # the keys' first element
+_device_now = None  # nqdq.kernels._devices.current, set by _remember_rows before any key is made
+_rows_switches = None  # nqdq.kernels.fused.rows_switches, set with it
+_LIBS: dict = {}  # "cupy" / "simulated" -> the library adapter, made once
+
+
+def _hot(key):
+    """The remembered function of ``key``, or None (None or unhashable keys included)."""
+    try:
+        return _ROWS_FAST.get(key)
+    except TypeError:  # an unhashable argument (a list for scale, ...)
+        return None
+
+
+def _norm_key(op, x, weight, residual, options, device, dtype, weight_dtype):
+    """The hot path's key of an RMSNorm op (None for arguments without shapes and dtypes)."""
+    try:
+        return (op, device, type(x), x.shape, x.dtype, type(weight), weight.shape, weight.dtype,
+                None if residual is None else (type(residual), residual.shape, residual.dtype), options, dtype,
+                weight_dtype, _device_now(), _rows_switches())  # fmt: skip
+    except AttributeError:
+        return None
+
+
+def _flat_key(x, scheme, device, dtype):
+    """The hot path's key of flatten_quantize (x's strides included: they pick the kernel)."""
+    try:
+        return (_OP_FLAT, device, type(x), x.shape, x.strides, x.dtype, scheme, dtype, _device_now(), _rows_switches())
+    except AttributeError:
+        return None
+
+
+def _remember_rows(make_key, build):
+    """Remember ``build()`` (a hot-path function, or None: nothing) under ``make_key()``."""
+    global _device_now, _rows_switches
+    from .api import remember_bounded
+    from .kernels._devices import current
+    from .kernels.fused import rows_switches
+
+    _device_now, _rows_switches = current, rows_switches
+    key = make_key()
+    try:
+        if key is None or key in _ROWS_FAST:
+            return
+    except TypeError:  # an unhashable argument
+        return
+    fr = build()
+    if fr is not None:
+        remember_bounded(_ROWS_FAST, key, fr, _ROWS_FAST_MAX)
+
+
+def _hot_lib(x, xin, device, *others):
+    """The hot path's library adapter for this call (x and ``others``, None or arrays of x's
+    type), or None: CuPy arrays on a GPU; NumPy arrays with device="cuda" under the simulator."""
+    from .kernels._interop import is_cupy
+    from .kernels._target import SIMULATOR
+
+    if any(a is not None and type(a) is not type(x) for a in others):
+        return None
+    if is_cupy(x) and hasattr(x, "_c_contiguous") and (xin is None or xin.lib == "cupy"):
+        name = "cupy"
+    elif SIMULATOR and type(x) is np.ndarray and device in ("cuda", "gpu"):
+        name = "simulated"
+    else:
+        return None
+    lib = _LIBS.get(name)
+    if lib is None:
+        lib = _LIBS[name] = _CupyLib(sys.modules["cupy"]) if name == "cupy" else _SimulatedLib()
+    return lib
+
+
+class _CupyLib:
+    """CuPy arrays on a GPU, as the hot paths take and give them: an input by its device
+    address; CuPy's current stream of the call's GPU; the outputs as arrays over one
+    allocation a call (``alloc``: the one place the hot paths allocate, so that results in
+    another library, PyTorch's or JAX's, change it and ``view`` alone)."""
+
+    compiled = True  # runs a RowsPlan's compiled sequence (raw addresses)
+
+    def __init__(self, cp):
+        from .kernels._interop import cupy_array_new
+
+        self._malloc, self._nd, self._current = cp.cuda.alloc, cp.ndarray, cp.cuda.get_current_stream
+        # arrays by ndarray's own __new__ + _init where that builds what the constructor does
+        # (about 1 us less each: _interop.cupy_array_new, as nqdq.quantize's runners)
+        self._new = cupy_array_new(cp, cp.cuda.alloc(256))
+        self._memset32 = None
+
+    def address(self, a, dev: int, contiguous: bool = True):
+        """a's device address, or None where a planned launch cannot take a: on another GPU
+        than ``dev``, not 16-byte aligned, not C-contiguous where ``contiguous``."""
+        m = a.data
+        p = m.ptr
+        if m.device_id != dev or p & 15 or (contiguous and not a._c_contiguous):
+            return None
+        return p
+
+    def stream(self, dev: int) -> int:
+        return self._current(dev).ptr
+
+    def alloc(self, nbytes: int):
+        """(owner, device address): a uint8 array of ``nbytes`` new bytes on the current GPU,
+        the memory of every output of a call."""
+        mem = self._malloc(nbytes)
+        return self._array((nbytes,), _U8, mem), mem.ptr
+
+    def view(self, owner, offset: int, shape, dtype):
+        """An output: ``shape`` of ``dtype`` at ``offset`` bytes into ``owner``'s memory."""
+        return self._array(shape, dtype, owner.data + offset if offset else owner.data)
+
+    def _array(self, shape, dtype, memptr):
+        new = self._new
+        if new is None:
+            return self._nd(shape, dtype, memptr)
+        a = new(self._nd)
+        a._init(shape, dtype, memptr)
+        return a
+
+    def fill32(self, base: int, offset: int, word: int, count: int, stream: int):
+        """``count`` 32-bit words ``word`` at base + offset, in stream order (a memset node
+        under graph capture; no host copy)."""
+        f = self._memset32
+        if f is None:
+            import ctypes
+
+            f = ctypes.CDLL("libcuda.so.1").cuMemsetD32Async  # (CUdeviceptr, unsigned int, size_t, CUstream)
+            f.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
+            f.restype = ctypes.c_int
+            self._memset32 = f
+        err = f(base + offset, word, count, stream)
+        if err:
+            raise RuntimeError(f"cuMemsetD32Async of the static scales failed: CUresult {err}")
+
+
+class _SimulatedLib:
+    """NumPy arrays with device="cuda" under the CUDA simulator: the twin of _CupyLib that CI
+    runs (an input is the array itself, the outputs views of one NumPy buffer)."""
+
+    compiled = False  # runs a RowsPlan's replay (arrays)
+
+    def address(self, a, dev: int, contiguous: bool = True):
+        if not a.dtype.isnative or (contiguous and not a.flags.c_contiguous):
+            return None
+        return a
+
+    def stream(self, dev: int) -> int:
+        return 0
+
+    def alloc(self, nbytes: int):
+        owner = np.empty(nbytes, np.uint8)
+        return owner, owner
+
+    def view(self, owner, offset: int, shape, dtype):
+        dt = np.dtype(dtype)
+        return owner[offset : offset + dt.itemsize * int(np.prod(shape, dtype=np.int64))].view(dt).reshape(shape)
+
+    def fill32(self, base, offset: int, word: int, count: int, stream: int):
+        base[offset : offset + 4 * count].view(np.uint32)[:] = word
+
+
+_U8 = np.dtype(np.uint8)
+
+
+def _rows_runner(lib, plan, dev: int, parts, finish, contiguous: bool = True, static_word: int = 0):
+    """``fr(x, w, r)`` -> ``finish(*outputs)``, or None where ``lib`` refuses an array (the
+    general path then runs): ``plan``'s launch on the arrays' addresses, the outputs ``parts``
+    ((plan output name, shape, dtype), in finish's order) views of the call's one allocation;
+    the "static" output filled with ``static_word``. ``contiguous``: x must be C-contiguous
+    (else a strided view, as the plan reads it)."""
+    seq = plan.sequence if lib.compiled else plan.replay
+    address, alloc, view, stream = lib.address, lib.alloc, lib.view, lib.stream
+    total = plan.total
+    views = tuple((plan.outputs[name][0], tuple(shape), np.dtype(dt)) for name, shape, dt in parts)
+    static = plan.outputs.get("static")
+    fill32 = lib.fill32
+
+    def fr(x, w, r):
+        xp = address(x, dev, contiguous)
+        wp = 0 if w is None else address(w, dev)
+        rp = 0 if r is None else address(r, dev)
+        if xp is None or wp is None or rp is None:
+            return None
+        owner, base = alloc(total)
+        st = stream(dev)
+        seq(st, xp, wp, rp, base)
+        if static is not None:
+            fill32(base, static[0], static_word, static[1], st)
+        return finish(*[view(owner, off, shape, dt) for off, shape, dt in views])
+
+    fr.plan = plan
+    return fr
+
+
+def _norm_runner(lib, xin, win, rin, sch, e, s, x):
+    """The hot path of an RMSNorm op (rmsnorm where ``sch`` is None, else rmsnorm_quantize;
+    ``s``: the static scales, or None) as its general path ran it, or None."""
+    from .kernels import _fused_kernels as FK
+    from .kernels.fused import rows_plan, rows_switches
+
+    shape = tuple(xin.shape)
+    rows, n = int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
+    words, word = 0, 0
+    if s is not None:
+        bits = np.ascontiguousarray(s, np.float32).reshape(-1).view(np.uint32)
+        if bits.size == 0 or (bits != bits[0]).any():
+            return None
+        words, word = bits.size, int(bits[0])
+    dev = _device_now()
+    plan = rows_plan(dev, FK.OP_NORM, rows, n, xin.kind, win.kind, rin is not None, sch, sch is None, e,
+                     None if s is None else np.float32(s.reshape(-1)[0]), None, words, rows_switches())  # fmt: skip
+    if plan is None:
+        return None
+    res_part = [("newres", shape, _residual_dtype(xin.dtype, xin.lib, x))] if rin is not None else []
+    if sch is None:
+        parts = [("y", shape, np.float32)] + res_part
+        return _rows_runner(lib, plan, dev, parts, _pair if rin is not None else _first)
+    sshape = sch.scale_shape(shape)
+    scales = ("static", sshape, np.float32) if s is not None else ("scales", sshape, plan.outputs["scales"][2])
+    parts = [("codes", shape[:-1] + (plan.pcols,), np.uint8), scales] + res_part
+    QT, dname = QuantizedTensor, xin.dtype
+
+    if rin is None:
+        def finish(codes, scales):
+            return QT(codes, scales, sch, shape, dname, "linear")
+    else:
+        def finish(codes, scales, new_res):
+            return QT(codes, scales, sch, shape, dname, "linear"), new_res
+
+    return _rows_runner(lib, plan, dev, parts, finish, static_word=word)
+
+
+def _first(a):
+    return a
+
+
+def _pair(a, b):
+    return a, b
+
+
+def _flat_rows_runner(lib, xin, strides, sch, q):
+    """The hot path of flatten_quantize by the fused row kernel (``strides``: the [B, H, D]
+    view's, read in place; None: contiguous), as its general path ran it (``q``), or None."""
+    from .kernels import _fused_kernels as FK
+    from .kernels.fused import rows_plan, rows_switches
+
+    b, h, d = xin.shape
+    shape = (b, h * d)
+    dev = _device_now()
+    plan = rows_plan(dev, FK.OP_ROWS, b, h * d, xin.kind, 0, False, sch, False, 0.0, None, strides, 0, rows_switches())
+    if plan is None:
+        return None
+    parts = [("codes", tuple(np.shape(q.codes)), np.uint8), ("scales", sch.scale_shape(shape), plan.outputs["scales"][2])]
+    QT, dname = QuantizedTensor, xin.dtype
+
+    def finish(codes, scales):
+        return QT(codes, scales, sch, shape, dname, "linear")
+
+    return _rows_runner(lib, plan, dev, parts, finish, contiguous=strides is None)
+
+
+def _flat_plan_runner(x, sch, q, dtype):
+    """The hot path of flatten_quantize of a C-contiguous CuPy [B, H, D]: the plan runner of
+    nqdq.quantize on [B, H*D] (the same memory; it reads x's address alone), as the general
+    path's nqdq.quantize call, or None."""
+    from .kernels import quantize as kq
+    from .kernels._interop import device_input
+
+    xin = device_input(x, "x", dtype)
+    run = kq.get_plan(tuple(q.shape), xin.kind, sch).cupy_runner()
+    if run is None:
+        return None
+    dev, shape, dname, QT = _device_now(), tuple(q.shape), q.dtype, QuantizedTensor
+
+    def fr(x, w, r):
+        if x.data.device_id != dev:
+            return None
+        c, s, z, t, m = run(x)
+        return QT(c, s, sch, shape, dname, "linear", z, t, m)
+
+    fr.run = run
+    return fr
 
 
 def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None, dtype=None, check_ids=True):

@@ -698,3 +698,84 @@ def test_gpu_session3_switches(switch, on, monkeypatch):
         np.testing.assert_array_equal(bits(q.scales), bits(scales))
         if with_res:
             np.testing.assert_array_equal(bits(out[1]), bits(new_res))
+
+
+def _q_arrays(out):
+    """The arrays of a fused op's result (a QuantizedTensor, an array, or a tuple of them)."""
+    got = []
+    for o in out if isinstance(out, tuple) else (out,):
+        got += [o.codes, o.scales] if hasattr(o, "codes") else [o]
+    return got
+
+
+HOT_CALLS = ["rmsnorm_quantize fp8_row", "rmsnorm_quantize fp8_row +res", "rmsnorm_quantize fp8_tensor",
+             "rmsnorm_quantize fp8_1x128 +res", "rmsnorm_quantize mxfp4", "rmsnorm_quantize mxfp4 +res", "rmsnorm +res",
+             "flatten_quantize fp8_1x128", "flatten_quantize fp8_1x128 strided"]
+
+
+@pytest.mark.parametrize("name", HOT_CALLS)
+def test_gpu_fused_hot_path(name):
+    """Every fused row op's hot path (fused._ROWS_FAST): the repeated call gives the first
+    (general) call's bits, its outputs in one allocation, on the current stream (a second
+    stream, then a CUDA graph replayed on new data); a 16-byte misaligned x goes the general way
+    with the same bits. The shapes and schemes are test_gpu_rmsnorm_quantize_matches_reference's
+    and test_gpu_flatten_quantize's (their kernels compiled once)."""
+    fused._ROWS_FAST.clear()
+    rng = np.random.default_rng(21)
+    x = rows(rng, 77, 7168, "bfloat16")
+    w = rng.standard_normal(7168).astype(BF16)
+    res = rows(rng, 77, 7168, "bfloat16")
+    x3 = rows(rng, 77 * 56, 128, "bfloat16").reshape(77, 56, 128)
+    op, scheme, *rest = name.split()
+    wg = to_gpu(w)  # (made once: no copy to the device inside the graph capture below)
+    kw = {"residual": to_gpu(res)} if "+res" in rest else {}
+    if scheme == "fp8_tensor":
+        kw["scale"] = STATIC
+
+    def call(xg):
+        if op == "rmsnorm":
+            return fused.rmsnorm(xg, wg, dtype="bfloat16", **kw)
+        if op == "rmsnorm_quantize":
+            return fused.rmsnorm_quantize(xg, wg, scheme, dtype="bfloat16", **kw)
+        return fused.flatten_quantize(xg, scheme, dtype="bfloat16")
+
+    if op == "flatten_quantize":
+        xg = to_gpu(x3)
+        if "strided" in rest:
+            xg = to_gpu(np.ascontiguousarray(x3.transpose(1, 0, 2))).transpose(1, 0, 2)
+    else:
+        xg = to_gpu(x)
+    first = call(xg)
+    assert len(fused._ROWS_FAST) == 1
+    hot = call(xg)
+    assert len(fused._ROWS_FAST) == 1
+    for a, b in zip(_q_arrays(first), _q_arrays(hot)):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(bits(a), bits(b))
+    assert len({a.data.mem for a in _q_arrays(hot)}) == 1  # one allocation
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        on_stream = call(xg)
+    s.synchronize()
+    for a, b in zip(_q_arrays(first), _q_arrays(on_stream)):
+        np.testing.assert_array_equal(bits(a), bits(b))
+    if name == "rmsnorm_quantize fp8_row":  # (one case: the unaligned kernel compiles anew)
+        flat = cp.empty(x.size + 1, cp.uint16)
+        xm = flat[1:].reshape(x.shape)  # 2 bytes past an aligned address: the general path
+        xm[...] = xg
+        for a, b in zip(_q_arrays(first), _q_arrays(call(xm))):
+            np.testing.assert_array_equal(bits(a), bits(b))
+    if op != "flatten_quantize":  # captured in a CUDA graph, replayed on new data in the same input array
+        g_stream = cp.cuda.Stream(non_blocking=True)
+        with g_stream:
+            g_stream.begin_capture()
+            captured = call(xg)
+            graph = g_stream.end_capture()
+        x2 = rows(np.random.default_rng(22), 77, 7168, "bfloat16")
+        xg[...] = to_gpu(x2)
+        graph.launch(g_stream)
+        g_stream.synchronize()
+        want = call(xg)
+        for a, b in zip(_q_arrays(want), _q_arrays(captured)):
+            np.testing.assert_array_equal(bits(a), bits(b))
+    fused._ROWS_FAST.clear()

@@ -23,7 +23,7 @@ from ..reference.packing import packed_length
 from ..schemes import Scheme
 from . import _fused_kernels as FK
 from ._elements import format_tuple
-from ._interop import Allocator
+from ._interop import Allocator, DeviceInput
 from ._target import SIMULATOR, device_cc
 from .launch import Ptr, fast_kernel
 from ._grid import MAX_DONE, SYNC_WORDS
@@ -34,7 +34,7 @@ from . import _fused_rows
 from ._fused_rows import fused_row_kernel
 from ._rowwise_kernels import SHFL_DEFAULT
 
-__all__ = ["out_kind", "geometry", "run_rows", "moe_sort", "MAX_ROW"]
+__all__ = ["out_kind", "geometry", "run_rows", "rows_plan", "moe_sort", "MAX_ROW"]
 
 MAX_ROW = MAX_ROW_REF  # longest row (reference/fused.row_geometry: 32 warps x 8 units per lane)
 # MOE_SCATTER (NQDQ_FUSED_MOE_SCATTER, session 7): the MoE sort's rows of bfloat16 into MX e2m1
@@ -701,6 +701,82 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
     run.launch, run.total, run.seq, run.seq_graph = launch, total, seq, seq_graph  # (diagnostics and tests)
     run.seq_check = seq_check  # run(x, ids, flag) with ``flag`` != 0 launches it: the sort reports to flag
     return run
+
+
+# ----------------------------------------------------------------------------- the rows hot path
+def rows_switches() -> tuple:
+    """What run_rows reads of the build switches (part of the plans' and hot paths' keys, so
+    a benchmark's A/B of them is seen): _fused_rows.switches() and FLAT_STEP."""
+    return _fused_rows.switches(), _fused_rows.FLAT_STEP
+
+
+class RowsPlan:
+    """A fused row op's call planned once (``rows_plan``): run_rows' launch recorded with its
+    arrays as slots (launch.Ptr) of the call variables ``xp`` (x), ``wp`` (the weight),
+    ``rp`` (the residual) and ``base`` (the call's one allocation of ``total`` bytes, every
+    output and dummy a 256-byte aligned slot of it). ``outputs``: name -> (byte offset, items,
+    dtype) of "codes", "scales", "newres", "y" and "static" (the static per-tensor scale's
+    words, which the caller fills) where the op has them; ``pcols``: the codes' row length.
+    ``sequence(stream, xp, wp, rp, base)`` launches it from raw addresses
+    (launch.compile_sequence; None in the simulator or with NQDQ_FAST_LAUNCH=0); ``replay``,
+    its twin, takes arrays (NumPy under the simulator) and launches through FastKernel."""
+
+    __slots__ = ("launches", "total", "outputs", "pcols", "sequence")
+
+    def __init__(self, launches, total, outputs, pcols, sequence):
+        self.launches, self.total, self.outputs, self.pcols, self.sequence = launches, total, outputs, pcols, sequence
+
+    def replay(self, stream, xp, wp, rp, base):
+        """The launches with each slot an array over the memory of its call variable (each
+        one an array whose first byte is the variable's address, C-contiguous along its last
+        axis): the simulator's twin of ``sequence``."""
+        named = {"xp": xp, "wp": wp, "rp": rp, "base": base}
+        for kern, grid, block, args in self.launches:
+            if grid > 0:
+                real = tuple(_slot_array(a, named[a.base]) if isinstance(a, Ptr) else a for a in args)
+                fast_kernel(kern).launch(grid, block, real, None)
+
+
+def _slot_array(p, a):
+    """The ``p.n`` items of ``p.dtype`` at ``p.offset`` bytes into the memory of array ``a``."""
+    nbytes = p.n * p.dtype.itemsize
+    raw = np.lib.stride_tricks.as_strided(a.view(np.uint8), (p.offset + nbytes,), (1,))
+    return raw[p.offset :].view(p.dtype)
+
+
+@lru_cache(maxsize=64)
+def rows_plan(device: int, op: int, rows: int, n: int, kind: int, wkind: int, has_res: bool, sch, want_y: bool,
+              eps, sscale, strides, static_words: int, switches: tuple):
+    """The :class:`RowsPlan` of run_rows(op, ...) on ``rows`` rows of ``n`` (x of ``kind``;
+    the weight of ``wkind`` for OP_NORM; the residual where ``has_res``; ``strides``: OP_ROWS's
+    (sb, sh, D) over a [B, H, D] view, None for contiguous rows) on GPU ``device`` (current
+    when built and launched), every address 16-byte aligned (the hot paths' callers check
+    that of their arrays; the outputs' slots are). ``static_words``: float32 words of the
+    static per-tensor scale output to reserve ("static"). ``switches``: rows_switches(), part
+    of the cache key. None where the call launches nothing (no rows)."""
+    if rows <= 0 or n <= 0:
+        return None
+    alloc, launches = _PlanAlloc(), []
+    xdt = _XDTYPES[kind]
+    span = rows * n if strides is None else (rows - 1) * strides[0] + (n // strides[2] - 1) * strides[1] + strides[2]
+    xin = DeviceInput(_Slot("xp", 0, span, xdt), kind, (rows, n), "", "cupy")
+    w = _Slot("wp", 0, n, _XDTYPES[wkind]) if op == FK.OP_NORM else None
+    res = _Slot("rp", 0, rows * n, xdt) if has_res else None
+    out = run_rows(op, xin, rows, n, sch, w=w, wkind=wkind, res=res, eps=eps, sscale=sscale, strides=strides,
+                   want_y=want_y, alloc=alloc, launches=launches)
+    outputs = {name: (out[name].offset, out[name].n, out[name].dtype) for name in ("codes", "scales", "newres", "y")
+               if out[name] is not None}
+    if static_words:
+        slot = alloc.empty(static_words, np.float32)
+        outputs["static"] = (slot.offset, slot.n, slot.dtype)
+    sequence = None
+    if not SIMULATOR:
+        from . import launch as L
+
+        sequence = L.compile_sequence(launches, ("xp", "wp", "rp", "base"))
+        if sequence is None:
+            return None
+    return RowsPlan(tuple(launches), max(alloc.total, 1), outputs, out["pcols"], sequence)
 
 
 def audit_launches():
