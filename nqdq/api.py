@@ -455,11 +455,12 @@ def remember_bounded(cache: dict, key, value, limit: int):
 
 def clear_fast_path():
     """Forget the remembered GPU calls (tests; after changing NQDQ_FAST_LAUNCH): nqdq.quantize's
-    and nqdq.fused.moe_sort_quantize's."""
+    and nqdq.dequantize's, and nqdq.fused's."""
     from . import fused
 
     _FAST.clear()
     fused._MOE_FAST.clear()
+    fused._ROWS_FAST.clear()
 
 
 def dequantize(q: QuantizedTensor, dtype=np.float32, *, device=None, stream=None):

@@ -135,13 +135,13 @@ def test_on_gpu_of_reads_named_and_dotted_arguments(hardware):
 
 def test_public_entry_points_run_on_their_arrays_gpu():
     """Every public function that runs kernels on GPU arrays is wrapped (or, for the two hot
-    paths, calls a wrapped general path: quantize, dequantize, the MoE op)."""
+    paths, calls a wrapped general path: quantize, dequantize, the fused ops)."""
     import importlib
 
     from nqdq import api, fused, quantized
 
     mm = importlib.import_module("nqdq.matmul")  # (nqdq.matmul is the function)
-    wrapped = [api._quantize, api._dequantize, fused.rmsnorm, fused.rmsnorm_quantize, fused.flatten_quantize,
+    wrapped = [api._quantize, api._dequantize, fused._rmsnorm, fused._rmsnorm_quantize, fused._flatten_quantize,
                fused._moe_sort_quantize, mm.matmul, quantized.QuantizedTensor.with_layout]  # fmt: skip
     for fn in wrapped:
         assert getattr(fn, "__wrapped__", None) is not None, fn.__qualname__
