@@ -9,6 +9,7 @@ place; the result is CuPy when CuPy is installed, a Numba device array otherwise
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -16,9 +17,10 @@ import numpy as np
 from . import _gemm_kernels as G
 from . import _gemm_wgmma as W
 from ._target import SIMULATOR, device_cc
-from .launch import allow_smem
+from .launch import Ptr, allow_smem, dynamic_smem
 
-__all__ = ["gemm", "PreparedGemm", "TileConfig", "WgmmaConfig", "GemmSpec", "default_config", "SIM_CONFIG"]
+__all__ = ["gemm", "PreparedGemm", "plan_gemm", "gemm_sequence", "TileConfig", "WgmmaConfig", "GemmSpec",
+           "default_config", "SIM_CONFIG"]
 
 TileConfig, GemmSpec, WgmmaConfig = G.TileConfig, G.GemmSpec, W.WgmmaConfig
 # The simulator runs one Python thread per CUDA thread: one warp per CTA, a 16 x 16 tile.
@@ -147,7 +149,9 @@ def get_kernel(cfg, spec: GemmSpec):
     k = _KERNELS.get((cfg, spec))
     if k is None:
         make = W.make_wgmma_kernel if isinstance(cfg, WgmmaConfig) else G.make_gemm_kernel
-        k = _KERNELS[(cfg, spec)] = make(cfg, spec)
+        k = make(cfg, spec)
+        k.nqdq_dynamic_smem = cfg.smem_bytes  # launched with its whole tile ring (launch.dynamic_smem)
+        _KERNELS[(cfg, spec)] = k
     return k
 
 
@@ -218,6 +222,34 @@ def _cupy():
         return None
 
 
+class GemmPlan(NamedTuple):
+    """What one GEMM launches: the kernel's spec and tile, K padded to whole MMA steps, and
+    the grid (0: an empty output, nothing to launch)."""
+
+    spec: GemmSpec
+    cfg: object  # TileConfig (mma.sync) or WgmmaConfig (sm_90a)
+    Kp: int  # K rounded up to 16 (zero codes fill the rest)
+    grid: int
+
+
+def plan_gemm(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, out_dtype="float32", activation=None,
+              config=None) -> GemmPlan:  # fmt: skip
+    """The kernel and grid of an [M, K] x [N, K]^T GEMM (``gemm``'s arguments; ``asym``: zero
+    points given, ``bias``: a bias given). The one place both launchers choose them."""
+    spec = GemmSpec(mma=mma, sa_mode=_SCALE[sa_mode], sb_mode=_SCALE[sb_mode], out=_OUT[out_dtype],
+                    act=_ACT[activation], bias=bool(bias), asym=bool(asym))  # fmt: skip
+    cfg = config or default_config(spec, (M, N))
+    # one n-block of scales per CTA, or (wgmma) two for N = 256 tiles
+    if spec.sa_mode == G.SCALE_BLOCK and 128 % cfg.bn and not (isinstance(cfg, WgmmaConfig) and cfg.bn == 256):
+        raise ValueError(f"block scales need a CTA tile N ({cfg.bn}) dividing 128 (or 256 with wgmma)")
+    grid = 0
+    if M > 0 and N > 0:
+        grid = (-(-M // cfg.bm)) * (-(-N // cfg.bn))
+        if getattr(cfg, "persistent", False):  # one CTA per SM walks the tiles (2 in the simulator)
+            grid = min(grid, 2 if SIMULATOR else _sm_count())
+    return GemmPlan(spec, cfg, -(-K // 16) * 16, grid)
+
+
 class PreparedGemm:
     """One GEMM with every argument converted and the output allocated: ``launch()`` runs
     the kernel alone (benchmarks time this), ``result()`` returns the output as ``gemm``."""
@@ -229,15 +261,12 @@ class PreparedGemm:
         self.shape, self.out_dtype = (M, N), out_dtype
         self.on_host = isinstance(a_codes, np.ndarray)
         lib = _Lib(SIMULATOR, None if SIMULATOR else _cupy())
-        spec = GemmSpec(mma=mma, sa_mode=_SCALE[sa_mode], sb_mode=_SCALE[sb_mode], out=_OUT[out_dtype],
-                        act=_ACT[activation], bias=bias is not None, asym=za is not None)  # fmt: skip
-        cfg = self.cfg = config or default_config(spec, (M, N))
-        # one n-block of scales per CTA, or (wgmma) two for N = 256 tiles
-        if spec.sa_mode == G.SCALE_BLOCK and 128 % cfg.bn and not (isinstance(cfg, WgmmaConfig) and cfg.bn == 256):
-            raise ValueError(f"block scales need a CTA tile N ({cfg.bn}) dividing 128 (or 256 with wgmma)")
+        spec, cfg, Kp, grid = plan_gemm(M, N, K, mma=mma, sa_mode=sa_mode, sb_mode=sb_mode, asym=za is not None,
+                                        bias=bias is not None, out_dtype=out_dtype, activation=activation,
+                                        config=config)  # fmt: skip
+        self.cfg = cfg
         a = lib.asarray(a_codes, np.uint8)
         b = lib.asarray(b_codes, np.uint8)
-        Kp = -(-K // 16) * 16
         if Kp != K:  # zero codes contribute nothing (fp8 0x00 is +0.0; int8 0)
             a, b = lib.pad_k(a, M, K, Kp), lib.pad_k(b, N, K, Kp)
         colsum = lib.empty(max(N, 1), np.int32)
@@ -247,11 +276,8 @@ class PreparedGemm:
         args = (a, b, M, N, Kp, lib.asarray(sa, np.float32), lib.asarray(sb, np.float32), lib.asarray(za, np.uint8),
                 colsum, lib.asarray(bias, np.float32), np.float32(alpha), self.out)  # fmt: skip
         self._launch = None
-        if M > 0 and N > 0:
+        if grid:
             kern = get_kernel(cfg, spec)
-            grid = (-(-M // cfg.bm)) * (-(-N // cfg.bn))
-            if getattr(cfg, "persistent", False):  # one CTA per SM walks the tiles (2 in the simulator)
-                grid = min(grid, 2 if SIMULATOR else _sm_count())
             if SIMULATOR:
                 self._launch = lambda: kern[grid, cfg.threads, 0, cfg.smem_bytes](*args)
             else:
@@ -292,6 +318,98 @@ def gemm(a_codes, b_codes, **kw):
     g = PreparedGemm(a_codes, b_codes, **kw)
     g.launch()
     return g.result()
+
+
+# ----------------------------------------------------------------------------- launch sequences
+# nqdq.matmul's hot path: the GEMM's launches with every shape and constant packed once, so
+# that a call passes only the addresses of its arrays (launch.compile_sequence)
+# what run(stream, ...) takes after the stream (names the generated function does not use itself)
+SEQUENCE_ARGS = ("codes_a", "codes_b", "scales_a", "scales_b", "zeros_a", "bias", "out")
+_OUT_ALIGN = 256  # the column sums of an asymmetric A start this aligned past the output
+
+
+class GemmSequence(NamedTuple):
+    """``run(stream, codes_a, codes_b, scales_a, scales_b, zeros_a, bias, out)``: one GEMM's
+    launches (``gemm``'s), given the addresses of its arrays on a GPU, the NumPy arrays
+    themselves in the simulator; ``out`` is one allocation of ``nbytes``: the [M, N] output
+    (``out_dtype``), then (asymmetric A) the int32 column sums of B that the first launch
+    writes."""
+
+    run: object
+    nbytes: int
+    out_dtype: np.dtype  # float32, float16, or bfloat16 (uint16 bits on a GPU; ml_dtypes.bfloat16 in the simulator)
+    plan: GemmPlan
+
+
+def scale_count(mode: str, rows: int, K: int, block_rows: int = 1) -> int:
+    """How many float32 scales (or zero points) an operand of ``rows`` x ``K`` has in
+    ``mode``: 1, ``rows``, or (block) one per ``block_rows`` x 128 tile (A: 1, B: 128)."""
+    return {"tensor": 1, "row": rows, "block": -(-rows // block_rows) * -(-K // 128)}[mode]
+
+
+def gemm_sequence(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, alpha=1.0, out_dtype="float32",
+                  activation=None, config=None, entries=None) -> GemmSequence | None:  # fmt: skip
+    """The GEMM ``gemm`` would launch for these shapes and arguments (``asym``: zero points
+    given, ``bias``: a bias given) as a :class:`GemmSequence`, or None where it needs per-call
+    host work or Numba's launch: K not a multiple of 16 (padded copies), an empty output, or
+    the fast launch path off (``launch.compile_sequence``). The arrays must be C-contiguous:
+    codes [M, K] / [N, K] of one byte, float32 scales (``scale_count``), uint8 zero points
+    (as A's scales), float32 bias [N]. ``entries``: compiled entries (tests)."""
+    from . import launch as L
+
+    plan = plan_gemm(M, N, K, mma=mma, sa_mode=sa_mode, sb_mode=sb_mode, asym=asym, bias=bias, out_dtype=out_dtype,
+                     activation=activation, config=config)  # fmt: skip
+    spec, cfg, Kp, grid = plan
+    if Kp != K or not grid:
+        return None
+    out_dt = np.dtype(np.float32 if out_dtype == "float32" else np.uint16)
+    out_bytes = M * N * out_dt.itemsize
+    colsum_at = -(-out_bytes // _OUT_ALIGN) * _OUT_ALIGN
+    u8, f32, i32 = np.dtype(np.uint8), np.dtype(np.float32), np.dtype(np.int32)
+    # parameters the spec compiles out (no zero points, no bias) point at the output: never read
+    unused_u8, unused_i32, unused_f32 = Ptr("out", 0, 1, u8), Ptr("out", 0, 1, i32), Ptr("out", 0, 1, f32)
+    colsum = Ptr("out", colsum_at, N, i32) if asym else unused_i32
+    kern = get_kernel(cfg, spec)
+    args = (Ptr("codes_a", 0, M * K, u8), Ptr("codes_b", 0, N * K, u8), M, N, K,
+            Ptr("scales_a", 0, scale_count(sa_mode, M, K), f32),
+            Ptr("scales_b", 0, scale_count(sb_mode, N, K, 128), f32),
+            Ptr("zeros_a", 0, scale_count(sa_mode, M, K), u8) if asym else unused_u8, colsum,
+            Ptr("bias", 0, N, f32) if bias else unused_f32, np.float32(alpha),
+            Ptr("out", 0, M * N, out_dt))  # fmt: skip
+    launches = [(kern, grid, cfg.threads, args)]
+    if asym:  # colsum_b[n] = sum_k qb[n, k], for the zero-point correction
+        launches.insert(0, (G.row_sums_i8, (N + 127) // 128, 128, (Ptr("codes_b", 0, N * K, np.int8), N, K, colsum)))
+    if SIMULATOR and entries is None:
+        run = _simulated_sequence(launches)
+    else:
+        if entries is None:
+            kern.compile(kernel_signature(spec))
+            allow_smem(kern, cfg.smem_bytes)
+        run = L.compile_sequence(launches, SEQUENCE_ARGS, entries=entries)
+        if run is None:
+            return None
+    if out_dtype == "float16":
+        out_dt = np.dtype(np.float16)
+    elif out_dtype == "bfloat16" and SIMULATOR:
+        out_dt = np.dtype(ml_dtypes.bfloat16)
+    return GemmSequence(run, colsum_at + 4 * N if asym else out_bytes, out_dt, plan)
+
+
+def _simulated_sequence(launches):
+    """``compile_sequence``'s stand-in for the simulator: ``run(stream, *arrays)`` launches
+    through Numba, each :class:`launch.Ptr` a view of the NumPy array its name is given
+    (``SEQUENCE_ARGS``), from its byte offset."""
+
+    def view(arrays, p):
+        flat = arrays[p.base].reshape(-1).view(np.uint8)
+        return flat[p.offset : p.offset + p.n * p.dtype.itemsize].view(p.dtype)
+
+    def run(stream, *arrays):
+        named = dict(zip(SEQUENCE_ARGS, arrays))
+        for kern, grid, block, args in launches:
+            kern[grid, block, 0, dynamic_smem(kern)](*(view(named, a) if isinstance(a, Ptr) else a for a in args))
+
+    return run
 
 
 # ----------------------------------------------------------------------------- compile only
