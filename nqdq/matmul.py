@@ -48,8 +48,9 @@ _FP8 = ("e4m3", "e5m2")
 class _Operand:
     """One operand's codes and scale data as the GEMM takes them."""
 
-    def __init__(self, codes, elem, scales, mode, za=None):
+    def __init__(self, codes, elem, scales, mode, za=None, expanded=False):
         self.codes, self.elem, self.scales, self.mode, self.za = codes, elem, scales, mode, za
+        self.expanded = expanded  # scales (and zero points) expanded to one per row: built per call
 
 
 def _expand_rows(s, rows, block_rows, xp):
@@ -91,7 +92,7 @@ def _operand(q, name: str, role: str, xp) -> _Operand:
         za = None
         if not sch.symmetric:
             za = q.zero_points.reshape(-1)[:1] if mode == "tensor" else _expand_rows(q.zero_points, rows, br, xp)
-        return _Operand(q.codes, elem.name if is_fp8 else "int8", s, mode, za)
+        return _Operand(q.codes, elem.name if is_fp8 else "int8", s, mode, za, expanded=mode == "row" and br > 1)
     # scales vary along K: only the fp8 block layouts are GEMM-able
     ok_block = is_fp8 and bk == 128 and br == (1 if role == "a" else 128)
     if not ok_block:
@@ -105,7 +106,6 @@ def _operand(q, name: str, role: str, xp) -> _Operand:
     return _Operand(q.codes, elem.name, scales.reshape(-1), "block")
 
 
-@_arrays.on_gpu_of("qa.codes", "qb.codes", "bias")
 def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0, device=None):
     """``act(alpha * dequant(qa) @ dequant(qb).T + bias)`` as ``out_dtype``.
 
@@ -121,7 +121,25 @@ def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0
     device : None (GPU operands run on the GPU, NumPy ones on the CPU reference), ``"cpu"``
         or ``"cuda"`` (tensor-core kernels; NumPy operands are copied over and back, or run
         in Numba's CUDA simulator under NUMBA_ENABLE_CUDASIM=1).
+
+    A call like an earlier GPU call (same schemes, shapes, dtypes, arguments, GPU: see
+    ``_hot_key``) skips the checks and launches the remembered GEMM at once (``_RUNNERS``).
     """
+    if _RUNNERS and type(qa) is QuantizedTensor and type(qb) is QuantizedTensor:
+        try:
+            run = _RUNNERS.get(_hot_key(qa, qb, out_dtype, bias, activation, alpha, device))
+        except (AttributeError, KeyError, TypeError):  # another library, an unhashable argument
+            run = None
+        if run is not None:
+            return run(qa, qb, bias)
+    return _matmul(qa, qb, out_dtype, bias=bias, activation=activation, alpha=alpha, device=device)
+
+
+@_arrays.on_gpu_of("qa.codes", "qb.codes", "bias")
+def _matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0, device=None):
+    """matmul's general path, on the operands' GPU: every check, then the GEMM; a GPU call
+    remembers a runner for the calls like it (``_remember_runner``)."""
+    bias_arg = bias
     on_device = _arrays.use_device(getattr(qa, "codes", None), device, argname="qa.codes")
     xp = np
     if on_device and _arrays.is_device_array(getattr(qa, "codes", None)):
@@ -171,9 +189,172 @@ def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0
     if on_device:
         from .kernels import gemm as kg
 
-        return kg.gemm(a.codes, b.codes, **kw)
+        out = kg.gemm(a.codes, b.codes, **kw)
+        if not (a.expanded or b.expanded):
+            _remember_runner(qa, qb, out_dtype, bias_arg, activation, alpha, device, kw)
+        return out
     from .reference import matmul as ref
 
     h = _arrays.host
     kw.update(sa=h(kw["sa"]), sb=h(kw["sb"]), za=h(kw["za"]), bias=None if bias is None else h(bias))
     return ref.gemm(h(a.codes), h(b.codes), **kw)
+
+
+# ----------------------------------------------------------------------------- the GPU hot path
+# The first GPU call of a kind goes through every check above and nqdq.kernels.gemm.gemm; then,
+# where the same launch can serve every call whose _hot_key is equal (arrays C-contiguous in
+# the codes' library on the current GPU, codes [rows, K] of one byte, float32 scales and bias,
+# zero points of one byte, no scales expanded per call, K a multiple of 16, a non-empty
+# output), it remembers a runner: run(qa, qb, bias) reads the arrays' addresses, allocates the
+# output (_alloc_out) and launches the GEMM's compiled launch sequence
+# (nqdq.kernels.gemm.gemm_sequence) on the current stream. Nothing in it waits for the GPU or
+# copies to the host. Bounded as nqdq.quantize's hot path is (nqdq.api.remember_bounded):
+# at most _RUNNERS_MAX keys, the oldest dropped first. The tile is chosen when the runner is
+# built: clear_hot_path() after changing NQDQ_GEMM_TILE / NQDQ_GEMM_WGMMA.
+_RUNNERS: dict = {}
+_RUNNERS_MAX = 256
+_FACTS: dict = {}  # array type -> facts(x), registered with the first runner of that library
+_current_device = None  # nqdq.kernels._devices.current, set with the first runner
+_cupy_alloc = _cupy_ndarray = _cupy_new = _cupy_stream = None  # set with the first CuPy runner
+
+
+def _cupy_facts(x):
+    """What a launch depends on in a CuPy array: shape, dtype, C-contiguity, its GPU."""
+    return x.shape, x.dtype, x._c_contiguous, x.data.device_id
+
+
+def _numpy_facts(x):
+    """The same for the simulator's NumPy arrays (one device, 0)."""
+    return x.shape, x.dtype, x.flags.c_contiguous, 0
+
+
+def _hot_key(qa, qb, out_dtype, bias, activation, alpha, device):
+    """Everything that decides a call's launch: the schemes (so the scale modes), logical
+    shapes and scale layouts; shape, dtype, C-contiguity and GPU of each array (``_FACTS``
+    of the codes' library: KeyError for another); the arguments (alpha with its type, so
+    that True is not taken for 1.0); the current GPU."""
+    facts = _FACTS[type(qa.codes)]
+    za = qa.zero_points
+    return (qa.scheme, qb.scheme, qa.shape, qb.shape, qa.scale_layout, qb.scale_layout, facts(qa.codes),
+            facts(qb.codes), facts(qa.scales), facts(qb.scales), None if za is None else facts(za),
+            None if bias is None else facts(bias), out_dtype, activation, alpha, type(alpha), device,
+            _current_device())  # fmt: skip
+
+
+def clear_hot_path():
+    """Forget the remembered GEMM runners (tests; after changing the tile's environment)."""
+    _RUNNERS.clear()
+
+
+def _register(codes, simulator: bool) -> bool:
+    """Whether calls with ``codes``' array library can have runners (CuPy, or NumPy in the
+    simulator); the first time, the library's facts and allocation are set up."""
+    global _current_device, _cupy_alloc, _cupy_ndarray, _cupy_new, _cupy_stream
+    from .kernels import _devices
+    from .kernels._interop import is_cupy
+
+    if type(codes) in _FACTS:
+        return True
+    if simulator:
+        if type(codes) is not np.ndarray:
+            return False
+        _current_device = _devices.current
+        _FACTS[np.ndarray] = _numpy_facts
+        return True
+    if not is_cupy(codes) or not hasattr(codes, "_c_contiguous"):
+        return False
+    import cupy
+
+    from .kernels._interop import cupy_array_new
+
+    _cupy_alloc, _cupy_ndarray, _cupy_stream = cupy.cuda.alloc, cupy.ndarray, cupy.cuda.get_current_stream
+    _cupy_new = cupy_array_new(cupy, cupy.cuda.alloc(256))
+    _current_device = _devices.current
+    _FACTS[type(codes)] = _cupy_facts
+    return True
+
+
+def _remember_runner(qa, qb, out_dtype, bias, activation, alpha, device, kw):
+    """After a GPU call on the general path: remember a runner for the calls like it, where
+    one can serve them (see above); else nothing."""
+    from .kernels import gemm as kg
+    from .kernels._target import SIMULATOR
+
+    if not _register(qa.codes, SIMULATOR):
+        return
+    try:
+        key = _hot_key(qa, qb, out_dtype, bias, activation, alpha, device)
+        hash(key)
+    except (AttributeError, KeyError, TypeError):
+        return
+    if key in _RUNNERS:
+        return
+    (M, K), (N, _) = (int(v) for v in qa.shape), (int(v) for v in qb.shape)
+    ca, cb, sa, sb, za, fb, dev = key[6], key[7], key[8], key[9], key[10], key[11], key[-1]
+    arrays = [f for f in (ca, cb, sa, sb, za, fb) if f is not None]
+    if not all(contiguous and gpu == dev for _shape, _dt, contiguous, gpu in arrays):
+        return
+    byte = (np.dtype(np.int8), np.dtype(np.uint8))
+    if ca[0] != (M, K) or cb[0] != (N, K) or ca[1] not in byte or cb[1] not in byte:
+        return
+    f32 = np.dtype(np.float32)
+    if sa[1] != f32 or sb[1] != f32 or (za is not None and za[1] not in byte):
+        return
+    if fb is not None and (fb[0] != (N,) or fb[1] != f32):
+        return
+    sa_mode, sb_mode = kw["sa_mode"], kw["sb_mode"]
+    need = ((sa, kg.scale_count(sa_mode, M, K)), (sb, kg.scale_count(sb_mode, N, K, 128)),
+            (za, kg.scale_count(sa_mode, M, K)))  # fmt: skip
+    if any(f is not None and int(np.prod(f[0])) < n for f, n in need):
+        return
+    seq = kg.gemm_sequence(M, N, K, mma=kw["mma"], sa_mode=sa_mode, sb_mode=sb_mode, asym=za is not None,
+                           bias=fb is not None, alpha=kw["alpha"], out_dtype=kw["out_dtype"],
+                           activation=activation)  # fmt: skip
+    if seq is None:
+        return
+    make = _simulated_runner if SIMULATOR else _gpu_runner
+    from .api import remember_bounded
+
+    remember_bounded(_RUNNERS, key, make(seq, (M, N), za is not None, fb is not None, dev), _RUNNERS_MAX)
+
+
+def _alloc_out(shape, dtype, nbytes: int, device: int):
+    """(the output array, its address): ``nbytes`` of GPU memory on ``device`` (the current
+    GPU) from CuPy's pool, the first ``shape`` x ``dtype`` of it the C-contiguous output
+    array (the rest: the launches' scratch). The runners' one allocation."""
+    mem = _cupy_alloc(nbytes)
+    if _cupy_new is not None:  # cupy.ndarray(shape, dtype, mem) without its Python frames (_interop)
+        out = _cupy_new(_cupy_ndarray)
+        out._init(shape, dtype, mem)
+    else:
+        out = _cupy_ndarray(shape, dtype, mem)
+    return out, mem.ptr
+
+
+def _gpu_runner(seq, shape, asym: bool, has_bias: bool, device: int):
+    """``run(qa, qb, bias)``: ``seq`` on the current stream of ``device``, with the arrays'
+    addresses."""
+    launch, nbytes, dtype, stream = seq.run, seq.nbytes, seq.out_dtype, _cupy_stream
+
+    def run(qa, qb, bias):
+        out, base = _alloc_out(shape, dtype, nbytes, device)
+        launch(stream(device).ptr, qa.codes.data.ptr, qb.codes.data.ptr, qa.scales.data.ptr, qb.scales.data.ptr,
+               qa.zero_points.data.ptr if asym else 0, bias.data.ptr if has_bias else 0, base)  # fmt: skip
+        return out
+
+    run.sequence = seq
+    return run
+
+
+def _simulated_runner(seq, shape, asym: bool, has_bias: bool, device: int):
+    """``run(qa, qb, bias)`` in the simulator: ``seq`` given the NumPy arrays."""
+    launch, nbytes, dtype = seq.run, seq.nbytes, seq.out_dtype
+    size = shape[0] * shape[1] * dtype.itemsize
+
+    def run(qa, qb, bias):
+        buf = np.empty(nbytes, np.uint8)
+        launch(0, qa.codes, qb.codes, qa.scales, qb.scales, qa.zero_points, bias, buf)
+        return buf[:size].view(dtype).reshape(shape)
+
+    run.sequence = seq
+    return run

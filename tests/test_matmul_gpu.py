@@ -277,3 +277,76 @@ def test_out_pair_intrinsics_match_twins():
         assert _ptx.cvt_f16x2_twin(x[i + 1], x[i]) == int(want_h[i]) | (int(want_h[i + 1]) << 16)
     np.testing.assert_array_equal(bf.get(), want_bf)
     np.testing.assert_array_equal(h.get(), want_h)
+
+
+# ----------------------------------------------------------------------------- the hot path
+HOT_PAIRS = [("int8_row", "int8_row"), ("int8_asym", "int8_row"), ("fp8_row", "fp8_row"), ("fp8_tensor", "fp8_tensor"),
+             ("fp8_1x128", "fp8_128x128")]  # fmt: skip
+
+
+def _matmul_module():
+    import sys
+
+    return sys.modules["nqdq.matmul"]  # (nqdq.matmul is also the function)
+
+
+@pytest.mark.parametrize("sa,sb", HOT_PAIRS)
+@pytest.mark.parametrize("shape", [(16, 1024, 512), (257, 384, 1024), (128, 1152, 4096)])
+@pytest.mark.parametrize("kw", [{}, {"out_dtype": "bfloat16", "activation": "gelu", "bias": True, "alpha": 0.5},
+                                {"out_dtype": "float16", "activation": "relu", "bias": True}],
+                         ids=["plain", "bf16-gelu-bias", "f16-relu-bias"])  # fmt: skip
+def test_hot_path_same_bits_as_the_first_call(sa, sb, shape, kw):
+    """The remembered runner (repeated calls) against the general path (the first call, and
+    the first call after the cache is cleared, on new operands of the same kind)."""
+    mm = _matmul_module()
+    mm.clear_hot_path()
+    M, N, K = shape
+    x = cp.asarray(RNG.standard_normal((M, K)).astype(np.float32))
+    w = cp.asarray((RNG.standard_normal((N, K)) * 0.05).astype(np.float32))
+    kw = dict(kw)
+    if kw.pop("bias", False):
+        kw["bias"] = cp.asarray(RNG.standard_normal(N).astype(np.float32))
+    qa, qb = nqdq.quantize(x, sa), nqdq.quantize(w, sb)
+    first = matmul(qa, qb, **kw)
+    assert len(mm._RUNNERS) == 1
+    for _ in range(3):
+        hot = matmul(qa, qb, **kw)
+        assert hot.dtype == first.dtype and hot.shape == (M, N) and hot.flags.c_contiguous
+        np.testing.assert_array_equal(hot.get().view(np.uint8), first.get().view(np.uint8))
+    qa2, qb2 = nqdq.quantize(x * 3 - 1, sa), nqdq.quantize(w[::-1].copy(), sb)
+    hot = matmul(qa2, qb2, **kw)
+    assert len(mm._RUNNERS) == 1
+    mm.clear_hot_path()
+    general = matmul(qa2, qb2, **kw)
+    np.testing.assert_array_equal(hot.get().view(np.uint8), general.get().view(np.uint8))
+
+
+@pytest.mark.parametrize("sa,sb", [("fp8_row", "fp8_row"), ("int8_asym", "int8_row"), ("fp8_1x128", "fp8_128x128")])
+def test_hot_path_captured_in_a_cuda_graph(sa, sb):
+    """The hot path neither waits for the GPU nor copies to the host (either would break the
+    capture), and replays: new operand data in the same buffers, the new product."""
+    mm = _matmul_module()
+    mm.clear_hot_path()
+    M, N, K = 64, 512, 1024
+    x = cp.asarray(RNG.standard_normal((M, K)).astype(np.float32))
+    w = cp.asarray((RNG.standard_normal((N, K)) * 0.05).astype(np.float32))
+    qa, qb = nqdq.quantize(x, sa), nqdq.quantize(w, sb)
+    matmul(qa, qb)  # checks, compiles, remembers the runner
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        matmul(qa, qb)  # warm this stream's pool (no cudaMalloc inside the capture)
+        s.synchronize()
+        s.begin_capture()
+        out = matmul(qa, qb)
+        graph = s.end_capture()
+    qa2 = nqdq.quantize(x * 2 + 0.5, sa)
+    with s:
+        for name in ("codes", "scales", "zero_points"):
+            if getattr(qa, name) is not None:
+                getattr(qa, name)[...] = getattr(qa2, name)
+        out.fill(0)
+    graph.launch(s)
+    s.synchronize()
+    mm.clear_hot_path()
+    want = matmul(qa2, qb)
+    np.testing.assert_array_equal(out.get().view(np.uint8), want.get().view(np.uint8))
