@@ -455,12 +455,17 @@ def remember_bounded(cache: dict, key, value, limit: int):
 
 def clear_fast_path():
     """Forget the remembered GPU calls (tests; after changing NQDQ_FAST_LAUNCH): nqdq.quantize's
-    and nqdq.dequantize's, and nqdq.fused's."""
+    and nqdq.dequantize's, nqdq.fused's and nqdq.matmul's."""
     from . import fused
+
+    import importlib
+
+    _matmul_module = importlib.import_module("nqdq.matmul")  # (nqdq.matmul the attribute is the function)
 
     _FAST.clear()
     fused._MOE_FAST.clear()
     fused._ROWS_FAST.clear()
+    _matmul_module.clear_hot_path()
 
 
 def dequantize(q: QuantizedTensor, dtype=np.float32, *, device=None, stream=None):

@@ -24,6 +24,7 @@ import sys
 import numpy as np
 
 from . import _arrays
+from .kernels import _callers
 from .quantized import QuantizedTensor
 from .reference import fused as R
 from .reference.packing import pack_codes
@@ -139,6 +140,7 @@ def rmsnorm(x, weight, eps=1e-6, residual=None, *, device=None, dtype=None, weig
 
 
 @_arrays.on_gpu_of("x", "weight", "residual")
+@_callers.in_caller_library("x", "weight", "residual")
 def _rmsnorm(x, weight, eps, residual, device, dtype, weight_dtype):
     """rmsnorm's general path, on the arrays' GPU (every check; remembers the hot path)."""
     e = _eps(eps)
@@ -188,6 +190,7 @@ def rmsnorm_quantize(x, weight, scheme, eps=1e-6, residual=None, scale=None, dev
 
 
 @_arrays.on_gpu_of("x", "weight", "residual")
+@_callers.in_caller_library("x", "weight", "residual")
 def _rmsnorm_quantize(x, weight, scheme, eps, residual, scale, device, dtype, weight_dtype):
     """rmsnorm_quantize's general path, on the arrays' GPU (every check; remembers the hot path)."""
     e = _eps(eps)
@@ -253,6 +256,7 @@ def flatten_quantize(x, scheme, *, device=None, dtype=None):
 
 
 @_arrays.on_gpu_of("x")
+@_callers.in_caller_library("x")
 def _flatten_quantize(x, scheme, device, dtype):
     """flatten_quantize's general path, on x's GPU (every check; remembers the hot path)."""
     sch = _scheme(scheme, None)
@@ -658,6 +662,7 @@ def moe_sort_quantize(x, expert_ids, num_experts, scheme="mxfp4", *, device=None
 
 
 @_arrays.on_gpu_of("x", "expert_ids")
+@_callers.in_caller_library("x", "expert_ids")
 def _moe_sort_quantize(x, expert_ids, num_experts, scheme, device, dtype, check_ids):
     """moe_sort_quantize's general path, on the arrays' GPU (every check, the plan)."""
     sch = _scheme(scheme, None)

@@ -37,6 +37,7 @@ import numpy as np
 
 from . import _arrays
 from .formats import FloatFormat, IntFormat
+from .kernels._interop import is_cupy
 from .quantized import QuantizedTensor
 
 __all__ = ["matmul"]
@@ -132,11 +133,47 @@ def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0
             run = None
         if run is not None:
             return run(qa, qb, bias)
+    codes = getattr(qa, "codes", None)
+    if codes is not None and not isinstance(codes, np.ndarray) and not is_cupy(codes):
+        from .kernels import _callers
+
+        caller = _callers.caller_of(codes)
+        if caller.name != "cupy" and _arrays.is_device_array(codes):
+            return _matmul_for(caller, qa, qb, out_dtype, bias, activation, alpha, device)
     return _matmul(qa, qb, out_dtype, bias=bias, activation=activation, alpha=alpha, device=device)
 
 
+_FIELDS = ("codes", "scales", "zero_points", "tensor_scale", "means")
+
+
+def _matmul_for(caller, qa, qb, out_dtype, bias, activation, alpha, device):
+    """A PyTorch or JAX caller's general path: the operands as the kernels' arrays (zero-copy
+    views), the call on that library's current stream of their GPU, the result in the
+    caller's library (bfloat16 as its own); a PyTorch call remembers a runner of tensors."""
+    import dataclasses
+
+    from .kernels import _callers
+    from .kernels._devices import ordinal_of
+    from .kernels._interop import kernel_view
+
+    def view(q):
+        if not isinstance(q, QuantizedTensor):
+            return q
+        return dataclasses.replace(q, **{f: kernel_view(getattr(q, f), f"q.{f}") for f in _FIELDS
+                                         if getattr(q, f) is not None and type(getattr(q, f)) is type(qa.codes)})
+
+    bias_v = kernel_view(bias, "bias") if bias is not None and type(bias) is type(qa.codes) else bias
+    handle = caller.stream(ordinal_of(qa.codes) or 0)
+    with _callers.running_on(handle) if handle is not None else _callers._NULL:
+        out = _matmul(view(qa), view(qb), out_dtype, bias=bias_v, activation=activation, alpha=alpha, device=device,
+                      _caller=(caller, qa, qb, bias))  # fmt: skip
+        if out.dtype == np.uint16:  # bfloat16 bits
+            return caller.result_bfloat16(out)
+        return caller.result(out)
+
+
 @_arrays.on_gpu_of("qa.codes", "qb.codes", "bias")
-def _matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0, device=None):
+def _matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0, device=None, _caller=None):
     """matmul's general path, on the operands' GPU: every check, then the GEMM; a GPU call
     remembers a runner for the calls like it (``_remember_runner``)."""
     bias_arg = bias
@@ -191,7 +228,11 @@ def _matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.
 
         out = kg.gemm(a.codes, b.codes, **kw)
         if not (a.expanded or b.expanded):
-            _remember_runner(qa, qb, out_dtype, bias_arg, activation, alpha, device, kw)
+            if _caller is None:
+                _remember_runner(qa, qb, out_dtype, bias_arg, activation, alpha, device, kw)
+            elif _caller[0].name == "torch":  # the caller's own tensors, as later calls give them
+                _remember_runner(_caller[1], _caller[2], out_dtype, _caller[3], activation, alpha, device, kw,
+                                 torch=_caller[0])  # fmt: skip
         return out
     from .reference import matmul as ref
 
@@ -246,14 +287,25 @@ def clear_hot_path():
     _RUNNERS.clear()
 
 
-def _register(codes, simulator: bool) -> bool:
-    """Whether calls with ``codes``' array library can have runners (CuPy, or NumPy in the
-    simulator); the first time, the library's facts and allocation are set up."""
+def _register(codes, simulator: bool, torch=None) -> bool:
+    """Whether calls with ``codes``' array library can have runners (CuPy, PyTorch where
+    ``torch`` (its caller) is given, or NumPy in the simulator); the first time, the
+    library's facts and allocation are set up."""
     global _current_device, _cupy_alloc, _cupy_ndarray, _cupy_new, _cupy_stream
     from .kernels import _devices
-    from .kernels._interop import is_cupy
 
     if type(codes) in _FACTS:
+        return True
+    if torch is not None and not simulator:
+        to_numpy = {t: np.dtype(d) for d, t in torch.dtypes.items()}
+        to_numpy[torch.torch.bfloat16] = np.dtype(np.uint16)  # (as the kernels see it)
+
+        def torch_facts(x):
+            """The same for PyTorch tensors (dtypes by their NumPy twins)."""
+            return tuple(x.shape), to_numpy.get(x.dtype, x.dtype), x.is_contiguous(), x.get_device()
+
+        _current_device = _devices.current
+        _FACTS[torch.tensor] = torch_facts
         return True
     if simulator:
         if type(codes) is not np.ndarray:
@@ -274,13 +326,14 @@ def _register(codes, simulator: bool) -> bool:
     return True
 
 
-def _remember_runner(qa, qb, out_dtype, bias, activation, alpha, device, kw):
+def _remember_runner(qa, qb, out_dtype, bias, activation, alpha, device, kw, torch=None):
     """After a GPU call on the general path: remember a runner for the calls like it, where
-    one can serve them (see above); else nothing."""
+    one can serve them (see above); else nothing. ``torch``: the PyTorch caller whose
+    tensors qa and qb hold."""
     from .kernels import gemm as kg
     from .kernels._target import SIMULATOR
 
-    if not _register(qa.codes, SIMULATOR):
+    if not _register(qa.codes, SIMULATOR, torch):
         return
     try:
         key = _hot_key(qa, qb, out_dtype, bias, activation, alpha, device)
@@ -312,10 +365,15 @@ def _remember_runner(qa, qb, out_dtype, bias, activation, alpha, device, kw):
                            activation=activation)  # fmt: skip
     if seq is None:
         return
-    make = _simulated_runner if SIMULATOR else _gpu_runner
     from .api import remember_bounded
 
-    remember_bounded(_RUNNERS, key, make(seq, (M, N), za is not None, fb is not None, dev), _RUNNERS_MAX)
+    if SIMULATOR:
+        run = _simulated_runner(seq, (M, N), za is not None, fb is not None, dev)
+    elif torch is not None:
+        run = _torch_runner(torch, seq, (M, N), za is not None, fb is not None, dev)
+    else:
+        run = _gpu_runner(seq, (M, N), za is not None, fb is not None, dev)
+    remember_bounded(_RUNNERS, key, run, _RUNNERS_MAX)
 
 
 def _alloc_out(shape, dtype, nbytes: int, device: int):
@@ -341,6 +399,27 @@ def _gpu_runner(seq, shape, asym: bool, has_bias: bool, device: int):
         launch(stream(device).ptr, qa.codes.data.ptr, qb.codes.data.ptr, qa.scales.data.ptr, qb.scales.data.ptr,
                qa.zero_points.data.ptr if asym else 0, bias.data.ptr if has_bias else 0, base)  # fmt: skip
         return out
+
+    run.sequence = seq
+    return run
+
+
+def _torch_runner(caller, seq, shape, asym: bool, has_bias: bool, device: int):
+    """``run(qa, qb, bias)`` of PyTorch tensors: ``seq`` on PyTorch's current stream of
+    ``device``; the output (bfloat16 as torch.bfloat16) the head of one ``torch.empty``
+    whose tail is the launches' scratch."""
+    torch = caller.torch
+    launch, dtype, stream = seq.run, seq.out_dtype, caller.stream
+    tdt = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16}.get(dtype, torch.bfloat16)
+    count = -(-seq.nbytes // dtype.itemsize)
+    whole = count == shape[0] * shape[1]
+    dev, empty = torch.device("cuda", device), torch.empty
+
+    def run(qa, qb, bias):
+        buf = empty(count, dtype=tdt, device=dev)
+        launch(stream(device), qa.codes.data_ptr(), qb.codes.data_ptr(), qa.scales.data_ptr(), qb.scales.data_ptr(),
+               qa.zero_points.data_ptr() if asym else 0, bias.data_ptr() if has_bias else 0, buf.data_ptr())  # fmt: skip
+        return buf.view(shape) if whole else buf[: shape[0] * shape[1]].view(shape)
 
     run.sequence = seq
     return run

@@ -266,3 +266,69 @@ def refuse_capture(what: str):
     writes host memory per call, which a graph cannot replay."""
     if capturing(launch._stream_handle(None)):
         raise RuntimeError(f"{what}, so this call cannot be captured in a CUDA graph; run it outside the capture")
+
+
+def in_caller_library(*names):
+    """Decorator for an entry point's general path: where its first named argument is a
+    PyTorch or JAX GPU array, the call runs on that library's current stream of the arrays'
+    GPU, its named arguments of that library reach the body as the kernels' arrays (zero-copy
+    views, ``_interop.kernel_view``), and its results (arrays, QuantizedTensors, tuples of
+    them) come back in the caller's library: uint16 bits as bfloat16 where the first
+    argument is bfloat16. CuPy, Numba and host arrays: the call as it is."""
+    import functools
+    import inspect
+
+    def deco(fn):
+        params = list(inspect.signature(fn).parameters)
+        where = [(params.index(n), n) for n in names]
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            i0, n0 = where[0]
+            x = args[i0] if i0 < len(args) else kwargs.get(n0)
+            caller = caller_of(x) if x is not None else _DEFAULT
+            if caller.name == "cupy" or not _is_gpu(x):
+                return fn(*args, **kwargs)
+            from ._devices import current
+            from ._interop import kernel_view
+
+            args = list(args)
+            for i, n in where:
+                a = args[i] if i < len(args) else kwargs.get(n)
+                if a is not None and type(a) is type(x):
+                    if i < len(args):
+                        args[i] = kernel_view(a, n)
+                    else:
+                        kwargs[n] = kernel_view(a, n)
+            bf16 = str(getattr(x, "dtype", "")).endswith("bfloat16")
+            handle = caller.stream(current())
+            with running_on(handle) if handle is not None else _NULL:
+                out = fn(*args, **kwargs)
+                return _in_library(caller, out, bf16)
+
+        return call
+
+    return deco
+
+
+def _is_gpu(x) -> bool:
+    from .._arrays import is_device_array
+
+    return is_device_array(x)
+
+
+def _in_library(caller, out, bf16: bool):
+    from ..quantized import QuantizedTensor
+
+    if out is None:
+        return None
+    if isinstance(out, tuple):
+        return tuple(_in_library(caller, o, bf16) for o in out)
+    if isinstance(out, QuantizedTensor):
+        import dataclasses
+
+        return dataclasses.replace(out, **{f: caller.result(getattr(out, f)) for f in
+                                           ("codes", "scales", "zero_points", "tensor_scale", "means")})  # fmt: skip
+    if bf16 and getattr(out, "dtype", None) == np.uint16:
+        return caller.result_bfloat16(out)
+    return caller.result(out)
