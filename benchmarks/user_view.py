@@ -15,8 +15,10 @@ For each (op, scheme, size, library, dtype):
 * ``% of copy``: bytes read and written (input, codes, scales) against a device-to-device
   copy of the input timed in the same run (read + written).
 
-Peers in the same run: a Triton per-token FP8 quantizer (``peers._triton_fp8_row``) beside
-``fp8_row`` from PyTorch. Inputs: fresh random data (normal, per-row magnitudes 2^U(-4, 4)),
+Also ``fused.rmsnorm_quantize(h, w, "fp8_row")`` (``--fused-sizes``) and FP8 row-scaled
+``matmul`` with bfloat16 output (``--matmul-shapes`` MxNxK; note: FLOPs). Peers in the same
+run: a Triton per-token FP8 quantizer (``peers._triton_fp8_row``) beside ``fp8_row`` from
+PyTorch, and ``torch._scaled_mm`` (cuBLASLt) on the same FP8 codes and row scales. Inputs: fresh random data (normal, per-row magnitudes 2^U(-4, 4)),
 rotated over enough sets that one call's input is not in L2 from the call before.
 """
 
@@ -216,6 +218,76 @@ def bench(args):
     return device, rows
 
 
+def bench_fused(libs, sizes, rows):
+    """``fused.rmsnorm_quantize(h, w, "fp8_row")`` (bfloat16) from each library: wall and device."""
+    for size in sizes:
+        shape = tuple(int(v) for v in size.split("x"))
+        in_bytes = math.prod(shape) * 2
+        n_sets = int(min(64, max(2, math.ceil(4 * 60e6 / in_bytes))))
+        calls = max(n_sets, 20 if in_bytes > 60e6 else 200)
+        data = _sets(shape, "bfloat16", n_sets, seed=7)
+        copy = copy_us(in_bytes)
+        w32 = np.random.default_rng(8).uniform(0.5, 1.5, shape[-1]).astype(np.float32)
+        for lib in libs.values():
+            if lib.name == "jax":
+                continue  # (the general path, as measured for quantize)
+            xs = [lib.array(f, "bfloat16") for f in data]
+            w = lib.array(w32, "float32")
+            kw = lib.kwargs("bfloat16")
+            fn = lambda x, w=w, kw=kw: nqdq.fused.rmsnorm_quantize(x, w, "fp8_row", **kw)  # noqa: E731
+            nb = in_bytes + math.prod(shape) + shape[0] * 4 + shape[-1] * 4
+            d = None
+            try:
+                d = lib.graph_us(fn, xs)
+            except Exception as e:
+                print(f"fused capture ({lib.name}): {type(e).__name__}: {e}")
+            rows.append(dict(op="rmsnorm_quantize", scheme="fp8_row", size=size, lib=lib.name, dtype="bfloat16",
+                             wall_us=wall_us(fn, xs, lib.sync, calls), device_us=d, copy_us=copy * nb / (2 * in_bytes),
+                             note=""))  # fmt: skip
+            print(_row(rows[-1]), flush=True)
+
+
+def bench_matmul(libs, shapes, rows):
+    """FP8 row-scaled ``matmul`` (bfloat16 out) from CuPy and PyTorch operands made by
+    ``quantize``, beside ``torch._scaled_mm`` (cuBLASLt) on the same codes and scales."""
+    for mnk in shapes:
+        M, N, K = (int(v) for v in mnk.split("x"))
+        a32 = _sets((M, K), "bfloat16", 1, seed=11)[0]
+        b32 = _sets((N, K), "bfloat16", 1, seed=12)[0]
+        for lib in libs.values():
+            if lib.name == "jax":
+                continue
+            kw = lib.kwargs("bfloat16")
+            qa = nqdq.quantize(lib.array(a32, "bfloat16"), "fp8_row", **kw)
+            qb = nqdq.quantize(lib.array(b32, "bfloat16"), "fp8_row", **kw)
+            fn = lambda _q, qa=qa, qb=qb: nqdq.matmul(qa, qb, "bfloat16")  # noqa: E731
+            calls = 200 if M * N * K < 2**36 else 20
+            rows.append(dict(op="matmul", scheme="fp8_row", size=mnk, lib=lib.name, dtype="bfloat16",
+                             wall_us=wall_us(fn, [None], lib.sync, calls), device_us=_try(lib.graph_us, fn, [None]),
+                             copy_us=None, note=f"{2 * M * N * K / 1e6:.0f} MFLOP"))  # fmt: skip
+            print(_row(rows[-1]), flush=True)
+            if lib.name == "torch":
+                t = lib.torch
+                a8, b8 = qa.codes.view(t.float8_e4m3fn), qb.codes.view(t.float8_e4m3fn)
+                sa, sb = qa.scales.reshape(M, 1).contiguous(), qb.scales.reshape(1, N).contiguous()
+
+                def peer(_q):
+                    return t._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=t.bfloat16)
+
+                rows.append(dict(op="matmul", scheme="torch._scaled_mm (cuBLASLt)", size=mnk, lib="torch",
+                                 dtype="bfloat16", wall_us=wall_us(peer, [None], lib.sync, calls),
+                                 device_us=_try(lib.graph_us, peer, [None]), copy_us=None, note=""))  # fmt: skip
+                print(_row(rows[-1]), flush=True)
+
+
+def _try(f, *args):
+    try:
+        return f(*args)
+    except Exception as e:
+        print(f"capture failed: {type(e).__name__}: {e}")
+        return None
+
+
 def _triton_row(lib, data, dtype, size, calls, copy, in_bytes, shape):
     try:
         from peers import _triton_fp8_row
@@ -241,7 +313,7 @@ def _triton_row(lib, data, dtype, size, calls, copy, in_bytes, shape):
 
 
 def _pct(copy, us):
-    return f"{100 * copy / us:.0f} %" if us else "-"
+    return f"{100 * copy / us:.0f} %" if us and copy else "-"
 
 
 def _row(r):
@@ -257,9 +329,15 @@ def main(argv=None):
     p.add_argument("--libs", default="cupy,torch,jax", type=lambda s: s.split(","))
     p.add_argument("--dtypes", default="bfloat16,float16,float32", type=lambda s: s.split(","))
     p.add_argument("--ops", default="quantize,dequantize", type=lambda s: s.split(","))
+    p.add_argument("--fused-sizes", default="64x7168,8192x7168", type=lambda s: s.split(",") if s else [])
+    p.add_argument("--matmul-shapes", default="16x14336x4096,4096x4096x4096,8192x8192x8192",
+                   type=lambda s: s.split(",") if s else [])  # fmt: skip
     p.add_argument("--json")
     args = p.parse_args(argv)
     device, rows = bench(args)
+    libs = {name: Lib(name) for name in args.libs}
+    bench_fused(libs, args.fused_sizes, rows)
+    bench_matmul(libs, args.matmul_shapes, rows)
     print(f"\n{device}; wall: back-to-back calls, one synchronize; device: CUDA-graph replay (CUDA events)\n")
     print("| op | scheme | size | library | dtype | wall us | device us | wall % of copy | device % of copy | |")
     print("|---|---|---|---|---|---:|---:|---:|---:|---|")

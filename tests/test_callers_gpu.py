@@ -185,3 +185,26 @@ def test_calls_that_touch_host_memory_refuse_capture():
     torch.cuda.synchronize()
     q = nqdq.quantize(x, "fp8_row")  # the process still works after the refused captures
     assert isinstance(q.codes, torch.Tensor)
+
+
+def test_torch_fused_and_matmul_results_are_tensors():
+    torch = _torch()
+    x = _data((64, 512), "bfloat16", seed=21)
+    w = np.random.default_rng(22).uniform(0.5, 1.5, 512).astype(np.float32)
+    xt = torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
+    wt = torch.from_numpy(w).cuda()
+    for _ in range(2):
+        q, new_res = nqdq.fused.rmsnorm_quantize(xt, wt, "fp8_row", residual=xt)
+        assert isinstance(q.codes, torch.Tensor) and new_res.dtype == torch.bfloat16
+        ref, ref_res = nqdq.fused.rmsnorm_quantize(x, w, "fp8_row", residual=x)
+        _same(q, ref)
+        np.testing.assert_array_equal(_bits(new_res), _bits(ref_res))
+    wq = _data((96, 512), "bfloat16", seed=23)
+    wqt = torch.from_numpy(wq.view(np.int16)).cuda().view(torch.bfloat16)
+    qa, qb = nqdq.quantize(xt, "fp8_row"), nqdq.quantize(wqt, "fp8_row")
+    want = nqdq.matmul(nqdq.quantize(x, "fp8_row"), nqdq.quantize(wq, "fp8_row"), "float32")
+    for _ in range(3):  # the general path, then the remembered runner of tensors
+        got = nqdq.matmul(qa, qb, "bfloat16")
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.bfloat16 and got.shape == (64, 96)
+        g = got.float().cpu().numpy()
+        assert np.abs(g - want).max() <= 2.0**-7 * np.abs(want).max() + 1e-3
