@@ -68,8 +68,8 @@ MX_SCALE_CASES = [
     # amax 2^-126: floor -128 -> clamps to 0; rceil 2^-126 / 6 ~ 2^-128.6 <= 2^-127 -> 0.
     ("mxfp4", 2.0**-126, 0, 0, 0),
     # amax FLT_MAX = (2 - 2^-23) * 2^127: floor k = 127 - 2 = 125 -> 252; rceil FLT_MAX / 6 =
-    # 2^125.4 -> 2^126 -> 253.
-    ("mxfp4", float(np.finfo(np.float32).max), 252, 253, None),
+    # 2^125.4 -> 2^126, capped at 127 - emax = 125 (mx_top_code: 4 * 2^126 would be inf) -> 252.
+    ("mxfp4", float(np.finfo(np.float32).max), 252, 252, None),
     # amax 0: no division by zero; floor k = -127 (clamped) -> code 0; rceil 0 -> code 0.
     ("mxfp4", 0.0, 0, 0, 0),
     ("mxfp8", 0.0, 0, 0, 0),
@@ -93,8 +93,10 @@ def test_mx_even_scale_of_huge_finite_block_is_finite():
     x[0, 0] = np.finfo(np.float32).max
     x[0, 1] = 1.0
     q = nqdq.quantize(x, "mxfp4", scale_rounding="even")
-    # torchao EVEN: the rounded amax has exponent field 0xFF -> 128 - emax_elem 2 = 126 -> 253
-    assert np.asarray(q.scales).tolist() == [[253]]
+    # torchao EVEN: the rounded amax has exponent field 0xFF -> 128 - emax_elem 2 = 126 (253),
+    # capped at 127 - emax = 125 (mx_top_code: every code decodes finite) -> 252
+    assert np.asarray(q.scales).tolist() == [[252]]
+    assert np.isfinite(nqdq.dequantize(q)).all()
     assert nqdq.dequantize(q)[0, 1] == 0.0  # 1.0 is far below the block's step
 
 

@@ -57,6 +57,7 @@ from ._scales import (
     MODE_NVFP4,
     STACK_DEPTH,
     asym_params,
+    centred_params,
     float_scale,
     mx_scale_code,
     next_bitrev,
@@ -328,10 +329,11 @@ def make_group_kernel(kind, mode, fmt, mx_cfg, max_elem, G, P, team, gpb, nt, st
                 cuda.syncthreads()
                 h >>= 1
             if lane == 0 and n > 0:
-                sv = float_scale(bits_f32(red_i[tid]), MAXE)
+                sv, mv = centred_params(p1s[k], bits_f32(red_i[tid]), MAXE)
                 p0s[k] = sv
+                p1s[k] = mv
                 scales[sidx] = sv
-                means[sidx] = p1s[k]
+                means[sidx] = mv
             cuda.syncthreads()
 
         # ---- stage 4: encode and pack, four consecutive columns of a row per work item
@@ -427,8 +429,7 @@ def make_strided_params_kernel(kind, mode, fmt, mx_cfg, max_elem):
             acc = 0
             for j in range(n):
                 acc = max(acc, abs_bits(load_f32(x, base + j * I, kind) - mean))
-            scales[t] = float_scale(bits_f32(acc), MAXE)
-            means[t] = mean
+            scales[t], means[t] = centred_params(mean, bits_f32(acc), MAXE)
             return
         acc = 0
         mn = ZERO

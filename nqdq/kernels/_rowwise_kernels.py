@@ -68,7 +68,8 @@ from ._codec import E2M1_SR_MIN_BITS, sr_e2m1_code_f  # stochastic rounding, MX 
 from ._codec import E2M1_SR_I_KEY, sr_e2m1_code_i  # stochastic rounding, MX e2m1 and NVFP4
 from ._division import RECIP_DIV, div_by_recip, ratio_ok, recip_guarded
 from ._codec import NAN, is_finite_f32, nanmax_f32, nanmin_f32, rint_f32  # asym_group_r
-from ._scales import range_scale  # asym_group_r
+from ._scales import asym_top_scale, range_scale  # asym_group_r
+from ._scales import centred_params  # the generated centred step
 from ._grid import DONE_WORDS, grid_max_help, grid_max_publish, grid_max_read, missing, wait_done
 from ._ptx import (E4M3, absmax_nan, array_addr, as_u16, as_u32, bf16x2_absmin, bf16x2_absmul, bf16x2_add,
                    bf16x2_max, bf16x2_min, bf16x2_mul, cvt_e4m3, cvt_e4m3x2, cvt_e5m2x2, fp8_cvt_available,
@@ -1002,6 +1003,12 @@ def _sub(src, old, new):
     return src.replace(old, new)
 
 
+def mx_uncapped_bound(max_elem, emax):
+    """One above the float32 bits of max_elem * 2^(127 - emax): an MX block whose amax bits are
+    below it has |x| / 2^k <= max_elem under "rceil" (reference scales.mx_top_code)."""
+    return int(np.float32(float(max_elem) * 2.0 ** (127 - int(emax))).view(np.uint32)) + 1
+
+
 def _consts(kind, mode, fmt, mx_cfg, max_elem, packed):
     nb = fmt[5] if packed else 8
     cvt = fp8_cvt_available() and fp8_cvt_supports(fmt)
@@ -1151,6 +1158,10 @@ def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
     F6 = fp6_pair_consts.py_func(fmt) if FP6P else (0, 0, 0, 0)
     CHUNK6 = FP6P and K == 4 and ST == 1
     CLAMP = MXR != MX_RCEIL
+    # the unclamped pair encoders need |x| / 2^k <= max_elem, which "rceil" gives but for blocks
+    # above max_elem * 2^(127 - emax), whose exponent is capped (reference mx_top_code): those
+    # take encode_store_unit's clamped / saturating encoders
+    PAIR_CLEAN = FINITE if CLAMP or mode != MODE_MX else mx_uncapped_bound(MAXE, MXE)
     CVT_E4M3 = fp8_cvt_available()  # NVFP4's ue4m3 block code by the cvt instruction (sm_89+)
 
     @devfn
@@ -1201,7 +1212,7 @@ def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
             if (tid & (LL - 1)) == 0:
                 store_scale(scales, chunk // LL, mode, sv)
             clean = a < FINITE
-            if FP6P and clean:
+            if FP6P and a < PAIR_CLEAN:
                 hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact: a normal power of two)
                 p2 = np.uint32(hb | (hb << np.uint32(16)))
                 l0, h0 = fp6_unit_bf16(w0, p2, F6, CLAMP)
@@ -1221,7 +1232,7 @@ def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
                     l3, h3 = fp6_unit_bf16(w3, p2, F6, CLAMP)
                     store_packed(l3, h3, u + 3 * ST, c8, c16, c32, VEC, NB)
                 return
-            if PAIRS and clean:
+            if PAIRS and a < PAIR_CLEAN:
                 hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact: a normal power of two)
                 p2 = np.uint32(hb | (hb << np.uint32(16)))
                 c32[np.uint64(u)] = e2m1_unit_bf16(w0, p2, CLAMP)
@@ -1798,7 +1809,12 @@ def asym_group_r(mxb, mnb, max_elem):
         z = ZERO
     if z > max_elem:
         z = max_elem
-    return s, np.int32(rint_f32(z)), finite, r
+    zf = rint_f32(z)
+    st = asym_top_scale(s, zf, max_elem)  # a range near FLT_MAX: every code decodes finite
+    if st != s:
+        s = st
+        r = recip_guarded(s) if RECIP_DIV else ZERO
+    return s, np.int32(zf), finite, r
 
 
 # The centred chunk step, generated for the chunk's W = K * VEC elements (one named
@@ -1833,7 +1849,7 @@ AMAX
         a = xor_max(a, off, shfl, scratch, tid)
         off >>= 1
     if chunk < nchunks:
-        s = float_scale(bits_f32(np.uint32(a)), MAXE)
+        s, mean = centred_params(mean, bits_f32(np.uint32(a)), MAXE)
         if (tid & (LL - 1)) == 0:
             scales[chunk // LL] = s
             means[chunk // LL] = mean
@@ -2276,6 +2292,6 @@ def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None,
 
 _ = (float32, int32, uint32, ONE, array_addr, group_params, store_scale)  # used by the generated kernel sources
 _ = (as_u16, as_u32)  # the generated kernels' word views
-_ = (mul_rn, float_scale, MODE_CENTRED)  # used by the generated centred step
+_ = (mul_rn, float_scale, centred_params, MODE_CENTRED)  # used by the generated centred step
 _ = nvfp4_tensor_encode_scale  # used by the generated group kernel (_SENC_FROM_PARTS)
 _ = (DONE_WORDS, grid_max_help, grid_max_publish, grid_max_read, missing, wait_done)  # the one-launch kernels' wait

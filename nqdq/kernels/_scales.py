@@ -25,12 +25,15 @@ centred     divisor s                   mean          -
 
 from __future__ import annotations
 
+import numpy as np
+
 from ._codec import (
     F32,
     FLT_MAX,
     NAN,
     ONE,
     ZERO,
+    bits_f32,
     decode_float_code,
     encode_float_bits,
     f32_bits,
@@ -45,6 +48,7 @@ from ._target import devfn
 
 HALF = F32(0.5)
 TWO = F32(2.0)
+CENTRED_MARGIN = F32(1.015625)  # reference scales.CENTRED_MARGIN, 1 + 2^-6
 NVFP4_FP8_X_FP4 = F32(F32(448.0) * F32(6.0))  # 2688, as reference: F32(448) * F32(6)
 NVFP4_INV6 = F32(1.0 / 6.0)  # fp32(1/6), computed in float64 then rounded, as reference
 
@@ -67,14 +71,35 @@ MX_EVEN = 2
 
 
 @devfn
+def finite_top_scale(s, top):
+    """reference scales.finite_top_scale: ``s``, or the float32 just below it where ``top * s``
+    overflows (s finite, positive)."""
+    if is_finite_f32(s) and not is_finite_f32(mul_rn(s, top)):
+        return bits_f32(np.uint32(f32_bits(s) - 1))
+    return s
+
+
+@devfn
 def float_scale(amax, max_elem):
-    """float32 ``amax / max_elem``; 1.0 when that is 0; NaN when amax is not finite."""
+    """float32 ``amax / max_elem``; 1.0 when that is 0; NaN when amax is not finite; one ulp
+    lower where ``max_elem * s`` would overflow (finite_top_scale)."""
     if not is_finite_f32(amax):
         return NAN
     s = amax / max_elem
     if s == ZERO:
         return ONE
-    return s
+    return finite_top_scale(s, max_elem)
+
+
+@devfn
+def centred_params(mean, amax_c, qmax_f):
+    """reference scales.centred_params: (scale, mean) of a centred group from its mean and
+    amax_c = max |x - mean|; a finite group whose |mean| + amax_c * (1 + 2^-6) overflows is not
+    centred (mean 0, scale float_scale(FLT_MAX, qmax))."""
+    r = abs(mean) + mul_rn(amax_c, CENTRED_MARGIN)
+    if amax_c == amax_c and not is_finite_f32(r) and r == r:
+        return float_scale(FLT_MAX, qmax_f), ZERO
+    return float_scale(amax_c, qmax_f), mean
 
 
 @devfn
@@ -89,7 +114,8 @@ def mx_scale_code(amax, rounding, mbits, emax, inv_max):
         if ef == 0xFF:
             return 0xFF
         up = man > 0 and ef != 0xFE and not (ef == 0 and man <= 0x400000)
-        return ef + 1 if up else ef
+        code = ef + 1 if up else ef
+        return min(code, 254 - emax)  # reference mx_top_code
     bits = f32_bits(amax)
     if not is_finite_f32(amax):
         return 0xFF
@@ -100,8 +126,8 @@ def mx_scale_code(amax, rounding, mbits, emax, inv_max):
     k = ef - 127 - emax
     if k < -127:
         k = -127
-    if k > 127:
-        k = 127
+    if k > 127 - emax:  # reference mx_top_code: every code decodes below 2^128
+        k = 127 - emax
     return k + 127
 
 
@@ -166,7 +192,18 @@ def asym_params(mn, mx, qmax_f):
         z = ZERO
     if z > qmax_f:
         z = qmax_f
-    return s, int(rint_f32(z))
+    zf = rint_f32(z)
+    return asym_top_scale(s, zf, qmax_f), int(zf)
+
+
+@devfn
+def asym_top_scale(s, zf, qmax_f):
+    """reference scales.asym_scale_zero_point's last step: where n * s overflows (n = max(zp,
+    qmax - zp), zp as float32 ``zf``) the scale finite_top_scale(RN(FLT_MAX / n), n)."""
+    n = zf if zf > qmax_f - zf else qmax_f - zf
+    if is_finite_f32(s) and not is_finite_f32(mul_rn(n, s)):
+        return finite_top_scale(FLT_MAX / n, n)
+    return s
 
 
 # ----------------------------------------------------------------------------- halving sum

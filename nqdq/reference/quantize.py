@@ -93,7 +93,8 @@ def quantize(x: np.ndarray, scheme: Scheme, *, scale=None, seed=None) -> QuantPa
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = S.group_mean(flat, count)
             c = (x - S.expand(mean, block, x.shape)).astype(F32)
-        s = S.float_scale(S.block_amax(c, block), elem.max_value(True))
+            s, mean = S.centred_params(mean, S.block_amax(c, block), elem.max_value(True))
+            c = (x - S.expand(mean, block, x.shape)).astype(F32)
         with np.errstate(invalid="ignore"):
             q = encode_int(c / S.expand(s, block, x.shape), elem, symmetric=True, rbits=rbits)
         return QuantParts(q, s, means=mean)
@@ -104,10 +105,7 @@ def quantize(x: np.ndarray, scheme: Scheme, *, scale=None, seed=None) -> QuantPa
         with np.errstate(invalid="ignore", over="ignore"):
             xmin = np.minimum(np.min(v, axis=axes), F32(0)) if v.size else np.zeros(sshape, F32)
             xmax = np.maximum(np.max(v, axis=axes), F32(0)) if v.size else np.zeros(sshape, F32)
-            s = S.range_scale(xmax, xmin, qmax)
-            s = np.where(np.isfinite(xmin) & np.isfinite(xmax), s, F32(np.nan))
-            zp = np.clip(np.rint((-xmin / s).astype(F32)), 0, qmax)
-            zp = np.where(np.isnan(zp), 0, zp).astype(np.uint8)
+            s, zp = S.asym_scale_zero_point(xmax, xmin, qmax)
             r = (x / S.expand(s, block, x.shape)).astype(F32)
         r = np.clip(r, -(qmax + 1), qmax + 1)  # keeps |r| small so its fraction is exact
         r = np.where(np.isnan(r), F32(0), r)

@@ -20,7 +20,11 @@ __all__ = [
     "expand",
     "block_amax",
     "float_scale",
+    "finite_top_scale",
+    "asym_scale_zero_point",
+    "centred_params",
     "mx_scale_code",
+    "mx_top_code",
     "nvfp4_tensor_encode_scale",
     "nvfp4_block_scale_code",
     "nvfp4_element_multiplier",
@@ -66,12 +70,24 @@ def float_scale(amax: np.ndarray, max_elem: float) -> np.ndarray:
 
     A scale that would be 0 (an all-zero block, or amax so small the quotient underflows)
     is 1.0, so every code decodes to 0 and nothing divides by zero; a non-finite amax
-    gives NaN.
+    gives NaN. A scale whose largest code would decode to inf (``max_elem * s`` overflows:
+    amax within about an ulp of FLT_MAX, and the quotient rounded up) is lowered by one
+    ulp (:func:`finite_top_scale`), so every code decodes finite.
     """
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         s = (amax.astype(F32) / F32(max_elem)).astype(F32)
-    s = np.where(s == 0, F32(1.0), s)
+    s = finite_top_scale(np.where(s == 0, F32(1.0), s), max_elem)
     return np.where(np.isfinite(amax), s, F32(np.nan)).astype(F32)
+
+
+def finite_top_scale(s: np.ndarray, top) -> np.ndarray:
+    """``s``, or the float32 just below it where ``top * s`` (float32) overflows although
+    ``s`` is finite. One step is enough for every ``s <= RN(FLT_MAX / top)`` (the scales
+    this is applied to): then ``top * prev(s) <= FLT_MAX`` exactly."""
+    s = np.asarray(s, F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        over = np.isinf((s * np.asarray(top, F32)).astype(F32)) & np.isfinite(s)
+    return np.where(over, np.nextafter(s, F32(0)), s).astype(F32)
 
 
 def range_scale(hi: np.ndarray, lo: np.ndarray, qmax: int) -> np.ndarray:
@@ -90,6 +106,52 @@ def range_scale(hi: np.ndarray, lo: np.ndarray, qmax: int) -> np.ndarray:
     return np.where(np.isinf(span) & np.isfinite(hi) & np.isfinite(lo), halved, plain).astype(F32)
 
 
+def asym_scale_zero_point(hi: np.ndarray, lo: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, zero point) of asymmetric groups with ``hi = max(max x, 0)``, ``lo = min(min x, 0)``.
+
+    ``s = range_scale(hi, lo, qmax)`` (NaN if either is non-finite), ``zp = clip(rint(-lo / s),
+    0, qmax)`` (0 for a NaN quotient). Codes decode as ``(code - zp) * s`` with ``|code - zp|
+    <= n = max(zp, qmax - zp)``; where ``n * s`` (float32) overflows -- a range near or past
+    FLT_MAX, e.g. ``[FLT_MAX, -FLT_MAX]`` -- the scale becomes the largest one the zero point
+    allows, ``finite_top_scale(RN(FLT_MAX / n), n)``, so every code decodes finite (values
+    beyond ``n * s`` saturate to the end codes). Elsewhere nothing changes.
+    """
+    hi, lo = np.asarray(hi, F32), np.asarray(lo, F32)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        s = range_scale(hi, lo, qmax)
+        s = np.where(np.isfinite(lo) & np.isfinite(hi), s, F32(np.nan)).astype(F32)
+        zp = np.clip(np.rint((-lo / s).astype(F32)), 0, qmax)
+        zp = np.where(np.isnan(zp), 0, zp).astype(np.uint8)
+        n = np.maximum(zp.astype(F32), F32(qmax) - zp.astype(F32)).astype(F32)
+        over = np.isinf((n * s).astype(F32)) & np.isfinite(s)
+        top = finite_top_scale((FLT_MAX / n).astype(F32), n)
+    return np.where(over, top, s).astype(F32), zp
+
+
+# centred INT8: a group is centred on its mean unless code * s + mean could overflow
+CENTRED_MARGIN = F32(1.015625)  # 1 + 2^-6: above 1 + 1/254 (half a step) plus the roundings
+
+
+def centred_params(mean: np.ndarray, amax_c: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, mean) of centred groups from the group mean and ``amax_c = max |x - mean|``.
+
+    Normally ``s = float_scale(amax_c, qmax)`` and the mean is kept. A finite group (amax_c
+    not NaN) whose decode ``code * s + mean`` could overflow -- ``R = |mean| + amax_c *
+    (1 + 2^-6)`` (float32, each operation rounded) is inf, which includes a residual ``x -
+    mean`` or a partial group's mean that overflowed -- is not centred: its mean is 0 and
+    its scale ``float_scale(FLT_MAX, qmax)``, so codes are ``rint(x / s)`` and decode finite.
+    Where R is finite, |code * s + mean| <= R (each code is within half a step of x - mean),
+    so those groups decode finite as they are. R is finite for every group with |x| <= 1e38.
+    """
+    mean, amax_c = np.asarray(mean, F32), np.asarray(amax_c, F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = (np.abs(mean) + (amax_c * CENTRED_MARGIN).astype(F32)).astype(F32)
+    plain = float_scale(amax_c, qmax)
+    fallback = np.isinf(r) & ~np.isnan(amax_c)
+    s = np.where(fallback, float_scale(np.array(FLT_MAX, F32), qmax), plain).astype(F32)
+    return s, np.where(fallback, F32(0), mean).astype(F32)
+
+
 def mx_scale_code(amax: np.ndarray, elem: FloatFormat, rounding: str) -> np.ndarray:
     """OCP MX shared scale as an e8m0 code (uint8), per ``rounding`` (see schemes.SCALE_ROUNDINGS).
 
@@ -100,6 +162,11 @@ def mx_scale_code(amax: np.ndarray, elem: FloatFormat, rounding: str) -> np.ndar
             that rounds to 2^128 uses exponent 128.
     rceil:  v = amax * fp32(1 / max_elem); the smallest 2^k >= v, k in [-127, 127]
             (TransformerEngine float_to_e8m0 / cvt.rp.satfinite.ue8m0x2.f32).
+
+    In every mode k is then at most 127 - emax_elem (code 254 - emax_elem), so that every
+    element code decodes finite: value * 2^k <= max_elem * 2^(127 - emax_elem) < 2^128.
+    Only blocks whose amax exceeds that bound (2.98e38 for e4m3, 2.55e38 for e2m1) are
+    affected; their largest elements saturate to it.
     """
     a = np.asarray(amax, F32)
     bits = a.view(np.uint32).astype(np.int64)
@@ -121,7 +188,13 @@ def mx_scale_code(amax: np.ndarray, elem: FloatFormat, rounding: str) -> np.ndar
         bad = ~np.isfinite(v)
     else:
         raise ValueError(f"scale_rounding={rounding!r} is not one of ('floor', 'rceil', 'even')")
+    code = np.minimum(code, mx_top_code(elem))
     return np.where(bad, 0xFF, code).astype(np.uint8)
+
+
+def mx_top_code(elem: FloatFormat) -> int:
+    """The largest e8m0 code of a finite block: 2^(code - 127) * max_elem stays below 2^128."""
+    return 254 - elem.emax
 
 
 def mx_scale_value(code: np.ndarray) -> np.ndarray:
