@@ -236,6 +236,10 @@ def report_tensor(name: str, x: np.ndarray, picked, *, dtype_name=None, progress
         else:
             xhat = dequantize(q)
             st = error_stats(x.astype(np.float32), xhat)
+            dropped = int(np.count_nonzero(np.isfinite(x) & ~np.isfinite(xhat)))
+            if dropped:  # (finite inputs decode finite by the spec: this says so if one does not)
+                notes.append(f"{name}: {sname}: {dropped} finite values decoded to NaN/inf and are left out of "
+                             f"its statistics")
             bpv = q.bits_per_value
             rows.append(
                 Row(
