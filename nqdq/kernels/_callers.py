@@ -281,6 +281,7 @@ def in_caller_library(*names):
     def deco(fn):
         params = list(inspect.signature(fn).parameters)
         where = [(params.index(n), n) for n in names]
+        dtype_at = params.index("dtype") if "dtype" in params else None
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
@@ -301,6 +302,11 @@ def in_caller_library(*names):
                     else:
                         kwargs[n] = kernel_view(a, n)
             bf16 = str(getattr(x, "dtype", "")).endswith("bfloat16")
+            if bf16 and dtype_at is not None:  # the views hold bfloat16 as uint16 bits: say so
+                if dtype_at < len(args):
+                    args[dtype_at] = "bfloat16" if args[dtype_at] is None else args[dtype_at]
+                elif kwargs.get("dtype") is None:
+                    kwargs["dtype"] = "bfloat16"
             handle = caller.stream(current())
             with running_on(handle) if handle is not None else _NULL:
                 out = fn(*args, **kwargs)
