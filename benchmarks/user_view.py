@@ -324,7 +324,7 @@ def _row(r):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", default="64x7168,8192x8192,16384x7168", type=lambda s: s.split(","))
+    p.add_argument("--sizes", default="64x7168,8192x8192,16384x7168", type=lambda s: s.split(",") if s else [])
     p.add_argument("--schemes", default="fp8_row,nvfp4,mxfp4", type=lambda s: s.split(","))
     p.add_argument("--libs", default="cupy,torch,jax", type=lambda s: s.split(","))
     p.add_argument("--dtypes", default="bfloat16,float16,float32", type=lambda s: s.split(","))
