@@ -276,7 +276,7 @@ def _hot_key(qa, qb, out_dtype, bias, activation, alpha, device):
     that True is not taken for 1.0); the current GPU."""
     facts = _FACTS[type(qa.codes)]
     za = qa.zero_points
-    return (qa.scheme, qb.scheme, qa.shape, qb.shape, qa.scale_layout, qb.scale_layout, facts(qa.codes),
+    return (type(qa.codes), qa.scheme, qb.scheme, qa.shape, qb.shape, qa.scale_layout, qb.scale_layout, facts(qa.codes),
             facts(qb.codes), facts(qa.scales), facts(qb.scales), None if za is None else facts(za),
             None if bias is None else facts(bias), out_dtype, activation, alpha, type(alpha), device,
             _current_device())  # fmt: skip
@@ -343,7 +343,7 @@ def _remember_runner(qa, qb, out_dtype, bias, activation, alpha, device, kw, tor
     if key in _RUNNERS:
         return
     (M, K), (N, _) = (int(v) for v in qa.shape), (int(v) for v in qb.shape)
-    ca, cb, sa, sb, za, fb, dev = key[6], key[7], key[8], key[9], key[10], key[11], key[-1]
+    ca, cb, sa, sb, za, fb, dev = key[7], key[8], key[9], key[10], key[11], key[12], key[-1]
     arrays = [f for f in (ca, cb, sa, sb, za, fb) if f is not None]
     if not all(contiguous and gpu == dev for _shape, _dt, contiguous, gpu in arrays):
         return
