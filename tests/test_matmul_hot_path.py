@@ -179,7 +179,7 @@ def test_remembered_runners_are_bounded(runners, monkeypatch):
     for qa in qas:
         nqdq.matmul(qa, qb, device="cuda")
     assert len(MM._RUNNERS) == 2
-    assert [k[2] for k in MM._RUNNERS] == [(2, 32), (3, 32)]  # the oldest dropped
+    assert [k[3] for k in MM._RUNNERS] == [(2, 32), (3, 32)]  # the oldest dropped
     nqdq.matmul(qas[0], qb, device="cuda")
     assert len(runners) == 4  # (1, 32) went the general way again
 
