@@ -156,6 +156,9 @@ def mx_rceil_params(a, inv):
     # with a mantissa stays 0xFE), 0xFF for a NaN or inf v (vb <= 0x7FFFFFFF: no wraparound)
     bias = np.uint32(0x3FFFFF) if vb < np.uint32(0x800000) else np.uint32(0x7FFFFF)
     code = min(np.uint32(np.uint32(vb + bias) >> np.uint32(23)), np.uint32(0xFE))
+    # capped at 254 - emax (reference scales.mx_top_code): inv = fp32(1 / max_elem), max_elem's
+    # significand above 1 in every MX format, has exponent field 126 - emax, so the cap is 128 + it
+    code = min(code, np.uint32(np.uint32(128) + ((np.uint32(f32_bits(inv)) >> np.uint32(23)) & np.uint32(0xFF))))
     nonfinite = vb >= np.uint32(0x7F800000)
     pb = np.uint32(np.uint32(np.uint32(254) - code) << np.uint32(23))
     if code == np.uint32(254):
@@ -615,7 +618,9 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         raise ValueError("PIPE and RANK need STAGE (the staged rounds)")
     if RANK == RANK_LOCAL and PIPE:
         raise ValueError("RANK_LOCAL is one round a block: no PIPE")
-    CLAMP = MXR != MX_RCEIL  # e2m1_unit_bf16: "floor" / "even" scales can leave |x| / 2^k up to 8
+    # e2m1_unit_bf16 clamps to 6: "floor" / "even" scales can leave |x| / 2^k up to 8, and so can
+    # "rceil" blocks above 6 * 2^125, whose exponent is capped (reference scales.mx_top_code)
+    CLAMP = True
     RCVT = res_cvt and RES and kind == KIND_BF16 and fast  # the residual by cvt.rn.bf16x2.f32
     STEP = strided == 2 and fast  # FLAT_STEP: D / 8 divides NT (the launcher's test)
     # the L2 prefetch of row + pf: contiguous rows, RMSNorm without the residual (prefetch_distance;
@@ -848,7 +853,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     def put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32, qu):
         if MXE2M1 and fast and clean:  # MX e2m1, a finite group: the multiplier in the bfloat16 pairs
             pb = np.uint32(f32_bits(p0))  # (2^-k: its top half is exact in bfloat16)
-            c32[np.uint64(qu)] = e2m1_unit_f32_p2(y, prmt(pb, pb, np.uint32(0x3232)), not MXRC_PAIRS)  # (unsigned)
+            c32[np.uint64(qu)] = e2m1_unit_f32_p2(y, prmt(pb, pb, np.uint32(0x3232)), True)  # (unsigned; clamped: CLAMP)
             return
         """Encode and store the unit's codes (row ``row`` of the contiguous codes array); r =
         recip_guarded(p0) for float scales (a clean unit is divided by the reciprocal: see
