@@ -155,3 +155,22 @@ def test_report_notes_finite_values_that_decode_non_finite(monkeypatch):
     rows, notes = report.report_tensor("w", x, [("fp8_row", resolve_scheme("fp8_row"))])
     assert len(rows) == 1
     assert any("fp8_row: 1 finite values decoded to NaN/inf" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("scheme", ["mxfp4", "mxfp8", "fp8_row", "fp8_1x128"])
+def test_fused_flatten_near_the_top(scheme, dtype):
+    """flatten_quantize (the fused kernels' MX "rceil" parameters and e2m1 encoders) on blocks
+    above the MX cap: the reference's codes and scales, which decode finite."""
+    from nqdq import fused
+
+    x = np.zeros((2, 4, 64), np.float32)
+    x[0, 0, :32] = np.float32(3.3e38) * np.linspace(-1, 1, 32, dtype=np.float32)
+    x[1, 2, 5] = np.float32(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    x[1, 3, :7] = np.float32(-3.2e38)
+    xd = x.astype(dtype)
+    q = fused.flatten_quantize(xd, scheme)
+    qk = fused.flatten_quantize(xd, scheme, device="cuda")
+    for name in ("codes", "scales"):
+        assert _host(getattr(q, name)).tobytes() == _host(getattr(qk, name)).tobytes(), f"{scheme} {name}"
+    assert np.isfinite(nqdq.dequantize(q)).all()
