@@ -42,6 +42,13 @@ def _to_numpy(a):
     return np.asarray(a)
 
 
+def _array_nbytes(a) -> int:
+    """Bytes of an array of any library: size x item size (PyTorch: element_size())."""
+    size = math.prod(int(d) for d in a.shape)
+    itemsize = a.element_size() if hasattr(a, "element_size") else np.dtype(a.dtype).itemsize
+    return size * int(itemsize)
+
+
 @dataclass
 class QuantizedTensor:
     """Codes plus everything needed to decode them.
@@ -128,7 +135,8 @@ class QuantizedTensor:
 
     @property
     def nbytes(self) -> int:
-        return sum(int(_to_numpy(getattr(self, k)).nbytes) for k in _ARRAYS if getattr(self, k) is not None)
+        """Bytes of the arrays, from their shapes and item sizes (GPU arrays stay where they are)."""
+        return sum(_array_nbytes(getattr(self, k)) for k in _ARRAYS if getattr(self, k) is not None)
 
     def __repr__(self) -> str:
         return (

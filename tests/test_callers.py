@@ -194,3 +194,23 @@ def test_a_host_array_of_another_library_is_an_error():
 
     with pytest.raises(TypeError, match="torch array in host memory.*np.asarray"):
         nqdq.quantize(HostTensor(), "fp8_row")
+
+
+def test_nbytes_reads_shapes_not_data():
+    """QuantizedTensor.nbytes of arrays that cannot be read on the host (GPU arrays): shapes
+    and item sizes only."""
+    x = np.random.default_rng(31).standard_normal((4, 256)).astype(np.float32)
+    q = nqdq.quantize(x, "int8_asym")
+    want = q.nbytes
+
+    class Opaque:
+        def __init__(self, a):
+            self.shape, self.dtype = a.shape, a.dtype
+
+        def __array__(self, *args, **kwargs):
+            raise AssertionError("read on the host")
+
+    import dataclasses
+
+    q2 = dataclasses.replace(q, codes=Opaque(q.codes), scales=Opaque(q.scales), zero_points=Opaque(q.zero_points))
+    assert q2.nbytes == want == q.codes.nbytes + q.scales.nbytes + q.zero_points.nbytes
