@@ -277,7 +277,9 @@ def _flatten_quantize(x, scheme, device, dtype):
 
     if not SIMULATOR and _c_contiguous(x):
         # a contiguous [B, H, D] is already [B, H*D] in memory: nqdq.quantize's row kernels
-        # (the same spec) are faster than the fused row kernel on it (docs/performance.md)
+        # (the same spec) are faster than the fused row kernel on it (H100, bf16 [8192, 7168],
+        # as measured when this route was chosen: 74.0 / 95.4 us to fp8_1x128 / mxfp4 against
+        # 176-181 us)
         from .api import quantize
 
         b, h, d = (int(v) for v in x.shape)

@@ -227,7 +227,7 @@ else:
         return types.uint64(a, b), codegen
 
 
-# Philox's products by mul_wide_u32 (the default since its H100 A/B, 2026-11-25 23:15 UTC, bf16
+# Philox's products by mul_wide_u32 (the default since its H100 A/B, bf16
 # 8192x8192 under stochastic rounding: fp8_row 156.0 -> 145.8 us, mxfp8 146.1 -> 140.4, fp8_1x128
 # 156.4 -> 154.1, int8_row equal, mxfp4 198.9 -> 200.7; SASS of the fp8_row kernel 5096 -> 4688
 # instructions) or, NQDQ_PHILOX_WIDE=0, by umulhi32 and a 32-bit multiply (read when kernels compile)

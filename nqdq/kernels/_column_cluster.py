@@ -75,30 +75,30 @@ from ._target import SIMULATOR, devfn, device_has
 # (NT, U, UR) tried in order by cluster_geometry: NT threads a block, U 16-byte units a
 # thread, UR of them in registers and U - UR in shared slots (cp.async). The first whose
 # stripes are wide enough (MIN_STRIPE_BYTES) takes the shape. H100, bf16 int8_column, clusters
-# of 16, 2026-11-26 21:30-21:50 UTC (docs/performance.md "Twentieth session"), % of copy:
+# of 16, % of copy, measured before the .L2::256B loads (CLUSTER_L2_256; the bound and the
+# current figures: docs/design/per-channel.md):
 # * (256, 16, 10): 24 KiB shared + 40 registers of data a thread, 3 blocks an SM: 8192x8192
 #   88.8 %, 4096x7168 84.9 % (UR 8: 87.8 / 84.5 %; UR 0, all shared: 85.0 / 80.3 %; the
-#   previous (512, 8, 0): 85.0 / 79.5 %; 8192x8192 in the "Twenty-first session": UR 4 / 5 /
-#   6 under launch bounds of 4 blocks an SM, the rest staged, 85.9 / 86.7 / 84.7 %; UR 9, no
-#   spill, 88.1 %; UR 12 at 2 blocks an SM 86.0 %; "Twenty-second session": 256-byte
-#   stripes at 2 blocks of 512 threads an SM, (512, 16, 4 / 5 / 6), 83.2 / 82.8 / 83.9 %, at
-#   1 block of 1024, (1024, 8, 2 / 4), 61 / 62 %; clusters of 8, (512, 16, 5), 84.1 %, and
-#   of 12, (512, 11, 5), 82.3 %; 4096x7168 in clusters of 8: 84.9 %);
+#   previous (512, 8, 0): 85.0 / 79.5 %; 8192x8192: UR 4 / 5 / 6 under launch bounds of 4
+#   blocks an SM, the rest staged, 85.9 / 86.7 / 84.7 %; UR 9, no spill, 88.1 %; UR 12 at 2
+#   blocks an SM 86.0 %; 256-byte stripes at 2 blocks of 512 threads an SM, (512, 16, 4 / 5 /
+#   6), 83.2 / 82.8 / 83.9 %, at 1 block of 1024, (1024, 8, 2 / 4), 61 / 62 %; clusters of 8,
+#   (512, 16, 5), 84.1 %, and of 12, (512, 11, 5), 82.3 %; 4096x7168 in clusters of 8:
+#   84.9 %);
 # * (512, 16, 5), for up to twice the rows (16384x7168: 128-byte stripes of 1024 rows a
 #   block, 88 KiB shared, 2 blocks an SM): 83.6 % (UR 4: 83.1 %; the ring: 76.5 %; 64-byte
-#   stripes at 3 blocks an SM, (256, 16, 4 / 8 / 9 / 10): 68.7 / 72.9 / 73.0 / 74.2 %,
-#   "Twenty-second session").
+#   stripes at 3 blocks an SM, (256, 16, 4 / 8 / 9 / 10): 68.7 / 72.9 / 73.0 / 74.2 %).
 # A cluster that takes stripes in turn (as many clusters as are resident: 21 / 14 of 16
 # blocks by cuOccupancyMaxActiveClusters for these two configs; the next stripe's loads
 # issued after an encode) was 10-17 % slower than this kernel at every shape, and as slow
-# with one cluster a stripe, so the loop itself cost it ("Twenty-second session").
-# With the .L2::256B loads, at 16384x7168 ("Twenty-third session"; the default 86 %):
+# with one cluster a stripe, so the loop itself cost it.
+# With the .L2::256B loads, at 16384x7168 (the default 86 %):
 # 64-byte stripes, (256, 16, 10 / 8), 82.2 / 80.9 %; clusters of 8, (512, 16, 5), 64-byte
 # stripes, 78.8 %; blocks of 1024 threads, CL 16 (1024, 8, 2) / CL 8 (1024, 16, 4), 64.6 /
 # 78.7 %; the first wave's stripe pairs delayed by 0.5-1 us each (nanosleep), 87 %, but the
 # delays must stop at the resident cluster count, which the plan does not know: not kept.
-# "Twenty-fourth session": each block prefetching into L2 the rows of the stripe that takes
-# its place next wave, 86 % at best and slower with more (L2 evicts the lines first); with
+# Each block prefetching into L2 the rows of the stripe that takes its place next wave: 86 % at
+# best and slower with more (L2 evicts the lines first); with
 # no encode at all (timing only) the kernel reaches 88 %, and a stream of its read pattern
 # alone (benchmarks/column_stream.py: no amax, no encode) 89 %, against 95 % for the same
 # stream reading in row order.
@@ -123,8 +123,8 @@ CLUSTER_SIZE, CLUSTER_CONFIGS = (1, ((64, 2, 0),)) if SIMULATOR else _env_geomet
 # a row's share of a stripe at least this many bytes: DRAM reads 32- and 64-byte pieces of
 # rows 16 KiB apart poorly (H100, bf16 int8_column, clusters of 8 or 16, registers: 8192x8192
 # 32-byte shares 34 % of copy, 64-byte 71 %, 128-byte 78 %; 16384x7168 64-byte shares 67-71 %
-# against the ring's 76 %: docs/performance.md "Nineteenth session"), so cluster_geometry
-# passes over a config that would cut rows finer (the next config, else the ring)
+# against the ring's 76 %), so cluster_geometry passes over a config that would cut rows finer
+# (the next config, else the ring)
 MIN_STRIPE_BYTES = int(os.environ.get("NQDQ_COLUMN_CLUSTER_MIN_BYTES", "128"))
 # the amax words pushed by st.async into mbarrier-counted buffers (else read remotely
 # between cluster barriers, whose release is a MEMBAR.GPU; NQDQ_COLUMN_CLUSTER_PUSH=0: A/B)
@@ -132,10 +132,10 @@ CLUSTER_PUSH = os.environ.get("NQDQ_COLUMN_CLUSTER_PUSH", "1") == "1"
 # an aligned input's loads with the ".L2::256B" prefetch size: a miss brings the 256-byte
 # piece of the row that holds the unit into L2, so the neighbouring 128-byte stripe, which
 # a cluster resident at the same time reads, arrives in one DRAM access with this one (H100,
-# bf16 int8_column, 2026-11-27 02:35-02:38 UTC, docs/performance.md "Twenty-second session":
-# 8192x8192 88.9 -> 90.5 % of copy, 16384x7168 84.0 -> 86.0 %; 4096x7168, 256-byte
-# stripes, 85.5 / 85.8 %; 64 and 128 bytes: no change; 02:55-02:58 UTC, this switch, three
-# rounds each: 88.9-89.2 -> 90.1-90.2 %, 83.7-84.1 -> 85.8-86.4 %; its GPU tests pass);
+# bf16 int8_column: 8192x8192 88.9 -> 90.5 % of copy, 16384x7168 84.0 -> 86.0 %; 4096x7168,
+# 256-byte stripes, 85.5 / 85.8 %; 64 and 128 bytes: no change; this switch, three rounds
+# each: 88.9-89.2 -> 90.1-90.2 %, 83.7-84.1 -> 85.8-86.4 %; its GPU tests pass;
+# docs/design/per-channel.md);
 # NQDQ_COLUMN_CLUSTER_L2_256=0: A/B
 CLUSTER_L2_256 = os.environ.get("NQDQ_COLUMN_CLUSTER_L2_256", "1") == "1"
 

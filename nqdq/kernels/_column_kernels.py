@@ -50,7 +50,8 @@ next item arrives before the wait, except when the current stripe is already com
 "running blocks" for "started blocks"; a block holds at most two tickets of the lowest
 incomplete stripe, so P <= 2 x the running blocks suffices.
 
-Measured (H100, bf16, int8_column, docs/performance.md "Per-channel scales in one pass"):
+Measured (H100, bf16, int8_column; the cluster kernel now ahead of these, and the bound of any
+one-pass per-channel kernel: docs/design/per-channel.md):
 51 / 53 % of a D2D copy at 8192x8192 / 16384x7168 per item, 55 / 54 % pipelined, against
 42 / 46 % for the two passes; the blocks of a stripe load together and then encode together,
 so loads and encodes overlap poorly (what the pipelined kernel starts to address).
@@ -325,14 +326,14 @@ _SLEEP = not SIMULATOR  # (the simulator has no nanosleep; with P = 1 it never s
 # block right after its own loads: DRAM keeps reading while blocks wait and encode (the
 # block that later takes that ticket finds its chunk in L2). 0: off. A hint only: the codes
 # cannot depend on it (tests compare with and without).
-# H100 2026-11-21 10:55: 1 and 2 slower than 0 (8192x8192 bf16 int8: 144 / 153 vs 135 us).
+# H100: 1 and 2 slower than 0 (8192x8192 bf16 int8: 144 / 153 vs 135 us).
 ONEPASS_PREFETCH = float(os.environ.get("NQDQ_COLUMN_ONEPASS_PREFETCH", "0"))
 # The pipelined kernel (_PIPE_SRC) for P > 1: persistent blocks (ONEPASS_PIPE_BLOCKS, None: the
 # SM count x ONEPASS_MIN_BLOCKS), each holding two items of ONEPASS_PIPE_UNITS units a thread.
-# H100 2026-11-21 10:57, arrivals after the encode: 29 / 22 % of copy (see _PIPE_SRC); 11:00,
-# as now (late only where the current stripe is complete): 55 / 54 % vs 51 / 53 % per item,
-# bf16 8192x8192 / 16384x7168, bit-exact there; its GPU tests (tests/test_column_onepass_gpu.py)
-# passed in the final run at 11:09 (332 GPU tests). On; NQDQ_COLUMN_ONEPASS_PIPE=0 turns it off.
+# H100, arrivals always after the encode: 29 / 22 % of copy (see _PIPE_SRC); as now (late only
+# where the current stripe is complete): 55 / 54 % vs 51 / 53 % per item, bf16 8192x8192 /
+# 16384x7168, bit-exact there; its GPU tests (tests/test_column_onepass_gpu.py) pass in a full
+# GPU run (332 tests). On; NQDQ_COLUMN_ONEPASS_PIPE=0 turns it off.
 ONEPASS_PIPE = os.environ.get("NQDQ_COLUMN_ONEPASS_PIPE", "1") == "1"
 ONEPASS_PIPE_UNITS = 8
 ONEPASS_PIPE_BLOCKS = None
@@ -592,7 +593,7 @@ def column_onepass(x, rows, upr, C, W, P, S, ahead, ws, scales, codes):
 # that encode only where the current stripe is complete at a first look (then the block
 # never waits while an arrival of its own is pending: no dependency between blocks beyond
 # the one-pass kernel's); otherwise (and always without LATE) before the wait.
-# H100 2026-11-21 10:57, arrival always after the encode except within one stripe: 29 / 22 %
+# H100, arrival always after the encode except within one stripe: 29 / 22 %
 # of copy (a stripe then completes only after the blocks holding its chunks have encoded
 # their previous items: a chain across stripes).
 _PIPE_ARRIVE = """

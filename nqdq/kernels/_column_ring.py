@@ -34,8 +34,8 @@ stripe normally completes in the L iterations between a block's arrival and its 
 The next iteration's first barrier separates this encode's reads of slot k from that
 iteration's loads into it, so an iteration ends without a barrier.
 
-Measured (H100, bf16 int8_column, docs/performance.md "Sixteenth session" and
-"Seventeenth session"): 74-75 / 76 % of a D2D copy at 8192x8192 / 16384x7168 (93.3-94.0 /
+Measured (H100, bf16 int8_column; the cluster kernel that now runs ahead of this one, and
+the bound: docs/design/per-channel.md): 74-75 / 76 % of a D2D copy at 8192x8192 / 16384x7168 (93.3-94.0 /
 155.8-157.6 us), against 55 / 54 % for the register kernels of ``_column_kernels``. Defaults: 128
 threads, 8 units a thread, 3 slots, lag 1, 4 blocks an SM (48 KiB of ring each). The kernel
 is latency-bound (16 warps an SM: its registers and shared memory allow no more; ncu: 34 M

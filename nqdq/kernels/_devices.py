@@ -90,7 +90,7 @@ def _pointer_device(ptr: int):
     """The ordinal of the device whose memory holds address ``ptr``, or None if unknown:
     CuPy's ``cudaPointerGetAttributes`` where CuPy is loaded, else libcuda's
     ``cuPointerGetAttribute`` by ctypes. Not cuda.bindings': its DEVICE_ORDINAL is 0 whatever
-    the device (NVIDIA/cuda-python#2928; seen on two H200s, docs/performance.md)."""
+    the device (NVIDIA/cuda-python#2928; seen on two H200s of one host)."""
     cp = sys.modules.get("cupy")
     try:
         if cp is not None:

@@ -49,9 +49,9 @@ __all__ = ["RECIP_DIV", "RCP_S_MIN_BITS", "RCP_S_MAX_BITS", "RCP_RATIO_BITS", "d
            "ratio_ok", "recip_guarded"]
 
 # The float-scale encoders of _rowwise_kernels / _fused_rows divide by the reciprocal where this
-# is on (the default since its H100 run, 2026-11-21 07:40 UTC: every division check and 78 GPU
-# tests exact; fp8_1x128 89 -> 96 %, fp8_128x128 76 -> 86 %, int8_centred 79 -> 84 % of copy,
-# fused RMSNorm + fp8_row 126 -> 103 us; docs/performance.md, "Division by a reciprocal").
+# is on (the default since its H100 run: every division check and 78 GPU tests exact;
+# fp8_1x128 89 -> 96 %, fp8_128x128 76 -> 86 %, int8_centred 79 -> 84 % of copy, fused
+# RMSNorm + fp8_row 126 -> 103 us; docs/design/last-axis.md, "Cheaper exact encoders").
 # NQDQ_RECIP_DIV=0: IEEE division per element (the A/B baseline; read when kernels compile).
 RECIP_DIV = os.environ.get("NQDQ_RECIP_DIV", "1") == "1"
 

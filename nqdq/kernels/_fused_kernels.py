@@ -426,9 +426,9 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
        same words) and marks them done. So no block waits for a block that has not started, and
        the sort ends whatever part of the grid is resident: a block that could not start
        (its SM held by other grids, an MPS thread limit), when it does start, counts its
-       chunks again, finds every bit set and sorts its chunks (until the twenty-eighth
-       session a block barrier over the grid, _grid's grid_wait, since removed: it could
-       wait for ever there);
+       chunks again, finds every bit set and sorts its chunks (a block barrier over the
+       grid, _grid's grid_wait, was removed from this step: a block could wait for ever
+       there);
     3. reads bucket e's column of counts (``ld.global.cg``: from L2, never a stale line of
        the SM's L1; MOE_WALK loads in flight a thread; read by atomics, every block's read of
        a count one after another at its L2 slice, the sort took 10.8 us instead of 9.0, H100,

@@ -169,14 +169,13 @@ def mx_rceil_params(a, inv):
 
 
 # A/B switches, read when a kernel is built; all three off by default since their H100 run
-# (2026-11-21 10:55 UTC, bf16 [8192, 7168], docs/performance.md "Fused ops: instruction
-# cuts"): NQDQ_FUSED_W_EARLY=1 loads the weights before the row's reduction (to hide their
-# latency behind the shuffles, barrier and 1/sqrt; it holds 28 more registers through the
-# sum: rmsnorm + fp8_row 90.1 us with it vs 87.1 without, the unfused y kernel 269 -> 364
-# us); NQDQ_FUSED_MIN_BLOCKS=k adds a launch bound of k blocks per SM (k = "policy":
-# _min_blocks, 5 blocks of the 4-warp layout; no gain measured); NQDQ_FUSED_MX_Y_PAIRS=1
-# encodes MX e2m1 of y by _rowwise_kernels.e2m1_unit_f32_p2 with the clamp (bit-exact, 96.8 vs
-# 97.2 us: no gain measured).
+# (bf16 [8192, 7168]; the kernel's design: docs/design/fused.md): NQDQ_FUSED_W_EARLY=1 loads
+# the weights before the row's reduction (to hide their latency behind the shuffles, barrier
+# and 1/sqrt; it holds 28 more registers through the sum: rmsnorm + fp8_row 90.1 us with it vs
+# 87.1 without, the unfused y kernel 269 -> 364 us); NQDQ_FUSED_MIN_BLOCKS=k adds a launch
+# bound of k blocks per SM (k = "policy": _min_blocks, 5 blocks of the 4-warp layout; no gain
+# measured); NQDQ_FUSED_MX_Y_PAIRS=1 encodes MX e2m1 of y by _rowwise_kernels.e2m1_unit_f32_p2
+# with the clamp (bit-exact, 96.8 vs 97.2 us: no gain measured).
 # The on / off switches' defaults; NQDQ_FUSED_<NAME>=1 / 0 overrides one (read at import).
 DEFAULTS = {"W_EARLY": False, "MX_Y_PAIRS": False, "ROWS_BF16": True, "FLAT_STEP": False, "RES_CVT": True,
             "NORM_FMA": True, "GROUP_SHARE": True,
@@ -195,15 +194,14 @@ def _switch_env(name, default: bool) -> bool:
 W_EARLY = _switch("W_EARLY")
 MIN_BLOCKS = os.environ.get("NQDQ_FUSED_MIN_BLOCKS", "0")  # "policy": _min_blocks's choice
 MX_Y_PAIRS = _switch("MX_Y_PAIRS")
-# Session 3 switches (2026-11-21, docs/performance.md "Fused ops: third session"), read when a
-# kernel is built (switches() is part of its cache key, so a process can time both sides).
-# ROWS_BF16 and RES_CVT are on by default since their H100 A/B (2026-11-21 17:02 UTC, bf16
-# [8192, 7168], "Fused ops: fourth session"): faster on every op they touch (RES_CVT: the four
-# +res ops, e.g. rmsnorm + res + mxfp4 158.5 -> 148.0 us; ROWS_BF16: flatten + mxfp4 60.8 ->
-# 57.0 us, MoE 209.9 -> 200.5 us); FLAT_STEP (no gain: 57.4 us with ROWS_BF16) stays off;
-# PREFETCH is on for the one op it made faster (rmsnorm + fp8_tensor, 264 rows ahead: 86.9 ->
-# 79.7 us, the default again 86.2 us; 528 and 1056 rows slower) and off for the three it made
-# slower (fp8_row, fp8_1x128, mxfp4).
+# The switches ROWS_BF16, RES_CVT, PREFETCH and FLAT_STEP, read when a kernel is built
+# (switches() is part of its cache key, so a process can time both sides).
+# ROWS_BF16 and RES_CVT are on by default since their H100 A/B (bf16 [8192, 7168]): faster on
+# every op they touch (RES_CVT: the four +res ops, e.g. rmsnorm + res + mxfp4 158.5 -> 148.0 us;
+# ROWS_BF16: flatten + mxfp4 60.8 -> 57.0 us, MoE 209.9 -> 200.5 us); FLAT_STEP (no gain:
+# 57.4 us with ROWS_BF16) stays off; PREFETCH is on for the one op it made faster (rmsnorm +
+# fp8_tensor, 264 rows ahead: 86.9 -> 79.7 us, the default again 86.2 us; 528 and 1056 rows
+# slower) and off for the three it made slower (fp8_row, fp8_1x128, mxfp4).
 # ROWS_BF16 (NQDQ_FUSED_ROWS_BF16): flatten / MoE rows of bfloat16 into MX e2m1 take the
 # quantize kernels' own bfloat16 path (word_amax16, e2m1_unit_bf16 on the loaded words: no
 # float32 unpacking, one bf16x2 product per pair); RES_CVT (NQDQ_FUSED_RES_CVT): the new
@@ -217,11 +215,11 @@ MX_Y_PAIRS = _switch("MX_Y_PAIRS")
 # FLAT_STEP (NQDQ_FUSED_FLAT_STEP, read by the launcher: strided=2 where it applies): the strided
 # flatten's unit indices as one per-thread index plus j * ks (ks = NT / (D / 8) heads of sh / 8
 # units, where D / 8 divides NT) instead of the head division and 64-bit index arithmetic per unit.
-# NORM_FMA (NQDQ_FUSED_NORM_FMA, session 5): normalize's y = fl(a * r_hi) + fl(a * r_lo) as
-# fma(a, r_hi, fl(a * r_lo)), one instruction fewer per element and the same bits (a * r_hi is
+# NORM_FMA (NQDQ_FUSED_NORM_FMA): normalize's y = fl(a * r_hi) + fl(a * r_lo) as fma(a, r_hi,
+# fl(a * r_lo)), one instruction fewer per element and the same bits (a * r_hi is
 # exact: see reference/fused.normalize; the PTX audit accepts exactly this shape of fma).
 NORM_FMA = _switch("NORM_FMA")
-# GROUP_SHARE (NQDQ_FUSED_GROUP_SHARE, session 6): 1x128 / MX-32 group scales (float scales and
+# GROUP_SHARE (NQDQ_FUSED_GROUP_SHARE): 1x128 / MX-32 group scales (float scales and
 # MX "rceil", not the words' pair path) computed once per group instead of once per lane of it.
 # A group's LL lanes hold one unit of it per j (U of them a lane); the kernel keeps the row's
 # units as the per-row op does, then reduces the U amaxes by a transposed butterfly (at each
@@ -229,38 +227,38 @@ NORM_FMA = _switch("NORM_FMA")
 # l holds the whole group's amax of the units j = jbase(l) + i), computes those groups' scale,
 # multiplier and reciprocal (and stores the scale) on its own, and every lane takes its units'
 # multipliers back by shfl.sync.idx. A max is exact in any order and the parameters are the
-# same function of it: the same bits. On by default since its H100 A/B (2026-11-21 22:53 UTC, bf16
-# [8192, 7168], docs/performance.md "Sixth session"): rmsnorm + fp8_1x128 74.7 -> 72.6 us, rmsnorm
-# + mxfp4 79.6 -> 69.2 us, the +res and flatten group ops equal or faster.
+# same function of it: the same bits. On by default since its H100 A/B (bf16 [8192, 7168]):
+# rmsnorm + fp8_1x128 74.7 -> 72.6 us, rmsnorm + mxfp4 79.6 -> 69.2 us, the +res and flatten
+# group ops equal or faster.
 GROUP_SHARE = _switch("GROUP_SHARE")
-# AMAX_NAN (NQDQ_FUSED_AMAX_NAN, session 9): the RMSNorm ops' unit amax of y by max.NaN.f32 with
+# AMAX_NAN (NQDQ_FUSED_AMAX_NAN): the RMSNorm ops' unit amax of y by max.NaN.f32 with
 # |.| operands (_rowwise_kernels.unit_amax_nan: 7 FMNMX.NAN a unit instead of 8 LOP3 and 7
 # integer max). The same bits but for a unit holding a NaN: 0x7FFFFFFF instead of the NaN's own
 # |bits|, both above +inf, which is all any consumer asks (a NaN or inf group or row gets the NaN
-# scale, whatever the amax's payload). On by default since its H100 A/B (2026-11-22 09:08 UTC, bf16
-# [8192, 7168], docs/performance.md "Ninth session"): rmsnorm + mxfp4 69.1 -> 66.0 us, + fp8_row
-# 70.0 -> 66.7, + fp8_1x128 72.4 -> 69.8, + fp8_tensor 71.2 either way.
+# scale, whatever the amax's payload). On by default since its H100 A/B (bf16 [8192, 7168]):
+# rmsnorm + mxfp4 69.1 -> 66.0 us, + fp8_row 70.0 -> 66.7, + fp8_1x128 72.4 -> 69.8,
+# + fp8_tensor 71.2 either way.
 AMAX_NAN = _switch("AMAX_NAN")
-# RSQRT_WARP0 (NQDQ_FUSED_RSQRT_WARP0, session 9): the row's 1/sqrt (rsqrt_mean, about 150 SASS
+# RSQRT_WARP0 (NQDQ_FUSED_RSQRT_WARP0): the row's 1/sqrt (rsqrt_mean, about 150 SASS
 # instructions of IEEE divisions, square root and float-float steps) computed by warp 0 alone and
 # passed to the other warps through shared memory after a second barrier, instead of by every
 # warp (no barrier): NW - 1 warps' worth of those instructions a row less, a barrier more.
 # 1: on, 0: off, -1 (the default): per output, on for MX only, as measured on the H100
-# (2026-11-22 09:28 UTC, bf16 [8192, 7168]): rmsnorm + mxfp4 65.6 -> 64.5 us, + fp8_row 66.6 ->
+# (bf16 [8192, 7168]): rmsnorm + mxfp4 65.6 -> 64.5 us, + fp8_row 66.6 ->
 # 69.9 (its row amax already waits at a second barrier), + fp8_1x128 / fp8_tensor and the
 # residual ops equal within 0.2 us.
 RSQRT_WARP0 = int(os.environ.get("NQDQ_FUSED_RSQRT_WARP0", "-1"))
-# MX_RC (NQDQ_FUSED_MX_RC, session 10): MX "rceil" e2m1 of y (mxfp4) by _rowwise_kernels.
+# MX_RC (NQDQ_FUSED_MX_RC): MX "rceil" e2m1 of y (mxfp4) by _rowwise_kernels.
 # e2m1_unit_f32_p2 without the clamp: y rounded to odd into bfloat16 pairs, scaled by one
 # bfloat16 multiply a pair (rceil keeps |y| * 2^-k below 6.1): 12 instructions a unit less.
 MX_RC = _switch("MX_RC")
-# FULL_ROWS (NQDQ_FUSED_FULL_ROWS, session 10, read by the launcher: full_rows): where the row
+# FULL_ROWS (NQDQ_FUSED_FULL_ROWS, read by the launcher: full_rows): where the row
 # fills the block's units exactly (n = NT * U * 8, aligned: hidden 7168 in 4 warps x 7 units,
 # 4096, 8192, ...), the kernel is built with fast = 2 (FULL): no unit tested against the row's
 # end, no per-unit predicates. 1: on, 0: off, -1 (the default): per op, as measured on the H100
-# (2026-11-22 12:54 UTC, bf16 [8192, 7168], docs/performance.md "Tenth session"): on for the
+# (bf16 [8192, 7168]; docs/design/fused.md): on for the
 # RMSNorm ops with the residual (+res mxfp4 140.7 -> 135.0 us, +res fp8_1x128 152.5 -> 147.4),
-# rmsnorm + mxfp4 (61.3 -> 58.5) and + fp8_tensor (71.1 -> 70.1), and flatten (13:02 UTC: mxfp4
+# rmsnorm + mxfp4 (61.3 -> 58.5) and + fp8_tensor (71.1 -> 70.1), and flatten (mxfp4
 # 56.8 -> 55.3, fp8_1x128 66.0 -> 65.5); off for rmsnorm + fp8_row and + fp8_1x128 without it
 # (ptxas then takes 120 / 100 registers instead of 72: 65.9 -> 72.0 and 69.6 -> 75.6 us), the
 # MoE rows (36.6 -> 37.6) and the unfused y kernel (not measured).
@@ -1182,7 +1180,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
               "    rp = recip_guarded(p0) if MODE == MODE_FLOAT else ZERO"]
         # (one test per unit, not one "clean" branch per row over all units: ptxas then
         # schedules the units' encodes together, 121 registers instead of 89; measured slower,
-        # H100 10:33 UTC: rmsnorm + fp8_row 91.1 vs 81.3 us)
+        # H100: rmsnorm + fp8_row 91.1 vs 81.3 us)
         L += [f"    if u{j} < nunits: put_codes(y{j}, u{j}, row, n, pcols, p0, rp, clean, codes, c16, c32, tu + {j * NT})"
               for j in J]
     if GSHARE:

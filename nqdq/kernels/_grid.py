@@ -3,7 +3,7 @@ statistic (dynamic per-tensor float scales, NVFP4's S_enc) at decode sizes.
 
 The streaming paths take that statistic in a kernel of its own (amax partials, then the
 encode), which is right for large inputs but costs small ones a second ``cuLaunchKernel``
-on the host (~3 us each on an H100 host, docs/performance.md "Host time per call") and a
+on the host (~3 us each on an H100 host, docs/design/launch-path.md) and a
 second launch latency on the device. One kernel can do both: every block loads its units
 into registers, reduces their amax, and publishes it; the blocks wait for each other; then
 every block encodes what it already holds.
@@ -107,7 +107,7 @@ def grid_max(a, tid, sync, slot):
 # bit set, and goes on. While every block is resident, no block reads a bit: the wait is
 # grid_max's, one atomic word polled (polling the done words themselves, 4 of them at 112
 # blocks, made the one-launch kernels at 64x7168 1.3-2.0 us slower by atomics and 0.8 us by
-# ld.global.cg on an H100; this way 0.45 us: docs/performance.md "Twenty-eighth session").
+# ld.global.cg on an H100; this way 0.45 us: docs/design/per-tensor-dynamic.md).
 # Every block calls leave_done (or grid_max_read) at its end; the last to leave zeroes the
 # words.
 

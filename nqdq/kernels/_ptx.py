@@ -102,7 +102,7 @@ else:
 # same memory. Numba's ``a[:k].view(np.uint32)`` checks size and contiguity on the device and
 # exits on failure: about 60 SASS instructions a view, ahead of a kernel's first load (the
 # row kernel's three: 190 instructions before its first load, 0.4-0.7 us of a bf16
-# 8192x8192 fp8_row; docs/performance.md "Eighteenth session"). ``as_u32`` / ``as_u16``
+# 8192x8192 fp8_row; docs/design/last-axis.md, "Word views"). ``as_u32`` / ``as_u16``
 # build the view's array struct directly: the same data pointer, the array's whole 32-bit
 # (16-bit) words, which every array a plan passes allows (1-D and contiguous: the Allocator's
 # or a 1-D view of the caller's). Their twins are the slicing views the simulator runs.

@@ -88,9 +88,9 @@ FINITE = 0x7F800000  # abs bits below this: a finite float32
 # so NVVM does not share it), bfloat16 amax two elements per instruction (word_amax16: the max
 # of |x|'s 16-bit patterns is the max of their float32 bits), and a chunk's K units interleaved
 # over the group's lanes as fp8 does (each load instruction of a warp covers whole sectors).
-# The same codes and scales bit for bit. On since its H100 run (2026-11-21 08:07 UTC: GPU tests
-# exact; int4_group bf16 8192x8192 / 16384x7168 77 / 78 -> 95 / 97 % of copy; docs/performance.md,
-# "int4_group and fp8_128x128 encodes"). NQDQ_INT_GROUP_FAST=0: the previous path (A/B).
+# The same codes and scales bit for bit. On since its H100 run (GPU tests exact; int4_group
+# bf16 8192x8192 / 16384x7168 77 / 78 -> 95 / 97 % of copy; docs/design/last-axis.md).
+# NQDQ_INT_GROUP_FAST=0: the previous path (A/B).
 INT_GROUP_FAST = os.environ.get("NQDQ_INT_GROUP_FAST", "1") == "1"
 # With it, resident blocks per SM asked of ptxas for those kernels (launch bounds; 0: none).
 # int4_group bf16 (256 threads) takes 49 registers, 4 blocks per SM; 5 blocks need 48: measured
@@ -475,8 +475,8 @@ def e2m1_unit_nvfp4(w, mb):
 # anything larger is past the top of the grid) and put on the grid by the same magic add;
 # the signs are those of the rounded pairs (p0 > 0: of x). Where: encode_store_unit, MX
 # finite groups of 8-element units. E2M1_F32_PAIRS switches it: on since its H100 run
-# (2026-11-21 05:38 UTC: GPU tests passed; fused RMSNorm + MXFP4 30.7 -> 40.6 % of copy,
-# with the residual 59.2 -> 70.4 %, flatten + MXFP4 35.6 -> 53.2 %; docs/performance.md).
+# (GPU tests passed; fused RMSNorm + MXFP4 30.7 -> 40.6 % of copy, with the residual
+# 59.2 -> 70.4 %, flatten + MXFP4 35.6 -> 53.2 %; docs/design/last-axis.md).
 E2M1_F32_PAIRS = True
 
 
@@ -553,8 +553,8 @@ def e2m1_unit_f32_p2(e, p2, clamp):
 # rounding to nearest once). tests/test_mx_encoders.py checks every finite bfloat16 value at
 # several k, and float32 values around every code boundary. FP6_PAIRS switches both (group
 # kernel for bfloat16 input; encode_store_unit for float32 element words): on since its H100
-# run (2026-11-21 07:23-07:34 UTC: GPU tests passed; bf16 8192x8192 / 16384x7168 mxfp6_e3m2
-# and e2m3 46 / 47 -> 97 / 100 % of copy; docs/performance.md).
+# run (GPU tests passed; bf16 8192x8192 / 16384x7168 mxfp6_e3m2 and e2m3 46 / 47 -> 97 / 100 %
+# of copy; docs/design/last-axis.md).
 FP6_PAIRS = True
 
 
@@ -910,7 +910,7 @@ def sr_unit_fast(e, unit, p0, r, key_lo, key_hi, mode, fmt, vec, nb):
 # where every |q| is 0 or >= 2^-14; mostly FMA-pipe work where encode_float_sr32's integer carry
 # and its subnormal block (about a third of an e2m1 group) fill the ALU pipe. Taken only with
 # NQDQ_SR_E2M1_INT=0 (the integer encode below is faster: H100, bf16 8192x8192, mxfp4 SR 145.2 ->
-# 134.5 us, docs/performance.md "Twenty-seventh session").
+# 134.5 us, docs/design/stochastic-rounding.md).
 # NQDQ_SR_E2M1_FLOAT=0: the old path (read when kernels compile).
 SR_E2M1_FLOAT = os.environ.get("NQDQ_SR_E2M1_FLOAT", "1") == "1"
 
@@ -935,8 +935,8 @@ def sr_unit_e2m1(e, unit, p0, key_lo, key_hi, nb):
 
 # MX e2m1 and NVFP4, clean groups, any input kind: sr_e2m1_code_i's integer form of the rule
 # (one IMAD.WIDE.U32 an element, no branch), kept where every |q| is 0, below 2^-33 or at
-# least 2^-10; q = |x| * p0 (the sign is x's: p0 > 0). H100, bf16 8192x8192 (docs/performance.md
-# "Twenty-seventh session"): nvfp4 SR 265.0 -> 191 us, mxfp4 SR 145.2 -> 134.5. NQDQ_SR_E2M1_INT=0:
+# least 2^-10; q = |x| * p0 (the sign is x's: p0 > 0). H100, bf16 8192x8192
+# (docs/design/stochastic-rounding.md): nvfp4 SR 265.0 -> 191 us, mxfp4 SR 145.2 -> 134.5. NQDQ_SR_E2M1_INT=0:
 # the float form (MX of 16-bit input) or the old path (read when kernels compile).
 SR_E2M1_INT = os.environ.get("NQDQ_SR_E2M1_INT", "1") == "1"
 
@@ -1607,8 +1607,8 @@ def lastaxis_asym_rows(x, upr, codes, scales, zps, means):
 # The row's reciprocal and float bounds once per thread (encode_store_int_unit_r), not once per
 # unit (each unit's encode sits in its own `if` block, so NVVM computed recip_guarded, a
 # div.rn, and two int -> float conversions U times per thread). The same codes bit for bit.
-# On since its H100 run (2026-11-21 08:12 UTC: GPU tests exact; int8_asym bf16 8192x8192 /
-# 16384x7168 80 / 81 -> 89 / 90 % of copy; docs/performance.md). NQDQ_ASYM_ROW_RECIP_ONCE=0:
+# On since its H100 run (GPU tests exact; int8_asym bf16 8192x8192 / 16384x7168 80 / 81 ->
+# 89 / 90 % of copy; docs/design/last-axis.md). NQDQ_ASYM_ROW_RECIP_ONCE=0:
 # the previous path (A/B).
 ASYM_ROW_RECIP_ONCE = os.environ.get("NQDQ_ASYM_ROW_RECIP_ONCE", "1") == "1"
 _ASYM_STORE_ONCE = ("encode_store_int_unit_r(unit_elems(w{j}, kind), base + {jNT}, sv, ZERO, pz, flo, fhi, rr, clean, codes, "
@@ -1659,17 +1659,16 @@ def make_lastaxis_asym_row_kernel(kind, fmt, max_elem, NT, U, packed, shfl, stoc
 # additions inside the thread, so fewer shuffles (K = 2, VEC = 8: 10 instead of 17 per chunk).
 # The same codes, scales, zero points and means bit for bit (the same element encodes and
 # quotients, the same statistics, the reference's summation tree). On since its H100 run
-# (2026-11-21 10:37 UTC: 53 GPU tests exact; bf16 8192x8192 / 16384x7168, % of copy: int4_asym
-# 68 / 69 -> 74 / 75 (83 / 84 with ASYM_INT_CLIP), int8_centred 84 / 84 -> 86 / 87 with
-# quantize.CENTRED_UNITS = 2, 92 / 93 with 4; docs/performance.md, "Asymmetric and centred
-# groups"). NQDQ_STAT_GROUP_FAST=0: the previous path (A/B).
+# (53 GPU tests exact; bf16 8192x8192 / 16384x7168, % of copy: int4_asym 68 / 69 -> 74 / 75
+# (83 / 84 with ASYM_INT_CLIP), int8_centred 84 / 84 -> 86 / 87 with quantize.CENTRED_UNITS = 2,
+# 92 / 93 with 4; docs/design/last-axis.md). NQDQ_STAT_GROUP_FAST=0: the previous path (A/B).
 STAT_GROUP_FAST = os.environ.get("NQDQ_STAT_GROUP_FAST", "1") == "1"
 # Asymmetric codes of finite groups (STAT_GROUP_FAST's groups and, with ASYM_ROW_RECIP_ONCE,
 # the asymmetric rows): clip(rint(x / s) + zp, 0, qmax), the reference's formula, rounded first
 # and clipped as integers (asym_code_r: two integer min / max per element instead of two float
-# compare-and-selects, which ptxas keeps for run-time float bounds; since 10:50 one add-and-min:
-# the lower clip never binds, see asym_code_r). On since the same run (int4_asym 74 / 75 -> 83 /
-# 84 %, int8_asym 80 / 82 -> 87 / 90 % of copy; at 10:50 with the one-op clip 86 / 88 and, at
+# compare-and-selects, which ptxas keeps for run-time float bounds; now one add-and-min: the
+# lower clip never binds, see asym_code_r). On since the same run (int4_asym 74 / 75 -> 83 /
+# 84 %, int8_asym 80 / 82 -> 87 / 90 % of copy; with the one-op clip 86 / 88 and, at
 # the restored row geometry, int8_asym 89 / 90 -> 96 / 99 %). NQDQ_ASYM_INT_CLIP=0: the previous
 # encode (A/B).
 ASYM_INT_CLIP = os.environ.get("NQDQ_ASYM_INT_CLIP", "1") == "1"
@@ -1678,8 +1677,8 @@ ASYM_INT_CLIP = os.environ.get("NQDQ_ASYM_INT_CLIP", "1") == "1"
 # max of word_amax16 and made the group's max), a lane's (max key, 0xFFFF - min key) packed in
 # one word for the butterfly (one shuffle and one max.u16x2 per step, 16-bit input), the zero
 # point's -xmin / s by the reciprocal that the encode uses (asym_group_r), and a chunk's first
-# unit without a signed division. On since its H100 run (2026-11-21 10:50 UTC: 22 GPU tests
-# exact; int4_asym bf16 8192x8192 / 16384x7168 86 / 88 -> 90 / 92 % of copy, with the one-op
+# unit without a signed division. On since its H100 run (22 GPU tests exact; int4_asym bf16
+# 8192x8192 / 16384x7168 86 / 88 -> 90 / 92 % of copy, with the one-op
 # clip of asym_code_r). NQDQ_ASYM_PACKED_STATS=0: the previous statistics (A/B).
 ASYM_PACKED_STATS = os.environ.get("NQDQ_ASYM_PACKED_STATS", "1") == "1"
 

@@ -31,8 +31,8 @@ On an H100 (132 SMs, 227 KiB of shared memory a block) the default geometry hold
 (``_rowwise_kernels.static_unit_fns``; NVFP4: ``group_chunk_fns``' chunk_step, which
 also writes each block's ue4m3 scale), so the results are theirs bit for bit.
 
-What it gains, and what limits it (H100, bf16 fp8_tensor, docs/performance.md "Twenty-fifth
-session"): 62-63 % of copy at 8192x8192 and 16384x7168 (the two kernels: 56 / 58 %), 63-65 %
+What it gains, and what limits it (H100, bf16 fp8_tensor; docs/design/per-tensor-dynamic.md):
+62-63 % of copy at 8192x8192 and 16384x7168 (the two kernels: 56 / 58 %), 63-65 %
 at 4096x7168 (51 %). ncu shows the second read mostly missing L2: at 8192x8192 DRAM reads
 212.7 MB, of which the input is 134.2 and the streamed part 95, so L2 served only about
 17 MB of the reversed rounds (the codes written meanwhile take its room); the evict-first L2
@@ -82,7 +82,7 @@ from ._target import SIMULATOR, devfn, device_has
 # (NT, UR, US, V): threads a block (one block an SM), units a thread in registers and in
 # shared memory, units a thread streams a round. NQDQ_TENSOR_RESIDENT_GEOMETRY="NT,UR,US,V"
 # (A/B on a GPU; US 0: as many as the device's shared memory takes). H100, bf16
-# 8192x8192 / 16384x7168 / 4096x7168, % of copy (2026-11-27, "Twenty-fifth session"):
+# 8192x8192 / 16384x7168 / 4096x7168, % of copy:
 # before the interleave of step 5, (1024, 4, 0, 4) 59 / 59 / 60 %, and at 512 threads with
 # UR 4 / 8 / 12 / 16 and V 4 / 8 (128 registers) 51-53 / 54-55 / 44-47 %: half the warps
 # hide less latency; with it, (1024, 4, 0, 4) 62.5-63 / 61.6-62.4 / 63.5-63.8 %, UR 2

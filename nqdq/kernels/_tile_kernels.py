@@ -27,8 +27,8 @@ __all__ = ["make_tile_kernel"]
 # The tile's reciprocal 1 / s once per thread (encode_store_unit_r), not once per unit: each
 # unit's encode sits in its own `if ok{j}` block, so NVVM computed recip_guarded (a div.rn)
 # U = 8 times per thread. The same quotients (_division), hence the same codes. On since its
-# H100 run (2026-11-21 08:07 UTC: GPU tests exact; bf16 8192x8192 / 16384x7168 86 / 88 -> 91 /
-# 93 % of copy; docs/performance.md). NQDQ_TILE_RECIP_ONCE=0: the previous path (A/B).
+# H100 run (GPU tests exact; bf16 8192x8192 / 16384x7168 86 / 88 -> 91 / 93 % of copy;
+# docs/design/last-axis.md). NQDQ_TILE_RECIP_ONCE=0: the previous path (A/B).
 RECIP_ONCE = os.environ.get("NQDQ_TILE_RECIP_ONCE", "1") == "1"
 # Resident blocks per SM asked of ptxas (launch bounds; 0: none): the bf16 128 x 128 kernel
 # takes 89 registers at 256 threads (2 blocks per SM); 3 blocks cap it at 80 (no spills), but

@@ -37,56 +37,56 @@ from ._rowwise_kernels import SHFL_DEFAULT
 __all__ = ["out_kind", "geometry", "run_rows", "rows_plan", "moe_sort", "MAX_ROW"]
 
 MAX_ROW = MAX_ROW_REF  # longest row (reference/fused.row_geometry: 32 warps x 8 units per lane)
-# MOE_SCATTER (NQDQ_FUSED_MOE_SCATTER, session 7): the MoE sort's rows of bfloat16 into MX e2m1
+# MOE_SCATTER (NQDQ_FUSED_MOE_SCATTER): the MoE sort's rows of bfloat16 into MX e2m1
 # by OP_SCATTER (each token read and encoded once, its codes and scales stored to its k sorted
 # rows) instead of OP_GATHER (each sorted row reads its token: k reads and encodes of it).
 MOE_SCATTER = _fused_rows._switch_env("MOE_SCATTER", True)
-# MOE_UNITS (NQDQ_FUSED_MOE_UNITS, session 7): units per lane of OP_SCATTER's blocks, with as many
+# MOE_UNITS (NQDQ_FUSED_MOE_UNITS): units per lane of OP_SCATTER's blocks, with as many
 # warps as the row then needs (at most 32); 0: the spec's row geometry. The scatter path has no
 # row-wide reduction (a group's 4 lanes are neighbours in any layout), so its layout is free.
-# 4 since its H100 A/B (2026-11-22 02:47 UTC, docs/performance.md "Seventh session"): at hidden
-# 7168 (7 warps x 4 units instead of 4 x 7) moe_sort + mxfp4 without the id check 44.9 -> 40.6 us;
+# 4 since its H100 A/B (docs/design/moe.md): at hidden 7168 (7 warps x 4 units instead of
+# 4 x 7) moe_sort + mxfp4 without the id check 44.9 -> 40.6 us;
 # 2 units 41.7, 1 unit 50.0; ncu: the row kernel 30.3 -> 27.5 us, 59 -> 51 registers.
 MOE_UNITS = int(os.environ.get("NQDQ_FUSED_MOE_UNITS", "4"))
-# MOE_SORT1 (NQDQ_FUSED_MOE_SORT1, session 8): the MoE sort in one launch (moe_sort_kernel, its
-# blocks waiting for each other's counts; since session 28 a wait that no residency can turn into
-# a deadlock: _grid.wait_done) instead of three (count, scan, scatter). H100 (2026-11-22
-# 06:04 UTC, docs/performance.md "Eighth session"), 2048 tokens top-4 of 256, planned calls:
+# MOE_SORT1 (NQDQ_FUSED_MOE_SORT1): the MoE sort in one launch (moe_sort_kernel, its blocks
+# waiting for each other's counts, by a wait that no residency can turn into a deadlock:
+# _grid.wait_done) instead of three (count, scan, scatter). H100 (docs/design/moe.md), 2048
+# tokens top-4 of 256, planned calls:
 # called eagerly (host and device) 37.7 -> 36.8 us (and 40.4 -> 37.8 without MOE_PDL), the host's
 # time a call 23.2 -> 16.1 us (38.4 -> 28.1 on another host); replayed from a CUDA graph (device
 # only) 34.2 -> 36.2 us, and at 64 tokens top-8 9.0 -> 13.3. So it applies to direct calls only:
 # a planned call captured in a graph takes the three launches (moe_plan).
 MOE_SORT1 = _fused_rows._switch_env("MOE_SORT1", True)
-# MOE_PDL (NQDQ_FUSED_MOE_PDL, session 8): the planned MoE call launches each kernel after the first
+# MOE_PDL (NQDQ_FUSED_MOE_PDL): the planned MoE call launches each kernel after the first
 # as its predecessor's programmatic dependent (launch.compile_sequence's ``pdl``; sm_90+; OP_SCATTER
 # rows only): a kernel allows its dependent's launch at its start (griddepcontrol.launch_dependents)
 # and waits for its predecessor (griddepcontrol.wait) before it reads what that one wrote, so the
 # OP_SCATTER rows load their tokens while the sort runs, and the three-launch sort's kernels start
-# before the one before them ends. H100 (06:04 UTC), as MOE_SORT1's figures: eager 37.8 -> 36.8 us
+# before the one before them ends. H100, in the runs of MOE_SORT1's figures: eager 37.8 -> 36.8 us
 # (one-launch sort), graph 36.6 -> 36.2 (one-launch sort), 35.2 -> 34.2 (three launches).
 MOE_PDL = _fused_rows._switch_env("MOE_PDL", True)
-# MOE_STAGE (NQDQ_FUSED_MOE_STAGE, session 13): OP_SCATTER's tokens a block loads and encodes
+# MOE_STAGE (NQDQ_FUSED_MOE_STAGE): OP_SCATTER's tokens a block loads and encodes
 # into shared memory before it waits for the sort (_fused_rows._scatter_staged_source), over a
 # grid of at most MOE_STAGE_BLOCKS blocks an SM (NQDQ_FUSED_MOE_STAGE_BLOCKS); 0: one block per
 # token, which waits for the sort after its token's loads (only the first wave reads early).
-# H100 (2026-11-26, docs/performance.md "Thirteenth session"), 2048 tokens x 7168 top-4 of 256,
+# H100 (docs/design/moe.md), 2048 tokens x 7168 top-4 of 256,
 # with MOE_LANES: eager 35.5 -> 32.0 us, graphs 32.4 -> 26.8 us a call (64 tokens top-8 9.1 ->
 # 7.6); 4 / 4 measured best of 4 / 5, 3 / 5, 2 / 8, 8 / 2 (H100 and H200).
-# Session 14, with MOE_PIPE and MOE_RANK: 8 / 3 (eager, 2048 tokens: 32.0 -> 29.0 us; 8192: 112.2 -> 95.8).
+# With MOE_PIPE and MOE_RANK: 8 / 3, the defaults (eager, 2048 tokens: 32.0 -> 29.0 us; 8192: 112.2 -> 95.8).
 MOE_STAGE = int(os.environ.get("NQDQ_FUSED_MOE_STAGE", "8"))
 MOE_STAGE_BLOCKS = int(os.environ.get("NQDQ_FUSED_MOE_STAGE_BLOCKS", "3"))
 MOE_STAGE_SMEM = 40 << 10  # the staged tokens' shared memory, at most (static shared memory: < 48 KiB a block)
-# MOE_LANES (NQDQ_FUSED_MOE_LANES, session 13): with MOE_STAGE, each lane's units contiguous, so a
+# MOE_LANES (NQDQ_FUSED_MOE_LANES): with MOE_STAGE, each lane's units contiguous, so a
 # lane holds whole MX groups (no butterfly; its words leave in 16-byte stores) where rows are
 # whole quads of units (n % 32 == 0); elsewhere the strided layout. H100, as above:
 # the rows kernel alone 25.2 (staged, strided) -> 22.2 us, 56 -> 47 registers.
 MOE_LANES = int(os.environ.get("NQDQ_FUSED_MOE_LANES", "1"))
-# MOE_PIPE (NQDQ_FUSED_MOE_PIPE, session 14): with MOE_STAGE, a block's rounds after the first
+# MOE_PIPE (NQDQ_FUSED_MOE_PIPE): with MOE_STAGE, a block's rounds after the first
 # load their tokens while the round before is stored (_fused_rows._scatter_staged_source).
 # H100, 8192 tokens x 7168 top-4 of 256 (4 rounds a block), eager, with MOE_RANK and MOE_STAGE 8:
 # 106.2 -> 97.0 us (without MOE_RANK, MOE_STAGE 4: 113.0 -> 109.8).
 MOE_PIPE = int(os.environ.get("NQDQ_FUSED_MOE_PIPE", "1"))
-# MOE_RANK (NQDQ_FUSED_MOE_RANK, session 14): where the rows take the staged OP_SCATTER kernel
+# MOE_RANK (NQDQ_FUSED_MOE_RANK): where the rows take the staged OP_SCATTER kernel
 # (rank_path), the sort is moe_rank_kernel (one launch: each block ranks its chunk of pairs,
 # the last to finish scans the counts; no grid barrier, no second pass) and the rows kernel
 # finds each pair's row from its rank (_fused_rows.rank_row), storing the op's perm itself.
@@ -100,20 +100,20 @@ MOE_RANK_MIN_PAIRS = int(os.environ.get("NQDQ_FUSED_MOE_RANK_MIN_PAIRS", "12288"
 # chunks of 256 / 512 / 1024 pairs: 8192 pairs 29.8 / 30.9 / 33.4 us, 16384 57.2 / 49.7 / 53.0,
 # 32768 121.4 / 105.2 / 95.3 (moe_sort's one launch: 29.4, 57.7, 109.8).
 MOE_RANK_BLOCKS = 32
-# MOE_LOCAL (NQDQ_FUSED_MOE_LOCAL, session 15): where the staged rows take every token in one
+# MOE_LOCAL (NQDQ_FUSED_MOE_LOCAL): where the staged rows take every token in one
 # round (local_path: at most MOE_STAGE_BLOCKS blocks an SM x the stage), no sort is launched:
 # each block counts every pair's bucket itself while its tokens load and finds its own pairs'
 # rows (_fused_rows.RANK_LOCAL). One launch, no workspace, no block waiting for another.
 MOE_LOCAL = _fused_rows._switch_env("MOE_LOCAL", True)
 # ... up to this many (token, expert) pairs (NQDQ_FUSED_MOE_LOCAL_MAX_PAIRS): every block reads
-# and counts every id, so it pays only for small calls. H100 (2026-11-26, docs/performance.md
-# "Fifteenth session"), hidden 7168 of 256 experts, local / the sorts, us: CUDA graphs 64 tokens
+# and counts every id, so it pays only for small calls. H100 (docs/design/moe.md), hidden 7168
+# of 256 experts, local / the sorts, us: CUDA graphs 64 tokens
 # top-8 5.88 / 8.01, 256 top-8 9.19 / 10.25, 512 top-4 10.45 / 10.60; eager 64 top-8 6.7 / 11.9,
 # 256 top-8 9.4 / 14.1, 512 top-4 10.8 / 14.3; past the bound, graphs 512 top-8 14.91 / 13.90,
 # 1024 top-4 19.63 / 14.23, eager 2048 top-4 36.3 / 29.2.
 MOE_LOCAL_MAX_PAIRS = int(os.environ.get("NQDQ_FUSED_MOE_LOCAL_MAX_PAIRS", "2048"))
 STATIC_SMEM = 48 << 10  # a block's static shared memory, at most
-# MOE_CHECK (NQDQ_FUSED_MOE_CHECK, session 29): a planned call with check_ids=True passes the
+# MOE_CHECK (NQDQ_FUSED_MOE_CHECK): a planned call with check_ids=True passes the
 # sort a word of pinned host memory (IdChecks) for its id check (_fused_kernels.report_ids) and
 # polls that word: it waits for the sort, not for the rows. Off: the call reads offsets[E] back
 # (CuPy's copy), waiting for the whole op. The local path (no sort) reads it back either way.

@@ -43,12 +43,12 @@ WGMMA_CONFIG = WgmmaConfig(mbarrier=True)
 WGMMA_CONFIG_FP8_ROW_WS = WgmmaConfig(n=192, mbarrier=True, producer=True)
 WGMMA_CONFIG_FP8_ROW_MB = WgmmaConfig(n=192, mbarrier=True)
 # + the fixed-column epilogue (4 columns per thread, scales loaded once, no per-element
-# division): 980 vs 825 TFLOP/s at 8192^3, 672 vs 534 at 4096^3 (H100 run 05:08)
+# division): 980 vs 825 TFLOP/s at 8192^3, 672 vs 534 at 4096^3 (H100)
 WGMMA_CONFIG_FP8_ROW_FIXED = WgmmaConfig(n=192, mbarrier=True, producer=True, fixed_cols=True)
 # + the direct epilogue (from registers, two outputs per store, no parked tile or barrier)
 # on a persistent grid (the next tile's loads overlap this tile's epilogue): 1070 vs 1026
 # TFLOP/s for the fixed-column epilogue at 8192^3 (0.81x vs 0.77x cuBLASLt), 780 vs 711 at
-# 4096^3 (H100 run 07:12, 2026-11-21)
+# 4096^3 (H100; docs/design/gemm.md)
 WGMMA_CONFIG_FP8_ROW = WgmmaConfig(n=192, mbarrier=True, producer=True, direct=True, persistent=True)
 # fp8 block scales: 128 x 128, 6 stages, producer warpgroup + ping-pong accumulators in the
 # consumers (3 x 64 float32 per thread): 804 vs 760 TFLOP/s for WGMMA_CONFIG_FP8_BLOCK_PP
@@ -63,7 +63,7 @@ WGMMA_CONFIG_FP8_BLOCK = WgmmaConfig(stages=6, mbarrier=True, pingpong=True, pro
                                      persistent=True)
 # outputs below FIXED_COLS_MIN_OUTPUT (and fp8 row / tensor scales below FP8_ROW_MIN_TILES)
 # for int8 and fp8 row / tensor scales: 128 x 128 tiles, producer warpgroup, direct epilogue,
-# persistent grid. H100 run 07:33, 2026-11-21 (TOP/s or TFLOP/s, previous default in
+# persistent grid. H100 (TOP/s or TFLOP/s, previous default in
 # brackets): 2048x7168x2048 int8 775 (394), fp8 row 746 (349); 128x14336x4096 int8 443
 # (249), fp8 row 447 (333); 16x14336x4096 int8 62 (42), fp8 row 64 (51). Block scales take
 # WGMMA_CONFIG_FP8_BLOCK at every size: 739 (426), 421 (349), 61 (50) there.

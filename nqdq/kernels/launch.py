@@ -5,7 +5,7 @@ and marshals each array through its own device-array wrapper on every call: abou
 of host time per launch with CuPy arguments (H100, numba-cuda 0.30). A decode step that
 quantizes a 64 x 7168 activation runs for a few microseconds on the device, so that host
 time *is* the cost. :class:`FastKernel` does the same launch in about 7 us, of which the
-driver call itself is about 4 (docs/performance.md):
+driver call itself is about 4 (docs/design/launch-path.md):
 
 * compile once per argument signature (``dispatcher.compile(sig)``, Numba's own compiled
   module: same cubin, same linking, same module setup), and launch the current context's
@@ -32,8 +32,8 @@ size, which is what ``struct``'s native (``@``) mode does.
 arrays have fixed shapes (nqdq.quantize's plans): one generated function packs each
 kernel's parameters with every shape and constant baked in, only the addresses given per
 call, and launches them in order (about 8 us for a whole single-kernel ``nqdq.quantize``
-call on an H100 host, allocation and result arrays included; docs/performance.md, "Host
-time per call").
+call on an H100 host, allocation and result arrays included; docs/design/launch-path.md,
+"Where the time goes").
 
 The launch only calls ``cuLaunchKernel`` on the stream it is given, so it can be captured
 in a CUDA graph (``stream.begin_capture()`` ... ``end_capture()`` in CuPy). Compile before
@@ -964,7 +964,7 @@ _LAUNCH_PARAM_END, _LAUNCH_PARAM_BUFFER_POINTER, _LAUNCH_PARAM_BUFFER_SIZE = 0, 
 # compile_sequence passes each launch's parameters as that one buffer (``extra``) instead of
 # a void*[] of one pointer per parameter (a kernel with four arrays has ~30 of them, each
 # copied by the driver on its own). Timed on an H100 (benchmarks/launch_overhead.py --ab,
-# docs/performance.md "Host time per call"): no gain beyond the noise (toy kernel 3.22 vs
+# docs/design/launch-path.md, "Tried and not kept"): no gain beyond the noise (toy kernel 3.22 vs
 # 3.18 us per launch), so off; NQDQ_LAUNCH_PARAM_BUFFER=1 turns it on (checked bit-exact
 # on the GPU, direct and graph replay). Read when a sequence is compiled.
 PARAM_BUFFER = os.environ.get("NQDQ_LAUNCH_PARAM_BUFFER", "0") == "1"

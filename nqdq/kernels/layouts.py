@@ -13,7 +13,7 @@ so that the writes are coalesced:
 The fast one, for uint8 scales (e8m0, ue4m3) with ``cols % 4 == 0`` (K a multiple of 128
 for MX, 64 for NVFP4): the tiled ``_*_words_*`` kernels move 32-bit words staged through
 shared memory, coalesced on both sides (H100, 64 MiB: 49-77% of copy bandwidth against
-about 10% for the general kernels; docs/performance.md).
+about 10% for the general kernels).
 
 Tile sizes are powers of two, so the maps are shifts and masks; the only divisions are by
 the number of tile columns and (unswizzle) by ``cols``. Launchers take NumPy arrays (the

@@ -730,7 +730,7 @@ CHEAP_UNITS = 1  # units per chunk where the encode is the paired fp8 cvt (K > 1
 # deep rows: units per thread the row kernel aims at, and NT any multiple of 32 (else a power
 # of two). H100, bf16 fp8_row, us: 8192x8192 U = 8 (NT 128) 72.06, 5 exact (NT 224) 71.14, 4 exact
 # (NT 256) 70.72; 16384x7168 U = 7 (NT 128) 120.26, 5 exact (NT 192) 119.68, 4 exact (NT 224)
-# 123.74 (Triton peer 70.27 / 118.62; docs/performance.md)
+# 123.74 (Triton peer 70.27 / 118.62; docs/design/last-axis.md)
 ROW_UNITS_DEEP = 5
 ROW_NT_EXACT = True
 # where the encode is the fp8 cvt: a finite row's units straight-line (make_lastaxis_row_kernel's
@@ -743,14 +743,14 @@ SHFL = RK.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twi
 # A path written after the last GPU run (checked bit for bit in the simulator, compiled for
 # sm_90, never yet run on a GPU) lands behind a switch set to _UNMEASURED: off for users,
 # on with NQDQ_UNMEASURED_KERNELS=1 (tests/conftest.py sets it, so CI and the next GPU
-# session test it). False sends its cases to the general kernels, so a GPU session can A/B
-# them (clear _PLANS after a change). The four switches below passed their GPU tests on the
-# H100 on 2026-11-21 and beat the general kernels 1.9-4.5x there (docs/performance.md): on.
+# run test it). False sends its cases to the general kernels, so a GPU run can A/B them
+# (clear _PLANS after a change). The four switches below passed their GPU tests on an H100
+# and beat the general kernels 1.9-4.5x there (docs/design/last-axis.md): on.
 _UNMEASURED = os.environ.get("NQDQ_UNMEASURED_KERNELS", "0") == "1"
 LASTAXIS_ASYM = True  # asymmetric integer rows / groups: lastaxis_asym_rows, lastaxis_stat_groups
 LASTAXIS_CENTRED = True  # centred INT8 groups: lastaxis_stat_groups
 # units per chunk of the centred groups: 4 with the stat groups' interleaved units (the sum's
-# unit levels in the thread; H100 2026-11-21 10:37, bf16 8192x8192 / 16384x7168: 86 / 87 % of
+# unit levels in the thread; H100, bf16 8192x8192 / 16384x7168: 86 / 87 % of
 # copy with 2, 92 / 93 % with 4), 2 on the previous path (its sums are shuffled per element)
 CENTRED_UNITS = 4 if RK.STAT_GROUP_FAST else 2
 STATIC_FAST = True  # static float scales per tensor / per last-axis row: static_encode
@@ -758,17 +758,16 @@ STATIC_FAST = True  # static float scales per tensor / per last-axis row: static
 # loads, statistics, scales and stores, every element by encode_element with its Philox bits,
 # _rowwise_kernels.sr_store_unit): the last-axis rows and groups (float, MX, NVFP4, asymmetric,
 # centred), static_encode (static and dynamic per-tensor / static per-row scales). Tiles and
-# per-channel scales keep the general kernels. On since its H100 run (2026-11-25 19:20 UTC,
-# docs/performance.md "Eleventh session": 71 GPU tests passed; bf16 8192x8192 1.5-4x the general
-# kernels, e.g. int8_row 353 -> 158 us, mxfp4 609 -> 306 us, still compute-bound).
+# per-channel scales keep the general kernels. On since its H100 run (71 GPU tests passed; bf16
+# 8192x8192 1.5-4x the general kernels, e.g. int8_row 353 -> 158 us, mxfp4 609 -> 306 us, still
+# compute-bound: docs/design/stochastic-rounding.md).
 # False: every stochastic case on the general kernels (A/B; clear _PLANS after a change).
 LASTAXIS_STOCH = True
 TILE_FAST = True  # B0 x B1 float block scales over whole-unit tiles: tile_blocks (_tile_kernels)
 # NVFP4 on the last-axis group kernel in two launches (tensor_amax -> lastaxis_groups, which
 # computes S_enc from the amax partials: _rowwise_kernels._SENC_FROM_PARTS) instead of three
 # (tensor_amax -> finalize -> lastaxis_groups), for inputs of fewer than NVFP4_SENC_MAX_UNITS
-# 16-byte units. H100, 2026-11-21 07:33 / 07:41 (docs/performance.md, "MXFP6 in bfloat16 pairs;
-# NVFP4 in two launches"): 64x7168 bf16 host 14.5 -> 11.5 us per call, device 11.0 -> 7.7 us;
+# 16-byte units. H100: 64x7168 bf16 host 14.5 -> 11.5 us per call, device 11.0 -> 7.7 us;
 # 128 / 256 / 512 / 2048 x 7168 11.9 -> 7.9, 14.5 -> 10.5, 17.7 -> 13.0, 38.5 -> 34.9 us; but
 # 8192x8192 and 16384x7168 49 / 51 -> 46 / 47 % of copy (every one of their 8192-14336 blocks
 # waits for its partials and a barrier before encoding): those keep the three launches. The
@@ -779,13 +778,14 @@ NVFP4_SENC_MAX_UNITS = 1 << 21
 NVFP4_PARTS_MAX = 1024  # amax blocks (partials that every group-kernel block reduces) at most
 # dynamic fp8_tensor-style scales and NVFP4 at decode sizes: one launch whose blocks share
 # the tensor amax through _grid.wait_done (at most one block per SM, GRID_MAX_U units or chunks
-# per thread), instead of an amax kernel before the encode (docs/performance.md)
-GRID_ONE_LAUNCH = True  # H100 10:21 UTC: 40 GPU tests passed; 64x7168 host 14.16 -> 8.92 us (fp8_tensor), 11.46 -> 9.51 us (nvfp4)
+# per thread), instead of an amax kernel before the encode (docs/design/per-tensor-dynamic.md)
+GRID_ONE_LAUNCH = True  # H100: 40 GPU tests passed; 64x7168 host 14.16 -> 8.92 us (fp8_tensor), 11.46 -> 9.51 (nvfp4)
 GRID_MAX_U = 4
 # ... launched plainly: their blocks wait on work items, not on each other (_grid.wait_done),
 # so no residency (concurrent calls on other streams, other grids holding the SMs, an MPS
-# thread limit) can leave a grid waiting for ever. (NQDQ_GRID_COOPERATIVE, sessions 26-27,
-# launched them cooperatively for that, at 0.7-1.3 us a call: gone in session 28.)
+# thread limit) can leave a grid waiting for ever. (A cooperative launch, NQDQ_GRID_COOPERATIVE,
+# gave that safety for 0.7-1.3 us of host time a call and was removed:
+# docs/design/per-tensor-dynamic.md.)
 # The one-launch kernels leave their workspace zero (_grid.grid_max_read), so the CuPy runner's
 # direct calls take their stream's workspace (_grid.StreamWorkspaces) instead of zeroing one
 # with a memset per call; under graph capture it keeps the memset (a graph node). "0": the
@@ -796,40 +796,40 @@ GRID_STREAM_WS = os.environ.get("NQDQ_GRID_STREAM_WS", "1") == "1"
 # still is (_tensor_resident). NQDQ_TENSOR_RESIDENT=0: the amax pass, then the encode pass (A/B).
 TENSOR_RESIDENT = os.environ.get("NQDQ_TENSOR_RESIDENT", "1") == "1"
 # NVFP4 in the same cooperative kernel (its items whole 16-element blocks, encoded by the group
-# kernel's chunk_step): exact, but no faster on an H100 (2026-11-27 09:37-09:40 UTC, bf16
-# 8192x8192 / 16384x7168 / 4096x7168 / 2048x7168: 51.9 / 54.1 / 45.0 / 39.3 % of copy against
-# the streaming kernels' 51.2 / 53.6 / 45.1 / 47.5 %: the block encode, not the second read,
-# bounds it; docs/performance.md "Twenty-fifth session"), so off; NQDQ_NVFP4_RESIDENT=1: on.
+# kernel's chunk_step): exact, but no faster on an H100 (bf16 8192x8192 / 16384x7168 /
+# 4096x7168 / 2048x7168: 51.9 / 54.1 / 45.0 / 39.3 % of copy against the streaming kernels'
+# 51.2 / 53.6 / 45.1 / 47.5 %: the block encode, not the second read, bounds it;
+# docs/design/per-tensor-dynamic.md, "Why NVFP4 stays on two passes"), so off;
+# NQDQ_NVFP4_RESIDENT=1: on.
 NVFP4_RESIDENT = os.environ.get("NQDQ_NVFP4_RESIDENT", "0") == "1"
-COLUMN_FAST = True  # float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked 2026-11-21)
+# float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked, H100)
+COLUMN_FAST = True
 # ... in one pass where the geometry fits (_column_kernels.onepass_launches): column_onepass
 # (its workspace a "zero" slot), every block's chunk held in registers across a per-stripe wait. False: the
 # two passes above (A/B). COLUMN_ONEPASS_P_MAX: chunks per stripe at most (None: the module's
 # ONEPASS_P_MAX; always at most the SM count). COLUMN_ONEPASS_SYNC (tests): the workspace and
-# the wait even where P = 1. H100 2026-11-21 10:40-11:00 (docs/performance.md, "Per-channel
-# scales in one pass"): GPU tests and compute-sanitizer clean, bit-exact; bf16 int8_column
+# the wait even where P = 1. H100: GPU tests and compute-sanitizer clean, bit-exact; bf16 int8_column
 # 8192x8192 / 16384x7168 51 / 53 % of copy (two passes 42 / 46 %), 64x7168 6.2 us (20.4,
 # host-bound), 65536x1024 43 % (42 %): on.
 COLUMN_ONEPASS = True
 COLUMN_ONEPASS_P_MAX = None
 # ... through a shared-memory ring where its geometry fits and the stripes take more than one
 # chunk (_column_ring: cp.async loads of a block's next items in flight while it waits and
-# encodes). H100 2026-11-26 10:46-10:54 UTC: GPU tests and compute-sanitizer clean; bf16
-# int8_column 8192x8192 / 16384x7168 71 / 73 % of copy (register kernels 55 / 54 %); 74 / 76 %
-# after the seventeenth session's instruction cuts (13:18-13:40 UTC).
+# encodes). H100: GPU tests and compute-sanitizer clean; bf16 int8_column 8192x8192 /
+# 16384x7168 71 / 73 % of copy (register kernels 55 / 54 %); 74 / 76 % after later
+# instruction cuts (_column_ring's docstring).
 # NQDQ_COLUMN_RING=0: the register kernels (A/B).
 COLUMN_RING = os.environ.get("NQDQ_COLUMN_RING", "1") == "1"
 # ... and ahead of both, by thread-block clusters where its geometry fits (_column_cluster:
 # a stripe down every row is one cluster of 16 blocks on 132-SM GPUs, else 8, its amax
-# combined through the cluster's shared memory; sm_90+). H100 2026-11-26 18:25-18:32 UTC:
-# GPU tests and compute-sanitizer clean, bit-exact; bf16 int8_column 8192x8192 84 % of copy
-# (ring 75 %), 4096x7168 74 % (66 %); 16384x7168 keeps the ring (76 %: a cluster's share of
-# its rows would be 64-byte pieces, 71 %). 19:25-19:28 UTC, the amax words pushed by
-# st.async (_column_cluster.CLUSTER_PUSH): 85 %. 2026-11-26 21:55-22:07 UTC, part of each
-# thread's units in registers (_column_cluster.GPU_CONFIGS): 8192x8192 89 %, 16384x7168 83 %
-# (taken from the ring), whole tensors bit-exact; its 15 GPU tests compute-sanitizer clean
-# (2026-11-26 23:42 UTC). 2026-11-27 02:55-02:58 UTC, its loads with the .L2::256B prefetch
-# size (_column_cluster.CLUSTER_L2_256): 90 / 86 %.
+# combined through the cluster's shared memory; sm_90+). H100, step by step: first GPU tests
+# and compute-sanitizer clean, bit-exact; bf16 int8_column 8192x8192 84 % of copy (ring 75 %),
+# 4096x7168 74 % (66 %); 16384x7168 then kept the ring (76 %: a cluster's share of its rows
+# would have been 64-byte pieces, 71 %). The amax words pushed by st.async
+# (_column_cluster.CLUSTER_PUSH): 85 %. Part of each thread's units in registers
+# (_column_cluster.GPU_CONFIGS): 8192x8192 89 %, 16384x7168 83 % (taken from the ring), whole
+# tensors bit-exact; its 15 GPU tests compute-sanitizer clean. Its loads with the .L2::256B
+# prefetch size (_column_cluster.CLUSTER_L2_256): 90 / 86 % (docs/design/per-channel.md).
 # NQDQ_COLUMN_CLUSTER=0: the ring (A/B).
 COLUMN_CLUSTER = os.environ.get("NQDQ_COLUMN_CLUSTER", "1") == "1"
 COLUMN_ONEPASS_SYNC = False

@@ -23,7 +23,7 @@ block's scale NaN, so the block decodes to NaN whatever its codes are.
 Large arrays are encoded ``CHUNK`` elements at a time (:func:`in_chunks`): every element is
 computed on its own, so the codes are the same, and the int64 temporaries of the steps above
 stay in the CPU's caches (a 4096x7168 float32 array to e4m3: 7-16x faster than in one pass on
-the 2-core CI machine; docs/performance.md, thirtieth session).
+the 2-core CI machine; docs/performance.md, "The NumPy path (CPU)").
 """
 
 from __future__ import annotations

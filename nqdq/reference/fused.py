@@ -23,8 +23,8 @@ the float-float pair (s_hi, s_lo) (about 48 bits), and forming h*w*r with a sing
 rounding keeps y within 0.5 ulp + 2^-28 relative of the exact value for rows whose products
 neither overflow nor underflow float32 (|h|, |w| within about 2^-60..2^60); outside that
 range the bits are still exactly specified here, only the accuracy bound does not hold.
-(Until 2026-11-21 S was a float-float sum of float32 squares: the same bound, but some 8
-instructions an element on the GPU where float64 takes 3.)
+(An earlier S, a float-float sum of float32 squares, had the same bound but took some 8
+instructions an element on the GPU where float64 takes 3: docs/design/fused.md.)
 
 The sum's order (:func:`row_sum64`) is that of the kernel's thread layout, which is a
 function of the row length n only (:func:`row_geometry`, never of a launch): the row is cut
