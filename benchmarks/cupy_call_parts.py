@@ -10,7 +10,7 @@ Numba's ``CUkernel`` handle, the context's ``CUfunction`` (what nqdq.kernels.lau
 launches), and the ``CUfunction`` with the parameters given as one buffer
 (``CU_LAUNCH_PARAM_BUFFER_POINTER``) instead of a ``void*[]``; each checked bit for bit
 against the NumPy reference first. Needs CuPy and a GPU; the figures are in
-docs/performance.md ("Host time per call").
+docs/design/launch-path.md ("Where the time goes").
 """
 
 import argparse

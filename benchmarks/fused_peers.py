@@ -114,8 +114,8 @@ def main(argv=None):
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--moe-tokens", type=int, nargs="*", default=None, metavar="T",
                     help="the MoE op's tokens, one op row each (default: rows, x of [rows, hidden] as every other "
-                         "op's input, and rows / 4, whose top-4 give [rows, hidden] gathered rows: the table's row "
-                         "until session 14)")
+                         "op's input, and rows / 4, whose top-4 give [rows, hidden] gathered rows: the MoE row "
+                         "of older tables)")
     ap.add_argument("--moe-k", type=int, default=4, help="the MoE op's experts a token (top-k of 256)")
     ap.add_argument("--only", help="time only the ops whose name contains this")
     ap.add_argument("--lock", help="hold an exclusive lock on this file while timing, so several processes (each "
@@ -373,8 +373,8 @@ def main(argv=None):
             checks.append(dict(op=op, full_vs_unfused=q_same(qf, qu) and ok_perm, rows_vs_reference=ok_ref,
                                perm_offsets_vs_reference=ok_perm))
             # the op's bytes: x [T, n] and the ids read once, the [rows, n] codes and scales, perm
-            # and offsets written (until session 7 x counted as the rows gathered rows, k times
-            # its size: 148.7 MB instead of 60.6 at the default size)
+            # and offsets written (older tables counted x as the gathered rows, k times its
+            # size: 148.7 MB instead of 60.6 at the default size)
             nbytes = T * n * 2 + code_bytes("mxfp4", T * k, n) + ids_h.nbytes + T * k * 4 + (E + 1) * 4
             record(op, fused_fn, unfused_fn, nbytes, len(tok))
             # the same without the read-back of the device's id range check (the call's one wait)

@@ -333,7 +333,7 @@ def bench_workspace_ab(schemes, rows, cols, calls, results):
 def bench_rounds(schemes, rows, cols, calls, rounds, label, results, warm_s=2.0):
     """Steady state: ``nqdq.quantize`` of every scheme called for ``warm_s`` seconds in turn
     (the host's and the GPU's clocks come up; the single-call rows above start cold and
-    their first schemes read up to 1.5x higher, 2026-11-21 17:05 UTC), then ``rounds``
+    their first schemes read up to 1.5x higher in an H100 run), then ``rounds``
     rounds, each timing every scheme in turn: the median of ``calls`` single calls
     (``host_median``) and the unsynchronized loop with its final synchronize (host and
     device, ``host_time``). Each result is checked bit for bit first. Prints per scheme

@@ -20,7 +20,7 @@ For bfloat16 inputs of 8192x8192, 16384x7168 and 64x7168 it times, with CUDA eve
   round-to-nearest row and the copy. A scheme written ``NAME~sr`` / ``NAME~srg`` in
   ``--schemes`` times only that variant (seed ``--seed``, default 1).
 
-Method (docs/performance.md): fresh random inputs (never zeros), several input sets
+Method (docs/performance.md, "Method"): fresh random inputs (never zeros), several input sets
 rotated so that what one launch reads is not in L2 from the one before (sets x bytes
 >= 4 x L2), warm-up launches excluded, then a sleep kernel is queued so that the host
 runs ahead of the device (host launch overhead stays out of device times; a run where

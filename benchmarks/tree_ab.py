@@ -3,11 +3,11 @@
     python3 benchmarks/tree_ab.py --old build/adhoc/old [--schemes fp8_row,nvfp4] [--rows 64 --cols 7168]
         [--rounds 30] [--calls 500] [--cpu] [--json FILE]
 
-Two trees timed in separate processes differ by the host's drift: on the lent machines a
-process's 64x7168 call ran anywhere from 8 to 18 us in one session (docs/performance.md,
-"Thirty-second session"), far more than a change to the host path moves it. Here the other
-tree's ``nqdq`` (``--old``: a directory holding ``nqdq/``, e.g. ``git archive REV nqdq |
-tar -x -C DIR``) is loaded beside this one as package ``nqdq_old`` (every import inside
+Two trees timed in separate processes differ by the host's drift: on lent machines of one
+kind a process's 64x7168 call ran anywhere from 8 to 18 us within minutes
+(docs/design/launch-path.md, "Measured"), far more than a change to the host path moves
+it. Here the other tree's ``nqdq`` (``--old``: a directory holding ``nqdq/``, e.g. ``git
+archive REV nqdq | tar -x -C DIR``) is loaded beside this one as package ``nqdq_old`` (every import inside
 ``nqdq`` is relative, so the two share nothing but NumPy, Numba and CuPy). Both trees must
 give the same codes and scales, checked first. Then, for ``rounds`` rounds, each scheme
 is timed in blocks of ``calls`` single calls (``perf_counter`` around each; the device is

@@ -52,7 +52,7 @@ SWEEP = [
     ("int4_asym", {}, (9, 130)),
     ("e4m3", {"granularity": "row", "axis": 0}, (40, 9)),
     ("fp8_row", {}, (3, 9000)),
-    # the one-pass paths on by default since 2026-11-21 (asym rows / stat groups / tiles /
+    # the one-pass paths on by default (asym rows / stat groups / tiles /
     # static encode); "scale" is a static per-tensor scale given to quantize
     ("int8_asym", {}, (5, 256)),
     ("int4_asym", {}, (9, 128)),

@@ -8,9 +8,9 @@
 #                                      compute-sanitizer memcheck over scripts/gpu_check.py's
 #                                      kernel sweep split over SAN_PARTS processes;
 #   bash scripts/verify_gpu.sh pytest / sanitizer   the two halves of "tests" alone, a call each
-#                                      (2026-11-21 17:30 UTC: 353 tests beside the sanitizer
-#                                      reported all their results in 530 s but were cut
-#                                      before pytest's summary);
+#                                      (353 tests beside the sanitizer once reported all
+#                                      their results in 530 s but were cut before pytest's
+#                                      summary);
 #   bash scripts/verify_gpu.sh bench   on a quiet GPU: the fused ops (one process per op:
 #                                      they compile at once and time one at a time under a
 #                                      lock), the quantize peers table for every scheme;
@@ -19,8 +19,8 @@
 #   bash scripts/verify_gpu.sh         all three (more than one call's 10 minutes).
 #
 # Prints the summaries last. Knobs: WORKERS (8), SAN_PARTS (4), TEST_TIMEOUT (540), SCHEMES,
-# SIZES, FUSED_OPS, GEMM_SHAPES. (The tests phase needed 325 s for 340 tests on 2026-11-21 11:10 and
-# more than 380 s for ~350 at 14:47: TEST_TIMEOUT defaults to 540, inside one call's 600 s.)
+# SIZES, FUSED_OPS, GEMM_SHAPES. (The tests phase has needed 325 s for 340 tests and more than
+# 380 s for ~350: TEST_TIMEOUT defaults to 540, inside one call's 600 s.)
 set -uo pipefail
 source "$(dirname "$0")/_gpu_env.sh"
 PHASE="${1:-all}"
@@ -59,7 +59,7 @@ if [[ "$PHASE" == bench || "$PHASE" == all ]]; then
   # per-op logs in a scratch folder, then one file under $OUT (the device tool brings back
   # at most 8 files). The MoE op is host-bound (its id check waits for the device), so it
   # is timed alone after the others: beside their compilations its rows read up to 1.8x
-  # slower (2026-11-21 17:17 UTC: 378.5 us, 209.9 us alone at 17:03)
+  # slower (H100: 378.5 us, 209.9 us alone)
   FL=$(mktemp -d); rm -f "$FL/fused.lock"; pids=()
   k=0; moe=""
   for op in $FUSED_OPS; do
