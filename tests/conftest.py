@@ -11,7 +11,7 @@ import os
 if os.environ.get("NQDQ_TEST_GPU") != "1":
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 # The kernel paths not yet run on a GPU are off for users (nqdq/kernels/quantize.py) and on
-# for the tests, so CI checks them in the simulator and the next GPU session on the device.
+# for the tests, so CI checks them in the simulator and the next GPU run on the device.
 os.environ.setdefault("NQDQ_UNMEASURED_KERNELS", "1")
 # NQDQ_TEST_SPREAD_GPUS=N (N GPUs, with pytest-xdist): worker gwK sees only GPU K % N, so one
 # run spreads the single-GPU tests over every GPU of the machine. Run the two-GPU tests

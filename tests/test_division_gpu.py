@@ -5,7 +5,7 @@ budget allows: the proof's whole normalized domain, docs/numerics.md).
 
 ``pytest -m gpu tests/test_division_gpu.py`` (NQDQ_TEST_GPU=1) runs a shorter sweep;
 ``python3 tests/test_division_gpu.py [--sweep-seconds S] [--json FILE]`` prints the full
-counts (docs/performance.md, "Division by a reciprocal").
+counts (their H100 result: docs/numerics.md, "Division by a reciprocal", "Checked").
 """
 
 from __future__ import annotations

@@ -932,14 +932,14 @@ def test_prefetch_distance_per_op(monkeypatch):
                                         ("RES_CVT", False), ("PREFETCH", True), ("FLAT_STEP", True),
                                         ("NORM_FMA", True)])
 def test_session3_switches_match_reference(switch, on, monkeypatch):
-    """Each A/B switch of the third session, on and, for the two now on by default (ROWS_BF16,
-    RES_CVT), off too, gives the spec's bits on these edge values (the switch's paths:
+    """Each of the A/B switches ROWS_BF16, RES_CVT, PREFETCH and FLAT_STEP, on and, for the two
+    now on by default (ROWS_BF16, RES_CVT), off too, gives the spec's bits on these edge values (the switch's paths:
     ROWS_BF16 flatten / MoE rows of bfloat16 into MXFP4 by the words' pair encoder, with a
     non-finite group; RES_CVT the residual by cvt.rn.bf16x2 with NaN (its 0x7FFF made 0x7FC0),
     inf, overflowing and subnormal sums; PREFETCH 1 row ahead (no residual), a hint the
     simulator ignores, so only that the launch argument and its code path run; FLAT_STEP the strided
     flatten's stepped unit indices, D / 8 dividing the block's threads (D = 64, 128) or not
-    (D = 24: the per-unit path)); and session 5's NORM_FMA (normalize's fma, with the residual)."""
+    (D = 24: the per-unit path)); and NORM_FMA (normalize's fma, with the residual)."""
     from nqdq.kernels import _fused_rows as FR
 
     monkeypatch.setattr(FR, switch, 1 if switch == "PREFETCH" else on)

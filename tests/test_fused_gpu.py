@@ -444,7 +444,7 @@ def test_gpu_moe_sort_one_launch_partly_resident():
     _helpers.sm_hog), so only part of the sort's grid is resident at once, as under an MPS
     thread limit or beside another process's kernels. The other grid waits until the sort is
     done (a flag set by a kernel after it in the sort's stream), so a sort whose resident
-    blocks waited for the rest (the grid barrier it had until the twenty-eighth session)
+    blocks waited for the rest (the grid barrier of an earlier version)
     would never end: the hog gives up after about two seconds and counts that. Here the
     resident blocks count the missing blocks' chunks themselves (_grid.mark_done): the sort
     ends, the hog never gives up, and perm, offsets, inv are the spec's, the workspace left
@@ -595,7 +595,7 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, local, monk
 @pytest.mark.parametrize("on", [True, False])
 @pytest.mark.parametrize("n", [7168, 5120, 2880, 1100])
 def test_gpu_group_share(n, on, monkeypatch):
-    """GROUP_SHARE (session 6: each 1x128 / MX-32 group's parameters computed once, by the lane
+    """GROUP_SHARE (each 1x128 / MX-32 group's parameters computed once, by the lane
     the transposed butterfly leaves its amax on, and sent back by shfl.sync.idx), on and off, bit
     for bit against the spec at the tested hidden sizes (7 / 7 / 6 units a lane; 1100: a row that
     ends inside a group and a unit), groups of their own magnitude, non-finite groups, with and
@@ -636,15 +636,15 @@ def test_gpu_group_share(n, on, monkeypatch):
                                         ("RES_CVT", False), ("PREFETCH", True), ("FLAT_STEP", True),
                                         ("NORM_FMA", True)])
 def test_gpu_session3_switches(switch, on, monkeypatch):
-    """The third session's A/B switches on a GPU, each on and, for the two now on by default
-    (ROWS_BF16, RES_CVT), off too, bit for bit against the spec at
-    hidden 7168: ROWS_BF16 (flatten of a strided view and the MoE gather into MXFP4 by the
-    words' pair encoder, or off: float32 unpacking; a non-finite group in one row), RES_CVT
+    """The A/B switches ROWS_BF16, RES_CVT, PREFETCH and FLAT_STEP on a GPU, each on and, for the
+    two now on by default (ROWS_BF16, RES_CVT), off too, bit for bit against the spec at hidden
+    7168: ROWS_BF16 (flatten of a strided view and the MoE gather into MXFP4 by the words' pair
+    encoder, or off: float32 unpacking; a non-finite group in one row), RES_CVT
     (cvt.rn.bf16x2 for the new residual, or off: round_bits, with NaN, inf - inf, overflowing and subnormal sums: the
     intrinsic against its twin's rule), PREFETCH (prefetch.global.L2 of rows 3 ahead, no residual:
     a hint, the outputs must not change), FLAT_STEP (the strided flatten's stepped unit indices, with
-    ROWS_BF16 on too for MXFP4: the combination the benchmark would make the default); and session
-    5's NORM_FMA (normalize's y by one fma.rn.f32 where a * r_hi is exact: the same bits), no residual."""
+    ROWS_BF16 on too for MXFP4: the combination the benchmark would make the default); and
+    NORM_FMA (normalize's y by one fma.rn.f32 where a * r_hi is exact: the same bits), no residual."""
     from nqdq.kernels import _fused_rows as FR
 
     monkeypatch.setattr(FR, switch, 3 if switch == "PREFETCH" else on)

@@ -105,7 +105,7 @@ def test_asym_rows_recip_once_exact(monkeypatch, on, name, shape, dtype):
 
 
 def test_switches_on_for_users():
-    """The three switches passed their GPU runs (H100, 2026-11-21): on without
+    """The three switches passed their GPU runs (H100): on without
     NQDQ_UNMEASURED_KERNELS; the launch-bound knobs (measured no faster) off."""
     import os
     import subprocess
@@ -287,9 +287,8 @@ def test_word_ukeys_order_every_16bit_value():
 
 
 def test_stat_switches_for_users():
-    """STAT_GROUP_FAST, ASYM_INT_CLIP (H100, 2026-11-21 10:37) and ASYM_PACKED_STATS (10:50)
-    passed their GPU runs: on for users, with or without NQDQ_UNMEASURED_KERNELS; centred
-    chunks of 4 units with them."""
+    """STAT_GROUP_FAST, ASYM_INT_CLIP and ASYM_PACKED_STATS passed their GPU runs (H100): on for
+    users, with or without NQDQ_UNMEASURED_KERNELS; centred chunks of 4 units with them."""
     import os
     import subprocess
     import sys

@@ -953,8 +953,8 @@ def test_tile_kernel_unaligned_input(unaligned_loads):
 
 
 def test_paths_checked_on_a_gpu_are_on_for_users():
-    """The one-pass paths that passed their GPU tests (H100, 2026-11-21; stochastic rounding on
-    the 16-byte-unit kernels 2026-11-25) are on without NQDQ_UNMEASURED_KERNELS, which only
+    """The one-pass paths that passed their GPU tests (H100; stochastic rounding on the
+    16-byte-unit kernels too) are on without NQDQ_UNMEASURED_KERNELS, which only
     gates paths not yet run on a GPU."""
     import os
     import subprocess
@@ -1218,7 +1218,7 @@ def test_word_views_have_no_device_checks():
     and codes) compile to no comparison or branch (compiled for sm_90, no GPU): Numba's
     ``a[:k].view(np.uint32)`` checks size and contiguity on the device, which put the row
     kernel's first global load 153 PTX instructions in (fp8_row 0.4-0.8 us slower at bf16
-    8192x8192 on an H100: docs/performance.md, "Eighteenth session"); now it is the 18th."""
+    8192x8192 on an H100: docs/design/last-axis.md, "Word views"); now it is the 18th."""
     from test_mma import _compile_rows
 
     r = _compile_rows(_WORD_VIEW_PTX_SCRIPT)

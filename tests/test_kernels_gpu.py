@@ -276,7 +276,7 @@ def test_wide_load_store_match_twins():
     assert_same(host(b), host(src), "twin copy")
 
 
-# ----------------------------------------------------------------------------- paths written 2026-11-21, not yet run
+# ----------------------------------------------------------------------------- asymmetric, centred, static, tile paths
 # lastaxis_asym_rows / lastaxis_stat_groups (asymmetric and centred INT8), static_encode
 # (caller-given scales), tile_blocks (128 x 128 tiles): simulator-checked; these run them
 # compiled, with the shuffles and their twin, at sizes that take the deep paths.

@@ -13,7 +13,7 @@ core sums exactly (int8: int32; fp8 through mma.sync: measured ~1e-7 on the H100
 float32 adder). FP8 through wgmma is not such a case: the H100's fp8 wgmma adds with fewer
 bits than float32 (DeepSeek-V3 reports ~14 on H800). The kernel promotes each 128 of K
 into float32, which keeps the error independent of K: measured 0.8-1.3e-4 at K = 1000 to
-8192 (``benchmarks/gemm_peers.py --accuracy``, docs/performance.md); the bound is 5e-4.
+8192 (``benchmarks/gemm_peers.py --accuracy``, docs/design/gemm.md); the bound is 5e-4.
 """
 
 from __future__ import annotations

@@ -211,8 +211,8 @@ def test_nvfp4_two_launches(monkeypatch, kind):
 
 
 def test_switches_on_for_users():
-    """The fp6 pair encoder and NVFP4's two launches (both GPU-checked and timed on the H100,
-    2026-11-21) are on without NQDQ_UNMEASURED_KERNELS; NVFP4's two launches only below its
+    """The fp6 pair encoder and NVFP4's two launches (both GPU-checked and timed on the H100)
+    are on without NQDQ_UNMEASURED_KERNELS; NVFP4's two launches only below its
     size bound (measured slower above it)."""
     import os
     import subprocess

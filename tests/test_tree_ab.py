@@ -1,7 +1,7 @@
 """benchmarks/tree_ab.py loads another nqdq tree beside this one, as package ``nqdq_old``.
 That is sound only while every import inside ``nqdq`` is relative (an absolute one would run
 the already-imported tree's module instead); this tree must stay loadable that way, as the
-"old" side of a later session's A/B."""
+"old" side of a later A/B."""
 
 import sys
 from pathlib import Path
