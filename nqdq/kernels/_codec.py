@@ -21,7 +21,8 @@ import math
 import os
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import float32, uint32
+from ._gpu import cuda
 
 from ._target import SIMULATOR, devfn
 

@@ -77,7 +77,7 @@ import os
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda
+from ._gpu import cuda
 
 from ._codec import F32, KIND_BF16, KIND_F32, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits
 from ._division import RECIP_DIV, div_by_recip, recip_guarded

@@ -68,7 +68,8 @@ import os
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, types
+from numba import types
+from ._gpu import cuda
 
 from ._codec import F32
 from ._column_kernels import (

@@ -114,7 +114,7 @@ def use(dev):
     cp = sys.modules.get("cupy")
     if cp is not None:
         return cp.cuda.Device(dev)
-    from numba import cuda
+    from ._gpu import cuda
 
     return cuda.gpus[dev]
 

@@ -40,7 +40,7 @@ import math
 import os
 
 import numpy as np
-from numba import cuda
+from ._gpu import cuda
 
 from ._codec import F32, ONE, ZERO, f32_bits
 from ._target import SIMULATOR, devfn

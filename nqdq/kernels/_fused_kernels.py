@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, int32
+from numba import int32
+from ._gpu import cuda
 
 from ._codec import F32, KIND_F16, KIND_F32, bits_f32, f16_bits_to_f32_bits, f32_bits, mul_rn
 from ._grid import DONE_WORDS, arrive, leave_done, mark_done, missing, wait_done

@@ -50,7 +50,8 @@ import re
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, float64, int32, int64, uint8, uint32
+from numba import float32, float64, int32, int64, uint8, uint32
+from ._gpu import cuda
 
 from ..reference.fused import UNIT, WARP
 from ._codec import F32, KIND_BF16, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32_bits, mul_rn

@@ -47,7 +47,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda, float32, int32, uint8
+from numba import float32, int32, uint8
+from ._gpu import cuda
 
 from . import _mma
 from ._gemm_kernels import (

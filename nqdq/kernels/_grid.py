@@ -44,7 +44,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-from numba import cuda
+from ._gpu import cuda
 
 from ._target import SIMULATOR, devfn
 

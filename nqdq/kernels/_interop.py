@@ -110,7 +110,7 @@ def device_input(x, argname: str = "x", dtype=None) -> DeviceInput:
         flat = flat.view(np.uint16) if name != "float32" else flat.view(np.float32)
         if SIMULATOR:
             return DeviceInput(flat, _KINDS[name], tuple(x.shape), name, "numpy")
-        from numba import cuda
+        from ._gpu import cuda
 
         return DeviceInput(cuda.to_device(flat), _KINDS[name], tuple(x.shape), name, "numpy")
     if SIMULATOR:
@@ -123,7 +123,7 @@ def device_input(x, argname: str = "x", dtype=None) -> DeviceInput:
         if name != "float32" and flat.dtype != np.uint16:
             flat = flat.view(np.uint16)
         return DeviceInput(flat, _KINDS[name], tuple(x.shape), name, "cupy")
-    from numba import cuda
+    from ._gpu import cuda
 
     keep = None
     lib = "cupy" if (is_cupy(x) or _cupy() is not None) else "numba"
@@ -205,7 +205,7 @@ class _DLPackOwner:
 
 def from_dlpack(x, argname="x", any_dtype=False):
     """A Numba device array over a CUDA DLPack tensor (bfloat16 arrives as uint16 bits)."""
-    from numba import cuda
+    from ._gpu import cuda
 
     get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
     get_ptr.restype = ctypes.c_void_p
@@ -293,7 +293,7 @@ class Allocator:
             return np.empty(n, dtype)
         if self.cp is not None:
             return self.cp.empty(n, dtype)
-        from numba import cuda
+        from ._gpu import cuda
 
         return cuda.device_array(n, dtype)
 
@@ -318,7 +318,7 @@ class Allocator:
         """The stream kernels launch on: CuPy's current stream when CuPy is in use."""
         if SIMULATOR or self.cp is None:
             return 0
-        from numba import cuda
+        from ._gpu import cuda
 
         ptr = self.cp.cuda.get_current_stream().ptr
         return cuda.external_stream(ptr) if ptr else 0
@@ -380,7 +380,7 @@ def kernel_view(a, argname="array"):
     device array; bfloat16 as its uint16 bits."""
     if is_cupy(a) or isinstance(a, np.ndarray):
         return a
-    from numba import cuda
+    from ._gpu import cuda
 
     void16 = has_cuda_array_interface(a) and a.__cuda_array_interface__.get("typestr", "")[1:] == "V2"
     if has_cuda_array_interface(a) and not void16:

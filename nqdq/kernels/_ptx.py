@@ -31,7 +31,7 @@ def fp8_cvt_available() -> bool:
     tools such as the PTX audit target sm_90: yes)."""
     if SIMULATOR or os.environ.get("NQDQ_FP8_CVT", "1") == "0":
         return False
-    from numba import cuda
+    from ._gpu import cuda
 
     try:
         if not cuda.is_available():
@@ -458,7 +458,7 @@ else:
 
     cluster_arrive_relaxed = cluster_arrive
 
-    from numba import cuda as _cuda
+    from ._gpu import cuda as _cuda
 
     from ._target import devfn as _devfn
 

@@ -47,7 +47,7 @@ _FP64 = re.compile(r"^\s*(?:@%p\d+\s+)?[a-z]+(?:\.[a-z0-9]+)*\.f64\b", re.M)
 def _no_gpu_compile():
     """numba-cuda compiles device functions for the *current* device's compute capability;
     without a GPU, pretend one of sm_90 is current (compile only, nothing runs)."""
-    from numba import cuda
+    from ._gpu import cuda
     from numba.cuda import dispatcher
 
     if cuda.is_available():
@@ -190,7 +190,8 @@ def _case_launches(name, kw, shape, dt, seed, sr_fast):
 
 def compile_and_audit(launches, cc=(9, 0), registers=True):
     """Compile each distinct (kernel, signature) once; return report rows."""
-    from numba import cuda, typeof
+    from numba import typeof
+    from ._gpu import cuda
 
     rows, seen = [], set()
     with _no_gpu_compile():

@@ -30,7 +30,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int32, int64, uint32
+from numba import float32, int32, int64, uint32
+from ._gpu import cuda
 
 from ._codec import (
     F32,

@@ -58,7 +58,9 @@ import os
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int32, uint32
+from numba import float32, int32, uint32
+
+from ._gpu import cuda
 
 from ._codec import F32, FLT_MAX, KIND_BF16, KIND_F32, ONE, ZERO, bits_f32, f16_top_to_f32_bits, f32_bits, fmin_f32, mul_rn
 from ._elements import encode_element

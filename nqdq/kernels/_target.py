@@ -8,7 +8,8 @@ portable twin from this flag.
 
 from __future__ import annotations
 
-from numba import config, cuda
+from numba import config
+from ._gpu import cuda
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 

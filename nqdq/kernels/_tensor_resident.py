@@ -64,7 +64,8 @@ import os
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, int32, types
+from numba import int32, types
+from ._gpu import cuda
 
 from ._codec import F32, ONE, ZERO, bits_f32
 from ._column_kernels import stage_sync

@@ -135,7 +135,7 @@ def wgmma_config_for(spec: GemmSpec | None = None, shape: tuple[int, int] | None
 
 
 def _sm_count() -> int:
-    from numba import cuda
+    from ._gpu import cuda
 
     return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
 
@@ -177,7 +177,7 @@ class _Lib:
             xp = np if self.sim else self.cp
             x = xp.ascontiguousarray(xp.asarray(a).reshape(-1))
         else:  # a GPU without CuPy: Numba device arrays
-            from numba import cuda
+            from ._gpu import cuda
 
             x = a.reshape(-1) if isinstance(a, np.ndarray) else cuda.as_cuda_array(a).reshape(-1)
         if x.dtype.kind in "iu" and dtype.kind in "iu" and x.dtype.itemsize == dtype.itemsize:
@@ -185,7 +185,7 @@ class _Lib:
         elif x.dtype != dtype:
             x = x.astype(dtype)
         if isinstance(x, np.ndarray) and not self.sim:
-            from numba import cuda
+            from ._gpu import cuda
 
             x = cuda.to_device(np.ascontiguousarray(x))
         return x
@@ -195,7 +195,7 @@ class _Lib:
             return np.empty(n, dtype)
         if self.cp is not None:
             return self.cp.empty(n, dtype)
-        from numba import cuda
+        from ._gpu import cuda
 
         return cuda.device_array(n, dtype)
 
@@ -208,7 +208,7 @@ class _Lib:
             return out.reshape(-1)
         h = np.zeros((rows, Kp), np.uint8)
         h[:, :K] = codes.copy_to_host().reshape(rows, K)
-        from numba import cuda
+        from ._gpu import cuda
 
         return cuda.to_device(h.reshape(-1))
 
@@ -426,7 +426,7 @@ def compile_ptx(spec: GemmSpec, cc=(9, 0), config: TileConfig | None = None) -> 
     """PTX of one GEMM kernel for compute capability ``cc`` (e.g. ``(9, 0, "a")``), with or
     without a GPU present (numba-cuda compiles device functions for the *current* device;
     without one, a stand-in of capability ``cc[:2]`` is made current for the call)."""
-    from numba import cuda
+    from ._gpu import cuda
     from numba.cuda import dispatcher
 
     kern = get_kernel(config or GPU_CONFIG, spec)
@@ -484,7 +484,7 @@ def assemble_lto(spec: GemmSpec, config, cc=(9, 0, "a")) -> tuple[bytes, str]:
     link, as ``assemble`` does, compiles relocatable code, where ptxas ignores
     ``setmaxnreg``: warning C7504). Works without a GPU."""
     from cuda.bindings import nvjitlink
-    from numba import cuda
+    from ._gpu import cuda
     from numba.cuda import dispatcher
 
     kern = get_kernel(config, spec)

@@ -802,7 +802,7 @@ class FastKernel:
             cp = sys.modules.get("cupy")
             stream = 0
             if cp is not None and not simulated():
-                from numba import cuda
+                from ._gpu import cuda
 
                 stream = cuda.external_stream(cp.cuda.get_current_stream().ptr)
         if shared_mem and not simulated():  # compiled first, to opt in before the launch
@@ -855,7 +855,7 @@ class FastKernel:
                         entry = _Entry(compiled, argtypes, self.argnames)
                 if entry is not _NUMBA_LAUNCH:
                     if self._cc is None:
-                        from numba import cuda
+                        from ._gpu import cuda
 
                         self._cc = cuda.get_current_device().compute_capability
                     entry.check_abi(self._cc)

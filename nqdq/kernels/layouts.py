@@ -24,7 +24,8 @@ arrays, and return the same library.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, uint32
+from numba import uint32
+from ._gpu import cuda
 
 from ..reference.layouts import get_layout
 from ._interop import Allocator, is_cupy, lib_of

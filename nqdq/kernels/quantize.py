@@ -842,7 +842,7 @@ def _sm_count() -> int:
     SIMULATOR)."""
     if SIMULATOR:
         return 1
-    from numba import cuda
+    from ._gpu import cuda
 
     return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
 
@@ -1243,7 +1243,7 @@ def _to_device_like(alloc, a):
         return a
     if alloc.cp is not None:
         return alloc.cp.asarray(a)
-    from numba import cuda
+    from ._gpu import cuda
 
     return cuda.to_device(np.ascontiguousarray(a))
 
@@ -1293,7 +1293,7 @@ def dequantize(parts: QuantParts, scheme: Scheme, shape, *, packed=True, threads
         if SIMULATOR:
             return np.ascontiguousarray(_host(a)).reshape(-1).view(dtype) if not isinstance(a, np.ndarray) else np.ascontiguousarray(a).reshape(-1).view(dtype)
         if isinstance(a, np.ndarray):
-            from numba import cuda
+            from ._gpu import cuda
 
             return cuda.to_device(np.ascontiguousarray(a).reshape(-1).view(dtype))
         return alloc.kernel_arg(a).reshape(a.size).view(dtype)
