@@ -59,8 +59,10 @@ def _values(codes: np.ndarray, scheme: Scheme) -> np.ndarray:
 
 def quantize(x: np.ndarray, scheme: Scheme, *, scale=None, seed=None) -> QuantParts:
     """Quantize float32 ``x`` under ``scheme``. ``scale``: caller-given float32 scales,
-    broadcastable to ``scheme.scale_shape(x.shape)``. ``seed`` (int) selects stochastic
-    rounding with Philox bits keyed by the seed and each element's C-order index."""
+    broadcastable to ``scheme.scale_shape(x.shape)``; for NVFP4 the one tensor scale S_dec
+    (``tensor_scale``; S_enc from it by ``scales.nvfp4_given_encode_scale``). ``seed`` (int)
+    selects stochastic rounding with Philox bits keyed by the seed and each element's C-order
+    index."""
     x = np.ascontiguousarray(x, dtype=F32)
     block = scheme.block_for(x.shape)
     sshape = scheme.scale_shape(x.shape)
@@ -73,13 +75,17 @@ def quantize(x: np.ndarray, scheme: Scheme, *, scale=None, seed=None) -> QuantPa
         return QuantParts(_encode(v, scheme, rbits), code)
 
     if scheme.is_nvfp4:
-        finite = np.where(np.isfinite(x), np.abs(x), F32(0))
-        s_enc = S.nvfp4_tensor_encode_scale(finite.max() if x.size else F32(0))
+        if scale is None:
+            finite = np.where(np.isfinite(x), np.abs(x), F32(0))
+            s_enc = S.nvfp4_tensor_encode_scale(finite.max() if x.size else F32(0))
+        else:  # the tensor scale S_dec given: S_enc from it, no pass over the tensor
+            s_enc = S.nvfp4_given_encode_scale(scale)
         code = S.nvfp4_block_scale_code(S.block_amax(x, block), s_enc)
         mult, s_dec = S.nvfp4_element_multiplier(code, s_enc)
         with np.errstate(over="ignore", invalid="ignore"):
             v = (x * S.expand(mult, block, x.shape)).astype(F32)
-        return QuantParts(_encode(v, scheme, rbits), code, tensor_scale=np.array(s_dec, F32))
+        tensor_scale = np.array(s_dec if scale is None else np.asarray(scale, F32).reshape(()), F32)
+        return QuantParts(_encode(v, scheme, rbits), code, tensor_scale=tensor_scale)
 
     elem = scheme.element
     if scheme.centred:

@@ -26,6 +26,9 @@ __all__ = [
     "mx_scale_code",
     "mx_top_code",
     "nvfp4_tensor_encode_scale",
+    "nvfp4_given_encode_scale",
+    "NVFP4_TENSOR_SCALE_MIN",
+    "NVFP4_TENSOR_SCALE_MAX",
     "nvfp4_block_scale_code",
     "nvfp4_element_multiplier",
     "halving_sum",
@@ -217,6 +220,43 @@ def nvfp4_tensor_encode_scale(finite_amax: F32) -> F32:
         s = F32(_NVFP4_FP8_MAX * _NVFP4_FP4_MAX) / a
     s = min(F32(s), FLT_MAX)
     return F32(1.0) if s == 0 else F32(s)
+
+
+# The tensor scales S_dec = RN(1 / S_enc) that the dynamic path can give, and so the range a
+# caller-given one (``scale=``) must lie in: at the bottom the S_dec of S_enc = FLT_MAX, RN(1 /
+# FLT_MAX) = 2^-128 (below it RN(1 / S_dec) overflows); at the top the S_dec of amax = FLT_MAX,
+# RN(1 / RN(2688 / FLT_MAX)), which is also the largest S_dec whose top decode
+# fp32(6 * fp32(448 * S_dec)) is finite.
+NVFP4_TENSOR_SCALE_MIN = F32(float.fromhex("0x1p-128"))  # 2.9387359e-39 (a float32 subnormal)
+NVFP4_TENSOR_SCALE_MAX = F32(float.fromhex("0x1.86186p+116"))  # 1.2659313e+35
+
+
+def nvfp4_given_encode_scale(s_dec) -> F32:
+    """S_enc of a caller-given tensor scale S_dec (``scale=``, the value stored as the tensor
+    scale): ``min(RN(1 / S_dec), FLT_MAX)`` (float32 division; the min acts at S_dec = 2^-128
+    alone, whose reciprocal 2^128 overflows, and gives the dynamic path's clamped S_enc).
+
+    Why this is the dynamic path's S_enc where it can be: RN(1 / RN(1 / RN(1 / y))) = RN(1 / y)
+    for every float32 y (the reciprocal rounded to nearest is monotone), so for S_dec = RN(1 /
+    S_enc0) of a dynamic S_enc0, RN(1 / S_enc) = S_dec: the element multipliers, which use
+    1 / S_enc, are the dynamic path's. S_enc itself equals S_enc0 where S_enc0's reciprocal
+    round-trips (83 % of float32 values); elsewhere two neighbouring float32 S_enc share one
+    S_dec and S_enc is the one nearer 1 / S_dec, the other's neighbour. A ValueError naming
+    ``scale`` for S_dec outside [NVFP4_TENSOR_SCALE_MIN, NVFP4_TENSOR_SCALE_MAX] (not
+    positive, NaN and inf included)."""
+    s = np.asarray(s_dec, F32)
+    if s.size != 1:
+        raise ValueError(f"scale of scheme 'nvfp4' is its one tensor scale: one value, got shape {s.shape}")
+    s = F32(s.reshape(()))
+    if not NVFP4_TENSOR_SCALE_MIN <= s <= NVFP4_TENSOR_SCALE_MAX:
+        raise ValueError(
+            f"scale={float(s)!r}: NVFP4's tensor scale S_dec must lie in [2^-128, 0x1.86186p+116] "
+            "(~[2.94e-39, 1.27e35]), the range of amax / 2688 (below it 1 / scale overflows float32, "
+            "above it the largest code decodes to inf)"
+        )
+    with np.errstate(divide="ignore", over="ignore"):
+        e = F32(F32(1.0) / s)
+    return min(e, FLT_MAX)
 
 
 def nvfp4_block_scale_code(block_amax: np.ndarray, s_enc: F32) -> np.ndarray:
