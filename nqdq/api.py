@@ -58,6 +58,11 @@ def quantize(
     group_size, block_shape : group length (default 128) and tile (default 128x128).
     scale : static float32 scales (dequantization scales, ``x ~ code * scale``), a scalar
         or an array broadcastable to the scale shape; computed from the data when None.
+        For ``"nvfp4"`` the tensor scale S_dec (stored as ``q.tensor_scale``; the dynamic
+        path gives amax / 2688), one value: the ue4m3 block scales are computed from it in
+        one pass over ``x`` (S_enc = min(fp32(1 / scale), FLT_MAX), docs/numerics.md).
+        FlashInfer's / TensorRT-LLM's ``fp4_quantize(x, global_scale)`` takes the
+        reciprocal, ``global_scale = 2688 / amax``: pass ``scale = 1 / global_scale``.
     symmetric : False for integer formats with zero points (uint codes); None (default)
         means the scheme's own choice: True, except for the ``*_asym`` presets.
     scale_rounding : MX schemes: ``"rceil"`` (default), ``"floor"`` or ``"even"``.
@@ -149,6 +154,35 @@ def _launch_stream():
     return _stream_handle(None)
 
 
+def _gpu_of(a):
+    """The CUDA device number of a DLPack-capable array (CuPy, PyTorch, JAX), else None."""
+    try:
+        dev_type, dev_id = a.__dlpack_device__()
+    except (AttributeError, TypeError, RuntimeError):
+        return None
+    return int(dev_id) if int(dev_type) in (2, 3, 13) else None  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+
+
+def _nvfp4_tensor_scale(scale, x):
+    """``scale=`` of an NVFP4 scheme, checked: its tensor scale S_dec, one positive float32
+    (a number, or a 0-d / 1-element array on the host or on x's GPU) in the range
+    ``reference.scales.nvfp4_given_encode_scale`` accepts; a float32 0-d NumPy array."""
+    from .reference.scales import nvfp4_given_encode_scale
+
+    gpu = _gpu_of(scale)
+    if gpu is not None and _gpu_of(x) not in (None, gpu):
+        raise ValueError(f"scale is on GPU {gpu} but x is on GPU {_gpu_of(x)}: pass scale on x's GPU or as a number")
+    if gpu is not None and not hasattr(scale, "get") and hasattr(scale, "cpu"):
+        scale = scale.cpu()  # a PyTorch tensor (NumPy does not read GPU memory)
+    s = np.asarray(_arrays.host(scale))
+    if s.size != 1:
+        raise ValueError(f"scale of scheme 'nvfp4' is its one tensor scale (S_dec): a number or a 1-element array, "
+                         f"got shape {s.shape}")  # fmt: skip
+    s = np.array(_arrays.static_scale(s.reshape(()), ()), np.float32)
+    nvfp4_given_encode_scale(s)  # ValueError naming scale outside the range of tensor scales
+    return s
+
+
 def _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding, rounding,
                  seed, scale_layout, on_device, nonfinite, dtype, caller=None, stream=None):  # fmt: skip
     if on_device:
@@ -193,7 +227,7 @@ def _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, s
         refuse_capture("scale= is checked on the host and copied to the GPU" if scale is not None else
                        "nonfinite='raise' reads the check's result back to the host")  # fmt: skip
     if scale is not None:
-        scale = _arrays.static_scale(scale, sch.scale_shape(shape))
+        scale = _nvfp4_tensor_scale(scale, x) if sch.is_nvfp4 else _arrays.static_scale(scale, sch.scale_shape(shape))
     if nonfinite == "raise" and (kq.has_nonfinite(xdev) if on_device else not np.isfinite(x32).all()):
         raise ValueError("x contains NaN or inf and nonfinite='raise'")
 

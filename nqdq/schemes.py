@@ -361,7 +361,8 @@ def resolve_scheme(
     spec["symmetric"] = symmetric
 
     if static_scale:
-        if spec.get("scale_format", "f32") != "f32":
+        # NVFP4: scale= is the fp32 tensor scale (S_dec), its ue4m3 block scales computed from it
+        if spec.get("scale_format", "f32") not in ("f32", "ue4m3"):
             raise ValueError(f"scale= (static scales) is not supported by scheme={scheme!r}: its scales are {spec['scale_format']}")
         if spec.get("centred") or not symmetric:
             raise ValueError("scale= (static scales) needs a symmetric, non-centred scheme")

@@ -26,6 +26,9 @@ other last-axis groups / rows (partial groups;         ``group`` (one pass; grou
 stochastic without LASTAXIS_STOCH)                     than SEG_MAX elements re-read L1/L2)
 NVFP4 otherwise                                        ``tensor_partials`` -> ``finalize``
                                                        (S_enc) -> ``group``
+NVFP4 with the tensor scale given (``scale=``)         ``lastaxis_groups``, else ``group``
+                                                       (S_enc written by the plan with the
+                                                       tensor scale, no kernel: one pass)
 per-tensor dynamic float scales, whole units           ``static_encode`` with the grid's amax
 (STATIC_FAST): decode sizes (GRID_ONE_LAUNCH)          (``_grid``, one launch)
 ... larger (TENSOR_RESIDENT, RNE, sm_80+)              ``tensor_resident`` (one cooperative
@@ -76,6 +79,7 @@ import numpy as np
 from ..reference import quantize as ref
 from ..reference.packing import packed_length
 from ..reference.quantize import QuantParts
+from ..reference.scales import nvfp4_given_encode_scale
 from ..schemes import Scheme
 from . import _devices
 from . import _grid as GRID
@@ -307,6 +311,7 @@ class QuantPlan:
         self.codes, self.scales, self.zps, self.tscale, self.means = (
             out.codes, out.scales, out.zps, out.tscale, out.means
         )
+        self.sparams = out.sparams  # NVFP4's S_enc (with a given tensor scale: written by execute)
         self._runner = None
         self._runner_built = False
         self._lock = threading.Lock()
@@ -345,7 +350,10 @@ class QuantPlan:
             for s in (self.codes, self.scales, self.zps, self.means, self.tscale):
                 if s is not None:
                     fill_bytes(arrays[s.i], out_fill)
-        if self.static_scale:
+        if self.static_scale and self.tscale is not None:  # NVFP4: [S_dec, S_enc] (quantize)
+            _copy_into(arrays[self.tscale.i], scale_host[:1])
+            _copy_into(arrays[self.sparams.i], scale_host[1:])
+        elif self.static_scale:
             _copy_into(arrays[self.scales.i], scale_host)
         lo, hi = _split_seed(seed)
         A = alloc.kernel_arg
@@ -711,7 +719,10 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
     plan = get_plan(shape, xin.kind, scheme, packed=packed, stoch=seed is not None, threads=threads,
                     static_scale=scale is not None)  # fmt: skip
     scale_host = None
-    if scale is not None:
+    if scale is not None and scheme.is_nvfp4:  # the tensor scale S_dec given, and S_enc from it
+        s_dec = np.asarray(_host(scale), np.float32).reshape(())
+        scale_host = np.array([s_dec, nvfp4_given_encode_scale(s_dec)], np.float32)
+    elif scale is not None:
         scale_host = np.ascontiguousarray(
             np.broadcast_to(np.asarray(_host(scale), np.float32), plan.sshape)
         ).reshape(-1)
@@ -1104,6 +1115,14 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
     fast_static = _fast_static(shape, kind, sch, mode, nt) if static_scale and fast_ok else None
     if fast_static is not None:  # caller-given scales, whole units: one streaming pass
         run_static(*fast_static)
+    elif static_scale and mode == MODE_NVFP4:
+        # the tensor scale given: execute writes S_enc into sparams and the tensor scale (no
+        # kernel); the group kernels read S_enc from sparams, as after finalize: one pass
+        fast = _fast_lastaxis(shape, kind, mode, block[-1], nt, _cheap(fmt)) if fast_ok else None
+        if fast is not None:
+            run_fast(fast)
+        else:
+            run_group(rows, C, block[-1], _group_plan(block[-1], C, _cdiv(C, block[-1]), mode, nt, sub_packed))
     elif static_scale:
         run_encode()
     elif mode == MODE_NVFP4:
