@@ -247,5 +247,5 @@ define amdgpu_kernel void @{name}({P} noalias readonly %a, {P} noalias readonly 
 {body}
 }}
 
-attributes #0 = {{ "amdgpu-flat-work-group-size"="64,64" "uniform-work-group-size"="true" "target-cpu"="gfx950" }}
+attributes #0 = {{ "amdgpu-flat-work-group-size"="64,64" "uniform-work-group-size"="true" }}
 """
