@@ -161,6 +161,10 @@ class QuantizedTensor:
         with the implied shapes, so an array that is shorter would be read out of bounds."""
         prefix = f"{file}: " if file is not None else f"{name}: "
         shape = self.shape if type(self.shape) is tuple else tuple(self.shape)
+        from .reference.layouts import LAYOUTS
+
+        if file is None and not (isinstance(self.scale_layout, str) and self.scale_layout in LAYOUTS):
+            raise ValueError(f"{name}.scale_layout={self.scale_layout!r} is not one of {LAYOUTS}")
         try:
             specs = _specs(self.scheme, shape, self.scale_layout, tuple(map(type, shape)))
         except TypeError:  # unhashable: not a Scheme, a list inside one, ...

@@ -254,10 +254,15 @@ def test_stat_interleave_geometry(monkeypatch):
     _clear_stat()
 
 
-def test_word_ukeys_order_every_16bit_value():
+def test_word_ukeys_order_every_16bit_value(monkeypatch):
     """word_ukeys orders every bfloat16 and float16 value (both halves of a word) as the value
     orders (NaN with sign 0 above +inf, with sign 1 below -inf; -0 just below +0), and
     ukey_bits inverts it to the element's float32 bits."""
+    from nqdq.kernels import _codec
+
+    # the bit casts by NumPy: the device functions' local-array casts (float16 decode) need a kernel
+    monkeypatch.setattr(_codec, "f32_bits", lambda f: np.int64(np.float32(f).view(np.uint32)))
+    monkeypatch.setattr(_codec, "bits_f32", lambda u: np.uint32(u).view(np.float32))
     h = np.arange(1 << 16, dtype=np.uint32)
     for kind, dt in ((1, ml_dtypes.bfloat16), (2, np.float16)):
         vals = h.astype(np.uint16).view(dt).astype(np.float64)
