@@ -9,6 +9,14 @@ NaN, the spec keeps the NaN's sign), so NaN lanes are fixed up after it.
 The twin (``_codec.encode_float_rne``) is what the CUDA simulator, numba-hip and GPUs older
 than sm_89 run; ``tests/test_kernels.py::test_fp8_cvt_matches_twin`` compares the two on a
 GPU over every bfloat16 value and random float32 bit patterns.
+
+Selection: each inline-PTX intrinsic is defined where ``_target.PTX`` (numba-cuda); where it
+is not, the name is bound to its twin: the Python function itself under the simulator, the
+same function compiled as a device function on AMD (numba-hip; ``_twin``). Intrinsics that
+emit plain LLVM IR (``array_addr``, ``as_u32``, ``as_u16``) are portable and stay on both
+compiled targets. ``NO_DEVICE_TWIN`` names the intrinsics whose twin is NumPy code the
+simulator runs but no GPU compiler does: on AMD a kernel that calls one does not compile
+(docs/amd.md, "What is expected to break first").
 """
 
 from __future__ import annotations
@@ -18,7 +26,18 @@ import os
 
 import numpy as np
 
-from ._target import SIMULATOR
+from ._target import HIP, PTX, SIMULATOR, devfn
+
+# The bfloat16-pair arithmetic and the GEMM epilogue's pair conversions / stores: twins in
+# NumPy (exact over whole arrays at once, for the CPU tests), no device twin yet.
+NO_DEVICE_TWIN = ("bf16x2_mul", "bf16x2_absmul", "bf16x2_add", "bf16x2_min", "bf16x2_max", "bf16x2_absmin",
+                  "cvt_bf16x2", "cvt_f16x2", "st_u32_at")
+
+
+def _twin(fn):
+    """A twin as the kernels call it: the function itself under the simulator, a device
+    function on AMD."""
+    return devfn(fn) if HIP else fn
 
 E4M3 = 4  # fmt[8] (exponent bits) of the formats the instruction covers
 E5M2 = 5
@@ -28,8 +47,8 @@ E5M2 = 5
 def fp8_cvt_available() -> bool:
     """Whether kernels built now may use the cvt instruction: not in the simulator, not
     disabled by NQDQ_FP8_CVT=0, and the current GPU is sm_89+ (with no GPU, compile-only
-    tools such as the PTX audit target sm_90: yes)."""
-    if SIMULATOR or os.environ.get("NQDQ_FP8_CVT", "1") == "0":
+    tools such as the PTX audit target sm_90: yes). Never on AMD (a PTX instruction)."""
+    if not PTX or os.environ.get("NQDQ_FP8_CVT", "1") == "0":
         return False
     from ._gpu import cuda
 
@@ -52,6 +71,8 @@ if not SIMULATOR:
     from numba.core import cgutils
     from numba.cuda.extending import intrinsic
 
+if PTX:
+
     def _cvt_intrinsic(ptx_type):
         @intrinsic
         def _cvt(typingctx, v):
@@ -69,7 +90,7 @@ if not SIMULATOR:
 
     cvt_e4m3 = _cvt_intrinsic("e4m3x2")
     cvt_e5m2 = _cvt_intrinsic("e5m2x2")
-else:  # pragma: no cover - the simulator never calls these (fp8_cvt_available() is False)
+else:  # pragma: no cover - never called where fp8_cvt_available() is False (simulator, AMD)
     cvt_e4m3 = cvt_e5m2 = None
 
 _ = np
@@ -131,6 +152,21 @@ if not SIMULATOR:
     as_u32 = _as_words(types.uint32, 4)
     as_u16 = _as_words(types.uint16, 2)
 
+else:
+
+    def as_u32(a):
+        """Simulator twin: the array's whole 32-bit words as a uint32 view."""
+        k = a.size * a.dtype.itemsize // 4 * 4 // a.dtype.itemsize
+        return a[:k].view(np.uint32)
+
+    def as_u16(a):
+        """Simulator twin: the array's whole 16-bit words as a uint16 view."""
+        k = a.size * a.dtype.itemsize // 2 * 2 // a.dtype.itemsize
+        return a[:k].view(np.uint16)
+
+
+if PTX:
+
     @intrinsic
     def prefetch_l2(typingctx, a, i):
         """``prefetch.global.L2`` of the line holding word 4*i of the uint32 array ``a``."""
@@ -149,18 +185,9 @@ if not SIMULATOR:
 
 else:
 
-    def as_u32(a):
-        """Simulator twin: the array's whole 32-bit words as a uint32 view."""
-        k = a.size * a.dtype.itemsize // 4 * 4 // a.dtype.itemsize
-        return a[:k].view(np.uint32)
-
-    def as_u16(a):
-        """Simulator twin: the array's whole 16-bit words as a uint16 view."""
-        k = a.size * a.dtype.itemsize // 2 * 2 // a.dtype.itemsize
-        return a[:k].view(np.uint16)
-
+    @_twin
     def prefetch_l2(a, i):
-        """Simulator twin: nothing (a prefetch changes no value)."""
+        """Twin: nothing (a prefetch changes no value)."""
 
 
 # ----------------------------------------------------------------------------- wide memory access
@@ -176,6 +203,9 @@ if not SIMULATOR:
         arr = context.make_array(aryty)(context, builder, ary)
         i64 = context.cast(builder, idx, idxty, types.int64)
         return builder.gep(arr.data, [i64])
+
+
+if PTX:
 
     def _load_u32x4_intrinsic(ordered, prefetch=""):
         def load(typingctx, a, i):
@@ -284,32 +314,53 @@ if not SIMULATOR:
     _ = cgutils
 else:
 
+    @_twin
     def load_u32x4(a, i):
-        """Simulator twin: four consecutive words."""
+        """Twin: four consecutive words."""
         j = 4 * int(i)
         return (a[j], a[j + 1], a[j + 2], a[j + 3])
 
     load_u32x4_ordered = load_u32x4  # (the order of loads is not observable in the simulator)
     load_u32x4_l2_256 = load_u32x4  # (nor is what L2 fetches around them)
 
-    def load_relaxed_i32(a, i):
-        """Simulator twin: the element."""
-        return a[i]
+    if HIP:  # pragma: no cover - numba-hip
+        from ._gpu import cuda as _cuda
 
-    load_acquire_i32 = load_relaxed_i32
+        @devfn
+        def load_relaxed_i32(a, i):
+            """AMD twin: the element by an atomic add of 0 (read where the other blocks' atomics
+            land, and again on every call: a plain load could be hoisted out of a poll)."""
+            return _cuda.atomic.add(a, i, 0)
 
+        @devfn
+        def load_acquire_i32(a, i):
+            """AMD twin: load_relaxed_i32, then a device-scope fence before the later loads."""
+            v = _cuda.atomic.add(a, i, 0)
+            _cuda.threadfence()
+            return v
+
+    else:
+
+        def load_relaxed_i32(a, i):
+            """Simulator twin: the element."""
+            return a[i]
+
+        load_acquire_i32 = load_relaxed_i32
+
+    @_twin
     def store_u32x2(a, i, w0, w1):
-        """Simulator twin: two consecutive words."""
+        """Twin: two consecutive words."""
         j = 2 * int(i)
         a[j] = w0
         a[j + 1] = w1
 
+    @_twin
     def store_u32x4(a, i, w0, w1, w2, w3):
-        """Simulator twin: four consecutive words."""
+        """Twin: four consecutive words."""
         j = 4 * int(i)
         a[j], a[j + 1], a[j + 2], a[j + 3] = w0, w1, w2, w3
 
-    cvt_e4m3x2 = cvt_e5m2x2 = None  # the simulator never calls these (fp8_cvt_available() is False)
+    cvt_e4m3x2 = cvt_e5m2x2 = None  # never called where fp8_cvt_available() is False (simulator, AMD)
 
 
 # ----------------------------------------------------------------------------- thread-block clusters
@@ -327,8 +378,10 @@ else:
 # (``mapa.shared::cluster`` then ``ld.shared::cluster``). Twins (simulator: clusters of one
 # block): the arrival does nothing, the wait is a block barrier, the load reads the block's
 # own array (rank 0); likewise for the push form below (the store writes the block's own
-# array, the mbarrier wait is a block barrier).
-if not SIMULATOR:
+# array, the mbarrier wait is a block barrier). On AMD the same twins, compiled: they hold
+# only where a cluster is one block, and the kernels that use clusters are planned only on
+# sm_90+ (``_target.device_has``, never on AMD).
+if not SIMULATOR:  # (void_asm stays on AMD: _mma builds its NVIDIA-only intrinsics with it)
 
     def void_asm(text):
         """An intrinsic of no arguments and no result: the PTX ``text``, a side effect that
@@ -347,6 +400,8 @@ if not SIMULATOR:
 
         return _asm
 
+
+if PTX:
     cluster_arrive = void_asm("barrier.cluster.arrive.release;")
     cluster_arrive_relaxed = void_asm("barrier.cluster.arrive.relaxed;")
     cluster_wait = void_asm("barrier.cluster.wait.acquire;")
@@ -453,6 +508,7 @@ if not SIMULATOR:
 
 else:
 
+    @_twin
     def cluster_arrive():
         """Simulator twin: nothing (a cluster is one block; cluster_wait is its barrier)."""
 
@@ -467,13 +523,16 @@ else:
         """Simulator twin: a block barrier."""
         _cuda.syncthreads()
 
+    @_twin
     def ld_cluster_u32(a, i, rank):
         """Simulator twin: the block's own word (a cluster of one block: rank 0)."""
         return np.uint32(a[i])
 
+    @_twin
     def mbar_init_tx(m, nbytes):
         """Simulator twin: nothing (mbar_wait0 is a block barrier)."""
 
+    @_twin
     def st_async_u32(a, i, v, m, rank):
         """Simulator twin: the store into the block's own array (rank 0)."""
         a[i] = v
@@ -637,7 +696,39 @@ def st_u32_at_twin(a, i, w):
         a.view(np.uint32)[i] = w
 
 
-if not SIMULATOR:
+# Scalar twins, which a GPU compiler takes (numba-hip on AMD; tests/test_portability.py
+# checks them against the array twins above with numba's CPU jit).
+def u16x2_min_scalar(a, b):
+    a, b = np.uint32(a), np.uint32(b)
+    lo = min(a & np.uint32(0xFFFF), b & np.uint32(0xFFFF))
+    hi = min(a >> np.uint32(16), b >> np.uint32(16))
+    return np.uint32(lo | (hi << np.uint32(16)))
+
+
+def u16x2_max_scalar(a, b):
+    a, b = np.uint32(a), np.uint32(b)
+    lo = max(a & np.uint32(0xFFFF), b & np.uint32(0xFFFF))
+    hi = max(a >> np.uint32(16), b >> np.uint32(16))
+    return np.uint32(lo | (hi << np.uint32(16)))
+
+
+def prmt_scalar(a, b, sel):
+    both = np.uint64(np.uint32(a)) | (np.uint64(np.uint32(b)) << np.uint64(32))
+    out = np.uint64(0)
+    for i in range(4):
+        k = (np.uint64(sel) >> np.uint64(4 * i)) & np.uint64(7)
+        out |= ((both >> (np.uint64(8) * k)) & np.uint64(0xFF)) << np.uint64(8 * i)
+    return np.uint32(out)
+
+
+def absmax_nan_scalar(a, b):
+    a, b = np.uint32(a) & np.uint32(0x7FFFFFFF), np.uint32(b) & np.uint32(0x7FFFFFFF)
+    if a > np.uint32(0x7F800000) or b > np.uint32(0x7F800000):
+        return np.uint32(0x7FFFFFFF)
+    return np.uint32(max(a, b))
+
+
+if PTX:
 
     def _u32_codegen(ptx, nargs):
         def codegen(context, builder, sig, args):
@@ -739,14 +830,32 @@ else:
     bf16x2_absmul = bf16x2_absmul_twin
     u16x2_max, u16x2_min, prmt, bf16x2_absmin = u16x2_max_twin, u16x2_min_twin, prmt_twin, bf16x2_absmin_twin
 
+    if HIP:  # pragma: no cover - numba-hip
+        u16x2_max, u16x2_min = devfn(u16x2_max_scalar), devfn(u16x2_min_scalar)
+        prmt, absmax_nan = devfn(prmt_scalar), devfn(absmax_nan_scalar)
+    else:
+        absmax_nan = absmax_nan_twin
+
+    @_twin
     def griddep_wait():
-        """Simulator twin: nothing (its grids run one after another: the kernel before has ended)."""
+        """Twin: nothing (the simulator's grids run one after another, and no grid is launched
+        as a dependent one on AMD: the kernel before has ended)."""
 
-    absmax_nan = absmax_nan_twin
-
+    @_twin
     def griddep_launch():
-        """Simulator twin: nothing (no dependent launch to allow)."""
+        """Twin: nothing (no dependent launch to allow)."""
 
-    def load_cg(a, i):
-        """Simulator twin: the element (the simulator has no caches)."""
-        return a[i]
+    if HIP:  # pragma: no cover - numba-hip
+        from ._gpu import cuda as _cuda
+
+        @devfn
+        def load_cg(a, i):
+            """AMD twin: the element by an atomic add of 0 (what other blocks wrote before the grid
+            barrier, never a stale cache line)."""
+            return _cuda.atomic.add(a, i, 0)
+
+    else:
+
+        def load_cg(a, i):
+            """Simulator twin: the element (the simulator has no caches)."""
+            return a[i]

@@ -2,18 +2,22 @@
 
 ``SIMULATOR`` is read from Numba's config once, at import: with NUMBA_ENABLE_CUDASIM=1 the
 kernels run as Python in Numba's CUDA simulator (on NumPy arrays), otherwise they are
-compiled by NVVM. The few target-specific helpers (libdevice's ``fmul_rn``) pick their
-portable twin from this flag.
+compiled: by NVVM (numba-cuda), or by numba-hip's AMDGPU back end when ``_gpu.HIP``.
+``PTX``: whether the kernels may use inline PTX (compiled for NVIDIA); where it is False
+every intrinsic of ``_ptx`` is its portable twin, as are the few target-specific helpers
+(libdevice's ``fmul_rn``) that pick their twin from ``SIMULATOR``.
 """
 
 from __future__ import annotations
 
 from numba import config
-from ._gpu import cuda
+
+from ._gpu import HIP, cuda
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
+PTX = not SIMULATOR and not HIP
 
-if SIMULATOR:
+if SIMULATOR or HIP:  # (numba-hip's jit takes no forceinline)
     devfn = cuda.jit(device=True)
 else:
     # forceinline: every device function is inlined into its kernel, so the compile-time
@@ -22,7 +26,10 @@ else:
 
 
 def device_cc():
-    """The current GPU's compute capability (major, minor), or None without a driver or device."""
+    """The current GPU's compute capability (major, minor), or None without a driver or device
+    (or on AMD, where no NVIDIA compute capability applies)."""
+    if HIP:
+        return None
     try:
         return tuple(cuda.get_current_device().compute_capability)
     except Exception:  # pragma: no cover - no driver
@@ -32,7 +39,10 @@ def device_cc():
 def device_has(cc) -> bool:
     """Whether kernels that need compute capability ``cc`` (major, minor) or newer may be
     planned: the current GPU's, always under the simulator (which runs their twins), and
-    with no GPU (compile-only tools such as the PTX audit target the newest paths)."""
+    with no GPU (compile-only tools such as the PTX audit target the newest paths). Never on
+    AMD: every gate names an NVIDIA feature (sm_89 cvt, sm_90 clusters, cooperative launch)."""
+    if HIP:
+        return False
     if SIMULATOR or not cuda.is_available():
         return True
     have = device_cc()
