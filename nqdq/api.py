@@ -324,6 +324,12 @@ def _fast_quantizer(x, sch, shape, dtype_name, kind):
     if _cupy_ndarray is None:
         _current_gpu = sys.modules["cupy"].cuda.runtime.getDevice
         _cupy_ndarray = type(x)
+    return _quantized_by(run, sch, shape, dtype_name)
+
+
+def _quantized_by(run, sch, shape, dtype_name):
+    """``fq(x) -> QuantizedTensor`` over a plan's runner ``run(x) -> (codes, scales, zero
+    points, tensor scale, means)``: the remembered call of a hot path."""
     QT = QuantizedTensor
 
     def fq(x):
@@ -406,14 +412,7 @@ def _fast_torch_quantizer(x, sch, shape, dtype_name, kind, caller):
         return None
     _torch_gpu = _devices.current
     _torch_tensor = caller.tensor
-    QT = QuantizedTensor
-
-    def fq(x):
-        c, s, z, t, m = run(x)
-        return QT(c, s, sch, shape, dtype_name, "linear", z, t, m)
-
-    fq.run = run
-    return fq
+    return _quantized_by(run, sch, shape, dtype_name)
 
 
 def _fast_dequantizer(q, caller, out_dtype):

@@ -419,6 +419,8 @@ class DLPackExport:
         self._ptr = int(cai["data"][0] or 0)
         self._shape = tuple(int(d) for d in cai["shape"])
         dt = np.dtype(cai["typestr"])
+        from .launch import _c_strides
+
         if cai.get("strides") is not None and tuple(cai["strides"]) != _c_strides(self._shape, dt.itemsize):
             raise ValueError("DLPackExport takes C-contiguous arrays")
         self._code = 4 if as_bfloat16 else _DL_CODES[dt.kind]
@@ -452,14 +454,6 @@ class DLPackExport:
         new.restype = ctypes.py_object
         new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
         return new(addr, b"dltensor", None)
-
-
-def _c_strides(shape, itemsize):
-    strides, acc = [], itemsize
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
 
 
 def _order_after(consumer: int, producer: int):

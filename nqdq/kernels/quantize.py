@@ -457,13 +457,7 @@ class QuantPlan:
                 if reset and a is reset[0]:  # the stream's workspace (GRID_STREAM_WS)
                     return L.Ptr("ws", 0, a.n, a.dtype)
                 return L.Ptr("base", offsets[a.i], a.n, a.dtype)
-            if a is _X:
-                return L.Ptr("xp", 0, math.prod(self.shape), self._xdtype)
-            if a is _SEED_LO:
-                return L.Var("lo")
-            if a is _SEED_HI:
-                return L.Var("hi")
-            return a
+            return self._marker_arg(a)
 
         launches = [(k, g, b, tuple(map(ptr, args))) for k, g, b, args in self.launches]
         seq = L.compile_sequence(launches, ("xp", "base", "dummy", "lo", "hi", "ws"))
@@ -527,6 +521,19 @@ class QuantPlan:
         return run
 
 
+    def _marker_arg(self, a):
+        """A recorded launch argument as a compiled sequence's (launch.Ptr / Var) where it is
+        a marker (the input, the seed's halves), else as it is."""
+        from . import launch as L
+
+        if a is _X:
+            return L.Ptr("xp", 0, math.prod(self.shape), self._xdtype)
+        if a is _SEED_LO:
+            return L.Var("lo")
+        if a is _SEED_HI:
+            return L.Var("hi")
+        return a
+
     # -- PyTorch on a GPU: the same launches, the arrays PyTorch's
     def torch_runner(self, caller):
         """``run(x) -> (codes, scales, zero_points, tensor_scale, means)`` for a contiguous
@@ -581,13 +588,7 @@ class QuantPlan:
                     return L.Ptr("ws", 0, a.n, a.dtype)
                 pool, off = offsets[a.i]
                 return L.Ptr(pool, off, a.n, a.dtype)
-            if a is _X:
-                return L.Ptr("xp", 0, math.prod(self.shape), self._xdtype)
-            if a is _SEED_LO:
-                return L.Var("lo")
-            if a is _SEED_HI:
-                return L.Var("hi")
-            return a
+            return self._marker_arg(a)
 
         launches = [(k, g, b, tuple(map(ptr, args))) for k, g, b, args in self.launches]
         seq = L.compile_sequence(launches, ("xp", *names.values(), "scratch", "zero", "dummy", "ws", "lo", "hi"))
