@@ -30,7 +30,8 @@ def test_plans_are_cached_and_classify_their_arrays(monkeypatch):
     from nqdq.kernels._codec import KIND_BF16
 
     monkeypatch.setattr(kq, "TENSOR_RESIDENT", False)  # (NVFP4's streaming plan below; the cooperative kernel:
-    kq._PLANS.clear()  # tests/test_tensor_resident.py)
+    monkeypatch.setattr(kq, "GRID_ONE_LAUNCH", False)  # tests/test_tensor_resident.py; the one-launch grid
+    kq._PLANS.clear()  # kernel, which a GPU plans at 64x7168: tests/test_grid_one_launch*.py)
 
     sch = resolve_scheme("fp8_row")
     p = kq.get_plan((64, 7168), KIND_BF16, sch)
