@@ -152,13 +152,14 @@ def _rmsnorm(x, weight, eps, residual, device, dtype, weight_dtype):
             x32 = new_res.astype(np.float32)
         y = R.rmsnorm(x32, w32, e, dname, wname)
         return y if residual is None else (y, new_res)
-    from .kernels import _fused_kernels as FK
+    from .kernels import _fused_kernels as fused_kernels
     from .kernels.fused import run_rows
 
     xin, win, rin = _device_rows(x, weight, residual, dtype, weight_dtype)
     n = xin.shape[-1]
     rows = int(np.prod(xin.shape[:-1], dtype=np.int64))
-    out = run_rows(FK.OP_NORM, xin, rows, n, None, w=win.arr, wkind=win.kind, res=None if rin is None else rin.arr,
+    out = run_rows(fused_kernels.OP_NORM, xin, rows, n, None, w=win.arr, wkind=win.kind,
+                   res=None if rin is None else rin.arr,
                    eps=e, want_y=True)
     alloc = out["alloc"]
     y = alloc.to_lib(out["y"], xin.shape)
@@ -202,7 +203,7 @@ def _rmsnorm_quantize(x, weight, scheme, eps, residual, scale, device, dtype, we
         parts, new_res = R.rmsnorm_quantize(x32, w32, sch, e, dname, wname, res32=r32, scale=s)
         q = _qt(_pack(parts.codes, sch), parts.scales, sch, x32.shape, dname)
         return q if residual is None else (q, new_res)
-    from .kernels import _fused_kernels as FK
+    from .kernels import _fused_kernels as fused_kernels
     from .kernels.fused import run_rows
 
     xin, win, rin = _device_rows(x, weight, residual, dtype, weight_dtype)
@@ -211,7 +212,8 @@ def _rmsnorm_quantize(x, weight, scheme, eps, residual, scale, device, dtype, we
     s = None if scale is None else _arrays.static_scale(scale, sch.scale_shape(shape))
     n = shape[-1]
     rows = int(np.prod(shape[:-1], dtype=np.int64))
-    out = run_rows(FK.OP_NORM, xin, rows, n, sch, w=win.arr, wkind=win.kind, res=None if rin is None else rin.arr,
+    out = run_rows(fused_kernels.OP_NORM, xin, rows, n, sch, w=win.arr, wkind=win.kind,
+                   res=None if rin is None else rin.arr,
                    eps=e, sscale=None if s is None else np.float32(s.reshape(-1)[0]))
     q = _finish(out, sch, shape, xin, s)
     new_res = None if residual is None else _residual_out(out["alloc"].to_lib(out["newres"], shape), xin.dtype, xin.lib, x)
@@ -268,7 +270,7 @@ def _flatten_quantize(x, scheme, device, dtype):
         sch.check_shape((b, h * d))
         parts = R.flatten_quantize(x32, sch)
         return _qt(_pack(parts.codes, sch), parts.scales, sch, (b, h * d), dname)
-    from .kernels import _fused_kernels as FK
+    from .kernels import _fused_kernels as fused_kernels
     from .kernels.fused import run_rows
 
     if getattr(x, "ndim", None) != 3:
@@ -292,7 +294,7 @@ def _flatten_quantize(x, scheme, device, dtype):
     b, h, d = xin.shape
     shape = (b, h * d)
     sch.check_shape(shape)
-    out = run_rows(FK.OP_ROWS, xin, b, h * d, sch, strides=strides)
+    out = run_rows(fused_kernels.OP_ROWS, xin, b, h * d, sch, strides=strides)
     q = _finish(out, sch, shape, xin)
     lib = _hot_lib(x, xin, device)
     if lib is not None and (strides is not None or _c_contiguous(x)):  # (not a contiguous copy of x)
@@ -550,7 +552,7 @@ def _rows_runner(lib, plan, dev: int, parts, finish, contiguous: bool = True, st
 def _norm_runner(lib, xin, win, rin, sch, e, s, x):
     """The hot path of an RMSNorm op (rmsnorm where ``sch`` is None, else rmsnorm_quantize;
     ``s``: the static scales, or None) as its general path ran it, or None."""
-    from .kernels import _fused_kernels as FK
+    from .kernels import _fused_kernels as fused_kernels
     from .kernels.fused import rows_plan, rows_switches
 
     shape = tuple(xin.shape)
@@ -562,7 +564,7 @@ def _norm_runner(lib, xin, win, rin, sch, e, s, x):
             return None
         words, word = bits.size, int(bits[0])
     dev = _device_now()
-    plan = rows_plan(dev, FK.OP_NORM, rows, n, xin.kind, win.kind, rin is not None, sch, sch is None, e,
+    plan = rows_plan(dev, fused_kernels.OP_NORM, rows, n, xin.kind, win.kind, rin is not None, sch, sch is None, e,
                      None if s is None else np.float32(s.reshape(-1)[0]), None, words, rows_switches())  # fmt: skip
     if plan is None:
         return None
@@ -596,13 +598,14 @@ def _pair(a, b):
 def _flat_rows_runner(lib, xin, strides, sch, q):
     """The hot path of flatten_quantize by the fused row kernel (``strides``: the [B, H, D]
     view's, read in place; None: contiguous), as its general path ran it (``q``), or None."""
-    from .kernels import _fused_kernels as FK
+    from .kernels import _fused_kernels as fused_kernels
     from .kernels.fused import rows_plan, rows_switches
 
     b, h, d = xin.shape
     shape = (b, h * d)
     dev = _device_now()
-    plan = rows_plan(dev, FK.OP_ROWS, b, h * d, xin.kind, 0, False, sch, False, 0.0, None, strides, 0, rows_switches())
+    plan = rows_plan(dev, fused_kernels.OP_ROWS, b, h * d, xin.kind, 0, False, sch, False, 0.0, None, strides, 0,
+                     rows_switches())
     if plan is None:
         return None
     parts = [("codes", tuple(np.shape(q.codes)), np.uint8), ("scales", sch.scale_shape(shape), plan.outputs["scales"][2])]

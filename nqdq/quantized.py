@@ -107,26 +107,30 @@ class QuantizedTensor:
 
         self.check_arrays()
 
-        from .reference import layouts as L
+        from .reference import layouts as reference_layouts
 
-        target = L.get_layout(scale_layout).name
+        target = reference_layouts.get_layout(scale_layout).name
         if target == self.scale_layout:
             return replace(self)
-        rows, cols = L.scale_matrix_shape(self.scheme, self.shape, target if target != "linear" else self.scale_layout)
+        rows, cols = reference_layouts.scale_matrix_shape(self.scheme, self.shape,
+                                                          target if target != "linear" else self.scale_layout)
         s = self.scales
         on_host = isinstance(s, np.ndarray)
         if not on_host:
-            from .kernels import layouts as K
+            from .kernels import layouts as kernel_layouts
         if self.scale_layout == "linear":
             lin = s.reshape(rows, cols)
         elif on_host:
-            lin = L.get_layout(self.scale_layout).unswizzle(s, rows, cols)
+            lin = reference_layouts.get_layout(self.scale_layout).unswizzle(s, rows, cols)
         else:
-            lin = K.unswizzle(s, self.scale_layout, rows, cols)
+            lin = kernel_layouts.unswizzle(s, self.scale_layout, rows, cols)
         if target == "linear":
             out = lin.reshape(self.scheme.scale_shape(tuple(self.shape)))
         else:
-            out = L.get_layout(target).swizzle(np.ascontiguousarray(lin)) if on_host else K.swizzle(lin, target)
+            if on_host:
+                out = reference_layouts.get_layout(target).swizzle(np.ascontiguousarray(lin))
+            else:
+                out = kernel_layouts.swizzle(lin, target)
         return replace(self, scales=out, scale_layout=target)
 
     @property
@@ -255,7 +259,7 @@ def _specs(scheme, shape, scale_layout, types) -> tuple:
     """expected_arrays as ``((name, spec), ...)``, remembered: check_arrays runs on every
     dequantize / matmul call (``types`` keeps ``(4.0,)`` and ``(True,)`` apart from ``(4,)``
     and ``(1,)`` in the cache)."""
-    from .reference import layouts as L
+    from .reference import layouts as reference_layouts
 
     if not isinstance(scheme, Scheme):
         raise ValueError(f"scheme must be a nqdq Scheme, got {type(scheme).__name__}")
@@ -266,8 +270,8 @@ def _specs(scheme, shape, scale_layout, types) -> tuple:
         raise ValueError(f"shape={shape!r} has a negative length")
     shape = tuple(int(d) for d in shape)
     scheme.check_shape(shape)
-    if scale_layout not in L.LAYOUTS:
-        raise ValueError(f"scale_layout={scale_layout!r} is not one of {L.LAYOUTS}")
+    if scale_layout not in reference_layouts.LAYOUTS:
+        raise ValueError(f"scale_layout={scale_layout!r} is not one of {reference_layouts.LAYOUTS}")
     elem, sshape = scheme.element, scheme.scale_shape(shape)
     sub = scheme.code_bits < 8
     int8_codes = isinstance(elem, IntFormat) and scheme.symmetric and not sub
@@ -278,8 +282,8 @@ def _specs(scheme, shape, scale_layout, types) -> tuple:
     if scale_layout == "linear":
         scales = ArraySpec(sshape, sdt, f"{sname} scales")
     else:
-        rows, cols = L.scale_matrix_shape(scheme, shape, scale_layout)
-        scales = ArraySpec(L.get_layout(scale_layout).swizzled_shape(rows, cols), sdt,
+        rows, cols = reference_layouts.scale_matrix_shape(scheme, shape, scale_layout)
+        scales = ArraySpec(reference_layouts.get_layout(scale_layout).swizzled_shape(rows, cols), sdt,
                            f"{sname} scales in scale_layout={scale_layout!r}")  # fmt: skip
     return (
         ("codes", codes),

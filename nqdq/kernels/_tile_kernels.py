@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from . import _rowwise_kernels as RK
+from . import _rowwise_kernels as rowwise_kernels
 from ._codec import F32
 from ._ptx import as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports
 
@@ -74,7 +74,7 @@ def tile_blocks(x, R, C, nR, nC, codes, scales):
 def tile_geometry(kind, B0, B1):
     """(LU, TU, NT, U): units per tile row, per tile, threads per block, units per thread
     (about 8 per thread, at most 1024 threads)."""
-    vec = RK.vec_of(kind)
+    vec = rowwise_kernels.vec_of(kind)
     LU = B1 // vec
     TU = B0 * LU
     NT = 32
@@ -88,12 +88,13 @@ def make_tile_kernel(kind, fmt, max_elem, B0, B1, packed, shfl):
     """The one-pass B0 x B1 tile kernel for float scales (symmetric float / int elements,
     RNE): launched with one block of NT threads per tile, tiles numbered (batch, row tile,
     column tile) in C order, as the scales array."""
-    VEC = RK.vec_of(kind)
+    VEC = rowwise_kernels.vec_of(kind)
     assert B1 % VEC == 0
     LU, TU, NT, U = tile_geometry(kind, B0, B1)
     ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, kind=kind,
               fmt=fmt, VEC=VEC, NB=fmt[5] if packed else 8, CVT=fp8_cvt_available() and fp8_cvt_supports(fmt),
-              MAXE=F32(max_elem), B0=B0, LU=LU, TU=TU, block_max=RK._block_max_fn(NT, shfl))
+              MAXE=F32(max_elem), B0=B0, LU=LU, TU=TU, block_max=rowwise_kernels._block_max_fn(NT, shfl))
     ns["RECIP_ONCE"] = RECIP_ONCE
     src = _TILE_SRC.replace("STORE_UNIT", _STORE_ONCE if RECIP_ONCE else _STORE_EACH)
-    return RK._jit_unrolled("tile_blocks", src, ns, U, min_blocks=MIN_BLOCKS if NT * MIN_BLOCKS <= 2048 else 0)
+    return rowwise_kernels._jit_unrolled("tile_blocks", src, ns, U,
+                                         min_blocks=MIN_BLOCKS if NT * MIN_BLOCKS <= 2048 else 0)

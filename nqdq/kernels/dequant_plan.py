@@ -20,8 +20,8 @@ import numpy as np
 from ..reference.packing import packed_length
 from ..schemes import Scheme
 from . import _devices
-from . import _quantize_kernels as K
-from . import launch as L
+from . import _quantize_kernels as quantize_kernels
+from . import launch
 from ._elements import format_tuple
 from ._scales import MODE_MX, MODE_NVFP4
 from ._target import SIMULATOR
@@ -48,16 +48,17 @@ class DequantPlan:
         ns = math.prod(sch.scale_shape(shape))
         tpr_log2 = kq._team_log2(C, threads)
         grid = max(1, min(kq._cdiv(rows, threads >> tpr_log2), 1 << 20))
-        kernel = K.make_dequant_kernel(mode, format_tuple(sch), sch.symmetric, sub)
-        out = L.Ptr("f32", 0, n, _F32)
+        kernel = quantize_kernels.make_dequant_kernel(mode, format_tuple(sch), sch.symmetric, sub)
+        out = launch.Ptr("f32", 0, n, _F32)
         self.launches = [(kernel, grid, threads, (
-            L.Ptr("codes", 0, rows * pcols, _U8), rows, C, pcols, *kq._geo_args(shape, sch.block_for(shape)),
-            L.Ptr("scales", 0, ns, sc), L.Ptr("zps", 0, ns if sch.symmetric is False else 1, _U8),
-            L.Ptr("means", 0, ns if sch.centred else 1, _F32), L.Ptr("tscale", 0, 1, _F32), out, tpr_log2,
+            launch.Ptr("codes", 0, rows * pcols, _U8), rows, C, pcols, *kq._geo_args(shape, sch.block_for(shape)),
+            launch.Ptr("scales", 0, ns, sc), launch.Ptr("zps", 0, ns if sch.symmetric is False else 1, _U8),
+            launch.Ptr("means", 0, ns if sch.centred else 1, _F32), launch.Ptr("tscale", 0, 1, _F32), out, tpr_log2,
         ))]  # fmt: skip
         if bfloat16:
             g = max(1, min(kq._cdiv(n, threads), 1 << 20))
-            self.launches.append((K.f32_to_bf16_kernel, g, threads, (out, L.Ptr("bf16", 0, n, _U16), n)))
+            self.launches.append((quantize_kernels.f32_to_bf16_kernel, g, threads,
+                                  (out, launch.Ptr("bf16", 0, n, _U16), n)))
         self.names = ("codes", "scales", "zps", "means", "tscale", "f32", "bf16")
         self._seq = None
         self._seq_built = False
@@ -70,7 +71,7 @@ class DequantPlan:
         if not self._seq_built:
             with self._lock:
                 if not self._seq_built:
-                    self._seq = None if SIMULATOR else L.compile_sequence(self.launches, self.names)
+                    self._seq = None if SIMULATOR else launch.compile_sequence(self.launches, self.names)
                     self._seq_built = True
         return self._seq
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..reference.packing import packed_length
 from ..schemes import Scheme
-from . import _fused_kernels as FK
+from . import _fused_kernels as fused_kernels
 from ._elements import format_tuple
 from ._interop import Allocator, DeviceInput
 from ._target import SIMULATOR, device_cc
@@ -124,14 +124,14 @@ def out_kind(sch: Scheme) -> int:
     """The kernel's output mode for ``sch``, or ValueError naming ``scheme``."""
     elem = sch.element
     if sch.is_mx and sch.group_size == 32 and elem.bits in (4, 8):
-        return FK.OUT_MX
+        return fused_kernels.OUT_MX
     if sch.scale_format == "f32" and elem.kind == "float" and elem.bits == 8 and sch.axis in (-1, None):
         if sch.granularity == "row":
-            return FK.OUT_ROW
+            return fused_kernels.OUT_ROW
         if sch.granularity == "group" and sch.group_size == 128:
-            return FK.OUT_GROUP
+            return fused_kernels.OUT_GROUP
         if sch.granularity == "tensor" and sch.static_scale:
-            return FK.OUT_TENSOR
+            return fused_kernels.OUT_TENSOR
     raise ValueError(
         f"scheme={sch.name!r} ({sch.fmt}, {sch.granularity}) has no fused kernel; fused ops support "
         "'fp8_row', 'fp8_tensor' with scale=, 'fp8_1x128' and the MX schemes with 4- or 8-bit codes ('mxfp4', 'mxfp8')"
@@ -181,7 +181,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     x = xin.arr
     nt, U = geometry(n)
     nw = nt // 32
-    mode = FK.OUT_Y if want_y else (out if out is not None else out_kind(sch))
+    mode = fused_kernels.OUT_Y if want_y else (out if out is not None else out_kind(sch))
     dummies = {}
     xdt = _XDTYPES[kind]
     if strided := strides is not None:
@@ -205,28 +205,28 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
         wkind = 0
     nr = newres if newres is not None else _view(x, xdt, False, alloc, dummies)
 
-    if mode == FK.OUT_Y:
+    if mode == fused_kernels.OUT_Y:
         fmt, mx, maxe, G, nbits = (1, 3, -6, 0x7E, 0x7F, 8, 0, 0, 4, 1), (0, 0, 0, 1.0), 448.0, 0, 8
         y = alloc.empty(rows * n, np.float32)
     else:
         fmt, mx, maxe = format_tuple(sch), _mx_cfg(sch), _max_elem(sch)
-        G = 32 if mode == FK.OUT_MX else (128 if mode == FK.OUT_GROUP else 0)
+        G = 32 if mode == fused_kernels.OUT_MX else (128 if mode == fused_kernels.OUT_GROUP else 0)
         nbits = sch.code_bits
         y = None
     yout = y if y is not None else _view(x, np.float32, False, alloc, dummies)
     pcols = packed_length(n, nbits)
     ngroups = -(-n // G) if G else 1
-    codes = alloc.empty(rows * pcols, np.uint8) if mode != FK.OUT_Y else None
-    if mode in (FK.OUT_ROW, FK.OUT_GROUP):
+    codes = alloc.empty(rows * pcols, np.uint8) if mode != fused_kernels.OUT_Y else None
+    if mode in (fused_kernels.OUT_ROW, fused_kernels.OUT_GROUP):
         scales = alloc.empty(rows * ngroups, np.float32)
-    elif mode == FK.OUT_MX:
+    elif mode == fused_kernels.OUT_MX:
         scales = alloc.empty(rows * ngroups, np.uint8)
     else:
         scales = None
     codes_a = codes if codes is not None else _view(x, np.uint8, False, alloc, dummies)
     for a in (y, codes):
         fast = fast and (a is None or _addr(a) % 16 == 0)
-    sdt = np.uint8 if mode == FK.OUT_MX else np.float32
+    sdt = np.uint8 if mode == fused_kernels.OUT_MX else np.float32
     scales_a = scales if scales is not None else _view(x, sdt, False, alloc, dummies)
     perm_a = perm if perm is not None else _view(x, np.int32, False, alloc, dummies)
     cbase_a = pout_a = _view(x, np.int32, False, alloc, dummies)
@@ -244,7 +244,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
                 rank = _fused_rows.RANK_LOCAL
             else:  # moe_rank's packed ranks and chunk bases
                 csh, rank = int(moe[5]), _fused_rows.RANK_PACKED
-        op, grid = FK.OP_SCATTER, tokens
+        op, grid = fused_kernels.OP_SCATTER, tokens
         U, nw, stage = scatter_geometry(n, kd, local=rank == _fused_rows.RANK_LOCAL)
         if stage:
             # lanes' groups where a lane's units are whole groups (G = 32: quads) and rows whole quads of units
@@ -300,9 +300,10 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
     ``flag``: an int32 [1] the sort sets to 1 (every id in range) or 2 (_fused_kernels.report_ids:
     what a planned call with check_ids=True polls); None: none set (the kernels' ``report``
     argument 0)."""
-    if not 1 <= num_experts <= FK.MOE_MAX_EXPERTS:
-        raise ValueError(f"num_experts={num_experts} must be in [1, {FK.MOE_MAX_EXPERTS}] for the device sort")
-    nchunks = max(1, -(-npairs // FK.MOE_CHUNK))
+    if not 1 <= num_experts <= fused_kernels.MOE_MAX_EXPERTS:
+        raise ValueError(f"num_experts={num_experts} must be in [1, {fused_kernels.MOE_MAX_EXPERTS}] "
+                         "for the device sort")
+    nchunks = max(1, -(-npairs // fused_kernels.MOE_CHUNK))
     nb = num_experts + 1  # the experts, then the bucket of ids out of range
     if out is None:
         out = (alloc.empty(max(npairs, 1), np.int32), alloc.empty(num_experts + 2, np.int32),
@@ -315,15 +316,17 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
         if ws is None:
             ws = alloc.empty(SYNC_WORDS, np.int32)
             fill_bytes(ws, 0)
-        _launch(launches, FK.moe_sort_kernel, G, FK.MOE_CHUNK,
+        _launch(launches, fused_kernels.moe_sort_kernel, G, fused_kernels.MOE_CHUNK,
                 (ids, npairs, num_experts, k, counts, ws, perm, offsets, inv, flag, report))
         return perm[:npairs], offsets, inv[:npairs]
     counts = alloc.empty(nchunks * nb, np.int32)
     base = alloc.empty(nchunks * nb, np.int32)
-    _launch(launches, FK.moe_count_kernel, nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, counts))
-    _launch(launches, FK.moe_scan_kernel, 1, moe_scan_threads(num_experts),
+    _launch(launches, fused_kernels.moe_count_kernel, nchunks, fused_kernels.MOE_CHUNK,
+            (ids, npairs, num_experts, counts))
+    _launch(launches, fused_kernels.moe_scan_kernel, 1, moe_scan_threads(num_experts),
             (counts, nchunks, num_experts, base, offsets, flag, report))
-    _launch(launches, FK.moe_scatter_kernel, nchunks, FK.MOE_CHUNK, (ids, npairs, num_experts, k, base, perm, inv))
+    _launch(launches, fused_kernels.moe_scatter_kernel, nchunks, fused_kernels.MOE_CHUNK,
+            (ids, npairs, num_experts, k, base, perm, inv))
     return perm[:npairs], offsets, inv[:npairs]
 
 
@@ -354,7 +357,7 @@ def scatter_geometry(n: int, k: int, local: bool = False) -> tuple[int, int, int
     if local:
         def smem(s):  # the staged words and codes, rw (int64, two rounds), the local sort's, and 1 KiB for
             # the prelude's arrays and alignment (hidden 7168, top-4, stage 8: 42504 bytes by ptxas, 41480 + 1024 here)
-            return 5 * s * U * NT + 16 * s * k + 8 * FK.MOE_LOCAL_BUCKETS + 4 * s * k + 4 * NT + 1024
+            return 5 * s * U * NT + 16 * s * k + 8 * fused_kernels.MOE_LOCAL_BUCKETS + 4 * s * k + 4 * NT + 1024
 
         while stage > 0 and smem(stage) > STATIC_SMEM:
             stage -= 1
@@ -365,7 +368,7 @@ def local_path(xin, n: int, sch: Scheme, k: int, npairs: int, num_experts: int) 
     """Whether moe_sort_quantize launches no sort (MOE_LOCAL): the rows take the staged
     OP_SCATTER kernel (_scatter, MOE_STAGE) and fit one round of it, at most
     MOE_LOCAL_MAX_PAIRS pairs and MOE_LOCAL_BUCKETS - 1 experts."""
-    if not (MOE_LOCAL and 0 < npairs <= MOE_LOCAL_MAX_PAIRS and num_experts + 1 <= FK.MOE_LOCAL_BUCKETS):
+    if not (MOE_LOCAL and 0 < npairs <= MOE_LOCAL_MAX_PAIRS and num_experts + 1 <= fused_kernels.MOE_LOCAL_BUCKETS):
         return False
     _, _, stage = scatter_geometry(n, k, local=True)
     if stage <= 0 or -(-npairs // k) > stage * _sm_count() * MOE_STAGE_BLOCKS:
@@ -391,7 +394,7 @@ def staged_scatter(xin, n: int, sch: Scheme, k: int) -> bool:
     except ValueError:
         return False
     fast = n % 8 == 0 and _addr(xin.arr) % 16 == 0  # (the outputs: fresh, aligned arrays)
-    return _scatter(FK.OP_GATHER, mode, xin.kind, fast, format_tuple(sch), k)
+    return _scatter(fused_kernels.OP_GATHER, mode, xin.kind, fast, format_tuple(sch), k)
 
 
 def rank_path(xin, n: int, sch: Scheme, k: int, npairs: int) -> bool:
@@ -403,7 +406,7 @@ def rank_path(xin, n: int, sch: Scheme, k: int, npairs: int) -> bool:
 
 def rank_chunk_shift(npairs: int) -> int:
     """log2 of moe_rank_kernel's chunk: about MOE_RANK_BLOCKS chunks, of 256 to 1024 pairs."""
-    return max(8, min(FK.MOE_RANK_SHIFT, (-(-npairs // MOE_RANK_BLOCKS) - 1).bit_length()))
+    return max(8, min(fused_kernels.MOE_RANK_SHIFT, (-(-npairs // MOE_RANK_BLOCKS) - 1).bit_length()))
 
 
 def moe_rank(ids, npairs: int, num_experts: int, alloc: Allocator, launches=None, ws=None, out=None, flag=None):
@@ -415,8 +418,9 @@ def moe_rank(ids, npairs: int, num_experts: int, alloc: Allocator, launches=None
     ``ws``: a zeroed ``_grid`` workspace (its first word the kernel's ticket, left zero); None:
     a zeroed one of ``alloc``'s. ``out``: (packed, cbase, offsets, perm) to write instead of
     new arrays. ``flag``: as moe_sort's."""
-    if not 1 <= num_experts <= FK.MOE_MAX_EXPERTS:
-        raise ValueError(f"num_experts={num_experts} must be in [1, {FK.MOE_MAX_EXPERTS}] for the device sort")
+    if not 1 <= num_experts <= fused_kernels.MOE_MAX_EXPERTS:
+        raise ValueError(f"num_experts={num_experts} must be in [1, {fused_kernels.MOE_MAX_EXPERTS}] "
+                         "for the device sort")
     csh = rank_chunk_shift(npairs)
     nchunks = max(1, -(-npairs // (1 << csh)))
     nb = num_experts + 1
@@ -429,12 +433,13 @@ def moe_rank(ids, npairs: int, num_experts: int, alloc: Allocator, launches=None
     if ws is None:
         ws = alloc.empty(SYNC_WORDS, np.int32)
         fill_bytes(ws, 0)
-    _launch(launches, FK.moe_rank_kernel, nchunks, FK.MOE_CHUNK,
+    _launch(launches, fused_kernels.moe_rank_kernel, nchunks, fused_kernels.MOE_CHUNK,
             (ids, npairs, num_experts, csh, counts, cbase, packed, offsets, ws, flag, report))
     return packed, cbase, offsets, perm[:npairs], csh
 
 
-_SORTS_REPORTING = (FK.moe_sort_kernel, FK.moe_scan_kernel, FK.moe_rank_kernel)  # (their last argument: report)
+_SORTS_REPORTING = (fused_kernels.moe_sort_kernel, fused_kernels.moe_scan_kernel,
+                    fused_kernels.moe_rank_kernel)  # (their last argument: report)
 
 
 def _report(flag, alloc):
@@ -461,21 +466,23 @@ def moe_rows(xin, ids, npairs: int, k: int, num_experts: int, sch: Scheme, alloc
     hidden = xin.shape[1]
     if local_path(xin, hidden, sch, k, npairs, num_experts):  # the rows kernel sorts its own pairs
         offsets, perm, moe = moe_local(ids, npairs, k, num_experts, alloc)
-        out = run_rows(FK.OP_GATHER, xin, npairs, hidden, sch, moe=moe, alloc=alloc, launches=launches)
+        out = run_rows(fused_kernels.OP_GATHER, xin, npairs, hidden, sch, moe=moe, alloc=alloc, launches=launches)
         return out, perm, offsets, "local", None
     if rank_path(xin, hidden, sch, k, npairs):  # the rows kernel finds each pair's row (and stores perm)
         packed, cbase, offsets, perm, csh = moe_rank(ids, npairs, num_experts, alloc, launches, ws=ws, flag=flag)
-        out = run_rows(FK.OP_GATHER, xin, npairs, hidden, sch, moe=(packed, k, cbase, perm, num_experts + 1, csh),
+        out = run_rows(fused_kernels.OP_GATHER, xin, npairs, hidden, sch,
+                       moe=(packed, k, cbase, perm, num_experts + 1, csh),
                        alloc=alloc, launches=launches)
         return out, perm, offsets, "rank", None
     perm, offsets, inv = moe_sort(ids, npairs, k, num_experts, alloc, launches, ws=ws, flag=flag)
-    out = run_rows(FK.OP_GATHER, xin, npairs, hidden, sch, perm=perm, moe=(inv, k), alloc=alloc, launches=launches)
+    out = run_rows(fused_kernels.OP_GATHER, xin, npairs, hidden, sch, perm=perm, moe=(inv, k), alloc=alloc,
+                   launches=launches)
     return out, perm, offsets, "sort", inv
 
 
 def moe_scan_threads(num_experts: int) -> int:
     """The scan's block: a power of two >= E, at least a warp, at most MOE_MAX_EXPERTS."""
-    return min(FK.MOE_MAX_EXPERTS, max(32, 1 << (num_experts - 1).bit_length()))
+    return min(fused_kernels.MOE_MAX_EXPERTS, max(32, 1 << (num_experts - 1).bit_length()))
 
 
 # ----------------------------------------------------------------------------- the MoE hot path
@@ -601,10 +608,10 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
     argument 1: the sort writes its id check there (_fused_kernels.report_ids)."""
     import sys
 
-    from . import launch as L
+    from . import launch
 
     cp = sys.modules.get("cupy")
-    if SIMULATOR or cp is None or not L._fast_path_allowed() or tokens * k == 0:
+    if SIMULATOR or cp is None or not launch._fast_path_allowed() or tokens * k == 0:
         return None
     from ._interop import DeviceInput, cupy_array_new
 
@@ -624,10 +631,10 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
     names = ("xp", "ids", "base", "ws", "flag")
     # MOE_PDL: each launch after the first is its predecessor's programmatic dependent (the
     # sort's kernels and OP_SCATTER wait for their predecessor before they read its output)
-    pdl_ok = MOE_PDL and out["op"] == FK.OP_SCATTER and (device_cc() or (0, 0)) >= (9, 0)  # (sm_90+)
+    pdl_ok = MOE_PDL and out["op"] == fused_kernels.OP_SCATTER and (device_cc() or (0, 0)) >= (9, 0)  # (sm_90+)
 
     def sequence(ls):
-        return L.compile_sequence(ls, names, pdl=tuple(range(1, len(ls))) if pdl_ok else ())
+        return launch.compile_sequence(ls, names, pdl=tuple(range(1, len(ls))) if pdl_ok else ())
 
     seq = seq_graph = sequence(launches)
     reports = MOE_CHECK and not local  # (the local path has no sort to report the check)
@@ -760,7 +767,7 @@ def rows_plan(device: int, op: int, rows: int, n: int, kind: int, wkind: int, ha
     xdt = _XDTYPES[kind]
     span = rows * n if strides is None else (rows - 1) * strides[0] + (n // strides[2] - 1) * strides[1] + strides[2]
     xin = DeviceInput(_Slot("xp", 0, span, xdt), kind, (rows, n), "", "cupy")
-    w = _Slot("wp", 0, n, _XDTYPES[wkind]) if op == FK.OP_NORM else None
+    w = _Slot("wp", 0, n, _XDTYPES[wkind]) if op == fused_kernels.OP_NORM else None
     res = _Slot("rp", 0, rows * n, xdt) if has_res else None
     out = run_rows(op, xin, rows, n, sch, w=w, wkind=wkind, res=res, eps=eps, sscale=sscale, strides=strides,
                    want_y=want_y, alloc=alloc, launches=launches)
@@ -771,9 +778,9 @@ def rows_plan(device: int, op: int, rows: int, n: int, kind: int, wkind: int, ha
         outputs["static"] = (slot.offset, slot.n, slot.dtype)
     sequence = None
     if not SIMULATOR:
-        from . import launch as L
+        from . import launch
 
-        sequence = L.compile_sequence(launches, ("xp", "wp", "rp", "base"))
+        sequence = launch.compile_sequence(launches, ("xp", "wp", "rp", "base"))
         if sequence is None:
             return None
     return RowsPlan(tuple(launches), max(alloc.total, 1), outputs, out["pcols"], sequence)
@@ -798,46 +805,57 @@ def audit_launches():
         return 2 if _fused_rows.full_rows(op, mode, res) else True
 
     out = []
-    for name, mode, G in (("fp8_row", FK.OUT_ROW, 0), ("fp8_1x128", FK.OUT_GROUP, 128), ("mxfp4", FK.OUT_MX, 32),
-                          ("fp8_tensor", FK.OUT_TENSOR, 0)):
+    for name, mode, G in (("fp8_row", fused_kernels.OUT_ROW, 0), ("fp8_1x128", fused_kernels.OUT_GROUP, 128),
+                          ("mxfp4", fused_kernels.OUT_MX, 32),
+                          ("fp8_tensor", fused_kernels.OUT_TENSOR, 0)):
         sch = resolve_scheme(name, static_scale=name == "fp8_tensor")
-        sdt = np.uint8 if mode == FK.OUT_MX else np.float32
+        sdt = np.uint8 if mode == fused_kernels.OUT_MX else np.float32
         for kind, res in ((1, False), (1, True), (2, True), (0, False)):
-            k = fused_row_kernel(FK.OP_NORM, mode, kind, kind, nw, u, F(FK.OP_NORM, mode, res), False, res,
+            k = fused_row_kernel(fused_kernels.OP_NORM, mode, kind, kind, nw, u, F(fused_kernels.OP_NORM, mode, res),
+                                 False, res,
                                  format_tuple(sch), _mx_cfg(sch), float(_max_elem(sch)), G, True)
             out.append((f"rmsnorm{'+res' if res else ''} {name} kind {kind}", k, args(kind, kind, sdt)))
     sch = resolve_scheme("fp8_row")
-    k = fused_row_kernel(FK.OP_NORM, FK.OUT_ROW, 1, 1, nw, u, False, False, True, format_tuple(sch), _mx_cfg(sch), 448.0,
+    k = fused_row_kernel(fused_kernels.OP_NORM, fused_kernels.OUT_ROW, 1, 1, nw, u, False, False, True,
+                         format_tuple(sch), _mx_cfg(sch), 448.0,
                          0, True)
     out.append(("rmsnorm+res fp8_row kind 1 slow", k, args(1, 1, np.float32)))
     sch = resolve_scheme("mxfp4")
-    k = fused_row_kernel(FK.OP_GATHER, FK.OUT_MX, 1, 0, nw, u, F(FK.OP_GATHER, FK.OUT_MX, False), False, False,
+    k = fused_row_kernel(fused_kernels.OP_GATHER, fused_kernels.OUT_MX, 1, 0, nw, u,
+                         F(fused_kernels.OP_GATHER, fused_kernels.OUT_MX, False), False, False,
                          format_tuple(sch), _mx_cfg(sch), 6.0, 32, True)
     out.append(("moe gather mxfp4", k, args(1, 0, np.uint8)))
-    k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, nw, u, F(FK.OP_SCATTER, FK.OUT_MX, False), False, False,
+    k = fused_row_kernel(fused_kernels.OP_SCATTER, fused_kernels.OUT_MX, 1, 0, nw, u,
+                         F(fused_kernels.OP_SCATTER, fused_kernels.OUT_MX, False), False, False,
                          format_tuple(sch), _mx_cfg(sch), 6.0, 32, True, None, 4)
     out.append(("moe scatter-rows mxfp4", k, args(1, 0, np.uint8)))
     # the staged form as the launcher builds it at hidden 7168 (MOE_UNITS: 7 warps x 4 units, lanes' groups)
-    k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, 7, 4, True, False, False, format_tuple(sch), _mx_cfg(sch),
+    k = fused_row_kernel(fused_kernels.OP_SCATTER, fused_kernels.OUT_MX, 1, 0, 7, 4, True, False, False,
+                         format_tuple(sch), _mx_cfg(sch),
                          6.0, 32, True, None, 4, 4, 1)
     out.append(("moe scatter-rows staged mxfp4", k, args(1, 0, np.uint8)))
-    k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, 7, 4, True, False, False, format_tuple(sch), _mx_cfg(sch),
+    k = fused_row_kernel(fused_kernels.OP_SCATTER, fused_kernels.OUT_MX, 1, 0, 7, 4, True, False, False,
+                         format_tuple(sch), _mx_cfg(sch),
                          6.0, 32, True, None, 4, 4, 1, 0, 1)
     out.append(("moe scatter-rows staged rank mxfp4", k, args(1, 0, np.uint8)))
-    k = fused_row_kernel(FK.OP_SCATTER, FK.OUT_MX, 1, 0, 7, 4, True, False, False, format_tuple(sch), _mx_cfg(sch),
+    k = fused_row_kernel(fused_kernels.OP_SCATTER, fused_kernels.OUT_MX, 1, 0, 7, 4, True, False, False,
+                         format_tuple(sch), _mx_cfg(sch),
                          6.0, 32, True, None, 4, 8, 1, 0, _fused_rows.RANK_LOCAL)
     out.append(("moe scatter-rows staged local mxfp4", k, args(1, 0, np.uint8)))
-    k = fused_row_kernel(FK.OP_ROWS, FK.OUT_GROUP, 1, 0, nw, u, F(FK.OP_ROWS, FK.OUT_GROUP, False), True, False,
+    k = fused_row_kernel(fused_kernels.OP_ROWS, fused_kernels.OUT_GROUP, 1, 0, nw, u,
+                         F(fused_kernels.OP_ROWS, fused_kernels.OUT_GROUP, False), True, False,
                          format_tuple(resolve_scheme("fp8_1x128")), (0, 0, 0, 1.0), 448.0, 128, True)
     out.append(("flatten strided fp8_1x128", k, args(1, 0, np.float32)))
     fy = (1, 3, -6, 0x7E, 0x7F, 8, 0, 0, 4, 1)
-    k = fused_row_kernel(FK.OP_NORM, FK.OUT_Y, 1, 1, nw, u, True, False, True, fy, (0, 0, 0, 1.0), 448.0, 0, True)
+    k = fused_row_kernel(fused_kernels.OP_NORM, fused_kernels.OUT_Y, 1, 1, nw, u, True, False, True, fy, (0, 0, 0, 1.0),
+                         448.0, 0, True)
     out.append(("rmsnorm y (unfused)", k, args(1, 1, np.float32)))
     a = np.zeros(8, np.int32)
-    out += [("moe count", FK.moe_count_kernel, (a, 1, 1, a)), ("moe scan", FK.moe_scan_kernel, (a, 1, 1, a, a, a, 1)),
-            ("moe scatter", FK.moe_scatter_kernel, (a, 1, 1, 1, a, a, a)),
-            ("moe sort (one launch)", FK.moe_sort_kernel, (a, 1, 1, 1, a, a, a, a, a, a, 1)),
-            ("moe rank", FK.moe_rank_kernel, (a, 1, 1, 8, a, a, a, a, a, a, 1))]
+    out += [("moe count", fused_kernels.moe_count_kernel, (a, 1, 1, a)),
+            ("moe scan", fused_kernels.moe_scan_kernel, (a, 1, 1, a, a, a, 1)),
+            ("moe scatter", fused_kernels.moe_scatter_kernel, (a, 1, 1, 1, a, a, a)),
+            ("moe sort (one launch)", fused_kernels.moe_sort_kernel, (a, 1, 1, 1, a, a, a, a, a, a, 1)),
+            ("moe rank", fused_kernels.moe_rank_kernel, (a, 1, 1, 8, a, a, a, a, a, a, 1))]
     return out
 
 

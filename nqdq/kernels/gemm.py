@@ -14,22 +14,22 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from . import _gemm_kernels as G
-from . import _gemm_wgmma as W
+from . import _gemm_kernels as gemm_kernels
+from . import _gemm_wgmma as gemm_wgmma
 from ._target import SIMULATOR, device_cc
 from .launch import Ptr, allow_smem, dynamic_smem
 
 __all__ = ["gemm", "PreparedGemm", "plan_gemm", "gemm_sequence", "TileConfig", "WgmmaConfig", "GemmSpec",
            "default_config", "SIM_CONFIG"]
 
-TileConfig, GemmSpec, WgmmaConfig = G.TileConfig, G.GemmSpec, W.WgmmaConfig
+TileConfig, GemmSpec, WgmmaConfig = gemm_kernels.TileConfig, gemm_kernels.GemmSpec, gemm_wgmma.WgmmaConfig
 # The simulator runs one Python thread per CUDA thread: one warp per CTA, a 16 x 16 tile.
 SIM_CONFIG = TileConfig(warps_m=1, warps_n=1, mt=1, nt=2, stages=2, group_m=2)
 GPU_CONFIG = TileConfig()  # 128 x 128 x 64, 8 warps of 64 x 32, 3 stages (48 KiB)
 
-_OUT = {"float32": G.OUT_F32, "float16": G.OUT_F16, "bfloat16": G.OUT_BF16}
-_ACT = {None: G.ACT_NONE, "relu": G.ACT_RELU, "gelu": G.ACT_GELU}
-_SCALE = {"tensor": G.SCALE_TENSOR, "row": G.SCALE_ROW, "block": G.SCALE_BLOCK}
+_OUT = {"float32": gemm_kernels.OUT_F32, "float16": gemm_kernels.OUT_F16, "bfloat16": gemm_kernels.OUT_BF16}
+_ACT = {None: gemm_kernels.ACT_NONE, "relu": gemm_kernels.ACT_RELU, "gelu": gemm_kernels.ACT_GELU}
+_SCALE = {"tensor": gemm_kernels.SCALE_TENSOR, "row": gemm_kernels.SCALE_ROW, "block": gemm_kernels.SCALE_BLOCK}
 
 
 # sm_90a fp8: 128 x 128 x 128, 2 warpgroups, 4 stages (129 KiB), ring synchronised by
@@ -126,8 +126,8 @@ def wgmma_config_for(spec: GemmSpec | None = None, shape: tuple[int, int] | None
             return WGMMA_CONFIG_PERSISTENT_128
         # zero points + GELU beside 128 live int32 accumulators spill in the direct epilogue
         # (1.2 KiB, tests/test_mma.py): the parked one frees them first
-        return WGMMA_CONFIG_WIDE_FIXED if spec.asym and spec.act == G.ACT_GELU else WGMMA_CONFIG_WIDE_DIRECT
-    if spec.sa_mode == G.SCALE_BLOCK:
+        return WGMMA_CONFIG_WIDE_FIXED if spec.asym and spec.act == gemm_kernels.ACT_GELU else WGMMA_CONFIG_WIDE_DIRECT
+    if spec.sa_mode == gemm_kernels.SCALE_BLOCK:
         return WGMMA_CONFIG_FP8_BLOCK
     if shape is not None and (not big or -(-shape[0] // 128) * -(-shape[1] // WGMMA_CONFIG_FP8_ROW.n) < FP8_ROW_MIN_TILES):
         return WGMMA_CONFIG_PERSISTENT_128
@@ -148,7 +148,7 @@ def get_kernel(cfg, spec: GemmSpec):
     mma.sync for a TileConfig, wgmma (sm_90a) for a WgmmaConfig."""
     k = _KERNELS.get((cfg, spec))
     if k is None:
-        make = W.make_wgmma_kernel if isinstance(cfg, WgmmaConfig) else G.make_gemm_kernel
+        make = gemm_wgmma.make_wgmma_kernel if isinstance(cfg, WgmmaConfig) else gemm_kernels.make_gemm_kernel
         k = make(cfg, spec)
         k.nqdq_dynamic_smem = cfg.smem_bytes  # launched with its whole tile ring (launch.dynamic_smem)
         _KERNELS[(cfg, spec)] = k
@@ -240,7 +240,8 @@ def plan_gemm(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, out_dty
                     act=_ACT[activation], bias=bool(bias), asym=bool(asym))  # fmt: skip
     cfg = config or default_config(spec, (M, N))
     # one n-block of scales per CTA, or (wgmma) two for N = 256 tiles
-    if spec.sa_mode == G.SCALE_BLOCK and 128 % cfg.bn and not (isinstance(cfg, WgmmaConfig) and cfg.bn == 256):
+    if spec.sa_mode == gemm_kernels.SCALE_BLOCK and 128 % cfg.bn and not (isinstance(cfg,
+                                                                                     WgmmaConfig) and cfg.bn == 256):
         raise ValueError(f"block scales need a CTA tile N ({cfg.bn}) dividing 128 (or 256 with wgmma)")
     grid = 0
     if M > 0 and N > 0:
@@ -271,7 +272,7 @@ class PreparedGemm:
             a, b = lib.pad_k(a, M, K, Kp), lib.pad_k(b, N, K, Kp)
         colsum = lib.empty(max(N, 1), np.int32)
         if za is not None and N > 0:
-            G.row_sums_i8[(N + 127) // 128, 128](b.view(np.int8), N, Kp, colsum)
+            gemm_kernels.row_sums_i8[(N + 127) // 128, 128](b.view(np.int8), N, Kp, colsum)
         self.out = lib.empty(max(M * N, 1), {"float32": np.float32}.get(out_dtype, np.uint16))
         args = (a, b, M, N, Kp, lib.asarray(sa, np.float32), lib.asarray(sb, np.float32), lib.asarray(za, np.uint8),
                 colsum, lib.asarray(bias, np.float32), np.float32(alpha), self.out)  # fmt: skip
@@ -355,7 +356,7 @@ def gemm_sequence(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, alp
     the fast launch path off (``launch.compile_sequence``). The arrays must be C-contiguous:
     codes [M, K] / [N, K] of one byte, float32 scales (``scale_count``), uint8 zero points
     (as A's scales), float32 bias [N]. ``entries``: compiled entries (tests)."""
-    from . import launch as L
+    from . import launch
 
     plan = plan_gemm(M, N, K, mma=mma, sa_mode=sa_mode, sb_mode=sb_mode, asym=asym, bias=bias, out_dtype=out_dtype,
                      activation=activation, config=config)  # fmt: skip
@@ -378,14 +379,15 @@ def gemm_sequence(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, alp
             Ptr("out", 0, M * N, out_dt))  # fmt: skip
     launches = [(kern, grid, cfg.threads, args)]
     if asym:  # colsum_b[n] = sum_k qb[n, k], for the zero-point correction
-        launches.insert(0, (G.row_sums_i8, (N + 127) // 128, 128, (Ptr("codes_b", 0, N * K, np.int8), N, K, colsum)))
+        launches.insert(0, (gemm_kernels.row_sums_i8, (N + 127) // 128, 128,
+                            (Ptr("codes_b", 0, N * K, np.int8), N, K, colsum)))
     if SIMULATOR and entries is None:
         run = _simulated_sequence(launches)
     else:
         if entries is None:
             kern.compile(kernel_signature(spec))
             allow_smem(kern, cfg.smem_bytes)
-        run = L.compile_sequence(launches, SEQUENCE_ARGS, entries=entries)
+        run = launch.compile_sequence(launches, SEQUENCE_ARGS, entries=entries)
         if run is None:
             return None
     if out_dtype == "float16":
@@ -418,7 +420,7 @@ def kernel_signature(spec: GemmSpec):
     from numba import types as T
 
     u8, f32 = T.Array(T.uint8, 1, "C"), T.Array(T.float32, 1, "C")
-    out = f32 if spec.out == G.OUT_F32 else T.Array(T.uint16, 1, "C")
+    out = f32 if spec.out == gemm_kernels.OUT_F32 else T.Array(T.uint16, 1, "C")
     return (u8, u8, T.int64, T.int64, T.int64, f32, f32, u8, T.Array(T.int32, 1, "C"), f32, T.float32, out)
 
 

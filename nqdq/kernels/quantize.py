@@ -82,11 +82,11 @@ from ..reference.quantize import QuantParts
 from ..reference.scales import nvfp4_given_encode_scale
 from ..schemes import Scheme
 from . import _devices
-from . import _grid as GRID
-from . import _quantize_kernels as K
-from . import _rowwise_kernels as RK
-from . import _tensor_resident as TR
-from . import launch as LAUNCH
+from . import _grid as grid_sync
+from . import _quantize_kernels as quantize_kernels
+from . import _rowwise_kernels as rowwise_kernels
+from . import _tensor_resident as tensor_resident
+from . import launch
 from ._elements import format_tuple
 from ._codec import KIND_BF16, KIND_F16, KIND_F32
 from ._interop import Allocator, DeviceInput, cupy_array_new, device_input, is_cupy, lib_of
@@ -279,8 +279,8 @@ def _group_plan(G_true, cols, ngroups, mode, nt, sub_packed):
     """Geometry of the group kernel, or None when it cannot keep packed bytes in one block."""
     G = G_true if ngroups > 1 else min(G_true, cols)
     P = _pow2ceil(G_true if mode == MODE_CENTRED else G)
-    if G <= K.SEG_MAX:
-        gpb = _pow2floor(min(K.SEG_MAX // G, max(1, (nt * E_TARGET) // P), nt))
+    if G <= quantize_kernels.SEG_MAX:
+        gpb = _pow2floor(min(quantize_kernels.SEG_MAX // G, max(1, (nt * E_TARGET) // P), nt))
         team = nt // gpb
         if team > P:
             team = P
@@ -316,7 +316,7 @@ class QuantPlan:
         self._runner_built = False
         self._lock = threading.Lock()
         # its cooperative / cluster launches (launch.LaunchRefused: the plan built again without them)
-        self.ex_kinds = {LAUNCH.ex_kind(k) for k, _g, _b, _a in self.launches} - {None}
+        self.ex_kinds = {launch.ex_kind(k) for k, _g, _b, _a in self.launches} - {None}
         self._build_args = None
         self._fallback = None
 
@@ -333,12 +333,12 @@ class QuantPlan:
 
     # -- any library: slots become arrays of the allocator's library, FastKernel launches
     def execute(self, xarr, alloc: Allocator, seed=None, scale_host=None, out_fill=None) -> QuantParts:
-        if self.ex_kinds & LAUNCH._REFUSED:
+        if self.ex_kinds & launch._REFUSED:
             return self.fallback().execute(xarr, alloc, seed, scale_host, out_fill)
         try:
             return self._execute(xarr, alloc, seed, scale_host, out_fill)
-        except LAUNCH.LaunchRefused as e:  # the fallback runs the whole call again, on arrays of its own
-            LAUNCH.refuse(e.kind)
+        except launch.LaunchRefused as e:  # the fallback runs the whole call again, on arrays of its own
+            launch.refuse(e.kind)
             return self.fallback().execute(xarr, alloc, seed, scale_host, out_fill)
 
     def _execute(self, xarr, alloc, seed, scale_host, out_fill):
@@ -410,11 +410,11 @@ class QuantPlan:
         def guarded(x, lo=0, hi=0):
             f = state[0]
             if f is run:
-                if not LAUNCH._REFUSED or not self.ex_kinds & LAUNCH._REFUSED:
+                if not launch._REFUSED or not self.ex_kinds & launch._REFUSED:
                     try:
                         return run(x, lo, hi)
-                    except LAUNCH.LaunchRefused as e:
-                        LAUNCH.refuse(e.kind)
+                    except launch.LaunchRefused as e:
+                        launch.refuse(e.kind)
                 f = self.fallback().cupy_runner()  # (an error here: tried again next call)
                 if f is None:  # (built under the same conditions as this plan's: not expected)
                     raise RuntimeError(f"no runner for the fallback of the plan of {self.shape}")
@@ -428,17 +428,15 @@ class QuantPlan:
     def _build_cupy_runner(self):
         if SIMULATOR or self.static_scale:
             return None
-        from . import launch as L
-
         cp = sys.modules.get("cupy")
-        if cp is None or not L._fast_path_allowed():
+        if cp is None or not launch._fast_path_allowed():
             return None
         align = 256
         offsets, total = {}, 0
         dummy_off, dummy_total = {}, 0
         reset = [s for s in self.slots if s.role == "reset"] if GRID_STREAM_WS else []
         zero_roles = ("zero",) if GRID_STREAM_WS else ("zero", "reset")
-        if len(reset) > 1 or any(s.n > GRID.SYNC_WORDS or s.dtype != np.int32 for s in reset):
+        if len(reset) > 1 or any(s.n > grid_sync.SYNC_WORDS or s.dtype != np.int32 for s in reset):
             return None  # (no plan has more than one grid_max workspace)
         for s in self.slots:
             nb = max(s.n * s.dtype.itemsize, 1)
@@ -453,14 +451,14 @@ class QuantPlan:
         def ptr(a):
             if type(a) is _Slot:
                 if a.role == "dummy":
-                    return L.Ptr("dummy", dummy_off[a.i], a.n, a.dtype)
+                    return launch.Ptr("dummy", dummy_off[a.i], a.n, a.dtype)
                 if reset and a is reset[0]:  # the stream's workspace (GRID_STREAM_WS)
-                    return L.Ptr("ws", 0, a.n, a.dtype)
-                return L.Ptr("base", offsets[a.i], a.n, a.dtype)
+                    return launch.Ptr("ws", 0, a.n, a.dtype)
+                return launch.Ptr("base", offsets[a.i], a.n, a.dtype)
             return self._marker_arg(a)
 
         launches = [(k, g, b, tuple(map(ptr, args))) for k, g, b, args in self.launches]
-        seq = L.compile_sequence(launches, ("xp", "base", "dummy", "lo", "hi", "ws"))
+        seq = launch.compile_sequence(launches, ("xp", "base", "dummy", "lo", "hi", "ws"))
         if seq is None:
             return None
         # the output arrays: ndarray's own __new__ + _init where that builds the same array
@@ -524,14 +522,12 @@ class QuantPlan:
     def _marker_arg(self, a):
         """A recorded launch argument as a compiled sequence's (launch.Ptr / Var) where it is
         a marker (the input, the seed's halves), else as it is."""
-        from . import launch as L
-
         if a is _X:
-            return L.Ptr("xp", 0, math.prod(self.shape), self._xdtype)
+            return launch.Ptr("xp", 0, math.prod(self.shape), self._xdtype)
         if a is _SEED_LO:
-            return L.Var("lo")
+            return launch.Var("lo")
         if a is _SEED_HI:
-            return L.Var("hi")
+            return launch.Var("hi")
         return a
 
     # -- PyTorch on a GPU: the same launches, the arrays PyTorch's
@@ -552,9 +548,7 @@ class QuantPlan:
     def _build_torch_runner(self, caller):
         if SIMULATOR or self.static_scale or self.ex_kinds:
             return None
-        from . import launch as L
-
-        if not L._fast_path_allowed():
+        if not launch._fast_path_allowed():
             return None
         torch = caller.torch
         dev_index = _devices.current()
@@ -568,7 +562,7 @@ class QuantPlan:
                 shapes[s.i] = (shape, s.dtype)
         outs = [s for s in self.slots if s.i in shapes]  # each its own tensor, returned
         reset = [s for s in self.slots if s.role == "reset"]
-        if len(reset) > 1 or any(s.n > GRID.SYNC_WORDS or s.dtype != np.int32 for s in reset):
+        if len(reset) > 1 or any(s.n > grid_sync.SYNC_WORDS or s.dtype != np.int32 for s in reset):
             return None
         offsets, totals = {}, {"scratch": 0, "zero": 0, "dummy": 0}
         for s in self.slots:  # scratch, zeroed scratch and dummies: one buffer each, 256-byte aligned parts
@@ -583,15 +577,15 @@ class QuantPlan:
         def ptr(a):
             if type(a) is _Slot:
                 if a.i in names:
-                    return L.Ptr(names[a.i], 0, a.n, a.dtype)
+                    return launch.Ptr(names[a.i], 0, a.n, a.dtype)
                 if a.role == "reset":
-                    return L.Ptr("ws", 0, a.n, a.dtype)
+                    return launch.Ptr("ws", 0, a.n, a.dtype)
                 pool, off = offsets[a.i]
-                return L.Ptr(pool, off, a.n, a.dtype)
+                return launch.Ptr(pool, off, a.n, a.dtype)
             return self._marker_arg(a)
 
         launches = [(k, g, b, tuple(map(ptr, args))) for k, g, b, args in self.launches]
-        seq = L.compile_sequence(launches, ("xp", *names.values(), "scratch", "zero", "dummy", "ws", "lo", "hi"))
+        seq = launch.compile_sequence(launches, ("xp", *names.values(), "scratch", "zero", "dummy", "ws", "lo", "hi"))
         if seq is None:
             return None
         make = tuple((shapes[s.i][0], caller.dtypes[np.dtype(shapes[s.i][1])]) for s in outs)
@@ -631,10 +625,10 @@ class _TorchWorkspaces:
 
     def get(self, stream):
         if self._capturing():
-            return self._zeros(GRID.SYNC_WORDS, dtype=self._i32, device=self._device)
+            return self._zeros(grid_sync.SYNC_WORDS, dtype=self._i32, device=self._device)
         ws = self._by_stream.get(stream)
         if ws is None:
-            ws = self._zeros(GRID.SYNC_WORDS, dtype=self._i32, device=self._device)
+            ws = self._zeros(grid_sync.SYNC_WORDS, dtype=self._i32, device=self._device)
             while len(self._by_stream) >= self._limit:
                 self._by_stream.pop(next(iter(self._by_stream)), None)
             self._by_stream[stream] = ws
@@ -666,7 +660,7 @@ def _stream_workspaces(cp):
     global _STREAM_WS
     with _STREAM_WS_LOCK:
         if _STREAM_WS is None:
-            _STREAM_WS = GRID.StreamWorkspaces(cp)
+            _STREAM_WS = grid_sync.StreamWorkspaces(cp)
     return _STREAM_WS
 
 
@@ -751,7 +745,7 @@ ROW_NT_EXACT = True
 ROW_WHOLE = True
 DEEP_ROWS = 528  # rows from which the row kernel uses deep threads (4 blocks per H100 SM)
 DEEP_UNITS = 4 * 256 * 264  # units from which the group kernel uses GROUP_UNITS per thread
-SHFL = RK.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twin on a GPU
+SHFL = rowwise_kernels.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twin on a GPU
 # A path written after the last GPU run (checked bit for bit in the simulator, compiled for
 # sm_90, never yet run on a GPU) lands behind a switch set to _UNMEASURED: off for users,
 # on with NQDQ_UNMEASURED_KERNELS=1 (tests/conftest.py sets it, so CI and the next GPU
@@ -764,7 +758,7 @@ LASTAXIS_CENTRED = True  # centred INT8 groups: lastaxis_stat_groups
 # units per chunk of the centred groups: 4 with the stat groups' interleaved units (the sum's
 # unit levels in the thread; H100, bf16 8192x8192 / 16384x7168: 86 / 87 % of
 # copy with 2, 92 / 93 % with 4), 2 on the previous path (its sums are shuffled per element)
-CENTRED_UNITS = 4 if RK.STAT_GROUP_FAST else 2
+CENTRED_UNITS = 4 if rowwise_kernels.STAT_GROUP_FAST else 2
 STATIC_FAST = True  # static float scales per tensor / per last-axis row: static_encode
 # Stochastic rounding on the 16-byte-unit kernels (each factory's ``stoch`` variant: the same
 # loads, statistics, scales and stores, every element by encode_element with its Philox bits,
@@ -865,7 +859,7 @@ def _fast_tile(shape, kind, sch, mode):
     if not TILE_FAST or mode != MODE_FLOAT or len(shape) < 2:
         return False
     B0, B1 = sch.block_for(shape)[-2:]
-    vec = RK.vec_of(kind)
+    vec = rowwise_kernels.vec_of(kind)
     return B1 % vec == 0 and shape[-1] % B1 == 0 and B0 * (B1 // vec) <= 1024 * 8
 
 
@@ -873,7 +867,8 @@ def _fast_column(shape, kind, mode, ax, stoch):
     """Float per-channel scales along the last axis of a C-contiguous input whose rows are
     whole 16-byte units: ``_column_kernels`` (one pass where _onepass_column, else two
     streaming passes)."""
-    return COLUMN_FAST and mode == MODE_FLOAT and not stoch and ax == len(shape) - 1 and shape[-1] % RK.vec_of(kind) == 0
+    return (COLUMN_FAST and mode == MODE_FLOAT and not stoch and ax == len(shape) - 1
+            and shape[-1] % rowwise_kernels.vec_of(kind) == 0)
 
 
 def _onepass_column(rows, C, kind, fmt, maxe, packed, rec, out, nt):
@@ -881,24 +876,26 @@ def _onepass_column(rows, C, kind, fmt, maxe, packed, rec, out, nt):
     where COLUMN_ONEPASS is on and its geometry fits, else None (the two passes)."""
     if not COLUMN_ONEPASS:
         return None
-    from . import _column_kernels as CK
+    from . import _column_kernels as column_kernels
 
     if COLUMN_CLUSTER:
-        from . import _column_cluster as CC
+        from . import _column_cluster as column_cluster
 
-        if CC.available():
-            cl = CC.cluster_launch(kind, fmt, maxe, packed, rows, C, _sm_count(), _X, out.scales, out.codes)
+        if column_cluster.available():
+            cl = column_cluster.cluster_launch(kind, fmt, maxe, packed, rows, C, _sm_count(), _X, out.scales, out.codes)
             if cl is not None:
                 return [cl]
     if COLUMN_RING:
-        from . import _column_ring as CR
+        from . import _column_ring as column_ring
 
-        ring = CR.ring_launch(kind, fmt, maxe, packed, rows, C, _sm_count(), rec.empty, _X, out.scales, out.codes,
+        ring = column_ring.ring_launch(kind, fmt, maxe, packed, rows, C, _sm_count(), rec.empty, _X, out.scales,
+                                       out.codes,
                               allow_p1=COLUMN_ONEPASS_SYNC)  # fmt: skip
         if ring is not None:
             return [ring]
 
-    return CK.onepass_launches(kind, fmt, maxe, packed, rows, C, _sm_count(), COLUMN_ONEPASS_P_MAX, COLUMN_ONEPASS_SYNC,
+    return column_kernels.onepass_launches(kind, fmt, maxe, packed, rows, C, _sm_count(), COLUMN_ONEPASS_P_MAX,
+                                           COLUMN_ONEPASS_SYNC,
                                rec.empty, _X, out.scales, out.codes, nt)  # fmt: skip
 
 
@@ -914,7 +911,7 @@ def _fast_static(shape, kind, sch, mode, nt):
         return None
     if sch.granularity not in ("tensor", "row"):
         return None
-    vec = RK.vec_of(kind)
+    vec = rowwise_kernels.vec_of(kind)
     n = math.prod(shape)
     if (shape[-1] if per_row else n) % vec:
         return None
@@ -939,7 +936,7 @@ def _fast_lastaxis(shape, kind, mode, G, nt, cheap_encode=False):
     C = shape[-1]
     if mode == MODE_CENTRED and (G > C or C % G):
         return None  # the halving sum pads to the scheme's group: whole groups only
-    vec = RK.vec_of(kind)
+    vec = rowwise_kernels.vec_of(kind)
     if C % vec:
         return None
     n = math.prod(shape)
@@ -983,7 +980,7 @@ def _grid_geometry(nitems, nt):
     if not GRID_ONE_LAUNCH:
         return None
     NT = max(32, min(nt, 256))
-    limit = min(_sm_count(), GRID.MAX_DONE)
+    limit = min(_sm_count(), grid_sync.MAX_DONE)
     U = _cdiv(nitems, NT * limit)
     if U > GRID_MAX_U:
         return None
@@ -1021,7 +1018,7 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
     stream = None
 
     def run_encode():
-        k = K.make_encode_kernel(kind, mode, fmt, nt, packed, stoch)
+        k = quantize_kernels.make_encode_kernel(kind, mode, fmt, nt, packed, stoch)
         tpr_log2 = _team_log2(_cdiv(C, 4), nt)
         grid = max(1, min(_cdiv(rows, nt >> tpr_log2), 1 << 20))
         _launch(
@@ -1031,7 +1028,7 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
 
     def run_group(view_rows, view_cols, G_true, plan):
         ngroups = _cdiv(view_cols, G_true)
-        k = K.make_group_kernel(
+        k = quantize_kernels.make_group_kernel(
             kind, mode, fmt, mxc, maxe, plan["G"], plan["P"], plan["team"], plan["gpb"], nt, plan["stash"], packed, stoch
         )
         if ngroups == 1:
@@ -1049,26 +1046,28 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
 
     def run_fast(fast):
         """A last-axis kernel of ``_rowwise_kernels`` (see _fast_lastaxis)."""
-        vec = RK.vec_of(kind)
+        vec = rowwise_kernels.vec_of(kind)
         if mode in (MODE_ASYM, MODE_CENTRED):
             if fast[0] == "row":
                 _, NT, U = fast
-                k = RK.make_lastaxis_asym_row_kernel(kind, fmt, maxe, NT, U, packed, SHFL, **sr)
+                k = rowwise_kernels.make_lastaxis_asym_row_kernel(kind, fmt, maxe, NT, U, packed, SHFL, **sr)
                 _launch(k, rows, NT, xa, C // vec, codes, scales, zps, means, *keys)
             else:
                 _, L, K, NT, U = fast
-                k = RK.make_lastaxis_stat_group_kernel(kind, mode, fmt, maxe, L, K, NT, U, packed, SHFL, **sr)
+                k = rowwise_kernels.make_lastaxis_stat_group_kernel(kind, mode, fmt, maxe, L, K, NT, U, packed, SHFL,
+                                                                    **sr)
                 nchunks = n // vec // K
                 _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, zps, means, *keys)
         elif fast[0] == "row":
             _, NT, U = fast
             assert NT * (U - 1) < C // vec <= NT * U  # (the kernel checks only its last unit)
             whole = ROW_WHOLE and _cheap(fmt)
-            k = RK.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL, whole=whole, **sr)
+            k = rowwise_kernels.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL, whole=whole,
+                                                         **sr)
             _launch(k, rows, NT, xa, C // vec, codes, scales, out.sparams, *keys)
         else:
             _, L, K, NT, U = fast
-            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, K, NT, U, packed, SHFL, **sr)
+            k = rowwise_kernels.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, K, NT, U, packed, SHFL, **sr)
             nchunks = n // vec // K
             _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, out.sparams, *keys)
 
@@ -1079,16 +1078,17 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
     def run_tensor_stats(stat_mode):
         nblocks = max(1, min(_cdiv(n, nt * E_TARGET), 1024))
         parts = partials(nblocks)
-        _launch(K.make_tensor_partials_kernel(kind, stat_mode, nt), nblocks, nt, xa, n, *parts)
+        _launch(quantize_kernels.make_tensor_partials_kernel(kind, stat_mode, nt), nblocks, nt, xa, n, *parts)
         return (*parts, nblocks)
 
     def tensor_amax_parts(NT, finite, max_blocks=1024):
         """Whole units: the vector-load tensor amax pass (``finite``: over the finite
         elements, NVFP4's); returns its partials and their count."""
-        vec = RK.vec_of(kind)
+        vec = rowwise_kernels.vec_of(kind)
         nblocks = max(1, min(_cdiv(n // vec, NT * GROUP_UNITS), max_blocks))
         parts = partials(nblocks)
-        _launch(RK.make_tensor_amax_kernel(kind, NT, GROUP_UNITS, SHFL, finite), nblocks, NT, xa, n // vec, *parts)
+        _launch(rowwise_kernels.make_tensor_amax_kernel(kind, NT, GROUP_UNITS, SHFL, finite), nblocks, NT, xa, n // vec,
+                *parts)
         return parts, nblocks
 
     def run_tensor_amax(NT, finite):
@@ -1098,8 +1098,8 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
 
     def run_static(NT, U, per_row):
         """static_encode over whole units with the scales in ``scales``."""
-        vec = RK.vec_of(kind)
-        k = RK.make_static_kernel(kind, fmt, NT, U, packed, per_row, **sr)
+        vec = rowwise_kernels.vec_of(kind)
+        k = rowwise_kernels.make_static_kernel(kind, fmt, NT, U, packed, per_row, **sr)
         _launch(k, _cdiv(n // vec, NT * U), NT, xa, n // vec, C // vec, codes, scales, *keys)
 
     def run_finalize(fmode, parts, nchunks, ngroups, I):
@@ -1107,7 +1107,7 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         tsc = out.tscale if out.tscale is not None else out._dummy_f32
         nft = min(nt, _pow2ceil(nchunks * I))  # threads per group: no more than its partials
         _launch(
-            K.make_finalize_kernel(fmode, maxe, nft), ngroups, nft,
+            quantize_kernels.make_finalize_kernel(fmode, maxe, nft), ngroups, nft,
             pi, pa, pb, nchunks, ngroups, I, scales, zps, out.sparams, tsc,
         )  # fmt: skip
 
@@ -1128,28 +1128,34 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         run_encode()
     elif mode == MODE_NVFP4:
         fast = _fast_lastaxis(shape, kind, mode, block[-1], nt, _cheap(fmt)) if fast_ok else None
-        gs = _grid_geometry(n // RK.vec_of(kind) // fast[2], nt) if fast is not None and fast[0] == "group" else None
+        gs = _grid_geometry(n // rowwise_kernels.vec_of(kind) // fast[2],
+                            nt) if fast is not None and fast[0] == "group" else None
         if gs is not None:  # one launch: S_enc over the whole grid in the group kernel (_grid)
             _, L, Kc, _, _ = fast
             NT, U, nblocks = gs
-            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL, senc_grid=True,
+            k = rowwise_kernels.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL,
+                                                           senc_grid=True,
                                               **sr)
-            _launch(k, nblocks, NT, xa, n // RK.vec_of(kind) // Kc, codes, scales, out.tscale,
-                    rec.empty(GRID.SYNC_WORDS, np.int32, "reset"), *keys)
-        elif fast is not None and fast[0] == "group" and fast[1] == fast[2] and not stoch and NVFP4_RESIDENT and TR.available():
+            _launch(k, nblocks, NT, xa, n // rowwise_kernels.vec_of(kind) // Kc, codes, scales, out.tscale,
+                    rec.empty(grid_sync.SYNC_WORDS, np.int32, "reset"), *keys)
+        elif (fast is not None and fast[0] == "group" and fast[1] == fast[2] and not stoch and NVFP4_RESIDENT
+              and tensor_resident.available()):
             # one cooperative launch: part of the input held on chip across the grid's finite amax (_tensor_resident)
             _, L, Kc, _, _ = fast
-            NT, UR, US, V = TR.resident_geometry(Kc)
-            k = TR.make_nvfp4_resident_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, UR, US, V, packed, SHFL)
-            _launch(k, _sm_count(), NT, xa, n // RK.vec_of(kind) // Kc, codes, scales, out.tscale,
-                    rec.empty(GRID.SYNC_WORDS, np.int32, "reset"))
-        elif fast is not None and fast[0] == "group" and NVFP4_SENC_IN_GROUPS and n // RK.vec_of(kind) < NVFP4_SENC_MAX_UNITS:
+            NT, UR, US, V = tensor_resident.resident_geometry(Kc)
+            k = tensor_resident.make_nvfp4_resident_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, UR, US, V, packed,
+                                                           SHFL)
+            _launch(k, _sm_count(), NT, xa, n // rowwise_kernels.vec_of(kind) // Kc, codes, scales, out.tscale,
+                    rec.empty(grid_sync.SYNC_WORDS, np.int32, "reset"))
+        elif (fast is not None and fast[0] == "group" and NVFP4_SENC_IN_GROUPS
+              and n // rowwise_kernels.vec_of(kind) < NVFP4_SENC_MAX_UNITS):
             # two launches: the group kernel computes S_enc from the amax partials itself
             parts, nparts = tensor_amax_parts(max(32, min(nt, 256)), True, NVFP4_PARTS_MAX)
             _, L, Kc, NT, U = fast
-            k = RK.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL, senc_parts=True,
+            k = rowwise_kernels.make_lastaxis_group_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, U, packed, SHFL,
+                                                           senc_parts=True,
                                               **sr)
-            nchunks = n // RK.vec_of(kind) // Kc
+            nchunks = n // rowwise_kernels.vec_of(kind) // Kc
             _launch(k, _cdiv(nchunks, NT * U), NT, xa, nchunks, codes, scales, parts[0], nparts, out.tscale, *keys)
         elif fast is not None:  # finite amax of whole units, vector loads
             run_tensor_amax(max(32, min(nt, 256)), True)
@@ -1161,18 +1167,21 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             run_group(rows, C, block[-1], plan)
     elif sch.granularity == "tensor":
         fast_static = _fast_static(shape, kind, sch, mode, nt) if fast_ok else None
-        gs = _grid_geometry(n // RK.vec_of(kind), nt) if fast_static is not None and mode == MODE_FLOAT else None
+        gs = _grid_geometry(n // rowwise_kernels.vec_of(kind),
+                            nt) if fast_static is not None and mode == MODE_FLOAT else None
         if gs is not None:  # one launch: the amax over the whole grid in the static kernel (_grid)
             NT, U, nblocks = gs
-            k = RK.make_static_kernel(kind, fmt, NT, U, packed, False, maxe, SHFL, **sr)
-            _launch(k, nblocks, NT, xa, n // RK.vec_of(kind), shape[-1] // RK.vec_of(kind), codes, scales,
-                    rec.empty(GRID.SYNC_WORDS, np.int32, "reset"), *keys)
-        elif fast_static is not None and mode == MODE_FLOAT and not stoch and TENSOR_RESIDENT and TR.available():
+            k = rowwise_kernels.make_static_kernel(kind, fmt, NT, U, packed, False, maxe, SHFL, **sr)
+            _launch(k, nblocks, NT, xa, n // rowwise_kernels.vec_of(kind), shape[-1] // rowwise_kernels.vec_of(kind),
+                    codes, scales,
+                    rec.empty(grid_sync.SYNC_WORDS, np.int32, "reset"), *keys)
+        elif (fast_static is not None and mode == MODE_FLOAT and not stoch and TENSOR_RESIDENT
+              and tensor_resident.available()):
             # one cooperative launch: part of the input held on chip across the grid's amax (_tensor_resident)
-            NT, UR, US, V = TR.resident_geometry()
-            k = TR.make_tensor_resident_kernel(kind, fmt, maxe, NT, UR, US, V, packed)
-            _launch(k, _sm_count(), NT, xa, n // RK.vec_of(kind), codes, scales,
-                    rec.empty(GRID.SYNC_WORDS, np.int32, "reset"))
+            NT, UR, US, V = tensor_resident.resident_geometry()
+            k = tensor_resident.make_tensor_resident_kernel(kind, fmt, maxe, NT, UR, US, V, packed)
+            _launch(k, _sm_count(), NT, xa, n // rowwise_kernels.vec_of(kind), codes, scales,
+                    rec.empty(grid_sync.SYNC_WORDS, np.int32, "reset"))
         elif fast_static is not None:  # whole units: vector-load amax pass, then the static pass
             NT, U, _ = fast_static
             run_tensor_amax(NT, False)
@@ -1182,19 +1191,20 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             run_finalize(mode, (pi, pa, pb), nb, 1, 1)
             run_encode()
     elif sch.granularity == "block" and not stoch and _fast_tile(shape, kind, sch, mode):
-        from . import _tile_kernels as TK
+        from . import _tile_kernels as tile_kernels
 
         R = shape[-2]
         B0, B1 = sch.block_for(shape)[-2:]
         nR, nC = _cdiv(R, B0), C // B1
-        k = TK.make_tile_kernel(kind, fmt, maxe, B0, B1, packed, SHFL)
-        NT = TK.tile_geometry(kind, B0, B1)[2]
+        k = tile_kernels.make_tile_kernel(kind, fmt, maxe, B0, B1, packed, SHFL)
+        NT = tile_kernels.tile_geometry(kind, B0, B1)[2]
         _launch(k, (n // (R * C)) * nR * nC, NT, xa, R, C, nR, nC, codes, scales)
     elif sch.granularity == "block":
         R = shape[-2]
         B0, B1 = sch.block_shape
         ntiles = (n // (R * C)) * _cdiv(R, B0) * _cdiv(C, B1)
-        _launch(K.make_tile_params_kernel(kind, mode, maxe, nt, B0, B1), ntiles, nt, xa, R, C, scales, zps)
+        _launch(quantize_kernels.make_tile_params_kernel(kind, mode, maxe, nt, B0, B1), ntiles, nt, xa, R, C, scales,
+                zps)
         run_encode()
     elif sch.granularity == "column" and _fast_column(shape, kind, mode, ax, stoch) and (
         one := _onepass_column(rows, C, kind, fmt, maxe, packed, rec, out, nt)
@@ -1202,14 +1212,15 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         for k, grid, nthreads, args in one:
             _launch(k, grid, nthreads, *args)
     elif sch.granularity == "column" and _fast_column(shape, kind, mode, ax, stoch):
-        from . import _column_kernels as CK
+        from . import _column_kernels as column_kernels
 
-        upr = C // RK.vec_of(kind)
-        NT, grid, rpc = CK.column_geometry(rows, upr, nt)
+        upr = C // rowwise_kernels.vec_of(kind)
+        NT, grid, rpc = column_kernels.column_geometry(rows, upr, nt)
         parts = partials(grid[1] * C)
-        _launch(CK.make_column_amax_kernel(kind, NT), grid, NT, xa, rows, upr, rpc, *parts)
+        _launch(column_kernels.make_column_amax_kernel(kind, NT), grid, NT, xa, rows, upr, rpc, *parts)
         run_finalize(mode, parts, grid[1], C, 1)
-        _launch(CK.make_column_encode_kernel(kind, fmt, NT, packed), grid, NT, xa, rows, upr, rpc, scales, codes)
+        _launch(column_kernels.make_column_encode_kernel(kind, fmt, NT, packed), grid, NT, xa, rows, upr, rpc, scales,
+                codes)
     elif sch.granularity == "column":
         O, L, I = math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1 :])
         plan = _group_plan(I, I, 1, mode, nt, sub_packed) if O == 1 and (nd == 2 or not sub_packed) else None
@@ -1221,7 +1232,8 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
             oc = _cdiv(O, nchunks)
             nchunks = _cdiv(O, oc)
             parts = partials(nchunks * J)
-            _launch(K.make_column_partials_kernel(kind, mode), (_cdiv(J, 128), nchunks), 128, xa, O, J, oc, *parts)
+            _launch(quantize_kernels.make_column_partials_kernel(kind, mode), (_cdiv(J, 128), nchunks), 128, xa, O, J,
+                    oc, *parts)
             run_finalize(mode, parts, nchunks, L, I)
             run_encode()
     else:  # group / row
@@ -1235,7 +1247,7 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         else:
             O, L, I = math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1 :])
             ngr = O * _cdiv(L, G) * I
-            k = K.make_strided_params_kernel(kind, mode, fmt, mxc, maxe)
+            k = quantize_kernels.make_strided_params_kernel(kind, mode, fmt, mxc, maxe)
             _launch(k, _cdiv(ngr, 128), 128, xa, O, L, I, G, _pow2ceil(G), scales, zps, means)
             run_encode()
 
@@ -1322,7 +1334,7 @@ def dequantize(parts: QuantParts, scheme: Scheme, shape, *, packed=True, threads
     if out_fill is not None:
         fill_bytes(out, out_fill)
     sc_dtype = np.uint8 if mode in (MODE_MX, MODE_NVFP4) else np.float32
-    k = K.make_dequant_kernel(mode, fmt, sch.symmetric, packed)
+    k = quantize_kernels.make_dequant_kernel(mode, fmt, sch.symmetric, packed)
     tpr_log2 = _team_log2(C, nt)
     grid = max(1, min(_cdiv(rows, nt >> tpr_log2), 1 << 20))
     _launch(
@@ -1348,7 +1360,8 @@ def has_nonfinite(x, dtype=None) -> bool:
     pa = alloc.empty(nblocks, np.float32)
     pb = alloc.empty(nblocks, np.float32)
     A = alloc.kernel_arg
-    _launch(K.make_tensor_partials_kernel(xin.kind, MODE_FLOAT, nt), nblocks, nt, None, A(xin.arr), n, A(pi), A(pa), A(pb))
+    _launch(quantize_kernels.make_tensor_partials_kernel(xin.kind, MODE_FLOAT, nt), nblocks, nt, None, A(xin.arr), n,
+            A(pi), A(pa), A(pb))
     return bool((_host(pi) >= 0x7F800000).any())
 
 
@@ -1360,5 +1373,6 @@ def to_bfloat16_bits(values):
     flat = values.reshape(-1)
     dst = alloc.empty(flat.size, np.uint16)
     grid = max(1, min(_cdiv(flat.size, THREADS), 1 << 20))
-    _launch(K.f32_to_bf16_kernel, grid, THREADS, None, alloc.kernel_arg(flat), alloc.kernel_arg(dst), flat.size)
+    _launch(quantize_kernels.f32_to_bf16_kernel, grid, THREADS, None, alloc.kernel_arg(flat), alloc.kernel_arg(dst),
+            flat.size)
     return alloc.to_lib(dst, values.shape)
