@@ -12,8 +12,9 @@ Rules, checked on the AST:
   ``coop`` (no cooperative groups: ``cg.``, ``this_grid``, ``.sync()`` of a grid),
   ``atomic-tuple`` (no atomic whose index is a tuple), ``printf`` (no ``print``).
 
-A known violation is listed in ALLOW with its reason, never skipped silently; an ALLOW entry
-that no longer matches fails too, so the list cannot go stale.
+A known violation would be listed in ALLOW with its reason, never skipped silently; an ALLOW
+entry that no longer matches fails too, so the list cannot go stale. It is empty: every
+inline-PTX helper, _codec's stochastic-rounding ones included, lives in _ptx beside its twin.
 """
 
 from __future__ import annotations
@@ -30,12 +31,7 @@ INTRINSIC_MODULES = {"_ptx.py", "_mma.py", "_gemm_wgmma.py"}
 HALF_NAMES = {"float16", "bfloat16", "fp16"}  # (not "half": kernels name integers so)
 
 # (module, rule): (number of findings, why it is allowed)
-ALLOW = {
-    # mul_wide_u32, sign_add and sr_e2m1_code_i: inline PTX selected on SIMULATOR only, so on
-    # AMD the kernels that use them (stochastic rounding, Philox) would emit PTX. Their twins
-    # are written; the selection should move to _ptx (``PTX``), which is issue 48 work left.
-    ("_codec.py", "inline-ptx"): (3, "stochastic-rounding helpers: inline PTX outside _ptx, SIMULATOR-selected"),
-}
+ALLOW: dict[tuple[str, str], tuple[int, str]] = {}
 
 
 def _is_device_decorator(node) -> bool:
@@ -185,13 +181,6 @@ def test_gpu_backend_is_validated(monkeypatch):
     assert _gpu._backend() == "cuda"
     monkeypatch.delenv("NQDQ_GPU_BACKEND")
     assert _gpu._backend() == ("hip" if _gpu._posed_as_cuda() else "cuda")
-
-
-def test_no_device_twin_names_exist():
-    from nqdq.kernels import _ptx
-
-    for name in _ptx.NO_DEVICE_TWIN:
-        assert hasattr(_ptx, name), name
 
 
 @pytest.mark.parametrize("name", ["u16x2_min", "u16x2_max", "prmt", "absmax_nan"])

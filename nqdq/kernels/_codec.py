@@ -11,8 +11,10 @@ Rules every function here follows, because the reference is the spec:
   encoders (``encode_float_rne``, ``encode_float_sr32``, ``encode_int_f32``) wrap each step in ``np.int32`` so
   that NVVM narrows Numba's int64 arithmetic to 32-bit instructions (the audit's ``i64``
   column counts what is left);
-* nothing here uses warp shuffles, cooperative groups, fp16/bf16 Numba types, libdevice
-  (except :func:`mul_rn` and :func:`umulhi32`, which have portable twins) or printf.
+* nothing here uses warp shuffles, cooperative groups, fp16/bf16 Numba types or printf;
+  libdevice (``mul_rn``, ``umulhi32``, ``fadd_rz``) and inline PTX (``mul_wide_u32``,
+  ``sign_add``, ``sr_e2m1_code_i``) only where ``_target.PTX``: elsewhere (the simulator,
+  AMD) each is its ``*_twin``, integer / float32 code that compiles as a device function.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import numpy as np
 from numba import float32, uint32
 from ._gpu import cuda
 
-from ._target import SIMULATOR, devfn
+# inline PTX on NVIDIA, twins elsewhere (sr_e2m1_code_i: for _rowwise_kernels)
+from ._ptx import mul_wide_u32, sign_add, sr_e2m1_code_i  # noqa: F401
+from ._target import PTX, devfn
 
 F32 = np.float32
 ZERO = F32(0.0)
@@ -162,7 +166,10 @@ def mul_rn_twin(a, b):
     return a * b
 
 
-if SIMULATOR:
+if not PTX:
+    # (NVVM contracts a * b + c by default, hence libdevice on NVIDIA; LLVM's AMDGPU back end
+    # fuses only where the IR allows contraction, which Numba's lowering does not ask for:
+    # to be confirmed in the gfx9 assembly, docs/amd.md)
     mul_rn = mul_rn_twin
 else:
 
@@ -189,7 +196,7 @@ def umulhi32_twin(a, b):
     return np.uint32((np.uint64(a) * np.uint64(b)) >> U64_32)
 
 
-if SIMULATOR:
+if not PTX:
     umulhi32 = umulhi32_twin
 else:
 
@@ -199,33 +206,6 @@ else:
         product of zero-extended words, NVVM keeps Philox's arithmetic in 64-bit registers
         (``mul.lo.s64``, several IMADs each)."""
         return np.uint32(cuda.libdevice.umulhi(np.uint32(a), np.uint32(b)))
-
-
-@devfn
-def mul_wide_u32_twin(a, b):
-    """The 64-bit product of uint32 ``a`` and ``b``."""
-    return np.uint64(np.uint64(np.uint32(a)) * np.uint64(np.uint32(b)))
-
-
-if SIMULATOR:
-    mul_wide_u32 = mul_wide_u32_twin
-else:
-    from llvmlite import ir
-    from numba import types
-    from numba.core.extending import intrinsic
-
-    @intrinsic
-    def mul_wide_u32(typingctx, a, b):
-        """mul_wide_u32_twin by one ``mul.wide.u32`` (one IMAD.WIDE.U32: both halves of
-        Philox's product, where umulhi32 and a 32-bit multiply are an IMAD.HI and an IMAD)."""
-
-        def codegen(context, builder, sig, args):
-            i32, i64 = ir.IntType(32), ir.IntType(64)
-            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
-            asm = ir.InlineAsm(ir.FunctionType(i64, [i32, i32]), "mul.wide.u32 $0, $1, $2;", "=l,r,r")
-            return builder.call(asm, vals)
-
-        return types.uint64(a, b), codegen
 
 
 # Philox's products by mul_wide_u32 (the default since its H100 A/B, bf16
@@ -481,32 +461,6 @@ def sr_fast_key_bound(mbits, emin, sub):
     return (lo << 23) - 1
 
 
-def sign_add_twin(u, mag, bit):
-    """mag + bit where float32 bits ``u`` are negative, else mag (a code's sign: mag < bit)."""
-    return np.uint32(int(mag) + (int(bit) if int(u) & 0x80000000 else 0))
-
-
-if SIMULATOR:
-    sign_add = sign_add_twin
-else:
-
-    @intrinsic
-    def sign_add(typingctx, u, mag, bit):
-        """sign_add_twin by two multiply-adds (``mul.hi.u32`` by 2, ``mad.lo``: IMAD.HI and IMAD
-        on the FMA pipe), where the shift and the LOP3 of ``mag | (u >> k) & bit`` take two ALU
-        slots: stochastic rounding's kernels fill the ALU pipe (Philox's xors)."""
-        sig = types.uint32(u, mag, bit)
-
-        def codegen(context, builder, sig, args):
-            i32 = ir.IntType(32)
-            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
-            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3),
-                               "{.reg .b32 s; mul.hi.u32 s, $1, 2; mad.lo.u32 $0, s, $3, $2;}", "=r,r,r,r")
-            return builder.call(asm, vals)
-
-        return sig, codegen
-
-
 @devfn
 def sr_float_code_fast(u, mbits, emin, max_code, nbits, r, sub):
     """(code, key): encode_float_sr32(u, mbits, emin, max_code, nan_code, nbits, r) for
@@ -550,10 +504,10 @@ def sr_float_code_fast(u, mbits, emin, max_code, nbits, r, sub):
 def fadd_rz_twin(a, b):
     """float32 a + b rounded toward zero, for the one use below (a >= 0 below 2^23, b = 2^23:
     the sum 2^23 + floor(a) exactly)."""
-    return F32(F32(b) + F32(np.floor(F32(a))))
+    return F32(F32(b) + F32(math.floor(F32(a))))  # (math.floor: np.floor is no GPU-target ufunc)
 
 
-if SIMULATOR:
+if not PTX:
     fadd_rz = fadd_rz_twin
 else:
 
@@ -625,59 +579,12 @@ def sr_e2m1_code_f(q, r):
 # Where c < 0 the magnitude is then 0: right for q = +-0 and every |q| < 2^-33 (floor(f * 2^32)
 # = 0 there: no r carries), not for 2^-33 <= |q| < 2^-10 (94 <= ef <= 116), which the key
 # marks: c + 23 (uint32) >= 23 exactly where the code is the spec's (E2M1_SR_I_KEY).
-# On a GPU it is one inline-PTX block whose sign (x's bit 31 times 8), significand
-# (a - (ef - 1) * 2^23) and sums are multiply-adds: the ALU pipe, which stochastic rounding
-# fills (Philox's xors), gets 7 instructions an element (the unit's key check included) where
-# the same steps written as integer code took 13.
+# On NVIDIA it is one inline-PTX block (``_ptx.sr_e2m1_code_i``, twin ``sr_e2m1_code_i_twin``)
+# whose sign (x's bit 31 times 8), significand (a - (ef - 1) * 2^23) and sums are
+# multiply-adds: the ALU pipe, which stochastic rounding fills (Philox's xors), gets 7
+# instructions an element (the unit's key check included) where the same steps written as
+# integer code took 13.
 E2M1_SR_I_KEY = 23
-
-
-def sr_e2m1_code_i_twin(a, r, xb):
-    """(code, key): encode_float_sr32's stochastic e2m1 code of q with |q|'s bits ``a``
-    (finite, sign clear), random bits ``r`` and q's sign that of the float32 bits ``xb``; the
-    code is the spec's where ``key >= E2M1_SR_I_KEY`` (see above): q = +-0, |q| < 2^-33 or
-    |q| >= 2^-10. Python ints (the simulator's and the host's form of the PTX)."""
-    a, r, xb = int(a) & 0xFFFFFFFF, int(r) & 0xFFFFFFFF, int(xb) & 0xFFFFFFFF
-    e1 = (a >> 23) - 1
-    c = min(e1 - 116, 10)
-    e2 = max(e1 - 126, 0)
-    m = a - (e1 << 23)  # the significand with its implicit bit (a + 2^23 for ef = 0, where c < 0)
-    hi = (m * ((1 << c) if c >= 0 else 0) + r) >> 32
-    return np.uint32(min(hi + 2 * e2, 7) + 8 * (xb >> 31)), np.uint32((c + 23) & 0xFFFFFFFF)
-
-
-_E2M1_SR_PTX = (
-    "{.reg .b32 e1, c, e2, m, p, lo, hi, s, z; .reg .b64 d, t; "
-    "shr.u32 e1, $2, 23; add.s32 e1, e1, -1; "
-    "add.s32 c, e1, -116; min.s32 c, c, 10; "
-    "add.s32 e2, e1, -126; max.s32 e2, e2, 0; "
-    "mad.lo.s32 m, e1, -8388608, $2; "
-    "mov.b32 p, 1; shl.b32 p, p, c; "
-    "mov.b32 z, 0; mov.b64 t, {$3, z}; "
-    "mad.wide.u32 d, m, p, t; mov.b64 {lo, hi}, d; "
-    "mad.lo.u32 hi, e2, 2, hi; min.u32 hi, hi, 7; "
-    "mul.hi.u32 s, $4, 2; mad.lo.u32 $0, s, 8, hi; "
-    "add.s32 $1, c, 23;}"
-)
-
-if SIMULATOR:
-    sr_e2m1_code_i = sr_e2m1_code_i_twin
-else:
-
-    @intrinsic
-    def sr_e2m1_code_i(typingctx, a, r, xb):
-        """sr_e2m1_code_i_twin by one inline-PTX block (shl, mad.wide.u32 and multiply-adds)."""
-        sig = types.UniTuple(types.uint32, 2)(a, r, xb)
-
-        def codegen(context, builder, sig, args):
-            i32 = ir.IntType(32)
-            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
-            fty = ir.FunctionType(ir.LiteralStructType([i32, i32]), [i32] * 3)
-            res = builder.call(ir.InlineAsm(fty, _E2M1_SR_PTX, "=r,=r,r,r,r"), vals)
-            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, 0),
-                                                                 builder.extract_value(res, 1)])
-
-        return sig, codegen
 
 
 @devfn

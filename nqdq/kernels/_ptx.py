@@ -12,11 +12,13 @@ GPU over every bfloat16 value and random float32 bit patterns.
 
 Selection: each inline-PTX intrinsic is defined where ``_target.PTX`` (numba-cuda); where it
 is not, the name is bound to its twin: the Python function itself under the simulator, the
-same function compiled as a device function on AMD (numba-hip; ``_twin``). Intrinsics that
-emit plain LLVM IR (``array_addr``, ``as_u32``, ``as_u16``) are portable and stay on both
-compiled targets. ``NO_DEVICE_TWIN`` names the intrinsics whose twin is NumPy code the
-simulator runs but no GPU compiler does: on AMD a kernel that calls one does not compile
-(docs/amd.md, "What is expected to break first").
+same function compiled as a device function on AMD (numba-hip; ``_target.device_twin``).
+On AMD every twin is integer / float32 scalar code that compiles as a device function. The
+16-bit pair instructions also have twins in NumPy (``*_twin``: exact over whole arrays, which
+the CPU tests call with every bfloat16 value at once), which the simulator keeps;
+tests/test_amd_twins.py checks the scalar twins (``*_scalar``) against them.
+Intrinsics that emit plain LLVM IR (``array_addr``, ``as_u32``, ``as_u16``) are portable
+and stay on both compiled targets.
 """
 
 from __future__ import annotations
@@ -26,18 +28,11 @@ import os
 
 import numpy as np
 
+from numba import float32 as _float32
+
+from ._gpu import cuda as _cuda
 from ._target import HIP, PTX, SIMULATOR, devfn
-
-# The bfloat16-pair arithmetic and the GEMM epilogue's pair conversions / stores: twins in
-# NumPy (exact over whole arrays at once, for the CPU tests), no device twin yet.
-NO_DEVICE_TWIN = ("bf16x2_mul", "bf16x2_absmul", "bf16x2_add", "bf16x2_min", "bf16x2_max", "bf16x2_absmin",
-                  "cvt_bf16x2", "cvt_f16x2", "st_u32_at")
-
-
-def _twin(fn):
-    """A twin as the kernels call it: the function itself under the simulator, a device
-    function on AMD."""
-    return devfn(fn) if HIP else fn
+from ._target import device_twin as _twin
 
 E4M3 = 4  # fmt[8] (exponent bits) of the formats the instruction covers
 E5M2 = 5
@@ -324,7 +319,6 @@ else:
     load_u32x4_l2_256 = load_u32x4  # (nor is what L2 fetches around them)
 
     if HIP:  # pragma: no cover - numba-hip
-        from ._gpu import cuda as _cuda
 
         @devfn
         def load_relaxed_i32(a, i):
@@ -513,8 +507,6 @@ else:
         """Simulator twin: nothing (a cluster is one block; cluster_wait is its barrier)."""
 
     cluster_arrive_relaxed = cluster_arrive
-
-    from ._gpu import cuda as _cuda
 
     from ._target import devfn as _devfn
 
@@ -728,6 +720,272 @@ def absmax_nan_scalar(a, b):
     return np.uint32(max(a, b))
 
 
+# Scalar twins of the bfloat16 pair arithmetic, the pair conversions and the pair store, which
+# AMD compiles (tests/test_amd_twins.py checks each against the NumPy twins above, as plain
+# Python and compiled by Numba's CPU jit: every bfloat16 value of one operand against every
+# exponent of the other).
+# Integer arithmetic on the bits only (int64, every value below 2^40), no float: no float
+# rounding can intervene (a float32 product of two bfloat16 values is exact only while it
+# is normal: below 2^-126 float32 rounds it at 2^-149, bfloat16 at 2^-133, twice in all),
+# and no flush-to-zero mode of the target's FPU can apply. The exact result is formed as an
+# integer significand m and an exponent e (value m * 2^e), plus a sticky bit where an
+# addend's low bits had to be dropped, and rounded once by ``_pack_rne``:
+#
+# * mul: m = ma * mb < 2^16, e = ea + eb: exact.
+# * add: |x| >= |y| (swapped so), the pair aligned in a frame of G = 10 guard bits below x's
+#   significand: X = mx << G, and y's exponent ey = ex - d. For d <= G, Y = my << (G - d) and
+#   S = X +- Y is exact. For d > G only my's bits at and above 2^(ex - G) survive in Y and the
+#   rest sets the sticky bit s: the exact sum is (X + Y + f) or (X - Y - f) units with
+#   0 <= f < 1, f > 0 iff s, i.e. S = X + Y or X - Y - s units plus a fraction that is
+#   nonzero iff s. Then x is normal (d > 0), X >= 2^17 and Y < 2^7, so S >= 2^16 and the
+#   rounding drops at least 9 bits (S's bit length less 8): a fraction below S's last unit
+#   decides only a tie, and only as "above half" (round-to-nearest-even with a sticky bit).
+# * NaN operands give the canonical NaN 0x7FFF (CUDART_NAN_BF16, which mul / add / min / max
+#   .bf16x2 write), inf - inf and 0 * inf too; an exact zero sum is +0 unless both addends
+#   are -0 (IEEE 754 round-to-nearest); min / max return the non-NaN operand, -0 < +0.
+@_twin
+def _bit_length(x):
+    """The number of bits of int ``x`` (0 <= x < 2^64): 0 for 0."""
+    x = np.int64(x)
+    n = np.int64(0)
+    if x >= np.int64(1) << 32:
+        x >>= 32
+        n += 32
+    if x >= 65536:
+        x >>= 16
+        n += 16
+    if x >= 256:
+        x >>= 8
+        n += 8
+    if x >= 16:
+        x >>= 4
+        n += 4
+    if x >= 4:
+        x >>= 2
+        n += 2
+    if x >= 2:
+        x >>= 1
+        n += 1
+    return n + x
+
+
+@_twin
+def _pack_rne(m, e, sticky, mbits, ebits):
+    """The IEEE bits (sign clear; 1 + ebits + mbits wide) of m * 2^e rounded to nearest even,
+    m >= 1 an int below 2^40, ``sticky`` nonzero where a fraction (0 < f < 1) of m's last unit
+    is to be added (it breaks ties up: only where m's rounding drops at least one bit);
+    subnormals kept, overflow -> inf. The significand kept has mbits + 1 bits where the
+    result is normal (its leading bit at 2^(e + n - 1), n = m's bit length) and sits on the
+    subnormal grid 2^(1 - bias - mbits) below; ``base + q`` then carries a rounding overflow
+    into the exponent (and the largest subnormal into the smallest normal)."""
+    m, e = np.int64(m), np.int64(e)
+    bias = (1 << (ebits - 1)) - 1
+    n = _bit_length(m)
+    shift = np.int64(max(n - mbits - 1, 1 - bias - mbits - e))
+    base = np.int64(max(e + n + bias - 2, 0) << mbits)
+    if shift <= 0:
+        q = np.int64(m << -shift)
+    else:
+        shift = min(shift, 48)  # (m < 2^40: from 41 on the result is 0 without a tie)
+        q = np.int64(m >> shift)
+        rem = np.int64(m - (q << shift))
+        half = np.int64(1) << (shift - 1)
+        if rem > half or (rem == half and (sticky != 0 or (q & 1) != 0)):
+            q += 1
+    return np.int64(min(base + q, ((1 << ebits) - 1) << mbits))
+
+
+@_twin
+def _bf16_mul_half(x, y):
+    """mul.rn of two bfloat16 bit patterns (ints below 2^16)."""
+    x, y = np.int64(x), np.int64(y)
+    s = (x ^ y) & 0x8000
+    ax, ay = x & 0x7FFF, y & 0x7FFF
+    if ax > 0x7F80 or ay > 0x7F80:
+        return np.int64(0x7FFF)
+    if ax == 0x7F80 or ay == 0x7F80:
+        if ax == 0 or ay == 0:
+            return np.int64(0x7FFF)  # 0 * inf
+        return np.int64(s | 0x7F80)
+    if ax == 0 or ay == 0:
+        return np.int64(s)
+    ex, ey = ax >> 7, ay >> 7
+    mx = (ax & 0x7F) | (0x80 if ex != 0 else 0)
+    my = (ay & 0x7F) | (0x80 if ey != 0 else 0)
+    return np.int64(s | _pack_rne(mx * my, max(ex, 1) + max(ey, 1) - 268, 0, 7, 8))
+
+
+@_twin
+def _bf16_add_half(x, y):
+    """add.rn of two bfloat16 bit patterns (ints below 2^16)."""
+    x, y = np.int64(x), np.int64(y)
+    ax, ay = x & 0x7FFF, y & 0x7FFF
+    if ax > 0x7F80 or ay > 0x7F80:
+        return np.int64(0x7FFF)
+    if ax == 0x7F80 or ay == 0x7F80:
+        if ax == ay and ((x ^ y) & 0x8000) != 0:
+            return np.int64(0x7FFF)  # inf - inf
+        return x if ax == 0x7F80 else y
+    if ax < ay:
+        x, y, ax, ay = y, x, ay, ax
+    if ay == 0:
+        return np.int64(x & y) if ax == 0 else x  # (+-0) + (+-0): -0 only for -0 + -0
+    ex, ey = ax >> 7, ay >> 7
+    mx = (ax & 0x7F) | (0x80 if ex != 0 else 0)
+    my = (ay & 0x7F) | (0x80 if ey != 0 else 0)
+    ex, ey = max(ex, 1), max(ey, 1)
+    d = ex - ey
+    big = mx << 10  # G = 10 guard bits
+    sticky = np.int64(0)
+    if d <= 10:
+        small = my << (10 - d)
+    else:
+        k = min(d - 10, 16)
+        small = my >> k
+        sticky = np.int64(1 if (my & ((1 << k) - 1)) != 0 else 0)
+    if ((x ^ y) & 0x8000) != 0:
+        total = big - small - sticky
+    else:
+        total = big + small
+    if total == 0:
+        return np.int64(0)  # x - x = +0
+    return np.int64((x & 0x8000) | _pack_rne(total, ex - 144, sticky, 7, 8))
+
+
+@_twin
+def _bf16_order(h):
+    """An int that orders bfloat16 bit patterns (not NaN) as their values, -0 below +0."""
+    return np.int64(h & 0x7FFF) if h < 0x8000 else np.int64(-(h & 0x7FFF) - 1)
+
+
+@_twin
+def _bf16_min_half(x, y):
+    """min.bf16: the lesser, the non-NaN operand where one is NaN, 0x7FFF where both are."""
+    x, y = np.int64(x), np.int64(y)
+    nx, ny = (x & 0x7FFF) > 0x7F80, (y & 0x7FFF) > 0x7F80
+    if nx and ny:
+        return np.int64(0x7FFF)
+    if nx:
+        return y
+    if ny:
+        return x
+    return x if _bf16_order(x) <= _bf16_order(y) else y
+
+
+@_twin
+def _bf16_max_half(x, y):
+    """max.bf16: the greater, the non-NaN operand where one is NaN, 0x7FFF where both are."""
+    x, y = np.int64(x), np.int64(y)
+    nx, ny = (x & 0x7FFF) > 0x7F80, (y & 0x7FFF) > 0x7F80
+    if nx and ny:
+        return np.int64(0x7FFF)
+    if nx:
+        return y
+    if ny:
+        return x
+    return x if _bf16_order(x) >= _bf16_order(y) else y
+
+
+@_twin
+def bf16x2_mul_scalar(a, b):
+    a, b = np.int64(np.uint32(a)), np.int64(np.uint32(b))
+    lo = _bf16_mul_half(a & 0xFFFF, b & 0xFFFF)
+    return np.uint32(lo | (_bf16_mul_half(a >> 16, b >> 16) << 16))
+
+
+@_twin
+def bf16x2_absmul_scalar(a, b):
+    return bf16x2_mul_scalar(np.uint32(np.uint32(a) & np.uint32(0x7FFF7FFF)), b)
+
+
+@_twin
+def bf16x2_add_scalar(a, b):
+    a, b = np.int64(np.uint32(a)), np.int64(np.uint32(b))
+    lo = _bf16_add_half(a & 0xFFFF, b & 0xFFFF)
+    return np.uint32(lo | (_bf16_add_half(a >> 16, b >> 16) << 16))
+
+
+@_twin
+def bf16x2_min_scalar(a, b):
+    a, b = np.int64(np.uint32(a)), np.int64(np.uint32(b))
+    lo = _bf16_min_half(a & 0xFFFF, b & 0xFFFF)
+    return np.uint32(lo | (_bf16_min_half(a >> 16, b >> 16) << 16))
+
+
+@_twin
+def bf16x2_max_scalar(a, b):
+    a, b = np.int64(np.uint32(a)), np.int64(np.uint32(b))
+    lo = _bf16_max_half(a & 0xFFFF, b & 0xFFFF)
+    return np.uint32(lo | (_bf16_max_half(a >> 16, b >> 16) << 16))
+
+
+@_twin
+def bf16x2_absmin_scalar(a, b):
+    return bf16x2_min_scalar(np.uint32(np.uint32(a) & np.uint32(0x7FFF7FFF)), b)
+
+
+@devfn  # (under the simulator too: its local array needs the kernel's context)
+def _f32_bits(f):
+    """The 32 bits of float32 ``f`` as an int (``_codec.f32_bits``, which imports this module)."""
+    a = _cuda.local.array(1, _float32)
+    a[0] = f
+    return np.int64(a.view(np.uint32)[0])
+
+
+@_twin
+def f32_bits_to_bf16(u):
+    """cvt.rn.bf16.f32 of float32 bits ``u``: round-to-nearest-even at bit 16 of the magnitude
+    (bfloat16 keeps float32's exponent range, so its values, subnormals included, are the
+    float32 bit patterns whose low 16 bits are 0; the largest finite rounds up to inf),
+    NaN -> 0x7FFF."""
+    u = np.int64(np.uint32(u))
+    a = u & 0x7FFFFFFF
+    if a > 0x7F800000:
+        return np.int64(0x7FFF)
+    return np.int64(((u >> 16) & 0x8000) | ((a + 0x7FFF + ((a >> 16) & 1)) >> 16))
+
+
+@_twin
+def f32_bits_to_f16(u):
+    """cvt.rn.f16.f32 of float32 bits ``u``: nearest even, subnormals kept, overflow -> inf,
+    NaN -> 0x7FFF."""
+    u = np.int64(np.uint32(u))
+    a = u & 0x7FFFFFFF
+    s = (u >> 16) & 0x8000
+    if a > 0x7F800000:
+        return np.int64(0x7FFF)
+    if a == 0x7F800000:
+        return np.int64(s | 0x7C00)
+    if a == 0:
+        return np.int64(s)
+    ef = a >> 23
+    m = (a & 0x7FFFFF) | (0x800000 if ef != 0 else 0)
+    return np.int64(s | _pack_rne(m, max(ef, 1) - 150, 0, 10, 5))
+
+
+@_twin
+def cvt_bf16x2_scalar(hi, lo):
+    return np.uint32(f32_bits_to_bf16(_f32_bits(lo)) | (f32_bits_to_bf16(_f32_bits(hi)) << 16))
+
+
+@_twin
+def cvt_f16x2_scalar(hi, lo):
+    return np.uint32(f32_bits_to_f16(_f32_bits(lo)) | (f32_bits_to_f16(_f32_bits(hi)) << 16))
+
+
+@_twin
+def st_u32_at_scalar(a, i, w):
+    """The word w at element i of the 16-bit (elements i, i + 1, little-endian) or 32-bit
+    integer array ``a``."""
+    w = np.uint32(w)
+    j = np.int64(i)
+    if a.itemsize == 2:
+        a[j] = np.uint16(w & np.uint32(0xFFFF))
+        a[j + 1] = np.uint16(w >> np.uint32(16))
+    else:
+        a[j] = w
+
+
 if PTX:
 
     def _u32_codegen(ptx, nargs):
@@ -830,9 +1088,13 @@ else:
     bf16x2_absmul = bf16x2_absmul_twin
     u16x2_max, u16x2_min, prmt, bf16x2_absmin = u16x2_max_twin, u16x2_min_twin, prmt_twin, bf16x2_absmin_twin
 
-    if HIP:  # pragma: no cover - numba-hip
+    if HIP:  # pragma: no cover - numba-hip: the scalar twins (the NumPy ones stay the simulator's)
         u16x2_max, u16x2_min = devfn(u16x2_max_scalar), devfn(u16x2_min_scalar)
         prmt, absmax_nan = devfn(prmt_scalar), devfn(absmax_nan_scalar)
+        bf16x2_mul, bf16x2_add, bf16x2_min, bf16x2_max = (bf16x2_mul_scalar, bf16x2_add_scalar, bf16x2_min_scalar,
+                                                          bf16x2_max_scalar)  # (device functions: _twin)
+        bf16x2_absmul, bf16x2_absmin = bf16x2_absmul_scalar, bf16x2_absmin_scalar
+        cvt_bf16x2, cvt_f16x2, st_u32_at = cvt_bf16x2_scalar, cvt_f16x2_scalar, st_u32_at_scalar
     else:
         absmax_nan = absmax_nan_twin
 
@@ -846,7 +1108,6 @@ else:
         """Twin: nothing (no dependent launch to allow)."""
 
     if HIP:  # pragma: no cover - numba-hip
-        from ._gpu import cuda as _cuda
 
         @devfn
         def load_cg(a, i):
@@ -859,3 +1120,107 @@ else:
         def load_cg(a, i):
             """Simulator twin: the element (the simulator has no caches)."""
             return a[i]
+
+
+# ----------------------------------------------------------------------------- stochastic rounding's integer steps
+# Used by _codec (Philox4x32-10, the stochastic element encoders), which describes the rules:
+# ``mul_wide_u32`` (one ``mul.wide.u32``: both halves of Philox's product), ``sign_add`` (a
+# code's sign by two multiply-adds) and ``sr_e2m1_code_i`` (_codec's comment above
+# ``E2M1_SR_I_KEY``). The twins are int64 / uint32 code that a device compiler and Python
+# compute alike (no step leaves the int64 range).
+@_twin
+def mul_wide_u32_twin(a, b):
+    """The 64-bit product of uint32 ``a`` and ``b``."""
+    return np.uint64(np.uint64(np.uint32(a)) * np.uint64(np.uint32(b)))
+
+
+def sign_add_twin(u, mag, bit):
+    """mag + bit where float32 bits ``u`` are negative, else mag (a code's sign: mag < bit <= 2^7):
+    mag + (u >> 31) * bit, as the PTX computes it (``mul.hi.u32 u, 2`` is u >> 31)."""
+    return np.uint32(np.uint32(mag) + np.uint32(np.uint32(u) >> np.uint32(31)) * np.uint32(bit))
+
+
+def sr_e2m1_code_i_twin(a, r, xb):
+    """(code, key): encode_float_sr32's stochastic e2m1 code of q with |q|'s bits ``a``
+    (finite, sign clear), random bits ``r`` and q's sign that of the float32 bits ``xb``; the
+    code is the spec's where ``key >= _codec.E2M1_SR_I_KEY``: q = +-0, |q| < 2^-33 or
+    |q| >= 2^-10. The PTX's steps in int64 (none leaves [-2^33, 2^35]: m < 2^24, the
+    multiplier 2^c <= 2^10, r < 2^32)."""
+    a = np.int64(np.uint32(a))
+    r = np.int64(np.uint32(r))
+    xb = np.int64(np.uint32(xb))
+    e1 = np.int64((a >> 23) - 1)
+    c = np.int64(min(e1 - 116, 10))
+    e2 = np.int64(max(e1 - 126, 0))
+    m = np.int64(a - (e1 << 23))  # the significand with its implicit bit (a + 2^23 for ef = 0, where c < 0)
+    p = np.int64(0)
+    if c >= 0:
+        p = np.int64(1) << c  # (shl.b32 gives 0 for c < 0: a shift of 32 or more)
+    hi = np.int64((m * p + r) >> 32)
+    return np.uint32(min(hi + 2 * e2, 7) + 8 * (xb >> 31)), np.uint32((c + 23) & 0xFFFFFFFF)
+
+
+_E2M1_SR_PTX = (
+    "{.reg .b32 e1, c, e2, m, p, lo, hi, s, z; .reg .b64 d, t; "
+    "shr.u32 e1, $2, 23; add.s32 e1, e1, -1; "
+    "add.s32 c, e1, -116; min.s32 c, c, 10; "
+    "add.s32 e2, e1, -126; max.s32 e2, e2, 0; "
+    "mad.lo.s32 m, e1, -8388608, $2; "
+    "mov.b32 p, 1; shl.b32 p, p, c; "
+    "mov.b32 z, 0; mov.b64 t, {$3, z}; "
+    "mad.wide.u32 d, m, p, t; mov.b64 {lo, hi}, d; "
+    "mad.lo.u32 hi, e2, 2, hi; min.u32 hi, hi, 7; "
+    "mul.hi.u32 s, $4, 2; mad.lo.u32 $0, s, 8, hi; "
+    "add.s32 $1, c, 23;}"
+)
+
+if PTX:
+
+    @intrinsic
+    def mul_wide_u32(typingctx, a, b):
+        """mul_wide_u32_twin by one ``mul.wide.u32`` (one IMAD.WIDE.U32: both halves of
+        Philox's product, where umulhi32 and a 32-bit multiply are an IMAD.HI and an IMAD)."""
+
+        def codegen(context, builder, sig, args):
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
+            asm = ir.InlineAsm(ir.FunctionType(i64, [i32, i32]), "mul.wide.u32 $0, $1, $2;", "=l,r,r")
+            return builder.call(asm, vals)
+
+        return types.uint64(a, b), codegen
+
+    @intrinsic
+    def sign_add(typingctx, u, mag, bit):
+        """sign_add_twin by two multiply-adds (``mul.hi.u32`` by 2, ``mad.lo``: IMAD.HI and IMAD
+        on the FMA pipe), where the shift and the LOP3 of ``mag | (u >> k) & bit`` take two ALU
+        slots: stochastic rounding's kernels fill the ALU pipe (Philox's xors)."""
+        sig = types.uint32(u, mag, bit)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3),
+                               "{.reg .b32 s; mul.hi.u32 s, $1, 2; mad.lo.u32 $0, s, $3, $2;}", "=r,r,r,r")
+            return builder.call(asm, vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def sr_e2m1_code_i(typingctx, a, r, xb):
+        """sr_e2m1_code_i_twin by one inline-PTX block (shl, mad.wide.u32 and multiply-adds)."""
+        sig = types.UniTuple(types.uint32, 2)(a, r, xb)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
+            fty = ir.FunctionType(ir.LiteralStructType([i32, i32]), [i32] * 3)
+            res = builder.call(ir.InlineAsm(fty, _E2M1_SR_PTX, "=r,=r,r,r,r"), vals)
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, 0),
+                                                                 builder.extract_value(res, 1)])
+
+        return sig, codegen
+
+else:
+    mul_wide_u32 = mul_wide_u32_twin
+    sign_add = _twin(sign_add_twin)
+    sr_e2m1_code_i = _twin(sr_e2m1_code_i_twin)

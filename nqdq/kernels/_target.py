@@ -3,9 +3,9 @@
 ``SIMULATOR`` is read from Numba's config once, at import: with NUMBA_ENABLE_CUDASIM=1 the
 kernels run as Python in Numba's CUDA simulator (on NumPy arrays), otherwise they are
 compiled: by NVVM (numba-cuda), or by numba-hip's AMDGPU back end when ``_gpu.HIP``.
-``PTX``: whether the kernels may use inline PTX (compiled for NVIDIA); where it is False
-every intrinsic of ``_ptx`` is its portable twin, as are the few target-specific helpers
-(libdevice's ``fmul_rn``) that pick their twin from ``SIMULATOR``.
+``PTX``: whether the kernels may use inline PTX and libdevice (compiled for NVIDIA); where
+it is False every intrinsic of ``_ptx`` and every inline-PTX / libdevice helper of ``_codec``
+is its portable twin (``device_twin``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,14 @@ else:
     # forceinline: every device function is inlined into its kernel, so the compile-time
     # constants the kernel factories pass in fold the per-scheme branches away.
     devfn = cuda.jit(device=True, forceinline=True)
+
+
+def device_twin(fn):
+    """A portable twin as the kernels call it where ``PTX`` is False: the Python function
+    itself under the simulator, the same function compiled as a device function elsewhere
+    (AMD; on NVIDIA a twin defined beside its intrinsic is compiled only if a kernel calls it,
+    which none does there). Twins use integer and float32 arithmetic only."""
+    return fn if SIMULATOR else devfn(fn)
 
 
 def device_cc():
