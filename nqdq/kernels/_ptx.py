@@ -733,16 +733,18 @@ def absmax_nan_scalar(a, b):
 #
 # * mul: m = ma * mb < 2^16, e = ea + eb: exact.
 # * add: |x| >= |y| (swapped so), the pair aligned in a frame of G = 10 guard bits below x's
-#   significand: X = mx << G, and y's exponent ey = ex - d. For d <= G, Y = my << (G - d) and
-#   S = X +- Y is exact. For d > G only my's bits at and above 2^(ex - G) survive in Y and the
-#   rest sets the sticky bit s: the exact sum is (X + Y + f) or (X - Y - f) units with
+#   significand: X = mx << G in units of 2^-G of x's last bit, y's exponent d below x's. For
+#   d <= G, Y = my << (G - d) and S = X +- Y is exact. For d > G, Y = my >> (d - G) keeps y's
+#   bits down to the frame's unit and the rest sets the sticky bit s: the exact sum is
+#   (X + Y + f) or (X - Y - f) units with
 #   0 <= f < 1, f > 0 iff s, i.e. S = X + Y or X - Y - s units plus a fraction that is
 #   nonzero iff s. Then x is normal (d > 0), X >= 2^17 and Y < 2^7, so S >= 2^16 and the
 #   rounding drops at least 9 bits (S's bit length less 8): a fraction below S's last unit
 #   decides only a tie, and only as "above half" (round-to-nearest-even with a sticky bit).
-# * NaN operands give the canonical NaN 0x7FFF (CUDART_NAN_BF16, which mul / add / min / max
-#   .bf16x2 write), inf - inf and 0 * inf too; an exact zero sum is +0 unless both addends
-#   are -0 (IEEE 754 round-to-nearest); min / max return the non-NaN operand, -0 < +0.
+# * NaN operands give the canonical NaN 0x7FFF (CUDART_NAN_BF16), inf - inf and 0 * inf too,
+#   as the NumPy twins do (tests/test_kernels_gpu.py checks those against the instructions);
+#   an exact zero sum is +0 unless both addends are -0 (IEEE 754, round to nearest); min / max
+#   return the non-NaN operand (0x7FFF where both are NaN), -0 below +0.
 @_twin
 def _bit_length(x):
     """The number of bits of int ``x`` (0 <= x < 2^64): 0 for 0."""
