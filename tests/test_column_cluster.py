@@ -14,9 +14,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import nqdq.kernels._column_cluster as CC
+import nqdq.kernels._column_cluster as column_cluster
 import nqdq.kernels.quantize as kq
-from nqdq.kernels import launch as L
+from nqdq.kernels import launch
 from nqdq.kernels._column_kernels import _expand
 
 from test_column_onepass import _column_data, _launched
@@ -60,12 +60,12 @@ def cluster(onepass):
 )
 def test_cluster_geometry(rows, upr, vec, cl, want):
     """One config, (512, 8, 0): 512 threads x 8 units, all in shared slots."""
-    assert CC.cluster_geometry(rows, upr, vec, 132, cl=cl, configs=((512, 8, 0),)) == want
+    assert column_cluster.cluster_geometry(rows, upr, vec, 132, cl=cl, configs=((512, 8, 0),)) == want
     if want is not None:
         CL, NT, W, U, _ = want
         RG = NT // W
         assert CL * U * RG >= rows > CL * U * RG // 2 or RG == vec  # the least power of two that covers
-        assert (W * 16 >= CC.MIN_STRIPE_BYTES or W >= upr) and W * vec <= NT and NT % 32 == 0 and RG >= vec
+        assert (W * 16 >= column_cluster.MIN_STRIPE_BYTES or W >= upr) and W * vec <= NT and NT % 32 == 0 and RG >= vec
 
 
 @pytest.mark.parametrize(
@@ -87,17 +87,17 @@ def test_cluster_geometry(rows, upr, vec, cl, want):
 )
 def test_cluster_geometry_configs(rows, upr, want):
     """The default configs on a GPU (GPU_CONFIGS) tried in order, clusters of 16."""
-    assert CC.GPU_CONFIGS == ((256, 16, 10), (512, 16, 5))
-    assert CC.cluster_geometry(rows, upr, 8, 132, cl=16, configs=CC.GPU_CONFIGS) == want
+    assert column_cluster.GPU_CONFIGS == ((256, 16, 10), (512, 16, 5))
+    assert column_cluster.cluster_geometry(rows, upr, 8, 132, cl=16, configs=column_cluster.GPU_CONFIGS) == want
 
 
 def test_cluster_size_by_sms(monkeypatch):
     """Clusters of 16 on GPUs of 132 SMs or more (H100 SXM, H200), else 8."""
-    monkeypatch.setattr(CC, "SIMULATOR", False)
-    monkeypatch.setattr(CC, "CLUSTER_SIZE", 0)
-    assert (CC.cluster_size_for(132), CC.cluster_size_for(114)) == (16, 8)
-    monkeypatch.setattr(CC, "CLUSTER_SIZE", 4)
-    assert CC.cluster_size_for(132) == 4
+    monkeypatch.setattr(column_cluster, "SIMULATOR", False)
+    monkeypatch.setattr(column_cluster, "CLUSTER_SIZE", 0)
+    assert (column_cluster.cluster_size_for(132), column_cluster.cluster_size_for(114)) == (16, 8)
+    monkeypatch.setattr(column_cluster, "CLUSTER_SIZE", 4)
+    assert column_cluster.cluster_size_for(132) == 4
 
 
 # ----------------------------------------------------------------------------- bit for bit
@@ -121,7 +121,7 @@ def test_cluster_exact(cluster, name, kw, shape, dtype):
 def test_cluster_pull_exact(cluster):
     """The pull exchange (CLUSTER_PUSH off: each block's words read by ld.shared::cluster
     between cluster barriers), bit for bit."""
-    cluster.setattr(CC, "CLUSTER_PUSH", False)
+    cluster.setattr(column_cluster, "CLUSTER_PUSH", False)
     sch = resolve_scheme("int8_column")
     x = _column_data((13, 256), seed=4).astype(ml_dtypes.bfloat16)
     plan = kq.get_plan(x.shape, 1, sch)  # (kind 1: bfloat16)
@@ -135,7 +135,7 @@ def test_cluster_pull_exact(cluster):
 def test_cluster_register_units_exact(cluster, units, reg_units, shape):
     """Units held in registers beside the shared slots (UR of a thread's U units),
     bit for bit, with the data in partial stripes and rows."""
-    cluster.setattr(CC, "CLUSTER_CONFIGS", ((64, units, reg_units),))
+    cluster.setattr(column_cluster, "CLUSTER_CONFIGS", ((64, units, reg_units),))
     sch = resolve_scheme("int8_column")
     x = _column_data(shape, seed=7).astype(ml_dtypes.bfloat16)
     plan = kq.get_plan(x.shape, 1, sch)  # (kind 1: bfloat16)
@@ -153,7 +153,7 @@ def test_cluster_units_template():
     """The kernel template's unit tokens at U = 16 (two-digit units: SLOT1 is not a prefix
     of SLOT10): units 0 .. 5 staged by cp.async and read from their slots, 6 .. 15 loaded
     into registers w6 .. w15 and used by name, no token left."""
-    src = CC._units(_expand(CC._SRC, 16), 16, 6)
+    src = column_cluster._units(_expand(column_cluster._SRC, 16), 16, 6)
     assert not re.search(r"LOAD_A|LOAD_U|SLOT", src)
     staged = sorted(int(i) for i in re.findall(r"cp_async_unit\(ring, sb, \(t \+ (\d+) \* NT\)", src))
     assert staged == list(range(6))
@@ -164,9 +164,9 @@ def test_cluster_units_template():
     slots = [f"ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4)" for i in range(6)]
     assert words == slots + [f"w{i}" for i in range(6, 16)]
     with pytest.raises(AssertionError):  # a unit the thread does not have
-        CC._units("SLOT16,", 16, 6)
+        column_cluster._units("SLOT16,", 16, 6)
     # with the .L2::256B prefetch size: the aligned loads only
-    wide = CC._units(_expand(CC._SRC, 16), 16, 6, True)
+    wide = column_cluster._units(_expand(column_cluster._SRC, 16), 16, 6, True)
     staged = sorted(int(i) for i in re.findall(r"cp_async_unit_l2_256\(ring, sb, \(t \+ (\d+) \* NT\)", wide))
     assert staged == list(range(6)) and "cp_async_unit(" not in wide
     regs = re.findall(r"w(\d+) = load_unit_l2_256\(x32, g \+ (\d+) \* ustep, (\d+) < nv\)", wide)
@@ -179,9 +179,9 @@ def test_cluster_units_template():
 def test_cluster_l2_prefetch_switch(cluster, l2):
     """CLUSTER_L2_256 (the aligned loads with the .L2::256B prefetch size, on by default)
     and off: the kernel built for it, bit for bit (register and staged units)."""
-    assert CC.CLUSTER_L2_256  # the default
-    cluster.setattr(CC, "CLUSTER_L2_256", l2)
-    cluster.setattr(CC, "CLUSTER_CONFIGS", ((64, 3, 1),))
+    assert column_cluster.CLUSTER_L2_256  # the default
+    cluster.setattr(column_cluster, "CLUSTER_L2_256", l2)
+    cluster.setattr(column_cluster, "CLUSTER_CONFIGS", ((64, 3, 1),))
     sch = resolve_scheme("int8_column")
     x = _column_data((21, 200), seed=9).astype(ml_dtypes.bfloat16)
     plan = kq.get_plan(x.shape, 1, sch)  # (kind 1: bfloat16)
@@ -205,16 +205,17 @@ def test_cluster_off(cluster):
 def test_cluster_launch_config():
     """The kernel carries its cluster size; cuLaunchKernelEx's config holds the cluster
     dimension (attribute 4: x, y, z) and, for a PDL launch, the serialization (6: 1)."""
-    k = CC.make_column_cluster_kernel(1, kq.format_tuple(resolve_scheme("int8_column")), 127.0, 1, 64, 8, 2, False)
-    assert L.cluster_size(k) == 1 and L.cluster_size(object()) == 1
-    cfg, attrs = L._ex_config(64, 512, 0, cluster=8)
+    k = column_cluster.make_column_cluster_kernel(1, kq.format_tuple(resolve_scheme("int8_column")), 127.0, 1, 64, 8, 2,
+                                                  False)
+    assert launch.cluster_size(k) == 1 and launch.cluster_size(object()) == 1
+    cfg, attrs = launch._ex_config(64, 512, 0, cluster=8)
     assert (cfg.gridDimX, cfg.blockDimX, cfg.numAttrs) == (64, 512, 1)
     assert attrs[0].id == 4 and list(attrs[0].value[:3]) == [8, 1, 1]
     assert ctypes.addressof(cfg.attrs.contents) == ctypes.addressof(attrs[0])
-    cfg, attrs = L._ex_config((3, 2), 128, 1024, pdl=True, cluster=2)
+    cfg, attrs = launch._ex_config((3, 2), 128, 1024, pdl=True, cluster=2)
     assert (cfg.gridDimX, cfg.gridDimY, cfg.sharedMemBytes, cfg.numAttrs) == (3, 2, 1024, 2)
     assert (attrs[0].id, attrs[0].value[0]) == (6, 1) and attrs[1].id == 4 and list(attrs[1].value[:3]) == [2, 1, 1]
-    cfg, _ = L._ex_config(5, 32)
+    cfg, _ = launch._ex_config(5, 32)
     assert cfg.numAttrs == 0
 
 
@@ -224,10 +225,10 @@ import ml_dtypes
 from numba import cuda, typeof
 from cuda.bindings import nvjitlink
 from nqdq.kernels import _ptx_audit as A
-from nqdq.kernels import _column_cluster as CC
+from nqdq.kernels import _column_cluster as column_cluster
 from nqdq.kernels._ptx_audit import _no_gpu_compile
 
-CC.CLUSTER_SIZE = 16  # (a dry run counts one SM)
+column_cluster.CLUSTER_SIZE = 16  # (a dry run counts one SM)
 out = []
 for shape in [(8192, 8192), (4096, 7168), (16384, 7168)]:
     for label, k, args in A._case_launches("int8_column", {}, shape, ml_dtypes.bfloat16, None, False):

@@ -23,7 +23,7 @@ from _helpers import gpu_cupy_or_skip  # noqa: E402
 cp = gpu_cupy_or_skip()
 
 import nqdq  # noqa: E402
-import nqdq.kernels._column_cluster as CC  # noqa: E402
+import nqdq.kernels._column_cluster as column_cluster  # noqa: E402
 import nqdq.kernels.quantize as kq  # noqa: E402
 from nqdq.reference import quantize as ref  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
@@ -33,7 +33,7 @@ from test_column_onepass_gpu import check_calls_and_graph, check_unaligned  # no
 from test_kernels import _KINDS as _KIND  # noqa: E402
 from test_kernels_gpu import check_gpu  # noqa: E402
 
-if not CC.available():
+if not column_cluster.available():
     pytest.skip("thread-block clusters need sm_90+", allow_module_level=True)
 
 
@@ -48,8 +48,8 @@ def _taken(shape, dtype, sch):
     cluster_geometry takes the shape here (clusters of 16 on an H100 / H200: every shape
     below; a shape a cluster of 8 cannot take skips)."""
     vec = 4 if dtype == np.float32 else 8
-    CL = CC.cluster_size_for(kq._sm_count())
-    g = CC.cluster_geometry(int(np.prod(shape[:-1])), shape[-1] // vec, vec, kq._sm_count())
+    CL = column_cluster.cluster_size_for(kq._sm_count())
+    g = column_cluster.cluster_geometry(int(np.prod(shape[:-1])), shape[-1] // vec, vec, kq._sm_count())
     if g is None:
         pytest.skip(f"not a cluster shape for clusters of {CL}")
     plan = kq.get_plan(shape, _KIND[dtype], sch)
@@ -140,13 +140,13 @@ def refusing_clusters(cluster):
     process can hold; no refusal recorded before (launch._REFUSED emptied, restored after),
     fresh plans and remembered calls before and after. Yields the launch module."""
     import nqdq.api as api
-    import nqdq.kernels.launch as LAUNCH
+    from nqdq.kernels import launch
 
-    cluster.setattr(LAUNCH, "_REFUSED", set())
-    cluster.setattr(CC, "cluster_size_for", lambda sms: 32)
+    cluster.setattr(launch, "_REFUSED", set())
+    cluster.setattr(column_cluster, "cluster_size_for", lambda sms: 32)
     kq._PLANS.clear()
     api.clear_fast_path()
-    yield LAUNCH
+    yield launch
     kq._PLANS.clear()
     api.clear_fast_path()
 
@@ -156,7 +156,7 @@ def test_refused_cluster_launch_falls_back(refusing_clusters):
     the plan without clusters; later calls (the CuPy runner remembered by nqdq.quantize, and
     a NumPy input with device="cuda": the plan's execute) plan no cluster kernel. Every result
     exact."""
-    LAUNCH = refusing_clusters
+    launch = refusing_clusters
     sch = resolve_scheme("int8_column")
     shape = (4096, 2048)
     ((k, _g, _b, _a),) = kq.get_plan(shape, _KIND[ml_dtypes.bfloat16], sch).launches
@@ -167,7 +167,7 @@ def test_refused_cluster_launch_falls_back(refusing_clusters):
         if i == 0:
             with pytest.warns(RuntimeWarning, match="refused a cluster launch"):
                 q = nqdq.quantize(x, "int8_column", dtype="bfloat16")
-            assert LAUNCH._REFUSED == {"cluster"} and not CC.available()
+            assert launch._REFUSED == {"cluster"} and not column_cluster.available()
             names = [k.py_func.__name__ for k, _, _, _ in kq.get_plan(shape, _KIND[ml_dtypes.bfloat16], sch).launches]
             assert "column_cluster" not in names, names
         else:

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import nqdq.kernels._column_kernels as CK
+import nqdq.kernels._column_kernels as column_kernels
 import nqdq.kernels.quantize as kq
 from nqdq.schemes import resolve_scheme
 
@@ -59,21 +59,21 @@ def _column_data(shape, seed):
     ],
 )
 def test_onepass_geometry(rows, upr, sms, want):
-    assert CK.onepass_geometry(rows, upr, sms, nt=256) == want
+    assert column_kernels.onepass_geometry(rows, upr, sms, nt=256) == want
 
 
 def test_onepass_geometry_channels_per_block():
     """A stripe's W * VEC channels are at most NT (one thread each for the scales): with 64
     threads, bf16 stripes are at most 8 units wide, f32 ones 16."""
-    assert CK.onepass_geometry(8, 64, 1, nt=64, vec=8)[1] == 4  # P = 1: narrowest
-    assert CK.onepass_geometry(2000, 64, 32, nt=64, vec=8) == (64, 8, 16, 16, 8)  # 128 rows per chunk
-    assert CK.onepass_geometry(2000, 64, 32, nt=64, vec=4) == (64, 16, 16, 32, 4)  # 64 rows per chunk
+    assert column_kernels.onepass_geometry(8, 64, 1, nt=64, vec=8)[1] == 4  # P = 1: narrowest
+    assert column_kernels.onepass_geometry(2000, 64, 32, nt=64, vec=8) == (64, 8, 16, 16, 8)  # 128 rows per chunk
+    assert column_kernels.onepass_geometry(2000, 64, 32, nt=64, vec=4) == (64, 16, 16, 32, 4)  # 64 rows per chunk
 
 
 def test_onepass_geometry_p_max():
-    assert CK.onepass_geometry(8192, 1024, 132, p_max=128, nt=256) == (256, 32, 16, 64, 32)
-    assert CK.onepass_geometry(65536, 128, 132, p_max=128, nt=256) == (256, 8, 16, 128, 16)
-    assert CK.onepass_geometry(65536, 128, 100, p_max=128, nt=256) == (256, 4, 16, 64, 32)  # P <= SMs
+    assert column_kernels.onepass_geometry(8192, 1024, 132, p_max=128, nt=256) == (256, 32, 16, 64, 32)
+    assert column_kernels.onepass_geometry(65536, 128, 132, p_max=128, nt=256) == (256, 8, 16, 128, 16)
+    assert column_kernels.onepass_geometry(65536, 128, 100, p_max=128, nt=256) == (256, 4, 16, 64, 32)  # P <= SMs
 
 
 # ----------------------------------------------------------------------------- bit for bit
@@ -96,7 +96,7 @@ _EXACT_CASES = [
 def test_onepass_exact(onepass, name, kw, shape, dtype, sync):
     """Without the workspace, with it (one block per item), pipelined (persistent blocks)."""
     onepass.setattr(kq, "COLUMN_ONEPASS_SYNC", bool(sync))
-    onepass.setattr(CK, "ONEPASS_PIPE", sync == "pipe")
+    onepass.setattr(column_kernels, "ONEPASS_PIPE", sync == "pipe")
     sch = resolve_scheme(name, **kw)
     x = _column_data(shape, seed=len(name) + shape[-1]).astype(dtype)
     assert _launched(x.shape, dtype, sch) == ["column_onepass"]
@@ -111,16 +111,16 @@ def test_onepass_widths(onepass, widths, dtype, C):
     """Stripes of 16 / 8 / 4 units (W * VEC <= the simulator's 64 threads), the last one
     partly outside the rows (1000 bf16: 125 units; 500 f32: 125 units), U > 1 units per
     thread, through the workspace."""
-    onepass.setattr(CK, "ONEPASS_WIDTHS", widths)
+    onepass.setattr(column_kernels, "ONEPASS_WIDTHS", widths)
     onepass.setattr(kq, "COLUMN_ONEPASS_SYNC", True)
     sch = resolve_scheme("int8_column")
     shape = (21, C)
     x = _column_data(shape, seed=widths[0]).astype(dtype)
-    onepass.setattr(CK, "ONEPASS_PIPE", False)
+    onepass.setattr(column_kernels, "ONEPASS_PIPE", False)
     plan = kq.get_plan(shape, _KINDS[dtype], sch)
     ((_, grid, block, args),) = plan.launches
     vec = 4 if dtype == np.float32 else 8
-    NT, W, U, P, S = CK.onepass_geometry(21, 125, 1, vec=vec)
+    NT, W, U, P, S = column_kernels.onepass_geometry(21, 125, 1, vec=vec)
     assert (W, P, S, grid, block, args[4]) == (widths[0], 1, -(-125 // widths[0]), S, NT, W)
     assert U * NT // W >= 21 and U > 1
     check(x, sch, x_ref=x.astype(np.float32))
@@ -133,10 +133,10 @@ def test_onepass_pipelined_two_chunks(onepass, dtype):
     arrives before it waits: the early arrival), then moves to the next stripe (the late
     arrival). One unit per thread and item, 16 rows per chunk at W = 4: 32 rows, 2 stripes."""
     onepass.setattr(kq, "_sm_count", lambda: 2)  # P <= 2
-    onepass.setattr(CK, "ONEPASS_UNITS", 1)  # no single-chunk geometry for 32 rows
-    onepass.setattr(CK, "ONEPASS_PIPE_UNITS", 1)
-    onepass.setattr(CK, "ONEPASS_PIPE_BLOCKS", 1)
-    onepass.setattr(CK, "ONEPASS_PIPE", True)
+    onepass.setattr(column_kernels, "ONEPASS_UNITS", 1)  # no single-chunk geometry for 32 rows
+    onepass.setattr(column_kernels, "ONEPASS_PIPE_UNITS", 1)
+    onepass.setattr(column_kernels, "ONEPASS_PIPE_BLOCKS", 1)
+    onepass.setattr(column_kernels, "ONEPASS_PIPE", True)
     vec = 4 if dtype == np.float32 else 8
     shape = (32, 8 * vec)
     sch = resolve_scheme("int8_column")
@@ -156,9 +156,9 @@ def test_rint_in_range(name, kw, want):
     max_elem past the format's range, or a float format, does not."""
     sch = resolve_scheme(name, **kw)
     fmt = kq.format_tuple(sch)
-    assert CK.rint_in_range(fmt, kq._max_elem(sch)) == want
+    assert column_kernels.rint_in_range(fmt, kq._max_elem(sch)) == want
     if fmt[0] == 0:
-        assert not CK.rint_in_range(fmt, fmt[7] + 0.5) and CK.rint_in_range(fmt, fmt[7] + 0.25)
+        assert not column_kernels.rint_in_range(fmt, fmt[7] + 0.5) and column_kernels.rint_in_range(fmt, fmt[7] + 0.25)
 
 
 @pytest.mark.parametrize("max_elem", [127.0, 7.0])
@@ -183,7 +183,7 @@ def test_onepass_falls_back(onepass):
     """More rows than one chunk holds in the simulator (P would exceed 1): the two passes;
     COLUMN_ONEPASS off: the two passes too."""
     sch = resolve_scheme("int8_column")
-    rows = CK.ONEPASS_UNITS * CK.ONEPASS_THREADS // min(CK.ONEPASS_WIDTHS) + 1
+    rows = column_kernels.ONEPASS_UNITS * column_kernels.ONEPASS_THREADS // min(column_kernels.ONEPASS_WIDTHS) + 1
     assert _launched((rows, 64), ml_dtypes.bfloat16, sch) == ["column_amax", "finalize", "column_encode"]
     assert _launched((4, 64), ml_dtypes.bfloat16, sch) == ["column_onepass"]
     onepass.setattr(kq, "COLUMN_ONEPASS", False)

@@ -20,7 +20,7 @@ from _helpers import gpu_cupy_or_skip  # noqa: E402
 
 cp = gpu_cupy_or_skip()
 
-import nqdq.kernels._column_kernels as CK  # noqa: E402
+import nqdq.kernels._column_kernels as column_kernels  # noqa: E402
 import nqdq.kernels.quantize as kq  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
@@ -35,7 +35,7 @@ def _geometry(shape, dtype):
     names = [k.py_func.__name__ for k, _, _, _ in plan.launches]
     vec = 4 if dtype == np.float32 else 8
     rows = int(np.prod(shape[:-1]))
-    g = CK.onepass_geometry(rows, shape[-1] // vec, kq._sm_count(), kq.COLUMN_ONEPASS_P_MAX, vec=vec)
+    g = column_kernels.onepass_geometry(rows, shape[-1] // vec, kq._sm_count(), kq.COLUMN_ONEPASS_P_MAX, vec=vec)
     return g, names
 
 
@@ -52,7 +52,7 @@ def _geometry(shape, dtype):
 )
 @pytest.mark.parametrize("pipe", [True, False, "ring"])
 def test_onepass_multichunk_exact(onepass, shape, dtype, pipe):
-    onepass.setattr(CK, "ONEPASS_PIPE", pipe is True)
+    onepass.setattr(column_kernels, "ONEPASS_PIPE", pipe is True)
     onepass.setattr(kq, "COLUMN_RING", pipe == "ring")
     plan = kq.get_plan(shape, _KIND[dtype], resolve_scheme("int8_column"))
     names = [k.py_func.__name__ for k, _, _, _ in plan.launches]
@@ -91,10 +91,10 @@ def test_onepass_single_chunk(onepass, shape):
 def test_ring_issue_shapes(onepass, shape, dtype, force_wait):
     """The shared-memory ring at the issue's sizes (P = 128 / 256 chunks a stripe), odd
     shapes, and with the wait path (every item held arrives first) on every item."""
-    import nqdq.kernels._column_ring as CR
+    import nqdq.kernels._column_ring as column_ring
 
     onepass.setattr(kq, "COLUMN_RING", True)
-    onepass.setattr(CR, "RING_FORCE_WAIT", force_wait)
+    onepass.setattr(column_ring, "RING_FORCE_WAIT", force_wait)
     plan = kq.get_plan(shape, _KIND[dtype], resolve_scheme("int8_column"))
     assert [k.py_func.__name__ for k, _, _, _ in plan.launches] == ["column_ring"]
     assert plan.launches[0][3][4] > 1  # P

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import nqdq.kernels._column_ring as CR
+import nqdq.kernels._column_ring as column_ring
 import nqdq.kernels.quantize as kq
 from nqdq.kernels.launch import dynamic_smem
 from nqdq.reference import quantize as ref
@@ -58,33 +58,34 @@ _H100 = dict(RING_THREADS=128, RING_UNITS=8, RING_SLOTS=3, RING_LAG=1, RING_BLOC
     ],
 )
 def test_ring_geometry(rows, upr, vec, knobs, want, monkeypatch):
-    monkeypatch.setattr(CR, "SIMULATOR", False)  # the GPU's rules
+    monkeypatch.setattr(column_ring, "SIMULATOR", False)  # the GPU's rules
     for k, v in {**_H100, **knobs}.items():
-        monkeypatch.setattr(CR, k, v)
-    assert CR.ring_geometry(rows, upr, 132, vec) == want
+        monkeypatch.setattr(column_ring, k, v)
+    assert column_ring.ring_geometry(rows, upr, 132, vec) == want
 
 
 def test_divp_is_floor_division():
     """divp (the stripe of an item: a multiply by ceil(2^32 / P) and a shift) is a // P for
     every divisor 1 .. 256, over the small items, the top of its range and both sides of
     every multiple of P there."""
-    divp = getattr(CR.divp, "py_func", CR.divp)
-    top = CR.ITEMS_MAX - 1 - np.arange(4096, dtype=np.int64)
+    divp = getattr(column_ring.divp, "py_func", column_ring.divp)
+    top = column_ring.ITEMS_MAX - 1 - np.arange(4096, dtype=np.int64)
     for P in range(1, 257):
-        k = np.arange(CR.ITEMS_MAX // P - 4096 // P - 1, CR.ITEMS_MAX // P + 1, dtype=np.int64) * P
+        k = np.arange(column_ring.ITEMS_MAX // P - 4096 // P - 1, column_ring.ITEMS_MAX // P + 1, dtype=np.int64) * P
         a = np.concatenate([np.arange(4096, dtype=np.int64), top, k - 1, k, k + 1])
-        a = a[(a >= 0) & (a < CR.ITEMS_MAX)]
-        assert (divp(a, CR.p_reciprocal(P)) == a // P).all(), P
+        a = a[(a >= 0) & (a < column_ring.ITEMS_MAX)]
+        assert (divp(a, column_ring.p_reciprocal(P)) == a // P).all(), P
     with pytest.raises(ValueError):
-        CR.p_reciprocal(257)
+        column_ring.p_reciprocal(257)
 
 
 def test_ring_smem_fits():
     """The defaults: 3 slots of 8 units x 128 threads, 48 KiB of ring + the static arrays +
     1 KiB reserved, four times within an SM's 228 KiB; a fourth slot does not fit."""
-    per_block = CR.ring_smem(128, 8, 3) + CR.static_smem(128, 8) + CR.SMEM_RESERVED
-    assert CR.ring_smem(128, 8, 3) == 48 * 1024 and 4 * per_block <= CR.SMEM_PER_SM
-    assert 4 * (CR.ring_smem(128, 8, 4) + CR.static_smem(128, 8) + CR.SMEM_RESERVED) > CR.SMEM_PER_SM
+    per_block = column_ring.ring_smem(128, 8, 3) + column_ring.static_smem(128, 8) + column_ring.SMEM_RESERVED
+    assert column_ring.ring_smem(128, 8, 3) == 48 * 1024 and 4 * per_block <= column_ring.SMEM_PER_SM
+    assert (4 * (column_ring.ring_smem(128, 8, 4) + column_ring.static_smem(128, 8) + column_ring.SMEM_RESERVED)
+            > column_ring.SMEM_PER_SM)
 
 
 # ----------------------------------------------------------------------------- bit for bit
@@ -104,7 +105,7 @@ def test_ring_exact(ring, name, kw, shape, dtype):
     assert _launched(x.shape, dtype, sch) == ["column_ring"]
     plan = kq.get_plan(x.shape, _KINDS[dtype], sch)
     ((k, grid, block, args),) = plan.launches
-    assert grid == 1 and dynamic_smem(k) == CR.ring_smem(block, CR.RING_UNITS, CR.RING_SLOTS)
+    assert grid == 1 and dynamic_smem(k) == column_ring.ring_smem(block, column_ring.RING_UNITS, column_ring.RING_SLOTS)
     check(x, sch, x_ref=x.astype(np.float32))
 
 
@@ -128,15 +129,16 @@ def _direct(x, sch, W, P, force_wait, D=3, L=1, U=1):
     vec = 4 if x.dtype == np.float32 else 8
     upr = C // vec
     S = -(-upr // W)
-    NT = CR.RING_THREADS
+    NT = column_ring.RING_THREADS
     assert -(-rows // (U * NT // W)) == P
-    k = CR.make_column_ring_kernel(kind, kq.format_tuple(sch), kq._max_elem(sch), NT, W, U, D, L, False, force_wait)
+    k = column_ring.make_column_ring_kernel(kind, kq.format_tuple(sch), kq._max_elem(sch), NT, W, U, D, L, False,
+                                            force_wait)
     xf = x.reshape(-1)
     xf = xf if x.dtype == np.float32 else xf.view(np.uint16)
     ws = np.zeros(C + S + 1, np.int32)
     scales = np.full(C, np.nan, np.float32)
     codes = np.full(rows * C, 0xA5, np.uint8)
-    k[1, NT, 0, dynamic_smem(k)](xf, rows, upr, C, P, CR.p_reciprocal(P), S, ws, scales, codes)
+    k[1, NT, 0, dynamic_smem(k)](xf, rows, upr, C, P, column_ring.p_reciprocal(P), S, ws, scales, codes)
     # one block took every ticket: D - 1 ahead, then one an iteration, the last one past the end
     assert ws[C + S] == S * P + D
     assert (ws[C : C + S] == P).all()  # every stripe's P items arrived, none twice
@@ -156,7 +158,7 @@ def test_ring_direct_chunks(dtype, C, W, P, D, L, force_wait):
     """P > 1 in one block: a stripe completes by the block's own arrivals, L items ahead of
     its encode (or, with force_wait, by the wait path's arrival of every item held)."""
     sch = resolve_scheme("int8_column")
-    NT = CR.RING_THREADS
+    NT = column_ring.RING_THREADS
     rows = P * (NT // W) - 3  # the last chunk short
     x = _column_data((rows, C), seed=C + P).astype(dtype)
     codes, scales = _direct(x, sch, W, P, force_wait, D=D, L=L)

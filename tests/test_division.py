@@ -254,8 +254,8 @@ def test_guards():
 def _spy_count(monkeypatch):
     """Count div_by_recip calls made by the row-wise and per-channel kernels (the simulator
     runs Python)."""
-    from nqdq.kernels import _column_kernels as CK
-    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels import _column_kernels as column_kernels
+    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
 
     calls = [0]
     real = D.div_by_recip
@@ -264,8 +264,8 @@ def _spy_count(monkeypatch):
         calls[0] += 1
         return real(x, s, r)
 
-    monkeypatch.setattr(RK, "div_by_recip", spy)
-    monkeypatch.setattr(CK, "div_by_recip", spy)  # (the per-channel integer encode without the clip)
+    monkeypatch.setattr(rowwise_kernels, "div_by_recip", spy)
+    monkeypatch.setattr(column_kernels, "div_by_recip", spy)  # (the per-channel integer encode without the clip)
     return calls
 
 
@@ -325,12 +325,12 @@ def test_static_scales_ratio_and_range(monkeypatch):
 def test_switch_off_is_the_division(monkeypatch):
     """RECIP_DIV off (NQDQ_RECIP_DIV=0, the A/B baseline): no reciprocal, same codes."""
     from tests.test_kernels import check
-    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
     from nqdq.kernels import quantize as kq
     from nqdq.schemes import resolve_scheme
 
     calls = _spy_count(monkeypatch)
-    monkeypatch.setattr(RK, "RECIP_DIV", False)
+    monkeypatch.setattr(rowwise_kernels, "RECIP_DIV", False)
     kq._PLANS.clear()
     x = _hard_rows(3, 128, 4, ml_dtypes.bfloat16)
     check(x, resolve_scheme("fp8_row"), x_ref=x.astype(np.float32))

@@ -369,7 +369,7 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank
     rows kernel, which also stores perm. rank 2, MOE_LOCAL: no sort; 3 blocks of 2 tokens
     (the last of 1: tokens 0-1, 2-3, 4), each counting every pair's bucket and finding its own
     pairs' rows, perm and (block 0) the offsets."""
-    from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels import _fused_kernels as fused_kernels
     from nqdq.kernels import fused as KF
 
     ops, built_lanes = [], []
@@ -377,7 +377,7 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank
 
     def spy(op, *a, **kw):
         ops.append(op)
-        if op == FK.OP_SCATTER:  # (op, out, kind, wkind, NW, U, ...): the layout asked for
+        if op == fused_kernels.OP_SCATTER:  # (op, out, kind, wkind, NW, U, ...): the layout asked for
             assert a[3:5] == ((1, 4) if units == 0 else (2, units))
             # (..., KD, STAGE, LANES, PIPE, RANK): k = 3
             assert a[-4] == (stage if a[-5] == 3 else 0) and a[-3] <= lanes and a[-2] == pipe
@@ -403,7 +403,7 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank
     ids = topk_ids(rng, T, E, k)
     ids[ids == 2] = 0  # expert 2 empty
     q, perm, off = fused.moe_sort_quantize(x, ids, E, "mxfp4", device="cuda")
-    assert ops == [FK.OP_SCATTER if scatter else FK.OP_GATHER]
+    assert ops == [fused_kernels.OP_SCATTER if scatter else fused_kernels.OP_GATHER]
     perm_ref, off_ref = R.moe_sort(ids, E)
     np.testing.assert_array_equal(perm, perm_ref)
     np.testing.assert_array_equal(off, off_ref)
@@ -419,7 +419,7 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank
     ops.clear()
     ids9 = topk_ids(rng, 2, 10, 9)
     q9, perm9, _ = fused.moe_sort_quantize(x[:2, :64], ids9, 10, "mxfp4", device="cuda")
-    assert ops == [FK.OP_GATHER]
+    assert ops == [fused_kernels.OP_GATHER]
     assert_q_equal(q9, nqdq.quantize(x[:2, :64][R.moe_sort(ids9, 10)[0]], "mxfp4"))
 
 
@@ -428,7 +428,7 @@ def _device_sort(ids, npairs, k, E, mode, flag=None):
     launch or three), or "rank[B]" (moe_rank_kernel over about B chunks, MOE_RANK_BLOCKS:
     each pair's row from its packed rank and its chunk's base, as the rows kernel finds it,
     perm from those rows; its ticket checked left zero). ``flag``: the id check's word."""
-    from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels import _fused_kernels as fused_kernels
     from nqdq.kernels._grid import SYNC_WORDS
     from nqdq.kernels._interop import Allocator
     from nqdq.kernels.fused import moe_rank, moe_sort
@@ -454,7 +454,8 @@ def _device_sort(ids, npairs, k, E, mode, flag=None):
         KF.MOE_RANK_BLOCKS = blocks
     assert not ws.any()
     p = np.arange(npairs)
-    inv = cbase[(p >> csh) * (E + 1) + (packed >> FK.MOE_RANK_SHIFT)] + (packed & (FK.MOE_RANK_CHUNK - 1))
+    inv = (cbase[(p >> csh) * (E + 1) + (packed >> fused_kernels.MOE_RANK_SHIFT)]
+           + (packed & (fused_kernels.MOE_RANK_CHUNK - 1)))
     perm = np.full(npairs, -1, np.int64)
     perm[inv] = p // k
     return perm, off, inv
@@ -480,9 +481,9 @@ def test_moe_sort_many_pairs_device(tokens, k, E, unroll, mode, monkeypatch):
     (512 pairs, two rounds: 2 chunks of 600 pairs; 1024 pairs, four rounds: 3, 3 and 5
     chunks), the last chunk partial, the last block's column sums and scan over 7 to 301
     buckets."""
-    from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels import _fused_kernels as fused_kernels
 
-    monkeypatch.setattr(FK, "MOE_UNROLL", unroll)  # read when the simulator runs the kernel
+    monkeypatch.setattr(fused_kernels, "MOE_UNROLL", unroll)  # read when the simulator runs the kernel
     rng = np.random.default_rng(9)
     ids = rng.integers(0, E, (tokens, k))
     flag = np.full(3, -7, np.int32)
@@ -708,13 +709,13 @@ def test_e2m1_unit_f32_p2_matches_the_codec(clamp, monkeypatch):
     over the MX range of k: y subnormal (k = -127 .. -120: 2^-k up to 2^127), normal, 2^-k
     subnormal in bfloat16 (k = 127, the "rceil" code 254). tests/test_fused_gpu.py runs the
     unclamped one compiled."""
-    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
 
     # the bit casts by NumPy views: the twins run on whole arrays
-    monkeypatch.setattr(RK, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
-    monkeypatch.setattr(RK, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
+    monkeypatch.setattr(rowwise_kernels, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
+    monkeypatch.setattr(rowwise_kernels, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
     v, ks = e2m1_y_probes(not clamp)
-    fn = RK.e2m1_unit_f32_p2.py_func
+    fn = rowwise_kernels.e2m1_unit_f32_p2.py_func
     for k in ks:
         y, want, p2 = e2m1_y_case(v, k)
         e = y.view(np.uint32).reshape(-1, 8)
@@ -837,16 +838,23 @@ def test_full_rows_policy(monkeypatch):
     """FULL_ROWS -1 (the default): FULL for the RMSNorm ops with the residual and for mxfp4 /
     fp8_tensor without it, and flatten (the H100 A/Bs); not for fp8_row / fp8_1x128 without the
     residual, the y kernel or the MoE rows. 1 / 0: every op / none."""
-    from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels import _fused_kernels as fused_kernels
     from nqdq.kernels import _fused_rows as FR
 
     monkeypatch.setattr(FR, "FULL_ROWS", -1)
-    on = {(FK.OP_NORM, out, res) for out in (FK.OUT_ROW, FK.OUT_GROUP, FK.OUT_MX, FK.OUT_TENSOR) for res in (True,)}
-    on |= {(FK.OP_NORM, FK.OUT_MX, False), (FK.OP_NORM, FK.OUT_TENSOR, False)}
-    on |= {(FK.OP_ROWS, out, res) for out in (FK.OUT_ROW, FK.OUT_GROUP, FK.OUT_MX, FK.OUT_TENSOR, FK.OUT_Y)
+    on = {(fused_kernels.OP_NORM, out, res)
+          for out in (fused_kernels.OUT_ROW, fused_kernels.OUT_GROUP, fused_kernels.OUT_MX, fused_kernels.OUT_TENSOR)
+          for res in (True,)}
+    on |= {(fused_kernels.OP_NORM, fused_kernels.OUT_MX, False),
+           (fused_kernels.OP_NORM, fused_kernels.OUT_TENSOR, False)}
+    on |= {(fused_kernels.OP_ROWS, out, res)
+           for out in (fused_kernels.OUT_ROW, fused_kernels.OUT_GROUP, fused_kernels.OUT_MX, fused_kernels.OUT_TENSOR,
+                       fused_kernels.OUT_Y)
            for res in (False, True)}
-    ops = [(op, out, res) for op in (FK.OP_NORM, FK.OP_ROWS, FK.OP_GATHER, FK.OP_SCATTER)
-           for out in (FK.OUT_ROW, FK.OUT_GROUP, FK.OUT_MX, FK.OUT_TENSOR, FK.OUT_Y) for res in (False, True)]
+    ops = [(op, out, res) for op in (fused_kernels.OP_NORM, fused_kernels.OP_ROWS, fused_kernels.OP_GATHER,
+                                     fused_kernels.OP_SCATTER)
+           for out in (fused_kernels.OUT_ROW, fused_kernels.OUT_GROUP, fused_kernels.OUT_MX, fused_kernels.OUT_TENSOR,
+                       fused_kernels.OUT_Y) for res in (False, True)]
     assert {o for o in ops if FR.full_rows(*o)} == on
     for v in (0, 1):
         monkeypatch.setattr(FR, "FULL_ROWS", v)
@@ -860,7 +868,7 @@ def test_full_rows_switch_matches_reference(on, monkeypatch):
     = 2 (no unit tested against the row's end) and gives the spec's bits for the four RMSNorm
     outputs with and without the residual (a NaN and an inf in separate groups), flatten and
     the MoE rows; 0, or where the row does not fill them (n = 520), fast stays 1."""
-    from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels import _fused_kernels as fused_kernels
     from nqdq.kernels import _fused_rows as FR
     from nqdq.kernels import fused as KF
 
@@ -890,7 +898,7 @@ def test_full_rows_switch_matches_reference(on, monkeypatch):
             assert_q_equal(qc, qg)
             np.testing.assert_array_equal(bits(rc), bits(rg))
             # (each general call builds its kernel, and so does the plan it remembers: fused._ROWS_FAST)
-            assert built and set(built) == {(FK.OP_NORM, 2 if on and n == 512 else True)}
+            assert built and set(built) == {(fused_kernels.OP_NORM, 2 if on and n == 512 else True)}
     x3 = rows(rng, 2 * 4, 128, "bfloat16").reshape(2, 4, 128)
     assert_q_equal(fused.flatten_quantize(x3, "mxfp4", device="cuda"), nqdq.quantize(x3.reshape(2, 512), "mxfp4"))
     ids = np.array([[0, 2], [1, 0], [2, 1]])
@@ -904,25 +912,26 @@ def test_prefetch_distance_per_op(monkeypatch):
     PREFETCH_TENSOR rows ahead (the one op the H100 A/B found faster); never with the residual
     nor for the row ops without a norm; a value >= 0 applies to every RMSNorm op without the
     residual, and the kernel builds the prefetch code exactly where the distance is > 0."""
-    from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels import _fused_kernels as fused_kernels
     from nqdq.kernels import _fused_rows as FR
     from nqdq.kernels._elements import format_tuple
 
     pd = FR.prefetch_distance
-    assert pd(-1, FK.OP_NORM, FK.OUT_TENSOR, False) == FR.PREFETCH_TENSOR > 0
-    for out in (FK.OUT_ROW, FK.OUT_GROUP, FK.OUT_MX, FK.OUT_Y):
-        assert pd(-1, FK.OP_NORM, out, False) == 0
-        assert pd(528, FK.OP_NORM, out, False) == 528
-    for out in (FK.OUT_TENSOR, FK.OUT_MX):
-        assert pd(-1, FK.OP_NORM, out, True) == 0 and pd(264, FK.OP_NORM, out, True) == 0
-        assert pd(264, FK.OP_GATHER, out, False) == 0 and pd(-1, FK.OP_ROWS, out, False) == 0
-    assert pd(0, FK.OP_NORM, FK.OUT_TENSOR, False) == 0
+    assert pd(-1, fused_kernels.OP_NORM, fused_kernels.OUT_TENSOR, False) == FR.PREFETCH_TENSOR > 0
+    for out in (fused_kernels.OUT_ROW, fused_kernels.OUT_GROUP, fused_kernels.OUT_MX, fused_kernels.OUT_Y):
+        assert pd(-1, fused_kernels.OP_NORM, out, False) == 0
+        assert pd(528, fused_kernels.OP_NORM, out, False) == 528
+    for out in (fused_kernels.OUT_TENSOR, fused_kernels.OUT_MX):
+        assert pd(-1, fused_kernels.OP_NORM, out, True) == 0 and pd(264, fused_kernels.OP_NORM, out, True) == 0
+        assert pd(264, fused_kernels.OP_GATHER, out, False) == 0 and pd(-1, fused_kernels.OP_ROWS, out, False) == 0
+    assert pd(0, fused_kernels.OP_NORM, fused_kernels.OUT_TENSOR, False) == 0
     monkeypatch.setattr(FR, "PREFETCH", -1)
     sch = resolve_scheme("fp8_tensor", static_scale=True)
     nw, u = R.row_geometry(7168)
     srcs = {}
     for res in (False, True):
-        k = FR.fused_row_kernel(FK.OP_NORM, FK.OUT_TENSOR, 1, 1, nw, u, True, False, res, format_tuple(sch),
+        k = FR.fused_row_kernel(fused_kernels.OP_NORM, fused_kernels.OUT_TENSOR, 1, 1, nw, u, True, False, res,
+                                format_tuple(sch),
                                 (0, 0, 0, 1.0), 448.0, 0, True)
         srcs[res] = k.source
     assert "prefetch_rows(" in srcs[False] and "prefetch_rows(" not in srcs[True]

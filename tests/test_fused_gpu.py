@@ -117,7 +117,7 @@ def test_gpu_e2m1_unit_f32_p2_matches_the_codec():
     against the reference codec: what test_fused checks through the twins."""
     from numba import cuda
 
-    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
     from test_fused import e2m1_codes, e2m1_y_case, e2m1_y_probes
 
     @cuda.jit
@@ -125,7 +125,8 @@ def test_gpu_e2m1_unit_f32_p2_matches_the_codec():
         i = cuda.grid(1)
         if i < out.size:
             b = 8 * i
-            out[i] = RK.e2m1_unit_f32_p2((e[b], e[b + 1], e[b + 2], e[b + 3], e[b + 4], e[b + 5], e[b + 6], e[b + 7]),
+            out[i] = rowwise_kernels.e2m1_unit_f32_p2((e[b], e[b + 1], e[b + 2], e[b + 3], e[b + 4], e[b + 5], e[b + 6],
+                                                       e[b + 7]),
                                          p2, False)
 
     v, ks = e2m1_y_probes(True)
@@ -478,7 +479,7 @@ def test_gpu_moe_rank(T, k, E):
     few ids out of range: one pair; 32 chunks of 256 pairs, 36 of 1024, 22 of 256 (1025
     buckets, five a thread) and 313 of 1024 (the last block's column walks 10 rounds of
     MOE_WALK loads). Twice in a row on one zeroed ticket, which the kernel leaves zero."""
-    from nqdq.kernels import _fused_kernels as FK
+    from nqdq.kernels import _fused_kernels as fused_kernels
     from nqdq.kernels import fused as KF
     from nqdq.kernels._interop import Allocator
 
@@ -496,7 +497,8 @@ def test_gpu_moe_rank(T, k, E):
         assert csh == KF.rank_chunk_shift(T * k)
         packed, cbase, off = host(packed)[: T * k], host(cbase), host(off)
         p = np.arange(T * k)
-        rows_ = cbase[(p >> csh) * (E + 1) + (packed >> FK.MOE_RANK_SHIFT)] + (packed & (FK.MOE_RANK_CHUNK - 1))
+        rows_ = (cbase[(p >> csh) * (E + 1) + (packed >> fused_kernels.MOE_RANK_SHIFT)]
+                 + (packed & (fused_kernels.MOE_RANK_CHUNK - 1)))
         np.testing.assert_array_equal(rows_, inv_ref)
         counts = np.bincount(ids[valid], minlength=E)
         np.testing.assert_array_equal(off[: E + 1], np.concatenate([[0], np.cumsum(counts)]))

@@ -150,12 +150,12 @@ def test_one_launch_is_plain_after_a_refused_cooperative_launch(name, grid_switc
     """The one-launch kernels are launched plainly (their wait needs no co-resident grid:
     _grid.wait_done), so they stay the plan after the driver refused a cooperative launch
     (which rules out _tensor_resident's kernels), exact."""
-    import nqdq.kernels.launch as LAUNCH
+    from nqdq.kernels import launch
 
-    monkeypatch.setattr(LAUNCH, "_REFUSED", {"cooperative"})
+    monkeypatch.setattr(launch, "_REFUSED", {"cooperative"})
     grid_switch(True)
     plan = kq.get_plan((4, 64), 1, resolve_scheme(name))
     ((k, *_),) = plan.launches
-    assert k.py_func.__name__ == ONE_LAUNCH[name] and not LAUNCH.cooperative(k) and plan.ex_kinds == set()
+    assert k.py_func.__name__ == ONE_LAUNCH[name] and not launch.cooperative(k) and plan.ex_kinds == set()
     x = edge_data((4, 64), seed=3).astype(ml_dtypes.bfloat16)
     check(x, resolve_scheme(name), x_ref=x.astype(np.float32))

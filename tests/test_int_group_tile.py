@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import nqdq.kernels.quantize as kq
-from nqdq.kernels import _rowwise_kernels as RK
-from nqdq.kernels import _tile_kernels as TK
+from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+from nqdq.kernels import _tile_kernels as tile_kernels
 from nqdq.schemes import resolve_scheme
 
 from test_kernels import _launched, check, edge_data
@@ -23,16 +23,16 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN/inf ari
 
 
 def _clear():
-    RK.make_lastaxis_group_kernel.cache_clear()
-    TK.make_tile_kernel.cache_clear()
+    rowwise_kernels.make_lastaxis_group_kernel.cache_clear()
+    tile_kernels.make_tile_kernel.cache_clear()
     kq._PLANS.clear()
 
 
 @pytest.fixture(params=[True, False], ids=["new", "old"])
 def switch(request, monkeypatch):
     """Both switches set to the parameter; kernels and plans built meanwhile are dropped."""
-    monkeypatch.setattr(RK, "INT_GROUP_FAST", request.param)
-    monkeypatch.setattr(TK, "RECIP_ONCE", request.param)
+    monkeypatch.setattr(rowwise_kernels, "INT_GROUP_FAST", request.param)
+    monkeypatch.setattr(tile_kernels, "RECIP_ONCE", request.param)
     _clear()
     yield request.param
     _clear()
@@ -73,7 +73,7 @@ def test_int_group_interleave_geometry(monkeypatch):
     lanes (lane l: units l, l + 4, ...: ST = 4), as fp8's are; without it they are
     consecutive (ST = 1)."""
     for on, st in ((True, 4), (False, 1)):
-        monkeypatch.setattr(RK, "INT_GROUP_FAST", on)
+        monkeypatch.setattr(rowwise_kernels, "INT_GROUP_FAST", on)
         _clear()
         plan = kq.get_plan((8, 1024), 1, resolve_scheme("int4_group"))
         k = [k for k, _, _, _ in plan.launches if k.py_func.__name__ == "lastaxis_groups"][0]
@@ -89,8 +89,8 @@ def test_int_group_interleave_geometry(monkeypatch):
 def test_asym_rows_recip_once_exact(monkeypatch, on, name, shape, dtype):
     """``_rowwise_kernels.ASYM_ROW_RECIP_ONCE``: the asymmetric rows kernel's reciprocal and
     float bounds once per thread, on and off (int4_asym: per-row scales here, granularity row)."""
-    monkeypatch.setattr(RK, "ASYM_ROW_RECIP_ONCE", on)
-    RK.make_lastaxis_asym_row_kernel.cache_clear()
+    monkeypatch.setattr(rowwise_kernels, "ASYM_ROW_RECIP_ONCE", on)
+    rowwise_kernels.make_lastaxis_asym_row_kernel.cache_clear()
     kq._PLANS.clear()
     try:
         sch = resolve_scheme(name) if name == "int8_asym" else resolve_scheme("int4", granularity="row", symmetric=False)
@@ -100,7 +100,7 @@ def test_asym_rows_recip_once_exact(monkeypatch, on, name, shape, dtype):
         assert "lastaxis_asym_rows" in _launched(shape, dtype, sch)
         check(x, sch, x_ref=x.astype(np.float32))
     finally:
-        RK.make_lastaxis_asym_row_kernel.cache_clear()
+        rowwise_kernels.make_lastaxis_asym_row_kernel.cache_clear()
         kq._PLANS.clear()
 
 
@@ -115,8 +115,9 @@ def test_switches_on_for_users():
            if k not in ("NQDQ_UNMEASURED_KERNELS", "NQDQ_INT_GROUP_FAST", "NQDQ_TILE_RECIP_ONCE",
                         "NQDQ_ASYM_ROW_RECIP_ONCE", "NQDQ_INT_GROUP_MIN_BLOCKS", "NQDQ_TILE_MIN_BLOCKS")}
     env["NUMBA_ENABLE_CUDASIM"] = "1"
-    code = ("import nqdq.kernels._rowwise_kernels as RK, nqdq.kernels._tile_kernels as TK; "
-            "print(RK.INT_GROUP_FAST, TK.RECIP_ONCE, RK.ASYM_ROW_RECIP_ONCE, RK.INT_GROUP_MIN_BLOCKS, TK.MIN_BLOCKS)")
+    code = ("import nqdq.kernels._rowwise_kernels as rowwise_kernels, nqdq.kernels._tile_kernels as tile_kernels; "
+            "print(rowwise_kernels.INT_GROUP_FAST, tile_kernels.RECIP_ONCE, rowwise_kernels.ASYM_ROW_RECIP_ONCE, "
+            "rowwise_kernels.INT_GROUP_MIN_BLOCKS, tile_kernels.MIN_BLOCKS)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True", "True", "0", "0"]
 
@@ -127,8 +128,8 @@ def test_switches_on_for_users():
 # per chunk, 16-bit asymmetric keys in pairs, the centred sum's unit levels in the thread) and
 # ``ASYM_INT_CLIP`` (asymmetric codes clipped as integers; the asymmetric rows too).
 def _clear_stat():
-    RK.make_lastaxis_stat_group_kernel.cache_clear()
-    RK.make_lastaxis_asym_row_kernel.cache_clear()
+    rowwise_kernels.make_lastaxis_stat_group_kernel.cache_clear()
+    rowwise_kernels.make_lastaxis_asym_row_kernel.cache_clear()
     kq._PLANS.clear()
 
 
@@ -139,9 +140,9 @@ def stat_switch(request, monkeypatch):
     params = getattr(request.node, "callspec", None)
     params = params.params if params else {}
     fast, clip, packed = (params.get(k, True) for k in ("fast", "clip", "packed"))
-    monkeypatch.setattr(RK, "STAT_GROUP_FAST", fast)
-    monkeypatch.setattr(RK, "ASYM_INT_CLIP", clip)
-    monkeypatch.setattr(RK, "ASYM_PACKED_STATS", packed)
+    monkeypatch.setattr(rowwise_kernels, "STAT_GROUP_FAST", fast)
+    monkeypatch.setattr(rowwise_kernels, "ASYM_INT_CLIP", clip)
+    monkeypatch.setattr(rowwise_kernels, "ASYM_PACKED_STATS", packed)
     _clear_stat()
     yield fast, clip, packed
     _clear_stat()
@@ -244,7 +245,7 @@ def test_stat_interleave_geometry(monkeypatch):
     """With STAT_GROUP_FAST int4_asym's chunks of 4 units are interleaved over a group's 4 lanes
     (ST = 4) and a chunk's first unit is (c // LL) * L + c % LL; without it consecutive."""
     for on, st in ((True, 4), (False, 1)):
-        monkeypatch.setattr(RK, "STAT_GROUP_FAST", on)
+        monkeypatch.setattr(rowwise_kernels, "STAT_GROUP_FAST", on)
         _clear_stat()
         plan = kq.get_plan((8, 1024), 1, resolve_scheme("int4_asym"))
         k = [k for k, _, _, _ in plan.launches if k.py_func.__name__ == "lastaxis_stat_groups"][0]
@@ -272,7 +273,7 @@ def test_word_ukeys_order_every_16bit_value(monkeypatch):
         rank_key = np.where(nan, np.where(neg, -np.inf, np.inf), vals)
         for hi in (0, 1):
             words = (h << 16) | 0x1234 if hi else h | 0xABCD0000
-            keys = np.array([RK.word_ukeys.py_func(np.uint32(w)) for w in words], np.uint64)
+            keys = np.array([rowwise_kernels.word_ukeys.py_func(np.uint32(w)) for w in words], np.uint64)
             k = (keys >> 16) & 0xFFFF if hi else keys & 0xFFFF
             assert len(np.unique(k)) == 1 << 16  # a bijection
             order = np.argsort(k, kind="stable")
@@ -284,7 +285,7 @@ def test_word_ukeys_order_every_16bit_value(monkeypatch):
             assert np.all(ks[nan[order] & ~neg[order]] > ks[nonnan].max())
             zeros = order[np.isin(order, [0, 0x8000])]
             assert list(zeros) == [0x8000, 0]  # -0 below +0
-            back = np.array([RK.ukey_bits.py_func(np.uint32(v), kind) for v in k], np.uint64)
+            back = np.array([rowwise_kernels.ukey_bits.py_func(np.uint32(v), kind) for v in k], np.uint64)
             want = h.astype(np.uint16).view(dt).astype(np.float32).view(np.uint32)
             assert np.array_equal(back[~nan], want[~nan])
             if kind == 1:  # bfloat16: the bits themselves, NaN payloads included
@@ -301,8 +302,9 @@ def test_stat_switches_for_users():
     env = {k: v for k, v in os.environ.items()
            if k not in ("NQDQ_UNMEASURED_KERNELS", "NQDQ_STAT_GROUP_FAST", "NQDQ_ASYM_INT_CLIP", "NQDQ_ASYM_PACKED_STATS")}
     env["NUMBA_ENABLE_CUDASIM"] = "1"
-    code = ("import nqdq.kernels._rowwise_kernels as RK, nqdq.kernels.quantize as kq; "
-            "print(RK.STAT_GROUP_FAST, RK.ASYM_INT_CLIP, RK.ASYM_PACKED_STATS, kq.CENTRED_UNITS)")
+    code = ("import nqdq.kernels._rowwise_kernels as rowwise_kernels, nqdq.kernels.quantize as kq; "
+            "print(rowwise_kernels.STAT_GROUP_FAST, rowwise_kernels.ASYM_INT_CLIP, rowwise_kernels.ASYM_PACKED_STATS, "
+            "kq.CENTRED_UNITS)")
     for unmeasured, want in ((None, ["True", "True", "True", "4"]), ("1", ["True", "True", "True", "4"])):
         e = dict(env, **({"NQDQ_UNMEASURED_KERNELS": unmeasured} if unmeasured else {}))
         out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True).stdout

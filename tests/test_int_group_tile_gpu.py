@@ -21,8 +21,8 @@ from _helpers import gpu_cupy_or_skip  # noqa: E402
 cp = gpu_cupy_or_skip()
 
 import nqdq.kernels.quantize as kq  # noqa: E402
-from nqdq.kernels import _rowwise_kernels as RK  # noqa: E402
-from nqdq.kernels import _tile_kernels as TK  # noqa: E402
+from nqdq.kernels import _rowwise_kernels as rowwise_kernels  # noqa: E402
+from nqdq.kernels import _tile_kernels as tile_kernels  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
 from test_kernels_gpu import _check_aligned_and_not, _check_with_shuffle_twin, _edge_input, check_gpu  # noqa: E402
@@ -47,21 +47,21 @@ def big_bf16():
 
 
 def _clear():
-    RK.make_lastaxis_stat_group_kernel.cache_clear()
-    RK.make_lastaxis_asym_row_kernel.cache_clear()
-    RK.make_lastaxis_group_kernel.cache_clear()
-    TK.make_tile_kernel.cache_clear()
+    rowwise_kernels.make_lastaxis_stat_group_kernel.cache_clear()
+    rowwise_kernels.make_lastaxis_asym_row_kernel.cache_clear()
+    rowwise_kernels.make_lastaxis_group_kernel.cache_clear()
+    tile_kernels.make_tile_kernel.cache_clear()
     kq._PLANS.clear()
 
 
 @pytest.fixture
 def switch(monkeypatch):
-    monkeypatch.setattr(RK, "INT_GROUP_FAST", True)
-    monkeypatch.setattr(TK, "RECIP_ONCE", True)
-    monkeypatch.setattr(RK, "ASYM_ROW_RECIP_ONCE", True)
-    monkeypatch.setattr(RK, "STAT_GROUP_FAST", True)
-    monkeypatch.setattr(RK, "ASYM_INT_CLIP", True)
-    monkeypatch.setattr(RK, "ASYM_PACKED_STATS", True)
+    monkeypatch.setattr(rowwise_kernels, "INT_GROUP_FAST", True)
+    monkeypatch.setattr(tile_kernels, "RECIP_ONCE", True)
+    monkeypatch.setattr(rowwise_kernels, "ASYM_ROW_RECIP_ONCE", True)
+    monkeypatch.setattr(rowwise_kernels, "STAT_GROUP_FAST", True)
+    monkeypatch.setattr(rowwise_kernels, "ASYM_INT_CLIP", True)
+    monkeypatch.setattr(rowwise_kernels, "ASYM_PACKED_STATS", True)
     _clear()
     yield True
     _clear()

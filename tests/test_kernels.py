@@ -25,7 +25,7 @@ from numba import cuda
 import nqdq
 import nqdq.kernels.quantize as kq
 from nqdq.kernels import _codec
-from nqdq.kernels import _quantize_kernels as K
+from nqdq.kernels import _quantize_kernels as quantize_kernels
 from nqdq.reference import codec as rcodec
 from nqdq.reference import quantize as ref
 from nqdq.reference.packing import pack_codes
@@ -257,7 +257,7 @@ def test_long_groups_and_unaligned_fallbacks(monkeypatch, name, kw, shape):
     # with a tiny staging buffer the group kernel re-reads groups from memory (the path for
     # groups over 8192 elements), and groups whose packed bytes would straddle two blocks
     # go through strided_params + encode
-    monkeypatch.setattr(K, "SEG_MAX", 32)
+    monkeypatch.setattr(quantize_kernels, "SEG_MAX", 32)
     check(edge_data(shape), resolve_scheme(name, **kw))
 
 
@@ -584,21 +584,23 @@ def test_row_kernel_whole_rows(deep_units, monkeypatch, name, shape, dtype):
 def unaligned_loads(monkeypatch):
     """The kernels read element by element when the input is not 16-byte aligned (a view
     at an offset); the simulator's arrays always report aligned, so pretend otherwise."""
-    from nqdq.kernels import _rowwise_kernels as RK
-    from nqdq.kernels import _tile_kernels as TK
+    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+    from nqdq.kernels import _tile_kernels as tile_kernels
     from nqdq.kernels._target import SIMULATOR
 
     if not SIMULATOR:
         pytest.skip("compiled kernels: tests/test_kernels_gpu.py reads real unaligned views")
 
     def clear():
-        for f in (RK.make_lastaxis_group_kernel, RK.make_lastaxis_row_kernel, RK.make_tensor_amax_kernel,
-                  RK.make_lastaxis_asym_row_kernel, RK.make_lastaxis_stat_group_kernel, RK.make_static_kernel,
-                  TK.make_tile_kernel):
+        for f in (rowwise_kernels.make_lastaxis_group_kernel, rowwise_kernels.make_lastaxis_row_kernel,
+                  rowwise_kernels.make_tensor_amax_kernel,
+                  rowwise_kernels.make_lastaxis_asym_row_kernel, rowwise_kernels.make_lastaxis_stat_group_kernel,
+                  rowwise_kernels.make_static_kernel,
+                  tile_kernels.make_tile_kernel):
             f.cache_clear()
         kq._PLANS.clear()
 
-    monkeypatch.setattr(RK, "array_addr", lambda a: 2)
+    monkeypatch.setattr(rowwise_kernels, "array_addr", lambda a: 2)
     clear()
     yield
     monkeypatch.undo()
@@ -630,16 +632,16 @@ def test_finite_group_encoders():
     """The last-axis kernels' encoders for finite groups (e2m1 by float rounding onto the
     grid, integers by the 1.5 * 2^23 trick) against the reference codec, value by value."""
     from nqdq.formats import get_format
-    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
 
     x = _boundary_values()
 
     @cuda.jit
     def enc(x, o4, o8, oi4):
         for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-            o4[i] = RK.e2m1_code_nonnan(x[i])
-            o8[i] = RK.int_code_finite(x[i], -127, 127) & 0xFF
-            oi4[i] = RK.int_code_finite(x[i], -7, 7) & 0xFF
+            o4[i] = rowwise_kernels.e2m1_code_nonnan(x[i])
+            o8[i] = rowwise_kernels.int_code_finite(x[i], -127, 127) & 0xFF
+            oi4[i] = rowwise_kernels.int_code_finite(x[i], -7, 7) & 0xFF
 
     o4, o8, oi4 = (np.zeros(x.size, np.uint8) for _ in range(3))
     enc[4, 64](x, o4, o8, oi4)
@@ -990,9 +992,9 @@ def test_e2m1_pairs_every_bf16():
     "even"), every value; without it ("rceil"), every |x * 2^-k| < 7 (rceil keeps a group's
     values at most 6 * (1 + 2^-22))."""
     from nqdq.formats import get_format
-    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
 
-    fn = RK.e2m1_unit_bf16.py_func
+    fn = rowwise_kernels.e2m1_unit_bf16.py_func
     pats, words = _bf16_finite_units()
     x = (pats << 16).view(np.float32)
     cols = [words[:, j] for j in range(4)]
@@ -1016,17 +1018,17 @@ def test_mxfp4_bf16_pair_path(monkeypatch, rounding):
     """The group kernel takes the pair encoder for MXFP4 of bfloat16 input (finite groups)
     and the element encoder for groups with NaN / inf, bit for bit with the reference: edge
     data, a group of subnormals only (k clamped to -127) and groups at the top of the range."""
-    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
 
     calls = []
-    enc = RK.e2m1_unit_bf16
+    enc = rowwise_kernels.e2m1_unit_bf16
 
     def spy(w, p2, clamp):
         calls.append(clamp)
         return enc(w, p2, clamp)
 
     if kq.SIMULATOR:  # a compiled kernel cannot call the spy (NQDQ_TEST_GPU=1 compiles these tests)
-        monkeypatch.setattr(RK, "e2m1_unit_bf16", spy)
+        monkeypatch.setattr(rowwise_kernels, "e2m1_unit_bf16", spy)
     x = edge_data((4, 256), seed=11)
     x[1, :32] = np.float32(2.0**-133) * np.arange(32)  # bfloat16 subnormals: 2^-k = 2^127
     x[1, 32:64] = np.float32(3.3e38) * np.linspace(-1, 1, 32, dtype=np.float32)  # k = 125 / 126
@@ -1052,18 +1054,18 @@ def test_e2m1_nvfp4_pairs_every_bf16(monkeypatch):
     finite bfloat16 x and multipliers that put products just above / below the grid's ties
     (1 +- an ulp), overflow them (1e30, FLT_MAX) or make them subnormal."""
     from nqdq.formats import get_format
-    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
 
     # the bit casts by NumPy views, so that the twins run on whole arrays at once
-    monkeypatch.setattr(RK, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
-    monkeypatch.setattr(RK, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
+    monkeypatch.setattr(rowwise_kernels, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
+    monkeypatch.setattr(rowwise_kernels, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
     pats, words = _bf16_finite_units()
     x = (pats << 16).view(np.float32)
     for mb in NVFP4_PAIR_MBS:
         mb = np.float32(mb)
         with np.errstate(over="ignore", under="ignore"):
             y = x * mb
-            got = RK.e2m1_unit_nvfp4.py_func([words[:, j] for j in range(4)], mb)
+            got = rowwise_kernels.e2m1_unit_nvfp4.py_func([words[:, j] for j in range(4)], mb)
         codes = np.stack([(got >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=1).reshape(-1)
         want = rcodec.encode_float(y, get_format("e2m1")).astype(np.uint32)
         bad = codes != want
@@ -1073,17 +1075,17 @@ def test_e2m1_nvfp4_pairs_every_bf16(monkeypatch):
 def test_nvfp4_bf16_pair_path(monkeypatch):
     """NVFP4 of bfloat16 takes the pair encoder for finite blocks, bit for bit with the
     reference (edge data: NaN / inf blocks, tiny blocks whose e4m3 scale is subnormal)."""
-    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
 
     calls = []
-    enc = RK.e2m1_unit_nvfp4
+    enc = rowwise_kernels.e2m1_unit_nvfp4
 
     def spy(w, mb):
         calls.append(1)
         return enc(w, mb)
 
     if kq.SIMULATOR:  # a compiled kernel cannot call the spy (NQDQ_TEST_GPU=1 compiles these tests)
-        monkeypatch.setattr(RK, "e2m1_unit_nvfp4", spy)
+        monkeypatch.setattr(rowwise_kernels, "e2m1_unit_nvfp4", spy)
     x = edge_data((4, 256), seed=12)
     x[1, :16] = np.float32(1e-3) * np.arange(16)  # e4m3 scale in its subnormal range: |y| beyond 6
     x[2, :16] = np.float32(0.25) * np.arange(-8, 8)
@@ -1124,12 +1126,12 @@ def test_e2m1_f32_pairs_match_the_codec(monkeypatch):
     v * 2^k, v around every code boundary (ties, 1-2 ulps off, saturation, subnormal
     products), over the MX range of k; both signs, zeros included."""
     from nqdq.formats import get_format
-    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
 
     # the bit casts by NumPy views, so that the twins run on whole arrays at once
-    monkeypatch.setattr(RK, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
-    monkeypatch.setattr(RK, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
-    fn = RK.e2m1_unit_f32.py_func
+    monkeypatch.setattr(rowwise_kernels, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
+    monkeypatch.setattr(rowwise_kernels, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
+    fn = rowwise_kernels.e2m1_unit_f32.py_func
     v = _e2m1_f32_probe_values()
     v = v[: v.size // 8 * 8]
     for k in (-127, -126, -20, -1, 0, 1, 5, 60, 126):
@@ -1153,27 +1155,27 @@ def test_mxfp4_f32_pair_path(monkeypatch, dtype, rounding):
     """MXFP4 of float16 input (8-element units) takes e2m1_unit_f32 in finite groups and the
     element encoder elsewhere, bit for bit with the reference; float32 input (4-element
     units) keeps the element encoder."""
-    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
 
     calls = []
-    enc = RK.e2m1_unit_f32
+    enc = rowwise_kernels.e2m1_unit_f32
 
     def spy(e, p0):
         calls.append(1)
         return enc(e, p0)
 
     if kq.SIMULATOR:  # a compiled kernel cannot call the spy
-        monkeypatch.setattr(RK, "e2m1_unit_f32", spy)
-    monkeypatch.setattr(RK, "E2M1_F32_PAIRS", True)
+        monkeypatch.setattr(rowwise_kernels, "e2m1_unit_f32", spy)
+    monkeypatch.setattr(rowwise_kernels, "E2M1_F32_PAIRS", True)
     kq._PLANS.clear()
-    RK.make_lastaxis_group_kernel.cache_clear()
+    rowwise_kernels.make_lastaxis_group_kernel.cache_clear()
     try:
         x = edge_data((4, 128), seed=9).astype(dtype)
         x[3, 64:96] = np.float32(1e-7)  # a finite group of tiny values (subnormal in float16)
         check(x, resolve_scheme("mxfp4", scale_rounding=rounding), x_ref=x.astype(np.float32))
     finally:
         kq._PLANS.clear()
-        RK.make_lastaxis_group_kernel.cache_clear()
+        rowwise_kernels.make_lastaxis_group_kernel.cache_clear()
     if kq.SIMULATOR:
         assert bool(calls) == (dtype == np.float16)
 

@@ -408,7 +408,7 @@ def test_e2m1_pairs_gpu():
     from numba import cuda
 
     from nqdq.formats import get_format
-    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
     from nqdq.reference import codec as rcodec
     from test_kernels import E2M1_PAIR_KS, _bf16_finite_units
 
@@ -417,7 +417,7 @@ def test_e2m1_pairs_gpu():
         def enc(w, p2, out):
             i = cuda.grid(1)
             if i < out.size:
-                out[i] = RK.e2m1_unit_bf16((w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]), p2, clamp)
+                out[i] = rowwise_kernels.e2m1_unit_bf16((w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]), p2, clamp)
 
         return enc
 
@@ -459,7 +459,7 @@ def test_e2m1_nvfp4_pairs_gpu():
     from numba import cuda
 
     from nqdq.formats import get_format
-    from nqdq.kernels import _rowwise_kernels as RK
+    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
     from nqdq.reference import codec as rcodec
     from test_kernels import NVFP4_PAIR_MBS, _bf16_finite_units
 
@@ -467,7 +467,7 @@ def test_e2m1_nvfp4_pairs_gpu():
     def enc(w, mb, out):
         i = cuda.grid(1)
         if i < out.size:
-            out[i] = RK.e2m1_unit_nvfp4((w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]), mb)
+            out[i] = rowwise_kernels.e2m1_unit_nvfp4((w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]), mb)
 
     pats, words = _bf16_finite_units()
     x = (pats << 16).view(np.float32)

@@ -16,7 +16,7 @@ import nqdq
 from nqdq.api import dequantize, quantize
 from nqdq.kernels import layouts as kl
 from nqdq.quantized import load
-from nqdq.reference import layouts as L
+from nqdq.reference import layouts as reference_layouts
 
 SWIZZLED = ("nv_128x4", "cdna4_16", "cdna4_32")
 SHAPES = [(1, 1), (129, 5), (200, 3), (256, 8), (31, 9), (33, 17), (128, 4), (0, 3)]
@@ -101,15 +101,15 @@ def random_scales(shape, seed=0):
 def test_hand_worked_positions(name, rows, cols, r, c, offset):
     s = np.zeros((rows, cols), np.uint8)
     s[r, c] = 0xA5
-    flat = L.get_layout(name).swizzle(s).reshape(-1)
+    flat = reference_layouts.get_layout(name).swizzle(s).reshape(-1)
     assert flat[offset] == 0xA5 and np.count_nonzero(flat) == 1
-    assert L.get_layout(name).offset(r, c, rows, cols) == offset
+    assert reference_layouts.get_layout(name).offset(r, c, rows, cols) == offset
 
 
 @pytest.mark.parametrize("name", SWIZZLED)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_reference_matches_loop_and_round_trips(name, shape):
-    lay = L.get_layout(name)
+    lay = reference_layouts.get_layout(name)
     s = random_scales(shape)
     sw = lay.swizzle(s)
     want = loop_swizzle(s, name)
@@ -122,25 +122,28 @@ def test_reference_matches_loop_and_round_trips(name, shape):
 
 def test_function_spellings_and_padded_shapes():
     s = random_scales((129, 5))
-    assert L.swizzle_nv_128x4(s).shape == (2, 2, 32, 4, 4)
-    assert L.swizzle_cdna4(s, 16).shape == (5, 8 * 32) == L.swizzle_cdna4(s, mfma_dim=32).shape
-    np.testing.assert_array_equal(L.unswizzle_nv_128x4(L.swizzle_nv_128x4(s), 129, 5), s)
+    assert reference_layouts.swizzle_nv_128x4(s).shape == (2, 2, 32, 4, 4)
+    assert (reference_layouts.swizzle_cdna4(s, 16).shape == (5, 8 * 32)
+            == reference_layouts.swizzle_cdna4(s, mfma_dim=32).shape)
+    np.testing.assert_array_equal(reference_layouts.unswizzle_nv_128x4(reference_layouts.swizzle_nv_128x4(s), 129, 5),
+                                  s)
     for d in (16, 32):
-        np.testing.assert_array_equal(L.unswizzle_cdna4(L.swizzle_cdna4(s, d), 129, 5, d), s)
+        np.testing.assert_array_equal(reference_layouts.unswizzle_cdna4(reference_layouts.swizzle_cdna4(s, d), 129, 5,
+                                                                        d), s)
     # float32 scales move as well (the maps never look at the values)
     f = np.random.default_rng(1).standard_normal((40, 9)).astype(np.float32)
-    np.testing.assert_array_equal(L.swizzle_cdna4(f, 16), loop_swizzle(f, "cdna4_16"))
+    np.testing.assert_array_equal(reference_layouts.swizzle_cdna4(f, 16), loop_swizzle(f, "cdna4_16"))
 
 
 def test_reference_errors():
     with pytest.raises(ValueError, match="scale_layout='nv'"):
-        L.get_layout("nv")
+        reference_layouts.get_layout("nv")
     with pytest.raises(ValueError, match="mfma_dim"):
-        L.swizzle_cdna4(random_scales((32, 8)), 64)
+        reference_layouts.swizzle_cdna4(random_scales((32, 8)), 64)
     with pytest.raises(ValueError, match="2-D"):
-        L.swizzle_nv_128x4(random_scales((2, 3, 4)))
+        reference_layouts.swizzle_nv_128x4(random_scales((2, 3, 4)))
     with pytest.raises(ValueError, match=r"\(2, 2, 32, 4, 4\)"):
-        L.unswizzle_nv_128x4(np.zeros((1, 2, 32, 4, 4), np.uint8), 129, 5)
+        reference_layouts.unswizzle_nv_128x4(np.zeros((1, 2, 32, 4, 4), np.uint8), 129, 5)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -154,7 +157,7 @@ def test_reference_errors():
 )
 def test_kernel_bit_exact(name, shape, words):
     s = random_scales(shape, seed=2)
-    lay = L.get_layout(name)
+    lay = reference_layouts.get_layout(name)
     got = kl.swizzle(s, name, words=words)
     want = lay.swizzle(s)
     assert got.shape == want.shape and got.dtype == want.dtype
@@ -188,7 +191,7 @@ def test_kernel_float32_scales():
     f = np.random.default_rng(4).standard_normal((33, 8)).astype(np.float32)
     for name in SWIZZLED:
         got = kl.swizzle(f, name)
-        np.testing.assert_array_equal(got, L.get_layout(name).swizzle(f))
+        np.testing.assert_array_equal(got, reference_layouts.get_layout(name).swizzle(f))
         np.testing.assert_array_equal(kl.unswizzle(got, name, 33, 8), f)
 
 
@@ -226,8 +229,8 @@ def test_quantize_with_layout_matches_linear(scheme, layout, shape):
     assert q.scale_layout == layout and q0.scale_layout == "linear"
     rows = int(np.prod(shape[:-1]))
     cols = q0.scales.shape[-1]
-    assert q.scales.shape == L.get_layout(layout).swizzled_shape(rows, cols)
-    np.testing.assert_array_equal(q.scales, L.get_layout(layout).swizzle(q0.scales.reshape(rows, cols)))
+    assert q.scales.shape == reference_layouts.get_layout(layout).swizzled_shape(rows, cols)
+    np.testing.assert_array_equal(q.scales, reference_layouts.get_layout(layout).swizzle(q0.scales.reshape(rows, cols)))
     np.testing.assert_array_equal(q.codes, q0.codes)
     lin = q.with_layout("linear")
     assert lin.scale_layout == "linear" and lin.scales.shape == q0.scales.shape
@@ -301,7 +304,7 @@ def test_layout_argument_errors():
 def test_layout_names_are_one_list():
     import nqdq.api as api
 
-    assert api._LAYOUTS is L.LAYOUTS == ("linear", "nv_128x4", "cdna4_16", "cdna4_32")
+    assert api._LAYOUTS is reference_layouts.LAYOUTS == ("linear", "nv_128x4", "cdna4_16", "cdna4_32")
     assert nqdq.quantize is quantize
 
 
@@ -323,7 +326,7 @@ def test_gpu_real_size_scales():
         s_host = q0.scales.get()
         deq0 = dequantize(q0).get()
         for name in layouts:
-            lay = L.get_layout(name)
+            lay = reference_layouts.get_layout(name)
             got = kl.swizzle(q0.scales, name)
             assert isinstance(got, cp.ndarray)
             np.testing.assert_array_equal(got.get(), lay.swizzle(s_host))
@@ -380,7 +383,7 @@ def test_gpu_layout_bandwidth():
     t = timed(lambda: cp.copyto(dst, s))
     lines = [f"copy d2d {s.nbytes >> 20} MiB: {t:.1f} us, {nbytes / t / 1e3:.0f} GB/s"]
     for name in SWIZZLED:
-        want = L.get_layout(name).swizzle(s_host)
+        want = reference_layouts.get_layout(name).swizzle(s_host)
         for words in (True, False):
             got = kl.swizzle(s, name, words=words)
             np.testing.assert_array_equal(got.get(), want)

@@ -21,7 +21,7 @@ from numba import types
 
 import nqdq
 import nqdq.matmul  # noqa: F401  (the module: nqdq.matmul is also the function's name)
-from nqdq.kernels import _gemm_kernels as G
+from nqdq.kernels import _gemm_kernels as gemm_kernels
 from nqdq.kernels import gemm as kg
 from nqdq.kernels._target import SIMULATOR
 from nqdq.schemes import resolve_scheme

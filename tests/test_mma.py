@@ -180,38 +180,40 @@ def test_mbarrier_twin_phase_parity():
 # ----------------------------------------------------------------------------- PTX assembly
 _COMPILE_SCRIPT = r"""
 import json, re, sys
-from nqdq.kernels import gemm as kg, _gemm_kernels as G
+from nqdq.kernels import gemm as kg
+from nqdq.kernels._gemm_kernels import (ACT_GELU, ACT_NONE, ACT_RELU, OUT_BF16, OUT_F16, OUT_F32, SCALE_BLOCK,
+                                        SCALE_ROW, SCALE_TENSOR, GemmSpec)
 specs = [
-    ("s8s8", G.SCALE_ROW, G.SCALE_ROW, G.OUT_F32, G.ACT_GELU, True, False),
-    ("u8s8", G.SCALE_ROW, G.SCALE_TENSOR, G.OUT_BF16, G.ACT_RELU, False, True),
-    ("e4m3.e4m3", G.SCALE_ROW, G.SCALE_ROW, G.OUT_F16, G.ACT_NONE, True, False),
-    ("e4m3.e5m2", G.SCALE_TENSOR, G.SCALE_ROW, G.OUT_F32, G.ACT_NONE, False, False),
-    ("e5m2.e4m3", G.SCALE_ROW, G.SCALE_TENSOR, G.OUT_BF16, G.ACT_NONE, False, False),
-    ("e5m2.e5m2", G.SCALE_TENSOR, G.SCALE_TENSOR, G.OUT_F32, G.ACT_NONE, False, False),
-    ("e4m3.e4m3", G.SCALE_BLOCK, G.SCALE_BLOCK, G.OUT_BF16, G.ACT_NONE, False, False),
+    ("s8s8", SCALE_ROW, SCALE_ROW, OUT_F32, ACT_GELU, True, False),
+    ("u8s8", SCALE_ROW, SCALE_TENSOR, OUT_BF16, ACT_RELU, False, True),
+    ("e4m3.e4m3", SCALE_ROW, SCALE_ROW, OUT_F16, ACT_NONE, True, False),
+    ("e4m3.e5m2", SCALE_TENSOR, SCALE_ROW, OUT_F32, ACT_NONE, False, False),
+    ("e5m2.e4m3", SCALE_ROW, SCALE_TENSOR, OUT_BF16, ACT_NONE, False, False),
+    ("e5m2.e5m2", SCALE_TENSOR, SCALE_TENSOR, OUT_F32, ACT_NONE, False, False),
+    ("e4m3.e4m3", SCALE_BLOCK, SCALE_BLOCK, OUT_BF16, ACT_NONE, False, False),
 ]
 out = []
 for cc in [(8, 9), (9, 0), (9, 0, "a")]:
     for mma, sa, sb, o, act, bias, asym in specs:
-        spec = G.GemmSpec(mma=mma, sa_mode=sa, sb_mode=sb, out=o, act=act, bias=bias, asym=asym)
+        spec = GemmSpec(mma=mma, sa_mode=sa, sb_mode=sb, out=o, act=act, bias=bias, asym=asym)
         ptx = kg.compile_ptx(spec, cc)
         cubin, log = kg.assemble(ptx, cc)
         target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
         mmas = sorted(set(re.findall(r"mma\.sync\.aligned\.m16n8k32\.row\.col\.[a-z0-9.]+", ptx)))
         regs = re.search(r"[Uu]sed (\d+) registers", log)
         spill = re.search(r"(\d+) bytes spill stores", log)
-        out.append(dict(cc=list(cc), mma=mma, block=sa == G.SCALE_BLOCK, target=target, mmas=mmas,
+        out.append(dict(cc=list(cc), mma=mma, block=sa == SCALE_BLOCK, target=target, mmas=mmas,
                         ldmatrix=ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
                         cp_async=ptx.count("cp.async.cg.shared.global"), cubin=len(cubin),
                         regs=int(regs.group(1)) if regs else None, spill=int(spill.group(1)) if spill else None))
 wg_specs = [
-    ("s8s8", G.SCALE_ROW, G.SCALE_ROW, G.OUT_BF16, G.ACT_NONE, False, False),
-    ("u8s8", G.SCALE_ROW, G.SCALE_ROW, G.OUT_F32, G.ACT_GELU, True, True),
-    ("e5m2.e4m3", G.SCALE_ROW, G.SCALE_TENSOR, G.OUT_F16, G.ACT_NONE, False, False),
-    ("e4m3.e4m3", G.SCALE_BLOCK, G.SCALE_BLOCK, G.OUT_BF16, G.ACT_NONE, False, False),
+    ("s8s8", SCALE_ROW, SCALE_ROW, OUT_BF16, ACT_NONE, False, False),
+    ("u8s8", SCALE_ROW, SCALE_ROW, OUT_F32, ACT_GELU, True, True),
+    ("e5m2.e4m3", SCALE_ROW, SCALE_TENSOR, OUT_F16, ACT_NONE, False, False),
+    ("e4m3.e4m3", SCALE_BLOCK, SCALE_BLOCK, OUT_BF16, ACT_NONE, False, False),
 ]
 for k, (mma, sa, sb, o, act, bias, asym) in enumerate(wg_specs + wg_specs[:3:2]):
-    spec = G.GemmSpec(mma=mma, sa_mode=sa, sb_mode=sb, out=o, act=act, bias=bias, asym=asym)
+    spec = GemmSpec(mma=mma, sa_mode=sa, sb_mode=sb, out=o, act=act, bias=bias, asym=asym)
     cfg = kg.wgmma_config_for(spec, None if k < len(wg_specs) else (2048, 7168))  # + small outputs' tiles
     ptx = kg.compile_ptx(spec, (9, 0, "a"), config=cfg)
     cubin, log = kg.assemble_lto(spec, cfg)  # as Numba links it (setmaxnreg)
@@ -260,10 +262,11 @@ def test_gemm_kernels_assemble_for_sm89_sm90_sm90a():
 
 _WS_SCRIPT = r"""
 import json, re
-from nqdq.kernels import gemm as kg, _gemm_kernels as G
+from nqdq.kernels import gemm as kg
+from nqdq.kernels._gemm_kernels import ACT_NONE, GemmSpec, OUT_BF16, SCALE_BLOCK, SCALE_ROW
 out = []
-for n, stages, sm in [(192, 4, G.SCALE_ROW), (128, 6, G.SCALE_BLOCK)]:
-    spec = G.GemmSpec(mma="e4m3.e4m3", sa_mode=sm, sb_mode=sm, out=G.OUT_BF16, act=G.ACT_NONE, bias=False, asym=False)
+for n, stages, sm in [(192, 4, SCALE_ROW), (128, 6, SCALE_BLOCK)]:
+    spec = GemmSpec(mma="e4m3.e4m3", sa_mode=sm, sb_mode=sm, out=OUT_BF16, act=ACT_NONE, bias=False, asym=False)
     cfg = kg.WgmmaConfig(n=n, stages=stages, mbarrier=True, producer=True)
     ptx = kg.compile_ptx(spec, (9, 0, "a"), config=cfg)
     cubin, log = kg.assemble_lto(spec, cfg)

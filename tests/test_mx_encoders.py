@@ -19,7 +19,7 @@ import pytest
 
 import nqdq.kernels.quantize as kq
 from nqdq.formats import get_format
-from nqdq.kernels import _rowwise_kernels as RK
+from nqdq.kernels import _rowwise_kernels as rowwise_kernels
 from nqdq.reference import codec as rcodec
 from nqdq.schemes import resolve_scheme
 from nqdq.reference import quantize as ref
@@ -38,8 +38,8 @@ def test_format_tuples_are_the_schemes():
     for name, fmt in FP6.items():
         assert format_tuple(resolve_scheme(f"mxfp6_{name}")) == fmt
     # the constants: shift 7 - M, 2^emin, vmax as bfloat16 pairs, exponent step (7 - M) << 7
-    assert RK.fp6_pair_consts.py_func(FP6["e2m3"]) == (4, 0x3F803F80, 0x40F040F0, 0x02000200)  # 1.0, 7.5
-    assert RK.fp6_pair_consts.py_func(FP6["e3m2"]) == (5, 0x3E803E80, 0x41E041E0, 0x02800280)  # 0.25, 28.0
+    assert rowwise_kernels.fp6_pair_consts.py_func(FP6["e2m3"]) == (4, 0x3F803F80, 0x40F040F0, 0x02000200)  # 1.0, 7.5
+    assert rowwise_kernels.fp6_pair_consts.py_func(FP6["e3m2"]) == (5, 0x3E803E80, 0x41E041E0, 0x02800280)  # 0.25, 28.0
 
 
 def _unpack(lo, hi):
@@ -61,7 +61,7 @@ def test_fp6_pairs_every_bf16(name):
     ("floor", "even"), every value, products far beyond the format's range or below its
     smallest subnormal included; without it ("rceil"), every |x * 2^-k| <= vmax."""
     fmt, ref_fmt = FP6[name], get_format(name)
-    f6 = RK.fp6_pair_consts.py_func(fmt)
+    f6 = rowwise_kernels.fp6_pair_consts.py_func(fmt)
     pats, words = _bf16_finite_units()
     x = (pats << 16).view(np.float32)
     cols = [words[:, j] for j in range(4)]
@@ -72,7 +72,7 @@ def test_fp6_pairs_every_bf16(name):
         want = rcodec.encode_float(y, ref_fmt).astype(np.uint32)
         hb = np.uint32(p.view(np.uint32) >> 16)
         for clamp in (True, False):
-            lo, hi = RK.fp6_unit_bf16.py_func(cols, np.uint32(hb | (hb << 16)), f6, clamp)
+            lo, hi = rowwise_kernels.fp6_unit_bf16.py_func(cols, np.uint32(hb | (hb << 16)), f6, clamp)
             got = _unpack(lo, hi)
             if not clamp:  # "rceil" groups: |y| <= vmax
                 ok = np.abs(y) <= ref_fmt.max_value
@@ -108,10 +108,10 @@ def test_fp6_f32_pairs_boundaries(monkeypatch, name):
     every code boundary, for units of 8 (float16 input) and 4 (float32) elements: the
     values are taken as y (k = 0) and as y * 2^k, so that x * 2^-k is the boundary value."""
     fmt, ref_fmt = FP6[name], get_format(name)
-    f6 = RK.fp6_pair_consts.py_func(fmt)
+    f6 = rowwise_kernels.fp6_pair_consts.py_func(fmt)
     # the bit casts by NumPy views, so that the twins run on whole arrays at once
-    monkeypatch.setattr(RK, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
-    monkeypatch.setattr(RK, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
+    monkeypatch.setattr(rowwise_kernels, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
+    monkeypatch.setattr(rowwise_kernels, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
     y0 = _boundary_f32(name)
     for k in [0, 1, -3, 40, -40, 126, -127]:
         p = np.float32(2.0**-k)
@@ -121,10 +121,10 @@ def test_fp6_f32_pairs_boundaries(monkeypatch, name):
             y = x * p
         want = rcodec.encode_float(y, ref_fmt).astype(np.uint32)
         e = x.view(np.uint32).reshape(-1, 8)
-        lo, hi = RK.fp6_unit_f32.py_func([e[:, j] for j in range(8)], p, f6, 8)
+        lo, hi = rowwise_kernels.fp6_unit_f32.py_func([e[:, j] for j in range(8)], p, f6, 8)
         _first_bad(x, _unpack(lo, hi), want, f"{name} vec=8 k={k}")
         e4 = x.view(np.uint32).reshape(-1, 4)
-        lo4, _ = RK.fp6_unit_f32.py_func([e4[:, j] for j in range(4)], p, f6, 4)
+        lo4, _ = rowwise_kernels.fp6_unit_f32.py_func([e4[:, j] for j in range(4)], p, f6, 4)
         got4 = np.stack([(lo4 >> np.uint32(6 * j)) & np.uint32(63) for j in range(4)], axis=1).reshape(-1)
         _first_bad(x, got4, want, f"{name} vec=4 k={k}")
 
@@ -136,13 +136,13 @@ def test_mxfp6_group_kernel(monkeypatch, name, rounding):
     (chunks of 4 units, one 24-byte store) on edge data, ties and groups at the ends of the
     MX range; float16 and float32 input (encode_store_unit's float32-pair branch)."""
     calls = []
-    enc = RK.fp6_unit_bf16
+    enc = rowwise_kernels.fp6_unit_bf16
 
     def spy(w, p2, f6, clamp):
         calls.append(clamp)
         return enc(w, p2, f6, clamp)
 
-    monkeypatch.setattr(RK, "fp6_unit_bf16", spy)
+    monkeypatch.setattr(rowwise_kernels, "fp6_unit_bf16", spy)
     sch = resolve_scheme(name, scale_rounding=rounding)
     x = edge_data((4, 256), seed=31)
     x[1, :32] = np.float32(2.0**-133) * np.arange(32)  # subnormal group: k clamped to -127
@@ -220,7 +220,8 @@ def test_switches_on_for_users():
 
     env = {k: v for k, v in os.environ.items() if k != "NQDQ_UNMEASURED_KERNELS"}
     env["NUMBA_ENABLE_CUDASIM"] = "1"
-    code = ("import nqdq.kernels.quantize as kq, nqdq.kernels._rowwise_kernels as RK; "
-            "print(RK.FP6_PAIRS, kq.NVFP4_SENC_IN_GROUPS, kq.NVFP4_SENC_MAX_UNITS == 1 << 21, kq._UNMEASURED)")
+    code = ("import nqdq.kernels.quantize as kq, nqdq.kernels._rowwise_kernels as rowwise_kernels; "
+            "print(rowwise_kernels.FP6_PAIRS, kq.NVFP4_SENC_IN_GROUPS, kq.NVFP4_SENC_MAX_UNITS == 1 << 21, "
+            "kq._UNMEASURED)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True", "True", "False"]

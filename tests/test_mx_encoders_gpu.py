@@ -15,7 +15,7 @@ from _helpers import gpu_cupy_or_skip  # noqa: E402
 cp = gpu_cupy_or_skip()
 
 import nqdq.kernels.quantize as kq  # noqa: E402
-from nqdq.kernels import _rowwise_kernels as RK  # noqa: E402
+from nqdq.kernels import _rowwise_kernels as rowwise_kernels  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
 from test_kernels import _bf16_finite_units, edge_data  # noqa: E402
@@ -32,14 +32,15 @@ def test_fp6_pairs_every_bf16_gpu(name):
     from nqdq.formats import get_format
     from nqdq.reference import codec as rcodec
 
-    f6 = RK.fp6_pair_consts.py_func(FP6[name])
+    f6 = rowwise_kernels.fp6_pair_consts.py_func(FP6[name])
 
     def make(clamp):
         @cuda.jit
         def enc(w, p2, lo, hi):
             i = cuda.grid(1)
             if i < lo.size:
-                a, b = RK.fp6_unit_bf16((w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]), p2, f6, clamp)
+                a, b = rowwise_kernels.fp6_unit_bf16((w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]), p2, f6,
+                                                     clamp)
                 lo[i] = a
                 hi[i] = b
 
@@ -76,7 +77,7 @@ def test_mxfp6_pair_paths_gpu(name, rounding):
     24-byte chunk store; without the clamp for "rceil", with it for "floor") and, for the
     default "rceil", float16 / float32 (encode_store_unit's float32-pair branch); edge data
     with groups at the ends of the MX range."""
-    assert RK.FP6_PAIRS
+    assert rowwise_kernels.FP6_PAIRS
     sch = resolve_scheme(name, scale_rounding=rounding)
     x = edge_data((1024, 7168), seed=51, scale=8.0)
     x[3, :32] = np.float32(2.0**-133) * np.arange(32)

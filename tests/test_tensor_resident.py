@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import nqdq.kernels._tensor_resident as TR
+import nqdq.kernels._tensor_resident as tensor_resident
 import nqdq.kernels.quantize as kq
 from nqdq.kernels._target import SIMULATOR
 from nqdq.schemes import resolve_scheme
@@ -34,7 +34,7 @@ def resident(monkeypatch):
         monkeypatch.setattr(kq, "TENSOR_RESIDENT", on)
         monkeypatch.setattr(kq, "NVFP4_RESIDENT", on)
         if geometry is not None:
-            monkeypatch.setattr(TR, "GEOMETRY", geometry)
+            monkeypatch.setattr(tensor_resident, "GEOMETRY", geometry)
         kq._PLANS.clear()
 
     yield set_
@@ -72,7 +72,7 @@ def test_plan_takes_the_resident_kernel(resident):
 def test_kernel_carries_its_launch(resident):
     """Cooperative, with the shared memory of its NT * US units, and the grid one block an SM."""
     resident()
-    NT, UR, US, V = TR.resident_geometry()
+    NT, UR, US, V = tensor_resident.resident_geometry()
     (k, grid, block, _args), = kq.get_plan((16, 64), 1, resolve_scheme("fp8_tensor")).launches
     assert k.py_func.__name__ == "tensor_resident"
     assert k.nqdq_cooperative and k.nqdq_dynamic_smem == NT * US * 16
@@ -81,12 +81,12 @@ def test_kernel_carries_its_launch(resident):
 
 def test_geometry_fills_shared_memory():
     """US 0 takes as many units as the block's shared memory holds beyond SMEM_RESERVE."""
-    got = TR.resident_geometry(smem_per_block=232448, geometry=(1024, 4, 0, 4))
+    got = tensor_resident.resident_geometry(smem_per_block=232448, geometry=(1024, 4, 0, 4))
     assert got == ((1024, 4, 14, 4) if not SIMULATOR else (1024, 4, 0, 4))
-    assert TR.resident_geometry(smem_per_block=232448, geometry=(512, 8, 3, 8)) == (512, 8, 3, 8)
+    assert tensor_resident.resident_geometry(smem_per_block=232448, geometry=(512, 8, 3, 8)) == (512, 8, 3, 8)
     # items of K units (NVFP4 blocks: 2 bf16 units, 4 float32 units), at least one resident and one streamed
-    assert TR.resident_geometry(2, smem_per_block=232448, geometry=(1024, 4, 14, 4)) == (1024, 2, 7, 2)
-    assert TR.resident_geometry(4, geometry=(64, 1, 2, 2)) == (64, 1, 0, 1)
+    assert tensor_resident.resident_geometry(2, smem_per_block=232448, geometry=(1024, 4, 14, 4)) == (1024, 2, 7, 2)
+    assert tensor_resident.resident_geometry(4, geometry=(64, 1, 2, 2)) == (64, 1, 0, 1)
 
 
 # (geometry, elements): every unit resident (a partial block), resident + one partial round,
@@ -182,10 +182,10 @@ def test_nvfp4_unaligned_and_uniform(resident):
 @pytest.fixture
 def refusals(monkeypatch):
     """launch._REFUSED emptied for the test and restored after (a refusal is process-wide)."""
-    import nqdq.kernels.launch as LAUNCH
+    from nqdq.kernels import launch
 
-    monkeypatch.setattr(LAUNCH, "_REFUSED", set())
-    return LAUNCH
+    monkeypatch.setattr(launch, "_REFUSED", set())
+    return launch
 
 
 def test_refused_cooperative_launch_falls_back(resident, refusals, monkeypatch):
@@ -206,7 +206,7 @@ def test_refused_cooperative_launch_falls_back(resident, refusals, monkeypatch):
     monkeypatch.setattr(plan, "_execute", refused)
     with pytest.warns(RuntimeWarning, match="refused a cooperative launch"):
         check(x, sch, x_ref=x.astype(np.float32))  # (its quantize call: the fallback's result)
-    assert tries == [1] and refusals._REFUSED == {"cooperative"} and not TR.available()
+    assert tries == [1] and refusals._REFUSED == {"cooperative"} and not tensor_resident.available()
     assert [k.py_func.__name__ for k, *_ in plan.fallback().launches] == ["tensor_amax", "finalize", "static_encode"]
     assert _names((16, 64), ml_dtypes.bfloat16, sch) == ["tensor_amax", "finalize", "static_encode"]  # plans afresh
     check(x, sch, x_ref=x.astype(np.float32))  # the refused plan itself forwards, without trying again

@@ -18,7 +18,7 @@ from _helpers import gpu_cupy_or_skip  # noqa: E402
 cp = gpu_cupy_or_skip()
 
 import nqdq  # noqa: E402
-import nqdq.kernels._tensor_resident as TR  # noqa: E402
+import nqdq.kernels._tensor_resident as tensor_resident  # noqa: E402
 import nqdq.kernels.quantize as kq  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
@@ -49,8 +49,8 @@ def nvfp4_on(monkeypatch):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_large_inputs_take_one_cooperative_launch(name, monkeypatch):
-    assert kq.TENSOR_RESIDENT and TR.available()
-    NT, UR, US, V = TR.resident_geometry()
+    assert kq.TENSOR_RESIDENT and tensor_resident.available()
+    NT, UR, US, V = tensor_resident.resident_geometry()
     assert US > 0
     for shape in [(1024, 7168), (8192, 8192), (16384, 7168)]:
         assert _launches(shape, name=name) == [("tensor_resident", kq._sm_count(), NT)]
@@ -138,14 +138,14 @@ def refusing(monkeypatch):
     recorded before (launch._REFUSED emptied, restored after), fresh plans and remembered
     calls before and after. Yields (launch module, the real SM count)."""
     import nqdq.api as api
-    import nqdq.kernels.launch as LAUNCH
+    from nqdq.kernels import launch
 
-    monkeypatch.setattr(LAUNCH, "_REFUSED", set())
+    monkeypatch.setattr(launch, "_REFUSED", set())
     sms = kq._sm_count()
     monkeypatch.setattr(kq, "_sm_count", lambda: 2 * sms)
     kq._PLANS.clear()
     api.clear_fast_path()
-    yield LAUNCH, sms
+    yield launch, sms
     kq._PLANS.clear()
     api.clear_fast_path()
 
@@ -155,7 +155,7 @@ def test_refused_cooperative_launch_falls_back(refusing):
     fits one) is refused by the driver (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE), as under an
     MPS thread limit: the call runs the two-pass plan instead, warns once, and later calls
     plan without the cooperative kernel; every result exact."""
-    LAUNCH, sms = refusing
+    launch, sms = refusing
     rng = np.random.default_rng(31)
     for i in range(3):
         xh = _act(rng, (4096, 7168))
@@ -164,7 +164,7 @@ def test_refused_cooperative_launch_falls_back(refusing):
             assert _launches((4096, 7168))[0][:2] == ("tensor_resident", 2 * sms)
             with pytest.warns(RuntimeWarning, match="refused a cooperative launch"):
                 q = nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
-            assert LAUNCH._REFUSED == {"cooperative"} and not TR.available()
+            assert launch._REFUSED == {"cooperative"} and not tensor_resident.available()
             names = [n for n, _g, _b in _launches((4096, 7168))]
             assert names[0] == "tensor_amax" and "tensor_resident" not in names, names
         else:
