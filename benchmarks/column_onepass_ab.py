@@ -63,27 +63,28 @@ _BUILT = {}
 
 def set_variant(tag):
     import nqdq.api
-    import nqdq.kernels._column_kernels as CK
+    import nqdq.kernels._column_kernels as column_kernels
     import nqdq.kernels.quantize as kq
 
     if not _BUILT:  # kernels remembered per ONEPASS_MIN_BLOCKS too (read when a kernel is built)
-        base = CK.make_column_onepass_kernel.__wrapped__
+        base = column_kernels.make_column_onepass_kernel.__wrapped__
 
         def make(*a):
-            key = (a, CK.ONEPASS_MIN_BLOCKS)
+            key = (a, column_kernels.ONEPASS_MIN_BLOCKS)
             if key not in _BUILT:
                 _BUILT[key] = base(*a)
             return _BUILT[key]
 
-        CK.make_column_onepass_kernel = make
+        column_kernels.make_column_onepass_kernel = make
         _BUILT["installed"] = True
-    import nqdq.kernels._column_ring as CR
+    import nqdq.kernels._column_ring as column_ring
 
     if not _RING_DEFAULTS:
-        _RING_DEFAULTS.update(RING_THREADS=CR.RING_THREADS, RING_UNITS=CR.RING_UNITS, RING_SLOTS=CR.RING_SLOTS,
-                              RING_LAG=CR.RING_LAG, RING_BLOCKS_PER_SM=CR.RING_BLOCKS_PER_SM,
-                              RING_RELAXED=CR.RING_RELAXED, RING_FORCE_WAIT=False,
-                              RING_WHOLE=CR.RING_WHOLE)  # fmt: skip
+        _RING_DEFAULTS.update(RING_THREADS=column_ring.RING_THREADS, RING_UNITS=column_ring.RING_UNITS,
+                              RING_SLOTS=column_ring.RING_SLOTS,
+                              RING_LAG=column_ring.RING_LAG, RING_BLOCKS_PER_SM=column_ring.RING_BLOCKS_PER_SM,
+                              RING_RELAXED=column_ring.RING_RELAXED, RING_FORCE_WAIT=False,
+                              RING_WHOLE=column_ring.RING_WHOLE)  # fmt: skip
     if tag.startswith("ring"):
         settings = dict(SETTINGS["pipe256"], COLUMN_RING=True, **_RING_DEFAULTS)
         if tag != "ring":  # ringNT-U-D-L, then optionally -bB (blocks an SM) and -a (atomic reads)
@@ -102,7 +103,7 @@ def set_variant(tag):
     else:
         settings = dict(SETTINGS[tag], COLUMN_RING=False)
     for k, v in settings.items():
-        setattr(CK if k.startswith("ONEPASS") else CR if k.startswith("RING") else kq, k, v)
+        setattr(column_kernels if k.startswith("ONEPASS") else column_ring if k.startswith("RING") else kq, k, v)
     kq._PLANS.clear()
     if nqdq.api._FAST is not None:
         nqdq.api._FAST.clear()

@@ -50,23 +50,25 @@ SETTINGS = {
 VARIANTS = ["old", "new", "new+lb", "old"]
 _BUILT = {}
 # kernel factories and the switches each reads when it builds (CENTRED_UNITS is in its arguments)
-_FACTORIES = (("RK", "make_lastaxis_group_kernel", ("INT_GROUP_FAST", "INT_GROUP_MIN_BLOCKS")),
-              ("TK", "make_tile_kernel", ("RECIP_ONCE", "MIN_BLOCKS")),
-              ("RK", "make_lastaxis_asym_row_kernel", ("ASYM_ROW_RECIP_ONCE", "ASYM_INT_CLIP")),
-              ("RK", "make_lastaxis_stat_group_kernel", ("STAT_GROUP_FAST", "ASYM_INT_CLIP", "ASYM_PACKED_STATS")))
+_FACTORIES = (("rowwise_kernels", "make_lastaxis_group_kernel", ("INT_GROUP_FAST", "INT_GROUP_MIN_BLOCKS")),
+              ("tile_kernels", "make_tile_kernel", ("RECIP_ONCE", "MIN_BLOCKS")),
+              ("rowwise_kernels", "make_lastaxis_asym_row_kernel", ("ASYM_ROW_RECIP_ONCE", "ASYM_INT_CLIP")),
+              ("rowwise_kernels", "make_lastaxis_stat_group_kernel",
+               ("STAT_GROUP_FAST", "ASYM_INT_CLIP", "ASYM_PACKED_STATS")))
 
 
 def _modules():
-    import nqdq.kernels._rowwise_kernels as RK
-    import nqdq.kernels._tile_kernels as TK
-    import nqdq.kernels.quantize as KQ
+    import nqdq.kernels._rowwise_kernels as rowwise_kernels
+    import nqdq.kernels._tile_kernels as tile_kernels
+    import nqdq.kernels.quantize as kq
 
-    return {"RK": RK, "TK": TK, "KQ": KQ}
+    return {"rowwise_kernels": rowwise_kernels, "tile_kernels": tile_kernels, "quantize": kq}
 
 
 def _owner(name):
     """The module holding switch ``name``."""
-    return {"RECIP_ONCE": "TK", "MIN_BLOCKS": "TK", "CENTRED_UNITS": "KQ"}.get(name, "RK")
+    owners = {"RECIP_ONCE": "tile_kernels", "MIN_BLOCKS": "tile_kernels", "CENTRED_UNITS": "quantize"}
+    return owners.get(name, "rowwise_kernels")
 
 
 def _state(names):
@@ -92,7 +94,7 @@ def set_variant(settings):
         _BUILT["installed"] = True
     for n, v in settings.items():
         setattr(mods[_owner(n)], n, v)
-    mods["KQ"]._PLANS.clear()
+    mods["quantize"]._PLANS.clear()
     if nqdq.api._FAST is not None:
         nqdq.api._FAST.clear()
 

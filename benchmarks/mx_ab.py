@@ -31,21 +31,21 @@ _GROUP_KERNELS = {}
 
 def set_new(on: bool, parts=1024):
     import nqdq.api
-    import nqdq.kernels._rowwise_kernels as RK
+    import nqdq.kernels._rowwise_kernels as rowwise_kernels
     import nqdq.kernels.quantize as KQ
 
     if not _GROUP_KERNELS:  # one compiled group kernel per (switch, arguments): no recompiling at each switch
-        base = RK.make_lastaxis_group_kernel.__wrapped__
+        base = rowwise_kernels.make_lastaxis_group_kernel.__wrapped__
 
         def group_kernel(*a, **k):
-            key = (RK.FP6_PAIRS, a, tuple(sorted(k.items())))
+            key = (rowwise_kernels.FP6_PAIRS, a, tuple(sorted(k.items())))
             if key not in _GROUP_KERNELS:
                 _GROUP_KERNELS[key] = base(*a, **k)
             return _GROUP_KERNELS[key]
 
         _GROUP_KERNELS["installed"] = True
-        RK.make_lastaxis_group_kernel = group_kernel
-    RK.FP6_PAIRS = on
+        rowwise_kernels.make_lastaxis_group_kernel = group_kernel
+    rowwise_kernels.FP6_PAIRS = on
     KQ.NVFP4_SENC_IN_GROUPS = on
     KQ.NVFP4_SENC_MAX_UNITS = 1 << 40 if on else KQ.DEEP_UNITS  # "new": two launches at every size
     KQ.NVFP4_PARTS_MAX = parts
