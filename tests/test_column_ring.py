@@ -121,6 +121,18 @@ def test_ring_off_and_p1(onepass):
     assert _launched((13, 256), ml_dtypes.bfloat16, sch) == ["column_onepass"]
 
 
+def test_ring_needs_cp_async(ring):
+    """A device without cp.async (compute capability below 8.0; AMD, where _target.device_has
+    is never true) plans the register kernel instead of the ring, with the same bits."""
+    sch = resolve_scheme("int8_column")
+    x = _column_data((13, 256), seed=41).astype(ml_dtypes.bfloat16)
+    assert _launched(x.shape, ml_dtypes.bfloat16, sch) == ["column_ring"]
+    ring.setattr(column_ring, "device_has", lambda cc: False)
+    kq._PLANS.clear()
+    assert _launched(x.shape, ml_dtypes.bfloat16, sch) == ["column_onepass"]
+    check(x, sch, x_ref=x.astype(np.float32))
+
+
 def _direct(x, sch, W, P, force_wait, D=3, L=1, U=1):
     """Launch column_ring once (one block of the simulator's threads) over a 2-D input with
     W-unit stripes of P chunks of U units a thread; returns (int8 codes, scales)."""

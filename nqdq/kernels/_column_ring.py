@@ -81,7 +81,7 @@ from ._division import RECIP_DIV
 from ._mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, smem_addr
 from ._ptx import array_addr, as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports, load_acquire_i32, load_relaxed_i32
 from ._rowwise_kernels import unit_elems, vec_of
-from ._target import SIMULATOR, devfn
+from ._target import SIMULATOR, devfn, device_has
 
 
 def _env_geometry():
@@ -340,6 +340,13 @@ def ring_geometry(rows, upr, sms, vec, nt=None, units=None, slots=None):
         if P <= p_max:
             return (NT, W, U, D, L, P, S) if S * P < ITEMS_MAX else None
     return None
+
+
+def available() -> bool:
+    """The ring's ``cp.async`` loads on the current device: compute capability 8.0 or newer
+    (the simulator, which runs their twins, and compile-only tools: yes; AMD: no, its
+    per-channel scales take the register kernels)."""
+    return device_has((8, 0))
 
 
 def ring_launch(kind, fmt, max_elem, packed, rows, C, sms, empty, x, scales, codes, allow_p1=False):

@@ -885,9 +885,9 @@ def _onepass_column(rows, C, kind, fmt, maxe, packed, rec, out, nt):
             cl = column_cluster.cluster_launch(kind, fmt, maxe, packed, rows, C, _sm_count(), _X, out.scales, out.codes)
             if cl is not None:
                 return [cl]
-    if COLUMN_RING:
-        from . import _column_ring as column_ring
+    from . import _column_ring as column_ring
 
+    if COLUMN_RING and column_ring.available():
         ring = column_ring.ring_launch(kind, fmt, maxe, packed, rows, C, _sm_count(), rec.empty, _X, out.scales,
                                        out.codes,
                               allow_p1=COLUMN_ONEPASS_SYNC)  # fmt: skip
