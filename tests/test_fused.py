@@ -940,7 +940,7 @@ def test_prefetch_distance_per_op(monkeypatch):
 @pytest.mark.parametrize("switch, on", [("ROWS_BF16", True), ("ROWS_BF16", False), ("RES_CVT", True),
                                         ("RES_CVT", False), ("PREFETCH", True), ("FLAT_STEP", True),
                                         ("NORM_FMA", True)])
-def test_session3_switches_match_reference(switch, on, monkeypatch):
+def test_fused_row_switches_match_reference(switch, on, monkeypatch):
     """Each of the A/B switches ROWS_BF16, RES_CVT, PREFETCH and FLAT_STEP, on and, for the two
     now on by default (ROWS_BF16, RES_CVT), off too, gives the spec's bits on these edge values (the switch's paths:
     ROWS_BF16 flatten / MoE rows of bfloat16 into MXFP4 by the words' pair encoder, with a

@@ -637,7 +637,7 @@ def test_gpu_group_share(n, on, monkeypatch):
 @pytest.mark.parametrize("switch, on", [("ROWS_BF16", True), ("ROWS_BF16", False), ("RES_CVT", True),
                                         ("RES_CVT", False), ("PREFETCH", True), ("FLAT_STEP", True),
                                         ("NORM_FMA", True)])
-def test_gpu_session3_switches(switch, on, monkeypatch):
+def test_gpu_fused_row_switches(switch, on, monkeypatch):
     """The A/B switches ROWS_BF16, RES_CVT, PREFETCH and FLAT_STEP on a GPU, each on and, for the
     two now on by default (ROWS_BF16, RES_CVT), off too, bit for bit against the spec at hidden
     7168: ROWS_BF16 (flatten of a strided view and the MoE gather into MXFP4 by the words' pair
