@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _arrays
 from .formats import FloatFormat, IntFormat, ScaleFormat, get_format
-from .quantized import QuantizedTensor
+from .quantized import ARRAY_FIELDS, QuantizedTensor
 from .reference import codec
 from .reference import quantize as ref
 from .reference.layouts import LAYOUTS, scale_matrix_shape
@@ -24,7 +24,6 @@ _ROUNDINGS = ("nearest", "stochastic")
 _LAYOUTS = LAYOUTS  # the one list of scale layout names (nqdq.reference.layouts)
 _NONFINITE = ("propagate", "raise")
 _NULL = contextlib.nullcontext()
-_PARTS = ("codes", "scales", "zero_points", "tensor_scale", "means")
 
 
 def quantize(
@@ -272,7 +271,7 @@ def _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, s
     if on_device:
         parts = kq.quantize(xdev, sch, scale=scale, seed=seed)  # codes come back packed
         if caller is not None and caller.name != "cupy":
-            parts = ref.QuantParts(*(caller.result(getattr(parts, f)) for f in _PARTS))
+            parts = ref.QuantParts(*(caller.result(getattr(parts, f)) for f in ARRAY_FIELDS))
         codes = parts.codes
     else:
         parts = ref.quantize(x32, sch, scale=scale, seed=seed)
@@ -312,7 +311,6 @@ _current_gpu = None  # cupy.cuda.runtime.getDevice, set with _cupy_ndarray
 
 def _fast_quantizer(x, sch, shape, dtype_name, kind):
     """``fq(x) -> QuantizedTensor`` for this call's arguments, or None."""
-    global _cupy_ndarray, _current_gpu
     from .kernels import quantize as kq
     from .kernels._interop import is_cupy
 
@@ -321,10 +319,17 @@ def _fast_quantizer(x, sch, shape, dtype_name, kind):
     run = kq.get_plan(shape, kind, sch).cupy_runner()
     if run is None:
         return None
-    if _cupy_ndarray is None:
-        _current_gpu = sys.modules["cupy"].cuda.runtime.getDevice
-        _cupy_ndarray = type(x)
+    _note_cupy()
     return _quantized_by(run, sch, shape, dtype_name)
+
+
+def _note_cupy():
+    """The hot paths' CuPy facts, once CuPy is in use: its array type and cudaGetDevice."""
+    global _cupy_ndarray, _current_gpu
+    if _cupy_ndarray is None:
+        cp = sys.modules["cupy"]
+        _current_gpu = cp.cuda.runtime.getDevice
+        _cupy_ndarray = cp.ndarray
 
 
 def _quantized_by(run, sch, shape, dtype_name):
@@ -368,7 +373,7 @@ def _fast_jax_quantizer(x, sch, shape, dtype_name, kind, caller):
     export for that stream (JAX orders its pending writes before it), the results imported
     by ``jax.dlpack.from_dlpack``, the input held until the call has run
     (``_callers.JaxCaller.hold``). Needs CuPy (the runner allocates through it)."""
-    global _jax_array, _cupy_ndarray, _current_gpu
+    global _jax_array
     from .kernels import quantize as kq
     from .kernels._interop import dlpack_address
     from .kernels.launch import _stream_handle
@@ -379,9 +384,7 @@ def _fast_jax_quantizer(x, sch, shape, dtype_name, kind, caller):
     run = kq.get_plan(shape, kind, sch).cupy_runner()
     if run is None:
         return None
-    if _cupy_ndarray is None:
-        _current_gpu = cp.cuda.runtime.getDevice
-        _cupy_ndarray = cp.ndarray
+    _note_cupy()
     _jax_array = type(x)
     QT, R, hold = QuantizedTensor, caller.result, caller.hold
 
@@ -418,7 +421,7 @@ def _fast_torch_quantizer(x, sch, shape, dtype_name, kind, caller):
 def _fast_dequantizer(q, caller, out_dtype):
     """``fd(q) -> values`` for repeated dequantize calls like this one (CuPy or PyTorch
     arrays, C-contiguous, linear scales), or None (``kernels.dequant_plan``)."""
-    global _torch_gpu, _torch_tensor, _cupy_ndarray, _current_gpu
+    global _torch_gpu, _torch_tensor
     from .kernels import _devices
     from .kernels import dequant_plan
     from .kernels._interop import is_cupy
@@ -449,9 +452,7 @@ def _fast_dequantizer(q, caller, out_dtype):
 
         fd.gpu = _torch_gpu
     else:
-        if _cupy_ndarray is None:
-            _current_gpu = sys.modules["cupy"].cuda.runtime.getDevice
-            _cupy_ndarray = type(q.codes)
+        _note_cupy()
 
         def fd(q):
             v = run(q.codes, q.scales, q.zero_points, q.tensor_scale, q.means)
@@ -570,7 +571,7 @@ def _dequantize(q, dtype, device, stream):
             if caller.name == "cupy":
                 return out
             if caller.name == "jax":
-                caller.hold(tuple(getattr(q, f) for f in _PARTS), _launch_stream())
+                caller.hold(tuple(getattr(q, f) for f in ARRAY_FIELDS), _launch_stream())
             return caller.result_bfloat16(out) if out_dtype == _arrays.BFLOAT16 else caller.result(out)
     if stream is not None:
         raise ValueError("stream= is for GPU calls; q holds host arrays (pass device='cuda' to run on the GPU)")

@@ -38,7 +38,7 @@ import numpy as np
 from . import _arrays
 from .formats import FloatFormat, IntFormat
 from .kernels._interop import is_cupy
-from .quantized import QuantizedTensor
+from .quantized import ARRAY_FIELDS, QuantizedTensor
 
 __all__ = ["matmul"]
 
@@ -143,9 +143,6 @@ def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0
     return _matmul(qa, qb, out_dtype, bias=bias, activation=activation, alpha=alpha, device=device)
 
 
-_FIELDS = ("codes", "scales", "zero_points", "tensor_scale", "means")
-
-
 def _matmul_for(caller, qa, qb, out_dtype, bias, activation, alpha, device):
     """A PyTorch or JAX caller's general path: the operands as the kernels' arrays (zero-copy
     views), the call on that library's current stream of their GPU, the result in the
@@ -159,7 +156,7 @@ def _matmul_for(caller, qa, qb, out_dtype, bias, activation, alpha, device):
     def view(q):
         if not isinstance(q, QuantizedTensor):
             return q
-        return dataclasses.replace(q, **{f: kernel_view(getattr(q, f), f"q.{f}") for f in _FIELDS
+        return dataclasses.replace(q, **{f: kernel_view(getattr(q, f), f"q.{f}") for f in ARRAY_FIELDS
                                          if getattr(q, f) is not None and type(getattr(q, f)) is type(qa.codes)})
 
     bias_v = kernel_view(bias, "bias") if bias is not None and type(bias) is type(qa.codes) else bias

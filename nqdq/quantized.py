@@ -24,7 +24,7 @@ __all__ = ["QuantizedTensor", "load", "FORMAT_VERSION", "ArraySpec", "expected_a
 
 # Bump when the meaning of a stored field changes; readers refuse newer versions.
 FORMAT_VERSION = 1
-_ARRAYS = ("codes", "scales", "zero_points", "tensor_scale", "means")
+ARRAY_FIELDS = ("codes", "scales", "zero_points", "tensor_scale", "means")  # a QuantizedTensor's arrays
 _META_KEY = "__nqdq__"
 _DTYPES = ("float32", "float16", "bfloat16")  # QuantizedTensor.dtype: the input's dtype
 _U8, _I8, _F32 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.float32)
@@ -140,7 +140,7 @@ class QuantizedTensor:
     @property
     def nbytes(self) -> int:
         """Bytes of the arrays, from their shapes and item sizes (GPU arrays stay where they are)."""
-        return sum(_array_nbytes(getattr(self, k)) for k in _ARRAYS if getattr(self, k) is not None)
+        return sum(_array_nbytes(getattr(self, k)) for k in ARRAY_FIELDS if getattr(self, k) is not None)
 
     def __repr__(self) -> str:
         return (
@@ -211,7 +211,7 @@ class QuantizedTensor:
             "shape": list(self.shape),
             "dtype": self.dtype,
             "scale_layout": self.scale_layout,
-            "arrays": [k for k in _ARRAYS if getattr(self, k) is not None],
+            "arrays": [k for k in ARRAY_FIELDS if getattr(self, k) is not None],
         }
 
     def save(self, path) -> None:
@@ -221,7 +221,7 @@ class QuantizedTensor:
         a save that fails leaves ``path`` as it was. The arrays are written as they are
         (:func:`load` checks them)."""
         path = os.fspath(path)
-        arrays = {k: np.ascontiguousarray(_to_numpy(getattr(self, k))) for k in _ARRAYS if getattr(self, k) is not None}
+        arrays = {k: np.ascontiguousarray(_to_numpy(getattr(self, k))) for k in ARRAY_FIELDS if getattr(self, k) is not None}
         meta = json.dumps(self._metadata())
         if path.endswith(".safetensors"):
             from safetensors.numpy import save_file
@@ -438,7 +438,7 @@ def _parse_meta(meta, path) -> tuple[dict, tuple]:
                 f"{path}: array {k} is {'not ' if spec is not None else ''}listed in the metadata, but scheme "
                 f"{scheme.name!r} {'has' if spec is not None else 'has no'} {k}"
             )
-    unknown = sorted(set(listed) - set(_ARRAYS))
+    unknown = sorted(set(listed) - set(ARRAY_FIELDS))
     if unknown:
         raise _FileError(f"{path}: arrays {unknown} in the metadata are not QuantizedTensor arrays")
     fields = dict(scheme=scheme, shape=shape, dtype=dtype, scale_layout=layout, format_version=version)

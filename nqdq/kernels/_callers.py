@@ -44,9 +44,6 @@ def stream_handle(stream) -> int:
         if int(stream) < 0:
             raise ValueError(f"stream={int(stream)} is not a stream handle")
         return int(stream)
-    h = getattr(stream, "cuda_stream", None)  # PyTorch
-    if h is not None:
-        return int(h)
     try:
         return launch._stream_handle(stream)
     except TypeError:
@@ -93,9 +90,6 @@ class TorchCaller(Caller):
     def stream(self, device):
         return self._raw_stream(device)
 
-    def current_device(self) -> int:
-        return self.torch.cuda.current_device()
-
     def result(self, a):
         if a is None or isinstance(a, self.tensor):
             return a
@@ -103,9 +97,6 @@ class TorchCaller(Caller):
 
     def result_bfloat16(self, bits):
         return self.torch.from_dlpack(_export(bits, as_bfloat16=True))
-
-    def empty(self, shape, dtype, device):
-        return self.torch.empty(shape, dtype=self.dtypes[np.dtype(dtype)], device=device)
 
 
 class JaxCaller(Caller):
@@ -117,7 +108,6 @@ class JaxCaller(Caller):
     def __init__(self, jax):
         import importlib
 
-        self.jax = jax
         self.dlpack = importlib.import_module("jax.dlpack")  # (part of the loaded jax package)
 
     def result(self, a):
@@ -324,7 +314,7 @@ def _is_gpu(x) -> bool:
 
 
 def _in_library(caller, out, bf16: bool):
-    from ..quantized import QuantizedTensor
+    from ..quantized import ARRAY_FIELDS, QuantizedTensor
 
     if out is None:
         return None
@@ -333,8 +323,7 @@ def _in_library(caller, out, bf16: bool):
     if isinstance(out, QuantizedTensor):
         import dataclasses
 
-        return dataclasses.replace(out, **{f: caller.result(getattr(out, f)) for f in
-                                           ("codes", "scales", "zero_points", "tensor_scale", "means")})  # fmt: skip
+        return dataclasses.replace(out, **{f: caller.result(getattr(out, f)) for f in ARRAY_FIELDS})
     if bf16 and getattr(out, "dtype", None) == np.uint16:
         return caller.result_bfloat16(out)
     return caller.result(out)

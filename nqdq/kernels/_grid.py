@@ -50,7 +50,7 @@ from ._target import SIMULATOR, devfn
 
 __all__ = ["grid_max", "done_bit", "arrive", "mark_done", "missing", "wait_done", "leave_done", "grid_max_publish",
            "grid_max_help", "grid_max_read", "SYNC_WORDS", "DONE_BASE", "DONE_WORDS", "MAX_DONE", "HELP_SPINS",
-           "StreamWorkspaces"]
+           "StreamWorkspaces", "workspace_key"]
 
 DONE_BASE = 3  # words [arrivals, running max, departures]; then ...
 DONE_WORDS = 8  # ... the done bits of up to MAX_DONE work items (arrive, mark_done, wait_done)
@@ -244,6 +244,15 @@ def grid_max_read(tid, sync, slot):
     cuda.syncthreads()
     return slot[0]
 
+def workspace_key(handle: int, device: int):
+    """Which stream's workspace a call on stream ``handle`` of GPU ``device`` takes: the
+    handle, except for the default streams, which have one handle on every GPU (and the
+    per-thread one in every thread)."""
+    if handle <= _PER_THREAD:
+        return (handle, device, threading.get_ident() if handle == _PER_THREAD else 0)
+    return handle
+
+
 class StreamWorkspaces:
     """One zeroed ``grid_max`` workspace per CUDA stream, for the host side of a plan's
     direct (not captured) calls: ``get(stream)`` -> the device address of ``stream``'s
@@ -265,9 +274,7 @@ class StreamWorkspaces:
         self._by_ptr = {}  # stream handle -> (Stream, array, address)
 
     def get(self, stream, device):
-        key = stream.ptr
-        if key <= _PER_THREAD:  # the default streams: one handle on every GPU (and per-thread's in every thread)
-            key = (key, device, threading.get_ident() if key == _PER_THREAD else 0)
+        key = workspace_key(stream.ptr, device)
         e = self._by_ptr.get(key)
         if e is None:
             e = self._new(stream, key)

@@ -27,6 +27,7 @@ from ._scales import MODE_MX, MODE_NVFP4
 from ._target import SIMULATOR
 
 _U8, _F32, _U16 = np.dtype(np.uint8), np.dtype(np.float32), np.dtype(np.uint16)
+_DUMMY_BYTES = 256  # what an absent array's pointer reads (never, but the kernel takes one)
 
 
 class DequantPlan:
@@ -63,7 +64,6 @@ class DequantPlan:
         self._seq = None
         self._seq_built = False
         self._lock = threading.Lock()
-        self.dummy_nbytes = 256
 
     def sequence(self):
         """The compiled launch sequence ``seq(stream, codes, scales, zps, means, tscale, f32,
@@ -83,7 +83,7 @@ class DequantPlan:
         if seq is None or cp is None:
             return None
         dev = _devices.current()
-        dummy = cp.zeros(self.dummy_nbytes // 4, np.float32)
+        dummy = cp.zeros(_DUMMY_BYTES // 4, np.float32)
         DP = dummy.data.ptr
         n, shape, alloc, nd, cur = math.prod(self.shape), self.shape, cp.cuda.alloc, cp.ndarray, cp.cuda.get_current_stream
         bf16 = self.bfloat16
@@ -108,7 +108,7 @@ class DequantPlan:
         torch = caller.torch
         dev = _devices.current()
         device = torch.device("cuda", dev)
-        dummy = torch.zeros(self.dummy_nbytes, dtype=torch.uint8, device=device)
+        dummy = torch.zeros(_DUMMY_BYTES, dtype=torch.uint8, device=device)
         DP = dummy.data_ptr()
         shape, empty, stream = self.shape, torch.empty, caller.stream
         f32, bf16 = torch.float32, (torch.bfloat16 if self.bfloat16 else None)

@@ -614,11 +614,12 @@ class _TorchWorkspaces:
     """The torch runners' ``grid_max`` workspace (``_grid``): one zeroed tensor per stream of
     a direct call, as ``_grid.StreamWorkspaces`` keeps for CuPy (the kernels leave it zero,
     and kernels of one stream run one after another); under graph capture the call's own,
-    zeroed by a memset node of the graph. A stream handle that the caller destroys and
-    PyTorch reuses for a new stream keeps the workspace, which is then still zero."""
+    zeroed by a memset node of the graph. Streams are told apart as there
+    (``_grid.workspace_key``). A stream handle that the caller destroys and PyTorch reuses
+    for a new stream keeps the workspace, which is then still zero."""
 
     def __init__(self, torch, device, dev_index, limit=64):
-        self._zeros, self._device, self._i32 = torch.zeros, device, torch.int32
+        self._zeros, self._device, self._dev, self._i32 = torch.zeros, device, dev_index, torch.int32
         self._capturing = torch.cuda.is_current_stream_capturing
         self._by_stream = {}
         self._limit = limit
@@ -626,12 +627,13 @@ class _TorchWorkspaces:
     def get(self, stream):
         if self._capturing():
             return self._zeros(grid_sync.SYNC_WORDS, dtype=self._i32, device=self._device)
-        ws = self._by_stream.get(stream)
+        key = grid_sync.workspace_key(stream, self._dev)
+        ws = self._by_stream.get(key)
         if ws is None:
             ws = self._zeros(grid_sync.SYNC_WORDS, dtype=self._i32, device=self._device)
             while len(self._by_stream) >= self._limit:
                 self._by_stream.pop(next(iter(self._by_stream)), None)
-            self._by_stream[stream] = ws
+            self._by_stream[key] = ws
         return ws
 
 
