@@ -29,7 +29,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:Runtim
 HELPERS = ("_bit_length", "_pack_rne", "_bf16_mul_half", "_bf16_add_half", "_bf16_order", "_bf16_min_half",
            "_bf16_max_half", "f32_bits_to_bf16", "f32_bits_to_f16", "bf16x2_mul_scalar", "bf16x2_add_scalar",
            "bf16x2_min_scalar", "bf16x2_max_scalar", "bf16x2_absmul_scalar", "bf16x2_absmin_scalar",
-           "sign_add_twin", "sr_e2m1_code_i_twin", "mul_wide_u32_twin")
+           "sign_add_twin", "sr_e2m1_code_i_twin", "mul_wide_u32_twin", "cvt_bf16x2_scalar", "cvt_f16x2_scalar")
 PAIR_OPS = ("mul", "absmul", "add", "min", "max", "absmin")
 
 SPECIAL_HALVES = [0x0000, 0x8000, 0x0001, 0x8001, 0x007F, 0x807F, 0x0080, 0x8080, 0x3F80, 0xBF80, 0x3F81, 0x3FFF,
@@ -41,16 +41,29 @@ def _py(fn):
     return getattr(fn, "py_func", fn)
 
 
-@pytest.fixture(scope="module")
-def cpu():
-    """The twins compiled by Numba's CPU jit, their calls to one another resolved to the
-    compiled helpers (the float32 bit cast, a local array on a GPU, by a NumPy view)."""
+def _rebound(wrap, f32_bits):
+    """The twins rebuilt from their Python source, each wrapped by ``wrap``, their calls to one
+    another resolved to the rebuilt helpers (on a GPU the module's own names are device
+    functions, which the host cannot call; the float32 bit cast, a local array there, by
+    ``f32_bits``)."""
     g = dict(vars(_ptx))
     for name in HELPERS:
         f = _py(getattr(_ptx, name))
-        g[name] = numba.njit(pytypes.FunctionType(f.__code__, g, name, f.__defaults__))
-    g["_f32_bits"] = numba.njit(lambda f: np.int64(np.array([f], np.float32).view(np.uint32)[0]))
+        g[name] = wrap(pytypes.FunctionType(f.__code__, g, name, f.__defaults__))
+    g["_f32_bits"] = wrap(f32_bits)
     return pytypes.SimpleNamespace(**{k: g[k] for k in HELPERS})
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    """The twins compiled by Numba's CPU jit."""
+    return _rebound(numba.njit, lambda f: np.int64(np.array([f], np.float32).view(np.uint32)[0]))
+
+
+@pytest.fixture(scope="module")
+def py():
+    """The twins as plain Python on NumPy scalars (the form the simulator runs)."""
+    return _rebound(lambda f: f, lambda f: np.int64(np.float32(f).view(np.uint32)))
 
 
 def _over_arrays(fn):
@@ -106,9 +119,9 @@ def test_pair_twin_compiled_matches_numpy_twin_exhaustively(cpu, op):
 
 
 @pytest.mark.parametrize("op", PAIR_OPS)
-def test_pair_twin_as_python_matches_numpy_twin(op):
+def test_pair_twin_as_python_matches_numpy_twin(py, op):
     """The plain-Python form (the simulator's) on random words and the special values."""
-    scalar, twin = getattr(_ptx, f"bf16x2_{op}_scalar"), getattr(_ptx, f"bf16x2_{op}_twin")
+    scalar, twin = getattr(py, f"bf16x2_{op}_scalar"), getattr(_ptx, f"bf16x2_{op}_twin")
     rng = np.random.default_rng(7)
     halves = np.concatenate([rng.integers(0, 65536, 1500), np.repeat(SPECIAL_HALVES, 4)]).astype(np.uint64)
     other = rng.permutation(halves)
@@ -143,9 +156,9 @@ ADD_CASES = [
 
 
 @pytest.mark.parametrize("x, y, want", ADD_CASES)
-def test_add_ties_worked_out_by_hand(cpu, x, y, want):
+def test_add_ties_worked_out_by_hand(cpu, py, x, y, want):
     hx, hy, hw = _bf16(x), _bf16(y), _bf16(want)
-    for add in (_ptx.bf16x2_add_scalar, cpu.bf16x2_add_scalar):
+    for add in (py.bf16x2_add_scalar, cpu.bf16x2_add_scalar):
         assert int(add(hx | (hy << 16), hy | (hx << 16))) == hw | (hw << 16), (x, y)
     assert int(_ptx.bf16x2_add_twin(hx, hy)) == hw
 
@@ -211,15 +224,14 @@ def test_cvt_twins_match_rounding_of_every_probe(cpu, ebits, mbits, name):
     assert np.array_equal(got, want), name + ": " + _describe(u, u, got, want)
 
 
-def test_cvt_pair_twins_as_python(monkeypatch):
-    monkeypatch.setattr(_ptx, "_f32_bits", lambda f: np.int64(np.float32(f).view(np.uint32)))
+def test_cvt_pair_twins_as_python(py):
     rng = np.random.default_rng(5)
     x = np.concatenate([rng.integers(0, 2**32, 2000, dtype=np.uint64).astype(np.uint32),
                         np.array([0x7FC00000, 0xFF800001, 0x7F7FFFFF, 0x477FF000, 0x477FEFFF, 0x33000000,
                                   0x33000001, 0x80000000, 0x00000001, 0x3F808000], np.uint32)]).view(np.float32)
     for hi, lo in zip(x[0::2], x[1::2]):
-        assert int(_ptx.cvt_bf16x2_scalar(hi, lo)) == int(_ptx.cvt_bf16x2_twin(hi, lo)), (hi, lo)
-        assert int(_ptx.cvt_f16x2_scalar(hi, lo)) == int(_ptx.cvt_f16x2_twin(hi, lo)), (hi, lo)
+        assert int(py.cvt_bf16x2_scalar(hi, lo)) == int(_ptx.cvt_bf16x2_twin(hi, lo)), (hi, lo)
+        assert int(py.cvt_f16x2_scalar(hi, lo)) == int(_ptx.cvt_f16x2_twin(hi, lo)), (hi, lo)
 
 
 def test_pair_store_and_conversion_in_a_simulated_kernel():
@@ -282,25 +294,25 @@ def _sr_words(seed, n):
     return a.astype(np.uint32), r.astype(np.uint32), xb.astype(np.uint32)
 
 
-def test_sr_e2m1_code_i_twin_matches_the_ptx_steps(cpu):
+def test_sr_e2m1_code_i_twin_matches_the_ptx_steps(cpu, py):
     a, r, xb = _sr_words(3, 3000)
     for x, y, z in zip(a, r, xb):
         want = _sr_e2m1_code_i_spec(int(x), int(y), int(z))
-        got_py = _ptx.sr_e2m1_code_i_twin(x, y, z)
+        got_py = py.sr_e2m1_code_i_twin(x, y, z)
         got_jit = cpu.sr_e2m1_code_i_twin(x, y, z)
         assert (int(got_py[0]), int(got_py[1])) == want, (hex(x), hex(y), hex(z))
         assert (int(got_jit[0]), int(got_jit[1])) == want, (hex(x), hex(y), hex(z))
 
 
-def test_sign_add_and_mul_wide_twins(cpu):
+def test_sign_add_and_mul_wide_twins(cpu, py):
     rng = np.random.default_rng(9)
     u = rng.integers(0, 2**32, 2000, dtype=np.uint64).astype(np.uint32)
     for k, x in enumerate(u):
         bit = 1 << (k % 8)
         mag = k % bit
         want = mag + (bit if int(x) & 0x80000000 else 0)  # mul.hi.u32 s, u, 2; mad.lo.u32 mag + s * bit
-        assert int(_ptx.sign_add_twin(x, np.uint32(mag), np.uint32(bit))) == want
+        assert int(py.sign_add_twin(x, np.uint32(mag), np.uint32(bit))) == want
         assert int(cpu.sign_add_twin(x, np.uint32(mag), np.uint32(bit))) == want
         y = u[k - 1]
-        assert int(_py(_ptx.mul_wide_u32_twin)(x, y)) == int(x) * int(y)
+        assert int(py.mul_wide_u32_twin(x, y)) == int(x) * int(y)
         assert int(cpu.mul_wide_u32_twin(x, y)) == int(x) * int(y)

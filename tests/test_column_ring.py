@@ -105,7 +105,9 @@ def test_ring_exact(ring, name, kw, shape, dtype):
     assert _launched(x.shape, dtype, sch) == ["column_ring"]
     plan = kq.get_plan(x.shape, _KINDS[dtype], sch)
     ((k, grid, block, args),) = plan.launches
-    assert grid == 1 and dynamic_smem(k) == column_ring.ring_smem(block, column_ring.RING_UNITS, column_ring.RING_SLOTS)
+    # the simulator counts one SM, so one block takes every stripe; a GPU spreads them over its SMs
+    assert (grid == 1) if kq.SIMULATOR else grid >= 1
+    assert dynamic_smem(k) == column_ring.ring_smem(block, column_ring.RING_UNITS, column_ring.RING_SLOTS)
     check(x, sch, x_ref=x.astype(np.float32))
 
 

@@ -27,7 +27,12 @@ from test_kernels import POISON, assert_same, edge_data  # noqa: E402
 
 
 def host(a):
-    return None if a is None else (a.get() if hasattr(a, "get") else np.asarray(a))
+    """A host copy of a CuPy, PyTorch (CUDA tensors have .cpu) or NumPy array."""
+    if a is None:
+        return None
+    if hasattr(a, "get"):
+        return a.get()
+    return a.cpu().numpy() if hasattr(a, "cpu") else np.asarray(a)
 
 
 def check_gpu(x_host, sch, *, dtype=None, seed=None, x_dev=None):
