@@ -441,6 +441,10 @@ def _fast_dequantizer(q, caller, out_dtype):
     run = plan.torch_runner(caller) if caller.name == "torch" else plan.cupy_runner()
     if run is None:
         return None
+    if plan.aligned:  # the unit kernel's 16-byte loads of the codes
+        contiguous = _torch_aligned if caller.name == "torch" else _cupy_aligned
+        if not contiguous(q):
+            return None
     f16 = out_dtype == np.float16
     if caller.name == "torch":
         _torch_gpu, _torch_tensor = _devices.current, caller.tensor
@@ -469,6 +473,14 @@ def _torch_contiguous(q):
 
 def _cupy_contiguous(q):
     return all(a is None or a._c_contiguous for a in (q.codes, q.scales, q.zero_points, q.tensor_scale, q.means))
+
+
+def _torch_aligned(q):
+    return q.codes.data_ptr() & 15 == 0 and _torch_contiguous(q)
+
+
+def _cupy_aligned(q):
+    return q.codes.data.ptr & 15 == 0 and _cupy_contiguous(q)
 
 
 def _remember(key, fq):

@@ -68,7 +68,7 @@ from ._scales import (
     pairwise_push,
 )
 from ._codec import KIND_BF16
-from ._ptx import array_addr, as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports
+from ._ptx import array_addr, as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports, load_u32x4, store_u32x4
 from ._target import devfn
 
 
@@ -731,6 +731,101 @@ def make_dequant_kernel(mode, fmt, symmetric, packed):
                 out[np.uint64(row * C + c)] = res
 
     return dequant
+
+
+def dequant_units_apply(code_bits: int, C: int, block_cols: int) -> bool:
+    """Whether :func:`make_dequant_units_kernel` decodes a (rows, C) view whose scale groups
+    are ``block_cols`` columns wide: 8- or 4-bit codes, rows of whole 16-byte units, groups
+    of whole 8-element chunks (the codes' and the output's addresses 16-byte aligned: the
+    caller checks)."""
+    per = {8: 16, 4: 32}.get(code_bits)
+    return per is not None and C % per == 0 and block_cols % 8 == 0
+
+
+@lru_cache(maxsize=None)
+def make_dequant_units_kernel(mode, fmt, symmetric, bfloat16):
+    """The dequant kernel's values by 16-byte units of codes: a thread reads one unit by a
+    16-byte load (16 8-bit or 32 4-bit codes of a row), decodes it in chunks of 8 elements
+    that share a scale (one scale read a chunk) and writes float32 words, or bfloat16 bits
+    rounded to nearest even as ``f32_to_bf16_kernel`` rounds, by 16-byte stores. The same
+    arithmetic per element as make_dequant_kernel, so the same bits; where
+    dequant_units_apply holds. A row's ``upr`` units are ``nseg`` segments of ``spu`` units
+    (more than one where rows are few, so that every SM has work), a team of 2^tpr_log2
+    threads a segment; ``bc_log2``: log2 of ``bc`` where it is a power of two (a shift for
+    the chunk's scale column), else -1."""
+    NBITS = fmt[5]
+    IS_FLOAT = fmt[0] == 1
+    EBITS, MBITS, NAN_STYLE = fmt[8], fmt[1], fmt[9]
+    CHUNKS = 2 if NBITS == 8 else 4  # 8-element chunks a unit
+    PER_WORD = 32 // NBITS
+    MASK = (1 << NBITS) - 1
+    HALF = 1 << (NBITS - 1)
+
+    @cuda.jit
+    def dequant_units(codes, rows, upr, nseg, spu, C, pcols, d1, d2, b0, b1, b2, bc, bc_log2, n1, n2, nc, scales, zps,
+                      means, tscale, out, tpr_log2):
+        cw = as_u32(codes)
+        ow = as_u32(out)
+        r = cuda.local.array(8, uint32)
+        tpr = 1 << tpr_log2
+        lane = cuda.threadIdx.x & (tpr - 1)
+        spb = cuda.blockDim.x >> tpr_log2
+        for seg in range(cuda.blockIdx.x * spb + (cuda.threadIdx.x >> tpr_log2), rows * nseg, cuda.gridDim.x * spb):
+            row = seg // nseg
+            first_unit = (seg - row * nseg) * spu
+            srow = scale_row_index(row, d1, d2, b0, b1, b2, n1, n2) * nc
+            for cu in range(first_unit + lane, min(first_unit + spu, upr), tpr):
+                w = load_u32x4(cw, (row * pcols >> 4) + cu)
+                c0 = cu * (CHUNKS * 8)
+                for k in range(CHUNKS):
+                    c = c0 + 8 * k
+                    si = np.uint64(srow + ((c >> bc_log2) if bc_log2 >= 0 else c // bc))
+                    s = ONE
+                    zp = ZERO
+                    mean = ZERO
+                    if mode == MODE_MX:
+                        s = decode_e8m0(np.int64(scales[si]))
+                    elif mode == MODE_NVFP4:
+                        s = decode_float_code(np.int64(scales[si]), 4, 3, 1) * tscale[0]
+                    else:
+                        s = F32(scales[si])
+                    if mode == MODE_ASYM:
+                        zp = F32(np.int64(zps[si]))
+                    if mode == MODE_CENTRED:
+                        mean = means[si]
+                    for j in range(8):
+                        e = 8 * k + j
+                        code = np.int64((w[e // PER_WORD] >> np.uint32(NBITS * (e % PER_WORD))) & MASK)
+                        if IS_FLOAT:
+                            val = decode_float_code(code, EBITS, MBITS, NAN_STYLE)
+                        elif symmetric:
+                            if code >= HALF:
+                                code -= 1 << NBITS
+                            val = F32(code)
+                        else:
+                            val = F32(code)
+                        if mode == MODE_CENTRED:
+                            res = mul_rn(val, s) + mean
+                        elif mode == MODE_ASYM:
+                            res = (val - zp) * s
+                        else:
+                            res = val * s
+                        b = f32_bits(res)
+                        if bfloat16:
+                            if (b & 0x7FFFFFFF) > 0x7F800000:
+                                b = 0xFFC0 if (b >> 31) == 1 else 0x7FC0
+                            else:
+                                b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+                        r[j] = uint32(b)
+                    first = row * C + c0 + 8 * k  # the chunk's first element
+                    if bfloat16:
+                        store_u32x4(ow, first >> 3, uint32(r[0] | (r[1] << 16)), uint32(r[2] | (r[3] << 16)),
+                                    uint32(r[4] | (r[5] << 16)), uint32(r[6] | (r[7] << 16)))
+                    else:
+                        store_u32x4(ow, first >> 2, r[0], r[1], r[2], r[3])
+                        store_u32x4(ow, (first >> 2) + 1, r[4], r[5], r[6], r[7])
+
+    return dequant_units
 
 
 @cuda.jit

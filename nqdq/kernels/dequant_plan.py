@@ -2,8 +2,12 @@
 launches of ``quantize.dequantize`` compiled into one launch sequence, and a runner per
 caller library that per call only allocates the output and stores the arrays' addresses.
 
-The decode kernel (``_quantize_kernels.make_dequant_kernel``) writes float32; a bfloat16
-result is rounded from it by ``f32_to_bf16_kernel`` in the same sequence (float32 scratch).
+Codes of whole 16-byte units a row (8- and 4-bit codes, scale groups of whole 8-element
+chunks: nearly every scheme at model shapes) are decoded by the unit kernel
+(``quantize.dequant_units_launch``), which writes float32 or bfloat16 directly; their codes
+must be 16-byte aligned (``aligned``: the hot path's check). Other shapes take the element
+kernel (``_quantize_kernels.make_dequant_kernel``), which writes float32; a bfloat16 result
+is rounded from it by ``f32_to_bf16_kernel`` in the same sequence (float32 scratch).
 float16 results are rounded by the caller's library (``astype`` / ``to``), as on the
 general path.
 """
@@ -47,15 +51,24 @@ class DequantPlan:
         mode = kq._mode(sch)
         sc = _U8 if mode in (MODE_MX, MODE_NVFP4) else _F32
         ns = math.prod(sch.scale_shape(shape))
-        tpr_log2 = kq._team_log2(C, threads)
-        grid = max(1, min(kq._cdiv(rows, threads >> tpr_log2), 1 << 20))
-        kernel = quantize_kernels.make_dequant_kernel(mode, format_tuple(sch), sch.symmetric, sub)
-        out = launch.Ptr("f32", 0, n, _F32)
-        self.launches = [(kernel, grid, threads, (
-            launch.Ptr("codes", 0, rows * pcols, _U8), rows, C, pcols, *kq._geo_args(shape, sch.block_for(shape)),
-            launch.Ptr("scales", 0, ns, sc), launch.Ptr("zps", 0, ns if sch.symmetric is False else 1, _U8),
-            launch.Ptr("means", 0, ns if sch.centred else 1, _F32), launch.Ptr("tscale", 0, 1, _F32), out, tpr_log2,
-        ))]  # fmt: skip
+        codes = launch.Ptr("codes", 0, rows * pcols, _U8)
+        tail = (launch.Ptr("scales", 0, ns, sc), launch.Ptr("zps", 0, ns if sch.symmetric is False else 1, _U8),
+                launch.Ptr("means", 0, ns if sch.centred else 1, _F32), launch.Ptr("tscale", 0, 1, _F32))  # fmt: skip
+        units = kq.dequant_units_launch(sch, shape, threads, bfloat16)
+        self.aligned = units is not None  # the codes must start 16-byte aligned
+        self.direct = units is not None  # the kernel writes the result itself (no float32 scratch for bfloat16)
+        if units is not None:
+            k, grid, block, geometry, tpr_log2 = units
+            out = launch.Ptr("bf16", 0, n, _U16) if bfloat16 else launch.Ptr("f32", 0, n, _F32)
+            self.launches = [(k, grid, block, (codes, *geometry, *tail, out, tpr_log2))]
+            bfloat16 = False  # (no rounding launch)
+        else:
+            tpr_log2 = kq._team_log2(C, threads)
+            grid = max(1, min(kq._cdiv(rows, threads >> tpr_log2), 1 << 20))
+            kernel = quantize_kernels.make_dequant_kernel(mode, format_tuple(sch), sch.symmetric, sub)
+            out = launch.Ptr("f32", 0, n, _F32)
+            self.launches = [(kernel, grid, threads, (codes, rows, C, pcols, *kq._geo_args(shape, sch.block_for(shape)),
+                                                      *tail, out, tpr_log2))]  # fmt: skip
         if bfloat16:
             g = max(1, min(kq._cdiv(n, threads), 1 << 20))
             self.launches.append((quantize_kernels.f32_to_bf16_kernel, g, threads,
@@ -87,14 +100,16 @@ class DequantPlan:
         DP = dummy.data.ptr
         n, shape, alloc, nd, cur = math.prod(self.shape), self.shape, cp.cuda.alloc, cp.ndarray, cp.cuda.get_current_stream
         bf16 = self.bfloat16
+        scratch = 0 if self.direct or not bf16 else 4 * n  # the float32 values ahead of the bfloat16 result
+        nbytes = scratch + n * (2 if bf16 else 4)
 
         def run(codes, scales, zps, tscale, means):
-            mp = alloc(n * (6 if bf16 else 4))
-            f32 = mp.ptr
+            mp = alloc(nbytes)
+            p = mp.ptr
             seq(cur(dev).ptr, codes.data.ptr, scales.data.ptr, DP if zps is None else zps.data.ptr,
-                DP if means is None else means.data.ptr, DP if tscale is None else tscale.data.ptr, f32,
-                f32 + 4 * n)  # fmt: skip
-            return nd(shape, _U16, mp + 4 * n) if bf16 else nd(shape, _F32, mp)
+                DP if means is None else means.data.ptr, DP if tscale is None else tscale.data.ptr, p,
+                p + scratch)  # fmt: skip
+            return nd(shape, _U16, mp + scratch) if bf16 else nd(shape, _F32, mp)
 
         run.dummy = dummy
         return run
@@ -112,13 +127,15 @@ class DequantPlan:
         DP = dummy.data_ptr()
         shape, empty, stream = self.shape, torch.empty, caller.stream
         f32, bf16 = torch.float32, (torch.bfloat16 if self.bfloat16 else None)
+        direct = self.direct
 
         def run(codes, scales, zps, tscale, means):
-            v = empty(shape, dtype=f32, device=device)
-            out = v if bf16 is None else empty(shape, dtype=bf16, device=device)
+            out = empty(shape, dtype=f32 if bf16 is None else bf16, device=device)
+            o = out.data_ptr()
+            scratch = None if bf16 is None or direct else empty(shape, dtype=f32, device=device)
             seq(stream(dev), codes.data_ptr(), scales.data_ptr(), DP if zps is None else zps.data_ptr(),
-                DP if means is None else means.data_ptr(), DP if tscale is None else tscale.data_ptr(), v.data_ptr(),
-                out.data_ptr())  # fmt: skip
+                DP if means is None else means.data_ptr(), DP if tscale is None else tscale.data_ptr(),
+                o if scratch is None else scratch.data_ptr(), o)  # fmt: skip
             return out
 
         run.dummy = dummy

@@ -1302,6 +1302,32 @@ def _copy_into(dst, host_src):
 
 
 # =============================================================================== dequantize
+def dequant_units_launch(sch: Scheme, shape, nt: int, bfloat16: bool):
+    """``(kernel, grid, block, geometry)`` of the unit decode kernel
+    (``_quantize_kernels.make_dequant_units_kernel``) for packed codes of ``shape``, or None
+    where it does not apply (the element kernel then decodes). ``geometry``: the kernel's
+    arguments from ``rows`` to ``nc`` (``rows, upr, nseg, spu, C, pcols, d1, d2, b0, b1, b2,
+    bc, bc_log2, n1, n2, nc``). Rows split into segments until there are about four a
+    multiprocessor (64 rows of 7168 on 132: 9 segments of 50 units). The codes and the output
+    must be 16-byte aligned (callers check the codes' address; they allocate the output)."""
+    C = shape[-1]
+    geo = _geo_args(shape, sch.block_for(shape))
+    bc = geo[5]
+    if not quantize_kernels.dequant_units_apply(sch.code_bits, C, bc):
+        return None
+    rows = math.prod(shape) // C
+    upr = C // (16 if sch.code_bits == 8 else 32)
+    pcols = packed_length(C, sch.code_bits)
+    bc_log2 = bc.bit_length() - 1 if bc & (bc - 1) == 0 else -1
+    nseg = max(1, min(_cdiv(4 * _sm_count(), rows), upr // 8))  # segments of at least 8 units
+    spu = _cdiv(upr, nseg)
+    nseg = _cdiv(upr, spu)
+    tpr_log2 = _team_log2(spu, nt)
+    grid = max(1, min(_cdiv(rows * nseg, nt >> tpr_log2), 1 << 20))
+    k = quantize_kernels.make_dequant_units_kernel(_mode(sch), format_tuple(sch), sch.symmetric, bfloat16)
+    return k, grid, nt, (rows, upr, nseg, spu, C, pcols, *geo[:6], bc_log2, *geo[6:]), tpr_log2
+
+
 def dequantize(parts: QuantParts, scheme: Scheme, shape, *, packed=True, threads=None, out_fill=None):
     """``nqdq.reference.quantize.dequantize`` on the device: float32 values, in the
     library of ``parts.codes`` (codes packed along the last axis when ``packed``)."""
@@ -1336,16 +1362,31 @@ def dequantize(parts: QuantParts, scheme: Scheme, shape, *, packed=True, threads
     if out_fill is not None:
         fill_bytes(out, out_fill)
     sc_dtype = np.uint8 if mode in (MODE_MX, MODE_NVFP4) else np.float32
+    codes = dev(parts.codes, np.uint8)
+    tail = (dev(parts.scales, sc_dtype), dev(parts.zero_points, np.uint8), dev(parts.means, np.float32),
+            dev(parts.tensor_scale, np.float32), alloc.kernel_arg(out))  # fmt: skip
+    units = dequant_units_launch(sch, shape, nt, False) if packed or sch.code_bits == 8 else None
+    if units is not None and _aligned16(codes):
+        k, grid, block, geometry, tpr_log2 = units
+        _launch(k, grid, block, None, codes, *geometry, *tail, tpr_log2)
+        return alloc.to_lib(out, shape)
     k = quantize_kernels.make_dequant_kernel(mode, fmt, sch.symmetric, packed)
     tpr_log2 = _team_log2(C, nt)
     grid = max(1, min(_cdiv(rows, nt >> tpr_log2), 1 << 20))
-    _launch(
-        k, grid, nt, None,
-        dev(parts.codes, np.uint8), rows, C, pcols, *_geo_args(shape, block),
-        dev(parts.scales, sc_dtype), dev(parts.zero_points, np.uint8), dev(parts.means, np.float32),
-        dev(parts.tensor_scale, np.float32), alloc.kernel_arg(out), tpr_log2,
-    )
+    _launch(k, grid, nt, None, codes, rows, C, pcols, *_geo_args(shape, block), *tail, tpr_log2)
     return alloc.to_lib(out, shape)
+
+
+def _aligned16(a) -> bool:
+    """Whether device array ``a`` (CuPy, Numba; a NumPy array under the simulator, whose
+    twins need no alignment) starts at a 16-byte aligned address."""
+    if SIMULATOR or isinstance(a, np.ndarray):
+        return True
+    data = getattr(a, "data", None)
+    ptr = getattr(data, "ptr", None)
+    if ptr is None:
+        ptr = a.device_ctypes_pointer.value or 0
+    return ptr % 16 == 0
 
 
 # =============================================================================== small helpers

@@ -1,0 +1,103 @@
+"""The unit decode kernel (``_quantize_kernels.make_dequant_units_kernel``: 16 bytes of codes a
+thread, float32 or bfloat16 written directly) against the NumPy reference, bit for bit, on
+every code value (random code bytes under each scheme's scales), and where it does not apply
+(rows not of whole 16-byte units, scale groups not of whole 8-element chunks, 6-bit codes)
+the element kernel's results, equally exact. CUDA simulator here; compiled with
+NQDQ_TEST_GPU=1."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import nqdq
+from nqdq.kernels import quantize as kq
+from nqdq.kernels._target import SIMULATOR
+from nqdq.schemes import resolve_scheme
+
+CASES = [
+    ("fp8_row", {}, (5, 64)),
+    ("fp8_1x128", {}, (3, 256)),
+    ("fp8_128x128", {}, (3, 256)),
+    ("fp8_tensor", {}, (2, 48)),
+    ("mxfp8_e5m2", {}, (3, 64)),
+    ("mxfp4", {}, (4, 64)),
+    ("nvfp4", {}, (3, 96)),
+    ("int8_row", {}, (3, 32)),
+    ("int8_asym", {}, (3, 64)),
+    ("int8_centred", {}, (2, 64)),
+    ("int4_group", {"group_size": 32}, (3, 64)),
+    ("int4_asym", {}, (2, 64)),
+    ("int8", {"granularity": "group", "group_size": 24}, (2, 48)),  # groups of 3 chunks: the division
+    ("fp8_row", {}, (1, 400)),  # one row of 25 units: segments of 9, 9 and 7 (the simulator counts one SM)
+    ("mxfp4", {}, (1, 832)),  # 26 units of 32 codes: segments of 9, 9 and 8
+]
+ELEMENT_ONLY = [
+    ("fp8_row", {}, (3, 40)),  # 40 codes: not whole 16-byte units
+    ("mxfp6_e2m3", {}, (2, 64)),  # 6-bit codes
+    ("int8", {"granularity": "group", "group_size": 12}, (2, 48)),  # a scale group splits a chunk
+    ("int8_column", {}, (3, 32)),  # a scale a column
+]
+
+
+def _q(name, kw, shape, seed):
+    """A QuantizedTensor of ``shape`` whose codes are random bytes (every code value, NaN and
+    infinity codes among them) under the scales quantize gave random data."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    q = nqdq.quantize(x, resolve_scheme(name, **kw))
+    codes = rng.integers(0, 256, q.codes.shape, dtype=np.uint8).view(q.codes.dtype)  # (int8 for signed codes)
+    return dataclasses.replace(q, codes=codes)
+
+
+def _bits(a):
+    a = np.asarray(a)
+    return a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint32)
+
+
+@pytest.mark.parametrize("name, kw, shape", CASES + ELEMENT_ONLY, ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_decode_matches_reference(name, kw, shape, dtype):
+    q = _q(name, kw, shape, seed=len(name) * 7 + shape[-1])
+    units = kq.dequant_units_launch(q.scheme, tuple(q.shape), kq.THREADS, False)
+    assert (units is not None) == ((name, kw, shape) in CASES)
+    want = nqdq.dequantize(q, dtype, device="cpu")
+    got = nqdq.dequantize(q, dtype, device="cuda")
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("name, kw, shape", CASES, ids=lambda v: v if isinstance(v, str) else None)
+def test_bfloat16_written_directly(name, kw, shape):
+    # the kernel's own bfloat16 rounding (the hot path's launch), poisoned output first
+    q = _q(name, kw, shape, seed=shape[0] * 11 + shape[-1])
+    k, grid, block, geometry, tpr_log2 = kq.dequant_units_launch(q.scheme, tuple(q.shape), kq.THREADS, True)
+    n = int(np.prod(shape))
+    out = np.full(n, 0xA5A5, np.uint16)
+    one = np.zeros(1, np.float32)
+    scales = np.ascontiguousarray(q.scales).reshape(-1)
+    args = (np.ascontiguousarray(q.codes).reshape(-1), *geometry,
+            scales if scales.dtype == np.uint8 else scales.view(np.float32),
+            np.zeros(1, np.uint8) if q.zero_points is None else np.ascontiguousarray(q.zero_points).reshape(-1),
+            one if q.means is None else np.ascontiguousarray(q.means, np.float32).reshape(-1),
+            one if q.tensor_scale is None else np.ascontiguousarray(q.tensor_scale, np.float32).reshape(-1),
+            out, tpr_log2)  # fmt: skip
+    k[grid, block](*args)
+    want = nqdq.dequantize(q, "bfloat16", device="cpu")
+    np.testing.assert_array_equal(out, _bits(want).reshape(-1))
+
+
+@pytest.mark.skipif(SIMULATOR, reason="device addresses: a GPU (the simulator's twins need no alignment)")
+def test_unaligned_codes_take_the_element_kernel():
+    # CuPy codes one byte into a buffer: the general path and the hot path (third call) decode
+    # them by the element kernel, not by 16-byte loads from an unaligned address
+    cp = pytest.importorskip("cupy")
+    q = _q("fp8_row", {}, (3, 64), seed=5)
+    buf = cp.zeros(q.codes.size + 1, cp.uint8)
+    buf[1:] = cp.asarray(q.codes.reshape(-1))
+    shifted = dataclasses.replace(q, codes=buf[1:].reshape(q.codes.shape), scales=cp.asarray(q.scales))
+    assert shifted.codes.data.ptr % 16 == 1
+    want = _bits(nqdq.dequantize(q, "bfloat16"))
+    for _ in range(3):
+        np.testing.assert_array_equal(_bits(nqdq.dequantize(shifted, "bfloat16").get()), want)
