@@ -164,9 +164,10 @@ def _rmsnorm(x, weight, eps, residual, device, dtype, weight_dtype):
     alloc = out["alloc"]
     y = alloc.to_lib(out["y"], xin.shape)
     new_res = None if residual is None else _residual_out(alloc.to_lib(out["newres"], xin.shape), xin.dtype, xin.lib, x)
-    lib = _hot_lib(x, xin, device, weight, residual)
+    ox, ow, orr = _callers.original(x), _callers.original(weight), _callers.original(residual)
+    lib = _hot_lib(ox, xin, device, ow, orr)
     if lib is not None:
-        _remember_rows(lambda: _norm_key(_OP_Y, x, weight, residual, (eps.__class__, eps), device, dtype, weight_dtype),
+        _remember_rows(lambda: _norm_key(_OP_Y, ox, ow, orr, (eps.__class__, eps), device, dtype, weight_dtype),
                        lambda: _norm_runner(lib, xin, win, rin, None, e, None, x))
     return y if residual is None else (y, new_res)
 
@@ -217,9 +218,10 @@ def _rmsnorm_quantize(x, weight, scheme, eps, residual, scale, device, dtype, we
                    eps=e, sscale=None if s is None else np.float32(s.reshape(-1)[0]))
     q = _finish(out, sch, shape, xin, s)
     new_res = None if residual is None else _residual_out(out["alloc"].to_lib(out["newres"], shape), xin.dtype, xin.lib, x)
-    lib = _hot_lib(x, xin, device, weight, residual)
+    ox, ow, orr = _callers.original(x), _callers.original(weight), _callers.original(residual)
+    lib = _hot_lib(ox, xin, device, ow, orr)
     if lib is not None:
-        _remember_rows(lambda: _norm_key(_OP_NORM_Q, x, weight, residual,
+        _remember_rows(lambda: _norm_key(_OP_NORM_Q, ox, ow, orr,
                                          (scheme, eps.__class__, eps, scale.__class__, scale), device, dtype, weight_dtype),
                        lambda: _norm_runner(lib, xin, win, rin, sch, e, s, x))  # fmt: skip
     return q if residual is None else (q, new_res)
@@ -286,9 +288,12 @@ def _flatten_quantize(x, scheme, device, dtype):
 
         b, h, d = (int(v) for v in x.shape)
         q = quantize(x.reshape(b, h * d), sch, device="cuda", dtype=dtype)
-        lib = _hot_lib(x, None, device)
-        if lib is not None and lib.compiled:  # (CuPy)
-            _remember_rows(lambda: _flat_key(x, scheme, device, dtype), lambda: _flat_plan_runner(x, sch, q, dtype))
+        ox = _callers.original(x)
+        lib = _hot_lib(ox, None, device)
+        if lib is not None and lib.compiled:  # (CuPy, PyTorch)
+            _remember_rows(lambda: _flat_key(ox, scheme, device, dtype),
+                           lambda: _flat_plan_runner(x, sch, q, dtype) if lib.name == "cupy" else
+                           _flat_quantize_runner(sch, (b, h * d), device, dtype))
         return q
     xin, strides = _strided_input(x, dtype)
     b, h, d = xin.shape
@@ -296,9 +301,10 @@ def _flatten_quantize(x, scheme, device, dtype):
     sch.check_shape(shape)
     out = run_rows(fused_kernels.OP_ROWS, xin, b, h * d, sch, strides=strides)
     q = _finish(out, sch, shape, xin)
-    lib = _hot_lib(x, xin, device)
+    ox = _callers.original(x)
+    lib = _hot_lib(ox, xin, device)
     if lib is not None and (strides is not None or _c_contiguous(x)):  # (not a contiguous copy of x)
-        _remember_rows(lambda: _flat_key(x, scheme, device, dtype), lambda: _flat_rows_runner(lib, xin, strides, sch, q))
+        _remember_rows(lambda: _flat_key(ox, scheme, device, dtype), lambda: _flat_rows_runner(lib, xin, strides, sch, q))
     return q
 
 
@@ -347,9 +353,10 @@ def _strided_input(x, dtype):
 # check and plan: the first call validates on the general path and remembers a function that
 # takes the arrays' addresses (refusing, for the general path, arrays on another GPU, not
 # C-contiguous where the plan reads them so, or not 16-byte aligned), makes the call's one
-# allocation of outputs (_CupyLib.alloc) and launches the planned sequence on the current
-# stream (kernels.fused.rows_plan: the general path's kernel, grid and arguments, recorded
-# once; a contiguous flatten on a GPU: nqdq.quantize's plan runner, as its general path). No
+# allocation of outputs and launches the planned sequence on the current stream of the
+# caller's library (_CupyLib for CuPy arrays, _TorchLib for PyTorch tensors: results in that
+# library; kernels.fused.rows_plan: the general path's kernel, grid and arguments, recorded
+# once; a contiguous flatten on a GPU: nqdq.quantize's hot path, as its general path). No
 # host copy, no wait for the device: fp8_tensor's static scales are filled on the stream
 # (cuMemsetD32Async). Under the simulator, NumPy arrays with device="cuda" take it too
 # (_SimulatedLib: the plan's replay), so CI runs it. A dict of at most _ROWS_FAST_MAX keys,
@@ -381,9 +388,11 @@ def _norm_key(op, x, weight, residual, options, device, dtype, weight_dtype):
 
 
 def _flat_key(x, scheme, device, dtype):
-    """The hot path's key of flatten_quantize (x's strides included: they pick the kernel)."""
+    """The hot path's key of flatten_quantize (x's strides included: they pick the kernel;
+    a PyTorch tensor's ``stride()``, in elements)."""
     try:
-        return (_OP_FLAT, device, type(x), x.shape, x.strides, x.dtype, scheme, dtype, _device_now(), _rows_switches())
+        strides = x.stride() if callable(getattr(x, "stride", None)) else x.strides
+        return (_OP_FLAT, device, type(x), x.shape, strides, x.dtype, scheme, dtype, _device_now(), _rows_switches())
     except AttributeError:
         return None
 
@@ -408,8 +417,9 @@ def _remember_rows(make_key, build):
 
 
 def _hot_lib(x, xin, device, *others):
-    """The hot path's library adapter for this call (x and ``others``, None or arrays of x's
-    type), or None: CuPy arrays on a GPU; NumPy arrays with device="cuda" under the simulator."""
+    """The hot path's library adapter for this call (x and ``others``: the caller's own
+    arrays, None or of x's type), or None: CuPy arrays and PyTorch CUDA tensors on a GPU;
+    NumPy arrays with device="cuda" under the simulator."""
     from .kernels._interop import is_cupy
     from .kernels._target import SIMULATOR
 
@@ -417,13 +427,17 @@ def _hot_lib(x, xin, device, *others):
         return None
     if is_cupy(x) and hasattr(x, "_c_contiguous") and (xin is None or xin.lib == "cupy"):
         name = "cupy"
+    elif _callers.caller_of(x).name == "torch" and getattr(x, "is_cuda", False):
+        name = "torch"
     elif SIMULATOR and type(x) is np.ndarray and device in ("cuda", "gpu"):
         name = "simulated"
     else:
         return None
     lib = _LIBS.get(name)
     if lib is None:
-        lib = _LIBS[name] = _CupyLib(sys.modules["cupy"]) if name == "cupy" else _SimulatedLib()
+        make = {"cupy": lambda: _CupyLib(sys.modules["cupy"]), "torch": lambda: _TorchLib(sys.modules["torch"]),
+                "simulated": _SimulatedLib}[name]  # fmt: skip
+        lib = _LIBS[name] = make()
     return lib
 
 
@@ -433,6 +447,7 @@ class _CupyLib:
     allocation a call (``alloc``: the one place the hot paths allocate, so that results in
     another library, PyTorch's or JAX's, change it and ``view`` alone)."""
 
+    name = "cupy"
     compiled = True  # runs a RowsPlan's compiled sequence (raw addresses)
 
     def __init__(self, cp):
@@ -442,7 +457,6 @@ class _CupyLib:
         # arrays by ndarray's own __new__ + _init where that builds what the constructor does
         # (about 1 us less each: _interop.cupy_array_new, as nqdq.quantize's runners)
         self._new = cupy_array_new(cp, cp.cuda.alloc(256))
-        self._memset32 = None
 
     def address(self, a, dev: int, contiguous: bool = True):
         """a's device address, or None where a planned launch cannot take a: on another GPU
@@ -456,9 +470,9 @@ class _CupyLib:
     def stream(self, dev: int) -> int:
         return self._current(dev).ptr
 
-    def alloc(self, nbytes: int):
-        """(owner, device address): a uint8 array of ``nbytes`` new bytes on the current GPU,
-        the memory of every output of a call."""
+    def alloc(self, nbytes: int, dev: int):
+        """(owner, device address): a uint8 array of ``nbytes`` new bytes on GPU ``dev`` (the
+        current one: the hot path's key holds it), the memory of every output of a call."""
         mem = self._malloc(nbytes)
         return self._array((nbytes,), _U8, mem), mem.ptr
 
@@ -475,25 +489,75 @@ class _CupyLib:
         return a
 
     def fill32(self, base: int, offset: int, word: int, count: int, stream: int):
-        """``count`` 32-bit words ``word`` at base + offset, in stream order (a memset node
-        under graph capture; no host copy)."""
-        f = self._memset32
-        if f is None:
-            import ctypes
+        _memset32(base + offset, word, count, stream)
 
-            f = ctypes.CDLL("libcuda.so.1").cuMemsetD32Async  # (CUdeviceptr, unsigned int, size_t, CUstream)
-            f.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
-            f.restype = ctypes.c_int
-            self._memset32 = f
-        err = f(base + offset, word, count, stream)
-        if err:
-            raise RuntimeError(f"cuMemsetD32Async of the static scales failed: CUresult {err}")
+
+_cu_memset32 = None  # libcuda's cuMemsetD32Async, loaded at the first fill
+
+
+def _memset32(address: int, word: int, count: int, stream: int):
+    """``count`` 32-bit words ``word`` at ``address``, in ``stream``'s order (a memset node
+    under graph capture; no host copy)."""
+    global _cu_memset32
+    f = _cu_memset32
+    if f is None:
+        import ctypes
+
+        f = ctypes.CDLL("libcuda.so.1").cuMemsetD32Async  # (CUdeviceptr, unsigned int, size_t, CUstream)
+        f.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
+        f.restype = ctypes.c_int
+        _cu_memset32 = f
+    err = f(address, word, count, stream)
+    if err:
+        raise RuntimeError(f"cuMemsetD32Async of the static scales failed: CUresult {err}")
+
+
+class _TorchLib:
+    """PyTorch CUDA tensors, the twin of _CupyLib for a PyTorch caller: an input by
+    ``data_ptr()``; PyTorch's current stream of the GPU; the outputs tensors over one
+    ``torch.empty`` a call (PyTorch's caching allocator, on that stream), a bfloat16 x's new
+    residual as ``torch.bfloat16`` (the one 16-bit output that holds bfloat16 bits)."""
+
+    name = "torch"
+    compiled = True
+
+    def __init__(self, torch):
+        self._empty, self._u8, self._device = torch.empty, torch.uint8, torch.device
+        self._stream = _callers.TorchCaller(torch).stream
+        self._devices: dict = {}
+        self._dtypes = {np.dtype(np.uint8): torch.uint8, np.dtype(np.float32): torch.float32,
+                        np.dtype(np.uint16): torch.bfloat16, np.dtype(np.float16): torch.float16}  # fmt: skip
+
+    def address(self, a, dev: int, contiguous: bool = True):
+        p = a.data_ptr()
+        if a.get_device() != dev or p & 15 or (contiguous and not a.is_contiguous()):
+            return None
+        return p
+
+    def stream(self, dev: int) -> int:
+        return self._stream(dev)
+
+    def alloc(self, nbytes: int, dev: int):
+        d = self._devices.get(dev)
+        if d is None:
+            d = self._devices[dev] = self._device("cuda", dev)
+        owner = self._empty(nbytes, dtype=self._u8, device=d)
+        return owner, owner.data_ptr()
+
+    def view(self, owner, offset: int, shape, dtype):
+        n = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        part = owner if offset == 0 and n == owner.numel() else owner[offset : offset + n]
+        return part.view(self._dtypes[dtype]).view(shape)
+
+    def fill32(self, base: int, offset: int, word: int, count: int, stream: int):
+        _memset32(base + offset, word, count, stream)
 
 
 class _SimulatedLib:
     """NumPy arrays with device="cuda" under the CUDA simulator: the twin of _CupyLib that CI
     runs (an input is the array itself, the outputs views of one NumPy buffer)."""
 
+    name = "simulated"
     compiled = False  # runs a RowsPlan's replay (arrays)
 
     def address(self, a, dev: int, contiguous: bool = True):
@@ -504,7 +568,7 @@ class _SimulatedLib:
     def stream(self, dev: int) -> int:
         return 0
 
-    def alloc(self, nbytes: int):
+    def alloc(self, nbytes: int, dev: int):
         owner = np.empty(nbytes, np.uint8)
         return owner, owner
 
@@ -538,7 +602,7 @@ def _rows_runner(lib, plan, dev: int, parts, finish, contiguous: bool = True, st
         rp = 0 if r is None else address(r, dev)
         if xp is None or wp is None or rp is None:
             return None
-        owner, base = alloc(total)
+        owner, base = alloc(total, dev)
         st = stream(dev)
         seq(st, xp, wp, rp, base)
         if static is not None:
@@ -637,6 +701,17 @@ def _flat_plan_runner(x, sch, q, dtype):
         return QT(c, s, sch, shape, dname, "linear", z, t, m)
 
     fr.run = run
+    return fr
+
+
+def _flat_quantize_runner(sch, shape, device, dtype):
+    """The hot path of flatten_quantize of a contiguous PyTorch [B, H, D]: nqdq.quantize of
+    the [B, H*D] view (its own PyTorch hot path), as the general path's call."""
+    from .api import quantize
+
+    def fr(x, w, r):
+        return quantize(x.view(shape), sch, device=device, dtype=dtype)
+
     return fr
 
 

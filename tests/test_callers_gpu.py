@@ -208,3 +208,84 @@ def test_torch_fused_and_matmul_results_are_tensors():
         assert isinstance(got, torch.Tensor) and got.dtype == torch.bfloat16 and got.shape == (64, 96)
         g = got.float().cpu().numpy()
         assert np.abs(g - want).max() <= 2.0**-7 * np.abs(want).max() + 1e-3
+
+
+def _tensor(a):
+    """A CUDA tensor of NumPy array ``a`` (bfloat16 through its bits)."""
+    torch = _torch()
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
+    return torch.from_numpy(a).cuda()
+
+
+def _remembered(op, type_):
+    from nqdq import fused
+
+    return any(k[0] == op and k[2] is type_ for k in fused._ROWS_FAST)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("scheme, scale, with_residual",
+                         [("fp8_row", None, True), ("mxfp4", None, False), ("fp8_1x128", None, True),
+                          ("fp8_tensor", 0.05, False)])  # fmt: skip
+def test_torch_fused_hot_path(scheme, scale, with_residual, dtype):
+    # the general path, then the remembered PyTorch runner: tensors out, the same bits as NumPy
+    torch = _torch()
+    x, r = _data((64, 512), dtype, seed=31), _data((64, 512), dtype, seed=32)
+    w = np.random.default_rng(33).uniform(0.5, 1.5, 512).astype(np.float32)
+    xt, rt, wt = _tensor(x), _tensor(r), _tensor(w)
+    ref = nqdq.fused.rmsnorm_quantize(x, w, scheme, residual=r if with_residual else None, scale=scale)
+    ref_q, ref_res = ref if with_residual else (ref, None)
+    for _ in range(3):
+        out = nqdq.fused.rmsnorm_quantize(xt, wt, scheme, residual=rt if with_residual else None, scale=scale)
+        q, new_res = out if with_residual else (out, None)
+        assert isinstance(q.codes, torch.Tensor) and isinstance(q.scales, torch.Tensor)
+        assert q.codes.device == xt.device and q.dtype == dtype
+        _same(q, ref_q)
+        if with_residual:
+            assert new_res.dtype == xt.dtype
+            np.testing.assert_array_equal(_bits(new_res), _bits(ref_res))
+    assert _remembered("rmsnorm_quantize", torch.Tensor)
+
+
+def test_torch_rmsnorm_and_flatten_hot_paths():
+    torch = _torch()
+    x, r = _data((64, 512), "bfloat16", seed=41), _data((64, 512), "bfloat16", seed=42)
+    w = np.random.default_rng(43).uniform(0.5, 1.5, 512).astype(np.float32)
+    xt, rt, wt = _tensor(x), _tensor(r), _tensor(w)
+    ref_y, ref_res = nqdq.fused.rmsnorm(x, w, residual=r)
+    base = _data((4, 8, 128), "bfloat16", seed=44)  # [H, B, D]; flatten reads its [B, H, D] view in place
+    flat = np.ascontiguousarray(base.transpose(1, 0, 2))
+    bt = _tensor(base)
+    ref_view, ref_flat = nqdq.fused.flatten_quantize(flat, "mxfp4"), nqdq.fused.flatten_quantize(flat, "fp8_1x128")
+    for _ in range(3):
+        y, new_res = nqdq.fused.rmsnorm(xt, wt, residual=rt)
+        assert y.dtype == torch.float32 and new_res.dtype == torch.bfloat16
+        np.testing.assert_array_equal(_bits(y), _bits(ref_y))
+        np.testing.assert_array_equal(_bits(new_res), _bits(ref_res))
+        q = nqdq.fused.flatten_quantize(bt.transpose(0, 1), "mxfp4")
+        assert isinstance(q.codes, torch.Tensor)
+        _same(q, ref_view)
+        _same(nqdq.fused.flatten_quantize(bt.transpose(0, 1).contiguous(), "fp8_1x128"), ref_flat)
+    assert _remembered("rmsnorm", torch.Tensor) and _remembered("flatten_quantize", torch.Tensor)
+
+
+def test_torch_fused_graph_capture_replays_with_new_data():
+    torch = _torch()
+    x = torch.randn(64, 7168, device="cuda", dtype=torch.bfloat16)
+    w_host = np.random.default_rng(51).uniform(0.5, 1.5, 7168).astype(np.float32)
+    w = _tensor(w_host)
+    for _ in range(2):  # the general path, then the remembered runner
+        nqdq.fused.rmsnorm_quantize(x, w, "fp8_row")
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            q = nqdq.fused.rmsnorm_quantize(x, w, "fp8_row")
+    for seed in (52, 53):
+        new = _data((64, 7168), "bfloat16", seed)
+        x.copy_(_tensor(new))
+        g.replay()
+        torch.cuda.synchronize()
+        _same(q, nqdq.fused.rmsnorm_quantize(new, w_host, "fp8_row"))

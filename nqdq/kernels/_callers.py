@@ -284,13 +284,16 @@ def in_caller_library(*names):
             from ._interop import kernel_view
 
             args = list(args)
+            behind = {}  # id of a kernel view -> the caller's array (original())
             for i, n in where:
                 a = args[i] if i < len(args) else kwargs.get(n)
                 if a is not None and type(a) is type(x):
+                    v = kernel_view(a, n)
+                    behind[id(v)] = a
                     if i < len(args):
-                        args[i] = kernel_view(a, n)
+                        args[i] = v
                     else:
-                        kwargs[n] = kernel_view(a, n)
+                        kwargs[n] = v
             bf16 = str(getattr(x, "dtype", "")).endswith("bfloat16")
             if bf16 and dtype_at is not None:  # the views hold bfloat16 as uint16 bits: say so
                 if dtype_at < len(args):
@@ -298,13 +301,29 @@ def in_caller_library(*names):
                 elif kwargs.get("dtype") is None:
                     kwargs["dtype"] = "bfloat16"
             handle = caller.stream(current())
-            with running_on(handle) if handle is not None else _NULL:
-                out = fn(*args, **kwargs)
-                return _in_library(caller, out, bf16)
+            prev = getattr(_BEHIND, "views", None)
+            _BEHIND.views = behind
+            try:
+                with running_on(handle) if handle is not None else _NULL:
+                    out = fn(*args, **kwargs)
+                    return _in_library(caller, out, bf16)
+            finally:
+                _BEHIND.views = prev
 
         return call
 
     return deco
+
+
+_BEHIND = threading.local()  # .views: in_caller_library's map of the body running on this thread
+
+
+def original(a):
+    """The caller's own array (a PyTorch tensor, a JAX array) behind ``a``, a kernel view
+    that :func:`in_caller_library` made for the body running now; ``a`` itself otherwise. The
+    hot paths key and run on the caller's arrays, not on the views."""
+    views = getattr(_BEHIND, "views", None)
+    return a if views is None or a is None else views.get(id(a), a)
 
 
 def _is_gpu(x) -> bool:
