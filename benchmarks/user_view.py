@@ -280,6 +280,48 @@ def bench_matmul(libs, shapes, rows):
                 print(_row(rows[-1]), flush=True)
 
 
+def bench_replay(libs, rows, reps=50, blocks=20):
+    """Host time of one replay of a captured ``quantize(x, "fp8_row")`` (64x7168 bfloat16):
+    ``torch.cuda.CUDAGraph.replay`` / CuPy's ``Graph.launch``, ``reps`` replays timed back to
+    back (perf_counter), the device synchronized untimed between blocks so the launch queue
+    never fills; the median over ``blocks`` blocks."""
+    x32 = _sets((64, 7168), "bfloat16", 1, seed=21)[0]
+    for lib in libs.values():
+        if lib.name not in ("torch", "cupy"):
+            continue
+        kw = lib.kwargs("bfloat16")
+        x = lib.array(x32, "bfloat16")
+        nqdq.quantize(x, "fp8_row", **kw)  # the runner made outside the capture
+        if lib.name == "torch":
+            t = lib.torch
+            s = t.cuda.Stream()
+            s.wait_stream(t.cuda.current_stream())
+            g = t.cuda.CUDAGraph()
+            with t.cuda.stream(s), t.cuda.graph(g, stream=s):
+                keep = nqdq.quantize(x, "fp8_row", **kw)
+            replay = g.replay
+        else:
+            s = lib.cp.cuda.Stream(non_blocking=True)
+            with s:
+                s.begin_capture()
+                keep = nqdq.quantize(x, "fp8_row", **kw)
+                g = s.end_capture()
+            replay = g.launch
+        ts = []
+        for _ in range(blocks):
+            lib.sync()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                replay()
+            ts.append((time.perf_counter() - t0) * 1e6 / reps)
+        lib.sync()
+        del keep
+        rows.append(dict(op="graph replay (host)", scheme="fp8_row", size="64x7168", lib=lib.name, dtype="bfloat16",
+                         wall_us=statistics.median(ts), device_us=None, copy_us=None,
+                         note="host time of one replay of a captured call"))  # fmt: skip
+        print(_row(rows[-1]), flush=True)
+
+
 def _try(f, *args):
     try:
         return f(*args)
@@ -332,12 +374,15 @@ def main(argv=None):
     p.add_argument("--fused-sizes", default="64x7168,8192x7168", type=lambda s: s.split(",") if s else [])
     p.add_argument("--matmul-shapes", default="16x14336x4096,4096x4096x4096,8192x8192x8192",
                    type=lambda s: s.split(",") if s else [])  # fmt: skip
+    p.add_argument("--no-replay", action="store_true", help="skip the host time of a graph replay")
     p.add_argument("--json")
     args = p.parse_args(argv)
     device, rows = bench(args)
     libs = {name: Lib(name) for name in args.libs}
     bench_fused(libs, args.fused_sizes, rows)
     bench_matmul(libs, args.matmul_shapes, rows)
+    if not args.no_replay:
+        bench_replay(libs, rows)
     print(f"\n{device}; wall: back-to-back calls, one synchronize; device: CUDA-graph replay (CUDA events)\n")
     print("| op | scheme | size | library | dtype | wall us | device us | wall % of copy | device % of copy | |")
     print("|---|---|---|---|---|---:|---:|---:|---:|---|")
