@@ -164,10 +164,10 @@ def _rmsnorm(x, weight, eps, residual, device, dtype, weight_dtype):
     alloc = out["alloc"]
     y = alloc.to_lib(out["y"], xin.shape)
     new_res = None if residual is None else _residual_out(alloc.to_lib(out["newres"], xin.shape), xin.dtype, xin.lib, x)
-    ox, ow, orr = _callers.original(x), _callers.original(weight), _callers.original(residual)
+    ox, ow, orr, odt = (*map(_callers.original, (x, weight, residual)), _callers.original_dtype(dtype))
     lib = _hot_lib(ox, xin, device, ow, orr)
     if lib is not None:
-        _remember_rows(lambda: _norm_key(_OP_Y, ox, ow, orr, (eps.__class__, eps), device, dtype, weight_dtype),
+        _remember_rows(lambda: _norm_key(_OP_Y, ox, ow, orr, (eps.__class__, eps), device, odt, weight_dtype),
                        lambda: _norm_runner(lib, xin, win, rin, None, e, None, x))
     return y if residual is None else (y, new_res)
 
@@ -218,11 +218,11 @@ def _rmsnorm_quantize(x, weight, scheme, eps, residual, scale, device, dtype, we
                    eps=e, sscale=None if s is None else np.float32(s.reshape(-1)[0]))
     q = _finish(out, sch, shape, xin, s)
     new_res = None if residual is None else _residual_out(out["alloc"].to_lib(out["newres"], shape), xin.dtype, xin.lib, x)
-    ox, ow, orr = _callers.original(x), _callers.original(weight), _callers.original(residual)
+    ox, ow, orr, odt = (*map(_callers.original, (x, weight, residual)), _callers.original_dtype(dtype))
     lib = _hot_lib(ox, xin, device, ow, orr)
     if lib is not None:
         _remember_rows(lambda: _norm_key(_OP_NORM_Q, ox, ow, orr,
-                                         (scheme, eps.__class__, eps, scale.__class__, scale), device, dtype, weight_dtype),
+                                         (scheme, eps.__class__, eps, scale.__class__, scale), device, odt, weight_dtype),
                        lambda: _norm_runner(lib, xin, win, rin, sch, e, s, x))  # fmt: skip
     return q if residual is None else (q, new_res)
 
@@ -288,10 +288,10 @@ def _flatten_quantize(x, scheme, device, dtype):
 
         b, h, d = (int(v) for v in x.shape)
         q = quantize(x.reshape(b, h * d), sch, device="cuda", dtype=dtype)
-        ox = _callers.original(x)
+        ox, odt = _callers.original(x), _callers.original_dtype(dtype)
         lib = _hot_lib(ox, None, device)
         if lib is not None and lib.compiled:  # (CuPy, PyTorch)
-            _remember_rows(lambda: _flat_key(ox, scheme, device, dtype),
+            _remember_rows(lambda: _flat_key(ox, scheme, device, odt),
                            lambda: _flat_plan_runner(x, sch, q, dtype) if lib.name == "cupy" else
                            _flat_quantize_runner(sch, (b, h * d), device, dtype))
         return q
@@ -301,10 +301,10 @@ def _flatten_quantize(x, scheme, device, dtype):
     sch.check_shape(shape)
     out = run_rows(fused_kernels.OP_ROWS, xin, b, h * d, sch, strides=strides)
     q = _finish(out, sch, shape, xin)
-    ox = _callers.original(x)
+    ox, odt = _callers.original(x), _callers.original_dtype(dtype)
     lib = _hot_lib(ox, xin, device)
     if lib is not None and (strides is not None or _c_contiguous(x)):  # (not a contiguous copy of x)
-        _remember_rows(lambda: _flat_key(ox, scheme, device, dtype), lambda: _flat_rows_runner(lib, xin, strides, sch, q))
+        _remember_rows(lambda: _flat_key(ox, scheme, device, odt), lambda: _flat_rows_runner(lib, xin, strides, sch, q))
     return q
 
 

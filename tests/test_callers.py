@@ -127,6 +127,30 @@ def test_torch_tensors_route_to_torch(monkeypatch):
     assert c.result(None) is None
 
 
+def test_body_sees_views_and_knows_the_callers_arrays(monkeypatch):
+    # the general path's body gets kernel views (bfloat16 as uint16 bits, dtype="bfloat16"
+    # said), and the hot paths key on what the caller passed: its tensors and its dtype
+    torch, _ = _stand_in_torch(monkeypatch)
+    monkeypatch.setattr(_callers, "_is_gpu", lambda a: True)
+    monkeypatch.setattr("nqdq.kernels._interop.kernel_view", lambda a, name: ("view", name))
+    seen = {}
+
+    @_callers.in_caller_library("x", "w")
+    def body(x, w, dtype=None):
+        seen.update(x=x, w=w, dtype=dtype, ox=_callers.original(x), ow=_callers.original(w),
+                    odt=_callers.original_dtype(dtype), none=_callers.original(None))  # fmt: skip
+
+    x, w = torch.Tensor(None, "torch.bfloat16"), torch.Tensor(None, "torch.float32")
+    body(x, w)
+    assert seen["x"] == ("view", "x") and seen["dtype"] == "bfloat16"
+    assert seen["ox"] is x and seen["ow"] is w and seen["odt"] is None and seen["none"] is None
+    body(x, w, dtype="bfloat16")
+    assert seen["odt"] == "bfloat16"
+    # outside a body, and after one: the arguments as they are
+    v = ("view", "x")
+    assert _callers.original(v) is v and _callers.original_dtype("float16") == "float16"
+
+
 def test_torch_without_raw_stream_uses_public_api(monkeypatch):
     torch, _ = _stand_in_torch(monkeypatch, raw_stream=False)
     assert _callers.caller_of(torch.Tensor(None)).stream(0) == 2000

@@ -285,6 +285,7 @@ def in_caller_library(*names):
 
             args = list(args)
             behind = {}  # id of a kernel view -> the caller's array (original())
+            given = None  # (the dtype argument as passed,) where the body is told "bfloat16"
             for i, n in where:
                 a = args[i] if i < len(args) else kwargs.get(n)
                 if a is not None and type(a) is type(x):
@@ -297,25 +298,27 @@ def in_caller_library(*names):
             bf16 = str(getattr(x, "dtype", "")).endswith("bfloat16")
             if bf16 and dtype_at is not None:  # the views hold bfloat16 as uint16 bits: say so
                 if dtype_at < len(args):
+                    given = (args[dtype_at],)
                     args[dtype_at] = "bfloat16" if args[dtype_at] is None else args[dtype_at]
-                elif kwargs.get("dtype") is None:
-                    kwargs["dtype"] = "bfloat16"
+                else:
+                    given = (kwargs.get("dtype"),)
+                    kwargs["dtype"] = "bfloat16" if kwargs.get("dtype") is None else kwargs["dtype"]
             handle = caller.stream(current())
-            prev = getattr(_BEHIND, "views", None)
-            _BEHIND.views = behind
+            prev = getattr(_BEHIND, "views", None), getattr(_BEHIND, "dtype", None)
+            _BEHIND.views, _BEHIND.dtype = behind, given
             try:
                 with running_on(handle) if handle is not None else _NULL:
                     out = fn(*args, **kwargs)
                     return _in_library(caller, out, bf16)
             finally:
-                _BEHIND.views = prev
+                _BEHIND.views, _BEHIND.dtype = prev
 
         return call
 
     return deco
 
 
-_BEHIND = threading.local()  # .views: in_caller_library's map of the body running on this thread
+_BEHIND = threading.local()  # .views, .dtype: what in_caller_library changed for the body running on this thread
 
 
 def original(a):
@@ -324,6 +327,14 @@ def original(a):
     hot paths key and run on the caller's arrays, not on the views."""
     views = getattr(_BEHIND, "views", None)
     return a if views is None or a is None else views.get(id(a), a)
+
+
+def original_dtype(dtype):
+    """The ``dtype`` argument the caller passed, where :func:`in_caller_library` said
+    "bfloat16" for the body (a bfloat16 tensor's views are uint16 bits); ``dtype`` otherwise.
+    The hot paths' keys hold what the caller passes."""
+    given = getattr(_BEHIND, "dtype", None)
+    return dtype if given is None else given[0]
 
 
 def _is_gpu(x) -> bool:

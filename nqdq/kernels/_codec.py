@@ -652,6 +652,26 @@ def decode_float_code(c, ebits, mbits, nan_style):
 
 
 @devfn
+def decode_small_float(c, ebits, mbits, nan_style):
+    """decode_float_code for the narrow formats (e4m3, e5m2, e3m2, e2m3, e2m1), the same
+    float32 for every code, in a few integer operations and one multiply: the code's exponent
+    and mantissa fields moved to float32's places read as 2^(e - 127) (1 + m / 2^mbits), or
+    for e = 0 as the float32 subnormal m / 2^mbits * 2^-126; the multiply by 2^(127 - bias)
+    (a normal float32 for these biases) makes either the format's value, exactly. No
+    int-to-float conversion and no branch on the fields (the top exponent of e5m2 and
+    e4m3fn's all-ones code take a select)."""
+    nbits = 1 + ebits + mbits
+    mag = c & ((1 << (nbits - 1)) - 1)
+    bias = (1 << (ebits - 1)) - 1
+    val = bits_f32(np.uint32(mag << (23 - mbits))) * bits_f32(np.uint32((254 - bias) << 23))
+    if nan_style == 2 and (mag >> mbits) == (1 << ebits) - 1:
+        val = NAN if (mag & ((1 << mbits) - 1)) != 0 else bits_f32(0x7F800000)
+    elif nan_style == 1 and mag == (1 << (nbits - 1)) - 1:
+        val = NAN
+    return -val if (c >> (nbits - 1)) & 1 == 1 else val
+
+
+@devfn
 def decode_e8m0(code):
     """float32 2^(code - 127); code 0 is the subnormal 2^-127, 0xFF is NaN."""
     if code == 0xFF:

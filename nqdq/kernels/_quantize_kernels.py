@@ -42,6 +42,7 @@ from ._codec import (
     bits_f32,
     decode_e8m0,
     decode_float_code,
+    decode_small_float,
     e8m0_reciprocal,
     f32_bits,
     load_f32,
@@ -797,7 +798,7 @@ def make_dequant_units_kernel(mode, fmt, symmetric, bfloat16):
                         e = 8 * k + j
                         code = np.int64((w[e // PER_WORD] >> np.uint32(NBITS * (e % PER_WORD))) & MASK)
                         if IS_FLOAT:
-                            val = decode_float_code(code, EBITS, MBITS, NAN_STYLE)
+                            val = decode_small_float(code, EBITS, MBITS, NAN_STYLE)
                         elif symmetric:
                             if code >= HALF:
                                 code -= 1 << NBITS
