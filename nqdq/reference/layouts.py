@@ -163,7 +163,8 @@ class CDNA4(ScaleLayout):
     ``cdna4_scale.py`` for the 16 layout): each lane loads one 32-bit word holding its scales
     for four MFMA operations (32: four consecutive K steps of 64; 16: a 2 x 2 block of
     16-row, 128-K operations). Checked against Triton's views, not against hardware (no
-    gfx950 at hand, no nqdq GEMM reads it yet).
+    gfx950 at hand); nqdq's gfx950 GEMMs (``nqdq.kernels.cdna4``, assembled, not run) read
+    both layouts.
 
     In: ``s[rows, cols]``, rows = the non-K dimension (M of A, N of B), cols = K / 32
     (``sm``, ``sn`` in Triton's code). Out: ``[R/32, C*32]`` with R = rows padded to 32 and
