@@ -744,7 +744,7 @@ def dequant_units_apply(code_bits: int, C: int, block_cols: int) -> bool:
 
 
 @lru_cache(maxsize=None)
-def make_dequant_units_kernel(mode, fmt, symmetric, bfloat16):
+def make_dequant_units_kernel(mode, fmt, symmetric, to_bf16):
     """The dequant kernel's values by 16-byte units of codes: a thread reads one unit by a
     16-byte load (16 8-bit or 32 4-bit codes of a row), decodes it in chunks of 8 elements
     that share a scale (one scale read a chunk) and writes float32 words, or bfloat16 bits
@@ -812,14 +812,14 @@ def make_dequant_units_kernel(mode, fmt, symmetric, bfloat16):
                         else:
                             res = val * s
                         b = f32_bits(res)
-                        if bfloat16:
+                        if to_bf16:
                             if (b & 0x7FFFFFFF) > 0x7F800000:
                                 b = 0xFFC0 if (b >> 31) == 1 else 0x7FC0
                             else:
                                 b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
                         r[j] = uint32(b)
                     first = row * C + c0 + 8 * k  # the chunk's first element
-                    if bfloat16:
+                    if to_bf16:
                         store_u32x4(ow, first >> 3, uint32(r[0] | (r[1] << 16)), uint32(r[2] | (r[3] << 16)),
                                     uint32(r[4] | (r[5] << 16)), uint32(r[6] | (r[7] << 16)))
                     else:
