@@ -115,22 +115,18 @@ class QuantizedTensor:
         rows, cols = reference_layouts.scale_matrix_shape(self.scheme, self.shape,
                                                           target if target != "linear" else self.scale_layout)
         s = self.scales
-        on_host = isinstance(s, np.ndarray)
-        if not on_host:
-            from .kernels import layouts as kernel_layouts
-        if self.scale_layout == "linear":
-            lin = s.reshape(rows, cols)
-        elif on_host:
-            lin = reference_layouts.get_layout(self.scale_layout).unswizzle(s, rows, cols)
-        else:
-            lin = kernel_layouts.unswizzle(s, self.scale_layout, rows, cols)
-        if target == "linear":
-            out = lin.reshape(self.scheme.scale_shape(tuple(self.shape)))
-        else:
-            if on_host:
-                out = reference_layouts.get_layout(target).swizzle(np.ascontiguousarray(lin))
+        if isinstance(s, np.ndarray):
+            if self.scale_layout == "linear":
+                lin = s.reshape(rows, cols)
             else:
-                out = kernel_layouts.swizzle(lin, target)
+                lin = reference_layouts.get_layout(self.scale_layout).unswizzle(s, rows, cols)
+            if target == "linear":
+                out = lin.reshape(self.scheme.scale_shape(tuple(self.shape)))
+            else:
+                out = reference_layouts.get_layout(target).swizzle(np.ascontiguousarray(lin))
+        else:
+            shape = self.scheme.scale_shape(tuple(self.shape)) if target == "linear" else None
+            out = _relayout_on_gpu(s, self.scale_layout, target, rows, cols, shape)
         return replace(self, scales=out, scale_layout=target)
 
     @property
@@ -292,6 +288,33 @@ def _specs(scheme, shape, scale_layout, types) -> tuple:
         ("tensor_scale", ArraySpec((), _F32, "float32 tensor scale", (1,)) if scheme.tensor_scale else None),
         ("means", ArraySpec(sshape, _F32, "float32 means") if scheme.centred else None),
     )
+
+
+def _relayout_on_gpu(scales, source, target, rows, cols, linear_shape):
+    """with_layout's GPU move of ``scales`` from layout ``source`` to ``target`` (a ``[rows,
+    cols]`` scale matrix; ``linear_shape`` where the target is "linear"), by
+    ``nqdq.kernels.layouts`` on the GPU of the scales, in their library and on its stream
+    (PyTorch's current stream for a tensor: ``_callers.in_caller_library``)."""
+    global _relayout
+    if _relayout is None:
+        _relayout = _make_relayout()
+    return _relayout(scales, source, target, rows, cols, linear_shape)
+
+
+_relayout = None  # _make_relayout(), made at the first GPU with_layout (it imports the kernels)
+
+
+def _make_relayout():
+    from .kernels import _callers
+    from .kernels import layouts as kernel_layouts
+
+    @_arrays.on_gpu_of("s")
+    @_callers.in_caller_library("s")
+    def relayout(s, source, target, rows, cols, linear_shape):
+        lin = s.reshape(rows, cols) if source == "linear" else kernel_layouts.unswizzle(s, source, rows, cols)
+        return lin.reshape(linear_shape) if target == "linear" else kernel_layouts.swizzle(lin, target)
+
+    return relayout
 
 
 def _label(k, name, file):

@@ -289,3 +289,20 @@ def test_torch_fused_graph_capture_replays_with_new_data():
         g.replay()
         torch.cuda.synchronize()
         _same(q, nqdq.fused.rmsnorm_quantize(new, w_host, "fp8_row"))
+
+
+@pytest.mark.parametrize("layout", ["nv_128x4", "cdna4_32"])
+def test_torch_with_layout_stays_in_torch(layout):
+    # a PyTorch-made q changes layout on its GPU, in tensors, and back, with NumPy's bits
+    torch = _torch()
+    x = _data((200, 512), "bfloat16", seed=61)
+    q = nqdq.quantize(_tensor(x), "mxfp4")
+    ref = nqdq.quantize(x, "mxfp4").with_layout(layout)
+    for _ in range(2):
+        sw = q.with_layout(layout)
+        assert isinstance(sw.scales, torch.Tensor) and sw.scales.device == q.codes.device
+        np.testing.assert_array_equal(_bits(sw.scales), _bits(ref.scales))
+        back = sw.with_layout("linear")
+        assert isinstance(back.scales, torch.Tensor)
+        np.testing.assert_array_equal(_bits(back.scales), _bits(q.scales))
+    np.testing.assert_array_equal(_bits(nqdq.dequantize(sw)), _bits(nqdq.dequantize(ref)))
