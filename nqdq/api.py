@@ -437,7 +437,8 @@ def _fast_dequantizer(q, caller, out_dtype):
         return None
     if any(a is not None and type(a) is not type(q.codes) for a in arrays):
         return None
-    plan = dequant_plan.get_plan(q.scheme, tuple(q.shape), out_dtype == _arrays.BFLOAT16)
+    out = "bfloat16" if out_dtype == _arrays.BFLOAT16 else np.dtype(out_dtype).name
+    plan = dequant_plan.get_plan(q.scheme, tuple(q.shape), out)
     run = plan.torch_runner(caller) if caller.name == "torch" else plan.cupy_runner()
     if run is None:
         return None
@@ -445,7 +446,7 @@ def _fast_dequantizer(q, caller, out_dtype):
         contiguous = _torch_aligned if caller.name == "torch" else _cupy_aligned
         if not contiguous(q):
             return None
-    f16 = out_dtype == np.float16
+    f16 = out == "float16" and plan.out != "float16"  # (rounded here where the plan writes float32)
     if caller.name == "torch":
         _torch_gpu, _torch_tensor = _devices.current, caller.tensor
         half = caller.torch.float16

@@ -64,10 +64,14 @@ def _same(got, want):
     reference's follow the host FPU (x86 keeps the first NaN operand), the GPU returns its
     canonical NaN (tests/test_kernels.py, the documented exception); both NaN there."""
     got, want = np.asarray(got), np.asarray(want)
-    as_f32 = (lambda a: (a.astype(np.uint32) << 16).view(np.float32)) if want.dtype.itemsize == 2 else (
-        lambda a: a.view(np.float32))  # fmt: skip
     g, w = _bits(got).reshape(want.shape), _bits(want)
-    both_nan = np.isnan(as_f32(g)) & np.isnan(as_f32(w))
+    if want.dtype == np.float16:
+        value = lambda b: b.view(np.float16)  # noqa: E731
+    elif want.dtype.itemsize == 2:  # bfloat16: the top half of a float32
+        value = lambda b: (b.astype(np.uint32) << 16).view(np.float32)  # noqa: E731
+    else:
+        value = lambda b: b.view(np.float32)  # noqa: E731
+    both_nan = np.isnan(value(g)) & np.isnan(value(w))
     np.testing.assert_array_equal(np.where(both_nan, 0, g), np.where(both_nan, 0, w))
 
 
@@ -97,7 +101,7 @@ def test_small_float_decode_equals_the_general_decode(ebits, mbits, nan_style, t
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_gpu_decode_matches_reference(name, kw, shape, dtype):
     q = _q(name, kw, shape, seed=len(name) * 7 + shape[-1])
-    units = kq.dequant_units_launch(q.scheme, tuple(q.shape), kq.THREADS, False)
+    units = kq.dequant_units_launch(q.scheme, tuple(q.shape), kq.THREADS)
     assert (units is not None) == ((name, kw, shape) in CASES)
     want = nqdq.dequantize(q, dtype, device="cpu")
     got = nqdq.dequantize(q, dtype, device="cuda")
@@ -105,12 +109,13 @@ def test_gpu_decode_matches_reference(name, kw, shape, dtype):
 
 
 @pytest.mark.parametrize("name, kw, shape", CASES, ids=lambda v: v if isinstance(v, str) else None)
-def test_bfloat16_written_directly(name, kw, shape):
-    # the kernel's own bfloat16 rounding (the hot path's launch), poisoned output first
+@pytest.mark.parametrize("out", ["bfloat16", "float16"])
+def test_16_bit_results_written_directly(name, kw, shape, out):
+    # the kernel's own rounding to bfloat16 / float16 (the hot path's launch), poisoned output first
     q = _q(name, kw, shape, seed=shape[0] * 11 + shape[-1])
-    k, grid, block, geometry, tpr_log2 = kq.dequant_units_launch(q.scheme, tuple(q.shape), kq.THREADS, True)
+    k, grid, block, geometry, tpr_log2 = kq.dequant_units_launch(q.scheme, tuple(q.shape), kq.THREADS, out)
     n = int(np.prod(shape))
-    out = np.full(n, 0xA5A5, np.uint16)
+    res = np.full(n, 0xA5A5, np.uint16)
     one = np.zeros(1, np.float32)
     scales = np.ascontiguousarray(q.scales).reshape(-1)
     args = (np.ascontiguousarray(q.codes).reshape(-1), *geometry,
@@ -118,9 +123,10 @@ def test_bfloat16_written_directly(name, kw, shape):
             np.zeros(1, np.uint8) if q.zero_points is None else np.ascontiguousarray(q.zero_points).reshape(-1),
             one if q.means is None else np.ascontiguousarray(q.means, np.float32).reshape(-1),
             one if q.tensor_scale is None else np.ascontiguousarray(q.tensor_scale, np.float32).reshape(-1),
-            out, tpr_log2)  # fmt: skip
+            res, tpr_log2)  # fmt: skip
     k[grid, block](*args)
-    _same(out.reshape(shape), nqdq.dequantize(q, "bfloat16", device="cpu"))
+    want = nqdq.dequantize(q, out, device="cpu")
+    _same(res.reshape(shape).view(want.dtype), want)
 
 
 @pytest.mark.skipif(SIMULATOR, reason="device addresses: a GPU (the simulator's twins need no alignment)")

@@ -69,7 +69,8 @@ from ._scales import (
     pairwise_push,
 )
 from ._codec import KIND_BF16
-from ._ptx import array_addr, as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports, load_u32x4, store_u32x4
+from ._ptx import (array_addr, as_u16, as_u32, cvt_f16x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4,
+                   store_u32x4)
 from ._target import devfn
 
 
@@ -743,12 +744,16 @@ def dequant_units_apply(code_bits: int, C: int, block_cols: int) -> bool:
     return per is not None and C % per == 0 and block_cols % 8 == 0
 
 
+DEQ_F32, DEQ_BF16, DEQ_F16 = 0, 1, 2  # what make_dequant_units_kernel writes
+
+
 @lru_cache(maxsize=None)
-def make_dequant_units_kernel(mode, fmt, symmetric, to_bf16):
+def make_dequant_units_kernel(mode, fmt, symmetric, out_kind):
     """The dequant kernel's values by 16-byte units of codes: a thread reads one unit by a
     16-byte load (16 8-bit or 32 4-bit codes of a row), decodes it in chunks of 8 elements
-    that share a scale (one scale read a chunk) and writes float32 words, or bfloat16 bits
-    rounded to nearest even as ``f32_to_bf16_kernel`` rounds, by 16-byte stores. The same
+    that share a scale (one scale read a chunk) and writes (``out_kind``) float32 words,
+    bfloat16 bits rounded to nearest even as ``f32_to_bf16_kernel`` rounds, or float16 bits
+    (``cvt_f16x2``: round to nearest even, as NumPy's cast), by 16-byte stores. The same
     arithmetic per element as make_dequant_kernel, so the same bits; where
     dequant_units_apply holds. A row's ``upr`` units are ``nseg`` segments of ``spu`` units
     (more than one where rows are few, so that every SM has work), a team of 2^tpr_log2
@@ -768,6 +773,7 @@ def make_dequant_units_kernel(mode, fmt, symmetric, to_bf16):
         cw = as_u32(codes)
         ow = as_u32(out)
         r = cuda.local.array(8, uint32)
+        f = cuda.local.array(8, float32)
         tpr = 1 << tpr_log2
         lane = cuda.threadIdx.x & (tpr - 1)
         spb = cuda.blockDim.x >> tpr_log2
@@ -811,17 +817,21 @@ def make_dequant_units_kernel(mode, fmt, symmetric, to_bf16):
                             res = (val - zp) * s
                         else:
                             res = val * s
+                        f[j] = res
                         b = f32_bits(res)
-                        if to_bf16:
+                        if out_kind == DEQ_BF16:
                             if (b & 0x7FFFFFFF) > 0x7F800000:
                                 b = 0xFFC0 if (b >> 31) == 1 else 0x7FC0
                             else:
                                 b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
                         r[j] = uint32(b)
                     first = row * C + c0 + 8 * k  # the chunk's first element
-                    if to_bf16:
+                    if out_kind == DEQ_BF16:
                         store_u32x4(ow, first >> 3, uint32(r[0] | (r[1] << 16)), uint32(r[2] | (r[3] << 16)),
                                     uint32(r[4] | (r[5] << 16)), uint32(r[6] | (r[7] << 16)))
+                    elif out_kind == DEQ_F16:
+                        store_u32x4(ow, first >> 3, cvt_f16x2(f[1], f[0]), cvt_f16x2(f[3], f[2]), cvt_f16x2(f[5], f[4]),
+                                    cvt_f16x2(f[7], f[6]))
                     else:
                         store_u32x4(ow, first >> 2, r[0], r[1], r[2], r[3])
                         store_u32x4(ow, (first >> 2) + 1, r[4], r[5], r[6], r[7])

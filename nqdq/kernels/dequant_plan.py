@@ -4,12 +4,12 @@ caller library that per call only allocates the output and stores the arrays' ad
 
 Codes of whole 16-byte units a row (8- and 4-bit codes, scale groups of whole 8-element
 chunks: nearly every scheme at model shapes) are decoded by the unit kernel
-(``quantize.dequant_units_launch``), which writes float32 or bfloat16 directly; their codes
-must be 16-byte aligned (``aligned``: the hot path's check). Other shapes take the element
-kernel (``_quantize_kernels.make_dequant_kernel``), which writes float32; a bfloat16 result
-is rounded from it by ``f32_to_bf16_kernel`` in the same sequence (float32 scratch).
-float16 results are rounded by the caller's library (``astype`` / ``to``), as on the
-general path.
+(``quantize.dequant_units_launch``), which writes float32, bfloat16 or float16 directly;
+their codes must be 16-byte aligned (``aligned``: the hot path's check). Other shapes take
+the element kernel (``_quantize_kernels.make_dequant_kernel``), which writes float32; a
+bfloat16 result is rounded from it by ``f32_to_bf16_kernel`` in the same sequence (float32
+scratch), a float16 one by the caller's library (``astype`` / ``to``), as on the general
+path.
 """
 
 from __future__ import annotations
@@ -35,14 +35,15 @@ _DUMMY_BYTES = 256  # what an absent array's pointer reads (never, but the kerne
 
 
 class DequantPlan:
-    """The launches of one dequantize call: the decode kernel over ``shape`` (codes packed
-    along the last axis), and for ``bfloat16`` the rounding kernel after it."""
+    """The launches of one dequantize call to ``out`` ("float32", "bfloat16" or "float16")
+    over ``shape`` (codes packed along the last axis): the unit kernel writing ``out``
+    itself, or the element kernel's float32 with, for bfloat16, the rounding kernel after it
+    (``direct`` False: a float16 result is then rounded by the caller's library)."""
 
-    def __init__(self, sch: Scheme, shape: tuple, bfloat16: bool, threads: int):
+    def __init__(self, sch: Scheme, shape: tuple, out: str, threads: int):
         from . import quantize as kq
 
         self.shape = shape
-        self.bfloat16 = bfloat16
         n = math.prod(shape)
         C = shape[-1]
         rows = n // C
@@ -54,33 +55,34 @@ class DequantPlan:
         codes = launch.Ptr("codes", 0, rows * pcols, _U8)
         tail = (launch.Ptr("scales", 0, ns, sc), launch.Ptr("zps", 0, ns if sch.symmetric is False else 1, _U8),
                 launch.Ptr("means", 0, ns if sch.centred else 1, _F32), launch.Ptr("tscale", 0, 1, _F32))  # fmt: skip
-        units = kq.dequant_units_launch(sch, shape, threads, bfloat16)
+        units = kq.dequant_units_launch(sch, shape, threads, out)
         self.aligned = units is not None  # the codes must start 16-byte aligned
-        self.direct = units is not None  # the kernel writes the result itself (no float32 scratch for bfloat16)
+        self.direct = units is not None  # the kernel writes ``out`` itself (no float32 scratch)
         if units is not None:
             k, grid, block, geometry, tpr_log2 = units
-            out = launch.Ptr("bf16", 0, n, _U16) if bfloat16 else launch.Ptr("f32", 0, n, _F32)
-            self.launches = [(k, grid, block, (codes, *geometry, *tail, out, tpr_log2))]
-            bfloat16 = False  # (no rounding launch)
+            result = launch.Ptr("f32", 0, n, _F32) if out == "float32" else launch.Ptr("half", 0, n, _U16)
+            self.launches = [(k, grid, block, (codes, *geometry, *tail, result, tpr_log2))]
+            self.out = out
         else:
             tpr_log2 = kq._team_log2(C, threads)
             grid = max(1, min(kq._cdiv(rows, threads >> tpr_log2), 1 << 20))
             kernel = quantize_kernels.make_dequant_kernel(mode, format_tuple(sch), sch.symmetric, sub)
-            out = launch.Ptr("f32", 0, n, _F32)
+            values = launch.Ptr("f32", 0, n, _F32)
             self.launches = [(kernel, grid, threads, (codes, rows, C, pcols, *kq._geo_args(shape, sch.block_for(shape)),
-                                                      *tail, out, tpr_log2))]  # fmt: skip
-        if bfloat16:
-            g = max(1, min(kq._cdiv(n, threads), 1 << 20))
-            self.launches.append((quantize_kernels.f32_to_bf16_kernel, g, threads,
-                                  (out, launch.Ptr("bf16", 0, n, _U16), n)))
-        self.names = ("codes", "scales", "zps", "means", "tscale", "f32", "bf16")
+                                                      *tail, values, tpr_log2))]  # fmt: skip
+            if out == "bfloat16":
+                g = max(1, min(kq._cdiv(n, threads), 1 << 20))
+                self.launches.append((quantize_kernels.f32_to_bf16_kernel, g, threads,
+                                      (values, launch.Ptr("half", 0, n, _U16), n)))
+            self.out = "bfloat16" if out == "bfloat16" else "float32"  # (float16: rounded by the caller's library)
+        self.names = ("codes", "scales", "zps", "means", "tscale", "f32", "half")
         self._seq = None
         self._seq_built = False
         self._lock = threading.Lock()
 
     def sequence(self):
         """The compiled launch sequence ``seq(stream, codes, scales, zps, means, tscale, f32,
-        bf16)`` (addresses), or None where it cannot be built (simulator, NQDQ_FAST_LAUNCH=0)."""
+        half)`` (addresses), or None where it cannot be built (simulator, NQDQ_FAST_LAUNCH=0)."""
         if not self._seq_built:
             with self._lock:
                 if not self._seq_built:
@@ -99,9 +101,10 @@ class DequantPlan:
         dummy = cp.zeros(_DUMMY_BYTES // 4, np.float32)
         DP = dummy.data.ptr
         n, shape, alloc, nd, cur = math.prod(self.shape), self.shape, cp.cuda.alloc, cp.ndarray, cp.cuda.get_current_stream
-        bf16 = self.bfloat16
-        scratch = 0 if self.direct or not bf16 else 4 * n  # the float32 values ahead of the bfloat16 result
-        nbytes = scratch + n * (2 if bf16 else 4)
+        half = self.out != "float32"
+        scratch = 4 * n if half and not self.direct else 0  # the float32 values ahead of a rounded result
+        nbytes = scratch + n * (2 if half else 4)
+        dt = {"float32": _F32, "bfloat16": _U16, "float16": np.dtype(np.float16)}[self.out]
 
         def run(codes, scales, zps, tscale, means):
             mp = alloc(nbytes)
@@ -109,14 +112,14 @@ class DequantPlan:
             seq(cur(dev).ptr, codes.data.ptr, scales.data.ptr, DP if zps is None else zps.data.ptr,
                 DP if means is None else means.data.ptr, DP if tscale is None else tscale.data.ptr, p,
                 p + scratch)  # fmt: skip
-            return nd(shape, _U16, mp + scratch) if bf16 else nd(shape, _F32, mp)
+            return nd(shape, dt, mp + scratch if scratch else mp)
 
         run.dummy = dummy
         return run
 
     def torch_runner(self, caller):
         """As :meth:`cupy_runner` for PyTorch tensors, on PyTorch's current stream; results
-        float32 or torch.bfloat16."""
+        float32, torch.bfloat16 or torch.float16 (``out``)."""
         seq = self.sequence()
         if seq is None:
             return None
@@ -126,13 +129,14 @@ class DequantPlan:
         dummy = torch.zeros(_DUMMY_BYTES, dtype=torch.uint8, device=device)
         DP = dummy.data_ptr()
         shape, empty, stream = self.shape, torch.empty, caller.stream
-        f32, bf16 = torch.float32, (torch.bfloat16 if self.bfloat16 else None)
-        direct = self.direct
+        f32 = torch.float32
+        dt = {"float32": f32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.out]
+        scratched = self.out != "float32" and not self.direct  # the float32 values in a scratch tensor first
 
         def run(codes, scales, zps, tscale, means):
-            out = empty(shape, dtype=f32 if bf16 is None else bf16, device=device)
+            out = empty(shape, dtype=dt, device=device)
             o = out.data_ptr()
-            scratch = None if bf16 is None or direct else empty(shape, dtype=f32, device=device)
+            scratch = empty(shape, dtype=f32, device=device) if scratched else None
             seq(stream(dev), codes.data_ptr(), scales.data_ptr(), DP if zps is None else zps.data_ptr(),
                 DP if means is None else means.data_ptr(), DP if tscale is None else tscale.data_ptr(),
                 o if scratch is None else scratch.data_ptr(), o)  # fmt: skip
@@ -147,15 +151,16 @@ _PLANS_MAX = 256
 _PLANS_LOCK = threading.Lock()
 
 
-def get_plan(sch: Scheme, shape, bfloat16: bool, threads: int | None = None) -> DequantPlan:
-    """The cached :class:`DequantPlan` on the current GPU."""
+def get_plan(sch: Scheme, shape, out: str, threads: int | None = None) -> DequantPlan:
+    """The cached :class:`DequantPlan` to ``out`` ("float32", "bfloat16", "float16") on the
+    current GPU."""
     from .quantize import THREADS
 
     nt = threads or THREADS
-    key = (sch, tuple(shape), bool(bfloat16), nt, _devices.current())
+    key = (sch, tuple(shape), out, nt, _devices.current())
     plan = _PLANS.get(key)
     if plan is None:
-        plan = DequantPlan(sch, tuple(shape), bool(bfloat16), nt)
+        plan = DequantPlan(sch, tuple(shape), out, nt)
         with _PLANS_LOCK:
             _PLANS[key] = plan
             while len(_PLANS) > _PLANS_MAX:

@@ -1302,10 +1302,11 @@ def _copy_into(dst, host_src):
 
 
 # =============================================================================== dequantize
-def dequant_units_launch(sch: Scheme, shape, nt: int, bfloat16: bool):
-    """``(kernel, grid, block, geometry)`` of the unit decode kernel
-    (``_quantize_kernels.make_dequant_units_kernel``) for packed codes of ``shape``, or None
-    where it does not apply (the element kernel then decodes). ``geometry``: the kernel's
+def dequant_units_launch(sch: Scheme, shape, nt: int, out: str = "float32"):
+    """``(kernel, grid, block, geometry, tpr_log2)`` of the unit decode kernel
+    (``_quantize_kernels.make_dequant_units_kernel``) for packed codes of ``shape``, writing
+    ``out`` ("float32", "bfloat16" or "float16"), or None where it does not apply (the
+    element kernel then decodes). ``geometry``: the kernel's
     arguments from ``rows`` to ``nc`` (``rows, upr, nseg, spu, C, pcols, d1, d2, b0, b1, b2,
     bc, bc_log2, n1, n2, nc``). Rows split into segments until there are about four a
     multiprocessor (64 rows of 7168 on 132: 9 segments of 50 units). The codes and the output
@@ -1324,7 +1325,9 @@ def dequant_units_launch(sch: Scheme, shape, nt: int, bfloat16: bool):
     nseg = _cdiv(upr, spu)
     tpr_log2 = _team_log2(spu, nt)
     grid = max(1, min(_cdiv(rows * nseg, nt >> tpr_log2), 1 << 20))
-    k = quantize_kernels.make_dequant_units_kernel(_mode(sch), format_tuple(sch), sch.symmetric, bfloat16)
+    out_kind = {"float32": quantize_kernels.DEQ_F32, "bfloat16": quantize_kernels.DEQ_BF16,
+                "float16": quantize_kernels.DEQ_F16}[out]  # fmt: skip
+    k = quantize_kernels.make_dequant_units_kernel(_mode(sch), format_tuple(sch), sch.symmetric, out_kind)
     return k, grid, nt, (rows, upr, nseg, spu, C, pcols, *geo[:6], bc_log2, *geo[6:]), tpr_log2
 
 
@@ -1365,7 +1368,7 @@ def dequantize(parts: QuantParts, scheme: Scheme, shape, *, packed=True, threads
     codes = dev(parts.codes, np.uint8)
     tail = (dev(parts.scales, sc_dtype), dev(parts.zero_points, np.uint8), dev(parts.means, np.float32),
             dev(parts.tensor_scale, np.float32), alloc.kernel_arg(out))  # fmt: skip
-    units = dequant_units_launch(sch, shape, nt, False) if packed or sch.code_bits == 8 else None
+    units = dequant_units_launch(sch, shape, nt) if packed or sch.code_bits == 8 else None
     if units is not None and _aligned16(codes):
         k, grid, block, geometry, tpr_log2 = units
         _launch(k, grid, block, None, codes, *geometry, *tail, tpr_log2)
