@@ -218,8 +218,9 @@ def bench(args):
     return device, rows
 
 
-def bench_fused(libs, sizes, rows):
-    """``fused.rmsnorm_quantize(h, w, "fp8_row")`` (bfloat16) from each library: wall and device."""
+def bench_fused(libs, sizes, rows, weight_dtype="bfloat16"):
+    """``fused.rmsnorm_quantize(h, w, "fp8_row")`` (bfloat16 h, ``weight_dtype`` w) from each
+    library: wall and device."""
     for size in sizes:
         shape = tuple(int(v) for v in size.split("x"))
         in_bytes = math.prod(shape) * 2
@@ -232,16 +233,19 @@ def bench_fused(libs, sizes, rows):
             if lib.name == "jax":
                 continue  # (the general path, as measured for quantize)
             xs = [lib.array(f, "bfloat16") for f in data]
-            w = lib.array(w32, "float32")
+            w = lib.array(w32, weight_dtype)
             kw = lib.kwargs("bfloat16")
+            if weight_dtype == "bfloat16" and lib.name == "cupy":
+                kw = dict(kw, weight_dtype="bfloat16")  # (CuPy holds bfloat16 as uint16 bits)
             fn = lambda x, w=w, kw=kw: nqdq.fused.rmsnorm_quantize(x, w, "fp8_row", **kw)  # noqa: E731
-            nb = in_bytes + math.prod(shape) + shape[0] * 4 + shape[-1] * 4
+            nb = in_bytes + math.prod(shape) + shape[0] * 4 + shape[-1] * (2 if weight_dtype == "bfloat16" else 4)
             d = None
             try:
                 d = lib.graph_us(fn, xs)
             except Exception as e:
                 print(f"fused capture ({lib.name}): {type(e).__name__}: {e}")
-            rows.append(dict(op="rmsnorm_quantize", scheme="fp8_row", size=size, lib=lib.name, dtype="bfloat16",
+            rows.append(dict(op=f"rmsnorm_quantize (w {weight_dtype})", scheme="fp8_row", size=size, lib=lib.name,
+                             dtype="bfloat16",
                              wall_us=wall_us(fn, xs, lib.sync, calls), device_us=d, copy_us=copy * nb / (2 * in_bytes),
                              note=""))  # fmt: skip
             print(_row(rows[-1]), flush=True)
@@ -374,12 +378,15 @@ def main(argv=None):
     p.add_argument("--fused-sizes", default="64x7168,8192x7168", type=lambda s: s.split(",") if s else [])
     p.add_argument("--matmul-shapes", default="16x14336x4096,4096x4096x4096,8192x8192x8192",
                    type=lambda s: s.split(",") if s else [])  # fmt: skip
+    p.add_argument("--fused-weights", default="bfloat16", type=lambda s: s.split(","),
+                   help="the RMSNorm weight's dtypes (bfloat16, float32)")
     p.add_argument("--no-replay", action="store_true", help="skip the host time of a graph replay")
     p.add_argument("--json")
     args = p.parse_args(argv)
     device, rows = bench(args)
     libs = {name: Lib(name) for name in args.libs}
-    bench_fused(libs, args.fused_sizes, rows)
+    for wd in args.fused_weights:
+        bench_fused(libs, args.fused_sizes, rows, wd)
     bench_matmul(libs, args.matmul_shapes, rows)
     if not args.no_replay:
         bench_replay(libs, rows)
