@@ -130,13 +130,9 @@ def main(argv=None):
                          "NQDQ_FUSED_* switches, whose settings label the rows)")
     ap.add_argument("--ab", action="append", default=[], metavar="SWITCH=V1,V2",
                     help="A/B in this process: after an op's default timing, time it again with nqdq.kernels."
-                         "_fused_rows.SWITCH (or A+B: both) set to each value (ints; A+B=V1/V2: one each; "
-                         "a switch is tried only on the "
-                         "ops it applies to: ROWS_BF16 flatten / MoE mxfp4, RES_CVT +res, PREFETCH rmsnorm without "
-                         "residual, FLAT_STEP flatten, NORM_FMA / AMAX_NAN / RSQRT_WARP0 rmsnorm, MX_Y_PAIRS / MX_RC "
-                         "rmsnorm mxfp4; FULL_ROWS and the others: every op), then the "
-                         "default once more; each variant's whole outputs are "
-                         "checked bit for bit against the default's")
+                         "fused.SWITCH (the MoE launcher's MOE_*; or A+B: both) set to each value (ints; A+B=V1/V2: "
+                         "one each; tried on the MoE ops only), then the default once more; each variant's whole "
+                         "outputs are checked bit for bit against the default's")
     ap.add_argument("--pytest", nargs="*", metavar="ARG",
                     help="first run pytest -m gpu tests/test_fused_gpu.py [ARG ...] in this process (the kernels it "
                          "compiles are then reused here: one compilation per kernel for both)")
@@ -180,25 +176,14 @@ def main(argv=None):
     sample = np.sort(np.random.default_rng(0).choice(rows, SAMPLE_ROWS, replace=False))
     w_h = bf16_host(w).astype(np.float32)
 
-    from nqdq.kernels import _fused_rows as FR
     from nqdq.kernels import fused as KF
 
     ab = []
     for spec in args.ab:
         name, vals = spec.split("=")
         ab += [(name, v) for v in vals.split(",")]
-    applies = {"ROWS_BF16": lambda op: ("flatten" in op or "moe" in op) and "mxfp4" in op,
-               "FLAT_STEP": lambda op: "flatten" in op,
-               "RES_CVT": lambda op: "+res" in op, "PREFETCH": lambda op: "rmsnorm" in op and "+res" not in op,
-               "NORM_FMA": lambda op: "rmsnorm" in op, "MOE_SCATTER": lambda op: "moe" in op,
-               "MOE_UNITS": lambda op: "moe" in op, "MOE_SORT1": lambda op: "moe" in op,
-               "MOE_PDL": lambda op: "moe" in op, "MOE_STAGE": lambda op: "moe" in op,
-               "MOE_STAGE_BLOCKS": lambda op: "moe" in op, "MOE_PIPE": lambda op: "moe" in op, "MOE_RANK": lambda op: "moe" in op,
-               "MOE_LOCAL": lambda op: "moe" in op, "MOE_CHECK": lambda op: "moe" in op and "check_ids=False" not in op,
-               "AMAX_NAN": lambda op: "rmsnorm" in op,
-               "RSQRT_WARP0": lambda op: "rmsnorm" in op,
-               "MX_Y_PAIRS": lambda op: "rmsnorm" in op and "mxfp4" in op,
-               "MX_RC": lambda op: "rmsnorm" in op and "mxfp4" in op}
+    # each switch on the MoE ops (MOE_CHECK on the calls that check the ids)
+    applies = {"MOE_CHECK": lambda op: "moe" in op and "check_ids=False" not in op}
 
     def outputs(o):
         """Every output array of a fused call (q's codes and scales, new residual, perm, offsets)."""
@@ -209,8 +194,7 @@ def main(argv=None):
         return arrs
 
     class switched:
-        """``with``: nqdq.kernels._fused_rows.NAME (or nqdq.kernels.fused.NAME, the launcher's
-        switches) = v (an int; bools stay bools), restored after; NAME may be several joined by
+        """``with``: nqdq.kernels.fused.NAME (the MoE launcher's switches) = v (an int; bools stay bools), restored after; NAME may be several joined by
         "+" (a combination: each set to v, or v = "V1/V2/..": one value each)."""
 
         def __init__(self, name, v):
@@ -219,7 +203,7 @@ def main(argv=None):
             self.vs = vs * len(self.names) if len(vs) == 1 else vs
             if len(self.vs) != len(self.names):
                 raise ValueError(f"--ab {name}={v}: one value, or one per switch")
-            self.mods = [FR if hasattr(FR, nm) else KF for nm in self.names]
+            self.mods = [KF for nm in self.names]
 
         def __enter__(self):
             self.old = [getattr(m, nm) for m, nm in zip(self.mods, self.names)]
@@ -244,7 +228,7 @@ def main(argv=None):
         # the A/B variants are compiled and checked here, outside the timing lock (other
         # processes time meanwhile); only the timings are taken under it
         variants_ab = [(name, v) for name, v in ab
-                       if any(applies.get(nm, lambda op: True)(op) for nm in name.split("+"))]
+                       if any(applies.get(nm, lambda op: "moe" in op)(op) for nm in name.split("+"))]
         ready = []
         if variants_ab:
             ref = outputs(fused_fn(0))

@@ -802,15 +802,15 @@ def _moe_sort_quantize(x, expert_ids, num_experts, scheme, device, dtype, check_
 # CuPy ids of the same shapes, dtypes and arguments skips every check and plan: the first call
 # validates on the general path and remembers a function that allocates once and launches the
 # planned kernels (kernels.fused.moe_plan: the sort's one or three, then the rows). Where
-# check_ids, it polls the word of pinned memory the sort writes its id check to (MOE_CHECK:
-# kernels.fused.IdChecks), or (the local path, or MOE_CHECK off) reads offsets[E] back.
-# Keyed also by the build switches, so a benchmark's A/B of them is seen (as nqdq.quantize's
-# fast path, a dict of at most _MOE_FAST_MAX keys, the oldest dropped first).
+# check_ids, it polls the word of pinned memory the sort writes its id check to
+# (kernels.fused.IdChecks), or (the local path) reads offsets[E] back. Keyed also by the MoE
+# launcher's switches (kernels.fused.moe_switches), so a benchmark's A/B of them is seen (as
+# nqdq.quantize's fast path, a dict of at most _MOE_FAST_MAX keys, the oldest dropped first).
 _MOE_FAST: dict = {}
 _MOE_FAST_MAX = 64
 _cupy_ndarray = None  # cupy.ndarray once a CuPy input reached the hot path's builder
 _current_gpu = None  # cupy.cuda.runtime.getDevice, set with _cupy_ndarray
-_KF = _FR = None  # nqdq.kernels.fused / _fused_rows, set by _remember_moe before any hot call can come
+_KF = None  # nqdq.kernels.fused, set by _remember_moe before any hot call can come
 
 
 def _moe_key(x, ids, num_experts, scheme, dtype):
@@ -818,18 +818,14 @@ def _moe_key(x, ids, num_experts, scheme, dtype):
     (last) the build switches moe_plan takes."""
     try:
         return (x.data.device_id, x.shape, x.dtype.char, ids.shape, ids.dtype.char, num_experts, scheme, dtype,
-                (_KF.MOE_SCATTER, _KF.MOE_UNITS, _KF.MOE_SORT1, _KF.MOE_PDL, _KF.MOE_STAGE, _KF.MOE_STAGE_BLOCKS,
-                 _KF.MOE_LANES, _KF.MOE_PIPE, _KF.MOE_RANK, _KF.MOE_RANK_MIN_PAIRS, _KF.MOE_LOCAL,
-                 _KF.MOE_LOCAL_MAX_PAIRS, _KF.MOE_CHECK,
-                 _FR.switches()))
+                _KF.moe_switches())
     except TypeError:  # an unhashable scheme argument
         return None
 
 
 def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
-    global _cupy_ndarray, _current_gpu, _KF, _FR
+    global _cupy_ndarray, _current_gpu, _KF
     from .api import remember_bounded
-    from .kernels import _fused_rows
     from .kernels import fused as KF
     from .kernels._interop import is_cupy
 
@@ -837,7 +833,7 @@ def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
         return
     if not _ids_as_they_are(expert_ids.dtype):
         return
-    _KF, _FR = KF, _fused_rows
+    _KF = KF
     key = _moe_key(x, expert_ids, num_experts, scheme, dtype)
     if key is None or key in _MOE_FAST:  # (remembered: this call went the general way for x's layout)
         return

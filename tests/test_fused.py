@@ -704,8 +704,8 @@ def e2m1_codes(words):
 @pytest.mark.parametrize("clamp", [True, False])
 def test_e2m1_unit_f32_p2_matches_the_codec(clamp, monkeypatch):
     """The fused MXFP4 encoder _rowwise_kernels.e2m1_unit_f32_p2 (y rounded to odd into bfloat16,
-    then one bfloat16 product by 2^-k; clamped to 6, as MX_Y_PAIRS takes it, or not, MX_RC's
-    "rceil" groups) against the reference codec on y * 2^-k, for y = v * 2^k (e2m1_y_probes)
+    then one bfloat16 product by 2^-k; clamped to 6, as the fused kernels take it for "rceil"
+    groups, or not) against the reference codec on y * 2^-k, for y = v * 2^k (e2m1_y_probes)
     over the MX range of k: y subnormal (k = -127 .. -120: 2^-k up to 2^127), normal, 2^-k
     subnormal in bfloat16 (k = 127, the "rceil" code 254). tests/test_fused_gpu.py runs the
     unclamped one compiled."""
@@ -724,19 +724,14 @@ def test_e2m1_unit_f32_p2_matches_the_codec(clamp, monkeypatch):
         assert not bad.any(), f"k={k}: {int(bad.sum())} differ, first y={y[bad][0]!r}: {codes[bad][0]} != {want[bad][0]}"
 
 
-@pytest.mark.parametrize("pairs, share, rc", [(True, True, False), (True, False, False), (False, True, False),
-                                              (False, False, True)])
-def test_mx_y_pairs_switch_matches_reference(pairs, share, rc, monkeypatch):
-    """The kernel with NQDQ_FUSED_MX_Y_PAIRS on (e2m1_unit_f32_p2 clamped in finite MX groups, an
-    A/B switch, off by default) or NQDQ_FUSED_MX_RC off (e2m1_unit_f32_p2 unclamped for "rceil"
-    groups, on by default; both off: e2m1_unit_f32) gives the spec's bits too, with and without the residual
-    and GROUP_SHARE. Row 1 has an inf in group 0, row 2 a NaN in group 3 (non-finite groups:
-    the element encoder); n = 200 ends inside a group and inside a unit (the slow path)."""
-    from nqdq.kernels import _fused_rows as FR
-
-    monkeypatch.setattr(FR, "MX_Y_PAIRS", pairs)
-    monkeypatch.setattr(FR, "MX_RC", rc)
-    monkeypatch.setattr(FR, "GROUP_SHARE", share)
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+def test_mxfp4_of_y_matches_reference(rounding):
+    """RMSNorm into MXFP4 gives the spec's bits with and without the residual: "rceil" scales
+    (the default: the group parameters once per group, finite groups by e2m1_unit_f32_p2 on
+    bfloat16 pairs) and "floor" (the per-lane group path and the general encoder). Row 1 has
+    an inf in group 0, row 2 a NaN in group 3 (non-finite groups: the element encoder);
+    n = 200 ends inside a group and inside a unit (the slow path)."""
+    sch = resolve_scheme("mxfp4", scale_rounding=rounding)
     rng = np.random.default_rng(41)
     x = rows(rng, 3, 200, "bfloat16")
     x = (x * np.repeat(np.exp2(rng.integers(-6, 7, (3, 7))), 32, axis=1)[:, :200]).astype(BF16)
@@ -744,26 +739,19 @@ def test_mx_y_pairs_switch_matches_reference(pairs, share, rc, monkeypatch):
     x[2, 100] = np.nan
     w = rng.standard_normal(200).astype(BF16)
     res = rows(rng, 3, 200, "bfloat16")
-    assert_q_equal(fused.rmsnorm_quantize(x, w, "mxfp4"), fused.rmsnorm_quantize(x, w, "mxfp4", device="cuda"))
-    (qc, rc), (qg, rg) = (fused.rmsnorm_quantize(x, w, "mxfp4", residual=res, device=d) for d in (None, "cuda"))
+    assert_q_equal(fused.rmsnorm_quantize(x, w, sch), fused.rmsnorm_quantize(x, w, sch, device="cuda"))
+    (qc, rc), (qg, rg) = (fused.rmsnorm_quantize(x, w, sch, residual=res, device=d) for d in (None, "cuda"))
     assert_q_equal(qc, qg)
     np.testing.assert_array_equal(bits(rc), bits(rg))
 
 
-@pytest.mark.parametrize("scheme, amax_nan, rsqrt0, n", [(s, False, 0, 264) for s in SCHEMES]
-                         + [(s, True, 1, 264) for s in SCHEMES]
-                         + [("fp8_row", True, 1, 3000), ("mxfp4", True, -1, 3000)])
-def test_amax_and_rsqrt_switches_match_reference(scheme, amax_nan, rsqrt0, n, monkeypatch):
-    """NQDQ_FUSED_AMAX_NAN (y's unit amax by max.NaN of |.|: 0x7FFFFFFF for a unit with a NaN;
-    on by default) and NQDQ_FUSED_RSQRT_WARP0 (1: the row's 1/sqrt by warp 0, passed on through
-    shared memory; -1, the default: so for MX outputs only) give the spec's bits for the four RMSNorm outputs, with a NaN, an inf and a
-    -inf in separate groups (each a NaN scale: row, group or, static, the element encoder) and
-    a row of zeros (1/sqrt of eps alone); n = 3000: two warps (the second barrier), 264: one
-    (RSQRT_WARP0 does nothing there)."""
-    from nqdq.kernels import _fused_rows as FR
-
-    monkeypatch.setattr(FR, "AMAX_NAN", amax_nan)
-    monkeypatch.setattr(FR, "RSQRT_WARP0", rsqrt0)
+@pytest.mark.parametrize("scheme, n", [(s, 264) for s in SCHEMES] + [("fp8_row", 3000), ("mxfp4", 3000)])
+def test_rmsnorm_nonfinite_rows_match_reference(scheme, n):
+    """The RMSNorm ops' unit amax of y by max.NaN of |.| (0x7FFFFFFF for a unit with a NaN) and
+    the row's 1/sqrt (by every warp; for MX outputs by warp 0, passed on through shared memory)
+    give the spec's bits for the four RMSNorm outputs, with a NaN, an inf and a -inf in
+    separate groups (each a NaN scale: row, group or, static, the element encoder) and a row of
+    zeros (1/sqrt of eps alone); n = 3000: two warps (mxfp4: the second barrier), 264: one."""
     rng = np.random.default_rng(43)
     x = rows(rng, 3, n, "bfloat16")
     x[0, 7] = np.nan
@@ -801,18 +789,13 @@ def test_absmax_nan_twin():
             assert int(absmax_nan_twin(a, b)) == absmax_want(a, b), (hex(a), hex(b))
 
 
-@pytest.mark.parametrize("n, t, on", [(200, 3, True), (700, 2, True), (1100, 2, True), (2048, 1, True),
-                                     (200, 3, False)])
-def test_group_share_switch_matches_reference(n, t, on, monkeypatch):
-    """GROUP_SHARE (on by default: a group's scale computed once, by the lane that the
-    transposed butterfly leaves its amax on, and sent back by shfl.idx) gives the spec's bits
-    for 1x128 and MX-32 groups at U = 1, 3, 5 and 8 units a lane (one warp:
-    MAX_UNITS_PER_THREAD 8), rows that end inside a group and inside a unit (200, 1100),
-    non-finite groups (inf, NaN: the element encoder), with the residual, and for flatten's fp8
-    rows (no norm); off (the per-lane butterfly and parameters), at n = 200."""
-    from nqdq.kernels import _fused_rows as FR
-
-    monkeypatch.setattr(FR, "GROUP_SHARE", on)
+@pytest.mark.parametrize("n, t", [(200, 3), (700, 2), (1100, 2), (2048, 1)])
+def test_group_scales_once_per_group_match_reference(n, t):
+    """The group parameters computed once per group (by the lane that the transposed
+    butterfly leaves its amax on, and sent back by shfl.idx) give the spec's bits for 1x128 and
+    MX-32 groups at U = 1, 3, 5 and 8 units a lane (one warp: MAX_UNITS_PER_THREAD 8), rows
+    that end inside a group and inside a unit (200, 1100), non-finite groups (inf, NaN: the
+    element encoder), with the residual, and for flatten's fp8 rows (no norm)."""
     rng = np.random.default_rng(n)
     x = rows(rng, t, n, "bfloat16")
     # every 32-element block its own magnitude, so a unit given another group's multiplier
@@ -834,14 +817,13 @@ def test_group_share_switch_matches_reference(n, t, on, monkeypatch):
         assert_q_equal(fused.flatten_quantize(x3, "fp8_1x128", device="cuda"), nqdq.quantize(x, "fp8_1x128"))
 
 
-def test_full_rows_policy(monkeypatch):
-    """FULL_ROWS -1 (the default): FULL for the RMSNorm ops with the residual and for mxfp4 /
-    fp8_tensor without it, and flatten (the H100 A/Bs); not for fp8_row / fp8_1x128 without the
-    residual, the y kernel or the MoE rows. 1 / 0: every op / none."""
+def test_full_rows_policy():
+    """full_rows: FULL for the RMSNorm ops with the residual and for mxfp4 / fp8_tensor without
+    it, and flatten (the H100 A/Bs); not for fp8_row / fp8_1x128 without the residual, the y
+    kernel or the MoE rows."""
     from nqdq.kernels import _fused_kernels as fused_kernels
     from nqdq.kernels import _fused_rows as FR
 
-    monkeypatch.setattr(FR, "FULL_ROWS", -1)
     on = {(fused_kernels.OP_NORM, out, res)
           for out in (fused_kernels.OUT_ROW, fused_kernels.OUT_GROUP, fused_kernels.OUT_MX, fused_kernels.OUT_TENSOR)
           for res in (True,)}
@@ -856,23 +838,18 @@ def test_full_rows_policy(monkeypatch):
            for out in (fused_kernels.OUT_ROW, fused_kernels.OUT_GROUP, fused_kernels.OUT_MX, fused_kernels.OUT_TENSOR,
                        fused_kernels.OUT_Y) for res in (False, True)]
     assert {o for o in ops if FR.full_rows(*o)} == on
-    for v in (0, 1):
-        monkeypatch.setattr(FR, "FULL_ROWS", v)
-        assert all(FR.full_rows(*o) == bool(v) for o in ops)
 
 
-@pytest.mark.parametrize("on", [1, 0])
-def test_full_rows_switch_matches_reference(on, monkeypatch):
-    """FULL_ROWS 1 (every op; the default, -1, picks per op: test_full_rows_policy): where the
-    row fills the block's units (n = 512: one warp x 2 units x 8), the kernel is built with fast
-    = 2 (no unit tested against the row's end) and gives the spec's bits for the four RMSNorm
-    outputs with and without the residual (a NaN and an inf in separate groups), flatten and
-    the MoE rows; 0, or where the row does not fill them (n = 520), fast stays 1."""
+def test_full_rows_match_reference(monkeypatch):
+    """Where the row fills the block's units (n = 512: one warp x 2 units x 8) and full_rows
+    says so, the kernel is built with fast = 2 (no unit tested against the row's end) and
+    gives the spec's bits for the four RMSNorm outputs with and without the residual (a NaN
+    and an inf in separate groups), flatten and the MoE rows; elsewhere, and where the row
+    does not fill them (n = 520), fast stays 1."""
     from nqdq.kernels import _fused_kernels as fused_kernels
     from nqdq.kernels import _fused_rows as FR
     from nqdq.kernels import fused as KF
 
-    monkeypatch.setattr(FR, "FULL_ROWS", on)
     built = []
     build = KF.fused_row_kernel
 
@@ -890,15 +867,19 @@ def test_full_rows_switch_matches_reference(on, monkeypatch):
         res = rows(rng, 2, n, "bfloat16")
         for scheme in SCHEMES if n == 512 else ["mxfp4"]:
             sc = scale_for(scheme)
+            mode = KF.out_kind(resolve_scheme(scheme, static_scale=sc is not None))
             built.clear()
             assert_q_equal(fused.rmsnorm_quantize(x, w, scheme, scale=sc),
                            fused.rmsnorm_quantize(x, w, scheme, scale=sc, device="cuda"))
+            # (each general call builds its kernel, and so does the plan it remembers: fused._ROWS_FAST)
+            full = n == 512 and FR.full_rows(fused_kernels.OP_NORM, mode, False)
+            assert built and set(built) == {(fused_kernels.OP_NORM, 2 if full else True)}, scheme
+            built.clear()
             (qc, rc), (qg, rg) = (fused.rmsnorm_quantize(x, w, scheme, scale=sc, residual=res, device=d)
                                   for d in (None, "cuda"))
             assert_q_equal(qc, qg)
             np.testing.assert_array_equal(bits(rc), bits(rg))
-            # (each general call builds its kernel, and so does the plan it remembers: fused._ROWS_FAST)
-            assert built and set(built) == {(fused_kernels.OP_NORM, 2 if on and n == 512 else True)}
+            assert built and set(built) == {(fused_kernels.OP_NORM, 2 if n == 512 else True)}, scheme
     x3 = rows(rng, 2 * 4, 128, "bfloat16").reshape(2, 4, 128)
     assert_q_equal(fused.flatten_quantize(x3, "mxfp4", device="cuda"), nqdq.quantize(x3.reshape(2, 512), "mxfp4"))
     ids = np.array([[0, 2], [1, 0], [2, 1]])
@@ -907,63 +888,56 @@ def test_full_rows_switch_matches_reference(on, monkeypatch):
     assert_q_equal(q, nqdq.quantize(x[perm], "mxfp4"))
 
 
-def test_prefetch_distance_per_op(monkeypatch):
-    """PREFETCH's default (-1) prefetches for RMSNorm into the per-tensor static output only,
-    PREFETCH_TENSOR rows ahead (the one op the H100 A/B found faster); never with the residual
-    nor for the row ops without a norm; a value >= 0 applies to every RMSNorm op without the
-    residual, and the kernel builds the prefetch code exactly where the distance is > 0."""
+def test_prefetch_distance_per_op():
+    """The L2 prefetch is for RMSNorm into the per-tensor static output only, PREFETCH_TENSOR
+    rows ahead (the one op the H100 A/B found faster); never with the residual nor for the
+    other outputs or the row ops without a norm; the kernel builds the prefetch code exactly
+    where the distance is > 0."""
     from nqdq.kernels import _fused_kernels as fused_kernels
     from nqdq.kernels import _fused_rows as FR
     from nqdq.kernels._elements import format_tuple
 
     pd = FR.prefetch_distance
-    assert pd(-1, fused_kernels.OP_NORM, fused_kernels.OUT_TENSOR, False) == FR.PREFETCH_TENSOR > 0
+    assert pd(fused_kernels.OP_NORM, fused_kernels.OUT_TENSOR, False) == FR.PREFETCH_TENSOR > 0
     for out in (fused_kernels.OUT_ROW, fused_kernels.OUT_GROUP, fused_kernels.OUT_MX, fused_kernels.OUT_Y):
-        assert pd(-1, fused_kernels.OP_NORM, out, False) == 0
-        assert pd(528, fused_kernels.OP_NORM, out, False) == 528
+        assert pd(fused_kernels.OP_NORM, out, False) == 0
     for out in (fused_kernels.OUT_TENSOR, fused_kernels.OUT_MX):
-        assert pd(-1, fused_kernels.OP_NORM, out, True) == 0 and pd(264, fused_kernels.OP_NORM, out, True) == 0
-        assert pd(264, fused_kernels.OP_GATHER, out, False) == 0 and pd(-1, fused_kernels.OP_ROWS, out, False) == 0
-    assert pd(0, fused_kernels.OP_NORM, fused_kernels.OUT_TENSOR, False) == 0
-    monkeypatch.setattr(FR, "PREFETCH", -1)
+        assert pd(fused_kernels.OP_NORM, out, True) == 0
+        assert pd(fused_kernels.OP_GATHER, out, False) == 0 and pd(fused_kernels.OP_ROWS, out, False) == 0
     sch = resolve_scheme("fp8_tensor", static_scale=True)
     nw, u = R.row_geometry(7168)
     srcs = {}
     for res in (False, True):
         k = FR.fused_row_kernel(fused_kernels.OP_NORM, fused_kernels.OUT_TENSOR, 1, 1, nw, u, True, False, res,
-                                format_tuple(sch),
-                                (0, 0, 0, 1.0), 448.0, 0, True)
+                                format_tuple(sch), (0, 0, 0, 1.0), 448.0, 0, True)
         srcs[res] = k.source
     assert "prefetch_rows(" in srcs[False] and "prefetch_rows(" not in srcs[True]
 
 
-@pytest.mark.parametrize("switch, on", [("ROWS_BF16", True), ("ROWS_BF16", False), ("RES_CVT", True),
-                                        ("RES_CVT", False), ("PREFETCH", True), ("FLAT_STEP", True),
-                                        ("NORM_FMA", True)])
-def test_fused_row_switches_match_reference(switch, on, monkeypatch):
-    """Each of the A/B switches ROWS_BF16, RES_CVT, PREFETCH and FLAT_STEP, on and, for the two
-    now on by default (ROWS_BF16, RES_CVT), off too, gives the spec's bits on these edge values (the switch's paths:
-    ROWS_BF16 flatten / MoE rows of bfloat16 into MXFP4 by the words' pair encoder, with a
-    non-finite group; RES_CVT the residual by cvt.rn.bf16x2 with NaN (its 0x7FFF made 0x7FC0),
-    inf, overflowing and subnormal sums; PREFETCH 1 row ahead (no residual), a hint the
-    simulator ignores, so only that the launch argument and its code path run; FLAT_STEP the strided
-    flatten's stepped unit indices, D / 8 dividing the block's threads (D = 64, 128) or not
-    (D = 24: the per-unit path)); and NORM_FMA (normalize's fma, with the residual)."""
+@pytest.mark.parametrize("case", ["words", "residual", "prefetch", "strided"])
+def test_fused_row_paths_match_reference(case, monkeypatch):
+    """The row kernel's paths give the spec's bits on these edge values: "words" flatten / MoE
+    rows of bfloat16 into MXFP4 by the words' pair encoder, with a non-finite group (fp8_1x128
+    beside it: the float32 path); "residual" the new bfloat16 residual by cvt.rn.bf16x2 with
+    NaN (its 0x7FFF made 0x7FC0), inf, overflowing and subnormal sums, and normalize's fma;
+    "prefetch" the static per-tensor output's L2 prefetch run 1 row ahead (the launch
+    argument: PREFETCH_TENSOR; a hint the simulator's twin ignores, so only that the
+    argument and its code path run); "strided" the strided flatten's unit indices per unit
+    (D / 8 dividing the block's threads, D = 64, 128, or not, D = 24)."""
     from nqdq.kernels import _fused_rows as FR
 
-    monkeypatch.setattr(FR, switch, 1 if switch == "PREFETCH" else on)
     rng = np.random.default_rng(43)
-    if switch == "FLAT_STEP":
+    if case == "strided":
         for h, d, scheme in ((8, 64, "mxfp4"), (6, 128, "fp8_1x128"), (16, 24, "mxfp4")):  # 2, 3, 2 units a lane
             x = rows(rng, 3 * h, d, "bfloat16").reshape(3, h, d)
             view = np.ascontiguousarray(x.transpose(1, 0, 2)).transpose(1, 0, 2)  # read in place, strided
             q = fused.flatten_quantize(view, scheme, device="cuda")
             assert_q_equal(q, nqdq.quantize(x.reshape(3, h * d), scheme))
         return
-    if switch == "ROWS_BF16":
+    if case == "words":
         x = rows(rng, 3 * 2, 64, "bfloat16").reshape(3, 2, 64)
         x[1, 0, 40] = np.inf  # group 1 of row 1: non-finite (element encoder)
-        for scheme in ("mxfp4", "fp8_1x128"):  # fp8_1x128: the switch leaves it alone
+        for scheme in ("mxfp4", "fp8_1x128"):
             q_ref = nqdq.quantize(x.reshape(3, 128), scheme)
             assert_q_equal(fused.flatten_quantize(x, scheme, device="cuda"), q_ref)
         ids = np.array([[1, 0], [0, 2], [2, 1]])
@@ -971,17 +945,18 @@ def test_fused_row_switches_match_reference(switch, on, monkeypatch):
         assert_q_equal(q_g, nqdq.quantize(x.reshape(3, 128)[perm_g], "mxfp4"))
         return
     x = rows(rng, 3, 64, "bfloat16")
-    res = rows(rng, 3, 64, "bfloat16")
-    if switch == "RES_CVT":
-        x[0, 3], res[0, 3] = np.inf, -np.inf  # inf + -inf: NaN (0x7FC0 in the spec)
-        x[1, 9] = np.nan
-        x[2, 17], res[2, 17] = 3e38, 3e38  # overflows to inf (no NaN: the fast words stand)
-        x[2, 20], res[2, 20] = 1e-39, 1e-39  # subnormal sum
     w = rng.standard_normal(64).astype(BF16)
+    if case == "prefetch":  # built for the static per-tensor output without the residual only
+        monkeypatch.setattr(FR, "PREFETCH_TENSOR", 1)
+        assert_q_equal(fused.rmsnorm_quantize(x, w, "fp8_tensor", scale=STATIC),
+                       fused.rmsnorm_quantize(x, w, "fp8_tensor", scale=STATIC, device="cuda"))
+        return
+    res = rows(rng, 3, 64, "bfloat16")
+    x[0, 3], res[0, 3] = np.inf, -np.inf  # inf + -inf: NaN (0x7FC0 in the spec)
+    x[1, 9] = np.nan
+    x[2, 17], res[2, 17] = 3e38, 3e38  # overflows to inf (no NaN: the fast words stand)
+    x[2, 20], res[2, 20] = 1e-39, 1e-39  # subnormal sum
     for scheme in ("fp8_row", "mxfp4"):
-        if switch == "PREFETCH":  # the prefetch is built for the ops without the residual only
-            assert_q_equal(fused.rmsnorm_quantize(x, w, scheme), fused.rmsnorm_quantize(x, w, scheme, device="cuda"))
-            continue
         (qc, rc), (qg, rg) = (fused.rmsnorm_quantize(x, w, scheme, residual=res, device=d) for d in (None, "cuda"))
         assert_q_equal(qc, qg)
         np.testing.assert_array_equal(bits(rc), bits(rg))

@@ -56,7 +56,7 @@ def ref_q(parts, sch):
 # One kernel compilation per case costs about 20-25 s of NVVM time on the GPU machine (the
 # row kernel is written out per unit), so the cases are chosen to cover each path once:
 # every output mode at 7168 (with and without the residual; at 7168 the rows fill the units,
-# the FULL kernels where FULL_ROWS's policy picks them), the element-by-element path
+# the FULL kernels where _fused_rows.full_rows picks them), the element-by-element path
 # (7167, with the residual and MX), 32 warps of 8 units (65536: launch bounds 1024), float32.
 CASES = [(7168, "bfloat16", "fp8_row", True), (7168, "bfloat16", "fp8_tensor", False),
          (7168, "bfloat16", "fp8_1x128", True), (7168, "bfloat16", "mxfp4", False), (7167, "bfloat16", "mxfp4", True),
@@ -594,17 +594,13 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, local, monk
     api.clear_fast_path()
 
 
-@pytest.mark.parametrize("on", [True, False])
 @pytest.mark.parametrize("n", [7168, 5120, 2880, 1100])
-def test_gpu_group_share(n, on, monkeypatch):
-    """GROUP_SHARE (each 1x128 / MX-32 group's parameters computed once, by the lane
-    the transposed butterfly leaves its amax on, and sent back by shfl.sync.idx), on and off, bit
-    for bit against the spec at the tested hidden sizes (7 / 7 / 6 units a lane; 1100: a row that
-    ends inside a group and a unit), groups of their own magnitude, non-finite groups, with and
-    without the residual, and flatten into fp8_1x128."""
-    from nqdq.kernels import _fused_rows as FR
-
-    monkeypatch.setattr(FR, "GROUP_SHARE", on)
+def test_gpu_group_scales_once_per_group(n):
+    """Each 1x128 / MX-32 group's parameters computed once (by the lane the transposed
+    butterfly leaves its amax on, and sent back by shfl.sync.idx), bit for bit against the spec
+    at the tested hidden sizes (7 / 7 / 6 units a lane; 1100: a row that ends inside a group
+    and a unit), groups of their own magnitude, non-finite groups, with and without the
+    residual, and flatten into fp8_1x128."""
     rng = np.random.default_rng(n)
     x = rows(rng, 77, n, "bfloat16")
     x = (x * np.repeat(np.exp2(rng.integers(-6, 7, (77, -(-n // 32)))), 32, axis=1)[:, :n]).astype(BF16)
@@ -634,26 +630,21 @@ def test_gpu_group_share(n, on, monkeypatch):
         np.testing.assert_array_equal(bits(q.scales), bits(scales))
 
 
-@pytest.mark.parametrize("switch, on", [("ROWS_BF16", True), ("ROWS_BF16", False), ("RES_CVT", True),
-                                        ("RES_CVT", False), ("PREFETCH", True), ("FLAT_STEP", True),
-                                        ("NORM_FMA", True)])
-def test_gpu_fused_row_switches(switch, on, monkeypatch):
-    """The A/B switches ROWS_BF16, RES_CVT, PREFETCH and FLAT_STEP on a GPU, each on and, for the
-    two now on by default (ROWS_BF16, RES_CVT), off too, bit for bit against the spec at hidden
-    7168: ROWS_BF16 (flatten of a strided view and the MoE gather into MXFP4 by the words' pair
-    encoder, or off: float32 unpacking; a non-finite group in one row), RES_CVT
-    (cvt.rn.bf16x2 for the new residual, or off: round_bits, with NaN, inf - inf, overflowing and subnormal sums: the
-    intrinsic against its twin's rule), PREFETCH (prefetch.global.L2 of rows 3 ahead, no residual:
-    a hint, the outputs must not change), FLAT_STEP (the strided flatten's stepped unit indices, with
-    ROWS_BF16 on too for MXFP4: the combination the benchmark would make the default); and
-    NORM_FMA (normalize's y by one fma.rn.f32 where a * r_hi is exact: the same bits), no residual."""
+@pytest.mark.parametrize("case", ["words", "residual", "prefetch"])
+def test_gpu_fused_row_paths(case, monkeypatch):
+    """The row kernel's paths on a GPU, bit for bit against the spec at hidden 7168: "words"
+    (flatten of a strided view into fp8_1x128 and MXFP4, and the MoE gather into MXFP4 by the
+    words' pair encoder; a non-finite group in one row), "residual" (cvt.rn.bf16x2 for the new
+    residual, with NaN, inf - inf, overflowing and subnormal sums: the intrinsic against its
+    twin's rule; normalize's y by one fma.rn.f32 where a * r_hi is exact), "prefetch"
+    (prefetch.global.L2 of rows 3 ahead for the static per-tensor output, no residual: a hint,
+    the outputs must not change)."""
     from nqdq.kernels import _fused_rows as FR
 
-    monkeypatch.setattr(FR, switch, 3 if switch == "PREFETCH" else on)
     rng = np.random.default_rng(31)
-    if switch == "FLAT_STEP":
-        monkeypatch.setattr(FR, "ROWS_BF16", True)
+    if case == "words":
         x = rows(rng, 77 * 56, 128, "bfloat16").reshape(77, 56, 128)
+        x[5, 3, 7] = np.inf
         view = to_gpu(np.ascontiguousarray(x.transpose(1, 0, 2))).transpose(1, 0, 2)
         for scheme in ("fp8_1x128", "mxfp4"):
             sch = resolve_scheme(scheme)
@@ -661,21 +652,28 @@ def test_gpu_fused_row_switches(switch, on, monkeypatch):
             q = fused.flatten_quantize(view, scheme, dtype="bfloat16")
             np.testing.assert_array_equal(bits(q.codes), bits(codes))
             np.testing.assert_array_equal(bits(q.scales), bits(scales))
-        return
-    if switch == "ROWS_BF16":
-        x = rows(rng, 77 * 56, 128, "bfloat16").reshape(77, 56, 128)
-        x[5, 3, 7] = np.inf
-        sch = resolve_scheme("mxfp4")
-        codes, scales = ref_q(RQ.quantize(x.reshape(77, 56 * 128).astype(np.float32), sch), sch)
-        view = to_gpu(np.ascontiguousarray(x.transpose(1, 0, 2))).transpose(1, 0, 2)
-        q = fused.flatten_quantize(view, "mxfp4", dtype="bfloat16")
-        np.testing.assert_array_equal(bits(q.codes), bits(codes))
-        np.testing.assert_array_equal(bits(q.scales), bits(scales))
         x2 = x.reshape(77, 7168)
         ids = topk_ids(rng, 77, 16, 2, np.int32)
         q, perm, _ = fused.moe_sort_quantize(to_gpu(x2), cp.asarray(ids), 16, "mxfp4", dtype="bfloat16")
         perm_ref, _ = R.moe_sort(ids, 16)
+        sch = resolve_scheme("mxfp4")
         codes, scales = ref_q(RQ.quantize(x2.astype(np.float32)[perm_ref], sch), sch)
+        np.testing.assert_array_equal(bits(q.codes), bits(codes))
+        np.testing.assert_array_equal(bits(q.scales), bits(scales))
+        return
+    if case == "prefetch":  # (the launch argument only: the kernel is the default one)
+        from nqdq import api
+
+        api.clear_fast_path()  # (a remembered call of this shape would replay its plan's distance)
+        monkeypatch.setattr(FR, "PREFETCH_TENSOR", 3)
+        x = rows(rng, 77, 7168, "bfloat16")
+        w = rng.standard_normal(7168).astype(BF16)
+        sch = resolve_scheme("fp8_tensor", static_scale=True)
+        q = fused.rmsnorm_quantize(to_gpu(x), to_gpu(w), "fp8_tensor", scale=STATIC, dtype="bfloat16")
+        s = np.full(sch.scale_shape(x.shape), STATIC, np.float32)
+        parts, _ = R.rmsnorm_quantize(x.astype(np.float32), w.astype(np.float32), sch, np.float32(1e-6), "bfloat16",
+                                      "bfloat16", scale=s)
+        codes, scales = ref_q(parts, sch)
         np.testing.assert_array_equal(bits(q.codes), bits(codes))
         np.testing.assert_array_equal(bits(q.scales), bits(scales))
         return
@@ -687,19 +685,15 @@ def test_gpu_fused_row_switches(switch, on, monkeypatch):
     x[6, 20], res[6, 20] = 1e-39, 2e-39
     x[7, :], res[7, :] = 1e-39, -3e-39  # a row of subnormal sums
     w = rng.standard_normal(7168).astype(BF16)
-    with_res = switch == "RES_CVT"  # the prefetch is built for the ops without the residual
     for scheme in ("fp8_row", "mxfp4"):
         sch = resolve_scheme(scheme)
-        out = fused.rmsnorm_quantize(to_gpu(x), to_gpu(w), scheme, residual=to_gpu(res) if with_res else None,
-                                     dtype="bfloat16")
+        q, new = fused.rmsnorm_quantize(to_gpu(x), to_gpu(w), scheme, residual=to_gpu(res), dtype="bfloat16")
         parts, new_res = R.rmsnorm_quantize(x.astype(np.float32), w.astype(np.float32), sch, np.float32(1e-6),
-                                            "bfloat16", "bfloat16", res32=res.astype(np.float32) if with_res else None)
+                                            "bfloat16", "bfloat16", res32=res.astype(np.float32))
         codes, scales = ref_q(parts, sch)
-        q = out[0] if with_res else out
         np.testing.assert_array_equal(bits(q.codes), bits(codes))
         np.testing.assert_array_equal(bits(q.scales), bits(scales))
-        if with_res:
-            np.testing.assert_array_equal(bits(out[1]), bits(new_res))
+        np.testing.assert_array_equal(bits(new), bits(new_res))
 
 
 def _q_arrays(out):

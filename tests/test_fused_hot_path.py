@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from nqdq import fused
-from nqdq.kernels import _fused_rows
+from nqdq.kernels.fused import rows_switches
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -104,7 +104,7 @@ def _arrays(out):
 def test_key_changes_with_every_element(monkeypatch):
     """_norm_key / _flat_key differ when any element of the call differs: op, device argument,
     array types, shapes, dtypes, residual or not, scheme, eps (value and type), static scale,
-    dtype options, the current GPU, the build switches; flatten's strides."""
+    dtype options, the current GPU; flatten's strides. Both end with rows_switches()."""
     fused._remember_rows(lambda: None, lambda: None)  # (sets the key's device and switch readers)
     base = dict(op=fused._OP_NORM_Q, x=X, weight=W, residual=None, options=("fp8_row", float, 1e-6, type(None), None),
                 device="cuda", dtype=None, weight_dtype=None)
@@ -125,10 +125,9 @@ def test_key_changes_with_every_element(monkeypatch):
     assert fused._norm_key(**base) != k0  # another current GPU
     monkeypatch.undo()
     fused._remember_rows(lambda: None, lambda: None)
-    monkeypatch.setattr(_fused_rows, "GROUP_SHARE", not _fused_rows.GROUP_SHARE)
-    assert fused._norm_key(**base) != k0  # a build switch
-    monkeypatch.setattr(_fused_rows, "FLAT_STEP", not _fused_rows.FLAT_STEP)
+    assert k0[-1] == rows_switches()  # the build switches run_rows reads (none left)
     f0 = fused._flat_key(X3, "mxfp4", "cuda", None)
+    assert f0[-1] == rows_switches()
     assert f0 != fused._flat_key(X3_VIEW, "mxfp4", "cuda", None)  # same shape, other strides
     assert f0 != fused._flat_key(X3, "fp8_1x128", "cuda", None) != fused._flat_key(X3, "mxfp4", "cuda", "bfloat16")
 

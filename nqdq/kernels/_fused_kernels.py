@@ -58,7 +58,7 @@ def xor_lane(v, off, shfl, scratch, tid):
     """v of lane tid ^ off (``shfl.sync.bfly``: one 32-bit shuffle for int32, two for
     float64); the simulator's twin through the shared ``scratch`` of v's type, one slot per
     thread (every thread of the block calls it). The row sum's float64 butterfly and
-    GROUP_SHARE's int32 one."""
+    the group parameters' int32 one (_fused_rows._share_source)."""
     if shfl:
         return cuda.shfl_xor_sync(0xFFFFFFFF, v, off)
     cuda.syncthreads()

@@ -17,14 +17,15 @@ kernels (``_rowwise_kernels``) do:
   ``shfl.sync.bfly`` (fl64 addition is commutative, so each lane of a pair gets the tree's
   value); the warps by one shared slot each, one barrier, then every thread adds the NW sums
   in order, splits the sum into the float32 pair (hi, lo) and computes 1/sqrt itself (no
-  second barrier); for MX outputs (RSQRT_WARP0) thread 0 alone does, and the other warps
+  second barrier); for MX outputs thread 0 alone does, and the other warps
   read the result after a second barrier;
-* the amax of y's units by ``max.NaN.f32`` of |.| (AMAX_NAN);
+* the amax of y's units by ``max.NaN.f32`` of |.|;
 * quantize: per row (a butterfly max and one more barrier), per 1x128 / MX-32 group (no
-  barrier: with GROUP_SHARE, the default, the thread's U unit amaxes go through one
+  barrier: for float and MX "rceil" scales the thread's U unit amaxes go through one
   transposed butterfly over the group's 16 / 4 lanes, each group's parameters are computed by
-  the one lane its amax ends on and sent back by ``shfl.sync.idx``; without it, a butterfly
-  and the parameters per unit on every lane) or a static scale; finite units take
+  the one lane its amax ends on and sent back by ``shfl.sync.idx``; for the other MX scale
+  roundings and the bfloat16 words' path, a butterfly and the parameters per unit on every
+  lane) or a static scale; finite units take
   the row-wise kernels' finite encoders (paired cvt for fp8, grid rounding for e2m1) and
   leave in one 8-byte (fp8) or 4-byte (fp4) store, everything else encode_element per element.
 
@@ -169,160 +170,76 @@ def mx_rceil_params(a, inv):
     return code, bits_f32(pb)
 
 
-# A/B switches, read when a kernel is built; all three off by default since their H100 run
-# (bf16 [8192, 7168]; the kernel's design: docs/design/fused.md): NQDQ_FUSED_W_EARLY=1 loads
-# the weights before the row's reduction (to hide their latency behind the shuffles, barrier
-# and 1/sqrt; it holds 28 more registers through the sum: rmsnorm + fp8_row 90.1 us with it vs
-# 87.1 without, the unfused y kernel 269 -> 364 us); NQDQ_FUSED_MIN_BLOCKS=k adds a launch
-# bound of k blocks per SM (k = "policy": _min_blocks, 5 blocks of the 4-warp layout; no gain
-# measured); NQDQ_FUSED_MX_Y_PAIRS=1 encodes MX e2m1 of y by _rowwise_kernels.e2m1_unit_f32_p2
-# with the clamp (bit-exact, 96.8 vs 97.2 us: no gain measured).
-# The on / off switches' defaults; NQDQ_FUSED_<NAME>=1 / 0 overrides one (read at import).
-DEFAULTS = {"W_EARLY": False, "MX_Y_PAIRS": False, "ROWS_BF16": True, "FLAT_STEP": False, "RES_CVT": True,
-            "NORM_FMA": True, "GROUP_SHARE": True,
-            "AMAX_NAN": True, "MX_RC": True}
-
-
-def _switch(name):
-    return _switch_env(name, DEFAULTS[name])
-
-
 def _switch_env(name, default: bool) -> bool:
-    """NQDQ_FUSED_<name> ("1" / "0"), else ``default``."""
+    """NQDQ_FUSED_<name> ("1" / "0"), else ``default`` (the MoE launcher's switches: kernels.fused)."""
     return os.environ.get(f"NQDQ_FUSED_{name}", "1" if default else "0") == "1"
 
 
-W_EARLY = _switch("W_EARLY")
-MIN_BLOCKS = os.environ.get("NQDQ_FUSED_MIN_BLOCKS", "0")  # "policy": _min_blocks's choice
-MX_Y_PAIRS = _switch("MX_Y_PAIRS")
-# The switches ROWS_BF16, RES_CVT, PREFETCH and FLAT_STEP, read when a kernel is built
-# (switches() is part of its cache key, so a process can time both sides).
-# ROWS_BF16 and RES_CVT are on by default since their H100 A/B (bf16 [8192, 7168]): faster on
-# every op they touch (RES_CVT: the four +res ops, e.g. rmsnorm + res + mxfp4 158.5 -> 148.0 us;
-# ROWS_BF16: flatten + mxfp4 60.8 -> 57.0 us, MoE 209.9 -> 200.5 us); FLAT_STEP (no gain:
-# 57.4 us with ROWS_BF16) stays off; PREFETCH is on for the one op it made faster (rmsnorm +
-# fp8_tensor, 264 rows ahead: 86.9 -> 79.7 us, the default again 86.2 us; 528 and 1056 rows
-# slower) and off for the three it made slower (fp8_row, fp8_1x128, mxfp4).
-# ROWS_BF16 (NQDQ_FUSED_ROWS_BF16): flatten / MoE rows of bfloat16 into MX e2m1 take the
-# quantize kernels' own bfloat16 path (word_amax16, e2m1_unit_bf16 on the loaded words: no
-# float32 unpacking, one bf16x2 product per pair); RES_CVT (NQDQ_FUSED_RES_CVT): the new
-# bfloat16 residual x + r rounded by cvt.rn.bf16x2.f32, two elements per instruction, its NaN
-# halves (0x7FFF) made the spec's canonical 0x7FC0 branch-free. PREFETCH (NQDQ_FUSED_PREFETCH,
-# rows ahead, a launch argument; > 0 also builds the code): each block of an RMSNorm op without
-# the residual issues prefetch.global.L2 for the lines of x of row + PREFETCH, before its own
-# loads, so DRAM keeps streaming while blocks reduce and encode; 0: none; -1 (the default):
-# per op, PREFETCH_TENSOR rows for the per-tensor static output, none for the others
-# (prefetch_distance).
-# FLAT_STEP (NQDQ_FUSED_FLAT_STEP, read by the launcher: strided=2 where it applies): the strided
-# flatten's unit indices as one per-thread index plus j * ks (ks = NT / (D / 8) heads of sh / 8
-# units, where D / 8 divides NT) instead of the head division and 64-bit index arithmetic per unit.
-# NORM_FMA (NQDQ_FUSED_NORM_FMA): normalize's y = fl(a * r_hi) + fl(a * r_lo) as fma(a, r_hi,
-# fl(a * r_lo)), one instruction fewer per element and the same bits (a * r_hi is
-# exact: see reference/fused.normalize; the PTX audit accepts exactly this shape of fma).
-NORM_FMA = _switch("NORM_FMA")
-# GROUP_SHARE (NQDQ_FUSED_GROUP_SHARE): 1x128 / MX-32 group scales (float scales and
-# MX "rceil", not the words' pair path) computed once per group instead of once per lane of it.
-# A group's LL lanes hold one unit of it per j (U of them a lane); the kernel keeps the row's
-# units as the per-row op does, then reduces the U amaxes by a transposed butterfly (at each
-# step a lane keeps half of its values and trades the other half, so after log2(LL) steps lane
-# l holds the whole group's amax of the units j = jbase(l) + i), computes those groups' scale,
-# multiplier and reciprocal (and stores the scale) on its own, and every lane takes its units'
-# multipliers back by shfl.sync.idx. A max is exact in any order and the parameters are the
-# same function of it: the same bits. On by default since its H100 A/B (bf16 [8192, 7168]):
-# rmsnorm + fp8_1x128 74.7 -> 72.6 us, rmsnorm + mxfp4 79.6 -> 69.2 us, the +res and flatten
-# group ops equal or faster.
-GROUP_SHARE = _switch("GROUP_SHARE")
-# AMAX_NAN (NQDQ_FUSED_AMAX_NAN): the RMSNorm ops' unit amax of y by max.NaN.f32 with
-# |.| operands (_rowwise_kernels.unit_amax_nan: 7 FMNMX.NAN a unit instead of 8 LOP3 and 7
-# integer max). The same bits but for a unit holding a NaN: 0x7FFFFFFF instead of the NaN's own
-# |bits|, both above +inf, which is all any consumer asks (a NaN or inf group or row gets the NaN
-# scale, whatever the amax's payload). On by default since its H100 A/B (bf16 [8192, 7168]):
-# rmsnorm + mxfp4 69.1 -> 66.0 us, + fp8_row 70.0 -> 66.7, + fp8_1x128 72.4 -> 69.8,
-# + fp8_tensor 71.2 either way.
-AMAX_NAN = _switch("AMAX_NAN")
-# RSQRT_WARP0 (NQDQ_FUSED_RSQRT_WARP0): the row's 1/sqrt (rsqrt_mean, about 150 SASS
-# instructions of IEEE divisions, square root and float-float steps) computed by warp 0 alone and
-# passed to the other warps through shared memory after a second barrier, instead of by every
-# warp (no barrier): NW - 1 warps' worth of those instructions a row less, a barrier more.
-# 1: on, 0: off, -1 (the default): per output, on for MX only, as measured on the H100
-# (bf16 [8192, 7168]): rmsnorm + mxfp4 65.6 -> 64.5 us, + fp8_row 66.6 ->
-# 69.9 (its row amax already waits at a second barrier), + fp8_1x128 / fp8_tensor and the
-# residual ops equal within 0.2 us.
-RSQRT_WARP0 = int(os.environ.get("NQDQ_FUSED_RSQRT_WARP0", "-1"))
-# MX_RC (NQDQ_FUSED_MX_RC): MX "rceil" e2m1 of y (mxfp4) by _rowwise_kernels.
-# e2m1_unit_f32_p2 without the clamp: y rounded to odd into bfloat16 pairs, scaled by one
-# bfloat16 multiply a pair (rceil keeps |y| * 2^-k below 6.1): 12 instructions a unit less.
-MX_RC = _switch("MX_RC")
-# FULL_ROWS (NQDQ_FUSED_FULL_ROWS, read by the launcher: full_rows): where the row
-# fills the block's units exactly (n = NT * U * 8, aligned: hidden 7168 in 4 warps x 7 units,
-# 4096, 8192, ...), the kernel is built with fast = 2 (FULL): no unit tested against the row's
-# end, no per-unit predicates. 1: on, 0: off, -1 (the default): per op, as measured on the H100
-# (bf16 [8192, 7168]; docs/design/fused.md): on for the
-# RMSNorm ops with the residual (+res mxfp4 140.7 -> 135.0 us, +res fp8_1x128 152.5 -> 147.4),
-# rmsnorm + mxfp4 (61.3 -> 58.5) and + fp8_tensor (71.1 -> 70.1), and flatten (mxfp4
-# 56.8 -> 55.3, fp8_1x128 66.0 -> 65.5); off for rmsnorm + fp8_row and + fp8_1x128 without it
-# (ptxas then takes 120 / 100 registers instead of 72: 65.9 -> 72.0 and 69.6 -> 75.6 us), the
-# MoE rows (36.6 -> 37.6) and the unfused y kernel (not measured).
-FULL_ROWS = int(os.environ.get("NQDQ_FUSED_FULL_ROWS", "-1"))
-ROWS_BF16 = _switch("ROWS_BF16")
-FLAT_STEP = _switch("FLAT_STEP")
-RES_CVT = _switch("RES_CVT")
-PREFETCH = int(os.environ.get("NQDQ_FUSED_PREFETCH", "-1"))
-PREFETCH_TENSOR = 264  # rows ahead (2 x the H100's 132 SMs; measured there only)
+# The row kernel's choices, each the winner of an H100 A/B (bf16 [8192, 7168]; docs/design/fused.md):
+# - the new bfloat16 residual x + r by cvt.rn.bf16x2.f32, two elements an instruction, its NaN
+#   halves (0x7FFF) made the spec's canonical 0x7FC0 branch-free (add_res_cvt): rmsnorm + res +
+#   mxfp4 158.5 -> 148.0 us;
+# - flatten / MoE rows of bfloat16 into MX e2m1 on the loaded words (words_path: word_amax16,
+#   e2m1_unit_bf16, no float32 unpacking): flatten + mxfp4 60.8 -> 57.0 us, MoE 209.9 -> 200.5;
+# - normalize's y = fl(a * r_hi) + fl(a * r_lo) as fma(a, r_hi, fl(a * r_lo)) (a * r_hi is exact:
+#   reference/fused.normalize; the PTX audit accepts exactly this fma): rmsnorm + fp8_1x128 75.9
+#   -> 74.6 us, + mxfp4 83.9 -> 81.7;
+# - 1x128 / MX-32 group scales (float scales and MX "rceil", not the words' path) computed once
+#   per group, not once per lane of it (_share_source): rmsnorm + fp8_1x128 74.7 -> 72.6 us,
+#   + mxfp4 79.6 -> 69.2;
+# - the RMSNorm ops' unit amax of y by max.NaN.f32 of |.| (unit_amax_nan: 0x7FFFFFFF for a unit
+#   holding a NaN, above +inf like the NaN's own bits, which is all any consumer asks):
+#   rmsnorm + mxfp4 69.1 -> 66.0 us, + fp8_row 70.0 -> 66.7;
+# - MX "rceil" e2m1 of y by e2m1_unit_f32_p2 (y rounded to odd into bfloat16 pairs, one
+#   bfloat16 multiply by 2^-k a pair): rmsnorm + mxfp4 64.5 -> 62.0 us;
+# - the row's 1/sqrt (rsqrt_mean, about 150 SASS instructions) by warp 0 alone, passed on after
+#   a second barrier, for MX outputs only (row_rsqrt): rmsnorm + mxfp4 65.6 -> 64.5 us,
+#   + fp8_row 66.6 -> 69.9 (its row amax already waits at a second barrier);
+# - FULL kernels where the row fills the block's units, per op (full_rows);
+# - the L2 prefetch of row + PREFETCH_TENSOR for the static per-tensor output only
+#   (prefetch_distance).
+# Measured and dropped: the weights loaded before the row's reduction (+28 registers: rmsnorm +
+# fp8_row 87.1 -> 90.1 us), a launch bound of 5 blocks an SM (no gain), MX e2m1 of y by the
+# clamped pair encoder for every MX scale rounding (97.2 vs 96.8 us: no gain) and the strided
+# flatten's unit indices stepped per thread (57.4 vs 57.0 us: no gain).
+PREFETCH_TENSOR = 264  # rows ahead (2 x the H100's 132 SMs): 86.9 -> 79.7 us; 528 and 1056 rows slower
 
 
-def prefetch_distance(pf, op, out, has_res):
-    """Rows ahead that an op's blocks prefetch (0: none) for the switch value ``pf``: >= 0 for
-    every op the prefetch is built for (RMSNorm without the residual), -1 per op."""
-    if op != OP_NORM or has_res:
-        return 0
-    if pf >= 0:
-        return pf
-    return PREFETCH_TENSOR if out == OUT_TENSOR else 0
+def prefetch_distance(op, out, has_res):
+    """Rows ahead that an op's blocks prefetch into L2 (0: none): PREFETCH_TENSOR for RMSNorm
+    into the static per-tensor output without the residual, the one op it made faster (it made
+    fp8_row, fp8_1x128 and mxfp4 slower; with the residual the +res mxfp4 kernel went from 96 to
+    133 registers)."""
+    return PREFETCH_TENSOR if op == OP_NORM and not has_res and out == OUT_TENSOR else 0
 
 
 def full_rows(op, out, has_res) -> bool:
-    """Whether an op's kernel is built FULL where its rows fill the units (FULL_ROWS)."""
-    if FULL_ROWS >= 0:
-        return FULL_ROWS == 1
+    """Whether an op's kernel is built FULL (fast = 2: no unit tested against the row's end)
+    where its rows fill the units (n = NT * U * 8, aligned: hidden 7168 in 4 warps x 7 units,
+    4096, 8192, ...): flatten and the RMSNorm ops with the residual (+res mxfp4 140.7 -> 135.0 us,
+    +res fp8_1x128 152.5 -> 147.4), rmsnorm + mxfp4 (61.3 -> 58.5) and + fp8_tensor (71.1 ->
+    70.1); not rmsnorm + fp8_row / fp8_1x128 without it (ptxas then takes 120 / 100 registers
+    instead of 72: 65.9 -> 72.0 and 69.6 -> 75.6 us), the MoE rows (36.6 -> 37.6) nor the
+    unfused y kernel."""
     if op == OP_ROWS:
         return True
     return op == OP_NORM and out != OUT_Y and (has_res or out in (OUT_MX, OUT_TENSOR))
 
 
-def switches():
-    """The build switches' current values (fused_row_kernel's ``sw``)."""
-    return (W_EARLY, MIN_BLOCKS, MX_Y_PAIRS, ROWS_BF16, RES_CVT, PREFETCH, NORM_FMA, GROUP_SHARE, AMAX_NAN,
-            RSQRT_WARP0, MX_RC, FULL_ROWS)
-
-
-def _min_blocks(NT, res, min_blocks=None):
-    """Blocks per SM the kernel's launch bound asks ptxas to fit (0: none). NQDQ_FUSED_MIN_BLOCKS=
-    "policy" (not the default: no gain measured) gives about 640 threads per SM
-    (5 blocks of the 4-warp layout of hidden 7168, whose rmsnorm + fp8_row kernel takes 111
-    registers, 128 with W_EARLY, i.e. 4 blocks, with the thread bound alone); none for blocks above 320
-    threads, nor with the residual (its kernels would spill at 96 registers), nor for float32 /
-    float16 x (float32 words or the float16 decode take 160-255 registers: ``res`` is True
-    for them too)."""
-    mbk = MIN_BLOCKS if min_blocks is None else min_blocks
-    if mbk != "policy":
-        return int(mbk)
-    return 640 // NT if NT <= 320 and not res else 0
-
-
 def _share_source(U, LL, NT, recip, full=False):
-    """GROUP_SHARE's statements (kernel source) after the units' amaxes v0 .. v{U-1} (int32
-    bits, 0 for a unit past the row): the transposed butterfly over the group's LL lanes, the
-    groups' parameters where they end up, their multipliers back to the units' lanes, the
-    codes. With P = U rounded up to a power of two (padding amaxes 0), each of the first
-    s = min(log2 P, log2 LL) steps at offset LL / 2, LL / 4, ... splits a lane's values in two
-    halves, keeps the half that the lane's bit of the offset names (the upper one where it is
-    set), sends the other to its partner and takes the partner's maxima into the kept half; the
-    remaining offsets are plain butterfly steps of the one value left. Lane l then holds the
-    group amax of the units j = jbase(l) + i, i < c = P >> s, where bit k of l's offset bits
-    gives bit (log2 P - 1 - k) of jbase; of the LL >> s lanes holding the same j, the one whose
-    other bits are 0 stores the scale. ``recip``: float scales (the reciprocals go back too).
-    ``full``: every group of the lanes' units is in the row (the kernel's FULL)."""
+    """The statements (kernel source) of the group parameters once per group (GSHARE) after the
+    units' amaxes v0 .. v{U-1} (int32 bits, 0 for a unit past the row): the transposed butterfly
+    over the group's LL lanes, the groups' parameters where they end up, their multipliers back
+    to the units' lanes, the codes. With P = U rounded up to a power of two (padding amaxes 0),
+    each of the first s = min(log2 P, log2 LL) steps at offset LL / 2, LL / 4, ... splits a
+    lane's values in two halves, keeps the half that the lane's bit of the offset names (the
+    upper one where it is set), sends the other to its partner and takes the partner's maxima
+    into the kept half; the remaining offsets are plain butterfly steps of the one value left.
+    Lane l then holds the group amax of the units j = jbase(l) + i, i < c = P >> s, where bit k
+    of l's offset bits gives bit (log2 P - 1 - k) of jbase; of the LL >> s lanes holding the
+    same j, the one whose other bits are 0 stores the scale. ``recip``: float scales (the
+    reciprocals go back too). ``full``: every group of the lanes' units is in the row (the
+    kernel's FULL)."""
     P = 1 << max(U - 1, 0).bit_length()
     LG, PG = LL.bit_length() - 1, P.bit_length() - 1
     S = min(PG, LG)
@@ -387,11 +304,10 @@ MOE_SCATTER_MAX_K = 8  # OP_SCATTER's rows per token (top-k): held in registers,
 MOE_STAGE_MAX = 16  # OP_SCATTER's staged tokens a block (shared memory: 5 bytes a unit and token)
 
 
-def words_path(op, out, kind, fast, fmt, rows_bf16=None) -> bool:
-    """Whether rows of bfloat16 words go straight into MX e2m1 (ROWS_BF16: flatten and the
-    MoE sort, no norm; aligned units): the only path OP_SCATTER is built for."""
-    rows_bf16 = ROWS_BF16 if rows_bf16 is None else rows_bf16
-    return bool(rows_bf16 and op != OP_NORM and kind == KIND_BF16 and fast and out == OUT_MX and fmt[5] == 4
+def words_path(op, out, kind, fast, fmt) -> bool:
+    """Whether rows of bfloat16 words go straight into MX e2m1 (flatten and the MoE sort, no
+    norm; aligned units): the only path OP_SCATTER is built for."""
+    return bool(op != OP_NORM and kind == KIND_BF16 and fast and out == OUT_MX and fmt[5] == 4
                 and is_e2m1(fmt))
 
 
@@ -556,31 +472,28 @@ def _scatter_staged_source(U, NT, KD, S, LANES, LL, PIPE=0, RANK=0):
 
 
 @lru_cache(maxsize=None)
-def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, mx_cfg, max_elem, G, shfl, sw=None,
-                     KD=0, STAGE=0, LANES=0, PIPE=0, RANK=0):
-    """The kernel for one configuration (every argument a compile-time constant): ``op``
-    OP_*, ``out`` OUT_*, input / weight kinds, NW warps x U units per thread (the spec's
-    geometry), ``fast`` (16-byte aligned units: vector loads and stores; 2: and n = NT * U * 8,
-    every lane's units in the row: FULL_ROWS), ``strided`` (a
-    [B, H, D] view; 2: with FLAT_STEP's stepped indices, D / 8 dividing NT), ``fmt`` /
-    ``mx_cfg`` / ``max_elem`` as in kernels.quantize, G the scale group (128 or 32; 0 otherwise),
-    ``shfl`` (warp shuffles; False: their simulator twins).
-    Arguments: see _KERNEL_ARGS (flat arrays; sb the row stride of x in elements; pf the L2
-    prefetch distance in rows, 0: none; m the rows, OP_SCATTER's tokens). ``sw``: switches()
-    (None: their values now). ``KD``: OP_SCATTER's rows per token (k of the MoE sort,
+def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, mx_cfg, max_elem, G, shfl, KD=0,
+                     STAGE=0, LANES=0, PIPE=0, RANK=0):
+    """The kernel for one configuration (every argument a compile-time constant): ``op`` OP_*,
+    ``out`` OUT_*, input / weight kinds, NW warps x U units per thread (the spec's geometry),
+    ``fast`` (16-byte aligned units: vector loads and stores; 2: and n = NT * U * 8, every
+    lane's units in the row: full_rows), ``strided`` (a [B, H, D] view), ``fmt`` / ``mx_cfg`` /
+    ``max_elem`` as in kernels.quantize, G the scale group (128 or 32; 0 otherwise), ``shfl``
+    (warp shuffles; False: their simulator twins). Arguments: see _KERNEL_ARGS (flat arrays; sb
+    the row stride of x in elements; pf the L2 prefetch distance in rows, 0: none; m the rows,
+    OP_SCATTER's tokens). ``KD``: OP_SCATTER's rows per token (k of the MoE sort,
     1..MOE_SCATTER_MAX_K). ``STAGE``: OP_SCATTER's tokens a block encodes into shared memory
-    before it waits for the sort (0: one block per token; see _scatter_staged_source); ``LANES``:
-    with STAGE, each lane's units contiguous (its whole scale groups; rows of whole quads of
-    units, n % 32 == 0: 16-byte stores); ``PIPE``: with STAGE, each round's stores overlap the
-    next round's loads (_scatter_staged_source); ``RANK``: with STAGE, RANK_PACKED: the rows
-    from moe_rank_kernel's packed ranks (in ``perm``) and chunk bases (``cbase``, ``nbk``
-    buckets a chunk, chunks of 2^``csh`` pairs), the op's perm stored to ``pout``; RANK_LOCAL:
-    no sort before it, the rows found by each block from the ids (in ``perm``; ``nbk`` = E + 1,
-    ``csh`` the tokens a block), the op's perm to ``pout``, its offsets to ``cbase``."""
-    (w_early, min_blocks, mx_y_pairs, rows_bf16, res_cvt, pf_sw, norm_fma, gshare, amax_nan,
-     rsqrt_warp0, mx_rc, _full_rows) = switches() if sw is None else sw
-    RSQ0 = rsqrt_warp0 == 1 or (rsqrt_warp0 == -1 and out == OUT_MX)  # the row's 1/sqrt by warp 0
-    pf_code = prefetch_distance(pf_sw, op, out, has_res) > 0
+    before it waits for the sort (0: one block per token; see _scatter_staged_source);
+    ``LANES``: with STAGE, each lane's units contiguous (its whole scale groups; rows of whole
+    quads of units, n % 32 == 0: 16-byte stores); ``PIPE``: with STAGE, each round's stores
+    overlap the next round's loads (_scatter_staged_source); ``RANK``: with STAGE, RANK_PACKED:
+    the rows from moe_rank_kernel's packed ranks (in ``perm``) and chunk bases (``cbase``,
+    ``nbk`` buckets a chunk, chunks of 2^``csh`` pairs), the op's perm stored to ``pout``;
+    RANK_LOCAL: no sort before it, the rows found by each block from the ids (in ``perm``;
+    ``nbk`` = E + 1, ``csh`` the tokens a block), the op's perm to ``pout``, its offsets to
+    ``cbase``."""
+    RSQ0 = out == OUT_MX  # the row's 1/sqrt by warp 0
+    pf_code = prefetch_distance(op, out, has_res) > 0
     NT = WARP * NW
     NORM = op == OP_NORM
     RES = has_res and NORM
@@ -598,14 +511,10 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     LL = G // UNIT  # lanes per scale group
     LLSH = max(LL, 1).bit_length() - 1  # log2(LL)
     MXRC = MODE == MODE_MX and MXR == MX_RCEIL
-    BF16X = kind == KIND_BF16 and wkind != KIND_F32  # the layouts W_EARLY and _min_blocks were measured on
-    WE = w_early and BF16X
-    # MX e2m1 of y by e2m1_unit_f32_p2 (the multiplier in the bfloat16 pairs): MX_RC for "rceil"
-    # groups (no clamp), MX_Y_PAIRS for any (clamped to 6)
-    MXRC_PAIRS = MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and MXR == MX_RCEIL and mx_rc
-    MXE2M1 = MXRC_PAIRS or (MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and mx_y_pairs)
-    # rows of bfloat16 words straight into MX e2m1 (flatten, MoE: no norm): ROWS_BF16
-    WPAIRS = words_path(op, out, kind, fast, fmt, rows_bf16)
+    # MX "rceil" e2m1 of y by e2m1_unit_f32_p2 (the multiplier in the bfloat16 pairs)
+    MXE2M1 = MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and MXR == MX_RCEIL
+    # rows of bfloat16 words straight into MX e2m1 (flatten, MoE: no norm)
+    WPAIRS = words_path(op, out, kind, fast, fmt)
     if op == OP_SCATTER and not (WPAIRS and 1 <= KD <= MOE_SCATTER_MAX_K):
         raise ValueError(f"OP_SCATTER is built for the bfloat16 words' MX e2m1 path (words_path) and 1 <= k <= "
                          f"{MOE_SCATTER_MAX_K} rows a token, not k = {KD}")
@@ -620,14 +529,14 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     # e2m1_unit_bf16 clamps to 6: "floor" / "even" scales can leave |x| / 2^k up to 8, and so can
     # "rceil" blocks above 6 * 2^125, whose exponent is capped (reference scales.mx_top_code)
     CLAMP = True
-    RCVT = res_cvt and RES and kind == KIND_BF16 and fast  # the residual by cvt.rn.bf16x2.f32
-    STEP = strided == 2 and fast  # FLAT_STEP: D / 8 divides NT (the launcher's test)
+    RCVT = RES and kind == KIND_BF16 and fast  # the residual by cvt.rn.bf16x2.f32
     # the L2 prefetch of row + pf: contiguous rows, RMSNorm without the residual (prefetch_distance;
     # with the residual the +res mxfp4 kernel went from 96 to 133 registers)
     PF = pf_code and fast and not strided
-    # GROUP_SHARE: group outputs but the words' pair path, with the scales whose parameters
-    # tell a non-finite amax by a NaN multiplier (float scales; MX "rceil": code 0xFF)
-    GSHARE = gshare and out in (OUT_GROUP, OUT_MX) and not WPAIRS and (MODE == MODE_FLOAT or MXRC)
+    # group parameters once per group (_share_source): group outputs but the words' pair path, with
+    # the scales whose parameters tell a non-finite amax by a NaN multiplier (float scales; MX
+    # "rceil": code 0xFF)
+    GSHARE = out in (OUT_GROUP, OUT_MX) and not WPAIRS and (MODE == MODE_FLOAT or MXRC)
     # FULL (fast == 2, the launcher's: n = NT * U * 8): every lane's U units are in the row,
     # so no unit is tested against the row's end (nor predicated: the loads' addresses and
     # zeroed registers per unit go too)
@@ -763,7 +672,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     @devfn
     def row_rsqrt(s, tid, scratch64, red, rr, nf, eps):
         """(r1, r2) = row_r of the row's sum of squares from the thread's sum ``s``: by every
-        thread, or (RSQRT_WARP0, more than one warp) by thread 0, whose result the others read
+        thread, or (RSQ0: MX outputs, more than one warp) by thread 0, whose result the others read
         from ``rr`` after a second barrier."""
         warp_sums(s, tid, scratch64, red)
         if not (RSQ0 and NW > 1):
@@ -795,10 +704,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         wv = bits_f32(we)
         if RSPLIT:
             a = h * wv
-            if norm_fma:  # a * r_hi is exact: the fma rounds once, as the sum of the two products
-                y = cuda.fma(a, r_hi, mul_rn(a, r_lo))
-            else:
-                y = mul_rn(a, r_hi) + mul_rn(a, r_lo)  # mul_rn: no FMA
+            # a * r_hi is exact: the fma rounds once, as the sum of the two products would
+            y = cuda.fma(a, r_hi, mul_rn(a, r_lo))
         else:
             if PEXACT:
                 p = h * wv
@@ -875,8 +782,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
 
     @devfn
     def amax_y(y):
-        """A unit's amax bits (unit_amax; AMAX_NAN: unit_amax_nan for RMSNorm's y)."""
-        if amax_nan and NORM:
+        """A unit's amax bits (unit_amax; unit_amax_nan for RMSNorm's y)."""
+        if NORM:
             return unit_amax_nan(y)
         return unit_amax(y, UNIT)
 
@@ -1108,26 +1015,13 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     if PF:  # the lines of row + pf into L2 (a hint: no value depends on it), before the row's own loads
         L += ["    if pf > 0 and row + pf < cuda.gridDim.x:",
               "        prefetch_rows(x32, row + pf, tid, nunits, sb)"]
-    if STEP:  # unit j of the thread: head h0 + j * NT / (D / 8), the same place in it: index q0 + j * ks
-        # ((t * dm) >> 32 = t // (D / 8) for t <= NT: _loader's rule)
-        L += ["    h0 = (ut * dm) >> 32",
-              "    q0 = ((base + h0 * sh) >> 3) + (ut - h0 * np.int64(D >> 3))",
-              f"    ks = ((np.int64({NT}) * dm) >> 32) * (sh >> 3)"]
-        L += [f"    a{j}, b{j} = load_q(x, x32, q0 + {j} * ks, u{j}, nunits, base, n, sh, D, dm)" for j in J]
-    else:
-        L += [f"    a{j}, b{j} = load_x(x, x32, tx + {j * NT}, u{j}, nunits, base, n, sh, D, dm)" for j in J]
+    L += [f"    a{j}, b{j} = load_x(x, x32, tx + {j * NT}, u{j}, nunits, base, n, sh, D, dm)" for j in J]
     if RES:
         L += [f"    a{j}, b{j} = add_res(a{j}, b{j}, res, r32, newres, nr32, rbase, tu + {j * NT}, u{j}, nunits, n)"
               for j in J]
     if NORM:
         L += ["    s = unit_sq(a0, b0)"]
         L += [f"    s = s + unit_sq(a{j}, b{j})" for j in range(1, U)]
-        # the weights' loads go out before the row's reduction (shuffles, barrier, 1/sqrt),
-        # which hides their latency (W_EARLY; else right before each unit's use). Only for
-        # bfloat16 x and 16-bit weights: float32 weights' words (8 a unit) held through the sum
-        # took a float32 kernel from 89 to 189 registers
-        if WE:
-            L += [f"    wa{j}, wb{j} = load_w(w, w32, ut + {j * NT}, u{j}, nunits, 0, n, n, n, 0)" for j in J]
         L += ["    rr = cuda.shared.array(2, float32)",
               "    r1, r2 = row_rsqrt(s, tid, scratch64, red, rr, F32(n), eps)"]
         if RSPLIT:
@@ -1170,7 +1064,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
             use = ("    group_unit{w}(y{j}, u{j} < nunits, u{j}, row, n, pcols, sg + np.uint64({jNL}), tid, scratch, codes, c16, c32, "
                "scales, tu + {jNT})").replace("{w}", "_w" if WPAIRS else "")
     for j in J:
-        if NORM and not WE:
+        if NORM:  # (each unit's weights right before their use: held through the row's sum, they cost registers)
             L += [f"    wa{j}, wb{j} = load_w(w, w32, ut + {j * NT}, u{j}, nunits, 0, n, n, n, 0)"]
         L += ["    y{j} = {Y}".format(j=j, Y=Y.format(j=j, jNT=j * NT)), use.format(j=j, jNT=j * NT, jNL=j * NT // max(LL, 1))]
     if out == OUT_ROW:
@@ -1198,7 +1092,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                MXI=MXI, RMASK=RMASK, load_x=load_x, load_w=load_w, LLSH=LLSH,
                add_res=add_res, unit_sq=unit_sq, row_rsqrt=row_rsqrt, norm_unit=norm_unit, elems=elems, put_y=put_y,
                put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max, as_u32=as_u32,
-               as_u16=as_u16, group_unit_w=group_unit_w, prefetch_rows=prefetch_rows, load_q=load_r,
+               as_u16=as_u16, group_unit_w=group_unit_w, prefetch_rows=prefetch_rows,
                group_params_r=group_params_r, group_unit_ws=group_unit_ws, KD=KD, SHFL=shfl,
                griddep_wait=griddep_wait, amax_y=amax_y, STAGE=STAGE, SWN=max(STAGE * U * NT, 1),
                stage_unit=stage_unit, put_staged=put_staged, uint32=uint32, uint8=uint8, stage_group=stage_group,
@@ -1208,8 +1102,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     fn = glb["fused_rows"]
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most
     # rows: <= 64 registers a thread; ptxas spills rather than fail at launch)
-    mb = _min_blocks(NT, RES or not BF16X, min_blocks)
-    kern = cuda.jit(fn) if SIMULATOR else cuda.jit(fn, launch_bounds=(NT, mb) if mb else (NT,))
+    kern = cuda.jit(fn) if SIMULATOR else cuda.jit(fn, launch_bounds=(NT,))
     kern.source = src
     # what the PTX audit allows of float64 (its rule is none: a stray float literal would
     # promote float32 math): the sum of squares' conversions, one per element in (8 U) and

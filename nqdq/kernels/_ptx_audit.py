@@ -16,8 +16,8 @@ sm_90, and checks what exactness depends on:
   two of each division by a reciprocal (``_division.div_by_recip``: ``q0 = x * r``,
   ``e = fma(q0, s, -x)``, ``q = fma(-e, r, q0)``), which ``recip_div_fmas`` matches
   operand by operand, and the fused RMSNorm's ``fma.rn.f32 y, a, r_hi, t`` whose addend is
-  ``t = mul.rn.f32 a, r_lo`` of the same factor ``a`` (``split_product_fmas``: NORM_FMA, where
-  a * r_hi is exact by the spec, so the fma is the rounded sum of the two products); any other
+  ``t = mul.rn.f32 a, r_lo`` of the same factor ``a`` (``split_product_fmas``: the split
+  product of its normalisation, where a * r_hi is exact by the spec, so the fma is the rounded sum of the two products); any other
   ``fma.f32`` is a problem;
 * no flush-to-zero (``.ftz``) on any float instruction;
 * no atomic without a state space (a generic ``atom`` / ``red``: NVVM could not tell the
@@ -264,7 +264,7 @@ def recip_div_fmas(body):
 def split_product_fmas(body):
     """The fma.rn.f32 of ``body`` of the shape ``fma.rn.f32 y, a, b, t`` (or ``b, a``) with
     ``t`` defined by ``mul.rn.f32 t, a, c`` (either order): the fused RMSNorm's y = a * r_hi +
-    fl(a * r_lo) (NORM_FMA)."""
+    fl(a * r_lo) (the split product of _fused_rows' normalisation)."""
     defs, fmas = _defs_and_fmas(body)
     n = 0
     for op, _dst, args in fmas:

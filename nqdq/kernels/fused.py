@@ -233,8 +233,6 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     nbk, csh, rank = 1, 8, 0
     tokens = rows // max(1, int(moe[1])) if moe is not None else rows
 
-    # strided 2: FLAT_STEP's stepped unit indices, where D / 8 divides the block's threads
-    stepped = strided and fast and _fused_rows.FLAT_STEP and nt % (D // 8) == 0
     grid, kd, stage, lanes, pipe = rows, 0, 0, 0, 0
     if moe is not None and _scatter(op, mode, kind, fast, fmt, moe[1]):
         perm_a, kd = moe[0], int(moe[1])
@@ -260,16 +258,15 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     if moe is not None and len(moe) > 2 and not (rank and stage):
         raise RuntimeError("internal: moe_rank's ranks or the ids given, but the rows do not take the staged "
                            "OP_SCATTER kernel (rank_path / local_path and run_rows disagree)")
-    # fast 2: every lane's U units in the row (FULL_ROWS: no unit tested against the row's end)
+    # fast 2: every lane's U units in the row (full_rows: no unit tested against the row's end)
     full = _fused_rows.full_rows(op, mode, res is not None) and fast and n == 32 * nw * U * 8
-    kern = fused_row_kernel(op, mode, kind, wkind, nw, U, 2 if full else bool(fast), 2 if stepped else int(strided),
-                            res is not None, fmt, mx, float(maxe), G, SHFL_DEFAULT, _fused_rows.switches(), kd, stage,
-                            lanes, pipe, rank)
+    kern = fused_row_kernel(op, mode, kind, wkind, nw, U, 2 if full else bool(fast), strided, res is not None, fmt,
+                            mx, float(maxe), G, SHFL_DEFAULT, kd, stage, lanes, pipe, rank)
     # dm: the fast strided loader's u // (D / 8) as (u * dm) >> 32 (_fused_rows._loader)
     dm = (1 << 32) // max(D // 8, 1) + 1
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
             n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, dm,
-            _fused_rows.prefetch_distance(_fused_rows.PREFETCH, op, mode, res is not None), rows // max(kd, 1),
+            _fused_rows.prefetch_distance(op, mode, res is not None), rows // max(kd, 1),
             cbase_a, pout_a, nbk, csh)
     _launch(launches, kern, grid, 32 * nw, args)
     return dict(codes=codes, scales=scales, newres=newres, y=y, pcols=pcols, ngroups=ngroups, alloc=alloc, op=op)
@@ -593,9 +590,7 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
     scratch array and the launches of the general path (moe_rank or moe_sort, run_rows: the
     same kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
     is the op's [E + 1] (moe_sort's but its last entry). None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0,
-    no CuPy). ``switches``: (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, MOE_STAGE, MOE_STAGE_BLOCKS,
-    MOE_LANES, MOE_PIPE, MOE_RANK, MOE_RANK_MIN_PAIRS, MOE_LOCAL, MOE_LOCAL_MAX_PAIRS, MOE_CHECK,
-    _fused_rows.switches()), part of the cache key. With MOE_LOCAL (local_path) the call is
+    no CuPy). ``switches``: moe_switches(), part of the cache key. With MOE_LOCAL (local_path) the call is
     one launch, the rows kernel's, with no workspace. With MOE_PDL (OP_SCATTER rows, sm_90+)
     every launch after the first is its predecessor's programmatic dependent: the rows' loads
     overlap the sort. With MOE_RANK
@@ -712,9 +707,16 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
 
 # ----------------------------------------------------------------------------- the rows hot path
 def rows_switches() -> tuple:
-    """What run_rows reads of the build switches (part of the plans' and hot paths' keys, so
-    a benchmark's A/B of them is seen): _fused_rows.switches() and FLAT_STEP."""
-    return _fused_rows.switches(), _fused_rows.FLAT_STEP
+    """What run_rows reads of build switches (part of the plans' and hot paths' keys): none
+    are left."""
+    return ()
+
+
+def moe_switches() -> tuple:
+    """The MoE launcher's build switches (moe_plan's ``switches``, and the MoE hot path's
+    key), in one place."""
+    return (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, MOE_STAGE, MOE_STAGE_BLOCKS, MOE_LANES, MOE_PIPE, MOE_RANK,
+            MOE_RANK_MIN_PAIRS, MOE_LOCAL, MOE_LOCAL_MAX_PAIRS, MOE_CHECK)
 
 
 class RowsPlan:
@@ -791,7 +793,7 @@ def audit_launches():
     (``python -m nqdq.kernels.fused``: compiled for sm_90 without a GPU; the same rules as the
     quantize kernels: no f64, IEEE div/sqrt, no FMA, no ftz). The layout is hidden 7168's
     (4 warps x 7 units), the fast (aligned) variant unless labelled "slow", FULL (fast = 2: the
-    row fills the units) where FULL_ROWS is on, as the launcher builds it."""
+    row fills the units) where _fused_rows.full_rows says so, as the launcher builds it."""
     from ..schemes import resolve_scheme
 
     def args(kind, wkind, sdt):
@@ -827,20 +829,20 @@ def audit_launches():
     out.append(("moe gather mxfp4", k, args(1, 0, np.uint8)))
     k = fused_row_kernel(fused_kernels.OP_SCATTER, fused_kernels.OUT_MX, 1, 0, nw, u,
                          F(fused_kernels.OP_SCATTER, fused_kernels.OUT_MX, False), False, False,
-                         format_tuple(sch), _mx_cfg(sch), 6.0, 32, True, None, 4)
+                         format_tuple(sch), _mx_cfg(sch), 6.0, 32, True, 4)
     out.append(("moe scatter-rows mxfp4", k, args(1, 0, np.uint8)))
     # the staged form as the launcher builds it at hidden 7168 (MOE_UNITS: 7 warps x 4 units, lanes' groups)
     k = fused_row_kernel(fused_kernels.OP_SCATTER, fused_kernels.OUT_MX, 1, 0, 7, 4, True, False, False,
                          format_tuple(sch), _mx_cfg(sch),
-                         6.0, 32, True, None, 4, 4, 1)
+                         6.0, 32, True, 4, 4, 1)
     out.append(("moe scatter-rows staged mxfp4", k, args(1, 0, np.uint8)))
     k = fused_row_kernel(fused_kernels.OP_SCATTER, fused_kernels.OUT_MX, 1, 0, 7, 4, True, False, False,
                          format_tuple(sch), _mx_cfg(sch),
-                         6.0, 32, True, None, 4, 4, 1, 0, 1)
+                         6.0, 32, True, 4, 4, 1, 0, 1)
     out.append(("moe scatter-rows staged rank mxfp4", k, args(1, 0, np.uint8)))
     k = fused_row_kernel(fused_kernels.OP_SCATTER, fused_kernels.OUT_MX, 1, 0, 7, 4, True, False, False,
                          format_tuple(sch), _mx_cfg(sch),
-                         6.0, 32, True, None, 4, 8, 1, 0, _fused_rows.RANK_LOCAL)
+                         6.0, 32, True, 4, 8, 1, 0, _fused_rows.RANK_LOCAL)
     out.append(("moe scatter-rows staged local mxfp4", k, args(1, 0, np.uint8)))
     k = fused_row_kernel(fused_kernels.OP_ROWS, fused_kernels.OUT_GROUP, 1, 0, nw, u,
                          F(fused_kernels.OP_ROWS, fused_kernels.OUT_GROUP, False), True, False,
