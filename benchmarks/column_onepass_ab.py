@@ -10,16 +10,11 @@ Variants (each plan rebuilt; an old row twice shows drift):
   old   ``quantize.COLUMN_ONEPASS`` off (the two passes)
   new   on, P <= ``_column_kernels.ONEPASS_P_MAX`` (64) chunks per stripe
   p128  on, ``quantize.COLUMN_ONEPASS_P_MAX`` = 128 (wider stripes for tall inputs)
-  nt128, nt64p128pf0, ...  on, blocks of 128 / 64 / 256 threads (``_column_kernels.ONEPASS_THREADS``,
-        ``ONEPASS_MIN_BLOCKS`` = 512 / threads), P at most 64 or 128, L2 prefetch 1 (default),
-        0 or 2 resident grids ahead (``ONEPASS_PREFETCH``), the one-block-per-item kernel
-  pipe256, pipe128p128, ...  the pipelined kernel (``ONEPASS_PIPE``: persistent blocks, each
-        loading its next item while it waits on and encodes the current one)
-  ring, ring256-8-3-1, ring256-16-3-1-b1-a ...  the shared-memory ring (``quantize.COLUMN_RING``,
+  nt128, nt64p128, ...  on, blocks of 256 / 128 / 64 threads (``_column_kernels.ONEPASS_THREADS``,
+        ``ONEPASS_MIN_BLOCKS`` = 512 / threads), P at most 64 or 128
+  ring, ring256-8-3-1, ring256-16-3-1-b1 ...  the shared-memory ring (``quantize.COLUMN_RING``,
         ``_column_ring``): threads, units a thread, slots, lag (NT-U-D-L; bare "ring": the
-        module's defaults), then -bB: B blocks an SM, -a: counters and amaxes read by atomics,
-        -w: the wait path on every item, -nw: a whole item's units encoded one branch each
-        (RING_WHOLE off)
+        module's defaults), then -bB: B blocks an SM, -w: the wait path on every item
 The variants above run with the ring off.
 Every variant's codes and scales of one input set are compared bit for bit with the first
 variant's (the whole tensor), and with ``--ref`` the first variant's with the NumPy
@@ -44,18 +39,12 @@ SETTINGS = {
     "p128": dict(COLUMN_ONEPASS=True, COLUMN_ONEPASS_P_MAX=128),
 }
 _RING_DEFAULTS = {}
-# block sizes / P / prefetch: ``nt128``, ``nt64p128pf0`` ...: _column_kernels.ONEPASS_THREADS =
-# 256 / 128 / 64 with ONEPASS_MIN_BLOCKS = 512 / threads (128 registers a thread), P_MAX 64 or
-# (p128) 128, ONEPASS_PREFETCH 1 or (pf0, pf2) 0 / 2 resident grids ahead
+# block sizes / P: ``nt128``, ``nt64p128`` ...: _column_kernels.ONEPASS_THREADS = 256 / 128 / 64
+# with ONEPASS_MIN_BLOCKS = 512 / threads (128 registers a thread), P_MAX 64 or (p128) 128
 for _nt in (256, 128, 64):
     for _p in (None, 128):
-        for _pf in (1, 0, 2):
-            SETTINGS[f"nt{_nt}{'p128' if _p else ''}{'' if _pf == 1 else f'pf{_pf}'}"] = dict(
-                COLUMN_ONEPASS=True, COLUMN_ONEPASS_P_MAX=_p, ONEPASS_THREADS=_nt, ONEPASS_MIN_BLOCKS=512 // _nt,
-                ONEPASS_PREFETCH=float(_pf), ONEPASS_PIPE=False)  # fmt: skip
-    # pipelined (persistent blocks, two items of ONEPASS_PIPE_UNITS units in registers)
-    SETTINGS[f"pipe{_nt}"] = dict(SETTINGS[f"nt{_nt}pf0"], ONEPASS_PIPE=True)
-    SETTINGS[f"pipe{_nt}p128"] = dict(SETTINGS[f"nt{_nt}p128pf0"], ONEPASS_PIPE=True)
+        SETTINGS[f"nt{_nt}{'p128' if _p else ''}"] = dict(
+            COLUMN_ONEPASS=True, COLUMN_ONEPASS_P_MAX=_p, ONEPASS_THREADS=_nt, ONEPASS_MIN_BLOCKS=512 // _nt)
 
 
 _BUILT = {}
@@ -83,21 +72,16 @@ def set_variant(tag):
         _RING_DEFAULTS.update(RING_THREADS=column_ring.RING_THREADS, RING_UNITS=column_ring.RING_UNITS,
                               RING_SLOTS=column_ring.RING_SLOTS,
                               RING_LAG=column_ring.RING_LAG, RING_BLOCKS_PER_SM=column_ring.RING_BLOCKS_PER_SM,
-                              RING_RELAXED=column_ring.RING_RELAXED, RING_FORCE_WAIT=False,
-                              RING_WHOLE=column_ring.RING_WHOLE)  # fmt: skip
+                              RING_FORCE_WAIT=False)  # fmt: skip
     if tag.startswith("ring"):
-        settings = dict(SETTINGS["pipe256"], COLUMN_RING=True, **_RING_DEFAULTS)
-        if tag != "ring":  # ringNT-U-D-L, then optionally -bB (blocks an SM) and -a (atomic reads)
+        settings = dict(SETTINGS["nt256"], COLUMN_RING=True, **_RING_DEFAULTS)
+        if tag != "ring":  # ringNT-U-D-L, then optionally -bB (blocks an SM) and -w (the wait path)
             parts = tag[4:].split("-")
             nt, u, d, lag = (int(v) for v in parts[:4])
             settings.update(RING_THREADS=nt, RING_UNITS=u, RING_SLOTS=d, RING_LAG=lag)
             for p in parts[4:]:
-                if p == "nw":  # per-unit branches in whole items too
-                    settings["RING_WHOLE"] = False
-                elif p.startswith("b"):
+                if p.startswith("b"):
                     settings["RING_BLOCKS_PER_SM"] = int(p[1:])
-                elif p == "a":
-                    settings["RING_RELAXED"] = False
                 elif p == "w":
                     settings["RING_FORCE_WAIT"] = True
     else:

@@ -1,16 +1,14 @@
-"""Old and new MXFP6 / NVFP4 paths side by side in one process: device time (peers.py's
-method and table) and host time per call (launch_overhead.py's quantize rows).
+"""Old and new NVFP4 paths side by side in one process: device time (peers.py's method and
+table) and host time per call (launch_overhead.py's quantize rows).
 
-    python3 benchmarks/mx_ab.py peers --no-compile --sizes 8192x8192,16384x7168 --schemes nvfp4,mxfp6_e3m2
-    python3 benchmarks/mx_ab.py host --schemes nvfp4,mxfp6_e3m2 [--rows 64 --cols 7168 --calls 1000]
+    python3 benchmarks/mx_ab.py peers --no-compile --sizes 8192x8192,16384x7168 --schemes nvfp4
+    python3 benchmarks/mx_ab.py host --schemes nvfp4 [--rows 64 --cols 7168 --calls 1000]
 
-"old": ``_rowwise_kernels.FP6_PAIRS`` and ``quantize.NVFP4_SENC_IN_GROUPS`` off (fp6 by the
-element encoder; NVFP4 in three launches: tensor_amax -> finalize -> lastaxis_groups);
-"new": both on (fp6 by bfloat16 pairs; NVFP4 in two launches at every size -- the size bound
-NVFP4_SENC_MAX_UNITS lifted --, S_enc computed in the group kernel; nvfp4 also with at most
-PARTS amax partials). Each scheme is timed old, new, old, so that drift shows; plans and group kernels
-are rebuilt at each switch (the switches are read when a kernel is built). Every row keeps
-the checks its script makes against the NumPy reference.
+"old": ``quantize.NVFP4_SENC_IN_GROUPS`` off (NVFP4 in three launches: tensor_amax ->
+finalize -> lastaxis_groups); "new": on (NVFP4 in two launches at every size -- the size bound
+NVFP4_SENC_MAX_UNITS lifted --, S_enc computed in the group kernel; also with at most PARTS
+amax partials). Each scheme is timed old, new, old, so that drift shows; plans are rebuilt at
+each switch. Every row keeps the checks its script makes against the NumPy reference.
 """
 
 from __future__ import annotations
@@ -26,26 +24,10 @@ ORDER = (False, True, False)
 PARTS = 264  # a second "new" row for nvfp4 with at most this many amax partials (2 per H100 SM)
 
 
-_GROUP_KERNELS = {}
-
-
 def set_new(on: bool, parts=1024):
     import nqdq.api
-    import nqdq.kernels._rowwise_kernels as rowwise_kernels
     import nqdq.kernels.quantize as KQ
 
-    if not _GROUP_KERNELS:  # one compiled group kernel per (switch, arguments): no recompiling at each switch
-        base = rowwise_kernels.make_lastaxis_group_kernel.__wrapped__
-
-        def group_kernel(*a, **k):
-            key = (rowwise_kernels.FP6_PAIRS, a, tuple(sorted(k.items())))
-            if key not in _GROUP_KERNELS:
-                _GROUP_KERNELS[key] = base(*a, **k)
-            return _GROUP_KERNELS[key]
-
-        _GROUP_KERNELS["installed"] = True
-        rowwise_kernels.make_lastaxis_group_kernel = group_kernel
-    rowwise_kernels.FP6_PAIRS = on
     KQ.NVFP4_SENC_IN_GROUPS = on
     KQ.NVFP4_SENC_MAX_UNITS = 1 << 40 if on else KQ.DEEP_UNITS  # "new": two launches at every size
     KQ.NVFP4_PARTS_MAX = parts
@@ -101,7 +83,7 @@ def host_main(argv):
     import launch_overhead as LO
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--schemes", default="nvfp4,mxfp6_e3m2")
+    ap.add_argument("--schemes", default="nvfp4")
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--cols", type=int, default=7168)
     ap.add_argument("--calls", type=int, default=1000)

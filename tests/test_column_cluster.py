@@ -118,19 +118,6 @@ def test_cluster_exact(cluster, name, kw, shape, dtype):
     check(x, sch, x_ref=x.astype(np.float32))
 
 
-def test_cluster_pull_exact(cluster):
-    """The pull exchange (CLUSTER_PUSH off: each block's words read by ld.shared::cluster
-    between cluster barriers), bit for bit."""
-    cluster.setattr(column_cluster, "CLUSTER_PUSH", False)
-    sch = resolve_scheme("int8_column")
-    x = _column_data((13, 256), seed=4).astype(ml_dtypes.bfloat16)
-    plan = kq.get_plan(x.shape, 1, sch)  # (kind 1: bfloat16)
-    ((k, _, _, _),) = plan.launches
-    fn = getattr(k, "py_func", k)
-    assert fn.__name__ == "column_cluster" and fn.__globals__["PUSH"] is False
-    check(x, sch, x_ref=x.astype(np.float32))
-
-
 @pytest.mark.parametrize("units, reg_units, shape", [(2, 1, (13, 200)), (3, 3, (21, 200)), (3, 1, (19, 72))])
 def test_cluster_register_units_exact(cluster, units, reg_units, shape):
     """Units held in registers beside the shared slots (UR of a thread's U units),
@@ -152,43 +139,34 @@ def test_cluster_register_units_exact(cluster, units, reg_units, shape):
 def test_cluster_units_template():
     """The kernel template's unit tokens at U = 16 (two-digit units: SLOT1 is not a prefix
     of SLOT10): units 0 .. 5 staged by cp.async and read from their slots, 6 .. 15 loaded
-    into registers w6 .. w15 and used by name, no token left."""
+    into registers w6 .. w15 and used by name, no token left; the aligned loads with the
+    .L2::256B prefetch size."""
     src = column_cluster._units(_expand(column_cluster._SRC, 16), 16, 6)
     assert not re.search(r"LOAD_A|LOAD_U|SLOT", src)
-    staged = sorted(int(i) for i in re.findall(r"cp_async_unit\(ring, sb, \(t \+ (\d+) \* NT\)", src))
-    assert staged == list(range(6))
-    for aligned in ("True", "False"):
-        regs = re.findall(rf"w(\d+) = load_unit\(x, x32, {aligned}, g \+ (\d+) \* ustep, (\d+) < nv", src)
-        assert regs == [(str(i),) * 3 for i in range(6, 16)]
+    staged = sorted(int(i) for i in re.findall(r"cp_async_unit_l2_256\(ring, sb, \(t \+ (\d+) \* NT\)", src))
+    assert staged == list(range(6)) and "cp_async_unit(" not in src
+    regs = re.findall(r"w(\d+) = load_unit_l2_256\(x32, g \+ (\d+) \* ustep, (\d+) < nv\)", src)
+    assert regs == [(str(i),) * 3 for i in range(6, 16)]
+    regs = re.findall(r"w(\d+) = load_unit\(x, x32, False, g \+ (\d+) \* ustep, (\d+) < nv", src)
+    assert regs == [(str(i),) * 3 for i in range(6, 16)] and "load_unit(x, x32, True" not in src
     words = re.findall(r"word_max\(m, (.+?), kind\)", src)
     slots = [f"ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4)" for i in range(6)]
     assert words == slots + [f"w{i}" for i in range(6, 16)]
     with pytest.raises(AssertionError):  # a unit the thread does not have
         column_cluster._units("SLOT16,", 16, 6)
-    # with the .L2::256B prefetch size: the aligned loads only
-    wide = column_cluster._units(_expand(column_cluster._SRC, 16), 16, 6, True)
-    staged = sorted(int(i) for i in re.findall(r"cp_async_unit_l2_256\(ring, sb, \(t \+ (\d+) \* NT\)", wide))
-    assert staged == list(range(6)) and "cp_async_unit(" not in wide
-    regs = re.findall(r"w(\d+) = load_unit_l2_256\(x32, g \+ (\d+) \* ustep, (\d+) < nv\)", wide)
-    assert regs == [(str(i),) * 3 for i in range(6, 16)]
-    regs = re.findall(r"w(\d+) = load_unit\(x, x32, False, g \+ (\d+) \* ustep, (\d+) < nv", wide)
-    assert regs == [(str(i),) * 3 for i in range(6, 16)] and "load_unit(x, x32, True" not in wide
 
 
-@pytest.mark.parametrize("l2", [True, False])
-def test_cluster_l2_prefetch_switch(cluster, l2):
-    """CLUSTER_L2_256 (the aligned loads with the .L2::256B prefetch size, on by default)
-    and off: the kernel built for it, bit for bit (register and staged units)."""
-    assert column_cluster.CLUSTER_L2_256  # the default
-    cluster.setattr(column_cluster, "CLUSTER_L2_256", l2)
+def test_cluster_l2_prefetch_exact(cluster):
+    """The aligned loads with the .L2::256B prefetch size: the kernel built with them, bit
+    for bit (register and staged units)."""
     cluster.setattr(column_cluster, "CLUSTER_CONFIGS", ((64, 3, 1),))
     sch = resolve_scheme("int8_column")
     x = _column_data((21, 200), seed=9).astype(ml_dtypes.bfloat16)
     plan = kq.get_plan(x.shape, 1, sch)  # (kind 1: bfloat16)
     ((k, _, _, _),) = plan.launches
     src = getattr(k, "py_func", k).source
-    assert ("cp_async_unit_l2_256(" in src and "load_unit_l2_256(" in src) is l2
-    assert ("cp_async_unit(" in src and "load_unit(x, x32, True" in src) is not l2
+    assert "cp_async_unit_l2_256(" in src and "load_unit_l2_256(" in src
+    assert "cp_async_unit(" not in src and "load_unit(x, x32, True" not in src
     check(x, sch, x_ref=x.astype(np.float32))
 
 

@@ -85,18 +85,17 @@ _EXACT_CASES = [
 ]
 
 
-# every case without the workspace; with it (one block per item, and pipelined) every case
-# in bf16 and int8_column in every dtype (the simulator's time is the limit)
+# every case without the workspace; with it (the pipelined kernel) every case in bf16 and
+# int8_column in every dtype (the simulator's time is the limit)
 @pytest.mark.parametrize(
     "name, kw, shape, dtype, sync",
     [(*c, d, False) for c in _EXACT_CASES for d in (np.float32, np.float16, ml_dtypes.bfloat16)]
-    + [(*c, d, m) for m in (True, "pipe") for c in _EXACT_CASES for d in (np.float32, np.float16, ml_dtypes.bfloat16)
+    + [(*c, d, True) for c in _EXACT_CASES for d in (np.float32, np.float16, ml_dtypes.bfloat16)
        if d == ml_dtypes.bfloat16 or c[0] == "int8_column"],
 )
 def test_onepass_exact(onepass, name, kw, shape, dtype, sync):
-    """Without the workspace, with it (one block per item), pipelined (persistent blocks)."""
-    onepass.setattr(kq, "COLUMN_ONEPASS_SYNC", bool(sync))
-    onepass.setattr(column_kernels, "ONEPASS_PIPE", sync == "pipe")
+    """Without the workspace (one block per item), with it (pipelined: persistent blocks)."""
+    onepass.setattr(kq, "COLUMN_ONEPASS_SYNC", sync)
     sch = resolve_scheme(name, **kw)
     x = _column_data(shape, seed=len(name) + shape[-1]).astype(dtype)
     assert _launched(x.shape, dtype, sch) == ["column_onepass"]
@@ -110,13 +109,11 @@ def test_onepass_exact(onepass, name, kw, shape, dtype, sync):
 def test_onepass_widths(onepass, widths, dtype, C):
     """Stripes of 16 / 8 / 4 units (W * VEC <= the simulator's 64 threads), the last one
     partly outside the rows (1000 bf16: 125 units; 500 f32: 125 units), U > 1 units per
-    thread, through the workspace."""
+    thread, one block per item."""
     onepass.setattr(column_kernels, "ONEPASS_WIDTHS", widths)
-    onepass.setattr(kq, "COLUMN_ONEPASS_SYNC", True)
     sch = resolve_scheme("int8_column")
     shape = (21, C)
     x = _column_data(shape, seed=widths[0]).astype(dtype)
-    onepass.setattr(column_kernels, "ONEPASS_PIPE", False)
     plan = kq.get_plan(shape, _KINDS[dtype], sch)
     ((_, grid, block, args),) = plan.launches
     vec = 4 if dtype == np.float32 else 8
@@ -136,7 +133,6 @@ def test_onepass_pipelined_two_chunks(onepass, dtype):
     onepass.setattr(column_kernels, "ONEPASS_UNITS", 1)  # no single-chunk geometry for 32 rows
     onepass.setattr(column_kernels, "ONEPASS_PIPE_UNITS", 1)
     onepass.setattr(column_kernels, "ONEPASS_PIPE_BLOCKS", 1)
-    onepass.setattr(column_kernels, "ONEPASS_PIPE", True)
     vec = 4 if dtype == np.float32 else 8
     shape = (32, 8 * vec)
     sch = resolve_scheme("int8_column")
@@ -145,6 +141,35 @@ def test_onepass_pipelined_two_chunks(onepass, dtype):
     assert (grid, args[4], args[5], args[6]) == (1, 4, 2, 2)  # 1 block; W, P, S
     x = _column_data(shape, seed=11).astype(dtype)
     check(x, sch, x_ref=x.astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype, C", [(ml_dtypes.bfloat16, 136), (np.float32, 96)])
+def test_onepass_item_kernel_with_workspace(dtype, C):
+    """The one-block-per-item kernel with its workspace and ticket (the plan's where the
+    pipelined geometry does not fit, P > 1: on a GPU), launched directly with P = 1 (its own
+    arrival completes each stripe): the reference's codes and scales, every stripe arrived
+    once, every ticket taken."""
+    from nqdq.reference import quantize as ref
+
+    sch = resolve_scheme("int8_column")
+    rows = 21
+    x = _column_data((rows, C), seed=C).astype(dtype)
+    kind = _KINDS[x.dtype.type]
+    vec = 4 if dtype == np.float32 else 8
+    upr = C // vec
+    NT, W, U, P, S = column_kernels.onepass_geometry(rows, upr, 1, vec=vec)
+    assert P == 1
+    k = column_kernels.make_column_onepass_kernel(kind, kq.format_tuple(sch), kq._max_elem(sch), NT, U, False, True)
+    xf = x.reshape(-1)
+    xf = xf if dtype == np.float32 else xf.view(np.uint16)
+    ws = np.zeros(column_kernels.onepass_workspace_words(C, S), np.int32)
+    scales = np.full(C, np.nan, np.float32)
+    codes = np.full(rows * C, 0xA5, np.uint8)
+    k[S, NT](xf, rows, upr, C, W, P, S, ws, scales, codes)
+    assert ws[C + S] == S and (ws[C:C + S] == 1).all()
+    want = ref.quantize(x.astype(np.float32), sch)
+    assert (scales.view(np.uint32) == want.scales.view(np.uint32)).all()
+    assert (codes.view(np.int8).reshape(rows, C) == want.codes).all()
 
 
 @pytest.mark.parametrize(

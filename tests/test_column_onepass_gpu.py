@@ -52,7 +52,10 @@ def _geometry(shape, dtype):
 )
 @pytest.mark.parametrize("pipe", [True, False, "ring"])
 def test_onepass_multichunk_exact(onepass, shape, dtype, pipe):
-    onepass.setattr(column_kernels, "ONEPASS_PIPE", pipe is True)
+    """The pipelined register kernel, the one-block-per-item one (where the pipelined
+    geometry does not fit: here its items made one unit a thread) and the ring."""
+    if pipe is False:
+        onepass.setattr(column_kernels, "ONEPASS_PIPE_UNITS", 1)
     onepass.setattr(kq, "COLUMN_RING", pipe == "ring")
     plan = kq.get_plan(shape, _KIND[dtype], resolve_scheme("int8_column"))
     names = [k.py_func.__name__ for k, _, _, _ in plan.launches]

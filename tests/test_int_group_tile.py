@@ -1,10 +1,9 @@
-"""The integer last-axis group encode (``_rowwise_kernels.INT_GROUP_FAST``: one reciprocal per
-chunk, bfloat16 pair amax, units interleaved over a group's lanes), the tile kernel's and the
-asymmetric rows kernel's reciprocal once per thread (``_tile_kernels.RECIP_ONCE``,
-``_rowwise_kernels.ASYM_ROW_RECIP_ONCE``), each switched on and off, against
-the reference bit for bit (codes packed and unpacked, scales, dequantized values). Small
-cases for the simulator; with NQDQ_TEST_GPU=1 the same cases run compiled
-(tests/test_int_group_tile_gpu.py adds real sizes)."""
+"""The integer last-axis group encode (one reciprocal per chunk, bfloat16 pair amax, units
+interleaved over a group's lanes), the tile kernel's and the asymmetric rows kernel's
+reciprocal once per thread, and the asymmetric / centred stat groups, against the reference
+bit for bit (codes packed and unpacked, scales, dequantized values). Small cases for the
+simulator; with NQDQ_TEST_GPU=1 the same cases run compiled (tests/test_int_group_tile_gpu.py
+adds real sizes)."""
 
 from __future__ import annotations
 
@@ -24,17 +23,18 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN/inf ari
 
 def _clear():
     rowwise_kernels.make_lastaxis_group_kernel.cache_clear()
+    rowwise_kernels.make_lastaxis_stat_group_kernel.cache_clear()
+    rowwise_kernels.make_lastaxis_asym_row_kernel.cache_clear()
     tile_kernels.make_tile_kernel.cache_clear()
     kq._PLANS.clear()
 
 
-@pytest.fixture(params=[True, False], ids=["new", "old"])
-def switch(request, monkeypatch):
-    """Both switches set to the parameter; kernels and plans built meanwhile are dropped."""
-    monkeypatch.setattr(rowwise_kernels, "INT_GROUP_FAST", request.param)
-    monkeypatch.setattr(tile_kernels, "RECIP_ONCE", request.param)
+@pytest.fixture
+def fresh():
+    """Plans and kernels built from scratch (CENTRED_UNITS / DEEP_UNITS set by a test are read
+    when a plan is built), and dropped after the test."""
     _clear()
-    yield request.param
+    yield
     _clear()
 
 
@@ -49,7 +49,7 @@ def switch(request, monkeypatch):
         ("int8", {"granularity": "group", "group_size": 64}, (4, 128), ml_dtypes.bfloat16),  # 8-bit codes, LL = 2
     ],
 )
-def test_int_groups_exact(switch, name, kw, shape, dtype):
+def test_int_groups_exact(fresh, name, kw, shape, dtype):
     sch = resolve_scheme(name, **kw)
     x = edge_data(shape, seed=shape[0] + shape[1]).astype(dtype)
     x.reshape(-1)[:32] = 0.0  # an all-zero group (scale 1, recip_guarded's range)
@@ -59,7 +59,7 @@ def test_int_groups_exact(switch, name, kw, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float32])
-def test_tile_recip_once_exact(switch, dtype):
+def test_tile_recip_once_exact(fresh, dtype):
     sch = resolve_scheme("fp8_128x128", block_shape=(8, 64))
     x = edge_data((17, 128), seed=9).astype(dtype)  # a partial row tile
     x[:8, :64] = 0.0
@@ -68,86 +68,34 @@ def test_tile_recip_once_exact(switch, dtype):
     check(x, sch, x_ref=x.astype(np.float32))
 
 
-def test_int_group_interleave_geometry(monkeypatch):
-    """With the switch on, int4_group's chunks of 4 units are interleaved over a group's 4
-    lanes (lane l: units l, l + 4, ...: ST = 4), as fp8's are; without it they are
-    consecutive (ST = 1)."""
-    for on, st in ((True, 4), (False, 1)):
-        monkeypatch.setattr(rowwise_kernels, "INT_GROUP_FAST", on)
-        _clear()
-        plan = kq.get_plan((8, 1024), 1, resolve_scheme("int4_group"))
-        k = [k for k, _, _, _ in plan.launches if k.py_func.__name__ == "lastaxis_groups"][0]
-        assert k.py_func.__globals__["ST"] == st
-    _clear()
+def test_int_group_interleave_geometry(fresh):
+    """int4_group's chunks of 4 units are interleaved over a group's 4 lanes (lane l: units l,
+    l + 4, ...: ST = 4), as fp8's are."""
+    plan = kq.get_plan((8, 1024), 1, resolve_scheme("int4_group"))
+    k = [k for k, _, _, _ in plan.launches if k.py_func.__name__ == "lastaxis_groups"][0]
+    assert k.py_func.__globals__["ST"] == 4
 
 
-@pytest.mark.parametrize("on", [True, False], ids=["new", "old"])
 @pytest.mark.parametrize(
     "name, shape, dtype",
     [("int8_asym", (5, 512), ml_dtypes.bfloat16), ("int4_asym", (3, 256), np.float32), ("int8_asym", (4, 200), np.float16)],
 )
-def test_asym_rows_recip_once_exact(monkeypatch, on, name, shape, dtype):
-    """``_rowwise_kernels.ASYM_ROW_RECIP_ONCE``: the asymmetric rows kernel's reciprocal and
-    float bounds once per thread, on and off (int4_asym: per-row scales here, granularity row)."""
-    monkeypatch.setattr(rowwise_kernels, "ASYM_ROW_RECIP_ONCE", on)
-    rowwise_kernels.make_lastaxis_asym_row_kernel.cache_clear()
-    kq._PLANS.clear()
-    try:
-        sch = resolve_scheme(name) if name == "int8_asym" else resolve_scheme("int4", granularity="row", symmetric=False)
-        x = edge_data(shape, seed=shape[1]).astype(dtype)
-        x[1] = 0.0  # an all-zero row
-        x[2] *= np.asarray(1e-30, dtype)  # a row whose scale is below the reciprocal's range
-        assert "lastaxis_asym_rows" in _launched(shape, dtype, sch)
-        check(x, sch, x_ref=x.astype(np.float32))
-    finally:
-        rowwise_kernels.make_lastaxis_asym_row_kernel.cache_clear()
-        kq._PLANS.clear()
-
-
-def test_switches_on_for_users():
-    """The three switches passed their GPU runs (H100): on without
-    NQDQ_UNMEASURED_KERNELS; the launch-bound knobs (measured no faster) off."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NQDQ_UNMEASURED_KERNELS", "NQDQ_INT_GROUP_FAST", "NQDQ_TILE_RECIP_ONCE",
-                        "NQDQ_ASYM_ROW_RECIP_ONCE", "NQDQ_INT_GROUP_MIN_BLOCKS", "NQDQ_TILE_MIN_BLOCKS")}
-    env["NUMBA_ENABLE_CUDASIM"] = "1"
-    code = ("import nqdq.kernels._rowwise_kernels as rowwise_kernels, nqdq.kernels._tile_kernels as tile_kernels; "
-            "print(rowwise_kernels.INT_GROUP_FAST, tile_kernels.RECIP_ONCE, rowwise_kernels.ASYM_ROW_RECIP_ONCE, "
-            "rowwise_kernels.INT_GROUP_MIN_BLOCKS, tile_kernels.MIN_BLOCKS)")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["True", "True", "True", "0", "0"]
+def test_asym_rows_recip_once_exact(fresh, name, shape, dtype):
+    """The asymmetric rows kernel's reciprocal and float bounds once per thread (int4_asym:
+    per-row scales here, granularity row)."""
+    sch = resolve_scheme(name) if name == "int8_asym" else resolve_scheme("int4", granularity="row", symmetric=False)
+    x = edge_data(shape, seed=shape[1]).astype(dtype)
+    x[1] = 0.0  # an all-zero row
+    x[2] *= np.asarray(1e-30, dtype)  # a row whose scale is below the reciprocal's range
+    assert "lastaxis_asym_rows" in _launched(shape, dtype, sch)
+    check(x, sch, x_ref=x.astype(np.float32))
 
 
 # ----------------------------------------------------------------------------- stat groups
-# lastaxis_stat_groups (int4_asym, int8_centred, 1xG asymmetric / centred groups) with
-# ``_rowwise_kernels.STAT_GROUP_FAST`` (units interleaved over a group's lanes, reciprocal once
-# per chunk, 16-bit asymmetric keys in pairs, the centred sum's unit levels in the thread) and
-# ``ASYM_INT_CLIP`` (asymmetric codes clipped as integers; the asymmetric rows too).
-def _clear_stat():
-    rowwise_kernels.make_lastaxis_stat_group_kernel.cache_clear()
-    rowwise_kernels.make_lastaxis_asym_row_kernel.cache_clear()
-    kq._PLANS.clear()
-
-
-@pytest.fixture
-def stat_switch(request, monkeypatch):
-    """(STAT_GROUP_FAST, ASYM_INT_CLIP, ASYM_PACKED_STATS) from the test's ``fast`` / ``clip`` /
-    ``packed`` parameters (each True where the test has none)."""
-    params = getattr(request.node, "callspec", None)
-    params = params.params if params else {}
-    fast, clip, packed = (params.get(k, True) for k in ("fast", "clip", "packed"))
-    monkeypatch.setattr(rowwise_kernels, "STAT_GROUP_FAST", fast)
-    monkeypatch.setattr(rowwise_kernels, "ASYM_INT_CLIP", clip)
-    monkeypatch.setattr(rowwise_kernels, "ASYM_PACKED_STATS", packed)
-    _clear_stat()
-    yield fast, clip, packed
-    _clear_stat()
-
-
+# lastaxis_stat_groups (int4_asym, int8_centred, 1xG asymmetric / centred groups): units
+# interleaved over a group's lanes, reciprocal once per chunk, 16-bit asymmetric keys in pairs,
+# the centred sum's unit levels in the thread, asymmetric codes clipped as integers (the
+# asymmetric rows too).
 def _stat_edges(x, G):
     """Special groups at the start of the flat input (G elements each): all zero, tiny (scale
     below recip_guarded's range: the per-element path), constant, one NaN, +inf only, a range
@@ -189,7 +137,7 @@ STAT_CASES = [
 
 
 @pytest.mark.parametrize("name, kw, shape, dtype, cu", STAT_CASES)
-def test_stat_groups_exact(stat_switch, monkeypatch, name, kw, shape, dtype, cu):
+def test_stat_groups_exact(fresh, monkeypatch, name, kw, shape, dtype, cu):
     monkeypatch.setattr(kq, "CENTRED_UNITS", cu)
     sch = resolve_scheme(name, **kw)
     x = _stat_edges(edge_data(shape, seed=shape[0] * 7 + shape[1]).astype(dtype), sch.group_size)
@@ -197,23 +145,8 @@ def test_stat_groups_exact(stat_switch, monkeypatch, name, kw, shape, dtype, cu)
     check(x, sch, x_ref=x.astype(np.float32))
 
 
-@pytest.mark.parametrize("fast, clip, packed", [(False, False, False), (True, False, False), (True, True, False),
-                                                (True, False, True)], ids=["old", "fast", "fast-clip", "fast-packed"])
-@pytest.mark.parametrize("name, shape, dtype, cu", [("int4_asym", (4, 256), ml_dtypes.bfloat16, 2),
-                                                    ("int4_asym", (3, 256), np.float16, 2),
-                                                    ("int8_centred", (3, 256), ml_dtypes.bfloat16, 2)])
-def test_stat_groups_other_switches_exact(stat_switch, monkeypatch, fast, clip, packed, name, shape, dtype, cu):
-    """The previous path (A/B) and the fast one without ASYM_INT_CLIP / ASYM_PACKED_STATS."""
-    if name == "int8_centred" and (clip or packed):
-        pytest.skip("the asymmetric switches do not touch the centred kernel")
-    monkeypatch.setattr(kq, "CENTRED_UNITS", cu)
-    sch = resolve_scheme(name)
-    x = _stat_edges(edge_data(shape, seed=11).astype(dtype), 128)
-    check(x, sch, x_ref=x.astype(np.float32))
-
-
 @pytest.mark.parametrize("name, cu", [("int4_asym", 2), ("int8_centred", 2), ("int8_centred", 4)])
-def test_stat_groups_deep_exact(stat_switch, monkeypatch, name, cu):
+def test_stat_groups_deep_exact(fresh, monkeypatch, name, cu):
     """Deep threads (U = GROUP_UNITS / K chunks per thread; DEEP_UNITS lowered so that a small
     input takes them) with a partial last block."""
     monkeypatch.setattr(kq, "CENTRED_UNITS", cu)
@@ -227,10 +160,9 @@ def test_stat_groups_deep_exact(stat_switch, monkeypatch, name, cu):
     check(x, sch, x_ref=x.astype(np.float32))
 
 
-@pytest.mark.parametrize("clip", [True, False], ids=["clip", "noclip"])
 @pytest.mark.parametrize("shape, dtype", [((4, 512), ml_dtypes.bfloat16), ((4, 200), np.float16), ((4, 256), np.float32)])
-def test_asym_rows_int_clip_exact(stat_switch, clip, shape, dtype):
-    """ASYM_INT_CLIP in the asymmetric rows kernel (int8_asym), rows with special values."""
+def test_asym_rows_int_clip_exact(fresh, shape, dtype):
+    """The integer clip of the asymmetric rows kernel (int8_asym), rows with special values."""
     sch = resolve_scheme("int8_asym")
     x = edge_data(shape, seed=shape[1]).astype(dtype)
     x[1] = 0.0
@@ -241,18 +173,14 @@ def test_asym_rows_int_clip_exact(stat_switch, clip, shape, dtype):
     check(x, sch, x_ref=x.astype(np.float32))
 
 
-def test_stat_interleave_geometry(monkeypatch):
-    """With STAT_GROUP_FAST int4_asym's chunks of 4 units are interleaved over a group's 4 lanes
-    (ST = 4) and a chunk's first unit is (c // LL) * L + c % LL; without it consecutive."""
-    for on, st in ((True, 4), (False, 1)):
-        monkeypatch.setattr(rowwise_kernels, "STAT_GROUP_FAST", on)
-        _clear_stat()
-        plan = kq.get_plan((8, 1024), 1, resolve_scheme("int4_asym"))
-        k = [k for k, _, _, _ in plan.launches if k.py_func.__name__ == "lastaxis_stat_groups"][0]
-        g = k.py_func.__globals__
-        assert g["ST"] == st
-        assert [g["unit_of"].py_func(c) for c in (0, 1, 3, 4, 5)] == ([0, 1, 3, 16, 17] if on else [0, 4, 12, 16, 20])
-    _clear_stat()
+def test_stat_interleave_geometry(fresh):
+    """int4_asym's chunks of 4 units are interleaved over a group's 4 lanes (ST = 4) and a
+    chunk's first unit is (c // LL) * L + c % LL."""
+    plan = kq.get_plan((8, 1024), 1, resolve_scheme("int4_asym"))
+    k = [k for k, _, _, _ in plan.launches if k.py_func.__name__ == "lastaxis_stat_groups"][0]
+    g = k.py_func.__globals__
+    assert g["ST"] == 4
+    assert [g["unit_of"].py_func(c) for c in (0, 1, 3, 4, 5)] == [0, 1, 3, 16, 17]
 
 
 def test_word_ukeys_order_every_16bit_value(monkeypatch):
@@ -290,22 +218,3 @@ def test_word_ukeys_order_every_16bit_value(monkeypatch):
             assert np.array_equal(back[~nan], want[~nan])
             if kind == 1:  # bfloat16: the bits themselves, NaN payloads included
                 assert np.array_equal(back, h << 16)
-
-
-def test_stat_switches_for_users():
-    """STAT_GROUP_FAST, ASYM_INT_CLIP and ASYM_PACKED_STATS passed their GPU runs (H100): on for
-    users, with or without NQDQ_UNMEASURED_KERNELS; centred chunks of 4 units with them."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NQDQ_UNMEASURED_KERNELS", "NQDQ_STAT_GROUP_FAST", "NQDQ_ASYM_INT_CLIP", "NQDQ_ASYM_PACKED_STATS")}
-    env["NUMBA_ENABLE_CUDASIM"] = "1"
-    code = ("import nqdq.kernels._rowwise_kernels as rowwise_kernels, nqdq.kernels.quantize as kq; "
-            "print(rowwise_kernels.STAT_GROUP_FAST, rowwise_kernels.ASYM_INT_CLIP, rowwise_kernels.ASYM_PACKED_STATS, "
-            "kq.CENTRED_UNITS)")
-    for unmeasured, want in ((None, ["True", "True", "True", "4"]), ("1", ["True", "True", "True", "4"])):
-        e = dict(env, **({"NQDQ_UNMEASURED_KERNELS": unmeasured} if unmeasured else {}))
-        out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True).stdout
-        assert out.split() == want

@@ -1,13 +1,8 @@
 """GPU side of tests/test_int_group_tile.py: int4_group / int8 1xG groups and fp8_128x128 tiles,
-asymmetric rows and the asymmetric / centred stat groups (int4_asym, int8_centred) with the
-new switches on (``_rowwise_kernels.INT_GROUP_FAST``, ``_tile_kernels.RECIP_ONCE``,
-``_rowwise_kernels.ASYM_ROW_RECIP_ONCE``, ``STAT_GROUP_FAST``, ``ASYM_INT_CLIP``,
-``ASYM_PACKED_STATS``;
-the previous paths are what tests/test_kernels_gpu.py ran before), compiled, at sizes that take
-the deep paths, with the warp shuffle and its shared-memory twin, f32 / f16 / bf16 and
-unaligned views; bit for bit against the reference (tests/test_kernels_gpu.py's check_gpu).
-The launch-bound knobs (NQDQ_INT_GROUP_MIN_BLOCKS, NQDQ_TILE_MIN_BLOCKS) apply as set in the
-environment."""
+asymmetric rows and the asymmetric / centred stat groups (int4_asym, int8_centred), compiled,
+at sizes that take the deep paths, with the warp shuffle and its shared-memory twin, f32 / f16
+/ bf16 and unaligned views; bit for bit against the reference (tests/test_kernels_gpu.py's
+check_gpu)."""
 
 from __future__ import annotations
 
@@ -55,20 +50,16 @@ def _clear():
 
 
 @pytest.fixture
-def switch(monkeypatch):
-    monkeypatch.setattr(rowwise_kernels, "INT_GROUP_FAST", True)
-    monkeypatch.setattr(tile_kernels, "RECIP_ONCE", True)
-    monkeypatch.setattr(rowwise_kernels, "ASYM_ROW_RECIP_ONCE", True)
-    monkeypatch.setattr(rowwise_kernels, "STAT_GROUP_FAST", True)
-    monkeypatch.setattr(rowwise_kernels, "ASYM_INT_CLIP", True)
-    monkeypatch.setattr(rowwise_kernels, "ASYM_PACKED_STATS", True)
+def fresh():
+    """Plans and kernels built from scratch (CENTRED_UNITS set by a test is read when a plan
+    is built), and dropped after the test."""
     _clear()
-    yield True
+    yield
     _clear()
 
 
 @pytest.mark.parametrize("name, kw", SCHEMES)
-def test_deep(switch, big_bf16, name, kw):
+def test_deep(fresh, big_bf16, name, kw):
     x = big_bf16.copy()
     x[:128, :128] = 0  # an all-zero group / tile
     x[128:256, 128:256] = (x[128:256, 128:256].astype(np.float32) * 1e-28).astype(x.dtype)  # scales below 2^-80
@@ -76,13 +67,13 @@ def test_deep(switch, big_bf16, name, kw):
 
 
 @pytest.mark.parametrize("name, kw", SCHEMES)
-def test_shuffle_twin(switch, monkeypatch, big_bf16, name, kw):
+def test_shuffle_twin(fresh, monkeypatch, big_bf16, name, kw):
     _check_with_shuffle_twin(monkeypatch, big_bf16[:256], resolve_scheme(name, **kw))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("name, kw", SCHEMES)
-def test_inputs_and_unaligned(switch, dtype, name, kw):
+def test_inputs_and_unaligned(fresh, dtype, name, kw):
     xh, bits, kind = _edge_input((96, 1024), dtype, seed=23)
     _check_aligned_and_not(xh, bits, resolve_scheme(name, **kw), dtype)
 
@@ -113,9 +104,9 @@ def _stat_specials(x):
 
 
 @pytest.mark.parametrize("name, kw, cu", STAT)
-def test_stat_groups_deep_and_twin(switch, monkeypatch, big_bf16, name, kw, cu):
-    """lastaxis_stat_groups with STAT_GROUP_FAST, ASYM_INT_CLIP and ASYM_PACKED_STATS at 640 x 8192 bfloat16
-    (deep threads), CENTRED_UNITS 2 and 4, special groups; then the shuffle's twin."""
+def test_stat_groups_deep_and_twin(fresh, monkeypatch, big_bf16, name, kw, cu):
+    """lastaxis_stat_groups at 640 x 8192 bfloat16 (deep threads), CENTRED_UNITS 2 and 4,
+    special groups; then the shuffle's twin."""
     monkeypatch.setattr(kq, "CENTRED_UNITS", cu)
     kq._PLANS.clear()
     sch = resolve_scheme(name, **kw)
@@ -128,7 +119,7 @@ def test_stat_groups_deep_and_twin(switch, monkeypatch, big_bf16, name, kw, cu):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("name, kw, cu", STAT)
-def test_stat_groups_inputs_and_unaligned(switch, monkeypatch, dtype, name, kw, cu):
+def test_stat_groups_inputs_and_unaligned(fresh, monkeypatch, dtype, name, kw, cu):
     monkeypatch.setattr(kq, "CENTRED_UNITS", cu)
     kq._PLANS.clear()
     xh, bits, kind = _edge_input((96, 1024), dtype, seed=31)

@@ -562,7 +562,7 @@ def test_lastaxis_several_units_per_thread(deep_units, name, shape, dtype):
     ],
 )
 def test_row_kernel_whole_rows(deep_units, monkeypatch, name, shape, dtype):
-    """The row kernel's straight-line rows (kq.ROW_WHOLE: a finite row whose scale has a
+    """The row kernel's straight-line rows (``whole``: a finite row whose scale has a
     reciprocal encodes every unit without a check but the last unit's), which a GPU takes
     where the encode is the fp8 cvt (kq._cheap): forced here, so the simulator runs them.
     Rows: finite, all zeros, tiny (its scale has no reciprocal in recip_guarded's range:
@@ -743,14 +743,6 @@ def test_lastaxis_centred_chunk_geometries(monkeypatch, units, group_size):
         kq._PLANS.clear()
 
 
-def test_lastaxis_stat_switches(monkeypatch):
-    """LASTAXIS_ASYM / LASTAXIS_CENTRED off: the general kernels."""
-    for name in ("int8_asym", "int4_asym", "int8_centred"):
-        names = _launched_with_off(monkeypatch, ("LASTAXIS_ASYM", "LASTAXIS_CENTRED"), (2, 256), np.float32,
-                                   resolve_scheme(name))  # fmt: skip
-        assert not STAT_FAST & set(names)
-
-
 # ----------------------------------------------------------------------------- static scales, one pass
 # static_encode (_rowwise_kernels): caller-given scales per tensor or per last-axis row,
 # 16-byte loads, the finite-unit encoders only where s is finite and non-zero.
@@ -769,13 +761,12 @@ _ROW_SCALES = np.array([[0.01], [0.0], [np.inf], [np.nan], [-0.5], [1e-40], [3.0
         ("int8", {"granularity": "group", "group_size": 16}, (3, 64), np.float32, None),
     ],
 )
-def test_static_kernel_choice(monkeypatch, name, kw, shape, dtype, kernel):
+def test_static_kernel_choice(name, kw, shape, dtype, kernel):
     sch = resolve_scheme(name, static_scale=True, **kw)
     names = set(_launched(shape, dtype, sch, static_scale=True))
     assert ("static_encode" in names) == (kernel is not None), names
     names = set(_launched(shape, dtype, sch, static_scale=True, stoch=True))  # its stoch variant (LASTAXIS_STOCH)
     assert ("static_encode" in names) == (kernel is not None and kq.LASTAXIS_STOCH), names
-    assert "static_encode" not in _launched_with_off(monkeypatch, ["STATIC_FAST"], shape, dtype, sch, static_scale=True)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
@@ -850,10 +841,9 @@ def test_dynamic_tensor_fast_formats(name, kw, deep_units):
     "shape, dtype, stoch, fast",
     [((3, 64), np.float32, False, True), ((3, 70), ml_dtypes.bfloat16, False, False), ((3, 64), np.float32, True, True)],
 )
-def test_dynamic_tensor_kernel_choice(monkeypatch, shape, dtype, stoch, fast):
+def test_dynamic_tensor_kernel_choice(shape, dtype, stoch, fast):
     sch = resolve_scheme("fp8_tensor")
     assert ("static_encode" in _launched(shape, dtype, sch, stoch=stoch)) == (fast and (not stoch or kq.LASTAXIS_STOCH))
-    assert "static_encode" not in _launched_with_off(monkeypatch, ["STATIC_FAST"], shape, dtype, sch, stoch=stoch)
 
 
 # ----------------------------------------------------------------------------- per-channel, two passes
@@ -904,7 +894,6 @@ def test_column_kernel_choice(monkeypatch, name, kw, shape, fast):
     sch = resolve_scheme(name, **kw)
     assert ("column_encode" in _launched(shape, ml_dtypes.bfloat16, sch)) == fast
     assert "column_encode" not in _launched(shape, ml_dtypes.bfloat16, sch, stoch=True)
-    assert "column_encode" not in _launched_with_off(monkeypatch, ["COLUMN_FAST"], shape, ml_dtypes.bfloat16, sch)
 
 
 
@@ -923,13 +912,12 @@ def test_column_kernel_choice(monkeypatch, name, kw, shape, fast):
         ({"block_shape": (4, 12)}, (8, 48), ml_dtypes.bfloat16, False),  # tile rows not whole units
     ],
 )
-def test_tile_kernel_choice(monkeypatch, kw, shape, dtype, fast):
+def test_tile_kernel_choice(kw, shape, dtype, fast):
     sch = resolve_scheme("fp8_128x128", **kw)
     assert ("tile_blocks" in _launched(shape, dtype, sch)) == fast
     assert "tile_blocks" not in _launched(shape, dtype, sch, stoch=True)
     assert "tile_blocks" not in _launched(shape, dtype, resolve_scheme("int8", granularity="block", symmetric=False,
                                                                        block_shape=sch.block_shape))
-    assert "tile_blocks" not in _launched_with_off(monkeypatch, ["TILE_FAST"], shape, dtype, sch)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
@@ -955,20 +943,17 @@ def test_tile_kernel_unaligned_input(unaligned_loads):
 
 
 def test_paths_checked_on_a_gpu_are_on_for_users():
-    """The one-pass paths that passed their GPU tests (H100; stochastic rounding on the
-    16-byte-unit kernels too) are on without NQDQ_UNMEASURED_KERNELS, which only
-    gates paths not yet run on a GPU."""
+    """Stochastic rounding on the 16-byte-unit kernels (GPU-checked on an H100) is on without
+    NQDQ_UNMEASURED_KERNELS, which only gates paths not yet run on a GPU."""
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "NQDQ_UNMEASURED_KERNELS"}
     env["NUMBA_ENABLE_CUDASIM"] = "1"
-    code = ("import nqdq.kernels.quantize as kq; "
-            "print(kq.LASTAXIS_ASYM, kq.LASTAXIS_CENTRED, kq.STATIC_FAST, kq.TILE_FAST, kq.COLUMN_FAST, kq.LASTAXIS_STOCH, "
-            "kq._UNMEASURED)")
+    code = "import nqdq.kernels.quantize as kq; print(kq.LASTAXIS_STOCH, kq._UNMEASURED)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["True"] * 6 + ["False"]
+    assert out.split() == ["True", "False"]
 
 
 # ----------------------------------------------------------------------------- MX e2m1 in bfloat16 pairs
@@ -1166,7 +1151,6 @@ def test_mxfp4_f32_pair_path(monkeypatch, dtype, rounding):
 
     if kq.SIMULATOR:  # a compiled kernel cannot call the spy
         monkeypatch.setattr(rowwise_kernels, "e2m1_unit_f32", spy)
-    monkeypatch.setattr(rowwise_kernels, "E2M1_F32_PAIRS", True)
     kq._PLANS.clear()
     rowwise_kernels.make_lastaxis_group_kernel.cache_clear()
     try:

@@ -77,7 +77,6 @@ def test_mxfp6_pair_paths_gpu(name, rounding):
     24-byte chunk store; without the clamp for "rceil", with it for "floor") and, for the
     default "rceil", float16 / float32 (encode_store_unit's float32-pair branch); edge data
     with groups at the ends of the MX range."""
-    assert rowwise_kernels.FP6_PAIRS
     sch = resolve_scheme(name, scale_rounding=rounding)
     x = edge_data((1024, 7168), seed=51, scale=8.0)
     x[3, :32] = np.float32(2.0**-133) * np.arange(32)

@@ -1,6 +1,6 @@
-"""Dynamic per-tensor float scales and NVFP4 in one cooperative launch
+"""Dynamic per-tensor float scales in one cooperative launch
 (``nqdq.kernels._tensor_resident``): the plan takes it above the one-launch sizes, and its
-codes and scales (NVFP4: block scales and tensor scale) are the reference's bit for bit,
+codes and scales are the reference's bit for bit,
 whatever part of the input is held in registers, in shared memory or streamed (and read
 again, last round first). Under the simulator the grid is one block of a small
 geometry; tests/test_tensor_resident_gpu.py runs the real grid.
@@ -26,13 +26,12 @@ KIND = {np.dtype(np.float32): 0, np.dtype(ml_dtypes.bfloat16): 1, np.dtype(np.fl
 
 @pytest.fixture
 def resident(monkeypatch):
-    """The resident kernels for every size (the one-launch kernels off; NVFP4's on), with ``geometry``
+    """The resident kernel for every size (the one-launch kernels off), with ``geometry``
     (NT, UR, US, V) where given; a fresh plan cache before and after."""
 
     def set_(geometry=None, on=True):
         monkeypatch.setattr(kq, "GRID_ONE_LAUNCH", False)
         monkeypatch.setattr(kq, "TENSOR_RESIDENT", on)
-        monkeypatch.setattr(kq, "NVFP4_RESIDENT", on)
         if geometry is not None:
             monkeypatch.setattr(tensor_resident, "GEOMETRY", geometry)
         kq._PLANS.clear()
@@ -59,13 +58,8 @@ def test_plan_takes_the_resident_kernel(resident):
     assert _names((5, 7), np.float32, sch) != ["tensor_resident"]  # not whole 16-byte units
     resident(on=False)
     assert _names((16, 64), ml_dtypes.bfloat16, sch) == ["tensor_amax", "finalize", "static_encode"]
-    nv = resolve_scheme("nvfp4")
-    assert not kq.NVFP4_RESIDENT  # NVFP4's is off by default (no faster on an H100)
     resident()
-    for dtype in (ml_dtypes.bfloat16, np.float32):
-        assert _names((16, 64), dtype, nv) == ["tensor_resident"]
-        assert _names((16, 64), dtype, nv, stoch=True) != ["tensor_resident"]
-    resident(on=False)
+    nv = resolve_scheme("nvfp4")  # NVFP4 stays on the streaming kernels (no faster in this one)
     assert _names((16, 64), ml_dtypes.bfloat16, nv) == ["tensor_amax", "lastaxis_groups"]
 
 
@@ -84,9 +78,6 @@ def test_geometry_fills_shared_memory():
     got = tensor_resident.resident_geometry(smem_per_block=232448, geometry=(1024, 4, 0, 4))
     assert got == ((1024, 4, 14, 4) if not SIMULATOR else (1024, 4, 0, 4))
     assert tensor_resident.resident_geometry(smem_per_block=232448, geometry=(512, 8, 3, 8)) == (512, 8, 3, 8)
-    # items of K units (NVFP4 blocks: 2 bf16 units, 4 float32 units), at least one resident and one streamed
-    assert tensor_resident.resident_geometry(2, smem_per_block=232448, geometry=(1024, 4, 14, 4)) == (1024, 2, 7, 2)
-    assert tensor_resident.resident_geometry(4, geometry=(64, 1, 2, 2)) == (64, 1, 0, 1)
 
 
 # (geometry, elements): every unit resident (a partial block), resident + one partial round,
@@ -148,35 +139,6 @@ def test_matches_the_two_kernel_path(resident):
     b = kq.quantize(x, sch)
     for f in ("codes", "scales"):
         assert np.asarray(getattr(a, f)).tobytes() == np.asarray(getattr(b, f)).tobytes(), f
-
-
-NV_CASES = [  # (geometry in units, dtype, elements): K = 2 (16-bit) or 4 (float32) units an item
-    ((64, 2, 2, 2), ml_dtypes.bfloat16, 16 * 150),  # resident + one partial round
-    ((64, 1, 2, 2), ml_dtypes.bfloat16, 16 * 300),  # shared items only, several rounds
-    ((64, 4, 0, 2), np.float16, 16 * 200),  # register items only
-    ((64, 1, 2, 2), np.float32, 16 * 100),
-]
-
-
-@pytest.mark.parametrize("geometry,dtype,n", NV_CASES, ids=str)
-def test_nvfp4_bit_exact(resident, geometry, dtype, n):
-    resident(geometry)
-    x = edge_data((n // 64, 64), seed=n, scale=40.0).astype(dtype)
-    check(x, resolve_scheme("nvfp4"), x_ref=x.astype(np.float32))
-
-
-def test_nvfp4_unaligned_and_uniform(resident):
-    """A view one element into its buffer, and an all-NaN / inf tensor with one finite value
-    in a streamed round (NVFP4's tensor amax is over the finite values)."""
-    resident((64, 1, 2, 2))
-    sch = resolve_scheme("nvfp4")
-    base = edge_data((16 * 200 + 1,), seed=9).astype(ml_dtypes.bfloat16)
-    check(base[1:], sch, x_ref=base[1:].astype(np.float32))
-    x = np.full(16 * 200, np.inf, np.float32)
-    x[::3] = np.nan
-    x[16 * 190 + 5] = 3.0
-    xb = x.astype(ml_dtypes.bfloat16)
-    check(xb, sch, x_ref=xb.astype(np.float32))
 
 
 @pytest.fixture

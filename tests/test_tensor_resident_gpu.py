@@ -1,4 +1,4 @@
-"""Dynamic per-tensor scales and NVFP4 in one cooperative launch on a GPU (``nqdq.kernels._tensor_resident``):
+"""Dynamic per-tensor scales in one cooperative launch on a GPU (``nqdq.kernels._tensor_resident``):
 a grid of one block an SM, part of the input held on chip across the grid's amax, bit-exact
 against the NumPy reference at real sizes (all resident; resident + streamed rounds;
 f32 / f16 / bf16; an unaligned view; other element formats), repeated through the plan's
@@ -35,30 +35,25 @@ def _launches(shape, dtype=ml_dtypes.bfloat16, name="fp8_tensor"):
     return [(k.py_func.__name__, g, b) for k, g, b, _a in plan.launches]
 
 
-NAMES = ["fp8_tensor", "nvfp4"]
+NAMES = ["fp8_tensor"]
 
 
 @pytest.fixture(autouse=True)
-def nvfp4_on(monkeypatch):
-    """NVFP4's cooperative kernel on (off by default: no faster), with fresh plans."""
-    monkeypatch.setattr(kq, "NVFP4_RESIDENT", True)
+def fresh_plans():
     kq._PLANS.clear()
     yield
     kq._PLANS.clear()
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_large_inputs_take_one_cooperative_launch(name, monkeypatch):
+def test_large_inputs_take_one_cooperative_launch(name):
     assert kq.TENSOR_RESIDENT and tensor_resident.available()
     NT, UR, US, V = tensor_resident.resident_geometry()
     assert US > 0
     for shape in [(1024, 7168), (8192, 8192), (16384, 7168)]:
         assert _launches(shape, name=name) == [("tensor_resident", kq._sm_count(), NT)]
-    one = {"fp8_tensor": "static_encode", "nvfp4": "lastaxis_groups"}[name]
-    assert [n for n, _g, _b in _launches((64, 7168), name=name)] == [one]  # decode sizes: the one-launch kernel
-    monkeypatch.setattr(kq, "NVFP4_RESIDENT", False)  # the default for NVFP4: the streaming kernels
-    kq._PLANS.clear()
-    assert (_launches((8192, 8192), name=name)[0][0] == "tensor_resident") == (name == "fp8_tensor")
+    assert [n for n, _g, _b in _launches((64, 7168), name=name)] == ["static_encode"]  # decode sizes: one launch
+    assert _launches((8192, 8192), name="nvfp4")[0][0] != "tensor_resident"  # NVFP4: the streaming kernels
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ Rules every function here follows, because the reference is the spec:
   that NVVM narrows Numba's int64 arithmetic to 32-bit instructions (the audit's ``i64``
   column counts what is left);
 * nothing here uses warp shuffles, cooperative groups, fp16/bf16 Numba types or printf;
-  libdevice (``mul_rn``, ``umulhi32``, ``fadd_rz``) and inline PTX (``mul_wide_u32``,
+  libdevice (``mul_rn``, ``fadd_rz``) and inline PTX (``mul_wide_u32``,
   ``sign_add``, ``sr_e2m1_code_i``) only where ``_target.PTX``: elsewhere (the simulator,
   AMD) each is its ``*_twin``, integer / float32 code that compiles as a device function.
 """
@@ -20,7 +20,6 @@ Rules every function here follows, because the reference is the spec:
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 from numba import float32, uint32
@@ -182,39 +181,15 @@ else:
 
 
 # ----------------------------------------------------------------------------- Philox4x32-10
-PHILOX_M0 = np.uint64(0xD2511F53)
-PHILOX_M1 = np.uint64(0xCD9E8D57)
 PHILOX_W0 = np.uint64(0x9E3779B9)
 PHILOX_W1 = np.uint64(0xBB67AE85)
 PHILOX_M0_32 = np.uint32(0xD2511F53)
 PHILOX_M1_32 = np.uint32(0xCD9E8D57)
 
 
-@devfn
-def umulhi32_twin(a, b):
-    """The high 32 bits of the 64-bit product of uint32 ``a`` and ``b``."""
-    return np.uint32((np.uint64(a) * np.uint64(b)) >> U64_32)
-
-
-if not PTX:
-    umulhi32 = umulhi32_twin
-else:
-
-    @devfn
-    def umulhi32(a, b):
-        """umulhi32_twin by libdevice __nv_umulhi (``mul.hi.u32``): written as a 64-bit
-        product of zero-extended words, NVVM keeps Philox's arithmetic in 64-bit registers
-        (``mul.lo.s64``, several IMADs each)."""
-        return np.uint32(cuda.libdevice.umulhi(np.uint32(a), np.uint32(b)))
-
-
-# Philox's products by mul_wide_u32 (the default since its H100 A/B, bf16
-# 8192x8192 under stochastic rounding: fp8_row 156.0 -> 145.8 us, mxfp8 146.1 -> 140.4, fp8_1x128
-# 156.4 -> 154.1, int8_row equal, mxfp4 198.9 -> 200.7; SASS of the fp8_row kernel 5096 -> 4688
-# instructions) or, NQDQ_PHILOX_WIDE=0, by umulhi32 and a 32-bit multiply (read when kernels compile)
-PHILOX_WIDE = os.environ.get("NQDQ_PHILOX_WIDE", "1") == "1"
-
-
+# Philox's products by mul_wide_u32: H100, bf16 8192x8192 under stochastic rounding, fp8_row
+# 156.0 -> 145.8 us, mxfp8 146.1 -> 140.4 against libdevice umulhi and a 32-bit multiply (SASS
+# of the fp8_row kernel 5096 -> 4688 instructions).
 @devfn
 def philox4x32_10(ctr_lo, ctr_hi, key_lo, key_hi):
     """Philox4x32-10 of counter (ctr_lo, ctr_hi, 0, 0) under key (key_lo, key_hi) (each
@@ -230,18 +205,12 @@ def philox4x32_10(ctr_lo, ctr_hi, key_lo, key_hi):
     k0 = np.uint64(np.uint32(key_lo))
     k1 = np.uint64(np.uint32(key_hi))
     for _ in range(10):
-        if PHILOX_WIDE:
-            p0 = mul_wide_u32(c0, PHILOX_M0_32)
-            p1 = mul_wide_u32(c2, PHILOX_M1_32)
-            hi0 = np.uint32(p0 >> U64_32)
-            hi1 = np.uint32(p1 >> U64_32)
-            lo0 = np.uint32(p0 & U64_MASK32)
-            lo1 = np.uint32(p1 & U64_MASK32)
-        else:
-            hi0 = umulhi32(c0, PHILOX_M0_32)
-            hi1 = umulhi32(c2, PHILOX_M1_32)
-            lo0 = np.uint32((PHILOX_M0 * np.uint64(c0)) & U64_MASK32)
-            lo1 = np.uint32((PHILOX_M1 * np.uint64(c2)) & U64_MASK32)
+        p0 = mul_wide_u32(c0, PHILOX_M0_32)
+        p1 = mul_wide_u32(c2, PHILOX_M1_32)
+        hi0 = np.uint32(p0 >> U64_32)
+        hi1 = np.uint32(p1 >> U64_32)
+        lo0 = np.uint32(p0 & U64_MASK32)
+        lo1 = np.uint32(p1 & U64_MASK32)
         n0 = np.uint32(hi1 ^ c1 ^ np.uint32(k0))
         n2 = np.uint32(hi0 ^ c3 ^ np.uint32(k1))
         c1 = lo1

@@ -9,8 +9,9 @@ t // W + i * RG``, i < U: its first U - UR units staged in the block's shared me
 ``cp.async`` (a thread's own slots: its wait makes them visible to it), the last UR loaded
 into registers (so that a block holds 512 or 1024 rows of a 128-byte stripe at 3 or 2
 blocks an SM: ``GPU_CONFIGS``); an aligned input's loads carry the ``.L2::256B`` prefetch
-size (``CLUSTER_L2_256``: the neighbouring stripe's half of the 256 bytes comes into L2
-with them, for the cluster resident beside this one). While the loads fly, thread 0 sets
+size (the neighbouring stripe's half of the 256 bytes comes into L2 with them, for the
+cluster resident beside this one: H100, bf16 int8_column, 8192x8192 88.9 -> 90.5 % of copy,
+16384x7168 84.0 -> 86.0 %). While the loads fly, thread 0 sets
 up the block's mbarrier for CL * 4W words and a cluster barrier (relaxed arrival, acquire
 wait) makes every block's mbarrier ready before anyone stores into it. Then each block
 
@@ -28,11 +29,10 @@ wait) makes every block's mbarrier ready before anyone stores into it. Then each
    units are inside the data) and writes the codes. A block exits only after every store
    into it has landed, and nobody reads its memory, so it needs no barrier before it exits.
 
-``CLUSTER_PUSH`` off: the pull form instead, where each block's words stay in its own
-shared memory and are read by ``ld.shared::cluster`` between a release / acquire cluster
-barrier, and the block waits on a second barrier before it exits. ptxas makes every
-cluster-scope release a ``MEMBAR.GPU`` (a round trip to L2, under load: ncu put 12 % of the
-warps' stall cycles there); the push measured 1.0-1.3 us faster at bf16 8192x8192.
+The push, not a pull (each block's words read by ``ld.shared::cluster`` between a release /
+acquire cluster barrier): ptxas makes every cluster-scope release a ``MEMBAR.GPU`` (a round
+trip to L2, under load: ncu put 12 % of the warps' stall cycles there); the push measured
+1.0-1.3 us faster at bf16 8192x8192.
 
 So the input is read once (bytes = input + codes + scales), and a block waits only for
 the CL - 1 blocks that the hardware launched with it on the same GPC, which other resident
@@ -64,10 +64,10 @@ from ._column_kernels import (
     unit_col_scales, units_inside, word_max,
 )  # fmt: skip
 from ._division import RECIP_DIV
-from ._mma import cp_async_commit, cp_async_unit, cp_async_unit_l2_256, cp_async_wait, ld_shared_u32x4, smem_addr
+from ._mma import cp_async_commit, cp_async_unit_l2_256, cp_async_wait, ld_shared_u32x4, smem_addr
 from ._ptx import (
-    array_addr, as_u16, as_u32, cluster_arrive, cluster_arrive_relaxed, cluster_wait, fp8_cvt_available,
-    fp8_cvt_supports, ld_cluster_u32, load_u32x4_l2_256, mbar_init_tx, mbar_wait0, st_async_u32, u16x2_max,
+    array_addr, as_u16, as_u32, cluster_arrive_relaxed, cluster_wait, fp8_cvt_available, fp8_cvt_supports,
+    load_u32x4_l2_256, mbar_init_tx, mbar_wait0, st_async_u32, u16x2_max,
 )  # fmt: skip
 from ._rowwise_kernels import load_unit, unit_elems, vec_of
 from ._target import SIMULATOR, devfn, device_has
@@ -76,8 +76,8 @@ from ._target import SIMULATOR, devfn, device_has
 # (NT, U, UR) tried in order by cluster_geometry: NT threads a block, U 16-byte units a
 # thread, UR of them in registers and U - UR in shared slots (cp.async). The first whose
 # stripes are wide enough (MIN_STRIPE_BYTES) takes the shape. H100, bf16 int8_column, clusters
-# of 16, % of copy, measured before the .L2::256B loads (CLUSTER_L2_256; the bound and the
-# current figures: docs/design/per-channel.md):
+# of 16, % of copy, measured before the .L2::256B loads (the bound and the current figures:
+# docs/design/per-channel.md):
 # * (256, 16, 10): 24 KiB shared + 40 registers of data a thread, 3 blocks an SM: 8192x8192
 #   88.8 %, 4096x7168 84.9 % (UR 8: 87.8 / 84.5 %; UR 0, all shared: 85.0 / 80.3 %; the
 #   previous (512, 8, 0): 85.0 / 79.5 %; 8192x8192: UR 4 / 5 / 6 under launch bounds of 4
@@ -127,18 +127,6 @@ CLUSTER_SIZE, CLUSTER_CONFIGS = (1, ((64, 2, 0),)) if SIMULATOR else _env_geomet
 # against the ring's 76 %), so cluster_geometry passes over a config that would cut rows finer
 # (the next config, else the ring)
 MIN_STRIPE_BYTES = int(os.environ.get("NQDQ_COLUMN_CLUSTER_MIN_BYTES", "128"))
-# the amax words pushed by st.async into mbarrier-counted buffers (else read remotely
-# between cluster barriers, whose release is a MEMBAR.GPU; NQDQ_COLUMN_CLUSTER_PUSH=0: A/B)
-CLUSTER_PUSH = os.environ.get("NQDQ_COLUMN_CLUSTER_PUSH", "1") == "1"
-# an aligned input's loads with the ".L2::256B" prefetch size: a miss brings the 256-byte
-# piece of the row that holds the unit into L2, so the neighbouring 128-byte stripe, which
-# a cluster resident at the same time reads, arrives in one DRAM access with this one (H100,
-# bf16 int8_column: 8192x8192 88.9 -> 90.5 % of copy, 16384x7168 84.0 -> 86.0 %; 4096x7168,
-# 256-byte stripes, 85.5 / 85.8 %; 64 and 128 bytes: no change; this switch, three rounds
-# each: 88.9-89.2 -> 90.1-90.2 %, 83.7-84.1 -> 85.8-86.4 %; its GPU tests pass;
-# docs/design/per-channel.md);
-# NQDQ_COLUMN_CLUSTER_L2_256=0: A/B
-CLUSTER_L2_256 = os.environ.get("NQDQ_COLUMN_CLUSTER_L2_256", "1") == "1"
 
 
 def cluster_size_for(sms):
@@ -189,8 +177,7 @@ def column_cluster(x, rows, upr, C, scales, codes):
     sb = smem_addr(ring)
     scratch = cuda.shared.array(SCRATCH, u32)
     red = cuda.shared.array(RED, u32)  # per warp: W unit columns x 4 words
-    bam = cuda.shared.array(BAM, u32)  # the block's words (pull: the cluster reads them)
-    recv = cuda.shared.array(RECV, u32)  # push: every block's words, block r's at r * BAM
+    recv = cuda.shared.array(RECV, u32)  # every block's words, block r's at r * BAM
     mbar = cuda.shared.array(1, u64)
     sc = cuda.shared.array(CH, np.float32)
     rcs = cuda.shared.array(CH, np.float32)
@@ -208,11 +195,10 @@ def column_cluster(x, rows, upr, C, scales, codes):
     else:
         LOAD_U{i}  #U
     commit()
-    if PUSH:  # while the loads fly: every block's mbarrier set up before any block stores into it
-        if t == 0:
-            mbar_init_tx(mbar, CL * BAM * 4)
-        cluster_arrive_relaxed()
-        cluster_wait()
+    if t == 0:  # while the loads fly: every block's mbarrier set up before any block stores into it
+        mbar_init_tx(mbar, CL * BAM * 4)
+    cluster_arrive_relaxed()
+    cluster_wait()
     wait_all()  # (a thread reads only its own slots: its wait makes them visible to it)
     z = np.int32(0)
     m = (z, z, z, z, z, z, z, z)
@@ -239,27 +225,18 @@ def column_cluster(x, rows, upr, C, scales, codes):
         a = red[t]
         for k in range(1, NW):
             a = comb(a, red[k * (W * 4) + t], kind)
-        if PUSH:
-            for r in range(CL):
-                st_async_u32(recv, rank * BAM + t, a, mbar, r)
-        else:
-            bam[t] = a
-    if PUSH:
-        mbar_wait0(mbar)  # every block's words are here
-    else:
-        cluster_arrive()
-        cluster_wait()  # every block's bam written
+        for r in range(CL):
+            st_async_u32(recv, rank * BAM + t, a, mbar, r)
+    mbar_wait0(mbar)  # every block's words are here
     if t < CH:  # channel t: word (t // VEC) * 4 + its element's word, of each block of the cluster
         e = t % VEC
         wi = (t // VEC) * 4 + (e // 2 if VEC == 8 else e)
-        a = recv[wi] if PUSH else ld_cluster_u32(bam, wi, 0)
+        a = recv[wi]
         for r in range(1, CL):
-            a = comb(a, recv[r * BAM + wi] if PUSH else ld_cluster_u32(bam, wi, r), kind)
+            a = comb(a, recv[r * BAM + wi], kind)
         col = stripe * CH + t
         channel_scale(amax_bits(a, e, kind), t, col, rank == 0 and col < C, sc, rcs, scales, MAXE)
     cuda.syncthreads()
-    if not PUSH:
-        cluster_arrive_relaxed()  # this block has read the others' bam (its loads consumed: no fence)
     sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
     if okr and nv == U:  # every unit inside, every scale with a reciprocal: one basic block
         encode_unit_cols_r(unit_elems(SLOT{i}, kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
@@ -267,42 +244,35 @@ def column_cluster(x, rows, upr, C, scales, codes):
         if {i} < nv: encode_unit_cols_r(unit_elems(SLOT{i}, kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
     else:  # a NaN / inf in a channel, a zero or out-of-range scale: the general encode
         if {i} < nv: encode_unit_cols(unit_elems(SLOT{i}, kind), sv, ok, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB)  #U
-    if not PUSH:
-        cluster_wait()  # no block's bam goes while another may read it
 """
 
 
 @lru_cache(maxsize=None)
-def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, push=None, shfl=None, UR=0, l2=None):
+def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, shfl=None, UR=0):
     """``column_cluster`` for clusters of CL blocks of NT threads, stripes W units wide, U
     units a thread (R = U * NT / W rows a block), U - UR of them staged in shared memory by
     cp.async and UR loaded into registers; the kernel carries its cluster size
     (``launch.cluster_size``) and its dynamic shared memory (``launch.dynamic_smem``);
     launch bounds of as many blocks an SM as that memory and the registers allow (3 of 256
-    threads x (6 + 10) units, 2 of 512 x (11 + 5)). ``push``: the amax words by ``st.async``
-    into every block's mbarrier-counted buffer (default CLUSTER_PUSH), else read from each
-    block by ``ld.shared::cluster`` between cluster barriers. ``shfl``: warp shuffles
-    (default: on a GPU; the simulator has none). ``l2``: an aligned input's loads with the
-    ``.L2::256B`` prefetch size (default CLUSTER_L2_256)."""
+    threads x (6 + 10) units, 2 of 512 x (11 + 5)). ``shfl``: warp shuffles (default: on a
+    GPU; the simulator has none)."""
     assert NT % 32 == 0 and 1 <= W <= 32 and W & (W - 1) == 0 and NT % W == 0
     vec = vec_of(kind)
     RG = NT // W
     shfl_on = (not SIMULATOR) if shfl is None else shfl
-    push = CLUSTER_PUSH if push is None else push
-    l2 = CLUSTER_L2_256 if l2 is None else l2
     ns = dict(
         kind=kind, fmt=fmt, CL=CL, NT=NT, W=W, RG=RG, LOG_RG=RG.bit_length() - 1, U=U, VEC=vec, CH=W * vec,
         Q1=1 if vec == 4 else 2, Q2=2 if vec == 4 else 4, Q3=3 if vec == 4 else 6,
-        NW=NT // 32, RED=NT // 32 * W * 4, BAM=W * 4, RECV=CL * W * 4 if push else 1, PUSH=push,
+        NW=NT // 32, RED=NT // 32 * W * 4, BAM=W * 4, RECV=CL * W * 4,
         SCRATCH=1 if shfl_on else NT, NB=(fmt[5] if packed else 8), SHFL=shfl_on,
         CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV, MAXE=F32(max_elem),
         NOCLIP=rint_in_range(fmt, F32(max_elem)), u32=types.uint32, u64=types.uint64,
         commit=cp_async_commit, wait_all=cp_async_wait(0),
     )  # fmt: skip
-    src = _units(_expand(_SRC, U), U, U - UR, l2) + "\n"
+    src = _units(_expand(_SRC, U), U, U - UR) + "\n"
     glb = dict(globals())
     glb.update(ns)
-    exec(compile(src, f"<nqdq column_cluster CL={CL} NT={NT} W={W} U={U} UR={UR} push={push} l2={l2}>", "exec"), glb)
+    exec(compile(src, f"<nqdq column_cluster CL={CL} NT={NT} W={W} U={U} UR={UR}>", "exec"), glb)
     fn = glb["column_cluster"]
     fn.source = src
     # blocks an SM: as many as the shared slots allow, and the registers (about 40 a thread
@@ -314,25 +284,23 @@ def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, push=N
     return k
 
 
-def _units(src, U, US, l2=False):
+def _units(src, U, US):
     """A thread's units 0 .. US - 1 in the block's shared slots (cp.async; "SLOT{i}" a load
     of the slot), US .. U - 1 in registers w{i} (ld.global): each whole token LOAD_A{i},
-    LOAD_U{i} (the aligned and unaligned loads) and SLOT{i} of ``src`` replaced; ``l2``:
-    the aligned loads with the ``.L2::256B`` prefetch size."""
-    cp = "cp_async_unit_l2_256" if l2 else "cp_async_unit"
-    ld = "load_unit_l2_256(x32, " if l2 else "load_unit(x, x32, True, "
+    LOAD_U{i} (the aligned and unaligned loads, the aligned ones with the ``.L2::256B``
+    prefetch size) and SLOT{i} of ``src`` replaced."""
 
     def unit(m):
         what, i = m.group(1), int(m.group(2))
         assert i < U, m.group(0)
         if i < US:
             return {
-                "LOAD_A": f"{cp}(ring, sb, (t + {i} * NT) * 4, x32, (g + {i} * ustep) * 4, {i} < nv)",
+                "LOAD_A": f"cp_async_unit_l2_256(ring, sb, (t + {i} * NT) * 4, x32, (g + {i} * ustep) * 4, {i} < nv)",
                 "LOAD_U": f"stage_sync(ring, (t + {i} * NT) * 4, x, x32, g + {i} * ustep, {i} < nv, kind)",
                 "SLOT": f"ld_shared_u32x4(ring, sb, (t + {i} * NT) * 4)",
             }[what]
         return {
-            "LOAD_A": f"w{i} = {ld}g + {i} * ustep, {i} < nv{'' if l2 else ', kind'})",
+            "LOAD_A": f"w{i} = load_unit_l2_256(x32, g + {i} * ustep, {i} < nv)",
             "LOAD_U": f"w{i} = load_unit(x, x32, False, g + {i} * ustep, {i} < nv, kind)",
             "SLOT": f"w{i}",
         }[what]
@@ -388,5 +356,5 @@ def cluster_launch(kind, fmt, max_elem, packed, rows, C, sms, x, scales, codes):
     if g is None:
         return None
     CL, NT, W, U, UR = g
-    k = make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, CLUSTER_PUSH, UR=UR, l2=CLUSTER_L2_256)
+    k = make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, UR=UR)
     return (k, -(-upr // W) * CL, NT, (x, rows, upr, C, scales, codes))

@@ -42,7 +42,7 @@ end there: the plans then take P = 1 (every stripe one chunk; its own arrival co
 it). Without the wait (``sync=False``, P = 1 on a GPU too: small inputs) the kernel skips
 the workspace and is the only launch.
 
-*Pipelined* (``ONEPASS_PIPE``, ``_PIPE_SRC``): persistent blocks (about the resident
+*Pipelined* (``_PIPE_SRC``, where its geometry fits): persistent blocks (about the resident
 count) that each hold two items of 8 units a thread, and issue the next item's loads before
 encoding the current one. A block never waits while an arrival of its own is pending: the
 next item arrives before the wait, except when the current stripe is already complete
@@ -81,8 +81,7 @@ from ._gpu import cuda
 
 from ._codec import F32, KIND_BF16, KIND_F32, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits
 from ._division import RECIP_DIV, div_by_recip, recip_guarded
-from ._ptx import (array_addr, as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports, load_u32x4_ordered, prefetch_l2,
-                   u16x2_max)
+from ._ptx import array_addr, as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports, load_u32x4_ordered, u16x2_max
 from ._rowwise_kernels import (
     FINITE, abs_i32, enc, enc_finite, enc_finite_r, fp8_pair_rr, int_code_rint, load_unit, pack4, store_packed, unit_amax,
     unit_elems, vec_of,
@@ -322,19 +321,12 @@ ONEPASS_P_MAX = 64  # chunks per stripe at most (each waits for all of them)
 ONEPASS_MIN_BLOCKS = 2 * 256 // ONEPASS_THREADS
 ONEPASS_WIDTHS = (32, 16, 8, 4)  # stripe widths W in units, widest (longest row segments) first
 _SLEEP = not SIMULATOR  # (the simulator has no nanosleep; with P = 1 it never spins)
-# L2 prefetch of the item ONEPASS_PREFETCH x (resident blocks) tickets ahead, issued by each
-# block right after its own loads: DRAM keeps reading while blocks wait and encode (the
-# block that later takes that ticket finds its chunk in L2). 0: off. A hint only: the codes
-# cannot depend on it (tests compare with and without).
-# H100: 1 and 2 slower than 0 (8192x8192 bf16 int8: 144 / 153 vs 135 us).
-ONEPASS_PREFETCH = float(os.environ.get("NQDQ_COLUMN_ONEPASS_PREFETCH", "0"))
-# The pipelined kernel (_PIPE_SRC) for P > 1: persistent blocks (ONEPASS_PIPE_BLOCKS, None: the
-# SM count x ONEPASS_MIN_BLOCKS), each holding two items of ONEPASS_PIPE_UNITS units a thread.
-# H100, arrivals always after the encode: 29 / 22 % of copy (see _PIPE_SRC); as now (late only
-# where the current stripe is complete): 55 / 54 % vs 51 / 53 % per item, bf16 8192x8192 /
-# 16384x7168, bit-exact there; its GPU tests (tests/test_column_onepass_gpu.py) pass in a full
-# GPU run (332 tests). On; NQDQ_COLUMN_ONEPASS_PIPE=0 turns it off.
-ONEPASS_PIPE = os.environ.get("NQDQ_COLUMN_ONEPASS_PIPE", "1") == "1"
+# (No L2 prefetch of a later ticket's chunk: one and two resident grids ahead measured slower,
+# H100, bf16 int8 8192x8192 144 / 153 us against 135 us without.)
+# The pipelined kernel (_PIPE_SRC) for P > 1 where its geometry fits: persistent blocks
+# (ONEPASS_PIPE_BLOCKS, None: the SM count x ONEPASS_MIN_BLOCKS), each holding two items of
+# ONEPASS_PIPE_UNITS units a thread. H100, bf16 8192x8192 / 16384x7168: 55 / 54 % of copy
+# against 51 / 53 % one item a block.
 ONEPASS_PIPE_UNITS = 8
 ONEPASS_PIPE_BLOCKS = None
 
@@ -346,12 +338,6 @@ def load_unit_ordered(x, x32, aligned, unit, valid, kind):
         return load_u32x4_ordered(x32, unit)
     return load_unit(x, x32, aligned, unit, valid, kind)
 _SLEEP_MAX_NS = 256  # the waiting thread's back-off doubles from 32 ns up to this
-
-
-def onepass_ahead(sms):
-    """Tickets between a block's item and the one whose chunk it prefetches into L2: about
-    the blocks resident at once (ONEPASS_PREFETCH of them; 0: no prefetch)."""
-    return int(ONEPASS_PREFETCH * sms * ONEPASS_MIN_BLOCKS)
 
 
 def onepass_workspace_words(C, S):
@@ -400,12 +386,12 @@ def onepass_geometry(rows, upr, sms, p_max=None, nt=None, vec=8, units=None):
 def onepass_launches(kind, fmt, max_elem, packed, rows, C, sms, p_max, force_sync, empty, x, scales, codes, nt):
     """The launches ``(kernel, grid, block, args)`` of the one pass over ``rows`` rows of C
     channels, or None where onepass_geometry does not fit: ``column_onepass`` (pipelined
-    where ONEPASS_PIPE) with a zeroed workspace when P > 1 or ``force_sync``, else without.
+    where its geometry fits) with a zeroed workspace when P > 1 or ``force_sync``, else without.
     ``empty(n, dtype[, role])`` allocates (the plan recorder's; role "zero": zero at the
     launch); sms: onepass_geometry's."""
     vec = vec_of(kind)
     upr = C // vec
-    g = onepass_geometry(rows, upr, sms, p_max, vec=vec, units=ONEPASS_PIPE_UNITS) if ONEPASS_PIPE else None
+    g = onepass_geometry(rows, upr, sms, p_max, vec=vec, units=ONEPASS_PIPE_UNITS)
     pipe = g is not None and g[3] > 1
     if not pipe:  # one chunk per stripe, or too many of the pipelined kernel's: one item per block
         g = onepass_geometry(rows, upr, sms, p_max, vec=vec)
@@ -414,15 +400,15 @@ def onepass_launches(kind, fmt, max_elem, packed, rows, C, sms, p_max, force_syn
     NT, W, U, P, S = g
     if P == 1 and not force_sync:
         k = make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, False)
-        return [(k, S, NT, (x, rows, upr, C, W, 1, S, 0, empty(1, np.int32, "dummy"), scales, codes))]
+        return [(k, S, NT, (x, rows, upr, C, W, 1, S, empty(1, np.int32, "dummy"), scales, codes))]
     nw = onepass_workspace_words(C, S)
     ws = empty(nw, np.int32, "zero")
-    if pipe or (ONEPASS_PIPE and force_sync):
+    if pipe or force_sync:
         grid = min(S * P, ONEPASS_PIPE_BLOCKS or sms * ONEPASS_MIN_BLOCKS)
         k = make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, True, True)
-        return [(k, grid, NT, (x, rows, upr, C, W, P, S, 0, ws, scales, codes))]
+        return [(k, grid, NT, (x, rows, upr, C, W, P, S, ws, scales, codes))]
     k = make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, True)
-    return [(k, S * P, NT, (x, rows, upr, C, W, P, S, onepass_ahead(sms), ws, scales, codes))]
+    return [(k, S * P, NT, (x, rows, upr, C, W, P, S, ws, scales, codes))]
 
 
 SMEM_PER_SM = 228 * 1024  # H100 / H200: shared memory an SM holds
@@ -508,7 +494,7 @@ def encode_finite_or_flag(e, s, r, okr, unit, c8, c16, c32, fmt, cvt, vec, nb, n
 # each unit a variable of its own, so the chunk stays in registers (a local array indexed in
 # loops is left in local memory by NVVM: 256 bytes of stack at U = 16).
 _ONEPASS_SRC = """
-def column_onepass(x, rows, upr, C, W, P, S, ahead, ws, scales, codes):
+def column_onepass(x, rows, upr, C, W, P, S, ws, scales, codes):
     t = cuda.threadIdx.x
     red = cuda.shared.array((NT, VEC), np.int32)  # per thread: its channels' amax bits
     sc = cuda.shared.array(CH_MAX, np.float32)  # the stripe's scales
@@ -538,11 +524,6 @@ def column_onepass(x, rows, upr, C, W, P, S, ahead, ws, scales, codes):
     a = (z, z, z, z, z, z, z, z)
     v{i} = colok and r0 + {i} * RG < rows  #U
     w{i} = load_unit(x, x32, aligned, (r0 + {i} * RG) * upr + uc, v{i}, kind)  #U
-    if ahead > 0 and item + ahead < S * P and aligned:  # the chunk of the item ``ahead`` tickets on, into L2
-        st2 = (item + ahead) // P
-        uc2 = st2 * W + lu
-        r2 = (item + ahead - st2 * P) * (U * RG) + rg
-        if uc2 < upr and r2 + {i} * RG < rows: prefetch_l2(x32, (r2 + {i} * RG) * upr + uc2)  #U
     a = word_max(a, w{i}, kind)  #U
     for j in range(VEC):
         red[t, j] = amax_bits(a[j], j, kind)
@@ -614,7 +595,7 @@ _PIPE_ARRIVE = """
         cuda.atomic.add(ws, C + s{p}, np.int32(1))
 """
 _PIPE_SRC = """
-def column_onepass(x, rows, upr, C, W, P, S, ahead, ws, scales, codes):
+def column_onepass(x, rows, upr, C, W, P, S, ws, scales, codes):
     t = cuda.threadIdx.x
     red = cuda.shared.array((NT, VEC), np.int32)
     sc = cuda.shared.array(CH_MAX, np.float32)
@@ -731,7 +712,6 @@ def make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed, sync, pipe=Fa
         MAXE=F32(max_elem), NOCLIP=rint_in_range(fmt, F32(max_elem)), CH_MAX=32 * vec_of(kind), SYNC=sync, SLEEP=_SLEEP,
         SLEEP_MAX_NS=_SLEEP_MAX_NS,
     )  # fmt: skip
-    ns.update(prefetch_l2=prefetch_l2)  # (used only in the source)
     src = (_pipe_source(U) if pipe else _expand(_ONEPASS_SRC, U)) + "\n"
     glb = dict(globals())
     glb.update(ns)

@@ -360,19 +360,14 @@ else:
 # ----------------------------------------------------------------------------- thread-block clusters
 # sm_90+: the blocks of a cluster (launched together on one GPC, ``launch``'s cluster
 # attribute) meet at ``barrier.cluster`` and read each other's shared memory.
-# ``cluster_arrive`` / ``cluster_wait``: ``barrier.cluster.arrive.release`` /
-# ``barrier.cluster.wait.acquire`` (every thread of every block of the cluster arrives;
-# what a thread wrote before its arrival is visible to every thread of the cluster after
-# its wait); ``cluster_arrive_relaxed``: an arrival that orders nothing (``.relaxed``: no
-# fence; for "my reads are done"). Not the ``.aligned`` forms, which require every thread
-# of a warp to execute the same instruction: ptxas may copy a barrier at the end of a
-# kernel into each branch before it (a kernel whose last wait followed a per-thread branch
-# hung on an H100 when its lanes took different branches). ``ld_cluster_u32(a, i, rank)``:
-# word ``i`` of the shared uint32 array ``a`` of the cluster's block ``rank``
-# (``mapa.shared::cluster`` then ``ld.shared::cluster``). Twins (simulator: clusters of one
-# block): the arrival does nothing, the wait is a block barrier, the load reads the block's
-# own array (rank 0); likewise for the push form below (the store writes the block's own
-# array, the mbarrier wait is a block barrier). On AMD the same twins, compiled: they hold
+# ``cluster_arrive_relaxed`` / ``cluster_wait``: ``barrier.cluster.arrive.relaxed`` (an
+# arrival that orders nothing: no fence; for "my reads are done") / ``barrier.cluster.wait
+# .acquire``. Not the ``.aligned`` forms, which require every thread of a warp to execute the
+# same instruction: ptxas may copy a barrier at the end of a kernel into each branch before
+# it (a kernel whose last wait followed a per-thread branch hung on an H100 when its lanes
+# took different branches). Twins (simulator: clusters of one block): the arrival does
+# nothing, the wait is a block barrier; likewise for the push form below (the store writes
+# the block's own array, the mbarrier wait is a block barrier). On AMD the same twins, compiled: they hold
 # only where a cluster is one block, and the kernels that use clusters are planned only on
 # sm_90+ (``_target.device_has``, never on AMD).
 if not SIMULATOR:  # (void_asm stays on AMD: _mma builds its NVIDIA-only intrinsics with it)
@@ -396,28 +391,8 @@ if not SIMULATOR:  # (void_asm stays on AMD: _mma builds its NVIDIA-only intrins
 
 
 if PTX:
-    cluster_arrive = void_asm("barrier.cluster.arrive.release;")
     cluster_arrive_relaxed = void_asm("barrier.cluster.arrive.relaxed;")
     cluster_wait = void_asm("barrier.cluster.wait.acquire;")
-
-    @intrinsic
-    def ld_cluster_u32(typingctx, a, i, rank):
-        sig = types.uint32(a, i, rank)
-
-        def codegen(context, builder, sig, args):
-            ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-            r = context.cast(builder, args[2], sig.args[2], types.uint32)
-            fty = ir.FunctionType(ir.IntType(32), [ptr.type, ir.IntType(32)])
-            asm = ir.InlineAsm(
-                fty,
-                "{ .reg .u64 g; .reg .u32 s, d; cvta.to.shared.u64 g, $1; cvt.u32.u64 s, g; "
-                "mapa.shared::cluster.u32 d, s, $2; ld.shared::cluster.u32 $0, [d]; }",
-                "=r,l,r",
-                side_effect=True,
-            )
-            return builder.call(asm, [ptr, r])
-
-        return sig, codegen
 
     # The push form (no cluster-scope release fence: ptxas makes every one a MEMBAR.GPU, a
     # round trip to L2 under load): each block stores its words into every block's receive
@@ -503,10 +478,8 @@ if PTX:
 else:
 
     @_twin
-    def cluster_arrive():
+    def cluster_arrive_relaxed():
         """Simulator twin: nothing (a cluster is one block; cluster_wait is its barrier)."""
-
-    cluster_arrive_relaxed = cluster_arrive
 
     from ._target import devfn as _devfn
 
@@ -514,11 +487,6 @@ else:
     def cluster_wait():
         """Simulator twin: a block barrier."""
         _cuda.syncthreads()
-
-    @_twin
-    def ld_cluster_u32(a, i, rank):
-        """Simulator twin: the block's own word (a cluster of one block: rank 0)."""
-        return np.uint32(a[i])
 
     @_twin
     def mbar_init_tx(m, nbytes):

@@ -54,7 +54,6 @@ each element by encode_element with its Philox bits (section "stochastic roundin
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
 import numpy as np
@@ -90,14 +89,9 @@ FINITE = 0x7F800000  # abs bits below this: a finite float32
 # so NVVM does not share it), bfloat16 amax two elements per instruction (word_amax16: the max
 # of |x|'s 16-bit patterns is the max of their float32 bits), and a chunk's K units interleaved
 # over the group's lanes as fp8 does (each load instruction of a warp covers whole sectors).
-# The same codes and scales bit for bit. On since its H100 run (GPU tests exact; int4_group
-# bf16 8192x8192 / 16384x7168 77 / 78 -> 95 / 97 % of copy; docs/design/last-axis.md).
-# NQDQ_INT_GROUP_FAST=0: the previous path (A/B).
-INT_GROUP_FAST = os.environ.get("NQDQ_INT_GROUP_FAST", "1") == "1"
-# With it, resident blocks per SM asked of ptxas for those kernels (launch bounds; 0: none).
-# int4_group bf16 (256 threads) takes 49 registers, 4 blocks per SM; 5 blocks need 48: measured
-# no faster (95 / 97 -> 94 / 97 %), so 0.
-INT_GROUP_MIN_BLOCKS = int(os.environ.get("NQDQ_INT_GROUP_MIN_BLOCKS", "0"))
+# The same codes and scales bit for bit. H100: int4_group bf16 8192x8192 / 16384x7168 77 / 78
+# -> 95 / 97 % of copy (docs/design/last-axis.md). No launch bound: 5 blocks per SM (48 instead
+# of 49 registers) measured no faster.
 SHFL_DEFAULT = not SIMULATOR  # the simulator has no warp shuffle: it runs the twin
 
 
@@ -476,10 +470,8 @@ def e2m1_unit_nvfp4(w, mb):
 # rounding to nearest once), clamped to 6 (the e2m1 encode saturates: (6, 7) rounds to 6 and
 # anything larger is past the top of the grid) and put on the grid by the same magic add;
 # the signs are those of the rounded pairs (p0 > 0: of x). Where: encode_store_unit, MX
-# finite groups of 8-element units. E2M1_F32_PAIRS switches it: on since its H100 run
-# (GPU tests passed; fused RMSNorm + MXFP4 30.7 -> 40.6 % of copy, with the residual
-# 59.2 -> 70.4 %, flatten + MXFP4 35.6 -> 53.2 %; docs/design/last-axis.md).
-E2M1_F32_PAIRS = True
+# finite groups of 8-element units. H100: fused RMSNorm + MXFP4 30.7 -> 40.6 % of copy, with
+# the residual 59.2 -> 70.4 %, flatten + MXFP4 35.6 -> 53.2 % (docs/design/last-axis.md).
 
 
 @devfn
@@ -553,11 +545,9 @@ def e2m1_unit_f32_p2(e, p2, clamp):
 # (lo + hi * 64 = c - (c >> 16) * (2^16 - 64)). Float32 element words (float16 / float32 input) are first
 # rounded *to odd* into bfloat16 (f32_pair_rto: 8 significant bits, then RNE to at most 4, is
 # rounding to nearest once). tests/test_mx_encoders.py checks every finite bfloat16 value at
-# several k, and float32 values around every code boundary. FP6_PAIRS switches both (group
-# kernel for bfloat16 input; encode_store_unit for float32 element words): on since its H100
-# run (GPU tests passed; bf16 8192x8192 / 16384x7168 mxfp6_e3m2 and e2m3 46 / 47 -> 97 / 100 %
-# of copy; docs/design/last-axis.md).
-FP6_PAIRS = True
+# several k, and float32 values around every code boundary. Where: the group kernel for
+# bfloat16 input, encode_store_unit for float32 element words. H100: bf16 8192x8192 /
+# 16384x7168 mxfp6_e3m2 and e2m3 46 / 47 -> 97 / 100 % of copy (docs/design/last-axis.md).
 
 
 @devfn
@@ -720,11 +710,11 @@ def encode_store_unit(e, unit, p0, clean, c8, c16, c32, mode, fmt, cvt, vec, nb)
             w1 = np.uint32(fp8_pair(e[4], e[5], p0, mode, fmt) | (fp8_pair(e[6], e[7], p0, mode, fmt) << np.uint32(16)))
         store_packed(w0, w1, unit, c8, c16, c32, vec, 8)
         return
-    if E2M1_F32_PAIRS and clean and mode == MODE_MX and vec == 8 and fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7 \
+    if clean and mode == MODE_MX and vec == 8 and fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7 \
             and nb == 4:  # fmt: skip
         c32[np.uint64(unit)] = e2m1_unit_f32(e, p0)  # MX e2m1, finite group: pairs (see e2m1_unit_f32)
         return
-    if FP6_PAIRS and clean and mode == MODE_MX and nb == 6 and is_fp6(fmt):
+    if clean and mode == MODE_MX and nb == 6 and is_fp6(fmt):
         lo, hi = fp6_unit_f32(e, p0, fp6_pair_consts(fmt), vec)  # MX fp6, finite group: pairs (see fp6_pair_codes)
         store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
         return
@@ -835,26 +825,18 @@ def sr_store_unit(e, unit, p0, p1, pz, key_lo, key_hi, c8, c16, c32, mode, fmt, 
 # for a dynamic scale's group and is part of ``clean`` for a caller-given one). A unit that fails
 # is encoded again by sr_store_unit (its Philox bits are recomputed: rare). The same codes bit
 # for bit as sr_store_unit (tests/test_sr_encoder.py, tests/test_stochastic_lastaxis.py).
-# NQDQ_SR_FAST=0: every unit by sr_store_unit (the A/B baseline; read when kernels compile).
-SR_FAST = os.environ.get("NQDQ_SR_FAST", "1") == "1"
+# H100, bf16 8192x8192, against sr_store_unit for every unit: fp8_row SR 172.9 -> 146.0 us,
+# mxfp6_e2m3 201.2 -> 163.1, mxfp8 150.3 -> 140.2 (with Philox's wide multiplies).
 SR_SUB_BITS = 6  # e2m3, e3m2: sr_float_code_fast's subnormal range (fp8's subnormals are rare)
 # e2m1 (MXFP4, NVFP4) does not take this short encode: H100, bf16 8192x8192, with its branch-free
 # subnormal range it took mxfp4 SR from 199.0 to 239.0 us and nvfp4 from 280.7 to 287.9 (about a
 # third of an e2m1 group lies below its normal range, [0.5, 1) of 6); e2m1 has its own integer
-# encode (SR_E2M1_INT, below), and with NQDQ_SR_E2M1_INT=0 the float form or sr_store_unit
-# (so NVFP4's clause below is taken only if this is lowered to 4)
+# encode (sr_unit_e2m1_i, below)
 SR_FAST_MIN_FLOAT_BITS = 6
 TINY_X_BITS = 0x0C800000  # 2^-102
 S_TINY_SHIFT = 124 << 23  # s * 2^-124 on the bits (s >= 2^-80 under recip_guarded: may underflow, then 2^-102 rules)
-# launch bound of the stochastic row and group kernels: at least this many blocks per SM (0, the
-# default: none; NQDQ_SR_MIN_BLOCKS, read when kernels compile). H100 A/B, bf16 8192x8192, 5 blocks
-# (fp8_row 62 -> 56 registers): fp8_row 156.0 -> 154.1 us, mxfp8 146.1 -> 141.8, int8_row 140.5 ->
-# 143.7, mxfp4 198.9 -> 203.0: mixed, so off
-SR_MIN_BLOCKS = int(os.environ.get("NQDQ_SR_MIN_BLOCKS", "0"))
-
-
-def _sr_min_blocks(stoch, NT):
-    return SR_MIN_BLOCKS if stoch and 0 < SR_MIN_BLOCKS and NT * SR_MIN_BLOCKS <= 2048 else 0
+# The stochastic row and group kernels have no launch bound: H100, bf16 8192x8192, 5 blocks per
+# SM (fp8_row 62 -> 56 registers) measured mixed (fp8_row 156.0 -> 154.1 us, mxfp4 198.9 -> 203.0).
 
 
 @devfn
@@ -910,11 +892,10 @@ def sr_unit_fast(e, unit, p0, r, key_lo, key_hi, mode, fmt, vec, nb):
 # MX e2m1 of 16-bit input (mxfp4 of bf16 / f16), clean groups: sr_e2m1_code_f's float form of
 # the rule (its steps are powers of two and q = x * 2^-k keeps at most 11 significant bits), kept
 # where every |q| is 0 or >= 2^-14; mostly FMA-pipe work where encode_float_sr32's integer carry
-# and its subnormal block (about a third of an e2m1 group) fill the ALU pipe. Taken only with
-# NQDQ_SR_E2M1_INT=0 (the integer encode below is faster: H100, bf16 8192x8192, mxfp4 SR 145.2 ->
-# 134.5 us, docs/design/stochastic-rounding.md).
-# NQDQ_SR_E2M1_FLOAT=0: the old path (read when kernels compile).
-SR_E2M1_FLOAT = os.environ.get("NQDQ_SR_E2M1_FLOAT", "1") == "1"
+# and its subnormal block (about a third of an e2m1 group) fill the ALU pipe (H200, bf16
+# 8192x8192: mxfp4 SR 200.6 -> 156.0 us against sr_store_unit). Tried after the integer encode
+# below (sr_store_unit_r), which is faster where it holds (H100, bf16 8192x8192, mxfp4 SR
+# 145.2 -> 134.5 us, docs/design/stochastic-rounding.md).
 
 
 @devfn
@@ -938,9 +919,7 @@ def sr_unit_e2m1(e, unit, p0, key_lo, key_hi, nb):
 # MX e2m1 and NVFP4, clean groups, any input kind: sr_e2m1_code_i's integer form of the rule
 # (one IMAD.WIDE.U32 an element, no branch), kept where every |q| is 0, below 2^-33 or at
 # least 2^-10; q = |x| * p0 (the sign is x's: p0 > 0). H100, bf16 8192x8192
-# (docs/design/stochastic-rounding.md): nvfp4 SR 265.0 -> 191 us, mxfp4 SR 145.2 -> 134.5. NQDQ_SR_E2M1_INT=0:
-# the float form (MX of 16-bit input) or the old path (read when kernels compile).
-SR_E2M1_INT = os.environ.get("NQDQ_SR_E2M1_INT", "1") == "1"
+# (docs/design/stochastic-rounding.md): nvfp4 SR 265.0 -> 191 us, mxfp4 SR 145.2 -> 134.5.
 
 
 @devfn
@@ -977,20 +956,20 @@ def sr_store_unit_r(e, unit, p0, r, clean, key_lo, key_hi, c8, c16, c32, mode, f
     non-zero, ratio_ok) units under a float scale with r != 0, an MX scale or a finite NVFP4
     multiplier take sr_unit_fast, and keep its codes where it says they hold."""
     e2m1 = fmt[0] == 1 and fmt[5] == 4 and fmt[1] == 1 and fmt[3] == 7  # (constants: folded)
-    if SR_E2M1_INT and clean and e2m1 and (
+    if clean and e2m1 and (
             mode == MODE_MX or (mode == MODE_NVFP4 and abs_i32(f32_bits(p0)) < FINITE)):
         lo, hi, ok = sr_unit_e2m1_i(e, unit, p0, key_lo, key_hi, vec, nb)
         if ok:
             store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
             return
-    if SR_FAST and (fmt[0] == 0 or fmt[5] >= SR_FAST_MIN_FLOAT_BITS) and clean and (
+    if (fmt[0] == 0 or fmt[5] >= SR_FAST_MIN_FLOAT_BITS) and clean and (
             mode == MODE_MX or (mode == MODE_NVFP4 and abs_i32(f32_bits(p0)) < FINITE)
             or (mode == MODE_FLOAT and r != ZERO)):
         lo, hi, ok = sr_unit_fast(e, unit, p0, r, key_lo, key_hi, mode, fmt, vec, nb)
         if ok:
             store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
             return
-    if SR_E2M1_FLOAT and clean and mode == MODE_MX and vec == 8 and e2m1:
+    if clean and mode == MODE_MX and vec == 8 and e2m1:
         lo, hi, ok = sr_unit_e2m1(e, unit, p0, key_lo, key_hi, nb)
         if ok:
             store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
@@ -1017,12 +996,11 @@ def _consts(kind, mode, fmt, mx_cfg, max_elem, packed):
     return vec_of(kind), nb, cvt, F32(max_elem), mx_cfg[0], mx_cfg[1], mx_cfg[2], F32(mx_cfg[3])
 
 
-def _jit_unrolled(name, template, ns, U, K=1, min_blocks=0):
+def _jit_unrolled(name, template, ns, U, K=1):
     """Compile a kernel whose per-unit statements are written out: a line of ``template``
     holding ``{j}`` (and ``{jNT}`` = j * NT) is repeated for j = 0 .. U-1, one holding ``{k}``
     for k = 0 .. K-1 (j outer), so every unit lives in its own named register tuple (see the
-    comment above load_unit). ``min_blocks`` > 0: launch bounds (NT threads, at least that
-    many resident blocks per SM), which caps the registers ptxas may use."""
+    comment above load_unit)."""
     lines = []
     for ln in template.splitlines():
         js = range(U) if ("{j}" in ln or "{jNT}" in ln) else [None]
@@ -1041,8 +1019,6 @@ def _jit_unrolled(name, template, ns, U, K=1, min_blocks=0):
     exec(compile(src, f"<nqdq {name} U={U} K={K}>", "exec"), glb)
     fn = glb[name]
     fn.source = src
-    if min_blocks > 0 and not SIMULATOR:  # (the simulator's jit takes no launch bounds)
-        return cuda.jit(fn, launch_bounds=(ns["NT"], min_blocks))
     return cuda.jit(fn)
 
 
@@ -1131,19 +1107,18 @@ def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
     the group's L / K lanes, the group's scale, the encode and the stores), ``unit_of`` (a
     chunk's first unit), ``ST`` (units between a chunk's units), ``IG``, ``VEC``; shared
     with ``_tensor_resident``'s NVFP4 kernel. Not cached: each kernel factory (cached
-    itself) builds its own, so a module switch (INT_GROUP_FAST, FP6_PAIRS, ...) set before
-    a factory's cache is cleared takes effect, as it did when these were the factory's own."""
+    itself) builds its own."""
     VEC, NB, CVT, MAXE, MXR, MXM, MXE, MXI = _consts(kind, mode, fmt, mx_cfg, max_elem, packed)
     assert L & (L - 1) == 0 and 1 <= L <= 32 and L % K == 0 and K in (1, 2, 4)
     LL = L // K
     # MX e2m1 of bfloat16 input: amax and encode two elements per instruction (e2m1_unit_bf16);
     # "floor" / "even" scales can leave |x| / 2^k up to 8, which is clamped to 6 first
     # chunk c holds units unit_of(c) + k * ST, k < K: consecutive (ST = 1), or, for the fp8
-    # formats (paired cvt) and, with INT_GROUP_FAST, integer elements under float scales
+    # formats (paired cvt) and integer elements under float scales
     # (int4_group: K = 4), interleaved over the group's lanes (ST = LL: lane l of a group holds its
     # units l, l + LL, ...), so that each load / store instruction of a warp still covers
     # whole contiguous pieces of LL units (coalesced as with K = 1)
-    IG = INT_GROUP_FAST and mode == MODE_FLOAT and fmt[0] == 0  # integer elements, float scales
+    IG = mode == MODE_FLOAT and fmt[0] == 0  # integer elements, float scales
     ILV = K > 1 and (fp8_cvt_supports(fmt) or IG)
     ST = LL if ILV else 1
 
@@ -1156,7 +1131,7 @@ def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
     PAIRS = kind == KIND_BF16 and mode in (MODE_MX, MODE_NVFP4) and NB == 4 and is_e2m1(fmt)
     # MX fp6 of bfloat16 input: the pair encoder (fp6_pair_codes); a chunk of 4 units stores
     # its 24 code bytes (8-byte aligned: 24 * chunk) by three 8-byte stores
-    FP6P = FP6_PAIRS and kind == KIND_BF16 and mode == MODE_MX and NB == 6 and is_fp6.py_func(fmt)
+    FP6P = kind == KIND_BF16 and mode == MODE_MX and NB == 6 and is_fp6.py_func(fmt)
     F6 = fp6_pair_consts.py_func(fmt) if FP6P else (0, 0, 0, 0)
     CHUNK6 = FP6P and K == 4 and ST == 1
     CLAMP = MXR != MX_RCEIL
@@ -1266,14 +1241,14 @@ def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
     @devfn
     def chunk_step_sr(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, s_enc, s_dec, key_lo, key_hi):
         """chunk_step under stochastic rounding: the same amax and butterfly (chunk_amax), group
-        parameters and scale (group_params: the reference's formula; a finite NVFP4 block, with
-        SR_E2M1_INT, by nvfp4_block's shortcut, which reproduces it), every unit by
+        parameters and scale (group_params: the reference's formula; a finite NVFP4 block by
+        nvfp4_block's shortcut, which reproduces it), every unit by
         sr_store_unit_r."""
         a = chunk_amax(w0, w1, w2, w3, tid, scratch)
         if chunk < nchunks:
             u = unit_of(chunk)
             clean = a < FINITE
-            if SR_E2M1_INT and mode == MODE_NVFP4 and clean:  # nvfp4_block's shortcut, as chunk_step's
+            if mode == MODE_NVFP4 and clean:  # nvfp4_block's shortcut, as chunk_step's
                 code, p0 = nvfp4_block(a, s_enc, s_enc * NVFP4_INV6, s_dec, CVT_E4M3)
                 if (tid & (LL - 1)) == 0:
                     scales[chunk // LL] = np.uint8(code)
@@ -1325,7 +1300,7 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
         ns["chunk_step"] = chunk_step_sr
         src = _sub(src, f"scales, {sargs}):", f"scales, {sargs}, key_lo, key_hi):")
         src = _sub(src, "scales, s_enc, s_dec)", "scales, s_enc, s_dec, key_lo, key_hi)")
-    return _jit_unrolled("lastaxis_groups", src, ns, U, K, INT_GROUP_MIN_BLOCKS if IG else _sr_min_blocks(stoch, NT))
+    return _jit_unrolled("lastaxis_groups", src, ns, U, K)
 
 
 # ----------------------------------------------------------------------------- whole rows
@@ -1402,7 +1377,7 @@ def make_lastaxis_row_kernel(kind, mode, fmt, mx_cfg, max_elem, NT, U, packed, s
     if stoch:
         src = _sub(src, "scales, sparams):", "scales, sparams, key_lo, key_hi):")
         src = _sub(src, _ROWS_RNE_ENCODE, _ROWS_SR_ENCODE)
-    return _jit_unrolled("lastaxis_rows", src, ns, U, min_blocks=_sr_min_blocks(stoch, NT))
+    return _jit_unrolled("lastaxis_rows", src, ns, U)
 
 
 # the row kernel's encode (its last two lines), and its stochastic-rounding replacement
@@ -1500,7 +1475,7 @@ def enc_int(xb, p0, p1, pz, flo, fhi, clean, mode, fmt, mask, r, rd):
     ``fhi``: asym's bounds -zp, qmax - zp as float32. ``clean`` and ``rd`` (divide by the
     reciprocal r of s: _division; |x| <= max(hi, -lo) <= hi - lo = s * qmax, |x - mean| <=
     s * 127 up to rounding, so no overflow) are compile-time branches where the caller
-    passes constants (encode_store_int_unit does)."""
+    passes constants (encode_store_int_unit_r does)."""
     x = bits_f32(xb)
     if clean:
         if mode == MODE_ASYM:
@@ -1531,21 +1506,13 @@ def int_unit_codes(e, p0, p1, pz, flo, fhi, clean, mode, fmt, vec, m, nb, r, rd)
 
 
 @devfn
-def encode_store_int_unit(e, unit, p0, p1, pz, clean, c8, c16, c32, mode, fmt, vec, nb):
-    """One branch per unit on ``clean``, each side with its eight element encodes in a
-    straight line (a branch per element kept each division in its own basic block, where
-    the next one could not overlap it)."""
-    flo = F32(-pz)  # int -> float conversions run at a quarter of the FP32 rate: once per unit
-    fhi = F32(np.int32(fmt[7]) - pz)
-    r = recip_guarded(p0) if RECIP_DIV else ZERO  # the units of one basic block share it (CSE)
-    encode_store_int_unit_r(e, unit, p0, p1, pz, flo, fhi, r, clean, c8, c16, c32, mode, fmt, vec, nb)
-
-
-@devfn
 def encode_store_int_unit_r(e, unit, p0, p1, pz, flo, fhi, r, clean, c8, c16, c32, mode, fmt, vec, nb):
-    """encode_store_int_unit with its per-scale values computed by the caller: the bounds
+    """Encode and store an integer unit: one branch per unit on ``clean``, each side with its
+    eight element encodes in a straight line (a branch per element kept each division in its
+    own basic block, where the next one could not overlap it). The per-scale values come from
+    the caller, so that one whose units sit in separate blocks computes them once: the bounds
     ``flo`` = -pz, ``fhi`` = qmax - pz as float32 and r = recip_guarded(p0) (ZERO without
-    RECIP_DIV), so that a caller whose units sit in separate blocks computes them once."""
+    RECIP_DIV)."""
     m = (1 << nb) - 1
     if clean and r != ZERO:
         lo, hi = int_unit_codes(e, p0, p1, pz, flo, fhi, True, mode, fmt, vec, m, nb, r, True)
@@ -1606,18 +1573,13 @@ def lastaxis_asym_rows(x, upr, codes, scales, zps, means):
         zps[row] = pz
     if tid + {jNT} < upr: STORE_INT_UNIT
 """
-# The row's reciprocal and float bounds once per thread (encode_store_int_unit_r), not once per
-# unit (each unit's encode sits in its own `if` block, so NVVM computed recip_guarded, a
-# div.rn, and two int -> float conversions U times per thread). The same codes bit for bit.
-# On since its H100 run (GPU tests exact; int8_asym bf16 8192x8192 / 16384x7168 80 / 81 ->
-# 89 / 90 % of copy; docs/design/last-axis.md). NQDQ_ASYM_ROW_RECIP_ONCE=0:
-# the previous path (A/B).
-ASYM_ROW_RECIP_ONCE = os.environ.get("NQDQ_ASYM_ROW_RECIP_ONCE", "1") == "1"
-_ASYM_STORE_ONCE = ("encode_store_int_unit_r(unit_elems(w{j}, kind), base + {jNT}, sv, ZERO, pz, flo, fhi, rr, clean, codes, "
-                    "c16, c32, mode, fmt, VEC, NB)")
+# The row's reciprocal and float bounds once per thread (asym_unit_store_r), not once per
+# unit (each unit's encode sits in its own `if` block, so NVVM would compute recip_guarded, a
+# div.rn, and two int -> float conversions U times per thread), and the codes clipped as
+# integers (asym_code_r). The same codes bit for bit. H100: int8_asym bf16 8192x8192 /
+# 16384x7168 80 / 81 -> 89 / 90 % of copy with the reciprocal once, 96 / 99 % with the
+# integer clip at the current row geometry (docs/design/last-axis.md).
 _ASYM_STORE_CLIP = ("asym_unit_store_r(unit_elems(w{j}, kind), base + {jNT}, sv, rr, pz, flo, fhi, clean, codes, c16, c32, "
-                    "fmt, VEC, NB)")
-_ASYM_STORE_EACH = ("encode_store_int_unit(unit_elems(w{j}, kind), base + {jNT}, sv, ZERO, pz, clean, codes, c16, c32, mode, "
                     "fmt, VEC, NB)")
 _ASYM_STORE_SR = ("sr_store_unit(unit_elems(w{j}, kind), base + {jNT}, sv, ZERO, pz, key_lo, key_hi, codes, c16, c32, "
                   "mode, fmt, VEC, NB)")
@@ -1639,51 +1601,28 @@ def make_lastaxis_asym_row_kernel(kind, fmt, max_elem, NT, U, packed, shfl, stoc
     if stoch:
         src = _sub(_ASYM_ROWS_SRC, "zps, means):", "zps, means, key_lo, key_hi):")
         src = _sub(src, "STORE_INT_UNIT", _ASYM_STORE_SR)
-    elif ASYM_ROW_RECIP_ONCE:
-        store = _ASYM_STORE_CLIP if ASYM_INT_CLIP else _ASYM_STORE_ONCE  # (ASYM_INT_CLIP: see asym_code_r)
-        src = _ASYM_ROWS_SRC.replace("    if tid + {jNT} < upr: STORE_INT_UNIT",
-                                     _ASYM_ONCE_LINES + "    if tid + {jNT} < upr: " + store)
     else:
-        src = _ASYM_ROWS_SRC.replace("STORE_INT_UNIT", _ASYM_STORE_EACH)
+        src = _ASYM_ROWS_SRC.replace("    if tid + {jNT} < upr: STORE_INT_UNIT",
+                                     _ASYM_ONCE_LINES + "    if tid + {jNT} < upr: " + _ASYM_STORE_CLIP)
     return _jit_unrolled("lastaxis_asym_rows", src, ns, U)
 
 
-# lastaxis_stat_groups with STAT_GROUP_FAST (int4_asym, int8_centred, every 1xG asymmetric or
-# centred group of 2^k units): what INT_GROUP_FAST and ASYM_ROW_RECIP_ONCE did for int4_group
-# and the asymmetric rows. (1) A chunk's K units interleaved over the group's LL lanes (lane l
-# of a group holds its units l, l + LL, ...: unit_of, ST = LL), so that each load / store
-# instruction of a warp covers whole contiguous pieces (with K consecutive units per lane it
-# read 16 bytes at a 16 K-byte stride). (2) The group's reciprocal (and the asymmetric float
-# bounds) once per chunk (encode_store_int_unit_r), not once per unit: the units' encodes sit
-# in separate basic blocks, so NVVM does not share them. (3) Asymmetric 16-bit input: the min /
-# max keys two elements per instruction (word_ukeys, min / max.u16x2). (4) Centred: with the
-# units interleaved, the halving sum's top levels (the unit bits, above the lane bits) are
-# additions inside the thread, so fewer shuffles (K = 2, VEC = 8: 10 instead of 17 per chunk).
-# The same codes, scales, zero points and means bit for bit (the same element encodes and
-# quotients, the same statistics, the reference's summation tree). On since its H100 run
-# (53 GPU tests exact; bf16 8192x8192 / 16384x7168, % of copy: int4_asym 68 / 69 -> 74 / 75
-# (83 / 84 with ASYM_INT_CLIP), int8_centred 84 / 84 -> 86 / 87 with quantize.CENTRED_UNITS = 2,
-# 92 / 93 with 4; docs/design/last-axis.md). NQDQ_STAT_GROUP_FAST=0: the previous path (A/B).
-STAT_GROUP_FAST = os.environ.get("NQDQ_STAT_GROUP_FAST", "1") == "1"
-# Asymmetric codes of finite groups (STAT_GROUP_FAST's groups and, with ASYM_ROW_RECIP_ONCE,
-# the asymmetric rows): clip(rint(x / s) + zp, 0, qmax), the reference's formula, rounded first
-# and clipped as integers (asym_code_r: two integer min / max per element instead of two float
-# compare-and-selects, which ptxas keeps for run-time float bounds; now one add-and-min: the
-# lower clip never binds, see asym_code_r). On since the same run (int4_asym 74 / 75 -> 83 /
-# 84 %, int8_asym 80 / 82 -> 87 / 90 % of copy; with the one-op clip 86 / 88 and, at
-# the restored row geometry, int8_asym 89 / 90 -> 96 / 99 %). NQDQ_ASYM_INT_CLIP=0: the previous
-# encode (A/B).
-ASYM_INT_CLIP = os.environ.get("NQDQ_ASYM_INT_CLIP", "1") == "1"
-# With STAT_GROUP_FAST, the asymmetric groups' statistics in fewer instructions: bfloat16 min /
-# max two elements per instruction (min / max.bf16x2; a NaN, which those skip, found by the |x|
-# max of word_amax16 and made the group's max), a lane's (max key, 0xFFFF - min key) packed in
-# one word for the butterfly (one shuffle and one max.u16x2 per step, 16-bit input), the zero
-# point's -xmin / s by the reciprocal that the encode uses (asym_group_r), and a chunk's first
-# unit without a signed division. On since its H100 run (22 GPU tests exact; int4_asym bf16
-# 8192x8192 / 16384x7168 86 / 88 -> 90 / 92 % of copy, with the one-op
-# clip of asym_code_r). NQDQ_ASYM_PACKED_STATS=0: the previous statistics (A/B).
-ASYM_PACKED_STATS = os.environ.get("NQDQ_ASYM_PACKED_STATS", "1") == "1"
-
+# lastaxis_stat_groups (int4_asym, int8_centred, every 1xG asymmetric or centred group of 2^k
+# units), as the float-scale groups and the asymmetric rows: (1) a chunk's K units interleaved
+# over the group's LL lanes (lane l of a group holds its units l, l + LL, ...: unit_of, ST =
+# LL), so that each load / store instruction of a warp covers whole contiguous pieces. (2) The
+# group's reciprocal (and the asymmetric float bounds) once per chunk, not once per unit: the
+# units' encodes sit in separate basic blocks, so NVVM does not share them. (3) Asymmetric
+# codes clipped as integers (asym_code_r: clip(rint(x / s) + zp, 0, qmax), the reference's
+# formula, by one add-and-min instead of two float compare-and-selects). (4) Asymmetric
+# statistics in fewer instructions: bfloat16 min / max two elements per instruction (min /
+# max.bf16x2; a NaN, which those skip, found by the |x| max of word_amax16 and made the group's
+# max), other 16-bit input's keys in pairs (word_ukeys), a lane's (max key, 0xFFFF - min key)
+# packed in one word for the butterfly, the zero point's -xmin / s by the encode's reciprocal
+# (asym_group_r). (5) Centred: with the units interleaved, the halving sum's top levels (the
+# unit bits, above the lane bits) are additions inside the thread, so fewer shuffles. The same
+# codes, scales, zero points and means bit for bit. H100, bf16 8192x8192 / 16384x7168, % of
+# copy: int4_asym 68 / 69 -> 90 / 92, int8_centred 84 / 84 -> 92 / 93 (docs/design/last-axis.md).
 _STAT_GROUPS_SRC = """
 def lastaxis_stat_groups(x, nchunks, codes, scales, zps, means):
     tid = cuda.threadIdx.x
@@ -1695,11 +1634,9 @@ def lastaxis_stat_groups(x, nchunks, codes, scales, zps, means):
     z = np.uint32(0)
     Z4 = (z, z, z, z)
     c0 = cuda.blockIdx.x * (NT * U) + tid
-    w{j}_{k} = load_unit(x, x32, aligned, (c0 + {jNT}) * K + {k}, c0 + {jNT} < nchunks, kind)
+    w{j}_{k} = load_unit(x, x32, aligned, unit_of(c0 + {jNT}) + {k} * ST, c0 + {jNT} < nchunks, kind)
     chunk_step(CHUNK_ARGS, c0 + {jNT}, nchunks, tid, scratch, codes, c16, c32, scales, zps, means)
 """
-_STAT_LOAD_EACH = "(c0 + {jNT}) * K + {k}"
-_STAT_LOAD_ILV = "unit_of(c0 + {jNT}) + {k} * ST"
 
 
 @devfn
@@ -1829,8 +1766,8 @@ def asym_group_r(mxb, mnb, max_elem):
 # instead of one per position. When a lane is down to one position the remaining lane
 # levels are plain butterflies. Then the levels between positions a lane still holds are
 # added in the thread, and the last ones (positions split across lanes) are butterflies
-# again (position bit t <-> lane offset LL >> (t + 1)). Units interleaved (STAT_GROUP_FAST:
-# lane l holds units l + k * LL): the top log2(K) levels pair unit k with unit k + K/2^i of
+# again (position bit t <-> lane offset LL >> (t + 1)). Units interleaved (lane l holds
+# units l + k * LL): the top log2(K) levels pair unit k with unit k + K/2^i of
 # the same lane, additions in the thread (FOLD), which leaves VEC positions per lane for the
 # lane levels as above.
 _CENTRED_STEP_SRC = """
@@ -1857,13 +1794,6 @@ AMAX
         clean = a < FINITE
 ENCODE
 """
-_CENTRED_ENCODE_EACH = """        u = chunk * K
-        encode_store_int_unit(e0, u, s, mean, 0, clean, c8, c16, c32, mode, fmt, VEC, NB)
-        if K >= 2:
-            encode_store_int_unit(e1, u + 1, s, mean, 0, clean, c8, c16, c32, mode, fmt, VEC, NB)
-        if K >= 4:
-            encode_store_int_unit(e2, u + 2, s, mean, 0, clean, c8, c16, c32, mode, fmt, VEC, NB)
-            encode_store_int_unit(e3, u + 3, s, mean, 0, clean, c8, c16, c32, mode, fmt, VEC, NB)"""
 _CENTRED_ENCODE_ONCE = """        u = unit_of(chunk)
         rr = recip_guarded(s) if RECIP_DIV else ZERO
         encode_store_int_unit_r(e0, u, s, mean, 0, ZERO, ZERO, rr, clean, c8, c16, c32, mode, fmt, VEC, NB)
@@ -1873,8 +1803,7 @@ _CENTRED_ENCODE_ONCE = """        u = unit_of(chunk)
             encode_store_int_unit_r(e2, u + 2 * ST, s, mean, 0, ZERO, ZERO, rr, clean, c8, c16, c32, mode, fmt, VEC, NB)
             encode_store_int_unit_r(e3, u + 3 * ST, s, mean, 0, ZERO, ZERO, rr, clean, c8, c16, c32, mode, fmt, VEC, NB)"""
 
-# the centred encode under stochastic rounding (both layouts: unit_of(c) is c * K, ST = 1
-# without STAT_GROUP_FAST)
+# the centred encode under stochastic rounding
 _CENTRED_ENCODE_SR = """        u = unit_of(chunk)
         sr_store_unit(e0, u, s, mean, 0, key_lo, key_hi, c8, c16, c32, mode, fmt, VEC, NB)
         if K >= 2:
@@ -1920,54 +1849,42 @@ def _lane_levels_src(W, LL, ind):
     return cross, local
 
 
-def _centred_step_src(K, VEC, LL, interleaved=False):
+def _centred_step_src(K, VEC, LL):
     W = K * VEC
     ind = "    "
     leaves = [f"{ind}v{i} = mul_rn(bits_f32(e{i // VEC}[{i % VEC}]), INV_P)" for i in range(W)]
-    if interleaved:  # unit levels in the thread: v(k VEC + e) += v((k + hk) VEC + e), hk = K/2 .. 1
-        hk = K >> 1
-        while hk > 0:
-            leaves += [f"{ind}v{k * VEC + e} = v{k * VEC + e} + v{(k + hk) * VEC + e}" for k in range(hk) for e in range(VEC)]
-            hk >>= 1
-        cross, local = _lane_levels_src(VEC, LL, ind)
-    else:
-        cross, local = _lane_levels_src(W, LL, ind)
+    hk = K >> 1  # unit levels in the thread: v(k VEC + e) += v((k + hk) VEC + e), hk = K/2 .. 1
+    while hk > 0:
+        leaves += [f"{ind}v{k * VEC + e} = v{k * VEC + e} + v{(k + hk) * VEC + e}" for k in range(hk) for e in range(VEC)]
+        hk >>= 1
+    cross, local = _lane_levels_src(VEC, LL, ind)
     amax = [f"{ind}a = max(a, abs_i32(f32_bits(bits_f32(e{i // VEC}[{i % VEC}]) - mean)))" for i in range(W)]
     return (_CENTRED_STEP_SRC.replace("LEAVES", "\n".join(leaves)).replace("CROSS", "\n".join(cross) or f"{ind}pass")
             .replace("LOCAL", "\n".join(local) or f"{ind}pass").replace("AMAX", "\n".join(amax))
-            .replace("ENCODE", _CENTRED_ENCODE_ONCE if interleaved else _CENTRED_ENCODE_EACH))
+            .replace("ENCODE", _CENTRED_ENCODE_ONCE))
 
 
 @lru_cache(maxsize=None)
 def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, packed, shfl, stoch=False):
     """Asymmetric (MODE_ASYM) or centred (MODE_CENTRED) groups of L units along the last
     axis: make_lastaxis_group_kernel's layout (chunks of K units, LL = L / K lanes per group,
-    U chunks per thread), with the group's (max, min) or halving sum and centred amax.
-    STAT_GROUP_FAST (read here): units interleaved over the group's lanes, the reciprocal
-    once per chunk, 16-bit asymmetric keys in pairs; with it, ASYM_INT_CLIP: asymmetric codes
-    clipped as integers (see the comments above both). ``stoch``: stochastic rounding (the
-    same statistics and parameters, every unit by sr_store_unit; the kernel takes key_lo,
-    key_hi last)."""
+    U chunks per thread), with the group's (max, min) or halving sum and centred amax; units
+    interleaved over the group's lanes (see the comment above _STAT_GROUPS_SRC). ``stoch``:
+    stochastic rounding (the same statistics and parameters, every unit by sr_store_unit; the
+    kernel takes key_lo, key_hi last)."""
     VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
     assert L & (L - 1) == 0 and 1 <= L <= 32 and NT % 32 == 0 and L % K == 0 and K in (1, 2, 4)
     assert mode in (MODE_ASYM, MODE_CENTRED)
     LL = L // K
     MAXE = F32(max_elem)
-    FAST = STAT_GROUP_FAST
-    ST = LL if FAST else 1
-    PK = FAST and kind != KIND_F32  # 16-bit elements: keys in pairs
-    IC = ASYM_INT_CLIP
-
-    PS = FAST and ASYM_PACKED_STATS
+    ST = LL
+    PK = kind != KIND_F32  # 16-bit elements: keys in pairs
 
     @devfn
     def unit_of(c):
-        """First unit of chunk c (its others: + k * ST); c >= 0."""
-        if PS:  # (c // LL) * L + c % LL, without a signed division
-            return c * K - (c & (LL - 1)) * (K - 1)
-        if FAST:
-            return (c // LL) * L + (c % LL)
-        return c * K
+        """First unit of chunk c (its others: + k * ST); c >= 0: (c // LL) * L + c % LL,
+        without a signed division."""
+        return c * K - (c & (LL - 1)) * (K - 1)
 
     @devfn
     def chunk_ukeys(w0, w1, w2, w3):
@@ -2022,11 +1939,11 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
             zps[chunk // LL] = pz
         return sv, pz, clean
 
-    if mode == MODE_ASYM and FAST:
+    if mode == MODE_ASYM:
 
         @devfn
         def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, zps, means):
-            if PS and PK:
+            if PK:
                 if kind == KIND_BF16:
                     mx2, mn2 = unit_bf16_minmax(w0)
                     a2 = word_amax16(w0)
@@ -2064,27 +1981,15 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
                     u = unit_of(chunk)
                     flo = F32(-pz)
                     fhi = F32(np.int32(fmt[7]) - pz)
-                    if IC:
-                        asym_unit_store_r(unit_elems(w0, kind), u, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt, VEC, NB)
-                        if K >= 2:
-                            asym_unit_store_r(unit_elems(w1, kind), u + ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt,
-                                              VEC, NB)
-                        if K >= 4:
-                            asym_unit_store_r(unit_elems(w2, kind), u + 2 * ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32,
-                                              fmt, VEC, NB)
-                            asym_unit_store_r(unit_elems(w3, kind), u + 3 * ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32,
-                                              fmt, VEC, NB)
-                    else:
-                        encode_store_int_unit_r(unit_elems(w0, kind), u, sv, ZERO, pz, flo, fhi, rr, clean, c8, c16, c32,
-                                                mode, fmt, VEC, NB)
-                        if K >= 2:
-                            encode_store_int_unit_r(unit_elems(w1, kind), u + ST, sv, ZERO, pz, flo, fhi, rr, clean, c8, c16,
-                                                    c32, mode, fmt, VEC, NB)
-                        if K >= 4:
-                            encode_store_int_unit_r(unit_elems(w2, kind), u + 2 * ST, sv, ZERO, pz, flo, fhi, rr, clean, c8,
-                                                    c16, c32, mode, fmt, VEC, NB)
-                            encode_store_int_unit_r(unit_elems(w3, kind), u + 3 * ST, sv, ZERO, pz, flo, fhi, rr, clean, c8,
-                                                    c16, c32, mode, fmt, VEC, NB)
+                    asym_unit_store_r(unit_elems(w0, kind), u, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt, VEC, NB)
+                    if K >= 2:
+                        asym_unit_store_r(unit_elems(w1, kind), u + ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt,
+                                          VEC, NB)
+                    if K >= 4:
+                        asym_unit_store_r(unit_elems(w2, kind), u + 2 * ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32,
+                                          fmt, VEC, NB)
+                        asym_unit_store_r(unit_elems(w3, kind), u + 3 * ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32,
+                                          fmt, VEC, NB)
                 return
             khi, nklo = chunk_keys(w0, w1, w2, w3, tid, scratch)
             if chunk < nchunks:
@@ -2093,57 +1998,26 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
                 flo = F32(-pz)  # int -> float conversions and the reciprocal: once per chunk
                 fhi = F32(np.int32(fmt[7]) - pz)
                 rr = recip_guarded(sv) if RECIP_DIV else ZERO
-                if IC:
-                    asym_unit_store_r(unit_elems(w0, kind), u, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt, VEC, NB)
-                    if K >= 2:
-                        asym_unit_store_r(unit_elems(w1, kind), u + ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt, VEC,
-                                          NB)
-                    if K >= 4:
-                        asym_unit_store_r(unit_elems(w2, kind), u + 2 * ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt,
-                                          VEC, NB)
-                        asym_unit_store_r(unit_elems(w3, kind), u + 3 * ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt,
-                                          VEC, NB)
-                    return
-                encode_store_int_unit_r(unit_elems(w0, kind), u, sv, ZERO, pz, flo, fhi, rr, clean, c8, c16, c32, mode,
-                                        fmt, VEC, NB)
+                asym_unit_store_r(unit_elems(w0, kind), u, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt, VEC, NB)
                 if K >= 2:
-                    encode_store_int_unit_r(unit_elems(w1, kind), u + ST, sv, ZERO, pz, flo, fhi, rr, clean, c8, c16, c32,
-                                            mode, fmt, VEC, NB)
+                    asym_unit_store_r(unit_elems(w1, kind), u + ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt, VEC,
+                                      NB)
                 if K >= 4:
-                    encode_store_int_unit_r(unit_elems(w2, kind), u + 2 * ST, sv, ZERO, pz, flo, fhi, rr, clean, c8, c16,
-                                            c32, mode, fmt, VEC, NB)
-                    encode_store_int_unit_r(unit_elems(w3, kind), u + 3 * ST, sv, ZERO, pz, flo, fhi, rr, clean, c8, c16,
-                                            c32, mode, fmt, VEC, NB)
-
-    elif mode == MODE_ASYM:
-
-        @devfn
-        def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, zps, means):
-            e0 = unit_elems(w0, kind)
-            e1 = unit_elems(w1, kind)
-            e2 = unit_elems(w2, kind)
-            e3 = unit_elems(w3, kind)
-            khi, nklo = chunk_keys(w0, w1, w2, w3, tid, scratch)
-            if chunk < nchunks:
-                sv, pz, clean = chunk_asym_group(khi, nklo, chunk, tid, scales, zps)
-                u = chunk * K
-                encode_store_int_unit(e0, u, sv, ZERO, pz, clean, c8, c16, c32, mode, fmt, VEC, NB)
-                if K >= 2:
-                    encode_store_int_unit(e1, u + 1, sv, ZERO, pz, clean, c8, c16, c32, mode, fmt, VEC, NB)
-                if K >= 4:
-                    encode_store_int_unit(e2, u + 2, sv, ZERO, pz, clean, c8, c16, c32, mode, fmt, VEC, NB)
-                    encode_store_int_unit(e3, u + 3, sv, ZERO, pz, clean, c8, c16, c32, mode, fmt, VEC, NB)
+                    asym_unit_store_r(unit_elems(w2, kind), u + 2 * ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt,
+                                      VEC, NB)
+                    asym_unit_store_r(unit_elems(w3, kind), u + 3 * ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt,
+                                      VEC, NB)
 
     else:
         P = L * VEC  # a whole group: the halving sum's padding P is G itself
         glb = dict(globals())
         glb.update(kind=kind, mode=mode, fmt=fmt, VEC=VEC, NB=NB, K=K, LL=LL, MAXE=MAXE, shfl=shfl, ST=ST, unit_of=unit_of,
                    INV_P=F32(1.0 / P), FACTOR=F32(np.float32(P) / np.float32(P)))  # fp32(P) / fp32(count)
-        src = _centred_step_src(K, VEC, LL, FAST)
+        src = _centred_step_src(K, VEC, LL)
         if stoch:  # the same mean, scale and layout; the encode by sr_store_unit
             src = _sub(src, "zps, means):", "zps, means, key_lo, key_hi):")
-            src = _sub(src, _CENTRED_ENCODE_ONCE if FAST else _CENTRED_ENCODE_EACH, _CENTRED_ENCODE_SR)
-        exec(compile(src, f"<nqdq centred_step K={K} VEC={VEC} LL={LL} fast={FAST}{' stoch' if stoch else ''}>",
+            src = _sub(src, _CENTRED_ENCODE_ONCE, _CENTRED_ENCODE_SR)
+        exec(compile(src, f"<nqdq centred_step K={K} VEC={VEC} LL={LL}{' stoch' if stoch else ''}>",
                      "exec"), glb)
         chunk_step = devfn(glb["centred_step"])
         chunk_step.source = src
@@ -2173,8 +2047,6 @@ def make_lastaxis_stat_group_kernel(kind, mode, fmt, max_elem, L, K, NT, U, pack
     ns = dict(NT=NT, U=U, K=K, SCRATCH=1 if shfl else NT, kind=kind,
               chunk_step=chunk_step, unit_of=unit_of, ST=ST)
     src = _STAT_GROUPS_SRC.replace("CHUNK_ARGS", chunk_args)
-    if FAST:
-        src = src.replace(_STAT_LOAD_EACH, _STAT_LOAD_ILV)
     if stoch:
         src = _sub(src, "zps, means):", "zps, means, key_lo, key_hi):")
         src = _sub(src, "scales, zps, means)", "scales, zps, means, key_lo, key_hi)")

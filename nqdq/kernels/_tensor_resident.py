@@ -1,13 +1,13 @@
-"""Dynamic per-tensor float scales (fp8_tensor-style) and NVFP4 for inputs larger than the
-one-launch kernels take, in one cooperative launch that keeps as much of the input on chip
+"""Dynamic per-tensor float scales (fp8_tensor-style) for inputs larger than the one-launch
+kernels take, in one cooperative launch that keeps as much of the input on chip
 as fits.
 
 Every code depends on a statistic of the whole tensor, so the streaming path reads the
 input twice: an amax pass, then the encode pass. For a tensor larger than L2 both reads come
 from DRAM, and the issue's byte count (input + codes + scales) caps that at 60 % of copy
 for bf16 -> fp8 (bf16 8192x8192: 201 MB counted, 335 MB moved). This kernel reads less
-the second time. It works on *items* of K consecutive 16-byte units: one unit for a
-per-tensor scale, one 16-element block for NVFP4 (K = 2 bf16 / f16 units, 4 float32 ones).
+the second time. It works on *items* of K consecutive 16-byte units (K = 1 here: one unit an
+item; the source generator takes any K).
 
 1. A grid of as many blocks as the device holds at once (``P`` = SMs x blocks an SM; a
    cooperative launch, ``launch.cooperative``). Each thread first issues the loads of its
@@ -16,10 +16,9 @@ per-tensor scale, one 16-element block for NVFP4 (K = 2 bf16 / f16 units, 4 floa
    of block b holding items b * NT * U + i * NT + t.
 2. While those land, the grid streams the rest in rounds of P * NT * V items (V a thread
    a round), keeping only the running statistic: the amax (NaN and inf counted, as
-   ``tensor_amax``'s), NVFP4's over the finite values.
+   ``tensor_amax``'s).
 3. The resident items join it; block max, then grid max (``_grid.grid_max``), then the
-   scale exactly as ``finalize`` computes it (NVFP4: S_enc), block 0 writing the scale
-   (NVFP4: the tensor scale 1 / S_enc).
+   scale exactly as ``finalize`` computes it, block 0 writing the scale.
 4. The register items are encoded (no read).
 5. The streamed rounds are read again **in reverse order**, so the first ones re-read are
    the last ones read, the ones L2 may still hold. While each round's loads are in flight
@@ -28,17 +27,17 @@ per-tensor scale, one 16-element block for NVFP4 (K = 2 bf16 / f16 units, 4 floa
 
 On an H100 (132 SMs, 227 KiB of shared memory a block) the default geometry holds
 132 x 1024 x (4 + 14) x 16 bytes = 39 MB on chip. The encoders are the streaming kernels'
-(``_rowwise_kernels.static_unit_fns``; NVFP4: ``group_chunk_fns``' chunk_step, which
-also writes each block's ue4m3 scale), so the results are theirs bit for bit.
+(``_rowwise_kernels.static_unit_fns``), so the results are theirs bit for bit.
 
 What it gains, and what limits it (H100, bf16 fp8_tensor; docs/design/per-tensor-dynamic.md):
 62-63 % of copy at 8192x8192 and 16384x7168 (the two kernels: 56 / 58 %), 63-65 %
 at 4096x7168 (51 %). ncu shows the second read mostly missing L2: at 8192x8192 DRAM reads
 212.7 MB, of which the input is 134.2 and the streamed part 95, so L2 served only about
 17 MB of the reversed rounds (the codes written meanwhile take its room); the evict-first L2
-policy on the second reads or on the code stores did not change that. NVFP4 gains nothing
-(51.9 / 54.1 % against the streaming kernels' 51.2 / 53.6 %; 39 against 48 % at 2048x7168):
-its block encode bounds it, not the second read, so ``quantize.NVFP4_RESIDENT`` is off.
+policy on the second reads or on the code stores did not change that. NVFP4 gained nothing
+here (51.9 / 54.1 % against the streaming kernels' 51.2 / 53.6 %; 39 against 48 % at
+2048x7168): its block encode bounds it, not the second read, so it stays on the streaming
+kernels.
 
 Why it cannot deadlock: every block waits for every other (the grid max), which is safe
 only if all blocks are resident at once. The launch is cooperative, so the driver starts
@@ -67,7 +66,7 @@ import numpy as np
 from numba import int32, types
 from ._gpu import cuda
 
-from ._codec import F32, ONE, ZERO, bits_f32
+from ._codec import F32, ONE, ZERO
 from ._column_kernels import stage_sync
 from ._division import recip_guarded
 from ._grid import grid_max
@@ -75,9 +74,9 @@ from ._mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4
 from ._ptx import array_addr, as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports
 from ._quantize_kernels import group_params
 from ._rowwise_kernels import (
-    _block_max_fn, amax_done, amax_step, group_chunk_fns, load_unit, static_unit_fns, unit_amax_finite, unit_elems, vec_of,
+    _block_max_fn, amax_done, amax_step, load_unit, static_unit_fns, unit_elems, vec_of,
 )  # fmt: skip
-from ._scales import MODE_FLOAT, MODE_NVFP4, nvfp4_tensor_encode_scale
+from ._scales import MODE_FLOAT
 from ._target import SIMULATOR, devfn, device_has
 
 # (NT, UR, US, V): threads a block (one block an SM), units a thread in registers and in
@@ -273,46 +272,6 @@ def make_tensor_resident_kernel(kind, fmt, max_elem, NT, UR, US, V, packed, shfl
     return _build(f"tensor_resident NT={NT} UR={UR} US={US} V={V}", src, ns, NT, US, 1)
 
 
-@lru_cache(maxsize=None)
-def make_nvfp4_resident_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, UR, US, V, packed, shfl=None):
-    """``tensor_resident`` for NVFP4: items are whole 16-element blocks (K = L units a
-    chunk of ``lastaxis_groups``, whose ``chunk_step`` encodes them: the block scale from the
-    block's amax and S_enc, the e2m1 codes), the tensor statistic the finite amax (as
-    ``tensor_amax``'s for NVFP4), S_enc by the reference's rule, block 0 writing the tensor
-    scale 1 / S_enc. UR / US / V count items. Parameters (x, nchunks, codes, scales, tscale,
-    sync)."""
-    assert NT % 32 == 0 and UR + US >= 1 and V >= 1 and K == L and mode == MODE_NVFP4
-    ns, shfl_on = _common(kind, NT, UR, US, V, K, shfl)
-    vec = ns["VEC"]
-    fns = group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl_on)
-    assert fns["ST"] == 1  # a chunk's units consecutive: unit k of chunk c is c * K + k
-    chunk_step = fns["chunk_step"]
-
-    @devfn
-    def stat(a, a2, w0, w1, w2, w3):
-        a = max(a, unit_amax_finite(unit_elems(w0, kind), vec))
-        a = max(a, unit_amax_finite(unit_elems(w1, kind), vec))
-        a = max(a, unit_amax_finite(unit_elems(w2, kind), vec))
-        return max(a, unit_amax_finite(unit_elems(w3, kind), vec)), a2
-
-    @devfn
-    def stat_done(a, a2):
-        return a
-
-    @devfn
-    def params(a):
-        s_enc = nvfp4_tensor_encode_scale(bits_f32(np.uint32(a)))
-        return s_enc, ONE / s_enc
-
-    @devfn
-    def encode(w0, w1, w2, w3, c, n, t, scratch, codes, c16, c32, scales, s_enc, s_dec):
-        chunk_step(w0, w1, w2, w3, c, n, t, scratch, codes, c16, c32, scales, s_enc, s_dec)
-
-    ns.update(stat=stat, stat_done=stat_done, params=params, encode=encode)
-    src = _source(K, UR, US, V, "tscale, sync", "tscale[0] = q")
-    return _build(f"tensor_resident nvfp4 K={K} NT={NT} UR={UR} US={US} V={V}", src, ns, NT, US, K)
-
-
 def available() -> bool:
     """``cp.async`` (sm_80+) on the current device and a cooperative launch to be had
     (``launch.ex_launch_ok``: the fast launch path, not refused in this process); always
@@ -322,20 +281,17 @@ def available() -> bool:
     return device_has((8, 0)) and ex_launch_ok("cooperative")
 
 
-def resident_geometry(K=1, smem_per_block=None, geometry=None):
-    """(NT, UR, US, V) of the kernel for items of K units: ``geometry`` (default GEOMETRY,
-    counted in units), its US 0 replaced by the most units a thread whose slots fit
-    ``smem_per_block`` (default: the device's opt-in shared memory a block) less
-    SMEM_RESERVE, then UR, US and V divided by K (at least one resident item and one
-    streamed item a thread)."""
+def resident_geometry(smem_per_block=None, geometry=None):
+    """(NT, UR, US, V) of the kernel: ``geometry`` (default GEOMETRY), its US 0 replaced by
+    the most units a thread whose slots fit ``smem_per_block`` (default: the device's opt-in
+    shared memory a block) less SMEM_RESERVE (at least one resident unit a thread)."""
     NT, UR, US, V = geometry or GEOMETRY
     if US == 0 and not SIMULATOR:
         if smem_per_block is None:
             smem_per_block = int(cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         US = max(0, (smem_per_block - SMEM_RESERVE) // (NT * 16))
-    UR, US, V = UR // K, US // K, max(V // K, 1)
     return NT, (UR if UR + US else 1), US, V
 
 
-_ = (int32, array_addr, as_u16, as_u32, grid_max, load_unit, stage_sync, cp_async_unit, ld_shared_u32x4,
+_ = (np, int32, array_addr, as_u16, as_u32, grid_max, load_unit, stage_sync, cp_async_unit, ld_shared_u32x4,
      smem_addr)  # used by the generated source

@@ -15,7 +15,6 @@ functions, hence the same exactness argument, as the last-axis kernels (see
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
 from . import _rowwise_kernels as rowwise_kernels
@@ -25,17 +24,11 @@ from ._ptx import as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports
 __all__ = ["make_tile_kernel"]
 
 # The tile's reciprocal 1 / s once per thread (encode_store_unit_r), not once per unit: each
-# unit's encode sits in its own `if ok{j}` block, so NVVM computed recip_guarded (a div.rn)
-# U = 8 times per thread. The same quotients (_division), hence the same codes. On since its
-# H100 run (GPU tests exact; bf16 8192x8192 / 16384x7168 86 / 88 -> 91 / 93 % of copy;
-# docs/design/last-axis.md). NQDQ_TILE_RECIP_ONCE=0: the previous path (A/B).
-RECIP_ONCE = os.environ.get("NQDQ_TILE_RECIP_ONCE", "1") == "1"
-# Resident blocks per SM asked of ptxas (launch bounds; 0: none): the bf16 128 x 128 kernel
-# takes 89 registers at 256 threads (2 blocks per SM); 3 blocks cap it at 80 (no spills), but
-# measured no faster (91 / 93 -> 91 / 92 %), so 0.
-MIN_BLOCKS = int(os.environ.get("NQDQ_TILE_MIN_BLOCKS", "0"))
-_STORE_ONCE = "encode_store_unit_r(unit_elems(w{j}, kind), g{j}, p0, rp, clean, codes, c16, c32, MODE_FLOAT, fmt, CVT, VEC, NB)"
-_STORE_EACH = "encode_store_unit(unit_elems(w{j}, kind), g{j}, p0, clean, codes, c16, c32, MODE_FLOAT, fmt, CVT, VEC, NB)"
+# unit's encode sits in its own `if ok{j}` block, so NVVM would compute recip_guarded (a div.rn)
+# U = 8 times per thread. The same quotients (_division), hence the same codes. H100: bf16
+# 8192x8192 / 16384x7168 86 / 88 -> 91 / 93 % of copy (docs/design/last-axis.md). No launch
+# bound: 3 blocks per SM (80 instead of 89 registers, no spills) measured no faster.
+_STORE_UNIT = "encode_store_unit_r(unit_elems(w{j}, kind), g{j}, p0, rp, clean, codes, c16, c32, MODE_FLOAT, fmt, CVT, VEC, NB)"
 
 _TILE_SRC = """
 def tile_blocks(x, R, C, nR, nC, codes, scales):
@@ -66,7 +59,7 @@ def tile_blocks(x, R, C, nR, nC, codes, scales):
     if tid == 0:
         scales[t] = sv
     clean = a < FINITE
-    rp = recip_guarded(p0) if RECIP_ONCE else ZERO
+    rp = recip_guarded(p0)
     if ok{j}: STORE_UNIT
 """
 
@@ -94,7 +87,4 @@ def make_tile_kernel(kind, fmt, max_elem, B0, B1, packed, shfl):
     ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, kind=kind,
               fmt=fmt, VEC=VEC, NB=fmt[5] if packed else 8, CVT=fp8_cvt_available() and fp8_cvt_supports(fmt),
               MAXE=F32(max_elem), B0=B0, LU=LU, TU=TU, block_max=rowwise_kernels._block_max_fn(NT, shfl))
-    ns["RECIP_ONCE"] = RECIP_ONCE
-    src = _TILE_SRC.replace("STORE_UNIT", _STORE_ONCE if RECIP_ONCE else _STORE_EACH)
-    return rowwise_kernels._jit_unrolled("tile_blocks", src, ns, U,
-                                         min_blocks=MIN_BLOCKS if NT * MIN_BLOCKS <= 2048 else 0)
+    return rowwise_kernels._jit_unrolled("tile_blocks", _TILE_SRC.replace("STORE_UNIT", _STORE_UNIT), ns, U)

@@ -18,10 +18,8 @@ NVFP4 under the same conditions                        ``tensor_amax`` -> ``last
                                                        below NVFP4_SENC_MAX_UNITS); larger:
                                                        ``tensor_amax`` -> ``finalize`` ->
                                                        ``lastaxis_groups``
-... with NVFP4_RESIDENT (off: no faster), RNE, sm_80+  ``tensor_resident`` (NVFP4 blocks)
-asymmetric integers under the same conditions          ``lastaxis_asym_rows`` /
-(LASTAXIS_ASYM); centred INT8 whole 2^k-unit groups    ``lastaxis_stat_groups``
-(LASTAXIS_CENTRED)
+asymmetric integers under the same conditions;        ``lastaxis_asym_rows`` /
+centred INT8 whole 2^k-unit groups                     ``lastaxis_stat_groups``
 other last-axis groups / rows (partial groups;         ``group`` (one pass; groups of more
 stochastic without LASTAXIS_STOCH)                     than SEG_MAX elements re-read L1/L2)
 NVFP4 otherwise                                        ``tensor_partials`` -> ``finalize``
@@ -29,8 +27,8 @@ NVFP4 otherwise                                        ``tensor_partials`` -> ``
 NVFP4 with the tensor scale given (``scale=``)         ``lastaxis_groups``, else ``group``
                                                        (S_enc written by the plan with the
                                                        tensor scale, no kernel: one pass)
-per-tensor dynamic float scales, whole units           ``static_encode`` with the grid's amax
-(STATIC_FAST): decode sizes (GRID_ONE_LAUNCH)          (``_grid``, one launch)
+per-tensor dynamic float scales, whole units:         ``static_encode`` with the grid's amax
+decode sizes (GRID_ONE_LAUNCH)                         (``_grid``, one launch)
 ... larger (TENSOR_RESIDENT, RNE, sm_80+)              ``tensor_resident`` (one cooperative
                                                        launch, part of the input on chip)
 ... otherwise                                          ``tensor_amax`` -> ``finalize`` ->
@@ -38,7 +36,7 @@ per-tensor dynamic float scales, whole units           ``static_encode`` with th
 per-tensor (dynamic) otherwise                         ``tensor_partials`` -> ``finalize`` ->
                                                        ``encode``
 per-channel float scales, channel axis last, rows of   ``column_onepass`` (workspace zeroed by the plan)
-whole units (COLUMN_FAST), a stripe's rows in at most  (_column_kernels: one read, each
+whole units, a stripe's rows in at most                (_column_kernels: one read, each
 64 chunks held on chip (COLUMN_ONEPASS)                block's chunk in registers across a
                                                        per-stripe wait; P = 1: only
                                                        ``column_onepass``)
@@ -47,19 +45,18 @@ per-channel float scales, whole units, otherwise       ``column_amax`` -> ``fina
 per-channel (``column``) otherwise                     ``column_partials`` -> ``finalize`` ->
                                                        ``encode`` (``group`` when the channel
                                                        axis is the first of a 2-D array)
-float B0 x B1 blocks, whole-unit tiles (TILE_FAST)     ``tile_blocks`` (one pass, _tile_kernels)
+float B0 x B1 blocks, whole-unit tiles                 ``tile_blocks`` (one pass, _tile_kernels)
 block B0 x B1 otherwise                                ``tile_params`` -> ``encode``
 group / row along another axis (and last-axis groups   ``strided_params`` -> ``encode``
 whose packed bytes would straddle two blocks)
 static float scales per tensor / last-axis row,        ``static_encode`` (16-byte loads)
-whole units (STATIC_FAST)
+whole units
 static scales (``scale=``) otherwise                   ``encode``
 =====================================================  ======================================
 
-The paths marked with a switch in capitals (LASTAXIS_ASYM, LASTAXIS_CENTRED, STATIC_FAST,
-TILE_FAST) are on; set to False, their cases take the general kernels of the row below them.
-LASTAXIS_STOCH (stochastic rounding on the 16-byte-unit kernels: their ``stoch`` variants) is
-on too.
+The paths marked with a switch in capitals are on; set to False, their cases take the
+kernels of the row below them. LASTAXIS_STOCH (stochastic rounding on the 16-byte-unit
+kernels: their ``stoch`` variants) is on too.
 
 Every path writes codes already packed along the last axis (4-bit: two per byte, 6-bit:
 four per three bytes), and scales in the linear layout ``scheme.scale_shape(shape)``.
@@ -741,10 +738,6 @@ CHEAP_UNITS = 1  # units per chunk where the encode is the paired fp8 cvt (K > 1
 # 123.74 (Triton peer 70.27 / 118.62; docs/design/last-axis.md)
 ROW_UNITS_DEEP = 5
 ROW_NT_EXACT = True
-# where the encode is the fp8 cvt: a finite row's units straight-line (make_lastaxis_row_kernel's
-# whole). H100, bf16 fp8_row: 31.8 -> 27.9 M warp instructions (ncu), 71.0-71.4 -> 70.9-71.2 us at
-# 8192x8192; int8_row measured 0.5-1 us slower with it, so integer rows keep a branch a unit
-ROW_WHOLE = True
 DEEP_ROWS = 528  # rows from which the row kernel uses deep threads (4 blocks per H100 SM)
 DEEP_UNITS = 4 * 256 * 264  # units from which the group kernel uses GROUP_UNITS per thread
 SHFL = rowwise_kernels.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twin on a GPU
@@ -752,16 +745,12 @@ SHFL = rowwise_kernels.SHFL_DEFAULT  # tests set False to run the shuffle's shar
 # sm_90, never yet run on a GPU) lands behind a switch set to _UNMEASURED: off for users,
 # on with NQDQ_UNMEASURED_KERNELS=1 (tests/conftest.py sets it, so CI and the next GPU
 # run test it). False sends its cases to the general kernels, so a GPU run can A/B them
-# (clear _PLANS after a change). The four switches below passed their GPU tests on an H100
-# and beat the general kernels 1.9-4.5x there (docs/design/last-axis.md): on.
+# (clear _PLANS after a change). (The asymmetric / centred last-axis kernels, static_encode
+# and tile_blocks beat the general kernels 1.9-4.5x on an H100: docs/design/last-axis.md.)
 _UNMEASURED = os.environ.get("NQDQ_UNMEASURED_KERNELS", "0") == "1"
-LASTAXIS_ASYM = True  # asymmetric integer rows / groups: lastaxis_asym_rows, lastaxis_stat_groups
-LASTAXIS_CENTRED = True  # centred INT8 groups: lastaxis_stat_groups
-# units per chunk of the centred groups: 4 with the stat groups' interleaved units (the sum's
-# unit levels in the thread; H100, bf16 8192x8192 / 16384x7168: 86 / 87 % of
-# copy with 2, 92 / 93 % with 4), 2 on the previous path (its sums are shuffled per element)
-CENTRED_UNITS = 4 if rowwise_kernels.STAT_GROUP_FAST else 2
-STATIC_FAST = True  # static float scales per tensor / per last-axis row: static_encode
+# units per chunk of the centred groups: 4 (the sum's unit levels in the thread; H100, bf16
+# 8192x8192 / 16384x7168: 86 / 87 % of copy with 2, 92 / 93 % with 4)
+CENTRED_UNITS = 4
 # Stochastic rounding on the 16-byte-unit kernels (each factory's ``stoch`` variant: the same
 # loads, statistics, scales and stores, every element by encode_element with its Philox bits,
 # _rowwise_kernels.sr_store_unit): the last-axis rows and groups (float, MX, NVFP4, asymmetric,
@@ -771,7 +760,6 @@ STATIC_FAST = True  # static float scales per tensor / per last-axis row: static
 # compute-bound: docs/design/stochastic-rounding.md).
 # False: every stochastic case on the general kernels (A/B; clear _PLANS after a change).
 LASTAXIS_STOCH = True
-TILE_FAST = True  # B0 x B1 float block scales over whole-unit tiles: tile_blocks (_tile_kernels)
 # NVFP4 on the last-axis group kernel in two launches (tensor_amax -> lastaxis_groups, which
 # computes S_enc from the amax partials: _rowwise_kernels._SENC_FROM_PARTS) instead of three
 # (tensor_amax -> finalize -> lastaxis_groups), for inputs of fewer than NVFP4_SENC_MAX_UNITS
@@ -803,15 +791,10 @@ GRID_STREAM_WS = os.environ.get("NQDQ_GRID_STREAM_WS", "1") == "1"
 # shared memory across the grid's amax and re-reads the rest last-read first, from L2 where it
 # still is (_tensor_resident). NQDQ_TENSOR_RESIDENT=0: the amax pass, then the encode pass (A/B).
 TENSOR_RESIDENT = os.environ.get("NQDQ_TENSOR_RESIDENT", "1") == "1"
-# NVFP4 in the same cooperative kernel (its items whole 16-element blocks, encoded by the group
-# kernel's chunk_step): exact, but no faster on an H100 (bf16 8192x8192 / 16384x7168 /
-# 4096x7168 / 2048x7168: 51.9 / 54.1 / 45.0 / 39.3 % of copy against the streaming kernels'
-# 51.2 / 53.6 / 45.1 / 47.5 %: the block encode, not the second read, bounds it;
-# docs/design/per-tensor-dynamic.md, "Why NVFP4 stays on two passes"), so off;
-# NQDQ_NVFP4_RESIDENT=1: on.
-NVFP4_RESIDENT = os.environ.get("NQDQ_NVFP4_RESIDENT", "0") == "1"
-# float per-channel scales, channel axis last: column_amax -> finalize -> column_encode (GPU-checked, H100)
-COLUMN_FAST = True
+# (NVFP4 stays on the streaming kernels: in the cooperative kernel it measured no faster, the
+# block encode bounds it; docs/design/per-tensor-dynamic.md, "Why NVFP4 stays on two passes".)
+# float per-channel scales, channel axis last, rows of whole units: column_amax -> finalize ->
+# column_encode (GPU-checked, H100) ...
 # ... in one pass where the geometry fits (_column_kernels.onepass_launches): column_onepass
 # (its workspace a "zero" slot), every block's chunk held in registers across a per-stripe wait. False: the
 # two passes above (A/B). COLUMN_ONEPASS_P_MAX: chunks per stripe at most (None: the module's
@@ -833,11 +816,10 @@ COLUMN_RING = os.environ.get("NQDQ_COLUMN_RING", "1") == "1"
 # combined through the cluster's shared memory; sm_90+). H100, step by step: first GPU tests
 # and compute-sanitizer clean, bit-exact; bf16 int8_column 8192x8192 84 % of copy (ring 75 %),
 # 4096x7168 74 % (66 %); 16384x7168 then kept the ring (76 %: a cluster's share of its rows
-# would have been 64-byte pieces, 71 %). The amax words pushed by st.async
-# (_column_cluster.CLUSTER_PUSH): 85 %. Part of each thread's units in registers
-# (_column_cluster.GPU_CONFIGS): 8192x8192 89 %, 16384x7168 83 % (taken from the ring), whole
-# tensors bit-exact; its 15 GPU tests compute-sanitizer clean. Its loads with the .L2::256B
-# prefetch size (_column_cluster.CLUSTER_L2_256): 90 / 86 % (docs/design/per-channel.md).
+# would have been 64-byte pieces, 71 %). The amax words pushed by st.async: 85 %. Part of
+# each thread's units in registers (_column_cluster.GPU_CONFIGS): 8192x8192 89 %, 16384x7168
+# 83 % (taken from the ring), whole tensors bit-exact; its 15 GPU tests compute-sanitizer
+# clean. Its loads with the .L2::256B prefetch size: 90 / 86 % (docs/design/per-channel.md).
 # NQDQ_COLUMN_CLUSTER=0: the ring (A/B).
 COLUMN_CLUSTER = os.environ.get("NQDQ_COLUMN_CLUSTER", "1") == "1"
 COLUMN_ONEPASS_SYNC = False
@@ -858,7 +840,7 @@ def _sm_count() -> int:
 def _fast_tile(shape, kind, sch, mode):
     """True where ``tile_blocks`` applies: float scales over B0 x B1 tiles of the last two
     axes, rows of whole tiles (C % B1 == 0) of whole 16-byte units (B1 % VEC == 0)."""
-    if not TILE_FAST or mode != MODE_FLOAT or len(shape) < 2:
+    if mode != MODE_FLOAT or len(shape) < 2:
         return False
     B0, B1 = sch.block_for(shape)[-2:]
     vec = rowwise_kernels.vec_of(kind)
@@ -869,8 +851,7 @@ def _fast_column(shape, kind, mode, ax, stoch):
     """Float per-channel scales along the last axis of a C-contiguous input whose rows are
     whole 16-byte units: ``_column_kernels`` (one pass where _onepass_column, else two
     streaming passes)."""
-    return (COLUMN_FAST and mode == MODE_FLOAT and not stoch and ax == len(shape) - 1
-            and shape[-1] % rowwise_kernels.vec_of(kind) == 0)
+    return mode == MODE_FLOAT and not stoch and ax == len(shape) - 1 and shape[-1] % rowwise_kernels.vec_of(kind) == 0
 
 
 def _onepass_column(rows, C, kind, fmt, maxe, packed, rec, out, nt):
@@ -905,7 +886,7 @@ def _fast_static(shape, kind, sch, mode, nt):
     """(NT, U, per_row) of ``static_encode`` for caller-given float scales of one tensor
     scale or one scale per last-axis row, a C-contiguous input of whole 16-byte units
     (rows of whole units when per row); None otherwise (the general ``encode``)."""
-    if not STATIC_FAST or mode != MODE_FLOAT:
+    if mode != MODE_FLOAT:
         return None
     nd = len(shape)
     per_row = sch.granularity == "row"
@@ -932,9 +913,8 @@ def _fast_lastaxis(shape, kind, mode, G, nt, cheap_encode=False):
     must be whole 16-byte units. Small inputs get shallow threads (U = 1 or 2: more of them,
     less latency each), large ones deep threads (more loads in flight, fewer blocks).
     ``cheap_encode``: the elements are fp8 encoded by the paired cvt instruction."""
-    if mode not in (MODE_FLOAT, MODE_MX, MODE_NVFP4):
-        if not ((mode == MODE_ASYM and LASTAXIS_ASYM) or (mode == MODE_CENTRED and LASTAXIS_CENTRED)):
-            return None
+    if mode not in (MODE_FLOAT, MODE_MX, MODE_NVFP4, MODE_ASYM, MODE_CENTRED):
+        return None
     C = shape[-1]
     if mode == MODE_CENTRED and (G > C or C % G):
         return None  # the halving sum pads to the scheme's group: whole groups only
@@ -1063,7 +1043,10 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
         elif fast[0] == "row":
             _, NT, U = fast
             assert NT * (U - 1) < C // vec <= NT * U  # (the kernel checks only its last unit)
-            whole = ROW_WHOLE and _cheap(fmt)
+            # a finite row's units straight-line where the encode is the fp8 cvt (H100, bf16
+            # fp8_row 8192x8192: 31.8 -> 27.9 M warp instructions, 71.0-71.4 -> 70.9-71.2 us);
+            # int8_row measured 0.5-1 us slower with it, so integer rows keep a branch a unit
+            whole = _cheap(fmt)
             k = rowwise_kernels.make_lastaxis_row_kernel(kind, mode, fmt, mxc, maxe, NT, U, packed, SHFL, whole=whole,
                                                          **sr)
             _launch(k, rows, NT, xa, C // vec, codes, scales, out.sparams, *keys)
@@ -1140,15 +1123,6 @@ def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale) -> QuantPlan:
                                               **sr)
             _launch(k, nblocks, NT, xa, n // rowwise_kernels.vec_of(kind) // Kc, codes, scales, out.tscale,
                     rec.empty(grid_sync.SYNC_WORDS, np.int32, "reset"), *keys)
-        elif (fast is not None and fast[0] == "group" and fast[1] == fast[2] and not stoch and NVFP4_RESIDENT
-              and tensor_resident.available()):
-            # one cooperative launch: part of the input held on chip across the grid's finite amax (_tensor_resident)
-            _, L, Kc, _, _ = fast
-            NT, UR, US, V = tensor_resident.resident_geometry(Kc)
-            k = tensor_resident.make_nvfp4_resident_kernel(kind, mode, fmt, mxc, maxe, L, Kc, NT, UR, US, V, packed,
-                                                           SHFL)
-            _launch(k, _sm_count(), NT, xa, n // rowwise_kernels.vec_of(kind) // Kc, codes, scales, out.tscale,
-                    rec.empty(grid_sync.SYNC_WORDS, np.int32, "reset"))
         elif (fast is not None and fast[0] == "group" and NVFP4_SENC_IN_GROUPS
               and n // rowwise_kernels.vec_of(kind) < NVFP4_SENC_MAX_UNITS):
             # two launches: the group kernel computes S_enc from the amax partials itself
