@@ -92,10 +92,10 @@ class Lib:
     def sync(self):
         self.cp.cuda.runtime.deviceSynchronize()
 
-    def graph_us(self, fn, xs):
-        """Device time per call of ``fn(x)`` over ``xs``, captured in one CUDA graph and
-        replayed (median of 7 replays); None where the library cannot capture."""
-        n = len(xs)
+    def capture(self, fn, xs):
+        """``fn(x)`` for each of ``xs`` captured in one CUDA graph: ``(replay, timed, keep)``,
+        ``replay()`` launching the graph, ``timed()`` one launch timed by CUDA events (ms) and
+        ``keep`` the captured calls' results; None where the library cannot capture."""
         if self.name == "torch":
             t = self.torch
             s = t.cuda.Stream()
@@ -105,15 +105,15 @@ class Lib:
                 keep = [fn(x) for x in xs]
             t.cuda.synchronize()
             a, b = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
-            ts = []
-            for _ in range(8):
+
+            def timed():
                 a.record()
                 g.replay()
                 b.record()
                 b.synchronize()
-                ts.append(a.elapsed_time(b) * 1000 / n)
-            del keep
-            return statistics.median(ts[1:])
+                return a.elapsed_time(b)
+
+            return g.replay, timed, keep
         if self.name == "cupy":
             cp = self.cp
             s = cp.cuda.Stream(non_blocking=True)
@@ -122,16 +122,27 @@ class Lib:
                 keep = [fn(x) for x in xs]
                 g = s.end_capture()
             a, b = cp.cuda.Event(), cp.cuda.Event()
-            ts = []
-            for _ in range(8):
+
+            def timed():
                 a.record(s)
                 g.launch(s)
                 b.record(s)
                 b.synchronize()
-                ts.append(cp.cuda.get_elapsed_time(a, b) * 1000 / n)
-            del keep
-            return statistics.median(ts[1:])
+                return cp.cuda.get_elapsed_time(a, b)
+
+            return (lambda: g.launch(s)), timed, keep
         return None
+
+    def graph_us(self, fn, xs):
+        """Device time per call of ``fn(x)`` over ``xs``, captured in one CUDA graph and
+        replayed (median of 7 replays); None where the library cannot capture."""
+        got = self.capture(fn, xs)
+        if got is None:
+            return None
+        _replay, timed, keep = got
+        ts = [timed() * 1000 / len(xs) for _ in range(8)]
+        del keep
+        return statistics.median(ts[1:])
 
 
 def wall_us(fn, xs, sync, calls):
@@ -296,21 +307,7 @@ def bench_replay(libs, rows, reps=50, blocks=20):
         kw = lib.kwargs("bfloat16")
         x = lib.array(x32, "bfloat16")
         nqdq.quantize(x, "fp8_row", **kw)  # the runner made outside the capture
-        if lib.name == "torch":
-            t = lib.torch
-            s = t.cuda.Stream()
-            s.wait_stream(t.cuda.current_stream())
-            g = t.cuda.CUDAGraph()
-            with t.cuda.stream(s), t.cuda.graph(g, stream=s):
-                keep = nqdq.quantize(x, "fp8_row", **kw)
-            replay = g.replay
-        else:
-            s = lib.cp.cuda.Stream(non_blocking=True)
-            with s:
-                s.begin_capture()
-                keep = nqdq.quantize(x, "fp8_row", **kw)
-                g = s.end_capture()
-            replay = g.launch
+        replay, _timed, keep = lib.capture(lambda x, kw=kw: nqdq.quantize(x, "fp8_row", **kw), [x])
         ts = []
         for _ in range(blocks):
             lib.sync()
