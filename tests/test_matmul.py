@@ -19,15 +19,14 @@ import nqdq
 from nqdq.matmul import matmul
 from nqdq.reference import matmul as ref
 
-RNG = np.random.default_rng(5)
-
 
 def rel_l2(got, want):
     g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
     return float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-300))
 
 
-def operands(M, N, K, sa, sb, rng=RNG):
+def operands(M, N, K, sa, sb, rng=None):
+    rng = np.random.default_rng([M, N, K]) if rng is None else rng
     x = rng.standard_normal((M, K)).astype(np.float32)
     x[:, ::7] *= 4  # uneven rows / groups, so per-row and per-block scales differ
     w = (rng.standard_normal((N, K)) * 0.05).astype(np.float32)
@@ -58,8 +57,9 @@ SCHEME_PAIRS = [
 def test_reference_equals_dequantize_then_matmul(sa, sb):
     """The reference's scale / zero-point maps against nqdq.dequantize (independent code):
     dequantize rounds each code * scale to float32 (rel. 2^-24), the reference does not."""
+    rng = np.random.default_rng(58)
     x, w, qa, qb = operands(37, 150, 300, sa, sb)
-    bias = RNG.standard_normal(150).astype(np.float32)
+    bias = rng.standard_normal(150).astype(np.float32)
     got = matmul(qa, qb, bias=bias, alpha=0.5, device="cpu")
     want = 0.5 * (nqdq.dequantize(qa).astype(np.float64) @ nqdq.dequantize(qb).astype(np.float64).T) + bias
     assert got.dtype == np.float32 and got.shape == (37, 150)
@@ -117,11 +117,12 @@ def test_kernel_matches_reference(sa, sb, shape):
     ],
 )
 def test_kernel_epilogues(sa, sb, kw):
+    rng = np.random.default_rng(119)
     M, N, K = SIM_SHAPES[2]
     x, w, qa, qb = operands(M, N, K, sa, sb)
     kw = dict(kw)
     if kw.pop("bias", False):
-        kw["bias"] = RNG.standard_normal(N).astype(np.float32)
+        kw["bias"] = rng.standard_normal(N).astype(np.float32)
     got = matmul(qa, qb, device="cuda", **kw)
     want = matmul(qa, qb, device="cpu", **kw)
     assert got.dtype == want.dtype and got.shape == (M, N)
@@ -199,13 +200,14 @@ def test_wgmma_epilogues_same_bits(sa, sb, kw):
     walk's order: with the same main loop (a producer warpgroup, 64 x 16 tiles) the outputs
     are bit-identical, bias, activation and half-precision rounding included (M = 17,
     N = 24: partial edges)."""
+    rng = np.random.default_rng(197)
     from dataclasses import replace
 
     from nqdq.kernels import gemm as kg
 
     x, w, qa, qb = operands(17, 24, 200, sa, sb)
     a, b, gkw = gemm_kwargs(qa, qb)
-    gkw.update(kw, bias=RNG.standard_normal(24).astype(np.float32))
+    gkw.update(kw, bias=rng.standard_normal(24).astype(np.float32))
     base = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2, mbarrier=True, producer=True)
     variants = [dict(), dict(fixed_cols=True), dict(direct=True)]
     outs = [np.asarray(kg.gemm(a, b, config=replace(base, **v), **gkw)).view(np.uint16) for v in variants]
@@ -241,7 +243,8 @@ def test_output_rounding_bits():
 
 # ----------------------------------------------------------------------------- errors
 def _q(shape, scheme, **kw):
-    return nqdq.quantize(RNG.standard_normal(shape).astype(np.float32), scheme, **kw)
+    rng = np.random.default_rng(list(shape))
+    return nqdq.quantize(rng.standard_normal(shape).astype(np.float32), scheme, **kw)
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,6 @@ from test_launch import _fake_entry, _FakeCupyArray, _record_launches  # noqa: E
 from test_matmul import SCHEME_PAIRS  # noqa: E402
 
 MM = sys.modules["nqdq.matmul"]
-RNG = np.random.default_rng(12)
 sim_only = pytest.mark.skipif(not SIMULATOR, reason="NumPy operands get runners in the simulator only")
 
 
@@ -51,9 +50,10 @@ def runners(monkeypatch):
 
 
 def operands(M, N, K, sa, sb):
-    x = RNG.standard_normal((M, K)).astype(np.float32)
+    rng = np.random.default_rng([M, N, K])
+    x = rng.standard_normal((M, K)).astype(np.float32)
     x[:, ::7] *= 4
-    w = (RNG.standard_normal((N, K)) * 0.05).astype(np.float32)
+    w = (rng.standard_normal((N, K)) * 0.05).astype(np.float32)
     return nqdq.quantize(x, sa), nqdq.quantize(w, sb)
 
 
@@ -68,11 +68,12 @@ def bits(a):
                                 {"out_dtype": "float16", "activation": "relu", "bias": True}],
                          ids=["plain", "bf16-gelu-bias", "f16-relu-bias"])  # fmt: skip
 def test_second_call_takes_the_runner_with_the_first_calls_bits(runners, sa, sb, kw):
+    rng = np.random.default_rng(70)
     M, N, K = 3, 16, 128
     qa, qb = operands(M, N, K, sa, sb)
     kw = dict(kw)
     if kw.pop("bias", False):
-        kw["bias"] = RNG.standard_normal(N).astype(np.float32)
+        kw["bias"] = rng.standard_normal(N).astype(np.float32)
     first = nqdq.matmul(qa, qb, device="cuda", **kw)
     assert len(runners) == 1 and len(MM._RUNNERS) == 1
     second = nqdq.matmul(qa, qb, device="cuda", **kw)
@@ -89,12 +90,13 @@ def test_second_call_takes_the_runner_with_the_first_calls_bits(runners, sa, sb,
 
 @sim_only
 def test_every_key_element_misses(runners):
+    rng = np.random.default_rng(91)
     M, N, K = 2, 16, 64
     qa, qb = operands(M, N, K, "fp8_row", "fp8_row")
     nqdq.matmul(qa, qb, device="cuda")
     nqdq.matmul(qa, qb, device="cuda")
     assert len(runners) == 1
-    bias = RNG.standard_normal(N).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
     qa_e5, _ = operands(M, N, K, "e5m2", "fp8_row")
     qa_m3, _ = operands(3, N, K, "fp8_row", "fp8_row")
     codes_f = np.asfortranarray(qa.codes)  # the same values, not C-contiguous
@@ -158,8 +160,9 @@ def test_bad_arguments_still_raise_after_a_remembered_call(runners):
 def test_scales_expanded_per_call_and_padded_k_stay_on_the_general_path(runners):
     """Scales constant along K but shared by 2 rows (expanded to one per row per call), and
     K = 40 (padded to 48 per call): computed, never remembered."""
-    x = RNG.standard_normal((2, 64)).astype(np.float32)
-    w = RNG.standard_normal((16, 64)).astype(np.float32)
+    rng = np.random.default_rng(158)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    w = rng.standard_normal((16, 64)).astype(np.float32)
     qb_rows = nqdq.quantize(w, "int8", granularity="block", block_shape=(2, 64))
     assert tuple(qb_rows.scheme.block_for((16, 64))) == (2, 64)
     pairs = [(nqdq.quantize(x, "int8_row"), qb_rows), operands(2, 16, 40, "int8_row", "int8_row")]
