@@ -128,9 +128,9 @@ def main(argv=None):
                     help="RMSNorm ops: time the fused op only (no unfused pair: not compiled, not timed); exactness "
                          "is then checked against the NumPy spec on the sampled rows only (A/B runs of the kernel's "
                          "NQDQ_FUSED_* switches, whose settings label the rows)")
-    ap.add_argument("--ab", action="append", default=[], metavar="SWITCH=V1,V2",
+    ap.add_argument("--ab", action="append", default=[], metavar="SETTING=V1,V2",
                     help="A/B in this process: after an op's default timing, time it again with nqdq.kernels."
-                         "fused.SWITCH (the MoE launcher's MOE_*; or A+B: both) set to each value (ints; A+B=V1/V2: "
+                         "fused.SETTING (the MoE launcher's MOE_* geometry and size rules; or A+B: both) set to each value (ints; A+B=V1/V2: "
                          "one each; tried on the MoE ops only), then the default once more; each variant's whole "
                          "outputs are checked bit for bit against the default's")
     ap.add_argument("--pytest", nargs="*", metavar="ARG",
@@ -182,8 +182,6 @@ def main(argv=None):
     for spec in args.ab:
         name, vals = spec.split("=")
         ab += [(name, v) for v in vals.split(",")]
-    # each switch on the MoE ops (MOE_CHECK on the calls that check the ids)
-    applies = {"MOE_CHECK": lambda op: "moe" in op and "check_ids=False" not in op}
 
     def outputs(o):
         """Every output array of a fused call (q's codes and scales, new residual, perm, offsets)."""
@@ -227,8 +225,7 @@ def main(argv=None):
             return
         # the A/B variants are compiled and checked here, outside the timing lock (other
         # processes time meanwhile); only the timings are taken under it
-        variants_ab = [(name, v) for name, v in ab
-                       if any(applies.get(nm, lambda op: "moe" in op)(op) for nm in name.split("+"))]
+        variants_ab = ab if "moe" in op else []
         ready = []
         if variants_ab:
             ref = outputs(fused_fn(0))

@@ -1,7 +1,7 @@
 """Host time per kernel launch: Numba's dispatcher vs nqdq.kernels.launch.FastKernel.
 
     python3 benchmarks/launch_overhead.py [--json FILE] [--rows 64 --cols 7168] [--calls 1000]
-    python3 benchmarks/launch_overhead.py --quantize-only [--schemes fp8_row,mxfp4,...] [--label L] [--ab] [--ab-workspace]
+    python3 benchmarks/launch_overhead.py --quantize-only [--schemes fp8_row,mxfp4,...] [--label L] [--ab]
         [--rounds 5 [--rounds-only]]
 
 The kernel is the toy per-row FP8 quantizer (benchmarks/toy_fp8_row.py) on a bf16
@@ -270,66 +270,6 @@ def bench_ab(schemes, rows, cols, calls, results):
     _set_launch_variant("function", False)
 
 
-def bench_workspace_ab(schemes, rows, cols, calls, results):
-    """The one-launch plans' ``_grid`` workspace, A/B in one process: the stream's workspace
-    (``quantize.GRID_STREAM_WS``, the default) against a memset per call, two runners of the
-    same plan built both ways, their single calls interleaved (A, B, A, B, ...) so that the
-    host's drift falls on both; per scheme a bit-exactness check of each, then the medians."""
-    import statistics
-
-    import cupy as cp
-    import ml_dtypes
-    import numpy as np
-
-    import nqdq
-    from nqdq.kernels import quantize as kq
-    from nqdq.reference.quantize import QuantParts
-    from nqdq.schemes import resolve_scheme
-
-    rng = np.random.default_rng(4)
-    xh = (rng.standard_normal((rows, cols)) * np.exp2(rng.uniform(-6, 6, (rows, 1)))).astype(ml_dtypes.bfloat16)
-    x = cp.asarray(xh.view(np.uint16))
-    sync = cp.cuda.runtime.deviceSynchronize
-    saved = kq.GRID_STREAM_WS
-    try:
-        for scheme in schemes:
-            ref = nqdq.quantize(xh, scheme, device="cpu")
-            runs = {}
-            for name, on in (("stream workspace", True), ("memset per call", False)):
-                kq.GRID_STREAM_WS = on
-                kq._PLANS.clear()
-                runs[name] = kq.get_plan((rows, cols), 1, resolve_scheme(scheme)).cupy_runner()
-            kq.GRID_STREAM_WS = saved
-            kq._PLANS.clear()
-            ts = {n: [] for n in runs}
-            oks = {}
-            for n, run in runs.items():
-                for _ in range(2):
-                    c, sc, z, t, m = run(x)
-                sync()
-                oks[n] = _same_parts(QuantParts(codes=c, scales=sc, zero_points=z, tensor_scale=t, means=m), ref)
-                for _ in range(50):
-                    run(x)
-            sync()
-            pc = time.perf_counter
-            for i in range(calls):
-                for n, run in runs.items():
-                    t0 = pc()
-                    run(x)
-                    ts[n].append(pc() - t0)
-                if i % 50 == 49:
-                    sync()
-            sync()
-            for n in runs:
-                hm = statistics.median(ts[n]) * 1e6
-                results.append(dict(path=f"workspace A/B {n}: plan runner {scheme}", host_median_us=hm, ok=bool(oks[n])))
-                print(f"workspace A/B {n:18s} {scheme:10s} {'bit-exact' if oks[n] else 'MISMATCH'}  runner median {hm:7.2f} us",
-                      flush=True)
-    finally:
-        kq.GRID_STREAM_WS = saved
-        kq._PLANS.clear()
-
-
 def bench_rounds(schemes, rows, cols, calls, rounds, label, results, warm_s=2.0):
     """Steady state: ``nqdq.quantize`` of every scheme called for ``warm_s`` seconds in turn
     (the host's and the GPU's clocks come up; the single-call rows above start cold and
@@ -396,8 +336,6 @@ def quantize_main(args):
 
             traceback.print_exc()
             print(f"A/B: {type(e).__name__}: {e}", flush=True)
-    if args.ab_workspace:
-        bench_workspace_ab(schemes, args.rows, args.cols, args.calls, results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print()
@@ -425,8 +363,6 @@ def main(argv=None):
     ap.add_argument("--label", default="nqdq")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--ab", action="store_true", help="with --quantize-only: the launch variants A/B/C/A")
-    ap.add_argument("--ab-workspace", action="store_true",
-                    help="with --quantize-only: the one-launch workspace, the stream's vs a memset per call (interleaved)")
     ap.add_argument("--rounds", type=int, default=0,
                     help="with --quantize-only: first the steady-state rounds (warm-up, then every scheme per round)")
     ap.add_argument("--rounds-only", action="store_true", help="with --rounds: only those")

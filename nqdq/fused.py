@@ -861,7 +861,7 @@ def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
         st = current(dev)
         if capturing(st.ptr):
             raise RuntimeError(_CHECK_CAPTURED)
-        if checks is not None:  # MOE_CHECK: wait for the sort's id check, not for the rows
+        if checks is not None:  # wait for the sort's id check, not for the rows
             i, flag = checks.take()
             codes, scales, perm, offsets = run(x, ids, flag)
             ok = checks.wait(i, st)

@@ -350,23 +350,21 @@ def test_repeated_calls_build_no_new_kernel():
     assert after.misses == before.misses and after.hits == before.hits + len(calls)
 
 
-@pytest.mark.parametrize("scatter, units, stage, lanes, pipe, rank", [
-    (True, 0, 0, 0, 0, 0), (True, 2, 0, 0, 0, 0), (False, 0, 0, 0, 0, 0), (True, 0, 1, 0, 0, 1), (True, 2, 2, 0, 0, 0),
-    (True, 0, 2, 1, 0, 1), (True, 0, 1, 0, 1, 0), (True, 0, 2, 1, 1, 1), (True, 2, 2, 0, 0, 2), (True, 0, 2, 1, 0, 2)])
-def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank, monkeypatch):
-    """bfloat16 rows with aligned units into mxfp4, by OP_SCATTER (each token read and encoded
-    once, its codes and scales stored to its k sorted rows) and by OP_GATHER (each sorted row
-    reads its token): both the spec's bits. Hidden 1000: 4 units a lane (MOE_UNITS 2: 2 units
-    a lane over 2 warps), the last one and the last group partial; a group with inf and one
-    with NaN (the element encoder, once per stored row); k = 3 of 4 experts, one empty.
-    MOE_STAGE over a grid of 2 blocks (tokens b, b + 2, b + 4): rounds of 1 staged token a
+@pytest.mark.parametrize("stage, rank, wide", [(1, 0, False), (2, 0, False), (1, 1, False), (2, 1, True),
+                                              (2, 2, True)])
+def test_moe_sort_quantize_scatter_rows(stage, rank, wide, monkeypatch):
+    """bfloat16 rows with aligned units into mxfp4 by the staged OP_SCATTER (each token read and
+    encoded once, its codes and scales stored to its k sorted rows): the spec's bits. Hidden
+    1000: 4 units a lane (MOE_UNITS), the last one and the last group partial; a group with inf
+    and one with NaN (the element encoder, once per stored row); k = 3 of 4 experts, one empty.
+    The stage over a grid of 2 blocks (tokens b, b + 2, b + 4): rounds of 1 staged token a
     block (three rounds) or 2 (token 2's inf group in block 0's first round, token 4's NaN in
-    its second); MOE_LANES at hidden 1000 (not whole quads of units: the strided staged form),
-    and at 1024 and 992, rows of whole quads, each lane's 4 units contiguous (its own group),
-    its words by 16-byte stores, the last lane wholly past the row at 992. MOE_PIPE on those
-    rounds: each round's stores with the next round's loads (block 0's last round of 2 has one
-    token). MOE_RANK (staged only): the sort by moe_rank_kernel, each pair's row found by the
-    rows kernel, which also stores perm. rank 2, MOE_LOCAL: no sort; 3 blocks of 2 tokens
+    its second), each round's stores with the next round's loads (block 0's last round of 2 has
+    one token). At hidden 1000 the strided staged form (not whole quads of units); ``wide``: at
+    1024 and 992 too, rows of whole quads, each lane's 4 units contiguous (its own group), its
+    words by 16-byte stores, the last lane wholly past the row at 992. rank 0: moe_sort's sort;
+    rank 1 (MOE_RANK_MIN_PAIRS 0): the sort by moe_rank_kernel, each pair's row found by the
+    rows kernel, which also stores perm; rank 2 (the local path: no sort): 3 blocks of 2 tokens
     (the last of 1: tokens 0-1, 2-3, 4), each counting every pair's bucket and finding its own
     pairs' rows, perm and (block 0) the offsets."""
     from nqdq.kernels import _fused_kernels as fused_kernels
@@ -377,23 +375,17 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank
 
     def spy(op, *a, **kw):
         ops.append(op)
-        if op == fused_kernels.OP_SCATTER:  # (op, out, kind, wkind, NW, U, ...): the layout asked for
-            assert a[3:5] == ((1, 4) if units == 0 else (2, units))
-            # (..., KD, STAGE, LANES, PIPE, RANK): k = 3
-            assert a[-4] == (stage if a[-5] == 3 else 0) and a[-3] <= lanes and a[-2] == pipe
-            assert a[-1] == (rank if a[-5] == 3 else 0)
+        if op == fused_kernels.OP_SCATTER:  # (op, out, kind, wkind, NW, U, ...): the layout built
+            assert a[3:5] == (1, 4)
+            # (..., KD, STAGE, LANES, PIPE, RANK): k = 3; the local path's one round has no pipe
+            assert a[-5:] == (3, stage, a[-3], int(rank != 2), rank)
             built_lanes.append(a[-3])
         return build(op, *a, **kw)
 
-    monkeypatch.setattr(KF, "MOE_SCATTER", scatter)
-    monkeypatch.setattr(KF, "MOE_UNITS", units)
     monkeypatch.setattr(KF, "MOE_STAGE", stage)
     monkeypatch.setattr(KF, "MOE_STAGE_BLOCKS", 3 if rank == 2 else 2)
-    monkeypatch.setattr(KF, "MOE_LANES", lanes)
-    monkeypatch.setattr(KF, "MOE_PIPE", pipe)
-    monkeypatch.setattr(KF, "MOE_RANK", rank == 1)
-    monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", 0)
-    monkeypatch.setattr(KF, "MOE_LOCAL", rank == 2)
+    monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", 0 if rank == 1 else 10 ** 9)
+    monkeypatch.setattr(KF, "MOE_LOCAL_MAX_PAIRS", 2048 if rank == 2 else 0)
     monkeypatch.setattr(KF, "_sm_count", lambda: 1)
     monkeypatch.setattr(KF, "fused_row_kernel", spy)
     rng = np.random.default_rng(12)
@@ -403,24 +395,52 @@ def test_moe_sort_quantize_scatter_rows(scatter, units, stage, lanes, pipe, rank
     ids = topk_ids(rng, T, E, k)
     ids[ids == 2] = 0  # expert 2 empty
     q, perm, off = fused.moe_sort_quantize(x, ids, E, "mxfp4", device="cuda")
-    assert ops == [fused_kernels.OP_SCATTER if scatter else fused_kernels.OP_GATHER]
+    assert ops == [fused_kernels.OP_SCATTER]
     perm_ref, off_ref = R.moe_sort(ids, E)
     np.testing.assert_array_equal(perm, perm_ref)
     np.testing.assert_array_equal(off, off_ref)
     assert_q_equal(q, nqdq.quantize(x[perm_ref], "mxfp4"))
-    if lanes:  # hidden 1024 and 992 (rows of whole quads: the lanes' 128 units, 124): 16-byte stores
+    if wide:  # hidden 1024 and 992 (rows of whole quads: the lanes' 128 units, 124): 16-byte stores
         for h in (1024, 992):
             x2 = rows(rng, T, h, "bfloat16")
             x2[1, 980], x2[3, 5] = np.nan, -np.inf
             q2, _, _ = fused.moe_sort_quantize(x2, ids, E, "mxfp4", device="cuda")
             assert_q_equal(q2, nqdq.quantize(x2[perm_ref], "mxfp4"))
-        assert built_lanes == [0, 1, 1]  # (hidden 1000: not whole quads, the strided staged form)
+    assert built_lanes == ([0, 1, 1] if wide else [0])  # (hidden 1000: not whole quads, the strided staged form)
     # more rows a token than OP_SCATTER holds in registers (MOE_SCATTER_MAX_K = 8): the gather
     ops.clear()
     ids9 = topk_ids(rng, 2, 10, 9)
     q9, perm9, _ = fused.moe_sort_quantize(x[:2, :64], ids9, 10, "mxfp4", device="cuda")
     assert ops == [fused_kernels.OP_GATHER]
     assert_q_equal(q9, nqdq.quantize(x[:2, :64][R.moe_sort(ids9, 10)[0]], "mxfp4"))
+
+
+def test_moe_sort_quantize_gather_rows(monkeypatch):
+    """The MoE rows that OP_SCATTER does not take, by OP_GATHER (each sorted row reads its
+    token): k = 9 of 10 experts (more rows a token than OP_SCATTER holds in registers), bfloat16
+    rows of 1000 with aligned units, a group with inf and one with NaN: the spec's bits."""
+    from nqdq.kernels import _fused_kernels as fused_kernels
+    from nqdq.kernels import fused as KF
+
+    ops = []
+    build = KF.fused_row_kernel
+
+    def spy(op, *a, **kw):
+        ops.append(op)
+        return build(op, *a, **kw)
+
+    monkeypatch.setattr(KF, "fused_row_kernel", spy)
+    rng = np.random.default_rng(12)
+    T, H, k, E = 3, 1000, 9, 10
+    x = rows(rng, T, H, "bfloat16")
+    x[1, 70], x[2, 999] = np.inf, np.nan
+    ids = topk_ids(rng, T, E, k)
+    q, perm, off = fused.moe_sort_quantize(x, ids, E, "mxfp4", device="cuda")
+    assert ops == [fused_kernels.OP_GATHER]
+    perm_ref, off_ref = R.moe_sort(ids, E)
+    np.testing.assert_array_equal(perm, perm_ref)
+    np.testing.assert_array_equal(off, off_ref)
+    assert_q_equal(q, nqdq.quantize(x[perm_ref], "mxfp4"))
 
 
 def _device_sort(ids, npairs, k, E, mode, flag=None):
@@ -968,7 +988,7 @@ import numpy as np
 from numba import cuda, typeof
 from nqdq.kernels import fused as KF
 from nqdq.kernels._ptx_audit import _no_gpu_compile, compile_and_audit
-want = ("moe scatter-rows mxfp4", "moe scatter-rows staged mxfp4", "moe scatter-rows staged rank mxfp4",
+want = ("moe scatter-rows staged mxfp4", "moe scatter-rows staged rank mxfp4",
         "moe scatter-rows staged local mxfp4", "moe count", "moe scan", "moe scatter", "moe sort (one launch)",
         "moe rank")
 launches = [l for l in KF.audit_launches() if l[0] in want]
@@ -985,13 +1005,11 @@ print(json.dumps(out))
 
 
 def test_moe_kernels_programmatic_dependent_launch_ptx():
-    """The MoE kernels as MOE_PDL launches them (compiled for sm_90 and assembled, no GPU): the
-    sort kernels allow their dependent's launch before any global access
+    """The MoE kernels as moe_plan launches them, programmatic dependents (compiled for sm_90 and
+    assembled, no GPU): the sort kernels allow their dependent's launch before any global access
     (griddepcontrol.launch_dependents) and the scan, the three-launch scatter and OP_SCATTER's
-    rows wait (griddepcontrol.wait) before they read what the kernel before wrote: the rows
-    after every load of their token and before the first load of their sorted rows (perm)
-    (the staged rows: after a round's loads, before its stores),
-    the scatter after its ids and before the scan's bases. The one-launch sort reads the other
+    staged rows wait (griddepcontrol.wait) before they read what the kernel before wrote: the
+    rows after a round's loads, before its stores, the scatter after its ids and before the scan's bases. The one-launch sort reads the other
     blocks' counts by ld.global.cg (L2, no atomics), its only global atomics the barrier's; the
     rank kernel too (its ticket's), and it never waits: no spin, one atomic add a block."""
     from test_mma import _compile_rows
@@ -999,11 +1017,6 @@ def test_moe_kernels_programmatic_dependent_launch_ptx():
     k = _compile_rows(_MOE_PTX_SCRIPT)
     for label, v in k.items():
         assert not v["problems"], (label, v["problems"])
-    rows = k["moe scatter-rows mxfp4"]["ops"]
-    w = rows.index("griddepcontrol.wait")
-    assert rows.count("griddepcontrol.wait") == 1 and "griddepcontrol.launch_dependents" not in rows
-    assert rows[:w] == ["ld.global.nc.v4.u32"] * w and w == 7  # the token's 7 units a lane (4 warps x 7)
-    assert rows[w + 1].startswith("ld.global.s32")  # then perm[row * k + j]
     # the staged rows (MOE_STAGE, lanes' groups): a round's tokens read (4 v4 loads a lane, in the
     # round's loop), then the one wait, then the round's rows (a thread a pair: inv's one load,
     # or with RANK its packed rank, its chunk's base, and the perm entry stored), then a 16-byte
@@ -1015,7 +1028,7 @@ def test_moe_kernels_programmatic_dependent_launch_ptx():
         assert st.count("griddepcontrol.wait") == 1 and "griddepcontrol.launch_dependents" not in st
         assert set(st[:w]) == {"ld.global.nc.v4.u32"}
         assert st[w + 1:] == rows_ops + ["st.global.v4.u32"] * 4 + ["st.global.u8"] * 4, label
-    # the local sort (MOE_LOCAL: no sort before it): no wait, no global atomic; the ids read in
+    # the local sort (the local path: no sort before it): no wait, no global atomic; the ids read in
     # batches of MOE_LOCAL_BATCH (the token loads beside them), then the rows (the block's own
     # pairs' ids read again, perm and the offsets stored), then the same 16-byte and byte stores
     loc = k["moe scatter-rows staged local mxfp4"]["ops"]
@@ -1041,7 +1054,7 @@ def test_moe_kernels_programmatic_dependent_launch_ptx():
     # last block zeroes the workspace by plain stores
     assert sorted(set(o for o in one if o.startswith("atom"))) == ["atom.global.add.u32", "atom.global.or.b32"]
     # the id check's word (report_ids), then (at the kernel's end) a system fence: the host
-    # polls the word (MOE_CHECK); the kernels' own fences are GPU-wide
+    # polls the word (check_ids=True); the kernels' own fences are GPU-wide
     for label in ("moe scan", "moe sort (one launch)", "moe rank"):
         assert k[label]["fences"].count("membar.sys") == 1, (label, k[label]["fences"])
     assert k["moe scan"]["fences"][-1] == "membar.sys" and k["moe rank"]["fences"][-1] == "membar.sys"

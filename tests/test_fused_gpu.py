@@ -270,10 +270,10 @@ def test_gpu_moe_hot_path():
 
 
 def test_gpu_moe_check_returns_before_the_rows():
-    """A planned call with check_ids=True (MOE_CHECK) waits for the sort's check, not for the
+    """A planned call with check_ids=True waits for the sort's check (a polled word), not for the
     rows: at 8192 tokens x 7168 top-4 (rows of about 90 us on an H100) the stream still has
-    work when the call returns, in at least one of five calls (reading offsets[E] back, as
-    before MOE_CHECK, it never would); perm and offsets are the spec's, and every output
+    work when the call returns, in at least one of five calls (reading offsets[E] back, it
+    never would); perm and offsets are the spec's, and every output
     check_ids=False's (the rows' bits against the spec: the tests above)."""
     from nqdq import api
 
@@ -298,30 +298,43 @@ def test_gpu_moe_check_returns_before_the_rows():
     api.clear_fast_path()
 
 
-@pytest.mark.parametrize("scatter, stage, blocks", [(True, 0, 4), (False, 0, 4), (True, 4, 4), (True, 2, 1)])
-def test_gpu_moe_scatter_and_gather(scatter, stage, blocks, monkeypatch):
-    """The MoE rows by OP_SCATTER (each token encoded once, stored to its k rows) and by
-    OP_GATHER (MOE_SCATTER off): the spec's bits at hidden 7168 with int64 ids, an inf group
-    and a NaN group; both stored rows of a token carry them. MOE_STAGE 4 (a block a token
-    here: every token staged) and 2 over one block an SM (3 tokens a block on a 132-SM
-    GPU: the third after the staged ones; token 7's inf group staged, then encoded again)."""
+@pytest.mark.parametrize("k, stage, blocks", [(4, None, None), (9, None, None), (4, 4, 4), (4, 2, 1)])
+def test_gpu_moe_scatter_and_gather(k, stage, blocks, monkeypatch):
+    """The MoE rows by the staged OP_SCATTER (each token encoded once, stored to its k rows;
+    k = 4) and by OP_GATHER (k = 9: more rows a token than OP_SCATTER holds, each sorted row
+    reads its token): the spec's bits at hidden 7168 with int64 ids, an inf group and a NaN
+    group; every stored row of a token carries them. The launcher's stage (8 tokens over 3 blocks
+    an SM), 4 over 4 (a block a token here: every token staged) and 2 over one block an SM (3
+    tokens a block on a 132-SM GPU: the third after the staged ones; token 7's inf group staged,
+    then encoded again)."""
+    from nqdq.kernels import _fused_kernels as fused_kernels
     from nqdq.kernels import fused as KF
 
-    monkeypatch.setattr(KF, "MOE_SCATTER", scatter)
-    monkeypatch.setattr(KF, "MOE_STAGE", stage)
-    monkeypatch.setattr(KF, "MOE_STAGE_BLOCKS", blocks)
+    if stage is not None:
+        monkeypatch.setattr(KF, "MOE_STAGE", stage)
+        monkeypatch.setattr(KF, "MOE_STAGE_BLOCKS", blocks)
+    ops = []
+    build = KF.fused_row_kernel
+
+    def spy(op, *a, **kw):
+        ops.append(op)
+        return build(op, *a, **kw)
+
+    monkeypatch.setattr(KF, "fused_row_kernel", spy)
     rng = np.random.default_rng(13)
-    T, H, k, E = 333, 7168, 4, 64
+    T, H, E = 333, 7168, 64
     x = rows(rng, T, H, "bfloat16")
     x[7, 100], x[300, 7167] = np.inf, np.nan
     ids = topk_ids(rng, T, E, k)
     assert_moe_spec(x, ids, E, fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16"))
+    assert ops[-1] == (fused_kernels.OP_SCATTER if k <= 8 else fused_kernels.OP_GATHER)
 
 
 @pytest.mark.parametrize("T, H, k, min_pairs", [(3300, 7168, 4, None), (1500, 2880, 8, 0), (1300, 1000, 8, 0),
                                               (900, 16384, 2, 0), (3300, 7168, 4, 10 ** 9)])
 def test_gpu_moe_defaults(T, H, k, min_pairs, monkeypatch):
-    """The launcher's defaults (MOE_STAGE 8 over 3 blocks an SM, MOE_PIPE, MOE_LANES, MOE_RANK)
+    """The launcher's defaults (MOE_STAGE 8 over 3 blocks an SM, pipelined rounds, lanes' groups,
+    the rank sort from MOE_RANK_MIN_PAIRS)
     against the spec: 3300 tokens at hidden 7168 (13200 pairs: the rank sort by default; a
     second round in some blocks on a 132-SM GPU, loaded while the first is stored), and with the
     rank sort forced at hidden 2880 (lanes' groups), 1000 (rows not whole quads: the strided
@@ -353,7 +366,7 @@ def test_gpu_moe_defaults(T, H, k, min_pairs, monkeypatch):
     (200, 2880, 4, 512, np.int32, False), (255, 1000, 8, 33, np.int32, True), (500, 16384, 4, 64, np.int32, False),
     (100, 7168, 4, 513, np.int32, False)])
 def test_gpu_moe_local(T, H, k, E, idt, bad, monkeypatch):
-    """MOE_LOCAL (no sort launch: each block of the staged rows counts every pair's bucket and
+    """The local path (no sort launch: each block of the staged rows counts every pair's bucket and
     finds its own pairs' rows) against the spec, the general path then the planned one: one
     token; decode sizes at hidden 7168, int64 ids; 2048 pairs (MOE_LOCAL_MAX_PAIRS) with ids
     out of range (sorted last, check_ids=False); 512 experts (513 buckets: the most it
@@ -411,7 +424,7 @@ def test_gpu_moe_sort_quantize(T, k, E):
 
 @pytest.mark.parametrize("sort1", [True, False])
 @pytest.mark.parametrize("T, k, E", [(1, 1, 1), (2048, 4, 256), (9000, 4, 256), (700, 8, 1024)])
-def test_gpu_moe_sort_one_launch(T, k, E, sort1, monkeypatch):
+def test_gpu_moe_sort_one_launch(T, k, E, sort1):
     """The sort alone (kernels.fused.moe_sort: perm, offsets and inv) in one launch and in
     three, against the spec, with a few ids out of range: one pair; the bench's 32 chunks on
     32 blocks; 141 chunks on one block per SM (two chunks a block, some blocks none); 22
@@ -420,7 +433,6 @@ def test_gpu_moe_sort_one_launch(T, k, E, sort1, monkeypatch):
     from nqdq.kernels import fused as KF
     from nqdq.kernels._interop import Allocator
 
-    monkeypatch.setattr(KF, "MOE_SORT1", sort1)
     rng = np.random.default_rng(T + E)
     ids = rng.integers(0, E, (T, k)).astype(np.int32)
     if T > 1:
@@ -429,7 +441,7 @@ def test_gpu_moe_sort_one_launch(T, k, E, sort1, monkeypatch):
     perm_ref = [p[1] for p in sorted((int(ids[i, j]) if valid[i, j] else E, i, j) for i in range(T) for j in range(k))]
     ws = cp.zeros(SYNC_WORDS, cp.int32)
     for _ in range(2):
-        perm, off, inv = KF.moe_sort(cp.asarray(ids.reshape(-1)), T * k, k, E, Allocator("cupy"), ws=ws)
+        perm, off, inv = KF.moe_sort(cp.asarray(ids.reshape(-1)), T * k, k, E, Allocator("cupy"), ws=ws, one=sort1)
         np.testing.assert_array_equal(host(perm), perm_ref)
         off = host(off)
         counts = np.bincount(ids[valid], minlength=E)
@@ -506,32 +518,26 @@ def test_gpu_moe_rank(T, k, E):
         np.testing.assert_array_equal(host(ws), 0)
 
 
-@pytest.mark.parametrize("sort1, pdl, stage, rank, local", [
-    (True, True, 0, 0, 0), (True, False, 0, 0, 0), (False, True, 0, 0, 0), (True, True, 4, 0, 0), (False, True, 1, 0, 0),
-    (True, True, 4, 1, 0), (True, False, 1, 1, 0), (True, True, 4, 0, 1), (False, False, 1, 1, 1)])
-def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, local, monkeypatch):
-    """The planned MoE call with the one-launch sort or the three-launch one, each launch after
-    the first its predecessor's programmatic dependent (MOE_PDL: cuLaunchKernelEx) or plain: on
-    two streams at once (each stream its own workspace; check_ids on and off: MOE_CHECK's
-    polled word, and ids out of range a ValueError), and captured in a CUDA graph (check_ids=True
-    there a RuntimeError; the
-    three-launch sequence in every case: no workspace; the dependent launches programmatic
-    edges) replayed on new ids and data; every result the spec's. MOE_STAGE 4 and 1 (600
-    tokens over at most 4 blocks an SM, 1-2 a block: all staged, or at 1 some after the staged).
-    MOE_RANK (staged): the rank kernel then the rows, two launches direct or captured, its
-    ticket the stream's workspace, or in a graph the call's own, zeroed by a memset node.
-    MOE_LOCAL (staged, 600 tokens in one round: at 4 a block, and at 1 with 600 blocks an SM):
-    the rows kernel alone, one launch direct or captured, no workspace."""
+@pytest.mark.parametrize("stage, rank, local", [(4, 0, 0), (1, 0, 0), (4, 1, 0), (1, 1, 0), (4, 0, 1), (1, 0, 1)])
+def test_gpu_moe_hot_path_streams_and_graph(stage, rank, local, monkeypatch):
+    """The planned MoE call, its direct calls with the one-launch sort and its captured ones with
+    the three-launch sort, each launch after the first its predecessor's programmatic dependent
+    (cuLaunchKernelEx): on two streams at once (each stream its own workspace; check_ids on and
+    off: the sort's polled word, and ids out of range a ValueError), and captured in a CUDA
+    graph (check_ids=True there a RuntimeError; no workspace; the dependent launches
+    programmatic edges) replayed on new ids and data; every result the spec's. MOE_STAGE 4 and
+    1 (600 tokens over at most 4 blocks an SM, 1-2 a block: all staged, or at 1 some after the
+    staged). The rank sort (MOE_RANK_MIN_PAIRS 0): the rank kernel then the rows, two launches
+    direct or captured, its ticket the stream's workspace, or in a graph the call's own, zeroed
+    by a memset node. The local path (MOE_LOCAL_MAX_PAIRS past the 2400 pairs; staged, 600
+    tokens in one round: at 4 a block, and at 1 with 600 blocks an SM): the rows kernel alone,
+    one launch direct or captured, no workspace."""
     from nqdq import api
     from nqdq.kernels import fused as KF
 
     monkeypatch.setattr(KF, "MOE_STAGE", stage)
-    monkeypatch.setattr(KF, "MOE_PDL", pdl)
-    monkeypatch.setattr(KF, "MOE_SORT1", sort1)
-    monkeypatch.setattr(KF, "MOE_RANK", bool(rank))
-    monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", 0)
-    monkeypatch.setattr(KF, "MOE_LOCAL", bool(local))
-    monkeypatch.setattr(KF, "MOE_LOCAL_MAX_PAIRS", 10 ** 6)  # (2400 pairs)
+    monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", 0 if rank else 10 ** 9)
+    monkeypatch.setattr(KF, "MOE_LOCAL_MAX_PAIRS", 10 ** 6 if local else 0)  # (2400 pairs)
     if local and stage == 1:
         monkeypatch.setattr(KF, "MOE_STAGE_BLOCKS", 600)
     api.clear_fast_path()
@@ -545,15 +551,15 @@ def test_gpu_moe_hot_path_streams_and_graph(sort1, pdl, stage, rank, local, monk
     x, ids = data()
     fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16")  # plans it
     (fm,) = fused._MOE_FAST.values()
-    kx = pdl and not local  # (one launch: no dependent)
+    kx = not local  # (one launch: no dependent)
     assert ("_KX(" in fm.run.seq.source) == kx and ("_KX(" in fm.run.seq_graph.source) == kx
-    want = (1, 1) if local else (2, 2) if rank else (2, 4) if sort1 else (4, 4)
+    want = (1, 1) if local else (2, 2) if rank else (2, 4)
     assert (len(fm.run.seq.entries), len(fm.run.seq_graph.entries)) == want
-    # check_ids=True (MOE_CHECK): the same launches, the sort's report argument set (it writes
+    # check_ids=True: the same launches, the sort's report argument set (it writes
     # its id check to a polled word); the local path has no sort and reads offsets back
     assert (fm.run.seq_check is None) == local
     if not local:
-        assert len(fm.run.seq_check.entries) == want[0] and ("_KX(" in fm.run.seq_check.source) == pdl
+        assert len(fm.run.seq_check.entries) == want[0] and "_KX(" in fm.run.seq_check.source
     bad = ids.copy()
     bad[T // 2, 1] = E + 3
     with pytest.raises(ValueError, match="expert_ids"):

@@ -197,7 +197,7 @@ def moe_count_kernel(ids, npairs, num_experts, counts):
     expert e for an id in [0, E), bucket E for any other id (atomic adds into shared
     memory: the counts do not depend on their order)."""
     hist = cuda.shared.array(MOE_BUCKETS, int32)
-    griddep_launch()  # (MOE_PDL: the scan may start; it reads counts after griddep_wait)
+    griddep_launch()  # (programmatic dependent launch: the scan may start; it reads counts after griddep_wait)
     ch = cuda.blockIdx.x
     count_chunks(ids, npairs, num_experts, ch, ch + 1, cuda.threadIdx.x, hist, counts, ch)
 
@@ -269,8 +269,8 @@ def moe_scan_kernel(counts, nchunks, num_experts, base, offsets, id_flag, report
     e = cuda.threadIdx.x
     nt = cuda.blockDim.x
     nb = num_experts + 1
-    griddep_launch()  # (MOE_PDL: the scatter may start, and wait for this kernel)
-    griddep_wait()  # (MOE_PDL: the count kernel's counts are complete and visible)
+    griddep_launch()  # (programmatic dependent launch: the scatter may start, and wait for this kernel)
+    griddep_wait()  # (programmatic dependent launch: the count kernel's counts are complete and visible)
     s = 0
     if e < num_experts:
         s = column_walk(counts, nchunks, nb, e, 0, c, base, False)
@@ -322,10 +322,10 @@ def moe_scatter_kernel(ids, npairs, num_experts, k, base, perm, inv):
     w = t >> 5
     nb = num_experts + 1
     p = ch * MOE_CHUNK + t
-    griddep_launch()  # (MOE_PDL: the rows may start; they read inv after griddep_wait)
+    griddep_launch()  # (programmatic dependent launch: the rows may start; they read inv after griddep_wait)
     e = moe_bucket(ids[p], num_experts) if p < npairs else -1
     warp_counts(e, t, w, nb, sid, whist)
-    griddep_wait()  # (MOE_PDL: the scan's bases are complete and visible)
+    griddep_wait()  # (programmatic dependent launch: the scan's bases are complete and visible)
     if e >= 0:
         row = base[ch * nb + e] + chunk_rank(sid, whist, w, nb, e, t)
         perm[row] = p // k
@@ -445,7 +445,7 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
     Its time is global round trips in a row: the ids' load, the counts' store and fence, the
     arrival and the spin, the columns' loads; then the stores. H100, CUDA graph, 2048 tokens
     top-4 of 256: 9.0 us against 9.9 for the three launches; but the whole MoE op (the rows
-    after it) 36.2 against 35.2 (with MOE_PDL; 34.2 for the three launches with it), and at 64
+    after it) 36.2 against 35.2 (programmatic dependents; 34.2 for the three launches with it), and at 64
     tokens top-8 13.3 against 9.0: it pays off in host time, two launches a call fewer, so
     only direct calls take it; calls under graph capture take the three (kernels.fused.moe_plan).
     """
@@ -466,7 +466,7 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
     per = (nch + G - 1) // G
     c0 = b * per
     c1 = min(nch, c0 + per)
-    griddep_launch()  # the row kernel (MOE_PDL) may start now: it reads inv only after griddep_wait
+    griddep_launch()  # the row kernel (a programmatic dependent) may start now: it reads inv only after griddep_wait
     e0 = count_chunks(ids, npairs, num_experts, c0, c1, t, hist, counts, b)  # (the first chunk's bucket, kept)
     cuda.syncthreads()
     if t == 0:
@@ -524,7 +524,7 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
 
 
 # ----------------------------------------------------------------------------- MoE rank
-# The sort as the staged OP_SCATTER rows kernel takes it (MOE_RANK): one launch whose blocks
+# The sort as the staged OP_SCATTER rows kernel takes it (rank_path): one launch whose blocks
 # each rank a chunk of MOE_RANK_CHUNK pairs on their own, the last of them to finish scanning
 # the chunks' counts; the rows kernel then finds each pair's row itself.
 MOE_RANK_SHIFT = 10  # packed = bucket << MOE_RANK_SHIFT | rank in the chunk
@@ -561,7 +561,7 @@ def moe_rank_kernel(ids, npairs, num_experts, csh, counts, cbase, packed, offset
     G = cuda.gridDim.x
     w = t >> 5
     nb = num_experts + 1
-    griddep_launch()  # the rows kernel (MOE_PDL) may start: it reads packed and cbase after griddep_wait
+    griddep_launch()  # the rows kernel (a programmatic dependent) may start: it reads packed and cbase after griddep_wait
     nsub = 1 << (csh - 8)  # (MOE_CHUNK = 2^8)
     p0 = b << csh
     for r in range(MOE_RANK_SUB):  # every round's id loaded at once (one round trip, not one a round)
@@ -623,7 +623,7 @@ def column_cg(counts, nchunks, nb, e, run, c, base, write):
 
 
 # ----------------------------------------------------------------------------- the local sort
-# MOE_LOCAL (kernels.fused.local_path): no sort launch. Each block of the staged rows kernel
+# kernels.fused.local_path: no sort launch. Each block of the staged rows kernel
 # (_fused_rows, RANK == RANK_LOCAL) takes a contiguous run of tokens, counts every pair's
 # bucket itself (the ids are npairs words, read by every block from L2) and finds its own
 # pairs' rows from those counts: rows = the bucket's first row + the bucket's pairs before the

@@ -32,10 +32,10 @@ kernels (``_rowwise_kernels``) do:
 The MoE sort's rows (no norm) come in two forms: OP_GATHER, one block per sorted row reading
 its token (perm), and OP_SCATTER (bfloat16 words into MX e2m1, k <= MOE_SCATTER_MAX_K), each
 token read and encoded once and each unit's word and group scale stored to the token's k
-sorted rows: one block per token, or (STAGE, the launcher's default) a grid of a few blocks an
-SM staging rounds of tokens' codes in shared memory before the sort's wait
-(_scatter_staged_source), each lane holding whole MX groups where it can (LANES); for small
-calls with no sort before it, each block counting every pair's bucket itself (RANK_LOCAL).
+sorted rows: a grid of a few blocks an SM staging rounds of tokens' codes in shared memory
+before the sort's wait (_scatter_staged_source), each lane holding whole MX groups where it
+can (LANES); for small calls with no sort before it, each block counting every pair's bucket
+itself (RANK_LOCAL).
 
 The warp shuffles have twins (``_fused_kernels.xor_lane`` / ``idx_get_f32`` and
 ``_rowwise_kernels.xor_max`` with shfl=False: shared memory and barriers) that the CUDA
@@ -46,7 +46,6 @@ registers.
 
 from __future__ import annotations
 
-import os
 import re
 from functools import lru_cache
 
@@ -168,11 +167,6 @@ def mx_rceil_params(a, inv):
     if nonfinite:
         code, pb = np.uint32(0xFF), np.uint32(CANON_NAN_BITS)
     return code, bits_f32(pb)
-
-
-def _switch_env(name, default: bool) -> bool:
-    """NQDQ_FUSED_<name> ("1" / "0"), else ``default`` (the MoE launcher's switches: kernels.fused)."""
-    return os.environ.get(f"NQDQ_FUSED_{name}", "1" if default else "0") == "1"
 
 
 # The row kernel's choices, each the winner of an H100 A/B (bf16 [8192, 7168]; docs/design/fused.md):
@@ -312,14 +306,14 @@ def words_path(op, out, kind, fast, fmt) -> bool:
 
 
 RANK_PACKED = 1  # OP_SCATTER's rows from moe_rank_kernel's packed ranks and chunk bases
-RANK_LOCAL = 2  # OP_SCATTER's rows found by each block from every pair's bucket (MOE_LOCAL)
+RANK_LOCAL = 2  # OP_SCATTER's rows found by each block from every pair's bucket (local_path)
 
 
 def _scatter_staged_source(U, NT, KD, S, LANES, LL, PIPE=0, RANK=0):
     """OP_SCATTER's body with STAGE = S (after the prelude: tid, views, nunits, ut, u0..): a
     block takes tokens blockIdx + i * gridDim (m tokens) in rounds of S. A round loads and
     encodes its S tokens, their words and scale codes into shared memory, then waits for the
-    sort (griddep_wait: launched as the sort's programmatic dependent, MOE_PDL, the first
+    sort (griddep_wait: launched as the sort's programmatic dependent (moe_plan), the first
     round reads its tokens while the sort runs; after that the wait returns at once) and
     stores them to the rows perm gives them. Each lane reads back only its own slots. The
     round's S * KD rows are read first, thread t < S * KD the pair t (``rw``, shared, by round
@@ -442,7 +436,7 @@ def _scatter_staged_source(U, NT, KD, S, LANES, LL, PIPE=0, RANK=0):
               "            tok = t0 + np.int32(i) * g",
               "            if tok < m:"]
         L += load("tok", I4) + stage(I4)
-        # the sort's rows are read only after griddep_wait (in any launch but MOE_PDL's it does nothing)
+        # the sort's rows are read only after griddep_wait (in any other launch it does nothing)
         L += ["        griddep_wait()"] + rows(I2)
         L += ["        for i in range(STAGE):",
               "            tok = t0 + np.int32(i) * g",
@@ -483,7 +477,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     the row stride of x in elements; pf the L2 prefetch distance in rows, 0: none; m the rows,
     OP_SCATTER's tokens). ``KD``: OP_SCATTER's rows per token (k of the MoE sort,
     1..MOE_SCATTER_MAX_K). ``STAGE``: OP_SCATTER's tokens a block encodes into shared memory
-    before it waits for the sort (0: one block per token; see _scatter_staged_source);
+    before it waits for the sort (_scatter_staged_source; OP_SCATTER is built staged only);
     ``LANES``: with STAGE, each lane's units contiguous (its whole scale groups; rows of whole
     quads of units, n % 32 == 0: 16-byte stores); ``PIPE``: with STAGE, each round's stores
     overlap the next round's loads (_scatter_staged_source); ``RANK``: with STAGE, RANK_PACKED:
@@ -518,8 +512,9 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     if op == OP_SCATTER and not (WPAIRS and 1 <= KD <= MOE_SCATTER_MAX_K):
         raise ValueError(f"OP_SCATTER is built for the bfloat16 words' MX e2m1 path (words_path) and 1 <= k <= "
                          f"{MOE_SCATTER_MAX_K} rows a token, not k = {KD}")
-    if STAGE and (op != OP_SCATTER or not 1 <= STAGE <= MOE_STAGE_MAX):
-        raise ValueError(f"STAGE is OP_SCATTER's, 1..{MOE_STAGE_MAX} tokens a block, not {STAGE} (op {op})")
+    if (op == OP_SCATTER) != (STAGE != 0) or not 0 <= STAGE <= MOE_STAGE_MAX:
+        raise ValueError(f"OP_SCATTER is built staged, 1..{MOE_STAGE_MAX} tokens a block, and STAGE is OP_SCATTER's "
+                         f"only: not STAGE = {STAGE} (op {op})")
     if LANES and not (STAGE and U % (G // UNIT) == 0 and fast):
         raise ValueError(f"LANES needs STAGE, aligned rows and whole groups a lane: U = {U}, G = {G}")
     if (PIPE or RANK) and not STAGE:
@@ -884,32 +879,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         return np.int32(int(sv)), p0
 
     @devfn
-    def group_unit_ws(w, ok, u, tid, scratch, codes, c16, c32, scales, dd, ss, n, pcols):
-        """group_unit_w of a token row encoded once and stored to its KD sorted rows
-        (OP_SCATTER): dd[j] / ss[j] = the first unit / scale index of sorted row j, loaded
-        once at the kernel's start; the unit's word at dd[j] + u, the group's scale (by the
-        group's first lane) at ss[j] + u // LL; a non-finite group by put_codes, once a row."""
-        a = group_max(words_amax(w, ok), tid, scratch)
-        if ok:
-            code, p0 = mx_group(a)
-            first = (tid & (LL - 1)) == 0
-            gi = np.int64(u >> LLSH)
-            if a < FINITE:
-                word = e2m1_word(w, p0)
-                for j in range(KD):  # (unsigned indices: no negative-index wraparound code a store)
-                    c32[np.uint64(dd[j] + u)] = word
-            else:
-                z = np.uint32(0)
-                y = elems(w, (z, z, z, z))
-                for j in range(KD):  # (put_codes' fast path: only the unit index qu counts)
-                    put_codes(y, u, 0, n, pcols, p0, ZERO, False, codes, c16, c32, dd[j] + u)
-            if first:
-                for j in range(KD):
-                    scales[np.uint64(ss[j] + gi)] = np.uint8(code)
-
-    @devfn
     def stage_unit(w, ok, tid, scratch, sw, sc, k):
-        """group_unit_ws's encode without its stores (OP_SCATTER, STAGE): the unit's e2m1 word
+        """group_unit_w's encode without its stores (OP_SCATTER, STAGE): the unit's e2m1 word
         and its group's scale code to slot ``k`` of the block's shared ``sw`` / ``sc`` (the
         lane's own slot, read back by the same lane: no barrier). A non-finite group's word
         by the element encoder (put_codes' path for it: enc, every NaN rule)."""
@@ -1047,18 +1018,8 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
         # the group's scale index: (row * ngroups + tid // LL) + j * NT / LL (NT % LL == 0)
         # unsigned: Numba's indexing then has no negative-index wraparound (some 6 instructions
         # a unit, and the row's product redone per unit beside it)
-        if op != OP_SCATTER:
-            L += ["    sg = np.uint64(np.int64(row) * ngroups + (ut >> LLSH))"]
-        if op == OP_SCATTER:  # token row ``row`` to its KD sorted rows perm[row * KD + j]
-            # the sort's rows are read only after griddep_wait: launched as the sort kernel's
-            # programmatic dependent (moe_plan, MOE_PDL), the block loads its token while the
-            # sort still runs (in any other launch the wait does nothing)
-            L += ["    griddep_wait()"]
-            L += [f"    p{j} = np.int64(perm[np.int64(row) * {KD} + {j}])" for j in range(KD)]
-            L += ["    dd = (" + "".join(f"p{j} * nunits, " for j in range(KD)) + ")",
-                  "    ss = (" + "".join(f"p{j} * ngroups, " for j in range(KD)) + ")"]
-            use = "    group_unit_ws(y{j}, u{j} < nunits, u{j}, tid, scratch, codes, c16, c32, scales, dd, ss, n, pcols)"
-        elif GSHARE:  # every unit's amax first; the groups' parameters after the loop (_share_source)
+        L += ["    sg = np.uint64(np.int64(row) * ngroups + (ut >> LLSH))"]
+        if GSHARE:  # every unit's amax first; the groups' parameters after the loop (_share_source)
             use = "    v{j} = amax_y(y{j}) if u{j} < nunits else np.int32(0)"
         else:
             use = ("    group_unit{w}(y{j}, u{j} < nunits, u{j}, row, n, pcols, sg + np.uint64({jNL}), tid, scratch, codes, c16, c32, "
@@ -1080,7 +1041,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
               for j in J]
     if GSHARE:
         L += _share_source(U, LL, NT, MODE == MODE_FLOAT, FULL)
-    if STAGE:  # the staged scatter replaces the one-token body (the prelude up to the units' indices stays)
+    if STAGE:  # OP_SCATTER: the staged scatter replaces the one-row body (the prelude up to the units' indices stays)
         k = L.index("    tu = (rbase >> 3) + ut") + 1 + U
         assert L[k - 1].startswith(f"    u{U - 1} = "), L[k - 1]
         L = L[:k] + _scatter_staged_source(U, NT, KD, STAGE, LANES, LL, PIPE, RANK)
@@ -1093,7 +1054,7 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
                add_res=add_res, unit_sq=unit_sq, row_rsqrt=row_rsqrt, norm_unit=norm_unit, elems=elems, put_y=put_y,
                put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max, as_u32=as_u32,
                as_u16=as_u16, group_unit_w=group_unit_w, prefetch_rows=prefetch_rows,
-               group_params_r=group_params_r, group_unit_ws=group_unit_ws, KD=KD, SHFL=shfl,
+               group_params_r=group_params_r, KD=KD, SHFL=shfl,
                griddep_wait=griddep_wait, amax_y=amax_y, STAGE=STAGE, SWN=max(STAGE * U * NT, 1),
                stage_unit=stage_unit, put_staged=put_staged, uint32=uint32, uint8=uint8, stage_group=stage_group,
                put_quad=put_quad, put_rows=put_rows, rank_row=rank_row, local_count=local_count,

@@ -3,17 +3,16 @@
 Each function takes :class:`~nqdq.kernels._interop.DeviceInput` arrays (flat, in the
 kernels' form: float32 or the uint16 bits of bfloat16 / float16) and returns flat outputs
 in the input's library. Every op is one launch of :func:`_fused_rows.fused_row_kernel` (the
-MoE sort adds the launch that builds the permutation, or three: MOE_SORT1; or, from
+MoE sort adds the launch that builds the permutation (three under graph capture); or, from
 MOE_RANK_MIN_PAIRS pairs on, the one that ranks the pairs by chunks, the rows kernel then finding
-each pair's row: MOE_RANK; a planned MoE call launches each kernel after the first as its
-predecessor's programmatic dependent: MOE_PDL; up to MOE_LOCAL_MAX_PAIRS pairs no sort is
-launched, each block of the rows kernel finding its own pairs' rows: MOE_LOCAL).
+each pair's row: rank_path; a planned MoE call launches each kernel after the first as its
+predecessor's programmatic dependent on sm_90+; up to MOE_LOCAL_MAX_PAIRS pairs no sort is
+launched, each block of the rows kernel finding its own pairs' rows: local_path).
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from functools import lru_cache
 
@@ -37,87 +36,73 @@ from ._rowwise_kernels import SHFL_DEFAULT
 __all__ = ["out_kind", "geometry", "run_rows", "rows_plan", "moe_sort", "MAX_ROW"]
 
 MAX_ROW = MAX_ROW_REF  # longest row (reference/fused.row_geometry: 32 warps x 8 units per lane)
-# MOE_SCATTER (NQDQ_FUSED_MOE_SCATTER): the MoE sort's rows of bfloat16 into MX e2m1
-# by OP_SCATTER (each token read and encoded once, its codes and scales stored to its k sorted
-# rows) instead of OP_GATHER (each sorted row reads its token: k reads and encodes of it).
-MOE_SCATTER = _fused_rows._switch_env("MOE_SCATTER", True)
-# MOE_UNITS (NQDQ_FUSED_MOE_UNITS): units per lane of OP_SCATTER's blocks, with as many
-# warps as the row then needs (at most 32); 0: the spec's row geometry. The scatter path has no
-# row-wide reduction (a group's 4 lanes are neighbours in any layout), so its layout is free.
-# 4 since its H100 A/B (docs/design/moe.md): at hidden 7168 (7 warps x 4 units instead of
-# 4 x 7) moe_sort + mxfp4 without the id check 44.9 -> 40.6 us;
-# 2 units 41.7, 1 unit 50.0; ncu: the row kernel 30.3 -> 27.5 us, 59 -> 51 registers.
-MOE_UNITS = int(os.environ.get("NQDQ_FUSED_MOE_UNITS", "4"))
-# MOE_SORT1 (NQDQ_FUSED_MOE_SORT1): the MoE sort in one launch (moe_sort_kernel, its blocks
-# waiting for each other's counts, by a wait that no residency can turn into a deadlock:
-# _grid.wait_done) instead of three (count, scan, scatter). H100 (docs/design/moe.md), 2048
-# tokens top-4 of 256, planned calls:
-# called eagerly (host and device) 37.7 -> 36.8 us (and 40.4 -> 37.8 without MOE_PDL), the host's
+# The MoE sort's rows of bfloat16 into MX e2m1 are OP_SCATTER's (each token read and encoded
+# once, its codes and scales stored to its k sorted rows) where the kernel has the words' path and
+# k <= MOE_SCATTER_MAX_K (_scatter), else OP_GATHER's (each sorted row reads its token: k reads and
+# encodes of it). OP_SCATTER's blocks: MOE_UNITS units a lane, with as many warps as the row then
+# needs (at most 32; else the spec's row geometry). The scatter path has no row-wide reduction (a
+# group's 4 lanes are neighbours in any layout), so its layout is free. H100 A/B (docs/design/moe.md):
+# at hidden 7168 (7 warps x 4 units instead of 4 x 7) moe_sort + mxfp4 without the id check
+# 44.9 -> 40.6 us; 2 units 41.7, 1 unit 50.0; ncu: the row kernel 30.3 -> 27.5 us, 59 -> 51
+# registers. OP_SCATTER against OP_GATHER: docs/design/moe.md.
+MOE_UNITS = 4
+# The MoE sort of a direct call is one launch (moe_sort_kernel, its blocks waiting for each
+# other's counts, by a wait that no residency can turn into a deadlock: _grid.wait_done), of a
+# call under graph capture three (count, scan, scatter). H100 (docs/design/moe.md), 2048 tokens
+# top-4 of 256, planned calls, one launch against three:
+# called eagerly (host and device) 37.7 -> 36.8 us (and 40.4 -> 37.8 without programmatic dependents), the host's
 # time a call 23.2 -> 16.1 us (38.4 -> 28.1 on another host); replayed from a CUDA graph (device
-# only) 34.2 -> 36.2 us, and at 64 tokens top-8 9.0 -> 13.3. So it applies to direct calls only:
-# a planned call captured in a graph takes the three launches (moe_plan).
-MOE_SORT1 = _fused_rows._switch_env("MOE_SORT1", True)
-# MOE_PDL (NQDQ_FUSED_MOE_PDL): the planned MoE call launches each kernel after the first
-# as its predecessor's programmatic dependent (launch.compile_sequence's ``pdl``; sm_90+; OP_SCATTER
-# rows only): a kernel allows its dependent's launch at its start (griddepcontrol.launch_dependents)
-# and waits for its predecessor (griddepcontrol.wait) before it reads what that one wrote, so the
-# OP_SCATTER rows load their tokens while the sort runs, and the three-launch sort's kernels start
-# before the one before them ends. H100, in the runs of MOE_SORT1's figures: eager 37.8 -> 36.8 us
-# (one-launch sort), graph 36.6 -> 36.2 (one-launch sort), 35.2 -> 34.2 (three launches).
-MOE_PDL = _fused_rows._switch_env("MOE_PDL", True)
-# MOE_STAGE (NQDQ_FUSED_MOE_STAGE): OP_SCATTER's tokens a block loads and encodes
-# into shared memory before it waits for the sort (_fused_rows._scatter_staged_source), over a
-# grid of at most MOE_STAGE_BLOCKS blocks an SM (NQDQ_FUSED_MOE_STAGE_BLOCKS); 0: one block per
-# token, which waits for the sort after its token's loads (only the first wave reads early).
-# H100 (docs/design/moe.md), 2048 tokens x 7168 top-4 of 256,
-# with MOE_LANES: eager 35.5 -> 32.0 us, graphs 32.4 -> 26.8 us a call (64 tokens top-8 9.1 ->
-# 7.6); 4 / 4 measured best of 4 / 5, 3 / 5, 2 / 8, 8 / 2 (H100 and H200).
-# With MOE_PIPE and MOE_RANK: 8 / 3, the defaults (eager, 2048 tokens: 32.0 -> 29.0 us; 8192: 112.2 -> 95.8).
-MOE_STAGE = int(os.environ.get("NQDQ_FUSED_MOE_STAGE", "8"))
-MOE_STAGE_BLOCKS = int(os.environ.get("NQDQ_FUSED_MOE_STAGE_BLOCKS", "3"))
+# only) 34.2 -> 36.2 us, and at 64 tokens top-8 9.0 -> 13.3 (moe_plan).
+# The planned MoE call launches each kernel after the first as its predecessor's programmatic
+# dependent (launch.compile_sequence's ``pdl``; sm_90+; OP_SCATTER rows only): a kernel allows its
+# dependent's launch at its start (griddepcontrol.launch_dependents) and waits for its predecessor
+# (griddepcontrol.wait) before it reads what that one wrote, so the OP_SCATTER rows load their
+# tokens while the sort runs, and the three-launch sort's kernels start before the one before them
+# ends. H100, in the runs of the one-launch sort's figures: eager 37.8 -> 36.8 us (one-launch sort), graph
+# 36.6 -> 36.2 (one-launch sort), 35.2 -> 34.2 (three launches).
+# OP_SCATTER's blocks load and encode MOE_STAGE tokens into shared memory before they wait for
+# the sort (_fused_rows._scatter_staged_source), over a grid of at most MOE_STAGE_BLOCKS blocks an
+# SM. H100 (docs/design/moe.md), 2048 tokens x 7168 top-4 of 256, against one block per token
+# (which waited for the sort after its token's loads: only the first wave read early), with the
+# lanes' groups below: eager 35.5 -> 32.0 us, graphs 32.4 -> 26.8 us a call (64 tokens top-8
+# 9.1 -> 7.6); 4 / 4 measured best of 4 / 5, 3 / 5, 2 / 8, 8 / 2 (H100 and H200); with the
+# pipelined rounds and the rank sort: 8 / 3 (eager, 2048 tokens: 32.0 -> 29.0 us; 8192: 112.2 -> 95.8).
+# Where rows are whole quads of units (n % 32 == 0), each lane's units are contiguous, so a lane
+# holds whole MX groups (no butterfly; its words leave in 16-byte stores); elsewhere the strided
+# layout. H100, as above: the rows kernel alone 25.2 (staged, strided) -> 22.2 us, 56 -> 47
+# registers. Where a block has more than one round, the rounds after the first load their tokens
+# while the round before is stored: H100, 8192 tokens x 7168 top-4 of 256 (4 rounds a block),
+# eager, with the rank sort and MOE_STAGE 8: 106.2 -> 97.0 us (without it, MOE_STAGE 4: 113.0 -> 109.8).
+MOE_STAGE = 8
+MOE_STAGE_BLOCKS = 3
 MOE_STAGE_SMEM = 40 << 10  # the staged tokens' shared memory, at most (static shared memory: < 48 KiB a block)
-# MOE_LANES (NQDQ_FUSED_MOE_LANES): with MOE_STAGE, each lane's units contiguous, so a
-# lane holds whole MX groups (no butterfly; its words leave in 16-byte stores) where rows are
-# whole quads of units (n % 32 == 0); elsewhere the strided layout. H100, as above:
-# the rows kernel alone 25.2 (staged, strided) -> 22.2 us, 56 -> 47 registers.
-MOE_LANES = int(os.environ.get("NQDQ_FUSED_MOE_LANES", "1"))
-# MOE_PIPE (NQDQ_FUSED_MOE_PIPE): with MOE_STAGE, a block's rounds after the first
-# load their tokens while the round before is stored (_fused_rows._scatter_staged_source).
-# H100, 8192 tokens x 7168 top-4 of 256 (4 rounds a block), eager, with MOE_RANK and MOE_STAGE 8:
-# 106.2 -> 97.0 us (without MOE_RANK, MOE_STAGE 4: 113.0 -> 109.8).
-MOE_PIPE = int(os.environ.get("NQDQ_FUSED_MOE_PIPE", "1"))
-# MOE_RANK (NQDQ_FUSED_MOE_RANK): where the rows take the staged OP_SCATTER kernel
-# (rank_path), the sort is moe_rank_kernel (one launch: each block ranks its chunk of pairs,
+# From MOE_RANK_MIN_PAIRS (token, expert) pairs on, where the rows take the staged OP_SCATTER
+# kernel (rank_path), the sort is moe_rank_kernel (one launch: each block ranks its chunk of pairs,
 # the last to finish scans the counts; no grid barrier, no second pass) and the rows kernel
 # finds each pair's row from its rank (_fused_rows.rank_row), storing the op's perm itself.
-MOE_RANK = _fused_rows._switch_env("MOE_RANK", True)
-# ... from this many (token, expert) pairs on (NQDQ_FUSED_MOE_RANK_MIN_PAIRS). H100, bf16 x 7168
-# top-4 of 256, MOE_STAGE 8 / MOE_PIPE, eager, chunks of 1024 pairs at every size (before
-# rank_chunk_shift): 4096 pairs 24.8 us against 17.5 for moe_sort's one launch, 8192 33.1
-# against 30.0; 16384 51.5 against 59.0, 32768 99.5 against 107.6.
-MOE_RANK_MIN_PAIRS = int(os.environ.get("NQDQ_FUSED_MOE_RANK_MIN_PAIRS", "12288"))
+# H100, bf16 x 7168 top-4 of 256, MOE_STAGE 8 with pipelined rounds, eager, chunks of 1024 pairs at
+# every size (before rank_chunk_shift): 4096 pairs 24.8 us against 17.5 for moe_sort's one launch,
+# 8192 33.1 against 30.0; 16384 51.5 against 59.0, 32768 99.5 against 107.6.
+MOE_RANK_MIN_PAIRS = 12288
 # ... over about MOE_RANK_BLOCKS chunks of 256 to 1024 pairs (rank_chunk_shift). H100, as above,
 # chunks of 256 / 512 / 1024 pairs: 8192 pairs 29.8 / 30.9 / 33.4 us, 16384 57.2 / 49.7 / 53.0,
 # 32768 121.4 / 105.2 / 95.3 (moe_sort's one launch: 29.4, 57.7, 109.8).
 MOE_RANK_BLOCKS = 32
-# MOE_LOCAL (NQDQ_FUSED_MOE_LOCAL): where the staged rows take every token in one
+# Up to MOE_LOCAL_MAX_PAIRS (token, expert) pairs, where the staged rows take every token in one
 # round (local_path: at most MOE_STAGE_BLOCKS blocks an SM x the stage), no sort is launched:
 # each block counts every pair's bucket itself while its tokens load and finds its own pairs'
-# rows (_fused_rows.RANK_LOCAL). One launch, no workspace, no block waiting for another.
-MOE_LOCAL = _fused_rows._switch_env("MOE_LOCAL", True)
-# ... up to this many (token, expert) pairs (NQDQ_FUSED_MOE_LOCAL_MAX_PAIRS): every block reads
-# and counts every id, so it pays only for small calls. H100 (docs/design/moe.md), hidden 7168
-# of 256 experts, local / the sorts, us: CUDA graphs 64 tokens
+# rows (_fused_rows.RANK_LOCAL). One launch, no workspace, no block waiting for another. Every
+# block reads and counts every id, so it pays only for small calls. H100 (docs/design/moe.md),
+# hidden 7168 of 256 experts, local / the sorts, us: CUDA graphs 64 tokens
 # top-8 5.88 / 8.01, 256 top-8 9.19 / 10.25, 512 top-4 10.45 / 10.60; eager 64 top-8 6.7 / 11.9,
 # 256 top-8 9.4 / 14.1, 512 top-4 10.8 / 14.3; past the bound, graphs 512 top-8 14.91 / 13.90,
 # 1024 top-4 19.63 / 14.23, eager 2048 top-4 36.3 / 29.2.
-MOE_LOCAL_MAX_PAIRS = int(os.environ.get("NQDQ_FUSED_MOE_LOCAL_MAX_PAIRS", "2048"))
+MOE_LOCAL_MAX_PAIRS = 2048
 STATIC_SMEM = 48 << 10  # a block's static shared memory, at most
-# MOE_CHECK (NQDQ_FUSED_MOE_CHECK): a planned call with check_ids=True passes the
-# sort a word of pinned host memory (IdChecks) for its id check (_fused_kernels.report_ids) and
-# polls that word: it waits for the sort, not for the rows. Off: the call reads offsets[E] back
-# (CuPy's copy), waiting for the whole op. The local path (no sort) reads it back either way.
-MOE_CHECK = _fused_rows._switch_env("MOE_CHECK", True)
+# A planned call with check_ids=True passes the sort a word of pinned host memory (IdChecks) for
+# its id check (_fused_kernels.report_ids) and polls that word: it waits for the sort, not for the
+# rows (reading offsets[E] back, CuPy's copy, waited for the whole op). The local path (no sort)
+# reads offsets[E] back.
 
 
 def out_kind(sch: Scheme) -> int:
@@ -170,8 +155,8 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     (kind ``wkind``); ``perm``: int32 source rows (OP_GATHER); ``strides``: (sb, sh, D) in
     elements for OP_ROWS over a [B, H, D] view (None: contiguous rows of n). ``moe``: for
     OP_GATHER, (inv, k): the sorted row of each (token, slot) pair (moe_sort's inv) and
-    k; where the kernel has the bfloat16 words' MX e2m1 path (``_fused_rows.words_path``)
-    and MOE_SCATTER is on, OP_SCATTER runs instead: one block per token of the rows // k,
+    k; where the kernel has the bfloat16 words' MX e2m1 path (``_fused_rows.words_path``,
+    _scatter), the staged OP_SCATTER runs instead: MOE_STAGE tokens a block of the rows // k,
     each token read once and stored to its k rows. ``alloc``: the Allocator of the outputs
     (default: one of the input's library); ``launches``: a list that receives the launch as
     (kernel, grid, block, args) instead of running it (moe_plan).
@@ -246,7 +231,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
         U, nw, stage = scatter_geometry(n, kd, local=rank == _fused_rows.RANK_LOCAL)
         if stage:
             # lanes' groups where a lane's units are whole groups (G = 32: quads) and rows whole quads of units
-            lanes = int(bool(MOE_LANES) and U % (G // 8) == 0 and fast and n % 32 == 0)
+            lanes = int(U % (G // 8) == 0 and fast and n % 32 == 0)
             if rank == _fused_rows.RANK_LOCAL:  # one round: csh tokens a block
                 csh = -(-tokens // max(1, _sm_count() * MOE_STAGE_BLOCKS))
                 if csh > stage:
@@ -254,7 +239,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
                 grid = -(-tokens // max(csh, 1))
             else:
                 grid = min(grid, max(1, _sm_count() * MOE_STAGE_BLOCKS))
-                pipe = int(bool(MOE_PIPE) and grid * stage < tokens)  # (a block with one round has nothing to overlap)
+                pipe = int(grid * stage < tokens)  # (a block with one round has nothing to overlap)
     if moe is not None and len(moe) > 2 and not (rank and stage):
         raise RuntimeError("internal: moe_rank's ranks or the ids given, but the rows do not take the staged "
                            "OP_SCATTER kernel (rank_path / local_path and run_rows disagree)")
@@ -280,7 +265,7 @@ def _launch(launches, kern, grid, block, args):
         fast_kernel(kern).launch(grid, block, args, None)
 
 
-def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launches=None, ws=None, one=None,
+def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launches=None, ws=None, one=True,
              out=None, flag=None):
     """(perm int32 [npairs], offsets int32 [E+2], inv int32 [npairs]) on the device from
     expert ids [npairs] (int32 or int64; token-major, then slot): reference/fused.moe_sort's
@@ -289,7 +274,7 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
     (rows offsets[E]:offsets[E + 1]); offsets[:E + 1] is the op's offsets, and
     offsets[E] == npairs says every id was in range.
 
-    ``one`` (None: MOE_SORT1): one launch (``moe_sort_kernel``, at most one block per SM,
+    ``one`` (a direct call's): one launch (``moe_sort_kernel``, at most one block per SM,
     its blocks waiting for each other's counts on ``ws``: a zeroed ``_grid`` workspace the
     kernel leaves zero; None: a zeroed one of ``alloc``'s; the wait ends whatever part of the
     grid is resident); else three (count, scan, scatter).
@@ -307,7 +292,7 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
                alloc.empty(max(npairs, 1), np.int32))
     perm, offsets, inv = out
     report, flag = _report(flag, alloc)
-    if MOE_SORT1 if one is None else one:
+    if one:
         G = min(nchunks, _sm_count(), MAX_DONE)
         counts = alloc.empty(G * nb, np.int32)
         if ws is None:
@@ -328,27 +313,24 @@ def moe_sort(ids, npairs: int, k: int, num_experts: int, alloc: Allocator, launc
 
 
 def _scatter(op, mode, kind, fast, fmt, k) -> bool:
-    """Whether run_rows takes OP_SCATTER (MOE_SCATTER) for the MoE rows of ``op`` (OP_GATHER)
+    """Whether run_rows takes the staged OP_SCATTER for the MoE rows of ``op`` (OP_GATHER)
     with k experts a token: the bfloat16 words' MX e2m1 path, at most MOE_SCATTER_MAX_K rows a
-    token (staged where MOE_STAGE > 0)."""
-    return bool(MOE_SCATTER and _fused_rows.words_path(op, mode, kind, fast, fmt)
-                and 1 <= k <= _fused_rows.MOE_SCATTER_MAX_K)
+    token."""
+    return bool(_fused_rows.words_path(op, mode, kind, fast, fmt) and 1 <= k <= _fused_rows.MOE_SCATTER_MAX_K)
 
 
 def scatter_geometry(n: int, k: int, local: bool = False) -> tuple[int, int, int]:
     """(U, warps, stage) of OP_SCATTER's blocks for rows of n: MOE_UNITS a lane over as many
-    warps as the row needs (the spec's geometry where that is over 32 warps or MOE_UNITS is
-    0); with MOE_STAGE the tokens a block stages (0: one block a token), their words and scale
-    codes (5 bytes a unit and token) at most MOE_STAGE_SMEM, and with ``local`` (RANK_LOCAL)
+    warps as the row needs (the spec's geometry where that is over 32 warps); the tokens a
+    block stages, MOE_STAGE at most, their words and scale codes (5 bytes a unit and token) at
+    most MOE_STAGE_SMEM, and with ``local`` (RANK_LOCAL)
     small enough that the block's shared memory, the local sort's included, stays under
     STATIC_SMEM."""
     nt, U = geometry(n)
     nw = nt // 32
-    nw_u = -(-(n // 8) // (32 * MOE_UNITS)) if MOE_UNITS > 0 else 0  # warps for MOE_UNITS a lane
+    nw_u = -(-(n // 8) // (32 * MOE_UNITS))  # warps for MOE_UNITS a lane
     if 0 < nw_u <= 32:
         U, nw = MOE_UNITS, nw_u
-    if MOE_STAGE <= 0:
-        return U, nw, 0
     NT = 32 * nw
     stage = max(1, min(MOE_STAGE, _fused_rows.MOE_STAGE_MAX, MOE_STAGE_SMEM // (5 * U * NT)))
     if local:
@@ -362,10 +344,10 @@ def scatter_geometry(n: int, k: int, local: bool = False) -> tuple[int, int, int
 
 
 def local_path(xin, n: int, sch: Scheme, k: int, npairs: int, num_experts: int) -> bool:
-    """Whether moe_sort_quantize launches no sort (MOE_LOCAL): the rows take the staged
-    OP_SCATTER kernel (_scatter, MOE_STAGE) and fit one round of it, at most
-    MOE_LOCAL_MAX_PAIRS pairs and MOE_LOCAL_BUCKETS - 1 experts."""
-    if not (MOE_LOCAL and 0 < npairs <= MOE_LOCAL_MAX_PAIRS and num_experts + 1 <= fused_kernels.MOE_LOCAL_BUCKETS):
+    """Whether moe_sort_quantize launches no sort: the rows take the staged OP_SCATTER kernel
+    (_scatter) and fit one round of it, at most MOE_LOCAL_MAX_PAIRS pairs and
+    MOE_LOCAL_BUCKETS - 1 experts."""
+    if not (0 < npairs <= MOE_LOCAL_MAX_PAIRS and num_experts + 1 <= fused_kernels.MOE_LOCAL_BUCKETS):
         return False
     _, _, stage = scatter_geometry(n, k, local=True)
     if stage <= 0 or -(-npairs // k) > stage * _sm_count() * MOE_STAGE_BLOCKS:
@@ -382,10 +364,8 @@ def moe_local(ids, npairs: int, k: int, num_experts: int, alloc: Allocator):
 
 
 def staged_scatter(xin, n: int, sch: Scheme, k: int) -> bool:
-    """Whether run_rows takes the staged OP_SCATTER kernel (_scatter, MOE_STAGE) for the MoE
-    rows of ``xin`` (C-contiguous [tokens, n]) with k experts a token."""
-    if MOE_STAGE <= 0:
-        return False
+    """Whether run_rows takes the staged OP_SCATTER kernel (_scatter) for the MoE rows of
+    ``xin`` (C-contiguous [tokens, n]) with k experts a token."""
     try:
         mode = out_kind(sch)
     except ValueError:
@@ -395,10 +375,10 @@ def staged_scatter(xin, n: int, sch: Scheme, k: int) -> bool:
 
 
 def rank_path(xin, n: int, sch: Scheme, k: int, npairs: int) -> bool:
-    """Whether moe_sort_quantize's sort is moe_rank (MOE_RANK, npairs >= MOE_RANK_MIN_PAIRS):
-    where run_rows takes the staged OP_SCATTER kernel (_scatter, MOE_STAGE) for its rows of
+    """Whether moe_sort_quantize's sort is moe_rank (npairs >= MOE_RANK_MIN_PAIRS): where
+    run_rows takes the staged OP_SCATTER kernel (_scatter) for its rows of
     ``xin`` (C-contiguous [tokens, n]) with k experts a token."""
-    return bool(MOE_RANK and npairs >= MOE_RANK_MIN_PAIRS) and staged_scatter(xin, n, sch, k)
+    return npairs >= MOE_RANK_MIN_PAIRS and staged_scatter(xin, n, sch, k)
 
 
 def rank_chunk_shift(npairs: int) -> int:
@@ -455,8 +435,8 @@ def _unreported(launches):
 def moe_rows(xin, ids, npairs: int, k: int, num_experts: int, sch: Scheme, alloc: Allocator, launches=None,
              ws=None, flag=None):
     """The MoE sort + quantize's launches for x ``xin`` (C-contiguous [tokens, hidden]) and
-    ``ids`` (npairs, token-major): no sort where local_path holds (MOE_LOCAL), moe_rank's
-    where rank_path does (MOE_RANK), else moe_sort's; then run_rows. ``ws``: the sort's
+    ``ids`` (npairs, token-major): no sort where local_path holds, moe_rank's
+    where rank_path does, else moe_sort's; then run_rows. ``ws``: the sort's
     workspace (None: a zeroed one of ``alloc``'s); ``flag``: the sort's id check word (as
     moe_sort's; the local path has none). Returns (run_rows' outputs, perm, offsets [E + 2],
     the path: "local", "rank" or "sort", and moe_sort's inv on the sort path, else None)."""
@@ -590,15 +570,15 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
     scratch array and the launches of the general path (moe_rank or moe_sort, run_rows: the
     same kernels, grids and arguments, recorded once) by ``launch.compile_sequence``; ``offsets``
     is the op's [E + 1] (moe_sort's but its last entry). None where that cannot be built (simulator, NQDQ_FAST_LAUNCH=0,
-    no CuPy). ``switches``: moe_switches(), part of the cache key. With MOE_LOCAL (local_path) the call is
-    one launch, the rows kernel's, with no workspace. With MOE_PDL (OP_SCATTER rows, sm_90+)
+    no CuPy). ``switches``: moe_switches(), part of the cache key. On the local path (local_path)
+    the call is one launch, the rows kernel's, with no workspace. With OP_SCATTER rows on sm_90+
     every launch after the first is its predecessor's programmatic dependent: the rows' loads
-    overlap the sort. With MOE_RANK
-    (rank_path) the sort is moe_rank's one launch, its ticket the stream's workspace on a
+    overlap the sort. On the rank path (rank_path) the sort is moe_rank's one launch, its
+    ticket the stream's workspace on a
     direct call and, under graph capture, a word of the call's allocation zeroed by a memset
-    first. Else with MOE_SORT1 a direct call sorts in one launch, a call under graph capture
-    in three (``run.seq`` and ``run.seq_graph``). With MOE_CHECK (but on the local path, which
-    has no sort), a direct call given ``flag`` (the device address of an IdChecks word:
+    first. Else a direct call sorts in one launch, a call under graph capture
+    in three (``run.seq`` and ``run.seq_graph``). Except on the local path (which has no sort),
+    a direct call given ``flag`` (the device address of an IdChecks word:
     check_ids=True) launches ``run.seq_check``, the same launches but the sort's ``report``
     argument 1: the sort writes its id check there (_fused_kernels.report_ids)."""
     import sys
@@ -624,22 +604,22 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
     if rank:
         ws_graph = alloc.empty(SYNC_WORDS, np.int32)  # a captured call's own ticket, zeroed by a memset node
     names = ("xp", "ids", "base", "ws", "flag")
-    # MOE_PDL: each launch after the first is its predecessor's programmatic dependent (the
-    # sort's kernels and OP_SCATTER wait for their predecessor before they read its output)
-    pdl_ok = MOE_PDL and out["op"] == fused_kernels.OP_SCATTER and (device_cc() or (0, 0)) >= (9, 0)  # (sm_90+)
+    # each launch after the first is its predecessor's programmatic dependent (the sort's
+    # kernels and OP_SCATTER wait for their predecessor before they read its output)
+    pdl_ok = out["op"] == fused_kernels.OP_SCATTER and (device_cc() or (0, 0)) >= (9, 0)  # (sm_90+)
 
     def sequence(ls):
         return launch.compile_sequence(ls, names, pdl=tuple(range(1, len(ls))) if pdl_ok else ())
 
     seq = seq_graph = sequence(launches)
-    reports = MOE_CHECK and not local  # (the local path has no sort to report the check)
+    reports = not local  # (the local path has no sort to report the check)
     seq_check = sequence(checked) if reports else None
     if seq is None or (reports and seq_check is None):
         return None
-    if MOE_SORT1 and not rank and not local:
+    if not rank and not local:
         # Captured in a CUDA graph, the call takes the three-launch sort (into the same arrays):
         # a graph pays no host time a launch, and on the device the three launches are shorter
-        # (H100, graphs, with MOE_PDL: 64 tokens top-8 9.0 against 13.3 us a call, 2048 top-4
+        # (H100, graphs, dependent launches: 64 tokens top-8 9.0 against 13.3 us a call, 2048 top-4
         # 34.1 against 36.1); and its replays need no workspace of their own (no memset node).
         # Direct calls take the one launch and the stream's _grid workspace (left zero).
         l3 = []
@@ -713,10 +693,10 @@ def rows_switches() -> tuple:
 
 
 def moe_switches() -> tuple:
-    """The MoE launcher's build switches (moe_plan's ``switches``, and the MoE hot path's
-    key), in one place."""
-    return (MOE_SCATTER, MOE_UNITS, MOE_SORT1, MOE_PDL, MOE_STAGE, MOE_STAGE_BLOCKS, MOE_LANES, MOE_PIPE, MOE_RANK,
-            MOE_RANK_MIN_PAIRS, MOE_LOCAL, MOE_LOCAL_MAX_PAIRS, MOE_CHECK)
+    """What moe_plan reads of the MoE launcher's module settings (its ``switches``, and the MoE
+    hot path's key), in one place: the geometry and size rules (tests set smaller ones to reach
+    every path at small sizes)."""
+    return (MOE_UNITS, MOE_STAGE, MOE_STAGE_BLOCKS, MOE_RANK_MIN_PAIRS, MOE_LOCAL_MAX_PAIRS)
 
 
 class RowsPlan:
@@ -827,10 +807,6 @@ def audit_launches():
                          F(fused_kernels.OP_GATHER, fused_kernels.OUT_MX, False), False, False,
                          format_tuple(sch), _mx_cfg(sch), 6.0, 32, True)
     out.append(("moe gather mxfp4", k, args(1, 0, np.uint8)))
-    k = fused_row_kernel(fused_kernels.OP_SCATTER, fused_kernels.OUT_MX, 1, 0, nw, u,
-                         F(fused_kernels.OP_SCATTER, fused_kernels.OUT_MX, False), False, False,
-                         format_tuple(sch), _mx_cfg(sch), 6.0, 32, True, 4)
-    out.append(("moe scatter-rows mxfp4", k, args(1, 0, np.uint8)))
     # the staged form as the launcher builds it at hidden 7168 (MOE_UNITS: 7 warps x 4 units, lanes' groups)
     k = fused_row_kernel(fused_kernels.OP_SCATTER, fused_kernels.OUT_MX, 1, 0, 7, 4, True, False, False,
                          format_tuple(sch), _mx_cfg(sch),

@@ -431,8 +431,7 @@ class QuantPlan:
         align = 256
         offsets, total = {}, 0
         dummy_off, dummy_total = {}, 0
-        reset = [s for s in self.slots if s.role == "reset"] if GRID_STREAM_WS else []
-        zero_roles = ("zero",) if GRID_STREAM_WS else ("zero", "reset")
+        reset = [s for s in self.slots if s.role == "reset"]  # direct calls: the stream's workspace
         if len(reset) > 1 or any(s.n > grid_sync.SYNC_WORDS or s.dtype != np.int32 for s in reset):
             return None  # (no plan has more than one grid_max workspace)
         for s in self.slots:
@@ -449,7 +448,7 @@ class QuantPlan:
             if type(a) is _Slot:
                 if a.role == "dummy":
                     return launch.Ptr("dummy", dummy_off[a.i], a.n, a.dtype)
-                if reset and a is reset[0]:  # the stream's workspace (GRID_STREAM_WS)
+                if reset and a is reset[0]:  # the stream's workspace
                     return launch.Ptr("ws", 0, a.n, a.dtype)
                 return launch.Ptr("base", offsets[a.i], a.n, a.dtype)
             return self._marker_arg(a)
@@ -466,7 +465,7 @@ class QuantPlan:
             "_cur": cp.cuda.get_current_stream, "_dummies": dummies,
             "_DP": int(dummies.data.ptr) if dummies is not None else 0,
         }  # fmt: skip
-        zero = [s for s in self.slots if s.role in zero_roles]  # zeroed in the call's stream, before the launches
+        zero = [s for s in self.slots if s.role == "zero"]  # zeroed in the call's stream, before the launches
         lines = ["def run(x, lo=0, hi=0):", f"    mp = _alloc({max(total, 1)})"]
         # the current stream of the plan's GPU, named so that CuPy need not ask for the current
         # device again (the caller runs the plan with its GPU current: get_plan)
@@ -784,9 +783,8 @@ GRID_MAX_U = 4
 # docs/design/per-tensor-dynamic.md.)
 # The one-launch kernels leave their workspace zero (_grid.grid_max_read), so the CuPy runner's
 # direct calls take their stream's workspace (_grid.StreamWorkspaces) instead of zeroing one
-# with a memset per call; under graph capture it keeps the memset (a graph node). "0": the
-# memset on every call (A/B).
-GRID_STREAM_WS = os.environ.get("NQDQ_GRID_STREAM_WS", "1") == "1"
+# with a memset per call (1.2 us a call less: docs/design/launch-path.md); under graph capture it
+# keeps the memset (a graph node).
 # ... and above that size, one cooperative launch that holds part of the input in registers and
 # shared memory across the grid's amax and re-reads the rest last-read first, from L2 where it
 # still is (_tensor_resident). NQDQ_TENSOR_RESIDENT=0: the amax pass, then the encode pass (A/B).
