@@ -53,3 +53,20 @@ def onepass(monkeypatch):
     kq._PLANS.clear()
     yield monkeypatch
     kq._PLANS.clear()
+
+
+@pytest.fixture
+def row_kernel_ops(monkeypatch):
+    """The ops (``_fused_kernels.OP_*``) of every fused row kernel built during the test, in
+    order (``kernels.fused.fused_row_kernel`` spied; the kernels built as before)."""
+    from nqdq.kernels import fused as KF
+
+    ops = []
+    build = KF.fused_row_kernel
+
+    def spy(op, *a, **kw):
+        ops.append(op)
+        return build(op, *a, **kw)
+
+    monkeypatch.setattr(KF, "fused_row_kernel", spy)
+    return ops

@@ -299,7 +299,7 @@ def test_gpu_moe_check_returns_before_the_rows():
 
 
 @pytest.mark.parametrize("k, stage, blocks", [(4, None, None), (9, None, None), (4, 4, 4), (4, 2, 1)])
-def test_gpu_moe_scatter_and_gather(k, stage, blocks, monkeypatch):
+def test_gpu_moe_scatter_and_gather(k, stage, blocks, monkeypatch, row_kernel_ops):
     """The MoE rows by the staged OP_SCATTER (each token encoded once, stored to its k rows;
     k = 4) and by OP_GATHER (k = 9: more rows a token than OP_SCATTER holds, each sorted row
     reads its token): the spec's bits at hidden 7168 with int64 ids, an inf group and a NaN
@@ -313,14 +313,7 @@ def test_gpu_moe_scatter_and_gather(k, stage, blocks, monkeypatch):
     if stage is not None:
         monkeypatch.setattr(KF, "MOE_STAGE", stage)
         monkeypatch.setattr(KF, "MOE_STAGE_BLOCKS", blocks)
-    ops = []
-    build = KF.fused_row_kernel
-
-    def spy(op, *a, **kw):
-        ops.append(op)
-        return build(op, *a, **kw)
-
-    monkeypatch.setattr(KF, "fused_row_kernel", spy)
+    ops = row_kernel_ops
     rng = np.random.default_rng(13)
     T, H, E = 333, 7168, 64
     x = rows(rng, T, H, "bfloat16")
