@@ -718,24 +718,12 @@ def _bit_length(x):
     """The number of bits of int ``x`` (0 <= x < 2^64): 0 for 0."""
     x = np.int64(x)
     n = np.int64(0)
-    if x >= np.int64(1) << 32:
-        x >>= 32
-        n += 32
-    if x >= 65536:
-        x >>= 16
-        n += 16
-    if x >= 256:
-        x >>= 8
-        n += 8
-    if x >= 16:
-        x >>= 4
-        n += 4
-    if x >= 4:
-        x >>= 2
-        n += 2
-    if x >= 2:
-        x >>= 1
-        n += 1
+    s = np.int64(32)
+    while s > 0:  # halving steps 32, 16, ..., 1: x ends below 2
+        if x >= np.int64(1) << s:
+            x >>= s
+            n += s
+        s >>= 1
     return n + x
 
 
