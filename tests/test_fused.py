@@ -40,6 +40,17 @@ def assert_q_equal(qa, qb):
     np.testing.assert_array_equal(bits(qa.scales), bits(qb.scales))
 
 
+def assert_moe_spec(x, ids, E, got):
+    """``got`` = moe_sort_quantize's (q, perm, offsets) equal the spec's (reference/fused.moe_sort,
+    then nqdq.quantize of the sorted rows) bit for bit; returns the spec's perm."""
+    q, perm, off = got
+    perm_ref, off_ref = R.moe_sort(ids, E)
+    np.testing.assert_array_equal(perm, perm_ref)
+    np.testing.assert_array_equal(off, off_ref)
+    assert_q_equal(q, nqdq.quantize(x[perm_ref], "mxfp4"))
+    return perm_ref
+
+
 def rows(rng, t, n, dtype, spread=3.0):
     """Random rows with per-row magnitudes 2^U(-spread, spread) (never all zeros)."""
     x = rng.standard_normal((t, n)) * np.exp2(rng.uniform(-spread, spread, (t, 1)))
@@ -394,12 +405,9 @@ def test_moe_sort_quantize_scatter_rows(stage, rank, wide, monkeypatch):
     x[2, 70], x[4, 999] = np.inf, np.nan
     ids = topk_ids(rng, T, E, k)
     ids[ids == 2] = 0  # expert 2 empty
-    q, perm, off = fused.moe_sort_quantize(x, ids, E, "mxfp4", device="cuda")
+    got = fused.moe_sort_quantize(x, ids, E, "mxfp4", device="cuda")
     assert ops == [fused_kernels.OP_SCATTER]
-    perm_ref, off_ref = R.moe_sort(ids, E)
-    np.testing.assert_array_equal(perm, perm_ref)
-    np.testing.assert_array_equal(off, off_ref)
-    assert_q_equal(q, nqdq.quantize(x[perm_ref], "mxfp4"))
+    perm_ref = assert_moe_spec(x, ids, E, got)
     if wide:  # hidden 1024 and 992 (rows of whole quads: the lanes' 128 units, 124): 16-byte stores
         for h in (1024, 992):
             x2 = rows(rng, T, h, "bfloat16")
@@ -421,12 +429,9 @@ def test_moe_sort_quantize_gather_rows(row_kernel_ops):
     x = rows(rng, T, H, "bfloat16")
     x[1, 70], x[2, 999] = np.inf, np.nan
     ids = topk_ids(rng, T, E, k)
-    q, perm, off = fused.moe_sort_quantize(x, ids, E, "mxfp4", device="cuda")
+    got = fused.moe_sort_quantize(x, ids, E, "mxfp4", device="cuda")
     assert ops == [fused_kernels.OP_GATHER]
-    perm_ref, off_ref = R.moe_sort(ids, E)
-    np.testing.assert_array_equal(perm, perm_ref)
-    np.testing.assert_array_equal(off, off_ref)
-    assert_q_equal(q, nqdq.quantize(x[perm_ref], "mxfp4"))
+    assert_moe_spec(x, ids, E, got)
 
 
 def _device_sort(ids, npairs, k, E, mode, flag=None):
