@@ -442,7 +442,7 @@ def _fast_dequantizer(q, caller, out_dtype):
     run = plan.torch_runner(caller) if caller.name == "torch" else plan.cupy_runner()
     if run is None:
         return None
-    if plan.aligned:  # the unit kernel's 16-byte loads of the codes
+    if plan.units:  # the unit kernel's 16-byte loads of the codes
         contiguous = _torch_aligned if caller.name == "torch" else _cupy_aligned
         if not contiguous(q):
             return None

@@ -51,6 +51,14 @@ def lib_of(a) -> str:
     return "cupy" if is_cupy(a) else "numba"
 
 
+def device_address(a) -> int:
+    """The device address of a kernel argument (CuPy, Numba: ``__cuda_array_interface__``), for
+    alignment checks; 0 for NumPy arrays and under the simulator, whose twins need none."""
+    if SIMULATOR or isinstance(a, np.ndarray):
+        return 0
+    return int(a.__cuda_array_interface__["data"][0])
+
+
 def has_cuda_array_interface(a) -> bool:
     """``hasattr`` lets anything but AttributeError through; PyTorch raises TypeError for a
     bfloat16 tensor's ``__cuda_array_interface__`` (such tensors come in through DLPack)."""

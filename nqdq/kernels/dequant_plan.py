@@ -5,7 +5,7 @@ caller library that per call only allocates the output and stores the arrays' ad
 Codes of whole 16-byte units a row (8- and 4-bit codes, scale groups of whole 8-element
 chunks: nearly every scheme at model shapes) are decoded by the unit kernel
 (``quantize.dequant_units_launch``), which writes float32, bfloat16 or float16 directly;
-their codes must be 16-byte aligned (``aligned``: the hot path's check). Other shapes take
+their codes must be 16-byte aligned (``units``: the hot path's check). Other shapes take
 the element kernel (``_quantize_kernels.make_dequant_kernel``), which writes float32; a
 bfloat16 result is rounded from it by ``f32_to_bf16_kernel`` in the same sequence (float32
 scratch), a float16 one by the caller's library (``astype`` / ``to``), as on the general
@@ -26,7 +26,6 @@ from ..schemes import Scheme
 from . import _devices
 from . import _quantize_kernels as quantize_kernels
 from . import launch
-from ._elements import format_tuple
 from ._scales import MODE_MX, MODE_NVFP4
 from ._target import SIMULATOR
 
@@ -38,7 +37,7 @@ class DequantPlan:
     """The launches of one dequantize call to ``out`` ("float32", "bfloat16" or "float16")
     over ``shape`` (codes packed along the last axis): the unit kernel writing ``out``
     itself, or the element kernel's float32 with, for bfloat16, the rounding kernel after it
-    (``direct`` False: a float16 result is then rounded by the caller's library)."""
+    (``units`` False: a float16 result is then rounded by the caller's library)."""
 
     def __init__(self, sch: Scheme, shape: tuple, out: str, threads: int):
         from . import quantize as kq
@@ -55,21 +54,19 @@ class DequantPlan:
         codes = launch.Ptr("codes", 0, rows * pcols, _U8)
         tail = (launch.Ptr("scales", 0, ns, sc), launch.Ptr("zps", 0, ns if sch.symmetric is False else 1, _U8),
                 launch.Ptr("means", 0, ns if sch.centred else 1, _F32), launch.Ptr("tscale", 0, 1, _F32))  # fmt: skip
-        units = kq.dequant_units_launch(sch, shape, threads, out)
-        self.aligned = units is not None  # the codes must start 16-byte aligned
-        self.direct = units is not None  # the kernel writes ``out`` itself (no float32 scratch)
-        if units is not None:
-            k, grid, block, geometry, tpr_log2 = units
+        unit_launch = kq.dequant_units_launch(sch, shape, threads, out)
+        # the unit kernel: the codes must start 16-byte aligned, and it writes ``out`` itself
+        # (no float32 scratch)
+        self.units = unit_launch is not None
+        if unit_launch is not None:
+            k, grid, block, geometry, tpr_log2 = unit_launch
             result = launch.Ptr("f32", 0, n, _F32) if out == "float32" else launch.Ptr("half", 0, n, _U16)
             self.launches = [(k, grid, block, (codes, *geometry, *tail, result, tpr_log2))]
             self.out = out
         else:
-            tpr_log2 = kq._team_log2(C, threads)
-            grid = max(1, min(kq._cdiv(rows, threads >> tpr_log2), 1 << 20))
-            kernel = quantize_kernels.make_dequant_kernel(mode, format_tuple(sch), sch.symmetric, sub)
+            k, grid, block, geometry, tpr_log2 = kq.dequant_element_launch(sch, shape, threads, sub)
             values = launch.Ptr("f32", 0, n, _F32)
-            self.launches = [(kernel, grid, threads, (codes, rows, C, pcols, *kq._geo_args(shape, sch.block_for(shape)),
-                                                      *tail, values, tpr_log2))]  # fmt: skip
+            self.launches = [(k, grid, block, (codes, *geometry, *tail, values, tpr_log2))]
             if out == "bfloat16":
                 g = max(1, min(kq._cdiv(n, threads), 1 << 20))
                 self.launches.append((quantize_kernels.f32_to_bf16_kernel, g, threads,
@@ -102,7 +99,7 @@ class DequantPlan:
         DP = dummy.data.ptr
         n, shape, alloc, nd, cur = math.prod(self.shape), self.shape, cp.cuda.alloc, cp.ndarray, cp.cuda.get_current_stream
         half = self.out != "float32"
-        scratch = 4 * n if half and not self.direct else 0  # the float32 values ahead of a rounded result
+        scratch = 4 * n if half and not self.units else 0  # the float32 values ahead of a rounded result
         nbytes = scratch + n * (2 if half else 4)
         dt = {"float32": _F32, "bfloat16": _U16, "float16": np.dtype(np.float16)}[self.out]
 
@@ -131,7 +128,7 @@ class DequantPlan:
         shape, empty, stream = self.shape, torch.empty, caller.stream
         f32 = torch.float32
         dt = {"float32": f32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.out]
-        scratched = self.out != "float32" and not self.direct  # the float32 values in a scratch tensor first
+        scratched = self.out != "float32" and not self.units  # the float32 values in a scratch tensor first
 
         def run(codes, scales, zps, tscale, means):
             out = empty(shape, dtype=dt, device=device)

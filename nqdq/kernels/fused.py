@@ -22,7 +22,7 @@ from ..reference.packing import packed_length
 from ..schemes import Scheme
 from . import _fused_kernels as fused_kernels
 from ._elements import format_tuple
-from ._interop import Allocator, DeviceInput
+from ._interop import Allocator, DeviceInput, device_address
 from ._target import SIMULATOR, device_cc
 from .launch import Ptr, fast_kernel
 from ._grid import MAX_DONE, SYNC_WORDS
@@ -132,12 +132,6 @@ def geometry(n: int) -> tuple[int, int]:
     return 32 * nw, u
 
 
-def _addr(a) -> int:
-    if SIMULATOR or isinstance(a, np.ndarray):
-        return 0
-    return int(a.__cuda_array_interface__["data"][0])
-
-
 def _view(a, dtype, ok: bool, alloc, dummies):
     """``a`` viewed as ``dtype`` when ``ok``, else a 1-element dummy of that dtype."""
     if ok:
@@ -176,14 +170,14 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
         sb, sh, D = n, n, n
         aligned = n % 8 == 0
     # fast: every unit of 8 elements is 16-byte aligned in x, the residuals, w, y and codes
-    fast = aligned and _addr(x) % 16 == 0
+    fast = aligned and device_address(x) % 16 == 0
     if w is not None:
-        fast = fast and _addr(w) % 16 == 0
+        fast = fast and device_address(w) % 16 == 0
     if res is not None:
-        fast = fast and _addr(res) % 16 == 0
+        fast = fast and device_address(res) % 16 == 0
     newres = alloc.empty(rows * n, xdt) if res is not None else None
     if newres is not None:
-        fast = fast and _addr(newres) % 16 == 0
+        fast = fast and device_address(newres) % 16 == 0
     res_a = res if res is not None else _view(x, xdt, False, alloc, dummies)
     if w is None:
         w = _view(x, np.float32, False, alloc, {})
@@ -210,7 +204,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
         scales = None
     codes_a = codes if codes is not None else _view(x, np.uint8, False, alloc, dummies)
     for a in (y, codes):
-        fast = fast and (a is None or _addr(a) % 16 == 0)
+        fast = fast and (a is None or device_address(a) % 16 == 0)
     sdt = np.uint8 if mode == fused_kernels.OUT_MX else np.float32
     scales_a = scales if scales is not None else _view(x, sdt, False, alloc, dummies)
     perm_a = perm if perm is not None else _view(x, np.int32, False, alloc, dummies)
@@ -370,7 +364,7 @@ def staged_scatter(xin, n: int, sch: Scheme, k: int) -> bool:
         mode = out_kind(sch)
     except ValueError:
         return False
-    fast = n % 8 == 0 and _addr(xin.arr) % 16 == 0  # (the outputs: fresh, aligned arrays)
+    fast = n % 8 == 0 and device_address(xin.arr) % 16 == 0  # (the outputs: fresh, aligned arrays)
     return _scatter(fused_kernels.OP_GATHER, mode, xin.kind, fast, format_tuple(sch), k)
 
 

@@ -86,7 +86,7 @@ from . import _tensor_resident as tensor_resident
 from . import launch
 from ._elements import format_tuple
 from ._codec import KIND_BF16, KIND_F16, KIND_F32
-from ._interop import Allocator, DeviceInput, cupy_array_new, device_input, is_cupy, lib_of
+from ._interop import Allocator, DeviceInput, cupy_array_new, device_address, device_input, is_cupy, lib_of
 from .launch import fast_kernel as _fast_kernel
 from ._scales import MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4, MX_EVEN, MX_FLOOR, MX_RCEIL
 from ._target import SIMULATOR
@@ -1303,6 +1303,21 @@ def dequant_units_launch(sch: Scheme, shape, nt: int, out: str = "float32"):
     return k, grid, nt, (rows, upr, nseg, spu, C, pcols, *geo[:6], bc_log2, *geo[6:]), tpr_log2
 
 
+def dequant_element_launch(sch: Scheme, shape, nt: int, packed: bool = True):
+    """``(kernel, grid, block, geometry, tpr_log2)`` of the element decode kernel
+    (``_quantize_kernels.make_dequant_kernel``: float32 values of codes of ``shape``, packed
+    along the last axis when ``packed``), every shape's: ``geometry`` its arguments from
+    ``rows`` to ``nc`` (``rows, C, pcols, d1, d2, b0, b1, b2, bc, n1, n2, nc``)."""
+    C = shape[-1]
+    rows = math.prod(shape) // C
+    sub = packed and sch.code_bits < 8
+    pcols = packed_length(C, sch.code_bits) if sub else C
+    tpr_log2 = _team_log2(C, nt)
+    grid = max(1, min(_cdiv(rows, nt >> tpr_log2), 1 << 20))
+    k = quantize_kernels.make_dequant_kernel(_mode(sch), format_tuple(sch), sch.symmetric, packed)
+    return k, grid, nt, (rows, C, pcols, *_geo_args(shape, sch.block_for(shape))), tpr_log2
+
+
 def dequantize(parts: QuantParts, scheme: Scheme, shape, *, packed=True, threads=None, out_fill=None):
     """``nqdq.reference.quantize.dequantize`` on the device: float32 values, in the
     library of ``parts.codes`` (codes packed along the last axis when ``packed``)."""
@@ -1314,19 +1329,12 @@ def dequantize(parts: QuantParts, scheme: Scheme, shape, *, packed=True, threads
     if n == 0:
         return _to_device_like(alloc, np.zeros(shape, np.float32))
     nt = threads or THREADS
-    mode = _mode(sch)
-    fmt = format_tuple(sch)
-    C = shape[-1]
-    rows = n // C
-    sub = packed and sch.code_bits < 8
-    pcols = packed_length(C, sch.code_bits) if sub else C
-    block = sch.block_for(shape)
 
     def dev(a, dtype):
         if a is None:
             a = np.zeros(1, dtype)
         if SIMULATOR:
-            return np.ascontiguousarray(_host(a)).reshape(-1).view(dtype) if not isinstance(a, np.ndarray) else np.ascontiguousarray(a).reshape(-1).view(dtype)
+            return np.ascontiguousarray(a if isinstance(a, np.ndarray) else _host(a)).reshape(-1).view(dtype)
         if isinstance(a, np.ndarray):
             from ._gpu import cuda
 
@@ -1336,32 +1344,16 @@ def dequantize(parts: QuantParts, scheme: Scheme, shape, *, packed=True, threads
     out = alloc.empty(n, np.float32)
     if out_fill is not None:
         fill_bytes(out, out_fill)
-    sc_dtype = np.uint8 if mode in (MODE_MX, MODE_NVFP4) else np.float32
+    sc_dtype = np.uint8 if _mode(sch) in (MODE_MX, MODE_NVFP4) else np.float32
     codes = dev(parts.codes, np.uint8)
     tail = (dev(parts.scales, sc_dtype), dev(parts.zero_points, np.uint8), dev(parts.means, np.float32),
             dev(parts.tensor_scale, np.float32), alloc.kernel_arg(out))  # fmt: skip
     units = dequant_units_launch(sch, shape, nt) if packed or sch.code_bits == 8 else None
-    if units is not None and _aligned16(codes):
-        k, grid, block, geometry, tpr_log2 = units
-        _launch(k, grid, block, None, codes, *geometry, *tail, tpr_log2)
-        return alloc.to_lib(out, shape)
-    k = quantize_kernels.make_dequant_kernel(mode, fmt, sch.symmetric, packed)
-    tpr_log2 = _team_log2(C, nt)
-    grid = max(1, min(_cdiv(rows, nt >> tpr_log2), 1 << 20))
-    _launch(k, grid, nt, None, codes, rows, C, pcols, *_geo_args(shape, block), *tail, tpr_log2)
+    if units is None or device_address(codes) % 16:
+        units = dequant_element_launch(sch, shape, nt, packed)
+    k, grid, block, geometry, tpr_log2 = units
+    _launch(k, grid, block, None, codes, *geometry, *tail, tpr_log2)
     return alloc.to_lib(out, shape)
-
-
-def _aligned16(a) -> bool:
-    """Whether device array ``a`` (CuPy, Numba; a NumPy array under the simulator, whose
-    twins need no alignment) starts at a 16-byte aligned address."""
-    if SIMULATOR or isinstance(a, np.ndarray):
-        return True
-    data = getattr(a, "data", None)
-    ptr = getattr(data, "ptr", None)
-    if ptr is None:
-        ptr = a.device_ctypes_pointer.value or 0
-    return ptr % 16 == 0
 
 
 # =============================================================================== small helpers
