@@ -142,3 +142,27 @@ def test_unaligned_codes_take_the_element_kernel():
     want = nqdq.dequantize(q, "bfloat16")
     for _ in range(3):
         _same(nqdq.dequantize(shifted, "bfloat16").get(), want)
+
+
+@pytest.mark.parametrize("name, shape, units", [("fp8_row", (4, 64), True), ("int4_group", (2, 128), True),
+                                                ("mxfp6_e2m3", (2, 64), False), ("fp8_row", (3, 40), False)])  # fmt: skip
+def test_hot_path_plan(name, shape, units):
+    # the hot path's launch sequence (kernels.dequant_plan, built on a GPU only): the unit kernel
+    # writing each result itself, or the element kernel's float32, rounded to bfloat16 by a
+    # second launch and to float16 by the caller's library; every launch given its kernel's
+    # parameters
+    import inspect
+
+    from nqdq.kernels.dequant_plan import DequantPlan
+
+    for out in ("float32", "bfloat16", "float16"):
+        plan = DequantPlan(resolve_scheme(name), shape, out, kq.THREADS)
+        names = [k.py_func.__name__ for k, *_ in plan.launches]
+        assert plan.units == units
+        if units:
+            assert names == ["dequant_units"] and plan.out == out
+        else:
+            assert names == (["dequant", "f32_to_bf16_kernel"] if out == "bfloat16" else ["dequant"])
+            assert plan.out == ("bfloat16" if out == "bfloat16" else "float32")
+        for k, _grid, _block, args in plan.launches:
+            assert len(args) == len(inspect.signature(k.py_func).parameters)
