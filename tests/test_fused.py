@@ -120,7 +120,7 @@ def test_element_path_equals_vector_path(monkeypatch):
     res = rows(rng, 2, 200, "float32")
     want = {s: fused.rmsnorm_quantize(x, w, s, residual=res, scale=scale_for(s), device="cuda") for s in SCHEMES}
     y = fused.rmsnorm(x, w, device="cuda")
-    monkeypatch.setattr(kf, "_addr", lambda a: 8)  # not 16-byte aligned: the element path
+    monkeypatch.setattr(kf, "device_address", lambda a: 8)  # not 16-byte aligned: the element path
     for s in SCHEMES:
         (qg, rg), (qw, rw) = fused.rmsnorm_quantize(x, w, s, residual=res, scale=scale_for(s), device="cuda"), want[s]
         assert_q_equal(qg, qw)
