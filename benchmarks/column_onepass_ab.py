@@ -52,8 +52,8 @@ _BUILT = {}
 
 def set_variant(tag):
     import nqdq.api
-    import nqdq.kernels._column_kernels as column_kernels
-    import nqdq.kernels.quantize as kq
+    import nqdq.gpu.quantize.columns as column_kernels
+    import nqdq.gpu.quantize.plan as kq
 
     if not _BUILT:  # kernels remembered per ONEPASS_MIN_BLOCKS too (read when a kernel is built)
         base = column_kernels.make_column_onepass_kernel.__wrapped__
@@ -66,7 +66,7 @@ def set_variant(tag):
 
         column_kernels.make_column_onepass_kernel = make
         _BUILT["installed"] = True
-    import nqdq.kernels._column_ring as column_ring
+    import nqdq.gpu.quantize.column_ring as column_ring
 
     if not _RING_DEFAULTS:
         _RING_DEFAULTS.update(RING_THREADS=column_ring.RING_THREADS, RING_UNITS=column_ring.RING_UNITS,
@@ -99,7 +99,7 @@ def check_one(shape, scheme, variant="new"):
     import cupy as cp
     import ml_dtypes
 
-    import nqdq.kernels.quantize as kq
+    import nqdq.gpu.quantize.plan as kq
     from nqdq.reference import quantize as ref
     from nqdq.schemes import resolve_scheme
 
@@ -136,7 +136,7 @@ def main(argv=None):
     import ml_dtypes
 
     import nqdq
-    import nqdq.kernels.quantize as kq
+    import nqdq.gpu.quantize.plan as kq
     import peers
 
     variants = (args.variants or "old,new,p128,old").split(",")

@@ -4,7 +4,7 @@ stream reading in row order as a control.
 
 A one-pass per-channel quantizer must hold a stripe of channels down *all* the rows before
 it writes any code of it, so it reads the input as 128-byte row pieces of a few adjacent
-stripes at a time (``nqdq.kernels._column_cluster``: the stripes of the resident clusters).
+stripes at a time (``nqdq.gpu.quantize.column_cluster``: the stripes of the resident clusters).
 This script times that read pattern alone: persistent blocks of 512 threads take items (a
 stripe of WU 16-byte units by UI x 512 / WU rows) and copy each to the output as two XORs
 of its units (no reduction, no scale, no encode, no block barrier), with ``NBUF`` items in
@@ -122,11 +122,11 @@ def stream(x, nitems, chunks, upr, codes, counter, base):
 
 def make(UI, NBUF, BPS, L2, TK, ORDER=0, WU=None):
     """The stream kernel (a FastKernel) for one variant: row pieces of WU units (default W)."""
-    from nqdq.kernels._mma import (
+    from nqdq.gpu.ptx.mma import (# fmt: skip
         cp_async_commit, cp_async_unit, cp_async_unit_l2_256, cp_async_wait, ld_shared_u32x4, smem_addr,
-    )  # fmt: skip
-    from nqdq.kernels._ptx import as_u32, store_u32x2
-    from nqdq.kernels.launch import FastKernel
+    )
+    from nqdq.gpu.ptx import as_u32, store_u32x2
+    from nqdq.gpu.runtime.launch import FastKernel
 
     wu = WU or W
     rg = NT // wu  # rows a block reads at a time

@@ -6,7 +6,7 @@ Median of 20000 calls each (200 warm-up), every call timed on its own with a pai
 ``time.perf_counter`` reads (the device synchronized, untimed, every 200 calls). Sizes are those of a 64 x 7168 mxfp4 plan (codes + scales in one
 147456-byte allocation). Then the launch of one small kernel (the toy fp8_row kernel,
 ``benchmarks/toy_fp8_row.py``, 64 x 7168 bf16), its parameters packed once, three ways:
-Numba's ``CUkernel`` handle, the context's ``CUfunction`` (what nqdq.kernels.launch now
+Numba's ``CUkernel`` handle, the context's ``CUfunction`` (what nqdq.gpu.runtime.launch now
 launches), and the ``CUfunction`` with the parameters given as one buffer
 (``CU_LAUNCH_PARAM_BUFFER_POINTER``) instead of a ``void*[]``; each checked bit for bit
 against the NumPy reference first. Needs CuPy and a GPU; the figures are in
@@ -41,7 +41,7 @@ def median_us(fn, n=20000, sync_every=200):
 
 
 def array_rows():
-    from nqdq.kernels._interop import cupy_array_new
+    from nqdq.gpu.runtime.interop import cupy_array_new
 
     u8, f32 = np.dtype(np.uint8), np.dtype(np.float32)
     pool = cp.get_default_memory_pool()
@@ -80,7 +80,7 @@ def launch_rows(results):
 
     import nqdq
     import toy_fp8_row
-    from nqdq.kernels import launch
+    from nqdq.gpu.runtime import launch
 
     rows, cols = 64, 7168
     rng = np.random.default_rng(0)

@@ -129,7 +129,7 @@ def main(argv=None):
                          "is then checked against the NumPy spec on the sampled rows only (A/B runs of the kernel's "
                          "NQDQ_FUSED_* switches, whose settings label the rows)")
     ap.add_argument("--ab", action="append", default=[], metavar="SETTING=V1,V2",
-                    help="A/B in this process: after an op's default timing, time it again with nqdq.kernels."
+                    help="A/B in this process: after an op's default timing, time it again with nqdq.gpu."
                          "fused.SETTING (the MoE launcher's MOE_* geometry and size rules; or A+B: both) set to each value (ints; A+B=V1/V2: "
                          "one each; tried on the MoE ops only), then the default once more; each variant's whole "
                          "outputs are checked bit for bit against the default's")
@@ -176,7 +176,7 @@ def main(argv=None):
     sample = np.sort(np.random.default_rng(0).choice(rows, SAMPLE_ROWS, replace=False))
     w_h = bf16_host(w).astype(np.float32)
 
-    from nqdq.kernels import fused as KF
+    from nqdq.gpu.fused import plan as KF
 
     ab = []
     for spec in args.ab:
@@ -192,7 +192,7 @@ def main(argv=None):
         return arrs
 
     class switched:
-        """``with``: nqdq.kernels.fused.NAME (the MoE launcher's switches) = v (an int; bools stay bools), restored after; NAME may be several joined by
+        """``with``: nqdq.gpu.fused.plan.NAME (the MoE launcher's switches) = v (an int; bools stay bools), restored after; NAME may be several joined by
         "+" (a combination: each set to v, or v = "V1/V2/..": one value each)."""
 
         def __init__(self, name, v):

@@ -12,7 +12,7 @@ For every shape M x N x K (activations [M, K], weights [N, K]) and case:
 * ``fp8_block``: nqdq fp8_1x128 x fp8_128x128 -> bfloat16 vs ``torch._scaled_mm`` with
   1x128 / 128x128 scales where this torch supports it, else beside the row-wise figure.
 
-Timing: CUDA events around each launch of the prepared kernel (nqdq.kernels.gemm.
+Timing: CUDA events around each launch of the prepared kernel (nqdq.gpu.gemm.plan.
 PreparedGemm.launch: no Python-side argument work), median of ``--reps`` after 3 warm-up
 launches; operands are fresh random codes and scales (never zeros), and several copies
 are rotated so the operands of consecutive launches exceed the 50 MB L2. Correctness in the
@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from nqdq.kernels import gemm as kg  # noqa: E402
+from nqdq.gpu.gemm import plan as kg  # noqa: E402
 
 SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 7168, 2048), (128, 14336, 4096), (16, 14336, 4096)]
 L2_BYTES = 50 * 2**20

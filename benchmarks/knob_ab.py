@@ -1,4 +1,4 @@
-"""Values of one ``nqdq.kernels.quantize`` knob side by side in one process: device time
+"""Values of one ``nqdq.gpu.quantize.plan`` knob side by side in one process: device time
 per call (peers.py's method and table, every row checked against the NumPy reference) or
 host time per ``nqdq.quantize`` call (launch_overhead.py's quantize rows).
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE.parent))
 def parse_knob(spec):
     """'NAME=v1,v2' -> (NAME, [values]) with each value as the knob's current type;
     'A=1+B=2+NAME=v1,v2': A and B set once first, then NAME varied."""
-    import nqdq.kernels.quantize as KQ
+    import nqdq.gpu.quantize.plan as KQ
 
     *fixed, spec = spec.split("+")
     for f in fixed:
@@ -33,7 +33,7 @@ def parse_knob(spec):
         setattr(KQ, n, v[0])
     name, _, vals = spec.partition("=")
     if not hasattr(KQ, name):
-        raise SystemExit(f"knob_ab: nqdq.kernels.quantize has no knob {name!r}")
+        raise SystemExit(f"knob_ab: nqdq.gpu.quantize.plan has no knob {name!r}")
     cur = getattr(KQ, name)
     conv = (lambda v: v not in ("0", "false", "False")) if isinstance(cur, bool) else type(cur)
     return name, [conv(v) for v in vals.split(",")]
@@ -41,7 +41,7 @@ def parse_knob(spec):
 
 def set_knob(name, value):
     import nqdq.api
-    import nqdq.kernels.quantize as KQ
+    import nqdq.gpu.quantize.plan as KQ
 
     setattr(KQ, name, value)
     KQ._PLANS.clear()

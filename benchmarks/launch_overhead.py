@@ -1,4 +1,4 @@
-"""Host time per kernel launch: Numba's dispatcher vs nqdq.kernels.launch.FastKernel.
+"""Host time per kernel launch: Numba's dispatcher vs nqdq.gpu.runtime.launch.FastKernel.
 
     python3 benchmarks/launch_overhead.py [--json FILE] [--rows 64 --cols 7168] [--calls 1000]
     python3 benchmarks/launch_overhead.py --quantize-only [--schemes fp8_row,mxfp4,...] [--label L] [--ab]
@@ -225,8 +225,8 @@ def _set_launch_variant(handles, param_buffer):
     remembered calls are dropped so that their runners are generated again that way (the
     kernels stay compiled)."""
     from nqdq import api
-    from nqdq.kernels import launch
-    from nqdq.kernels import quantize as kq
+    from nqdq.gpu.runtime import launch
+    from nqdq.gpu.quantize import plan as kq
 
     for fk in list(launch._by_dispatcher.values()) + list(launch._by_id.values()):
         for e in list(fk._entries.values()):
@@ -380,8 +380,8 @@ def main(argv=None):
 
     import nqdq
     import toy_fp8_row
-    from nqdq.kernels import launch
-    from nqdq.kernels.launch import FastKernel
+    from nqdq.gpu.runtime import launch
+    from nqdq.gpu.runtime.launch import FastKernel
 
     rows, cols = args.rows, args.cols
     rng = np.random.default_rng(0)
@@ -488,7 +488,7 @@ def main(argv=None):
     print(f"device time per launch (graph of 100, median of 20): {dev_us:.2f} us = {nbytes / dev_us / 1e3:.0f} GB/s")
     results.append(dict(path="device us per launch", device_us=dev_us, gbs=nbytes / dev_us / 1e3))
 
-    # nqdq's own launcher (nqdq.kernels.quantize, fp8_row), end to end per call: as it is
+    # nqdq's own launcher (nqdq.gpu.quantize.plan, fp8_row), end to end per call: as it is
     # (Numba launches) and with its launch helper routed through FastKernel
     try:
         from peers import fastkernel_in_launchers, nqdq_runner

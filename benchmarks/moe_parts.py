@@ -45,10 +45,10 @@ def main():
     import cupy as cp
 
     from nqdq import fused
-    from nqdq.kernels import fused as KF
-    from nqdq.kernels._grid import SYNC_WORDS
-    from nqdq.kernels._interop import Allocator
-    from nqdq.kernels.launch import fast_kernel
+    from nqdq.gpu.fused import plan as KF
+    from nqdq.gpu.quantize.grid import SYNC_WORDS
+    from nqdq.gpu.runtime.interop import Allocator
+    from nqdq.gpu.runtime.launch import fast_kernel
 
     T, H, k, E = args.tokens, args.hidden, args.k, args.experts
     rng = np.random.default_rng(5)

@@ -26,7 +26,7 @@ PARTS = 264  # a second "new" row for nvfp4 with at most this many amax partials
 
 def set_new(on: bool, parts=1024):
     import nqdq.api
-    import nqdq.kernels.quantize as KQ
+    import nqdq.gpu.quantize.plan as KQ
 
     KQ.NVFP4_SENC_IN_GROUPS = on
     KQ.NVFP4_SENC_MAX_UNITS = 1 << 40 if on else KQ.DEEP_UNITS  # "new": two launches at every size

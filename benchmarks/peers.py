@@ -15,7 +15,7 @@ For bfloat16 inputs of 8192x8192, 16384x7168 and 64x7168 it times, with CUDA eve
   path (else the row says why not);
 * with ``--seed S``: each nqdq scheme again under stochastic rounding
   (``rounding="stochastic", seed=S``), on the 16-byte-unit kernels' stochastic variants
-  (``nqdq.kernels.quantize.LASTAXIS_STOCH`` on for that row: ``nqdq <scheme> SR``) and, with
+  (``nqdq.gpu.quantize.plan.LASTAXIS_STOCH`` on for that row: ``nqdq <scheme> SR``) and, with
   ``--sr-general``, on the general kernels too (``nqdq <scheme> SR general``), beside the
   round-to-nearest row and the copy. A scheme written ``NAME~sr`` / ``NAME~srg`` in
   ``--schemes`` times only that variant (seed ``--seed``, default 1).
@@ -193,13 +193,13 @@ def _torch_compile_fp8_row():
 
 @contextlib.contextmanager
 def fastkernel_in_launchers(arrays_as_is=True):
-    """Route ``nqdq.kernels.quantize``'s launches through FastKernel, without editing it:
+    """Route ``nqdq.gpu.quantize.plan``'s launches through FastKernel, without editing it:
     its one launch helper ``_launch(kernel, grid, block, stream, *args)`` becomes
     ``fast_kernel(kernel).launch(grid, block, args, stream)``, and (``arrays_as_is``) CuPy
     arrays are passed as they are instead of through ``numba.cuda.as_cuda_array``."""
-    import nqdq.kernels.quantize as KQ
-    from nqdq.kernels import _interop
-    from nqdq.kernels.launch import fast_kernel
+    import nqdq.gpu.quantize.plan as KQ
+    from nqdq.gpu.runtime import interop as _interop
+    from nqdq.gpu.runtime.launch import fast_kernel
 
     old_launch, old_arg = KQ._launch, _interop.Allocator.kernel_arg
 
@@ -221,9 +221,9 @@ def fastkernel_in_launchers(arrays_as_is=True):
 
 
 def nqdq_launcher(scheme_name, seed=None):
-    """``x_uint16 -> QuantParts`` through ``nqdq.kernels.quantize.quantize`` (bf16 bits;
+    """``x_uint16 -> QuantParts`` through ``nqdq.gpu.quantize.plan.quantize`` (bf16 bits;
     ``seed``: stochastic rounding)."""
-    import nqdq.kernels.quantize as KQ
+    import nqdq.gpu.quantize.plan as KQ
     from nqdq.schemes import resolve_scheme
 
     sch = resolve_scheme(scheme_name)
@@ -251,9 +251,9 @@ def _sr_variant(scheme_name):
 
 @contextlib.contextmanager
 def lastaxis_stoch(on):
-    """``nqdq.kernels.quantize.LASTAXIS_STOCH`` set to ``on`` (None: left as it is), with the
+    """``nqdq.gpu.quantize.plan.LASTAXIS_STOCH`` set to ``on`` (None: left as it is), with the
     plan cache cleared before and after (plans are cached without the switch)."""
-    import nqdq.kernels.quantize as KQ
+    import nqdq.gpu.quantize.plan as KQ
 
     old = KQ.LASTAXIS_STOCH
     if on is not None:
@@ -278,7 +278,7 @@ def nqdq_runner(scheme_name, x_u16):
     tries = [
         ("nqdq.quantize", lambda x: nqdq.quantize(x, scheme_name, dtype="bfloat16", **kw)),
         ("nqdq.quantize", lambda x: nqdq.quantize(x.view(ml_dtypes.bfloat16), scheme_name, **kw)),
-        ("nqdq.kernels launcher", nqdq_launcher(scheme_name, kw.get("seed"))),
+        ("nqdq.gpu launcher", nqdq_launcher(scheme_name, kw.get("seed"))),
     ]
     errors = []
     for label, run in tries:
@@ -411,7 +411,7 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
 
         plan_launches = None
         try:
-            import nqdq.kernels.quantize as KQ
+            import nqdq.gpu.quantize.plan as KQ
 
             base, kw = _static(scheme)
             static = "scale" in kw

@@ -1,6 +1,6 @@
 """A toy per-row (per-token) FP8 e4m3 quantizer for bfloat16, as one Numba kernel.
 
-It exists to exercise and time :mod:`nqdq.kernels.launch` without depending on the
+It exists to exercise and time :mod:`nqdq.gpu.runtime.launch` without depending on the
 library's own kernels, and is the stand-in that ``benchmarks/peers.py`` labels as such
 when ``nqdq.quantize`` has no GPU path yet. Its numerics follow the spec of ``fp8_row``
 (``nqdq.reference.quantize``): ``s = amax / 448`` in float32 (1.0 when that is 0),

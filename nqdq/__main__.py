@@ -1,5 +1,5 @@
-"""``python -m nqdq``: the same command as the ``nqdq`` console script (``nqdq.cli``)."""
+"""``python -m nqdq``: the same command as the ``nqdq`` console script (``nqdq.tools.cli``)."""
 
-from .cli import main
+from .tools.cli import main
 
 raise SystemExit(main())

@@ -114,7 +114,7 @@ def use_device(x, device, argname: str = "x") -> bool:
 
 def on_gpu_of(*names):
     """Decorator: a call whose named arguments hold GPU arrays runs with their GPU current
-    (``nqdq.kernels._devices.guard``: kernels, outputs and stream on the arrays' device; a
+    (``nqdq.gpu.runtime.devices.guard``: kernels, outputs and stream on the arrays' device; a
     ValueError where two are on different GPUs). A name may reach into an argument by
     attribute, ``"q.codes"``. Host arrays: the call as it is."""
 
@@ -136,7 +136,7 @@ def on_gpu_of(*names):
                     named.append((name, a))
             if not named:
                 return fn(*args, **kwargs)
-            from .kernels._devices import guard
+            from .gpu.runtime.devices import guard
 
             with guard(*named):
                 return fn(*args, **kwargs)
@@ -155,7 +155,7 @@ def device_astype(values, dtype):
     if dt == BFLOAT16:
         if isinstance(values, np.ndarray):
             return values.astype(BFLOAT16)
-        from .kernels.quantize import to_bfloat16_bits
+        from .gpu.quantize.plan import to_bfloat16_bits
 
         return to_bfloat16_bits(values)
     return values.astype(dt)

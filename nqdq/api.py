@@ -81,7 +81,7 @@ def quantize(
         (CuPy has no bfloat16 dtype); None reads ``x.dtype``.
     stream : GPU calls: the stream to run on (an int handle, a CuPy or PyTorch stream);
         None: the caller's library's current stream (PyTorch's for a tensor, CuPy's
-        otherwise; ``nqdq.kernels._callers``). A ValueError with NumPy input on the CPU.
+        otherwise; ``nqdq.gpu.runtime.callers``). A ValueError with NumPy input on the CPU.
 
     GPU arrays (CuPy, PyTorch, JAX, ``__cuda_array_interface__``, CUDA DLPack) stay on the GPU:
     the result holds arrays of the caller's library (CuPy for CuPy and other CUDA arrays when
@@ -135,7 +135,7 @@ def _quantize(x, scheme, granularity, axis, group_size, block_shape, scale, symm
             raise ValueError("stream= is for GPU calls; x is a host array (pass device='cuda' to run on the GPU)")
         return _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding,
                             rounding, seed, scale_layout, False, nonfinite, dtype)  # fmt: skip
-    from .kernels import _callers
+    from .gpu.runtime import callers as _callers
 
     caller = _callers.caller_of(x)
     handle = _callers.call_stream(caller, stream, _devices_current())
@@ -148,7 +148,7 @@ def _quantize(x, scheme, granularity, axis, group_size, block_shape, scale, symm
 
 
 def _launch_stream():
-    from .kernels.launch import _stream_handle
+    from .gpu.runtime.launch import _stream_handle
 
     return _stream_handle(None)
 
@@ -185,8 +185,8 @@ def _nvfp4_tensor_scale(scale, x):
 def _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding, rounding,
                  seed, scale_layout, on_device, nonfinite, dtype, caller=None, stream=None):  # fmt: skip
     if on_device:
-        from .kernels import quantize as kq
-        from .kernels._interop import device_input
+        from .gpu.quantize import plan as kq
+        from .gpu.runtime.interop import device_input
 
         xdev = device_input(x, "x", dtype)
         shape, dtype_name = tuple(xdev.shape), xdev.dtype
@@ -221,7 +221,7 @@ def _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, s
     if scale_layout != "linear":
         scale_matrix_shape(sch, shape, scale_layout)  # ValueError if the layout does not apply
     if on_device and (scale is not None or nonfinite == "raise"):
-        from .kernels._callers import refuse_capture
+        from .gpu.runtime.callers import refuse_capture
 
         refuse_capture("scale= is checked on the host and copied to the GPU" if scale is not None else
                        "nonfinite='raise' reads the check's result back to the host")  # fmt: skip
@@ -299,10 +299,10 @@ def _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, s
 # the arguments on the general path, and when the result needs no per-call host work
 # (no static scale, no stochastic rounding, nonfinite="propagate") remembers a function
 # that only allocates the outputs and launches the planned kernels
-# (nqdq.kernels.quantize.QuantPlan.cupy_runner). A dict of at most _FAST_MAX keys, the
+# (nqdq.gpu.quantize.plan.QuantPlan.cupy_runner). A dict of at most _FAST_MAX keys, the
 # oldest remembered dropped first: not an LRU, because moving each hit to the end of an
 # OrderedDict cost about 0.2 us per call (a dropped key that comes back goes through the
-# checks once more and finds its plan in nqdq.kernels.quantize's plan cache).
+# checks once more and finds its plan in nqdq.gpu.quantize.plan's plan cache).
 _FAST: dict = None  # set below
 _FAST_MAX = 256
 _cupy_ndarray = None  # cupy.ndarray once a CuPy input was seen (nqdq never imports CuPy itself)
@@ -311,8 +311,8 @@ _current_gpu = None  # cupy.cuda.runtime.getDevice, set with _cupy_ndarray
 
 def _fast_quantizer(x, sch, shape, dtype_name, kind):
     """``fq(x) -> QuantizedTensor`` for this call's arguments, or None."""
-    from .kernels import quantize as kq
-    from .kernels._interop import is_cupy
+    from .gpu.quantize import plan as kq
+    from .gpu.runtime.interop import is_cupy
 
     if not is_cupy(x) or not hasattr(x, "_c_contiguous"):
         return None
@@ -346,11 +346,11 @@ def _quantized_by(run, sch, shape, dtype_name):
 
 
 _torch_tensor = None  # torch.Tensor once a PyTorch input was seen (nqdq never imports PyTorch itself)
-_torch_gpu = None  # nqdq.kernels._devices.current, set with _torch_tensor
+_torch_gpu = None  # nqdq.gpu.runtime.devices.current, set with _torch_tensor
 
 
 def _devices_current():
-    from .kernels._devices import current
+    from .gpu.runtime.devices import current
 
     return current()
 
@@ -374,9 +374,9 @@ def _fast_jax_quantizer(x, sch, shape, dtype_name, kind, caller):
     by ``jax.dlpack.from_dlpack``, the input held until the call has run
     (``_callers.JaxCaller.hold``). Needs CuPy (the runner allocates through it)."""
     global _jax_array
-    from .kernels import quantize as kq
-    from .kernels._interop import dlpack_address
-    from .kernels.launch import _stream_handle
+    from .gpu.quantize import plan as kq
+    from .gpu.runtime.interop import dlpack_address
+    from .gpu.runtime.launch import _stream_handle
 
     cp = sys.modules.get("cupy")
     if cp is None:
@@ -405,8 +405,8 @@ def _fast_torch_quantizer(x, sch, shape, dtype_name, kind, caller):
     """``fq(x) -> QuantizedTensor`` of PyTorch tensors for this call's arguments, or None
     (``QuantPlan.torch_runner``)."""
     global _torch_tensor, _torch_gpu
-    from .kernels import _devices
-    from .kernels import quantize as kq
+    from .gpu.runtime import devices as _devices
+    from .gpu.quantize import plan as kq
 
     if not x.is_contiguous():
         return None
@@ -422,9 +422,9 @@ def _fast_dequantizer(q, caller, out_dtype):
     """``fd(q) -> values`` for repeated dequantize calls like this one (CuPy or PyTorch
     arrays, C-contiguous, linear scales), or None (``kernels.dequant_plan``)."""
     global _torch_gpu, _torch_tensor
-    from .kernels import _devices
-    from .kernels import dequant_plan
-    from .kernels._interop import is_cupy
+    from .gpu.runtime import devices as _devices
+    from .gpu.quantize import dequant_plan
+    from .gpu.runtime.interop import is_cupy
 
     arrays = (q.codes, q.scales, q.zero_points, q.tensor_scale, q.means)
     if caller.name == "torch":
@@ -562,9 +562,9 @@ def _dequantize(q, dtype, device, stream):
         q = q.with_layout("linear")  # the decoders read linear scales
     sch = q.scheme
     if _arrays.use_device(q.codes, device, argname="q.codes"):
-        from .kernels import _callers
-        from .kernels import quantize as kq
-        from .kernels._interop import kernel_view
+        from .gpu.runtime import callers as _callers
+        from .gpu.quantize import plan as kq
+        from .gpu.runtime.interop import kernel_view
 
         caller = _callers.caller_of(q.codes)
         if stream is None and (device is None or device == "cuda") and q is q_in:

@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 from . import _arrays
-from .kernels import _callers
+from .gpu.runtime import callers as _callers
 from .quantized import QuantizedTensor
 from .reference import fused as R
 from .reference.packing import pack_codes
@@ -44,7 +44,7 @@ def _eps(eps) -> np.float32:
 
 
 def _scheme(scheme, scale):
-    from .kernels.fused import out_kind
+    from .gpu.fused.plan import out_kind
 
     sch = resolve_scheme(scheme, static_scale=scale is not None)
     if sch.granularity == "tensor" and scale is None:
@@ -92,7 +92,7 @@ def _host_rows(x, weight, residual, dtype, weight_dtype):
 
 
 def _device_rows(x, weight, residual, dtype, weight_dtype):
-    from .kernels._interop import device_input
+    from .gpu.runtime.interop import device_input
 
     xin = device_input(x, "x", dtype)
     if len(xin.shape) < 1 or xin.shape[-1] < 1:
@@ -152,8 +152,8 @@ def _rmsnorm(x, weight, eps, residual, device, dtype, weight_dtype):
             x32 = new_res.astype(np.float32)
         y = R.rmsnorm(x32, w32, e, dname, wname)
         return y if residual is None else (y, new_res)
-    from .kernels import _fused_kernels as fused_kernels
-    from .kernels.fused import run_rows
+    from .gpu.fused import kernels as fused_kernels
+    from .gpu.fused.plan import run_rows
 
     xin, win, rin = _device_rows(x, weight, residual, dtype, weight_dtype)
     n = xin.shape[-1]
@@ -204,8 +204,8 @@ def _rmsnorm_quantize(x, weight, scheme, eps, residual, scale, device, dtype, we
         parts, new_res = R.rmsnorm_quantize(x32, w32, sch, e, dname, wname, res32=r32, scale=s)
         q = _qt(_pack(parts.codes, sch), parts.scales, sch, x32.shape, dname)
         return q if residual is None else (q, new_res)
-    from .kernels import _fused_kernels as fused_kernels
-    from .kernels.fused import run_rows
+    from .gpu.fused import kernels as fused_kernels
+    from .gpu.fused.plan import run_rows
 
     xin, win, rin = _device_rows(x, weight, residual, dtype, weight_dtype)
     shape = tuple(xin.shape)
@@ -272,12 +272,12 @@ def _flatten_quantize(x, scheme, device, dtype):
         sch.check_shape((b, h * d))
         parts = R.flatten_quantize(x32, sch)
         return _qt(_pack(parts.codes, sch), parts.scales, sch, (b, h * d), dname)
-    from .kernels import _fused_kernels as fused_kernels
-    from .kernels.fused import run_rows
+    from .gpu.fused import kernels as fused_kernels
+    from .gpu.fused.plan import run_rows
 
     if getattr(x, "ndim", None) != 3:
         raise ValueError(f"x must be 3-D [B, H, D], got shape {getattr(x, 'shape', None)}")
-    from .kernels._target import SIMULATOR
+    from .gpu.runtime.target import SIMULATOR
 
     if not SIMULATOR and _c_contiguous(x):
         # a contiguous [B, H, D] is already [B, H*D] in memory: nqdq.quantize's row kernels
@@ -318,8 +318,8 @@ def _c_contiguous(x) -> bool:
 
 def _strided_input(x, dtype):
     """(DeviceInput over the memory of a [B, H, D] view, (sb, sh, D) or None when contiguous)."""
-    from .kernels._interop import DeviceInput, device_input, is_cupy
-    from .kernels._target import SIMULATOR
+    from .gpu.runtime.interop import DeviceInput, device_input, is_cupy
+    from .gpu.runtime.target import SIMULATOR
 
     item = x.dtype.itemsize
     st = tuple(int(s) for s in x.strides)
@@ -364,8 +364,8 @@ def _strided_input(x, dtype):
 _ROWS_FAST: dict = {}
 _ROWS_FAST_MAX = 256
 _OP_Y, _OP_NORM_Q, _OP_FLAT = "rmsnorm", "rmsnorm_quantize", "flatten_quantize"  # the keys' first element
-_device_now = None  # nqdq.kernels._devices.current, set by _remember_rows before any key is made
-_rows_switches = None  # nqdq.kernels.fused.rows_switches, set with it
+_device_now = None  # nqdq.gpu.runtime.devices.current, set by _remember_rows before any key is made
+_rows_switches = None  # nqdq.gpu.fused.plan.rows_switches, set with it
 _LIBS: dict = {}  # "cupy" / "simulated" -> the library adapter, made once
 
 
@@ -401,8 +401,8 @@ def _remember_rows(make_key, build):
     """Remember ``build()`` (a hot-path function, or None: nothing) under ``make_key()``."""
     global _device_now, _rows_switches
     from .api import remember_bounded
-    from .kernels._devices import current
-    from .kernels.fused import rows_switches
+    from .gpu.runtime.devices import current
+    from .gpu.fused.plan import rows_switches
 
     _device_now, _rows_switches = current, rows_switches
     key = make_key()
@@ -420,8 +420,8 @@ def _hot_lib(x, xin, device, *others):
     """The hot path's library adapter for this call (x and ``others``: the caller's own
     arrays, None or of x's type), or None: CuPy arrays and PyTorch CUDA tensors on a GPU;
     NumPy arrays with device="cuda" under the simulator."""
-    from .kernels._interop import is_cupy
-    from .kernels._target import SIMULATOR
+    from .gpu.runtime.interop import is_cupy
+    from .gpu.runtime.target import SIMULATOR
 
     if any(a is not None and type(a) is not type(x) for a in others):
         return None
@@ -451,7 +451,7 @@ class _CupyLib:
     compiled = True  # runs a RowsPlan's compiled sequence (raw addresses)
 
     def __init__(self, cp):
-        from .kernels._interop import cupy_array_new
+        from .gpu.runtime.interop import cupy_array_new
 
         self._malloc, self._nd, self._current = cp.cuda.alloc, cp.ndarray, cp.cuda.get_current_stream
         # arrays by ndarray's own __new__ + _init where that builds what the constructor does
@@ -616,8 +616,8 @@ def _rows_runner(lib, plan, dev: int, parts, finish, contiguous: bool = True, st
 def _norm_runner(lib, xin, win, rin, sch, e, s, x):
     """The hot path of an RMSNorm op (rmsnorm where ``sch`` is None, else rmsnorm_quantize;
     ``s``: the static scales, or None) as its general path ran it, or None."""
-    from .kernels import _fused_kernels as fused_kernels
-    from .kernels.fused import rows_plan, rows_switches
+    from .gpu.fused import kernels as fused_kernels
+    from .gpu.fused.plan import rows_plan, rows_switches
 
     shape = tuple(xin.shape)
     rows, n = int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
@@ -662,8 +662,8 @@ def _pair(a, b):
 def _flat_rows_runner(lib, xin, strides, sch, q):
     """The hot path of flatten_quantize by the fused row kernel (``strides``: the [B, H, D]
     view's, read in place; None: contiguous), as its general path ran it (``q``), or None."""
-    from .kernels import _fused_kernels as fused_kernels
-    from .kernels.fused import rows_plan, rows_switches
+    from .gpu.fused import kernels as fused_kernels
+    from .gpu.fused.plan import rows_plan, rows_switches
 
     b, h, d = xin.shape
     shape = (b, h * d)
@@ -685,8 +685,8 @@ def _flat_plan_runner(x, sch, q, dtype):
     """The hot path of flatten_quantize of a C-contiguous CuPy [B, H, D]: the plan runner of
     nqdq.quantize on [B, H*D] (the same memory; it reads x's address alone), as the general
     path's nqdq.quantize call, or None."""
-    from .kernels import quantize as kq
-    from .kernels._interop import device_input
+    from .gpu.quantize import plan as kq
+    from .gpu.runtime.interop import device_input
 
     xin = device_input(x, "x", dtype)
     run = kq.get_plan(tuple(q.shape), xin.kind, sch).cupy_runner()
@@ -761,14 +761,14 @@ def _moe_sort_quantize(x, expert_ids, num_experts, scheme, device, dtype, check_
         parts, perm, offsets = R.moe_sort_quantize(x32, ids, num_experts, sch)
         shape = (ids.size, x32.shape[1])
         return _qt(_pack(parts.codes, sch), parts.scales, sch, shape, dname), perm, offsets
-    from .kernels._interop import device_input, is_cupy
-    from .kernels.fused import moe_rows
+    from .gpu.runtime.interop import device_input, is_cupy
+    from .gpu.fused.plan import moe_rows
 
     xin = device_input(x, "x", dtype)
     if len(xin.shape) != 2:
         raise ValueError(f"x must be 2-D [tokens, hidden], got shape {xin.shape}")
-    from .kernels._interop import Allocator
-    from .kernels._target import SIMULATOR
+    from .gpu.runtime.interop import Allocator
+    from .gpu.runtime.target import SIMULATOR
 
     alloc = Allocator(xin.lib)
     on_device = is_cupy(expert_ids)
@@ -810,7 +810,7 @@ _MOE_FAST: dict = {}
 _MOE_FAST_MAX = 64
 _cupy_ndarray = None  # cupy.ndarray once a CuPy input reached the hot path's builder
 _current_gpu = None  # cupy.cuda.runtime.getDevice, set with _cupy_ndarray
-_KF = None  # nqdq.kernels.fused, set by _remember_moe before any hot call can come
+_KF = None  # nqdq.gpu.fused.plan, set by _remember_moe before any hot call can come
 
 
 def _moe_key(x, ids, num_experts, scheme, dtype):
@@ -826,8 +826,8 @@ def _moe_key(x, ids, num_experts, scheme, dtype):
 def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
     global _cupy_ndarray, _current_gpu, _KF
     from .api import remember_bounded
-    from .kernels import fused as KF
-    from .kernels._interop import is_cupy
+    from .gpu.fused import plan as KF
+    from .gpu.runtime.interop import is_cupy
 
     if not (is_cupy(x) and is_cupy(expert_ids) and hasattr(x, "_c_contiguous")) or xin.lib != "cupy":
         return
@@ -849,7 +849,7 @@ def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
 
     import cupy
 
-    from .kernels.quantize import capture_test
+    from .gpu.quantize.plan import capture_test
 
     checks = KF.id_checks(cupy) if run.seq_check is not None else None
     capturing, current, dev = capture_test(cupy), cupy.cuda.get_current_stream, key[0]  # (x's GPU: current in fm)
@@ -885,7 +885,7 @@ def _capturing_now() -> bool:
     """Whether CuPy's current stream is capturing a CUDA graph."""
     import cupy
 
-    from .kernels.quantize import capture_test
+    from .gpu.quantize.plan import capture_test
 
     return capture_test(cupy)(cupy.cuda.get_current_stream().ptr)
 

@@ -2,7 +2,7 @@
 
 ``matmul(qa, qb)`` computes ``dequant(qa) @ dequant(qb).T`` for activations ``qa`` [M, K]
 and weights ``qb`` [N, K] (the usual ``nn.Linear`` layout), then ``alpha``, ``bias``,
-an activation and the output rounding, on tensor cores (``nqdq.kernels.gemm``) or by the
+an activation and the output rounding, on tensor cores (``nqdq.gpu.gemm.plan``) or by the
 NumPy reference (``nqdq.reference.matmul``).
 
 Accepted operands (``scheme.block_for(shape)`` decides; preset names for illustration):
@@ -37,7 +37,7 @@ import numpy as np
 
 from . import _arrays
 from .formats import FloatFormat, IntFormat
-from .kernels._interop import is_cupy
+from .gpu.runtime.interop import is_cupy
 from .quantized import ARRAY_FIELDS, QuantizedTensor
 
 __all__ = ["matmul"]
@@ -135,7 +135,7 @@ def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0
             return run(qa, qb, bias)
     codes = getattr(qa, "codes", None)
     if codes is not None and not isinstance(codes, np.ndarray) and not is_cupy(codes):
-        from .kernels import _callers
+        from .gpu.runtime import callers as _callers
 
         caller = _callers.caller_of(codes)
         if caller.name != "cupy" and _arrays.is_device_array(codes):
@@ -149,9 +149,9 @@ def _matmul_for(caller, qa, qb, out_dtype, bias, activation, alpha, device):
     caller's library (bfloat16 as its own); a PyTorch call remembers a runner of tensors."""
     import dataclasses
 
-    from .kernels import _callers
-    from .kernels._devices import ordinal_of
-    from .kernels._interop import kernel_view
+    from .gpu.runtime import callers as _callers
+    from .gpu.runtime.devices import ordinal_of
+    from .gpu.runtime.interop import kernel_view
 
     def view(q):
         if not isinstance(q, QuantizedTensor):
@@ -221,7 +221,7 @@ def _matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.
     kw = dict(mma=mma, sa=a.scales, sb=b.scales, sa_mode=a.mode, sb_mode=b.mode, za=a.za, bias=bias,
               alpha=float(alpha), out_dtype=out_name, activation=activation)  # fmt: skip
     if on_device:
-        from .kernels import gemm as kg
+        from .gpu.gemm import plan as kg
 
         out = kg.gemm(a.codes, b.codes, **kw)
         if not (a.expanded or b.expanded):
@@ -239,20 +239,20 @@ def _matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.
 
 
 # ----------------------------------------------------------------------------- the GPU hot path
-# The first GPU call of a kind goes through every check above and nqdq.kernels.gemm.gemm; then,
+# The first GPU call of a kind goes through every check above and nqdq.gpu.gemm.plan.gemm; then,
 # where the same launch can serve every call whose _hot_key is equal (arrays C-contiguous in
 # the codes' library on the current GPU, codes [rows, K] of one byte, float32 scales and bias,
 # zero points of one byte, no scales expanded per call, K a multiple of 16, a non-empty
 # output), it remembers a runner: run(qa, qb, bias) reads the arrays' addresses, allocates the
 # output (_alloc_out) and launches the GEMM's compiled launch sequence
-# (nqdq.kernels.gemm.gemm_sequence) on the current stream. Nothing in it waits for the GPU or
+# (nqdq.gpu.gemm.plan.gemm_sequence) on the current stream. Nothing in it waits for the GPU or
 # copies to the host. Bounded as nqdq.quantize's hot path is (nqdq.api.remember_bounded):
 # at most _RUNNERS_MAX keys, the oldest dropped first. The tile is chosen when the runner is
 # built: clear_hot_path() after changing NQDQ_GEMM_TILE / NQDQ_GEMM_WGMMA.
 _RUNNERS: dict = {}
 _RUNNERS_MAX = 256
 _FACTS: dict = {}  # array type -> facts(x), registered with the first runner of that library
-_current_device = None  # nqdq.kernels._devices.current, set with the first runner
+_current_device = None  # nqdq.gpu.runtime.devices.current, set with the first runner
 _cupy_alloc = _cupy_ndarray = _cupy_new = _cupy_stream = None  # set with the first CuPy runner
 
 
@@ -289,7 +289,7 @@ def _register(codes, simulator: bool, torch=None) -> bool:
     ``torch`` (its caller) is given, or NumPy in the simulator); the first time, the
     library's facts and allocation are set up."""
     global _current_device, _cupy_alloc, _cupy_ndarray, _cupy_new, _cupy_stream
-    from .kernels import _devices
+    from .gpu.runtime import devices as _devices
 
     if type(codes) in _FACTS:
         return True
@@ -314,7 +314,7 @@ def _register(codes, simulator: bool, torch=None) -> bool:
         return False
     import cupy
 
-    from .kernels._interop import cupy_array_new
+    from .gpu.runtime.interop import cupy_array_new
 
     _cupy_alloc, _cupy_ndarray, _cupy_stream = cupy.cuda.alloc, cupy.ndarray, cupy.cuda.get_current_stream
     _cupy_new = cupy_array_new(cupy, cupy.cuda.alloc(256))
@@ -327,8 +327,8 @@ def _remember_runner(qa, qb, out_dtype, bias, activation, alpha, device, kw, tor
     """After a GPU call on the general path: remember a runner for the calls like it, where
     one can serve them (see above); else nothing. ``torch``: the PyTorch caller whose
     tensors qa and qb hold."""
-    from .kernels import gemm as kg
-    from .kernels._target import SIMULATOR
+    from .gpu.gemm import plan as kg
+    from .gpu.runtime.target import SIMULATOR
 
     if not _register(qa.codes, SIMULATOR, torch):
         return

@@ -102,7 +102,7 @@ class QuantizedTensor:
         ``"nv_128x4"`` -> ``[R/128, C/4, 32, 4, 4]``, ``"cdna4_16"`` / ``"cdna4_32"`` ->
         ``[R/32, C*32]`` (zero padding; see ``nqdq.reference.layouts``). ``"linear"`` gives
         back ``scheme.scale_shape(shape)``. NumPy scales go through the NumPy reference,
-        GPU scales (CuPy, Numba) through ``nqdq.kernels.layouts`` and stay on the GPU."""
+        GPU scales (CuPy, Numba) through ``nqdq.gpu.layouts`` and stay on the GPU."""
         from dataclasses import replace
 
         self.check_arrays()
@@ -293,7 +293,7 @@ def _specs(scheme, shape, scale_layout, types) -> tuple:
 def _relayout_on_gpu(scales, source, target, rows, cols, linear_shape):
     """with_layout's GPU move of ``scales`` from layout ``source`` to ``target`` (a ``[rows,
     cols]`` scale matrix; ``linear_shape`` where the target is "linear"), by
-    ``nqdq.kernels.layouts`` on the GPU of the scales, in their library and on its stream
+    ``nqdq.gpu.layouts`` on the GPU of the scales, in their library and on its stream
     (PyTorch's current stream for a tensor: ``_callers.in_caller_library``)."""
     global _relayout
     if _relayout is None:
@@ -305,8 +305,8 @@ _relayout = None  # _make_relayout(), made at the first GPU with_layout (it impo
 
 
 def _make_relayout():
-    from .kernels import _callers
-    from .kernels import layouts as kernel_layouts
+    from .gpu.runtime import callers as _callers
+    from .gpu import layouts as kernel_layouts
 
     @_arrays.on_gpu_of("s")
     @_callers.in_caller_library("s")

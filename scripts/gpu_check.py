@@ -10,7 +10,7 @@
 4. ``compute-sanitizer --tool memcheck`` over a small sweep of every kernel family
    (``--sweep`` runs that sweep alone, and checks it against the reference);
 5. timings: bf16 4096 x 7168 per scheme, median of CUDA-event timings of the launch
-   sequence (replayed through ``nqdq.kernels.launch`` prepared launches so host overhead
+   sequence (replayed through ``nqdq.gpu.runtime.launch`` prepared launches so host overhead
    stays off the GPU's critical path), next to a device-to-device copy;
 
 and prints a short table last. ``--skip-small``, ``--skip-sanitizer``, ``--skip-bench``
@@ -100,7 +100,7 @@ def sweep(part=0, parts=1):
     import ml_dtypes
     import numpy as np
 
-    import nqdq.kernels.quantize as kq
+    import nqdq.gpu.quantize.plan as kq
     from nqdq.reference import quantize as ref
     from nqdq.reference.packing import pack_codes
     from nqdq.schemes import resolve_scheme
@@ -138,7 +138,7 @@ def bench(shape=(4096, 7168), reps=30, names=None):
     import cupy as cp
     import numpy as np
 
-    import nqdq.kernels.quantize as kq
+    import nqdq.gpu.quantize.plan as kq
     from nqdq.schemes import resolve_scheme
 
     rows, cols = shape
@@ -199,7 +199,7 @@ def bench(shape=(4096, 7168), reps=30, names=None):
         # the plan's generated CuPy runner (one pack + cuLaunchKernel per kernel), timed as
         # BATCH back-to-back calls between two events: its host time per call (tens of us)
         # stays under the device time, so the events measure the kernels
-        from nqdq.kernels._interop import device_input
+        from nqdq.gpu.runtime.interop import device_input
 
         xin = device_input(x, "x", "bfloat16")
         plan = kq.get_plan(tuple(shape), xin.kind, sch)

@@ -10,7 +10,7 @@ import os
 
 if os.environ.get("NQDQ_TEST_GPU") != "1":
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-# The kernel paths not yet run on a GPU are off for users (nqdq/kernels/quantize.py) and on
+# The kernel paths not yet run on a GPU are off for users (nqdq/gpu/quantize/plan.py) and on
 # for the tests, so CI checks them in the simulator and the next GPU run on the device.
 os.environ.setdefault("NQDQ_UNMEASURED_KERNELS", "1")
 # NQDQ_TEST_SPREAD_GPUS=N (N GPUs, with pytest-xdist): worker gwK sees only GPU K % N, so one
@@ -31,7 +31,7 @@ def sr_fast(monkeypatch):
     since its GPU run; set here all the same, so the tests do not depend on it), with a fresh
     plan cache before and after (plans are cached without the switch); yields the monkeypatch
     for further switches (tests/test_stochastic_lastaxis*.py)."""
-    import nqdq.kernels.quantize as kq
+    import nqdq.gpu.quantize.plan as kq
 
     monkeypatch.setattr(kq, "LASTAXIS_STOCH", True)
     kq._PLANS.clear()
@@ -45,7 +45,7 @@ def onepass(monkeypatch):
     shared-memory ring and the cluster kernel off: tests/test_column_ring*.py and
     tests/test_column_cluster*.py turn them on); plans built inside the
     test are dropped afterwards. Yields the monkeypatch for further switches."""
-    import nqdq.kernels.quantize as kq
+    import nqdq.gpu.quantize.plan as kq
 
     monkeypatch.setattr(kq, "COLUMN_ONEPASS", True)
     monkeypatch.setattr(kq, "COLUMN_RING", False)
@@ -59,7 +59,7 @@ def onepass(monkeypatch):
 def row_kernel_ops(monkeypatch):
     """The ops (``_fused_kernels.OP_*``) of every fused row kernel built during the test, in
     order (``kernels.fused.fused_row_kernel`` spied; the kernels built as before)."""
-    from nqdq.kernels import fused as KF
+    from nqdq.gpu.fused import plan as KF
 
     ops = []
     build = KF.fused_row_kernel

@@ -18,8 +18,10 @@ import numba
 import numpy as np
 import pytest
 
-from nqdq.kernels import _codec, _ptx, _target
-from nqdq.kernels._gpu import cuda
+from nqdq.gpu.device import codec as _codec
+from nqdq.gpu import ptx as _ptx
+from nqdq.gpu.runtime import target as _target
+from nqdq.gpu.runtime.backend import cuda
 
 # (the NumPy twins compute NaN and inf cases in float64, which NumPy warns about)
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",

@@ -16,7 +16,7 @@ import pytest
 
 import nqdq
 from nqdq import api
-from nqdq.kernels import quantize as kq
+from nqdq.gpu.quantize import plan as kq
 from nqdq.schemes import resolve_scheme
 
 ON_GPU = os.environ.get("NQDQ_TEST_GPU") == "1"
@@ -27,7 +27,7 @@ SCHEMES = ["fp8_row", "mxfp4", "nvfp4", "fp8_1x128", "int8_asym", "int8_centred"
 
 
 def test_plans_are_cached_and_classify_their_arrays(monkeypatch):
-    from nqdq.kernels._codec import KIND_BF16
+    from nqdq.gpu.device.codec import KIND_BF16
 
     monkeypatch.setattr(kq, "TENSOR_RESIDENT", False)  # (NVFP4's streaming plan below; the cooperative kernel:
     monkeypatch.setattr(kq, "GRID_ONE_LAUNCH", False)  # tests/test_tensor_resident.py; the one-launch grid
@@ -169,7 +169,7 @@ def test_gpu_output_arrays_equal_the_constructors():
     ``cupy.ndarray(shape, dtype, memptr)`` over the same memory in every field."""
     import cupy as cp
 
-    from nqdq.kernels._interop import _same_cupy_array
+    from nqdq.gpu.runtime.interop import _same_cupy_array
 
     x = cp.asarray(_act(np.random.default_rng(10), 16, 1024).view(np.uint16))
     for name in ("fp8_row", "nvfp4", "int8_asym"):
@@ -191,7 +191,7 @@ def test_gpu_parameters_as_one_buffer_bit_exact(monkeypatch, name):
     (cuLaunchKernel's ``extra``); results bit-identical, direct and replayed from a graph."""
     import cupy as cp
 
-    from nqdq.kernels import launch
+    from nqdq.gpu.runtime import launch
 
     monkeypatch.setattr(launch, "PARAM_BUFFER", True)
     monkeypatch.setattr(kq, "_PLANS", type(kq._PLANS)())  # plans (and their runners) built anew
@@ -242,7 +242,7 @@ class _FakeNdarray(_FakeBase):
 def test_cupy_array_new_takes_the_base_path_only_when_it_builds_the_same_array():
     from types import SimpleNamespace
 
-    from nqdq.kernels._interop import cupy_array_new
+    from nqdq.gpu.runtime.interop import cupy_array_new
 
     mp = _FakeMemptr(0x7F0000001000, object())
     new = cupy_array_new(SimpleNamespace(ndarray=_FakeNdarray), mp)

@@ -1,4 +1,4 @@
-"""The caller's library and stream (nqdq.kernels._callers), without a GPU.
+"""The caller's library and stream (nqdq.gpu.runtime.callers), without a GPU.
 
 Stand-in modules play PyTorch and JAX: routing by the array's type, the stream a call takes,
 results handed to the library's own import (``from_dlpack``), and ``stream=`` checks. The
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import nqdq
-from nqdq.kernels import _callers, launch
+from nqdq.gpu.runtime import callers as _callers, launch
 
 
 def _stand_in_torch(monkeypatch, raw_stream=True):
@@ -48,7 +48,7 @@ def _stand_in_torch(monkeypatch, raw_stream=True):
 
     torch.from_dlpack = from_dlpack
     monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.setattr("nqdq.kernels._interop._order_after", lambda consumer, producer: None)  # (no driver)
+    monkeypatch.setattr("nqdq.gpu.runtime.interop._order_after", lambda consumer, producer: None)  # (no driver)
     monkeypatch.setattr(_callers, "_CALLERS", {})
     return torch, calls
 
@@ -66,7 +66,7 @@ def _read_capsule(capsule):
     """(device type, ndim, dtype code, bits, shape, data) of a DLPack capsule, then its deleter called."""
     import ctypes
 
-    from nqdq.kernels import _interop
+    from nqdq.gpu.runtime import interop as _interop
 
     get = ctypes.pythonapi.PyCapsule_GetPointer
     get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
@@ -81,7 +81,7 @@ def _read_capsule(capsule):
 
 
 def test_dlpack_export_names_the_dtype():
-    from nqdq.kernels._interop import DLPackExport
+    from nqdq.gpu.runtime.interop import DLPackExport
 
     e = DLPackExport(_Exported(np.uint16, (4, 5), 0x9000), stream=0, as_bfloat16=True)
     assert e.__dlpack_device__() == (2, 0)
@@ -132,7 +132,7 @@ def test_body_sees_views_and_knows_the_callers_arrays(monkeypatch):
     # said), and the hot paths key on what the caller passed: its tensors and its dtype
     torch, _ = _stand_in_torch(monkeypatch)
     monkeypatch.setattr(_callers, "_is_gpu", lambda a: True)
-    monkeypatch.setattr("nqdq.kernels._interop.kernel_view", lambda a, name: ("view", name))
+    monkeypatch.setattr("nqdq.gpu.runtime.interop.kernel_view", lambda a, name: ("view", name))
     seen = {}
 
     @_callers.in_caller_library("x", "w")
@@ -172,7 +172,7 @@ def test_jax_arrays_route_to_jax(monkeypatch):
     ArrayImpl = type("ArrayImpl", (), {"__module__": "jaxlib._jax"})
     c = _callers.caller_of(ArrayImpl())
     assert c.name == "jax" and c.stream(0) is None  # CuPy's current stream
-    monkeypatch.setattr("nqdq.kernels._interop._order_after", lambda consumer, producer: None)
+    monkeypatch.setattr("nqdq.gpu.runtime.interop._order_after", lambda consumer, producer: None)
     assert c.result(_Exported(np.uint8)) == ("jax", (1, 8))
     assert c.result_bfloat16(_Exported(np.uint16)) == ("jax", (4, 16))
 

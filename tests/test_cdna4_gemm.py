@@ -1,4 +1,4 @@
-"""The gfx950 block-scaled GEMM (nqdq.kernels.cdna4) -- assembled for gfx950, not run.
+"""The gfx950 block-scaled GEMM (nqdq.gpu.cdna4) -- assembled for gfx950, not run.
 
 No AMD GPU and no ROCm here, so three kinds of check stand in for a run:
 
@@ -23,22 +23,20 @@ import numpy as np
 import pytest
 
 from nqdq.formats import E2M1, E4M3, E5M2
-from nqdq.kernels.cdna4 import cvt_twin
-from nqdq.kernels.cdna4.gemm_ir import STEPS_PER_SCALE_WORD, gemm_ir, gemm_variant, kernel_name, mfmas_per_step
-from nqdq.kernels.cdna4.gemm_twin import (
-    _scale_registers, check_gemm_shape, gemm_twin, pack_operands, reference_gemm,
-)
-from nqdq.kernels.cdna4.mfma_twin import (
+from nqdq.gpu.cdna4 import cvt_twin
+from nqdq.gpu.cdna4.gemm_ir import STEPS_PER_SCALE_WORD, gemm_ir, gemm_variant, kernel_name, mfmas_per_step
+from nqdq.gpu.cdna4.gemm_twin import _scale_registers, check_gemm_shape, gemm_twin, pack_operands, reference_gemm
+from nqdq.gpu.cdna4.mfma_twin import (
     MFMA_TWINS, accumulators_to_tile, codes_to_registers, registers_to_codes, tile_to_accumulators,
 )
-from nqdq.kernels.cdna4.operands import OPERANDS, SHAPES, WAVE_TILE, element_k, operand, scale_lane
+from nqdq.gpu.cdna4.operands import OPERANDS, SHAPES, WAVE_TILE, element_k, operand, scale_lane
 from nqdq.reference.codec import encode_float, float_code_table
 from nqdq.reference.layouts import get_layout
 from nqdq.reference.quantize import quantize
 from nqdq.schemes import resolve_scheme
 
 llvmlite = pytest.importorskip("llvmlite")
-from nqdq.kernels.cdna4.assemble import AssemblyError, assemble, count_instruction, kernel_stats  # noqa: E402
+from nqdq.gpu.cdna4.assemble import AssemblyError, assemble, count_instruction, kernel_stats  # noqa: E402
 
 FORMATS = tuple(OPERANDS)  # e4m3 e5m2 e2m3 e3m2 e2m1
 SCHEME = {"e4m3": "mxfp8", "e5m2": "mxfp8_e5m2", "e2m3": "mxfp6_e2m3", "e3m2": "mxfp6_e3m2", "e2m1": "mxfp4"}

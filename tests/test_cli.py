@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import nqdq
-from nqdq import report as R
-from nqdq.cli import main
+from nqdq.tools import report as R
+from nqdq.tools.cli import main
 from nqdq.schemes import resolve_scheme
 
 SMALL = "64x512"  # small enough for fast tests, 128-divisible for the block schemes

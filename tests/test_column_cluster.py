@@ -14,10 +14,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import nqdq.kernels._column_cluster as column_cluster
-import nqdq.kernels.quantize as kq
-from nqdq.kernels import launch
-from nqdq.kernels._column_kernels import _expand
+import nqdq.gpu.quantize.column_cluster as column_cluster
+import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.runtime import launch
+from nqdq.gpu.quantize.columns import _expand
 
 from test_column_onepass import _column_data, _launched
 from test_kernels import check
@@ -202,9 +202,9 @@ import json, re
 import ml_dtypes
 from numba import cuda, typeof
 from cuda.bindings import nvjitlink
-from nqdq.kernels import _ptx_audit as A
-from nqdq.kernels import _column_cluster as column_cluster
-from nqdq.kernels._ptx_audit import _no_gpu_compile
+from nqdq.gpu import _ptx_audit as A
+from nqdq.gpu import _column_cluster as column_cluster
+from nqdq.tools.ptx_audit import _no_gpu_compile
 
 column_cluster.CLUSTER_SIZE = 16  # (a dry run counts one SM)
 out = []

@@ -23,8 +23,8 @@ from _helpers import gpu_cupy_or_skip  # noqa: E402
 cp = gpu_cupy_or_skip()
 
 import nqdq  # noqa: E402
-import nqdq.kernels._column_cluster as column_cluster  # noqa: E402
-import nqdq.kernels.quantize as kq  # noqa: E402
+import nqdq.gpu.quantize.column_cluster as column_cluster
+import nqdq.gpu.quantize.plan as kq
 from nqdq.reference import quantize as ref  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
@@ -140,7 +140,7 @@ def refusing_clusters(cluster):
     process can hold; no refusal recorded before (launch._REFUSED emptied, restored after),
     fresh plans and remembered calls before and after. Yields the launch module."""
     import nqdq.api as api
-    from nqdq.kernels import launch
+    from nqdq.gpu.runtime import launch
 
     cluster.setattr(launch, "_REFUSED", set())
     cluster.setattr(column_cluster, "cluster_size_for", lambda sms: 32)

@@ -12,8 +12,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import nqdq.kernels._column_kernels as column_kernels
-import nqdq.kernels.quantize as kq
+import nqdq.gpu.quantize.columns as column_kernels
+import nqdq.gpu.quantize.plan as kq
 from nqdq.schemes import resolve_scheme
 
 from test_kernels import _KINDS, check, edge_data

@@ -20,8 +20,8 @@ from _helpers import gpu_cupy_or_skip  # noqa: E402
 
 cp = gpu_cupy_or_skip()
 
-import nqdq.kernels._column_kernels as column_kernels  # noqa: E402
-import nqdq.kernels.quantize as kq  # noqa: E402
+import nqdq.gpu.quantize.columns as column_kernels
+import nqdq.gpu.quantize.plan as kq
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
 from test_column_onepass import _column_data  # noqa: E402
@@ -94,7 +94,7 @@ def test_onepass_single_chunk(onepass, shape):
 def test_ring_issue_shapes(onepass, shape, dtype, force_wait):
     """The shared-memory ring at the issue's sizes (P = 128 / 256 chunks a stripe), odd
     shapes, and with the wait path (every item held arrives first) on every item."""
-    import nqdq.kernels._column_ring as column_ring
+    import nqdq.gpu.quantize.column_ring as column_ring
 
     onepass.setattr(kq, "COLUMN_RING", True)
     onepass.setattr(column_ring, "RING_FORCE_WAIT", force_wait)

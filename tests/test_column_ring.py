@@ -12,9 +12,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import nqdq.kernels._column_ring as column_ring
-import nqdq.kernels.quantize as kq
-from nqdq.kernels.launch import dynamic_smem
+import nqdq.gpu.quantize.column_ring as column_ring
+import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.runtime.launch import dynamic_smem
 from nqdq.reference import quantize as ref
 from nqdq.schemes import resolve_scheme
 

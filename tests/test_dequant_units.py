@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import nqdq
-from nqdq.kernels import quantize as kq
-from nqdq.kernels._codec import decode_float_code, decode_small_float, f32_bits
-from nqdq.kernels._gpu import cuda
-from nqdq.kernels._target import SIMULATOR
+from nqdq.gpu.quantize import plan as kq
+from nqdq.gpu.device.codec import decode_float_code, decode_small_float, f32_bits
+from nqdq.gpu.runtime.backend import cuda
+from nqdq.gpu.runtime.target import SIMULATOR
 from nqdq.schemes import resolve_scheme
 
 CASES = [
@@ -153,7 +153,7 @@ def test_hot_path_plan(name, shape, units):
     # parameters
     import inspect
 
-    from nqdq.kernels.dequant_plan import DequantPlan
+    from nqdq.gpu.quantize.dequant_plan import DequantPlan
 
     for out in ("float32", "bfloat16", "float16"):
         plan = DequantPlan(resolve_scheme(name), shape, out, kq.THREADS)

@@ -1,4 +1,4 @@
-"""Which GPU a call runs on (nqdq.kernels._devices, nqdq._arrays.on_gpu_of), without a GPU.
+"""Which GPU a call runs on (nqdq.gpu.runtime.devices, nqdq._arrays.on_gpu_of), without a GPU.
 
 The simulator has one device, so these tests stand in fakes for the arrays (CuPy's
 ``data.device_id``, DLPack's ``__dlpack_device__``, a ``__cuda_array_interface__`` pointer)
@@ -17,7 +17,7 @@ import pytest
 
 import nqdq
 from nqdq import _arrays
-from nqdq.kernels import _devices, _target
+from nqdq.gpu.runtime import devices as _devices, target as _target
 
 
 class _CupyLike:

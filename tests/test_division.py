@@ -1,4 +1,4 @@
-"""Division by a reciprocal (nqdq/kernels/_division.py; docs/numerics.md, "Division by a
+"""Division by a reciprocal (nqdq/gpu/device/division.py; docs/numerics.md, "Division by a
 reciprocal"): the exact fma twin against rational arithmetic, div_by_recip against the
 correctly rounded quotient over hard cases, the guards, and the float-scale kernels that use
 it, bit for bit against the reference (simulator: the twins run)."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from nqdq.kernels import _division as D
+from nqdq.gpu.device import division as D
 
 F32 = np.float32
 EPS = 2.0**-23  # float32 spacing in [1, 2)
@@ -227,7 +227,7 @@ def test_random_pairs_and_zeros():
 def test_guards():
     """recip_guarded: RN(1/s) exactly on [2^-80, 2^126], 0 outside (one ulp either side,
     negative, zero, inf, NaN); ratio_ok: |amax| < s * 2^64 on the bits."""
-    from nqdq.kernels._codec import f32_bits
+    from nqdq.gpu.device.codec import f32_bits
 
     sv = np.array([2.0**-80, np.nextafter(F32(2.0**-80), F32(0)), 2.0**126, np.nextafter(F32(2.0**126), F32(np.inf)), 1.0,
                    -1.0, 0.0, -0.0, np.inf, np.nan, 1e-45, 3e38, 0.0123], np.float32)
@@ -254,8 +254,8 @@ def test_guards():
 def _spy_count(monkeypatch):
     """Count div_by_recip calls made by the row-wise and per-channel kernels (the simulator
     runs Python)."""
-    from nqdq.kernels import _column_kernels as column_kernels
-    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+    from nqdq.gpu.quantize import columns as column_kernels
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
 
     calls = [0]
     real = D.div_by_recip
@@ -294,7 +294,7 @@ def test_kernels_divide_by_reciprocal(monkeypatch, name, dtype, cols):
     """The float-scale kernels encode finite units by div_by_recip (counted) and give the
     reference's codes and scales bit for bit, on quotients next to code boundaries."""
     from tests.test_kernels import check
-    from nqdq.kernels import quantize as kq
+    from nqdq.gpu.quantize import plan as kq
     from nqdq.schemes import resolve_scheme
 
     calls = _spy_count(monkeypatch)
@@ -308,7 +308,7 @@ def test_static_scales_ratio_and_range(monkeypatch):
     """Caller-given scales: units whose |x| reaches s * 2^64, and scales outside [2^-80,
     2^126] or negative, divide per element; the codes stay the reference's."""
     from tests.test_kernels import check
-    from nqdq.kernels import quantize as kq
+    from nqdq.gpu.quantize import plan as kq
     from nqdq.schemes import resolve_scheme
 
     kq._PLANS.clear()
@@ -325,8 +325,8 @@ def test_static_scales_ratio_and_range(monkeypatch):
 def test_switch_off_is_the_division(monkeypatch):
     """RECIP_DIV off (NQDQ_RECIP_DIV=0, the A/B baseline): no reciprocal, same codes."""
     from tests.test_kernels import check
-    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
-    from nqdq.kernels import quantize as kq
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from nqdq.gpu.quantize import plan as kq
     from nqdq.schemes import resolve_scheme
 
     calls = _spy_count(monkeypatch)
@@ -369,7 +369,7 @@ _PTX_PAIR = """
 def test_audit_matches_only_the_pattern():
     """_ptx_audit.recip_div_fmas counts a division's two fma and flags any other fma.f32: a
     contracted a * b + c, a correction whose addend is not q0, or whose multiplier is not r."""
-    from nqdq.kernels._ptx_audit import recip_div_fmas
+    from nqdq.tools.ptx_audit import recip_div_fmas
 
     assert recip_div_fmas(_PTX_PAIR) == (1, 0)
     assert recip_div_fmas(_PTX_PAIR + _PTX_PAIR.replace("%f", "%g")) == (2, 0)
@@ -383,7 +383,7 @@ def test_audit_flags_generic_atomics():
     """_ptx_audit.generic_atomics counts the atomics and reductions with no state space (NVVM
     could not tell shared from global memory: a generic ATOM on the GPU), predicated ones
     included, and none of those that name .shared, .shared::cta or .global."""
-    from nqdq.kernels._ptx_audit import generic_atomics
+    from nqdq.tools.ptx_audit import generic_atomics
 
     ok = ("\tatom.shared.add.u32 \t%r1, [%r2], 1;\n\t@%p1 atom.global.add.u32 \t%r1, [%rd2], 1;\n"
           "\tred.shared::cta.add.u32 \t[%r2], 1;\n\tatom.global.exch.b32 \t%r1, [%rd2], 0;\n")
@@ -395,8 +395,8 @@ def test_audit_flags_generic_atomics():
 _AUDIT_SCRIPT = r"""
 import json
 import ml_dtypes, numpy as np
-from nqdq.kernels import _ptx_audit as A
-from nqdq.kernels import _interop, quantize as kq
+from nqdq.gpu import _ptx_audit as A
+from nqdq.gpu import _interop, quantize as kq
 from nqdq.schemes import resolve_scheme
 out = []
 for name, kw, shape, dt in (("fp8_row", {}, (4, 1024), ml_dtypes.bfloat16),

@@ -25,8 +25,8 @@ if __name__ != "__main__":
 
 from numba import cuda  # noqa: E402
 
-from nqdq.kernels import _division as D  # noqa: E402
-from nqdq.kernels._codec import bits_f32, f32_bits  # noqa: E402
+from nqdq.gpu.device import division as D  # noqa: E402
+from nqdq.gpu.device.codec import bits_f32, f32_bits  # noqa: E402
 
 TINY = np.float32(2.0**-20)
 F102 = np.float32(2.0**-102)

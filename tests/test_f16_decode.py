@@ -17,10 +17,10 @@ import pytest
 from numba import cuda
 from test_kernels import assert_same, check
 
-import nqdq.kernels.quantize as kq
-from nqdq.kernels import _codec
-from nqdq.kernels._codec import KIND_F16
-from nqdq.kernels._rowwise_kernels import half_bits
+import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.device import codec as _codec
+from nqdq.gpu.device.codec import KIND_F16
+from nqdq.gpu.quantize.lastaxis import half_bits
 from nqdq.schemes import resolve_scheme
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN/inf arithmetic in the simulator

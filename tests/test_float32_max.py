@@ -141,7 +141,7 @@ def test_mx_bfloat16_near_the_top(scheme, rounding):
 
 def test_report_notes_finite_values_that_decode_non_finite(monkeypatch):
     """nqdq report leaves non-finite round trips out of its statistics and says so."""
-    from nqdq import report
+    from nqdq.tools import report
 
     real = report.dequantize
 

@@ -112,7 +112,7 @@ def test_rmsnorm_quantize_layouts(n, t, upt, monkeypatch):
 def test_element_path_equals_vector_path(monkeypatch):
     """An aligned row (n % 8 == 0) read and written element by element (as a misaligned
     device array would be) gives the vector path's bits, for every output mode."""
-    import nqdq.kernels.fused as kf
+    import nqdq.gpu.fused.plan as kf
 
     rng = np.random.default_rng(21)
     x = rows(rng, 2, 200, "float32")
@@ -343,7 +343,7 @@ def test_repeated_calls_build_no_new_kernel():
     """A kernel is built (and on a GPU compiled: ~10 s of NVVM) once per configuration: a
     second identical call finds every fused row kernel in the cache (a decorator that
     slipped off fused_row_kernel once made every MoE call compile anew)."""
-    from nqdq.kernels import _fused_rows
+    from nqdq.gpu.fused import rows as _fused_rows
 
     rng = np.random.default_rng(14)
     x = rows(rng, 2, 64, "bfloat16")
@@ -378,8 +378,8 @@ def test_moe_sort_quantize_scatter_rows(stage, rank, wide, monkeypatch):
     rows kernel, which also stores perm; rank 2 (the local path: no sort): 3 blocks of 2 tokens
     (the last of 1: tokens 0-1, 2-3, 4), each counting every pair's bucket and finding its own
     pairs' rows, perm and (block 0) the offsets."""
-    from nqdq.kernels import _fused_kernels as fused_kernels
-    from nqdq.kernels import fused as KF
+    from nqdq.gpu.fused import kernels as fused_kernels
+    from nqdq.gpu.fused import plan as KF
 
     ops, built_lanes = [], []
     build = KF.fused_row_kernel
@@ -421,7 +421,7 @@ def test_moe_sort_quantize_gather_rows(row_kernel_ops):
     """The MoE rows that OP_SCATTER does not take, by OP_GATHER (each sorted row reads its
     token): k = 9 of 10 experts (more rows a token than OP_SCATTER holds in registers), bfloat16
     rows of 1000 with aligned units, a group with inf and one with NaN: the spec's bits."""
-    from nqdq.kernels import _fused_kernels as fused_kernels
+    from nqdq.gpu.fused import kernels as fused_kernels
 
     ops = row_kernel_ops
     rng = np.random.default_rng(12)
@@ -439,12 +439,12 @@ def _device_sort(ids, npairs, k, E, mode, flag=None):
     launch or three), or "rank[B]" (moe_rank_kernel over about B chunks, MOE_RANK_BLOCKS:
     each pair's row from its packed rank and its chunk's base, as the rows kernel finds it,
     perm from those rows; its ticket checked left zero). ``flag``: the id check's word."""
-    from nqdq.kernels import _fused_kernels as fused_kernels
-    from nqdq.kernels._grid import SYNC_WORDS
-    from nqdq.kernels._interop import Allocator
-    from nqdq.kernels.fused import moe_rank, moe_sort
+    from nqdq.gpu.fused import kernels as fused_kernels
+    from nqdq.gpu.quantize.grid import SYNC_WORDS
+    from nqdq.gpu.runtime.interop import Allocator
+    from nqdq.gpu.fused.plan import moe_rank, moe_sort
 
-    from nqdq.kernels import fused as KF
+    from nqdq.gpu.fused import plan as KF
 
     if mode == "one3":  # a grid of 3 blocks, which the simulator runs one after another
         ws = np.zeros(SYNC_WORDS, np.int32)
@@ -492,7 +492,7 @@ def test_moe_sort_many_pairs_device(tokens, k, E, unroll, mode, monkeypatch):
     (512 pairs, two rounds: 2 chunks of 600 pairs; 1024 pairs, four rounds: 3, 3 and 5
     chunks), the last chunk partial, the last block's column sums and scan over 7 to 301
     buckets."""
-    from nqdq.kernels import _fused_kernels as fused_kernels
+    from nqdq.gpu.fused import kernels as fused_kernels
 
     monkeypatch.setattr(fused_kernels, "MOE_UNROLL", unroll)  # read when the simulator runs the kernel
     rng = np.random.default_rng(9)
@@ -527,7 +527,7 @@ def test_id_checks_ring_and_wait():
     not; it queries the stream every POLLS reads and goes on while the stream runs (the word
     written at the third query here); a stream with nothing left and the word clear is a
     RuntimeError, not a wait for ever."""
-    from nqdq.kernels.fused import IdChecks
+    from nqdq.gpu.fused.plan import IdChecks
 
     host = np.full(4, 9, np.int32)
     ch = IdChecks(host, 0x1000)
@@ -575,10 +575,11 @@ def test_mx_rceil_params_match_the_general_path(monkeypatch):
     """The fused kernel's 32-bit MX "rceil" parameters against _scales.mx_scale_code and
     _codec.e8m0_reciprocal (the quantize kernels'), bit for bit, at every exponent with the
     mantissas around each rounding boundary, for mxfp4 (1/6) and mxfp8 e4m3 (1/448)."""
-    from nqdq.kernels import _codec, _fused_rows, _scales
-    from nqdq.kernels._codec import e8m0_reciprocal
-    from nqdq.kernels._fused_rows import mx_rceil_params
-    from nqdq.kernels._scales import MX_RCEIL, mx_scale_code
+    from nqdq.gpu.device import codec as _codec, scales as _scales
+    from nqdq.gpu.fused import rows as _fused_rows
+    from nqdq.gpu.device.codec import e8m0_reciprocal
+    from nqdq.gpu.fused.rows import mx_rceil_params
+    from nqdq.gpu.device.scales import MX_RCEIL, mx_scale_code
 
     # the bit casts by NumPy (the device functions' local-array casts need a kernel)
     for mod in (_codec, _fused_rows, _scales):
@@ -720,7 +721,7 @@ def test_e2m1_unit_f32_p2_matches_the_codec(clamp, monkeypatch):
     over the MX range of k: y subnormal (k = -127 .. -120: 2^-k up to 2^127), normal, 2^-k
     subnormal in bfloat16 (k = 127, the "rceil" code 254). tests/test_fused_gpu.py runs the
     unclamped one compiled."""
-    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
 
     # the bit casts by NumPy views: the twins run on whole arrays
     monkeypatch.setattr(rowwise_kernels, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
@@ -793,7 +794,7 @@ def absmax_want(a, b):
 def test_absmax_nan_twin():
     """The twin of _ptx.absmax_nan (what the simulator runs) against NumPy on every pair of
     ABSMAX_EDGES; tests/test_fused_gpu.py compares the intrinsic with it."""
-    from nqdq.kernels._ptx import absmax_nan_twin
+    from nqdq.gpu.ptx import absmax_nan_twin
 
     for a in ABSMAX_EDGES:
         for b in ABSMAX_EDGES:
@@ -832,8 +833,8 @@ def test_full_rows_policy():
     """full_rows: FULL for the RMSNorm ops with the residual and for mxfp4 / fp8_tensor without
     it, and flatten (the H100 A/Bs); not for fp8_row / fp8_1x128 without the residual, the y
     kernel or the MoE rows."""
-    from nqdq.kernels import _fused_kernels as fused_kernels
-    from nqdq.kernels import _fused_rows as FR
+    from nqdq.gpu.fused import kernels as fused_kernels
+    from nqdq.gpu.fused import rows as FR
 
     on = {(fused_kernels.OP_NORM, out, res)
           for out in (fused_kernels.OUT_ROW, fused_kernels.OUT_GROUP, fused_kernels.OUT_MX, fused_kernels.OUT_TENSOR)
@@ -857,9 +858,9 @@ def test_full_rows_match_reference(monkeypatch):
     gives the spec's bits for the four RMSNorm outputs with and without the residual (a NaN
     and an inf in separate groups), flatten and the MoE rows; elsewhere, and where the row
     does not fill them (n = 520), fast stays 1."""
-    from nqdq.kernels import _fused_kernels as fused_kernels
-    from nqdq.kernels import _fused_rows as FR
-    from nqdq.kernels import fused as KF
+    from nqdq.gpu.fused import kernels as fused_kernels
+    from nqdq.gpu.fused import rows as FR
+    from nqdq.gpu.fused import plan as KF
 
     built = []
     build = KF.fused_row_kernel
@@ -904,9 +905,9 @@ def test_prefetch_distance_per_op():
     rows ahead (the one op the H100 A/B found faster); never with the residual nor for the
     other outputs or the row ops without a norm; the kernel builds the prefetch code exactly
     where the distance is > 0."""
-    from nqdq.kernels import _fused_kernels as fused_kernels
-    from nqdq.kernels import _fused_rows as FR
-    from nqdq.kernels._elements import format_tuple
+    from nqdq.gpu.fused import kernels as fused_kernels
+    from nqdq.gpu.fused import rows as FR
+    from nqdq.gpu.device.elements import format_tuple
 
     pd = FR.prefetch_distance
     assert pd(fused_kernels.OP_NORM, fused_kernels.OUT_TENSOR, False) == FR.PREFETCH_TENSOR > 0
@@ -935,7 +936,7 @@ def test_fused_row_paths_match_reference(case, monkeypatch):
     argument: PREFETCH_TENSOR; a hint the simulator's twin ignores, so only that the
     argument and its code path run); "strided" the strided flatten's unit indices per unit
     (D / 8 dividing the block's threads, D = 64, 128, or not, D = 24)."""
-    from nqdq.kernels import _fused_rows as FR
+    from nqdq.gpu.fused import rows as FR
 
     rng = np.random.default_rng(43)
     if case == "strided":
@@ -977,8 +978,8 @@ _MOE_PTX_SCRIPT = r"""
 import json, re
 import numpy as np
 from numba import cuda, typeof
-from nqdq.kernels import fused as KF
-from nqdq.kernels._ptx_audit import _no_gpu_compile, compile_and_audit
+from nqdq.gpu import fused as KF
+from nqdq.tools.ptx_audit import _no_gpu_compile, compile_and_audit
 want = ("moe scatter-rows staged mxfp4", "moe scatter-rows staged rank mxfp4",
         "moe scatter-rows staged local mxfp4", "moe count", "moe scan", "moe scatter", "moe sort (one launch)",
         "moe rank")

@@ -23,7 +23,7 @@ from nqdq.reference import fused as R  # noqa: E402
 from nqdq.reference import quantize as RQ  # noqa: E402
 from nqdq.reference.packing import pack_codes  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
-from nqdq.kernels._grid import SYNC_WORDS  # noqa: E402
+from nqdq.gpu.quantize.grid import SYNC_WORDS  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 NP = {"bfloat16": BF16, "float16": np.dtype(np.float16), "float32": np.dtype(np.float32)}
@@ -94,7 +94,7 @@ def test_gpu_absmax_nan_matches_twin():
     of test_fused.ABSMAX_EDGES, against its twin (which test_fused checks against NumPy)."""
     from numba import cuda
 
-    from nqdq.kernels._ptx import absmax_nan, absmax_nan_twin
+    from nqdq.gpu.ptx import absmax_nan, absmax_nan_twin
     from test_fused import ABSMAX_EDGES
 
     @cuda.jit
@@ -117,7 +117,7 @@ def test_gpu_e2m1_unit_f32_p2_matches_the_codec():
     against the reference codec: what test_fused checks through the twins."""
     from numba import cuda
 
-    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
     from test_fused import e2m1_codes, e2m1_y_case, e2m1_y_probes
 
     @cuda.jit
@@ -143,7 +143,7 @@ def test_gpu_e2m1_unit_f32_p2_matches_the_codec():
 def test_gpu_shuffle_twin_agrees(scheme, monkeypatch):
     """The warp shuffles' simulator twin (shared memory + barriers) run on the GPU gives the
     shuffles' bits (norm sum butterfly, row / group amax butterflies)."""
-    import nqdq.kernels.fused as kf
+    import nqdq.gpu.fused.plan as kf
 
     rng = np.random.default_rng(17)
     x = rows(rng, 77, 7168, "bfloat16")
@@ -307,8 +307,8 @@ def test_gpu_moe_scatter_and_gather(k, stage, blocks, monkeypatch, row_kernel_op
     an SM), 4 over 4 (a block a token here: every token staged) and 2 over one block an SM (3
     tokens a block on a 132-SM GPU: the third after the staged ones; token 7's inf group staged,
     then encoded again)."""
-    from nqdq.kernels import _fused_kernels as fused_kernels
-    from nqdq.kernels import fused as KF
+    from nqdq.gpu.fused import kernels as fused_kernels
+    from nqdq.gpu.fused import plan as KF
 
     if stage is not None:
         monkeypatch.setattr(KF, "MOE_STAGE", stage)
@@ -335,7 +335,7 @@ def test_gpu_moe_defaults(T, H, k, min_pairs, monkeypatch):
     (moe_sort's one launch: min_pairs past every size); inf and NaN groups. The general path,
     then the planned one (bit for bit the same)."""
     from nqdq import api
-    from nqdq.kernels import fused as KF
+    from nqdq.gpu.fused import plan as KF
 
     if min_pairs is not None:
         monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", min_pairs)
@@ -366,8 +366,8 @@ def test_gpu_moe_local(T, H, k, E, idt, bad, monkeypatch):
     counts) at hidden 2880; hidden 1000 (the strided staged form); hidden 16384 (the stage cut
     to fit the local sort's shared memory); 513 experts: not taken (moe_sort, moe_rank)."""
     from nqdq import api
-    from nqdq.kernels import _fused_rows as FR
-    from nqdq.kernels import fused as KF
+    from nqdq.gpu.fused import rows as FR
+    from nqdq.gpu.fused import plan as KF
 
     ranks = []
     build = KF.fused_row_kernel
@@ -423,8 +423,8 @@ def test_gpu_moe_sort_one_launch(T, k, E, sort1):
     32 blocks; 141 chunks on one block per SM (two chunks a block, some blocks none); 22
     chunks of 1025 buckets (five a thread). Twice in a row on one zeroed workspace, which the
     kernel leaves zero (the next call's barrier starts from it)."""
-    from nqdq.kernels import fused as KF
-    from nqdq.kernels._interop import Allocator
+    from nqdq.gpu.fused import plan as KF
+    from nqdq.gpu.runtime.interop import Allocator
 
     rng = np.random.default_rng(T + E)
     ids = rng.integers(0, E, (T, k)).astype(np.int32)
@@ -457,8 +457,8 @@ def test_gpu_moe_sort_one_launch_partly_resident():
     zero."""
     from _helpers import sm_hog
 
-    from nqdq.kernels import fused as KF
-    from nqdq.kernels._interop import Allocator
+    from nqdq.gpu.fused import plan as KF
+    from nqdq.gpu.runtime.interop import Allocator
 
     T, k, E = 9000, 4, 256
     ids = np.random.default_rng(28).integers(0, E, (T, k)).astype(np.int32)
@@ -484,9 +484,9 @@ def test_gpu_moe_rank(T, k, E):
     few ids out of range: one pair; 32 chunks of 256 pairs, 36 of 1024, 22 of 256 (1025
     buckets, five a thread) and 313 of 1024 (the last block's column walks 10 rounds of
     MOE_WALK loads). Twice in a row on one zeroed ticket, which the kernel leaves zero."""
-    from nqdq.kernels import _fused_kernels as fused_kernels
-    from nqdq.kernels import fused as KF
-    from nqdq.kernels._interop import Allocator
+    from nqdq.gpu.fused import kernels as fused_kernels
+    from nqdq.gpu.fused import plan as KF
+    from nqdq.gpu.runtime.interop import Allocator
 
     rng = np.random.default_rng(T + E + 1)
     ids = rng.integers(0, E, (T, k)).astype(np.int32)
@@ -526,7 +526,7 @@ def test_gpu_moe_hot_path_streams_and_graph(stage, rank, local, monkeypatch):
     tokens in one round: at 4 a block, and at 1 with 600 blocks an SM): the rows kernel alone,
     one launch direct or captured, no workspace."""
     from nqdq import api
-    from nqdq.kernels import fused as KF
+    from nqdq.gpu.fused import plan as KF
 
     monkeypatch.setattr(KF, "MOE_STAGE", stage)
     monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", 0 if rank else 10 ** 9)
@@ -638,7 +638,7 @@ def test_gpu_fused_row_paths(case, monkeypatch):
     twin's rule; normalize's y by one fma.rn.f32 where a * r_hi is exact), "prefetch"
     (prefetch.global.L2 of rows 3 ahead for the static per-tensor output, no residual: a hint,
     the outputs must not change)."""
-    from nqdq.kernels import _fused_rows as FR
+    from nqdq.gpu.fused import rows as FR
 
     rng = np.random.default_rng(31)
     if case == "words":

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from nqdq import fused
-from nqdq.kernels.fused import rows_switches
+from nqdq.gpu.fused.plan import rows_switches
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

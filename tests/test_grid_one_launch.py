@@ -1,4 +1,4 @@
-"""One-launch dynamic per-tensor and NVFP4 quantization (``nqdq.kernels._grid``): the plan
+"""One-launch dynamic per-tensor and NVFP4 quantization (``nqdq.gpu.quantize.grid``): the plan
 takes it for inputs that fit in one block per SM, and its codes and scales are the
 reference's bit for bit. Under the simulator a grid is one block (blocks run one after
 another there, so a multi-block wait could not end); tests/test_grid_one_launch_gpu.py runs
@@ -11,10 +11,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import nqdq.kernels.quantize as kq
+import nqdq.gpu.quantize.plan as kq
 from numba import cuda
-from nqdq.kernels._grid import SYNC_WORDS, grid_max
-from nqdq.kernels._target import SIMULATOR
+from nqdq.gpu.quantize.grid import SYNC_WORDS, grid_max
+from nqdq.gpu.runtime.target import SIMULATOR
 from nqdq.schemes import resolve_scheme
 
 from test_kernels import check, edge_data
@@ -150,7 +150,7 @@ def test_one_launch_is_plain_after_a_refused_cooperative_launch(name, grid_switc
     """The one-launch kernels are launched plainly (their wait needs no co-resident grid:
     _grid.wait_done), so they stay the plan after the driver refused a cooperative launch
     (which rules out _tensor_resident's kernels), exact."""
-    from nqdq.kernels import launch
+    from nqdq.gpu.runtime import launch
 
     monkeypatch.setattr(launch, "_REFUSED", {"cooperative"})
     grid_switch(True)

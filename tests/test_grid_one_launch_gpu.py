@@ -1,5 +1,5 @@
 """One-launch dynamic per-tensor and NVFP4 quantization on a GPU: many blocks waiting for
-each other's amax (``nqdq.kernels._grid``), bit-exact against the NumPy reference through
+each other's amax (``nqdq.gpu.quantize.grid``), bit-exact against the NumPy reference through
 both launch paths (the plan's generated CuPy runner, with its stream's workspace that every
 call leaves zero, and the general one), repeated, on concurrent streams, on per-thread
 default streams, and replayed from a CUDA graph beside direct calls.
@@ -18,7 +18,7 @@ from _helpers import gpu_cupy_or_skip  # noqa: E402
 cp = gpu_cupy_or_skip()
 
 import nqdq  # noqa: E402
-import nqdq.kernels.quantize as kq  # noqa: E402
+import nqdq.gpu.quantize.plan as kq
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
 from test_api_gpu_path import _check, _check_graph_replays  # noqa: E402
@@ -164,7 +164,7 @@ def test_grid_max_many_blocks_leave_the_workspace_zero():
     """Many blocks: every block gets the grid's max, and the last to leave zeroes the words."""
     from numba import cuda
 
-    from nqdq.kernels._grid import SYNC_WORDS
+    from nqdq.gpu.quantize.grid import SYNC_WORDS
 
     from test_grid_one_launch import _grid_max_kernel as k
 

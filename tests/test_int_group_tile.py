@@ -11,9 +11,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import nqdq.kernels.quantize as kq
-from nqdq.kernels import _rowwise_kernels as rowwise_kernels
-from nqdq.kernels import _tile_kernels as tile_kernels
+import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+from nqdq.gpu.quantize import tiles as tile_kernels
 from nqdq.schemes import resolve_scheme
 
 from test_kernels import _launched, check, edge_data
@@ -187,7 +187,7 @@ def test_word_ukeys_order_every_16bit_value(monkeypatch):
     """word_ukeys orders every bfloat16 and float16 value (both halves of a word) as the value
     orders (NaN with sign 0 above +inf, with sign 1 below -inf; -0 just below +0), and
     ukey_bits inverts it to the element's float32 bits."""
-    from nqdq.kernels import _codec
+    from nqdq.gpu.device import codec as _codec
 
     # the bit casts by NumPy: the device functions' local-array casts (float16 decode) need a kernel
     monkeypatch.setattr(_codec, "f32_bits", lambda f: np.int64(np.float32(f).view(np.uint32)))

@@ -15,9 +15,9 @@ from _helpers import gpu_cupy_or_skip  # noqa: E402
 
 cp = gpu_cupy_or_skip()
 
-import nqdq.kernels.quantize as kq  # noqa: E402
-from nqdq.kernels import _rowwise_kernels as rowwise_kernels  # noqa: E402
-from nqdq.kernels import _tile_kernels as tile_kernels  # noqa: E402
+import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.quantize import lastaxis as rowwise_kernels  # noqa: E402
+from nqdq.gpu.quantize import tiles as tile_kernels  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
 from test_kernels_gpu import _check_aligned_and_not, _check_with_shuffle_twin, _edge_input, check_gpu  # noqa: E402

@@ -23,9 +23,9 @@ import pytest
 from numba import cuda
 
 import nqdq
-import nqdq.kernels.quantize as kq
-from nqdq.kernels import _codec
-from nqdq.kernels import _quantize_kernels as quantize_kernels
+import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.device import codec as _codec
+from nqdq.gpu.quantize import general as quantize_kernels
 from nqdq.reference import codec as rcodec
 from nqdq.reference import quantize as ref
 from nqdq.reference.packing import pack_codes
@@ -338,9 +338,9 @@ def test_fp8_cvt_matches_twin(fmt):
     against its bit-manipulation twin and the reference, over every bfloat16 value (as
     float32) and random float32 bit patterns (NaN payloads of both signs, subnormals, huge).
     Needs the compiled kernels on an sm_89+ GPU (NQDQ_TEST_GPU=1); skipped in the simulator."""
-    from nqdq.kernels import _ptx
-    from nqdq.kernels._elements import encode_element, format_tuple
-    from nqdq.kernels._scales import MODE_FLOAT
+    from nqdq.gpu import ptx as _ptx
+    from nqdq.gpu.device.elements import encode_element, format_tuple
+    from nqdq.gpu.device.scales import MODE_FLOAT
 
     if not _ptx.fp8_cvt_available():
         pytest.skip("no sm_89+ GPU (simulator or older GPU): the twin is the only path")
@@ -373,8 +373,8 @@ def test_fp8_cvt_pair_matches_twin(fmt):
     per instruction, used for groups without NaN) against the bit-manipulation twin on both
     halves, over every non-NaN bfloat16 value and random non-NaN float32 bit patterns.
     Needs an sm_89+ GPU (NQDQ_TEST_GPU=1); skipped in the simulator."""
-    from nqdq.kernels import _ptx
-    from nqdq.kernels._elements import format_tuple
+    from nqdq.gpu import ptx as _ptx
+    from nqdq.gpu.device.elements import format_tuple
 
     if not _ptx.fp8_cvt_available():
         pytest.skip("no sm_89+ GPU (simulator or older GPU): the twin is the only path")
@@ -462,7 +462,7 @@ def test_api_device_options():
 
 
 # ----------------------------------------------------------------------------- last-axis fast kernels
-# nqdq/kernels/_rowwise_kernels.py: C-contiguous input, groups along the last axis (whole
+# nqdq/gpu/quantize/lastaxis.py: C-contiguous input, groups along the last axis (whole
 # rows, or 1xG groups of 2^k 16-byte units), float / MX / NVFP4 scales, RNE. The cases below
 # check that the plan picks them (and falls back where it must), and bit-exactness through
 # them for every input kind, rows shorter than a block, several units per thread, partial
@@ -589,9 +589,9 @@ def test_row_kernel_whole_rows(deep_units, monkeypatch, name, shape, dtype):
 def unaligned_loads(monkeypatch):
     """The kernels read element by element when the input is not 16-byte aligned (a view
     at an offset); the simulator's arrays always report aligned, so pretend otherwise."""
-    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
-    from nqdq.kernels import _tile_kernels as tile_kernels
-    from nqdq.kernels._target import SIMULATOR
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from nqdq.gpu.quantize import tiles as tile_kernels
+    from nqdq.gpu.runtime.target import SIMULATOR
 
     if not SIMULATOR:
         pytest.skip("compiled kernels: tests/test_kernels_gpu.py reads real unaligned views")
@@ -637,7 +637,7 @@ def test_finite_group_encoders():
     """The last-axis kernels' encoders for finite groups (e2m1 by float rounding onto the
     grid, integers by the 1.5 * 2^23 trick) against the reference codec, value by value."""
     from nqdq.formats import get_format
-    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
 
     x = _boundary_values()
 
@@ -957,7 +957,7 @@ def test_paths_checked_on_a_gpu_are_on_for_users():
 
     env = {k: v for k, v in os.environ.items() if k != "NQDQ_UNMEASURED_KERNELS"}
     env["NUMBA_ENABLE_CUDASIM"] = "1"
-    code = "import nqdq.kernels.quantize as kq; print(kq.LASTAXIS_STOCH, kq._UNMEASURED)"
+    code = "import nqdq.gpu.quantize.plan as kq; print(kq.LASTAXIS_STOCH, kq._UNMEASURED)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "False"]
 
@@ -983,7 +983,7 @@ def test_e2m1_pairs_every_bf16():
     "even"), every value; without it ("rceil"), every |x * 2^-k| < 7 (rceil keeps a group's
     values at most 6 * (1 + 2^-22))."""
     from nqdq.formats import get_format
-    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
 
     fn = rowwise_kernels.e2m1_unit_bf16.py_func
     pats, words = _bf16_finite_units()
@@ -1009,7 +1009,7 @@ def test_mxfp4_bf16_pair_path(monkeypatch, rounding):
     """The group kernel takes the pair encoder for MXFP4 of bfloat16 input (finite groups)
     and the element encoder for groups with NaN / inf, bit for bit with the reference: edge
     data, a group of subnormals only (k clamped to -127) and groups at the top of the range."""
-    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
 
     calls = []
     enc = rowwise_kernels.e2m1_unit_bf16
@@ -1045,7 +1045,7 @@ def test_e2m1_nvfp4_pairs_every_bf16(monkeypatch):
     finite bfloat16 x and multipliers that put products just above / below the grid's ties
     (1 +- an ulp), overflow them (1e30, FLT_MAX) or make them subnormal."""
     from nqdq.formats import get_format
-    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
 
     # the bit casts by NumPy views, so that the twins run on whole arrays at once
     monkeypatch.setattr(rowwise_kernels, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
@@ -1066,7 +1066,7 @@ def test_e2m1_nvfp4_pairs_every_bf16(monkeypatch):
 def test_nvfp4_bf16_pair_path(monkeypatch):
     """NVFP4 of bfloat16 takes the pair encoder for finite blocks, bit for bit with the
     reference (edge data: NaN / inf blocks, tiny blocks whose e4m3 scale is subnormal)."""
-    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
 
     calls = []
     enc = rowwise_kernels.e2m1_unit_nvfp4
@@ -1117,7 +1117,7 @@ def test_e2m1_f32_pairs_match_the_codec(monkeypatch):
     v * 2^k, v around every code boundary (ties, 1-2 ulps off, saturation, subnormal
     products), over the MX range of k; both signs, zeros included."""
     from nqdq.formats import get_format
-    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
 
     # the bit casts by NumPy views, so that the twins run on whole arrays at once
     monkeypatch.setattr(rowwise_kernels, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
@@ -1146,7 +1146,7 @@ def test_mxfp4_f32_pair_path(monkeypatch, dtype, rounding):
     """MXFP4 of float16 input (8-element units) takes e2m1_unit_f32 in finite groups and the
     element encoder elsewhere, bit for bit with the reference; float32 input (4-element
     units) keeps the element encoder."""
-    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
 
     calls = []
     enc = rowwise_kernels.e2m1_unit_f32
@@ -1175,9 +1175,9 @@ import json, re
 import ml_dtypes
 import numpy as np
 from numba import cuda, typeof
-from nqdq.kernels import _ptx_audit as A
-from nqdq.kernels._ptx import as_u16, as_u32
-from nqdq.kernels._ptx_audit import _no_gpu_compile
+from nqdq.gpu import _ptx_audit as A
+from nqdq.gpu.ptx import as_u16, as_u32
+from nqdq.tools.ptx_audit import _no_gpu_compile
 
 
 def body(k, args):

@@ -18,7 +18,7 @@ from _helpers import gpu_cupy_or_skip  # noqa: E402
 cp = gpu_cupy_or_skip()
 
 import nqdq  # noqa: E402
-import nqdq.kernels.quantize as kq  # noqa: E402
+import nqdq.gpu.quantize.plan as kq
 from nqdq.reference import quantize as ref  # noqa: E402
 from nqdq.reference.packing import pack_codes  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
@@ -262,7 +262,7 @@ def test_wide_load_store_match_twins():
     words as plain indexing (their simulator twins)."""
     from numba import cuda
 
-    from nqdq.kernels._ptx import load_u32x4, store_u32x2
+    from nqdq.gpu.ptx import load_u32x4, store_u32x2
 
     @cuda.jit
     def copy(src, dst_vec, dst_twin):
@@ -376,7 +376,7 @@ def test_pair_intrinsics_match_twins():
     max / min.u16x2, prmt) on the GPU against their NumPy twins, over random words of every binade."""
     from numba import cuda
 
-    from nqdq.kernels import _ptx as P
+    from nqdq.gpu import ptx as P
 
     @cuda.jit
     def ops(a, b, out):
@@ -413,7 +413,7 @@ def test_e2m1_pairs_gpu():
     from numba import cuda
 
     from nqdq.formats import get_format
-    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
     from nqdq.reference import codec as rcodec
     from test_kernels import E2M1_PAIR_KS, _bf16_finite_units
 
@@ -464,7 +464,7 @@ def test_e2m1_nvfp4_pairs_gpu():
     from numba import cuda
 
     from nqdq.formats import get_format
-    from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
     from nqdq.reference import codec as rcodec
     from test_kernels import NVFP4_PAIR_MBS, _bf16_finite_units
 

@@ -1,4 +1,4 @@
-"""nqdq.kernels.launch: the packed-parameter launch path and its Numba fallback.
+"""nqdq.gpu.runtime.launch: the packed-parameter launch path and its Numba fallback.
 
 Without a GPU (CI: the conftest turns the CUDA simulator on) FastKernel launches through
 Numba, so the toy kernel's results are checked through the same API; the parameter layout
@@ -21,8 +21,8 @@ import pytest
 from numba import cuda, types
 
 import nqdq
-from nqdq.kernels import launch
-from nqdq.kernels.launch import FastKernel, fast_kernel, param_format, ptx_param_sizes
+from nqdq.gpu.runtime import launch
+from nqdq.gpu.runtime.launch import FastKernel, fast_kernel, param_format, ptx_param_sizes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import toy_fp8_row  # noqa: E402
@@ -204,7 +204,7 @@ _PTX_CHECK = textwrap.dedent(
     D.get_current_device = lambda: pt.SimpleNamespace(compute_capability=(9, 0))  # no GPU here
     from numba import cuda, types
     sys.path.insert(0, sys.argv[1])
-    from nqdq.kernels.launch import param_format, ptx_param_sizes
+    from nqdq.gpu.runtime.launch import param_format, ptx_param_sizes
     import toy_fp8_row, struct, re
 
     def mixed(a, b, n, f, flag, d, u8, h, c):

@@ -1,4 +1,4 @@
-"""Scale layouts (nqdq.reference.layouts, nqdq.kernels.layouts) and their use through the API.
+"""Scale layouts (nqdq.reference.layouts, nqdq.gpu.layouts) and their use through the API.
 
 The expected side is written here independently of the reshapes under test: hand-worked
 byte positions from the spec formulas, and a loop that places every scale with
@@ -14,7 +14,7 @@ import pytest
 
 import nqdq
 from nqdq.api import dequantize, quantize
-from nqdq.kernels import layouts as kl
+from nqdq.gpu import layouts as kl
 from nqdq.quantized import load
 from nqdq.reference import layouts as reference_layouts
 

@@ -164,7 +164,7 @@ def test_wgmma_kernel_matches_reference(sa, sb, every, mode):
     fixed-column epilogue (4 columns per thread, N = 24: the last thread's partial);
     "wsp" / "wsppp": "ws" / "wspp" with the direct epilogue on a persistent grid (2 CTAs
     walk the 4 tiles of M = 65, N = 24, so the ring runs on from one tile into the next)."""
-    from nqdq.kernels import gemm as kg
+    from nqdq.gpu.gemm import plan as kg
 
     K = {"ring": 200, "mbar": 520, "pp": 400 if sa == "fp8_1x128" else 520, "ws": 520, "wspp": 400, "wsf": 300,
          "wsp": 300, "wsppp": 400}[mode]  # fmt: skip
@@ -182,7 +182,7 @@ def test_wgmma_kernel_matches_reference(sa, sb, every, mode):
 def test_wgmma_producer_block_scales_n256():
     """Block scales with a 64 x 256 tile fed by a producer warpgroup: a thread's fragment
     columns span two 128-blocks of weight scales (N = 136: the second block is partial)."""
-    from nqdq.kernels import gemm as kg
+    from nqdq.gpu.gemm import plan as kg
 
     x, w, qa, qb = operands(17, 136, 256, "fp8_1x128", "fp8_128x128")
     a, b, kw = gemm_kwargs(qa, qb)
@@ -203,7 +203,7 @@ def test_wgmma_epilogues_same_bits(sa, sb, kw):
     rng = np.random.default_rng(197)
     from dataclasses import replace
 
-    from nqdq.kernels import gemm as kg
+    from nqdq.gpu.gemm import plan as kg
 
     x, w, qa, qb = operands(17, 24, 200, sa, sb)
     a, b, gkw = gemm_kwargs(qa, qb)
@@ -222,7 +222,7 @@ def test_output_rounding_bits():
     ml_dtypes over special values and random float32 bit patterns (simulated kernel)."""
     from numba import cuda
 
-    from nqdq.kernels._gemm_kernels import bf16_bits_rne, f16_bits_rne
+    from nqdq.gpu.gemm.mma_sync import bf16_bits_rne, f16_bits_rne
 
     @cuda.jit
     def conv(v, h, b):

@@ -85,7 +85,7 @@ def host_q(q):
 
 def tolerance(qa, config=None):
     """rel. L2 bound for float32 output (module docstring)."""
-    from nqdq.kernels import gemm as kg
+    from nqdq.gpu.gemm import plan as kg
 
     fp8 = qa.scheme.fmt in ("e4m3", "e5m2")
     cfg = config or kg.default_config()
@@ -96,7 +96,7 @@ def tolerance(qa, config=None):
 @pytest.mark.parametrize("sa,sb", SCHEME_PAIRS + [("e4m3", "e5m2"), ("e5m2", "e5m2")])
 @pytest.mark.parametrize("shape", [(257, 383, 1000), (1, 4096, 512), (130, 136, 4096)])
 def test_gemm_gpu_matches_reference(sa, sb, shape, family):
-    from nqdq.kernels import gemm as kg
+    from nqdq.gpu.gemm import plan as kg
 
     from test_matmul import gemm_kwargs
 
@@ -124,7 +124,7 @@ def test_gemm_gpu_wgmma_configs(sa, sb, cfg):
     fixed-column epilogue; "wsdp*": with the direct epilogue on a persistent grid (6 x 2 or
     3 x 2 tiles on 132 CTAs here: see test_gemm_gpu_persistent_wraps for CTAs that walk
     several tiles)."""
-    from nqdq.kernels import gemm as kg
+    from nqdq.gpu.gemm import plan as kg
 
     from test_matmul import gemm_kwargs
 
@@ -223,7 +223,7 @@ def test_gemm_gpu_epilogues_same_bits(sa, sb, n, kw):
     rows / columns; N = 520 is even, so the direct epilogue's interior tiles store pairs)."""
     from dataclasses import replace
 
-    from nqdq.kernels import gemm as kg
+    from nqdq.gpu.gemm import plan as kg
 
     from test_matmul import gemm_kwargs
 
@@ -251,7 +251,7 @@ def test_gemm_gpu_persistent_wraps(sa, sb):
     on one tile per CTA, bit for bit (the same main loop and epilogue per tile)."""
     from dataclasses import replace
 
-    from nqdq.kernels import gemm as kg
+    from nqdq.gpu.gemm import plan as kg
 
     from test_matmul import gemm_kwargs
 
@@ -273,7 +273,7 @@ def test_out_pair_intrinsics_match_twins():
     NaN lanes included (the instructions write a canonical NaN: the twins' too)."""
     from numba import cuda
 
-    from nqdq.kernels import _ptx
+    from nqdq.gpu import ptx as _ptx
 
     @cuda.jit
     def probe(x, out_bf, out_h):

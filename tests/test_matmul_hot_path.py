@@ -21,9 +21,9 @@ from numba import types
 
 import nqdq
 import nqdq.matmul  # noqa: F401  (the module: nqdq.matmul is also the function's name)
-from nqdq.kernels import _gemm_kernels as gemm_kernels
-from nqdq.kernels import gemm as kg
-from nqdq.kernels._target import SIMULATOR
+from nqdq.gpu.gemm import mma_sync as gemm_kernels
+from nqdq.gpu.gemm import plan as kg
+from nqdq.gpu.runtime.target import SIMULATOR
 from nqdq.schemes import resolve_scheme
 
 from test_launch import _fake_entry, _FakeCupyArray, _record_launches  # noqa: E402

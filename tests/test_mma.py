@@ -1,4 +1,4 @@
-"""The tensor-core intrinsics (nqdq.kernels._mma): twins vs NumPy, and PTX assembly.
+"""The tensor-core intrinsics (nqdq.gpu.ptx.mma): twins vs NumPy, and PTX assembly.
 
 * In the simulator (CI) the per-lane twins run: one warp stages A [16, 32] and B [8, 32]
   through ``cp_async16`` into shared memory, reads fragments with ``ldmatrix_x4`` and
@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from numba import cuda, int32, uint8
 
-from nqdq.kernels import _mma
+from nqdq.gpu.ptx import mma as _mma
 
 FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 
@@ -181,8 +181,8 @@ def test_mbarrier_twin_phase_parity():
 # ----------------------------------------------------------------------------- PTX assembly
 _COMPILE_SCRIPT = r"""
 import json, re, sys
-from nqdq.kernels import gemm as kg
-from nqdq.kernels._gemm_kernels import (ACT_GELU, ACT_NONE, ACT_RELU, OUT_BF16, OUT_F16, OUT_F32, SCALE_BLOCK,
+from nqdq.gpu import gemm as kg
+from nqdq.gpu.gemm.mma_sync import (ACT_GELU, ACT_NONE, ACT_RELU, OUT_BF16, OUT_F16, OUT_F32, SCALE_BLOCK,
                                         SCALE_ROW, SCALE_TENSOR, GemmSpec)
 specs = [
     ("s8s8", SCALE_ROW, SCALE_ROW, OUT_F32, ACT_GELU, True, False),
@@ -263,8 +263,8 @@ def test_gemm_kernels_assemble_for_sm89_sm90_sm90a():
 
 _WS_SCRIPT = r"""
 import json, re
-from nqdq.kernels import gemm as kg
-from nqdq.kernels._gemm_kernels import ACT_NONE, GemmSpec, OUT_BF16, SCALE_BLOCK, SCALE_ROW
+from nqdq.gpu import gemm as kg
+from nqdq.gpu.gemm.mma_sync import ACT_NONE, GemmSpec, OUT_BF16, SCALE_BLOCK, SCALE_ROW
 out = []
 for n, stages, sm in [(192, 4, SCALE_ROW), (128, 6, SCALE_BLOCK)]:
     spec = GemmSpec(mma="e4m3.e4m3", sa_mode=sm, sb_mode=sm, out=OUT_BF16, act=ACT_NONE, bias=False, asym=False)

@@ -6,7 +6,7 @@ NumPy reference. Calls alternate between the GPUs so that every per-device cache
 entries, plans, the hot paths' remembered calls, the default stream's grid workspace, the
 MoE op's pinned id-check words) is used from both. Public API only (it runs against older
 trees too), but for the last test, which checks the path without CuPy through
-``nqdq.kernels._devices`` in a fresh process. The routing without a GPU: tests/test_devices.py.
+``nqdq.gpu.runtime.devices`` in a fresh process. The routing without a GPU: tests/test_devices.py.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ sys.modules["cupy"] = None  # as if CuPy were not installed: Numba arrays, libcu
 import numpy as np
 from numba import cuda
 import nqdq
-from nqdq.kernels import _devices
+from nqdq.gpu import _devices
 
 x = np.random.default_rng(4).standard_normal((64, 7168)).astype(np.float32)
 ref = nqdq.quantize(x, "nvfp4", device="cpu")

@@ -17,9 +17,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import nqdq.kernels.quantize as kq
+import nqdq.gpu.quantize.plan as kq
 from nqdq.formats import get_format
-from nqdq.kernels import _rowwise_kernels as rowwise_kernels
+from nqdq.gpu.quantize import lastaxis as rowwise_kernels
 from nqdq.reference import codec as rcodec
 from nqdq.schemes import resolve_scheme
 from nqdq.reference import quantize as ref
@@ -33,7 +33,7 @@ FP6_KS = [-127, -126, -60, -8, -4, -2, -1, 0, 1, 2, 3, 5, 7, 60, 120, 126]
 
 
 def test_format_tuples_are_the_schemes():
-    from nqdq.kernels._elements import format_tuple
+    from nqdq.gpu.device.elements import format_tuple
 
     for name, fmt in FP6.items():
         assert format_tuple(resolve_scheme(f"mxfp6_{name}")) == fmt
@@ -219,7 +219,7 @@ def test_switches_on_for_users():
 
     env = {k: v for k, v in os.environ.items() if k != "NQDQ_UNMEASURED_KERNELS"}
     env["NUMBA_ENABLE_CUDASIM"] = "1"
-    code = ("import nqdq.kernels.quantize as kq; "
+    code = ("import nqdq.gpu.quantize.plan as kq; "
             "print(kq.NVFP4_SENC_IN_GROUPS, kq.NVFP4_SENC_MAX_UNITS == 1 << 21, kq._UNMEASURED)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True", "False"]

@@ -14,8 +14,8 @@ from _helpers import gpu_cupy_or_skip  # noqa: E402
 
 cp = gpu_cupy_or_skip()
 
-import nqdq.kernels.quantize as kq  # noqa: E402
-from nqdq.kernels import _rowwise_kernels as rowwise_kernels  # noqa: E402
+import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.quantize import lastaxis as rowwise_kernels  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
 from test_kernels import _bf16_finite_units, edge_data  # noqa: E402

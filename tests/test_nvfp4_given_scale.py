@@ -60,8 +60,8 @@ def _unpacked_codes(q):
 
 def _one_launch_plan(shape, dtype):
     """The kernels' plan of a given-scale call: one launch (the group kernel), nothing before it."""
-    from nqdq.kernels import _codec
-    from nqdq.kernels import quantize as kq
+    from nqdq.gpu.device import codec as _codec
+    from nqdq.gpu.quantize import plan as kq
     from nqdq.schemes import resolve_scheme
 
     kind = {np.dtype(np.float32): _codec.KIND_F32, np.dtype(np.float16): _codec.KIND_F16,

@@ -1,5 +1,5 @@
 """The kernel source stays portable to AMD (numba-hip posing as numba.cuda): static rules
-over nqdq/kernels/*.py (SPEC.md, "Portability to AMD (numba-hip)"; docs/amd.md).
+over nqdq/gpu/*.py (SPEC.md, "Portability to AMD (numba-hip)"; docs/amd.md).
 
 Rules, checked on the AST:
 
@@ -105,7 +105,7 @@ class _Checker(ast.NodeVisitor):
 
 
 def check_source(src: str, module: str = "snippet.py"):
-    """[(rule, line, what)] of ``src`` as module ``module`` of nqdq/kernels."""
+    """[(rule, line, what)] of ``src`` as module ``module`` of nqdq/gpu."""
     checker = _Checker(module)
     checker.visit(ast.parse(src))
     return checker.findings
@@ -163,7 +163,7 @@ def test_inline_ptx_is_allowed_in_the_intrinsics_modules():
 def test_gpu_module_is_numba_cuda_on_nvidia():
     import numba.cuda
 
-    from nqdq.kernels import _gpu, _target
+    from nqdq.gpu.runtime import backend as _gpu, target as _target
 
     if _gpu.HIP:  # pragma: no cover - a numba-hip environment
         pytest.skip("numba-hip environment")
@@ -172,7 +172,7 @@ def test_gpu_module_is_numba_cuda_on_nvidia():
 
 
 def test_gpu_backend_is_validated(monkeypatch):
-    from nqdq.kernels import _gpu
+    from nqdq.gpu.runtime import backend as _gpu
 
     monkeypatch.setenv("NQDQ_GPU_BACKEND", "rocm")
     with pytest.raises(ValueError, match="NQDQ_GPU_BACKEND"):
@@ -189,7 +189,7 @@ def test_scalar_twins_match_array_twins(name):
     by numba's CPU jit (the same typing front end as the GPU targets)."""
     import numba
 
-    from nqdq.kernels import _ptx
+    from nqdq.gpu import ptx as _ptx
 
     scalar = numba.njit(getattr(_ptx, f"{name}_scalar"))
     twin = getattr(_ptx, f"{name}_twin")

@@ -21,7 +21,7 @@ from _helpers import FLOAT_FORMATS, _code_fields, _fields, code_values
 from numba import cuda
 
 from nqdq.formats import FORMATS
-from nqdq.kernels import _codec
+from nqdq.gpu.device import codec as _codec
 from nqdq.reference.codec import encode_float
 from nqdq.reference.rng import philox4x32_10 as ref_philox
 

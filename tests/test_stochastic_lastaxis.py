@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-import nqdq.kernels.quantize as kq
+import nqdq.gpu.quantize.plan as kq
 from nqdq.reference import quantize as ref
 from nqdq.schemes import resolve_scheme
 
@@ -241,10 +241,10 @@ def test_sr_bits_depend_on_the_seed():
 def _fast_units(name, units, p0s):
     """Run _rowwise_kernels.sr_unit_fast and sr_store_unit on float32 units (rows of 8) with
     their float scales: (ok flags, the fast codes, sr_store_unit's codes), 8 bytes a unit."""
-    from nqdq.kernels import _rowwise_kernels as rk
-    from nqdq.kernels._division import recip_guarded
-    from nqdq.kernels._elements import format_tuple
-    from nqdq.kernels._scales import MODE_FLOAT
+    from nqdq.gpu.quantize import lastaxis as rk
+    from nqdq.gpu.device.division import recip_guarded
+    from nqdq.gpu.device.elements import format_tuple
+    from nqdq.gpu.device.scales import MODE_FLOAT
 
     fmt = format_tuple(resolve_scheme(name))
     key_lo, key_hi = 7, 12345
@@ -302,9 +302,9 @@ def test_sr_e2m1_integer_unit(mode_name):
     sr_store_unit, the per-element path: equal codes wherever it reports ok, and ok exactly
     where every |x * p0| is 0, below 2^-33 or at least 2^-10 (an element placed on either side
     of 2^-10 and 2^-33, for NVFP4's multipliers and MX powers of two)."""
-    from nqdq.kernels import _rowwise_kernels as rk
-    from nqdq.kernels._elements import format_tuple
-    from nqdq.kernels._scales import MODE_MX, MODE_NVFP4
+    from nqdq.gpu.quantize import lastaxis as rk
+    from nqdq.gpu.device.elements import format_tuple
+    from nqdq.gpu.device.scales import MODE_MX, MODE_NVFP4
 
     fmt = format_tuple(resolve_scheme(mode_name))
     mode = MODE_NVFP4 if mode_name == "nvfp4" else MODE_MX

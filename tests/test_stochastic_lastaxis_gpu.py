@@ -19,7 +19,7 @@ from _helpers import gpu_cupy_or_skip  # noqa: E402
 
 cp = gpu_cupy_or_skip()
 
-import nqdq.kernels.quantize as kq  # noqa: E402
+import nqdq.gpu.quantize.plan as kq
 from nqdq.reference import quantize as ref  # noqa: E402
 from nqdq.reference.packing import pack_codes  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402

@@ -1,5 +1,5 @@
 """Dynamic per-tensor float scales in one cooperative launch
-(``nqdq.kernels._tensor_resident``): the plan takes it above the one-launch sizes, and its
+(``nqdq.gpu.quantize.tensor_resident``): the plan takes it above the one-launch sizes, and its
 codes and scales are the reference's bit for bit,
 whatever part of the input is held in registers, in shared memory or streamed (and read
 again, last round first). Under the simulator the grid is one block of a small
@@ -12,9 +12,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import nqdq.kernels._tensor_resident as tensor_resident
-import nqdq.kernels.quantize as kq
-from nqdq.kernels._target import SIMULATOR
+import nqdq.gpu.quantize.tensor_resident as tensor_resident
+import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.runtime.target import SIMULATOR
 from nqdq.schemes import resolve_scheme
 
 from test_kernels import check, edge_data
@@ -144,7 +144,7 @@ def test_matches_the_two_kernel_path(resident):
 @pytest.fixture
 def refusals(monkeypatch):
     """launch._REFUSED emptied for the test and restored after (a refusal is process-wide)."""
-    from nqdq.kernels import launch
+    from nqdq.gpu.runtime import launch
 
     monkeypatch.setattr(launch, "_REFUSED", set())
     return launch

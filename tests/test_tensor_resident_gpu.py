@@ -1,4 +1,4 @@
-"""Dynamic per-tensor scales in one cooperative launch on a GPU (``nqdq.kernels._tensor_resident``):
+"""Dynamic per-tensor scales in one cooperative launch on a GPU (``nqdq.gpu.quantize.tensor_resident``):
 a grid of one block an SM, part of the input held on chip across the grid's amax, bit-exact
 against the NumPy reference at real sizes (all resident; resident + streamed rounds;
 f32 / f16 / bf16; an unaligned view; other element formats), repeated through the plan's
@@ -18,8 +18,8 @@ from _helpers import gpu_cupy_or_skip  # noqa: E402
 cp = gpu_cupy_or_skip()
 
 import nqdq  # noqa: E402
-import nqdq.kernels._tensor_resident as tensor_resident  # noqa: E402
-import nqdq.kernels.quantize as kq  # noqa: E402
+import nqdq.gpu.quantize.tensor_resident as tensor_resident
+import nqdq.gpu.quantize.plan as kq
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
 from test_api_gpu_path import _check, _check_graph_replays  # noqa: E402
@@ -133,7 +133,7 @@ def refusing(monkeypatch):
     recorded before (launch._REFUSED emptied, restored after), fresh plans and remembered
     calls before and after. Yields (launch module, the real SM count)."""
     import nqdq.api as api
-    from nqdq.kernels import launch
+    from nqdq.gpu.runtime import launch
 
     monkeypatch.setattr(launch, "_REFUSED", set())
     sms = kq._sm_count()
@@ -181,7 +181,7 @@ def test_numba_launch_plans_no_cooperative_or_cluster_kernels():
 
     code = textwrap.dedent('''
         import cupy as cp, ml_dtypes, numpy as np
-        import nqdq, nqdq.kernels.quantize as kq
+        import nqdq, nqdq.gpu.quantize.plan as kq
         from nqdq.schemes import resolve_scheme
         rng = np.random.default_rng(5)
         for name, shape in [("fp8_tensor", (4096, 7168)), ("int8_column", (8192, 8192))]:

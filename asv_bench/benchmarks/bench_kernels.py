@@ -6,7 +6,7 @@ compilation, module load, CuPy's memory pool), and each timed call synchronizes 
 so a time is one complete quantization (or launch), not the time to queue it.
 
 The quantizer is ``nqdq.quantize`` when it accepts CuPy arrays, else the kernels' launcher
-``nqdq.kernels.quantize.quantize`` (bf16 given as uint16 bits) while the API has no GPU
+``nqdq.gpu.quantize.plan.quantize`` (bf16 given as uint16 bits) while the API has no GPU
 path yet. Peer comparisons (Triton, torch.compile, copy bandwidth) are in
 ``benchmarks/peers.py``, which times with CUDA events instead.
 """
@@ -38,7 +38,7 @@ def _quantizer(scheme, seed=None):
     except Exception:
         pass
     try:
-        from nqdq.kernels.quantize import quantize as launcher
+        from nqdq.gpu.quantize.plan import quantize as launcher
         from nqdq.schemes import resolve_scheme
     except Exception as e:
         raise NotImplementedError(f"this nqdq has no GPU quantize ({type(e).__name__})") from None
@@ -67,7 +67,7 @@ class TimeQuantizeGPU:
 
 class TimeQuantizeStochasticGPU(TimeQuantizeGPU):
     """Stochastic rounding (seed 1) through the last-axis kernels' stochastic variants
-    (nqdq.kernels.quantize.LASTAXIS_STOCH): Philox bits and the 32-bit encoder per element."""
+    (nqdq.gpu.quantize.plan.LASTAXIS_STOCH): Philox bits and the 32-bit encoder per element."""
 
     params = (["fp8_row", "int8_row", "mxfp8", "mxfp4", "nvfp4"], ["8192x8192"])
     seed = 1
@@ -75,7 +75,7 @@ class TimeQuantizeStochasticGPU(TimeQuantizeGPU):
 
 class TimeLaunch:
     """One launch of a small per-row FP8 kernel (benchmarks/toy_fp8_row.py, 64x7168 bf16),
-    through Numba's dispatcher and through nqdq.kernels.launch.FastKernel."""
+    through Numba's dispatcher and through nqdq.gpu.runtime.launch.FastKernel."""
 
     params = ["numba", "fastkernel", "prepared", "graph"]
     param_names = ["path"]
@@ -85,7 +85,7 @@ class TimeLaunch:
         sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
         import toy_fp8_row
 
-        from nqdq.kernels.launch import FastKernel
+        from nqdq.gpu.runtime.launch import FastKernel
 
         x = bf16_bits(cp, (64, 7168))
         self.codes = cp.empty((64, 7168), cp.uint8)

@@ -1,6 +1,6 @@
 """Fused ops, the spec: RMSNorm (optionally after a residual add), flatten, and the MoE sort,
 each followed by the existing quantizer (``nqdq.reference.quantize``). The kernels in
-``nqdq.kernels.fused`` do the same in one pass and must give the same bits.
+``nqdq.gpu.fused.plan`` do the same in one pass and must give the same bits.
 
 RMSNorm, the order that is the spec (one IEEE rounding per operation, no FMA where it would
 change a bit, written as the kernel performs it)::

@@ -1,5 +1,5 @@
 """Scale layouts: where each scale of a 2-D ``[rows, cols]`` scale matrix is stored for a
-tensor-core GEMM to read it, and the exact inverse. NumPy, the spec for ``nqdq.kernels.layouts``.
+tensor-core GEMM to read it, and the exact inverse. NumPy, the spec for ``nqdq.gpu.layouts``.
 
 A layout applies to the 2-D scale arrays of the MX (e8m0, one per 32 elements) and NVFP4
 (ue4m3, one per 16 elements; ``nv_128x4`` only, gfx950 MFMA reads e8m0 scales) schemes: ``scales[rows, cols]`` with ``cols = ceil(K / block)``;
@@ -163,7 +163,7 @@ class CDNA4(ScaleLayout):
     ``cdna4_scale.py`` for the 16 layout): each lane loads one 32-bit word holding its scales
     for four MFMA operations (32: four consecutive K steps of 64; 16: a 2 x 2 block of
     16-row, 128-K operations). Checked against Triton's views, not against hardware (no
-    gfx950 at hand); nqdq's gfx950 GEMMs (``nqdq.kernels.cdna4``, assembled, not run) read
+    gfx950 at hand); nqdq's gfx950 GEMMs (``nqdq.gpu.cdna4``, assembled, not run) read
     both layouts.
 
     In: ``s[rows, cols]``, rows = the non-K dimension (M of A, N of B), cols = K / 32

@@ -1,6 +1,6 @@
 """The GEMM spec: float64 matmul of the dequantized operands, then the epilogue.
 
-``gemm`` has the launcher's signature (``nqdq.kernels.gemm.gemm``) and is what the
+``gemm`` has the launcher's signature (``nqdq.gpu.gemm.plan.gemm``) and is what the
 kernels are tested against. With A = dequant(qa) [M, K] and W = dequant(qb) [N, K]:
 
     out = round_to(out_dtype, act(alpha * (A @ W.T) + bias))
@@ -67,7 +67,7 @@ def decode_operand(codes, elem, scales, mode, *, block_rows, za=None):
 
 def gemm(a_codes, b_codes, *, mma, sa, sb, sa_mode, sb_mode, za=None, bias=None, alpha=1.0,
          out_dtype="float32", activation=None, config=None):  # fmt: skip
-    """The reference of ``nqdq.kernels.gemm.gemm`` (same arguments; ``config`` unused).
+    """The reference of ``nqdq.gpu.gemm.plan.gemm`` (same arguments; ``config`` unused).
 
     a_codes [M, K], b_codes [N, K]; mma "s8s8" / "u8s8" (asymmetric A: uint8 codes, zero
     points ``za``, 1 or M of them) / "<fa>.<fb>" (fp8 formats). sa / sb: float32 scales,

@@ -1,0 +1,398 @@
+"""The GEMM kernel body: ``out = epilogue(A @ B^T)`` on 8-bit codes with tensor cores.
+
+One kernel factory, :func:`make_gemm_kernel`, specialised at compile time (closure
+constants fold every branch away) by a :class:`TileConfig` and a :class:`GemmSpec`.
+
+Data (all 1-D, C order): ``a`` uint8 [M * K] codes (int8 / e4m3 / e5m2 / asymmetric uint8
+bytes), ``b`` uint8 [N * K] (the weight, [N, K] row-major = the mma's "col" B), K a
+multiple of 16 (the launcher pads) so every 16-byte chunk is either wholly inside a row or
+wholly past its end.
+
+Tiling: a CTA computes a BM x BN tile of ``out`` with ``warps_m x warps_n`` warps, each a
+``(16 mt) x (8 nt)`` warp tile of m16n8k32 mma's. K advances in BK = 64-byte steps through
+a ``stages``-deep ring of shared-memory tiles filled by ``cp.async`` (16 bytes per lane,
+zero-filled past M, N or K), read by ``ldmatrix.x4``. Shared rows are 64 bytes (4 chunks
+of 16); chunk ``c`` of row ``r`` is stored at chunk ``c ^ ((r >> 1) & 3)``, so the 8 rows
+one ``ldmatrix`` phase reads fall in 8 different bank groups (no conflicts).
+
+Epilogue, per element (float32; ``acc`` the exact int32 or float32 sum over K):
+
+* int8:            v = alpha * (acc - za[m] * colsum_b[n]) * sa[m] * sb[n]   (za: zero point,
+                   only for asymmetric A; colsum_b[n] = sum_k qb[n, k])
+* fp8 tensor/row:  v = alpha * acc * sa[m] * sb[n]
+* fp8 1x128/128x128: acc is promoted every 128 K: tot += part * sa[m, kb] * sb[n // 128, kb],
+                   v = alpha * tot
+* then ``v += bias[n]``, ``relu`` / ``gelu`` (erf form), and rounding to the output
+  (float32, float16 or bfloat16 bits, round to nearest even).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import float32, int32, uint8
+from ..runtime.backend import cuda
+
+from ..ptx import mma as _mma
+from ..device.codec import bits_f32, f32_bits
+from ..ptx import cvt_bf16x2, cvt_f16x2, st_u32_at
+from ..runtime.target import devfn
+
+BK = 64  # bytes (= elements) of K per pipeline stage
+
+# epilogue modes
+SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK = 0, 1, 2
+OUT_F32, OUT_F16, OUT_BF16 = 0, 1, 2
+ACT_NONE, ACT_RELU, ACT_GELU = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    warps_m: int = 2
+    warps_n: int = 4
+    mt: int = 4  # m16 tiles per warp
+    nt: int = 4  # n8 tiles per warp (even: one ldmatrix.x4 feeds two)
+    stages: int = 3
+    group_m: int = 8  # CTA rasterisation: this many M tiles share a sweep over N (L2 reuse)
+
+    @property
+    def bm(self):
+        return self.warps_m * self.mt * 16
+
+    @property
+    def bn(self):
+        return self.warps_n * self.nt * 8
+
+    @property
+    def threads(self):
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def smem_bytes(self):
+        return self.stages * (self.bm + self.bn) * BK
+
+    def check(self):
+        if self.nt % 2 or (self.bm * 4) % self.threads or (self.bn * 4) % self.threads or self.stages < 2:
+            raise ValueError(f"bad tile config {self}")
+        if self.smem_bytes > 227 * 1024:
+            raise ValueError(f"tile config {self} needs more than 227 KiB of shared memory")
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """What the kernel computes, all compile-time."""
+
+    mma: str  # "s8s8" | "u8s8" | "e4m3.e4m3" | "e4m3.e5m2" | "e5m2.e4m3" | "e5m2.e5m2"
+    sa_mode: int  # SCALE_TENSOR | SCALE_ROW | SCALE_BLOCK
+    sb_mode: int
+    out: int  # OUT_F32 | OUT_F16 | OUT_BF16
+    act: int
+    bias: bool
+    asym: bool  # int8 only: za / colsum_b correction
+
+
+# ----------------------------------------------------------------------------- epilogue helpers
+INV_SQRT2 = np.float32(1.0 / math.sqrt(2.0))
+HALF = np.float32(0.5)
+
+
+@devfn
+def gelu_erf(v):
+    """GELU, erf form (torch's approximate='none'): 0.5 v (1 + erf(v / sqrt 2)), computed as
+    0.5 v erfc(-v / sqrt 2), which keeps its relative accuracy for negative v where
+    1 + erf(...) cancels (float32 1 + erf(-4.3) is 0; the erfc form gives 1.7e-9)."""
+    return HALF * v * math.erfc(-v * INV_SQRT2)
+
+
+@devfn
+def bf16_bits_rne(v):
+    """bfloat16 bits of float32 ``v``, round to nearest even; NaN -> 0x7FC0 (quiet)."""
+    u = np.uint32(f32_bits(v))
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16(0x7FC0 | ((u >> 16) & 0x8000))
+    # 32-bit: no finite (or infinite) pattern + 0x8000 carries out of 32 bits
+    return np.uint16(np.uint32(u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
+@devfn
+def f16_bits_rne(v):
+    """float16 bits of float32 ``v``, round to nearest even, overflow to inf, NaN quiet."""
+    u = f32_bits(v)
+    sign = (u >> 16) & 0x8000
+    a = u & 0x7FFFFFFF
+    if a > 0x7F800000:
+        return np.uint16(sign | 0x7E00)
+    if a >= 0x477FF000:  # >= 65520: rounds to inf
+        return np.uint16(sign | 0x7C00)
+    if a < 0x38800000:  # below the smallest normal float16 (2^-14): subnormal or zero
+        # value = a_f * 2^24 units of 2^-24; round the float to an integer (RNE, exact in f32)
+        q = bits_f32(a) * float32(16777216.0)
+        r = np.int64(q)
+        frac = q - float32(r)
+        if frac > float32(0.5) or (frac == float32(0.5) and (r & 1) == 1):
+            r += 1
+        return np.uint16(sign | r)
+    m = a + 0xFFF + ((a >> 13) & 1)  # round the 23-bit mantissa to 10 bits
+    return np.uint16(sign | ((m - 0x38000000) >> 13))
+
+
+# ----------------------------------------------------------------------------- the kernel
+@devfn
+def tile_origin(bid, M, N, BM, BN, GROUP_M):
+    """(m0, n0), the first row and column of CTA ``bid``'s BM x BN tile of ``out``, in
+    grouped rasterisation: GROUP_M tiles of M per sweep over N, so CTAs running together
+    share A and B tiles in L2. The divisions are 32-bit unsigned: a 64-bit one is a
+    subroutine call in SASS, and any call makes ptxas serialise the wgmma's (C7509)."""
+    tiles_m = np.uint32((M + BM - 1) // BM)
+    tiles_n = np.uint32((N + BN - 1) // BN)
+    pid = np.uint32(bid)
+    per_group = np.uint32(GROUP_M * tiles_n)
+    grp = np.uint32(pid // per_group)
+    first_m = np.uint32(grp * GROUP_M)
+    gsize = np.uint32(min(tiles_m - first_m, GROUP_M))
+    in_grp = np.uint32(pid - grp * per_group)
+    tn = np.uint32(in_grp // gsize)
+    return np.int64(first_m + (in_grp - tn * gsize)) * BM, np.int64(tn) * BN
+
+
+def make_store_out(spec: GemmSpec):
+    """The last step of the epilogue for ``spec``, shared by both kernel families:
+    ``store_out(out, bias, m, n, N, v)`` adds bias[n], applies the activation and writes
+    ``out[m, n]`` as float32, or as float16 / bfloat16 bits (round to nearest even)."""
+
+    store_at = make_store_at(spec)[0]
+
+    @devfn
+    def store_out(out, bias, m, n, N, v):
+        store_at(out, bias, np.uint64(m * N + n), n, v)
+
+    return store_out
+
+
+def make_store_at(spec: GemmSpec):
+    """(``store_at(out, bias, i, n, v)``: ``store_out`` with the flat index ``i = m * N + n``
+    given (unsigned: no negative-index wraparound code per store), ``store_pair_at(out,
+    bias, i, n, v0, v1)``: the same for columns n and n + 1)."""
+    OUT, ACT, BIAS = spec.out, spec.act, spec.bias
+
+    @devfn
+    def finish(bias, n, v):
+        if BIAS:
+            v += bias[np.uint64(n)]
+        if ACT == ACT_RELU:
+            v = max(v, float32(0))
+        elif ACT == ACT_GELU:
+            v = gelu_erf(v)
+        return v
+
+    @devfn
+    def store_at(out, bias, i, n, v):
+        v = finish(bias, n, v)
+        if OUT == OUT_F32:
+            out[i] = v
+        elif OUT == OUT_F16:
+            out[i] = f16_bits_rne(v)
+        else:
+            out[i] = bf16_bits_rne(v)
+
+    @devfn
+    def store_pair_at(out, bias, i, n, v0, v1):
+        """``store_at`` of columns n, n + 1 (flat i, i + 1) by one 4-byte store of a pair of
+        16-bit outputs (one cvt rounds both; a NaN lane takes the software rounding, which
+        keeps its sign), or two float32 stores. i must be even (4-byte aligned)."""
+        v0 = finish(bias, n, v0)
+        v1 = finish(bias, n + 1, v1)
+        if OUT == OUT_F32:
+            out[i] = v0
+            out[i + np.uint64(1)] = v1
+        else:
+            if OUT == OUT_F16:
+                w = cvt_f16x2(v1, v0)
+                if v0 != v0 or v1 != v1:
+                    w = np.uint32(f16_bits_rne(v0)) | (np.uint32(f16_bits_rne(v1)) << np.uint32(16))
+            else:
+                w = cvt_bf16x2(v1, v0)
+                if v0 != v0 or v1 != v1:
+                    w = np.uint32(bf16_bits_rne(v0)) | (np.uint32(bf16_bits_rne(v1)) << np.uint32(16))
+            st_u32_at(out, i, np.uint32(w))
+
+    return store_at, store_pair_at
+
+
+def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
+    cfg.check()
+    BM, BN, MT, NT, WN = cfg.bm, cfg.bn, cfg.mt, cfg.nt, cfg.warps_n
+    NTHREADS, STAGES, GROUP_M = cfg.threads, cfg.stages, cfg.group_m
+    A_ITERS = BM * 4 // NTHREADS
+    B_ITERS = BN * 4 // NTHREADS
+    A_STAGE, B_STAGE = BM * BK, BN * BK
+    NACC = MT * NT * 4
+    SA_BYTES = STAGES * A_STAGE  # B's ring starts here
+    NTOT = NACC if spec.sa_mode == SCALE_BLOCK else 1
+    NAF, NBF = MT * 4, NT * 2
+    FLOAT_ACC = spec.mma not in ("s8s8", "u8s8")
+    if spec.mma == "s8s8":
+        mma = _mma.mma_s8s8
+    elif spec.mma == "u8s8":
+        mma = _mma.mma_u8s8
+    else:
+        fa, fb = spec.mma.split(".")
+        mma = _mma.mma_fp8(fa, fb)
+    wait_ready = _mma.cp_async_wait(STAGES - 2)
+    cp_async16, commit, ldsm = _mma.cp_async16, _mma.cp_async_commit, _mma.ldmatrix_x4
+    ACC_T = float32 if FLOAT_ACC else int32
+    ZERO_ACC = np.float32(0) if FLOAT_ACC else np.int32(0)
+    BLOCK = spec.sa_mode == SCALE_BLOCK
+    SA_ROW, SB_ROW = spec.sa_mode == SCALE_ROW, spec.sb_mode == SCALE_ROW
+    ASYM = spec.asym
+    store_out = make_store_out(spec)
+
+    @devfn
+    def load_tile(a, b, smem, M, N, K, m0, n0, kt, stage, tid):
+        k0 = kt * BK
+        for it in range(A_ITERS):
+            c = tid + it * NTHREADS
+            row = c >> 2
+            ch = c & 3
+            gr = m0 + row
+            gk = k0 + ch * 16
+            ok = gr < M and gk < K
+            src = gr * K + gk if ok else 0
+            dst = stage * A_STAGE + row * BK + ((ch ^ ((row >> 1) & 3)) << 4)
+            cp_async16(smem, dst, a, src, 16 if ok else 0)
+        for it in range(B_ITERS):
+            c = tid + it * NTHREADS
+            row = c >> 2
+            ch = c & 3
+            gr = n0 + row
+            gk = k0 + ch * 16
+            ok = gr < N and gk < K
+            src = gr * K + gk if ok else 0
+            dst = SA_BYTES + stage * B_STAGE + row * BK + ((ch ^ ((row >> 1) & 3)) << 4)
+            cp_async16(smem, dst, b, src, 16 if ok else 0)
+
+    @devfn
+    def promote(tot, part, sa, sb, M, KB, m_base, nb, kb, lane):
+        """tot += part * sa[m, kb] * sb[nb, kb] (fp8 block scales, once per 128 of K)."""
+        s_b = sb[nb * KB + kb]
+        g = lane >> 2
+        for i in range(MT):
+            for h in range(2):
+                m = m_base + i * 16 + g + h * 8
+                s = sa[m * KB + kb] * s_b if m < M else float32(0)
+                for j in range(NT):
+                    for e in range(2):
+                        x = (i * NT + j) * 4 + h * 2 + e
+                        tot[x] += part[x] * s
+                        part[x] = float32(0)
+
+    @cuda.jit
+    def gemm(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out):
+        # dynamic shared memory (the launcher passes SMEM_BYTES and raises the 48 KiB
+        # opt-in limit when needed): A's ring, then B's
+        smem = cuda.shared.array(0, uint8)
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        wm = warp // WN
+        wn = warp - wm * WN
+
+        m0, n0 = tile_origin(cuda.blockIdx.x, M, N, BM, BN, GROUP_M)
+
+        acc = cuda.local.array(NACC, ACC_T)
+        tot = cuda.local.array(NTOT, float32)
+        for x in range(NACC):
+            acc[x] = ZERO_ACC
+        if BLOCK:
+            for x in range(NACC):
+                tot[x] = float32(0)
+        af = cuda.local.array(NAF, int32)
+        bf = cuda.local.array(NBF, int32)
+
+        ktiles = (K + BK - 1) // BK
+        KB = (K + 127) // 128
+        for s in range(STAGES - 1):
+            if s < ktiles:
+                load_tile(a, b, smem, M, N, K, m0, n0, s, s, tid)
+            commit()
+
+        a_row = wm * (MT * 16) + (lane & 7) + ((lane >> 3) & 1) * 8  # + i * 16
+        a_chunk = lane >> 4  # + 2 kk
+        b_row = wn * (NT * 8) + (lane & 7) + (lane >> 4) * 8  # + jj * 16
+        b_chunk = (lane >> 3) & 1
+        for kt in range(ktiles):
+            wait_ready()
+            cuda.syncthreads()
+            nk = kt + STAGES - 1
+            if nk < ktiles:
+                load_tile(a, b, smem, M, N, K, m0, n0, nk, nk % STAGES, tid)
+            commit()
+            stage = kt % STAGES
+            for kk in range(2):
+                for i in range(MT):
+                    r = a_row + i * 16
+                    off = stage * A_STAGE + r * BK + (((a_chunk + 2 * kk) ^ ((r >> 1) & 3)) << 4)
+                    af[4 * i], af[4 * i + 1], af[4 * i + 2], af[4 * i + 3] = ldsm(smem, off)
+                for jj in range(NT // 2):
+                    r = b_row + jj * 16
+                    off = SA_BYTES + stage * B_STAGE + r * BK + (((b_chunk + 2 * kk) ^ ((r >> 1) & 3)) << 4)
+                    bf[4 * jj], bf[4 * jj + 1], bf[4 * jj + 2], bf[4 * jj + 3] = ldsm(smem, off)
+                for i in range(MT):
+                    for j in range(NT):
+                        x = (i * NT + j) * 4
+                        acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma(
+                            af[4 * i], af[4 * i + 1], af[4 * i + 2], af[4 * i + 3],
+                            bf[2 * j], bf[2 * j + 1],
+                            acc[x], acc[x + 1], acc[x + 2], acc[x + 3],
+                        )  # fmt: skip
+            if BLOCK:
+                if (kt & 1) == 1 or kt == ktiles - 1:
+                    promote(tot, acc, sa, sb, M, KB, m0 + wm * (MT * 16), n0 >> 7, kt >> 1, lane)
+        # every group holding a real load was waited for before its tile was read; the
+        # groups still pending are the empty ones committed in the last STAGES-2 steps
+
+        # epilogue
+        g = lane >> 2
+        t = lane & 3
+        m_base = m0 + wm * (MT * 16)
+        n_base = n0 + wn * (NT * 8)
+        for i in range(MT):
+            for h in range(2):
+                m = m_base + i * 16 + g + h * 8
+                if m < M:
+                    s_m = alpha
+                    if not BLOCK:
+                        s_m = alpha * (sa[m] if SA_ROW else sa[0])
+                    z = int32(0)
+                    if ASYM:
+                        z = int32(za[m] if SA_ROW else za[0])
+                    for j in range(NT):
+                        for e in range(2):
+                            n = n_base + j * 8 + 2 * t + e
+                            if n < N:
+                                x = (i * NT + j) * 4 + h * 2 + e
+                                if BLOCK:
+                                    v = alpha * tot[x]
+                                else:
+                                    if ASYM:
+                                        q = acc[x] - z * colsum_b[n]
+                                    else:
+                                        q = acc[x]
+                                    v = float32(q) * s_m * (sb[n] if SB_ROW else sb[0])
+                                store_out(out, bias, m, n, N, v)
+
+    return gemm
+
+
+@cuda.jit
+def row_sums_i8(b, N, K, out):
+    """out[n] = sum_k b[n, k] over int8 codes ``b`` [N * K] (the zero-point correction's
+    colsum_b); one thread per row (reads stay in the row's cache lines)."""
+    n = cuda.grid(1)
+    if n < N:
+        s = int32(0)
+        for k in range(K):
+            s += int32(b[n * K + k])
+        out[n] = s

@@ -1,0 +1,505 @@
+"""Launchers of the tensor-core GEMMs (kernel bodies in ``_gemm_kernels``), mirroring
+``nqdq.reference.matmul.gemm`` argument for argument.
+
+Arrays may be NumPy (the simulator uses them as they are; on a GPU they are copied over
+and the result copied back), CuPy or anything with ``__cuda_array_interface__`` (used in
+place; the result is CuPy when CuPy is installed, a Numba device array otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import ml_dtypes
+import numpy as np
+
+from . import mma_sync as gemm_kernels
+from . import wgmma as gemm_wgmma
+from ..runtime.target import SIMULATOR, device_cc
+from ..runtime.launch import Ptr, allow_smem, dynamic_smem
+
+__all__ = ["gemm", "PreparedGemm", "plan_gemm", "gemm_sequence", "TileConfig", "WgmmaConfig", "GemmSpec",
+           "default_config", "SIM_CONFIG"]
+
+TileConfig, GemmSpec, WgmmaConfig = gemm_kernels.TileConfig, gemm_kernels.GemmSpec, gemm_wgmma.WgmmaConfig
+# The simulator runs one Python thread per CUDA thread: one warp per CTA, a 16 x 16 tile.
+SIM_CONFIG = TileConfig(warps_m=1, warps_n=1, mt=1, nt=2, stages=2, group_m=2)
+GPU_CONFIG = TileConfig()  # 128 x 128 x 64, 8 warps of 64 x 32, 3 stages (48 KiB)
+
+_OUT = {"float32": gemm_kernels.OUT_F32, "float16": gemm_kernels.OUT_F16, "bfloat16": gemm_kernels.OUT_BF16}
+_ACT = {None: gemm_kernels.ACT_NONE, "relu": gemm_kernels.ACT_RELU, "gelu": gemm_kernels.ACT_GELU}
+_SCALE = {"tensor": gemm_kernels.SCALE_TENSOR, "row": gemm_kernels.SCALE_ROW, "block": gemm_kernels.SCALE_BLOCK}
+
+
+# sm_90a fp8: 128 x 128 x 128, 2 warpgroups, 4 stages (129 KiB), ring synchronised by
+# mbarriers so that one warpgroup's float32 promotion overlaps the other's wgmma's (block
+# scales need N = 128: one 128-block of weight scales per CTA)
+WGMMA_CONFIG = WgmmaConfig(mbarrier=True)
+# fp8 row / tensor scales: 128 x 192 tiles (m64n192k32), 161 KiB, warp-specialised: a
+# producer warpgroup loads, two consumer warpgroups at 232 registers (setmaxnreg) hold the
+# accumulators and the promoted sums without spilling. H100, 8192^3: 829 TFLOP/s vs 702 for
+# the same tile without the producer (WGMMA_CONFIG_FP8_ROW_MB), 531 vs 512 at 4096^3
+WGMMA_CONFIG_FP8_ROW_WS = WgmmaConfig(n=192, mbarrier=True, producer=True)
+WGMMA_CONFIG_FP8_ROW_MB = WgmmaConfig(n=192, mbarrier=True)
+# + the fixed-column epilogue (4 columns per thread, scales loaded once, no per-element
+# division): 980 vs 825 TFLOP/s at 8192^3, 672 vs 534 at 4096^3 (H100)
+WGMMA_CONFIG_FP8_ROW_FIXED = WgmmaConfig(n=192, mbarrier=True, producer=True, fixed_cols=True)
+# + the direct epilogue (from registers, two outputs per store, no parked tile or barrier)
+# on a persistent grid (the next tile's loads overlap this tile's epilogue): 1070 vs 1026
+# TFLOP/s for the fixed-column epilogue at 8192^3 (0.81x vs 0.77x cuBLASLt), 780 vs 711 at
+# 4096^3 (H100; docs/design/gemm.md)
+WGMMA_CONFIG_FP8_ROW = WgmmaConfig(n=192, mbarrier=True, producer=True, direct=True, persistent=True)
+# fp8 block scales: 128 x 128, 6 stages, producer warpgroup + ping-pong accumulators in the
+# consumers (3 x 64 float32 per thread): 804 vs 760 TFLOP/s for WGMMA_CONFIG_FP8_BLOCK_PP
+# (no producer, 4 stages) at 8192^3, 1-2 % faster at the issue's smaller shapes
+WGMMA_CONFIG_FP8_BLOCK_WS = WgmmaConfig(stages=6, mbarrier=True, pingpong=True, producer=True)
+WGMMA_CONFIG_FP8_BLOCK_PP = WgmmaConfig(mbarrier=True, pingpong=True)
+# + the fixed-column epilogue: 847 vs 792 TFLOP/s at 8192^3, 667 vs 601 at 4096^3
+WGMMA_CONFIG_FP8_BLOCK_FIXED = WgmmaConfig(stages=6, mbarrier=True, pingpong=True, producer=True, fixed_cols=True)
+# + the direct epilogue on a persistent grid: 876 vs 827 TFLOP/s at 8192^3, 781 vs 670 at
+# 4096^3 (same run)
+WGMMA_CONFIG_FP8_BLOCK = WgmmaConfig(stages=6, mbarrier=True, pingpong=True, producer=True, direct=True,
+                                     persistent=True)
+# outputs below FIXED_COLS_MIN_OUTPUT (and fp8 row / tensor scales below FP8_ROW_MIN_TILES)
+# for int8 and fp8 row / tensor scales: 128 x 128 tiles, producer warpgroup, direct epilogue,
+# persistent grid. H100 (TOP/s or TFLOP/s, previous default in
+# brackets): 2048x7168x2048 int8 775 (394), fp8 row 746 (349); 128x14336x4096 int8 443
+# (249), fp8 row 447 (333); 16x14336x4096 int8 62 (42), fp8 row 64 (51). Block scales take
+# WGMMA_CONFIG_FP8_BLOCK at every size: 739 (426), 421 (349), 61 (50) there.
+WGMMA_CONFIG_PERSISTENT_128 = WgmmaConfig(mbarrier=True, producer=True, direct=True, persistent=True)
+# output tiles (of 128 x 192) from which fp8 row / tensor scales take WGMMA_CONFIG_FP8_ROW
+# (4096^3, 704 tiles: faster; 2048 x 7168, 608: equal; M = 128, 75: slower than the ring)
+FP8_ROW_MIN_TILES = 640
+# the block-barrier ring (a __syncthreads per K step), kept for comparison
+WGMMA_CONFIG_RING = WgmmaConfig()
+# int8 (no promotion registers needed): 128 x 256 tiles, 193 KiB; measured faster on the H100
+WGMMA_CONFIG_WIDE = WgmmaConfig(n=256)
+# + the fixed-column epilogue (bit-identical output): 1187 vs 1035 TOP/s at 8192^3, 874 vs
+# 730 at 4096^3
+WGMMA_CONFIG_WIDE_FIXED = WgmmaConfig(n=256, fixed_cols=True)
+# + the direct epilogue instead: 1235 vs 1201 TOP/s at 8192^3, 965 vs 893 at 4096^3 (same
+# run; on a persistent grid with a producer: 1149 and 1023)
+WGMMA_CONFIG_WIDE_DIRECT = WgmmaConfig(n=256, direct=True)
+# the fixed-column and direct epilogues were timed at 4096^3 and 8192^3 only: outputs of at
+# least this many elements take them (smaller ones keep the row-major walk, measured before)
+FIXED_COLS_MIN_OUTPUT = 4096 * 4096
+
+
+def parse_config(text: str):
+    """"2,4,4,4,3,8" -> TileConfig (mma.sync); "wg:2,128,4,8" -> WgmmaConfig (sm_90a; fields
+    in order: warpgroups, n, stages, group_m, inflight, fast_accum, promote_every, mbarrier,
+    pingpong, producer, fixed_cols, direct, persistent)."""
+    if text.startswith("wg:"):
+        return WgmmaConfig(*(int(v) for v in text[3:].split(",")))
+    return TileConfig(*(int(v) for v in text.split(",")))
+
+
+def default_config(spec: GemmSpec | None = None, shape: tuple[int, int] | None = None):
+    """The simulator's one-warp tile; on a GPU ``NQDQ_GEMM_TILE`` if set, else wgmma on
+    sm_90 (numba-cuda builds for sm_90a there) unless ``NQDQ_GEMM_WGMMA=0`` (128 x 256
+    tiles for int8; for fp8, whose promotion needs a second set of registers, the
+    warp-specialised mbarrier ring (a producer warpgroup loads): 128 x 128 with ping-pong
+    accumulators for block scales, and 128 x 192 for row / tensor scales with outputs
+    ``shape`` = (M, N) of at least ``FP8_ROW_MIN_TILES`` such tiles and outputs of at least
+    ``FIXED_COLS_MIN_OUTPUT`` elements; every one with the direct epilogue, fp8 on a
+    persistent grid; smaller int8 and row-scaled fp8 outputs take 128 x 128 tiles on a
+    persistent grid fed by a producer warpgroup), else mma.sync."""
+    if SIMULATOR:
+        return SIM_CONFIG
+    env = os.environ.get("NQDQ_GEMM_TILE")
+    if env:
+        return parse_config(env)
+    if os.environ.get("NQDQ_GEMM_WGMMA", "1") != "0" and device_cc() == (9, 0):
+        return wgmma_config_for(spec, shape)
+    return GPU_CONFIG
+
+
+def wgmma_config_for(spec: GemmSpec | None = None, shape: tuple[int, int] | None = None) -> WgmmaConfig:
+    """The sm_90a tile ``default_config`` picks for ``spec`` and output ``shape`` (see there;
+    no shape: the large-problem choice)."""
+    if spec is None:
+        return WGMMA_CONFIG
+    big = shape is None or shape[0] * shape[1] >= FIXED_COLS_MIN_OUTPUT
+    if spec.mma in ("s8s8", "u8s8"):
+        if not big:
+            return WGMMA_CONFIG_PERSISTENT_128
+        # zero points + GELU beside 128 live int32 accumulators spill in the direct epilogue
+        # (1.2 KiB, tests/test_mma.py): the parked one frees them first
+        return WGMMA_CONFIG_WIDE_FIXED if spec.asym and spec.act == gemm_kernels.ACT_GELU else WGMMA_CONFIG_WIDE_DIRECT
+    if spec.sa_mode == gemm_kernels.SCALE_BLOCK:
+        return WGMMA_CONFIG_FP8_BLOCK
+    if shape is not None and (not big or -(-shape[0] // 128) * -(-shape[1] // WGMMA_CONFIG_FP8_ROW.n) < FP8_ROW_MIN_TILES):
+        return WGMMA_CONFIG_PERSISTENT_128
+    return WGMMA_CONFIG_FP8_ROW
+
+
+def _sm_count() -> int:
+    from ..runtime.backend import cuda
+
+    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+
+
+_KERNELS: dict = {}
+
+
+def get_kernel(cfg, spec: GemmSpec):
+    """The kernel for (cfg, spec), built once (Numba compiles it at the first launch):
+    mma.sync for a TileConfig, wgmma (sm_90a) for a WgmmaConfig."""
+    k = _KERNELS.get((cfg, spec))
+    if k is None:
+        make = gemm_wgmma.make_wgmma_kernel if isinstance(cfg, WgmmaConfig) else gemm_kernels.make_gemm_kernel
+        k = make(cfg, spec)
+        k.nqdq_dynamic_smem = cfg.smem_bytes  # launched with its whole tile ring (launch.dynamic_smem)
+        _KERNELS[(cfg, spec)] = k
+    return k
+
+
+def built_kernels() -> dict:
+    """{(TileConfig, GemmSpec): dispatcher} of every kernel built so far (SASS dumps)."""
+    return dict(_KERNELS)
+
+
+class _Lib:
+    """Allocation and copies in the array library the call runs in."""
+
+    def __init__(self, on_host_sim: bool, cupy):
+        self.sim = on_host_sim
+        self.cp = cupy
+
+    def asarray(self, a, dtype):
+        """1-D contiguous ``a`` in this library: integer codes reinterpreted as ``dtype``
+        (int8 -> uint8 bytes), floats converted; None becomes a 1-element dummy."""
+        dtype = np.dtype(dtype)
+        if a is None:
+            a = np.zeros(1, dtype)
+        if self.sim or self.cp is not None:
+            xp = np if self.sim else self.cp
+            x = xp.ascontiguousarray(xp.asarray(a).reshape(-1))
+        else:  # a GPU without CuPy: Numba device arrays
+            from ..runtime.backend import cuda
+
+            x = a.reshape(-1) if isinstance(a, np.ndarray) else cuda.as_cuda_array(a).reshape(-1)
+        if x.dtype.kind in "iu" and dtype.kind in "iu" and x.dtype.itemsize == dtype.itemsize:
+            x = x.view(dtype)
+        elif x.dtype != dtype:
+            x = x.astype(dtype)
+        if isinstance(x, np.ndarray) and not self.sim:
+            from ..runtime.backend import cuda
+
+            x = cuda.to_device(np.ascontiguousarray(x))
+        return x
+
+    def empty(self, n, dtype):
+        if self.sim:
+            return np.empty(n, dtype)
+        if self.cp is not None:
+            return self.cp.empty(n, dtype)
+        from ..runtime.backend import cuda
+
+        return cuda.device_array(n, dtype)
+
+    def pad_k(self, codes, rows, K, Kp):
+        """[rows, K] uint8 codes (1-D) copied into zero-filled [rows, Kp]."""
+        if self.sim or self.cp is not None:
+            xp = np if self.sim else self.cp
+            out = xp.zeros((rows, Kp), np.uint8)
+            out[:, :K] = codes.reshape(rows, K)
+            return out.reshape(-1)
+        h = np.zeros((rows, Kp), np.uint8)
+        h[:, :K] = codes.copy_to_host().reshape(rows, K)
+        from ..runtime.backend import cuda
+
+        return cuda.to_device(h.reshape(-1))
+
+
+def _cupy():
+    try:
+        import cupy
+
+        return cupy
+    except Exception:
+        return None
+
+
+class GemmPlan(NamedTuple):
+    """What one GEMM launches: the kernel's spec and tile, K padded to whole MMA steps, and
+    the grid (0: an empty output, nothing to launch)."""
+
+    spec: GemmSpec
+    cfg: object  # TileConfig (mma.sync) or WgmmaConfig (sm_90a)
+    Kp: int  # K rounded up to 16 (zero codes fill the rest)
+    grid: int
+
+
+def plan_gemm(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, out_dtype="float32", activation=None,
+              config=None) -> GemmPlan:  # fmt: skip
+    """The kernel and grid of an [M, K] x [N, K]^T GEMM (``gemm``'s arguments; ``asym``: zero
+    points given, ``bias``: a bias given). The one place both launchers choose them."""
+    spec = GemmSpec(mma=mma, sa_mode=_SCALE[sa_mode], sb_mode=_SCALE[sb_mode], out=_OUT[out_dtype],
+                    act=_ACT[activation], bias=bool(bias), asym=bool(asym))  # fmt: skip
+    cfg = config or default_config(spec, (M, N))
+    # one n-block of scales per CTA, or (wgmma) two for N = 256 tiles
+    if spec.sa_mode == gemm_kernels.SCALE_BLOCK and 128 % cfg.bn and not (isinstance(cfg,
+                                                                                     WgmmaConfig) and cfg.bn == 256):
+        raise ValueError(f"block scales need a CTA tile N ({cfg.bn}) dividing 128 (or 256 with wgmma)")
+    grid = 0
+    if M > 0 and N > 0:
+        grid = (-(-M // cfg.bm)) * (-(-N // cfg.bn))
+        if getattr(cfg, "persistent", False):  # one CTA per SM walks the tiles (2 in the simulator)
+            grid = min(grid, 2 if SIMULATOR else _sm_count())
+    return GemmPlan(spec, cfg, -(-K // 16) * 16, grid)
+
+
+class PreparedGemm:
+    """One GEMM with every argument converted and the output allocated: ``launch()`` runs
+    the kernel alone (benchmarks time this), ``result()`` returns the output as ``gemm``."""
+
+    def __init__(self, a_codes, b_codes, *, mma, sa, sb, sa_mode, sb_mode, za=None, bias=None, alpha=1.0,
+                 out_dtype="float32", activation=None, config=None):  # fmt: skip
+        M, K = (int(d) for d in a_codes.shape)
+        N = int(b_codes.shape[0])
+        self.shape, self.out_dtype = (M, N), out_dtype
+        self.on_host = isinstance(a_codes, np.ndarray)
+        lib = _Lib(SIMULATOR, None if SIMULATOR else _cupy())
+        spec, cfg, Kp, grid = plan_gemm(M, N, K, mma=mma, sa_mode=sa_mode, sb_mode=sb_mode, asym=za is not None,
+                                        bias=bias is not None, out_dtype=out_dtype, activation=activation,
+                                        config=config)  # fmt: skip
+        self.cfg = cfg
+        a = lib.asarray(a_codes, np.uint8)
+        b = lib.asarray(b_codes, np.uint8)
+        if Kp != K:  # zero codes contribute nothing (fp8 0x00 is +0.0; int8 0)
+            a, b = lib.pad_k(a, M, K, Kp), lib.pad_k(b, N, K, Kp)
+        colsum = lib.empty(max(N, 1), np.int32)
+        if za is not None and N > 0:
+            gemm_kernels.row_sums_i8[(N + 127) // 128, 128](b.view(np.int8), N, Kp, colsum)
+        self.out = lib.empty(max(M * N, 1), {"float32": np.float32}.get(out_dtype, np.uint16))
+        args = (a, b, M, N, Kp, lib.asarray(sa, np.float32), lib.asarray(sb, np.float32), lib.asarray(za, np.uint8),
+                colsum, lib.asarray(bias, np.float32), np.float32(alpha), self.out)  # fmt: skip
+        self._launch = None
+        if grid:
+            kern = get_kernel(cfg, spec)
+            if SIMULATOR:
+                self._launch = lambda: kern[grid, cfg.threads, 0, cfg.smem_bytes](*args)
+            else:
+                from ..runtime.launch import fast_kernel
+
+                kern.compile(kernel_signature(spec))
+                allow_smem(kern, cfg.smem_bytes)
+                fk = fast_kernel(kern)
+                fk.compile(args)
+                self._launch = fk.prepare(grid, cfg.threads, args, shared_mem=cfg.smem_bytes)
+
+    def launch(self, stream=None):
+        if self._launch is not None:
+            self._launch() if stream is None or SIMULATOR else self._launch(stream)
+
+    def result(self):
+        M, N = self.shape
+        out = self.out[: M * N].reshape(M, N)
+        if self.on_host and not SIMULATOR:
+            out = out.get() if hasattr(out, "get") else out.copy_to_host()
+        if self.out_dtype == "float16":
+            out = out.view(np.float16)
+        elif self.out_dtype == "bfloat16" and isinstance(out, np.ndarray):
+            out = out.view(ml_dtypes.bfloat16)  # GPU arrays keep the bits (no bfloat16 dtype)
+        return out
+
+
+def gemm(a_codes, b_codes, **kw):
+    """``epilogue(A @ B^T)`` on tensor cores; arguments as ``nqdq.reference.matmul.gemm``.
+
+    a_codes: [M, K] codes (int8, or uint8 for fp8 / asymmetric int8); b_codes: [N, K];
+    mma: "s8s8" | "u8s8" | "<fa>.<fb>" (fp8 formats); sa, sb: float32 scales (sizes by
+    mode: tensor 1, row M / N, block [M, ceil(K/128)] / [ceil(N/128), ceil(K/128)]);
+    za: uint8 zero points of an asymmetric A (1 or M); ``config``: a TileConfig (default
+    :func:`default_config`). Returns [M, N] out_dtype (bfloat16 as uint16 bits on a GPU
+    array library; NumPy results are float16 / ml_dtypes.bfloat16).
+    """
+    g = PreparedGemm(a_codes, b_codes, **kw)
+    g.launch()
+    return g.result()
+
+
+# ----------------------------------------------------------------------------- launch sequences
+# nqdq.matmul's hot path: the GEMM's launches with every shape and constant packed once, so
+# that a call passes only the addresses of its arrays (launch.compile_sequence)
+# what run(stream, ...) takes after the stream (names the generated function does not use itself)
+SEQUENCE_ARGS = ("codes_a", "codes_b", "scales_a", "scales_b", "zeros_a", "bias", "out")
+_OUT_ALIGN = 256  # the column sums of an asymmetric A start this aligned past the output
+
+
+class GemmSequence(NamedTuple):
+    """``run(stream, codes_a, codes_b, scales_a, scales_b, zeros_a, bias, out)``: one GEMM's
+    launches (``gemm``'s), given the addresses of its arrays on a GPU, the NumPy arrays
+    themselves in the simulator; ``out`` is one allocation of ``nbytes``: the [M, N] output
+    (``out_dtype``), then (asymmetric A) the int32 column sums of B that the first launch
+    writes."""
+
+    run: object
+    nbytes: int
+    out_dtype: np.dtype  # float32, float16, or bfloat16 (uint16 bits on a GPU; ml_dtypes.bfloat16 in the simulator)
+    plan: GemmPlan
+
+
+def scale_count(mode: str, rows: int, K: int, block_rows: int = 1) -> int:
+    """How many float32 scales (or zero points) an operand of ``rows`` x ``K`` has in
+    ``mode``: 1, ``rows``, or (block) one per ``block_rows`` x 128 tile (A: 1, B: 128)."""
+    return {"tensor": 1, "row": rows, "block": -(-rows // block_rows) * -(-K // 128)}[mode]
+
+
+def gemm_sequence(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, alpha=1.0, out_dtype="float32",
+                  activation=None, config=None, entries=None) -> GemmSequence | None:  # fmt: skip
+    """The GEMM ``gemm`` would launch for these shapes and arguments (``asym``: zero points
+    given, ``bias``: a bias given) as a :class:`GemmSequence`, or None where it needs per-call
+    host work or Numba's launch: K not a multiple of 16 (padded copies), an empty output, or
+    the fast launch path off (``launch.compile_sequence``). The arrays must be C-contiguous:
+    codes [M, K] / [N, K] of one byte, float32 scales (``scale_count``), uint8 zero points
+    (as A's scales), float32 bias [N]. ``entries``: compiled entries (tests)."""
+    from ..runtime import launch
+
+    plan = plan_gemm(M, N, K, mma=mma, sa_mode=sa_mode, sb_mode=sb_mode, asym=asym, bias=bias, out_dtype=out_dtype,
+                     activation=activation, config=config)  # fmt: skip
+    spec, cfg, Kp, grid = plan
+    if Kp != K or not grid:
+        return None
+    out_dt = np.dtype(np.float32 if out_dtype == "float32" else np.uint16)
+    out_bytes = M * N * out_dt.itemsize
+    colsum_at = -(-out_bytes // _OUT_ALIGN) * _OUT_ALIGN
+    u8, f32, i32 = np.dtype(np.uint8), np.dtype(np.float32), np.dtype(np.int32)
+    # parameters the spec compiles out (no zero points, no bias) point at the output: never read
+    unused_u8, unused_i32, unused_f32 = Ptr("out", 0, 1, u8), Ptr("out", 0, 1, i32), Ptr("out", 0, 1, f32)
+    colsum = Ptr("out", colsum_at, N, i32) if asym else unused_i32
+    kern = get_kernel(cfg, spec)
+    args = (Ptr("codes_a", 0, M * K, u8), Ptr("codes_b", 0, N * K, u8), M, N, K,
+            Ptr("scales_a", 0, scale_count(sa_mode, M, K), f32),
+            Ptr("scales_b", 0, scale_count(sb_mode, N, K, 128), f32),
+            Ptr("zeros_a", 0, scale_count(sa_mode, M, K), u8) if asym else unused_u8, colsum,
+            Ptr("bias", 0, N, f32) if bias else unused_f32, np.float32(alpha),
+            Ptr("out", 0, M * N, out_dt))  # fmt: skip
+    launches = [(kern, grid, cfg.threads, args)]
+    if asym:  # colsum_b[n] = sum_k qb[n, k], for the zero-point correction
+        launches.insert(0, (gemm_kernels.row_sums_i8, (N + 127) // 128, 128,
+                            (Ptr("codes_b", 0, N * K, np.int8), N, K, colsum)))
+    if SIMULATOR and entries is None:
+        run = _simulated_sequence(launches)
+    else:
+        if entries is None:
+            kern.compile(kernel_signature(spec))
+            allow_smem(kern, cfg.smem_bytes)
+        run = launch.compile_sequence(launches, SEQUENCE_ARGS, entries=entries)
+        if run is None:
+            return None
+    if out_dtype == "float16":
+        out_dt = np.dtype(np.float16)
+    elif out_dtype == "bfloat16" and SIMULATOR:
+        out_dt = np.dtype(ml_dtypes.bfloat16)
+    return GemmSequence(run, colsum_at + 4 * N if asym else out_bytes, out_dt, plan)
+
+
+def _simulated_sequence(launches):
+    """``compile_sequence``'s stand-in for the simulator: ``run(stream, *arrays)`` launches
+    through Numba, each :class:`launch.Ptr` a view of the NumPy array its name is given
+    (``SEQUENCE_ARGS``), from its byte offset."""
+
+    def view(arrays, p):
+        flat = arrays[p.base].reshape(-1).view(np.uint8)
+        return flat[p.offset : p.offset + p.n * p.dtype.itemsize].view(p.dtype)
+
+    def run(stream, *arrays):
+        named = dict(zip(SEQUENCE_ARGS, arrays))
+        for kern, grid, block, args in launches:
+            kern[grid, block, 0, dynamic_smem(kern)](*(view(named, a) if isinstance(a, Ptr) else a for a in args))
+
+    return run
+
+
+# ----------------------------------------------------------------------------- compile only
+def kernel_signature(spec: GemmSpec):
+    """The Numba signature the launcher's arguments have (for compile-only use)."""
+    from numba import types as T
+
+    u8, f32 = T.Array(T.uint8, 1, "C"), T.Array(T.float32, 1, "C")
+    out = f32 if spec.out == gemm_kernels.OUT_F32 else T.Array(T.uint16, 1, "C")
+    return (u8, u8, T.int64, T.int64, T.int64, f32, f32, u8, T.Array(T.int32, 1, "C"), f32, T.float32, out)
+
+
+def compile_ptx(spec: GemmSpec, cc=(9, 0), config: TileConfig | None = None) -> str:
+    """PTX of one GEMM kernel for compute capability ``cc`` (e.g. ``(9, 0, "a")``), with or
+    without a GPU present (numba-cuda compiles device functions for the *current* device;
+    without one, a stand-in of capability ``cc[:2]`` is made current for the call)."""
+    from ..runtime.backend import cuda
+    from numba.cuda import dispatcher
+
+    kern = get_kernel(config or GPU_CONFIG, spec)
+    opts = {"launch_bounds": kern.targetoptions["launch_bounds"]} if kern.targetoptions.get("launch_bounds") else {}
+    if cuda.is_available():
+        return cuda.compile_ptx(kern.py_func, kernel_signature(spec), cc=cc, **opts)[0]
+
+    class _Dev:
+        compute_capability = tuple(cc[:2])
+
+    old = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: _Dev()
+    try:
+        return cuda.compile_ptx(kern.py_func, kernel_signature(spec), cc=cc, **opts)[0]
+    finally:
+        dispatcher.get_current_device = old
+
+
+def assemble(ptx: str, cc=(9, 0)) -> tuple[bytes, str]:
+    """(cubin, info log) of ``ptx`` for ``cc`` by nvJitLink (``cuda.bindings``), which
+    accepts the PTX ISA NVVM emits where an older ptxas may not. Raises on errors."""
+    from cuda.bindings import nvjitlink
+
+    return _nvjitlink(ptx.encode(), nvjitlink.InputType.PTX, "gemm.ptx", cc, lto=False)
+
+
+def _nvjitlink(data: bytes, kind, name: str, cc, lto: bool) -> tuple[bytes, str]:
+    """(cubin, info log) of one nvJitLink input (PTX or LTO-IR) linked for ``cc``."""
+    from cuda.bindings import nvjitlink
+
+    arch = f"sm_{cc[0]}{cc[1]}" + (cc[2] if len(cc) > 2 else "")
+    opts = [f"-arch={arch}".encode(), b"-verbose"] + ([b"-lto"] if lto else [])
+    h = nvjitlink.create(len(opts), opts)
+    try:
+        try:
+            nvjitlink.add_data(h, kind, data, len(data), name)
+            nvjitlink.complete(h)
+        except Exception as exc:
+            buf = bytearray(nvjitlink.get_error_log_size(h))
+            nvjitlink.get_error_log(h, buf)
+            what = "nvJitLink (LTO)" if lto else "nvJitLink"
+            raise RuntimeError(f"{what} failed for {arch}: {bytes(buf).decode(errors='replace')}") from exc
+        buf = bytearray(nvjitlink.get_info_log_size(h))
+        nvjitlink.get_info_log(h, buf)
+        cubin = bytearray(nvjitlink.get_linked_cubin_size(h))
+        nvjitlink.get_linked_cubin(h, cubin)
+        return bytes(cubin), bytes(buf).decode(errors="replace")
+    finally:
+        nvjitlink.destroy(h)
+
+
+def assemble_lto(spec: GemmSpec, config, cc=(9, 0, "a")) -> tuple[bytes, str]:
+    """(cubin, info log) of one GEMM kernel linked as Numba links it on a GPU: NVVM's
+    LTO-IR through nvJitLink with link-time optimisation, i.e. one whole program (a PTX
+    link, as ``assemble`` does, compiles relocatable code, where ptxas ignores
+    ``setmaxnreg``: warning C7504). Works without a GPU."""
+    from cuda.bindings import nvjitlink
+    from ..runtime.backend import cuda
+    from numba.cuda import dispatcher
+
+    kern = get_kernel(config, spec)
+
+    class _Dev:
+        compute_capability = tuple(cc[:2])
+
+    old = dispatcher.get_current_device
+    if not cuda.is_available():
+        dispatcher.get_current_device = lambda: _Dev()
+    try:
+        ltoir, _ = cuda.compile(kern.py_func, kernel_signature(spec), cc=cc, device=False, abi="numba", output="ltoir",
+                                launch_bounds=kern.targetoptions.get("launch_bounds"))  # fmt: skip
+    finally:
+        dispatcher.get_current_device = old
+    return _nvjitlink(ltoir, nvjitlink.InputType.LTOIR, "gemm.ltoir", cc, lto=True)
