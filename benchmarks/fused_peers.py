@@ -3,6 +3,7 @@ GPU, with a bit-exactness check of every op at the measured size.
 
     python3 benchmarks/fused_peers.py [--json FILE] [--rows 8192] [--hidden 7168] [--only NAME]
                                       [--pytest] [--units-per-thread U ...]
+    python3 benchmarks/fused_peers.py --moe-graphs [--moe-tokens T ...] [--moe-k K] [--moe-reps 50]
 
 Cost before any timing: every kernel is compiled on first use, about 20-25 s of NVVM time
 each on the GPU machine for the fused row kernels (they are written out per unit), and a
@@ -31,6 +32,8 @@ however many of its k sorted rows a token has. Checks: the fused codes/scales/re
 the whole tensor (on the GPU) and the NumPy reference's on 64 sampled rows (rows are
 independent; the reference at full size would take minutes on the host); the MoE
 permutation and offsets equal the reference's in full.
+
+``--moe-graphs``: the MoE op alone, by parts, from CUDA graphs instead (``moe_graphs``).
 """
 
 from __future__ import annotations
@@ -107,6 +110,76 @@ class _timing_lock:
             self.fh.close()  # releases the lock
 
 
+def moe_graphs(tokens, n, k, reps, E=256):
+    """The MoE op's device time with no host in the way: ``reps`` back-to-back calls captured
+    in one CUDA graph, events around a replay, divided by ``reps`` (median of 15 replays after
+    two left out). For each T of ``tokens`` (top-``k`` of ``E``): the sort alone, its kernels
+    launched straight (one launch, a direct call's; or three, a captured call's), and the
+    whole planned op twice (``check_ids=False``; captured, it takes the three-launch sort),
+    the calls cycling over token sets that together exceed twice the L2, so each call's
+    tokens come from DRAM as in an eager stream of layers. Each sort's permutation and
+    offsets are checked against the NumPy reference (the whole op's outputs are checked by
+    the eager rows)."""
+    import cupy as cp
+    from launch_overhead import graph_replay_us
+
+    from nqdq import fused
+    from nqdq.gpu.fused import plan as KF
+    from nqdq.gpu.quantize.grid import SYNC_WORDS
+    from nqdq.gpu.runtime.interop import Allocator
+    from nqdq.gpu.runtime.launch import fast_kernel
+    from nqdq.reference import fused as R
+
+    s = cp.cuda.Stream(non_blocking=True)
+
+    def graph_us(body):
+        with s:
+            body()
+            s.synchronize()
+            s.begin_capture()
+            for _ in range(reps):
+                body()
+            g = s.end_capture()
+        return graph_replay_us(cp, g, s, 17, per=reps, skip=2)
+
+    l2 = cp.cuda.runtime.getDeviceProperties(0)["l2CacheSize"]
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; hidden {n}, top-{k} of {E}; "
+          f"CUDA graphs of {reps} calls")
+    for T in tokens:
+        rng = np.random.default_rng(5)
+        ids_h = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+        ids2 = cp.asarray(ids_h)
+        perm_ref, off_ref = R.moe_sort(ids_h, E)
+        ws = cp.zeros(SYNC_WORDS, cp.int32)
+        for one in (True, False):
+            lst = []
+            with s:  # the sort's kernels and arrays, not launched yet
+                perm, offsets = KF.moe_sort(ids2.reshape(-1), T * k, k, E, Allocator("cupy"), launches=lst, ws=ws,
+                                            one=one)[:2]
+
+            def body(lst=lst):
+                for kern, g, b, a in lst:
+                    fast_kernel(kern).launch(g, b, a)
+
+            us = graph_us(body)
+            ok = same(perm, perm_ref) and same(offsets[: E + 1], off_ref)
+            print(f"{T} tokens: sort alone, {'one launch' if one else 'three launches'}: {us:.2f} us a call"
+                  f"{'' if ok else '  PERMUTATION OR OFFSETS DIFFER from the reference'}", flush=True)
+        assert not ws.get().any(), "the one-launch sort left its workspace non-zero"
+        nsets = max(2, -(-2 * l2 // (T * n * 2)) + 1)
+        xs = random_bf16_sets((T, n), nsets, seed=4)
+        turn = [0]
+
+        def call():
+            turn[0] += 1
+            return fused.moe_sort_quantize(xs[turn[0] % nsets], ids2, E, "mxfp4", dtype="bfloat16", check_ids=False)
+
+        call()  # the first call plans; the graphs hold planned calls
+        for _ in range(2):
+            print(f"{T} tokens: whole op (planned, captured: three-launch sort), {nsets} token sets of "
+                  f"{T * n * 2 / 1e6:.1f} MB in turn: {graph_us(call):.2f} us a call", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -117,6 +190,10 @@ def main(argv=None):
                          "op's input, and rows / 4, whose top-4 give [rows, hidden] gathered rows: the MoE row "
                          "of older tables)")
     ap.add_argument("--moe-k", type=int, default=4, help="the MoE op's experts a token (top-k of 256)")
+    ap.add_argument("--moe-graphs", action="store_true",
+                    help="only the MoE op by parts from CUDA graphs (sort alone, whole op), for each --moe-tokens T "
+                         "(default: rows and rows / 4)")
+    ap.add_argument("--moe-reps", type=int, default=50, help="with --moe-graphs: the calls a graph holds")
     ap.add_argument("--only", help="time only the ops whose name contains this")
     ap.add_argument("--lock", help="hold an exclusive lock on this file while timing, so several processes (each "
                                    "--only one op) compile at once and time one at a time")
@@ -137,6 +214,9 @@ def main(argv=None):
                     help="first run pytest -m gpu tests/test_fused_gpu.py [ARG ...] in this process (the kernels it "
                          "compiles are then reused here: one compilation per kernel for both)")
     args = ap.parse_args(argv)
+    if args.moe_graphs:
+        moe_graphs(args.moe_tokens or [args.rows, args.rows // args.moe_k], args.hidden, args.moe_k, args.moe_reps)
+        return 0
     test_rc = None
     if args.pytest is not None:
         import pytest

@@ -1,7 +1,7 @@
 """nqdq's tensor-core GEMMs beside cuBLASLt (torch._int_mm / torch._scaled_mm), one run.
 
     python benchmarks/gemm_peers.py [--shapes 8192x8192x8192,...] [--reps 10] [--out DIR]
-                                    [--sass] [--configs "default;2,4,4,4,3,8;wg:2,128,4,8;fp8_row@wg:2,192,..."]
+                                    [--sass] [--configs "default;GPU_CONFIG;fp8_row@WGMMA_CONFIG_FP8_ROW"]
 
 For every shape M x N x K (activations [M, K], weights [N, K]) and case:
 
@@ -159,14 +159,20 @@ def torch_peer(case, a, b, kw, M, N, K):
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
 
 
+def _named_config(name):
+    """A named tile of nqdq.gpu.gemm.plan ("GPU_CONFIG", "WGMMA_CONFIG_FP8_ROW", ...)."""
+    cfg = getattr(kg, name, None)
+    if not isinstance(cfg, (kg.TileConfig, kg.WgmmaConfig)):
+        raise SystemExit(f"--configs: {name!r} is not a named config of nqdq.gpu.gemm.plan")
+    return cfg
+
+
 def _cfg_name(cfg):
     if cfg is None:
         return "default"
     if isinstance(cfg, kg.WgmmaConfig):
-        return (f"wg{cfg.bm}x{cfg.bn}s{cfg.stages}" + ("-fast" if cfg.fast_accum else "")
-                + (f"-p{cfg.promote_every}" if cfg.promote_every != 1 else "") + ("-mb" if cfg.mbarrier else "") + ("-pp" if cfg.pingpong else "")
-                + ("-ws" if cfg.producer else "") + ("-fc" if cfg.fixed_cols else "") + ("-d" if cfg.direct else "")
-                + ("-pers" if cfg.persistent else ""))  # fmt: skip
+        return (f"wg{cfg.bm}x{cfg.bn}s{cfg.stages}" + ("-pp" if cfg.pingpong else "") + ("-ws" if cfg.producer else "")
+                + ("-d" if cfg.direct else "") + ("-pers" if cfg.persistent else ""))  # fmt: skip
     return f"mma{cfg.bm}x{cfg.bn}s{cfg.stages}"
 
 
@@ -273,8 +279,9 @@ def main(argv=None):
     p.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES))
     p.add_argument("--cases", default="int8,fp8_row,fp8_block")
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--configs", default="", help="';'-separated configs: mma.sync TileConfig fields '2,4,4,4,3,8' or wgmma "
-                   "'wg:2,128,4,8'; 'CASE@config' times that config for CASE only")
+    p.add_argument("--configs", default="", help="';'-separated configs: 'default' or a named config of "
+                   "nqdq.gpu.gemm.plan ('GPU_CONFIG', 'WGMMA_CONFIG_FP8_ROW', ...); 'CASE@config' times that "
+                   "config for CASE only")
     p.add_argument("--out", default=os.environ.get("OUT", ""))
     p.add_argument("--sass", action="store_true")
     p.add_argument("--accuracy", action="store_true", help="float32-output error per config, then exit")
@@ -289,7 +296,7 @@ def main(argv=None):
     cfgs = []
     for c in (c for c in args.configs.split(";") if c):
         case, _, text = c.rpartition("@")
-        cfg = None if text == "default" else kg.parse_config(text)
+        cfg = None if text == "default" else _named_config(text)
         if case:
             only.setdefault(cfg, set()).add(case)
         if cfg not in cfgs:

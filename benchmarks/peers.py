@@ -1,6 +1,7 @@
 """Quantization kernels side by side with their peers, in one run on one GPU.
 
-    python3 benchmarks/peers.py [--json FILE] [--quick]
+    python3 benchmarks/peers.py [--json FILE] [--quick] [--sizes 64x7168,...] [--schemes ...]
+        [--seed S] [--bound stripe-stream [--stream-variants ...]]
 
 For bfloat16 inputs of 8192x8192, 16384x7168 and 64x7168 it times, with CUDA events:
 
@@ -14,11 +15,13 @@ For bfloat16 inputs of 8192x8192, 16384x7168 and 64x7168 it times, with CUDA eve
   (default fp8_row, int8_row, mxfp8, mxfp4, nvfp4, fp8_1x128), when this nqdq has a GPU
   path (else the row says why not);
 * with ``--seed S``: each nqdq scheme again under stochastic rounding
-  (``rounding="stochastic", seed=S``), on the 16-byte-unit kernels' stochastic variants
-  (``nqdq.gpu.quantize.plan.LASTAXIS_STOCH`` on for that row: ``nqdq <scheme> SR``) and, with
-  ``--sr-general``, on the general kernels too (``nqdq <scheme> SR general``), beside the
-  round-to-nearest row and the copy. A scheme written ``NAME~sr`` / ``NAME~srg`` in
-  ``--schemes`` times only that variant (seed ``--seed``, default 1).
+  (``rounding="stochastic", seed=S``: ``nqdq <scheme> SR``), beside the round-to-nearest row
+  and the copy. A scheme written ``NAME~sr`` in ``--schemes`` times only that variant (seed
+  ``--seed``, default 1);
+* with ``--bound stripe-stream``: the per-channel read pattern alone (a stream with no amax
+  and no encode, in the order a one-pass per-channel kernel must read; described above
+  ``stream_kernel``), beside copy, and beside int8_column with ``--schemes int8_column``
+  (docs/design/per-channel.md, "The bound").
 
 Method (docs/performance.md, "Method"): fresh random inputs (never zeros), several input sets
 rotated so that what one launch reads is not in L2 from the one before (sets x bytes
@@ -32,7 +35,6 @@ torch and triton are optional: their rows are skipped when they are not installe
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import statistics
@@ -53,9 +55,8 @@ NO_COMPILE = False
 _WHOLE_TENSOR_CHECK = ("nvfp4", "fp8_tensor", "int8_column")
 NQDQ_SCHEMES = ["fp8_row", "int8_row", "mxfp8", "mxfp4", "nvfp4", "fp8_1x128"]
 SR_SEED = 1  # --seed: the seed of the stochastic-rounding rows
-# scheme-name suffix -> (label suffix, LASTAXIS_STOCH for the timed calls): stochastic rounding
-# on the 16-byte-unit kernels' stochastic variants, or on the general kernels (A/B)
-_SR_VARIANTS = {"~sr": (" SR", True), "~srg": (" SR general", False)}
+# scheme-name suffix -> label suffix: stochastic rounding
+_SR_VARIANTS = {"~sr": " SR"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -191,35 +192,6 @@ def _torch_compile_fp8_row():
     return per_token_fp8
 
 
-@contextlib.contextmanager
-def fastkernel_in_launchers(arrays_as_is=True):
-    """Route ``nqdq.gpu.quantize.plan``'s launches through FastKernel, without editing it:
-    its one launch helper ``_launch(kernel, grid, block, stream, *args)`` becomes
-    ``fast_kernel(kernel).launch(grid, block, args, stream)``, and (``arrays_as_is``) CuPy
-    arrays are passed as they are instead of through ``numba.cuda.as_cuda_array``."""
-    import nqdq.gpu.quantize.plan as KQ
-    from nqdq.gpu.runtime import interop as _interop
-    from nqdq.gpu.runtime.launch import fast_kernel
-
-    old_launch, old_arg = KQ._launch, _interop.Allocator.kernel_arg
-
-    def _launch(kernel, grid, block, stream, *args):
-        fast_kernel(kernel).launch(grid, block, args, stream or None)
-
-    def kernel_arg(self, a):
-        if self.cp is not None and isinstance(a, self.cp.ndarray):
-            return a
-        return old_arg(self, a)
-
-    KQ._launch = _launch
-    if arrays_as_is:
-        _interop.Allocator.kernel_arg = kernel_arg
-    try:
-        yield
-    finally:
-        KQ._launch, _interop.Allocator.kernel_arg = old_launch, old_arg
-
-
 def nqdq_launcher(scheme_name, seed=None):
     """``x_uint16 -> QuantParts`` through ``nqdq.gpu.quantize.plan.quantize`` (bf16 bits;
     ``seed``: stochastic rounding)."""
@@ -232,7 +204,7 @@ def nqdq_launcher(scheme_name, seed=None):
 
 def _static(scheme_name):
     """"fp8_tensor@0.05": the scheme with a caller-given (static) scale 0.05 -> (name, kw);
-    "mxfp4~sr" / "mxfp4~srg": stochastic rounding with seed SR_SEED (kw rounding, seed)."""
+    "mxfp4~sr": stochastic rounding with seed SR_SEED (kw rounding, seed)."""
     scheme_name, sr = _sr_variant(scheme_name)
     name, _, scale = scheme_name.partition("@")
     kw = {"scale": float(scale)} if scale else {}
@@ -242,28 +214,11 @@ def _static(scheme_name):
 
 
 def _sr_variant(scheme_name):
-    """(the name without its ~sr / ~srg suffix, that suffix or None)."""
+    """(the name without its ~sr suffix, that suffix or None)."""
     for suffix in _SR_VARIANTS:
         if scheme_name.endswith(suffix):
             return scheme_name[: -len(suffix)], suffix
     return scheme_name, None
-
-
-@contextlib.contextmanager
-def lastaxis_stoch(on):
-    """``nqdq.gpu.quantize.plan.LASTAXIS_STOCH`` set to ``on`` (None: left as it is), with the
-    plan cache cleared before and after (plans are cached without the switch)."""
-    import nqdq.gpu.quantize.plan as KQ
-
-    old = KQ.LASTAXIS_STOCH
-    if on is not None:
-        KQ.LASTAXIS_STOCH = on
-    KQ._PLANS.clear()
-    try:
-        yield
-    finally:
-        KQ.LASTAXIS_STOCH = old
-        KQ._PLANS.clear()
 
 
 def nqdq_runner(scheme_name, x_u16):
@@ -295,7 +250,7 @@ def nqdq_runner(scheme_name, x_u16):
 # ---------------------------------------------------------------------------------------
 
 
-def bench_size(timer, shape, rows_out, *, quick=False, log=print):
+def bench_size(timer, shape, rows_out, *, quick=False, stream_variants=(), log=print):
     import cupy as cp
     import ml_dtypes
 
@@ -328,6 +283,8 @@ def bench_size(timer, shape, rows_out, *, quick=False, log=print):
 
     us, hb = timer.device_us(copy, n_sets, groups=groups, bytes_per_launch=2 * in_bytes)
     add("copy (cudaMemcpyAsync D2D)", us, 2 * in_bytes, hb)
+    if stream_variants:
+        bench_stripe_stream(timer, xs, n_sets, groups, stream_variants, add, skip)
 
     # the peers' reference: nqdq's NumPy fp8_row of the first rows of one set
     import nqdq
@@ -379,9 +336,7 @@ def bench_size(timer, shape, rows_out, *, quick=False, log=print):
 
     # nqdq's own kernels, when this nqdq has a GPU path
     for scheme in NQDQ_SCHEMES:
-        _, sr = _sr_variant(scheme)
-        with lastaxis_stoch(_SR_VARIANTS[sr][1] if sr else None):
-            bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log)
+        bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log)
 
 
 def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
@@ -399,7 +354,7 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
     import nqdq
 
     _, sr = _sr_variant(scheme)
-    name = f"nqdq {_sr_variant(scheme)[0]}" + (_SR_VARIANTS[sr][0] if sr else "")
+    name = f"nqdq {_sr_variant(scheme)[0]}" + (_SR_VARIANTS[sr] if sr else "")
     try:
         label, run = nqdq_runner(scheme, xs[0])
         parts = run(xs[0])
@@ -457,6 +412,192 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
     add(name, us, in_bytes + out_bytes, hb, note)
 
 
+# ---------------------------------------------------------------------------------------
+# --bound stripe-stream: the per-channel read pattern alone (docs/design/per-channel.md)
+#
+# A one-pass per-channel quantizer must hold a stripe of channels down *all* the rows before
+# it writes any code of it, so it reads the input as 128-byte row pieces of a few adjacent
+# stripes at a time (nqdq.gpu.quantize.column_cluster: the stripes of the resident clusters).
+# This stream times that read pattern alone: persistent blocks of STREAM_NT threads take
+# items (a stripe of WU 16-byte units by UI x STREAM_NT / WU rows) and copy each to the
+# output as two XORs of its units (no reduction, no scale, no encode, no block barrier), with
+# NBUF items in flight a block (cp.async, the .L2::256B prefetch size or not). Items go
+# stripe by stripe, by a ticket (atom.add: the hardware's launch order, as the cluster kernel
+# gets it) or statically (block b takes b, b + grid, ...); or, as the control, band of rows
+# by band (every stripe of a band in turn, a copy's order). Bytes count as for int8_column
+# (input + one byte a value + four a channel), so "% of copy" is the figure int8_column is
+# held to.
+#
+# A variant is UI:NBUF:BPS:L2:TICKET[:ORDER[:WU]]: units a thread an item, items in flight a
+# block, blocks an SM (0: no launch bound), the 256-byte prefetch size, ticket order; ORDER 1:
+# the control (band by band); WU: row pieces of WU 16-byte units (8, 128 bytes, by default).
+
+STREAM_NT, STREAM_WU = 512, 8  # threads a block; 16-byte units a row piece by default (128 bytes)
+STREAM_VARIANTS = "16:1:2:1:1,8:1:2:1:1,8:2:1:1:1,8:2:1:0:1,4:3:2:1:1,16:1:2:1:0,8:1:2:1:1:1,8:1:2:1:1:0:32"
+
+_STREAM_FUNCS = """
+def piece(k, chunks, upr, t):  # unit index of thread t's first unit of item k
+    if ORDER == 0:  # stripe by stripe (a per-channel kernel's order)
+        st = k // chunks
+        ch = k - st * chunks
+    else:  # band of rows by band, every stripe of a band in turn (a copy's order)
+        ns = upr // W
+        ch = k // ns
+        st = k - ch * ns
+    return (np.int64(ch) * ROWS + t // W) * upr + st * W + t % W
+
+def issue(buf, sb, x32, g, b, t, upr):  # item's units into buffer b (cp.async)
+    for i in range(UI):
+        CP(buf, sb, ((b * UI + i) * NT + t) * 4, x32, (g + i * (RG * np.int64(upr))) * 4, True)
+
+def drain(buf, sb, c32, g, b, t, upr):  # buffer b's units out as two XORs each
+    for i in range(UI):
+        w = ld_shared_u32x4(buf, sb, ((b * UI + i) * NT + t) * 4)
+        store_u32x2(c32, g + i * (RG * np.int64(upr)), w[0] ^ w[1], w[2] ^ w[3])
+"""
+
+# static order: block b takes items b, b + grid, b + 2 grid, ...
+_STREAM_STATIC = """
+def stream(x, nitems, chunks, upr, codes):
+    t = cuda.threadIdx.x
+    buf = cuda.shared.array(0, u32)
+    sb = smem_addr(buf)
+    x32 = as_u32(x)
+    c32 = as_u32(codes)
+    G = cuda.gridDim.x
+    k = cuda.blockIdx.x
+    for b in range(NBUF):
+        if k + b * G < nitems:
+            issue(buf, sb, x32, piece(k + b * G, chunks, upr, t), b, t, upr)
+        commit()
+    j = 0
+    while k < nitems:
+        waitn()  # this thread's copies of item k have landed (it reads only its own slots)
+        b = j % NBUF
+        drain(buf, sb, c32, piece(k, chunks, upr, t), b, t, upr)
+        if k + NBUF * G < nitems:
+            issue(buf, sb, x32, piece(k + NBUF * G, chunks, upr, t), b, t, upr)
+        commit()
+        k += G
+        j += 1
+"""
+
+# ticket order: thread 0 takes the block's next item by atom.add; a block stops taking
+# tickets after its first one past the end, so a launch takes nitems + grid tickets
+_STREAM_TICKET = """
+def stream(x, nitems, chunks, upr, codes, counter, base):
+    t = cuda.threadIdx.x
+    buf = cuda.shared.array(0, u32)
+    tk = cuda.shared.array(NBUF, i32)
+    sb = smem_addr(buf)
+    x32 = as_u32(x)
+    c32 = as_u32(codes)
+    if t == 0:
+        v = 0
+        for b in range(NBUF):
+            if v < nitems:
+                v = cuda.atomic.add(counter, 0, 1) - base
+            tk[b] = v
+    cuda.syncthreads()
+    for b in range(NBUF):
+        if tk[b] < nitems:
+            issue(buf, sb, x32, piece(tk[b], chunks, upr, t), b, t, upr)
+        commit()
+    j = 0
+    while tk[j % NBUF] < nitems:
+        b = j % NBUF
+        waitn()
+        drain(buf, sb, c32, piece(tk[b], chunks, upr, t), b, t, upr)
+        cuda.syncthreads()  # every thread has read tk[b]
+        if t == 0:
+            last = tk[(b + NBUF - 1) % NBUF]  # the newest ticket taken
+            tk[b] = last if last >= nitems else cuda.atomic.add(counter, 0, 1) - base
+        cuda.syncthreads()
+        if tk[b] < nitems:
+            issue(buf, sb, x32, piece(tk[b], chunks, upr, t), b, t, upr)
+        commit()
+        j += 1
+"""
+
+
+def stream_kernel(UI, NBUF, BPS, L2, TK, ORDER=0, WU=None):
+    """The stream kernel (a FastKernel) of one variant: row pieces of WU units (default STREAM_WU)."""
+    from numba import cuda, types
+
+    from nqdq.gpu.ptx.memory import as_u32, store_u32x2
+    from nqdq.gpu.ptx.mma import (# fmt: skip
+        cp_async_commit, cp_async_unit, cp_async_unit_l2_256, cp_async_wait, ld_shared_u32x4, smem_addr,
+    )
+    from nqdq.gpu.runtime.launch import FastKernel
+
+    wu = WU or STREAM_WU
+    rg = STREAM_NT // wu  # rows a block reads at a time
+    glb = dict(cuda=cuda, np=np, u32=types.uint32, i32=types.int32, smem_addr=smem_addr, as_u32=as_u32,
+               store_u32x2=store_u32x2, ld_shared_u32x4=ld_shared_u32x4, commit=cp_async_commit,
+               waitn=cp_async_wait(NBUF - 1), CP=cp_async_unit_l2_256 if L2 else cp_async_unit, NT=STREAM_NT,
+               W=wu, RG=rg, UI=UI, NBUF=NBUF, ROWS=UI * rg, ORDER=ORDER)  # fmt: skip
+    exec(compile(_STREAM_FUNCS, "<stripe stream functions>", "exec"), glb)
+    for f in ("piece", "issue", "drain"):
+        glb[f] = cuda.jit(glb[f], device=True)
+    exec(compile(_STREAM_TICKET if TK else _STREAM_STATIC, f"<stripe stream UI={UI} NBUF={NBUF} TK={TK}>", "exec"), glb)
+    k = cuda.jit(glb["stream"]) if BPS == 0 else cuda.jit(glb["stream"], launch_bounds=(STREAM_NT, BPS))
+    k.nqdq_dynamic_smem = NBUF * UI * STREAM_NT * 16
+    return FastKernel(k)
+
+
+def stream_items(R, C, UI, WU=None):
+    """(chunks of rows a stripe, units a row, items) of an R x C bf16 input cut into items of
+    UI x STREAM_NT / WU rows by a stripe of WU units; None where the shape is not a multiple."""
+    wu = WU or STREAM_WU
+    upr = C // 8
+    if C % 8 or R % (UI * (STREAM_NT // wu)) or upr % wu:
+        return None
+    chunks = R // (UI * (STREAM_NT // wu))
+    return chunks, upr, chunks * (upr // wu)
+
+
+def bench_stripe_stream(timer, xs, n_sets, groups, variants, add, skip):
+    """Each stream variant on the input sets ``xs`` (bf16 bits), timed like the copy beside it;
+    its output checked against the XORs computed by CuPy, and a ticket variant's count
+    against the tickets it must have taken (items + grid)."""
+    import cupy as cp
+
+    R, C = xs[0].shape
+    n = R * C
+    out = cp.empty((R, C), cp.uint8)
+    sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    w = xs[0].reshape(-1).view(cp.uint32).reshape(-1, 4)
+    want = cp.stack([w[:, 0] ^ w[:, 1], w[:, 2] ^ w[:, 3]], axis=1).reshape(-1)
+    for v in variants:
+        impl = f"stripe stream {v}"
+        UI, NBUF, BPS, L2, TK, ORDER, WU = (int(p) for p in (v + ":0:0:0").split(":")[:7])
+        geo = stream_items(R, C, UI, WU)
+        if geo is None:
+            skip(impl, "shape not a multiple of the item")
+            continue
+        chunks, upr, nitems = geo
+        fk = stream_kernel(UI, NBUF, BPS, L2, TK, ORDER, WU)
+        G = sms * BPS
+        counter = cp.zeros(1, cp.int32)
+        base = [0]
+
+        def args(i, chunks=chunks, upr=upr, nitems=nitems, TK=TK, G=G, counter=counter, base=base):
+            if not TK:
+                return (xs[i].reshape(-1), nitems, chunks, upr, out.reshape(-1))
+            b = base[0]  # each launch takes nitems + G tickets (one past the end a block)
+            base[0] += nitems + G
+            return (xs[i].reshape(-1), nitems, chunks, upr, out.reshape(-1), counter, b)
+
+        out[...] = 0
+        fk.launch(G, STREAM_NT, args(0))
+        ok = bool(cp.array_equal(want, out.reshape(-1).view(cp.uint32)))
+        if TK:
+            ok = ok and int(counter[0]) == nitems + G
+        us, hb = timer.device_us(lambda i: fk.launch(G, STREAM_NT, args(i)), n_sets, groups=groups,
+                                 bytes_per_launch=3 * n)  # fmt: skip
+        add(impl, us, 3 * n + 4 * C, hb, f"grid {G}, {nitems} items; output {'right' if ok else 'WRONG'}")
+
+
 def table(rows):
     """Markdown table; % of copy is against the copy of the same input size."""
     copy = {r["shape"]: r["gbs"] for r in rows if r["impl"].startswith("copy") and r["gbs"]}
@@ -488,11 +629,14 @@ def main(argv=None):
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer (slow to compile)")
     ap.add_argument("--schemes", default=None,
                     help="nqdq schemes, comma-separated; NAME@S: a static (caller-given) scale S, e.g. fp8_tensor@0.05; "
-                         "NAME~sr / NAME~srg: stochastic rounding (seed --seed) on the last-axis / general kernels")
+                         "NAME~sr: stochastic rounding (seed --seed)")
     ap.add_argument("--seed", type=int, default=None,
                     help="also time every nqdq scheme under stochastic rounding with this seed (a 'SR' row after each)")
-    ap.add_argument("--sr-general", action="store_true",
-                    help="with --seed: also the stochastic rows on the general kernels ('SR general', the A/B)")
+    ap.add_argument("--bound", choices=["stripe-stream"],
+                    help="stripe-stream: also the per-channel read pattern alone, a row per --stream-variants entry, "
+                         "bytes as int8_column's (docs/design/per-channel.md)")
+    ap.add_argument("--stream-variants", default=STREAM_VARIANTS,
+                    help="with --bound stripe-stream: UI:NBUF:BPS:L2:TICKET[:ORDER[:WU]], comma-separated")
     args = ap.parse_args(argv)
     try:
         import cupy  # noqa: F401
@@ -505,15 +649,15 @@ def main(argv=None):
         NQDQ_SCHEMES = args.schemes.split(",")
     if args.seed is not None:
         SR_SEED = args.seed
-        sr = ["~sr", "~srg"] if args.sr_general else ["~sr"]
-        NQDQ_SCHEMES = [v for s in NQDQ_SCHEMES for v in [s] + ([s + x for x in sr] if not _sr_variant(s)[1] else [])]
+        NQDQ_SCHEMES = [v for s in NQDQ_SCHEMES for v in [s] + ([s + "~sr"] if not _sr_variant(s)[1] else [])]
     sizes = SIZES if not args.sizes else [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
+    stream_variants = args.stream_variants.split(",") if args.bound == "stripe-stream" else []
     timer = Timer()
     print(f"spin calibration: {timer.us_per_unit:.3f} us per unit; L2 {timer.l2_bytes / 2**20:.0f} MiB")
     rows = []
     for shape in sizes:
         try:
-            bench_size(timer, shape, rows, quick=args.quick)
+            bench_size(timer, shape, rows, quick=args.quick, stream_variants=stream_variants)
         except Exception:
             traceback.print_exc()
         cupy.get_default_memory_pool().free_all_blocks()  # this size's inputs are garbage now

@@ -2,6 +2,7 @@
 
     python3 benchmarks/tree_ab.py --old build/adhoc/old [--schemes fp8_row,nvfp4] [--rows 64 --cols 7168]
         [--rounds 30] [--calls 500] [--cpu] [--json FILE]
+    python3 benchmarks/tree_ab.py --env NQDQ_TENSOR_RESIDENT=0,1 [--schemes ...] [...]
 
 Two trees timed in separate processes differ by the host's drift: on lent machines of one
 kind a process's 64x7168 call ran anywhere from 8 to 18 us within minutes
@@ -18,13 +19,21 @@ new tree was slower.
 
 bf16 input from CuPy (a uint16 view, ``dtype="bfloat16"``) on the current GPU, or with
 ``--cpu`` NumPy bfloat16 on the reference (no GPU needed; the same method for the NumPy path).
+
+``--env NAME=OLD,NEW`` A/Bs an environment setting instead of a tree: nqdq reads most of its
+``NQDQ_*`` settings into module constants at import, so the two values need two imports of
+this tree, ``nqdq_old`` imported with NAME=OLD and ``nqdq`` with NAME=NEW. NAME holds each
+tree's value while it imports and around each of its blocks of calls (set outside the timed
+calls), so settings read at call time follow it too.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
+import os
 import re
 import statistics
 import sys
@@ -60,6 +69,32 @@ def load_tree(root, name="nqdq_old"):
     return mod
 
 
+@contextlib.contextmanager
+def env(name, value):
+    """``os.environ[name] = value`` inside the block, restored after (``name`` None: nothing)."""
+    if name is None:
+        yield
+        return
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+
+
+def parse_env(spec):
+    """'NAME=OLD,NEW' -> (NAME, {"old": OLD, "new": NEW})."""
+    name, _, values = spec.partition("=")
+    values = values.split(",")
+    if not name or len(values) != 2:
+        raise SystemExit(f"--env {spec}: give NAME=OLD,NEW")
+    return name, dict(old=values[0], new=values[1])
+
+
 def _bytes(a):
     import numpy as np
 
@@ -69,7 +104,9 @@ def _bytes(a):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--old", required=True, help="a directory holding the other tree's nqdq/")
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--old", help="a directory holding the other tree's nqdq/")
+    what.add_argument("--env", metavar="NAME=OLD,NEW", help="this tree twice, with NAME=OLD and with NAME=NEW")
     ap.add_argument("--schemes", default="fp8_row,fp8_tensor,nvfp4,mxfp4")
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--cols", type=int, default=7168)
@@ -82,13 +119,20 @@ def main(argv=None):
     import ml_dtypes
     import numpy as np
 
-    import nqdq as new
-
-    old = load_tree(args.old)
-    if Path(new.__file__).resolve() == Path(old.__file__).resolve():
+    name, setting = parse_env(args.env) if args.env else (None, dict(old=None, new=None))
+    with env(name, setting["new"]):
+        import nqdq as new
+    with env(name, setting["old"]):
+        old = load_tree(args.old or HERE.parent)
+    if args.old and Path(new.__file__).resolve() == Path(old.__file__).resolve():
         raise SystemExit(f"--old {args.old} is this tree")
     trees = {"old": old, "new": new}
-    print(f"new: {new.__file__}\nold: {old.__file__}", flush=True)
+    for t in ("new", "old"):
+        print(f"{t}: {trees[t].__file__}" + (f" with {name}={setting[t]}" if name else ""), flush=True)
+
+    def call(t, s):
+        with env(name, setting[t]):
+            return trees[t].quantize(x, s, dtype=dtype)
 
     xh = np.random.default_rng(32).standard_normal((args.rows, args.cols), dtype=np.float32).astype(ml_dtypes.bfloat16)
     if args.cpu:
@@ -101,10 +145,10 @@ def main(argv=None):
     schemes = [s for s in args.schemes.split(",") if s]
 
     for s in schemes:
-        a, b = (t.quantize(x, s, dtype=dtype) for t in (new, old))
+        a, b = (call(t, s) for t in ("new", "old"))
         for _ in range(100 if args.cpu else 300):  # warm-up: plans, hot paths, clocks
-            new.quantize(x, s, dtype=dtype)
-            old.quantize(x, s, dtype=dtype)
+            call("new", s)
+            call("old", s)
         sync()
         same = _bytes(a.codes) == _bytes(b.codes) and _bytes(a.scales) == _bytes(b.scales)
         print(f"{s}: codes and scales identical in both trees: {same}", flush=True)
@@ -128,9 +172,12 @@ def main(argv=None):
     for r in range(args.rounds):
         for s in schemes:
             for t in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                res[(s, t)].append(block(trees[t].quantize, s))
+                with env(name, setting[t]):
+                    res[(s, t)].append(block(trees[t].quantize, s))
 
     where = "NumPy, the reference" if args.cpu else "CuPy, the GPU"
+    if name:
+        where += f"; old {name}={setting['old']}, new {name}={setting['new']}"
     print(f"\n| {args.rows}x{args.cols} bf16 ({where}), {args.rounds} rounds of {args.calls} calls, alternating "
           "| old median (us) | new median (us) | new - old, median of the round pairs (us) | rounds new slower |")
     print("|---|---:|---:|---:|---:|")
@@ -144,7 +191,8 @@ def main(argv=None):
         print(f"| {s} | {row['old']:.2f} | {row['new']:.2f} | {row['diff']:+.2f} "
               f"| {row['new_slower']} of {args.rounds} |")
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(rows=rows, shape=[args.rows, args.cols], cpu=args.cpu), indent=1))
+        Path(args.json).write_text(json.dumps(dict(rows=rows, shape=[args.rows, args.cols], cpu=args.cpu, env=args.env),
+                                              indent=1))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
     python3 benchmarks/user_view.py [--sizes 64x7168,8192x8192,16384x7168]
         [--schemes fp8_row,nvfp4,mxfp4] [--libs cupy,torch,jax] [--dtypes bfloat16,float16,float32]
         [--ops quantize,dequantize] [--json FILE]
+    python3 benchmarks/user_view.py --host [--sizes 64x7168] [--schemes fp8_row,mxfp4,nvfp4,fp8_1x128]
+        [--rounds 5] [--calls 1000] [--json FILE]
 
 For each (op, scheme, size, library, dtype):
 
@@ -20,6 +22,11 @@ Also ``fused.rmsnorm_quantize(h, w, "fp8_row")`` (``--fused-sizes``) and FP8 row
 run: a Triton per-token FP8 quantizer (``peers._triton_fp8_row``) beside ``fp8_row`` from
 PyTorch, and ``torch._scaled_mm`` (cuBLASLt) on the same FP8 codes and row scales. Inputs: fresh random data (normal, per-row magnitudes 2^U(-4, 4)),
 rotated over enough sets that one call's input is not in L2 from the call before.
+
+``--host``: only the host time of one ``nqdq.quantize`` call from CuPy (bf16 bits,
+``dtype="bfloat16"``) in the steady state, at decode size by default (``bench_host``).
+Host figures follow the machine: compare two trees only in one process
+(``benchmarks/tree_ab.py``).
 """
 
 from __future__ import annotations
@@ -365,10 +372,82 @@ def _row(r):
             f"{_pct(r['copy_us'], r['wall_us'])} | {_pct(r['copy_us'], r['device_us'])} | {r['note']} |")
 
 
+def same_parts(q, ref):
+    """Every output of ``q`` (CuPy or NumPy) the same bits, shape and dtype as ``ref``'s."""
+    for f in ("codes", "scales", "zero_points", "tensor_scale", "means"):
+        g, w = getattr(q, f), getattr(ref, f)
+        if (g is None) != (w is None):
+            return False
+        if g is None:
+            continue
+        g = g.get() if hasattr(g, "get") else np.asarray(g)
+        w = np.asarray(w)  # bit patterns, flattened (a 0-d view cannot change itemsize)
+        if g.shape != w.shape or g.dtype != w.dtype or not np.array_equal(
+            g.reshape(-1).view(np.uint8), w.reshape(-1).view(np.uint8)
+        ):
+            return False
+    return True
+
+
+def bench_host(sizes, schemes, calls, rounds, warm_s=2.0):
+    """Host time per ``nqdq.quantize(x, scheme, dtype="bfloat16")`` call on a CuPy array of
+    bf16 bits, in the steady state: every scheme called for ``warm_s`` seconds in turn (the
+    host's and the GPU's clocks come up; a cold first scheme reads up to 1.5x higher), then
+    ``rounds`` rounds, each timing every scheme in turn: the median of ``calls`` single
+    calls (``launch_overhead.host_median``: ``perf_counter`` around each call, the device
+    synchronized untimed every 100 calls so no call waits for room in the launch queue) and
+    the loop of ``calls`` calls with its final synchronize, per call. Each result is checked
+    bit for bit against the NumPy reference first. Prints per scheme every round's figures,
+    their median and their maximum; returns the rows."""
+    import functools
+
+    import cupy as cp
+    import ml_dtypes
+    from launch_overhead import host_median, host_time
+
+    sync = cp.cuda.runtime.deviceSynchronize
+    out = []
+    for size in sizes:
+        shape = tuple(int(v) for v in size.split("x"))
+        rng = np.random.default_rng(5)
+        xh = (rng.standard_normal(shape) * np.exp2(rng.uniform(-6, 6, (shape[0], 1)))).astype(ml_dtypes.bfloat16)
+        x = cp.asarray(xh.view(np.uint16))
+        fns = {}
+        for scheme in schemes:
+            fn = fns[scheme] = functools.partial(nqdq.quantize, x, scheme, dtype="bfloat16")
+            ok = same_parts(fn(), nqdq.quantize(xh, scheme, device="cpu"))
+            print(f"check {size} {scheme}: {'bit-exact vs reference' if ok else 'MISMATCH'}", flush=True)
+            out.append(dict(size=size, scheme=scheme, ok=bool(ok)))
+        t_end = time.perf_counter() + warm_s
+        while time.perf_counter() < t_end:
+            for fn in fns.values():
+                for _ in range(100):
+                    fn()
+                sync()
+        med = {s: [] for s in schemes}
+        loop = {s: [] for s in schemes}
+        for _ in range(rounds):
+            for scheme, fn in fns.items():
+                med[scheme].append(host_median(fn, calls, sync))
+                loop[scheme].append(host_time(fn, calls, sync, warm=10)[1])
+        print(f"\n| nqdq.quantize {size} bf16 (CuPy), steady state ({warm_s:g} s warm-up), {rounds} rounds | "
+              f"median of {calls} single calls, per round (us) | their median | max | "
+              f"loop of {calls} + sync, per call, per round (us) | their median |")
+        print("|---|---|---:|---:|---|---:|")
+        for scheme in schemes:
+            m, lp = med[scheme], loop[scheme]
+            out.append(dict(size=size, scheme=scheme, round_medians_us=m, round_loop_sync_us=lp))
+            print(f"| {scheme} | {' '.join(f'{v:.2f}' for v in m)} | {statistics.median(m):.2f} | {max(m):.2f} | "
+                  f"{' '.join(f'{v:.2f}' for v in lp)} | {statistics.median(lp):.2f} |", flush=True)
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", default="64x7168,8192x8192,16384x7168", type=lambda s: s.split(",") if s else [])
-    p.add_argument("--schemes", default="fp8_row,nvfp4,mxfp4", type=lambda s: s.split(","))
+    p.add_argument("--sizes", default=None, type=lambda s: s.split(",") if s else [],
+                   help="default 64x7168,8192x8192,16384x7168; with --host 64x7168")
+    p.add_argument("--schemes", default=None, type=lambda s: s.split(","),
+                   help="default fp8_row,nvfp4,mxfp4; with --host fp8_row,mxfp4,nvfp4,fp8_1x128")
     p.add_argument("--libs", default="cupy,torch,jax", type=lambda s: s.split(","))
     p.add_argument("--dtypes", default="bfloat16,float16,float32", type=lambda s: s.split(","))
     p.add_argument("--ops", default="quantize,dequantize", type=lambda s: s.split(","))
@@ -378,8 +457,20 @@ def main(argv=None):
     p.add_argument("--fused-weights", default="bfloat16", type=lambda s: s.split(","),
                    help="the RMSNorm weight's dtypes (bfloat16, float32)")
     p.add_argument("--no-replay", action="store_true", help="skip the host time of a graph replay")
+    p.add_argument("--host", action="store_true", help="only the host time per quantize call, steady state")
+    p.add_argument("--rounds", type=int, default=5, help="with --host")
+    p.add_argument("--calls", type=int, default=1000, help="with --host: single calls a round")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    if args.host:
+        rows = bench_host(args.sizes or ["64x7168"], args.schemes or ["fp8_row", "mxfp4", "nvfp4", "fp8_1x128"],
+                          args.calls, args.rounds)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return
+    if args.sizes is None:
+        args.sizes = ["64x7168", "8192x8192", "16384x7168"]
+    args.schemes = args.schemes or ["fp8_row", "nvfp4", "mxfp4"]
     device, rows = bench(args)
     libs = {name: Lib(name) for name in args.libs}
     for wd in args.fused_weights:

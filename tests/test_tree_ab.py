@@ -1,8 +1,10 @@
 """benchmarks/tree_ab.py loads another nqdq tree beside this one, as package ``nqdq_old``.
 That is sound only while every import inside ``nqdq`` is relative (an absolute one would run
 the already-imported tree's module instead); this tree must stay loadable that way, as the
-"old" side of a later A/B."""
+"old" side of a later A/B. With ``--env NAME=OLD,NEW`` it loads this tree twice, each import
+under its own value of the setting."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -54,3 +56,51 @@ def test_a_directory_without_nqdq_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="no nqdq/__init__.py there"):
         tree_ab.load_tree(tmp_path, "nqdq_missing")
     assert "nqdq_missing" not in sys.modules
+
+
+def _drop(name):
+    for k in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        del sys.modules[k]
+
+
+def test_env_sets_and_restores(monkeypatch):
+    monkeypatch.delenv("NQDQ_TREE_AB_PROBE", raising=False)
+    with tree_ab.env("NQDQ_TREE_AB_PROBE", "0"):
+        assert os.environ["NQDQ_TREE_AB_PROBE"] == "0"
+        with tree_ab.env("NQDQ_TREE_AB_PROBE", "1"):
+            assert os.environ["NQDQ_TREE_AB_PROBE"] == "1"
+        assert os.environ["NQDQ_TREE_AB_PROBE"] == "0"
+    assert "NQDQ_TREE_AB_PROBE" not in os.environ
+    with tree_ab.env(None, None):  # --old: no setting
+        pass
+    assert tree_ab.parse_env("NQDQ_RECIP_DIV=0,1") == ("NQDQ_RECIP_DIV", {"old": "0", "new": "1"})
+    for bad in ("NQDQ_RECIP_DIV=0", "=0,1", "NQDQ_RECIP_DIV=0,1,0"):
+        with pytest.raises(SystemExit, match="NAME=OLD,NEW"):
+            tree_ab.parse_env(bad)
+
+
+def test_a_tree_imported_under_a_setting_keeps_it():
+    """--env: a setting read into a module constant at import differs between the two imports."""
+    import importlib
+
+    import nqdq.gpu.device.division as division
+
+    try:
+        with tree_ab.env("NQDQ_RECIP_DIV", "0" if division.RECIP_DIV else "1"):
+            tree_ab.load_tree(ROOT, "nqdq_envtwin")
+            twin_division = importlib.import_module("nqdq_envtwin.gpu.device.division")
+        assert twin_division.RECIP_DIV is not division.RECIP_DIV
+    finally:
+        _drop("nqdq_envtwin")
+
+
+def test_env_mode_runs_on_the_cpu(capsys):
+    try:
+        tree_ab.main(["--env", "NQDQ_RECIP_DIV=0,1", "--cpu", "--schemes", "fp8_row", "--rows", "4", "--cols", "64",
+                      "--rounds", "2", "--calls", "3"])
+    finally:
+        _drop("nqdq_old")
+    out = capsys.readouterr().out
+    assert "with NQDQ_RECIP_DIV=0" in out and "with NQDQ_RECIP_DIV=1" in out
+    assert "fp8_row: codes and scales identical in both trees: True" in out
+    assert "| fp8_row |" in out

@@ -66,16 +66,16 @@ class TimeQuantizeGPU:
 
 
 class TimeQuantizeStochasticGPU(TimeQuantizeGPU):
-    """Stochastic rounding (seed 1) through the last-axis kernels' stochastic variants
-    (nqdq.gpu.quantize.plan.LASTAXIS_STOCH): Philox bits and the 32-bit encoder per element."""
+    """Stochastic rounding (seed 1) through the last-axis kernels' stochastic variants: Philox
+    bits and the 32-bit encoder per element."""
 
     params = (["fp8_row", "int8_row", "mxfp8", "mxfp4", "nvfp4"], ["8192x8192"])
     seed = 1
 
 
 class TimeLaunch:
-    """One launch of a small per-row FP8 kernel (benchmarks/toy_fp8_row.py, 64x7168 bf16),
-    through Numba's dispatcher and through nqdq.gpu.runtime.launch.FastKernel."""
+    """One launch of a small per-row FP8 kernel (benchmarks/launch_overhead.py's fp8_row_bf16,
+    64x7168 bf16), through Numba's dispatcher and through nqdq.gpu.runtime.launch.FastKernel."""
 
     params = ["numba", "fastkernel", "prepared", "graph"]
     param_names = ["path"]
@@ -83,16 +83,16 @@ class TimeLaunch:
     def setup(self, path):
         cp = self.cp = cupy_or_skip()
         sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-        import toy_fp8_row
+        import launch_overhead
 
         from nqdq.gpu.runtime.launch import FastKernel
 
         x = bf16_bits(cp, (64, 7168))
         self.codes = cp.empty((64, 7168), cp.uint8)
         self.scales = cp.empty(64, cp.float32)
-        grid, block, args = toy_fp8_row.launch_args(x, self.codes, self.scales)
+        grid, block, args = launch_overhead.launch_args(x, self.codes, self.scales)
         self.keep = (x, args)
-        kernel = toy_fp8_row.fp8_row_bf16
+        kernel = launch_overhead.fp8_row_bf16
         fk = FastKernel(kernel)
         if path == "numba":
             self.fn = lambda: kernel[grid, block](*args)
