@@ -104,7 +104,8 @@ def sweep(part=0, parts=1):
     from nqdq.reference import quantize as ref
     from nqdq.reference.packing import pack_codes
     from nqdq.schemes import resolve_scheme
-    from test_kernels import assert_same, edge_data
+    from helpers.data import edge_data
+    from helpers.kernels import assert_same
 
     bad = 0
     cases = SWEEP[part::parts]

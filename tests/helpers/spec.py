@@ -1,18 +1,15 @@
-"""Shared test helpers: format spec cards written out independently of ``nqdq.formats``,
-an exact float64 rounding oracle, SQNR, and a microxcaling-style mismatch report.
+"""Format spec cards written out independently of ``nqdq.formats``, an exact float64
+rounding oracle, SQNR, and a microxcaling-style mismatch report.
 
 Nothing here calls nqdq: these are the *expected* side of the tests.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
-import pytest
 
 # name -> (exponent bits, mantissa bits, NaN/inf style, ml_dtypes type), from the spec cards:
 #   e4m3fn: OCP FP8, bias 7, no inf, NaN = S.1111.111            (max 448)
@@ -141,7 +138,7 @@ def all_f16_as_f32() -> np.ndarray:
 
 
 # --------------------------------------------------------------------- mismatch reports
-def _fields(value, dtype) -> str:
+def float_fields(value, dtype) -> str:
     """sign / biased exponent / mantissa of one float32 or float64 value."""
     dt = np.dtype(dtype)
     if dt == np.float64:
@@ -154,7 +151,9 @@ def _fields(value, dtype) -> str:
     return f"{float(value)!r} (s={s} e={e:#x} m={m:#x})"
 
 
-def _code_fields(code, name) -> str:
+def code_fields(code, name) -> str:
+    """sign / exponent / mantissa of one code of format ``name`` (the hex code alone for a
+    format without a spec card here)."""
     if name not in SPEC:
         return f"{int(code):#04x}"
     e_bits, m_bits, _, _ = SPEC[name]
@@ -176,9 +175,9 @@ def assert_codes_equal(got, want, x, name: str, what: str = ""):
         xf = np.asarray(x).reshape(-1)
         raise AssertionError(
             f"{what} [{name}]: {bad.size} of {got.size} codes differ; first at flat index {i}:\n"
-            f"  input {_fields(xf[i], xf.dtype)}\n"
-            f"  got   {_code_fields(got.reshape(-1)[i], name)}\n"
-            f"  want  {_code_fields(want.reshape(-1)[i], name)}"
+            f"  input {float_fields(xf[i], xf.dtype)}\n"
+            f"  got   {code_fields(got.reshape(-1)[i], name)}\n"
+            f"  want  {code_fields(want.reshape(-1)[i], name)}"
         )
 
 
@@ -238,80 +237,3 @@ def sqnr_db(x, y) -> float:
     x = np.asarray(x, np.float64)
     y = np.asarray(y, np.float64)
     return float(10 * np.log10(np.sum(x * x) / np.sum((x - y) ** 2)))
-
-
-def topk_ids(rng, tokens: int, num_experts: int, k: int, dtype=np.int64):
-    """Expert ids [tokens, k] as a router's top-k gives them: k distinct experts a token, in
-    random order (one ``rng.permutation`` a token)."""
-    return np.stack([rng.permutation(num_experts)[:k] for _ in range(tokens)]).astype(dtype)
-
-
-def gpu_cupy_or_skip():
-    """CuPy, for a module of GPU tests (call it at module level): the whole module is
-    skipped unless NQDQ_TEST_GPU=1, CuPy imports and a CUDA device is present."""
-    if os.environ.get("NQDQ_TEST_GPU") != "1":
-        pytest.skip("GPU tests need NQDQ_TEST_GPU=1 (and a CUDA GPU with CuPy)", allow_module_level=True)
-    cp = pytest.importorskip("cupy")
-    try:
-        if cp.cuda.runtime.getDeviceCount() < 1:
-            raise RuntimeError
-    except Exception:
-        pytest.skip("no CUDA device", allow_module_level=True)
-    return cp
-
-
-FREE_SMS = 8  # SMs sm_hog leaves to the grid under test
-_HOG_SRC = r"""
-extern "C" __global__ void hog(const volatile int *flag, int *gave_up, long long limit) {
-    extern __shared__ int s[];
-    long long t0 = clock64();
-    if (threadIdx.x == 0) {
-        while (flag[0] == 0) {
-            if (clock64() - t0 > limit) { atomicAdd(gave_up, 1); break; }
-            __nanosleep(1000);
-        }
-    }
-    s[threadIdx.x] = threadIdx.x;
-    __syncthreads();
-}
-extern "C" __global__ void release(int *flag) { flag[0] = 1; }
-"""
-
-
-@contextlib.contextmanager
-def sm_hog(stream, free=FREE_SMS, seconds=2.0):
-    """A grid that holds all but ``free`` SMs of the current device (one block on each, with
-    all the shared memory a block may have) until ``done()`` (yielded) is called: that
-    launches, in ``stream`` (the grid under test's, after it), a kernel that releases the hog.
-    So the grid under test has only ``free`` SMs until it ends. On leaving, the device is
-    synchronized and the test fails if the hog gave up (about ``seconds`` of waiting, so a
-    grid that cannot end without the held SMs fails the test instead of hanging it)."""
-    import time
-
-    import cupy as cp
-
-    dev = cp.cuda.Device()
-    attrs = dev.attributes
-    mod = cp.RawModule(code=_HOG_SRC, options=("-std=c++14",))
-    hog, release = mod.get_function("hog"), mod.get_function("release")
-    smem = attrs["MaxSharedMemoryPerBlockOptin"]
-    hog.max_dynamic_shared_size_bytes = smem
-    flag, gave_up = cp.zeros(1, cp.int32), cp.zeros(1, cp.int32)
-    clock_hz = attrs["ClockRate"] * 1e3
-    hs = cp.cuda.Stream(non_blocking=True)
-    hog((attrs["MultiProcessorCount"] - free,), (32,), (flag, gave_up, np.int64(seconds * clock_hz)),
-        stream=hs, shared_mem=smem)
-    time.sleep(0.05)  # the hog's blocks are on their SMs before the grid under test is launched
-    released = []
-
-    def done():
-        release((1,), (1,), (flag,), stream=stream)
-        released.append(True)
-
-    try:
-        yield done
-    finally:
-        if not released:
-            done()
-        dev.synchronize()
-    assert int(gave_up.get()[0]) == 0, "the hog gave up waiting: the grid under test did not end without its SMs"
