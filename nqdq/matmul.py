@@ -248,7 +248,7 @@ def _matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.
 # (nqdq.gpu.gemm.plan.gemm_sequence) on the current stream. Nothing in it waits for the GPU or
 # copies to the host. Bounded as nqdq.quantize's hot path is (nqdq.api.remember_bounded):
 # at most _RUNNERS_MAX keys, the oldest dropped first. The tile is chosen when the runner is
-# built: clear_hot_path() after changing NQDQ_GEMM_TILE / NQDQ_GEMM_WGMMA.
+# built (plan.default_config, from what the key holds: schemes, shapes, arguments, GPU).
 _RUNNERS: dict = {}
 _RUNNERS_MAX = 256
 _FACTS: dict = {}  # array type -> facts(x), registered with the first runner of that library
@@ -280,7 +280,7 @@ def _hot_key(qa, qb, out_dtype, bias, activation, alpha, device):
 
 
 def clear_hot_path():
-    """Forget the remembered GEMM runners (tests; after changing the tile's environment)."""
+    """Forget the remembered GEMM runners (tests)."""
     _RUNNERS.clear()
 
 

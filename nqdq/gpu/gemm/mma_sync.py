@@ -37,7 +37,8 @@ from ..runtime.backend import cuda
 
 from ..ptx import mma as _mma
 from ..device.codec import bits_f32, f32_bits
-from ..ptx import cvt_bf16x2, cvt_f16x2, st_u32_at
+from ..ptx.convert import cvt_bf16x2, cvt_f16x2
+from ..ptx.memory import st_u32_at
 from ..runtime.target import devfn
 
 BK = 64  # bytes (= elements) of K per pipeline stage

@@ -4,11 +4,44 @@
 Arrays may be NumPy (the simulator uses them as they are; on a GPU they are copied over
 and the result copied back), CuPy or anything with ``__cuda_array_interface__`` (used in
 place; the result is CuPy when CuPy is installed, a Numba device array otherwise).
+
+Named choices: the tile each case takes (``default_config``) and the measurement that
+decided it (H100 80GB HBM3, bf16 output; int8 in TOP/s, fp8 in TFLOP/s; "large": an output
+of at least ``LARGE_OUTPUT`` = 4096^2 elements):
+
+* ``SIM_CONFIG``: the CUDA simulator, which runs one Python thread per CUDA thread: one
+  warp per CTA, a 16 x 16 tile.
+* ``GPU_CONFIG``: GPUs other than sm_90 (``mma.sync``; wgmma needs sm_90a): 128 x 128 x 64,
+  8 warps of 64 x 32, 3 stages (48 KiB).
+* ``WGMMA_CONFIG_WIDE_DIRECT``: sm_90 int8, large outputs: 128 x 256 tiles (193 KiB; int8
+  needs no promotion registers) on the block-barrier ring, direct epilogue: 1235 vs 1201
+  for the parked epilogue at 8192^3, 965 vs 893 at 4096^3 (1149 and 1023 with a producer
+  warpgroup on a persistent grid).
+* ``WGMMA_CONFIG_WIDE_FIXED``: sm_90 int8 with zero points and GELU, large outputs: the
+  same tile with the parked epilogue, as the direct one spills there (1.2 KiB: zero points
+  and GELU beside 128 live int32 accumulators); 1187 vs 1035 for a row-major walk of the
+  parked tile at 8192^3, 874 vs 730 at 4096^3.
+* ``WGMMA_CONFIG_FP8_ROW``: sm_90 fp8 row / tensor scales, large outputs of at least
+  ``FP8_ROW_MIN_TILES`` = 640 tiles of 128 x 192 (4096^3, 704 tiles: faster; 2048 x 7168,
+  608: equal; M = 128, 75: slower): 128 x 192 tiles (m64n192k32, 161 KiB), a producer
+  warpgroup (consumers at 232 registers hold the accumulators and the promoted sums
+  without spilling), direct epilogue, persistent grid. 829 with the producer vs 702
+  without at 8192^3, 531 vs 512 at 4096^3; 1070 with the direct epilogue on the persistent
+  grid vs 1026 parked at 8192^3, 780 vs 711 at 4096^3.
+* ``WGMMA_CONFIG_FP8_BLOCK``: sm_90 fp8 block scales, every size: 128 x 128 tiles (one
+  128-block of weight scales per CTA), 6 stages, a producer warpgroup, ping-pong
+  accumulators (3 x 64 float32 per thread), direct epilogue, persistent grid. 8192^3: 804
+  vs 760 for ping-pong without the producer (4 stages); 876 vs 827 parked (781 vs 670 at
+  4096^3); at the shapes below 739, 421, 61 (426, 349, 50 parked, one tile per CTA).
+* ``WGMMA_CONFIG_PERSISTENT_128``: sm_90 int8 and fp8 row / tensor scales below those
+  sizes: 128 x 128 tiles, a producer warpgroup, direct epilogue, persistent grid.
+  2048x7168x2048 int8 775, fp8 row 746; 128x14336x4096 443, 447; 16x14336x4096 62, 64
+  (vs 394, 249, 42 for int8 128 x 256 tiles and 349, 333, 51 for fp8 128 x 128 tiles, on
+  the block-barrier ring with a parked row-major epilogue).
 """
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import ml_dtypes
@@ -23,113 +56,43 @@ __all__ = ["gemm", "PreparedGemm", "plan_gemm", "gemm_sequence", "TileConfig", "
            "default_config", "SIM_CONFIG"]
 
 TileConfig, GemmSpec, WgmmaConfig = gemm_kernels.TileConfig, gemm_kernels.GemmSpec, gemm_wgmma.WgmmaConfig
-# The simulator runs one Python thread per CUDA thread: one warp per CTA, a 16 x 16 tile.
+# the named choices (module docstring)
 SIM_CONFIG = TileConfig(warps_m=1, warps_n=1, mt=1, nt=2, stages=2, group_m=2)
-GPU_CONFIG = TileConfig()  # 128 x 128 x 64, 8 warps of 64 x 32, 3 stages (48 KiB)
+GPU_CONFIG = TileConfig()
+WGMMA_CONFIG_WIDE_DIRECT = WgmmaConfig(n=256, direct=True)
+WGMMA_CONFIG_WIDE_FIXED = WgmmaConfig(n=256)
+WGMMA_CONFIG_FP8_ROW = WgmmaConfig(n=192, producer=True, direct=True)
+WGMMA_CONFIG_FP8_BLOCK = WgmmaConfig(stages=6, pingpong=True, producer=True, direct=True)
+WGMMA_CONFIG_PERSISTENT_128 = WgmmaConfig(producer=True, direct=True)
+LARGE_OUTPUT = 4096 * 4096  # the large tiles were timed at 4096^3 and 8192^3
+FP8_ROW_MIN_TILES = 640  # output tiles of 128 x 192
 
 _OUT = {"float32": gemm_kernels.OUT_F32, "float16": gemm_kernels.OUT_F16, "bfloat16": gemm_kernels.OUT_BF16}
 _ACT = {None: gemm_kernels.ACT_NONE, "relu": gemm_kernels.ACT_RELU, "gelu": gemm_kernels.ACT_GELU}
 _SCALE = {"tensor": gemm_kernels.SCALE_TENSOR, "row": gemm_kernels.SCALE_ROW, "block": gemm_kernels.SCALE_BLOCK}
 
 
-# sm_90a fp8: 128 x 128 x 128, 2 warpgroups, 4 stages (129 KiB), ring synchronised by
-# mbarriers so that one warpgroup's float32 promotion overlaps the other's wgmma's (block
-# scales need N = 128: one 128-block of weight scales per CTA)
-WGMMA_CONFIG = WgmmaConfig(mbarrier=True)
-# fp8 row / tensor scales: 128 x 192 tiles (m64n192k32), 161 KiB, warp-specialised: a
-# producer warpgroup loads, two consumer warpgroups at 232 registers (setmaxnreg) hold the
-# accumulators and the promoted sums without spilling. H100, 8192^3: 829 TFLOP/s vs 702 for
-# the same tile without the producer (WGMMA_CONFIG_FP8_ROW_MB), 531 vs 512 at 4096^3
-WGMMA_CONFIG_FP8_ROW_WS = WgmmaConfig(n=192, mbarrier=True, producer=True)
-WGMMA_CONFIG_FP8_ROW_MB = WgmmaConfig(n=192, mbarrier=True)
-# + the fixed-column epilogue (4 columns per thread, scales loaded once, no per-element
-# division): 980 vs 825 TFLOP/s at 8192^3, 672 vs 534 at 4096^3 (H100)
-WGMMA_CONFIG_FP8_ROW_FIXED = WgmmaConfig(n=192, mbarrier=True, producer=True, fixed_cols=True)
-# + the direct epilogue (from registers, two outputs per store, no parked tile or barrier)
-# on a persistent grid (the next tile's loads overlap this tile's epilogue): 1070 vs 1026
-# TFLOP/s for the fixed-column epilogue at 8192^3 (0.81x vs 0.77x cuBLASLt), 780 vs 711 at
-# 4096^3 (H100; docs/design/gemm.md)
-WGMMA_CONFIG_FP8_ROW = WgmmaConfig(n=192, mbarrier=True, producer=True, direct=True, persistent=True)
-# fp8 block scales: 128 x 128, 6 stages, producer warpgroup + ping-pong accumulators in the
-# consumers (3 x 64 float32 per thread): 804 vs 760 TFLOP/s for WGMMA_CONFIG_FP8_BLOCK_PP
-# (no producer, 4 stages) at 8192^3, 1-2 % faster at the issue's smaller shapes
-WGMMA_CONFIG_FP8_BLOCK_WS = WgmmaConfig(stages=6, mbarrier=True, pingpong=True, producer=True)
-WGMMA_CONFIG_FP8_BLOCK_PP = WgmmaConfig(mbarrier=True, pingpong=True)
-# + the fixed-column epilogue: 847 vs 792 TFLOP/s at 8192^3, 667 vs 601 at 4096^3
-WGMMA_CONFIG_FP8_BLOCK_FIXED = WgmmaConfig(stages=6, mbarrier=True, pingpong=True, producer=True, fixed_cols=True)
-# + the direct epilogue on a persistent grid: 876 vs 827 TFLOP/s at 8192^3, 781 vs 670 at
-# 4096^3 (same run)
-WGMMA_CONFIG_FP8_BLOCK = WgmmaConfig(stages=6, mbarrier=True, pingpong=True, producer=True, direct=True,
-                                     persistent=True)
-# outputs below FIXED_COLS_MIN_OUTPUT (and fp8 row / tensor scales below FP8_ROW_MIN_TILES)
-# for int8 and fp8 row / tensor scales: 128 x 128 tiles, producer warpgroup, direct epilogue,
-# persistent grid. H100 (TOP/s or TFLOP/s, previous default in
-# brackets): 2048x7168x2048 int8 775 (394), fp8 row 746 (349); 128x14336x4096 int8 443
-# (249), fp8 row 447 (333); 16x14336x4096 int8 62 (42), fp8 row 64 (51). Block scales take
-# WGMMA_CONFIG_FP8_BLOCK at every size: 739 (426), 421 (349), 61 (50) there.
-WGMMA_CONFIG_PERSISTENT_128 = WgmmaConfig(mbarrier=True, producer=True, direct=True, persistent=True)
-# output tiles (of 128 x 192) from which fp8 row / tensor scales take WGMMA_CONFIG_FP8_ROW
-# (4096^3, 704 tiles: faster; 2048 x 7168, 608: equal; M = 128, 75: slower than the ring)
-FP8_ROW_MIN_TILES = 640
-# the block-barrier ring (a __syncthreads per K step), kept for comparison
-WGMMA_CONFIG_RING = WgmmaConfig()
-# int8 (no promotion registers needed): 128 x 256 tiles, 193 KiB; measured faster on the H100
-WGMMA_CONFIG_WIDE = WgmmaConfig(n=256)
-# + the fixed-column epilogue (bit-identical output): 1187 vs 1035 TOP/s at 8192^3, 874 vs
-# 730 at 4096^3
-WGMMA_CONFIG_WIDE_FIXED = WgmmaConfig(n=256, fixed_cols=True)
-# + the direct epilogue instead: 1235 vs 1201 TOP/s at 8192^3, 965 vs 893 at 4096^3 (same
-# run; on a persistent grid with a producer: 1149 and 1023)
-WGMMA_CONFIG_WIDE_DIRECT = WgmmaConfig(n=256, direct=True)
-# the fixed-column and direct epilogues were timed at 4096^3 and 8192^3 only: outputs of at
-# least this many elements take them (smaller ones keep the row-major walk, measured before)
-FIXED_COLS_MIN_OUTPUT = 4096 * 4096
-
-
-def parse_config(text: str):
-    """"2,4,4,4,3,8" -> TileConfig (mma.sync); "wg:2,128,4,8" -> WgmmaConfig (sm_90a; fields
-    in order: warpgroups, n, stages, group_m, inflight, fast_accum, promote_every, mbarrier,
-    pingpong, producer, fixed_cols, direct, persistent)."""
-    if text.startswith("wg:"):
-        return WgmmaConfig(*(int(v) for v in text[3:].split(",")))
-    return TileConfig(*(int(v) for v in text.split(",")))
-
-
-def default_config(spec: GemmSpec | None = None, shape: tuple[int, int] | None = None):
-    """The simulator's one-warp tile; on a GPU ``NQDQ_GEMM_TILE`` if set, else wgmma on
-    sm_90 (numba-cuda builds for sm_90a there) unless ``NQDQ_GEMM_WGMMA=0`` (128 x 256
-    tiles for int8; for fp8, whose promotion needs a second set of registers, the
-    warp-specialised mbarrier ring (a producer warpgroup loads): 128 x 128 with ping-pong
-    accumulators for block scales, and 128 x 192 for row / tensor scales with outputs
-    ``shape`` = (M, N) of at least ``FP8_ROW_MIN_TILES`` such tiles and outputs of at least
-    ``FIXED_COLS_MIN_OUTPUT`` elements; every one with the direct epilogue, fp8 on a
-    persistent grid; smaller int8 and row-scaled fp8 outputs take 128 x 128 tiles on a
-    persistent grid fed by a producer warpgroup), else mma.sync."""
+def default_config(spec: GemmSpec, shape: tuple[int, int] | None = None):
+    """The tile ``spec`` takes for an output of ``shape`` = (M, N) (the module docstring's
+    named choices): the simulator's one-warp tile; wgmma on sm_90 (numba-cuda builds for
+    sm_90a there: ``wgmma_config_for``); mma.sync on other GPUs."""
     if SIMULATOR:
         return SIM_CONFIG
-    env = os.environ.get("NQDQ_GEMM_TILE")
-    if env:
-        return parse_config(env)
-    if os.environ.get("NQDQ_GEMM_WGMMA", "1") != "0" and device_cc() == (9, 0):
+    if device_cc() == (9, 0):
         return wgmma_config_for(spec, shape)
     return GPU_CONFIG
 
 
-def wgmma_config_for(spec: GemmSpec | None = None, shape: tuple[int, int] | None = None) -> WgmmaConfig:
-    """The sm_90a tile ``default_config`` picks for ``spec`` and output ``shape`` (see there;
-    no shape: the large-problem choice)."""
-    if spec is None:
-        return WGMMA_CONFIG
-    big = shape is None or shape[0] * shape[1] >= FIXED_COLS_MIN_OUTPUT
+def wgmma_config_for(spec: GemmSpec, shape: tuple[int, int] | None = None) -> WgmmaConfig:
+    """The sm_90a tile for ``spec`` and output ``shape`` (no shape: the large-output choice)."""
+    large = shape is None or shape[0] * shape[1] >= LARGE_OUTPUT
     if spec.mma in ("s8s8", "u8s8"):
-        if not big:
+        if not large:
             return WGMMA_CONFIG_PERSISTENT_128
-        # zero points + GELU beside 128 live int32 accumulators spill in the direct epilogue
-        # (1.2 KiB, tests/test_mma.py): the parked one frees them first
         return WGMMA_CONFIG_WIDE_FIXED if spec.asym and spec.act == gemm_kernels.ACT_GELU else WGMMA_CONFIG_WIDE_DIRECT
     if spec.sa_mode == gemm_kernels.SCALE_BLOCK:
         return WGMMA_CONFIG_FP8_BLOCK
-    if shape is not None and (not big or -(-shape[0] // 128) * -(-shape[1] // WGMMA_CONFIG_FP8_ROW.n) < FP8_ROW_MIN_TILES):
+    if shape is not None and (not large or -(-shape[0] // 128) * -(-shape[1] // WGMMA_CONFIG_FP8_ROW.n) < FP8_ROW_MIN_TILES):
         return WGMMA_CONFIG_PERSISTENT_128
     return WGMMA_CONFIG_FP8_ROW
 
@@ -312,9 +275,9 @@ def gemm(a_codes, b_codes, **kw):
     a_codes: [M, K] codes (int8, or uint8 for fp8 / asymmetric int8); b_codes: [N, K];
     mma: "s8s8" | "u8s8" | "<fa>.<fb>" (fp8 formats); sa, sb: float32 scales (sizes by
     mode: tensor 1, row M / N, block [M, ceil(K/128)] / [ceil(N/128), ceil(K/128)]);
-    za: uint8 zero points of an asymmetric A (1 or M); ``config``: a TileConfig (default
-    :func:`default_config`). Returns [M, N] out_dtype (bfloat16 as uint16 bits on a GPU
-    array library; NumPy results are float16 / ml_dtypes.bfloat16).
+    za: uint8 zero points of an asymmetric A (1 or M); ``config``: a TileConfig or a
+    WgmmaConfig (default :func:`default_config`). Returns [M, N] out_dtype (bfloat16 as
+    uint16 bits on a GPU array library; NumPy results are float16 / ml_dtypes.bfloat16).
     """
     g = PreparedGemm(a_codes, b_codes, **kw)
     g.launch()
@@ -424,7 +387,7 @@ def kernel_signature(spec: GemmSpec):
     return (u8, u8, T.int64, T.int64, T.int64, f32, f32, u8, T.Array(T.int32, 1, "C"), f32, T.float32, out)
 
 
-def compile_ptx(spec: GemmSpec, cc=(9, 0), config: TileConfig | None = None) -> str:
+def compile_ptx(spec: GemmSpec, cc=(9, 0), config: TileConfig | WgmmaConfig | None = None) -> str:
     """PTX of one GEMM kernel for compute capability ``cc`` (e.g. ``(9, 0, "a")``), with or
     without a GPU present (numba-cuda compiles device functions for the *current* device;
     without one, a stand-in of capability ``cc[:2]`` is made current for the call)."""

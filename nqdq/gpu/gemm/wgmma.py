@@ -1,6 +1,6 @@
 """The sm_90a GEMM body: warpgroup MMA (``wgmma.mma_async``) from shared-memory descriptors.
 
-Same arguments, data layout and epilogue as ``_gemm_kernels.make_gemm_kernel`` (read its
+Same arguments, data layout and epilogue as ``mma_sync.make_gemm_kernel`` (read its
 docstring first); what differs is the main loop:
 
 * CTA tile BM x BN with BM = 64 * warpgroups; each warpgroup owns 64 rows and all BN
@@ -8,42 +8,48 @@ docstring first); what differs is the main loop:
 * K advances 128 bytes per stage; tiles are K-major rows of 128 bytes with the 128-byte
   swizzle (``_mma`` explains the layout), filled by ``cp.async`` (16 bytes per lane,
   zero-filled past M, N, K) into a ``stages``-deep ring aligned to 1024 bytes;
-* per stage: wait for its copies, ``fence.proxy.async`` (cp.async writes through the
-  generic proxy, wgmma reads through the async one), barrier, issue the copy of the stage
-  ``stages - 2`` ahead (into the slot of two steps ago, whose wgmma's are finished), then
-  4 wgmma's, commit, and wait until at most ``inflight`` (1) groups run on. FP8 block
-  scales wait for all (their partial sums are promoted once per stage, 128 = the block).
+* fp8 partial sums are promoted into float32 registers once per stage (128 of K = one
+  scale block).
 
-``WgmmaConfig.mbarrier`` replaces the block barrier by a full and an empty mbarrier per
-ring slot: every thread's ``cp.async`` copies arrive on the slot's full barrier when they
-land (``cp.async.mbarrier.arrive.noinc``), a warpgroup waits for it, runs the slot's
-wgmma's, arrives on the empty barrier, promotes, then refills the slot of the step before
-once every thread has released it. The two warpgroups drift up to a step apart, so one's
-promotion runs while the other's wgmma's do (DeepGEMM's and CUTLASS's warp-specialised
-kernels get the same overlap from separate producer and consumer warps).
-``WgmmaConfig.pingpong`` (with mbarrier) also alternates two accumulator sets by K-step
+Two pipelines, chosen by ``WgmmaConfig.producer`` (``plan.wgmma_config_for`` says which
+input takes which):
+
+* the block-barrier ring (``producer=False``; int8 128 x 256 tiles, one tile per CTA):
+  every thread loads. Per stage: wait for its copies, ``fence.proxy.async`` (cp.async
+  writes through the generic proxy, wgmma reads through the async one), barrier, issue
+  the copy of the stage ``stages - 2`` ahead (into the slot of two steps ago, whose
+  wgmma's are finished), then 4 wgmma's, commit, and wait until at most 1 group runs on
+  (all, where fp8 partial sums are promoted).
+* the warp-specialised ring (``producer=True``) on a persistent grid: one more warpgroup
+  (the last, 128 threads) issues every copy of the ring, synchronised by a full and an
+  empty mbarrier per slot: for step kt it waits on slot kt % STAGES's empty barrier,
+  copies, and its copies arrive on the full barrier when they land
+  (``cp.async.mbarrier.arrive.noinc``, count 128); the ``warpgroups`` consumers only wait
+  on full barriers, run the wgmma's, arrive on the empty barrier (count 128 * warpgroups)
+  and promote, drifting up to a step apart, so one's promotion runs while the other's
+  wgmma's do. Launch bounds (threads, 1) give every thread 65536 / threads registers (168
+  for 384), then ``setmaxnreg`` lowers the producer to 40 and raises the consumers to
+  232, enough for two float32 sets of a 64 x 192 fragment (fp8 row scales) or three of
+  64 x 128 (block scales with ping-pong); 64 x 256 (two sets: 256 registers) spills. One
+  CTA per SM walks the output tiles; the producer's ring runs on from one tile into the
+  next, under the consumers' epilogue (the direct one: it must not use the ring), and the
+  producer exits after its last copy. This is the structure of DeepGEMM's sm90 fp8 GEMM
+  and CUTLASS's warp-specialised mainloops, with cp.async (16 bytes per lane +
+  ``cp.async.mbarrier.arrive.noinc``) in place of TMA. Block scales also take N = 256
+  tiles: a thread's columns then span two 128-blocks of weight scales.
+
+``WgmmaConfig.pingpong`` (with a producer, fp8) alternates two accumulator sets by K-step
 parity: step k + 1's wgmma's are issued before step k's sums are promoted. Every path
 through that loop issues both sets (a branch joining an in-flight set with an idle one
 makes ptxas serialise the wgmma's, warning C7515), hence the peeled tail.
 
-``WgmmaConfig.producer`` (with mbarrier) is the warp-specialised form: one more warpgroup
-(the last, 128 threads) issues every copy of the ring: for step kt it waits on slot
-kt % STAGES's empty barrier, copies, and arrives on its full barrier (count 128); the
-``warpgroups`` consumers only wait on full barriers, run the wgmma's, arrive on the empty
-barrier (count 128 * warpgroups) and promote. Launch bounds (threads, 1) give every thread
-65536 / threads registers (168 for 384), then ``setmaxnreg`` lowers the producer to 40 and
-raises the consumers to 232, enough for two float32 sets of a 64 x 192 fragment (fp8 row
-scales) or three of 64 x 128 (block scales with ping-pong); 64 x 256 (two sets: 256
-registers) spills. The producer exits after its last copy; the consumers' epilogue meets
-at named barrier 1. This is the structure of DeepGEMM's sm90 fp8 GEMM and CUTLASS's
-warp-specialised mainloops, with cp.async (16 bytes per lane + ``cp.async.mbarrier.arrive
-.noinc``) in place of TMA. Block scales also take N = 256 tiles: a thread's columns then
-span two 128-blocks of weight scales.
+Epilogues: the direct one (``WgmmaConfig.direct``, ``_direct_epilogue``) scales and stores
+each thread's own fragment from registers; the parked one writes the fragments into the
+idle ring as a C tile, then each thread walks rows of 4 fixed columns of it.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,32 +69,19 @@ class WgmmaConfig:
     n: int = 128  # BN = the wgmma N (8 .. 256, multiple of 8; 16 in the simulator)
     stages: int = 4
     group_m: int = 8
-    inflight: int = 1  # wgmma groups left running across a K step (0 when promoting)
-    fast_accum: bool = False  # fp8: accumulate all of K in the tensor core (no promotion)
-    promote_every: int = 1  # fp8 row / tensor scales: K steps (of 128) per promotion
-    # ring synchronised by mbarriers instead of a block barrier per K step: the warpgroups
-    # run up to a step apart, so one's promotion overlaps the other's wgmma's (module doc)
-    mbarrier: bool = False
-    # with mbarrier, fp8 promotion only: two accumulator sets by K-step parity, so a step's
-    # promotion runs while the next step's wgmma's do (experimental)
-    pingpong: bool = False
-    # with mbarrier: warp specialisation, one more warpgroup (the producer) issues every
-    # load of the ring while the ``warpgroups`` consumers only wait, run wgmma's, release
-    # slots and promote; ``setmaxnreg`` moves the producer's registers to the consumers
+    # warp specialisation on a persistent grid (module doc): a producer warpgroup loads the
+    # mbarrier ring, the ``warpgroups`` consumers wait, run wgmma's, release slots, promote
+    # and store (needs ``direct``); ``setmaxnreg`` moves the producer's registers to them
     producer: bool = False
-    # epilogue: each thread keeps 4 columns of the C tile (NQ = BN / 4 apart: conflict-free
-    # shared reads, coalesced stores), their scales loaded once, and walks rows without
-    # the per-element 64-bit division / scale loads of the row-major walk
-    fixed_cols: bool = False
+    # with a producer, fp8: two accumulator sets by K-step parity, so a step's promotion
+    # runs while the next step's wgmma's do
+    pingpong: bool = False
     # epilogue straight from the accumulator registers: each thread scales and stores its
     # own fragment (rows m_lo, m_lo + 8; column pairs 8 j + 2 q), with no parked C tile and
-    # no block-wide barrier (replaces fixed_cols / the row-major walk when set)
+    # no block-wide barrier; else the parked C tile, each thread keeping 4 columns of it
+    # (NQ = BN / 4 apart: conflict-free shared reads, coalesced stores), their scales
+    # loaded once, and walking rows
     direct: bool = False
-    # a persistent grid (one CTA per SM, launched by the host with that many): each CTA walks
-    # output tiles blockIdx.x, + gridDim.x, ... in the grouped order; the producer's ring runs
-    # on across tiles, so the next tile's loads overlap this tile's last wgmma's and its
-    # epilogue (needs ``producer`` and ``direct``: the epilogue must not use the ring)
-    persistent: bool = False
 
     @property
     def bm(self):
@@ -103,6 +96,11 @@ class WgmmaConfig:
         return 128 * (self.warpgroups + (1 if self.producer else 0))
 
     @property
+    def persistent(self):
+        """One CTA per SM walks the output tiles (the launcher sizes the grid so)."""
+        return self.producer
+
+    @property
     def loaders(self):
         """Threads that issue the ring's copies: the producer warpgroup, else all."""
         return 128 if self.producer else self.threads
@@ -110,7 +108,7 @@ class WgmmaConfig:
     @property
     def smem_bytes(self):
         # + alignment slack (+ the full / empty mbarriers, 8 bytes per slot each)
-        return self.stages * (self.bm + self.bn) * BK + 1024 + (256 if self.mbarrier else 0)
+        return self.stages * (self.bm + self.bn) * BK + 1024 + (256 if self.producer else 0)
 
     def check(self):
         rs = self.loaders // 8
@@ -118,17 +116,17 @@ class WgmmaConfig:
             raise ValueError(f"bad wgmma config {self}")
         if self.bm * (self.n + 4) * 4 > self.stages * (self.bm + self.bn) * BK:
             raise ValueError(f"wgmma config {self}: the C tile does not fit in the shared ring")
-        if self.persistent and not (self.producer and self.direct):
-            raise ValueError(f"wgmma config {self}: a persistent grid needs a producer and the direct epilogue")
-        if self.producer and not self.mbarrier:
-            raise ValueError(f"wgmma config {self}: a producer warpgroup needs the mbarrier ring")
-        if self.mbarrier and self.stages > 16:
+        if self.producer and not self.direct:
+            raise ValueError(f"wgmma config {self}: a producer warpgroup needs the direct epilogue")
+        if self.pingpong and not self.producer:
+            raise ValueError(f"wgmma config {self}: ping-pong accumulators need a producer warpgroup")
+        if self.producer and self.stages > 16:
             raise ValueError(f"wgmma config {self}: at most 16 stages with mbarriers")
         if self.smem_bytes > 227 * 1024:
             raise ValueError(f"wgmma config {self} needs more than 227 KiB of shared memory")
 
 
-def _direct_epilogue(NACC, spec, store_at, store_pair_at, promote):
+def _direct_epilogue(NACC, spec, store_at, store_pair_at):
     """``direct_epilogue(acc, out, bias, sa, sb, za, colsum_b, alpha, M, N, m_lo, nq)``: the
     epilogue of a consumer thread's own fragment, element (row m_lo + 8 h, column
     nq + 8 j + e) = acc[4 j + 2 h + e] (``nq`` = the tile's first column + 2 q), products in
@@ -151,7 +149,7 @@ def _direct_epilogue(NACC, spec, store_at, store_pair_at, promote):
         else:
             sbn = f"sb[np.uint64(nq + {c})]" if SB_ROW else "sb[0]"
             csn, sam, zam = f"colsum_b[np.uint64(nq + {c})]", "sam", "zam"
-        if BLOCK and promote:
+        if BLOCK:
             return [f"{ind}v{c & 1} = alpha * acc[{x}]"]
         if FLOAT_ACC:
             return [f"{ind}v{c & 1} = acc[{x}] * alpha * {sam} * {sbn}"]
@@ -186,7 +184,7 @@ def _direct_epilogue(NACC, spec, store_at, store_pair_at, promote):
     # loaded values fit in the registers beside the accumulators
     lines = ["def direct_epilogue(acc, out, bias, sa, sb, za, colsum_b, alpha, M, N, m_lo, nq):",
              f"    if nq + {last} < N and N % 2 == 0:"]  # fmt: skip
-    if not (BLOCK and promote):
+    if not BLOCK:
         for h in range(2):
             m = f"m_lo + {8 * h}"
             lines.append(f"        sam{h} = {f'sa[np.uint64({m})] if {m} < M else float32(0)' if SA_ROW else 'sa[0]'}")
@@ -197,7 +195,7 @@ def _direct_epilogue(NACC, spec, store_at, store_pair_at, promote):
     step = 4 if ASYM else NACC // 4
     for j0 in range(0, NACC // 4, step):
         js = range(j0, min(j0 + step, NACC // 4))
-        if not (BLOCK and promote):
+        if not BLOCK:
             chunk = [8 * j + e for j in js for e in range(2)]
             lines += [f"        s{c} = sb[np.uint64(nq + {c})]" for c in (chunk if SB_ROW else [])]
             lines += [f"        cs{c} = colsum_b[np.uint64(nq + {c})]" for c in (chunk if ASYM else [])]
@@ -236,42 +234,32 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     # fp8 wgmma accumulates with fewer bits than float32 (DeepSeek-V3 measured ~14 on H800):
     # sum each 128 of K in the tensor core, then add it into float32 registers ("promotion",
     # as cuBLASLt does unless fast accumulation is asked for). Block scales need it anyway.
-    PROMOTE = FLOAT_ACC and (BLOCK or not cfg.fast_accum)
+    PROMOTE = FLOAT_ACC
     NTOT = NACC if PROMOTE else 1
-    # a K step's wgmma's run on while the next one is prepared (the ring slot refilled is
-    # two steps old: finished), except where a promotion must read their sums at once
-    wg_wait = _mma.wgmma_wait(min(cfg.inflight, 1))
-    EVERY = 1 if BLOCK else max(cfg.promote_every, 1)  # block scales change every 128 of K
     wg_wait_all = _mma.wgmma_wait(0)
     wg_wait1 = _mma.wgmma_wait(1)
     SA_ROW, SB_ROW = spec.sa_mode == SCALE_ROW, spec.sb_mode == SCALE_ROW
     ASYM = spec.asym
     store_out = make_store_out(spec)
     if cfg.direct:
-        direct_epilogue = _direct_epilogue(NACC, spec, *make_store_at(spec), promote=FLOAT_ACC and (
-            spec.sa_mode == SCALE_BLOCK or not cfg.fast_accum))
-    MBAR = cfg.mbarrier
+        direct_epilogue = _direct_epilogue(NACC, spec, *make_store_at(spec))
     RING = STAGES * (A_STAGE + B_STAGE)  # bytes of the ring; the mbarriers follow it
     mbar_init, mbar_arrive, mbar_try_wait = _mma.mbarrier_init, _mma.mbarrier_arrive, _mma.mbarrier_try_wait
     cp_mbar_arrive = _mma.cp_async_mbarrier_arrive
     CROW = BN + 4  # float32 words per row of the parked C tile (+4: fewer bank conflicts)
-    _ = math
     # block scales: a CTA tile of N = 256 spans two 128-blocks of weight scales (fragment
     # column 8 j + 2 q + e lies in block j // 16)
     JB = min(NACC // 4, 16)
+    DIRECT = cfg.direct
+    NQ = BN // 4  # parked epilogue: threads per C-tile row (4 columns each, NQ apart)
+    RSTEP = NCONS // NQ  # rows one pass of the consumers covers (the rest of them idle)
     # warp specialisation: the launch gives every thread R = 65536 / threads registers (at
     # most 168 for 384 threads: launch bounds (threads, 1)); the producer keeps 40 and the
     # consumers take the rest (DeepGEMM's 40 / 232 for two consumer warpgroups)
-    FIXED = cfg.fixed_cols
-    DIRECT = cfg.direct
-    PERSIST = cfg.persistent
-    NQ = BN // 4  # fixed columns: threads per C-tile row (4 columns each, NQ apart)
-    RSTEP = NCONS // NQ  # rows one pass of the consumers covers (the rest of them idle)
     R_LAUNCH = min(255, (65536 // NTHREADS) & ~7)
     CONS_REGS = min(232, ((R_LAUNCH * NTHREADS - 40 * 128) // max(NCONS, 1)) & ~7)
     if PRODUCER:
         nreg_dec, nreg_inc = _mma.setmaxnreg("dec", 40), _mma.setmaxnreg("inc", CONS_REGS)
-        consumers_sync = _mma.named_barrier(1, NCONS)
         cp_wait_all = _mma.cp_async_wait(0)
 
     @devfn
@@ -294,7 +282,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
             cp_async16(smem, b_dst + stage * B_STAGE + it * (RS * BK), b, b_src + it * row_step_k + k0,
                        16 if ok else 0)  # fmt: skip
 
-    PING = MBAR and PROMOTE and cfg.pingpong
+    PING = PROMOTE and cfg.pingpong  # (with a producer: WgmmaConfig.check)
 
     @devfn
     def pp_issue(acc, smem, gk, full0, da0, db0):
@@ -310,20 +298,13 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         wg_commit()
 
     @devfn
-    def pp_retire(acc, tot, smem, kt, g0, s0, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src, b_left,
-                  b_dst, row_step_k):  # fmt: skip
-        """Step kt's wgmma's are complete: release its slot (ring step g0 + kt), promote,
-        refill the slot (without a producer: one tile per CTA, g0 = 0)."""
+    def pp_retire(acc, tot, smem, kt, g0, s0, full0):
+        """Step kt's wgmma's are complete: release its slot (ring step g0 + kt) to the
+        producer, promote."""
         slot, phase = ring_pos(g0 + kt)
         mbar_arrive(smem, full0 + 8 * (STAGES + slot))
         # row / tensor scales: all 1 (exact: one rounding)
         promote_scaled(tot, acc, s0[0], s0[1], s0[2], s0[3])
-        nk = kt + STAGES
-        if not PRODUCER and nk < ktiles:
-            while not mbar_try_wait(smem, full0 + 8 * (STAGES + slot), phase):
-                pass
-            load_tile(a, b, smem, K, nk, slot, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
-            cp_mbar_arrive(smem, full0 + 8 * slot)
 
     @devfn
     def ring_pos(gk):
@@ -405,32 +386,25 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                 pp_issue(acc2, smem, g0 + kt + 1, full0, da0, db0)
                 tc = block_scales(sa, sb, ix, kt + 1) if BLOCK else (one, one, one, one)
                 wg_wait1()
-                pp_retire(acc, tot, smem, kt, g0, sc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
-                          b_left, b_dst, row_step_k)  # fmt: skip
+                pp_retire(acc, tot, smem, kt, g0, sc, full0)
                 pp_issue(acc, smem, g0 + kt + 2, full0, da0, db0)
                 sc = block_scales(sa, sb, ix, kt + 2) if BLOCK else (one, one, one, one)
                 wg_wait1()
-                pp_retire(acc2, tot, smem, kt + 1, g0, tc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst,
-                          b_src, b_left, b_dst, row_step_k)  # fmt: skip
+                pp_retire(acc2, tot, smem, kt + 1, g0, tc, full0)
                 kt += 2
             if kt + 1 < ktiles:  # two steps left: kt in flight in acc, kt + 1 to issue
                 pp_issue(acc2, smem, g0 + kt + 1, full0, da0, db0)
                 tc = block_scales(sa, sb, ix, kt + 1) if BLOCK else (one, one, one, one)
                 wg_wait1()
-                pp_retire(acc, tot, smem, kt, g0, sc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
-                          b_left, b_dst, row_step_k)  # fmt: skip
+                pp_retire(acc, tot, smem, kt, g0, sc, full0)
                 wg_wait_all()
-                pp_retire(acc2, tot, smem, kt + 1, g0, tc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst,
-                          b_src, b_left, b_dst, row_step_k)  # fmt: skip
+                pp_retire(acc2, tot, smem, kt + 1, g0, tc, full0)
             else:
                 wg_wait_all()
-                pp_retire(acc, tot, smem, kt, g0, sc, full0, ktiles, a, b, K, ch16, a_src, a_left, a_dst, b_src,
-                          b_left, b_dst, row_step_k)  # fmt: skip
-        for kt in range(ktiles if MBAR and not PING else 0):
-            # the mbarrier ring: wait until slot kt has landed (every loader's copies), run
-            # its wgmma's to completion, release the slot, promote, then (no producer)
-            # refill the slot of the step before once every thread has released it with
-            # step kt + STAGES - 1
+                pp_retire(acc, tot, smem, kt, g0, sc, full0)
+        for kt in range(ktiles if PRODUCER and not PING else 0):
+            # the producer's ring: wait until slot kt has landed (the producer's copies), run
+            # its wgmma's to completion, release the slot, promote
             gk = int32(g0 + kt)  # the ring step (persistent grid: counted over the CTA's tiles)
             slot, phase = ring_pos(gk)
             if BLOCK:  # loaded before the wait, so their latency hides behind it
@@ -443,28 +417,20 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
             # compiles to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, and the MEMBAR waits for the
             # thread's copies still in flight, i.e. for the stages being prefetched
             fence()
-            fresh = PROMOTE and kt % EVERY == 0
             for kk in range(4):
                 da = desc_at(da0, slot * A_STAGE + kk * 32)
                 db = desc_at(db0, slot * B_STAGE + kk * 32)
-                mma(acc, smem, da, db, 0 if (fresh and kk == 0) else 1)
+                mma(acc, smem, da, db, 0 if (PROMOTE and kk == 0) else 1)  # promoted sums start afresh
             wg_commit()
             wg_wait_all()
             mbar_arrive(smem, full0 + 8 * (STAGES + slot))
-            if PROMOTE and not BLOCK and (kt % EVERY == EVERY - 1 or kt == ktiles - 1):
+            if PROMOTE and not BLOCK:
                 for x in range(NACC):
                     tot[x] += acc[x]
             if BLOCK:
                 promote_scaled(tot, acc, sc[0], sc[1], sc[2], sc[3])
-            nk = kt + STAGES - 1
-            if not PRODUCER and nk < ktiles:
-                ns = nk % STAGES  # = the slot of step kt - 1
-                if kt > 0:
-                    while not mbar_try_wait(smem, full0 + 8 * (STAGES + ns), ((kt - 1) // STAGES) & 1):
-                        pass
-                load_tile(a, b, smem, K, nk, ns, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
-                cp_mbar_arrive(smem, full0 + 8 * ns)
-        for kt in range(0 if MBAR else ktiles):
+        for kt in range(0 if PRODUCER else ktiles):
+            # the block-barrier ring
             wait_ready()
             proxy_fence()
             cuda.syncthreads()
@@ -474,18 +440,18 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
             commit()
             stage = kt % STAGES
             fence()
-            fresh = PROMOTE and kt % EVERY == 0  # the first step of a promotion interval
             for kk in range(4):
                 da = desc(a_base + stage * A_STAGE + kk * 32)
                 db = desc(b_base + stage * B_STAGE + kk * 32)
-                mma(acc, smem, da, db, 0 if (fresh and kk == 0) else 1)
+                mma(acc, smem, da, db, 0 if (PROMOTE and kk == 0) else 1)
             wg_commit()
-            promote_now = PROMOTE and (kt % EVERY == EVERY - 1 or kt == ktiles - 1)
-            if promote_now:
+            # a K step's wgmma's run on while the next one is prepared (the ring slot refilled
+            # is two steps old: finished), except where a promotion reads their sums at once
+            if PROMOTE:
                 wg_wait_all()
             else:
-                wg_wait()
-            if promote_now and not BLOCK:
+                wg_wait1()
+            if PROMOTE and not BLOCK:
                 for x in range(NACC):
                     tot[x] += acc[x]
             if BLOCK:
@@ -496,18 +462,14 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         if DIRECT:
             direct_epilogue(tot if PROMOTE else acc, out, bias, sa, sb, za, colsum_b, alpha, M, N, m_lo, n0 + 2 * q)
             return
-        # epilogue, in two passes so that the accumulators are only ever indexed by
-        # constants (they stay in registers): (1) every thread parks its fragment in the
-        # idle shared ring as a [BM, CROW] float32 / int32 tile; (2) threads walk the tile
-        # in row-major order (coalesced stores) and apply scales, bias, activation, rounding
-        # (``fixed_cols``: each thread keeps 4 columns NQ apart and walks rows; the row-major
-        # walk's per-element 64-bit division and scale loads made the epilogue ~100 SASS
-        # instructions per element while the tensor pipe idles; ~43 now: +7-19 % at 8192^3).
-        # With a producer only the consumers are left: they meet at a named barrier.
-        if PRODUCER:
-            consumers_sync()
-        else:
-            cuda.syncthreads()
+        # the parked epilogue (block-barrier ring only), in two passes so that the
+        # accumulators are only ever indexed by constants (they stay in registers): (1)
+        # every thread parks its fragment in the idle shared ring as a [BM, CROW] float32 /
+        # int32 tile; (2) each thread keeps 4 columns NQ apart, their scales loaded once, and
+        # walks rows (coalesced stores), applying scales, bias, activation, rounding (about
+        # 43 SASS instructions per element; a row-major walk, with a 64-bit division and
+        # the scale loads per element, took about 100)
+        cuda.syncthreads()
         cf = smem.view(np.float32)
         ci = smem.view(np.int32)
         c0 = (pad >> 2) + (wg * 64 + w * 16 + g) * CROW + 2 * q
@@ -520,56 +482,35 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                         cf[c0 + 8 * h * CROW + 8 * j + e] = acc[4 * j + 2 * h + e]
                     else:
                         ci[c0 + 8 * h * CROW + 8 * j + e] = acc[4 * j + 2 * h + e]
-        if PRODUCER:
-            consumers_sync()
-        else:
-            cuda.syncthreads()
-        if FIXED:
-            cq = tid % NQ
-            rr = tid // NQ
-            sbn = cuda.local.array(4, float32)  # constant-indexed below: registers
-            csn = cuda.local.array(4, int32)
-            for e in range(4):
-                n = n0 + cq + e * NQ
-                sbn[e] = (sb[n] if SB_ROW else sb[0]) if n < N else float32(0)
-                csn[e] = colsum_b[n] if ASYM and n < N else int32(0)
-            for r in range(rr if rr < RSTEP else BM, BM, RSTEP):
-                m = m0 + r
-                if m < M:
-                    xr = (pad >> 2) + r * CROW + cq
-                    sam = sa[m] if SA_ROW else sa[0]
-                    zam = int32(za[m] if SA_ROW else za[0]) if ASYM else int32(0)
-                    for e in range(4):
-                        n = n0 + cq + e * NQ
-                        if n < N:
-                            x = xr + e * NQ
-                            if BLOCK:
-                                v = alpha * cf[x]
-                            elif FLOAT_ACC:  # the row-major walk's order of products
-                                v = cf[x] * alpha * sam * sbn[e]
-                            else:
-                                qv = ci[x]
-                                if ASYM:
-                                    qv -= zam * csn[e]
-                                v = float32(qv) * alpha * sam * sbn[e]
-                            store_out(out, bias, m, n, N, v)
-        for idx in range(BM * BN if FIXED else tid, BM * BN, NCONS):
-            r = idx // BN
-            c = idx - r * BN
+        cuda.syncthreads()
+        cq = tid % NQ
+        rr = tid // NQ
+        sbn = cuda.local.array(4, float32)  # constant-indexed below: registers
+        csn = cuda.local.array(4, int32)
+        for e in range(4):
+            n = n0 + cq + e * NQ
+            sbn[e] = (sb[n] if SB_ROW else sb[0]) if n < N else float32(0)
+            csn[e] = colsum_b[n] if ASYM and n < N else int32(0)
+        for r in range(rr if rr < RSTEP else BM, BM, RSTEP):
             m = m0 + r
-            n = n0 + c
-            if m < M and n < N:
-                x = (pad >> 2) + r * CROW + c
-                if BLOCK:
-                    v = alpha * cf[x]
-                elif FLOAT_ACC:
-                    v = cf[x] * alpha * (sa[m] if SA_ROW else sa[0]) * (sb[n] if SB_ROW else sb[0])
-                else:
-                    qv = ci[x]
-                    if ASYM:
-                        qv -= int32(za[m] if SA_ROW else za[0]) * colsum_b[n]
-                    v = float32(qv) * alpha * (sa[m] if SA_ROW else sa[0]) * (sb[n] if SB_ROW else sb[0])
-                store_out(out, bias, m, n, N, v)
+            if m < M:
+                xr = (pad >> 2) + r * CROW + cq
+                sam = sa[m] if SA_ROW else sa[0]
+                zam = int32(za[m] if SA_ROW else za[0]) if ASYM else int32(0)
+                for e in range(4):
+                    n = n0 + cq + e * NQ
+                    if n < N:
+                        x = xr + e * NQ
+                        if BLOCK:
+                            v = alpha * cf[x]
+                        elif FLOAT_ACC:
+                            v = cf[x] * alpha * sam * sbn[e]
+                        else:
+                            qv = ci[x]
+                            if ASYM:
+                                qv -= zam * csn[e]
+                            v = float32(qv) * alpha * sam * sbn[e]
+                        store_out(out, bias, m, n, N, v)
 
     # launch bounds (threads, 1 CTA per SM) cap the launch registers at 65536 / threads,
     # which setmaxnreg's redistribution relies on (the simulator's jit takes no bounds)
@@ -591,7 +532,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         q = t & 3
 
         ntiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
-        tile_step = cuda.gridDim.x if PERSIST else ntiles  # else: one tile per CTA
+        tile_step = cuda.gridDim.x if PRODUCER else ntiles  # persistent, else one tile per CTA
         tile = cuda.blockIdx.x
         m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
 
@@ -609,45 +550,39 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         a_dst = pad + dst
         b_dst = pad + SA_BYTES + dst
         full0 = pad + RING  # mbarriers: full[s] at full0 + 8 s, empty[s] at full0 + 8 (STAGES + s)
-        if MBAR:
+        if PRODUCER:
             if tid == 0:
                 for s in range(STAGES):
                     mbar_init(smem, full0 + 8 * s, LOADERS)
                     mbar_init(smem, full0 + 8 * (STAGES + s), NCONS)
             cuda.syncthreads()
-            if PRODUCER:
-                if wg == NCONS // 128:
-                    # the producer warpgroup: fill slot kt % STAGES with step kt once the
-                    # consumers have released its previous use (parity of use kt // STAGES - 1;
-                    # the first round waits on parity 1, the phase before a fresh barrier's
-                    # first, which counts as complete), then exit
-                    # (persistent: ring step gk runs on over the CTA's tiles)
-                    nreg_dec()
-                    gk = int32(0)
-                    while tile < ntiles:  # once unless persistent
-                        for kt in range(ktiles):
-                            slot, phase = ring_pos(gk)
-                            while not mbar_try_wait(smem, full0 + 8 * (STAGES + slot), phase ^ 1):
-                                pass
-                            load_tile(a, b, smem, K, kt, slot, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst,
-                                      row_step_k)  # fmt: skip
-                            cp_mbar_arrive(smem, full0 + 8 * slot)
-                            gk = int32(gk + 1)
-                        tile += tile_step
-                        if tile < ntiles:
-                            m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
-                            a_src = (m0 + r0) * K + ch16
-                            b_src = (n0 + r0) * K + ch16
-                            a_left = int32(M - (m0 + r0))
-                            b_left = int32(N - (n0 + r0))
-                    cp_wait_all()
-                    return
-                nreg_inc()
-            else:
-                for s in range(STAGES if PING else STAGES - 1):
-                    if s < ktiles:
-                        load_tile(a, b, smem, K, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
-                        cp_mbar_arrive(smem, full0 + 8 * s)
+            if wg == NCONS // 128:
+                # the producer warpgroup: fill slot kt % STAGES with step kt once the
+                # consumers have released its previous use (parity of use kt // STAGES - 1;
+                # the first round waits on parity 1, the phase before a fresh barrier's
+                # first, which counts as complete), then exit; ring step gk runs on over
+                # the CTA's tiles
+                nreg_dec()
+                gk = int32(0)
+                while tile < ntiles:
+                    for kt in range(ktiles):
+                        slot, phase = ring_pos(gk)
+                        while not mbar_try_wait(smem, full0 + 8 * (STAGES + slot), phase ^ 1):
+                            pass
+                        load_tile(a, b, smem, K, kt, slot, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst,
+                                  row_step_k)  # fmt: skip
+                        cp_mbar_arrive(smem, full0 + 8 * slot)
+                        gk = int32(gk + 1)
+                    tile += tile_step
+                    if tile < ntiles:
+                        m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
+                        a_src = (m0 + r0) * K + ch16
+                        b_src = (n0 + r0) * K + ch16
+                        a_left = int32(M - (m0 + r0))
+                        b_left = int32(N - (n0 + r0))
+                cp_wait_all()
+                return
+            nreg_inc()
         else:
             for s in range(STAGES - 2):
                 if s < ktiles:
@@ -658,10 +593,10 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         tot = cuda.local.array(NTOT, float32)
         a_base = base + pad + wg * (64 * BK)
         b_base = base + pad + SA_BYTES
-        da0, db0 = desc(a_base), desc(b_base)  # mbarrier rings: descriptors advance by offsets
+        da0, db0 = desc(a_base), desc(b_base)  # the producer's ring: descriptors advance by offsets
         one = float32(1)
         g0 = int32(0)  # ring steps of this CTA's earlier tiles (persistent grid)
-        if PERSIST or DIRECT:  # (the one-tile direct kernels were measured in this loop form)
+        if DIRECT:  # (the one-tile direct kernel was measured in this loop form)
             while tile < ntiles:
                 m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
                 consume_tile(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out, smem, acc, tot, m0, n0, g0,
@@ -669,7 +604,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                              a_left, a_dst, b_src, b_left, b_dst, row_step_k)  # fmt: skip
                 g0 = int32(g0 + ktiles)
                 tile += tile_step
-        else:  # parked epilogues, one tile: no loop (its loop-carried registers made the 128 x 192 one spill)
+        else:  # the parked epilogue, one tile: no loop (loop-carried registers beside it spill)
             consume_tile(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out, smem, acc, tot, m0, n0, g0,
                          ktiles, full0, da0, db0, a_base, b_base, pad, tid, wg, w, g, q, one, ch16, a_src,
                          a_left, a_dst, b_src, b_left, b_dst, row_step_k)  # fmt: skip
