@@ -849,7 +849,7 @@ def _remember_moe(x, expert_ids, num_experts, scheme, dtype, xin, sch):
 
     import cupy
 
-    from .gpu.quantize.plan import capture_test
+    from .gpu.quantize.runners import capture_test
 
     checks = KF.id_checks(cupy) if run.seq_check is not None else None
     capturing, current, dev = capture_test(cupy), cupy.cuda.get_current_stream, key[0]  # (x's GPU: current in fm)
@@ -885,7 +885,7 @@ def _capturing_now() -> bool:
     """Whether CuPy's current stream is capturing a CUDA graph."""
     import cupy
 
-    from .gpu.quantize.plan import capture_test
+    from .gpu.quantize.runners import capture_test
 
     return capture_test(cupy)(cupy.cuda.get_current_stream().ptr)
 

@@ -1,8 +1,7 @@
 """Test configuration.
 
 Kernels run under Numba's CUDA simulator unless NQDQ_TEST_GPU=1 is set (on the GPU
-machine), so the same tests run in CI without a GPU. NQDQ_UNMEASURED_KERNELS=1 (below)
-turns on the kernel paths that have not yet run on a GPU. The variable must be set before
+machine), so the same tests run in CI without a GPU. The variable must be set before
 numba.cuda is first imported, hence here.
 """
 
@@ -10,9 +9,6 @@ import os
 
 if os.environ.get("NQDQ_TEST_GPU") != "1":
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-# The kernel paths not yet run on a GPU are off for users (nqdq/gpu/quantize/plan.py) and on
-# for the tests, so CI checks them in the simulator and the next GPU run on the device.
-os.environ.setdefault("NQDQ_UNMEASURED_KERNELS", "1")
 # NQDQ_TEST_SPREAD_GPUS=N (N GPUs, with pytest-xdist): worker gwK sees only GPU K % N, so one
 # run spreads the single-GPU tests over every GPU of the machine. Run the two-GPU tests
 # (tests/test_multi_gpu.py) without it: each worker sees one GPU and they skip.
@@ -26,32 +22,16 @@ import pytest  # noqa: E402  (after the environment above: numba.cuda reads it a
 
 
 @pytest.fixture
-def sr_fast(monkeypatch):
-    """Stochastic rounding on the 16-byte-unit kernels (quantize.LASTAXIS_STOCH: on by default
-    since its GPU run; set here all the same, so the tests do not depend on it), with a fresh
-    plan cache before and after (plans are cached without the switch); yields the monkeypatch
-    for further switches (tests/test_stochastic_lastaxis*.py)."""
+def fresh_plans(monkeypatch):
+    """Quantize plans built from scratch, and dropped after the test: for tests that set a
+    planner tunable or a kernel geometry (read when a plan is built; plans are cached without
+    them). Yields the monkeypatch that sets them. (Kernel designs are selected by argument:
+    ``choices=``, part of the plan key.)"""
     import nqdq.gpu.quantize.plan as kq
 
-    monkeypatch.setattr(kq, "LASTAXIS_STOCH", True)
     kq._PLANS.clear()
     yield monkeypatch
-    kq._PLANS.clear()
-
-
-@pytest.fixture
-def onepass(monkeypatch):
-    """The one-pass per-channel path on (tests/test_column_onepass*.py), in registers (the
-    shared-memory ring and the cluster kernel off: tests/test_column_ring*.py and
-    tests/test_column_cluster*.py turn them on); plans built inside the
-    test are dropped afterwards. Yields the monkeypatch for further switches."""
-    import nqdq.gpu.quantize.plan as kq
-
-    monkeypatch.setattr(kq, "COLUMN_ONEPASS", True)
-    monkeypatch.setattr(kq, "COLUMN_RING", False)
-    monkeypatch.setattr(kq, "COLUMN_CLUSTER", False)
-    kq._PLANS.clear()
-    yield monkeypatch
+    monkeypatch.undo()
     kq._PLANS.clear()
 
 
@@ -70,3 +50,31 @@ def row_kernel_ops(monkeypatch):
 
     monkeypatch.setattr(KF, "fused_row_kernel", spy)
     return ops
+
+
+@pytest.fixture
+def unaligned_loads(monkeypatch):
+    """The kernels read element by element when the input is not 16-byte aligned (a view
+    at an offset); the simulator's arrays always report aligned, so pretend otherwise."""
+    import nqdq.gpu.quantize.plan as kq
+    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from nqdq.gpu.quantize import tiles as tile_kernels
+    from nqdq.gpu.runtime.target import SIMULATOR
+
+    if not SIMULATOR:
+        pytest.skip("compiled kernels: tests/test_kernels_gpu.py reads real unaligned views")
+
+    def clear():
+        for f in (rowwise_kernels.make_lastaxis_group_kernel, rowwise_kernels.make_lastaxis_row_kernel,
+                  rowwise_kernels.make_tensor_amax_kernel,
+                  rowwise_kernels.make_lastaxis_asym_row_kernel, rowwise_kernels.make_lastaxis_stat_group_kernel,
+                  rowwise_kernels.make_static_kernel,
+                  tile_kernels.make_tile_kernel):
+            f.cache_clear()
+        kq._PLANS.clear()
+
+    monkeypatch.setattr(rowwise_kernels, "array_addr", lambda a: 2)
+    clear()
+    yield
+    monkeypatch.undo()
+    clear()

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from nqdq.gpu.device import codec as _codec
-from nqdq.gpu import ptx as _ptx
+from nqdq.gpu.ptx import convert, memory, pairs, stochastic
 from nqdq.gpu.runtime import target as _target
 from nqdq.gpu.runtime.backend import cuda
 
@@ -48,9 +48,10 @@ def _rebound(wrap, f32_bits):
     another resolved to the rebuilt helpers (on a GPU the module's own names are device
     functions, which the host cannot call; the float32 bit cast, a local array there, by
     ``f32_bits``)."""
-    g = dict(vars(_ptx))
+    twins = {**vars(convert), **vars(memory), **vars(pairs), **vars(stochastic)}
+    g = dict(twins)
     for name in HELPERS:
-        f = _py(getattr(_ptx, name))
+        f = _py(twins[name])
         g[name] = wrap(pytypes.FunctionType(f.__code__, g, name, f.__defaults__))
     g["_f32_bits"] = wrap(f32_bits)
     return pytypes.SimpleNamespace(**{k: g[k] for k in HELPERS})
@@ -111,7 +112,7 @@ def _describe(a, b, got, want):
 def test_pair_twin_compiled_matches_numpy_twin_exhaustively(cpu, op):
     """Every bfloat16 x (both halves) against a value of every exponent, both orders."""
     run = _over_arrays(getattr(cpu, f"bf16x2_{op}_scalar"))
-    twin = getattr(_ptx, f"bf16x2_{op}_twin")
+    twin = getattr(pairs, f"bf16x2_{op}_twin")
     a, b = _all_pairs_words()
     for lo in range(0, a.size, 1 << 20):
         ca, cb = a[lo:lo + (1 << 20)], b[lo:lo + (1 << 20)]
@@ -123,7 +124,7 @@ def test_pair_twin_compiled_matches_numpy_twin_exhaustively(cpu, op):
 @pytest.mark.parametrize("op", PAIR_OPS)
 def test_pair_twin_as_python_matches_numpy_twin(py, op):
     """The plain-Python form (the simulator's) on random words and the special values."""
-    scalar, twin = getattr(py, f"bf16x2_{op}_scalar"), getattr(_ptx, f"bf16x2_{op}_twin")
+    scalar, twin = getattr(py, f"bf16x2_{op}_scalar"), getattr(pairs, f"bf16x2_{op}_twin")
     rng = np.random.default_rng(7)
     halves = np.concatenate([rng.integers(0, 65536, 1500), np.repeat(SPECIAL_HALVES, 4)]).astype(np.uint64)
     other = rng.permutation(halves)
@@ -162,7 +163,7 @@ def test_add_ties_worked_out_by_hand(cpu, py, x, y, want):
     hx, hy, hw = _bf16(x), _bf16(y), _bf16(want)
     for add in (py.bf16x2_add_scalar, cpu.bf16x2_add_scalar):
         assert int(add(hx | (hy << 16), hy | (hx << 16))) == hw | (hw << 16), (x, y)
-    assert int(_ptx.bf16x2_add_twin(hx, hy)) == hw
+    assert int(pairs.bf16x2_add_twin(hx, hy)) == hw
 
 
 def test_add_ties_constructed_at_every_exponent(cpu):
@@ -183,7 +184,7 @@ def test_add_ties_constructed_at_every_exponent(cpu):
     b = np.array(ys, np.uint64)
     a32 = (a | (b << np.uint64(16))).astype(np.uint32)
     b32 = (b | (a << np.uint64(16))).astype(np.uint32)
-    assert np.array_equal(run(a32, b32), _ptx.bf16x2_add_twin(a32, b32))
+    assert np.array_equal(run(a32, b32), pairs.bf16x2_add_twin(a32, b32))
 
 
 def test_mul_ties_and_subnormal_products(cpu):
@@ -195,7 +196,7 @@ def test_mul_ties_and_subnormal_products(cpu):
     for y in (0x3F81, 0x3FC1, 0x0001, 0x00FF, 0x0C00, 0x3380, 0x2000):  # 1 + 2^-7, 1.5 + 2^-7, subnormal, tiny
         b = np.full(x.size, y | (y << 16), np.uint64).astype(np.uint32)
         a = (x | (x[::-1] << np.uint64(16))).astype(np.uint32)
-        assert np.array_equal(run(a, b), _ptx.bf16x2_mul_twin(a, b)), hex(y)
+        assert np.array_equal(run(a, b), pairs.bf16x2_mul_twin(a, b)), hex(y)
 
 
 def _f32_probe():
@@ -220,7 +221,7 @@ def _f32_probe():
 @pytest.mark.parametrize("ebits, mbits, name", [(8, 7, "bf16"), (5, 10, "f16")])
 def test_cvt_twins_match_rounding_of_every_probe(cpu, ebits, mbits, name):
     u = _f32_probe()
-    want = _ptx.round_to_half_bits(u.view(np.float32).astype(np.float64), ebits, mbits).astype(np.uint32)
+    want = convert.round_to_half_bits(u.view(np.float32).astype(np.float64), ebits, mbits).astype(np.uint32)
     conv = getattr(cpu, f"f32_bits_to_{name}")
     got = _over_arrays(numba.njit(lambda x, _: np.uint32(conv(x))))(u, u)
     assert np.array_equal(got, want), name + ": " + _describe(u, u, got, want)
@@ -232,8 +233,8 @@ def test_cvt_pair_twins_as_python(py):
                         np.array([0x7FC00000, 0xFF800001, 0x7F7FFFFF, 0x477FF000, 0x477FEFFF, 0x33000000,
                                   0x33000001, 0x80000000, 0x00000001, 0x3F808000], np.uint32)]).view(np.float32)
     for hi, lo in zip(x[0::2], x[1::2]):
-        assert int(py.cvt_bf16x2_scalar(hi, lo)) == int(_ptx.cvt_bf16x2_twin(hi, lo)), (hi, lo)
-        assert int(py.cvt_f16x2_scalar(hi, lo)) == int(_ptx.cvt_f16x2_twin(hi, lo)), (hi, lo)
+        assert int(py.cvt_bf16x2_scalar(hi, lo)) == int(convert.cvt_bf16x2_twin(hi, lo)), (hi, lo)
+        assert int(py.cvt_f16x2_scalar(hi, lo)) == int(convert.cvt_f16x2_twin(hi, lo)), (hi, lo)
 
 
 def test_pair_store_and_conversion_in_a_simulated_kernel():
@@ -246,14 +247,14 @@ def test_pair_store_and_conversion_in_a_simulated_kernel():
     def kernel(out16, out32, x):
         i = cuda.grid(1)
         if i < x.size // 2:
-            _ptx.st_u32_at_scalar(out16, 2 * i, _ptx.cvt_bf16x2_scalar(x[2 * i + 1], x[2 * i]))
-            _ptx.st_u32_at_scalar(out32, i, _ptx.cvt_f16x2_scalar(x[2 * i + 1], x[2 * i]))
+            memory.st_u32_at_scalar(out16, 2 * i, convert.cvt_bf16x2_scalar(x[2 * i + 1], x[2 * i]))
+            memory.st_u32_at_scalar(out32, i, convert.cvt_f16x2_scalar(x[2 * i + 1], x[2 * i]))
 
     x = np.array([1.0, -2.5, np.nan, 65520.0, 1e-40, -0.0, 3.0e38, 2.0**-25], np.float32)
     out16, out32 = np.zeros(8, np.uint16), np.zeros(4, np.uint32)
     kernel[1, 4](out16, out32, x)
-    want16 = _ptx.round_to_half_bits(x.astype(np.float64), 8, 7).astype(np.uint16)
-    want_h = _ptx.round_to_half_bits(x.astype(np.float64), 5, 10).astype(np.uint32)
+    want16 = convert.round_to_half_bits(x.astype(np.float64), 8, 7).astype(np.uint16)
+    want_h = convert.round_to_half_bits(x.astype(np.float64), 5, 10).astype(np.uint32)
     assert np.array_equal(out16, want16)
     assert np.array_equal(out32, want_h[0::2] | (want_h[1::2] << 16))
 
@@ -264,14 +265,14 @@ def test_simulator_bindings():
     if not _target.SIMULATOR:  # pragma: no cover
         pytest.skip("simulator")
     for op in PAIR_OPS:
-        assert getattr(_ptx, f"bf16x2_{op}") is getattr(_ptx, f"bf16x2_{op}_twin")
-    assert _codec.sign_add is _ptx.sign_add_twin and _codec.sr_e2m1_code_i is _ptx.sr_e2m1_code_i_twin
+        assert getattr(pairs, f"bf16x2_{op}") is getattr(pairs, f"bf16x2_{op}_twin")
+    assert _codec.sign_add is stochastic.sign_add_twin and _codec.sr_e2m1_code_i is stochastic.sr_e2m1_code_i_twin
     assert _codec.mul_rn is _codec.mul_rn_twin and _codec.fadd_rz is _codec.fadd_rz_twin
 
 
 # ----------------------------------------------------------------------------- stochastic rounding's helpers
 def _sr_e2m1_code_i_spec(a, r, xb):
-    """The PTX block of _ptx._E2M1_SR_PTX step by step in 32-bit registers (Python ints)."""
+    """The PTX block of stochastic._E2M1_SR_PTX step by step in 32-bit registers (Python ints)."""
     m32 = 0xFFFFFFFF
     e1 = ((a >> 23) - 1) & m32
     s1 = e1 - (1 << 32) if e1 >> 31 else e1  # as s32

@@ -19,6 +19,9 @@ from nqdq import api
 from nqdq.gpu.quantize import plan as kq
 from nqdq.schemes import resolve_scheme
 
+from helpers.data import activation
+from helpers.gpu import check_graph_replays, check_quantized
+
 ON_GPU = os.environ.get("NQDQ_TEST_GPU") == "1"
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs NQDQ_TEST_GPU=1 and a CUDA GPU")
 
@@ -26,12 +29,9 @@ SCHEMES = ["fp8_row", "mxfp4", "nvfp4", "fp8_1x128", "int8_asym", "int8_centred"
            "fp8_128x128"]  # fmt: skip
 
 
-def test_plans_are_cached_and_classify_their_arrays(monkeypatch):
+def test_plans_are_cached_and_classify_their_arrays():
     from nqdq.gpu.device.codec import KIND_BF16
-
-    monkeypatch.setattr(kq, "TENSOR_RESIDENT", False)  # (NVFP4's streaming plan below; the cooperative kernel:
-    monkeypatch.setattr(kq, "GRID_ONE_LAUNCH", False)  # tests/test_tensor_resident.py; the one-launch grid
-    kq._PLANS.clear()  # kernel, which a GPU plans at 64x7168: tests/test_grid_one_launch*.py)
+    from nqdq.gpu.quantize.choices import KernelChoices, PerTensor
 
     sch = resolve_scheme("fp8_row")
     p = kq.get_plan((64, 7168), KIND_BF16, sch)
@@ -40,10 +40,11 @@ def test_plans_are_cached_and_classify_their_arrays(monkeypatch):
     roles = {s.i: s.role for s in p.slots}
     assert roles[p.codes.i] == roles[p.scales.i] == "out"
     assert sorted(r for r in roles.values() if r != "out") == ["dummy"] * 3  # S_enc, zps, means placeholders
-    nv = kq.get_plan((64, 7168), KIND_BF16, resolve_scheme("nvfp4"))
     # tensor amax partials -> the block pass, which reduces them and computes S_enc itself
-    # (below NVFP4_SENC_MAX_UNITS; larger inputs keep the finalize launch between the two)
-    assert len(nv.launches) == (2 if kq.NVFP4_SENC_IN_GROUPS else 3) and nv.tscale is not None
+    # (PerTensor.AMAX_IN_GROUPS; a GPU plans the one-launch grid at 64x7168: tests/test_grid_one_launch*.py)
+    amax_in = KernelChoices(per_tensor=PerTensor.AMAX_IN_GROUPS)
+    nv = kq.get_plan((64, 7168), KIND_BF16, resolve_scheme("nvfp4"), choices=amax_in)
+    assert len(nv.launches) == 2 and nv.tscale is not None
     assert sum(s.role == "scratch" for s in nv.slots) == 4  # partials (3) and S_enc
     if kq.SIMULATOR:
         assert p.cupy_runner() is None
@@ -64,29 +65,6 @@ def test_plan_execute_matches_reference_in_the_simulator():
 # --- on the GPU ---------------------------------------------------------------------------
 
 
-def _same(got, want, what):
-    if want is None:
-        assert got is None, what
-        return
-    g = got.get() if hasattr(got, "get") else np.asarray(got)
-    w = np.asarray(want)
-    assert g.shape == w.shape and g.dtype == w.dtype, (what, g.shape, w.shape, g.dtype, w.dtype)
-    # bit patterns, flattened (0-d arrays cannot change itemsize in a view)
-    np.testing.assert_array_equal(g.reshape(-1).view(np.uint8), w.reshape(-1).view(np.uint8), err_msg=what)
-
-
-def _check(q, ref, name):
-    for f in ("codes", "scales", "zero_points", "tensor_scale", "means"):
-        _same(getattr(q, f), getattr(ref, f), f"{name} {f}")
-    assert q.scheme == ref.scheme and tuple(q.shape) == tuple(ref.shape) and q.dtype == ref.dtype
-
-
-def _act(rng, rows=64, cols=7168):
-    x = rng.standard_normal((rows, cols)).astype(np.float32)
-    x *= np.exp2(rng.uniform(-6, 6, (rows, 1))).astype(np.float32)
-    return x.astype(ml_dtypes.bfloat16)
-
-
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", SCHEMES)
@@ -95,14 +73,14 @@ def test_gpu_repeated_calls_take_the_fast_path_bit_exact(name):
 
     rng = np.random.default_rng(7)
     for trial in range(3):
-        xh = _act(rng)
+        xh = activation(rng, (64, 7168))
         x = cp.asarray(xh.view(np.uint16))
         n_before = len(api._FAST)
         q = nqdq.quantize(x, name, dtype="bfloat16")
         assert isinstance(q.codes, cp.ndarray)
         if trial:
             assert len(api._FAST) == n_before  # a hit: nothing new remembered
-        _check(q, nqdq.quantize(xh, name, device="cpu"), name)
+        check_quantized(q, nqdq.quantize(xh, name, device="cpu"), name)
     assert any(k[0] == name for k in api._FAST)
 
 
@@ -113,32 +91,9 @@ def test_gpu_quantize_captured_in_a_cuda_graph_replays(name):
     import cupy as cp
 
     rng = np.random.default_rng(8)
-    x = cp.asarray(_act(rng).view(np.uint16))
+    x = cp.asarray(activation(rng, (64, 7168)).view(np.uint16))
     nqdq.quantize(x, name, dtype="bfloat16")  # plan, compile, load, remember
-    _check_graph_replays(x, name, rng, trials=2)
-
-
-def _check_graph_replays(x, name, rng, trials):
-    """Capture nqdq.quantize(x) in a CUDA graph (``x`` a bf16 activation of (rows, cols)
-    as uint16 bits), then, ``trials`` times, put new data in the same input buffer, poison
-    the codes, replay and compare with the reference."""
-    import cupy as cp
-
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        nqdq.quantize(x, name, dtype="bfloat16")  # warm the memory pool of this stream (CuPy's
-        s.synchronize()  # free lists are per stream: no cudaMalloc inside the capture)
-        s.begin_capture()
-        q = nqdq.quantize(x, name, dtype="bfloat16")
-        graph = s.end_capture()
-    for trial in range(trials):
-        xh = _act(rng, *x.shape)
-        with s:  # on the replay's stream: s is non-blocking, so the null stream's work is unordered with it
-            x[...] = cp.asarray(xh.view(np.uint16))
-            q.codes.fill(0xA5)
-        graph.launch(s)
-        s.synchronize()
-        _check(q, nqdq.quantize(xh, name, device="cpu"), f"{name} replay {trial}")
+    check_graph_replays(x, name, rng, trials=2)
 
 
 @gpu
@@ -147,7 +102,7 @@ def test_gpu_fast_path_respects_the_current_stream_and_checks():
     import cupy as cp
 
     rng = np.random.default_rng(9)
-    xh = _act(rng, 8, 512)
+    xh = activation(rng, (8, 512))
     x = cp.asarray(xh.view(np.uint16))
     ref = nqdq.quantize(xh, "mxfp4", device="cpu")
     nqdq.quantize(x, "mxfp4", dtype="bfloat16")
@@ -155,7 +110,7 @@ def test_gpu_fast_path_respects_the_current_stream_and_checks():
     with s:
         q = nqdq.quantize(x, "mxfp4", dtype="bfloat16")
     s.synchronize()
-    _check(q, ref, "mxfp4 on a stream")
+    check_quantized(q, ref, "mxfp4 on a stream")
     with pytest.raises(ValueError, match="C-contiguous"):
         nqdq.quantize(cp.asarray(np.zeros((8, 1024), np.uint16))[:, ::2], "mxfp4", dtype="bfloat16")
     with pytest.raises(TypeError):
@@ -171,7 +126,7 @@ def test_gpu_output_arrays_equal_the_constructors():
 
     from nqdq.gpu.runtime.interop import _same_cupy_array
 
-    x = cp.asarray(_act(np.random.default_rng(10), 16, 1024).view(np.uint16))
+    x = cp.asarray(activation(np.random.default_rng(10), (16, 1024)).view(np.uint16))
     for name in ("fp8_row", "nvfp4", "int8_asym"):
         q = nqdq.quantize(x, name, dtype="bfloat16")
         q = nqdq.quantize(x, name, dtype="bfloat16")  # the remembered path
@@ -187,23 +142,23 @@ def test_gpu_output_arrays_equal_the_constructors():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["fp8_row", "nvfp4", "int8_asym"])
 def test_gpu_parameters_as_one_buffer_bit_exact(monkeypatch, name):
-    """launch.PARAM_BUFFER: every launch of the plan passes its parameters as one buffer
+    """sequence.PARAM_BUFFER: every launch of the plan passes its parameters as one buffer
     (cuLaunchKernel's ``extra``); results bit-identical, direct and replayed from a graph."""
     import cupy as cp
 
-    from nqdq.gpu.runtime import launch
+    from nqdq.gpu.runtime import sequence
 
-    monkeypatch.setattr(launch, "PARAM_BUFFER", True)
+    monkeypatch.setattr(sequence, "PARAM_BUFFER", True)
     monkeypatch.setattr(kq, "_PLANS", type(kq._PLANS)())  # plans (and their runners) built anew
     monkeypatch.setattr(api, "_FAST", {})
     rng = np.random.default_rng(11)
-    xh = _act(rng)
+    xh = activation(rng, (64, 7168))
     x = cp.asarray(xh.view(np.uint16))
     for _ in range(2):
-        _check(nqdq.quantize(x, name, dtype="bfloat16"), nqdq.quantize(xh, name, device="cpu"), name)
+        check_quantized(nqdq.quantize(x, name, dtype="bfloat16"), nqdq.quantize(xh, name, device="cpu"), name)
     run = next(fq for k, fq in api._FAST.items() if k[0] == name).run
     assert "stream, 0, b[" in run.__globals__["_seq"].source  # kernelParams 0, extra given
-    _check_graph_replays(x, name, rng, trials=1)
+    check_graph_replays(x, name, rng, trials=1)
 
 
 # --- the hot path's pieces, without a GPU ---------------------------------------------------

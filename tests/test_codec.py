@@ -18,7 +18,7 @@ import warnings
 import ml_dtypes
 import numpy as np
 import pytest
-from _helpers import (
+from helpers.spec import (
     FLOAT_FORMATS,
     MAX_CODE,
     SPEC,
@@ -117,7 +117,7 @@ def test_encode_in_chunks(monkeypatch):
 @pytest.mark.parametrize("name", FLOAT_FORMATS)
 @pytest.mark.parametrize("saturate", [False, True])
 def test_encode_equals_exact_oracle(name, saturate):
-    """A second, independent expectation: exact float64 rounding (tests/_helpers.oracle_encode)
+    """A second, independent expectation: exact float64 rounding (tests/helpers/spec.py, oracle_encode)
     on the finite inputs, for float32 and for float64 inputs with full 52-bit mantissas."""
     x = concentrated_f32(name, 200_000, seed=7)
     assert_codes_equal(encode(x, name, saturate), oracle_encode(x, name, saturate=saturate), x, name, "f32")

@@ -1,5 +1,5 @@
-"""The thread-block-cluster kernel of per-channel scales (``_column_cluster.column_cluster``)
-without a GPU: its geometry by hand against the issue's shapes; bit for bit against the
+"""The thread-block-cluster kernel of per-channel scales (``column_cluster.column_cluster``,
+``PerChannel.CLUSTER``, selected by ``choices=``) without a GPU: its geometry by hand against the issue's shapes; bit for bit against the
 NumPy reference in the simulator, where a cluster is one block (CL = 1: the cluster barrier
 runs as a block barrier and the remote load reads the block's own word); its PTX for sm_90
 (the cluster barrier and the distributed shared-memory load, assembled by ptxas); and the
@@ -16,18 +16,17 @@ import pytest
 
 import nqdq.gpu.quantize.column_cluster as column_cluster
 import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.quantize.choices import KernelChoices, PerChannel
 from nqdq.gpu.runtime import launch
 from nqdq.gpu.quantize.columns import _expand
 
-from test_column_onepass import _column_data, _launched
-from test_kernels import check
+from helpers.data import column_data
+from helpers.kernels import check, launched
+from helpers.ptx import compile_rows
 from nqdq.schemes import resolve_scheme
 
 
-@pytest.fixture
-def cluster(onepass):
-    onepass.setattr(kq, "COLUMN_CLUSTER", True)
-    return onepass
+CLUSTER = KernelChoices(per_channel=PerChannel.CLUSTER)
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -111,21 +110,21 @@ def test_cluster_size_by_sms(monkeypatch):
         ("int4", {"granularity": "column"}, (9, 64), ml_dtypes.bfloat16),  # packed 4-bit codes
     ],
 )
-def test_cluster_exact(cluster, name, kw, shape, dtype):
+def test_cluster_exact(name, kw, shape, dtype):
     sch = resolve_scheme(name, **kw)
-    x = _column_data(shape, seed=shape[-1]).astype(dtype)
-    assert _launched(x.shape, dtype, sch) == ["column_cluster"]
-    check(x, sch, x_ref=x.astype(np.float32))
+    x = column_data(shape, seed=shape[-1]).astype(dtype)
+    assert launched(x.shape, dtype, sch, choices=CLUSTER) == ["column_cluster"]
+    check(x, sch, x_ref=x.astype(np.float32), choices=CLUSTER)
 
 
 @pytest.mark.parametrize("units, reg_units, shape", [(2, 1, (13, 200)), (3, 3, (21, 200)), (3, 1, (19, 72))])
-def test_cluster_register_units_exact(cluster, units, reg_units, shape):
+def test_cluster_register_units_exact(fresh_plans, units, reg_units, shape):
     """Units held in registers beside the shared slots (UR of a thread's U units),
     bit for bit, with the data in partial stripes and rows."""
-    cluster.setattr(column_cluster, "CLUSTER_CONFIGS", ((64, units, reg_units),))
+    fresh_plans.setattr(column_cluster, "CLUSTER_CONFIGS", ((64, units, reg_units),))
     sch = resolve_scheme("int8_column")
-    x = _column_data(shape, seed=7).astype(ml_dtypes.bfloat16)
-    plan = kq.get_plan(x.shape, 1, sch)  # (kind 1: bfloat16)
+    x = column_data(shape, seed=7).astype(ml_dtypes.bfloat16)
+    plan = kq.get_plan(x.shape, 1, sch, choices=CLUSTER)  # (kind 1: bfloat16)
     ((k, _, _, _),) = plan.launches
     fn = getattr(k, "py_func", k)
     src = fn.source
@@ -133,7 +132,7 @@ def test_cluster_register_units_exact(cluster, units, reg_units, shape):
     loads = src.count("load_unit(") + src.count("load_unit_l2_256(")  # (unaligned; aligned)
     staged = src.count("cp_async_unit(") + src.count("cp_async_unit_l2_256(")
     assert loads == 2 * reg_units and staged == units - reg_units
-    check(x, sch, x_ref=x.astype(np.float32))
+    check(x, sch, x_ref=x.astype(np.float32), choices=CLUSTER)
 
 
 def test_cluster_units_template():
@@ -156,27 +155,30 @@ def test_cluster_units_template():
         column_cluster._units("SLOT16,", 16, 6)
 
 
-def test_cluster_l2_prefetch_exact(cluster):
+def test_cluster_l2_prefetch_exact(fresh_plans):
     """The aligned loads with the .L2::256B prefetch size: the kernel built with them, bit
     for bit (register and staged units)."""
-    cluster.setattr(column_cluster, "CLUSTER_CONFIGS", ((64, 3, 1),))
+    fresh_plans.setattr(column_cluster, "CLUSTER_CONFIGS", ((64, 3, 1),))
     sch = resolve_scheme("int8_column")
-    x = _column_data((21, 200), seed=9).astype(ml_dtypes.bfloat16)
-    plan = kq.get_plan(x.shape, 1, sch)  # (kind 1: bfloat16)
+    x = column_data((21, 200), seed=9).astype(ml_dtypes.bfloat16)
+    plan = kq.get_plan(x.shape, 1, sch, choices=CLUSTER)  # (kind 1: bfloat16)
     ((k, _, _, _),) = plan.launches
     src = getattr(k, "py_func", k).source
     assert "cp_async_unit_l2_256(" in src and "load_unit_l2_256(" in src
     assert "cp_async_unit(" not in src and "load_unit(x, x32, True" not in src
-    check(x, sch, x_ref=x.astype(np.float32))
+    check(x, sch, x_ref=x.astype(np.float32), choices=CLUSTER)
 
 
-def test_cluster_off(cluster):
-    """COLUMN_CLUSTER off: the register kernel again; and rows that one block holds."""
+def test_cluster_declines_rows_of_one_block():
+    """Rows that one block of the widest stripes holds are not the cluster's: automatically
+    the single-chunk kernel, where the cluster is chosen its plain fallback, the two passes;
+    the cluster takes 13 rows, unless another design is chosen."""
     sch = resolve_scheme("int8_column")
-    assert _launched((4, 256), ml_dtypes.bfloat16, sch) == ["column_onepass"]
-    cluster.setattr(kq, "COLUMN_CLUSTER", False)
-    kq._PLANS.clear()
-    assert _launched((13, 256), ml_dtypes.bfloat16, sch) == ["column_onepass"]
+    assert launched((4, 256), ml_dtypes.bfloat16, sch) == ["column_onepass"]
+    assert launched((4, 256), ml_dtypes.bfloat16, sch, choices=CLUSTER) == ["column_amax", "finalize", "column_encode"]
+    assert launched((13, 256), ml_dtypes.bfloat16, sch) == ["column_cluster"]
+    single = KernelChoices(per_channel=PerChannel.SINGLE_CHUNK)
+    assert launched((13, 256), ml_dtypes.bfloat16, sch, choices=single) == ["column_onepass"]
 
 
 # ----------------------------------------------------------------------------- launch
@@ -202,8 +204,8 @@ import json, re
 import ml_dtypes
 from numba import cuda, typeof
 from cuda.bindings import nvjitlink
-from nqdq.gpu import _ptx_audit as A
-from nqdq.gpu import _column_cluster as column_cluster
+from nqdq.tools import ptx_audit as A
+from nqdq.gpu.quantize import column_cluster
 from nqdq.tools.ptx_audit import _no_gpu_compile
 
 column_cluster.CLUSTER_SIZE = 16  # (a dry run counts one SM)
@@ -251,9 +253,7 @@ def test_cluster_kernel_assembles_for_sm90():
     (ptxas makes a release a MEMBAR.GPU): one relaxed arrival and one acquire wait at the
     start (not ``.aligned``), no remote load. Every load of the input (cp.async and
     ld.global.nc) carries the ``.L2::256B`` prefetch size. ptxas assembles it."""
-    from test_mma import _compile_rows
-
-    rows = _compile_rows(_CLUSTER_PTX_SCRIPT)
+    rows = compile_rows(_CLUSTER_PTX_SCRIPT)
     assert [r["shape"] for r in rows] == [[8192, 8192], [4096, 7168], [16384, 7168]], rows
     for r, (nt, staged, regs, bps) in zip(rows, [(256, 6, 10, 3), (256, 6, 10, 3), (512, 11, 5, 2)]):
         assert r["cluster"] == 16 and r["smem"] == nt * staged * 16 and r["bounds"] == [nt, bps], r

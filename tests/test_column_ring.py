@@ -1,5 +1,6 @@
-"""The shared-memory ring kernel of per-channel scales (``_column_ring.column_ring``) in the
-simulator, bit for bit against the NumPy reference: through the plan (P = 1: one block
+"""The shared-memory ring kernel of per-channel scales (``column_ring.column_ring``,
+``PerChannel.RING``, selected by ``choices=``) in the simulator, bit for bit against the
+NumPy reference: through the plan (P = 1: one block
 takes every stripe in turn, so the ring's slots cycle), launched directly with P = 2 chunks
 a stripe (one block holds both), and with the wait path taken on every item
 (``RING_FORCE_WAIT``). cp.async and ld.shared.v4 run as their twins here; the GPU tests
@@ -12,21 +13,21 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import nqdq.gpu.quantize.column_cluster as column_cluster
 import nqdq.gpu.quantize.column_ring as column_ring
 import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.quantize.choices import KernelChoices, PerChannel
+from nqdq.gpu.quantize.params import max_elem
 from nqdq.gpu.runtime.launch import dynamic_smem
 from nqdq.reference import quantize as ref
 from nqdq.schemes import resolve_scheme
 
-from test_column_onepass import _column_data, _launched
-from test_kernels import _KINDS, check
+from helpers.data import column_data
+from helpers.kernels import KINDS, check, launched
 
 
-@pytest.fixture
-def ring(onepass):
-    onepass.setattr(kq, "COLUMN_RING", True)
-    onepass.setattr(kq, "COLUMN_ONEPASS_SYNC", True)  # the ring at P = 1 (the simulator's only P)
-    return onepass
+RING = KernelChoices(per_channel=PerChannel.RING)  # (chosen: the ring at P = 1 too, the simulator's only P)
+TWO_PASS = ["column_amax", "finalize", "column_encode"]
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -99,53 +100,49 @@ def test_ring_smem_fits():
         ("int4", {"granularity": "column"}, (9, 64), ml_dtypes.bfloat16),
     ],
 )
-def test_ring_exact(ring, name, kw, shape, dtype):
+def test_ring_exact(name, kw, shape, dtype):
     sch = resolve_scheme(name, **kw)
-    x = _column_data(shape, seed=shape[-1]).astype(dtype)
-    assert _launched(x.shape, dtype, sch) == ["column_ring"]
-    plan = kq.get_plan(x.shape, _KINDS[dtype], sch)
+    x = column_data(shape, seed=shape[-1]).astype(dtype)
+    assert launched(x.shape, dtype, sch, choices=RING) == ["column_ring"]
+    plan = kq.get_plan(x.shape, KINDS[dtype], sch, choices=RING)
     ((k, grid, block, args),) = plan.launches
     # the simulator counts one SM, so one block takes every stripe; a GPU spreads them over its SMs
     assert (grid == 1) if kq.SIMULATOR else grid >= 1
     assert dynamic_smem(k) == column_ring.ring_smem(block, column_ring.RING_UNITS, column_ring.RING_SLOTS)
-    check(x, sch, x_ref=x.astype(np.float32))
+    check(x, sch, x_ref=x.astype(np.float32), choices=RING)
 
 
-def test_ring_off_and_p1(onepass):
-    """Without the workspace (P = 1, COLUMN_ONEPASS_SYNC off) the register kernel stays;
-    COLUMN_RING off: the register kernel with the workspace."""
+def test_ring_single_chunk_only_when_chosen(fresh_plans):
+    """Automatically (on a device without clusters) the ring takes stripes of several chunks
+    only: a stripe of one chunk takes the single-chunk kernel (no workspace, no wait); where
+    the caller chooses the ring, the ring."""
     sch = resolve_scheme("int8_column")
-    onepass.setattr(kq, "COLUMN_RING", True)
-    assert _launched((13, 256), ml_dtypes.bfloat16, sch) == ["column_onepass"]
-    onepass.setattr(kq, "COLUMN_RING", False)
-    onepass.setattr(kq, "COLUMN_ONEPASS_SYNC", True)
-    kq._PLANS.clear()
-    assert _launched((13, 256), ml_dtypes.bfloat16, sch) == ["column_onepass"]
+    fresh_plans.setattr(column_cluster, "available", lambda: False)
+    assert launched((13, 256), ml_dtypes.bfloat16, sch) == ["column_onepass"]
+    assert launched((13, 256), ml_dtypes.bfloat16, sch, choices=RING) == ["column_ring"]
 
 
-def test_ring_needs_cp_async(ring):
-    """A device without cp.async (compute capability below 8.0; AMD, where _target.device_has
-    is never true) plans the register kernel instead of the ring, with the same bits."""
+def test_ring_needs_cp_async(fresh_plans):
+    """A device without cp.async (compute capability below 8.0; AMD, where target.device_has
+    is never true) plans the two passes where the ring is chosen, with the same bits."""
     sch = resolve_scheme("int8_column")
-    x = _column_data((13, 256), seed=41).astype(ml_dtypes.bfloat16)
-    assert _launched(x.shape, ml_dtypes.bfloat16, sch) == ["column_ring"]
-    ring.setattr(column_ring, "device_has", lambda cc: False)
-    kq._PLANS.clear()
-    assert _launched(x.shape, ml_dtypes.bfloat16, sch) == ["column_onepass"]
-    check(x, sch, x_ref=x.astype(np.float32))
+    x = column_data((13, 256), seed=41).astype(ml_dtypes.bfloat16)
+    fresh_plans.setattr(column_ring, "device_has", lambda cc: False)
+    assert launched(x.shape, ml_dtypes.bfloat16, sch, choices=RING) == TWO_PASS
+    check(x, sch, x_ref=x.astype(np.float32), choices=RING)
 
 
 def _direct(x, sch, W, P, force_wait, D=3, L=1, U=1):
     """Launch column_ring once (one block of the simulator's threads) over a 2-D input with
     W-unit stripes of P chunks of U units a thread; returns (int8 codes, scales)."""
     rows, C = x.shape
-    kind = _KINDS[x.dtype.type]
+    kind = KINDS[x.dtype.type]
     vec = 4 if x.dtype == np.float32 else 8
     upr = C // vec
     S = -(-upr // W)
     NT = column_ring.RING_THREADS
     assert -(-rows // (U * NT // W)) == P
-    k = column_ring.make_column_ring_kernel(kind, kq.format_tuple(sch), kq._max_elem(sch), NT, W, U, D, L, False,
+    k = column_ring.make_column_ring_kernel(kind, kq.format_tuple(sch), max_elem(sch), NT, W, U, D, L, False,
                                             force_wait)
     xf = x.reshape(-1)
     xf = xf if x.dtype == np.float32 else xf.view(np.uint16)
@@ -174,7 +171,7 @@ def test_ring_direct_chunks(dtype, C, W, P, D, L, force_wait):
     sch = resolve_scheme("int8_column")
     NT = column_ring.RING_THREADS
     rows = P * (NT // W) - 3  # the last chunk short
-    x = _column_data((rows, C), seed=C + P).astype(dtype)
+    x = column_data((rows, C), seed=C + P).astype(dtype)
     codes, scales = _direct(x, sch, W, P, force_wait, D=D, L=L)
     want = ref.quantize(x.astype(np.float32), sch)
     assert (scales.view(np.uint32) == want.scales.view(np.uint32)).all()

@@ -254,8 +254,8 @@ def test_guards():
 def _spy_count(monkeypatch):
     """Count div_by_recip calls made by the row-wise and per-channel kernels (the simulator
     runs Python)."""
+    from nqdq.gpu.quantize import asym_units, encoders, sr_units
     from nqdq.gpu.quantize import columns as column_kernels
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
 
     calls = [0]
     real = D.div_by_recip
@@ -264,7 +264,8 @@ def _spy_count(monkeypatch):
         calls[0] += 1
         return real(x, s, r)
 
-    monkeypatch.setattr(rowwise_kernels, "div_by_recip", spy)
+    for unit_encoders in (encoders, sr_units, asym_units):  # the last-axis kernels' unit encoders
+        monkeypatch.setattr(unit_encoders, "div_by_recip", spy)
     monkeypatch.setattr(column_kernels, "div_by_recip", spy)  # (the per-channel integer encode without the clip)
     return calls
 
@@ -293,7 +294,7 @@ def _hard_rows(rows, cols, seed, dtype):
 def test_kernels_divide_by_reciprocal(monkeypatch, name, dtype, cols):
     """The float-scale kernels encode finite units by div_by_recip (counted) and give the
     reference's codes and scales bit for bit, on quotients next to code boundaries."""
-    from tests.test_kernels import check
+    from helpers.kernels import check
     from nqdq.gpu.quantize import plan as kq
     from nqdq.schemes import resolve_scheme
 
@@ -307,7 +308,7 @@ def test_kernels_divide_by_reciprocal(monkeypatch, name, dtype, cols):
 def test_static_scales_ratio_and_range(monkeypatch):
     """Caller-given scales: units whose |x| reaches s * 2^64, and scales outside [2^-80,
     2^126] or negative, divide per element; the codes stay the reference's."""
-    from tests.test_kernels import check
+    from helpers.kernels import check
     from nqdq.gpu.quantize import plan as kq
     from nqdq.schemes import resolve_scheme
 
@@ -324,13 +325,14 @@ def test_static_scales_ratio_and_range(monkeypatch):
 
 def test_switch_off_is_the_division(monkeypatch):
     """RECIP_DIV off (NQDQ_RECIP_DIV=0, the A/B baseline): no reciprocal, same codes."""
-    from tests.test_kernels import check
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from helpers.kernels import check
+    from nqdq.gpu.quantize import asym_units, encoders, lastaxis, stat_chunks
     from nqdq.gpu.quantize import plan as kq
     from nqdq.schemes import resolve_scheme
 
     calls = _spy_count(monkeypatch)
-    monkeypatch.setattr(rowwise_kernels, "RECIP_DIV", False)
+    for reader in (lastaxis, encoders, asym_units, stat_chunks):  # the last-axis kernels' readers of the switch
+        monkeypatch.setattr(reader, "RECIP_DIV", False)
     kq._PLANS.clear()
     x = _hard_rows(3, 128, 4, ml_dtypes.bfloat16)
     check(x, resolve_scheme("fp8_row"), x_ref=x.astype(np.float32))
@@ -395,8 +397,9 @@ def test_audit_flags_generic_atomics():
 _AUDIT_SCRIPT = r"""
 import json
 import ml_dtypes, numpy as np
-from nqdq.gpu import _ptx_audit as A
-from nqdq.gpu import _interop, quantize as kq
+from nqdq.tools import ptx_audit as A
+from nqdq.gpu.runtime import interop as _interop
+from nqdq.gpu.quantize import plan as kq
 from nqdq.schemes import resolve_scheme
 out = []
 for name, kw, shape, dt in (("fp8_row", {}, (4, 1024), ml_dtypes.bfloat16),
@@ -417,9 +420,9 @@ print(json.dumps(out))
 def test_kernels_compile_with_only_the_pattern_fmas():
     """fp8_row and static fp8_tensor compiled for sm_90 (NVVM, no GPU): every fma.f32 is one of
     a division's two, one division per element of a thread's units, no audit problem."""
-    from tests.test_mma import _compile_rows
+    from helpers.ptx import compile_rows
 
-    rows = {r["kernel"]: r for r in _compile_rows(_AUDIT_SCRIPT)}
+    rows = {r["kernel"]: r for r in compile_rows(_AUDIT_SCRIPT)}
     assert not any(r["problems"] for r in rows.values()), rows
     assert rows["lastaxis_rows"]["rdiv"] >= 8 and rows["lastaxis_rows"]["fma"] == 2 * rows["lastaxis_rows"]["rdiv"]
     assert rows["static_encode"]["rdiv"] >= 4 and rows["static_encode"]["fma"] == 2 * rows["static_encode"]["rdiv"]

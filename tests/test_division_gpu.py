@@ -19,7 +19,7 @@ import pytest
 
 if __name__ != "__main__":
     pytestmark = [pytest.mark.gpu]
-    from _helpers import gpu_cupy_or_skip
+    from helpers.gpu import gpu_cupy_or_skip
 
     gpu_cupy_or_skip()
 

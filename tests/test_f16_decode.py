@@ -15,12 +15,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from numba import cuda
-from test_kernels import assert_same, check
+from helpers.kernels import assert_same, check
 
 import nqdq.gpu.quantize.plan as kq
 from nqdq.gpu.device import codec as _codec
 from nqdq.gpu.device.codec import KIND_F16
-from nqdq.gpu.quantize.lastaxis import half_bits
+from nqdq.gpu.quantize.units import half_bits
 from nqdq.schemes import resolve_scheme
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN/inf arithmetic in the simulator

@@ -12,7 +12,9 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from _helpers import topk_ids
+from helpers.data import topk_ids
+from helpers.encoders import ABSMAX_EDGES, e2m1_codes, e2m1_y_case, e2m1_y_probes
+from helpers.ptx import compile_rows
 
 import nqdq
 from nqdq import fused
@@ -576,13 +578,13 @@ def test_mx_rceil_params_match_the_general_path(monkeypatch):
     _codec.e8m0_reciprocal (the quantize kernels'), bit for bit, at every exponent with the
     mantissas around each rounding boundary, for mxfp4 (1/6) and mxfp8 e4m3 (1/448)."""
     from nqdq.gpu.device import codec as _codec, scales as _scales
-    from nqdq.gpu.fused import rows as _fused_rows
+    from nqdq.gpu.fused import row_fns
     from nqdq.gpu.device.codec import e8m0_reciprocal
-    from nqdq.gpu.fused.rows import mx_rceil_params
+    from nqdq.gpu.fused.row_fns import mx_rceil_params
     from nqdq.gpu.device.scales import MX_RCEIL, mx_scale_code
 
     # the bit casts by NumPy (the device functions' local-array casts need a kernel)
-    for mod in (_codec, _fused_rows, _scales):
+    for mod in (_codec, row_fns, _scales):
         monkeypatch.setattr(mod, "f32_bits", lambda f: np.int64(np.float32(f).view(np.uint32)), raising=False)
         monkeypatch.setattr(mod, "bits_f32", lambda u: np.uint32(u).view(np.float32), raising=False)
 
@@ -675,44 +677,6 @@ def test_bits_input_and_save_load(tmp_path):
     assert_q_equal(nqdq.load(path), q_ref)
 
 
-def e2m1_y_probes(rc):
-    """(v, ks) for the fused MXFP4 encoders' checks: v around every e2m1 code boundary (grid
-    points, ties, 1-2 float32 ulps off, saturation) and random, both signs, a multiple of 8
-    long; for e2m1_unit_f32_p2 without the clamp (``rc``: "rceil" groups) only |v| <= 6.05
-    (rceil's |y| * 2^-k <= 6 (1 + 2^-22), saturation by the magic sum alone), and k = 127 too
-    (2^-k a bfloat16 subnormal: code 254)."""
-    base = np.array([0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6] + ([] if rc else [6.5, 7, 8]),
-                    np.float32)
-    near = [base]
-    for d in (1, 2):
-        near += [base + d * np.spacing(base), base - d * np.spacing(base)]
-    top = 6.05 if rc else 7.0
-    rng = np.random.default_rng(12)
-    v = np.concatenate(near + [rng.uniform(0, top, 4000).astype(np.float32), np.float32([top, 6 * (1 + 2**-22)])])
-    v = v[np.abs(v) <= top]
-    v = np.concatenate([v, -v]).astype(np.float32)
-    return v[: v.size // 8 * 8], (-127, -125, -120, -60, -1, 0, 1, 20, 126) + ((127,) if rc else ())
-
-
-def e2m1_y_case(v, k):
-    """(y, want, p2): y = v * 2^k in float32 (non-finite ones 0), the reference codec's codes of
-    y * 2^-k, and 2^-k as a bfloat16 pair."""
-    from nqdq.formats import get_format
-    from nqdq.reference import codec as rcodec
-
-    with np.errstate(over="ignore", under="ignore"):
-        y = (v.astype(np.float64) * 2.0**k).astype(np.float32)
-        y = np.where(np.isfinite(y), y, np.float32(0))
-        want = rcodec.encode_float((y * np.float32(2.0**-k)).astype(np.float32), get_format("e2m1")).astype(np.uint32)
-    hb = np.uint32(np.float32(2.0**-k).view(np.uint32) >> np.uint32(16))
-    return y, want, np.uint32(hb | (hb << np.uint32(16)))
-
-
-def e2m1_codes(words):
-    """The 8 nibbles of packed e2m1 words, element order."""
-    return np.stack([(words >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=1).reshape(-1)
-
-
 @pytest.mark.parametrize("clamp", [True, False])
 def test_e2m1_unit_f32_p2_matches_the_codec(clamp, monkeypatch):
     """The fused MXFP4 encoder _rowwise_kernels.e2m1_unit_f32_p2 (y rounded to odd into bfloat16,
@@ -721,13 +685,13 @@ def test_e2m1_unit_f32_p2_matches_the_codec(clamp, monkeypatch):
     over the MX range of k: y subnormal (k = -127 .. -120: 2^-k up to 2^127), normal, 2^-k
     subnormal in bfloat16 (k = 127, the "rceil" code 254). tests/test_fused_gpu.py runs the
     unclamped one compiled."""
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from nqdq.gpu.quantize import pair_encoders
 
     # the bit casts by NumPy views: the twins run on whole arrays
-    monkeypatch.setattr(rowwise_kernels, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
-    monkeypatch.setattr(rowwise_kernels, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
+    monkeypatch.setattr(pair_encoders, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
+    monkeypatch.setattr(pair_encoders, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
     v, ks = e2m1_y_probes(not clamp)
-    fn = rowwise_kernels.e2m1_unit_f32_p2.py_func
+    fn = pair_encoders.e2m1_unit_f32_p2.py_func
     for k in ks:
         y, want, p2 = e2m1_y_case(v, k)
         e = y.view(np.uint32).reshape(-1, 8)
@@ -776,13 +740,6 @@ def test_rmsnorm_nonfinite_rows_match_reference(scheme, n):
                    fused.rmsnorm_quantize(x, w, scheme, scale=sc, device="cuda"))
 
 
-# float32 values at the edges of max.NaN of magnitudes: signs, zeros, subnormals, the largest
-# finite, infinities, NaNs of both signs and another payload
-ABSMAX_EDGES = np.array([0.0, -0.0, 1e-45, -3e-39, 1.5, -1.5, 6.0, -7.0, 3.4e38, np.inf, -np.inf, np.nan, -np.nan],
-                        np.float32).view(np.uint32)
-ABSMAX_EDGES = np.append(ABSMAX_EDGES, np.uint32(0xFF812345))
-
-
 def absmax_want(a, b):
     """NumPy's rule for _ptx.absmax_nan: the larger magnitude's bits, 0x7FFFFFFF for a NaN."""
     fa, fb = np.uint32(a).view(np.float32), np.uint32(b).view(np.float32)
@@ -794,7 +751,7 @@ def absmax_want(a, b):
 def test_absmax_nan_twin():
     """The twin of _ptx.absmax_nan (what the simulator runs) against NumPy on every pair of
     ABSMAX_EDGES; tests/test_fused_gpu.py compares the intrinsic with it."""
-    from nqdq.gpu.ptx import absmax_nan_twin
+    from nqdq.gpu.ptx.pairs import absmax_nan_twin
 
     for a in ABSMAX_EDGES:
         for b in ABSMAX_EDGES:
@@ -978,7 +935,7 @@ _MOE_PTX_SCRIPT = r"""
 import json, re
 import numpy as np
 from numba import cuda, typeof
-from nqdq.gpu import fused as KF
+from nqdq.gpu.fused import plan as KF
 from nqdq.tools.ptx_audit import _no_gpu_compile, compile_and_audit
 want = ("moe scatter-rows staged mxfp4", "moe scatter-rows staged rank mxfp4",
         "moe scatter-rows staged local mxfp4", "moe count", "moe scan", "moe scatter", "moe sort (one launch)",
@@ -1004,9 +961,7 @@ def test_moe_kernels_programmatic_dependent_launch_ptx():
     rows after a round's loads, before its stores, the scatter after its ids and before the scan's bases. The one-launch sort reads the other
     blocks' counts by ld.global.cg (L2, no atomics), its only global atomics the barrier's; the
     rank kernel too (its ticket's), and it never waits: no spin, one atomic add a block."""
-    from test_mma import _compile_rows
-
-    k = _compile_rows(_MOE_PTX_SCRIPT)
+    k = compile_rows(_MOE_PTX_SCRIPT)
     for label, v in k.items():
         assert not v["problems"], (label, v["problems"])
     # the staged rows (MOE_STAGE, lanes' groups): a round's tokens read (4 v4 loads a lane, in the

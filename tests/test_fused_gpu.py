@@ -14,7 +14,8 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
-from _helpers import gpu_cupy_or_skip, topk_ids  # noqa: E402
+from helpers.data import topk_ids  # noqa: E402
+from helpers.gpu import gpu_cupy_or_skip  # noqa: E402
 
 cp = gpu_cupy_or_skip()
 
@@ -91,11 +92,11 @@ def test_gpu_rmsnorm_quantize_matches_reference(n, dtype, scheme, with_res):
 
 def test_gpu_absmax_nan_matches_twin():
     """_ptx.absmax_nan (max.NaN.f32 of |.|, the RMSNorm ops' unit amax) compiled, on every pair
-    of test_fused.ABSMAX_EDGES, against its twin (which test_fused checks against NumPy)."""
+    of helpers.encoders.ABSMAX_EDGES, against its twin (which test_fused checks against NumPy)."""
     from numba import cuda
 
-    from nqdq.gpu.ptx import absmax_nan, absmax_nan_twin
-    from test_fused import ABSMAX_EDGES
+    from nqdq.gpu.ptx.pairs import absmax_nan, absmax_nan_twin
+    from helpers.encoders import ABSMAX_EDGES
 
     @cuda.jit
     def k(a, b, out):
@@ -117,16 +118,16 @@ def test_gpu_e2m1_unit_f32_p2_matches_the_codec():
     against the reference codec: what test_fused checks through the twins."""
     from numba import cuda
 
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
-    from test_fused import e2m1_codes, e2m1_y_case, e2m1_y_probes
+    from nqdq.gpu.quantize import pair_encoders
+    from helpers.encoders import e2m1_codes, e2m1_y_case, e2m1_y_probes
 
     @cuda.jit
     def k(e, p2, out):
         i = cuda.grid(1)
         if i < out.size:
             b = 8 * i
-            out[i] = rowwise_kernels.e2m1_unit_f32_p2((e[b], e[b + 1], e[b + 2], e[b + 3], e[b + 4], e[b + 5], e[b + 6],
-                                                       e[b + 7]),
+            out[i] = pair_encoders.e2m1_unit_f32_p2((e[b], e[b + 1], e[b + 2], e[b + 3], e[b + 4], e[b + 5], e[b + 6],
+                                                     e[b + 7]),
                                          p2, False)
 
     v, ks = e2m1_y_probes(True)
@@ -447,7 +448,7 @@ def test_gpu_moe_sort_one_launch(T, k, E, sort1):
 def test_gpu_moe_sort_one_launch_partly_resident():
     """The one-launch sort (141 chunks of 9000 tokens top-4: one block per SM) while another
     grid holds all but FREE_SMS SMs (a block of all the shared memory an SM has on each,
-    _helpers.sm_hog), so only part of the sort's grid is resident at once, as under an MPS
+    helpers.gpu.sm_hog), so only part of the sort's grid is resident at once, as under an MPS
     thread limit or beside another process's kernels. The other grid waits until the sort is
     done (a flag set by a kernel after it in the sort's stream), so a sort whose resident
     blocks waited for the rest (the grid barrier of an earlier version)
@@ -455,7 +456,7 @@ def test_gpu_moe_sort_one_launch_partly_resident():
     resident blocks count the missing blocks' chunks themselves (_grid.mark_done): the sort
     ends, the hog never gives up, and perm, offsets, inv are the spec's, the workspace left
     zero."""
-    from _helpers import sm_hog
+    from helpers.gpu import sm_hog
 
     from nqdq.gpu.fused import plan as KF
     from nqdq.gpu.runtime.interop import Allocator

@@ -13,26 +13,20 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
-from _helpers import gpu_cupy_or_skip  # noqa: E402
+from helpers.gpu import gpu_cupy_or_skip  # noqa: E402
 
 cp = gpu_cupy_or_skip()
 
 import nqdq  # noqa: E402
 import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.quantize import runners  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
-from test_api_gpu_path import _check, _check_graph_replays  # noqa: E402
-from test_kernels import edge_data  # noqa: E402
-from test_kernels_gpu import check_gpu  # noqa: E402
+from helpers.data import activation, edge_data  # noqa: E402
+from helpers.gpu import check_gpu, check_graph_replays, check_quantized, check_repeated  # noqa: E402
 
 NAMES = ["fp8_tensor", "nvfp4"]
 KIND = {np.dtype(np.float32): 0, np.dtype(ml_dtypes.bfloat16): 1, np.dtype(np.float16): 2}
-
-
-def _act(rng, shape, dtype=ml_dtypes.bfloat16):
-    x = rng.standard_normal(shape).astype(np.float32)
-    x *= np.exp2(rng.uniform(-6, 6, (shape[0], 1))).astype(np.float32)
-    return x.astype(dtype)
 
 
 def _plan(shape, dtype, name):
@@ -41,7 +35,6 @@ def _plan(shape, dtype, name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_decode_sizes_take_one_launch_of_many_blocks(name):
-    assert kq.GRID_ONE_LAUNCH
     plan = _plan((64, 7168), ml_dtypes.bfloat16, name)
     assert len(plan.launches) == 1
     grid = plan.launches[0][1]
@@ -64,16 +57,6 @@ def test_one_launch_edge_values(name, shape, dtype):
     check_gpu(x, resolve_scheme(name))
 
 
-def check_repeated(name, shape, calls, seed):
-    """``calls`` calls in a row of ``name`` on new bf16 data of ``shape`` through the plan's
-    runner (one stream's grid workspace, left zero by each), each exact."""
-    rng = np.random.default_rng(seed)
-    for _ in range(calls):
-        xh = _act(rng, shape)
-        q = nqdq.quantize(cp.asarray(xh.view(np.uint16)), name, dtype="bfloat16")
-        _check(q, nqdq.quantize(xh, name, device="cpu"), name)
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_one_launch_repeated_through_the_runner(name):
     """Ten calls in a row on one stream's workspace, each exact."""
@@ -85,7 +68,7 @@ def test_one_launch_on_concurrent_streams(name):
     """Calls of one plan in flight on two streams at once each have their own workspace."""
     rng = np.random.default_rng(12)
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
-    data = [[_act(rng, (64, 7168)) for _ in range(8)] for _ in streams]
+    data = [[activation(rng, (64, 7168)) for _ in range(8)] for _ in streams]
     devs = [[cp.asarray(x.view(np.uint16)) for x in d] for d in data]
     cp.cuda.Device().synchronize()
     results = [[], []]
@@ -96,7 +79,7 @@ def test_one_launch_on_concurrent_streams(name):
     cp.cuda.Device().synchronize()
     for s in range(2):
         for i in range(8):
-            _check(results[s][i], nqdq.quantize(data[s][i], name, device="cpu"), f"{name} stream {s} call {i}")
+            check_quantized(results[s][i], nqdq.quantize(data[s][i], name, device="cpu"), f"{name} stream {s} call {i}")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -111,7 +94,7 @@ def test_one_launch_on_many_streams(name):
     assert grid > kq._sm_count() // 2
     rng = np.random.default_rng(14)
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(8)]
-    data = [[_act(rng, shape) for _ in range(6)] for _ in streams]
+    data = [[activation(rng, shape) for _ in range(6)] for _ in streams]
     devs = [[cp.asarray(x.view(np.uint16)) for x in d] for d in data]
     cp.cuda.Device().synchronize()
     results = [[] for _ in streams]
@@ -122,23 +105,23 @@ def test_one_launch_on_many_streams(name):
     cp.cuda.Device().synchronize()
     for s in range(len(streams)):
         for i in range(6):
-            _check(results[s][i], nqdq.quantize(data[s][i], name, device="cpu"), f"{name} stream {s} call {i}")
+            check_quantized(results[s][i], nqdq.quantize(data[s][i], name, device="cpu"), f"{name} stream {s} call {i}")
     check_repeated(name, (64, 7168), 3, 15)  # the runner and the workspace, repeated
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_one_launch_partly_resident(name):
     """A 64x7168 call while another grid holds all but FREE_SMS SMs until the call is done
-    (_helpers.sm_hog), the plain launch: more blocks than the free SMs hold at once, so the
+    (helpers.gpu.sm_hog), the plain launch: more blocks than the free SMs hold at once, so the
     grid is partly resident. The resident blocks compute the missing blocks' maxima from
     their units themselves (_rowwise_kernels._GRID_MAX_SRC), so the call ends (a grid
     barrier would wait for ever: the hog would give up after about two seconds) with the
     reference's codes and scales."""
-    from _helpers import FREE_SMS, sm_hog
+    from helpers.gpu import FREE_SMS, sm_hog
 
     shape = (64, 7168)
     rng = np.random.default_rng(28)
-    x = _act(rng, shape)
+    x = activation(rng, shape)
     dev = cp.asarray(x.view(np.uint16))
     ((k, grid, block, _a),) = _plan(shape, ml_dtypes.bfloat16, name).launches
     assert not getattr(k, "nqdq_cooperative", False)
@@ -149,15 +132,15 @@ def test_one_launch_partly_resident(name):
         with st:
             q = nqdq.quantize(dev, name, dtype="bfloat16")
         done()
-    _check(q, nqdq.quantize(x, name, device="cpu"), name)
+    check_quantized(q, nqdq.quantize(x, name, device="cpu"), name)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_one_launch_replays_from_a_cuda_graph(name):
     rng = np.random.default_rng(13)
-    x = cp.asarray(_act(rng, (64, 7168)).view(np.uint16))
+    x = cp.asarray(activation(rng, (64, 7168)).view(np.uint16))
     nqdq.quantize(x, name, dtype="bfloat16")
-    _check_graph_replays(x, name, rng, trials=3)
+    check_graph_replays(x, name, rng, trials=3)
 
 
 def test_grid_max_many_blocks_leave_the_workspace_zero():
@@ -166,7 +149,7 @@ def test_grid_max_many_blocks_leave_the_workspace_zero():
 
     from nqdq.gpu.quantize.grid import SYNC_WORDS
 
-    from test_grid_one_launch import _grid_max_kernel as k
+    from helpers.probes import grid_max_kernel as k
 
     n = kq._sm_count()
     rng = np.random.default_rng(5)
@@ -186,11 +169,11 @@ def test_one_launch_stream_workspace_is_zero_between_calls(name):
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         for _ in range(4):
-            xh = _act(rng, (64, 7168))
+            xh = activation(rng, (64, 7168))
             q = nqdq.quantize(cp.asarray(xh.view(np.uint16)), name, dtype="bfloat16")
-            _check(q, nqdq.quantize(xh, name, device="cpu"), name)
+            check_quantized(q, nqdq.quantize(xh, name, device="cpu"), name)
     s.synchronize()
-    ws = kq._STREAM_WS._by_ptr[s.ptr][1]
+    ws = runners._STREAM_WS._by_ptr[s.ptr][1]
     assert ws.get().tolist() == [0] * ws.size
     assert "ws = _ws(cs, _DEV)" in kq.get_plan((64, 7168), 1, resolve_scheme(name)).cupy_runner().source
 
@@ -201,7 +184,7 @@ def test_one_launch_graph_replays_beside_direct_calls(name):
     direct calls run on a (whose workspace is a's), every result is exact."""
     rng = np.random.default_rng(15)
     a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
-    xg = cp.asarray(_act(rng, (64, 7168)).view(np.uint16))
+    xg = cp.asarray(activation(rng, (64, 7168)).view(np.uint16))
     with a:
         nqdq.quantize(xg, name, dtype="bfloat16")  # warm a's pool (no cudaMalloc in the capture)
         a.synchronize()
@@ -209,10 +192,10 @@ def test_one_launch_graph_replays_beside_direct_calls(name):
         qg = nqdq.quantize(xg, name, dtype="bfloat16")
         graph = a.end_capture()
     for trial in range(4):
-        xh_g = _act(rng, (64, 7168))
+        xh_g = activation(rng, (64, 7168))
         xg[...] = cp.asarray(xh_g.view(np.uint16))
         cp.cuda.Device().synchronize()
-        data = [_act(rng, (64, 7168)) for _ in range(6)]
+        data = [activation(rng, (64, 7168)) for _ in range(6)]
         devs = [cp.asarray(x.view(np.uint16)) for x in data]
         cp.cuda.Device().synchronize()
         direct = []
@@ -222,9 +205,9 @@ def test_one_launch_graph_replays_beside_direct_calls(name):
             with a:
                 direct.append(nqdq.quantize(devs[i], name, dtype="bfloat16"))
         cp.cuda.Device().synchronize()
-        _check(qg, nqdq.quantize(xh_g, name, device="cpu"), f"{name} replay {trial}")
+        check_quantized(qg, nqdq.quantize(xh_g, name, device="cpu"), f"{name} replay {trial}")
         for i in range(6):
-            _check(direct[i], nqdq.quantize(data[i], name, device="cpu"), f"{name} trial {trial} call {i}")
+            check_quantized(direct[i], nqdq.quantize(data[i], name, device="cpu"), f"{name} trial {trial} call {i}")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -234,7 +217,7 @@ def test_one_launch_per_thread_default_streams(name):
     import threading
 
     rng = np.random.default_rng(16)
-    data = [[_act(rng, (64, 7168)) for _ in range(6)] for _ in range(2)]
+    data = [[activation(rng, (64, 7168)) for _ in range(6)] for _ in range(2)]
     devs = [[cp.asarray(x.view(np.uint16)) for x in d] for d in data]
     cp.cuda.Device().synchronize()
     results = [[], []]
@@ -256,4 +239,4 @@ def test_one_launch_per_thread_default_streams(name):
     for t in range(2):
         assert len(results[t]) == 6, f"thread {t} did not finish"
         for i in range(6):
-            _check(results[t][i], nqdq.quantize(data[t][i], name, device="cpu"), f"{name} thread {t} call {i}")
+            check_quantized(results[t][i], nqdq.quantize(data[t][i], name, device="cpu"), f"{name} thread {t} call {i}")

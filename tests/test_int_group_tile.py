@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 
 import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.quantize import asym_units
 from nqdq.gpu.quantize import lastaxis as rowwise_kernels
 from nqdq.gpu.quantize import tiles as tile_kernels
 from nqdq.schemes import resolve_scheme
 
-from test_kernels import _launched, check, edge_data
+from helpers.data import edge_data
+from helpers.kernels import check, launched
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN/inf arithmetic in the simulator
 
@@ -54,7 +56,7 @@ def test_int_groups_exact(fresh, name, kw, shape, dtype):
     x = edge_data(shape, seed=shape[0] + shape[1]).astype(dtype)
     x.reshape(-1)[:32] = 0.0  # an all-zero group (scale 1, recip_guarded's range)
     x.reshape(-1)[32:64] *= np.asarray(1e-25, dtype)  # a tiny one: its scale is below the reciprocal's range
-    assert "lastaxis_groups" in _launched(shape, dtype, sch)
+    assert "lastaxis_groups" in launched(shape, dtype, sch)
     check(x, sch, x_ref=x.astype(np.float32))
 
 
@@ -64,7 +66,7 @@ def test_tile_recip_once_exact(fresh, dtype):
     x = edge_data((17, 128), seed=9).astype(dtype)  # a partial row tile
     x[:8, :64] = 0.0
     x[8:16, 64:] *= np.asarray(1e-30, dtype)
-    assert "tile_blocks" in _launched(x.shape, dtype, sch)
+    assert "tile_blocks" in launched(x.shape, dtype, sch)
     check(x, sch, x_ref=x.astype(np.float32))
 
 
@@ -87,7 +89,7 @@ def test_asym_rows_recip_once_exact(fresh, name, shape, dtype):
     x = edge_data(shape, seed=shape[1]).astype(dtype)
     x[1] = 0.0  # an all-zero row
     x[2] *= np.asarray(1e-30, dtype)  # a row whose scale is below the reciprocal's range
-    assert "lastaxis_asym_rows" in _launched(shape, dtype, sch)
+    assert "lastaxis_asym_rows" in launched(shape, dtype, sch)
     check(x, sch, x_ref=x.astype(np.float32))
 
 
@@ -141,7 +143,7 @@ def test_stat_groups_exact(fresh, monkeypatch, name, kw, shape, dtype, cu):
     monkeypatch.setattr(kq, "CENTRED_UNITS", cu)
     sch = resolve_scheme(name, **kw)
     x = _stat_edges(edge_data(shape, seed=shape[0] * 7 + shape[1]).astype(dtype), sch.group_size)
-    assert "lastaxis_stat_groups" in _launched(shape, dtype, sch)
+    assert "lastaxis_stat_groups" in launched(shape, dtype, sch)
     check(x, sch, x_ref=x.astype(np.float32))
 
 
@@ -169,7 +171,7 @@ def test_asym_rows_int_clip_exact(fresh, shape, dtype):
     x[2] *= np.asarray(1e-30, dtype)  # scale below the reciprocal's range
     x[3, ::2] = np.asarray(3.0e38, np.float32).astype(dtype)  # range overflows: the halves' scale
     x[3, 1::2] = np.asarray(-3.0e38, np.float32).astype(dtype)
-    assert "lastaxis_asym_rows" in _launched(shape, dtype, sch)
+    assert "lastaxis_asym_rows" in launched(shape, dtype, sch)
     check(x, sch, x_ref=x.astype(np.float32))
 
 
@@ -201,7 +203,7 @@ def test_word_ukeys_order_every_16bit_value(monkeypatch):
         rank_key = np.where(nan, np.where(neg, -np.inf, np.inf), vals)
         for hi in (0, 1):
             words = (h << 16) | 0x1234 if hi else h | 0xABCD0000
-            keys = np.array([rowwise_kernels.word_ukeys.py_func(np.uint32(w)) for w in words], np.uint64)
+            keys = np.array([asym_units.word_ukeys.py_func(np.uint32(w)) for w in words], np.uint64)
             k = (keys >> 16) & 0xFFFF if hi else keys & 0xFFFF
             assert len(np.unique(k)) == 1 << 16  # a bijection
             order = np.argsort(k, kind="stable")
@@ -213,7 +215,7 @@ def test_word_ukeys_order_every_16bit_value(monkeypatch):
             assert np.all(ks[nan[order] & ~neg[order]] > ks[nonnan].max())
             zeros = order[np.isin(order, [0, 0x8000])]
             assert list(zeros) == [0x8000, 0]  # -0 below +0
-            back = np.array([rowwise_kernels.ukey_bits.py_func(np.uint32(v), kind) for v in k], np.uint64)
+            back = np.array([asym_units.ukey_bits.py_func(np.uint32(v), kind) for v in k], np.uint64)
             want = h.astype(np.uint16).view(dt).astype(np.float32).view(np.uint32)
             assert np.array_equal(back[~nan], want[~nan])
             if kind == 1:  # bfloat16: the bits themselves, NaN payloads included

@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
-from _helpers import gpu_cupy_or_skip  # noqa: E402
+from helpers.gpu import gpu_cupy_or_skip  # noqa: E402
 
 cp = gpu_cupy_or_skip()
 
@@ -20,7 +20,7 @@ from nqdq.gpu.quantize import lastaxis as rowwise_kernels  # noqa: E402
 from nqdq.gpu.quantize import tiles as tile_kernels  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
-from test_kernels_gpu import _check_aligned_and_not, _check_with_shuffle_twin, _edge_input, check_gpu  # noqa: E402
+from helpers.gpu import check_aligned_and_not, check_gpu, check_with_shuffle_twin, edge_input  # noqa: E402
 
 SCHEMES = [pytest.param("int4_group", {}, id="int4_group"),
            pytest.param("int8", {"granularity": "group", "group_size": 64}, id="int8_group64"),
@@ -68,14 +68,14 @@ def test_deep(fresh, big_bf16, name, kw):
 
 @pytest.mark.parametrize("name, kw", SCHEMES)
 def test_shuffle_twin(fresh, monkeypatch, big_bf16, name, kw):
-    _check_with_shuffle_twin(monkeypatch, big_bf16[:256], resolve_scheme(name, **kw))
+    check_with_shuffle_twin(monkeypatch, big_bf16[:256], resolve_scheme(name, **kw))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("name, kw", SCHEMES)
 def test_inputs_and_unaligned(fresh, dtype, name, kw):
-    xh, bits, kind = _edge_input((96, 1024), dtype, seed=23)
-    _check_aligned_and_not(xh, bits, resolve_scheme(name, **kw), dtype)
+    xh, bits, kind = edge_input((96, 1024), dtype, seed=23)
+    check_aligned_and_not(xh, bits, resolve_scheme(name, **kw), dtype)
 
 
 STAT = [pytest.param("int4_asym", {}, 2, id="int4_asym"), pytest.param("int8_centred", {}, 2, id="int8_centred_k2"),
@@ -114,7 +114,7 @@ def test_stat_groups_deep_and_twin(fresh, monkeypatch, big_bf16, name, kw, cu):
     plan = kq.get_plan(x.shape, 1, sch)
     assert [k.py_func.__name__ for k, _, _, _ in plan.launches] == ["lastaxis_stat_groups"]
     check_gpu(x, sch)
-    _check_with_shuffle_twin(monkeypatch, x[256:512], sch)
+    check_with_shuffle_twin(monkeypatch, x[256:512], sch)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -122,5 +122,5 @@ def test_stat_groups_deep_and_twin(fresh, monkeypatch, big_bf16, name, kw, cu):
 def test_stat_groups_inputs_and_unaligned(fresh, monkeypatch, dtype, name, kw, cu):
     monkeypatch.setattr(kq, "CENTRED_UNITS", cu)
     kq._PLANS.clear()
-    xh, bits, kind = _edge_input((96, 1024), dtype, seed=31)
-    _check_aligned_and_not(xh, bits, resolve_scheme(name, **kw), dtype)
+    xh, bits, kind = edge_input((96, 1024), dtype, seed=31)
+    check_aligned_and_not(xh, bits, resolve_scheme(name, **kw), dtype)

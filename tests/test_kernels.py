@@ -24,84 +24,23 @@ from numba import cuda
 
 import nqdq
 import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.quantize.choices import KernelChoices, PerChannel, PerTensor
 from nqdq.gpu.device import codec as _codec
 from nqdq.gpu.quantize import general as quantize_kernels
 from nqdq.reference import codec as rcodec
 from nqdq.reference import quantize as ref
-from nqdq.reference.packing import pack_codes
 from nqdq.reference.rng import random_bits
 from nqdq.schemes import resolve_scheme, schemes
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN/inf arithmetic in the simulator
+from helpers.data import edge_data
+from helpers.encoders import E2M1_PAIR_KS, NVFP4_PAIR_MBS, bf16_finite_units
+from helpers.kernels import assert_same, check, launched
+from helpers.ptx import compile_rows
 
-POISON = 0xA5
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN/inf arithmetic in the simulator
 
 
 # ----------------------------------------------------------------------------- helpers
-def _bits(a):
-    a = np.asarray(a)
-    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
-
-
-def assert_same(got, want, what, *, nan_equal=False, x=None):
-    """Bit-identical (integer views); with ``nan_equal`` any two NaNs match."""
-    if want is None:
-        assert got is None, f"{what}: kernel returned an array, reference None"
-        return
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != reference {want.shape}"
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != reference {want.dtype}"
-    gb, wb = _bits(got), _bits(want)
-    bad = gb != wb
-    if nan_equal and (got.dtype.kind == "f" or got.dtype == ml_dtypes.bfloat16):
-        bad &= ~(np.isnan(got.astype(np.float32)) & np.isnan(want.astype(np.float32)))
-    if bad.any():
-        i = tuple(int(v) for v in np.argwhere(bad)[0])
-        extra = ""
-        if x is not None and x.shape == got.shape:
-            xv = np.asarray(x, np.float32)[i]
-            extra = f", x={xv!r} (bits {np.float32(xv).view(np.uint32):#010x})"
-        raise AssertionError(
-            f"{what}: {int(bad.sum())} of {bad.size} differ; first at {i}: kernel {got[i]!r} "
-            f"(bits {int(gb[i]):#x}) vs reference {want[i]!r} (bits {int(wb[i]):#x}){extra}"
-        )
-
-
-def check(x, sch, *, seed=None, scale=None, threads=None, x_ref=None):
-    """Quantize and dequantize ``x`` with the kernels and the reference; compare everything."""
-    xr = np.asarray(x if x_ref is None else x_ref, np.float32)
-    got = kq.quantize(x, sch, seed=seed, scale=scale, threads=threads, out_fill=POISON)
-    want = ref.quantize(xr, sch, seed=seed, scale=scale)
-    wcodes = want.codes if sch.code_bits == 8 else pack_codes(want.codes, sch.code_bits)
-    assert_same(got.codes, wcodes, f"{sch.name} codes", x=xr if sch.code_bits == 8 else None)
-    assert_same(got.scales, want.scales, f"{sch.name} scales")
-    assert_same(got.zero_points, want.zero_points, f"{sch.name} zero points")
-    assert_same(got.tensor_scale, want.tensor_scale, f"{sch.name} tensor scale")
-    assert_same(got.means, want.means, f"{sch.name} means", nan_equal=True)
-    # unpacked codes too (the kernels can write one code per byte, as the reference does)
-    if sch.code_bits < 8:
-        un = kq.quantize(x, sch, seed=seed, scale=scale, threads=threads, packed=False, out_fill=POISON)
-        assert_same(un.codes, want.codes, f"{sch.name} unpacked codes", x=xr)
-    deq = kq.dequantize(got, sch, xr.shape, threads=threads, out_fill=POISON)
-    assert_same(deq, ref.dequantize(want, sch, xr.shape), f"{sch.name} dequantized", nan_equal=True)
-    return got
-
-
-def edge_data(shape, *, scale=3.0, seed=0):
-    """Gaussian data with NaN, +-inf, signed zeros, subnormals, format maxima and ties mixed in."""
-    rng = np.random.default_rng(seed)
-    x = (rng.standard_normal(shape) * scale).astype(np.float32)
-    f = x.reshape(-1)
-    specials = np.array(
-        [0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1e-40, -1e-45, 448.0, 449.0, 464.0, -480.0,
-         57344.0, 6.0, 5.0, 0.25, 0.75, 3.4e38, -3.4e38, 1e-30, 2.0**-127, 2.5, -3.5, 7.5, 28.0],
-        np.float32,
-    )
-    idx = rng.choice(f.size, min(len(specials), f.size // 3), replace=False)
-    f[idx] = specials[: len(idx)]
-    return x
-
-
 def wide_data(shape, seed=1):
     """Values spread over 16 decades: sums where the addition order shows in the last bit."""
     rng = np.random.default_rng(seed)
@@ -338,15 +277,15 @@ def test_fp8_cvt_matches_twin(fmt):
     against its bit-manipulation twin and the reference, over every bfloat16 value (as
     float32) and random float32 bit patterns (NaN payloads of both signs, subnormals, huge).
     Needs the compiled kernels on an sm_89+ GPU (NQDQ_TEST_GPU=1); skipped in the simulator."""
-    from nqdq.gpu import ptx as _ptx
+    from nqdq.gpu.ptx import convert
     from nqdq.gpu.device.elements import encode_element, format_tuple
     from nqdq.gpu.device.scales import MODE_FLOAT
 
-    if not _ptx.fp8_cvt_available():
+    if not convert.fp8_cvt_available():
         pytest.skip("no sm_89+ GPU (simulator or older GPU): the twin is the only path")
     sch = resolve_scheme(fmt, granularity="tensor", static_scale=True)
     FMT = format_tuple(sch)
-    assert _ptx.fp8_cvt_supports(FMT)
+    assert convert.fp8_cvt_supports(FMT)
     ONE, ZERO = np.float32(1.0), np.float32(0.0)
 
     @cuda.jit
@@ -373,14 +312,14 @@ def test_fp8_cvt_pair_matches_twin(fmt):
     per instruction, used for groups without NaN) against the bit-manipulation twin on both
     halves, over every non-NaN bfloat16 value and random non-NaN float32 bit patterns.
     Needs an sm_89+ GPU (NQDQ_TEST_GPU=1); skipped in the simulator."""
-    from nqdq.gpu import ptx as _ptx
+    from nqdq.gpu.ptx import convert
     from nqdq.gpu.device.elements import format_tuple
 
-    if not _ptx.fp8_cvt_available():
+    if not convert.fp8_cvt_available():
         pytest.skip("no sm_89+ GPU (simulator or older GPU): the twin is the only path")
     sch = resolve_scheme(fmt, granularity="tensor", static_scale=True)
     FMT = format_tuple(sch)
-    pair = _ptx.cvt_e4m3x2 if fmt == "e4m3" else _ptx.cvt_e5m2x2
+    pair = convert.cvt_e4m3x2 if fmt == "e4m3" else convert.cvt_e5m2x2
 
     @cuda.jit
     def both(x, out_pair, out_twin):
@@ -467,25 +406,7 @@ def test_api_device_options():
 # check that the plan picks them (and falls back where it must), and bit-exactness through
 # them for every input kind, rows shorter than a block, several units per thread, partial
 # blocks, NaN / inf groups (edge_data), and the unaligned-input loads.
-_KINDS = {np.float32: 0, ml_dtypes.bfloat16: 1, np.float16: 2}
 FAST_SCHEMES = ["fp8_row", "int8_row", "mxfp8", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp4", "nvfp4", "fp8_1x128", "int4_group"]
-
-
-def _launched(shape, dtype, sch, **kw):
-    plan = kq.get_plan(shape, _KINDS[dtype], sch, **kw)
-    return [k.py_func.__name__ if hasattr(k, "py_func") else k.__name__ for k, _, _, _ in plan.launches]
-
-
-def _launched_with_off(monkeypatch, switches, shape, dtype, sch, **kw):
-    """_launched with the path switches named (kq attributes) set to False (the plans built
-    meanwhile are dropped, so later tests plan again)."""
-    for name in switches:
-        monkeypatch.setattr(kq, name, False)
-    kq._PLANS.clear()
-    try:
-        return _launched(shape, dtype, sch, **kw)
-    finally:
-        kq._PLANS.clear()
 
 
 @pytest.mark.parametrize(
@@ -516,12 +437,11 @@ def _launched_with_off(monkeypatch, switches, shape, dtype, sch, **kw):
 def test_lastaxis_kernel_choice(name, kw, shape, dtype, kernel):
     """``kernel``: the last-axis kernel the plan must launch, None: only general kernels."""
     fast = {"lastaxis_rows", "lastaxis_groups", "lastaxis_asym_rows", "lastaxis_stat_groups"}
-    names = _launched(shape, dtype, resolve_scheme(name, **kw))
+    names = launched(shape, dtype, resolve_scheme(name, **kw))
     assert (fast & set(names)) == ({kernel} if kernel else set()), names
-    # stochastic rounding: the same kernel's stoch variant (kq.LASTAXIS_STOCH; off: general kernels only,
-    # tests/test_stochastic_lastaxis.py)
-    names = _launched(shape, dtype, resolve_scheme(name, **kw), stoch=True)
-    assert (fast & set(names)) == ({kernel} if kernel and kq.LASTAXIS_STOCH else set()), names
+    # stochastic rounding: the same kernel's stoch variant (tests/test_stochastic_lastaxis.py)
+    names = launched(shape, dtype, resolve_scheme(name, **kw), stoch=True)
+    assert (fast & set(names)) == ({kernel} if kernel else set()), names
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
@@ -529,7 +449,7 @@ def test_lastaxis_kernel_choice(name, kw, shape, dtype, kernel):
 def test_lastaxis_kernels_exact(name, dtype):
     shape = (3, 128) if name != "fp8_1x128" else (2, 256)
     x = edge_data(shape, seed=zlib.crc32(name.encode()) % 1000).astype(dtype)
-    assert {"lastaxis_rows", "lastaxis_groups"} & set(_launched(shape, dtype, resolve_scheme(name)))
+    assert {"lastaxis_rows", "lastaxis_groups"} & set(launched(shape, dtype, resolve_scheme(name)))
     check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
 
 
@@ -581,35 +501,8 @@ def test_row_kernel_whole_rows(deep_units, monkeypatch, name, shape, dtype):
     x[3, 5] = np.inf
     x[4, 7] = np.nan
     x = x.astype(dtype)
-    assert "lastaxis_rows" in _launched(shape, dtype, resolve_scheme(name))
+    assert "lastaxis_rows" in launched(shape, dtype, resolve_scheme(name))
     check(x, resolve_scheme(name), x_ref=x.astype(np.float32))
-
-
-@pytest.fixture
-def unaligned_loads(monkeypatch):
-    """The kernels read element by element when the input is not 16-byte aligned (a view
-    at an offset); the simulator's arrays always report aligned, so pretend otherwise."""
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
-    from nqdq.gpu.quantize import tiles as tile_kernels
-    from nqdq.gpu.runtime.target import SIMULATOR
-
-    if not SIMULATOR:
-        pytest.skip("compiled kernels: tests/test_kernels_gpu.py reads real unaligned views")
-
-    def clear():
-        for f in (rowwise_kernels.make_lastaxis_group_kernel, rowwise_kernels.make_lastaxis_row_kernel,
-                  rowwise_kernels.make_tensor_amax_kernel,
-                  rowwise_kernels.make_lastaxis_asym_row_kernel, rowwise_kernels.make_lastaxis_stat_group_kernel,
-                  rowwise_kernels.make_static_kernel,
-                  tile_kernels.make_tile_kernel):
-            f.cache_clear()
-        kq._PLANS.clear()
-
-    monkeypatch.setattr(rowwise_kernels, "array_addr", lambda a: 2)
-    clear()
-    yield
-    monkeypatch.undo()
-    clear()
 
 
 @pytest.mark.parametrize("name, dtype", [("fp8_row", ml_dtypes.bfloat16), ("mxfp4", np.float16), ("nvfp4", np.float32),
@@ -637,16 +530,16 @@ def test_finite_group_encoders():
     """The last-axis kernels' encoders for finite groups (e2m1 by float rounding onto the
     grid, integers by the 1.5 * 2^23 trick) against the reference codec, value by value."""
     from nqdq.formats import get_format
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from nqdq.gpu.quantize import encoders
 
     x = _boundary_values()
 
     @cuda.jit
     def enc(x, o4, o8, oi4):
         for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-            o4[i] = rowwise_kernels.e2m1_code_nonnan(x[i])
-            o8[i] = rowwise_kernels.int_code_finite(x[i], -127, 127) & 0xFF
-            oi4[i] = rowwise_kernels.int_code_finite(x[i], -7, 7) & 0xFF
+            o4[i] = encoders.e2m1_code_nonnan(x[i])
+            o8[i] = encoders.int_code_finite(x[i], -127, 127) & 0xFF
+            oi4[i] = encoders.int_code_finite(x[i], -7, 7) & 0xFF
 
     o4, o8, oi4 = (np.zeros(x.size, np.uint8) for _ in range(3))
     enc[4, 64](x, o4, o8, oi4)
@@ -712,7 +605,7 @@ def test_lastaxis_stat_kernels_exact(name, shape, dtype):
     sch = resolve_scheme(name)
     qmax = {"int8_asym": 255, "int4_asym": 15, "int8_centred": 127}[name]
     x = (_stat_groups_data(shape, qmax, seed=len(name)) if shape[1] % 128 == 0 else edge_data(shape)).astype(dtype)
-    assert STAT_FAST & set(_launched(shape, dtype, sch))
+    assert STAT_FAST & set(launched(shape, dtype, sch))
     check(x, sch, x_ref=x.astype(np.float32))
 
 
@@ -727,7 +620,7 @@ def test_lastaxis_stat_several_units_per_thread(deep_units, name, shape, dtype):
 def test_lastaxis_centred_halving_sum_order(group_size):
     # values over 16 decades: a sum in any other order changes the last bits of the means
     sch = resolve_scheme("int8_centred", group_size=group_size)
-    assert "lastaxis_stat_groups" in _launched((3, 256), np.float32, sch)
+    assert "lastaxis_stat_groups" in launched((3, 256), np.float32, sch)
     check(wide_data((3, 256)), sch)
 
 
@@ -742,7 +635,7 @@ def test_lastaxis_centred_chunk_geometries(monkeypatch, units, group_size):
     try:
         sch = resolve_scheme("int8_centred", group_size=group_size)
         x = wide_data((2, 256)).astype(ml_dtypes.bfloat16)
-        assert "lastaxis_stat_groups" in _launched(x.shape, ml_dtypes.bfloat16, sch)
+        assert "lastaxis_stat_groups" in launched(x.shape, ml_dtypes.bfloat16, sch)
         check(x, sch, x_ref=x.astype(np.float32))
     finally:
         kq._PLANS.clear()
@@ -768,10 +661,10 @@ _ROW_SCALES = np.array([[0.01], [0.0], [np.inf], [np.nan], [-0.5], [1e-40], [3.0
 )
 def test_static_kernel_choice(name, kw, shape, dtype, kernel):
     sch = resolve_scheme(name, static_scale=True, **kw)
-    names = set(_launched(shape, dtype, sch, static_scale=True))
+    names = set(launched(shape, dtype, sch, static_scale=True))
     assert ("static_encode" in names) == (kernel is not None), names
-    names = set(_launched(shape, dtype, sch, static_scale=True, stoch=True))  # its stoch variant (LASTAXIS_STOCH)
-    assert ("static_encode" in names) == (kernel is not None and kq.LASTAXIS_STOCH), names
+    names = set(launched(shape, dtype, sch, static_scale=True, stoch=True))  # its stoch variant
+    assert ("static_encode" in names) == (kernel is not None), names
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
@@ -789,7 +682,7 @@ def test_static_kernel_choice(name, kw, shape, dtype, kernel):
 def test_static_kernel_exact(name, kw, scale, dtype):
     sch = resolve_scheme(name, static_scale=True, **kw)
     x = edge_data((7, 64), seed=len(name)).astype(dtype)
-    assert "static_encode" in _launched(x.shape, dtype, sch, static_scale=True)
+    assert "static_encode" in launched(x.shape, dtype, sch, static_scale=True)
     check(x, sch, scale=scale, x_ref=x.astype(np.float32))
 
 
@@ -822,15 +715,15 @@ def _dynamic_tensor_data(case, shape, seed):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
 @pytest.mark.parametrize("case", ["gauss", "edge", "inf", "zeros", "huge", "tiny"])
-def test_dynamic_tensor_fast(monkeypatch, dtype, case):
-    """The streaming path (one launch at these sizes otherwise: tests/test_grid_one_launch.py;
-    above them, one cooperative launch: tests/test_tensor_resident.py)."""
+def test_dynamic_tensor_fast(dtype, case):
+    """The streaming path, PerTensor.TWO_PASS (one launch at these sizes otherwise:
+    tests/test_grid_one_launch.py; above them, one cooperative launch: tests/test_tensor_resident.py)."""
     sch = resolve_scheme("fp8_tensor")
     x = _dynamic_tensor_data(case, (5, 64), seed=3).astype(dtype)
-    names = _launched_with_off(monkeypatch, ["GRID_ONE_LAUNCH", "TENSOR_RESIDENT"], x.shape, dtype, sch)
+    two_pass = KernelChoices(per_tensor=PerTensor.TWO_PASS)
+    names = launched(x.shape, dtype, sch, choices=two_pass)
     assert names == ["tensor_amax", "finalize", "static_encode"], names
-    check(x, sch, x_ref=x.astype(np.float32))
-    kq._PLANS.clear()
+    check(x, sch, x_ref=x.astype(np.float32), choices=two_pass)
 
 
 @pytest.mark.parametrize(
@@ -839,7 +732,7 @@ def test_dynamic_tensor_fast(monkeypatch, dtype, case):
 def test_dynamic_tensor_fast_formats(name, kw, deep_units):
     x = _dynamic_tensor_data("huge", (7, 96), seed=4).astype(ml_dtypes.bfloat16)
     sch = resolve_scheme(name, **kw)
-    assert "static_encode" in _launched(x.shape, ml_dtypes.bfloat16, sch)
+    assert "static_encode" in launched(x.shape, ml_dtypes.bfloat16, sch)
     check(x, sch, x_ref=x.astype(np.float32))
 
 
@@ -849,7 +742,7 @@ def test_dynamic_tensor_fast_formats(name, kw, deep_units):
 )
 def test_dynamic_tensor_kernel_choice(shape, dtype, stoch, fast):
     sch = resolve_scheme("fp8_tensor")
-    assert ("static_encode" in _launched(shape, dtype, sch, stoch=stoch)) == (fast and (not stoch or kq.LASTAXIS_STOCH))
+    assert ("static_encode" in launched(shape, dtype, sch, stoch=stoch)) == fast
 
 
 # ----------------------------------------------------------------------------- per-channel, two passes
@@ -866,6 +759,9 @@ def _column_data(shape, seed):
     return x
 
 
+COLUMN_TWO_PASS = KernelChoices(per_channel=PerChannel.TWO_PASS)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
 @pytest.mark.parametrize(
     "name, kw, shape",
@@ -876,14 +772,13 @@ def _column_data(shape, seed):
         ("e2m1", {"granularity": "column"}, (3, 16)),
     ],
 )
-def test_column_fast(monkeypatch, name, kw, shape, dtype):
-    monkeypatch.setattr(kq, "COLUMN_ONEPASS", False)  # the two passes (one pass: test_column_onepass.py)
-    kq._PLANS.clear()
+def test_column_fast(name, kw, shape, dtype):
+    """PerChannel.TWO_PASS (the one-pass designs: tests/test_column_onepass.py, test_column_ring.py,
+    test_column_cluster.py)."""
     sch = resolve_scheme(name, **kw)
     x = _column_data(shape, seed=len(name)).astype(dtype)
-    assert _launched(x.shape, dtype, sch) == ["column_amax", "finalize", "column_encode"]
-    check(x, sch, x_ref=x.astype(np.float32))
-    kq._PLANS.clear()
+    assert launched(x.shape, dtype, sch, choices=COLUMN_TWO_PASS) == ["column_amax", "finalize", "column_encode"]
+    check(x, sch, x_ref=x.astype(np.float32), choices=COLUMN_TWO_PASS)
 
 
 @pytest.mark.parametrize(
@@ -895,12 +790,10 @@ def test_column_fast(monkeypatch, name, kw, shape, dtype):
         ("int8", {"granularity": "column", "symmetric": False}, (4, 64), False),  # zero points
     ],
 )
-def test_column_kernel_choice(monkeypatch, name, kw, shape, fast):
-    monkeypatch.setattr(kq, "COLUMN_ONEPASS", False)  # the two passes (one pass: test_column_onepass.py)
-    kq._PLANS.clear()
+def test_column_kernel_choice(name, kw, shape, fast):
     sch = resolve_scheme(name, **kw)
-    assert ("column_encode" in _launched(shape, ml_dtypes.bfloat16, sch)) == fast
-    assert "column_encode" not in _launched(shape, ml_dtypes.bfloat16, sch, stoch=True)
+    assert ("column_encode" in launched(shape, ml_dtypes.bfloat16, sch, choices=COLUMN_TWO_PASS)) == fast
+    assert "column_encode" not in launched(shape, ml_dtypes.bfloat16, sch, stoch=True, choices=COLUMN_TWO_PASS)
 
 
 # ----------------------------------------------------------------------------- B0 x B1 tiles, one pass
@@ -920,9 +813,9 @@ def test_column_kernel_choice(monkeypatch, name, kw, shape, fast):
 )
 def test_tile_kernel_choice(kw, shape, dtype, fast):
     sch = resolve_scheme("fp8_128x128", **kw)
-    assert ("tile_blocks" in _launched(shape, dtype, sch)) == fast
-    assert "tile_blocks" not in _launched(shape, dtype, sch, stoch=True)
-    assert "tile_blocks" not in _launched(shape, dtype, resolve_scheme("int8", granularity="block", symmetric=False,
+    assert ("tile_blocks" in launched(shape, dtype, sch)) == fast
+    assert "tile_blocks" not in launched(shape, dtype, sch, stoch=True)
+    assert "tile_blocks" not in launched(shape, dtype, resolve_scheme("int8", granularity="block", symmetric=False,
                                                                        block_shape=sch.block_shape))
 
 
@@ -939,7 +832,7 @@ def test_tile_kernel_exact(name, kw, shape, dtype):
     sch = resolve_scheme(name, **kw)
     x = edge_data(shape, seed=len(shape)).astype(dtype)
     x.reshape(-1, shape[-1])[:4, :16] = 0.0  # an all-zero tile
-    assert "tile_blocks" in _launched(shape, dtype, sch)
+    assert "tile_blocks" in launched(shape, dtype, sch)
     check(x, sch, x_ref=x.astype(np.float32))
 
 
@@ -948,34 +841,9 @@ def test_tile_kernel_unaligned_input(unaligned_loads):
     check(x, resolve_scheme("fp8_128x128", block_shape=(4, 16)), x_ref=x.astype(np.float32))
 
 
-def test_paths_checked_on_a_gpu_are_on_for_users():
-    """Stochastic rounding on the 16-byte-unit kernels (GPU-checked on an H100) is on without
-    NQDQ_UNMEASURED_KERNELS, which only gates paths not yet run on a GPU."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "NQDQ_UNMEASURED_KERNELS"}
-    env["NUMBA_ENABLE_CUDASIM"] = "1"
-    code = "import nqdq.gpu.quantize.plan as kq; print(kq.LASTAXIS_STOCH, kq._UNMEASURED)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["True", "False"]
-
-
 # ----------------------------------------------------------------------------- MX e2m1 in bfloat16 pairs
 # _rowwise_kernels.e2m1_unit_bf16: MXFP4 of bfloat16 input, two elements per instruction
 # (bfloat16 multiply by 2^-k, one bfloat16 addition of a magic onto the e2m1 grid).
-def _bf16_finite_units():
-    """Every finite bfloat16 bit pattern (zeros padded to whole 8-element units) as words."""
-    pats = np.arange(65536, dtype=np.uint32)
-    pats = pats[(pats & 0x7F80) != 0x7F80]
-    pats = np.concatenate([pats, np.zeros((-pats.size) % 8, np.uint32)])
-    return pats, (pats[0::2] | (pats[1::2] << 16)).reshape(-1, 4)
-
-
-E2M1_PAIR_KS = [-127, -126, -60, -8, -2, -1, 0, 1, 2, 3, 7, 60, 120, 126]  # 2^-k: the MX multiplier
-
-
 @pytest.mark.skipif(not kq.SIMULATOR, reason="runs the twins (the GPU test is test_kernels_gpu::test_e2m1_pairs_gpu)")
 def test_e2m1_pairs_every_bf16():
     """e2m1_unit_bf16 (through its twins) against the reference codec on x * 2^-k in float32,
@@ -983,10 +851,10 @@ def test_e2m1_pairs_every_bf16():
     "even"), every value; without it ("rceil"), every |x * 2^-k| < 7 (rceil keeps a group's
     values at most 6 * (1 + 2^-22))."""
     from nqdq.formats import get_format
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from nqdq.gpu.quantize import pair_encoders
 
-    fn = rowwise_kernels.e2m1_unit_bf16.py_func
-    pats, words = _bf16_finite_units()
+    fn = pair_encoders.e2m1_unit_bf16.py_func
+    pats, words = bf16_finite_units()
     x = (pats << 16).view(np.float32)
     cols = [words[:, j] for j in range(4)]
     for k in E2M1_PAIR_KS:
@@ -1009,17 +877,17 @@ def test_mxfp4_bf16_pair_path(monkeypatch, rounding):
     """The group kernel takes the pair encoder for MXFP4 of bfloat16 input (finite groups)
     and the element encoder for groups with NaN / inf, bit for bit with the reference: edge
     data, a group of subnormals only (k clamped to -127) and groups at the top of the range."""
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from nqdq.gpu.quantize import group_chunks, pair_encoders
 
     calls = []
-    enc = rowwise_kernels.e2m1_unit_bf16
+    enc = pair_encoders.e2m1_unit_bf16
 
     def spy(w, p2, clamp):
         calls.append(clamp)
         return enc(w, p2, clamp)
 
     if kq.SIMULATOR:  # a compiled kernel cannot call the spy (NQDQ_TEST_GPU=1 compiles these tests)
-        monkeypatch.setattr(rowwise_kernels, "e2m1_unit_bf16", spy)
+        monkeypatch.setattr(group_chunks, "e2m1_unit_bf16", spy)
     x = edge_data((4, 256), seed=11)
     x[1, :32] = np.float32(2.0**-133) * np.arange(32)  # bfloat16 subnormals: 2^-k = 2^127
     x[1, 32:64] = np.float32(3.3e38) * np.linspace(-1, 1, 32, dtype=np.float32)  # k = 125 / 126
@@ -1034,10 +902,6 @@ def test_mxfp4_bf16_pair_path(monkeypatch, rounding):
         assert calls and set(calls) == {rounding != "rceil"}
 
 
-NVFP4_PAIR_MBS = [1.0, 1 + 2**-23, 1 - 2**-24, 3.0, 1 / 3, 0.1, 6 / 448, 448 / 6, 3 * 2.0**-100, 1e30, 3.4e38, 1.5e-45,
-                  1.4554425, 14.474881, 147183.44, 0.0037]  # NVFP4 element multipliers m_b (float32)
-
-
 @pytest.mark.skipif(not kq.SIMULATOR, reason="runs the twins (the GPU test is test_kernels_gpu::test_e2m1_pairs_gpu)")
 def test_e2m1_nvfp4_pairs_every_bf16(monkeypatch):
     """e2m1_unit_nvfp4 (float32 products rounded to odd into bfloat16, then the pair
@@ -1045,18 +909,18 @@ def test_e2m1_nvfp4_pairs_every_bf16(monkeypatch):
     finite bfloat16 x and multipliers that put products just above / below the grid's ties
     (1 +- an ulp), overflow them (1e30, FLT_MAX) or make them subnormal."""
     from nqdq.formats import get_format
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from nqdq.gpu.quantize import pair_encoders
 
     # the bit casts by NumPy views, so that the twins run on whole arrays at once
-    monkeypatch.setattr(rowwise_kernels, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
-    monkeypatch.setattr(rowwise_kernels, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
-    pats, words = _bf16_finite_units()
+    monkeypatch.setattr(pair_encoders, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
+    monkeypatch.setattr(pair_encoders, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
+    pats, words = bf16_finite_units()
     x = (pats << 16).view(np.float32)
     for mb in NVFP4_PAIR_MBS:
         mb = np.float32(mb)
         with np.errstate(over="ignore", under="ignore"):
             y = x * mb
-            got = rowwise_kernels.e2m1_unit_nvfp4.py_func([words[:, j] for j in range(4)], mb)
+            got = pair_encoders.e2m1_unit_nvfp4.py_func([words[:, j] for j in range(4)], mb)
         codes = np.stack([(got >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=1).reshape(-1)
         want = rcodec.encode_float(y, get_format("e2m1")).astype(np.uint32)
         bad = codes != want
@@ -1066,17 +930,17 @@ def test_e2m1_nvfp4_pairs_every_bf16(monkeypatch):
 def test_nvfp4_bf16_pair_path(monkeypatch):
     """NVFP4 of bfloat16 takes the pair encoder for finite blocks, bit for bit with the
     reference (edge data: NaN / inf blocks, tiny blocks whose e4m3 scale is subnormal)."""
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from nqdq.gpu.quantize import group_chunks, pair_encoders
 
     calls = []
-    enc = rowwise_kernels.e2m1_unit_nvfp4
+    enc = pair_encoders.e2m1_unit_nvfp4
 
     def spy(w, mb):
         calls.append(1)
         return enc(w, mb)
 
     if kq.SIMULATOR:  # a compiled kernel cannot call the spy (NQDQ_TEST_GPU=1 compiles these tests)
-        monkeypatch.setattr(rowwise_kernels, "e2m1_unit_nvfp4", spy)
+        monkeypatch.setattr(group_chunks, "e2m1_unit_nvfp4", spy)
     x = edge_data((4, 256), seed=12)
     x[1, :16] = np.float32(1e-3) * np.arange(16)  # e4m3 scale in its subnormal range: |y| beyond 6
     x[2, :16] = np.float32(0.25) * np.arange(-8, 8)
@@ -1117,12 +981,12 @@ def test_e2m1_f32_pairs_match_the_codec(monkeypatch):
     v * 2^k, v around every code boundary (ties, 1-2 ulps off, saturation, subnormal
     products), over the MX range of k; both signs, zeros included."""
     from nqdq.formats import get_format
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from nqdq.gpu.quantize import pair_encoders
 
     # the bit casts by NumPy views, so that the twins run on whole arrays at once
-    monkeypatch.setattr(rowwise_kernels, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
-    monkeypatch.setattr(rowwise_kernels, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
-    fn = rowwise_kernels.e2m1_unit_f32.py_func
+    monkeypatch.setattr(pair_encoders, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
+    monkeypatch.setattr(pair_encoders, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
+    fn = pair_encoders.e2m1_unit_f32.py_func
     v = _e2m1_f32_probe_values()
     v = v[: v.size // 8 * 8]
     for k in (-127, -126, -20, -1, 0, 1, 5, 60, 126):
@@ -1147,16 +1011,17 @@ def test_mxfp4_f32_pair_path(monkeypatch, dtype, rounding):
     element encoder elsewhere, bit for bit with the reference; float32 input (4-element
     units) keeps the element encoder."""
     from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from nqdq.gpu.quantize import encoders, pair_encoders
 
     calls = []
-    enc = rowwise_kernels.e2m1_unit_f32
+    enc = pair_encoders.e2m1_unit_f32
 
     def spy(e, p0):
         calls.append(1)
         return enc(e, p0)
 
     if kq.SIMULATOR:  # a compiled kernel cannot call the spy
-        monkeypatch.setattr(rowwise_kernels, "e2m1_unit_f32", spy)
+        monkeypatch.setattr(encoders, "e2m1_unit_f32", spy)
     kq._PLANS.clear()
     rowwise_kernels.make_lastaxis_group_kernel.cache_clear()
     try:
@@ -1175,8 +1040,8 @@ import json, re
 import ml_dtypes
 import numpy as np
 from numba import cuda, typeof
-from nqdq.gpu import _ptx_audit as A
-from nqdq.gpu.ptx import as_u16, as_u32
+from nqdq.tools import ptx_audit as A
+from nqdq.gpu.ptx.memory import as_u16, as_u32
 from nqdq.tools.ptx_audit import _no_gpu_compile
 
 
@@ -1211,9 +1076,7 @@ def test_word_views_have_no_device_checks():
     ``a[:k].view(np.uint32)`` checks size and contiguity on the device, which put the row
     kernel's first global load 153 PTX instructions in (fp8_row 0.4-0.8 us slower at bf16
     8192x8192 on an H100: docs/design/last-axis.md, "Word views"); now it is the 18th."""
-    from test_mma import _compile_rows
-
-    r = _compile_rows(_WORD_VIEW_PTX_SCRIPT)
+    r = compile_rows(_WORD_VIEW_PTX_SCRIPT)
     ops = [s.split()[0] for s in r["tiny"]]
     assert not [o for o in ops if o.startswith(("setp", "bra", "selp"))], r["tiny"]
     assert sum(o.startswith("ld.global") for o in ops) == 1 and sum(o.startswith("st.global") for o in ops) == 2

@@ -2,7 +2,7 @@
 
 Runs only with NQDQ_TEST_GPU=1 on a machine with a CUDA GPU and CuPy (``pytest -m gpu``;
 ``scripts/gpu_check.py`` does it in one call). Everything is compared bit for bit with the
-NumPy reference on the same data, as in tests/test_kernels.py (whose helpers this reuses).
+NumPy reference on the same data, as in tests/test_kernels.py (tests/helpers/kernels.py, gpu.py).
 """
 
 from __future__ import annotations
@@ -13,48 +13,20 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
-from _helpers import gpu_cupy_or_skip  # noqa: E402
+from helpers.gpu import gpu_cupy_or_skip  # noqa: E402
 
 cp = gpu_cupy_or_skip()
 
 import nqdq  # noqa: E402
 import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.quantize.choices import KernelChoices  # noqa: E402
 from nqdq.reference import quantize as ref  # noqa: E402
 from nqdq.reference.packing import pack_codes  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
-from test_kernels import POISON, assert_same, edge_data  # noqa: E402
-
-
-def host(a):
-    """A host copy of a CuPy, PyTorch (CUDA tensors have .cpu) or NumPy array."""
-    if a is None:
-        return None
-    if hasattr(a, "get"):
-        return a.get()
-    return a.cpu().numpy() if hasattr(a, "cpu") else np.asarray(a)
-
-
-def check_gpu(x_host, sch, *, dtype=None, seed=None, x_dev=None):
-    """Kernels on a CuPy copy of ``x_host`` (bf16 as uint16 bits + dtype=) vs the reference."""
-    if x_dev is None:
-        if x_host.dtype == ml_dtypes.bfloat16:
-            x_dev, dtype = cp.asarray(x_host.view(np.uint16)), "bfloat16"
-        else:
-            x_dev = cp.asarray(x_host)
-    got = kq.quantize(x_dev, sch, dtype=dtype, seed=seed, out_fill=POISON)
-    assert isinstance(got.codes, cp.ndarray) and isinstance(got.scales, cp.ndarray)
-    xr = x_host.astype(np.float32)
-    want = ref.quantize(xr, sch, seed=seed)
-    wcodes = want.codes if sch.code_bits == 8 else pack_codes(want.codes, sch.code_bits)
-    assert_same(host(got.codes), wcodes, f"{sch.name} codes")
-    assert_same(host(got.scales), want.scales, f"{sch.name} scales")
-    assert_same(host(got.zero_points), want.zero_points, f"{sch.name} zero points")
-    assert_same(host(got.tensor_scale), want.tensor_scale, f"{sch.name} tensor scale")
-    assert_same(host(got.means), want.means, f"{sch.name} means", nan_equal=True)
-    deq = kq.dequantize(got, sch, xr.shape, out_fill=POISON)
-    assert isinstance(deq, cp.ndarray)
-    assert_same(host(deq), ref.dequantize(want, sch, xr.shape), f"{sch.name} dequantized", nan_equal=True)
+from helpers.data import edge_data  # noqa: E402
+from helpers.gpu import check_aligned_and_not, check_gpu, check_with_shuffle_twin, edge_input, host  # noqa: E402
+from helpers.kernels import POISON, assert_same  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -207,42 +179,11 @@ def test_lastaxis_deep_paths(big_bf16, name):
     check_gpu(big_bf16, sch)
 
 
-def _check_with_shuffle_twin(monkeypatch, x, sch):
-    """check_gpu with the warp shuffle replaced by its shared-memory twin (what the
-    simulator runs)."""
-    monkeypatch.setattr(kq, "SHFL", False)
-    kq._PLANS.clear()
-    try:
-        check_gpu(x, sch)
-    finally:
-        kq._PLANS.clear()
-
-
-def _edge_input(shape, dtype, seed):
-    """(edge data as ``dtype``, the dtype of its bits on the device, the kernels' input kind)."""
-    x = edge_data(shape, seed=seed)
-    if dtype == "bfloat16":
-        return x.astype(ml_dtypes.bfloat16), np.uint16, 1
-    xh = x.astype(dtype)
-    return xh, xh.dtype, (0 if dtype == "float32" else 2)
-
-
-def _check_aligned_and_not(xh, bits, sch, dtype):
-    """check_gpu from an aligned copy and from a view one element into a buffer (not
-    16-byte aligned: the element-by-element loads)."""
-    flat = cp.empty(xh.size + 1, bits)
-    view = flat[1:].reshape(xh.shape)
-    view[...] = cp.asarray(xh.view(bits))
-    assert view.data.ptr % 16 != 0
-    for xd in (cp.asarray(xh.view(bits)), view):
-        check_gpu(xh, sch, x_dev=xd, dtype="bfloat16" if dtype == "bfloat16" else None)
-
-
 @pytest.mark.parametrize("name", ["fp8_row", "int8_row", "mxfp8", "mxfp4", "nvfp4", "fp8_1x128"])
 def test_lastaxis_shuffle_twin(monkeypatch, act_bf16, name):
     """The same kernels with the warp shuffle replaced by its shared-memory twin (what the
     simulator runs): both must give the reference's bits."""
-    _check_with_shuffle_twin(monkeypatch, act_bf16[:256], resolve_scheme(name))
+    check_with_shuffle_twin(monkeypatch, act_bf16[:256], resolve_scheme(name))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -252,9 +193,9 @@ def test_lastaxis_inputs_and_unaligned(dtype, name):
     one element into a buffer (not 16-byte aligned: the element-by-element loads)."""
     shape = (96, 1024)
     sch = resolve_scheme(name)
-    xh, bits, kind = _edge_input(shape, dtype, seed=13)
+    xh, bits, kind = edge_input(shape, dtype, seed=13)
     assert _fast_kernels(shape, kind, sch)
-    _check_aligned_and_not(xh, bits, sch, dtype)
+    check_aligned_and_not(xh, bits, sch, dtype)
 
 
 def test_wide_load_store_match_twins():
@@ -262,7 +203,7 @@ def test_wide_load_store_match_twins():
     words as plain indexing (their simulator twins)."""
     from numba import cuda
 
-    from nqdq.gpu.ptx import load_u32x4, store_u32x2
+    from nqdq.gpu.ptx.memory import load_u32x4, store_u32x2
 
     @cuda.jit
     def copy(src, dst_vec, dst_twin):
@@ -302,7 +243,7 @@ def test_new_paths_deep(big_bf16, name):
 
 @pytest.mark.parametrize("name", sorted(NEW))
 def test_new_paths_shuffle_twin(monkeypatch, big_bf16, name):
-    _check_with_shuffle_twin(monkeypatch, big_bf16[:256], resolve_scheme(name))
+    check_with_shuffle_twin(monkeypatch, big_bf16[:256], resolve_scheme(name))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -312,9 +253,9 @@ def test_new_paths_inputs_and_unaligned(dtype, name):
     128-row tile for fp8_128x128)."""
     shape = (96, 1024)
     sch = resolve_scheme(name)
-    xh, bits, kind = _edge_input(shape, dtype, seed=17)
+    xh, bits, kind = edge_input(shape, dtype, seed=17)
     assert NEW[name] in _kernels(shape, kind, sch)
-    _check_aligned_and_not(xh, bits, sch, dtype)
+    check_aligned_and_not(xh, bits, sch, dtype)
 
 
 @pytest.mark.parametrize("name, kw, scale", [("fp8_tensor", {}, 0.05), ("e4m3", {"granularity": "row"}, None),
@@ -343,21 +284,19 @@ def test_static_encode(big_bf16, name, kw, scale):
         ("int4", {"granularity": "column"}, "column_encode"),
     ],
 )
-def test_two_pass_fast(monkeypatch, big_bf16, name, kw, kernel, nan):
+def test_two_pass_fast(big_bf16, name, kw, kernel, nan):
     """The two-pass paths (an amax over the whole tensor / every row first) at a size with
     several units per thread and many row chunks, with and without NaN / inf in the input
-    (per channel: the one pass off, tests/test_column_onepass_gpu.py covers it; per tensor:
-    the cooperative kernel off, tests/test_tensor_resident_gpu.py covers it)."""
-    monkeypatch.setattr(kq, "COLUMN_ONEPASS", False)
-    monkeypatch.setattr(kq, "TENSOR_RESIDENT", False)
-    kq._PLANS.clear()
+    (per channel: PerChannel.TWO_PASS, the one-pass designs in tests/test_column_*_gpu.py;
+    per tensor: PerTensor.TWO_PASS, the cooperative kernel in tests/test_tensor_resident_gpu.py)."""
+    two_pass = KernelChoices(per_channel="two_pass", per_tensor="two_pass")
     x = big_bf16
     if not nan:
         xf = x.astype(np.float32)
         x = np.where(np.isfinite(xf), xf, np.float32(1.0)).astype(ml_dtypes.bfloat16)
     sch = resolve_scheme(name, **kw)
-    assert kernel in _kernels(x.shape, 1, sch)
-    check_gpu(x, sch)
+    assert kernel in _kernels(x.shape, 1, sch, choices=two_pass)
+    check_gpu(x, sch, choices=two_pass)
 
 
 # ----------------------------------------------------------------------------- MX e2m1 in bfloat16 pairs
@@ -376,7 +315,7 @@ def test_pair_intrinsics_match_twins():
     max / min.u16x2, prmt) on the GPU against their NumPy twins, over random words of every binade."""
     from numba import cuda
 
-    from nqdq.gpu import ptx as P
+    from nqdq.gpu.ptx import pairs as P
 
     @cuda.jit
     def ops(a, b, out):
@@ -413,20 +352,20 @@ def test_e2m1_pairs_gpu():
     from numba import cuda
 
     from nqdq.formats import get_format
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from nqdq.gpu.quantize import pair_encoders
     from nqdq.reference import codec as rcodec
-    from test_kernels import E2M1_PAIR_KS, _bf16_finite_units
+    from helpers.encoders import E2M1_PAIR_KS, bf16_finite_units
 
     def make(clamp):
         @cuda.jit
         def enc(w, p2, out):
             i = cuda.grid(1)
             if i < out.size:
-                out[i] = rowwise_kernels.e2m1_unit_bf16((w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]), p2, clamp)
+                out[i] = pair_encoders.e2m1_unit_bf16((w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]), p2, clamp)
 
         return enc
 
-    pats, words = _bf16_finite_units()
+    pats, words = bf16_finite_units()
     x = (pats << 16).view(np.float32)
     wd = cp.asarray(words.reshape(-1))
     out = cp.zeros(words.shape[0], cp.uint32)
@@ -464,17 +403,17 @@ def test_e2m1_nvfp4_pairs_gpu():
     from numba import cuda
 
     from nqdq.formats import get_format
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from nqdq.gpu.quantize import pair_encoders
     from nqdq.reference import codec as rcodec
-    from test_kernels import NVFP4_PAIR_MBS, _bf16_finite_units
+    from helpers.encoders import NVFP4_PAIR_MBS, bf16_finite_units
 
     @cuda.jit
     def enc(w, mb, out):
         i = cuda.grid(1)
         if i < out.size:
-            out[i] = rowwise_kernels.e2m1_unit_nvfp4((w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]), mb)
+            out[i] = pair_encoders.e2m1_unit_nvfp4((w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]), mb)
 
-    pats, words = _bf16_finite_units()
+    pats, words = bf16_finite_units()
     x = (pats << 16).view(np.float32)
     wd = cp.asarray(words.reshape(-1))
     out = cp.zeros(words.shape[0], cp.uint32)

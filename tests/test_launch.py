@@ -21,11 +21,11 @@ import pytest
 from numba import cuda, types
 
 import nqdq
-from nqdq.gpu.runtime import launch
+from nqdq.gpu.runtime import launch, launch_ex, sequence
 from nqdq.gpu.runtime.launch import FastKernel, fast_kernel, param_format, ptx_param_sizes
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import toy_fp8_row  # noqa: E402
+from helpers import toy_fp8_row
+from helpers.launch import FakeCupyArray, fake_entry, record_launches
 
 ON_GPU = os.environ.get("NQDQ_TEST_GPU") == "1"
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs NQDQ_TEST_GPU=1 and a CUDA GPU")
@@ -138,20 +138,6 @@ def test_fits_signature_rules():
     assert launch._fits(int, types.int32) and launch._fits(float, types.float32) and not launch._fits(float, types.int32)
 
 
-class _FakeCupyArray:
-    """Stands in for cupy.ndarray: the attributes the specialised launcher reads."""
-
-    def __init__(self, shape, dtype, ptr, order="C"):
-        dt = np.dtype(dtype)
-        self.shape, self.dtype, self.ndim, self.itemsize = tuple(shape), dt, len(shape), dt.itemsize
-        self.size = int(np.prod(shape))
-        strides = launch._c_strides(self.shape, dt.itemsize)
-        self.strides = strides if order == "C" else tuple(reversed(launch._c_strides(self.shape[::-1], dt.itemsize)))
-        self._c_contiguous = order == "C" or self.ndim <= 1
-        self._f_contiguous = order == "F" or self.ndim <= 1
-        self.data = type("MemoryPointer", (), {"ptr": ptr})()
-
-
 def test_specialised_fast_launch_packs_like_the_general_packer(monkeypatch):
     """The generated check-pack-launch function: same bytes as the general packer, and it
     declines (returns False, launches nothing) whenever the arguments' key changes."""
@@ -163,7 +149,7 @@ def test_specialised_fast_launch_packs_like_the_general_packer(monkeypatch):
         base = ptrs[0] - entry.offsets[0]
         launched.append(((handle, gx, gy, gz, bx, by, bz, smem, stream), ctypes.string_at(base, entry.struct.size)))
 
-    monkeypatch.setattr(launch, "_cupy_ndarray", _FakeCupyArray)
+    monkeypatch.setattr(launch, "_cupy_ndarray", FakeCupyArray)
     monkeypatch.setattr(launch, "_cupy_launch", fake_launch)
     argtypes = (types.uint32[:, ::1], types.float32[:], types.int32, types.complex64)
     entry = launch._Entry.__new__(launch._Entry)
@@ -173,8 +159,8 @@ def test_specialised_fast_launch_packs_like_the_general_packer(monkeypatch):
     entry.pack = launch._make_packer(argtypes, ("x", "s", "n", "c"), entry.struct.pack_into)
     entry._tls, entry._fast = launch.threading.local(), {}
 
-    x = _FakeCupyArray((4, 6), np.uint32, 0x10000)
-    v = _FakeCupyArray((5,), np.float32, 0x20000)
+    x = FakeCupyArray((4, 6), np.uint32, 0x10000)
+    v = FakeCupyArray((5,), np.float32, 0x20000)
     args = (x, v, 7, 1.5 - 2j)
     key = tuple(map(launch._arg_key, args))
     assert key == (("I", 2, "C"), ("f", 1, "C"), int, complex)
@@ -186,9 +172,9 @@ def test_specialised_fast_launch_packs_like_the_general_packer(monkeypatch):
 
     declined = [
         (x, v, 7),  # arity
-        (_FakeCupyArray((4, 6), np.int32, 1), v, 7, 1j),  # dtype
-        (_FakeCupyArray((4, 6), np.uint32, 1, order="F"), v, 7, 1j),  # layout
-        (_FakeCupyArray((24,), np.uint32, 1), v, 7, 1j),  # ndim
+        (FakeCupyArray((4, 6), np.int32, 1), v, 7, 1j),  # dtype
+        (FakeCupyArray((4, 6), np.uint32, 1, order="F"), v, 7, 1j),  # layout
+        (FakeCupyArray((24,), np.uint32, 1), v, 7, 1j),  # ndim
         (x, v, np.int32(7), 1j),  # scalar type
         (x, np.zeros(5, np.float32), 7, 1j),  # not a (fake) CuPy array
     ]
@@ -205,7 +191,8 @@ _PTX_CHECK = textwrap.dedent(
     from numba import cuda, types
     sys.path.insert(0, sys.argv[1])
     from nqdq.gpu.runtime.launch import param_format, ptx_param_sizes
-    import toy_fp8_row, struct, re
+    from helpers import toy_fp8_row
+    import struct, re
 
     def mixed(a, b, n, f, flag, d, u8, h, c):
         if flag:
@@ -231,7 +218,7 @@ def test_layout_matches_numba_ptx_entry():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", _PTX_CHECK, str(root / "benchmarks")], env=env,
+    r = subprocess.run([sys.executable, "-c", _PTX_CHECK, str(root / "tests")], env=env,
                        capture_output=True, text=True, timeout=300)  # fmt: skip
     if r.returncode != 0 and "AssertionError" not in r.stderr:  # no toolchain here (no NVVM wheel)
         last = (r.stderr.strip().splitlines() or ["?"])[-1]
@@ -422,52 +409,16 @@ def test_gpu_errors_name_the_argument():
         fk.launch(2, 256, (x2[:, ::2], codes, cupy.zeros(2, np.float32)))  # not C-contiguous
 
 
-def _fake_entry(argtypes, handle, name):
-    entry = launch._Entry.__new__(launch._Entry)
-    entry.argtypes, entry.handle, entry.name = tuple(argtypes), handle, name
-    entry.struct = struct.Struct(param_format(argtypes))
-    entry.offsets = launch._param_offsets(entry.struct.format)
-    entry.pack = launch._make_packer(argtypes, tuple(f"a{i}" for i in range(len(argtypes))), entry.struct.pack_into)
-    entry._tls, entry._fast = launch.threading.local(), {}
-    return entry
-
-
-def _record_launches(monkeypatch, entries):
-    """Replace the driver launch by a recorder: the returned list gets, per launch,
-    ((handle, grid, block, shared memory, stream), the parameter bytes the launch passed),
-    the bytes read through the void*[] as the driver would, for an entry of ``entries``."""
-    launched = []
-
-    def fake_launch(handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        entry = next(e for e in entries if e.handle == handle)
-        if params:  # a void*[]: one pointer per parameter, at the entry's offsets from the buffer
-            assert not extra
-            ptrs = (ctypes.c_void_p * len(entry.offsets)).from_address(params)
-            assert [p - ptrs[0] for p in ptrs] == [o - entry.offsets[0] for o in entry.offsets]
-            data = ctypes.string_at(ptrs[0] - entry.offsets[0], entry.struct.size)
-        else:  # extra = {BUFFER_POINTER, buffer, BUFFER_SIZE, &size, END}, as cuda.h reads it
-            keys = (ctypes.c_void_p * 5).from_address(extra)
-            assert (keys[0], keys[2], keys[4]) == (1, 2, None)
-            size = ctypes.c_size_t.from_address(keys[3]).value
-            assert size == entry.struct.size
-            data = ctypes.string_at(keys[1], size)
-        launched.append(((handle, gx, gy, gz, bx, by, bz, smem, stream), data))
-
-    monkeypatch.setattr(launch, "_cupy_launch", fake_launch)
-    monkeypatch.setattr(launch, "_cupy_ndarray", _FakeCupyArray)
-    return launched
-
-
 @pytest.mark.parametrize("param_buffer", [False, True], ids=["void-ptr-array", "one-buffer"])
 def test_compile_sequence_packs_like_the_general_packer(monkeypatch, param_buffer):
     """The generated sequence launcher: per launch, the same parameter bytes as the
     general packer given arrays at those addresses, in order, on the given stream; passed
     as a void*[] or (PARAM_BUFFER) as one buffer through cuLaunchKernel's ``extra``."""
-    monkeypatch.setattr(launch, "PARAM_BUFFER", param_buffer)
+    monkeypatch.setattr(sequence, "PARAM_BUFFER", param_buffer)
     entries = []
-    launched = _record_launches(monkeypatch, entries)
-    e1 = _fake_entry((types.uint16[::1], types.int64, types.uint8[::1], types.float32[::1], types.int64), 11, "k1")
-    e2 = _fake_entry((types.float32[::1], types.int64, types.float64), 22, "k2")
+    launched = record_launches(monkeypatch, entries)
+    e1 = fake_entry((types.uint16[::1], types.int64, types.uint8[::1], types.float32[::1], types.int64), 11, "k1")
+    e2 = fake_entry((types.float32[::1], types.int64, types.float64), 22, "k2")
     entries += [e1, e2]
     launches = [
         ("k1", (3, 2), 256, (launch.Ptr("xp", 0, 448, np.uint16), 7, launch.Ptr("base", 512, 100, np.uint8),
@@ -477,10 +428,10 @@ def test_compile_sequence_packs_like_the_general_packer(monkeypatch, param_buffe
     run = launch.compile_sequence(launches, ("xp", "base", "dummy", "lo", "hi"), entries=entries)
     run(77, 0x1000, 0x8000, 0x9000, 5, 6)
     want1 = bytearray(e1.struct.size)
-    e1.pack(want1, (_FakeCupyArray((448,), np.uint16, 0x1000), 7, _FakeCupyArray((100,), np.uint8, 0x8200),
-                    _FakeCupyArray((25,), np.float32, 0x8000), 5))  # fmt: skip
+    e1.pack(want1, (FakeCupyArray((448,), np.uint16, 0x1000), 7, FakeCupyArray((100,), np.uint8, 0x8200),
+                    FakeCupyArray((25,), np.float32, 0x8000), 5))  # fmt: skip
     want2 = bytearray(e2.struct.size)
-    e2.pack(want2, (_FakeCupyArray((1,), np.float32, 0x9100), 6, 0.5))
+    e2.pack(want2, (FakeCupyArray((1,), np.float32, 0x9100), 6, 0.5))
     assert launched == [((11, 3, 2, 1, 256, 1, 1, 0, 77), bytes(want1)), ((22, 5, 1, 1, 32, 4, 1, 0, 77), bytes(want2))]
     with pytest.raises(TypeError, match="must be a Ptr"):
         launch.compile_sequence([("k2", 1, 1, (0, 1, 0.5))], (), entries=[e2])
@@ -493,13 +444,13 @@ def test_compile_sequence_prepacked_launches_store_only_the_addresses(monkeypatc
     """A launch without Var arguments is packed once per thread; later calls store only
     the new addresses. Two calls with different addresses must each give exactly the
     general packer's bytes (so no stale address and no field left unpacked)."""
-    monkeypatch.setattr(launch, "PARAM_BUFFER", param_buffer)
+    monkeypatch.setattr(sequence, "PARAM_BUFFER", param_buffer)
     entries = []
-    launched = _record_launches(monkeypatch, entries)
+    launched = record_launches(monkeypatch, entries)
     # int32 / bool / float32 scalars between the arrays: the array fields still land on
     # 8-byte boundaries (native alignment), which the address stores rely on
-    e1 = _fake_entry((types.int32, types.uint16[::1], types.boolean, types.uint8[::1], types.float32), 33, "k3")
-    e2 = _fake_entry((types.float32[::1], types.int64), 44, "k4")
+    e1 = fake_entry((types.int32, types.uint16[::1], types.boolean, types.uint8[::1], types.float32), 33, "k3")
+    e2 = fake_entry((types.float32[::1], types.int64), 44, "k4")
     entries += [e1, e2]
     launches = [
         ("k3", 4, 128, (-3, launch.Ptr("xp", 0, 448, np.uint16), True, launch.Ptr("base", 768, 9, np.uint8), 0.25)),
@@ -511,9 +462,9 @@ def test_compile_sequence_prepacked_launches_store_only_the_addresses(monkeypatc
         launched.clear()
         run(9, xp, base)
         want1 = bytearray(e1.struct.size)
-        e1.pack(want1, (-3, _FakeCupyArray((448,), np.uint16, xp), True, _FakeCupyArray((9,), np.uint8, base + 768), 0.25))
+        e1.pack(want1, (-3, FakeCupyArray((448,), np.uint16, xp), True, FakeCupyArray((9,), np.uint8, base + 768), 0.25))
         want2 = bytearray(e2.struct.size)
-        e2.pack(want2, (_FakeCupyArray((5,), np.float32, base), 2**40))
+        e2.pack(want2, (FakeCupyArray((5,), np.float32, base), 2**40))
         assert launched == [((33, 4, 1, 1, 128, 1, 1, 0, 9), bytes(want1)), ((44, 1, 1, 1, 32, 1, 1, 0, 9), bytes(want2))]
 
 
@@ -523,13 +474,13 @@ def test_compile_sequence_pdl_launches_by_cu_launch_kernel_ex(monkeypatch, param
     grid, block and the call's stream, holding one attribute: programmatic stream
     serialization (id 6, value 1); its parameter bytes are the general packer's. The other
     launches stay plain cuLaunchKernel calls, in order."""
-    monkeypatch.setattr(launch, "PARAM_BUFFER", param_buffer)
+    monkeypatch.setattr(sequence, "PARAM_BUFFER", param_buffer)
     entries = []
-    launched = _record_launches(monkeypatch, entries)
+    launched = record_launches(monkeypatch, entries)
     plain = launch._cupy_launch
 
     def fake_ex(cfg_addr, handle, params, extra):
-        cfg = launch._LaunchConfig.from_address(cfg_addr)
+        cfg = launch_ex._LaunchConfig.from_address(cfg_addr)
         attrs = [(cfg.attrs[i].id, cfg.attrs[i].value[0]) for i in range(cfg.numAttrs)]
         assert attrs == [(6, 1)] and cfg.sharedMemBytes == 0
         plain(handle, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ, 0,
@@ -538,8 +489,8 @@ def test_compile_sequence_pdl_launches_by_cu_launch_kernel_ex(monkeypatch, param
         return 0
 
     monkeypatch.setattr(launch, "_driver_launch_ex", lambda: fake_ex)
-    e1 = _fake_entry((types.float32[::1], types.int64), 55, "k5")
-    e2 = _fake_entry((types.uint8[::1], types.int32), 66, "k6")
+    e1 = fake_entry((types.float32[::1], types.int64), 55, "k5")
+    e2 = fake_entry((types.uint8[::1], types.int32), 66, "k6")
     entries += [e1, e2]
     launches = [("k5", 3, 64, (launch.Ptr("base", 0, 5, np.float32), 7)),
                 ("k6", (9, 2), 96, (launch.Ptr("xp", 16, 32, np.uint8), 4))]
@@ -548,8 +499,8 @@ def test_compile_sequence_pdl_launches_by_cu_launch_kernel_ex(monkeypatch, param
         launched.clear()
         run(stream, 0x1000, 0x8000)
         want1, want2 = bytearray(e1.struct.size), bytearray(e2.struct.size)
-        e1.pack(want1, (_FakeCupyArray((5,), np.float32, 0x8000), 7))
-        e2.pack(want2, (_FakeCupyArray((32,), np.uint8, 0x1010), 4))
+        e1.pack(want1, (FakeCupyArray((5,), np.float32, 0x8000), 7))
+        e2.pack(want2, (FakeCupyArray((32,), np.uint8, 0x1010), 4))
         assert launched == [((55, 3, 1, 1, 64, 1, 1, 0, stream), bytes(want1)),
                             ((66, 9, 2, 1, 96, 1, 1, 0, stream, "ex"), bytes(want2))]
 
@@ -557,11 +508,11 @@ def test_compile_sequence_pdl_launches_by_cu_launch_kernel_ex(monkeypatch, param
 def _fake_launch_ex(seen):
     """A stand-in for cuLaunchKernelEx: records each config's (dynamic shared memory,
     [(attribute id, its first three value words)]) in ``seen``, then launches through the
-    recorded plain launch (_record_launches)."""
+    recorded plain launch (record_launches)."""
     plain = launch._cupy_launch
 
     def fake_ex(cfg_addr, handle, params, extra):
-        cfg = launch._LaunchConfig.from_address(cfg_addr)
+        cfg = launch_ex._LaunchConfig.from_address(cfg_addr)
         attrs = [(cfg.attrs[i].id, list(cfg.attrs[i].value[:3])) for i in range(cfg.numAttrs)]
         seen.append((cfg.sharedMemBytes, attrs))
         plain(handle, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ,
@@ -583,11 +534,11 @@ def test_compile_sequence_dynamic_shared_memory(monkeypatch):
     scales) is launched with that many bytes of dynamic shared memory, by cuLaunchKernel
     and in a PDL launch's CUlaunchConfig alike; kernels without it get 0."""
     entries, seen = [], []
-    launched = _record_launches(monkeypatch, entries)
+    launched = record_launches(monkeypatch, entries)
     monkeypatch.setattr(launch, "_driver_launch_ex", lambda: _fake_launch_ex(seen))
-    e1 = _fake_entry((types.float32[::1], types.int64), 77, "k7")
-    e2 = _fake_entry((types.uint8[::1], types.int32), 88, "k8")
-    e3 = _fake_entry((types.uint8[::1], types.int32), 99, "k9")
+    e1 = fake_entry((types.float32[::1], types.int64), 77, "k7")
+    e2 = fake_entry((types.uint8[::1], types.int32), 88, "k8")
+    e3 = fake_entry((types.uint8[::1], types.int32), 99, "k9")
     entries += [e1, e2, e3]
     assert launch.dynamic_smem(_SmemKernel(49152)) == 49152 and launch.dynamic_smem("k") == 0
     launches = [(_SmemKernel(49152), 3, 128, (launch.Ptr("base", 0, 5, np.float32), 7)),
@@ -611,11 +562,11 @@ def test_compile_sequence_cluster_launches_by_cu_launch_kernel_ex(monkeypatch):
     through cuLaunchKernelEx with the cluster dimension (id 4, value x, 1, 1), beside a PDL
     launch's serialization where both apply; the other launches stay cuLaunchKernel."""
     entries, seen = [], []
-    launched = _record_launches(monkeypatch, entries)
+    launched = record_launches(monkeypatch, entries)
     monkeypatch.setattr(launch, "_driver_launch_ex", lambda: _fake_launch_ex(seen))
-    e1 = _fake_entry((types.float32[::1], types.int64), 11, "c1")
-    e2 = _fake_entry((types.uint8[::1], types.int32), 12, "c2")
-    e3 = _fake_entry((types.uint8[::1], types.int32), 13, "c3")
+    e1 = fake_entry((types.float32[::1], types.int64), 11, "c1")
+    e2 = fake_entry((types.uint8[::1], types.int32), 12, "c2")
+    e3 = fake_entry((types.uint8[::1], types.int32), 13, "c3")
     entries += [e1, e2, e3]
     assert launch.cluster_size(_ClusterKernel(16)) == 16 and launch.cluster_size("k") == 1
     launches = [(_ClusterKernel(16), 32, 512, (launch.Ptr("base", 0, 5, np.float32), 7)),
@@ -639,10 +590,10 @@ def test_compile_sequence_cooperative_launches_by_cu_launch_kernel_ex(monkeypatc
     dynamic shared memory and beside a cluster dimension where both apply; the other
     launches stay cuLaunchKernel."""
     entries, seen = [], []
-    launched = _record_launches(monkeypatch, entries)
+    launched = record_launches(monkeypatch, entries)
     monkeypatch.setattr(launch, "_driver_launch_ex", lambda: _fake_launch_ex(seen))
-    entries += [_fake_entry((types.float32[::1], types.int64), 21, "p1"),
-                _fake_entry((types.uint8[::1], types.int32), 22, "p2")]
+    entries += [fake_entry((types.float32[::1], types.int64), 21, "p1"),
+                fake_entry((types.uint8[::1], types.int32), 22, "p2")]
     coop = _CoopKernel()
     coop.nqdq_dynamic_smem = 229376
     assert launch.cooperative(coop) and not launch.cooperative("k") and not launch.cooperative(_ClusterKernel(8))
@@ -682,7 +633,7 @@ def test_launch_config_structs_match_cuda_h(tmp_path):
                    "return 0;}\n")
     subprocess.run([cc, f"-I{inc[0]}", str(src), "-o", str(tmp_path / "sz")], check=True)
     got = subprocess.run([str(tmp_path / "sz")], capture_output=True, text=True, check=True).stdout.split()
-    C, A = launch._LaunchConfig, launch._LaunchAttribute
+    C, A = launch_ex._LaunchConfig, launch_ex._LaunchAttribute
     assert [int(v) for v in got] == [ctypes.sizeof(A), ctypes.sizeof(C), C.hStream.offset, C.attrs.offset,
                                      C.numAttrs.offset, A.value.offset]
 

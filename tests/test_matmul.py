@@ -19,10 +19,7 @@ import nqdq
 from nqdq.matmul import matmul
 from nqdq.reference import matmul as ref
 
-
-def rel_l2(got, want):
-    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-300))
+from helpers.gemm import SCHEME_PAIRS, gemm_kwargs, rel_l2
 
 
 def operands(M, N, K, sa, sb, rng=None):
@@ -43,16 +40,6 @@ def assert_ulp_close(got, want, dtype):
 
 
 # ----------------------------------------------------------------------------- the reference
-SCHEME_PAIRS = [
-    ("int8_row", "int8_row"),
-    ("int8_asym", "int8_row"),
-    ("fp8_row", "fp8_row"),
-    ("e5m2", "fp8_tensor"),
-    ("fp8_tensor", "e5m2"),
-    ("fp8_1x128", "fp8_128x128"),
-]
-
-
 @pytest.mark.parametrize("sa,sb", SCHEME_PAIRS)
 def test_reference_equals_dequantize_then_matmul(sa, sb):
     """The reference's scale / zero-point maps against nqdq.dequantize (independent code):
@@ -132,48 +119,35 @@ def test_kernel_epilogues(sa, sb, kw):
         assert_ulp_close(got, want, want.dtype.type)
 
 
-def gemm_kwargs(qa, qb):
-    """The launcher arguments nqdq.matmul would pass (through its operand checks)."""
-    from nqdq.matmul import _operand
-
-    a, b = _operand(qa, "qa", "a", np), _operand(qb, "qb", "b", np)
-    mma = ("u8s8" if a.za is not None else "s8s8") if a.elem == "int8" else f"{a.elem}.{b.elem}"
-    return a.codes, b.codes, dict(mma=mma, sa=a.scales, sb=b.scales, sa_mode=a.mode, sb_mode=b.mode, za=a.za)
-
-
-@pytest.mark.parametrize("sa,sb,every,mode", [("int8_row", "int8_row", 1, "ring"), ("int8_asym", "int8_row", 1, "ring"),
-                                              ("fp8_row", "e5m2", 1, "ring"), ("fp8_row", "fp8_tensor", 2, "ring"),
-                                              ("fp8_1x128", "fp8_128x128", 1, "ring"), ("fp8_row", "e5m2", 1, "mbar"),
-                                              ("fp8_1x128", "fp8_128x128", 1, "mbar"), ("int8_asym", "int8_row", 1, "mbar"),
-                                              ("fp8_row", "fp8_tensor", 2, "mbar"), ("fp8_1x128", "fp8_128x128", 1, "pp"),
-                                              ("fp8_row", "e5m2", 1, "pp"), ("fp8_row", "e5m2", 1, "ws"),
-                                              ("fp8_1x128", "fp8_128x128", 1, "ws"), ("int8_asym", "int8_row", 1, "ws"),
-                                              ("fp8_row", "fp8_tensor", 2, "ws"), ("fp8_1x128", "fp8_128x128", 1, "wspp"),
-                                              ("fp8_row", "e5m2", 1, "wsf"), ("int8_asym", "int8_row", 1, "wsf"),
-                                              ("fp8_1x128", "fp8_128x128", 1, "wsf"), ("fp8_row", "e5m2", 1, "wsp"),
-                                              ("fp8_1x128", "fp8_128x128", 1, "wsppp"), ("int8_asym", "int8_row", 1, "wsp")])  # fmt: skip
-def test_wgmma_kernel_matches_reference(sa, sb, every, mode):
+@pytest.mark.parametrize("sa,sb,mode,K", [("int8_row", "int8_row", "ring", 200), ("int8_asym", "int8_row", "ring", 200),
+                                          ("fp8_row", "e5m2", "ring", 200), ("fp8_row", "fp8_tensor", "ring", 200),
+                                          ("fp8_1x128", "fp8_128x128", "ring", 200),
+                                          ("int8_row", "int8_row", "ringd", 200),
+                                          ("int8_asym", "int8_row", "ringd", 300),
+                                          ("fp8_row", "e5m2", "ws", 520), ("fp8_row", "fp8_tensor", "ws", 300),
+                                          ("int8_asym", "int8_row", "ws", 520),
+                                          ("fp8_1x128", "fp8_128x128", "ws", 520),
+                                          ("fp8_1x128", "fp8_128x128", "wspp", 400),
+                                          ("fp8_1x128", "fp8_128x128", "wspp", 520)])  # fmt: skip
+def test_wgmma_kernel_matches_reference(sa, sb, mode, K):
     """The sm_90a kernel (wgmma from swizzled shared tiles) with a one-warpgroup 64 x 16
-    tile, its twins reading shared memory through the descriptors as the hardware does
-    (``every``: K steps per fp8 promotion). Modes: "ring" (block barrier per K step),
-    "mbar" (mbarrier ring; K = 520: 5 steps, so the 3-slot ring wraps and both barrier
-    parities are waited on), "pp" (mbarrier ring with ping-pong accumulators; K = 400
-    and 520: an even and an odd number of steps take the two tails), "ws" / "wspp" (the
-    same rings fed by a producer warpgroup: 256 threads, the consumers released by the
-    empty barriers the producer waits on, K = 520 wraps the ring); "wsf": "ws" with the
-    fixed-column epilogue (4 columns per thread, N = 24: the last thread's partial);
-    "wsp" / "wsppp": "ws" / "wspp" with the direct epilogue on a persistent grid (2 CTAs
-    walk the 4 tiles of M = 65, N = 24, so the ring runs on from one tile into the next)."""
+    tile, its twins reading shared memory through the descriptors as the hardware does, in
+    the forms the named choices take (nqdq.gpu.gemm.plan). Modes: "ring" (block barrier
+    per K step, the parked epilogue: 4 columns per thread, N = 24 leaves the last thread's
+    partial), "ringd" (the same with the direct epilogue), "ws" (a producer warpgroup
+    feeding the mbarrier ring, 256 threads, the consumers released by the empty barriers
+    the producer waits on; direct epilogue on a persistent grid: 2 CTAs walk the 4 tiles of
+    M = 65, N = 24, so the ring runs on from one tile into the next; K = 520: 5 steps, the
+    3-slot ring wraps and both barrier parities are waited on), "wspp" ("ws" with
+    ping-pong accumulators; K = 400 and 520: an even and an odd number of steps take the
+    two tails)."""
     from nqdq.gpu.gemm import plan as kg
 
-    K = {"ring": 200, "mbar": 520, "pp": 400 if sa == "fp8_1x128" else 520, "ws": 520, "wspp": 400, "wsf": 300,
-         "wsp": 300, "wsppp": 400}[mode]  # fmt: skip
-    persistent = mode in ("wsp", "wsppp")
-    x, w, qa, qb = operands(65 if persistent else 17, 24, K, sa, sb)
+    producer = mode.startswith("ws")
+    x, w, qa, qb = operands(65 if producer else 17, 24, K, sa, sb)
     a, b, kw = gemm_kwargs(qa, qb)
-    cfg = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2, promote_every=every, mbarrier=mode != "ring",
-                         pingpong=mode in ("pp", "wspp", "wsppp"), producer=mode.startswith("ws"),
-                         fixed_cols=mode == "wsf", direct=persistent, persistent=persistent)  # fmt: skip
+    cfg = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2, producer=producer, pingpong=mode == "wspp",
+                         direct=mode != "ring")  # fmt: skip
     got = kg.gemm(a, b, config=cfg, **kw)
     want = ref.gemm(a, b, **kw)
     assert rel_l2(got, want) < 1e-5
@@ -186,7 +160,7 @@ def test_wgmma_producer_block_scales_n256():
 
     x, w, qa, qb = operands(17, 136, 256, "fp8_1x128", "fp8_128x128")
     a, b, kw = gemm_kwargs(qa, qb)
-    cfg = kg.WgmmaConfig(warpgroups=1, n=256, stages=3, group_m=2, mbarrier=True, producer=True)
+    cfg = kg.WgmmaConfig(warpgroups=1, n=256, stages=3, group_m=2, producer=True, direct=True)
     got = kg.gemm(a, b, config=cfg, **kw)
     want = ref.gemm(a, b, **kw)
     assert rel_l2(got, want) < 1e-5
@@ -196,10 +170,10 @@ def test_wgmma_producer_block_scales_n256():
                                        ("int8_asym", "int8_row", dict(out_dtype="bfloat16", activation="gelu")),
                                        ("fp8_1x128", "fp8_128x128", dict(out_dtype="bfloat16", alpha=2.0))])  # fmt: skip
 def test_wgmma_epilogues_same_bits(sa, sb, kw):
-    """The fixed-column and the direct (from registers) epilogues multiply in the row-major
-    walk's order: with the same main loop (a producer warpgroup, 64 x 16 tiles) the outputs
-    are bit-identical, bias, activation and half-precision rounding included (M = 17,
-    N = 24: partial edges)."""
+    """The parked and the direct (from registers) epilogues multiply in the same order:
+    with the same main loop (the block-barrier ring, 64 x 16 tiles) the outputs are
+    bit-identical, bias, activation and half-precision rounding included (M = 17, N = 24:
+    partial edges)."""
     rng = np.random.default_rng(197)
     from dataclasses import replace
 
@@ -208,12 +182,10 @@ def test_wgmma_epilogues_same_bits(sa, sb, kw):
     x, w, qa, qb = operands(17, 24, 200, sa, sb)
     a, b, gkw = gemm_kwargs(qa, qb)
     gkw.update(kw, bias=rng.standard_normal(24).astype(np.float32))
-    base = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2, mbarrier=True, producer=True)
-    variants = [dict(), dict(fixed_cols=True), dict(direct=True)]
-    outs = [np.asarray(kg.gemm(a, b, config=replace(base, **v), **gkw)).view(np.uint16) for v in variants]
+    base = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2)
+    outs = [np.asarray(kg.gemm(a, b, config=replace(base, direct=d), **gkw)).view(np.uint16) for d in (False, True)]
     assert np.count_nonzero(outs[0]) > outs[0].size // 4
     np.testing.assert_array_equal(outs[1], outs[0])
-    np.testing.assert_array_equal(outs[2], outs[0])
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")

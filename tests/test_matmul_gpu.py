@@ -24,15 +24,15 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
-from _helpers import gpu_cupy_or_skip  # noqa: E402
+from helpers.gpu import gpu_cupy_or_skip  # noqa: E402
 
 cp = gpu_cupy_or_skip()
 
 import nqdq  # noqa: E402
 from nqdq.matmul import matmul  # noqa: E402
 
-from test_matmul import SCHEME_PAIRS, rel_l2  # noqa: E402
-from test_mma import MMA_CASES, make_mma_probe, mma_operands, mma_stub  # noqa: E402
+from helpers.gemm import SCHEME_PAIRS, gemm_kwargs, rel_l2  # noqa: E402
+from helpers.probes import MMA_CASES, make_mma_probe, mma_operands, mma_stub  # noqa: E402
 
 
 
@@ -51,7 +51,7 @@ def test_mma_hardware_matches_numpy(kind):
 def test_mbarrier_hardware_matches_twins():
     """The mbarrier probe of tests/test_mma.py on hardware: the same hand-derived outputs
     the simulated twins produce there."""
-    from test_mma import MBAR_THREADS, make_mbarrier_probe, mbarrier_expected
+    from helpers.probes import MBAR_THREADS, make_mbarrier_probe, mbarrier_expected
 
     src = np.random.default_rng(5).integers(0, 256, MBAR_THREADS * 16, dtype=np.uint8)
     out = cp.full((MBAR_THREADS, 19), -1, np.int32)
@@ -88,8 +88,8 @@ def tolerance(qa, config=None):
     from nqdq.gpu.gemm import plan as kg
 
     fp8 = qa.scheme.fmt in ("e4m3", "e5m2")
-    cfg = config or kg.default_config()
-    return 5e-4 if fp8 and isinstance(cfg, kg.WgmmaConfig) else 1e-5
+    wgmma = isinstance(config, kg.WgmmaConfig) if config is not None else kg.device_cc() == (9, 0)  # default_config
+    return 5e-4 if fp8 and wgmma else 1e-5
 
 
 @pytest.mark.parametrize("family", ["default", "mma.sync"])
@@ -97,8 +97,6 @@ def tolerance(qa, config=None):
 @pytest.mark.parametrize("shape", [(257, 383, 1000), (1, 4096, 512), (130, 136, 4096)])
 def test_gemm_gpu_matches_reference(sa, sb, shape, family):
     from nqdq.gpu.gemm import plan as kg
-
-    from test_matmul import gemm_kwargs
 
     x, w, qa, qb = gpu_operands(*shape, sa, sb)
     if family == "default":
@@ -114,35 +112,29 @@ def test_gemm_gpu_matches_reference(sa, sb, shape, family):
     assert err < tolerance(qa, config), err
 
 
-@pytest.mark.parametrize("cfg", ["fp8_row", "mbarrier", "pingpong", "ring", "ws_row", "ws_block", "ws_pp", "ws256", "wsf_row",
-                                 "wsf_pp", "wsdp_row", "wsdp_pp"])
-@pytest.mark.parametrize("sa,sb", [("fp8_row", "fp8_row"), ("fp8_1x128", "fp8_128x128")])
+@pytest.mark.parametrize("cfg", ["wide_direct", "wide_fixed", "fp8_row", "fp8_block", "persistent_128", "ring",
+                                 "ring_direct", "ws256"])
+@pytest.mark.parametrize("sa,sb", [("int8_asym", "int8_row"), ("fp8_row", "fp8_row"), ("fp8_1x128", "fp8_128x128")])
 def test_gemm_gpu_wgmma_configs(sa, sb, cfg):
-    """The wgmma pipelines the defaults do not pick at these shapes (edges in M, N, K);
-    "ws*": fed by a producer warpgroup (setmaxnreg, named barrier; ws256: block scales of
-    two 128-blocks per tile, N = 383 leaves the last one partial); "wsf*": with the
-    fixed-column epilogue; "wsdp*": with the direct epilogue on a persistent grid (6 x 2 or
-    3 x 2 tiles on 132 CTAs here: see test_gemm_gpu_persistent_wraps for CTAs that walk
-    several tiles)."""
+    """Every named sm_90a tile (nqdq.gpu.gemm.plan) with the scale kinds it is chosen for,
+    large-output tiles included, at one small shape (edges in M, N, K; 6 or 9 tiles, fewer
+    than the persistent grid's CTAs: see test_gemm_gpu_persistent_wraps for CTAs that walk
+    several tiles), and the block-barrier ring with fp8 ("ring", "ring_direct": 128 x 128, parked and direct
+    epilogues) and block scales on 128 x 256 tiles with a producer ("ws256": two 128-blocks
+    of weight scales per tile, N = 383 leaves the last one partial)."""
     from nqdq.gpu.gemm import plan as kg
 
-    from test_matmul import gemm_kwargs
-
     W = kg.WgmmaConfig
-    config = {"fp8_row": kg.WGMMA_CONFIG_FP8_ROW_MB, "mbarrier": W(mbarrier=True),
-              "pingpong": kg.WGMMA_CONFIG_FP8_BLOCK_PP, "ring": kg.WGMMA_CONFIG_RING,
-              "ws_row": W(n=192, mbarrier=True, producer=True), "ws_block": W(n=128, stages=6, mbarrier=True, producer=True),
-              "ws_pp": W(n=128, stages=6, mbarrier=True, pingpong=True, producer=True),
-              "ws256": W(n=256, mbarrier=True, producer=True),
-              "wsf_row": W(n=192, mbarrier=True, producer=True, fixed_cols=True),
-              "wsf_pp": W(n=128, stages=6, mbarrier=True, pingpong=True, producer=True, fixed_cols=True),
-              "wsdp_row": W(n=192, mbarrier=True, producer=True, direct=True, persistent=True),
-              "wsdp_pp": W(n=128, stages=6, mbarrier=True, pingpong=True, producer=True, direct=True,
-                           persistent=True)}[cfg]  # fmt: skip
+    config = {"wide_direct": kg.WGMMA_CONFIG_WIDE_DIRECT, "wide_fixed": kg.WGMMA_CONFIG_WIDE_FIXED,
+              "fp8_row": kg.WGMMA_CONFIG_FP8_ROW, "fp8_block": kg.WGMMA_CONFIG_FP8_BLOCK,
+              "persistent_128": kg.WGMMA_CONFIG_PERSISTENT_128, "ring": W(), "ring_direct": W(direct=True),
+              "ws256": W(n=256, producer=True, direct=True)}[cfg]  # fmt: skip
     if sa == "fp8_1x128" and 128 % config.bn and config.bn != 256:
         pytest.skip("block scales need N = 128 (or 256) tiles")
-    if sa == "fp8_row" and cfg in ("ws_pp", "ws256", "wsf_pp", "wsdp_pp"):
-        pytest.skip("timed for block scales only (compile time)")
+    takes = {"wide_direct": "int8", "wide_fixed": "int8", "fp8_row": "fp8_row", "fp8_block": "fp8_1x128",
+             "ws256": "fp8_1x128", "ring": "fp8", "ring_direct": "fp8"}  # fmt: skip
+    if not sa.startswith(takes.get(cfg, "")):
+        pytest.skip("the scale kinds this tile is for (compile time)")
     x, w, qa, qb = gpu_operands(257, 383, 1000, sa, sb)
     a, b, kw = gemm_kwargs(host_q(qa), host_q(qb))
     got = kg.gemm(cp.asarray(a), cp.asarray(b), config=config, **kw)
@@ -218,14 +210,11 @@ def test_numpy_operands_with_device_cuda():
     ("fp8_row", "fp8_row", 192, dict(out_dtype="float16", activation="relu", bias=True, alpha=0.5)),
 ])  # fmt: skip
 def test_gemm_gpu_epilogues_same_bits(sa, sb, n, kw):
-    """The fixed-column and the direct epilogues multiply in the row-major walk's order, so
-    with the same main loop their outputs are bit-identical (edges: 300 x 520 leaves partial
-    rows / columns; N = 520 is even, so the direct epilogue's interior tiles store pairs)."""
-    from dataclasses import replace
-
+    """The parked and the direct epilogues multiply in the same order, so with the same
+    main loop (the block-barrier ring; int8: WGMMA_CONFIG_WIDE_FIXED and _DIRECT) their
+    outputs are bit-identical (edges: 300 x 520 leaves partial rows / columns; N = 520 is
+    even, so the direct epilogue's interior tiles store pairs)."""
     from nqdq.gpu.gemm import plan as kg
-
-    from test_matmul import gemm_kwargs
 
     M, N, K = 300, 520, 777
     x, w, qa, qb = gpu_operands(M, N, K, sa, sb)
@@ -233,34 +222,28 @@ def test_gemm_gpu_epilogues_same_bits(sa, sb, n, kw):
     gkw.update(kw)
     if gkw.pop("bias", False):
         gkw["bias"] = _rng("bias", sa, sb, n).standard_normal(N).astype(np.float32)
-    fp8 = sa.startswith("fp8")
-    base = kg.WgmmaConfig(n=n, mbarrier=fp8, producer=fp8)
-    variants = [dict(), dict(fixed_cols=True), dict(direct=True)] + ([dict(direct=True, persistent=True)] if fp8 else [])
-    outs = [kg.gemm(cp.asarray(a), cp.asarray(b), config=replace(base, **v), **gkw).get().view(np.uint16)
-            for v in variants]  # fmt: skip
+    outs = [kg.gemm(cp.asarray(a), cp.asarray(b), config=kg.WgmmaConfig(n=n, direct=d), **gkw).get().view(np.uint16)
+            for d in (False, True)]  # fmt: skip
     assert outs[0].shape == (M, N)
     assert np.count_nonzero(outs[0]) > M * N // 4  # a real output (ReLU zeroes about half)
-    for o in outs[1:]:
-        np.testing.assert_array_equal(o, outs[0])
+    np.testing.assert_array_equal(outs[1], outs[0])
 
 
 @pytest.mark.parametrize("sa,sb", [("fp8_row", "fp8_row"), ("fp8_1x128", "fp8_128x128")])
 def test_gemm_gpu_persistent_wraps(sa, sb):
     """A persistent grid where every CTA walks several tiles (2048 x 1920: 16 x 10 or 15
-    tiles on 132 SMs) and the ring's phases run on across them: equal to the same config
-    on one tile per CTA, bit for bit (the same main loop and epilogue per tile)."""
-    from dataclasses import replace
-
+    tiles on 132 SMs; WGMMA_CONFIG_FP8_ROW / _BLOCK) and the producer's ring phases run on
+    across them: equal bit for bit to the same tile on the block-barrier ring, one tile per
+    CTA, with the same products in the same order (each 128 of K summed by the same
+    wgmma's, then promoted; the direct epilogue)."""
     from nqdq.gpu.gemm import plan as kg
-
-    from test_matmul import gemm_kwargs
 
     x, w, qa, qb = gpu_operands(2048 + 33, 1920 + 7, 1000, sa, sb)
     a, b, gkw = gemm_kwargs(host_q(qa), host_q(qb))
     gkw.update(out_dtype="bfloat16")
-    n = 192 if sa == "fp8_row" else 128
-    base = kg.WgmmaConfig(n=n, stages=4 if n == 192 else 6, mbarrier=True, pingpong=n == 128, producer=True, direct=True)
-    outs = [kg.gemm(cp.asarray(a), cp.asarray(b), config=replace(base, persistent=p), **gkw).get() for p in (False, True)]
+    persistent = kg.WGMMA_CONFIG_FP8_ROW if sa == "fp8_row" else kg.WGMMA_CONFIG_FP8_BLOCK
+    one_tile = kg.WgmmaConfig(n=persistent.n, direct=True)
+    outs = [kg.gemm(cp.asarray(a), cp.asarray(b), config=c, **gkw).get() for c in (one_tile, persistent)]
     assert np.count_nonzero(outs[0]) > outs[0].size // 2
     np.testing.assert_array_equal(outs[1], outs[0])
     want = matmul(host_q(qa), host_q(qb), device="cpu")
@@ -273,14 +256,14 @@ def test_out_pair_intrinsics_match_twins():
     NaN lanes included (the instructions write a canonical NaN: the twins' too)."""
     from numba import cuda
 
-    from nqdq.gpu import ptx as _ptx
+    from nqdq.gpu.ptx import convert, memory
 
     @cuda.jit
     def probe(x, out_bf, out_h):
         i = cuda.grid(1)
         if 2 * i + 1 < x.size:
-            _ptx.st_u32_at(out_bf, 2 * i, _ptx.cvt_bf16x2(x[2 * i + 1], x[2 * i]))
-            _ptx.st_u32_at(out_h, 2 * i, _ptx.cvt_f16x2(x[2 * i + 1], x[2 * i]))
+            memory.st_u32_at(out_bf, 2 * i, convert.cvt_bf16x2(x[2 * i + 1], x[2 * i]))
+            memory.st_u32_at(out_h, 2 * i, convert.cvt_f16x2(x[2 * i + 1], x[2 * i]))
 
     special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65520.0, 65519.996, 3.4028235e38, 1e-45, -1e-45,
                         6.1e-5, 5.96e-8, 2.98e-8, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8], np.float32)  # fmt: skip
@@ -288,11 +271,11 @@ def test_out_pair_intrinsics_match_twins():
     x = np.concatenate([special, bits.view(np.float32)])
     bf, h = cp.zeros(x.size, np.uint16), cp.zeros(x.size, np.uint16)
     probe[(x.size // 2 + 255) // 256, 256](cp.asarray(x), bf, h)
-    want_bf = _ptx.round_to_half_bits(x.astype(np.float64), 8, 7).astype(np.uint16)  # the twins' rounding
-    want_h = _ptx.round_to_half_bits(x.astype(np.float64), 5, 10).astype(np.uint16)
+    want_bf = convert.round_to_half_bits(x.astype(np.float64), 8, 7).astype(np.uint16)  # the twins' rounding
+    want_h = convert.round_to_half_bits(x.astype(np.float64), 5, 10).astype(np.uint16)
     for i in range(0, special.size, 2):  # the twins' packing: element 0 in bits 0-15
-        assert _ptx.cvt_bf16x2_twin(x[i + 1], x[i]) == int(want_bf[i]) | (int(want_bf[i + 1]) << 16)
-        assert _ptx.cvt_f16x2_twin(x[i + 1], x[i]) == int(want_h[i]) | (int(want_h[i + 1]) << 16)
+        assert convert.cvt_bf16x2_twin(x[i + 1], x[i]) == int(want_bf[i]) | (int(want_bf[i + 1]) << 16)
+        assert convert.cvt_f16x2_twin(x[i + 1], x[i]) == int(want_h[i]) | (int(want_h[i + 1]) << 16)
     np.testing.assert_array_equal(bf.get(), want_bf)
     np.testing.assert_array_equal(h.get(), want_h)
 

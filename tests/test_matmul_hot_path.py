@@ -26,8 +26,8 @@ from nqdq.gpu.gemm import plan as kg
 from nqdq.gpu.runtime.target import SIMULATOR
 from nqdq.schemes import resolve_scheme
 
-from test_launch import _fake_entry, _FakeCupyArray, _record_launches  # noqa: E402
-from test_matmul import SCHEME_PAIRS  # noqa: E402
+from helpers.gemm import SCHEME_PAIRS
+from helpers.launch import FakeCupyArray, fake_entry, record_launches
 
 MM = sys.modules["nqdq.matmul"]
 sim_only = pytest.mark.skipif(not SIMULATOR, reason="NumPy operands get runners in the simulator only")
@@ -189,10 +189,10 @@ def test_remembered_runners_are_bounded(runners, monkeypatch):
 
 # ----------------------------------------------------------------------------- the GPU plumbing
 def _entries_for(spec, asym):
-    gemm_entry = _fake_entry(kg.kernel_signature(spec), 1001, "gemm")
+    gemm_entry = fake_entry(kg.kernel_signature(spec), 1001, "gemm")
     if not asym:
         return [gemm_entry]
-    rows = _fake_entry((types.Array(types.int8, 1, "C"), types.int64, types.int64, types.Array(types.int32, 1, "C")),
+    rows = fake_entry((types.Array(types.int8, 1, "C"), types.int64, types.int64, types.Array(types.int32, 1, "C")),
                        1000, "row_sums_i8")  # fmt: skip
     return [rows, gemm_entry]
 
@@ -213,7 +213,7 @@ def test_gemm_sequence_packs_the_launchers_arguments(monkeypatch, sa_mode, sb_mo
     plan = kg.plan_gemm(M, N, K, mma=mma, sa_mode=sa_mode, sb_mode=sb_mode, asym=asym, bias=bias,
                         out_dtype="bfloat16", activation="gelu")  # fmt: skip
     entries = _entries_for(plan.spec, asym)
-    launched = _record_launches(monkeypatch, entries)
+    launched = record_launches(monkeypatch, entries)
     seq = kg.gemm_sequence(M, N, K, mma=mma, sa_mode=sa_mode, sb_mode=sb_mode, asym=asym, bias=bias, alpha=0.75,
                            out_dtype="bfloat16", activation="gelu", entries=entries)  # fmt: skip
     at = dict(codes_a=0x10000, codes_b=0x20000, scales_a=0x30000, scales_b=0x40000, zeros_a=0x50000 if asym else 0,
@@ -228,7 +228,7 @@ def test_gemm_sequence_packs_the_launchers_arguments(monkeypatch, sa_mode, sb_mo
     n_sb = {"tensor": 1, "row": N, "block": -(-N // 128) * kb}[sb_mode]
 
     def arr(n, dt, name, off=0):
-        return _FakeCupyArray((n,), dt, at[name] + off)
+        return FakeCupyArray((n,), dt, at[name] + off)
 
     colsum = arr(N, np.int32, "out", colsum_at) if asym else arr(1, np.int32, "out")
     args = (arr(M * K, np.uint8, "codes_a"), arr(N * K, np.uint8, "codes_b"), M, N, K,
@@ -259,7 +259,7 @@ class _Mem:
 
 
 def _gpu_array(shape, dtype, ptr):
-    a = _FakeCupyArray(shape, dtype, ptr)
+    a = FakeCupyArray(shape, dtype, ptr)
     a.data = _Mem(ptr)
     return a
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import os
 
-import ml_dtypes
 import numpy as np
 import pytest
-from _helpers import topk_ids
+from helpers.data import activation, topk_ids
 
 import nqdq
 
@@ -37,12 +36,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpus() < 2, reason="needs NQD
 # default stream's workspace), dynamic per-tensor (one launch / cooperative), per-channel (clusters)
 SCHEMES = ["fp8_row", "mxfp4", "nvfp4", "fp8_tensor", "int8_column", "fp8_128x128"]
 SHAPES = [(64, 7168), (2048, 7168)]
-
-
-def _act(rng, shape):
-    x = rng.standard_normal(shape).astype(np.float32)
-    x *= np.exp2(rng.uniform(-6, 6, (shape[0], 1))).astype(np.float32)
-    return x.astype(ml_dtypes.bfloat16)
 
 
 def _same(got, want, what, dev):
@@ -77,7 +70,7 @@ def test_quantize_runs_on_the_arrays_gpu(name, shape):
     rng = np.random.default_rng(11)
     for rnd in range(3):  # the first call plans; the next ones take the hot path on each GPU
         for dev, cur in ((1, 0), (0, 0), (0, 1), (1, 1)):
-            xh = _act(rng, shape)
+            xh = activation(rng, shape)
             x = _on(dev, xh.view(np.uint16))
             with cp.cuda.Device(cur):
                 q = nqdq.quantize(x, name, dtype="bfloat16")
@@ -94,7 +87,7 @@ def test_layouts_and_a_cuda_array_interface_on_the_second_gpu():
     import cupy as cp
 
     rng = np.random.default_rng(3)
-    xh = _act(rng, (300, 4096))
+    xh = activation(rng, (300, 4096))
     ref = nqdq.quantize(xh, "mxfp4", device="cpu", scale_layout="nv_128x4")
 
     class Wrapped:  # only the CUDA array interface: its device comes from the pointer
@@ -117,7 +110,7 @@ def test_fused_ops_run_on_the_arrays_gpu(scheme):
     import cupy as cp
 
     rng = np.random.default_rng(5)
-    xh, rh = _act(rng, (96, 5120)), _act(rng, (96, 5120))
+    xh, rh = activation(rng, (96, 5120)), activation(rng, (96, 5120))
     wh = rng.uniform(0.5, 1.5, 5120).astype(np.float32)
     ref, ref_res = nqdq.fused.rmsnorm_quantize(xh, wh, scheme, residual=rh, device="cpu")
     for dev in (1, 0, 1):
@@ -138,7 +131,7 @@ def test_moe_sort_runs_on_the_arrays_gpu(tokens):
     import cupy as cp
 
     rng = np.random.default_rng(9)
-    xh = _act(rng, (tokens, 2048))
+    xh = activation(rng, (tokens, 2048))
     ids_h = topk_ids(rng, tokens, 64, 4, np.int32)
     ref, ref_perm, ref_off = nqdq.fused.moe_sort_quantize(xh, ids_h, 64, "mxfp4", device="cpu")
     for rnd in range(3):
@@ -182,7 +175,7 @@ sys.modules["cupy"] = None  # as if CuPy were not installed: Numba arrays, libcu
 import numpy as np
 from numba import cuda
 import nqdq
-from nqdq.gpu import _devices
+from nqdq.gpu.runtime import devices as _devices
 
 x = np.random.default_rng(4).standard_normal((64, 7168)).astype(np.float32)
 ref = nqdq.quantize(x, "nvfp4", device="cpu")

@@ -18,18 +18,17 @@ import numpy as np
 import pytest
 
 import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.quantize.choices import KernelChoices, PerTensor
 from nqdq.formats import get_format
-from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+from nqdq.gpu.quantize import group_chunks, pair_encoders
 from nqdq.reference import codec as rcodec
 from nqdq.schemes import resolve_scheme
 from nqdq.reference import quantize as ref
 from nqdq.reference.packing import pack_codes
-from test_kernels import POISON, _bf16_finite_units, assert_same, check, edge_data
 
-FP6 = {"e2m3": (1, 3, 0, 31, -1, 6, 0, 0, 2, 0), "e3m2": (1, 2, -2, 31, -1, 6, 0, 0, 3, 0)}  # format_tuple's
-# 2^-k, the MX multiplier: the e8m0 code's whole range where groups are finite (k <= 126:
-# the largest float32 amax gives k = 128 - emax at most) and values near the grid (k ~ 0)
-FP6_KS = [-127, -126, -60, -8, -4, -2, -1, 0, 1, 2, 3, 5, 7, 60, 120, 126]
+from helpers.data import edge_data
+from helpers.encoders import FP6, FP6_KS, bf16_finite_units
+from helpers.kernels import POISON, assert_same, check
 
 
 def test_format_tuples_are_the_schemes():
@@ -38,8 +37,8 @@ def test_format_tuples_are_the_schemes():
     for name, fmt in FP6.items():
         assert format_tuple(resolve_scheme(f"mxfp6_{name}")) == fmt
     # the constants: shift 7 - M, 2^emin, vmax as bfloat16 pairs, exponent step (7 - M) << 7
-    assert rowwise_kernels.fp6_pair_consts.py_func(FP6["e2m3"]) == (4, 0x3F803F80, 0x40F040F0, 0x02000200)  # 1.0, 7.5
-    assert rowwise_kernels.fp6_pair_consts.py_func(FP6["e3m2"]) == (5, 0x3E803E80, 0x41E041E0, 0x02800280)  # 0.25, 28.0
+    assert pair_encoders.fp6_pair_consts.py_func(FP6["e2m3"]) == (4, 0x3F803F80, 0x40F040F0, 0x02000200)  # 1.0, 7.5
+    assert pair_encoders.fp6_pair_consts.py_func(FP6["e3m2"]) == (5, 0x3E803E80, 0x41E041E0, 0x02800280)  # 0.25, 28.0
 
 
 def _unpack(lo, hi):
@@ -61,8 +60,8 @@ def test_fp6_pairs_every_bf16(name):
     ("floor", "even"), every value, products far beyond the format's range or below its
     smallest subnormal included; without it ("rceil"), every |x * 2^-k| <= vmax."""
     fmt, ref_fmt = FP6[name], get_format(name)
-    f6 = rowwise_kernels.fp6_pair_consts.py_func(fmt)
-    pats, words = _bf16_finite_units()
+    f6 = pair_encoders.fp6_pair_consts.py_func(fmt)
+    pats, words = bf16_finite_units()
     x = (pats << 16).view(np.float32)
     cols = [words[:, j] for j in range(4)]
     for k in FP6_KS:
@@ -72,7 +71,7 @@ def test_fp6_pairs_every_bf16(name):
         want = rcodec.encode_float(y, ref_fmt).astype(np.uint32)
         hb = np.uint32(p.view(np.uint32) >> 16)
         for clamp in (True, False):
-            lo, hi = rowwise_kernels.fp6_unit_bf16.py_func(cols, np.uint32(hb | (hb << 16)), f6, clamp)
+            lo, hi = pair_encoders.fp6_unit_bf16.py_func(cols, np.uint32(hb | (hb << 16)), f6, clamp)
             got = _unpack(lo, hi)
             if not clamp:  # "rceil" groups: |y| <= vmax
                 ok = np.abs(y) <= ref_fmt.max_value
@@ -108,10 +107,10 @@ def test_fp6_f32_pairs_boundaries(monkeypatch, name):
     every code boundary, for units of 8 (float16 input) and 4 (float32) elements: the
     values are taken as y (k = 0) and as y * 2^k, so that x * 2^-k is the boundary value."""
     fmt, ref_fmt = FP6[name], get_format(name)
-    f6 = rowwise_kernels.fp6_pair_consts.py_func(fmt)
+    f6 = pair_encoders.fp6_pair_consts.py_func(fmt)
     # the bit casts by NumPy views, so that the twins run on whole arrays at once
-    monkeypatch.setattr(rowwise_kernels, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
-    monkeypatch.setattr(rowwise_kernels, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
+    monkeypatch.setattr(pair_encoders, "f32_bits", lambda f: np.asarray(f, np.float32).view(np.uint32))
+    monkeypatch.setattr(pair_encoders, "bits_f32", lambda u: np.asarray(u, np.uint32).view(np.float32))
     y0 = _boundary_f32(name)
     for k in [0, 1, -3, 40, -40, 126, -127]:
         p = np.float32(2.0**-k)
@@ -121,10 +120,10 @@ def test_fp6_f32_pairs_boundaries(monkeypatch, name):
             y = x * p
         want = rcodec.encode_float(y, ref_fmt).astype(np.uint32)
         e = x.view(np.uint32).reshape(-1, 8)
-        lo, hi = rowwise_kernels.fp6_unit_f32.py_func([e[:, j] for j in range(8)], p, f6, 8)
+        lo, hi = pair_encoders.fp6_unit_f32.py_func([e[:, j] for j in range(8)], p, f6, 8)
         _first_bad(x, _unpack(lo, hi), want, f"{name} vec=8 k={k}")
         e4 = x.view(np.uint32).reshape(-1, 4)
-        lo4, _ = rowwise_kernels.fp6_unit_f32.py_func([e4[:, j] for j in range(4)], p, f6, 4)
+        lo4, _ = pair_encoders.fp6_unit_f32.py_func([e4[:, j] for j in range(4)], p, f6, 4)
         got4 = np.stack([(lo4 >> np.uint32(6 * j)) & np.uint32(63) for j in range(4)], axis=1).reshape(-1)
         _first_bad(x, got4, want, f"{name} vec=4 k={k}")
 
@@ -136,13 +135,13 @@ def test_mxfp6_group_kernel(monkeypatch, name, rounding):
     (chunks of 4 units, one 24-byte store) on edge data, ties and groups at the ends of the
     MX range; float16 and float32 input (encode_store_unit's float32-pair branch)."""
     calls = []
-    enc = rowwise_kernels.fp6_unit_bf16
+    enc = pair_encoders.fp6_unit_bf16
 
     def spy(w, p2, f6, clamp):
         calls.append(clamp)
         return enc(w, p2, f6, clamp)
 
-    monkeypatch.setattr(rowwise_kernels, "fp6_unit_bf16", spy)
+    monkeypatch.setattr(group_chunks, "fp6_unit_bf16", spy)
     sch = resolve_scheme(name, scale_rounding=rounding)
     x = edge_data((4, 256), seed=31)
     x[1, :32] = np.float32(2.0**-133) * np.arange(32)  # subnormal group: k clamped to -127
@@ -174,52 +173,32 @@ def _check_nvfp4(x, dt, sch, **kw):
 
 
 @pytest.mark.parametrize("kind", ["bfloat16", "float32"])
-def test_nvfp4_two_launches(monkeypatch, kind):
-    """NVFP4 with S_enc computed in the group kernel: two launches, and the reference's codes,
-    block scales and tensor scale -- with more amax partials than threads (each thread
-    reduces several: one unit per amax thread, 32 threads), an all-zero tensor (S_enc = 1)
-    and non-finite values (left out of the tensor amax)."""
-    monkeypatch.setattr(kq, "NVFP4_SENC_IN_GROUPS", True)
-    monkeypatch.setattr(kq, "GROUP_UNITS", 1)
-    monkeypatch.setattr(kq, "GRID_ONE_LAUNCH", False)  # (small inputs: one launch, tests/test_grid_one_launch.py)
-    monkeypatch.setattr(kq, "TENSOR_RESIDENT", False)  # (larger: one cooperative launch, tests/test_tensor_resident.py)
+def test_nvfp4_two_launches(fresh_plans, kind):
+    """NVFP4 with S_enc computed in the group kernel (PerTensor.AMAX_IN_GROUPS): two launches,
+    and the reference's codes, block scales and tensor scale -- with more amax partials than
+    threads (each thread reduces several: one unit per amax thread, 32 threads), an all-zero
+    tensor (S_enc = 1) and non-finite values (left out of the tensor amax). Automatically
+    below NVFP4_SENC_MAX_UNITS units only (measured slower above it: finalize between)."""
+    fresh_plans.setattr(kq, "GROUP_UNITS", 1)
     sch = resolve_scheme("nvfp4")
-    kq._PLANS.clear()
-    try:
-        dt = ml_dtypes.bfloat16 if kind == "bfloat16" else np.float32
-        code = 1 if kind == "bfloat16" else 0
-        shape = (16, 1024) if kind == "bfloat16" else (2, 512)  # float32: the small cases only (simulator time)
-        assert _kernel_names(shape, code, sch, threads=32) == ["tensor_amax", "lastaxis_groups"]
-        nparts = kq.get_plan(shape, code, sch, threads=32).launches[1][3][5]
-        assert nparts > 32 or kind == "float32", f"{nparts} partials: want more than the 32 threads of a block"
-        x = edge_data(shape, seed=41, scale=20.0)
-        x[1, 100] = np.float32(900.0)  # the tensor amax, in one partial only
-        _check_nvfp4(x, dt, sch, threads=32)
-        _check_nvfp4(np.zeros((2, 64), np.float32), dt, sch)
-        y = edge_data((2, 64), seed=42)
-        y[0, :3] = [np.inf, np.nan, -np.inf]
-        _check_nvfp4(y, dt, sch)
-        # inputs of NVFP4_SENC_MAX_UNITS units and more (measured slower there) keep finalize
-        big = (kq.NVFP4_SENC_MAX_UNITS * (8 if kind == "bfloat16" else 4) // 1024, 1024)
-        assert _kernel_names(big, code, sch) == ["tensor_amax", "finalize", "lastaxis_groups"]
-        assert _kernel_names((big[0] - 1, 1024), code, sch) == ["tensor_amax", "lastaxis_groups"]
-        monkeypatch.setattr(kq, "NVFP4_SENC_IN_GROUPS", False)
-        kq._PLANS.clear()
-        assert _kernel_names((2, 64), code, sch) == ["tensor_amax", "finalize", "lastaxis_groups"]
-    finally:
-        kq._PLANS.clear()
-
-
-def test_switches_on_for_users():
-    """NVFP4's two launches (GPU-checked and timed on the H100) are on without
-    NQDQ_UNMEASURED_KERNELS, only below its size bound (measured slower above it)."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "NQDQ_UNMEASURED_KERNELS"}
-    env["NUMBA_ENABLE_CUDASIM"] = "1"
-    code = ("import nqdq.gpu.quantize.plan as kq; "
-            "print(kq.NVFP4_SENC_IN_GROUPS, kq.NVFP4_SENC_MAX_UNITS == 1 << 21, kq._UNMEASURED)")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["True", "True", "False"]
+    amax_in = KernelChoices(per_tensor=PerTensor.AMAX_IN_GROUPS)
+    dt = ml_dtypes.bfloat16 if kind == "bfloat16" else np.float32
+    code = 1 if kind == "bfloat16" else 0
+    shape = (16, 1024) if kind == "bfloat16" else (2, 512)  # float32: the small cases only (simulator time)
+    assert _kernel_names(shape, code, sch, threads=32, choices=amax_in) == ["tensor_amax", "lastaxis_groups"]
+    nparts = kq.get_plan(shape, code, sch, threads=32, choices=amax_in).launches[1][3][5]
+    assert nparts > 32 or kind == "float32", f"{nparts} partials: want more than the 32 threads of a block"
+    x = edge_data(shape, seed=41, scale=20.0)
+    x[1, 100] = np.float32(900.0)  # the tensor amax, in one partial only
+    _check_nvfp4(x, dt, sch, threads=32, choices=amax_in)
+    _check_nvfp4(np.zeros((2, 64), np.float32), dt, sch, choices=amax_in)
+    y = edge_data((2, 64), seed=42)
+    y[0, :3] = [np.inf, np.nan, -np.inf]
+    _check_nvfp4(y, dt, sch, choices=amax_in)
+    # automatically: inputs of NVFP4_SENC_MAX_UNITS (2^21) units and more keep finalize
+    assert kq.NVFP4_SENC_MAX_UNITS == 1 << 21
+    big = (kq.NVFP4_SENC_MAX_UNITS * (8 if kind == "bfloat16" else 4) // 1024, 1024)
+    assert _kernel_names(big, code, sch) == ["tensor_amax", "finalize", "lastaxis_groups"]
+    assert _kernel_names((big[0] - 1, 1024), code, sch) == ["tensor_amax", "lastaxis_groups"]
+    two_pass = KernelChoices(per_tensor=PerTensor.TWO_PASS)
+    assert _kernel_names((2, 64), code, sch, choices=two_pass) == ["tensor_amax", "finalize", "lastaxis_groups"]

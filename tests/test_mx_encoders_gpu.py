@@ -10,17 +10,18 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
-from _helpers import gpu_cupy_or_skip  # noqa: E402
+from helpers.gpu import gpu_cupy_or_skip  # noqa: E402
 
 cp = gpu_cupy_or_skip()
 
 import nqdq.gpu.quantize.plan as kq
-from nqdq.gpu.quantize import lastaxis as rowwise_kernels  # noqa: E402
+from nqdq.gpu.quantize.choices import KernelChoices, PerTensor  # noqa: E402
+from nqdq.gpu.quantize import pair_encoders  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
-from test_kernels import _bf16_finite_units, edge_data  # noqa: E402
-from test_kernels_gpu import check_gpu  # noqa: E402
-from test_mx_encoders import FP6, FP6_KS  # noqa: E402
+from helpers.data import edge_data  # noqa: E402
+from helpers.encoders import FP6, FP6_KS, bf16_finite_units  # noqa: E402
+from helpers.gpu import check_gpu  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["e2m3", "e3m2"])
@@ -32,21 +33,21 @@ def test_fp6_pairs_every_bf16_gpu(name):
     from nqdq.formats import get_format
     from nqdq.reference import codec as rcodec
 
-    f6 = rowwise_kernels.fp6_pair_consts.py_func(FP6[name])
+    f6 = pair_encoders.fp6_pair_consts.py_func(FP6[name])
 
     def make(clamp):
         @cuda.jit
         def enc(w, p2, lo, hi):
             i = cuda.grid(1)
             if i < lo.size:
-                a, b = rowwise_kernels.fp6_unit_bf16((w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]), p2, f6,
-                                                     clamp)
+                a, b = pair_encoders.fp6_unit_bf16((w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]), p2, f6,
+                                                   clamp)
                 lo[i] = a
                 hi[i] = b
 
         return enc
 
-    pats, words = _bf16_finite_units()
+    pats, words = bf16_finite_units()
     words = words.reshape(-1)
     x = (pats << 16).view(np.float32)
     wd = cp.asarray(words)
@@ -88,28 +89,21 @@ def test_mxfp6_pair_paths_gpu(name, rounding):
         check_gpu(x[:96], sch)
 
 
-def test_nvfp4_two_launches_gpu(monkeypatch):
-    """NVFP4 in two launches (S_enc from the amax partials in the group kernel): 1024 x 7168
-    bfloat16 (896 partials: several per thread; above the size bound where it is used by
-    default, so the bound is lifted here), float16 / float32 input, an all-zero tensor and one
-    with non-finite values; the plan has the two kernels."""
-    assert kq.NVFP4_SENC_IN_GROUPS
-    monkeypatch.setattr(kq, "NVFP4_SENC_MAX_UNITS", 1 << 40)
-    monkeypatch.setattr(kq, "TENSOR_RESIDENT", False)  # (the cooperative kernel: tests/test_tensor_resident_gpu.py)
-    kq._PLANS.clear()
-    try:
-        sch = resolve_scheme("nvfp4")
-        shape = (1024, 7168)
-        names = [k.py_func.__name__ for k, _, _, _ in kq.get_plan(shape, 1, sch).launches]
-        assert names == ["tensor_amax", "lastaxis_groups"]
-        x = edge_data(shape, seed=52, scale=30.0)
-        x[500, 7000] = np.float32(5000.0)
-        check_gpu(x.astype(ml_dtypes.bfloat16), sch)
-        check_gpu(x[:96].astype(np.float16), sch)
-        check_gpu(x[:96], sch)
-        check_gpu(np.zeros((64, 256), np.float32).astype(ml_dtypes.bfloat16), sch)
-        y = edge_data((64, 256), seed=53)
-        y[0, :3] = [np.inf, np.nan, -np.inf]
-        check_gpu(y.astype(ml_dtypes.bfloat16), sch)
-    finally:
-        kq._PLANS.clear()
+def test_nvfp4_two_launches_gpu():
+    """NVFP4 in two launches (PerTensor.AMAX_IN_GROUPS: S_enc from the amax partials in the
+    group kernel): 1024 x 7168 bfloat16 (896 partials: several per thread), float16 / float32
+    input, an all-zero tensor and one with non-finite values; the plan has the two kernels."""
+    amax_in = KernelChoices(per_tensor=PerTensor.AMAX_IN_GROUPS)
+    sch = resolve_scheme("nvfp4")
+    shape = (1024, 7168)
+    names = [k.py_func.__name__ for k, _, _, _ in kq.get_plan(shape, 1, sch, choices=amax_in).launches]
+    assert names == ["tensor_amax", "lastaxis_groups"]
+    x = edge_data(shape, seed=52, scale=30.0)
+    x[500, 7000] = np.float32(5000.0)
+    check_gpu(x.astype(ml_dtypes.bfloat16), sch, choices=amax_in)
+    check_gpu(x[:96].astype(np.float16), sch, choices=amax_in)
+    check_gpu(x[:96], sch, choices=amax_in)
+    check_gpu(np.zeros((64, 256), np.float32).astype(ml_dtypes.bfloat16), sch, choices=amax_in)
+    y = edge_data((64, 256), seed=53)
+    y[0, :3] = [np.inf, np.nan, -np.inf]
+    check_gpu(y.astype(ml_dtypes.bfloat16), sch, choices=amax_in)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _helpers import assert_same_floats
+from helpers.spec import assert_same_floats
 
 import nqdq
 from nqdq.reference.packing import pack_codes, packed_length, unpack_codes

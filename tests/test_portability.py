@@ -189,10 +189,10 @@ def test_scalar_twins_match_array_twins(name):
     by numba's CPU jit (the same typing front end as the GPU targets)."""
     import numba
 
-    from nqdq.gpu import ptx as _ptx
+    from nqdq.gpu.ptx import pairs
 
-    scalar = numba.njit(getattr(_ptx, f"{name}_scalar"))
-    twin = getattr(_ptx, f"{name}_twin")
+    scalar = numba.njit(getattr(pairs, f"{name}_scalar"))
+    twin = getattr(pairs, f"{name}_twin")
     rng = np.random.default_rng(48)
     words = rng.integers(0, 2**32, size=(300, 2), dtype=np.uint64).astype(np.uint32)
     words[:8] = [[0x7FC00000, 1], [0xFF800000, 0x7F800000], [0, 0x80000000], [0x7F800001, 0x7F800000],

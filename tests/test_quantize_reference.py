@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from _helpers import SPEC, f32_round, per_element
+from helpers.spec import SPEC, f32_round, per_element
 
 import nqdq
 
@@ -589,8 +589,8 @@ def test_centred_huge_finite_group_stays_finite():
 def test_dequantize_follows_the_documented_formula(scheme, kw):
     """docs/numerics.md, decoding: value * s, (code - zp) * s, code * s + mean (product and sum
     rounded separately), value * 2^k, value * fp32(s_b * S_dec); each a float32 operation.
-    Element values come from the spec-card tables in tests/_helpers, not from nqdq."""
-    from _helpers import code_values
+    Element values come from the spec-card tables in tests/helpers/spec.py, not from nqdq."""
+    from helpers.spec import code_values
 
     rng = np.random.default_rng(12)
     x = (rng.standard_normal((130, 256)) * 10.0 ** rng.uniform(-2, 2, (130, 1)) + 0.3).astype(F32)

@@ -32,7 +32,7 @@ import json
 import ml_dtypes
 import numpy as np
 import pytest
-from _helpers import per_element, sqnr_db
+from helpers.spec import per_element, sqnr_db
 
 import nqdq
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _helpers import FLOAT_FORMATS, _code_fields, _fields, code_values
+from helpers.spec import FLOAT_FORMATS, code_fields, code_values, float_fields
 
 from numba import cuda
 
@@ -117,9 +117,9 @@ def assert_codes(got, want, us, rs, name, what):
         i = bad[0]
         raise AssertionError(
             f"{what} [{name}]: {bad.size} of {got.size} codes differ; first at {i}:\n"
-            f"  input {_fields(us.view(np.float32)[i], np.float32)}  r={int(rs[i]):#010x}\n"
-            f"  got   {_code_fields(got[i], name)}\n"
-            f"  want  {_code_fields(want[i], name)}"
+            f"  input {float_fields(us.view(np.float32)[i], np.float32)}  r={int(rs[i]):#010x}\n"
+            f"  got   {code_fields(got[i], name)}\n"
+            f"  want  {code_fields(want[i], name)}"
         )
 
 

@@ -1,11 +1,11 @@
-"""Stochastic rounding through the 16-byte-unit kernels (``_rowwise_kernels``' ``stoch``
-variants: ``quantize.LASTAXIS_STOCH``): the plan takes them for the cases it takes for
+"""Stochastic rounding through the 16-byte-unit kernels (``lastaxis``' ``stoch`` variants):
+the plan takes them for the cases it takes for
 round-to-nearest-even, and their codes are the reference's bit for bit (Philox4x32-10 bits of
 each element's C-order index, reference/rng.py), their scales the RNE scales.
 
 In the CUDA simulator (conftest), so the inputs are small; tests/test_stochastic_lastaxis_gpu.py
 runs the same kernels at real sizes on a GPU. Each case quantizes, dequantizes and compares
-everything (test_kernels.check: codes packed and unpacked, scales, zero points, means, tensor
+everything (helpers.kernels.check: codes packed and unpacked, scales, zero points, means, tensor
 scale, dequantized values), from outputs poisoned first.
 """
 
@@ -19,18 +19,17 @@ import pytest
 from numba import cuda
 
 import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.quantize.choices import KernelChoices, PerTensor
 from nqdq.reference import quantize as ref
 from nqdq.schemes import resolve_scheme
 
-from test_kernels import _launched, assert_same, check, edge_data
-from test_kernels import unaligned_loads  # noqa: F401  (a fixture)
+from helpers.data import edge_data
+from helpers.kernels import UNIT_KERNELS, assert_same, check, launched
 
-# conftest.sr_fast: LASTAXIS_STOCH on (its default; set all the same) with a fresh plan cache
-pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"), pytest.mark.usefixtures("sr_fast")]
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 BF16 = ml_dtypes.bfloat16
 SEEDS = (7, 2**63 + 2**40 + 12345)  # one seed with both key words non-zero
-FAST = {"lastaxis_rows", "lastaxis_groups", "lastaxis_asym_rows", "lastaxis_stat_groups", "static_encode"}
 
 # scheme -> (kw, a small shape whose rows are whole groups of whole 16-byte units, its kernel)
 SCHEMES = {
@@ -74,16 +73,17 @@ def sr_data(shape, seed):
     return x.reshape(shape)
 
 
-def _run(name, dtype, seed, shape=None, **kw):
-    """Check scheme ``name`` under stochastic rounding on sr_data cast to ``dtype``, asserting
-    that the plan runs the scheme's kernel (with ``shape``: a 16-byte-unit kernel); returns
-    (the kernels' QuantParts, the input, the scheme)."""
+def _run(name, dtype, seed, shape=None, choices=None, **kw):
+    """Check scheme ``name`` under stochastic rounding on sr_data cast to ``dtype`` (the
+    designs of ``choices``), asserting that the plan runs the scheme's kernel (with
+    ``shape``: a 16-byte-unit kernel); returns (the kernels' QuantParts, the input, the
+    scheme)."""
     skw, sshape, kernel = SCHEMES[name]
     sch = resolve_scheme(name, **skw)
     x = sr_data(shape or sshape, seed=zlib.crc32(name.encode()) % 1000).astype(dtype)
-    names = _launched(x.shape, dtype, sch, stoch=True)
-    assert (kernel in names) if shape is None else (FAST & set(names)), names
-    return check(x, sch, seed=seed, x_ref=x.astype(np.float32), **kw), x, sch
+    names = launched(x.shape, dtype, sch, stoch=True, choices=choices)
+    assert (kernel in names) if shape is None else (UNIT_KERNELS & set(names)), names
+    return check(x, sch, seed=seed, x_ref=x.astype(np.float32), choices=choices, **kw), x, sch
 
 
 # ----------------------------------------------------------------------------- bit-exact
@@ -129,7 +129,7 @@ def test_sr_fast_kernels_shapes(name, shape, dtype):
 def test_sr_general_fallbacks(name, kw, shape, dtype):
     """Cases the 16-byte-unit kernels do not take still give the reference's bits (general kernels)."""
     sch = resolve_scheme(name, **kw)
-    assert not FAST & set(_launched(shape, dtype, sch, stoch=True))
+    assert not UNIT_KERNELS & set(launched(shape, dtype, sch, stoch=True))
     x = sr_data(shape, seed=5).astype(dtype)
     check(x, sch, seed=SEEDS[0], x_ref=x.astype(np.float32))
 
@@ -143,68 +143,62 @@ def test_sr_static_scales(name, kw, scale, dtype):
     sch = resolve_scheme(name, static_scale=True, **kw)
     if scale is None:  # one per row, one of them 0 and one NaN
         scale = np.array([[0.05], [0.0], [np.nan]], np.float32)
-    assert "static_encode" in _launched(shape, dtype, sch, static_scale=True, stoch=True)
+    assert "static_encode" in launched(shape, dtype, sch, static_scale=True, stoch=True)
     x = sr_data(shape, seed=11).astype(dtype)
     check(x, sch, seed=SEEDS[1], scale=scale, x_ref=x.astype(np.float32))
 
 
-@pytest.mark.parametrize("switches, kernels", [
-    ({"GRID_ONE_LAUNCH": True}, ["lastaxis_groups"]),  # S_enc over the grid, one launch
-    ({"GRID_ONE_LAUNCH": False}, ["tensor_amax", "lastaxis_groups"]),  # S_enc from the amax partials
-    ({"GRID_ONE_LAUNCH": False, "NVFP4_SENC_IN_GROUPS": False}, ["tensor_amax", "finalize", "lastaxis_groups"]),
+@pytest.mark.parametrize("design, kernels", [
+    (PerTensor.ONE_LAUNCH, ["lastaxis_groups"]),  # S_enc over the grid, one launch
+    (PerTensor.AMAX_IN_GROUPS, ["tensor_amax", "lastaxis_groups"]),  # S_enc from the amax partials
+    (PerTensor.TWO_PASS, ["tensor_amax", "finalize", "lastaxis_groups"]),
 ])
 @pytest.mark.parametrize("dtype", [np.float32, BF16])
-def test_sr_nvfp4_tensor_scale_paths(sr_fast, switches, kernels, dtype):
-    for k, v in switches.items():
-        sr_fast.setattr(kq, k, v)
-    kq._PLANS.clear()
-    assert _launched((3, 128), dtype, resolve_scheme("nvfp4"), stoch=True) == kernels
-    _run("nvfp4", dtype, SEEDS[0])
+def test_sr_nvfp4_tensor_scale_paths(design, kernels, dtype):
+    choices = KernelChoices(per_tensor=design)
+    assert launched((3, 128), dtype, resolve_scheme("nvfp4"), stoch=True, choices=choices) == kernels
+    _run("nvfp4", dtype, SEEDS[0], choices=choices)
 
 
-@pytest.mark.parametrize("one_launch, kernels", [(True, ["static_encode"]),
-                                                 (False, ["tensor_amax", "finalize", "static_encode"])])
-def test_sr_dynamic_tensor_paths(sr_fast, one_launch, kernels):
-    sr_fast.setattr(kq, "GRID_ONE_LAUNCH", one_launch)
-    kq._PLANS.clear()
-    assert _launched((3, 128), BF16, resolve_scheme("fp8_tensor"), stoch=True) == kernels
-    _run("fp8_tensor", BF16, SEEDS[1])
+@pytest.mark.parametrize("design, kernels", [(PerTensor.ONE_LAUNCH, ["static_encode"]),
+                                             (PerTensor.TWO_PASS, ["tensor_amax", "finalize", "static_encode"])])
+def test_sr_dynamic_tensor_paths(design, kernels):
+    choices = KernelChoices(per_tensor=design)
+    assert launched((3, 128), BF16, resolve_scheme("fp8_tensor"), stoch=True, choices=choices) == kernels
+    _run("fp8_tensor", BF16, SEEDS[1], choices=choices)
 
 
 @pytest.mark.parametrize("name, dtype", [("fp8_row", BF16), ("mxfp4", np.float16), ("int4_asym", BF16),
                                          ("nvfp4", np.float32), ("int8_centred", np.float16)])
-def test_sr_unaligned_input(unaligned_loads, name, dtype):  # noqa: F811
+def test_sr_unaligned_input(unaligned_loads, name, dtype):
     """Input that is not 16-byte aligned (element-by-element loads): the same units, the same bits."""
     x = sr_data((2, 128) if name != "int8_centred" else (2, 256), seed=4).astype(dtype)
-    assert FAST & set(_launched(x.shape, dtype, resolve_scheme(name), stoch=True))
+    assert UNIT_KERNELS & set(launched(x.shape, dtype, resolve_scheme(name), stoch=True))
     check(x, resolve_scheme(name), seed=SEEDS[1], x_ref=x.astype(np.float32))
 
 
 # ----------------------------------------------------------------------------- the plan's choice
 @pytest.mark.parametrize("name", sorted(SCHEMES))
-def test_sr_plan_takes_the_fast_kernel(sr_fast, name):
+def test_sr_plan_takes_the_fast_kernel(name):
     """Stochastic rounding takes the RNE plan's 16-byte-unit kernel (its stoch variant, whose
-    arguments end with the seed's halves); with LASTAXIS_STOCH off, only general kernels."""
+    arguments end with the seed's halves)."""
     skw, shape, kernel = SCHEMES[name]
     sch = resolve_scheme(name, **skw)
     for dtype in (np.float32, np.float16, BF16):
-        rne = _launched(shape, dtype, sch)
+        rne = launched(shape, dtype, sch)
         assert kernel in rne
-        assert _launched(shape, dtype, sch, stoch=True) == rne, dtype
+        assert launched(shape, dtype, sch, stoch=True) == rne, dtype
         plan = kq.get_plan(shape, {np.float32: 0, BF16: 1, np.float16: 2}[dtype], sch, stoch=True)
         for k, _grid, _block, args in plan.launches:
             if k.py_func.__name__ == kernel:
                 assert args[-2:] == (kq._SEED_LO, kq._SEED_HI), args
-    sr_fast.setattr(kq, "LASTAXIS_STOCH", False)
-    kq._PLANS.clear()
-    assert not FAST & set(_launched(shape, BF16, sch, stoch=True))
 
 
 # ----------------------------------------------------------------------------- launch geometry
 @pytest.mark.parametrize("name, shape, dtype", [("fp8_row", (2, 1024), BF16), ("mxfp4", (4, 256), BF16),
                                                 ("int4_group", (2, 512), np.float32), ("int8_asym", (2, 1000), np.float16),
                                                 ("int8_centred", (2, 512), BF16), ("nvfp4", (2, 256), np.float32)])
-def test_sr_launch_geometry_does_not_change_bits(sr_fast, name, shape, dtype):
+def test_sr_launch_geometry_does_not_change_bits(fresh_plans, name, shape, dtype):
     """The same bits under block sizes of 32 and 128 threads, and with several units per thread
     (the deep paths: kq.DEEP_UNITS / DEEP_ROWS), as the reference's."""
     sch = resolve_scheme(name, **SCHEMES.get(name, ({},))[0])
@@ -213,11 +207,11 @@ def test_sr_launch_geometry_does_not_change_bits(sr_fast, name, shape, dtype):
     runs = []
     for threads, deep in ((32, False), (128, False), (128, True)):
         if deep:
-            sr_fast.setattr(kq, "DEEP_UNITS", 0)
-            sr_fast.setattr(kq, "DEEP_ROWS", 0)
+            fresh_plans.setattr(kq, "DEEP_UNITS", 0)
+            fresh_plans.setattr(kq, "DEEP_ROWS", 0)
         kq._PLANS.clear()
         plan = kq.get_plan(shape, {np.float32: 0, BF16: 1, np.float16: 2}[dtype], sch, stoch=True, threads=threads)
-        assert FAST & {k.py_func.__name__ for k, _, _, _ in plan.launches}
+        assert UNIT_KERNELS & {k.py_func.__name__ for k, _, _, _ in plan.launches}
         runs.append((plan.launches, kq.quantize(x, sch, seed=SEEDS[1], threads=threads, packed=False)))
     # (a kernel object is one geometry of units per thread: the factories cache them)
     geometries = [tuple((id(k), g, b) for k, g, b, _ in launches) for launches, _ in runs]
@@ -241,7 +235,8 @@ def test_sr_bits_depend_on_the_seed():
 def _fast_units(name, units, p0s):
     """Run _rowwise_kernels.sr_unit_fast and sr_store_unit on float32 units (rows of 8) with
     their float scales: (ok flags, the fast codes, sr_store_unit's codes), 8 bytes a unit."""
-    from nqdq.gpu.quantize import lastaxis as rk
+    from nqdq.gpu.quantize import sr_units
+    from nqdq.gpu.quantize.units import store_packed
     from nqdq.gpu.device.division import recip_guarded
     from nqdq.gpu.device.elements import format_tuple
     from nqdq.gpu.device.scales import MODE_FLOAT
@@ -255,10 +250,10 @@ def _fast_units(name, units, p0s):
         if i < E.shape[0]:
             e = (E[i, 0], E[i, 1], E[i, 2], E[i, 3], E[i, 4], E[i, 5], E[i, 6], E[i, 7])
             p0 = p0s[i]
-            lo, hi, good = rk.sr_unit_fast(e, i, p0, recip_guarded(p0), key_lo, key_hi, MODE_FLOAT, fmt, 8, 8)
+            lo, hi, good = sr_units.sr_unit_fast(e, i, p0, recip_guarded(p0), key_lo, key_hi, MODE_FLOAT, fmt, 8, 8)
             ok[i] = good
-            rk.store_packed(lo, hi, i, f8, f16, f32, 8, 8)
-            rk.sr_store_unit(e, i, p0, np.float32(0), 0, key_lo, key_hi, g8, g16, g32, MODE_FLOAT, fmt, 8, 8)
+            store_packed(lo, hi, i, f8, f16, f32, 8, 8)
+            sr_units.sr_store_unit(e, i, p0, np.float32(0), 0, key_lo, key_hi, g8, g16, g32, MODE_FLOAT, fmt, 8, 8)
 
     n = units.shape[0]
     E = np.ascontiguousarray(units, np.float32).view(np.uint32).astype(np.int64)
@@ -302,7 +297,7 @@ def test_sr_e2m1_integer_unit(mode_name):
     sr_store_unit, the per-element path: equal codes wherever it reports ok, and ok exactly
     where every |x * p0| is 0, below 2^-33 or at least 2^-10 (an element placed on either side
     of 2^-10 and 2^-33, for NVFP4's multipliers and MX powers of two)."""
-    from nqdq.gpu.quantize import lastaxis as rk
+    from nqdq.gpu.quantize import sr_units
     from nqdq.gpu.device.elements import format_tuple
     from nqdq.gpu.device.scales import MODE_MX, MODE_NVFP4
 
@@ -315,11 +310,11 @@ def test_sr_e2m1_integer_unit(mode_name):
         i = cuda.grid(1)
         if i < E.shape[0]:
             e = (E[i, 0], E[i, 1], E[i, 2], E[i, 3], E[i, 4], E[i, 5], E[i, 6], E[i, 7])
-            lo, hi, good = rk.sr_unit_e2m1_i(e, i, p0s[i], key_lo, key_hi, 8, 4)
+            lo, hi, good = sr_units.sr_unit_e2m1_i(e, i, p0s[i], key_lo, key_hi, 8, 4)
             ok[i] = good
             f16[2 * i] = np.uint16(lo)
             f16[2 * i + 1] = np.uint16(hi)
-            rk.sr_store_unit(e, i, p0s[i], np.float32(0), 0, key_lo, key_hi, g8, g16, g32, mode, fmt, 8, 4)
+            sr_units.sr_store_unit(e, i, p0s[i], np.float32(0), 0, key_lo, key_hi, g8, g16, g32, mode, fmt, 8, 4)
 
     f32 = np.float32
     rng = np.random.default_rng(5)

@@ -1,5 +1,5 @@
 """Stochastic rounding through the 16-byte-unit kernels on a real GPU, at real sizes, with
-CuPy arrays in and out: the compiled ``stoch`` variants of ``_rowwise_kernels`` (warp
+CuPy arrays in and out: the compiled ``stoch`` variants of ``lastaxis`` (warp
 shuffles, vector loads, several units per thread) against the NumPy reference, bit for bit.
 
 Runs only with NQDQ_TEST_GPU=1 (``pytest -m gpu``); tests/test_stochastic_lastaxis.py runs the
@@ -12,21 +12,21 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-              pytest.mark.usefixtures("sr_fast")]  # conftest.sr_fast
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
-from _helpers import gpu_cupy_or_skip  # noqa: E402
+from helpers.gpu import gpu_cupy_or_skip  # noqa: E402
 
 cp = gpu_cupy_or_skip()
 
 import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.quantize.choices import KernelChoices, PerTensor  # noqa: E402
 from nqdq.reference import quantize as ref  # noqa: E402
 from nqdq.reference.packing import pack_codes  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
-from test_kernels import POISON, assert_same, edge_data  # noqa: E402
-from test_kernels_gpu import check_gpu, host  # noqa: E402
-from test_stochastic_lastaxis import FAST  # noqa: E402
+from helpers.data import edge_data  # noqa: E402
+from helpers.gpu import check_gpu, host  # noqa: E402
+from helpers.kernels import POISON, UNIT_KERNELS, assert_same  # noqa: E402
 
 SEED = 2**63 + 2**40 + 12345
 SCHEMES = ["fp8_row", "int8_row", "fp8_1x128", "mxfp8", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "int4_group", "nvfp4",
@@ -56,7 +56,7 @@ def big_1000x7168():
 
 def _assert_fast(shape, kind, sch):
     names = {k.py_func.__name__ for k, _, _, _ in kq.get_plan(shape, kind, sch, stoch=True).launches}
-    assert FAST & names, names
+    assert UNIT_KERNELS & names, names
 
 
 @pytest.mark.parametrize("name", SCHEMES)
@@ -84,13 +84,13 @@ def test_sr_f32_f16(name, dtype):
     check_gpu(x, sch, seed=SEED)
 
 
-@pytest.mark.parametrize("switches", [{"NVFP4_SENC_MAX_UNITS": 0}, {"GRID_ONE_LAUNCH": False}])
-def test_sr_nvfp4_three_launches_and_parts(sr_fast, big_640x8192, switches):
+@pytest.mark.parametrize("design, launches", [(PerTensor.TWO_PASS, 3), (PerTensor.AMAX_IN_GROUPS, 2)])
+def test_sr_nvfp4_three_launches_and_parts(big_640x8192, design, launches):
     """NVFP4's S_enc from finalize (three launches) and from the amax partials."""
-    for k, v in switches.items():
-        sr_fast.setattr(kq, k, v)
-    kq._PLANS.clear()
-    check_gpu(big_640x8192, resolve_scheme("nvfp4"), seed=SEED)
+    choices = KernelChoices(per_tensor=design)
+    sch = resolve_scheme("nvfp4")
+    assert len(kq.get_plan(big_640x8192.shape, 1, sch, stoch=True, choices=choices).launches) == launches
+    check_gpu(big_640x8192, sch, seed=SEED, choices=choices)
 
 
 @pytest.mark.parametrize("name", ["nvfp4", "fp8_tensor"])
@@ -103,10 +103,9 @@ def test_sr_one_launch_grid(name):
 
 
 @pytest.mark.parametrize("name", ["fp8_row", "mxfp4", "int4_asym", "nvfp4"])
-def test_sr_shuffle_twin(sr_fast, big_640x8192, name):
+def test_sr_shuffle_twin(fresh_plans, big_640x8192, name):
     """The same kernels with the warp shuffle replaced by the simulator's shared-memory twin."""
-    sr_fast.setattr(kq, "SHFL", False)
-    kq._PLANS.clear()
+    fresh_plans.setattr(kq, "SHFL", False)
     check_gpu(big_640x8192[:128], resolve_scheme(name), seed=SEED)
 
 

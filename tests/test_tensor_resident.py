@@ -14,34 +14,36 @@ import pytest
 
 import nqdq.gpu.quantize.tensor_resident as tensor_resident
 import nqdq.gpu.quantize.plan as kq
+from nqdq.gpu.quantize import runners
+from nqdq.gpu.quantize.choices import KernelChoices, PerTensor
 from nqdq.gpu.runtime.target import SIMULATOR
 from nqdq.schemes import resolve_scheme
 
-from test_kernels import check, edge_data
+from helpers.data import edge_data
+from helpers.kernels import check
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 KIND = {np.dtype(np.float32): 0, np.dtype(ml_dtypes.bfloat16): 1, np.dtype(np.float16): 2}
 
 
+RESIDENT = KernelChoices(per_tensor=PerTensor.RESIDENT)  # at every size (the one-launch kernel not chosen)
+TWO_PASS = KernelChoices(per_tensor=PerTensor.TWO_PASS)
+
+
 @pytest.fixture
-def resident(monkeypatch):
-    """The resident kernel for every size (the one-launch kernels off), with ``geometry``
-    (NT, UR, US, V) where given; a fresh plan cache before and after."""
+def geometry(fresh_plans):
+    """Set the resident kernel's (NT, UR, US, V) for the test (read when a plan is built:
+    plans built afresh, and dropped after)."""
 
-    def set_(geometry=None, on=True):
-        monkeypatch.setattr(kq, "GRID_ONE_LAUNCH", False)
-        monkeypatch.setattr(kq, "TENSOR_RESIDENT", on)
-        if geometry is not None:
-            monkeypatch.setattr(tensor_resident, "GEOMETRY", geometry)
-        kq._PLANS.clear()
+    def set_(g):
+        fresh_plans.setattr(tensor_resident, "GEOMETRY", g)
 
-    yield set_
-    kq._PLANS.clear()
+    return set_
 
 
-def _names(shape, dtype, sch, stoch=False):
-    plan = kq.get_plan(shape, KIND[np.dtype(dtype)], sch, stoch=stoch)
+def _names(shape, dtype, sch, stoch=False, choices=RESIDENT):
+    plan = kq.get_plan(shape, KIND[np.dtype(dtype)], sch, stoch=stoch, choices=choices)
     return [k.py_func.__name__ for k, _g, _b, _a in plan.launches]
 
 
@@ -50,24 +52,22 @@ def _units(dtype):
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="the simulator's plan (one block)")
-def test_plan_takes_the_resident_kernel(resident):
+def test_plan_takes_the_resident_kernel():
     sch = resolve_scheme("fp8_tensor")
-    resident()
     assert _names((16, 64), ml_dtypes.bfloat16, sch) == ["tensor_resident"]
     assert _names((16, 64), ml_dtypes.bfloat16, sch, stoch=True) != ["tensor_resident"]  # RNE only
     assert _names((5, 7), np.float32, sch) != ["tensor_resident"]  # not whole 16-byte units
-    resident(on=False)
-    assert _names((16, 64), ml_dtypes.bfloat16, sch) == ["tensor_amax", "finalize", "static_encode"]
-    resident()
+    assert _names((16, 64), ml_dtypes.bfloat16, sch, choices=TWO_PASS) == ["tensor_amax", "finalize", "static_encode"]
+    assert _names((64, 1024), ml_dtypes.bfloat16, sch, choices=None) == ["tensor_resident"]  # beyond one launch
     nv = resolve_scheme("nvfp4")  # NVFP4 stays on the streaming kernels (no faster in this one)
-    assert _names((16, 64), ml_dtypes.bfloat16, nv) == ["tensor_amax", "lastaxis_groups"]
+    assert _names((16, 64), ml_dtypes.bfloat16, nv) == ["tensor_amax", "finalize", "lastaxis_groups"]
+    assert _names((64, 1024), ml_dtypes.bfloat16, nv, choices=None) == ["tensor_amax", "lastaxis_groups"]
 
 
-def test_kernel_carries_its_launch(resident):
+def test_kernel_carries_its_launch():
     """Cooperative, with the shared memory of its NT * US units, and the grid one block an SM."""
-    resident()
     NT, UR, US, V = tensor_resident.resident_geometry()
-    (k, grid, block, _args), = kq.get_plan((16, 64), 1, resolve_scheme("fp8_tensor")).launches
+    (k, grid, block, _args), = kq.get_plan((16, 64), 1, resolve_scheme("fp8_tensor"), choices=RESIDENT).launches
     assert k.py_func.__name__ == "tensor_resident"
     assert k.nqdq_cooperative and k.nqdq_dynamic_smem == NT * US * 16
     assert (grid, block) == (kq._sm_count(), NT)
@@ -91,52 +91,51 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("geometry,n", CASES, ids=lambda v: str(v))
-def test_bit_exact_bf16(resident, geometry, n):
-    resident(geometry)
+@pytest.mark.parametrize("g,n", CASES, ids=lambda v: str(v))
+def test_bit_exact_bf16(geometry, g, n):
+    geometry(g)
     x = edge_data((n,), seed=n).astype(ml_dtypes.bfloat16)
-    check(x, resolve_scheme("fp8_tensor"), x_ref=x.astype(np.float32))
+    check(x, resolve_scheme("fp8_tensor"), x_ref=x.astype(np.float32), choices=RESIDENT)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "unaligned"])
-def test_bit_exact_kinds_and_unaligned_views(resident, dtype, offset):
+def test_bit_exact_kinds_and_unaligned_views(geometry, dtype, offset):
     """f32 / f16 inputs, and a view one element into its buffer (no 16-byte alignment: the
     shared units staged through registers, every load element by element)."""
-    resident((64, 1, 2, 2))
+    geometry((64, 1, 2, 2))
     n = 64 * 3 * _units(dtype) + 40 * _units(dtype)
     base = edge_data((n + offset,), seed=5).astype(dtype)
     x = base[offset:]
-    check(x, resolve_scheme("fp8_tensor"), x_ref=x.astype(np.float32))
+    check(x, resolve_scheme("fp8_tensor"), x_ref=x.astype(np.float32), choices=RESIDENT)
 
 
 @pytest.mark.parametrize("fmt", ["e5m2", "int8", "int4", "e2m3"])
-def test_other_element_formats(resident, fmt):
+def test_other_element_formats(geometry, fmt):
     """Per-tensor scales of other formats: 8-bit float and integer, packed int4, 6-bit."""
-    resident((64, 1, 2, 2))
+    geometry((64, 1, 2, 2))
     x = edge_data((12, 64), seed=7).astype(ml_dtypes.bfloat16)
-    check(x, resolve_scheme(fmt, granularity="tensor"), x_ref=x.astype(np.float32))
+    check(x, resolve_scheme(fmt, granularity="tensor"), x_ref=x.astype(np.float32), choices=RESIDENT)
 
 
 @pytest.mark.parametrize("fill", [0.0, np.nan, np.inf, 1e-40], ids=["zero", "nan", "inf", "subnormal"])
-def test_uniform_inputs(resident, fill):
+def test_uniform_inputs(geometry, fill):
     """All-equal inputs (amax 0: scale 1; NaN / inf amax: a non-finite scale, every code by
     the element path) with one ordinary value in a streamed round."""
-    resident((64, 1, 2, 2))
+    geometry((64, 1, 2, 2))
     x = np.full(8 * 260, fill, np.float32)
     x[8 * 250 + 3] = -1.5
     xb = x.astype(ml_dtypes.bfloat16)
-    check(xb, resolve_scheme("fp8_tensor"), x_ref=xb.astype(np.float32))
+    check(xb, resolve_scheme("fp8_tensor"), x_ref=xb.astype(np.float32), choices=RESIDENT)
 
 
-def test_matches_the_two_kernel_path(resident):
+def test_matches_the_two_kernel_path(geometry):
     """The resident kernel and the amax pass + static encode agree bit for bit."""
     x = (np.random.default_rng(3).standard_normal((24, 96)) * 5).astype(ml_dtypes.bfloat16)
     sch = resolve_scheme("fp8_tensor")
-    resident((64, 1, 2, 2))
-    a = kq.quantize(x, sch)
-    resident(on=False)
-    b = kq.quantize(x, sch)
+    geometry((64, 1, 2, 2))
+    a = kq.quantize(x, sch, choices=RESIDENT)
+    b = kq.quantize(x, sch, choices=TWO_PASS)
     for f in ("codes", "scales"):
         assert np.asarray(getattr(a, f)).tobytes() == np.asarray(getattr(b, f)).tobytes(), f
 
@@ -150,15 +149,16 @@ def refusals(monkeypatch):
     return launch
 
 
-def test_refused_cooperative_launch_falls_back(resident, refusals, monkeypatch):
+def test_refused_cooperative_launch_falls_back(geometry, refusals, monkeypatch):
     """A cooperative launch the driver refuses (launch.LaunchRefused: an MPS thread limit, a
     partial green context) runs the call again by the plan built without such kernels, warns
     once, and later plans avoid them; the results are the reference's."""
-    resident((64, 1, 2, 2))
+    geometry((64, 1, 2, 2))
     sch = resolve_scheme("fp8_tensor")
     x = edge_data((8 * 300,), seed=9).astype(ml_dtypes.bfloat16)
-    plan = kq.get_plan(x.shape, 1, sch)
-    assert plan.ex_kinds == {"cooperative"} and kq.get_plan((16, 64), 1, sch).ex_kinds == {"cooperative"}
+    plan = kq.get_plan(x.shape, 1, sch, choices=RESIDENT)
+    assert plan.ex_kinds == {"cooperative"} and kq.get_plan((16, 64), 1, sch, choices=RESIDENT).ex_kinds == {
+        "cooperative"}
     tries = []
 
     def refused(*a, **k):
@@ -167,20 +167,20 @@ def test_refused_cooperative_launch_falls_back(resident, refusals, monkeypatch):
 
     monkeypatch.setattr(plan, "_execute", refused)
     with pytest.warns(RuntimeWarning, match="refused a cooperative launch"):
-        check(x, sch, x_ref=x.astype(np.float32))  # (its quantize call: the fallback's result)
+        check(x, sch, x_ref=x.astype(np.float32), choices=RESIDENT)  # (its quantize call: the fallback's result)
     assert tries == [1] and refusals._REFUSED == {"cooperative"} and not tensor_resident.available()
     assert [k.py_func.__name__ for k, *_ in plan.fallback().launches] == ["tensor_amax", "finalize", "static_encode"]
     assert _names((16, 64), ml_dtypes.bfloat16, sch) == ["tensor_amax", "finalize", "static_encode"]  # plans afresh
-    check(x, sch, x_ref=x.astype(np.float32))  # the refused plan itself forwards, without trying again
+    check(x, sch, x_ref=x.astype(np.float32), choices=RESIDENT)  # the refused plan itself forwards, without trying again
     assert tries == [1]
 
 
-def test_refusal_guard_of_a_runner(resident, refusals, monkeypatch):
+def test_refusal_guard_of_a_runner(geometry, refusals, monkeypatch):
     """The CuPy runner of a plan with a cooperative launch: a refusal switches it for good to
     the fallback plan's runner; any other launch error reaches the caller."""
-    resident((64, 1, 2, 2))
-    plan = kq.get_plan((16, 64), 1, resolve_scheme("fp8_tensor"))
-    other = kq.get_plan((32, 64), 1, resolve_scheme("fp8_tensor"))
+    geometry((64, 1, 2, 2))
+    plan = kq.get_plan((16, 64), 1, resolve_scheme("fp8_tensor"), choices=RESIDENT)
+    other = kq.get_plan((32, 64), 1, resolve_scheme("fp8_tensor"), choices=RESIDENT)
     assert plan.ex_kinds == other.ex_kinds == {"cooperative"}
     calls = []
 
@@ -196,7 +196,7 @@ def test_refusal_guard_of_a_runner(resident, refusals, monkeypatch):
             raise RuntimeError("cuLaunchKernel(tensor_resident) failed: 700")
         raise refusals.LaunchRefused("refused (test)", "cooperative")
 
-    run = plan._refusal_guard(inner)
+    run = runners.refusal_guard(plan, inner)
     with pytest.raises(RuntimeError, match="700"):
         run("bad")
     with pytest.warns(RuntimeWarning, match="refused"):
@@ -214,7 +214,7 @@ def test_refusal_guard_of_a_runner(resident, refusals, monkeypatch):
         return Alt()
 
     monkeypatch.setattr(other, "fallback", flaky)
-    run2 = other._refusal_guard(inner)
+    run2 = runners.refusal_guard(other, inner)
     del calls[:]
     with pytest.raises(RuntimeError, match="Invalidated"):
         run2("y1")

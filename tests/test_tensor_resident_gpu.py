@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
-from _helpers import gpu_cupy_or_skip  # noqa: E402
+from helpers.gpu import gpu_cupy_or_skip  # noqa: E402
 
 cp = gpu_cupy_or_skip()
 
@@ -22,10 +22,8 @@ import nqdq.gpu.quantize.tensor_resident as tensor_resident
 import nqdq.gpu.quantize.plan as kq
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
-from test_api_gpu_path import _check, _check_graph_replays  # noqa: E402
-from test_grid_one_launch_gpu import _act, check_repeated  # noqa: E402
-from test_kernels import edge_data  # noqa: E402
-from test_kernels_gpu import check_gpu  # noqa: E402
+from helpers.data import activation, edge_data  # noqa: E402
+from helpers.gpu import check_gpu, check_graph_replays, check_quantized, check_repeated  # noqa: E402
 
 KIND = {np.dtype(np.float32): 0, np.dtype(ml_dtypes.bfloat16): 1, np.dtype(np.float16): 2}
 
@@ -47,7 +45,7 @@ def fresh_plans():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_large_inputs_take_one_cooperative_launch(name):
-    assert kq.TENSOR_RESIDENT and tensor_resident.available()
+    assert tensor_resident.available()
     NT, UR, US, V = tensor_resident.resident_geometry()
     assert US > 0
     for shape in [(1024, 7168), (8192, 8192), (16384, 7168)]:
@@ -97,8 +95,8 @@ def test_concurrent_streams_beside_one_launch_kernels(name):
     waits for ever, and every result is exact."""
     rng = np.random.default_rng(22)
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(3)]
-    big = [[_act(rng, (4096, 7168)) for _ in range(4)] for _ in range(2)]
-    small = [_act(rng, (64, 7168)) for _ in range(8)]
+    big = [[activation(rng, (4096, 7168)) for _ in range(4)] for _ in range(2)]
+    small = [activation(rng, (64, 7168)) for _ in range(8)]
     dev_big = [[cp.asarray(x.view(np.uint16)) for x in d] for d in big]
     dev_small = [cp.asarray(x.view(np.uint16)) for x in small]
     cp.cuda.Device().synchronize()
@@ -113,17 +111,17 @@ def test_concurrent_streams_beside_one_launch_kernels(name):
     cp.cuda.Device().synchronize()
     for s in range(2):
         for i in range(4):
-            _check(got_big[s][i], nqdq.quantize(big[s][i], name, device="cpu"), f"stream {s} call {i}")
+            check_quantized(got_big[s][i], nqdq.quantize(big[s][i], name, device="cpu"), f"stream {s} call {i}")
     for i in range(8):
-        _check(got_small[i], nqdq.quantize(small[i], name, device="cpu"), f"small call {i}")
+        check_quantized(got_small[i], nqdq.quantize(small[i], name, device="cpu"), f"small call {i}")
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_replays_from_a_cuda_graph(name):
     """Captured (a cooperative kernel node), then replayed on new data in the same buffer."""
     rng = np.random.default_rng(23)
-    x = cp.asarray(_act(rng, (4096, 7168)).view(np.uint16))
-    _check_graph_replays(x, name, rng, trials=3)
+    x = cp.asarray(activation(rng, (4096, 7168)).view(np.uint16))
+    check_graph_replays(x, name, rng, trials=3)
 
 
 @pytest.fixture
@@ -153,7 +151,7 @@ def test_refused_cooperative_launch_falls_back(refusing):
     launch, sms = refusing
     rng = np.random.default_rng(31)
     for i in range(3):
-        xh = _act(rng, (4096, 7168))
+        xh = activation(rng, (4096, 7168))
         x = cp.asarray(xh.view(np.uint16))
         if i == 0:
             assert _launches((4096, 7168))[0][:2] == ("tensor_resident", 2 * sms)
@@ -164,10 +162,11 @@ def test_refused_cooperative_launch_falls_back(refusing):
             assert names[0] == "tensor_amax" and "tensor_resident" not in names, names
         else:
             q = nqdq.quantize(x, "fp8_tensor", dtype="bfloat16")
-        _check(q, nqdq.quantize(xh, "fp8_tensor", device="cpu"), f"call {i}")
+        check_quantized(q, nqdq.quantize(xh, "fp8_tensor", device="cpu"), f"call {i}")
     # a NumPy input on the GPU (the plan's execute): the same fallback
-    xh = _act(rng, (2048, 7168))
-    _check(nqdq.quantize(xh, "fp8_tensor", device="cuda"), nqdq.quantize(xh, "fp8_tensor", device="cpu"), "numpy")
+    xh = activation(rng, (2048, 7168))
+    check_quantized(nqdq.quantize(xh, "fp8_tensor", device="cuda"), nqdq.quantize(xh, "fp8_tensor", device="cpu"),
+                    "numpy")
 
 
 def test_numba_launch_plans_no_cooperative_or_cluster_kernels():
@@ -206,7 +205,7 @@ def test_refusal_inside_a_graph_capture(refusing):
     capture: the capture is invalidated (the driver's error reaches the caller, after the
     warning); the next capture records the fallback's launches and replays exactly."""
     rng = np.random.default_rng(32)
-    xh = _act(rng, (4096, 7168))
+    xh = activation(rng, (4096, 7168))
     x = cp.asarray(xh.view(np.uint16))
     want = nqdq.quantize(xh, "fp8_tensor", device="cpu")
     s = cp.cuda.Stream(non_blocking=True)
@@ -225,4 +224,4 @@ def test_refusal_inside_a_graph_capture(refusing):
         x[...] = cp.asarray(xh.view(np.uint16))
         g.launch()
     s.synchronize()
-    _check(q, want, "replayed")
+    check_quantized(q, want, "replayed")

@@ -89,7 +89,6 @@ def sweep_launches():
     import ml_dtypes
 
     from ..schemes import schemes
-    from ..gpu.quantize import plan as kq
 
     cases = [(n, {}, (8, 256), np.float32, None) for n in schemes()]
     cases += [
@@ -116,9 +115,9 @@ def sweep_launches():
         ("nvfp4", {}, (4, 256), ml_dtypes.bfloat16, None),
         ("e4m3", {"granularity": "row", "static_scale": True}, (8, 256), np.float16, None),
         ("int4", {"granularity": "tensor", "static_scale": True}, (8, 256), np.float32, None),
-        ("mxfp4", {}, (8, 256), np.float32, 7),  # stochastic, general kernels (LASTAXIS_STOCH off below)
-        ("int8_centred", {}, (8, 256), np.float32, 7),
-        ("int4_asym", {}, (8, 256), np.float32, 7),
+        ("mxfp4", {}, (8, 250), np.float32, 7),  # stochastic, general kernels (rows not of whole units)
+        ("int8_centred", {}, (8, 250), np.float32, 7),
+        ("int4_asym", {}, (8, 250), np.float32, 7),
         ("e4m3", {"granularity": "row", "axis": 0}, (8, 256), np.float32, None),
         ("int8_centred", {"axis": 0}, (256, 8), np.float32, None),
         ("mxfp8", {"axis": 0}, (64, 8), np.float32, None),
@@ -127,8 +126,8 @@ def sweep_launches():
         ("e4m3", {"granularity": "column"}, (256, 1024), np.float32, None),
         ("int8", {"granularity": "block", "symmetric": False}, (8, 256), np.float32, None),
     ]
-    # stochastic rounding on the 16-byte-unit kernels (their stoch variants: kq.LASTAXIS_STOCH on
-    # for these cases, whatever NQDQ_UNMEASURED_KERNELS says), at sizes that take the deep paths
+    # stochastic rounding on the 16-byte-unit kernels (their stoch variants), at sizes that take
+    # the deep paths
     bf16 = ml_dtypes.bfloat16
     sr_fast = [
         ("fp8_row", {}, (1024, 8192), bf16, 7),  # rows
@@ -152,15 +151,8 @@ def sweep_launches():
         ("int8_centred", {}, (2048, 2048), bf16, 7),  # centred groups
     ]
     out = []
-    saved = kq.LASTAXIS_STOCH
-    try:
-        for case in [c + (False,) for c in cases] + [c + (True,) for c in sr_fast]:
-            kq.LASTAXIS_STOCH = case[-1]
-            kq._PLANS.clear()  # (plans are cached without the switch)
-            out += _case_launches(*case)
-    finally:
-        kq.LASTAXIS_STOCH = saved
-        kq._PLANS.clear()
+    for case in [c + (False,) for c in cases] + [c + (True,) for c in sr_fast]:
+        out += _case_launches(*case)
     return out
 
 

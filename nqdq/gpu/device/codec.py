@@ -26,7 +26,7 @@ from numba import float32, uint32
 from ..runtime.backend import cuda
 
 # inline PTX on NVIDIA, twins elsewhere (sr_e2m1_code_i: for _rowwise_kernels)
-from ..ptx import mul_wide_u32, sign_add, sr_e2m1_code_i  # noqa: F401
+from ..ptx.stochastic import mul_wide_u32, sign_add, sr_e2m1_code_i  # noqa: F401
 from ..runtime.target import PTX, devfn
 
 F32 = np.float32

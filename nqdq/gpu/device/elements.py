@@ -15,7 +15,7 @@ from ...formats import FloatFormat
 from .codec import (
     F32, ZERO, encode_float_rne, encode_float_sr32, encode_int_f32, f32_bits, philox4x32_10, rint_stochastic_f32,
 )
-from ..ptx import E4M3, cvt_e4m3, cvt_e5m2
+from ..ptx.convert import E4M3, cvt_e4m3, cvt_e5m2
 from .scales import MODE_ASYM, MODE_CENTRED, MODE_MX, MODE_NVFP4
 from ..runtime.target import devfn
 

@@ -19,7 +19,8 @@ from ..runtime.backend import cuda
 
 from ..device.codec import F32, KIND_F16, KIND_F32, bits_f32, f16_bits_to_f32_bits, f32_bits, mul_rn
 from ..quantize.grid import DONE_WORDS, arrive, leave_done, mark_done, missing, wait_done
-from ..ptx import griddep_launch, griddep_wait, load_cg
+from ..ptx.griddep import griddep_launch, griddep_wait
+from ..ptx.memory import load_cg
 from ..runtime.target import SIMULATOR, devfn
 
 ONE = F32(1.0)

@@ -26,7 +26,9 @@ from ..runtime.interop import Allocator, DeviceInput, device_address
 from ..runtime.target import SIMULATOR, device_cc
 from ..runtime.launch import Ptr, fast_kernel
 from ..quantize.grid import MAX_DONE, SYNC_WORDS
-from ..quantize.plan import _XDTYPES, _max_elem, _mx_cfg, _sm_count, fill_bytes
+from ..quantize.params import max_elem as _max_elem, mx_config as _mx_cfg
+from ..quantize.plan import _XDTYPES, _sm_count
+from ..quantize.slots import fill_bytes
 from ...reference.fused import MAX_ROW as MAX_ROW_REF
 from ...reference.fused import row_geometry
 from . import rows as _fused_rows
@@ -633,7 +635,7 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
     if rank:
         # direct calls: the stream's workspace (left zero by the rank kernel); captured: the
         # call's own, zeroed first (a graph may be replayed on any stream, beside direct calls)
-        from ..quantize.plan import _stream_workspaces, capture_test
+        from ..quantize.runners import capture_test, stream_workspaces as _stream_workspaces
 
         _ws, _capturing, _memset = _stream_workspaces(cp).get, capture_test(cp), cp.cuda.runtime.memsetAsync
         ws_off = ws_graph.offset
@@ -648,7 +650,7 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
         def launch(st, x, ids, mp, flag=0):
             (seq_check if flag else seq)(st.ptr, x.data.ptr, ids.data.ptr, mp.ptr, 0, flag)
     else:
-        from ..quantize.plan import _stream_workspaces, capture_test
+        from ..quantize.runners import capture_test, stream_workspaces as _stream_workspaces
 
         _ws, _capturing = _stream_workspaces(cp).get, capture_test(cp)
 

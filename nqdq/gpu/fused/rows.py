@@ -37,11 +37,11 @@ before the sort's wait (_scatter_staged_source), each lane holding whole MX grou
 can (LANES); for small calls with no sort before it, each block counting every pair's bucket
 itself (RANK_LOCAL).
 
-The warp shuffles have twins (``_fused_kernels.xor_lane`` / ``idx_get_f32`` and
-``_rowwise_kernels.xor_max`` with shfl=False: shared memory and barriers) that the CUDA
-simulator runs. Per-unit statements are written
-out (generated source, as ``_rowwise_kernels._jit_unrolled``) so NVVM keeps every unit in
-registers.
+The warp shuffles have twins (``kernels.xor_lane`` / ``idx_get_f32`` and
+``quantize.reductions.xor_max`` with shfl=False: shared memory and barriers) that the CUDA
+simulator runs. Per-unit statements are written out (generated source, ``_row_source``) so
+NVVM keeps every unit in registers (``quantize.unrolled``'s note); the device functions they
+call are built per configuration in ``row_fns``.
 """
 
 from __future__ import annotations
@@ -51,28 +51,27 @@ from functools import lru_cache
 
 import numpy as np
 from numba import float32, float64, int32, int64, uint8, uint32
-from ..runtime.backend import cuda
 
 from ...reference.fused import UNIT, WARP
-from ..device.codec import F32, KIND_BF16, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32_bits, mul_rn
-from ..device.elements import encode_element, store_unit_wide
-from .kernels import (
-    CANON_NAN_BITS, MOE_LOCAL_BATCH, MOE_LOCAL_BUCKETS, MOE_RANK_SHIFT, OP_GATHER, OP_NORM, OP_ROWS, OP_SCATTER,
-    OUT_GROUP, OUT_MX, OUT_ROW, OUT_TENSOR, OUT_Y, R_SPLIT_MIN_BITS, SIG_BITS, idx_get_f32, prod_err, round_bits,
-    rsqrt_mean, split_sum64, local_count, local_rows_fn, xor_lane,
-)
-from ..ptx import (
-    as_u16, as_u32, cvt_bf16x2, fp8_cvt_available, fp8_cvt_supports, griddep_wait, load_u32x4, prefetch_l2, prmt,
-    store_u32x2, store_u32x4,
-)
-from ..quantize.general import group_params, store_scale
-from ..device.division import RECIP_DIV, ratio_ok, recip_guarded
-from ..quantize.lastaxis import (
-    FINITE, _block_max_fn, abs_i32, e2m1_unit_bf16, e2m1_unit_f32_p2, enc, encode_store_unit_r, half_bits, is_e2m1,
-    unit_amax, unit_amax_nan, word_amax16, xor_max,
-)
+from ..device.codec import F32, KIND_BF16, KIND_F16, KIND_F32, ONE, ZERO, bits_f32, f32_bits
+from ..device.division import recip_guarded
 from ..device.scales import MODE_FLOAT, MODE_MX, MX_RCEIL
+from ..ptx.convert import fp8_cvt_available, fp8_cvt_supports
+from ..ptx.griddep import griddep_wait
+from ..ptx.memory import as_u16, as_u32, load_u32x4
+from ..quantize.encoders import is_e2m1
+from ..quantize.general import group_params, store_scale
+from ..quantize.reductions import _block_max_fn, abs_i32, xor_max
+from ..quantize.units import FINITE, half_bits
+from ..quantize.unrolled import compile_source
+from ..runtime.backend import cuda
 from ..runtime.target import SIMULATOR, devfn
+from .kernels import (
+    MOE_LOCAL_BATCH, MOE_LOCAL_BUCKETS, MOE_RANK_SHIFT, OP_GATHER, OP_NORM, OP_ROWS, OP_SCATTER, OUT_GROUP, OUT_MX,
+    OUT_ROW, OUT_TENSOR, OUT_Y, R_SPLIT_MIN_BITS, SIG_BITS, idx_get_f32, local_count, local_rows_fn, rsqrt_mean,
+    xor_lane,
+)
+from .row_fns import encode_fns, norm_fns, prefetch_fn, residual_fns, words_fns
 
 __all__ = ["fused_row_kernel"]
 
@@ -144,34 +143,6 @@ def _elems(kind):
                     half_bits(a[1], 1, kind), half_bits(a[2], 0, kind), half_bits(a[2], 1, kind),
                     half_bits(a[3], 0, kind), half_bits(a[3], 1, kind))
     return elems
-
-
-@devfn
-def mx_rceil_params(a, inv):
-    """(e8m0 code, multiplier 2^-k) of an MX group with "rceil" scales from its amax bits
-    ``a`` (int32, >= 0; NaN above inf) and inv = fp32(1 / max_elem): _scales.mx_scale_code
-    (MX_RCEIL) and _codec.e8m0_reciprocal in 32-bit integers (Numba's int64 arithmetic took
-    some 80 SASS instructions per unit, once per lane of a group: 10 per element). code =
-    the exponent field ef of v = amax * inv, plus 1 when v is above 2^(ef - 127) (a mantissa
-    and ef < 0xFE; ef = 0: above 2^-127, i.e. man > 2^22); 0xFF (and a NaN multiplier) for a
-    non-finite amax; the multiplier 2^(127 - code) is normal but for code 254 (0x00400000)."""
-    vb = np.uint32(f32_bits(bits_f32(np.uint32(a)) * inv))
-    # branch-free (selects, no divergent branches: some 10 instructions a group less): ef + 1
-    # where a mantissa bit is set is the exponent of (vb + 0x7FFFFF); a subnormal v (ef = 0) is
-    # above 2^-127 only for man > 2^22, i.e. (vb + 0x3FFFFF) >> 23 = 1; at most 0xFE (ef = 0xFE
-    # with a mantissa stays 0xFE), 0xFF for a NaN or inf v (vb <= 0x7FFFFFFF: no wraparound)
-    bias = np.uint32(0x3FFFFF) if vb < np.uint32(0x800000) else np.uint32(0x7FFFFF)
-    code = min(np.uint32(np.uint32(vb + bias) >> np.uint32(23)), np.uint32(0xFE))
-    # capped at 254 - emax (reference scales.mx_top_code): inv = fp32(1 / max_elem), max_elem's
-    # significand above 1 in every MX format, has exponent field 126 - emax, so the cap is 128 + it
-    code = min(code, np.uint32(np.uint32(128) + ((np.uint32(f32_bits(inv)) >> np.uint32(23)) & np.uint32(0xFF))))
-    nonfinite = vb >= np.uint32(0x7F800000)
-    pb = np.uint32(np.uint32(np.uint32(254) - code) << np.uint32(23))
-    if code == np.uint32(254):
-        pb = np.uint32(0x00400000)
-    if nonfinite:
-        code, pb = np.uint32(0xFF), np.uint32(CANON_NAN_BITS)
-    return code, bits_f32(pb)
 
 
 # The row kernel's choices, each the winner of an H100 A/B (bf16 [8192, 7168]; docs/design/fused.md):
@@ -287,16 +258,6 @@ def rank_row(packed, cbase, pout, nbk, csh, pi, tok):
     row = np.int64(cbase[(pi >> csh) * nbk + (v >> MOE_RANK_SHIFT)]) + (v & ((1 << MOE_RANK_SHIFT) - 1))
     pout[row] = tok
     return row
-
-
-@devfn
-def store_words8(dst32, q, lo, hi):
-    """The words lo[0..3], hi[0..3] at 8-byte pairs q .. q + 3 of ``dst32`` (four
-    ``st.global.v2.u32``)."""
-    store_u32x2(dst32, q, lo[0], lo[1])
-    store_u32x2(dst32, q + 1, lo[2], lo[3])
-    store_u32x2(dst32, q + 2, hi[0], hi[1])
-    store_u32x2(dst32, q + 3, hi[2], hi[3])
 
 
 MOE_SCATTER_MAX_K = 8  # OP_SCATTER's rows per token (top-k): held in registers, the stores unrolled
@@ -470,499 +431,11 @@ def _scatter_staged_source(U, NT, KD, S, LANES, LL, PIPE=0, RANK=0):
     return L
 
 
-@lru_cache(maxsize=None)
-def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, mx_cfg, max_elem, G, shfl, KD=0,
-                     STAGE=0, LANES=0, PIPE=0, RANK=0):
-    """The kernel for one configuration (every argument a compile-time constant): ``op`` OP_*,
-    ``out`` OUT_*, input / weight kinds, NW warps x U units per thread (the spec's geometry),
-    ``fast`` (16-byte aligned units: vector loads and stores; 2: and n = NT * U * 8, every
-    lane's units in the row: full_rows), ``strided`` (a [B, H, D] view), ``fmt`` / ``mx_cfg`` /
-    ``max_elem`` as in kernels.quantize, G the scale group (128 or 32; 0 otherwise), ``shfl``
-    (warp shuffles; False: their simulator twins). Arguments: see _KERNEL_ARGS (flat arrays; sb
-    the row stride of x in elements; pf the L2 prefetch distance in rows, 0: none; m the rows,
-    OP_SCATTER's tokens). ``KD``: OP_SCATTER's rows per token (k of the MoE sort,
-    1..MOE_SCATTER_MAX_K). ``STAGE``: OP_SCATTER's tokens a block encodes into shared memory
-    before it waits for the sort (_scatter_staged_source; OP_SCATTER is built staged only);
-    ``LANES``: with STAGE, each lane's units contiguous (its whole scale groups; rows of whole
-    quads of units, n % 32 == 0: 16-byte stores); ``PIPE``: with STAGE, each round's stores
-    overlap the next round's loads (_scatter_staged_source); ``RANK``: with STAGE, RANK_PACKED:
-    the rows from moe_rank_kernel's packed ranks (in ``perm``) and chunk bases (``cbase``,
-    ``nbk`` buckets a chunk, chunks of 2^``csh`` pairs), the op's perm stored to ``pout``;
-    RANK_LOCAL: no sort before it, the rows found by each block from the ids (in ``perm``;
-    ``nbk`` = E + 1, ``csh`` the tokens a block), the op's perm to ``pout``, its offsets to
-    ``cbase``."""
-    RSQ0 = out == OUT_MX  # the row's 1/sqrt by warp 0
-    pf_code = prefetch_distance(op, out, has_res) > 0
-    NT = WARP * NW
-    NORM = op == OP_NORM
-    RES = has_res and NORM
-    F32K = kind == KIND_F32
-    XB, WB = SIG_BITS[kind], SIG_BITS[wkind]
-    K = 24 - XB - WB
-    RSPLIT = K >= R_SPLIT_MIN_BITS
-    PEXACT = XB + WB <= 24
-    RMASK = ((0xFFFFFFFF << (24 - K)) & 0xFFFFFFFF) if RSPLIT else 0
-    MODE = MODE_MX if out == OUT_MX else MODE_FLOAT
-    CVT = out != OUT_Y and fp8_cvt_available() and fp8_cvt_supports(fmt)
-    NB = fmt[5] if out != OUT_Y else 8
-    MAXE = F32(max_elem)
-    MXR, MXM, MXE, MXI = mx_cfg[0], mx_cfg[1], mx_cfg[2], F32(mx_cfg[3])
-    LL = G // UNIT  # lanes per scale group
-    LLSH = max(LL, 1).bit_length() - 1  # log2(LL)
-    MXRC = MODE == MODE_MX and MXR == MX_RCEIL
-    # MX "rceil" e2m1 of y by e2m1_unit_f32_p2 (the multiplier in the bfloat16 pairs)
-    MXE2M1 = MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and MXR == MX_RCEIL
-    # rows of bfloat16 words straight into MX e2m1 (flatten, MoE: no norm)
-    WPAIRS = words_path(op, out, kind, fast, fmt)
-    if op == OP_SCATTER and not (WPAIRS and 1 <= KD <= MOE_SCATTER_MAX_K):
-        raise ValueError(f"OP_SCATTER is built for the bfloat16 words' MX e2m1 path (words_path) and 1 <= k <= "
-                         f"{MOE_SCATTER_MAX_K} rows a token, not k = {KD}")
-    if (op == OP_SCATTER) != (STAGE != 0) or not 0 <= STAGE <= MOE_STAGE_MAX:
-        raise ValueError(f"OP_SCATTER is built staged, 1..{MOE_STAGE_MAX} tokens a block, and STAGE is OP_SCATTER's "
-                         f"only: not STAGE = {STAGE} (op {op})")
-    if LANES and not (STAGE and U % (G // UNIT) == 0 and fast):
-        raise ValueError(f"LANES needs STAGE, aligned rows and whole groups a lane: U = {U}, G = {G}")
-    if (PIPE or RANK) and not STAGE:
-        raise ValueError("PIPE and RANK need STAGE (the staged rounds)")
-    if RANK == RANK_LOCAL and PIPE:
-        raise ValueError("RANK_LOCAL is one round a block: no PIPE")
-    # e2m1_unit_bf16 clamps to 6: "floor" / "even" scales can leave |x| / 2^k up to 8, and so can
-    # "rceil" blocks above 6 * 2^125, whose exponent is capped (reference scales.mx_top_code)
-    CLAMP = True
-    RCVT = RES and kind == KIND_BF16 and fast  # the residual by cvt.rn.bf16x2.f32
-    # the L2 prefetch of row + pf: contiguous rows, RMSNorm without the residual (prefetch_distance;
-    # with the residual the +res mxfp4 kernel went from 96 to 133 registers)
-    PF = pf_code and fast and not strided
-    # group parameters once per group (_share_source): group outputs but the words' pair path, with
-    # the scales whose parameters tell a non-finite amax by a NaN multiplier (float scales; MX
-    # "rceil": code 0xFF)
-    GSHARE = out in (OUT_GROUP, OUT_MX) and not WPAIRS and (MODE == MODE_FLOAT or MXRC)
-    # FULL (fast == 2, the launcher's: n = NT * U * 8): every lane's U units are in the row,
-    # so no unit is tested against the row's end (nor predicated: the loads' addresses and
-    # zeroed registers per unit go too)
-    FULL = fast == 2
-    load_x = _loader(kind, fast, strided, FULL)
-    load_r = _loader(kind, fast, False, FULL)
-    load_w = _loader(wkind, fast, False, FULL)
-    elems = _elems(kind)
-    welems = _elems(wkind)
-
-    @devfn
-    def canon_bf16x2(w):
-        """Every NaN half of the pair w (|half| above 0x7F80: + 0x7F carries into the half's
-        bit 15) made the spec's canonical 0x7FC0, branch-free, whatever sign and payload the
-        cvt gave it (0x7FFF by the PTX manual and the twin; not relied on)."""
-        t = np.uint32((np.uint32((w & np.uint32(0x7FFF7FFF)) + np.uint32(0x007F007F)) & np.uint32(0x80008000))
-                      >> np.uint32(15))
-        m = np.uint32(t * np.uint32(0xFFFF))  # 0xFFFF in each NaN half
-        return np.uint32((w & ~m) | (np.uint32(0x7FC07FC0) & m))
-
-    @devfn
-    def add_res_cvt(a, b, res, r32, newres, nr32, rbase, qu, u, nu, n):
-        """add_res of bfloat16 rows on the fast path (RCVT): the sums rounded two at a time by
-        cvt.rn.bf16x2.f32 (round to nearest even, overflow to inf, subnormals kept: round_bits'
-        bits for every non-NaN sum); its NaN 0x7FFF made round_bits' canonical 0x7FC0 by
-        canon_bf16x2 (a branch redoing NaN units by round_bits held the 8 sums through it: 24
-        more registers for rmsnorm + res + mxfp4; branch-free, none: 96 either way)."""
-        ra, rb = load_r(res, r32, qu, u, nu, rbase, n, n, n, 0)
-        xe = elems(a, b)
-        re = elems(ra, rb)
-        s0, s1 = bits_f32(xe[0]) + bits_f32(re[0]), bits_f32(xe[1]) + bits_f32(re[1])
-        s2, s3 = bits_f32(xe[2]) + bits_f32(re[2]), bits_f32(xe[3]) + bits_f32(re[3])
-        s4, s5 = bits_f32(xe[4]) + bits_f32(re[4]), bits_f32(xe[5]) + bits_f32(re[5])
-        s6, s7 = bits_f32(xe[6]) + bits_f32(re[6]), bits_f32(xe[7]) + bits_f32(re[7])
-        na = (canon_bf16x2(cvt_bf16x2(s1, s0)), canon_bf16x2(cvt_bf16x2(s3, s2)), canon_bf16x2(cvt_bf16x2(s5, s4)),
-              canon_bf16x2(cvt_bf16x2(s7, s6)))
-        if u * UNIT < n:  # fast path: unit qu of the array, 8-byte pairs 2 qu, 2 qu + 1
-            store_u32x2(nr32, 2 * qu, na[0], na[1])
-            store_u32x2(nr32, 2 * qu + 1, na[2], na[3])
-        z = np.uint32(0)
-        return na, (z, z, z, z)
-
-    @devfn
-    def add_res(a, b, res, r32, newres, nr32, rbase, qu, u, nu, n):
-        """The unit of x + residual rounded to the input's dtype (NaN canonical): the new
-        residual, stored, and returned as the unit's words."""
-        if RCVT:
-            return add_res_cvt(a, b, res, r32, newres, nr32, rbase, qu, u, nu, n)
-        ra, rb = load_r(res, r32, qu, u, nu, rbase, n, n, n, 0)
-        xe = elems(a, b)
-        re = elems(ra, rb)
-        h0, v0 = round_bits(bits_f32(xe[0]) + bits_f32(re[0]), kind)
-        h1, v1 = round_bits(bits_f32(xe[1]) + bits_f32(re[1]), kind)
-        h2, v2 = round_bits(bits_f32(xe[2]) + bits_f32(re[2]), kind)
-        h3, v3 = round_bits(bits_f32(xe[3]) + bits_f32(re[3]), kind)
-        h4, v4 = round_bits(bits_f32(xe[4]) + bits_f32(re[4]), kind)
-        h5, v5 = round_bits(bits_f32(xe[5]) + bits_f32(re[5]), kind)
-        h6, v6 = round_bits(bits_f32(xe[6]) + bits_f32(re[6]), kind)
-        h7, v7 = round_bits(bits_f32(xe[7]) + bits_f32(re[7]), kind)
-        z = np.uint32(0)
-        if F32K:
-            na = (np.uint32(h0), np.uint32(h1), np.uint32(h2), np.uint32(h3))
-            nb = (np.uint32(h4), np.uint32(h5), np.uint32(h6), np.uint32(h7))
-        else:
-            na = (np.uint32(h0 | (h1 << 16)), np.uint32(h2 | (h3 << 16)), np.uint32(h4 | (h5 << 16)),
-                  np.uint32(h6 | (h7 << 16)))
-            nb = (z, z, z, z)
-        c = u * UNIT
-        if c < n:
-            if fast:  # unit qu of the array: 8-byte pairs 2 qu, 2 qu + 1 (float32: 4 qu .. 4 qu + 3)
-                if F32K:
-                    store_words8(nr32, 4 * qu, na, nb)
-                else:
-                    store_u32x2(nr32, 2 * qu, na[0], na[1])
-                    store_u32x2(nr32, 2 * qu + 1, na[2], na[3])
-            else:
-                put_res(newres, rbase + c, n - c, h0, h1, h2, h3, h4, h5, h6, h7, v0, v1, v2, v3, v4, v5, v6, v7)
-        return na, nb
-
-    @devfn
-    def put1(newres, off, valid, i, h, v):
-        if i < valid:
-            if F32K:
-                newres[off + i] = v
-            else:
-                newres[off + i] = np.uint16(h)
-
-    @devfn
-    def put_res(newres, off, valid, h0, h1, h2, h3, h4, h5, h6, h7, v0, v1, v2, v3, v4, v5, v6, v7):
-        put1(newres, off, valid, 0, h0, v0)
-        put1(newres, off, valid, 1, h1, v1)
-        put1(newres, off, valid, 2, h2, v2)
-        put1(newres, off, valid, 3, h3, v3)
-        put1(newres, off, valid, 4, h4, v4)
-        put1(newres, off, valid, 5, h5, v5)
-        put1(newres, off, valid, 6, h6, v6)
-        put1(newres, off, valid, 7, h7, v7)
-
-    @devfn
-    def unit_sq(a, b):
-        """Step 1: the unit's 8 squares in float64 (exact), added in element order. The loop
-        starts from +0 (+0 + h_0^2 is h_0^2) and is unrolled by NVVM, which contracts each
-        product and sum into fma.rn.f64: the same bits, the product being exact."""
-        e = elems(a, b)
-        t = np.float64(0.0)
-        for i in range(UNIT):
-            d = np.float64(bits_f32(e[i]))
-            t = t + d * d
-        return t
-
-    @devfn
-    def warp_sums(s, tid, scratch64, red):
-        """Step 3 and the first of step 4: the lanes' halving tree by butterflies, each warp's
-        sum into its shared slot, one barrier."""
-        off = 16
-        while off > 0:
-            s = s + xor_lane(s, off, shfl, scratch64, tid)
-            off >>= 1
-        if (tid & 31) == 0:
-            red[tid >> 5] = s
-        cuda.syncthreads()
-
-    @devfn
-    def row_r(red, nf, eps):
-        """The rest of step 4 and the norm's factor: the warps' sums in order, the row's sum as
-        the float32 pair (hi, lo) (split_sum64), (r1, r2) = rsqrt_mean of it."""
-        s = red[0]
-        for k in range(1, NW):
-            s = s + red[k]
-        s_hi, s_lo = split_sum64(s)
-        return rsqrt_mean(s_hi, s_lo, nf, eps)
-
-    @devfn
-    def row_rsqrt(s, tid, scratch64, red, rr, nf, eps):
-        """(r1, r2) = row_r of the row's sum of squares from the thread's sum ``s``: by every
-        thread, or (RSQ0: MX outputs, more than one warp) by thread 0, whose result the others read
-        from ``rr`` after a second barrier."""
-        warp_sums(s, tid, scratch64, red)
-        if not (RSQ0 and NW > 1):
-            return row_r(red, nf, eps)
-        if tid == 0:
-            r1, r2 = row_r(red, nf, eps)
-            rr[0] = r1
-            rr[1] = r2
-        cuda.syncthreads()
-        return rr[0], rr[1]
-
-    @devfn
-    def canon(b):
-        if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
-            return np.uint32(CANON_NAN_BITS)
-        return b
-
-    @devfn
-    def canon8(y):
-        """The unit with every NaN made the spec's canonical one (payload and sign), which
-        is what its codes are defined from; a unit whose amax is finite holds none."""
-        return (canon(y[0]), canon(y[1]), canon(y[2]), canon(y[3]), canon(y[4]), canon(y[5]), canon(y[6]),
-                canon(y[7]))
-
-    @devfn
-    def norm1(e, we, r1, r2, r_hi, r_lo):
-        """reference/fused.normalize of one element (float32 bits in, bits out)."""
-        h = bits_f32(e)
-        wv = bits_f32(we)
-        if RSPLIT:
-            a = h * wv
-            # a * r_hi is exact: the fma rounds once, as the sum of the two products would
-            y = cuda.fma(a, r_hi, mul_rn(a, r_lo))
-        else:
-            if PEXACT:
-                p = h * wv
-                cc = mul_rn(p, r2)
-            else:
-                p = mul_rn(h, wv)
-                plo = prod_err(h, wv, p)
-                cc = mul_rn(p, r2) + mul_rn(plo, r1)
-            tt = mul_rn(p, r1)
-            ee = prod_err(p, r1, tt)
-            y = tt + (ee + cc)
-        b = np.uint32(f32_bits(y))
-        if out == OUT_Y:  # quantized outputs make NaN canonical only where one can be (canon8)
-            b = canon(b)
-        return b
-
-    @devfn
-    def norm_unit(a, b, wa, wb, u, n, r1, r2, r_hi, r_lo):
-        """The unit's normalized values (float32 bits; 0 past n) from the raw words of x
-        (a, b) and of the weights (wa, wb)."""
-        e = elems(a, b)
-        f = welems(wa, wb)
-        y = (norm1(e[0], f[0], r1, r2, r_hi, r_lo), norm1(e[1], f[1], r1, r2, r_hi, r_lo),
-             norm1(e[2], f[2], r1, r2, r_hi, r_lo), norm1(e[3], f[3], r1, r2, r_hi, r_lo),
-             norm1(e[4], f[4], r1, r2, r_hi, r_lo), norm1(e[5], f[5], r1, r2, r_hi, r_lo),
-             norm1(e[6], f[6], r1, r2, r_hi, r_lo), norm1(e[7], f[7], r1, r2, r_hi, r_lo))
-        if not fast:  # a partial last unit: its padding stays 0 (1/sqrt may be inf)
-            c = u * UNIT
-            z = np.uint32(0)
-            y = (y[0], y[1] if c + 1 < n else z, y[2] if c + 2 < n else z, y[3] if c + 3 < n else z,
-                 y[4] if c + 4 < n else z, y[5] if c + 5 < n else z, y[6] if c + 6 < n else z,
-                 y[7] if c + 7 < n else z)
-        return y
-
-    @devfn
-    def put_y(y, yout, y32, rbase, qu, u, n):
-        c = u * UNIT
-        if fast:
-            store_words8(y32, 4 * qu, (y[0], y[1], y[2], y[3]), (y[4], y[5], y[6], y[7]))
-            return
-        for i in range(UNIT):
-            if c + i < n:
-                yout[rbase + c + i] = bits_f32(y[i])
-
-    @devfn
-    def enc4(y, o, c, n, p0, q):
-        for i in range(4):
-            q[i] = encode_element(bits_f32(y[o + i]), p0, ZERO, 0, MODE, fmt, False, 0, CVT) if c + i < n else 0
-
-    @devfn
-    def put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32, qu):
-        if MXE2M1 and fast and clean:  # MX e2m1, a finite group: the multiplier in the bfloat16 pairs
-            pb = np.uint32(f32_bits(p0))  # (2^-k: its top half is exact in bfloat16)
-            c32[np.uint64(qu)] = e2m1_unit_f32_p2(y, prmt(pb, pb, np.uint32(0x3232)), True)  # (unsigned; clamped: CLAMP)
-            return
-        """Encode and store the unit's codes (row ``row`` of the contiguous codes array); r =
-        recip_guarded(p0) for float scales (a clean unit is divided by the reciprocal: see
-        _rowwise_kernels.fp8_pair_r), computed once per row where the scale is the row's."""
-        if NORM and not clean:
-            y = canon8(y)
-        if fast:  # n % 8 == 0: the unit's codes start at byte (row * n + 8u) * NB / 8, qu = row * n / 8 + u
-            # (a clean unit of the pairs' paths has returned above: their element encoders only)
-            clean = clean and not MXE2M1
-            encode_store_unit_r(y, qu, p0, r, clean, codes, c16, c32, MODE, fmt, CVT, UNIT, NB)
-            return
-        q = cuda.local.array(4, int32)
-        c = u * UNIT
-        rowbase = np.int64(row) * pcols
-        enc4(y, 0, c, n, p0, q)
-        store_unit_wide(codes, c32, c16, False, rowbase, c, q, n, pcols, NB, True)
-        if c + 4 < n:
-            enc4(y, 4, c + 4, n, p0, q)
-            store_unit_wide(codes, c32, c16, False, rowbase, c + 4, q, n, pcols, NB, True)
-
-    @devfn
-    def amax_y(y):
-        """A unit's amax bits (unit_amax; unit_amax_nan for RMSNorm's y)."""
-        if NORM:
-            return unit_amax_nan(y)
-        return unit_amax(y, UNIT)
-
-    @devfn
-    def group_params_r(a, st, si, scales):
-        """(multiplier p0, r = recip_guarded(p0) for float scales, else 0) of a group whose amax
-        has the bits ``a``; where ``st`` its scale is stored at ``si``."""
-        if MXRC:  # MX "rceil" (mxfp4, mxfp8): the same code and multiplier in 32-bit arithmetic
-            code, p0 = mx_rceil_params(a, MXI)
-            if st:
-                scales[si] = np.uint8(code)
-            return p0, ZERO
-        sv, p0, pz = group_params(MODE, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, ONE)
-        if st:
-            store_scale(scales, si, MODE, sv)
-        return p0, recip_guarded(p0) if MODE == MODE_FLOAT else ZERO
-
-    @devfn
-    def group_max(a, tid, scratch):
-        """The group's amax over its LL lanes from a lane's amax ``a`` (a butterfly): every
-        lane takes part, in the row or not (the simulator's twin syncs the block)."""
-        off = LL >> 1
-        while off > 0:
-            a = xor_max(a, off, shfl, scratch, tid)
-            off >>= 1
-        return a
-
-    @devfn
-    def group_scale(a, ok, si, tid, scratch, scales):
-        """(the group's amax over its LL lanes, p0, r) from a lane's amax ``a`` (group_max);
-        where ``ok`` the group's parameters (group_params_r; its first lane stores the scale
-        ``si``), else p0 = r = 0 (unused)."""
-        a = group_max(a, tid, scratch)
-        p0, r = ZERO, ZERO
-        if ok:
-            p0, r = group_params_r(a, (tid & (LL - 1)) == 0, si, scales)
-        return a, p0, r
-
-    @devfn
-    def group_unit(y, ok, u, row, n, pcols, si, tid, scratch, codes, c16, c32, scales, qu):
-        """A 1x128 / MX-32 unit: the group's amax over its LL lanes, parameters, codes; si =
-        the group's index in ``scales`` (row * ngroups + u // LL)."""
-        a = amax_y(y) if ok else np.int32(0)
-        a, p0, r = group_scale(a, ok, si, tid, scratch, scales)
-        if ok:
-            put_codes(y, u, row, n, pcols, p0, r, a < FINITE, codes, c16, c32, qu)
-
-    @devfn
-    def put_static(y, u, row, n, pcols, p0, r, sclean, codes, c16, c32, qu):
-        """put_codes under the static scale p0 (r = recip_guarded(p0)): a unit with a non-finite
-        value, or (dividing by the reciprocal) one whose |y| reaches p0 * 2^64, is not clean."""
-        am = amax_y(y)
-        clean = sclean and am < FINITE
-        if RECIP_DIV and r != ZERO and not ratio_ok(am, p0):
-            clean = False  # a caller-given scale far below |y| (all codes saturate): element by element
-        put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32, qu)
-
-    @devfn
-    def words_amax(w, ok):
-        """The amax bits of a unit of bfloat16 words (word_amax16, two halves an instruction:
-        the same bits as unit_amax of its elements); 0 where not ``ok``."""
-        a = np.int32(0)
-        if ok:
-            a2 = word_amax16(w)
-            a = np.int32(max(a2 & np.uint32(0xFFFF), a2 >> np.uint32(16)) << np.uint32(16))
-        return a
-
-    @devfn
-    def e2m1_word(w, p0):
-        """The e2m1 codes of a finite group's unit of bfloat16 words under the multiplier p0
-        (2^-k, exact in bfloat16): one 32-bit word (e2m1_unit_bf16)."""
-        hb = np.uint32(f32_bits(p0)) >> np.uint32(16)
-        return e2m1_unit_bf16(w, np.uint32(hb | (hb << np.uint32(16))), CLAMP)
-
-    @devfn
-    def group_unit_w(w, ok, u, row, n, pcols, si, tid, scratch, codes, c16, c32, scales, qu):
-        """group_unit of a unit of bfloat16 words ``w`` (WPAIRS: rows without the norm into
-        MX e2m1), as the quantize kernels' group kernel does it (_rowwise_kernels.
-        make_lastaxis_group_kernel, PAIRS): the amax two halves per instruction (word_amax16:
-        the same bits as unit_amax of the elements), the codes of a finite group by
-        e2m1_unit_bf16 on the words themselves; a non-finite group by put_codes."""
-        a, p0, r = group_scale(words_amax(w, ok), ok, si, tid, scratch, scales)
-        if ok:
-            if a < FINITE:
-                c32[np.uint64(qu)] = e2m1_word(w, p0)  # (unsigned: no wraparound code)
-            else:
-                z = np.uint32(0)
-                put_codes(elems(w, (z, z, z, z)), u, row, n, pcols, p0, ZERO, False, codes, c16, c32, qu)
-
-    @devfn
-    def mx_group(a):
-        """(e8m0 code, multiplier) of an MX group whose amax has the bits ``a``: group_params_r
-        without the store."""
-        if MXRC:
-            code, p0 = mx_rceil_params(a, MXI)
-            return np.int32(code), p0
-        sv, p0, pz = group_params(MODE, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, ONE)
-        return np.int32(int(sv)), p0
-
-    @devfn
-    def stage_unit(w, ok, tid, scratch, sw, sc, k):
-        """group_unit_w's encode without its stores (OP_SCATTER, STAGE): the unit's e2m1 word
-        and its group's scale code to slot ``k`` of the block's shared ``sw`` / ``sc`` (the
-        lane's own slot, read back by the same lane: no barrier). A non-finite group's word
-        by the element encoder (put_codes' path for it: enc, every NaN rule)."""
-        a = group_max(words_amax(w, ok), tid, scratch)
-        if ok:
-            code, p0 = mx_group(a)
-            sw[k] = group_word(w, a, p0)
-            sc[k] = np.uint8(code)
-
-    @devfn
-    def put_staged(sw, sc, k, ok, u, tid, c32, scales, dd, ss):
-        """A staged unit (stage_unit's slot ``k``) to its token's KD sorted rows: the word at
-        dd[j] + u, the group's scale (by the group's first lane) at ss[j] + u // LL."""
-        put_rows(sw, k, ok, u, c32, dd)
-        put_rows(sc, k, ok and (tid & (LL - 1)) == 0, np.int64(u >> LLSH), scales, ss)
-
-    @devfn
-    def group_word(w, a, p0):
-        """The e2m1 word of a unit of bfloat16 words in a group of amax bits ``a`` and
-        multiplier p0: e2m1_word where the group is finite, else the element encoder (enc,
-        put_codes' path for it: every NaN rule)."""
-        if a < FINITE:
-            return e2m1_word(w, p0)
-        z = np.uint32(0)
-        y = elems(w, (z, z, z, z))
-        word = np.uint32(0)
-        for i in range(UNIT):
-            word |= enc(f32_bits(y[i]), p0, MODE, fmt, CVT, np.uint32(0xF)) << np.uint32(4 * i)
-        return word
-
-    @devfn
-    def stage_group(w0, w1, w2, w3, n0, n1, n2, n3, sw, sc, k, ks):
-        """A lane's whole group of 4 units (OP_SCATTER, STAGE with LANES; ``n*``: the unit is in
-        the row): its amax in the lane (words_amax, no butterfly), parameters, the 4 words to
-        slots k, k + NT, .. of ``sw`` and the scale code to slot ks of ``sc``."""
-        a = max(max(words_amax(w0, n0), words_amax(w1, n1)), max(words_amax(w2, n2), words_amax(w3, n3)))
-        if n0:
-            code, p0 = mx_group(a)
-            sw[k] = group_word(w0, a, p0)
-            sw[k + NT] = group_word(w1, a, p0)
-            sw[k + 2 * NT] = group_word(w2, a, p0)
-            sw[k + 3 * NT] = group_word(w3, a, p0)
-            sc[ks] = np.uint8(code)
-
-    @devfn
-    def put_quad(sw, k, c32, dd, qi):
-        """Staged words k, k + NT, k + 2 NT, k + 3 NT (a lane's 4 consecutive units) to the
-        KD sorted rows by one 16-byte store each: quad dd[j] / 4 + qi (dd[j] = row * nunits, a
-        multiple of 4: LANES)."""
-        w0, w1, w2, w3 = sw[k], sw[k + NT], sw[k + 2 * NT], sw[k + 3 * NT]
-        for j in range(KD):
-            store_u32x4(c32, np.uint64((dd[j] >> 2) + qi), w0, w1, w2, w3)
-
-    @devfn
-    def put_rows(src, k, ok, i, dst, base):
-        """Staged slot k of ``src`` (a word or a scale code) to entry i of each of the token's
-        KD sorted rows, dst[base[j] + i] (dd: the rows' first units, ss: their first groups),
-        where ``ok``."""
-        if ok:
-            v = src[k]
-            for j in range(KD):
-                dst[np.uint64(base[j] + i)] = v
-
-    @devfn
-    def prefetch_rows(x32, row, tid, nunits, sb):
-        """prefetch.global.L2 of the 128-byte lines of x's row ``row``: thread t takes lines
-        t, t + NT, ... (a line is 8 of the loads' 16-byte quads)."""
-        qn = nunits * (2 if F32K else 1)
-        qx = (np.int64(row) * sb) >> (2 if F32K else 3)
-        l = np.int32(tid * 8)
-        while l < qn:
-            prefetch_l2(x32, qx + l)
-            l += NT * 8
-
-    block_max = _block_max_fn(NT, shfl)
-
-    # ---- the kernel's source, one statement per unit where a unit is involved
+def _row_source(out, U, NT, LL, MODE, NORM, RES, RSPLIT, WPAIRS, GSHARE, PF, FULL, STAGE, KD, LANES, PIPE, RANK):
+    """The source of fused_row_kernel's kernel (``fused_rows``) for its configuration's
+    constants: one statement per unit where a unit is involved (the loads, the residual, the
+    sum of squares, each unit's values and their use), then the row's or the groups' scales
+    and codes; OP_SCATTER's staged body after the prelude (_scatter_staged_source)."""
     L = [f"def fused_rows({_KERNEL_ARGS}):",
          "    tid = cuda.threadIdx.x",
          "    row = cuda.blockIdx.x",
@@ -1053,19 +526,107 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     src = "\n".join(L) + "\n"
     if FULL:  # unit j of every lane is in the row
         src = re.sub(r"\bu\d+ < nunits\b", "True", src)
+    return src
+
+
+@lru_cache(maxsize=None)
+def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, mx_cfg, max_elem, G, shfl, KD=0,
+                     STAGE=0, LANES=0, PIPE=0, RANK=0):
+    """The kernel for one configuration (every argument a compile-time constant): ``op`` OP_*,
+    ``out`` OUT_*, input / weight kinds, NW warps x U units per thread (the spec's geometry),
+    ``fast`` (16-byte aligned units: vector loads and stores; 2: and n = NT * U * 8, every
+    lane's units in the row: full_rows), ``strided`` (a [B, H, D] view), ``fmt`` / ``mx_cfg`` /
+    ``max_elem`` as in kernels.quantize, G the scale group (128 or 32; 0 otherwise), ``shfl``
+    (warp shuffles; False: their simulator twins). Arguments: see _KERNEL_ARGS (flat arrays; sb
+    the row stride of x in elements; pf the L2 prefetch distance in rows, 0: none; m the rows,
+    OP_SCATTER's tokens). ``KD``: OP_SCATTER's rows per token (k of the MoE sort,
+    1..MOE_SCATTER_MAX_K). ``STAGE``: OP_SCATTER's tokens a block encodes into shared memory
+    before it waits for the sort (_scatter_staged_source; OP_SCATTER is built staged only);
+    ``LANES``: with STAGE, each lane's units contiguous (its whole scale groups; rows of whole
+    quads of units, n % 32 == 0: 16-byte stores); ``PIPE``: with STAGE, each round's stores
+    overlap the next round's loads (_scatter_staged_source); ``RANK``: with STAGE, RANK_PACKED:
+    the rows from moe_rank_kernel's packed ranks (in ``perm``) and chunk bases (``cbase``,
+    ``nbk`` buckets a chunk, chunks of 2^``csh`` pairs), the op's perm stored to ``pout``;
+    RANK_LOCAL: no sort before it, the rows found by each block from the ids (in ``perm``;
+    ``nbk`` = E + 1, ``csh`` the tokens a block), the op's perm to ``pout``, its offsets to
+    ``cbase``."""
+    RSQ0 = out == OUT_MX  # the row's 1/sqrt by warp 0
+    pf_code = prefetch_distance(op, out, has_res) > 0
+    NT = WARP * NW
+    NORM = op == OP_NORM
+    RES = has_res and NORM
+    F32K = kind == KIND_F32
+    XB, WB = SIG_BITS[kind], SIG_BITS[wkind]
+    K = 24 - XB - WB
+    RSPLIT = K >= R_SPLIT_MIN_BITS
+    PEXACT = XB + WB <= 24
+    RMASK = ((0xFFFFFFFF << (24 - K)) & 0xFFFFFFFF) if RSPLIT else 0
+    MODE = MODE_MX if out == OUT_MX else MODE_FLOAT
+    CVT = out != OUT_Y and fp8_cvt_available() and fp8_cvt_supports(fmt)
+    NB = fmt[5] if out != OUT_Y else 8
+    MAXE = F32(max_elem)
+    MXR, MXM, MXE, MXI = mx_cfg[0], mx_cfg[1], mx_cfg[2], F32(mx_cfg[3])
+    LL = G // UNIT  # lanes per scale group
+    LLSH = max(LL, 1).bit_length() - 1  # log2(LL)
+    MXRC = MODE == MODE_MX and MXR == MX_RCEIL
+    # MX "rceil" e2m1 of y by e2m1_unit_f32_p2 (the multiplier in the bfloat16 pairs)
+    MXE2M1 = MODE == MODE_MX and NB == 4 and is_e2m1(fmt) and MXR == MX_RCEIL
+    # rows of bfloat16 words straight into MX e2m1 (flatten, MoE: no norm)
+    WPAIRS = words_path(op, out, kind, fast, fmt)
+    if op == OP_SCATTER and not (WPAIRS and 1 <= KD <= MOE_SCATTER_MAX_K):
+        raise ValueError(f"OP_SCATTER is built for the bfloat16 words' MX e2m1 path (words_path) and 1 <= k <= "
+                         f"{MOE_SCATTER_MAX_K} rows a token, not k = {KD}")
+    if (op == OP_SCATTER) != (STAGE != 0) or not 0 <= STAGE <= MOE_STAGE_MAX:
+        raise ValueError(f"OP_SCATTER is built staged, 1..{MOE_STAGE_MAX} tokens a block, and STAGE is OP_SCATTER's "
+                         f"only: not STAGE = {STAGE} (op {op})")
+    if LANES and not (STAGE and U % (G // UNIT) == 0 and fast):
+        raise ValueError(f"LANES needs STAGE, aligned rows and whole groups a lane: U = {U}, G = {G}")
+    if (PIPE or RANK) and not STAGE:
+        raise ValueError("PIPE and RANK need STAGE (the staged rounds)")
+    if RANK == RANK_LOCAL and PIPE:
+        raise ValueError("RANK_LOCAL is one round a block: no PIPE")
+    # e2m1_unit_bf16 clamps to 6: "floor" / "even" scales can leave |x| / 2^k up to 8, and so can
+    # "rceil" blocks above 6 * 2^125, whose exponent is capped (reference scales.mx_top_code)
+    CLAMP = True
+    RCVT = RES and kind == KIND_BF16 and fast  # the residual by cvt.rn.bf16x2.f32
+    # the L2 prefetch of row + pf: contiguous rows, RMSNorm without the residual (prefetch_distance;
+    # with the residual the +res mxfp4 kernel went from 96 to 133 registers)
+    PF = pf_code and fast and not strided
+    # group parameters once per group (_share_source): group outputs but the words' pair path, with
+    # the scales whose parameters tell a non-finite amax by a NaN multiplier (float scales; MX
+    # "rceil": code 0xFF)
+    GSHARE = out in (OUT_GROUP, OUT_MX) and not WPAIRS and (MODE == MODE_FLOAT or MXRC)
+    # FULL (fast == 2, the launcher's: n = NT * U * 8): every lane's U units are in the row,
+    # so no unit is tested against the row's end (nor predicated: the loads' addresses and
+    # zeroed registers per unit go too)
+    FULL = fast == 2
+    load_x = _loader(kind, fast, strided, FULL)
+    load_r = _loader(kind, fast, False, FULL)
+    load_w = _loader(wkind, fast, False, FULL)
+    elems = _elems(kind)
+    welems = _elems(wkind)
+
+    add_res = residual_fns(kind, fast, F32K, RCVT, load_r, elems)
+    norm = norm_fns(NW, RSQ0, RSPLIT, PEXACT, out, fast, shfl, elems, welems)
+    codes_fns = encode_fns(MODE, fmt, CVT, NB, NORM, MXE2M1, MXRC, MAXE, MXR, MXM, MXE, MXI, LL, fast, shfl,
+                           norm["canon8"])
+    words = words_fns(MODE, fmt, CVT, MXRC, MAXE, MXR, MXM, MXE, MXI, LL, LLSH, NT, KD, CLAMP, elems,
+                      codes_fns["group_max"], codes_fns["group_scale"], codes_fns["put_codes"])
+    prefetch_rows = prefetch_fn(F32K, NT)
+
+    block_max = _block_max_fn(NT, shfl)
+
+    src = _row_source(out, U, NT, LL, MODE, NORM, RES, RSPLIT, WPAIRS, GSHARE, PF, FULL, STAGE, KD, LANES, PIPE, RANK)
     glb = dict(globals())
     glb.update(SCRATCH=1 if shfl else NT, SCRATCH64=1 if shfl or not NORM else NT, RED=NW, NW=NW, OP=op, MODE=MODE, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE,
                MXI=MXI, RMASK=RMASK, load_x=load_x, load_w=load_w, LLSH=LLSH,
-               add_res=add_res, unit_sq=unit_sq, row_rsqrt=row_rsqrt, norm_unit=norm_unit, elems=elems, put_y=put_y,
-               put_codes=put_codes, put_static=put_static, group_unit=group_unit, block_max=block_max, as_u32=as_u32,
-               as_u16=as_u16, group_unit_w=group_unit_w, prefetch_rows=prefetch_rows,
-               group_params_r=group_params_r, KD=KD, SHFL=shfl,
-               griddep_wait=griddep_wait, amax_y=amax_y, STAGE=STAGE, SWN=max(STAGE * U * NT, 1),
-               stage_unit=stage_unit, put_staged=put_staged, uint32=uint32, uint8=uint8, stage_group=stage_group,
-               put_quad=put_quad, put_rows=put_rows, rank_row=rank_row, local_count=local_count,
+               add_res=add_res, elems=elems, **norm, **codes_fns, **words, block_max=block_max, as_u32=as_u32,
+               as_u16=as_u16, prefetch_rows=prefetch_rows, KD=KD, SHFL=shfl,
+               griddep_wait=griddep_wait, STAGE=STAGE, SWN=max(STAGE * U * NT, 1),
+               uint32=uint32, uint8=uint8, rank_row=rank_row, local_count=local_count,
                local_rows=local_rows_fn(NT), MOE_LOCAL_BUCKETS=MOE_LOCAL_BUCKETS, MOE_LOCAL_BATCH=MOE_LOCAL_BATCH)
-    exec(compile(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", "exec"), glb)
-    fn = glb["fused_rows"]
+    # (the units' statements written out: quantize.unrolled's note says why)
+    fn = compile_source(src, f"<nqdq fused_rows op={op} out={out} NW={NW} U={U}>", glb, "fused_rows")
     # launch bounds: a block of NT threads must fit one SM's registers (NT = 1024 at most
     # rows: <= 64 registers a thread; ptxas spills rather than fail at launch)
     kern = cuda.jit(fn) if SIMULATOR else cuda.jit(fn, launch_bounds=(NT,))
@@ -1077,4 +638,6 @@ def fused_row_kernel(op, out, kind, wkind, NW, U, fast, strided, has_res, fmt, m
     return kern
 
 
-_ = (float32, float64, OP_GATHER, rsqrt_mean, abs_i32, KIND_F16)  # used by the generated source
+_ = (float32, float64, int32, int64, OP_GATHER, rsqrt_mean, abs_i32, KIND_F16)  # used by the generated source
+_ = (ONE, ZERO, bits_f32, FINITE, recip_guarded, group_params, store_scale)  # ... its rows' scale and encode
+_ = (xor_max, xor_lane, idx_get_f32)  # ... its groups' butterflies (_share_source)

@@ -419,7 +419,7 @@ if not SIMULATOR:
 
         return impl
 
-    from . import void_asm as _void_asm
+    from ._asm import void_asm as _void_asm
 
     def _join0(stub, intr):
         @overload(stub, target="cuda")

@@ -24,7 +24,7 @@ wait) makes every block's mbarrier ready before anyone stores into it. Then each
 3. one thread a channel combines that channel's word of the CL blocks, computes the scale
    as ``finalize`` does and its reciprocal (``channel_scale``; rank 0 writes the stripe's
    scales), then a block barrier;
-4. encodes its units from shared memory and registers as ``_column_ring`` does (the
+4. encodes its units from shared memory and registers as ``column_ring`` does (the
    reciprocal encoder straight-line where every scale of its channels has one and all U
    units are inside the data) and writes the codes. A block exits only after every store
    into it has landed, and nobody reads its memory, so it needs no barrier before it exits.
@@ -37,20 +37,18 @@ trip to L2, under load: ncu put 12 % of the warps' stall cycles there); the push
 So the input is read once (bytes = input + codes + scales), and a block waits only for
 the CL - 1 blocks that the hardware launched with it on the same GPC, which other resident
 blocks of the SM cover, as they cover the row kernel's block barrier. Clusters never wait
-on each other, so any grid size is safe (no residency argument, unlike ``_column_kernels``
-and ``_column_ring``).
+on each other, so any grid size is safe (no residency argument, unlike ``column_ring``).
 
 Launched with one cluster a stripe (grid = S * CL blocks, ``launch.cluster_size`` of the
-kernel: ``cuLaunchKernelEx`` with the cluster attribute) by ``quantize._onepass_column``
-(switch ``quantize.COLUMN_CLUSTER``) where ``cluster_geometry`` fits; else the ring or the
-register kernels. Under the CUDA simulator a cluster is one block (CL = 1: the barriers
+kernel: ``cuLaunchKernelEx`` with the cluster attribute; rule ``column_cluster`` of
+``plan``, ``choices.PerChannel.CLUSTER``) where ``available`` and ``cluster_geometry`` fit;
+else the ring or the kernels of ``columns``. Under the CUDA simulator a cluster is one block (CL = 1: the barriers
 and the mbarrier wait are block barriers, the stores and loads the block's own words,
 ``_ptx``'s twins); the GPU tests run CL = 16.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from functools import lru_cache
 
@@ -65,11 +63,11 @@ from .columns import (# fmt: skip
 )
 from ..device.division import RECIP_DIV
 from ..ptx.mma import cp_async_commit, cp_async_unit_l2_256, cp_async_wait, ld_shared_u32x4, smem_addr
-from ..ptx import (# fmt: skip
-    array_addr, as_u16, as_u32, cluster_arrive_relaxed, cluster_wait, fp8_cvt_available, fp8_cvt_supports,
-    load_u32x4_l2_256, mbar_init_tx, mbar_wait0, st_async_u32, u16x2_max,
-)
-from .lastaxis import load_unit, unit_elems, vec_of
+from ..ptx.cluster import cluster_arrive_relaxed, cluster_wait, mbar_init_tx, mbar_wait0, st_async_u32
+from ..ptx.convert import fp8_cvt_available, fp8_cvt_supports
+from ..ptx.memory import array_addr, as_u16, as_u32, load_u32x4_l2_256
+from ..ptx.pairs import u16x2_max
+from .units import load_unit, unit_elems, vec_of
 from ..runtime.target import SIMULATOR, devfn, device_has
 
 
@@ -101,32 +99,20 @@ from ..runtime.target import SIMULATOR, devfn, device_has
 # Each block prefetching into L2 the rows of the stripe that takes its place next wave: 86 % at
 # best and slower with more (L2 evicts the lines first); with
 # no encode at all (timing only) the kernel reaches 88 %, and a stream of its read pattern
-# alone (benchmarks/column_stream.py: no amax, no encode) 89 %, against 95 % for the same
+# alone (benchmarks/peers.py --bound stripe-stream: no amax, no encode) 89 %, against 95 % for the same
 # stream reading in row order.
 GPU_CONFIGS = ((256, 16, 10), (512, 16, 5))
 
 
-def _env_geometry():
-    """(CL, configs) from NQDQ_COLUMN_CLUSTER_GEOMETRY ("CL,NT,U,UR": one config; CL 0: by
-    the SM count; A/B on a GPU; read at import)."""
-    v = os.environ.get("NQDQ_COLUMN_CLUSTER_GEOMETRY")
-    if not v:
-        return 0, GPU_CONFIGS
-    CL, NT, U, UR = (int(p) for p in (v + ",0").split(",")[:4])
-    if not (0 <= CL <= 16 and NT in (64, 128, 256, 512, 1024) and 1 <= U <= 16 and 0 <= UR <= U):
-        raise ValueError(f"NQDQ_COLUMN_CLUSTER_GEOMETRY={v!r}: need CL 0 .. 16, NT a power of two 64 .. 1024, "
-                         "U 1 .. 16, UR 0 .. U")
-    return CL, ((NT, U, UR),)
-
-
-# the simulator: clusters of one block, 64 threads x 2 units in shared slots
-CLUSTER_SIZE, CLUSTER_CONFIGS = (1, ((64, 2, 0),)) if SIMULATOR else _env_geometry()
+# the simulator: clusters of one block, 64 threads x 2 units in shared slots; a GPU: clusters
+# by the SM count (cluster_size_for), GPU_CONFIGS
+CLUSTER_SIZE, CLUSTER_CONFIGS = (1, ((64, 2, 0),)) if SIMULATOR else (0, GPU_CONFIGS)
 # a row's share of a stripe at least this many bytes: DRAM reads 32- and 64-byte pieces of
 # rows 16 KiB apart poorly (H100, bf16 int8_column, clusters of 8 or 16, registers: 8192x8192
 # 32-byte shares 34 % of copy, 64-byte 71 %, 128-byte 78 %; 16384x7168 64-byte shares 67-71 %
 # against the ring's 76 %), so cluster_geometry passes over a config that would cut rows finer
 # (the next config, else the ring)
-MIN_STRIPE_BYTES = int(os.environ.get("NQDQ_COLUMN_CLUSTER_MIN_BYTES", "128"))
+MIN_STRIPE_BYTES = 128
 
 
 def cluster_size_for(sms):
@@ -326,7 +312,7 @@ def available() -> bool:
 def cluster_geometry(rows, upr, vec, sms, cl=None, configs=None):
     """(CL, NT, W, U, UR) of ``column_cluster`` for ``rows`` rows of ``upr`` 16-byte units,
     from the first of ``configs`` ((NT, U, UR) each; default CLUSTER_CONFIGS: GPU_CONFIGS on
-    a GPU unless NQDQ_COLUMN_CLUSTER_GEOMETRY names one) that applies, or None where none
+    a GPU) that applies, or None where none
     does. A block of NT threads takes RG = NT / W rows at a time, U of
     them, so the cluster's CL blocks hold CL * U * RG >= rows; RG is the least power of two
     that covers, but at least ``vec`` (so that the block's RG * W threads are as many as its
@@ -347,14 +333,15 @@ def cluster_geometry(rows, upr, vec, sms, cl=None, configs=None):
     return None
 
 
-def cluster_launch(kind, fmt, max_elem, packed, rows, C, sms, x, scales, codes):
-    """The launch ``(kernel, grid, block, args)`` of ``column_cluster``, or None where
-    cluster_geometry does not apply."""
-    vec = vec_of(kind)
-    upr = C // vec
-    g = cluster_geometry(rows, upr, vec, sms)
-    if g is None:
-        return None
-    CL, NT, W, U, UR = g
+def cluster_launch(kind, fmt, max_elem, packed, rows, C, geometry, x, scales, codes):
+    """The launch ``(kernel, grid, block, args)`` of ``column_cluster`` with ``geometry``
+    (cluster_geometry's)."""
+    upr = C // vec_of(kind)
+    CL, NT, W, U, UR = geometry
     k = make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, UR=UR)
     return (k, -(-upr // W) * CL, NT, (x, rows, upr, C, scales, codes))
+
+
+_ = (amax_bits, channel_scale, encode_unit_cols, encode_unit_cols_r, stage_sync, unit_col_scales, units_inside, word_max,
+     cp_async_unit_l2_256, ld_shared_u32x4, smem_addr, cluster_arrive_relaxed, cluster_wait, mbar_init_tx, mbar_wait0,
+     st_async_u32, array_addr, as_u16, as_u32, load_unit, unit_elems)  # used by the generated source

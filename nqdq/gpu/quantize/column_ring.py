@@ -1,9 +1,8 @@
 """Per-channel (``column``) float scales in one pass through a shared-memory ring
-(``column_ring``): the one-pass design of ``_column_kernels`` (a work item is a stripe of W
-16-byte unit columns by a chunk of R rows; the amaxes of a stripe's P chunks meet in a
-workspace; a block encodes its chunk once all P have arrived) with the chunks held in
-shared memory instead of registers, so that a block keeps loading while it waits and
-encodes.
+(``column_ring``, ``choices.PerChannel.RING``): a work item is a stripe of W 16-byte unit
+columns by a chunk of R rows; the amaxes of a stripe's P chunks meet in a workspace; a block
+encodes its chunk once all P have arrived, holding its chunks in shared memory, so that it
+keeps loading while it waits and encodes.
 
 Persistent blocks of NT threads, each with a ring of D slots of one item (U units a
 thread: ``D * U * NT * 16`` bytes of dynamic shared memory). Iteration k of a block:
@@ -36,14 +35,15 @@ iteration's loads into it, so an iteration ends without a barrier.
 
 Measured (H100, bf16 int8_column; the cluster kernel that now runs ahead of this one, and
 the bound: docs/design/per-channel.md): 74-75 / 76 % of a D2D copy at 8192x8192 / 16384x7168 (93.3-94.0 /
-155.8-157.6 us), against 55 / 54 % for the register kernels of ``_column_kernels``. Defaults: 128
+155.8-157.6 us), against 51-55 % for the same design with the chunks in registers (not kept:
+``choices.PerChannel``). Defaults: 128
 threads, 8 units a thread, 3 slots, lag 1, 4 blocks an SM (48 KiB of ring each). The kernel
 is latency-bound (16 warps an SM: its registers and shared memory allow no more; ncu: 34 M
 warp instructions; about 40 % of its warps' stall samples wait at block barriers, on the
 stripe's counter and amaxes or on the ticket, 22 % fall in the encode).
 
-*Why it cannot deadlock* (the one-pass argument of ``_column_kernels``, with "held" for
-"its own"): tickets are taken in order, stripe-major, by blocks that have started. A block
+*Why it cannot deadlock* (the argument of CUB's decoupled look-back): tickets are taken in
+order, stripe-major, by blocks that have started. A block
 spins only in step 4, after arriving every item it holds, and nothing else a block does
 waits on another block. If every running block were spinning, let s be the lowest
 incomplete stripe: every issued ticket has arrived (held ones by the rule above, the rest
@@ -57,14 +57,14 @@ Under the CUDA simulator blocks run one after another, so only P = 1 runs there 
 is complete at its own arrival); ``RING_FORCE_WAIT`` (tests) takes step 4's wait path on
 every item, so the simulator covers it too.
 
-Launched by ``quantize._onepass_column`` (switch ``quantize.COLUMN_RING``) where
-``ring_geometry`` fits and the stripes take more than one chunk, unless the cluster kernel
-(``_column_cluster``, ahead of it) takes the shape; else the register kernels.
+Planned (rule ``column_ring`` of ``plan``) where ``available`` and ``ring_geometry`` fit and
+the stripes take more than one chunk (any P where the caller chose the ring), unless the
+cluster kernel (``column_cluster``, ahead of it) takes the shape; else the single-chunk or
+the two-pass kernels of ``columns``.
 """
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
 import numpy as np
@@ -73,30 +73,31 @@ from ..runtime.backend import cuda
 
 from ..device.codec import F32
 from .columns import (# fmt: skip
-    _SLEEP, _SLEEP_MAX_NS, _expand, amax_bits, channel_scale, encode_unit_cols, encode_unit_cols_r, SMEM_PER_SM,
-    onepass_workspace_words, rint_in_range, stage_sync, stripe_widths, unit_col_scales, units_inside, word_max,
+    _expand, amax_bits, channel_scale, encode_unit_cols, encode_unit_cols_r, SMEM_PER_SM, rint_in_range, stage_sync,
+    stripe_widths, unit_col_scales, units_inside, word_max,
 )
 from ..device.division import RECIP_DIV
 from ..ptx.mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, smem_addr
-from ..ptx import array_addr, as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports, load_acquire_i32, load_relaxed_i32
-from .lastaxis import unit_elems, vec_of
+from ..ptx.convert import fp8_cvt_available, fp8_cvt_supports
+from ..ptx.memory import array_addr, as_u16, as_u32, load_acquire_i32, load_relaxed_i32
+from .units import unit_elems, vec_of
 from ..runtime.target import SIMULATOR, devfn, device_has
 
 
-def _env_geometry():
-    """(NT, U, D, L) from NQDQ_COLUMN_RING_GEOMETRY ("NT,U,D,L": A/B on a GPU; read at import)."""
-    v = os.environ.get("NQDQ_COLUMN_RING_GEOMETRY", "128,8,3,1")
-    NT, U, D, L = (int(p) for p in v.split(","))
-    if not (1 <= L <= D - 1 and D <= 8):
-        raise ValueError(f"NQDQ_COLUMN_RING_GEOMETRY={v!r}: need 1 <= L <= D - 1, D <= 8")
-    return NT, U, D, L
-
-
-RING_THREADS, RING_UNITS, RING_SLOTS, RING_LAG = (64, 2, 3, 1) if SIMULATOR else _env_geometry()
+# (NT, U, D, L): threads a block, units a thread an item, slots, lag. H100, bf16 int8_column:
+# 128 threads, 8 units, 3 slots, lag 1 (the module docstring's figures).
+RING_THREADS, RING_UNITS, RING_SLOTS, RING_LAG = (64, 2, 3, 1) if SIMULATOR else (128, 8, 3, 1)
 RING_BLOCKS_PER_SM = 4  # resident blocks an SM is asked to hold (launch bounds; the smem fits them)
 RING_P_MAX = 256  # chunks per stripe at most (and at most the resident blocks)
 RING_FORCE_WAIT = False  # tests: step 4's wait path on every item
 SMEM_RESERVED = 1024  # per resident block (the driver's)
+_SLEEP = not SIMULATOR  # (the simulator has no nanosleep; with P = 1 it never spins)
+_SLEEP_MAX_NS = 256  # the waiting thread's back-off doubles from 32 ns up to this
+
+
+def workspace_words(C, S):
+    """int32 words of the ring's workspace: C channel amaxes, S stripe counters, a ticket."""
+    return C + S + 1
 
 
 def ring_smem(NT, U, D):
@@ -310,7 +311,7 @@ def make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, force_w
 
 def ring_geometry(rows, upr, sms, vec, nt=None, units=None, slots=None):
     """(NT, W, U, D, L, P, S) of ``column_ring`` for ``rows`` rows of ``upr`` units: the
-    widest stripes (``_column_kernels.stripe_widths``) whose chunks of R = U * NT / W rows
+    widest stripes (``columns.stripe_widths``) whose chunks of R = U * NT / W rows
     cover the rows in P <= min(RING_P_MAX, resident blocks) chunks; None where none does,
     where the ring does not fit RING_BLOCKS_PER_SM blocks an SM, or where the items would
     reach ITEMS_MAX (divp's range; 256 GiB of input at least). ``sms``: the SM count
@@ -334,20 +335,21 @@ def ring_geometry(rows, upr, sms, vec, nt=None, units=None, slots=None):
 def available() -> bool:
     """The ring's ``cp.async`` loads on the current device: compute capability 8.0 or newer
     (the simulator, which runs their twins, and compile-only tools: yes; AMD: no, its
-    per-channel scales take the register kernels)."""
+    per-channel scales take the kernels of ``columns``)."""
     return device_has((8, 0))
 
 
-def ring_launch(kind, fmt, max_elem, packed, rows, C, sms, empty, x, scales, codes, allow_p1=False):
-    """The launch ``(kernel, grid, block, args)`` of ``column_ring``, or None where
-    ring_geometry does not apply (or gives P = 1, unless ``allow_p1``: tests). Its
-    workspace (onepass_workspace_words) is a "zero" slot of ``empty``."""
+def ring_launch(kind, fmt, max_elem, packed, rows, C, sms, geometry, empty, x, scales, codes):
+    """The launch ``(kernel, grid, block, args)`` of ``column_ring`` with ``geometry``
+    (ring_geometry's, for ``sms`` SMs). Its workspace (workspace_words) is a "zero" slot of
+    ``empty``."""
     vec = vec_of(kind)
-    g = ring_geometry(rows, C // vec, sms, vec)
-    if g is None or (g[5] == 1 and not allow_p1):
-        return None
-    NT, W, U, D, L, P, S = g
+    NT, W, U, D, L, P, S = geometry
     k = make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, RING_FORCE_WAIT, RING_BLOCKS_PER_SM)
     grid = min(S * P, sms * (1 if SIMULATOR else RING_BLOCKS_PER_SM))
-    ws = empty(onepass_workspace_words(C, S), np.int32, "zero")
+    ws = empty(workspace_words(C, S), np.int32, "zero")
     return (k, grid, NT, (x, rows, C // vec, C, P, p_reciprocal(P), S, ws, scales, codes))
+
+
+_ = (amax_bits, channel_scale, encode_unit_cols, encode_unit_cols_r, stage_sync, unit_col_scales, units_inside, word_max,
+     cp_async_unit, ld_shared_u32x4, smem_addr, array_addr, as_u16, as_u32, unit_elems)  # used by the generated source

@@ -27,6 +27,7 @@ from ..runtime import devices as _devices
 from . import general as quantize_kernels
 from ..runtime import launch
 from ..device.scales import MODE_MX, MODE_NVFP4
+from .params import cdiv, kernel_mode
 from ..runtime.target import SIMULATOR
 
 _U8, _F32, _U16 = np.dtype(np.uint8), np.dtype(np.float32), np.dtype(np.uint16)
@@ -48,7 +49,7 @@ class DequantPlan:
         rows = n // C
         sub = sch.code_bits < 8
         pcols = packed_length(C, sch.code_bits) if sub else C
-        mode = kq._mode(sch)
+        mode = kernel_mode(sch)
         sc = _U8 if mode in (MODE_MX, MODE_NVFP4) else _F32
         ns = math.prod(sch.scale_shape(shape))
         codes = launch.Ptr("codes", 0, rows * pcols, _U8)
@@ -68,7 +69,7 @@ class DequantPlan:
             values = launch.Ptr("f32", 0, n, _F32)
             self.launches = [(k, grid, block, (codes, *geometry, *tail, values, tpr_log2))]
             if out == "bfloat16":
-                g = max(1, min(kq._cdiv(n, threads), 1 << 20))
+                g = max(1, min(cdiv(n, threads), 1 << 20))
                 self.launches.append((quantize_kernels.f32_to_bf16_kernel, g, threads,
                                       (values, launch.Ptr("half", 0, n, _U16), n)))
             self.out = "bfloat16" if out == "bfloat16" else "float32"  # (float16: rounded by the caller's library)

@@ -44,7 +44,8 @@ from ..device.scales import (
     pairwise_push,
 )
 from ..device.codec import KIND_BF16
-from ..ptx import array_addr, as_u16, as_u32, cvt_f16x2, fp8_cvt_available, fp8_cvt_supports, load_u32x4, store_u32x4
+from ..ptx.convert import cvt_f16x2, fp8_cvt_available, fp8_cvt_supports
+from ..ptx.memory import array_addr, as_u16, as_u32, load_u32x4, store_u32x4
 from ..runtime.target import devfn
 
 

@@ -17,7 +17,7 @@ item; the source generator takes any K).
 2. While those land, the grid streams the rest in rounds of P * NT * V items (V a thread
    a round), keeping only the running statistic: the amax (NaN and inf counted, as
    ``tensor_amax``'s).
-3. The resident items join it; block max, then grid max (``_grid.grid_max``), then the
+3. The resident items join it; block max, then grid max (``grid.grid_max``), then the
    scale exactly as ``finalize`` computes it, block 0 writing the scale.
 4. The register items are encoded (no read).
 5. The streamed rounds are read again **in reverse order**, so the first ones re-read are
@@ -27,7 +27,7 @@ item; the source generator takes any K).
 
 On an H100 (132 SMs, 227 KiB of shared memory a block) the default geometry holds
 132 x 1024 x (4 + 14) x 16 bytes = 39 MB on chip. The encoders are the streaming kernels'
-(``_rowwise_kernels.static_unit_fns``), so the results are theirs bit for bit.
+(``lastaxis.static_unit_fns``), so the results are theirs bit for bit.
 
 What it gains, and what limits it (H100, bf16 fp8_tensor; docs/design/per-tensor-dynamic.md):
 62-63 % of copy at 8192x8192 and 16384x7168 (the two kernels: 56 / 58 %), 63-65 %
@@ -48,18 +48,17 @@ the shared memory by the device's opt-in limit a block, so one block always fits
 Where the process has less of the device at once (an MPS active-thread limit, a green
 context of part of the SMs) the driver refuses the grid (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE):
 the plan then runs the call by the two-pass plan, warns once, and plans no cooperative
-kernel again (``launch.LaunchRefused``, ``quantize.QuantPlan.fallback``). Under
+kernel again (``launch.LaunchRefused``, ``plan.QuantPlan.fallback``). Under
 ``NQDQ_FAST_LAUNCH=0`` (every launch through Numba) it is not planned at all (``available``).
 
 Under the CUDA simulator the grid is one block (blocks run one after another there), with
 a small geometry, so CI runs every phase: resident units in registers and shared memory,
 several streamed rounds, a partial last round, unaligned inputs (their resident units
-staged through registers, ``_column_kernels.stage_sync``).
+staged through registers, ``columns.stage_sync``).
 """
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
 import numpy as np
@@ -71,36 +70,25 @@ from .columns import stage_sync
 from ..device.division import recip_guarded
 from .grid import grid_max
 from ..ptx.mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, smem_addr
-from ..ptx import array_addr, as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports
+from ..ptx.convert import fp8_cvt_available, fp8_cvt_supports
+from ..ptx.memory import array_addr, as_u16, as_u32
 from .general import group_params
-from .lastaxis import _block_max_fn, amax_done, amax_step, load_unit, static_unit_fns, unit_elems, vec_of  # fmt: skip
+from .lastaxis import static_unit_fns
+from .reductions import _block_max_fn, amax_done, amax_step
+from .units import load_unit, unit_elems, vec_of
 from ..device.scales import MODE_FLOAT
 from ..runtime.target import SIMULATOR, devfn, device_has
 
 # (NT, UR, US, V): threads a block (one block an SM), units a thread in registers and in
-# shared memory, units a thread streams a round. NQDQ_TENSOR_RESIDENT_GEOMETRY="NT,UR,US,V"
-# (A/B on a GPU; US 0: as many as the device's shared memory takes). H100, bf16
-# 8192x8192 / 16384x7168 / 4096x7168, % of copy:
+# shared memory (US 0: as many as the device's shared memory takes), units a thread streams a
+# round. H100, bf16 8192x8192 / 16384x7168 / 4096x7168, % of copy:
 # before the interleave of step 5, (1024, 4, 0, 4) 59 / 59 / 60 %, and at 512 threads with
 # UR 4 / 8 / 12 / 16 and V 4 / 8 (128 registers) 51-53 / 54-55 / 44-47 %: half the warps
 # hide less latency; with it, (1024, 4, 0, 4) 62.5-63 / 61.6-62.4 / 63.5-63.8 %, UR 2
 # 62.6 / 61.0 / 65.2 %, V 8 62.0 / 60.6 / 60.2 %.
 GPU_GEOMETRY = (1024, 4, 0, 4)
 SIM_GEOMETRY = (64, 1, 2, 2)
-
-
-def _env_geometry():
-    v = os.environ.get("NQDQ_TENSOR_RESIDENT_GEOMETRY")
-    if not v:
-        return GPU_GEOMETRY
-    NT, UR, US, V = (int(p) for p in v.split(","))
-    if not (NT in (128, 256, 512, 1024) and 0 <= UR <= 32 and 0 <= US <= 64 and 1 <= V <= 16):
-        raise ValueError(f"NQDQ_TENSOR_RESIDENT_GEOMETRY={v!r}: need NT 128 .. 1024 (a power of two), UR 0 .. 32, "
-                         "US 0 .. 64, V 1 .. 16")
-    return NT, UR, US, V
-
-
-GEOMETRY = SIM_GEOMETRY if SIMULATOR else _env_geometry()
+GEOMETRY = SIM_GEOMETRY if SIMULATOR else GPU_GEOMETRY
 SMEM_RESERVE = 1024  # bytes of a block's shared memory left for the static arrays (block max, grid max)
 
 

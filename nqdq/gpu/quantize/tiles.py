@@ -19,7 +19,8 @@ from functools import lru_cache
 
 from . import lastaxis as rowwise_kernels
 from ..device.codec import F32
-from ..ptx import as_u16, as_u32, fp8_cvt_available, fp8_cvt_supports
+from ..ptx.convert import fp8_cvt_available, fp8_cvt_supports
+from ..ptx.memory import as_u16, as_u32
 
 __all__ = ["make_tile_kernel"]
 

@@ -58,6 +58,10 @@ Example (``x``, ``out`` CuPy arrays)::
     k[(4, 64), (16, 16)](x, out, 2.0)    # Numba's launch syntax, ~7 us of host time
     k.launch((4, 64), (16, 16), (x, out, 2.0), stream=s)
 
+The pieces around it: ``abi`` (the parameter layout), ``packers`` (the packing and fast-path
+functions generated per signature, and why they are generated), ``launch_ex``
+(cuLaunchKernelEx's configuration) and ``sequence`` (:func:`compile_sequence`).
+
 Limits: arguments must be device arrays (CuPy, Numba device arrays, anything with
 ``__cuda_array_interface__``) or scalars: unlike Numba, host NumPy arrays are refused, not
 copied. One device: the compiled entry is bound to the device current when it was built.
@@ -68,13 +72,17 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
-import re
 import struct
 import sys
 import threading
 import weakref
 
+from .abi import (
+    _arg_codes, _c_strides, _cai_layout, _fits, _numba_type, _param_offsets, param_format, ptx_param_sizes,
+)
 from .devices import current as _current_device
+from .launch_ex import _dim3, _ex_config
+from .packers import make_fast_launch, make_packer
 
 __all__ = [
     "FastKernel", "PreparedLaunch", "fast_kernel", "simulated", "param_format", "ptx_param_sizes",
@@ -93,66 +101,6 @@ def simulated() -> bool:
 
 def _fast_path_allowed() -> bool:
     return os.environ.get("NQDQ_FAST_LAUNCH", "1") != "0" and not simulated()
-
-
-# ---------------------------------------------------------------------------------------
-# The parameter layout (pure Python: testable without a GPU)
-
-_INT_CODES = {(8, True): "b", (8, False): "B", (16, True): "h", (16, False): "H",
-              (32, True): "i", (32, False): "I", (64, True): "q", (64, False): "Q"}  # fmt: skip
-
-
-def _arg_codes(ty) -> tuple[str, str]:
-    """(struct codes, kind) of one Numba argument type; kind in array/scalar/complex/half.
-
-    Raises NotImplementedError for types the fast path does not pack."""
-    from numba.core import types
-
-    if isinstance(ty, types.Array):
-        return "QQqqQ" + "q" * (2 * ty.ndim), "array"
-    if isinstance(ty, types.Boolean):
-        return "?", "scalar"
-    if isinstance(ty, types.Integer):
-        return _INT_CODES[(ty.bitwidth, ty.signed)], "scalar"
-    if isinstance(ty, types.Float):
-        return {16: "e", 32: "f", 64: "d"}[ty.bitwidth], "scalar"
-    if isinstance(ty, types.Complex):
-        return ("ff" if ty.bitwidth == 64 else "dd"), "complex"
-    raise NotImplementedError(f"no fast packing for argument type {ty}")
-
-
-def param_format(argtypes) -> str:
-    """The ``struct`` format (native alignment) of a kernel's flattened parameters."""
-    return "@" + "".join(_arg_codes(t)[0] for t in argtypes)
-
-
-def _param_offsets(fmt: str) -> list[int]:
-    codes = fmt[1:]
-    return [struct.calcsize("@" + codes[: i + 1]) - struct.calcsize("@" + c) for i, c in enumerate(codes)]
-
-
-_PTX_WIDTH = re.compile(r"\.[busf](8|16|32|64)$")
-_PTX_COUNT = re.compile(r"\[(\d+)\]$")
-
-
-def ptx_param_sizes(ptx: str, entry: str) -> list[int]:
-    """Byte sizes of the parameters of ``.entry <entry>`` in PTX text, in order."""
-    start = ptx.find(f".entry {entry}(")
-    if start < 0:
-        raise ValueError(f"entry {entry!r} not found in the PTX")
-    body = ptx[ptx.index("(", start) + 1 : ptx.index(")", start)]
-    sizes = []
-    for line in body.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        tokens = line.rstrip(",").split()  # .param [.ptr .align N] .type name[count]
-        widths = [int(m.group(1)) for t in tokens[1:-1] if (m := _PTX_WIDTH.match(t))]
-        if tokens[0] != ".param" or len(widths) != 1:
-            raise ValueError(f"cannot read PTX parameter line {line!r}")
-        count = _PTX_COUNT.search(tokens[-1])
-        sizes.append(widths[0] // 8 * (int(count.group(1)) if count else 1))
-    return sizes
 
 
 # ---------------------------------------------------------------------------------------
@@ -181,23 +129,6 @@ def _cupy_type():
                 _cupy_launch = None
             _cupy_ndarray = cp.ndarray
     return _cupy_ndarray
-
-
-def _c_strides(shape, itemsize):
-    strides, acc = [], itemsize
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
-
-
-def _cai_layout(shape, strides, itemsize) -> str:
-    # as numba.cuda.typing.typeof._typeof_cuda_array_interface_cached
-    if not shape or strides is None or tuple(strides) == _c_strides(shape, itemsize):
-        return "C"
-    if tuple(strides) == tuple(reversed(_c_strides(tuple(reversed(shape)), itemsize))):
-        return "F"
-    return "A"
 
 
 def _arg_key(a):
@@ -230,51 +161,6 @@ def _arg_key_slow(a, t):
 _SCALAR_TYPES = {int, float, bool, complex}
 
 
-def _numba_type(key):
-    from numba.core import types
-    from numba.np import numpy_support
-
-    if isinstance(key, tuple):
-        char, ndim, layout = key
-        return types.Array(numpy_support.from_dtype(_np_dtype(char)), ndim, layout)
-    if key is bool:
-        return types.boolean
-    if key is int:
-        return types.int64
-    if key is float:
-        return types.float64
-    if key is complex:
-        return types.complex128
-    import numpy as np
-
-    return numpy_support.from_dtype(np.dtype(key))
-
-
-def _fits(key, ty) -> bool:
-    """Can an argument with this key be passed where the kernel was compiled for ``ty``?"""
-    from numba.core import types
-
-    if isinstance(ty, types.Array):
-        if not isinstance(key, tuple):
-            return False
-        char, ndim, layout = key
-        if ndim != ty.ndim or _numba_type((char, ndim, "A")).dtype != ty.dtype:
-            return False
-        return ty.layout == "A" or layout == ty.layout or (ndim <= 1 and layout in "CF")
-    if isinstance(key, tuple):
-        return False
-    kt = _numba_type(key)
-    if isinstance(ty, types.Boolean):
-        return isinstance(kt, types.Boolean)
-    if isinstance(ty, types.Integer):
-        return isinstance(kt, (types.Integer, types.Boolean))
-    if isinstance(ty, types.Float):
-        return isinstance(kt, (types.Integer, types.Float))
-    if isinstance(ty, types.Complex):
-        return isinstance(kt, (types.Integer, types.Float, types.Complex))
-    return False
-
-
 # ---------------------------------------------------------------------------------------
 # Per-call helpers
 
@@ -293,12 +179,6 @@ def _array_fields(a):
     for d in shape:
         size *= d
     return (0, 0, size, itemsize, cai["data"][0], *shape, *strides)
-
-
-def _np_dtype(char):
-    import numpy as np
-
-    return np.dtype(char)
 
 
 _OVERRIDE = threading.local()  # .handle: this thread's launches' stream (stream_override)
@@ -336,15 +216,6 @@ def _stream_handle(stream) -> int:
     if h is not None:
         return int(getattr(h, "value", h) or 0)
     raise TypeError(f"stream: cannot get a CUDA stream handle from {type(stream).__name__}")
-
-
-def _dim3(d) -> tuple[int, int, int]:
-    if type(d) is int:
-        return d, 1, 1
-    d = tuple(int(v) for v in d)
-    if not 1 <= len(d) <= 3:
-        raise ValueError(f"a grid or block must have 1 to 3 dimensions, got {d}")
-    return d + (1,) * (3 - len(d))
 
 
 _cu_launch = None
@@ -517,70 +388,15 @@ class _Entry:
 
 
 def _make_packer(argtypes, argnames, pack_into):
-    """``pack(buf, args)``: one ``pack_into`` call over every flattened parameter."""
-    parts = []
-    for i, ty in enumerate(argtypes):
-        _, kind = _arg_codes(ty)
-        if kind == "array":
-            parts.append(f"*_array_fields(a[{i}])")
-        elif kind == "complex":
-            parts.append(f"a[{i}].real, a[{i}].imag")
-        else:
-            parts.append(f"a[{i}]")
-    src = f"def pack(buf, a):\n    _pack_into(buf, 0, {', '.join(parts)})\n" if parts else "def pack(buf, a):\n    pass\n"
-    ns = {"_pack_into": pack_into, "_array_fields": _array_fields}
-    exec(compile(src, f"<nqdq.launch packer {len(argtypes)} args>", "exec"), ns)
-    return ns["pack"]
+    """``pack(buf, args)``: one ``pack_into`` call over every flattened parameter
+    (packers.make_packer)."""
+    return make_packer(argtypes, argnames, pack_into, _array_fields)
 
 
 def _make_fast_launch(key, entry):
-    """A launcher specialised to one argument key and entry, for repeated calls with CuPy
-    arrays: it checks that ``args`` still have this key (CuPy type, ndim, dtype, layout;
-    scalar types) with inline attribute tests, packs, and launches, all in one function;
-    returns False, having done nothing, when they do not (the caller takes the general
-    path). None when the key has non-CuPy arrays or CuPy is not loaded."""
-    if _cupy_ndarray is None:
-        return None
-    n = len(key)
-    guards, values, ns = [], [], {}
-    for i, (k, ty) in enumerate(zip(key, entry.argtypes)):
-        a = f"a{i}"
-        _, kind = _arg_codes(ty)
-        if isinstance(k, tuple):
-            char, ndim, layout = k
-            guards += [f"type({a}) is _ND", f"{a}.ndim == {ndim}", f"{a}.dtype.char == {char!r}"]
-            if layout == "C":
-                guards.append(f"{a}._c_contiguous")
-            elif layout == "F":
-                guards.append(f"not {a}._c_contiguous and {a}._f_contiguous")
-            else:  # the key says neither; an entry compiled for "A" takes any layout
-                guards.append(f"not {a}._c_contiguous and not {a}._f_contiguous")
-            values.append(f"0, 0, {a}.size, {a}.itemsize, {a}.data.ptr, *{a}.shape, *{a}.strides")
-        else:
-            ns[f"_T{i}"] = k
-            guards.append(f"type({a}) is _T{i}")
-            values.append(f"{a}.real, {a}.imag" if kind == "complex" else a)
-    lines = ["def fast_launch(args, gx, gy, gz, bx, by, bz, smem, stream):",
-             f"    if len(args) != {n}:",
-             "        return False"]  # fmt: skip
-    if n:
-        lines.append(f"    {', '.join(f'a{i}' for i in range(n))}, = args")
-        lines += [f"    if not ({' and '.join(guards)}):", "        return False"]
-    lines += ["    try:", "        b = _tls.b", "    except AttributeError:", "        b = _tls.b = _new_buffer()"]
-    if values:
-        lines.append(f"    _pack_into(b[0], 0, {', '.join(values)})")
-    if _cupy_launch is not None:  # CuPy's raises CUDADriverError itself
-        lines.append("    _launch(_H, gx, gy, gz, bx, by, bz, smem, stream, b[2], 0)")
-    else:
-        lines += ["    err = _launch(_H, gx, gy, gz, bx, by, bz, smem, stream, b[2], 0)[0]",
-                  "    if err:", "        _raise(err, _NAME)"]  # fmt: skip
-    lines.append("    return True")
-    src = "\n".join(lines) + "\n"
-    ns.update(_ND=_cupy_ndarray, _tls=entry._tls, _new_buffer=entry.new_buffer, _pack_into=entry.struct.pack_into,
-              _H=entry.handle, _launch=_cupy_launch or _cu_launch, _raise=_raise_launch_error,
-              _NAME=entry.name)  # fmt: skip
-    exec(compile(src, f"<nqdq.launch fast path {entry.name[:40]}>", "exec"), ns)
-    return ns["fast_launch"]
+    """packers.make_fast_launch with the launch state as it is now (CuPy's array type and
+    launch, the driver's)."""
+    return make_fast_launch(key, entry, _cupy_ndarray, _cupy_launch, _cu_launch, _raise_launch_error)
 
 
 # ---------------------------------------------------------------------------------------
@@ -927,73 +743,8 @@ def fast_kernel(kernel) -> FastKernel:
     if fk is None:
         fk = _by_dispatcher[kernel] = FastKernel(kernel)
     return fk
-
-
-# ---------------------------------------------------------------------------------------
-# Compiled launch sequences: several launches, one generated function, raw addresses
-
-
-class Ptr:
-    """A 1-D C-contiguous device-array argument of :func:`compile_sequence` whose address
-    is the call variable ``base`` plus ``offset`` bytes (``n`` items of ``dtype``). It
-    exposes a null ``__cuda_array_interface__`` so FastKernel can type and compile for it."""
-
-    __slots__ = ("base", "offset", "n", "dtype")
-
-    def __init__(self, base: str, offset: int, n: int, dtype):
-        import numpy as np
-
-        self.base, self.offset, self.n, self.dtype = base, int(offset), int(n), np.dtype(dtype)
-
-    @property
-    def __cuda_array_interface__(self):
-        return {"shape": (self.n,), "typestr": self.dtype.str, "data": (0, False), "strides": None, "version": 3}
-
-
-class Var:
-    """A per-call integer argument of :func:`compile_sequence` (an int64 parameter)."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str):
-        self.name = name
-
-
-# cuLaunchKernel's ``extra`` keys (cuda.h): the parameters as one buffer of the kernel's layout
-_LAUNCH_PARAM_END, _LAUNCH_PARAM_BUFFER_POINTER, _LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
-# compile_sequence passes each launch's parameters as that one buffer (``extra``) instead of
-# a void*[] of one pointer per parameter (a kernel with four arrays has ~30 of them, each
-# copied by the driver on its own). Timed on an H100 (benchmarks/launch_overhead.py --ab,
-# docs/design/launch-path.md, "Tried and not kept"): no gain beyond the noise (toy kernel 3.22 vs
-# 3.18 us per launch), so off; NQDQ_LAUNCH_PARAM_BUFFER=1 turns it on (checked bit-exact
-# on the GPU, direct and graph replay). Read when a sequence is compiled.
-PARAM_BUFFER = os.environ.get("NQDQ_LAUNCH_PARAM_BUFFER", "0") == "1"
-
-# cuLaunchKernelEx (cuda.h, CUDA 12+): a launch with attributes, here one: programmatic stream
-# serialization (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6, value: int 1), which
-# lets the grid start while the kernel before it in the stream still runs (programmatic
-# dependent launch, sm_90+: the kernels' griddepcontrol instructions, _ptx.griddep_*).
-_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
-
-
-# ... and a cluster dimension (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4, value: unsigned x, y, z)
-_ATTR_CLUSTER_DIMENSION = 4
-# ... and a cooperative launch (CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2, value: int 1): every block
-# of the grid resident at once, or CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
-_ATTR_COOPERATIVE = 2
-
-
-class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, pad to 8, a 64-byte union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
-
-
-class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
-
-
+# cuLaunchKernelEx, for the kernels launched with attributes (launch_ex, FastKernel.launch,
+# sequence.compile_sequence)
 _cu_launch_ex = None
 
 
@@ -1031,164 +782,6 @@ def _smem_of(kern) -> int:
     return kern.smem if isinstance(kern, FastKernel) else dynamic_smem(kern)
 
 
-def _ex_config(grid, block, smem=0, *, pdl=False, cluster=1, coop=False):
-    """(config, attributes): a CUlaunchConfig of ``grid`` x ``block`` (``smem`` bytes of
-    dynamic shared memory) with the programmatic serialization attribute (``pdl``), a
-    cluster dimension (``cluster`` > 1 blocks along x) and the cooperative attribute
-    (``coop``); its stream is set per call. Keep both alive together."""
-    attrs = (_LaunchAttribute * 3)()
-    n = 0
-    if pdl:
-        attrs[n].id, attrs[n].value[0] = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, 1
-        n += 1
-    if cluster > 1:
-        attrs[n].id = _ATTR_CLUSTER_DIMENSION
-        attrs[n].value[0], attrs[n].value[1], attrs[n].value[2] = cluster, 1, 1
-        n += 1
-    if coop:
-        attrs[n].id, attrs[n].value[0] = _ATTR_COOPERATIVE, 1
-        n += 1
-    gx, gy, gz = _dim3(grid)
-    bx, by, bz = _dim3(block)
-    cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, smem, None, attrs, n)
-    return cfg, attrs
-
-
-def compile_sequence(launches, names, *, entries=None, pdl=()):
-    """One generated function ``run(stream, *names)`` that packs and launches ``launches``
-    in order with ``cuLaunchKernel``; None where any launch must go through Numba
-    (simulator, ``NQDQ_FAST_LAUNCH=0``, kernels the fast path does not cover). The launches
-    whose indices are in ``pdl`` go by ``cuLaunchKernelEx`` with programmatic stream
-    serialization (the caller's kernels must be written for it: griddepcontrol, sm_90+), and
-    so do the launches of cluster kernels (``cluster_size``), with their cluster dimension,
-    and of cooperative kernels (``cooperative``).
-
-    ``launches``: ``(kernel, grid, block, args)`` with ``kernel`` a dispatcher or
-    FastKernel, and each argument a :class:`Ptr` (the address is computed from a call
-    variable), a :class:`Var` (an int given per call) or a constant scalar. Every shape,
-    stride and constant is packed once per thread, so a call costs one 8-byte store per
-    address plus the driver calls (a launch with a Var is packed whole per call). Compiles (and loads) every
-    kernel now: build it before capturing a CUDA graph. ``entries`` (tests) gives the
-    compiled entries instead of compiling.
-    """
-    names = tuple(names)
-    param_buffer = PARAM_BUFFER
-    clusters = [_cluster_of(k) for k, _g, _b, _a in launches]
-    coops = [_coop_of(k) for k, _g, _b, _a in launches]
-    ex = sorted(set(pdl) | {i for i, (c, co) in enumerate(zip(clusters, coops)) if c > 1 or co})  # by cuLaunchKernelEx
-    _cupy_type()  # CuPy's launchKernel when CuPy is loaded by now
-    if entries is None:
-        if not _fast_path_allowed():
-            return None
-        entries = []
-        for kern, _grid, _block, args in launches:
-            fk = kern if isinstance(kern, FastKernel) else fast_kernel(kern)
-            if not fk.fast:
-                return None
-            entry = fk.compile(tuple(0 if isinstance(a, Var) else a for a in args))
-            if entry is None:
-                return None
-            entries.append(entry)
-    launch_fn = _cupy_launch if _cupy_launch is not None else _driver()
-    ns = {"_K": launch_fn, "_raise": _raise_launch_error, "_tls": threading.local()}
-    body = []
-    # Each launch's parameter buffer is packed once, when a thread first runs the sequence:
-    # constants and shapes never change, so a call only stores the addresses of its Ptr
-    # arguments (one 8-byte store each through a uint64 view of the buffer, ~0.1 us)
-    # instead of packing every field. A launch with a Var argument is packed per call.
-    prepacked = []  # per launch: the constant values to pack once, or None
-    for i, ((_kern, grid, block, args), entry) in enumerate(zip(launches, entries)):
-        if len(args) != len(entry.argtypes):
-            raise TypeError(f"{entry.name}: {len(args)} arguments for {len(entry.argtypes)} parameters")
-        values, consts, stores = [], [], []
-        for j, (a, ty) in enumerate(zip(args, entry.argtypes)):
-            kind = _arg_codes(ty)[1]
-            if isinstance(a, Ptr):
-                if kind != "array" or ty.ndim != 1:
-                    raise TypeError(f"{entry.name}: argument {j} is a Ptr but the parameter is {ty}")
-                if a.base not in names:
-                    raise ValueError(f"Ptr base {a.base!r} is not one of the call variables {names}")
-                addr = a.base if not a.offset else f"{a.base} + {a.offset}"
-                n, isz = a.n, a.dtype.itemsize
-                off = entry.offsets[len(values) + 4]  # the data field of (meminfo, parent, nitems, itemsize, data, ...)
-                if off % 8:
-                    raise RuntimeError(f"{entry.name}: data pointer of argument {j} at unaligned offset {off}")
-                stores.append((off // 8, addr))
-                values += ["0", "0", str(n), str(isz), addr, str(n), str(isz)]
-                consts += [0, 0, n, isz, 0, n, isz]
-            elif isinstance(a, Var):
-                if a.name not in names:
-                    raise ValueError(f"Var {a.name!r} is not one of the call variables {names}")
-                values.append(a.name)
-                consts.append(0)
-            else:
-                if kind == "array":
-                    raise TypeError(f"{entry.name}: argument {j} must be a Ptr (an array parameter)")
-                ns[f"_c{i}_{j}"] = a
-                values += [f"_c{i}_{j}.real", f"_c{i}_{j}.imag"] if kind == "complex" else [f"_c{i}_{j}"]
-                consts += [a.real, a.imag] if kind == "complex" else [a]
-        if any(isinstance(a, Var) for a in args):
-            prepacked.append(None)
-            if values:
-                body.append(f"    _P{i}(b[{4 * i}], 0, {', '.join(values)})")
-        else:
-            prepacked.append(consts)
-            body += [f"    b[{4 * i + 2}][{k}] = {addr}" for k, addr in stores]
-        ns[f"_P{i}"] = entry.struct.pack_into
-        ns[f"_H{i}"] = entry.handle
-        ns[f"_N{i}"] = entry.name
-        gx, gy, gz = _dim3(grid)
-        bx, by, bz = _dim3(block)
-        smem = _smem_of(_kern)
-        params = f"0, b[{4 * i + 3}]" if param_buffer else f"b[{4 * i + 1}], 0"  # kernelParams, extra
-        call = f"_K(_H{i}, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {smem}, stream, {params})"
-        if i in ex:  # its CUlaunchConfig (this thread's, after the launches' buffers): the stream, then the launch
-            c = 4 * len(launches) + 2 * ex.index(i)
-            ns["_KX"] = _driver_launch_ex()
-            body += [f"    b[{c}].hStream = stream", f"    err = _KX(b[{c + 1}], _H{i}, {params})", "    if err:",
-                     f"        _raise(err, _N{i}, {ex_kind(launches[i][0])!r})"]
-        elif launch_fn is _cupy_launch:
-            body.append(f"    {call}")
-        else:
-            body += [f"    err = {call}[0]", "    if err:", f"        _raise(err, _N{i})"]
-
-    def new_buffers():
-        # per launch: the parameter buffer, the void*[] address, a uint64 view of the buffer,
-        # and the address of an ``extra`` array naming the buffer whole
-        out, keep = [], []
-        for e, consts in zip(entries, prepacked):
-            buf, ptrs, addr = e.new_buffer()
-            words = (ctypes.c_uint64 * (len(buf) // 8)).from_buffer(buf)
-            if consts:  # None: packed per call (a Var launch)
-                e.struct.pack_into(buf, 0, *consts)
-            size = ctypes.c_size_t(e.struct.size)
-            extra = (ctypes.c_void_p * 5)(
-                _LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(buf), _LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size),
-                _LAUNCH_PARAM_END,
-            )  # fmt: skip
-            out += [buf, addr, words, ctypes.addressof(extra)]
-            keep += [ptrs, size, extra]  # what addr and the extra array point at
-        for i in ex:
-            cfg, attr = _ex_config(launches[i][1], launches[i][2], _smem_of(launches[i][0]), pdl=i in pdl,
-                                   cluster=clusters[i], coop=coops[i])  # fmt: skip
-            out += [cfg, ctypes.addressof(cfg)]
-            keep.append(attr)
-        out.append(keep)
-        return out
-
-    ns["_new"] = new_buffers
-    src = "\n".join(
-        [f"def run(stream{''.join(', ' + n for n in names)}):",
-         "    try:", "        b = _tls.b", "    except AttributeError:", "        b = _tls.b = _new()"]
-        + body
-    ) + "\n"  # fmt: skip
-    exec(compile(src, f"<nqdq.launch sequence of {len(entries)}>", "exec"), ns)
-    run = ns["run"]
-    run.source = src
-    run.entries = tuple(entries)
-    return run
-
-
 def _init():
     if _fast_path_allowed():
         try:
@@ -1199,3 +792,8 @@ def _init():
 
 
 _init()
+
+
+# the compiled sequences' API, which its callers name through this module (launch.Ptr / Var /
+# compile_sequence); defined in sequence, which launches through this module's state
+from .sequence import Ptr, Var, compile_sequence  # noqa: E402
