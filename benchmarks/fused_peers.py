@@ -124,7 +124,7 @@ def moe_graphs(tokens, n, k, reps, E=256):
     from launch_overhead import graph_replay_us
 
     from nqdq import fused
-    from nqdq.gpu.fused import plan as KF
+    from nqdq.gpu.fused import moe as KM
     from nqdq.gpu.quantize.grid import SYNC_WORDS
     from nqdq.gpu.runtime.interop import Allocator
     from nqdq.gpu.runtime.launch import fast_kernel
@@ -154,7 +154,7 @@ def moe_graphs(tokens, n, k, reps, E=256):
         for one in (True, False):
             lst = []
             with s:  # the sort's kernels and arrays, not launched yet
-                perm, offsets = KF.moe_sort(ids2.reshape(-1), T * k, k, E, Allocator("cupy"), launches=lst, ws=ws,
+                perm, offsets = KM.moe_sort(ids2.reshape(-1), T * k, k, E, Allocator("cupy"), launches=lst, ws=ws,
                                             one=one)[:2]
 
             def body(lst=lst):
@@ -256,6 +256,7 @@ def main(argv=None):
     sample = np.sort(np.random.default_rng(0).choice(rows, SAMPLE_ROWS, replace=False))
     w_h = bf16_host(w).astype(np.float32)
 
+    from nqdq.gpu.fused import moe as KM
     from nqdq.gpu.fused import plan as KF
 
     ab = []
@@ -272,8 +273,9 @@ def main(argv=None):
         return arrs
 
     class switched:
-        """``with``: nqdq.gpu.fused.plan.NAME (the MoE launcher's switches) = v (an int; bools stay bools), restored after; NAME may be several joined by
-        "+" (a combination: each set to v, or v = "V1/V2/..": one value each)."""
+        """``with``: NAME (the MoE launchers' switches: nqdq.gpu.fused.plan's staged rows, nqdq.gpu.fused.moe's
+        sort) = v (an int; bools stay bools), restored after; NAME may be several joined by "+" (a combination:
+        each set to v, or v = "V1/V2/..": one value each)."""
 
         def __init__(self, name, v):
             self.names = name.split("+")
@@ -281,7 +283,7 @@ def main(argv=None):
             self.vs = vs * len(self.names) if len(vs) == 1 else vs
             if len(self.vs) != len(self.names):
                 raise ValueError(f"--ab {name}={v}: one value, or one per switch")
-            self.mods = [KF for nm in self.names]
+            self.mods = [KF if hasattr(KF, nm) else KM for nm in self.names]  # (the module that holds it)
 
         def __enter__(self):
             self.old = [getattr(m, nm) for m, nm in zip(self.mods, self.names)]

@@ -2,7 +2,7 @@
 
     python3 benchmarks/tree_ab.py --old build/adhoc/old [--schemes fp8_row,nvfp4] [--rows 64 --cols 7168]
         [--rounds 30] [--calls 500] [--cpu] [--json FILE]
-    python3 benchmarks/tree_ab.py --env NQDQ_TENSOR_RESIDENT=0,1 [--schemes ...] [...]
+    python3 benchmarks/tree_ab.py --env NQDQ_FAST_LAUNCH=0,1 [--schemes ...] [...]
 
 Two trees timed in separate processes differ by the host's drift: on lent machines of one
 kind a process's 64x7168 call ran anywhere from 8 to 18 us within minutes
@@ -20,9 +20,9 @@ new tree was slower.
 bf16 input from CuPy (a uint16 view, ``dtype="bfloat16"``) on the current GPU, or with
 ``--cpu`` NumPy bfloat16 on the reference (no GPU needed; the same method for the NumPy path).
 
-``--env NAME=OLD,NEW`` A/Bs an environment setting instead of a tree: nqdq reads most of its
-``NQDQ_*`` settings into module constants at import, so the two values need two imports of
-this tree, ``nqdq_old`` imported with NAME=OLD and ``nqdq`` with NAME=NEW. NAME holds each
+``--env NAME=OLD,NEW`` A/Bs an environment setting instead of a tree: this tree imported twice,
+``nqdq_old`` with NAME=OLD and ``nqdq`` with NAME=NEW (a setting read at import, such as
+``NQDQ_GPU_BACKEND``, needs the two imports). NAME holds each
 tree's value while it imports and around each of its blocks of calls (set outside the timed
 calls), so settings read at call time follow it too.
 """

@@ -510,8 +510,7 @@ def clear_fast_path():
     _matmul_module = importlib.import_module("nqdq.matmul")  # (nqdq.matmul the attribute is the function)
 
     _FAST.clear()
-    fused._MOE_FAST.clear()
-    fused._ROWS_FAST.clear()
+    fused.clear_hot_path()
     _matmul_module.clear_hot_path()
 
 

@@ -138,29 +138,6 @@ def test_gpu_output_arrays_equal_the_constructors():
                 assert _same_cupy_array(a, cp.ndarray(a.shape, a.dtype, a.data)), (name, f)
 
 
-@gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["fp8_row", "nvfp4", "int8_asym"])
-def test_gpu_parameters_as_one_buffer_bit_exact(monkeypatch, name):
-    """sequence.PARAM_BUFFER: every launch of the plan passes its parameters as one buffer
-    (cuLaunchKernel's ``extra``); results bit-identical, direct and replayed from a graph."""
-    import cupy as cp
-
-    from nqdq.gpu.runtime import sequence
-
-    monkeypatch.setattr(sequence, "PARAM_BUFFER", True)
-    monkeypatch.setattr(kq, "_PLANS", type(kq._PLANS)())  # plans (and their runners) built anew
-    monkeypatch.setattr(api, "_FAST", {})
-    rng = np.random.default_rng(11)
-    xh = activation(rng, (64, 7168))
-    x = cp.asarray(xh.view(np.uint16))
-    for _ in range(2):
-        check_quantized(nqdq.quantize(x, name, dtype="bfloat16"), nqdq.quantize(xh, name, device="cpu"), name)
-    run = next(fq for k, fq in api._FAST.items() if k[0] == name).run
-    assert "stream, 0, b[" in run.__globals__["_seq"].source  # kernelParams 0, extra given
-    check_graph_replays(x, name, rng, trials=1)
-
-
 # --- the hot path's pieces, without a GPU ---------------------------------------------------
 
 

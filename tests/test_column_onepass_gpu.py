@@ -11,6 +11,8 @@ Runs only with NQDQ_TEST_GPU=1 on a machine with a CUDA GPU and CuPy (``pytest -
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -82,7 +84,9 @@ def test_single_chunk(shape):
 def test_ring_issue_shapes(fresh_plans, shape, dtype, force_wait):
     """The shared-memory ring at the issue's sizes (P = 128 / 256 chunks a stripe), odd
     shapes, and with the wait path (every item held arrives first) on every item."""
-    fresh_plans.setattr(column_ring, "RING_FORCE_WAIT", force_wait)
+    if force_wait:  # the plan's ring kernel built with the wait path on every item
+        fresh_plans.setattr(column_ring, "make_column_ring_kernel",
+                            functools.partial(column_ring.make_column_ring_kernel, force_wait=True))
     names, P = _names_and_p(shape, dtype)
     assert names == ["column_ring"] and P > 1
     rng = np.random.default_rng(shape[-1])

@@ -1,9 +1,9 @@
 """The shared-memory ring kernel of per-channel scales (``column_ring.column_ring``,
 ``PerChannel.RING``, selected by ``choices=``) in the simulator, bit for bit against the
-NumPy reference: through the plan (P = 1: one block
-takes every stripe in turn, so the ring's slots cycle), launched directly with P = 2 chunks
-a stripe (one block holds both), and with the wait path taken on every item
-(``RING_FORCE_WAIT``). cp.async and ld.shared.v4 run as their twins here; the GPU tests
+NumPy reference: through the plan (P = 1: one block takes every stripe in turn, so the
+ring's slots cycle), launched directly with P = 2 chunks a stripe (one block holds both),
+and with the wait path taken on every item (``make_column_ring_kernel``'s ``force_wait``).
+cp.async and ld.shared.v4 run as their twins here; the GPU tests
 (tests/test_column_onepass_gpu.py, ``ring``) run the instructions with P > 1. The geometry
 is checked by hand against the issue's shapes."""
 

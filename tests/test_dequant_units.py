@@ -1,4 +1,4 @@
-"""The unit decode kernel (``_quantize_kernels.make_dequant_units_kernel``: 16 bytes of codes a
+"""The unit decode kernel (``dequant_kernels.make_dequant_units_kernel``: 16 bytes of codes a
 thread, float32 or bfloat16 written directly) against the NumPy reference, bit for bit, on
 every code value (random code bytes under each scheme's scales), and where it does not apply
 (rows not of whole 16-byte units, scale groups not of whole 8-element chunks, 6-bit codes)

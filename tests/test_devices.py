@@ -142,7 +142,7 @@ def test_public_entry_points_run_on_their_arrays_gpu():
 
     mm = importlib.import_module("nqdq.matmul")  # (nqdq.matmul is the function)
     wrapped = [api._quantize, api._dequantize, fused._rmsnorm, fused._rmsnorm_quantize, fused._flatten_quantize,
-               fused._moe_sort_quantize, mm._matmul, quantized.QuantizedTensor.with_layout]  # fmt: skip
+               fused._moe._moe_sort_quantize, mm._matmul, quantized.QuantizedTensor.with_layout]  # fmt: skip
     for fn in wrapped:
         assert getattr(fn, "__wrapped__", None) is not None, fn.__qualname__
     assert nqdq.quantize is api.quantize and nqdq.fused.moe_sort_quantize is fused.moe_sort_quantize

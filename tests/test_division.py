@@ -323,22 +323,6 @@ def test_static_scales_ratio_and_range(monkeypatch):
           x_ref=x.astype(ml_dtypes.bfloat16).astype(np.float32))
 
 
-def test_switch_off_is_the_division(monkeypatch):
-    """RECIP_DIV off (NQDQ_RECIP_DIV=0, the A/B baseline): no reciprocal, same codes."""
-    from helpers.kernels import check
-    from nqdq.gpu.quantize import asym_units, encoders, lastaxis, stat_chunks
-    from nqdq.gpu.quantize import plan as kq
-    from nqdq.schemes import resolve_scheme
-
-    calls = _spy_count(monkeypatch)
-    for reader in (lastaxis, encoders, asym_units, stat_chunks):  # the last-axis kernels' readers of the switch
-        monkeypatch.setattr(reader, "RECIP_DIV", False)
-    kq._PLANS.clear()
-    x = _hard_rows(3, 128, 4, ml_dtypes.bfloat16)
-    check(x, resolve_scheme("fp8_row"), x_ref=x.astype(np.float32))
-    assert calls[0] == 0
-
-
 def test_fused_rows_divide_by_reciprocal(monkeypatch):
     """The fused RMSNorm + fp8_row / fp8_1x128 / static fp8_tensor kernels (vector path)
     encode finite units by div_by_recip (counted) and give the unfused spec's codes; a

@@ -381,6 +381,7 @@ def test_moe_sort_quantize_scatter_rows(stage, rank, wide, monkeypatch):
     (the last of 1: tokens 0-1, 2-3, 4), each counting every pair's bucket and finding its own
     pairs' rows, perm and (block 0) the offsets."""
     from nqdq.gpu.fused import kernels as fused_kernels
+    from nqdq.gpu.fused import moe as KM
     from nqdq.gpu.fused import plan as KF
 
     ops, built_lanes = [], []
@@ -397,9 +398,10 @@ def test_moe_sort_quantize_scatter_rows(stage, rank, wide, monkeypatch):
 
     monkeypatch.setattr(KF, "MOE_STAGE", stage)
     monkeypatch.setattr(KF, "MOE_STAGE_BLOCKS", 3 if rank == 2 else 2)
-    monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", 0 if rank == 1 else 10 ** 9)
-    monkeypatch.setattr(KF, "MOE_LOCAL_MAX_PAIRS", 2048 if rank == 2 else 0)
-    monkeypatch.setattr(KF, "_sm_count", lambda: 1)
+    monkeypatch.setattr(KM, "MOE_RANK_MIN_PAIRS", 0 if rank == 1 else 10 ** 9)
+    monkeypatch.setattr(KM, "MOE_LOCAL_MAX_PAIRS", 2048 if rank == 2 else 0)
+    monkeypatch.setattr(KF, "_sm_count", lambda: 1)  # (the staged rows' grid)
+    monkeypatch.setattr(KM, "_sm_count", lambda: 1)  # (the sort's grid)
     monkeypatch.setattr(KF, "fused_row_kernel", spy)
     rng = np.random.default_rng(12)
     T, H, k, E = 5, 1000, 3, 4
@@ -444,27 +446,26 @@ def _device_sort(ids, npairs, k, E, mode, flag=None):
     from nqdq.gpu.fused import kernels as fused_kernels
     from nqdq.gpu.quantize.grid import SYNC_WORDS
     from nqdq.gpu.runtime.interop import Allocator
-    from nqdq.gpu.fused.plan import moe_rank, moe_sort
-
-    from nqdq.gpu.fused import plan as KF
+    from nqdq.gpu.fused import moe as KM
+    from nqdq.gpu.fused.moe import moe_rank, moe_sort
 
     if mode == "one3":  # a grid of 3 blocks, which the simulator runs one after another
         ws = np.zeros(SYNC_WORDS, np.int32)
-        sm, KF._sm_count = KF._sm_count, lambda: 3
+        sm, KM._sm_count = KM._sm_count, lambda: 3
         try:
             out = moe_sort(ids, npairs, k, E, Allocator("numpy"), ws=ws, one=True, flag=flag)
         finally:
-            KF._sm_count = sm
+            KM._sm_count = sm
         assert not ws.any()
         return out
     if not mode.startswith("rank"):
         return moe_sort(ids, npairs, k, E, Allocator("numpy"), one=mode == "one", flag=flag)
     ws = np.zeros(SYNC_WORDS, np.int32)
-    blocks, KF.MOE_RANK_BLOCKS = KF.MOE_RANK_BLOCKS, int(mode[4:])
+    blocks, KM.MOE_RANK_BLOCKS = KM.MOE_RANK_BLOCKS, int(mode[4:])
     try:
         packed, cbase, off, _, csh = moe_rank(ids, npairs, E, Allocator("numpy"), ws=ws, flag=flag)
     finally:
-        KF.MOE_RANK_BLOCKS = blocks
+        KM.MOE_RANK_BLOCKS = blocks
     assert not ws.any()
     p = np.arange(npairs)
     inv = (cbase[(p >> csh) * (E + 1) + (packed >> fused_kernels.MOE_RANK_SHIFT)]
@@ -529,7 +530,7 @@ def test_id_checks_ring_and_wait():
     not; it queries the stream every POLLS reads and goes on while the stream runs (the word
     written at the third query here); a stream with nothing left and the word clear is a
     RuntimeError, not a wait for ever."""
-    from nqdq.gpu.fused.plan import IdChecks
+    from nqdq.gpu.fused.moe import IdChecks
 
     host = np.full(4, 9, np.int32)
     ch = IdChecks(host, 0x1000)

@@ -255,7 +255,7 @@ def test_gpu_moe_hot_path():
     ids = topk_ids(rng, T, E, k, np.int32)
     xg, idg = to_gpu(x), cp.asarray(ids)
     assert_moe_spec(x, ids, E, fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16"))
-    assert len(fused._MOE_FAST) == 1
+    assert len(fused._moe._MOE_FAST) == 1
     assert_moe_spec(x, ids, E, fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16"))  # planned
     bad = ids.copy()
     bad[50, 2] = E
@@ -336,10 +336,10 @@ def test_gpu_moe_defaults(T, H, k, min_pairs, monkeypatch):
     (moe_sort's one launch: min_pairs past every size); inf and NaN groups. The general path,
     then the planned one (bit for bit the same)."""
     from nqdq import api
-    from nqdq.gpu.fused import plan as KF
+    from nqdq.gpu.fused import moe as KM
 
     if min_pairs is not None:
-        monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", min_pairs)
+        monkeypatch.setattr(KM, "MOE_RANK_MIN_PAIRS", min_pairs)
     api.clear_fast_path()
     rng = np.random.default_rng(T + H)
     x = rows(rng, T, H, "bfloat16")
@@ -348,7 +348,7 @@ def test_gpu_moe_defaults(T, H, k, min_pairs, monkeypatch):
     ids = topk_ids(rng, T, E, k, np.int32)
     xg, idg = to_gpu(x), cp.asarray(ids)
     first = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")
-    assert fused._MOE_FAST  # (remembered: the next call is the planned one)
+    assert fused._moe._MOE_FAST  # (remembered: the next call is the planned one)
     planned = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16")
     assert_moe_spec(x, ids, E, first)
     assert_moe_same(first, planned)
@@ -368,6 +368,7 @@ def test_gpu_moe_local(T, H, k, E, idt, bad, monkeypatch):
     to fit the local sort's shared memory); 513 experts: not taken (moe_sort, moe_rank)."""
     from nqdq import api
     from nqdq.gpu.fused import rows as FR
+    from nqdq.gpu.fused import moe as KM
     from nqdq.gpu.fused import plan as KF
 
     ranks = []
@@ -378,7 +379,7 @@ def test_gpu_moe_local(T, H, k, E, idt, bad, monkeypatch):
         return build(*a, **kw)
 
     monkeypatch.setattr(KF, "fused_row_kernel", spy)
-    monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", 0)
+    monkeypatch.setattr(KM, "MOE_RANK_MIN_PAIRS", 0)
     api.clear_fast_path()
     rng = np.random.default_rng(T + H + E)
     x = rows(rng, T, H, "bfloat16")
@@ -390,7 +391,7 @@ def test_gpu_moe_local(T, H, k, E, idt, bad, monkeypatch):
     first = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16", check_ids=False)
     local = E + 1 <= 513
     assert ranks[-1] == (FR.RANK_LOCAL if local else FR.RANK_PACKED)
-    (fm,) = fused._MOE_FAST.values()
+    (fm,) = fused._moe._MOE_FAST.values()
     assert len(fm.run.seq.entries) == (1 if local else 2)
     planned = fused.moe_sort_quantize(xg, idg, E, "mxfp4", dtype="bfloat16", check_ids=False)
     assert_moe_spec(x, ids, E, first)
@@ -419,12 +420,12 @@ def test_gpu_moe_sort_quantize(T, k, E):
 @pytest.mark.parametrize("sort1", [True, False])
 @pytest.mark.parametrize("T, k, E", [(1, 1, 1), (2048, 4, 256), (9000, 4, 256), (700, 8, 1024)])
 def test_gpu_moe_sort_one_launch(T, k, E, sort1):
-    """The sort alone (kernels.fused.moe_sort: perm, offsets and inv) in one launch and in
+    """The sort alone (gpu.fused.moe.moe_sort: perm, offsets and inv) in one launch and in
     three, against the spec, with a few ids out of range: one pair; the bench's 32 chunks on
     32 blocks; 141 chunks on one block per SM (two chunks a block, some blocks none); 22
     chunks of 1025 buckets (five a thread). Twice in a row on one zeroed workspace, which the
     kernel leaves zero (the next call's barrier starts from it)."""
-    from nqdq.gpu.fused import plan as KF
+    from nqdq.gpu.fused import moe as KM
     from nqdq.gpu.runtime.interop import Allocator
 
     rng = np.random.default_rng(T + E)
@@ -435,7 +436,7 @@ def test_gpu_moe_sort_one_launch(T, k, E, sort1):
     perm_ref = [p[1] for p in sorted((int(ids[i, j]) if valid[i, j] else E, i, j) for i in range(T) for j in range(k))]
     ws = cp.zeros(SYNC_WORDS, cp.int32)
     for _ in range(2):
-        perm, off, inv = KF.moe_sort(cp.asarray(ids.reshape(-1)), T * k, k, E, Allocator("cupy"), ws=ws, one=sort1)
+        perm, off, inv = KM.moe_sort(cp.asarray(ids.reshape(-1)), T * k, k, E, Allocator("cupy"), ws=ws, one=sort1)
         np.testing.assert_array_equal(host(perm), perm_ref)
         off = host(off)
         counts = np.bincount(ids[valid], minlength=E)
@@ -458,18 +459,18 @@ def test_gpu_moe_sort_one_launch_partly_resident():
     zero."""
     from helpers.gpu import sm_hog
 
-    from nqdq.gpu.fused import plan as KF
+    from nqdq.gpu.fused import moe as KM
     from nqdq.gpu.runtime.interop import Allocator
 
     T, k, E = 9000, 4, 256
     ids = np.random.default_rng(28).integers(0, E, (T, k)).astype(np.int32)
     dev = cp.asarray(ids.reshape(-1))
     ws = cp.zeros(SYNC_WORDS, cp.int32)
-    KF.moe_sort(dev, T * k, k, E, Allocator("cupy"), ws=ws, one=True)  # (compiled before the hog holds the SMs)
+    KM.moe_sort(dev, T * k, k, E, Allocator("cupy"), ws=ws, one=True)  # (compiled before the hog holds the SMs)
     st = cp.cuda.Stream(non_blocking=True)
     with sm_hog(st) as done:
         with st:
-            perm, off, inv = KF.moe_sort(dev, T * k, k, E, Allocator("cupy"), ws=ws, one=True)
+            perm, off, inv = KM.moe_sort(dev, T * k, k, E, Allocator("cupy"), ws=ws, one=True)
         done()
     perm_ref, off_ref = R.moe_sort(ids, E)
     np.testing.assert_array_equal(host(perm), perm_ref)
@@ -486,7 +487,7 @@ def test_gpu_moe_rank(T, k, E):
     buckets, five a thread) and 313 of 1024 (the last block's column walks 10 rounds of
     MOE_WALK loads). Twice in a row on one zeroed ticket, which the kernel leaves zero."""
     from nqdq.gpu.fused import kernels as fused_kernels
-    from nqdq.gpu.fused import plan as KF
+    from nqdq.gpu.fused import moe as KM
     from nqdq.gpu.runtime.interop import Allocator
 
     rng = np.random.default_rng(T + E + 1)
@@ -499,8 +500,8 @@ def test_gpu_moe_rank(T, k, E):
                                              for i in range(T) for j in range(k))]] = np.arange(T * k)
     ws = cp.zeros(SYNC_WORDS, cp.int32)
     for _ in range(2):
-        packed, cbase, off, _perm, csh = KF.moe_rank(cp.asarray(ids.reshape(-1)), T * k, E, Allocator("cupy"), ws=ws)
-        assert csh == KF.rank_chunk_shift(T * k)
+        packed, cbase, off, _perm, csh = KM.moe_rank(cp.asarray(ids.reshape(-1)), T * k, E, Allocator("cupy"), ws=ws)
+        assert csh == KM.rank_chunk_shift(T * k)
         packed, cbase, off = host(packed)[: T * k], host(cbase), host(off)
         p = np.arange(T * k)
         rows_ = (cbase[(p >> csh) * (E + 1) + (packed >> fused_kernels.MOE_RANK_SHIFT)]
@@ -527,11 +528,12 @@ def test_gpu_moe_hot_path_streams_and_graph(stage, rank, local, monkeypatch):
     tokens in one round: at 4 a block, and at 1 with 600 blocks an SM): the rows kernel alone,
     one launch direct or captured, no workspace."""
     from nqdq import api
+    from nqdq.gpu.fused import moe as KM
     from nqdq.gpu.fused import plan as KF
 
     monkeypatch.setattr(KF, "MOE_STAGE", stage)
-    monkeypatch.setattr(KF, "MOE_RANK_MIN_PAIRS", 0 if rank else 10 ** 9)
-    monkeypatch.setattr(KF, "MOE_LOCAL_MAX_PAIRS", 10 ** 6 if local else 0)  # (2400 pairs)
+    monkeypatch.setattr(KM, "MOE_RANK_MIN_PAIRS", 0 if rank else 10 ** 9)
+    monkeypatch.setattr(KM, "MOE_LOCAL_MAX_PAIRS", 10 ** 6 if local else 0)  # (2400 pairs)
     if local and stage == 1:
         monkeypatch.setattr(KF, "MOE_STAGE_BLOCKS", 600)
     api.clear_fast_path()
@@ -544,7 +546,7 @@ def test_gpu_moe_hot_path_streams_and_graph(stage, rank, local, monkeypatch):
 
     x, ids = data()
     fused.moe_sort_quantize(to_gpu(x), cp.asarray(ids), E, "mxfp4", dtype="bfloat16")  # plans it
-    (fm,) = fused._MOE_FAST.values()
+    (fm,) = fused._moe._MOE_FAST.values()
     kx = not local  # (one launch: no dependent)
     assert ("_KX(" in fm.run.seq.source) == kx and ("_KX(" in fm.run.seq_graph.source) == kx
     want = (1, 1) if local else (2, 2) if rank else (2, 4)

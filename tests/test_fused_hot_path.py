@@ -1,10 +1,11 @@
-"""The fused row ops' hot path (nqdq.fused._ROWS_FAST): a repeated rmsnorm / rmsnorm_quantize /
-flatten_quantize call with the same arguments skips the checks and the plan and launches the
-planned call (kernels.fused.rows_plan). In the simulator NumPy arrays with device="cuda"
-take it (fused._SimulatedLib: the plan's replay), so these run in CI: the remembered call hits
-on a repeat and gives the first call's bits (and the reference's), misses when any element of
-the key changes, still raises clear errors, and refuses arrays the plan cannot take.
-tests/test_fused_gpu.py::test_gpu_fused_hot_path runs the CuPy form on a GPU.
+"""The fused row ops' hot path (nqdq.fused._rows_hot._ROWS_FAST): a repeated rmsnorm /
+rmsnorm_quantize / flatten_quantize call with the same arguments skips the checks and the
+plan and launches the planned call (nqdq.gpu.fused.plan.rows_plan). In the simulator NumPy
+arrays with device="cuda" take it (_rows_hot._SimulatedLib: the plan's replay), so these run
+in CI: the remembered call hits on a repeat and gives the first call's bits (and the
+reference's), misses when any element of the key changes, still raises clear errors, and
+refuses arrays the plan cannot take. tests/test_fused_gpu.py::test_gpu_fused_hot_path runs
+the CuPy form on a GPU.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from nqdq import fused
+from nqdq.fused import _rows_hot
 from nqdq.gpu.fused.plan import rows_switches
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -49,9 +51,9 @@ def first_array(out):
 
 @pytest.fixture(autouse=True)
 def fresh_hot_path():
-    fused._ROWS_FAST.clear()
+    _rows_hot._ROWS_FAST.clear()
     yield
-    fused._ROWS_FAST.clear()
+    _rows_hot._ROWS_FAST.clear()
 
 
 def data(t=3, n=200, dtype=BF16, seed=0):
@@ -80,10 +82,10 @@ CALLS = {
 def test_repeat_takes_the_hot_path_with_the_same_bits(name):
     call = CALLS[name]
     first = call(device="cuda")  # the general path, which remembers the call
-    assert len(fused._ROWS_FAST) == 1
-    (fr,) = fused._ROWS_FAST.values()
+    assert len(_rows_hot._ROWS_FAST) == 1
+    (fr,) = _rows_hot._ROWS_FAST.values()
     hot = call(device="cuda")
-    assert len(fused._ROWS_FAST) == 1
+    assert len(_rows_hot._ROWS_FAST) == 1
     assert_same(hot, first)
     assert_same(hot, call())  # the NumPy reference (device=None: the CPU)
     # the hot call's outputs are views of its one allocation; the general path's are not
@@ -105,31 +107,32 @@ def test_key_changes_with_every_element(monkeypatch):
     """_norm_key / _flat_key differ when any element of the call differs: op, device argument,
     array types, shapes, dtypes, residual or not, scheme, eps (value and type), static scale,
     dtype options, the current GPU; flatten's strides. Both end with rows_switches()."""
-    fused._remember_rows(lambda: None, lambda: None)  # (sets the key's device and switch readers)
-    base = dict(op=fused._OP_NORM_Q, x=X, weight=W, residual=None, options=("fp8_row", float, 1e-6, type(None), None),
-                device="cuda", dtype=None, weight_dtype=None)
-    k0 = fused._norm_key(**base)
-    assert k0 == fused._norm_key(**base) and hash(k0) == hash(fused._norm_key(**base))
-    changes = dict(op=fused._OP_Y, x=X[:2], weight=W.astype(np.float32), residual=RES, device="gpu", dtype="bfloat16",
-                   weight_dtype="bfloat16", options=("mxfp4", float, 1e-6, type(None), None))
+    _rows_hot._remember_rows(lambda: None, lambda: None)  # (sets the key's device and switch readers)
+    base = dict(op=_rows_hot._OP_NORM_Q, x=X, weight=W, residual=None,
+                options=("fp8_row", float, 1e-6, type(None), None), device="cuda", dtype=None, weight_dtype=None)
+    k0 = _rows_hot._norm_key(**base)
+    assert k0 == _rows_hot._norm_key(**base) and hash(k0) == hash(_rows_hot._norm_key(**base))
+    changes = dict(op=_rows_hot._OP_Y, x=X[:2], weight=W.astype(np.float32), residual=RES, device="gpu",
+                   dtype="bfloat16", weight_dtype="bfloat16", options=("mxfp4", float, 1e-6, type(None), None))
     changes2 = [dict(x=X.astype(np.float32)), dict(x=X.view(np.uint16)), dict(options=("fp8_row", float, 1e-5, type(None), None)),
                 dict(options=("fp8_row", int, 1, type(None), None)), dict(options=("fp8_tensor", float, 1e-6, float, 0.5)),
                 dict(options=("fp8_tensor", float, 1e-6, float, 0.25)), dict(x=list(X))]
     keys = {k0}
     for ch in [{k: v} for k, v in changes.items()] + changes2:
-        k = fused._norm_key(**{**base, **ch})
+        k = _rows_hot._norm_key(**{**base, **ch})
         assert k != k0 and k not in keys, ch
         keys.add(k)
-    assert fused._norm_key(**{**base, "x": list(X)}) is None  # no shape / dtype: no key, the general path
-    monkeypatch.setattr(fused, "_device_now", lambda: 1)
-    assert fused._norm_key(**base) != k0  # another current GPU
+    assert _rows_hot._norm_key(**{**base, "x": list(X)}) is None  # no shape / dtype: no key, the general path
+    monkeypatch.setattr(_rows_hot, "_device_now", lambda: 1)
+    assert _rows_hot._norm_key(**base) != k0  # another current GPU
     monkeypatch.undo()
-    fused._remember_rows(lambda: None, lambda: None)
+    _rows_hot._remember_rows(lambda: None, lambda: None)
     assert k0[-1] == rows_switches()  # the build switches run_rows reads (none left)
-    f0 = fused._flat_key(X3, "mxfp4", "cuda", None)
+    f0 = _rows_hot._flat_key(X3, "mxfp4", "cuda", None)
     assert f0[-1] == rows_switches()
-    assert f0 != fused._flat_key(X3_VIEW, "mxfp4", "cuda", None)  # same shape, other strides
-    assert f0 != fused._flat_key(X3, "fp8_1x128", "cuda", None) != fused._flat_key(X3, "mxfp4", "cuda", "bfloat16")
+    assert f0 != _rows_hot._flat_key(X3_VIEW, "mxfp4", "cuda", None)  # same shape, other strides
+    flat_key = _rows_hot._flat_key
+    assert f0 != flat_key(X3, "fp8_1x128", "cuda", None) != flat_key(X3, "mxfp4", "cuda", "bfloat16")
 
 
 def test_changed_arguments_miss_and_give_their_own_bits():
@@ -139,13 +142,13 @@ def test_changed_arguments_miss_and_give_their_own_bits():
     for kw in (dict(eps=1e-3), dict(residual=RES)):
         got = fused.rmsnorm_quantize(X, W, "fp8_row", device="cuda", **kw)
         assert_same(got, fused.rmsnorm_quantize(X, W, "fp8_row", **kw))
-    assert len(fused._ROWS_FAST) == 3
+    assert len(_rows_hot._ROWS_FAST) == 3
 
 
 def test_errors_are_still_raised_after_a_remembered_call():
     fused.rmsnorm_quantize(X, W, "fp8_row", eps=1, device="cuda")
     fused.rmsnorm_quantize(X, W, "fp8_tensor", scale=0.5, device="cuda")
-    assert len(fused._ROWS_FAST) == 2
+    assert len(_rows_hot._ROWS_FAST) == 2
     with pytest.raises(TypeError, match="eps"):
         fused.rmsnorm_quantize(X, W, "fp8_row", eps=True, device="cuda")  # == 1 and hashes so: its type is in the key
     with pytest.raises(ValueError, match="weight"):
@@ -167,7 +170,7 @@ def test_the_runner_refuses_arrays_the_plan_cannot_take():
     x that is not C-contiguous or not in native byte order; the general path reads such an
     x as a contiguous copy and gives the reference's bits."""
     fused.rmsnorm_quantize(X, W, "fp8_row", device="cuda")
-    (fr,) = fused._ROWS_FAST.values()
+    (fr,) = _rows_hot._ROWS_FAST.values()
     wide = np.zeros((3, 400), BF16)
     wide[:, ::2] = X
     strided = wide[:, ::2]
@@ -178,8 +181,8 @@ def test_the_runner_refuses_arrays_the_plan_cannot_take():
 
 
 def test_the_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(fused, "_ROWS_FAST_MAX", 2)
+    monkeypatch.setattr(_rows_hot, "_ROWS_FAST_MAX", 2)
     for eps in (1e-6, 1e-5, 1e-4):
         fused.rmsnorm(X[:1], W, eps, device="cuda")
-    assert len(fused._ROWS_FAST) == 2
-    assert [k[9][1] for k in fused._ROWS_FAST] == [1e-5, 1e-4]  # (options = (type, eps)): the oldest dropped
+    assert len(_rows_hot._ROWS_FAST) == 2
+    assert [k[9][1] for k in _rows_hot._ROWS_FAST] == [1e-5, 1e-4]  # (options = (type, eps)): the oldest dropped

@@ -409,23 +409,21 @@ def test_gpu_errors_name_the_argument():
         fk.launch(2, 256, (x2[:, ::2], codes, cupy.zeros(2, np.float32)))  # not C-contiguous
 
 
-@pytest.mark.parametrize("param_buffer", [False, True], ids=["void-ptr-array", "one-buffer"])
-def test_compile_sequence_packs_like_the_general_packer(monkeypatch, param_buffer):
+def test_compile_sequence_packs_like_the_general_packer(monkeypatch):
     """The generated sequence launcher: per launch, the same parameter bytes as the
     general packer given arrays at those addresses, in order, on the given stream; passed
-    as a void*[] or (PARAM_BUFFER) as one buffer through cuLaunchKernel's ``extra``."""
-    monkeypatch.setattr(sequence, "PARAM_BUFFER", param_buffer)
+    as a void*[] of one pointer per parameter."""
     entries = []
     launched = record_launches(monkeypatch, entries)
     e1 = fake_entry((types.uint16[::1], types.int64, types.uint8[::1], types.float32[::1], types.int64), 11, "k1")
     e2 = fake_entry((types.float32[::1], types.int64, types.float64), 22, "k2")
     entries += [e1, e2]
     launches = [
-        ("k1", (3, 2), 256, (launch.Ptr("xp", 0, 448, np.uint16), 7, launch.Ptr("base", 512, 100, np.uint8),
-                             launch.Ptr("base", 0, 25, np.float32), launch.Var("lo"))),
-        ("k2", 5, (32, 4), (launch.Ptr("dummy", 256, 1, np.float32), launch.Var("hi"), 0.5)),
+        ("k1", (3, 2), 256, (sequence.Ptr("xp", 0, 448, np.uint16), 7, sequence.Ptr("base", 512, 100, np.uint8),
+                             sequence.Ptr("base", 0, 25, np.float32), sequence.Var("lo"))),
+        ("k2", 5, (32, 4), (sequence.Ptr("dummy", 256, 1, np.float32), sequence.Var("hi"), 0.5)),
     ]  # fmt: skip
-    run = launch.compile_sequence(launches, ("xp", "base", "dummy", "lo", "hi"), entries=entries)
+    run = sequence.compile_sequence(launches, ("xp", "base", "dummy", "lo", "hi"), entries=entries)
     run(77, 0x1000, 0x8000, 0x9000, 5, 6)
     want1 = bytearray(e1.struct.size)
     e1.pack(want1, (FakeCupyArray((448,), np.uint16, 0x1000), 7, FakeCupyArray((100,), np.uint8, 0x8200),
@@ -434,17 +432,15 @@ def test_compile_sequence_packs_like_the_general_packer(monkeypatch, param_buffe
     e2.pack(want2, (FakeCupyArray((1,), np.float32, 0x9100), 6, 0.5))
     assert launched == [((11, 3, 2, 1, 256, 1, 1, 0, 77), bytes(want1)), ((22, 5, 1, 1, 32, 4, 1, 0, 77), bytes(want2))]
     with pytest.raises(TypeError, match="must be a Ptr"):
-        launch.compile_sequence([("k2", 1, 1, (0, 1, 0.5))], (), entries=[e2])
+        sequence.compile_sequence([("k2", 1, 1, (0, 1, 0.5))], (), entries=[e2])
     with pytest.raises(ValueError, match="call variables"):
-        launch.compile_sequence([("k2", 1, 1, (launch.Ptr("nope", 0, 1, np.float32), 1, 0.5))], ("xp",), entries=[e2])
+        sequence.compile_sequence([("k2", 1, 1, (sequence.Ptr("nope", 0, 1, np.float32), 1, 0.5))], ("xp",), entries=[e2])
 
 
-@pytest.mark.parametrize("param_buffer", [False, True], ids=["void-ptr-array", "one-buffer"])
-def test_compile_sequence_prepacked_launches_store_only_the_addresses(monkeypatch, param_buffer):
+def test_compile_sequence_prepacked_launches_store_only_the_addresses(monkeypatch):
     """A launch without Var arguments is packed once per thread; later calls store only
     the new addresses. Two calls with different addresses must each give exactly the
     general packer's bytes (so no stale address and no field left unpacked)."""
-    monkeypatch.setattr(sequence, "PARAM_BUFFER", param_buffer)
     entries = []
     launched = record_launches(monkeypatch, entries)
     # int32 / bool / float32 scalars between the arrays: the array fields still land on
@@ -453,10 +449,10 @@ def test_compile_sequence_prepacked_launches_store_only_the_addresses(monkeypatc
     e2 = fake_entry((types.float32[::1], types.int64), 44, "k4")
     entries += [e1, e2]
     launches = [
-        ("k3", 4, 128, (-3, launch.Ptr("xp", 0, 448, np.uint16), True, launch.Ptr("base", 768, 9, np.uint8), 0.25)),
-        ("k4", 1, 32, (launch.Ptr("base", 0, 5, np.float32), 2**40)),
+        ("k3", 4, 128, (-3, sequence.Ptr("xp", 0, 448, np.uint16), True, sequence.Ptr("base", 768, 9, np.uint8), 0.25)),
+        ("k4", 1, 32, (sequence.Ptr("base", 0, 5, np.float32), 2**40)),
     ]  # fmt: skip
-    run = launch.compile_sequence(launches, ("xp", "base"), entries=entries)
+    run = sequence.compile_sequence(launches, ("xp", "base"), entries=entries)
     assert "_P0(" not in run.source and "_P1(" not in run.source  # nothing packed per call
     for xp, base in ((0x1000, 0x8000), (0x22000, 0x4000)):
         launched.clear()
@@ -468,13 +464,11 @@ def test_compile_sequence_prepacked_launches_store_only_the_addresses(monkeypatc
         assert launched == [((33, 4, 1, 1, 128, 1, 1, 0, 9), bytes(want1)), ((44, 1, 1, 1, 32, 1, 1, 0, 9), bytes(want2))]
 
 
-@pytest.mark.parametrize("param_buffer", [False, True], ids=["void-ptr-array", "one-buffer"])
-def test_compile_sequence_pdl_launches_by_cu_launch_kernel_ex(monkeypatch, param_buffer):
+def test_compile_sequence_pdl_launches_by_cu_launch_kernel_ex(monkeypatch):
     """A launch named in ``pdl`` goes through cuLaunchKernelEx with a CUlaunchConfig of its
     grid, block and the call's stream, holding one attribute: programmatic stream
     serialization (id 6, value 1); its parameter bytes are the general packer's. The other
     launches stay plain cuLaunchKernel calls, in order."""
-    monkeypatch.setattr(sequence, "PARAM_BUFFER", param_buffer)
     entries = []
     launched = record_launches(monkeypatch, entries)
     plain = launch._cupy_launch
@@ -492,9 +486,9 @@ def test_compile_sequence_pdl_launches_by_cu_launch_kernel_ex(monkeypatch, param
     e1 = fake_entry((types.float32[::1], types.int64), 55, "k5")
     e2 = fake_entry((types.uint8[::1], types.int32), 66, "k6")
     entries += [e1, e2]
-    launches = [("k5", 3, 64, (launch.Ptr("base", 0, 5, np.float32), 7)),
-                ("k6", (9, 2), 96, (launch.Ptr("xp", 16, 32, np.uint8), 4))]
-    run = launch.compile_sequence(launches, ("xp", "base"), entries=entries, pdl=(1,))
+    launches = [("k5", 3, 64, (sequence.Ptr("base", 0, 5, np.float32), 7)),
+                ("k6", (9, 2), 96, (sequence.Ptr("xp", 16, 32, np.uint8), 4))]
+    run = sequence.compile_sequence(launches, ("xp", "base"), entries=entries, pdl=(1,))
     for stream in (5, 0x7F00):  # the config's stream follows the call's
         launched.clear()
         run(stream, 0x1000, 0x8000)
@@ -541,10 +535,10 @@ def test_compile_sequence_dynamic_shared_memory(monkeypatch):
     e3 = fake_entry((types.uint8[::1], types.int32), 99, "k9")
     entries += [e1, e2, e3]
     assert launch.dynamic_smem(_SmemKernel(49152)) == 49152 and launch.dynamic_smem("k") == 0
-    launches = [(_SmemKernel(49152), 3, 128, (launch.Ptr("base", 0, 5, np.float32), 7)),
-                (_SmemKernel(100000), 2, 64, (launch.Ptr("xp", 0, 32, np.uint8), 4)),
-                ("k9", 1, 32, (launch.Ptr("xp", 0, 32, np.uint8), 4))]
-    run = launch.compile_sequence(launches, ("xp", "base"), entries=entries, pdl=(1,))
+    launches = [(_SmemKernel(49152), 3, 128, (sequence.Ptr("base", 0, 5, np.float32), 7)),
+                (_SmemKernel(100000), 2, 64, (sequence.Ptr("xp", 0, 32, np.uint8), 4)),
+                ("k9", 1, 32, (sequence.Ptr("xp", 0, 32, np.uint8), 4))]
+    run = sequence.compile_sequence(launches, ("xp", "base"), entries=entries, pdl=(1,))
     run(5, 0x1000, 0x8000)
     assert [rec[0][7] for rec in launched] == [49152, 100000, 0]
     assert seen == [(100000, [(6, [1, 0, 0])])]
@@ -569,10 +563,10 @@ def test_compile_sequence_cluster_launches_by_cu_launch_kernel_ex(monkeypatch):
     e3 = fake_entry((types.uint8[::1], types.int32), 13, "c3")
     entries += [e1, e2, e3]
     assert launch.cluster_size(_ClusterKernel(16)) == 16 and launch.cluster_size("k") == 1
-    launches = [(_ClusterKernel(16), 32, 512, (launch.Ptr("base", 0, 5, np.float32), 7)),
-                ("c2", 2, 64, (launch.Ptr("xp", 0, 32, np.uint8), 4)),
-                (_ClusterKernel(8), 16, 128, (launch.Ptr("xp", 0, 32, np.uint8), 4))]
-    run = launch.compile_sequence(launches, ("xp", "base"), entries=entries, pdl=(2,))
+    launches = [(_ClusterKernel(16), 32, 512, (sequence.Ptr("base", 0, 5, np.float32), 7)),
+                ("c2", 2, 64, (sequence.Ptr("xp", 0, 32, np.uint8), 4)),
+                (_ClusterKernel(8), 16, 128, (sequence.Ptr("xp", 0, 32, np.uint8), 4))]
+    run = sequence.compile_sequence(launches, ("xp", "base"), entries=entries, pdl=(2,))
     run(5, 0x1000, 0x8000)
     assert [rec[0][:5] for rec in launched] == [(11, 32, 1, 1, 512), (12, 2, 1, 1, 64), (13, 16, 1, 1, 128)]
     assert seen == [(0, [(4, [16, 1, 1])]), (0, [(6, [1, 0, 0]), (4, [8, 1, 1])])]
@@ -597,9 +591,9 @@ def test_compile_sequence_cooperative_launches_by_cu_launch_kernel_ex(monkeypatc
     coop = _CoopKernel()
     coop.nqdq_dynamic_smem = 229376
     assert launch.cooperative(coop) and not launch.cooperative("k") and not launch.cooperative(_ClusterKernel(8))
-    launches = [("p1", 3, 128, (launch.Ptr("base", 0, 5, np.float32), 7)),
-                (coop, 132, 1024, (launch.Ptr("xp", 0, 32, np.uint8), 4))]
-    run = launch.compile_sequence(launches, ("xp", "base"), entries=entries)
+    launches = [("p1", 3, 128, (sequence.Ptr("base", 0, 5, np.float32), 7)),
+                (coop, 132, 1024, (sequence.Ptr("xp", 0, 32, np.uint8), 4))]
+    run = sequence.compile_sequence(launches, ("xp", "base"), entries=entries)
     run(5, 0x1000, 0x8000)
     assert [rec[0][:5] for rec in launched] == [(21, 3, 1, 1, 128), (22, 132, 1, 1, 1024)]
     assert seen == [(229376, [(2, [1, 0, 0])])]
@@ -608,7 +602,7 @@ def test_compile_sequence_cooperative_launches_by_cu_launch_kernel_ex(monkeypatc
     # the driver's refusal (720) of the cooperative launch: LaunchRefused of that kind
     assert [launch.ex_kind(k) for k in (coop, _ClusterKernel(8), "k")] == ["cooperative", "cluster", None]
     monkeypatch.setattr(launch, "_driver_launch_ex", lambda: lambda *a: 720)
-    run = launch.compile_sequence(launches, ("xp", "base"), entries=entries)
+    run = sequence.compile_sequence(launches, ("xp", "base"), entries=entries)
     with pytest.raises(launch.LaunchRefused) as got:
         run(5, 0x1000, 0x8000)
     assert got.value.kind == "cooperative"
@@ -640,12 +634,12 @@ def test_launch_config_structs_match_cuda_h(tmp_path):
 
 def test_compile_sequence_declines_under_the_simulator():
     if launch.simulated():
-        assert launch.compile_sequence([(toy_fp8_row.fp8_row_bf16, 1, 1, ())], ()) is None
+        assert sequence.compile_sequence([(toy_fp8_row.fp8_row_bf16, 1, 1, ())], ()) is None
 
 
 def test_function_handle_takes_the_cufunction_of_a_cukernel(monkeypatch):
     """Entries launch the context's CUfunction (cuKernelGetFunction) of Numba's CUkernel;
-    any other handle, a driver error, or FUNCTION_HANDLES = False keeps the handle."""
+    any other handle or a driver error keeps the handle."""
     from cuda.bindings import driver
 
     asked = []
@@ -659,9 +653,6 @@ def test_function_handle_takes_the_cufunction_of_a_cukernel(monkeypatch):
     assert launch._function_handle(driver.CUkernel(0x99)) == 0x5000
     assert launch._function_handle(driver.CUkernel(0x77)) == 0x77  # the driver refused: unchanged
     assert launch._function_handle(0x1234) == 0x1234  # not a CUkernel: never asked
-    assert asked == [0x99, 0x77]
-    monkeypatch.setattr(launch, "FUNCTION_HANDLES", False)
-    assert launch._function_handle(driver.CUkernel(0x99)) == 0x99
     assert asked == [0x99, 0x77]
 
 

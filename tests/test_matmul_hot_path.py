@@ -5,7 +5,7 @@ keyed as on a GPU, and launch the same sequence of kernels through Numba: a seco
 skips ``_matmul`` and returns the first call's bits; any change of a key element goes the
 general way again (and bad arguments still raise there). Without a GPU, the GPU runner's
 plumbing is checked with stand-ins: the launch sequence packs the parameters
-``PreparedGemm`` would (``launch.compile_sequence`` with recorded launches), and the runner
+``PreparedGemm`` would (``sequence.compile_sequence`` with recorded launches), and the runner
 hands it each array's address. tests/test_matmul_gpu.py repeats the bit check on a GPU.
 """
 
@@ -21,7 +21,6 @@ from numba import types
 
 import nqdq
 import nqdq.matmul  # noqa: F401  (the module: nqdq.matmul is also the function's name)
-from nqdq.gpu.gemm import mma_sync as gemm_kernels
 from nqdq.gpu.gemm import plan as kg
 from nqdq.gpu.runtime.target import SIMULATOR
 from nqdq.schemes import resolve_scheme

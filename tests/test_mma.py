@@ -171,12 +171,9 @@ def test_warp_specialised_gemm_assembles_without_spills():
 
 
 def test_warp_specialisation_stubs_check_their_immediates():
-    """``setmaxnreg`` counts are multiples of 8 in [24, 256]; named barriers 1 .. 15 over
-    whole warps (PTX would reject the rest at assembly, far from the cause)."""
+    """``setmaxnreg`` counts are multiples of 8 in [24, 256] (PTX would reject the rest at
+    assembly, far from the cause)."""
     assert _mma.setmaxnreg("dec", 40) is _mma.setmaxnreg("dec", 40)
     for op, n in [("dec", 36), ("inc", 264), ("add", 40)]:
         with pytest.raises(ValueError, match="setmaxnreg"):
             _mma.setmaxnreg(op, n)
-    for bar, count in [(0, 256), (16, 256), (1, 100)]:
-        with pytest.raises(ValueError, match="named_barrier"):
-            _mma.named_barrier(bar, count)

@@ -1,12 +1,13 @@
 """The kernel source stays portable to AMD (numba-hip posing as numba.cuda): static rules
-over nqdq/gpu/*.py (SPEC.md, "Portability to AMD (numba-hip)"; docs/amd.md).
+over every module of nqdq/gpu/ (SPEC.md, "Portability to AMD (numba-hip)"; docs/amd.md).
 
 Rules, checked on the AST:
 
-* ``import``: the name ``cuda`` comes from ``._gpu`` only (no ``from numba import cuda``,
-  ``import numba.cuda``); ``numba.cuda.<submodule>`` imports are fine (posing maps them);
-* ``inline-ptx``: ``InlineAsm`` / ``asm(`` strings only in the intrinsics modules
-  (_ptx.py, _mma.py, _gemm_wgmma.py), which select a twin where ``_target.PTX`` is False;
+* ``import``: the name ``cuda`` comes from ``runtime.backend`` only (no ``from numba import
+  cuda``, ``import numba.cuda``); ``numba.cuda.<submodule>`` imports are fine (posing maps
+  them);
+* ``inline-ptx``: ``InlineAsm`` / ``asm(`` strings only in the intrinsics modules (``ptx/``:
+  INTRINSIC_MODULES), which select a twin where ``target.PTX`` is False;
 * in the bodies of device code (functions decorated by a ``*jit*``, ``devfn`` or ``_twin``
   decorator): ``half`` (no float16 / bfloat16 Numba or NumPy types, ``cuda.fp16``),
   ``coop`` (no cooperative groups: ``cg.``, ``this_grid``, ``.sync()`` of a grid),
@@ -14,7 +15,7 @@ Rules, checked on the AST:
 
 A known violation would be listed in ALLOW with its reason, never skipped silently; an ALLOW
 entry that no longer matches fails too, so the list cannot go stale. It is empty: every
-inline-PTX helper, _codec's stochastic-rounding ones included, lives in _ptx beside its twin.
+inline-PTX helper, the stochastic-rounding ones included, lives in ``ptx/`` beside its twin.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-KERNELS = Path(__file__).resolve().parent.parent / "nqdq" / "kernels"
-INTRINSIC_MODULES = {"_ptx.py", "_mma.py", "_gemm_wgmma.py"}
+GPU = Path(__file__).resolve().parent.parent / "nqdq" / "gpu"
+BACKEND = "runtime/backend.py"  # (where ``cuda`` is imported from numba or numba-hip)
+# the modules that hold inline PTX, paths under nqdq/gpu/
+INTRINSIC_MODULES = {"ptx/_asm.py", "ptx/cluster.py", "ptx/convert.py", "ptx/griddep.py", "ptx/memory.py", "ptx/mma.py",
+                     "ptx/pairs.py", "ptx/stochastic.py"}
 HALF_NAMES = {"float16", "bfloat16", "fp16"}  # (not "half": kernels name integers so)
 
 # (module, rule): (number of findings, why it is allowed)
@@ -105,23 +109,37 @@ class _Checker(ast.NodeVisitor):
 
 
 def check_source(src: str, module: str = "snippet.py"):
-    """[(rule, line, what)] of ``src`` as module ``module`` of nqdq/gpu."""
+    """[(rule, line, what)] of ``src`` as module ``module`` (its path under nqdq/gpu/)."""
     checker = _Checker(module)
     checker.visit(ast.parse(src))
     return checker.findings
 
 
 def _kernel_modules():
-    return sorted(p for p in KERNELS.glob("*.py") if p.name != "_gpu.py")
+    """{path under nqdq/gpu/: file} of every module but the backend's."""
+    mods = {p.relative_to(GPU).as_posix(): p for p in GPU.rglob("*.py")}
+    mods.pop(BACKEND)
+    return dict(sorted(mods.items()))
+
+
+def test_the_scan_sees_the_gpu_package():
+    """The scan below covers a package that exists and holds modules (a moved or renamed
+    package would otherwise pass it with nothing checked), the intrinsics modules among them."""
+    mods = _kernel_modules()
+    assert GPU.is_dir() and len(mods) > 20, f"{GPU}: {len(mods)} modules"
+    assert INTRINSIC_MODULES <= set(mods), INTRINSIC_MODULES - set(mods)
+    assert any(m.startswith("quantize/") for m in mods) and any(m.startswith("gemm/") for m in mods)
 
 
 def test_kernel_modules_follow_the_portability_rules():
     counts, report = {}, []
-    for path in _kernel_modules():
-        for rule, line, what in check_source(path.read_text(), path.name):
-            counts[(path.name, rule)] = counts.get((path.name, rule), 0) + 1
-            if (path.name, rule) not in ALLOW:
-                report.append(f"{path.name}:{line}: {rule}: {what}")
+    mods = _kernel_modules()
+    assert mods, f"no modules under {GPU}"
+    for name, path in mods.items():
+        for rule, line, what in check_source(path.read_text(), name):
+            counts[(name, rule)] = counts.get((name, rule), 0) + 1
+            if (name, rule) not in ALLOW:
+                report.append(f"{name}:{line}: {rule}: {what}")
     assert not report, "portability rules broken (docs/amd.md):\n" + "\n".join(report)
     for key, (n, why) in ALLOW.items():
         assert counts.get(key, 0) == n, f"ALLOW {key} ({why}) expects {n} findings, found {counts.get(key, 0)}"
@@ -146,7 +164,7 @@ def test_checker_finds_a_planted_violation(src, rule):
 
 
 @pytest.mark.parametrize("src", [
-    "from ._gpu import cuda\nfrom numba.cuda.extending import intrinsic\n",
+    "from ..runtime.backend import cuda\nfrom numba.cuda.extending import intrinsic\n",
     "@cuda.jit\ndef k(a, i):\n    cuda.atomic.add(a, i, 1)\n    cuda.syncthreads()\n",
     "def host(x):\n    print(x)\n    return np.float16(x)\n",  # host code may print and use float16
 ])
@@ -156,8 +174,8 @@ def test_checker_passes_portable_code(src):
 
 def test_inline_ptx_is_allowed_in_the_intrinsics_modules():
     src = "asm = ir.InlineAsm(fty, 'prefetch.global.L2 [$0];', 'l')\n"
-    assert check_source(src, "_ptx.py") == []
-    assert [r for r, _, _ in check_source(src, "_quantize_kernels.py")] == ["inline-ptx"]
+    assert check_source(src, "ptx/memory.py") == []
+    assert [r for r, _, _ in check_source(src, "quantize/general.py")] == ["inline-ptx"]
 
 
 def test_gpu_module_is_numba_cuda_on_nvidia():

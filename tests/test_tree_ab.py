@@ -73,34 +73,33 @@ def test_env_sets_and_restores(monkeypatch):
     assert "NQDQ_TREE_AB_PROBE" not in os.environ
     with tree_ab.env(None, None):  # --old: no setting
         pass
-    assert tree_ab.parse_env("NQDQ_RECIP_DIV=0,1") == ("NQDQ_RECIP_DIV", {"old": "0", "new": "1"})
-    for bad in ("NQDQ_RECIP_DIV=0", "=0,1", "NQDQ_RECIP_DIV=0,1,0"):
+    assert tree_ab.parse_env("NQDQ_FAST_LAUNCH=0,1") == ("NQDQ_FAST_LAUNCH", {"old": "0", "new": "1"})
+    for bad in ("NQDQ_FAST_LAUNCH=0", "=0,1", "NQDQ_FAST_LAUNCH=0,1,0"):
         with pytest.raises(SystemExit, match="NAME=OLD,NEW"):
             tree_ab.parse_env(bad)
 
 
-def test_a_tree_imported_under_a_setting_keeps_it():
-    """--env: a setting read into a module constant at import differs between the two imports."""
-    import importlib
-
-    import nqdq.gpu.device.division as division
+def test_a_tree_imports_under_the_setting():
+    """--env: the twin tree imports under the setting (NQDQ_GPU_BACKEND, read at import: a
+    value it refuses fails the twin's import), this tree's modules keep theirs."""
+    import nqdq.gpu.runtime.backend as backend
 
     try:
-        with tree_ab.env("NQDQ_RECIP_DIV", "0" if division.RECIP_DIV else "1"):
-            tree_ab.load_tree(ROOT, "nqdq_envtwin")
-            twin_division = importlib.import_module("nqdq_envtwin.gpu.device.division")
-        assert twin_division.RECIP_DIV is not division.RECIP_DIV
+        with tree_ab.env("NQDQ_GPU_BACKEND", "no-such-backend"):
+            with pytest.raises(ValueError, match="no-such-backend"):
+                tree_ab.load_tree(ROOT, "nqdq_envtwin")
+        assert backend.GPU_BACKEND in backend.BACKENDS
     finally:
         _drop("nqdq_envtwin")
 
 
 def test_env_mode_runs_on_the_cpu(capsys):
     try:
-        tree_ab.main(["--env", "NQDQ_RECIP_DIV=0,1", "--cpu", "--schemes", "fp8_row", "--rows", "4", "--cols", "64",
+        tree_ab.main(["--env", "NQDQ_FAST_LAUNCH=0,1", "--cpu", "--schemes", "fp8_row", "--rows", "4", "--cols", "64",
                       "--rounds", "2", "--calls", "3"])
     finally:
         _drop("nqdq_old")
     out = capsys.readouterr().out
-    assert "with NQDQ_RECIP_DIV=0" in out and "with NQDQ_RECIP_DIV=1" in out
+    assert "with NQDQ_FAST_LAUNCH=0" in out and "with NQDQ_FAST_LAUNCH=1" in out
     assert "fp8_row: codes and scales identical in both trees: True" in out
     assert "| fp8_row |" in out

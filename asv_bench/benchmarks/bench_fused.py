@@ -61,7 +61,7 @@ class TimeFlattenMoEGPU:
         # [H, rows, 128] seen as a [rows, H, 128] view: the strided flatten
         self.xt = bf16_bits(self.cp, (HIDDEN // 128, ROWS, 128), 4).transpose(1, 0, 2)
         # the MoE tokens: ROWS / 4 top-4 (ROWS gathered rows out), "all rows": ROWS (x as the other
-        # ops'), "decode": 64 top-8 (one launch, no sort before it: kernels.fused.local_path)
+        # ops'), "decode": 64 top-8 (one launch, no sort before it: gpu.fused.moe.local_path)
         t = ROWS if op.endswith("all rows") else 64 if op.endswith("decode") else ROWS // 4
         k = 8 if op.endswith("decode") else 4
         self.tok = bf16_bits(self.cp, (t, HIDDEN), 5)

@@ -23,7 +23,7 @@ reference/codec.py         device/codec.py (device functions)
 reference/rng.py           device/codec.py (philox4x32_10)
 reference/scales.py        device/scales.py (device functions)
 reference/packing.py       device/elements.py (store_unit / load_code)
-reference/quantize.py      quantize/plan.py (launchers), quantize/general.py (bodies)
+reference/quantize.py      quantize/plan.py, rules.py (launchers); the kernel families beside them
 =========================  ==================================================
 
 The launchers are ``nqdq.gpu.quantize.plan.quantize`` / ``.dequantize`` (same signatures as

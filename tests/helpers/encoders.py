@@ -66,7 +66,7 @@ def e2m1_codes(words):
     return np.stack([(words >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)], axis=1).reshape(-1)
 
 
-# float32 values at the edges of max.NaN of magnitudes (nqdq.gpu.ptx.absmax_nan): signs, zeros,
+# float32 values at the edges of max.NaN of magnitudes (nqdq.gpu.ptx.pairs.absmax_nan): signs, zeros,
 # subnormals, the largest finite, infinities, NaNs of both signs and another payload
 ABSMAX_EDGES = np.array([0.0, -0.0, 1e-45, -3e-39, 1.5, -1.5, 6.0, -7.0, 3.4e38, np.inf, -np.inf, np.nan, -np.nan],
                         np.float32).view(np.uint32)

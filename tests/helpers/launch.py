@@ -47,17 +47,10 @@ def record_launches(monkeypatch, entries):
 
     def fake_launch(handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         entry = next(e for e in entries if e.handle == handle)
-        if params:  # a void*[]: one pointer per parameter, at the entry's offsets from the buffer
-            assert not extra
-            ptrs = (ctypes.c_void_p * len(entry.offsets)).from_address(params)
-            assert [p - ptrs[0] for p in ptrs] == [o - entry.offsets[0] for o in entry.offsets]
-            data = ctypes.string_at(ptrs[0] - entry.offsets[0], entry.struct.size)
-        else:  # extra = {BUFFER_POINTER, buffer, BUFFER_SIZE, &size, END}, as cuda.h reads it
-            keys = (ctypes.c_void_p * 5).from_address(extra)
-            assert (keys[0], keys[2], keys[4]) == (1, 2, None)
-            size = ctypes.c_size_t.from_address(keys[3]).value
-            assert size == entry.struct.size
-            data = ctypes.string_at(keys[1], size)
+        assert params and not extra  # a void*[]: one pointer per parameter, at the entry's offsets
+        ptrs = (ctypes.c_void_p * len(entry.offsets)).from_address(params)
+        assert [p - ptrs[0] for p in ptrs] == [o - entry.offsets[0] for o in entry.offsets]
+        data = ctypes.string_at(ptrs[0] - entry.offsets[0], entry.struct.size)
         launched.append(((handle, gx, gy, gz, bx, by, bz, smem, stream), data))
 
     monkeypatch.setattr(launch, "_cupy_launch", fake_launch)

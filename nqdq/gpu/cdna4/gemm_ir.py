@@ -46,6 +46,8 @@ __all__ = [
     "mfmas_per_step",
 ]
 
+_PTR = "ptr addrspace(1)"  # a global-memory pointer
+
 # (mfma_dim, scale layout) -> K steps unrolled per loop iteration: the kernels there are
 STEPS_PER_SCALE_WORD = {(32, "cdna4_32"): 4, (32, "linear"): 1, (16, "cdna4_16"): 2, (16, "linear"): 1}
 SCALE_LAYOUTS = {dim: tuple(lay for d, lay in STEPS_PER_SCALE_WORD if d == dim) for dim, _ in STEPS_PER_SCALE_WORD}
@@ -120,6 +122,32 @@ def _load_operand(e: _Emitter, op: MfmaOperand, shape: MfmaShape, lane_row_ptr: 
     return e(f"shufflevector <{n0} x i32> {lo}, <{n1} x i32> {hi}, <{n0 + n1} x i32> <{mask}>", stem)
 
 
+def _scale_pointers(e: _Emitter, rows: dict, preshuffled: bool, k64: str, lane64: str, g64: str, nsteps: str):
+    """({"a" / "b": [this lane's scale pointer of each half]}, the main loop's trip count):
+    with a cdna4 layout one pointer, shared by the halves, and one iteration per 256 of K;
+    with ``linear`` one pointer a half and one iteration per K step (``nsteps``)."""
+    scale_ptrs = {}
+    if preshuffled:
+        k255 = e(f"add i64 {k64}, 255")
+        chunks = e(f"lshr i64 {k255}, 8", "chunks")  # 256-byte chunks per 32 rows
+        for who, sp in (("a", "%scale_a"), ("b", "%scale_b")):
+            tile64 = e(f"zext i32 {rows[who][2]} to i64")
+            first = e(f"mul i64 {tile64}, {chunks}")
+            first_byte = e(f"shl i64 {first}, 8")
+            lane_byte = e(f"shl i64 {lane64}, 2")
+            base = e(f"add i64 {first_byte}, {lane_byte}")
+            scale_ptrs[who] = [e(f"getelementptr inbounds i8, {_PTR} {sp}, i64 {base}", f"s{who}_lane")]
+        return scale_ptrs, e("lshr i32 %K, 8", "ngroups")
+    kb = e(f"lshr i64 {k64}, 5", "kblocks")
+    for who, sp in (("a", "%scale_a"), ("b", "%scale_b")):
+        scale_ptrs[who] = []
+        for row64 in rows[who][1]:
+            row_first = e(f"mul i64 {row64}, {kb}")
+            base = e(f"add i64 {row_first}, {g64}")
+            scale_ptrs[who].append(e(f"getelementptr inbounds i8, {_PTR} {sp}, i64 {base}", f"s{who}_lane"))
+    return scale_ptrs, nsteps
+
+
 def gemm_ir(fmt_a, fmt_b, scale_layout=None, mfma_dim=32) -> str:
     """The LLVM IR module (text) of the kernel ``kernel_name(fmt_a, fmt_b, scale_layout,
     mfma_dim)``:
@@ -139,7 +167,6 @@ def gemm_ir(fmt_a, fmt_b, scale_layout=None, mfma_dim=32) -> str:
     ta, tb = f"<{op_a.regs} x i32>", f"<{op_b.regs} x i32>"
     tacc = f"<{shape.accumulators} x float>"
     e = _Emitter()
-    P = "ptr addrspace(1)"
     log2_dim, log2_k = shape.dim.bit_length() - 1, shape.k.bit_length() - 1
 
     # --- entry: lane, tile, row pointers -------------------------------------------------
@@ -162,34 +189,14 @@ def gemm_ir(fmt_a, fmt_b, scale_layout=None, mfma_dim=32) -> str:
         row_bytes = _row_bytes(e, op, k64)
         row_off = e(f"mul i64 {row64}, {row_bytes}")
         off = e(f"add i64 {row_off}, {group_off}")
-        ptrs, half_rows = [e(f"getelementptr inbounds i8, {P} {ptr}, i64 {off}", f"{who}_lane")], [row64]
+        ptrs, half_rows = [e(f"getelementptr inbounds i8, {_PTR} {ptr}, i64 {off}", f"{who}_lane")], [row64]
         for i in range(1, halves):
             down = e(f"mul i64 {row_bytes}, {shape.dim * i}")
-            ptrs.append(e(f"getelementptr inbounds i8, {P} {ptrs[0]}, i64 {down}", f"{who}_lane"))
+            ptrs.append(e(f"getelementptr inbounds i8, {_PTR} {ptrs[0]}, i64 {down}", f"{who}_lane"))
             half_rows.append(e(f"add i64 {row64}, {shape.dim * i}"))
         rows[who] = (ptrs, half_rows, tile)
     nsteps = e(f"lshr i32 %K, {log2_k}", "nsteps")
-    scale_ptrs = {}  # who -> [pointer per half] (cdna4: one, shared by the halves)
-    if preshuffled:
-        k255 = e(f"add i64 {k64}, 255")
-        chunks = e(f"lshr i64 {k255}, 8", "chunks")  # 256-byte chunks per 32 rows
-        for who, sp in (("a", "%scale_a"), ("b", "%scale_b")):
-            tile64 = e(f"zext i32 {rows[who][2]} to i64")
-            first = e(f"mul i64 {tile64}, {chunks}")
-            first_byte = e(f"shl i64 {first}, 8")
-            lane_byte = e(f"shl i64 {lane64}, 2")
-            base = e(f"add i64 {first_byte}, {lane_byte}")
-            scale_ptrs[who] = [e(f"getelementptr inbounds i8, {P} {sp}, i64 {base}", f"s{who}_lane")]
-        ngroups = e("lshr i32 %K, 8", "ngroups")
-    else:
-        kb = e(f"lshr i64 {k64}, 5", "kblocks")
-        for who, sp in (("a", "%scale_a"), ("b", "%scale_b")):
-            scale_ptrs[who] = []
-            for row64 in rows[who][1]:
-                row_first = e(f"mul i64 {row64}, {kb}")
-                base = e(f"add i64 {row_first}, {g64}")
-                scale_ptrs[who].append(e(f"getelementptr inbounds i8, {P} {sp}, i64 {base}", f"s{who}_lane"))
-        ngroups = nsteps
+    scale_ptrs, ngroups = _scale_pointers(e, rows, preshuffled, k64, lane64, g64, nsteps)
     skip = e(f"icmp eq i32 {ngroups}, 0")
     e.raw(f"  br i1 {skip}, label %tail, label %loop")
 
@@ -197,13 +204,13 @@ def gemm_ir(fmt_a, fmt_b, scale_layout=None, mfma_dim=32) -> str:
         """The scale register of each half for scale word ``group64`` (i64)."""
         if preshuffled:
             off = e(f"shl i64 {group64}, 8")
-            ptr = e(f"getelementptr inbounds i8, {P} {scale_ptrs[who][0]}, i64 {off}")
-            return [e(f"load i32, {P} {ptr}, align 4", f"s{who}")] * halves
+            ptr = e(f"getelementptr inbounds i8, {_PTR} {scale_ptrs[who][0]}, i64 {off}")
+            return [e(f"load i32, {_PTR} {ptr}, align 4", f"s{who}")] * halves
         words = []
         for half_ptr in scale_ptrs[who]:
             off = e(f"mul i64 {group64}, {shape.groups}")
-            ptr = e(f"getelementptr inbounds i8, {P} {half_ptr}, i64 {off}")
-            byte = e(f"load i8, {P} {ptr}, align 1")
+            ptr = e(f"getelementptr inbounds i8, {_PTR} {half_ptr}, i64 {off}")
+            byte = e(f"load i8, {_PTR} {ptr}, align 1")
             words.append(e(f"zext i8 {byte} to i32", f"s{who}"))
         return words
 
@@ -270,10 +277,18 @@ def gemm_ir(fmt_a, fmt_b, scale_layout=None, mfma_dim=32) -> str:
     else:
         e.raw("  br label %store")
 
-    # --- store: acc[v] of half pair (i, j) -> C[dim i + accumulator row, dim j + r] ---------
+    _store_block(e, shape, incoming, tm, tn, g, r, n64)
+    return _module_text(name, mfma, ta, tb, tacc, "\n".join(e.lines))
+
+
+def _store_block(e: _Emitter, shape: MfmaShape, incoming: list, tm: str, tn: str, g: str, r: str, n64: str):
+    """The ``store`` block: the accumulators' phis over ``incoming`` ([(values, block)]), then
+    accumulator v of half pair (i, j) -> C[dim i + accumulator row, dim j + r]."""
+    halves = WAVE_TILE // shape.dim
+    tacc = f"<{shape.accumulators} x float>"
     e.raw("store:")
     outs = []
-    for x in range(nacc):
+    for x in range(halves * halves):
         phi = ", ".join(f"[ {vals[x]}, {blk} ]" for vals, blk in incoming)
         outs.append(e(f"phi {tacc} {phi}", "acc_out"))
     tm32, g4, tn32 = e(f"shl i32 {tm}, 5"), e(f"shl i32 {g}, 2"), e(f"shl i32 {tn}, 5")
@@ -293,12 +308,14 @@ def gemm_ir(fmt_a, fmt_b, scale_layout=None, mfma_dim=32) -> str:
                     idx = e(f"add i64 {idx}, {down}")
                 if jj:
                     idx = e(f"add i64 {idx}, {shape.dim * jj}")
-                ptr = e(f"getelementptr inbounds float, {P} %c, i64 {idx}")
+                ptr = e(f"getelementptr inbounds float, {_PTR} %c, i64 {idx}")
                 val = e(f"extractelement {tacc} {outs[halves * i + jj]}, i32 {v}")
-                e.raw(f"  store float {val}, {P} {ptr}, align 4")
+                e.raw(f"  store float {val}, {_PTR} {ptr}, align 4")
     e.raw("  ret void")
 
-    body = "\n".join(e.lines)
+
+def _module_text(name: str, mfma: str, ta: str, tb: str, tacc: str, body: str) -> str:
+    """The LLVM module around the kernel's ``body`` (its basic blocks)."""
     return f"""; {name}: block-scaled GEMM tile kernel, assembled for gfx950, not run (nqdq.gpu.cdna4)
 target datalayout = "e-p:64:64-p1:64:64-p2:32:32-p3:32:32-p4:64:64-p5:32:32-p6:32:32-p7:160:256:256:32-p8:128:128:128:48-p9:192:256:256:32-i64:64-v16:16-v24:32-v32:32-v48:64-v96:128-v192:256-v256:256-v512:512-v1024:1024-v2048:2048-n32:64-S32-A5-G1-ni:7:8:9"
 target triple = "amdgcn-amd-amdhsa"
@@ -308,7 +325,7 @@ declare i32 @llvm.amdgcn.workgroup.id.x()
 declare i32 @llvm.amdgcn.workgroup.id.y()
 declare {tacc} @{mfma}({ta}, {tb}, {tacc}, i32, i32, i32, i32, i32, i32)
 
-define amdgpu_kernel void @{name}({P} noalias readonly %a, {P} noalias readonly %b, {P} noalias readonly %scale_a, {P} noalias readonly %scale_b, {P} noalias writeonly %c, i32 %M, i32 %N, i32 %K) #0 {{
+define amdgpu_kernel void @{name}({_PTR} noalias readonly %a, {_PTR} noalias readonly %b, {_PTR} noalias readonly %scale_a, {_PTR} noalias readonly %scale_b, {_PTR} noalias writeonly %c, i32 %M, i32 %N, i32 %K) #0 {{
 {body}
 }}
 

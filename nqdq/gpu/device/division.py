@@ -29,15 +29,18 @@ RN(z), but for three significand pairs near 2 that are checked one by one.
 The residual is computed with the signs chosen so that x = -0 gives q = -0 (with e = RN(x -
 q0 * s) instead, -0 / s would come out +0).
 
+Against ``div.rn.f32`` per element (H100): fp8_1x128 89 -> 96 %, fp8_128x128 76 -> 86 %,
+int8_centred 79 -> 84 % of copy, fused RMSNorm + fp8_row 126 -> 103 us; the float-scale
+encoders divide this way wherever a unit shares a scale that passes the guards above.
+
 ``fma_f32`` is ``cuda.fma`` (``fma.rn.f32``) on the GPU; the CUDA simulator, whose ``cuda.fma``
 is ``a * b + c`` rounded twice, runs the exact twin ``fma_f32_twin``. The PTX audit allows
-``fma.f32`` only in this pattern (``_ptx_audit.recip_div_fmas``).
+``fma.f32`` only in this pattern (``nqdq.tools.ptx_audit.recip_div_fmas``).
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 from ..runtime.backend import cuda
@@ -45,15 +48,8 @@ from ..runtime.backend import cuda
 from .codec import F32, ONE, ZERO, f32_bits
 from ..runtime.target import SIMULATOR, devfn
 
-__all__ = ["RECIP_DIV", "RCP_S_MIN_BITS", "RCP_S_MAX_BITS", "RCP_RATIO_BITS", "div_by_recip", "fma_f32", "fma_f32_twin",
+__all__ = ["RCP_S_MIN_BITS", "RCP_S_MAX_BITS", "RCP_RATIO_BITS", "div_by_recip", "fma_f32", "fma_f32_twin",
            "ratio_ok", "recip_guarded"]
-
-# The float-scale encoders of _rowwise_kernels / _fused_rows divide by the reciprocal where this
-# is on (the default since its H100 run: every division check and 78 GPU tests exact;
-# fp8_1x128 89 -> 96 %, fp8_128x128 76 -> 86 %, int8_centred 79 -> 84 % of copy, fused
-# RMSNorm + fp8_row 126 -> 103 us; docs/design/last-axis.md, "Cheaper exact encoders").
-# NQDQ_RECIP_DIV=0: IEEE division per element (the A/B baseline; read when kernels compile).
-RECIP_DIV = os.environ.get("NQDQ_RECIP_DIV", "1") == "1"
 
 RCP_S_MIN_BITS = 0x17800000  # 2^-80: below it a tiny x's residual could be inexact and its quotient not tiny
 RCP_S_MAX_BITS = 0x7E800000  # 2^126: above it 1 / s is subnormal (its rounding error is not relative)

@@ -302,10 +302,10 @@ def moe_scan_kernel(counts, nchunks, num_experts, base, offsets, id_flag, report
 def report_ids(flag, valid, npairs):
     """The sort's id check for the caller: flag[0] = 1 where every pair has a valid id
     (``valid`` == npairs: offsets[E]), else 2. ``flag`` is a word of pinned host memory that
-    moe_sort_quantize(check_ids=True) polls (kernels.fused.IdChecks) instead of waiting for the
+    moe_sort_quantize(check_ids=True) polls (gpu.fused.moe.IdChecks) instead of waiting for the
     rows; so each kernel that stores it ends with a system fence (the store leaves the SM at
     once; the fence sees it out before the kernel ends). The sort kernels store it only where
-    their ``report`` argument is set (kernels.fused.moe_plan: the sequence of a call with
+    their ``report`` argument is set (gpu.fused.moe.moe_plan: the sequence of a call with
     check_ids=True): the fence costs about 1 us of the three-launch sort (H100, CUDA graph)."""
     flag[0] = 1 if valid == npairs else 2
 
@@ -448,7 +448,7 @@ def moe_sort_kernel(ids, npairs, num_experts, k, counts, sync, perm, offsets, in
     top-4 of 256: 9.0 us against 9.9 for the three launches; but the whole MoE op (the rows
     after it) 36.2 against 35.2 (programmatic dependents; 34.2 for the three launches with it), and at 64
     tokens top-8 13.3 against 9.0: it pays off in host time, two launches a call fewer, so
-    only direct calls take it; calls under graph capture take the three (kernels.fused.moe_plan).
+    only direct calls take it; calls under graph capture take the three (gpu.fused.moe.moe_plan).
     """
     hist = cuda.shared.array(MOE_BUCKETS, int32)  # the block's counts; then its next row in each bucket
     tot = cuda.shared.array(MOE_BUCKETS, int32)  # every block's counts; then the buckets' first rows
@@ -624,7 +624,7 @@ def column_cg(counts, nchunks, nb, e, run, c, base, write):
 
 
 # ----------------------------------------------------------------------------- the local sort
-# kernels.fused.local_path: no sort launch. Each block of the staged rows kernel
+# gpu.fused.moe.local_path: no sort launch. Each block of the staged rows kernel
 # (_fused_rows, RANK == RANK_LOCAL) takes a contiguous run of tokens, counts every pair's
 # bucket itself (the ids are npairs words, read by every block from L2) and finds its own
 # pairs' rows from those counts: rows = the bucket's first row + the bucket's pairs before the

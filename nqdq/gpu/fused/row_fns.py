@@ -13,7 +13,7 @@ from numba import int32
 
 from ...reference.fused import UNIT
 from ..device.codec import ONE, ZERO, bits_f32, f32_bits, mul_rn
-from ..device.division import RECIP_DIV, ratio_ok, recip_guarded
+from ..device.division import ratio_ok, recip_guarded
 from ..device.elements import encode_element, store_unit_wide
 from ..device.scales import MODE_FLOAT
 from ..ptx.convert import cvt_bf16x2
@@ -379,7 +379,7 @@ def encode_fns(MODE, fmt, CVT, NB, NORM, MXE2M1, MXRC, MAXE, MXR, MXM, MXE, MXI,
         value, or (dividing by the reciprocal) one whose |y| reaches p0 * 2^64, is not clean."""
         am = amax_y(y)
         clean = sclean and am < FINITE
-        if RECIP_DIV and r != ZERO and not ratio_ok(am, p0):
+        if r != ZERO and not ratio_ok(am, p0):
             clean = False  # a caller-given scale far below |y| (all codes saturate): element by element
         put_codes(y, u, row, n, pcols, p0, r, clean, codes, c16, c32, qu)
 

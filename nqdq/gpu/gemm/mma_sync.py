@@ -222,33 +222,16 @@ def make_store_at(spec: GemmSpec):
     return store_at, store_pair_at
 
 
-def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
-    cfg.check()
-    BM, BN, MT, NT, WN = cfg.bm, cfg.bn, cfg.mt, cfg.nt, cfg.warps_n
-    NTHREADS, STAGES, GROUP_M = cfg.threads, cfg.stages, cfg.group_m
+def make_load_tile(cfg: TileConfig):
+    """``load_tile(a, b, smem, M, N, K, m0, n0, kt, stage, tid)``: K step ``kt`` of the CTA's A
+    and B tiles (rows from m0 / n0) into ring slot ``stage`` by ``cp.async``, 16 bytes a lane,
+    zero-filled past M, N and K, each chunk at its swizzled place (module docstring)."""
+    BM, BN, NTHREADS, STAGES = cfg.bm, cfg.bn, cfg.threads, cfg.stages
     A_ITERS = BM * 4 // NTHREADS
     B_ITERS = BN * 4 // NTHREADS
     A_STAGE, B_STAGE = BM * BK, BN * BK
-    NACC = MT * NT * 4
     SA_BYTES = STAGES * A_STAGE  # B's ring starts here
-    NTOT = NACC if spec.sa_mode == SCALE_BLOCK else 1
-    NAF, NBF = MT * 4, NT * 2
-    FLOAT_ACC = spec.mma not in ("s8s8", "u8s8")
-    if spec.mma == "s8s8":
-        mma = _mma.mma_s8s8
-    elif spec.mma == "u8s8":
-        mma = _mma.mma_u8s8
-    else:
-        fa, fb = spec.mma.split(".")
-        mma = _mma.mma_fp8(fa, fb)
-    wait_ready = _mma.cp_async_wait(STAGES - 2)
-    cp_async16, commit, ldsm = _mma.cp_async16, _mma.cp_async_commit, _mma.ldmatrix_x4
-    ACC_T = float32 if FLOAT_ACC else int32
-    ZERO_ACC = np.float32(0) if FLOAT_ACC else np.int32(0)
-    BLOCK = spec.sa_mode == SCALE_BLOCK
-    SA_ROW, SB_ROW = spec.sa_mode == SCALE_ROW, spec.sb_mode == SCALE_ROW
-    ASYM = spec.asym
-    store_out = make_store_out(spec)
+    cp_async16 = _mma.cp_async16
 
     @devfn
     def load_tile(a, b, smem, M, N, K, m0, n0, kt, stage, tid):
@@ -274,6 +257,14 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
             dst = SA_BYTES + stage * B_STAGE + row * BK + ((ch ^ ((row >> 1) & 3)) << 4)
             cp_async16(smem, dst, b, src, 16 if ok else 0)
 
+    return load_tile
+
+
+def make_promote(cfg: TileConfig):
+    """``promote(tot, part, sa, sb, M, KB, m_base, nb, kb, lane)``: a warp tile's fp8 block-scale
+    promotion (``tot += part * sa[m, kb] * sb[nb, kb]``, then ``part = 0``)."""
+    MT, NT = cfg.mt, cfg.nt
+
     @devfn
     def promote(tot, part, sa, sb, M, KB, m_base, nb, kb, lane):
         """tot += part * sa[m, kb] * sb[nb, kb] (fp8 block scales, once per 128 of K)."""
@@ -288,6 +279,42 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
                         x = (i * NT + j) * 4 + h * 2 + e
                         tot[x] += part[x] * s
                         part[x] = float32(0)
+
+    return promote
+
+
+def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
+    """The ``gemm`` kernel of ``cfg`` and ``spec`` (module docstring). One function because the
+    kernel is a closure over the compile-time constants computed here (tile sizes, the mma,
+    the scale modes), which Numba folds into the PTX, resolving every ``BLOCK`` / ``ASYM`` /
+    ``SA_ROW`` branch; its helpers that need only the tile configuration are built by
+    ``make_load_tile`` and ``make_promote``."""
+    cfg.check()
+    BM, BN, MT, NT, WN = cfg.bm, cfg.bn, cfg.mt, cfg.nt, cfg.warps_n
+    STAGES, GROUP_M = cfg.stages, cfg.group_m
+    A_STAGE, B_STAGE = BM * BK, BN * BK
+    NACC = MT * NT * 4
+    SA_BYTES = STAGES * A_STAGE  # B's ring starts here
+    NTOT = NACC if spec.sa_mode == SCALE_BLOCK else 1
+    NAF, NBF = MT * 4, NT * 2
+    FLOAT_ACC = spec.mma not in ("s8s8", "u8s8")
+    if spec.mma == "s8s8":
+        mma = _mma.mma_s8s8
+    elif spec.mma == "u8s8":
+        mma = _mma.mma_u8s8
+    else:
+        fa, fb = spec.mma.split(".")
+        mma = _mma.mma_fp8(fa, fb)
+    wait_ready = _mma.cp_async_wait(STAGES - 2)
+    commit, ldsm = _mma.cp_async_commit, _mma.ldmatrix_x4
+    ACC_T = float32 if FLOAT_ACC else int32
+    ZERO_ACC = np.float32(0) if FLOAT_ACC else np.int32(0)
+    BLOCK = spec.sa_mode == SCALE_BLOCK
+    SA_ROW, SB_ROW = spec.sa_mode == SCALE_ROW, spec.sb_mode == SCALE_ROW
+    ASYM = spec.asym
+    store_out = make_store_out(spec)
+    load_tile = make_load_tile(cfg)
+    promote = make_promote(cfg)
 
     @cuda.jit
     def gemm(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out):

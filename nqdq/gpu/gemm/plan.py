@@ -50,7 +50,8 @@ import numpy as np
 from . import mma_sync as gemm_kernels
 from . import wgmma as gemm_wgmma
 from ..runtime.target import SIMULATOR, device_cc
-from ..runtime.launch import Ptr, allow_smem, dynamic_smem
+from ..runtime.launch import allow_smem, dynamic_smem
+from ..runtime.sequence import Ptr, compile_sequence
 
 __all__ = ["gemm", "PreparedGemm", "plan_gemm", "gemm_sequence", "TileConfig", "WgmmaConfig", "GemmSpec",
            "default_config", "SIM_CONFIG"]
@@ -286,7 +287,7 @@ def gemm(a_codes, b_codes, **kw):
 
 # ----------------------------------------------------------------------------- launch sequences
 # nqdq.matmul's hot path: the GEMM's launches with every shape and constant packed once, so
-# that a call passes only the addresses of its arrays (launch.compile_sequence)
+# that a call passes only the addresses of its arrays (sequence.compile_sequence)
 # what run(stream, ...) takes after the stream (names the generated function does not use itself)
 SEQUENCE_ARGS = ("codes_a", "codes_b", "scales_a", "scales_b", "zeros_a", "bias", "out")
 _OUT_ALIGN = 256  # the column sums of an asymmetric A start this aligned past the output
@@ -316,11 +317,9 @@ def gemm_sequence(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, alp
     """The GEMM ``gemm`` would launch for these shapes and arguments (``asym``: zero points
     given, ``bias``: a bias given) as a :class:`GemmSequence`, or None where it needs per-call
     host work or Numba's launch: K not a multiple of 16 (padded copies), an empty output, or
-    the fast launch path off (``launch.compile_sequence``). The arrays must be C-contiguous:
+    the fast launch path off (``sequence.compile_sequence``). The arrays must be C-contiguous:
     codes [M, K] / [N, K] of one byte, float32 scales (``scale_count``), uint8 zero points
     (as A's scales), float32 bias [N]. ``entries``: compiled entries (tests)."""
-    from ..runtime import launch
-
     plan = plan_gemm(M, N, K, mma=mma, sa_mode=sa_mode, sb_mode=sb_mode, asym=asym, bias=bias, out_dtype=out_dtype,
                      activation=activation, config=config)  # fmt: skip
     spec, cfg, Kp, grid = plan
@@ -350,7 +349,7 @@ def gemm_sequence(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, alp
         if entries is None:
             kern.compile(kernel_signature(spec))
             allow_smem(kern, cfg.smem_bytes)
-        run = launch.compile_sequence(launches, SEQUENCE_ARGS, entries=entries)
+        run = compile_sequence(launches, SEQUENCE_ARGS, entries=entries)
         if run is None:
             return None
     if out_dtype == "float16":
@@ -362,7 +361,7 @@ def gemm_sequence(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, alp
 
 def _simulated_sequence(launches):
     """``compile_sequence``'s stand-in for the simulator: ``run(stream, *arrays)`` launches
-    through Numba, each :class:`launch.Ptr` a view of the NumPy array its name is given
+    through Numba, each :class:`sequence.Ptr` a view of the NumPy array its name is given
     (``SEQUENCE_ARGS``), from its byte offset."""
 
     def view(arrays, p):

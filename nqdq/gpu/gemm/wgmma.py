@@ -204,6 +204,7 @@ def _direct_epilogue(NACC, spec, store_at, store_pair_at):
     lines += row_half(0, False, range(NACC // 4)) + row_half(1, False, range(NACC // 4))
     src = "\n".join(lines) + "\n"
     ns = dict(np=np, int32=int32, float32=float32, store_at=store_at, store_pair_at=store_pair_at)
+    # generated device-function source: why it is generated, see the note in quantize/unrolled.py
     exec(compile(src, f"<nqdq direct_epilogue NACC={NACC}>", "exec"), ns)
     fn = ns["direct_epilogue"]
     fn.source = src
@@ -211,6 +212,12 @@ def _direct_epilogue(NACC, spec, store_at, store_pair_at):
 
 
 def make_wgmma_kernel(cfg: WgmmaConfig, spec):
+    """The ``gemm_wgmma`` kernel of ``cfg`` and ``spec`` (module docstring: the two pipelines,
+    ping-pong, the epilogues). One function because the kernel and its device functions (the
+    ring's loads, the ping-pong steps, the promotion, ``consume_tile``) are closures over the
+    compile-time constants computed here, which Numba folds into the PTX: every ``PRODUCER`` /
+    ``PING`` / ``BLOCK`` / ``DIRECT`` branch is resolved and every accumulator index is a
+    constant, so the accumulators stay in registers."""
     cfg.check()
     BM, BN, NTHREADS, STAGES, GROUP_M = cfg.bm, cfg.bn, cfg.threads, cfg.stages, cfg.group_m
     A_STAGE, B_STAGE = BM * BK, BN * BK

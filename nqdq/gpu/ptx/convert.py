@@ -21,7 +21,6 @@ bfloat16 pair arithmetic (``pairs``) shares.
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 
@@ -37,10 +36,10 @@ E5M2 = 5
 
 @functools.lru_cache(maxsize=None)
 def fp8_cvt_available() -> bool:
-    """Whether kernels built now may use the cvt instruction: not in the simulator, not
-    disabled by NQDQ_FP8_CVT=0, and the current GPU is sm_89+ (with no GPU, compile-only
-    tools such as the PTX audit target sm_90: yes). Never on AMD (a PTX instruction)."""
-    if not PTX or os.environ.get("NQDQ_FP8_CVT", "1") == "0":
+    """Whether kernels built now may use the cvt instruction: not in the simulator, and the
+    current GPU is sm_89+ (with no GPU, compile-only tools such as the PTX audit target
+    sm_90: yes). Never on AMD (a PTX instruction)."""
+    if not PTX:
         return False
     from ..runtime.backend import cuda
 

@@ -21,8 +21,8 @@ stub                         PTX (sm_80+; the fp8 ``mma`` needs sm_89+)
 ``ld_shared_u32x4(s, b, i)``  ``ld.shared.v4.u32``
 ``mbarrier_*`` (sm_90 wait)  ``mbarrier.init / arrive / try_wait.parity``,
                              ``cp.async.mbarrier.arrive.noinc``
-``setmaxnreg(op, n)()``      ``setmaxnreg.{inc,dec}.sync.aligned.u32 n`` (sm_90a)
-``named_barrier(b, n)()``    ``bar.sync b, n`` (warp specialisation, end of this module)
+``setmaxnreg(op, n)()``      ``setmaxnreg.{inc,dec}.sync.aligned.u32 n`` (sm_90a; warp
+                             specialisation, end of this module)
 ===========================  ==========================================================
 
 Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k32", 8-bit types), with
@@ -60,7 +60,7 @@ from ..runtime.target import SIMULATOR
 __all__ = [
     "ldmatrix_x4", "mma_s8s8", "mma_u8s8", "mma_fp8", "cp_async16", "cp_async_commit",
     "cp_async_wait", "cp_async_unit", "cp_async_unit_l2_256", "ld_shared_u32x4", "FP8_TYPES", "mbarrier_init",
-    "mbarrier_arrive", "cp_async_mbarrier_arrive", "mbarrier_try_wait", "setmaxnreg", "named_barrier",
+    "mbarrier_arrive", "cp_async_mbarrier_arrive", "mbarrier_try_wait", "setmaxnreg",
 ]
 
 FP8_TYPES = ("e4m3", "e5m2")
@@ -738,10 +738,7 @@ if not SIMULATOR:
 # (wgmma + promotion). ``setmaxnreg`` (sm_90a, warpgroup-wide) moves registers between
 # them: the producer gives its registers back to the CTA's pool, the consumers take them
 # (the kernel's launch count times its threads must cover both; ptxas allocates each side
-# within its count). Consumers then meet at a named barrier of their own thread count,
-# since the producer has exited. Twins: ``setmaxnreg`` changes nothing the simulator can
-# see (no-op); the named barrier is the simulator's block barrier, which releases once
-# every *live* thread waits (the producer's threads have returned by then).
+# within its count). The twin: ``setmaxnreg`` changes nothing the simulator can see (no-op).
 def _make_setmaxnreg(op, n):
     def setmaxnreg_stub():
         """``setmaxnreg.{op}.sync.aligned.u32 n``: this warpgroup's registers per thread
@@ -767,20 +764,3 @@ def _void_stub(stub, asm):
         _join0(stub, _void_asm(asm))
     return stub
 
-
-def _make_named_barrier(bar, count):
-    def named_barrier_stub():
-        """``bar.sync bar, count``: wait until ``count`` threads (whole warps) arrived at
-        barrier ``bar`` (the twin: the simulator's block barrier over the live threads)."""
-        _sim_ctx().syncthreads()
-
-    named_barrier_stub.__name__ = f"bar_sync_{bar}_{count}"
-    return named_barrier_stub
-
-
-@lru_cache(maxsize=None)
-def named_barrier(bar: int, count: int):
-    """The ``bar.sync bar, count`` stub (bar 1 .. 15; 0 is ``__syncthreads``'s)."""
-    if not 1 <= bar <= 15 or count % 32 or count <= 0:
-        raise ValueError(f"named_barrier: bar must be in [1, 15] and count a positive multiple of 32, got {bar}, {count}")
-    return _void_stub(_make_named_barrier(bar, count), f"bar.sync {bar}, {count};")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..device.codec import NAN, ONE, ZERO, bits_f32, f32_bits, is_finite_f32, nanmax_f32, nanmin_f32, rint_f32
-from ..device.division import RECIP_DIV, div_by_recip, recip_guarded
+from ..device.division import div_by_recip, recip_guarded
 from ..device.elements import encode_element
 from ..device.scales import MODE_ASYM, asym_top_scale, range_scale
 from ..ptx.pairs import bf16x2_max, bf16x2_min, u16x2_max, u16x2_min
@@ -62,41 +62,41 @@ def asym_group(khi, nklo, max_elem):
 
 
 @devfn
-def enc_int(xb, p0, p1, pz, flo, fhi, clean, mode, fmt, mask, r, rd):
+def enc_int(xb, p0, p1, pz, flo, fhi, clean, mode, fmt, mask, r):
     """An asymmetric / centred element's code. Finite groups (s finite and non-zero, x -
     mean finite: no NaN can arise) by int_code_finite: asym clip(rint(x / s) + zp, 0, qmax)
     = rint(clip(x / s, -zp, qmax - zp)) + zp (integer bounds commute with rint); centred
-    rint(clip((x - mean) / s)). Otherwise encode_element, every NaN rule included. ``flo``,
-    ``fhi``: asym's bounds -zp, qmax - zp as float32. ``clean`` and ``rd`` (divide by the
-    reciprocal r of s: _division; |x| <= max(hi, -lo) <= hi - lo = s * qmax, |x - mean| <=
-    s * 127 up to rounding, so no overflow) are compile-time branches where the caller
-    passes constants (encode_store_int_unit_r does)."""
+    rint(clip((x - mean) / s)); the quotient by the reciprocal r of s (_division; |x| <=
+    max(hi, -lo) <= hi - lo = s * qmax, |x - mean| <= s * 127 up to rounding, so no overflow).
+    Otherwise encode_element, every NaN rule included. ``flo``, ``fhi``: asym's bounds -zp,
+    qmax - zp as float32. ``clean`` is a compile-time branch where the caller passes a
+    constant (encode_store_int_unit_r does)."""
     x = bits_f32(xb)
     if clean:
         if mode == MODE_ASYM:
-            v = div_by_recip(x, p0, r) if rd else x / p0
+            v = div_by_recip(x, p0, r)
             q = np.int32(int_code_finite_f(v, flo, fhi)) + pz
         else:
             c = x - p1
-            v = div_by_recip(c, p0, r) if rd else c / p0
+            v = div_by_recip(c, p0, r)
             q = np.int32(int_code_finite(v, fmt[6], fmt[7]))
         return np.uint32(np.uint32(q) & np.uint32(mask))
     return np.uint32(encode_element(x, p0, p1, pz, mode, fmt, False, 0, False) & mask)
 
 
 @devfn
-def int_unit_codes(e, p0, p1, pz, flo, fhi, clean, mode, fmt, vec, m, nb, r, rd):
+def int_unit_codes(e, p0, p1, pz, flo, fhi, clean, mode, fmt, vec, m, nb, r):
     """(lo, hi): the unit's codes packed by fours (see store_packed)."""
-    lo = pack4(enc_int(e[0], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd),
-               enc_int(e[1], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd),
-               enc_int(e[2], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd),
-               enc_int(e[3], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd), nb)
+    lo = pack4(enc_int(e[0], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r),
+               enc_int(e[1], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r),
+               enc_int(e[2], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r),
+               enc_int(e[3], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r), nb)
     hi = np.uint32(0)
     if vec == 8:
-        hi = pack4(enc_int(e[4], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd),
-                   enc_int(e[5], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd),
-                   enc_int(e[6], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd),
-                   enc_int(e[7], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r, rd), nb)
+        hi = pack4(enc_int(e[4], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r),
+                   enc_int(e[5], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r),
+                   enc_int(e[6], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r),
+                   enc_int(e[7], p0, p1, pz, flo, fhi, clean, mode, fmt, m, r), nb)
     return lo, hi
 
 
@@ -106,15 +106,13 @@ def encode_store_int_unit_r(e, unit, p0, p1, pz, flo, fhi, r, clean, c8, c16, c3
     eight element encodes in a straight line (a branch per element kept each division in its
     own basic block, where the next one could not overlap it). The per-scale values come from
     the caller, so that one whose units sit in separate blocks computes them once: the bounds
-    ``flo`` = -pz, ``fhi`` = qmax - pz as float32 and r = recip_guarded(p0) (ZERO without
-    RECIP_DIV)."""
+    ``flo`` = -pz, ``fhi`` = qmax - pz as float32 and r = recip_guarded(p0); a scale outside
+    recip_guarded's range (r = 0) goes element by element, as a non-finite group does."""
     m = (1 << nb) - 1
     if clean and r != ZERO:
-        lo, hi = int_unit_codes(e, p0, p1, pz, flo, fhi, True, mode, fmt, vec, m, nb, r, True)
-    elif clean and not RECIP_DIV:  # (with RECIP_DIV a scale outside recip_guarded's range: per element)
-        lo, hi = int_unit_codes(e, p0, p1, pz, flo, fhi, True, mode, fmt, vec, m, nb, r, False)
+        lo, hi = int_unit_codes(e, p0, p1, pz, flo, fhi, True, mode, fmt, vec, m, nb, r)
     else:
-        lo, hi = int_unit_codes(e, p0, p1, pz, flo, fhi, False, mode, fmt, vec, m, nb, r, False)
+        lo, hi = int_unit_codes(e, p0, p1, pz, flo, fhi, False, mode, fmt, vec, m, nb, r)
     store_packed(lo, hi, unit, c8, c16, c32, vec, nb)
 
 
@@ -215,7 +213,7 @@ def asym_group_r(mxb, mnb, max_elem):
     finite = is_finite_f32(xmin) and is_finite_f32(xmax)
     if not finite:
         s = NAN
-    r = recip_guarded(s) if RECIP_DIV else ZERO
+    r = recip_guarded(s)
     if r != ZERO:
         z = -div_by_recip(xmin, s, r)  # (RN is symmetric: -RN(xmin / s) = RN(-xmin / s))
     else:
@@ -230,5 +228,5 @@ def asym_group_r(mxb, mnb, max_elem):
     st = asym_top_scale(s, zf, max_elem)  # a range near FLT_MAX: every code decodes finite
     if st != s:
         s = st
-        r = recip_guarded(s) if RECIP_DIV else ZERO
+        r = recip_guarded(s)
     return s, np.int32(zf), finite, r

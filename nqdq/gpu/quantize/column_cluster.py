@@ -61,7 +61,6 @@ from .columns import (# fmt: skip
     SMEM_PER_SM, _expand, amax_bits, channel_scale, encode_unit_cols, encode_unit_cols_r, rint_in_range, stage_sync,
     unit_col_scales, units_inside, word_max,
 )
-from ..device.division import RECIP_DIV
 from ..ptx.mma import cp_async_commit, cp_async_unit_l2_256, cp_async_wait, ld_shared_u32x4, smem_addr
 from ..ptx.cluster import cluster_arrive_relaxed, cluster_wait, mbar_init_tx, mbar_wait0, st_async_u32
 from ..ptx.convert import fp8_cvt_available, fp8_cvt_supports
@@ -223,7 +222,7 @@ def column_cluster(x, rows, upr, C, scales, codes):
         col = stripe * CH + t
         channel_scale(amax_bits(a, e, kind), t, col, rank == 0 and col < C, sc, rcs, scales, MAXE)
     cuda.syncthreads()
-    sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
+    sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, VEC)
     if okr and nv == U:  # every unit inside, every scale with a reciprocal: one basic block
         encode_unit_cols_r(unit_elems(SLOT{i}, kind), sv, rc, g + {i} * ustep, codes, c16, c32, fmt, CVT, VEC, NB, NOCLIP)  #U
     elif okr:
@@ -251,13 +250,14 @@ def make_column_cluster_kernel(kind, fmt, max_elem, CL, NT, W, U, packed, shfl=N
         Q1=1 if vec == 4 else 2, Q2=2 if vec == 4 else 4, Q3=3 if vec == 4 else 6,
         NW=NT // 32, RED=NT // 32 * W * 4, BAM=W * 4, RECV=CL * W * 4,
         SCRATCH=1 if shfl_on else NT, NB=(fmt[5] if packed else 8), SHFL=shfl_on,
-        CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV, MAXE=F32(max_elem),
+        CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), MAXE=F32(max_elem),
         NOCLIP=rint_in_range(fmt, F32(max_elem)), u32=types.uint32, u64=types.uint64,
         commit=cp_async_commit, wait_all=cp_async_wait(0),
     )  # fmt: skip
     src = _units(_expand(_SRC, U), U, U - UR) + "\n"
     glb = dict(globals())
     glb.update(ns)
+    # (the units' statements written out: quantize.unrolled's note says why)
     exec(compile(src, f"<nqdq column_cluster CL={CL} NT={NT} W={W} U={U} UR={UR}>", "exec"), glb)
     fn = glb["column_cluster"]
     fn.source = src

@@ -54,8 +54,8 @@ P <= the blocks that can be resident at once (``ring_launch`` bounds P by the SM
 times the blocks an SM holds) that cannot happen.
 
 Under the CUDA simulator blocks run one after another, so only P = 1 runs there (a stripe
-is complete at its own arrival); ``RING_FORCE_WAIT`` (tests) takes step 4's wait path on
-every item, so the simulator covers it too.
+is complete at its own arrival); ``make_column_ring_kernel(..., force_wait=True)`` (tests)
+takes step 4's wait path on every item, so the simulator covers it too.
 
 Planned (rule ``column_ring`` of ``plan``) where ``available`` and ``ring_geometry`` fit and
 the stripes take more than one chunk (any P where the caller chose the ring), unless the
@@ -76,7 +76,6 @@ from .columns import (# fmt: skip
     _expand, amax_bits, channel_scale, encode_unit_cols, encode_unit_cols_r, SMEM_PER_SM, rint_in_range, stage_sync,
     stripe_widths, unit_col_scales, units_inside, word_max,
 )
-from ..device.division import RECIP_DIV
 from ..ptx.mma import cp_async_commit, cp_async_unit, cp_async_wait, ld_shared_u32x4, smem_addr
 from ..ptx.convert import fp8_cvt_available, fp8_cvt_supports
 from ..ptx.memory import array_addr, as_u16, as_u32, load_acquire_i32, load_relaxed_i32
@@ -89,7 +88,6 @@ from ..runtime.target import SIMULATOR, devfn, device_has
 RING_THREADS, RING_UNITS, RING_SLOTS, RING_LAG = (64, 2, 3, 1) if SIMULATOR else (128, 8, 3, 1)
 RING_BLOCKS_PER_SM = 4  # resident blocks an SM is asked to hold (launch bounds; the smem fits them)
 RING_P_MAX = 256  # chunks per stripe at most (and at most the resident blocks)
-RING_FORCE_WAIT = False  # tests: step 4's wait path on every item
 SMEM_RESERVED = 1024  # per resident block (the driver's)
 _SLEEP = not SIMULATOR  # (the simulator has no nanosleep; with P = 1 it never spins)
 _SLEEP_MAX_NS = 256  # the waiting thread's back-off doubles from 32 ns up to this
@@ -243,7 +241,7 @@ def column_ring(x, rows, upr, C, P, pinv, S, ws, scales, codes):
         if t < CH:
             channel_scale(m, t, stripe * CH + t, chunk == 0 and stripe * CH + t < C, sc, rcs, scales, MAXE)
         cuda.syncthreads()
-        sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
+        sv, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, VEC)
         uc = stripe * W + lu
         r0 = chunk * (U * RG) + rg
         nv = units_inside(rows, r0, uc, upr, LOG_RG, U)
@@ -282,7 +280,8 @@ def make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, force_w
     """Persistent blocks of NT threads over items of U units a thread of stripes W units
     wide (R = U * NT / W rows), a ring of D slots, arrivals L items ahead of the encode; the
     kernel carries its dynamic shared memory (``launch.dynamic_smem``). ``bps``: blocks an
-    SM (launch bounds; RING_BLOCKS_PER_SM). Counters and amaxes are read by ``ld.relaxed`` /
+    SM (launch bounds; RING_BLOCKS_PER_SM). ``force_wait``: step 4's wait path on every item
+    (tests: the simulator's single block would otherwise never take it). Counters and amaxes are read by ``ld.relaxed`` /
     ``ld.acquire`` (by atomics measured no different); a whole item's units are encoded
     straight-line (H100, bf16 int8_column 8192x8192: 93.7 us against 94.7 with a branch a
     unit)."""
@@ -292,7 +291,7 @@ def make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, force_w
     ns = dict(
         kind=kind, fmt=fmt, NT=NT, W=W, RG=RG, LOG_RG=RG.bit_length() - 1, U=U, D=D, L=L, VEC=vec, CH=W * vec,
         SLOT=U * NT * 4, NB=(fmt[5] if packed else 8),
-        CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV, MAXE=F32(max_elem),
+        CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), MAXE=F32(max_elem),
         NOCLIP=rint_in_range(fmt, F32(max_elem)),
         FORCE_WAIT=force_wait, SLEEP=_SLEEP, SLEEP_MAX_NS=_SLEEP_MAX_NS, u32=types.uint32,
         peek=load_relaxed_i32, peek_acq=load_acquire_i32,
@@ -301,6 +300,7 @@ def make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, force_w
     src = _ring_source(U) + "\n"
     glb = dict(globals())
     glb.update(ns)
+    # generated kernel source: why it is generated, see the note in quantize/unrolled.py
     exec(compile(src, f"<nqdq column_ring NT={NT} W={W} U={U} D={D} L={L}>", "exec"), glb)
     fn = glb["column_ring"]
     fn.source = src
@@ -345,7 +345,7 @@ def ring_launch(kind, fmt, max_elem, packed, rows, C, sms, geometry, empty, x, s
     ``empty``."""
     vec = vec_of(kind)
     NT, W, U, D, L, P, S = geometry
-    k = make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, RING_FORCE_WAIT, RING_BLOCKS_PER_SM)
+    k = make_column_ring_kernel(kind, fmt, max_elem, NT, W, U, D, L, packed, bps=RING_BLOCKS_PER_SM)
     grid = min(S * P, sms * (1 if SIMULATOR else RING_BLOCKS_PER_SM))
     ws = empty(workspace_words(C, S), np.int32, "zero")
     return (k, grid, NT, (x, rows, C // vec, C, P, p_reciprocal(P), S, ws, scales, codes))

@@ -39,7 +39,7 @@ import numpy as np
 from ..runtime.backend import cuda
 
 from ..device.codec import F32, KIND_BF16, KIND_F32, ZERO, bits_f32, f16_bits_to_f32_bits, f32_bits
-from ..device.division import RECIP_DIV, div_by_recip, recip_guarded
+from ..device.division import div_by_recip, recip_guarded
 from ..ptx.convert import fp8_cvt_available, fp8_cvt_supports
 from ..ptx.memory import array_addr, as_u16, as_u32
 from ..ptx.pairs import u16x2_max
@@ -185,10 +185,10 @@ def scale_ok(s):
 
 
 @devfn
-def unit_col_scales(sc, rcs, j0, recip, vec):
+def unit_col_scales(sc, rcs, j0, vec):
     """The scales and reciprocals of a unit's ``vec`` channels j0 .. (8-tuples; a 4-channel
     unit repeats its first), from a stripe's shared copies; ``ok``: every scale finite and
-    non-zero; ``okr``: also every reciprocal in range (``recip``: RECIP_DIV)."""
+    non-zero; ``okr``: also every reciprocal in range."""
     s0, s1, s2, s3 = sc[j0], sc[j0 + 1], sc[j0 + 2], sc[j0 + 3]
     q0, q1, q2, q3 = rcs[j0], rcs[j0 + 1], rcs[j0 + 2], rcs[j0 + 3]
     s4, s5, s6, s7 = s0, s0, s0, s0
@@ -199,7 +199,7 @@ def unit_col_scales(sc, rcs, j0, recip, vec):
     ok = scale_ok(s0) and scale_ok(s1) and scale_ok(s2) and scale_ok(s3)
     if vec == 8:
         ok = ok and scale_ok(s4) and scale_ok(s5) and scale_ok(s6) and scale_ok(s7)
-    okr = recip and ok and q0 != ZERO and q1 != ZERO and q2 != ZERO and q3 != ZERO
+    okr = ok and q0 != ZERO and q1 != ZERO and q2 != ZERO and q3 != ZERO
     if vec == 8:
         okr = okr and q4 != ZERO and q5 != ZERO and q6 != ZERO and q7 != ZERO
     return (s0, s1, s2, s3, s4, s5, s6, s7), (q0, q1, q2, q3, q4, q5, q6, q7), ok, okr
@@ -211,7 +211,6 @@ def make_column_encode_kernel(kind, fmt, NT, packed):
     (c + 1) * rpc) of units bx * NT + t with the scales of their channels."""
     VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
     CVT = fp8_cvt_available() and fp8_cvt_supports(fmt)
-    RECIP = RECIP_DIV
 
     @cuda.jit
     def column_encode(x, rows, upr, rpc, scales, codes):
@@ -232,10 +231,10 @@ def make_column_encode_kernel(kind, fmt, NT, packed):
         ok = scale_ok(s0) and scale_ok(s1) and scale_ok(s2) and scale_ok(s3)
         if VEC == 8:
             ok = ok and scale_ok(s4) and scale_ok(s5) and scale_ok(s6) and scale_ok(s7)
-        # one reciprocal per channel for the whole chunk of rows (RECIP_DIV; 0: out of range)
+        # one reciprocal per channel for the whole chunk of rows (0: out of range)
         rc = (recip_guarded(s0), recip_guarded(s1), recip_guarded(s2), recip_guarded(s3),
               recip_guarded(s4), recip_guarded(s5), recip_guarded(s6), recip_guarded(s7))
-        okr = RECIP and ok and rc[0] != ZERO and rc[1] != ZERO and rc[2] != ZERO and rc[3] != ZERO
+        okr = ok and rc[0] != ZERO and rc[1] != ZERO and rc[2] != ZERO and rc[3] != ZERO
         if VEC == 8:
             okr = okr and rc[4] != ZERO and rc[5] != ZERO and rc[6] != ZERO and rc[7] != ZERO
         r0 = c * rpc
@@ -430,7 +429,7 @@ def column_onepass(x, rows, upr, C, W, P, S, ws, scales, codes):
     if t < CH:
         channel_scale(m, t, stripe * CH + t, chunk == 0 and stripe * CH + t < C, sc, rcs, scales, MAXE)
     cuda.syncthreads()
-    s, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, RECIP, VEC)
+    s, rc, ok, okr = unit_col_scales(sc, rcs, lu * VEC, VEC)
     # finite units with reciprocals: encoded from registers; the rest flagged in ``slow``
     # and re-read below by one copy of the general encode (not U inlined copies of it)
     slow = np.uint32(0)
@@ -464,12 +463,13 @@ def make_column_onepass_kernel(kind, fmt, max_elem, NT, U, packed):
     W * VEC <= NT) an argument."""
     ns = dict(
         kind=kind, fmt=fmt, NT=NT, U=U, VEC=vec_of(kind), NB=(fmt[5] if packed else 8),
-        CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), RECIP=RECIP_DIV,
-        MAXE=F32(max_elem), NOCLIP=rint_in_range(fmt, F32(max_elem)), CH_MAX=32 * vec_of(kind),
+        CVT=fp8_cvt_available() and fp8_cvt_supports(fmt), MAXE=F32(max_elem),
+        NOCLIP=rint_in_range(fmt, F32(max_elem)), CH_MAX=32 * vec_of(kind),
     )  # fmt: skip
     src = _expand(_ONEPASS_SRC, U) + "\n"
     glb = dict(globals())
     glb.update(ns)
+    # generated kernel source: why it is generated, see the note in quantize/unrolled.py
     exec(compile(src, f"<nqdq column_onepass U={U}>", "exec"), glb)
     fn = glb["column_onepass"]
     fn.source = src

@@ -6,7 +6,7 @@ Codes of whole 16-byte units a row (8- and 4-bit codes, scale groups of whole 8-
 chunks: nearly every scheme at model shapes) are decoded by the unit kernel
 (``quantize.dequant_units_launch``), which writes float32, bfloat16 or float16 directly;
 their codes must be 16-byte aligned (``units``: the hot path's check). Other shapes take
-the element kernel (``_quantize_kernels.make_dequant_kernel``), which writes float32; a
+the element kernel (``dequant_kernels.make_dequant_kernel``), which writes float32; a
 bfloat16 result is rounded from it by ``f32_to_bf16_kernel`` in the same sequence (float32
 scratch), a float16 one by the caller's library (``astype`` / ``to``), as on the general
 path.
@@ -24,8 +24,8 @@ import numpy as np
 from ...reference.packing import packed_length
 from ...schemes import Scheme
 from ..runtime import devices as _devices
-from . import general as quantize_kernels
-from ..runtime import launch
+from . import dequant_kernels
+from ..runtime.sequence import Ptr, compile_sequence
 from ..device.scales import MODE_MX, MODE_NVFP4
 from .params import cdiv, kernel_mode
 from ..runtime.target import SIMULATOR
@@ -52,26 +52,26 @@ class DequantPlan:
         mode = kernel_mode(sch)
         sc = _U8 if mode in (MODE_MX, MODE_NVFP4) else _F32
         ns = math.prod(sch.scale_shape(shape))
-        codes = launch.Ptr("codes", 0, rows * pcols, _U8)
-        tail = (launch.Ptr("scales", 0, ns, sc), launch.Ptr("zps", 0, ns if sch.symmetric is False else 1, _U8),
-                launch.Ptr("means", 0, ns if sch.centred else 1, _F32), launch.Ptr("tscale", 0, 1, _F32))  # fmt: skip
+        codes = Ptr("codes", 0, rows * pcols, _U8)
+        tail = (Ptr("scales", 0, ns, sc), Ptr("zps", 0, ns if sch.symmetric is False else 1, _U8),
+                Ptr("means", 0, ns if sch.centred else 1, _F32), Ptr("tscale", 0, 1, _F32))  # fmt: skip
         unit_launch = kq.dequant_units_launch(sch, shape, threads, out)
         # the unit kernel: the codes must start 16-byte aligned, and it writes ``out`` itself
         # (no float32 scratch)
         self.units = unit_launch is not None
         if unit_launch is not None:
             k, grid, block, geometry, tpr_log2 = unit_launch
-            result = launch.Ptr("f32", 0, n, _F32) if out == "float32" else launch.Ptr("half", 0, n, _U16)
+            result = Ptr("f32", 0, n, _F32) if out == "float32" else Ptr("half", 0, n, _U16)
             self.launches = [(k, grid, block, (codes, *geometry, *tail, result, tpr_log2))]
             self.out = out
         else:
             k, grid, block, geometry, tpr_log2 = kq.dequant_element_launch(sch, shape, threads, sub)
-            values = launch.Ptr("f32", 0, n, _F32)
+            values = Ptr("f32", 0, n, _F32)
             self.launches = [(k, grid, block, (codes, *geometry, *tail, values, tpr_log2))]
             if out == "bfloat16":
                 g = max(1, min(cdiv(n, threads), 1 << 20))
-                self.launches.append((quantize_kernels.f32_to_bf16_kernel, g, threads,
-                                      (values, launch.Ptr("half", 0, n, _U16), n)))
+                self.launches.append((dequant_kernels.f32_to_bf16_kernel, g, threads,
+                                      (values, Ptr("half", 0, n, _U16), n)))
             self.out = "bfloat16" if out == "bfloat16" else "float32"  # (float16: rounded by the caller's library)
         self.names = ("codes", "scales", "zps", "means", "tscale", "f32", "half")
         self._seq = None
@@ -84,7 +84,7 @@ class DequantPlan:
         if not self._seq_built:
             with self._lock:
                 if not self._seq_built:
-                    self._seq = None if SIMULATOR else launch.compile_sequence(self.launches, self.names)
+                    self._seq = None if SIMULATOR else compile_sequence(self.launches, self.names)
                     self._seq_built = True
         return self._seq
 

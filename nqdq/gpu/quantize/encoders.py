@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..device.codec import F32, FLT_MAX, ONE, ZERO, bits_f32, encode_float_rne, f32_bits, fmin_f32
-from ..device.division import RECIP_DIV, div_by_recip, recip_guarded
+from ..device.division import div_by_recip, recip_guarded
 from ..device.elements import encode_element
 from ..device.scales import MODE_FLOAT, MODE_MX, MODE_NVFP4, nvfp4_block_scale_code
 from ..ptx.convert import E4M3, cvt_e4m3, cvt_e4m3x2, cvt_e5m2x2
@@ -96,11 +96,10 @@ def recip_store_unit(e, unit, p0, r, c8, c16, c32, fmt, cvt, vec, nb):
 def encode_store_unit_r(e, unit, p0, r, clean, c8, c16, c32, mode, fmt, cvt, vec, nb):
     """encode_store_unit with r = recip_guarded(p0) computed by the caller, once per row
     (units under a condition each would each compute their own)."""
-    if RECIP_DIV and clean and mode == MODE_FLOAT and r != ZERO:
+    if clean and mode == MODE_FLOAT and r != ZERO:
         recip_store_unit(e, unit, p0, r, c8, c16, c32, fmt, cvt, vec, nb)
     else:  # as encode_store_unit: a float scale without a reciprocal goes element by element
-        encode_store_unit(e, unit, p0, clean and not (RECIP_DIV and mode == MODE_FLOAT), c8, c16, c32, mode, fmt, cvt,
-                          vec, nb)
+        encode_store_unit(e, unit, p0, clean and mode != MODE_FLOAT, c8, c16, c32, mode, fmt, cvt, vec, nb)
 
 
 @devfn
@@ -218,7 +217,7 @@ def encode_store_unit(e, unit, p0, clean, c8, c16, c32, mode, fmt, cvt, vec, nb)
     needs every |x| < p0 * 2^64: callers with caller-given scales pass clean = False where
     ratio_ok fails. A scale outside recip_guarded's range (|amax| below about 2^-71) takes
     encode_element per element, as non-finite units do (one path less to compile)."""
-    if RECIP_DIV and mode == MODE_FLOAT:
+    if mode == MODE_FLOAT:
         r = recip_guarded(p0)  # once per unit; the units of one basic block share it (CSE)
         if clean and r != ZERO:
             recip_store_unit(e, unit, p0, r, c8, c16, c32, fmt, cvt, vec, nb)

@@ -65,7 +65,7 @@ import numpy as np
 from numba import float32, int32, uint32
 
 from ..device.codec import F32, ONE, ZERO, bits_f32, f32_bits
-from ..device.division import RECIP_DIV, ratio_ok, recip_guarded
+from ..device.division import ratio_ok, recip_guarded
 from ..device.scales import MODE_ASYM, MODE_FLOAT, MODE_NVFP4, nvfp4_tensor_encode_scale
 from ..ptx.convert import fp8_cvt_available, fp8_cvt_supports
 from ..ptx.memory import array_addr, as_u16, as_u32
@@ -255,7 +255,7 @@ def make_lastaxis_row_kernel(kind, mode, fmt, mx_cfg, max_elem, NT, U, packed, s
     assert NT % 32 == 0
     ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, kind=kind,
               mode=mode, fmt=fmt, VEC=VEC, NB=NB, CVT=CVT, MAXE=MAXE, MXR=MXR, MXM=MXM, MXE=MXE, MXI=MXI,
-              WHOLE=whole and RECIP_DIV and mode == MODE_FLOAT, block_max=_block_max_fn(NT, shfl))
+              WHOLE=whole and mode == MODE_FLOAT, block_max=_block_max_fn(NT, shfl))
     src = _ROWS_SRC
     if stoch:
         src = sub_once(src, "scales, sparams):", "scales, sparams, key_lo, key_hi):")
@@ -348,7 +348,7 @@ _ASYM_STORE_SR = ("sr_store_unit(unit_elems(w{j}, kind), base + {jNT}, sv, ZERO,
                   "mode, fmt, VEC, NB)")
 _ASYM_ONCE_LINES = """    flo = F32(-pz)
     fhi = F32(np.int32(fmt[7]) - pz)
-    rr = recip_guarded(sv) if RECIP_DIV else ZERO
+    rr = recip_guarded(sv)
 """
 
 
@@ -487,7 +487,7 @@ def static_unit_fns(fmt, VEC, NB, CVT, per_row):
         r = recip_guarded(s) if per_row else rst
         am = unit_amax(e, VEC)
         clean = am < FINITE and abs_i32(f32_bits(s)) < FINITE and s != ZERO
-        if RECIP_DIV and r != ZERO and not ratio_ok(am, s):
+        if r != ZERO and not ratio_ok(am, s):
             clean = False  # a caller-given scale far below |x| (all codes saturate): element by element
         encode_store_unit_r(e, u, s, r, clean, c8, c16, c32, MODE_FLOAT, fmt, CVT, VEC, NB)
 

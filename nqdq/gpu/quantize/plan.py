@@ -30,6 +30,7 @@ from ..runtime import launch
 from ..runtime.interop import Allocator, DeviceInput, device_address, device_input, is_cupy, lib_of
 from ..runtime.launch import fast_kernel as _fast_kernel
 from ..runtime.target import SIMULATOR
+from . import dequant_kernels
 from . import general as quantize_kernels
 from . import lastaxis as rowwise_kernels
 from . import rules, runners
@@ -314,7 +315,7 @@ def _to_device_like(alloc, a):
 # =============================================================================== dequantize
 def dequant_units_launch(sch: Scheme, shape, nt: int, out: str = "float32"):
     """``(kernel, grid, block, geometry, tpr_log2)`` of the unit decode kernel
-    (``general.make_dequant_units_kernel``) for packed codes of ``shape``, writing
+    (``dequant_kernels.make_dequant_units_kernel``) for packed codes of ``shape``, writing
     ``out`` ("float32", "bfloat16" or "float16"), or None where it does not apply (the
     element kernel then decodes). ``geometry``: the kernel's
     arguments from ``rows`` to ``nc`` (``rows, upr, nseg, spu, C, pcols, d1, d2, b0, b1, b2,
@@ -324,7 +325,7 @@ def dequant_units_launch(sch: Scheme, shape, nt: int, out: str = "float32"):
     C = shape[-1]
     geo = _geo_args(shape, sch.block_for(shape))
     bc = geo[5]
-    if not quantize_kernels.dequant_units_apply(sch.code_bits, C, bc):
+    if not dequant_kernels.dequant_units_apply(sch.code_bits, C, bc):
         return None
     rows = math.prod(shape) // C
     upr = C // (16 if sch.code_bits == 8 else 32)
@@ -335,15 +336,15 @@ def dequant_units_launch(sch: Scheme, shape, nt: int, out: str = "float32"):
     nseg = _cdiv(upr, spu)
     tpr_log2 = _team_log2(spu, nt)
     grid = max(1, min(_cdiv(rows * nseg, nt >> tpr_log2), 1 << 20))
-    out_kind = {"float32": quantize_kernels.DEQ_F32, "bfloat16": quantize_kernels.DEQ_BF16,
-                "float16": quantize_kernels.DEQ_F16}[out]  # fmt: skip
-    k = quantize_kernels.make_dequant_units_kernel(_mode(sch), format_tuple(sch), sch.symmetric, out_kind)
+    out_kind = {"float32": dequant_kernels.DEQ_F32, "bfloat16": dequant_kernels.DEQ_BF16,
+                "float16": dequant_kernels.DEQ_F16}[out]  # fmt: skip
+    k = dequant_kernels.make_dequant_units_kernel(_mode(sch), format_tuple(sch), sch.symmetric, out_kind)
     return k, grid, nt, (rows, upr, nseg, spu, C, pcols, *geo[:6], bc_log2, *geo[6:]), tpr_log2
 
 
 def dequant_element_launch(sch: Scheme, shape, nt: int, packed: bool = True):
     """``(kernel, grid, block, geometry, tpr_log2)`` of the element decode kernel
-    (``general.make_dequant_kernel``: float32 values of codes of ``shape``, packed
+    (``dequant_kernels.make_dequant_kernel``: float32 values of codes of ``shape``, packed
     along the last axis when ``packed``), every shape's: ``geometry`` its arguments from
     ``rows`` to ``nc`` (``rows, C, pcols, d1, d2, b0, b1, b2, bc, n1, n2, nc``)."""
     C = shape[-1]
@@ -352,7 +353,7 @@ def dequant_element_launch(sch: Scheme, shape, nt: int, packed: bool = True):
     pcols = packed_length(C, sch.code_bits) if sub else C
     tpr_log2 = _team_log2(C, nt)
     grid = max(1, min(_cdiv(rows, nt >> tpr_log2), 1 << 20))
-    k = quantize_kernels.make_dequant_kernel(_mode(sch), format_tuple(sch), sch.symmetric, packed)
+    k = dequant_kernels.make_dequant_kernel(_mode(sch), format_tuple(sch), sch.symmetric, packed)
     return k, grid, nt, (rows, C, pcols, *_geo_args(shape, sch.block_for(shape))), tpr_log2
 
 
@@ -421,6 +422,6 @@ def to_bfloat16_bits(values):
     flat = values.reshape(-1)
     dst = alloc.empty(flat.size, np.uint16)
     grid = max(1, min(_cdiv(flat.size, THREADS), 1 << 20))
-    _launch(quantize_kernels.f32_to_bf16_kernel, grid, THREADS, None, alloc.kernel_arg(flat), alloc.kernel_arg(dst),
+    _launch(dequant_kernels.f32_to_bf16_kernel, grid, THREADS, None, alloc.kernel_arg(flat), alloc.kernel_arg(dst),
             flat.size)
     return alloc.to_lib(dst, values.shape)

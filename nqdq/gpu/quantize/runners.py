@@ -15,6 +15,7 @@ import numpy as np
 
 from ..runtime import devices as _devices
 from ..runtime import launch
+from ..runtime.sequence import Ptr, Var, compile_sequence
 from ..runtime.interop import cupy_array_new
 from ..runtime.target import SIMULATOR
 from . import grid as grid_sync
@@ -55,7 +56,7 @@ def build_cupy_runner(plan):
     ``cupy.cuda.alloc`` for every output and scratch array (the outputs are arrays over it,
     so scratch lives as long as they do: safe under CUDA-graph capture), the dummies in a
     buffer the runner owns, then per kernel its addresses stored into a parameter buffer
-    packed once and one ``cuLaunchKernel`` (``launch.compile_sequence``); the output arrays
+    packed once and one ``cuLaunchKernel`` (``sequence.compile_sequence``); the output arrays
     built by ``interop.cupy_array_new``'s path where it applies. None where it cannot be
     built (simulator, NQDQ_FAST_LAUNCH=0, static scales, no CuPy)."""
     if SIMULATOR or plan.static_scale:
@@ -82,14 +83,14 @@ def build_cupy_runner(plan):
     def ptr(a):
         if type(a) is Slot:
             if a.role == "dummy":
-                return launch.Ptr("dummy", dummy_off[a.i], a.n, a.dtype)
+                return Ptr("dummy", dummy_off[a.i], a.n, a.dtype)
             if reset and a is reset[0]:  # the stream's workspace
-                return launch.Ptr("ws", 0, a.n, a.dtype)
-            return launch.Ptr("base", offsets[a.i], a.n, a.dtype)
+                return Ptr("ws", 0, a.n, a.dtype)
+            return Ptr("base", offsets[a.i], a.n, a.dtype)
         return marker_arg(plan, a)
 
     launches = [(k, g, b, tuple(map(ptr, args))) for k, g, b, args in plan.launches]
-    seq = launch.compile_sequence(launches, ("xp", "base", "dummy", "lo", "hi", "ws"))
+    seq = compile_sequence(launches, ("xp", "base", "dummy", "lo", "hi", "ws"))
     if seq is None:
         return None
     # the output arrays: ndarray's own __new__ + _init where that builds the same array
@@ -142,6 +143,7 @@ def build_cupy_runner(plan):
         results.append(name)
     lines.append(f"    return {', '.join(results)}")
     src = "\n".join(lines) + "\n"
+    # generated host code: why it is generated, see the note in runtime/packers.py
     exec(compile(src, f"<nqdq quantize plan {plan.shape}>", "exec"), ns)
     run = ns["run"]
     run.source = src
@@ -151,14 +153,14 @@ def build_cupy_runner(plan):
 
 
 def marker_arg(plan, a):
-    """A recorded launch argument as a compiled sequence's (launch.Ptr / Var) where it is
+    """A recorded launch argument as a compiled sequence's (sequence.Ptr / Var) where it is
     a marker (the input, the seed's halves), else as it is."""
     if a is X:
-        return launch.Ptr("xp", 0, math.prod(plan.shape), plan._xdtype)
+        return Ptr("xp", 0, math.prod(plan.shape), plan._xdtype)
     if a is SEED_LO:
-        return launch.Var("lo")
+        return Var("lo")
     if a is SEED_HI:
-        return launch.Var("hi")
+        return Var("hi")
     return a
 
 
@@ -202,15 +204,15 @@ def build_torch_runner(plan, caller):
     def ptr(a):
         if type(a) is Slot:
             if a.i in names:
-                return launch.Ptr(names[a.i], 0, a.n, a.dtype)
+                return Ptr(names[a.i], 0, a.n, a.dtype)
             if a.role == "reset":
-                return launch.Ptr("ws", 0, a.n, a.dtype)
+                return Ptr("ws", 0, a.n, a.dtype)
             pool, off = offsets[a.i]
-            return launch.Ptr(pool, off, a.n, a.dtype)
+            return Ptr(pool, off, a.n, a.dtype)
         return marker_arg(plan, a)
 
     launches = [(k, g, b, tuple(map(ptr, args))) for k, g, b, args in plan.launches]
-    seq = launch.compile_sequence(launches, ("xp", *names.values(), "scratch", "zero", "dummy", "ws", "lo", "hi"))
+    seq = compile_sequence(launches, ("xp", *names.values(), "scratch", "zero", "dummy", "ws", "lo", "hi"))
     if seq is None:
         return None
     make = tuple((shapes[s.i][0], caller.dtypes[np.dtype(shapes[s.i][1])]) for s in outs)

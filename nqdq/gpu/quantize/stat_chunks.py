@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..device.codec import F32, KIND_BF16, KIND_F32, ZERO, bits_f32, f32_bits, mul_rn
-from ..device.division import RECIP_DIV, recip_guarded
+from ..device.division import recip_guarded
 from ..device.scales import MODE_ASYM, MODE_CENTRED, centred_params
 from ..ptx.pairs import bf16x2_max, bf16x2_min, u16x2_max, u16x2_min
 from ..runtime.target import devfn
@@ -63,7 +63,7 @@ AMAX
 ENCODE
 """
 _CENTRED_ENCODE_ONCE = """        u = unit_of(chunk)
-        rr = recip_guarded(s) if RECIP_DIV else ZERO
+        rr = recip_guarded(s)
         encode_store_int_unit_r(e0, u, s, mean, 0, ZERO, ZERO, rr, clean, c8, c16, c32, mode, fmt, VEC, NB)
         if K >= 2:
             encode_store_int_unit_r(e1, u + ST, s, mean, 0, ZERO, ZERO, rr, clean, c8, c16, c32, mode, fmt, VEC, NB)
@@ -296,7 +296,7 @@ def _asym_chunk_step(kind, mode, fmt, VEC, NB, K, LL, MAXE, ST, shfl, stoch, uni
             u = unit_of(chunk)
             flo = F32(-pz)  # int -> float conversions and the reciprocal: once per chunk
             fhi = F32(np.int32(fmt[7]) - pz)
-            rr = recip_guarded(sv) if RECIP_DIV else ZERO
+            rr = recip_guarded(sv)
             asym_unit_store_r(unit_elems(w0, kind), u, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt, VEC, NB)
             if K >= 2:
                 asym_unit_store_r(unit_elems(w1, kind), u + ST, sv, rr, pz, flo, fhi, clean, c8, c16, c32, fmt, VEC,

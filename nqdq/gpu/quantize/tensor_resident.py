@@ -204,6 +204,7 @@ def _source(K, UR, US, V, args, publish):
 def _build(name, src, ns, NT, US, K):
     glb = dict(globals())
     glb.update(ns)
+    # generated kernel source: why it is generated, see the note in quantize/unrolled.py
     exec(compile(src, f"<nqdq {name}>", "exec"), glb)
     fn = glb["tensor_resident"]
     fn.source = src

@@ -20,8 +20,8 @@ last-axis and tile kernels) and the centred group step (``stat_chunks``), whose 
 elements are W named registers for the same reason, go through it; so does the fused row
 kernel (``gpu.fused.rows``). The per-channel kernels (``columns``, ``column_ring``,
 ``column_cluster``), the tensor-resident kernels and the GEMM epilogue generate theirs for
-this reason too. (Host code generated for speed, the launch packers, is ``runtime.launch``'s
-note.)
+this reason too. (Host code generated for speed, the launch packers, has its note in
+``runtime.packers``.)
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ on that device's current stream. What nqdq caches per GPU is keyed by :func:`cur
 * ``launch.FastKernel`` entries: a ``CUfunction`` belongs to one context, and shared-memory
   and cluster opt-ins are set per device;
 * ``quantize.get_plan`` plans and their CuPy runners (scratch arrays, SM counts, entries);
-  ``fused.moe_plan``; the hot paths' remembered calls (``api._FAST``, ``fused._MOE_FAST``);
+  ``nqdq.gpu.fused.moe.moe_plan``; the hot paths' remembered calls (``api._FAST``, ``nqdq.fused._moe._MOE_FAST``);
 * ``_grid.StreamWorkspaces``: the legacy and per-thread default streams have one handle on
   every device.
 

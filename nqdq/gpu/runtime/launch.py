@@ -28,7 +28,7 @@ an integer to its own width, float32/float64 to ``f32``/``f64``, float16 to its 
 bool to one byte, complex to two floats. Each parameter sits at an offset aligned to its
 size, which is what ``struct``'s native (``@``) mode does.
 
-:func:`compile_sequence` goes one step further for a fixed sequence of launches whose
+``sequence.compile_sequence`` goes one step further for a fixed sequence of launches whose
 arrays have fixed shapes (nqdq.quantize's plans): one generated function packs each
 kernel's parameters with every shape and constant baked in, only the addresses given per
 call, and launches them in order (about 8 us for a whole single-kernel ``nqdq.quantize``
@@ -60,7 +60,7 @@ Example (``x``, ``out`` CuPy arrays)::
 
 The pieces around it: ``abi`` (the parameter layout), ``packers`` (the packing and fast-path
 functions generated per signature, and why they are generated), ``launch_ex``
-(cuLaunchKernelEx's configuration) and ``sequence`` (:func:`compile_sequence`).
+(cuLaunchKernelEx's configuration) and ``sequence`` (``compile_sequence``, ``Ptr``, ``Var``).
 
 Limits: arguments must be device arrays (CuPy, Numba device arrays, anything with
 ``__cuda_array_interface__``) or scalars: unlike Numba, host NumPy arrays are refused, not
@@ -86,7 +86,6 @@ from .packers import make_fast_launch, make_packer
 
 __all__ = [
     "FastKernel", "PreparedLaunch", "fast_kernel", "simulated", "param_format", "ptx_param_sizes",
-    "Ptr", "Var", "compile_sequence",
 ]
 
 
@@ -310,18 +309,13 @@ def _raise_launch_error(err, name, kind=None):
 # ---------------------------------------------------------------------------------------
 # Compiled entries
 
-FUNCTION_HANDLES = True  # launch the context's CUfunction rather than Numba's CUkernel (below)
-
-
 def _function_handle(handle) -> int:
     """The handle to give ``cuLaunchKernel``. Numba (numba-cuda 0.30, cuda.core) loads
     kernels as a library: its handle is a context-independent ``CUkernel``, which the
     driver maps to the current context's ``CUfunction`` on every launch. The
     ``CUfunction`` itself (``cuKernelGetFunction``, once, in the context current now:
     an entry is bound to it anyway) is what CuPy, PyTorch and Triton launch. Other
-    handles (already a ``CUfunction``), or ``FUNCTION_HANDLES = False``: unchanged."""
-    if not FUNCTION_HANDLES:
-        return int(handle)
+    handles (already a ``CUfunction``), or a handle the driver refuses: unchanged."""
     try:
         from cuda.bindings import driver
 
@@ -792,8 +786,3 @@ def _init():
 
 
 _init()
-
-
-# the compiled sequences' API, which its callers name through this module (launch.Ptr / Var /
-# compile_sequence); defined in sequence, which launches through this module's state
-from .sequence import Ptr, Var, compile_sequence  # noqa: E402

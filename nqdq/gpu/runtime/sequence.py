@@ -7,7 +7,6 @@ the driver's launch), read when a sequence is compiled.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 
 from . import launch
@@ -44,17 +43,6 @@ class Var:
         self.name = name
 
 
-# cuLaunchKernel's ``extra`` keys (cuda.h): the parameters as one buffer of the kernel's layout
-_LAUNCH_PARAM_END, _LAUNCH_PARAM_BUFFER_POINTER, _LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
-# compile_sequence passes each launch's parameters as that one buffer (``extra``) instead of
-# a void*[] of one pointer per parameter (a kernel with four arrays has ~30 of them, each
-# copied by the driver on its own). Timed on an H100 (benchmarks/launch_overhead.py --ab,
-# docs/design/launch-path.md, "Tried and not kept"): no gain beyond the noise (toy kernel 3.22 vs
-# 3.18 us per launch), so off; NQDQ_LAUNCH_PARAM_BUFFER=1 turns it on (checked bit-exact
-# on the GPU, direct and graph replay). Read when a sequence is compiled.
-PARAM_BUFFER = os.environ.get("NQDQ_LAUNCH_PARAM_BUFFER", "0") == "1"
-
-
 def compile_sequence(launches, names, *, entries=None, pdl=()):
     """One generated function ``run(stream, *names)`` that packs and launches ``launches``
     in order with ``cuLaunchKernel``; None where any launch must go through Numba
@@ -73,7 +61,6 @@ def compile_sequence(launches, names, *, entries=None, pdl=()):
     compiled entries instead of compiling.
     """
     names = tuple(names)
-    param_buffer = PARAM_BUFFER
     clusters = [launch._cluster_of(k) for k, _g, _b, _a in launches]
     coops = [launch._coop_of(k) for k, _g, _b, _a in launches]
     ex = sorted(set(pdl) | {i for i, (c, co) in enumerate(zip(clusters, coops)) if c > 1 or co})  # by cuLaunchKernelEx
@@ -131,20 +118,20 @@ def compile_sequence(launches, names, *, entries=None, pdl=()):
         if any(isinstance(a, Var) for a in args):
             prepacked.append(None)
             if values:
-                body.append(f"    _P{i}(b[{4 * i}], 0, {', '.join(values)})")
+                body.append(f"    _P{i}(b[{3 * i}], 0, {', '.join(values)})")
         else:
             prepacked.append(consts)
-            body += [f"    b[{4 * i + 2}][{k}] = {addr}" for k, addr in stores]
+            body += [f"    b[{3 * i + 2}][{k}] = {addr}" for k, addr in stores]
         ns[f"_P{i}"] = entry.struct.pack_into
         ns[f"_H{i}"] = entry.handle
         ns[f"_N{i}"] = entry.name
         gx, gy, gz = _dim3(grid)
         bx, by, bz = _dim3(block)
         smem = launch._smem_of(_kern)
-        params = f"0, b[{4 * i + 3}]" if param_buffer else f"b[{4 * i + 1}], 0"  # kernelParams, extra
+        params = f"b[{3 * i + 1}], 0"  # kernelParams (the void*[]), no extra
         call = f"_K(_H{i}, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {smem}, stream, {params})"
         if i in ex:  # its CUlaunchConfig (this thread's, after the launches' buffers): the stream, then the launch
-            c = 4 * len(launches) + 2 * ex.index(i)
+            c = 3 * len(launches) + 2 * ex.index(i)
             ns["_KX"] = launch._driver_launch_ex()
             body += [f"    b[{c}].hStream = stream", f"    err = _KX(b[{c + 1}], _H{i}, {params})", "    if err:",
                      f"        _raise(err, _N{i}, {launch.ex_kind(launches[i][0])!r})"]
@@ -154,21 +141,15 @@ def compile_sequence(launches, names, *, entries=None, pdl=()):
             body += [f"    err = {call}[0]", "    if err:", f"        _raise(err, _N{i})"]
 
     def new_buffers():
-        # per launch: the parameter buffer, the void*[] address, a uint64 view of the buffer,
-        # and the address of an ``extra`` array naming the buffer whole
+        # per launch: the parameter buffer, the void*[] address and a uint64 view of the buffer
         out, keep = [], []
         for e, consts in zip(entries, prepacked):
             buf, ptrs, addr = e.new_buffer()
             words = (ctypes.c_uint64 * (len(buf) // 8)).from_buffer(buf)
             if consts:  # None: packed per call (a Var launch)
                 e.struct.pack_into(buf, 0, *consts)
-            size = ctypes.c_size_t(e.struct.size)
-            extra = (ctypes.c_void_p * 5)(
-                _LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(buf), _LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size),
-                _LAUNCH_PARAM_END,
-            )  # fmt: skip
-            out += [buf, addr, words, ctypes.addressof(extra)]
-            keep += [ptrs, size, extra]  # what addr and the extra array point at
+            out += [buf, addr, words]
+            keep.append(ptrs)  # what addr points at
         for i in ex:
             cfg, attr = _ex_config(launches[i][1], launches[i][2], launch._smem_of(launches[i][0]), pdl=i in pdl,
                                    cluster=clusters[i], coop=coops[i])  # fmt: skip
