@@ -378,7 +378,7 @@ def _alloc_out(shape, dtype, nbytes: int, device: int):
     GPU) from CuPy's pool, the first ``shape`` x ``dtype`` of it the C-contiguous output
     array (the rest: the launches' scratch). The runners' one allocation."""
     mem = _cupy_alloc(nbytes)
-    if _cupy_new is not None:  # cupy.ndarray(shape, dtype, mem) without its Python frames (_interop)
+    if _cupy_new is not None:  # cupy.ndarray(shape, dtype, mem) without its Python frames (runtime.interop)
         out = _cupy_new(_cupy_ndarray)
         out._init(shape, dtype, mem)
     else:

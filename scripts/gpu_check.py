@@ -30,7 +30,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.environ.get("OUT") or os.path.join(ROOT, "gpu_check_out")
 SWEEP = [
-    # the last-axis kernels (_rowwise_kernels) first: rows, groups, the NVFP4 tensor pass
+    # the last-axis kernels (quantize.lastaxis) first: rows, groups, the NVFP4 tensor pass
     ("fp8_row", {}, (37, 304)),
     ("int8_row", {}, (5, 1000)),
     ("mxfp4", {}, (19, 256)),
@@ -59,7 +59,7 @@ SWEEP = [
     ("int8_centred", {}, (11, 256)),
     ("fp8_128x128", {}, (130, 256)),
     ("fp8_tensor", {"static_scale": True, "scale": 0.05}, (7, 512)),
-    # one launch at decode sizes (_grid: blocks waiting for the grid's amax), many blocks
+    # one launch at decode sizes (quantize.grid: blocks waiting for the grid's amax), many blocks
     ("fp8_tensor", {}, (64, 7168)),
     ("nvfp4", {}, (64, 7168)),
     ("fp8_tensor", {}, (3, 512)),

@@ -37,7 +37,7 @@ def fresh_plans(monkeypatch):
 
 @pytest.fixture
 def row_kernel_ops(monkeypatch):
-    """The ops (``_fused_kernels.OP_*``) of every fused row kernel built during the test, in
+    """The ops (``fused.kernels.OP_*``) of every fused row kernel built during the test, in
     order (``kernels.fused.fused_row_kernel`` spied; the kernels built as before)."""
     from nqdq.gpu.fused import plan as KF
 
@@ -57,23 +57,23 @@ def unaligned_loads(monkeypatch):
     """The kernels read element by element when the input is not 16-byte aligned (a view
     at an offset); the simulator's arrays always report aligned, so pretend otherwise."""
     import nqdq.gpu.quantize.plan as kq
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
-    from nqdq.gpu.quantize import tiles as tile_kernels
+    from nqdq.gpu.quantize import lastaxis
+    from nqdq.gpu.quantize import tiles
     from nqdq.gpu.runtime.target import SIMULATOR
 
     if not SIMULATOR:
         pytest.skip("compiled kernels: tests/test_kernels_gpu.py reads real unaligned views")
 
     def clear():
-        for f in (rowwise_kernels.make_lastaxis_group_kernel, rowwise_kernels.make_lastaxis_row_kernel,
-                  rowwise_kernels.make_tensor_amax_kernel,
-                  rowwise_kernels.make_lastaxis_asym_row_kernel, rowwise_kernels.make_lastaxis_stat_group_kernel,
-                  rowwise_kernels.make_static_kernel,
-                  tile_kernels.make_tile_kernel):
+        for f in (lastaxis.make_lastaxis_group_kernel, lastaxis.make_lastaxis_row_kernel,
+                  lastaxis.make_tensor_amax_kernel,
+                  lastaxis.make_lastaxis_asym_row_kernel, lastaxis.make_lastaxis_stat_group_kernel,
+                  lastaxis.make_static_kernel,
+                  tiles.make_tile_kernel):
             f.cache_clear()
         kq._PLANS.clear()
 
-    monkeypatch.setattr(rowwise_kernels, "array_addr", lambda a: 2)
+    monkeypatch.setattr(lastaxis, "array_addr", lambda a: 2)
     clear()
     yield
     monkeypatch.undo()

@@ -1,4 +1,4 @@
-"""The twins that AMD compiles where NVIDIA runs inline PTX (``_ptx.*_scalar`` for the 16-bit
+"""The twins that AMD compiles where NVIDIA runs inline PTX (``ptx.*_scalar`` for the 16-bit
 pair instructions, and the stochastic-rounding helpers' twins, which the simulator runs too)
 against the NumPy twins / the PTX they stand for, bit for bit (docs/amd.md).
 

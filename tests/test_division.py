@@ -353,7 +353,7 @@ _PTX_PAIR = """
 
 
 def test_audit_matches_only_the_pattern():
-    """_ptx_audit.recip_div_fmas counts a division's two fma and flags any other fma.f32: a
+    """tools.ptx_audit.recip_div_fmas counts a division's two fma and flags any other fma.f32: a
     contracted a * b + c, a correction whose addend is not q0, or whose multiplier is not r."""
     from nqdq.tools.ptx_audit import recip_div_fmas
 
@@ -366,7 +366,7 @@ def test_audit_matches_only_the_pattern():
 
 
 def test_audit_flags_generic_atomics():
-    """_ptx_audit.generic_atomics counts the atomics and reductions with no state space (NVVM
+    """tools.ptx_audit.generic_atomics counts the atomics and reductions with no state space (NVVM
     could not tell shared from global memory: a generic ATOM on the GPU), predicated ones
     included, and none of those that name .shared, .shared::cta or .global."""
     from nqdq.tools.ptx_audit import generic_atomics

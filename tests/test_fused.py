@@ -742,7 +742,7 @@ def test_rmsnorm_nonfinite_rows_match_reference(scheme, n):
 
 
 def absmax_want(a, b):
-    """NumPy's rule for _ptx.absmax_nan: the larger magnitude's bits, 0x7FFFFFFF for a NaN."""
+    """NumPy's rule for ptx.absmax_nan: the larger magnitude's bits, 0x7FFFFFFF for a NaN."""
     fa, fb = np.uint32(a).view(np.float32), np.uint32(b).view(np.float32)
     if np.isnan(fa) or np.isnan(fb):
         return 0x7FFFFFFF
@@ -750,7 +750,7 @@ def absmax_want(a, b):
 
 
 def test_absmax_nan_twin():
-    """The twin of _ptx.absmax_nan (what the simulator runs) against NumPy on every pair of
+    """The twin of ptx.absmax_nan (what the simulator runs) against NumPy on every pair of
     ABSMAX_EDGES; tests/test_fused_gpu.py compares the intrinsic with it."""
     from nqdq.gpu.ptx.pairs import absmax_nan_twin
 

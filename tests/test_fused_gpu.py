@@ -57,7 +57,7 @@ def ref_q(parts, sch):
 # One kernel compilation per case costs about 20-25 s of NVVM time on the GPU machine (the
 # row kernel is written out per unit), so the cases are chosen to cover each path once:
 # every output mode at 7168 (with and without the residual; at 7168 the rows fill the units,
-# the FULL kernels where _fused_rows.full_rows picks them), the element-by-element path
+# the FULL kernels where fused.rows.full_rows picks them), the element-by-element path
 # (7167, with the residual and MX), 32 warps of 8 units (65536: launch bounds 1024), float32.
 CASES = [(7168, "bfloat16", "fp8_row", True), (7168, "bfloat16", "fp8_tensor", False),
          (7168, "bfloat16", "fp8_1x128", True), (7168, "bfloat16", "mxfp4", False), (7167, "bfloat16", "mxfp4", True),
@@ -91,7 +91,7 @@ def test_gpu_rmsnorm_quantize_matches_reference(n, dtype, scheme, with_res):
 
 
 def test_gpu_absmax_nan_matches_twin():
-    """_ptx.absmax_nan (max.NaN.f32 of |.|, the RMSNorm ops' unit amax) compiled, on every pair
+    """ptx.absmax_nan (max.NaN.f32 of |.|, the RMSNorm ops' unit amax) compiled, on every pair
     of helpers.encoders.ABSMAX_EDGES, against its twin (which test_fused checks against NumPy)."""
     from numba import cuda
 
@@ -112,7 +112,7 @@ def test_gpu_absmax_nan_matches_twin():
 
 
 def test_gpu_e2m1_unit_f32_p2_matches_the_codec():
-    """_rowwise_kernels.e2m1_unit_f32_p2 unclamped (rmsnorm + mxfp4's encoder of finite "rceil" groups:
+    """quantize.pair_encoders.e2m1_unit_f32_p2 unclamped (rmsnorm + mxfp4's encoder of finite "rceil" groups:
     the bfloat16 multiply and the magic add compiled) on test_fused's probes around every e2m1
     code boundary over the MX range of k, 2^-k = 2^-127 (a bfloat16 subnormal) included,
     against the reference codec: what test_fused checks through the twins."""

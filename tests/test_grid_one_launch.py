@@ -83,7 +83,7 @@ def test_one_launch_matches_streaming_path(name):
 def test_one_launch_grid_run_block_after_block(name, dtype, fresh_plans):
     """A one-launch grid of 3 blocks, which the simulator runs one after another (as a GPU
     whose SMs other grids hold would): block 0 publishes its max, waits, finds blocks 1 and
-    2 not done, computes their maxima from their units itself (_rowwise_kernels._GRID_MAX_SRC)
+    2 not done, computes their maxima from their units itself (quantize.lastaxis._GRID_MAX_SRC)
     and encodes its own units; blocks 1 and 2, when they run, find every block done. The
     tensor's largest magnitude is in block 2's units, so block 0's codes match the reference
     only if it took block 2's max."""
@@ -98,7 +98,7 @@ def test_one_launch_grid_run_block_after_block(name, dtype, fresh_plans):
 @pytest.mark.skipif(not SIMULATOR, reason="a one-block grid (the GPU file runs many blocks)")
 def test_grid_max_leaves_its_workspace_zero():
     """The kernel that used a grid_max workspace hands it on as it found it (all zero), so
-    the next kernel of the stream can use it without a memset (_grid.StreamWorkspaces)."""
+    the next kernel of the stream can use it without a memset (quantize.grid.StreamWorkspaces)."""
     k = grid_max_kernel
     sync = np.zeros(SYNC_WORDS, np.int32)
     for v in (7, 0x7F800000, 3):  # again and again on the same words: each call sees zeros
@@ -127,8 +127,8 @@ def test_capture_test_counts_an_error_as_capturing():
 @pytest.mark.parametrize("name", sorted(ONE_LAUNCH))
 def test_one_launch_is_plain_after_a_refused_cooperative_launch(name, fresh_plans):
     """The one-launch kernels are launched plainly (their wait needs no co-resident grid:
-    _grid.wait_done), so they stay the plan after the driver refused a cooperative launch
-    (which rules out _tensor_resident's kernels), exact."""
+    quantize.grid.wait_done), so they stay the plan after the driver refused a cooperative launch
+    (which rules out quantize.tensor_resident's kernels), exact."""
     from nqdq.gpu.runtime import launch
 
     fresh_plans.setattr(launch, "_REFUSED", {"cooperative"})

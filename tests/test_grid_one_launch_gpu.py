@@ -86,7 +86,7 @@ def test_one_launch_on_concurrent_streams(name):
 def test_one_launch_on_many_streams(name):
     """Eight streams with calls of a grid of about one block an SM in flight at once: more
     grids than fit the SMs together, launched plainly, so grids may be partly resident while
-    others hold the SMs (their waits end: _grid.wait_done); every result exact."""
+    others hold the SMs (their waits end: quantize.grid.wait_done); every result exact."""
     shape = (130, 8192)
     plan = _plan(shape, ml_dtypes.bfloat16, name)
     ((k, grid, _b, _a),) = plan.launches

@@ -13,8 +13,8 @@ import pytest
 
 import nqdq.gpu.quantize.plan as kq
 from nqdq.gpu.quantize import asym_units
-from nqdq.gpu.quantize import lastaxis as rowwise_kernels
-from nqdq.gpu.quantize import tiles as tile_kernels
+from nqdq.gpu.quantize import lastaxis
+from nqdq.gpu.quantize import tiles
 from nqdq.schemes import resolve_scheme
 
 from helpers.data import edge_data
@@ -24,10 +24,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN/inf ari
 
 
 def _clear():
-    rowwise_kernels.make_lastaxis_group_kernel.cache_clear()
-    rowwise_kernels.make_lastaxis_stat_group_kernel.cache_clear()
-    rowwise_kernels.make_lastaxis_asym_row_kernel.cache_clear()
-    tile_kernels.make_tile_kernel.cache_clear()
+    lastaxis.make_lastaxis_group_kernel.cache_clear()
+    lastaxis.make_lastaxis_stat_group_kernel.cache_clear()
+    lastaxis.make_lastaxis_asym_row_kernel.cache_clear()
+    tiles.make_tile_kernel.cache_clear()
     kq._PLANS.clear()
 
 

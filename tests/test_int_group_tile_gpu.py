@@ -16,8 +16,8 @@ from helpers.gpu import gpu_cupy_or_skip  # noqa: E402
 cp = gpu_cupy_or_skip()
 
 import nqdq.gpu.quantize.plan as kq
-from nqdq.gpu.quantize import lastaxis as rowwise_kernels  # noqa: E402
-from nqdq.gpu.quantize import tiles as tile_kernels  # noqa: E402
+from nqdq.gpu.quantize import lastaxis  # noqa: E402
+from nqdq.gpu.quantize import tiles  # noqa: E402
 from nqdq.schemes import resolve_scheme  # noqa: E402
 
 from helpers.gpu import check_aligned_and_not, check_gpu, check_with_shuffle_twin, edge_input  # noqa: E402
@@ -42,10 +42,10 @@ def big_bf16():
 
 
 def _clear():
-    rowwise_kernels.make_lastaxis_stat_group_kernel.cache_clear()
-    rowwise_kernels.make_lastaxis_asym_row_kernel.cache_clear()
-    rowwise_kernels.make_lastaxis_group_kernel.cache_clear()
-    tile_kernels.make_tile_kernel.cache_clear()
+    lastaxis.make_lastaxis_stat_group_kernel.cache_clear()
+    lastaxis.make_lastaxis_asym_row_kernel.cache_clear()
+    lastaxis.make_lastaxis_group_kernel.cache_clear()
+    tiles.make_tile_kernel.cache_clear()
     kq._PLANS.clear()
 
 

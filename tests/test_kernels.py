@@ -26,7 +26,7 @@ import nqdq
 import nqdq.gpu.quantize.plan as kq
 from nqdq.gpu.quantize.choices import KernelChoices, PerChannel, PerTensor
 from nqdq.gpu.device import codec as _codec
-from nqdq.gpu.quantize import general as quantize_kernels
+from nqdq.gpu.quantize import general
 from nqdq.reference import codec as rcodec
 from nqdq.reference import quantize as ref
 from nqdq.reference.rng import random_bits
@@ -200,7 +200,7 @@ def test_long_groups_and_unaligned_fallbacks(monkeypatch, name, kw, shape):
     # with a tiny staging buffer the group kernel re-reads groups from memory (the path for
     # groups over 8192 elements), and groups whose packed bytes would straddle two blocks
     # go through strided_params + encode
-    monkeypatch.setattr(quantize_kernels, "SEG_MAX", 32)
+    monkeypatch.setattr(general, "SEG_MAX", 32)
     check(edge_data(shape), resolve_scheme(name, **kw))
 
 
@@ -568,7 +568,7 @@ def test_lastaxis_cheap_chunks(monkeypatch, name, units, cols, seed):
 
 
 # ----------------------------------------------------------------------------- asymmetric / centred last-axis
-# lastaxis_asym_rows / lastaxis_stat_groups (_rowwise_kernels): the (max, min) statistic as
+# lastaxis_asym_rows / lastaxis_stat_groups (quantize.lastaxis): the (max, min) statistic as
 # order-preserving integer keys, the zero point; the centred mean by the halving sum across
 # lanes (position by position) and within a thread, then the centred amax.
 STAT_FAST = {"lastaxis_asym_rows", "lastaxis_stat_groups"}
@@ -642,7 +642,7 @@ def test_lastaxis_centred_chunk_geometries(monkeypatch, units, group_size):
 
 
 # ----------------------------------------------------------------------------- static scales, one pass
-# static_encode (_rowwise_kernels): caller-given scales per tensor or per last-axis row,
+# static_encode (quantize.lastaxis): caller-given scales per tensor or per last-axis row,
 # 16-byte loads, the finite-unit encoders only where s is finite and non-zero.
 _ROW_SCALES = np.array([[0.01], [0.0], [np.inf], [np.nan], [-0.5], [1e-40], [3.0]], np.float32)
 
@@ -746,7 +746,7 @@ def test_dynamic_tensor_kernel_choice(shape, dtype, stoch, fast):
 
 
 # ----------------------------------------------------------------------------- per-channel, two passes
-# _column_kernels: float scales per last-axis channel (amax down every row), a thread per
+# quantize.columns: float scales per last-axis channel (amax down every row), a thread per
 # unit column and chunk of rows; several chunks per column, rows not a multiple of the rows
 # a thread loads at once, NaN / inf / all-zero channels, N-D inputs.
 def _column_data(shape, seed):
@@ -797,7 +797,7 @@ def test_column_kernel_choice(name, kw, shape, fast):
 
 
 # ----------------------------------------------------------------------------- B0 x B1 tiles, one pass
-# tile_blocks (_tile_kernels): one block per tile, units in registers from the load to the
+# tile_blocks (quantize.tiles): one block per tile, units in registers from the load to the
 # encode. The simulator runs small tiles (a 128 x 128 tile takes minutes there: the real
 # size runs in tests/test_kernels_gpu.py).
 @pytest.mark.parametrize(
@@ -842,7 +842,7 @@ def test_tile_kernel_unaligned_input(unaligned_loads):
 
 
 # ----------------------------------------------------------------------------- MX e2m1 in bfloat16 pairs
-# _rowwise_kernels.e2m1_unit_bf16: MXFP4 of bfloat16 input, two elements per instruction
+# quantize.pair_encoders.e2m1_unit_bf16: MXFP4 of bfloat16 input, two elements per instruction
 # (bfloat16 multiply by 2^-k, one bfloat16 addition of a magic onto the e2m1 grid).
 @pytest.mark.skipif(not kq.SIMULATOR, reason="runs the twins (the GPU test is test_kernels_gpu::test_e2m1_pairs_gpu)")
 def test_e2m1_pairs_every_bf16():
@@ -1010,7 +1010,7 @@ def test_mxfp4_f32_pair_path(monkeypatch, dtype, rounding):
     """MXFP4 of float16 input (8-element units) takes e2m1_unit_f32 in finite groups and the
     element encoder elsewhere, bit for bit with the reference; float32 input (4-element
     units) keeps the element encoder."""
-    from nqdq.gpu.quantize import lastaxis as rowwise_kernels
+    from nqdq.gpu.quantize import lastaxis
     from nqdq.gpu.quantize import encoders, pair_encoders
 
     calls = []
@@ -1023,14 +1023,14 @@ def test_mxfp4_f32_pair_path(monkeypatch, dtype, rounding):
     if kq.SIMULATOR:  # a compiled kernel cannot call the spy
         monkeypatch.setattr(encoders, "e2m1_unit_f32", spy)
     kq._PLANS.clear()
-    rowwise_kernels.make_lastaxis_group_kernel.cache_clear()
+    lastaxis.make_lastaxis_group_kernel.cache_clear()
     try:
         x = edge_data((4, 128), seed=9).astype(dtype)
         x[3, 64:96] = np.float32(1e-7)  # a finite group of tiny values (subnormal in float16)
         check(x, resolve_scheme("mxfp4", scale_rounding=rounding), x_ref=x.astype(np.float32))
     finally:
         kq._PLANS.clear()
-        rowwise_kernels.make_lastaxis_group_kernel.cache_clear()
+        lastaxis.make_lastaxis_group_kernel.cache_clear()
     if kq.SIMULATOR:
         assert bool(calls) == (dtype == np.float16)
 

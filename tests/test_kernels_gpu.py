@@ -199,7 +199,7 @@ def test_lastaxis_inputs_and_unaligned(dtype, name):
 
 
 def test_wide_load_store_match_twins():
-    """_ptx.load_u32x4 / store_u32x2 (ld.global.nc.v4.u32 / st.global.v2.u32) move the same
+    """ptx.load_u32x4 / store_u32x2 (ld.global.nc.v4.u32 / st.global.v2.u32) move the same
     words as plain indexing (their simulator twins)."""
     from numba import cuda
 
@@ -311,7 +311,7 @@ def _pair_operands(n, seed):
 
 
 def test_pair_intrinsics_match_twins():
-    """_ptx's 16-bit pair instructions (mul / add / min / max.bf16x2, abs + mul, abs + min,
+    """ptx's 16-bit pair instructions (mul / add / min / max.bf16x2, abs + mul, abs + min,
     max / min.u16x2, prmt) on the GPU against their NumPy twins, over random words of every binade."""
     from numba import cuda
 

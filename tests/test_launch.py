@@ -579,7 +579,7 @@ class _CoopKernel:
 
 
 def test_compile_sequence_cooperative_launches_by_cu_launch_kernel_ex(monkeypatch):
-    """A kernel carrying ``nqdq_cooperative`` (``_tensor_resident``) goes through
+    """A kernel carrying ``nqdq_cooperative`` (``quantize.tensor_resident``) goes through
     cuLaunchKernelEx with the cooperative attribute (id 2, value 1), together with its
     dynamic shared memory and beside a cluster dimension where both apply; the other
     launches stay cuLaunchKernel."""

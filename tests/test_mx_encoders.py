@@ -1,6 +1,6 @@
 """The MX fp6 pair encoders and NVFP4's two-launch plan, bit for bit with the reference.
 
-* ``_rowwise_kernels.fp6_unit_bf16`` / ``fp6_unit_f32`` (MXFP6 e2m3 / e3m2 of a finite
+* ``quantize.pair_encoders.fp6_unit_bf16`` / ``fp6_unit_f32`` (MXFP6 e2m3 / e3m2 of a finite
   group, two elements per bfloat16 instruction), through their twins: every finite bfloat16
   value, and float32 values around every code boundary, at 2^-k over the MX range, against
   the reference codec on x * 2^-k in float32;

@@ -1,4 +1,4 @@
-"""The 32-bit stochastic float encoder (``_codec.encode_float_sr32``, what every stochastic
+"""The 32-bit stochastic float encoder (``device.codec.encode_float_sr32``, what every stochastic
 float encode on the GPU runs) against the 64-bit one it replaces (``encode_float_bits(...,
 stochastic=True, r)``) and the spec (``reference.codec.encode_float(..., rbits=r)``), bit for
 bit, for every float element format; and the device Philox4x32-10 against the reference.
@@ -181,7 +181,7 @@ def test_device_function_in_simulator(name):
 
 
 def test_device_philox_matches_reference():
-    """_codec.philox4x32_10 (one wide multiply each; its host twin) == reference/rng.py,
+    """device.codec.philox4x32_10 (one wide multiply each; its host twin) == reference/rng.py,
     counters and keys over the whole 32-bit range."""
     rng = np.random.default_rng(3)
     n = 3000
@@ -198,7 +198,7 @@ def test_device_philox_matches_reference():
 
 
 def fast_codes(us, rs, name, sub):
-    """(codes, keys) of _codec.sr_float_code_fast (its host function) over (us, rs)."""
+    """(codes, keys) of device.codec.sr_float_code_fast (its host function) over (us, rs)."""
     f = FORMATS[name]
     out = [_codec.sr_float_code_fast.py_func(u, f.mbits, f.emin, f.max_code, f.bits, r, sub)
            for u, r in zip(us.tolist(), rs.tolist())]

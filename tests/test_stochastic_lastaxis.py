@@ -233,7 +233,7 @@ def test_sr_bits_depend_on_the_seed():
 
 # ----------------------------------------------------------------------------- the short unit encode
 def _fast_units(name, units, p0s):
-    """Run _rowwise_kernels.sr_unit_fast and sr_store_unit on float32 units (rows of 8) with
+    """Run quantize.sr_units.sr_unit_fast and sr_store_unit on float32 units (rows of 8) with
     their float scales: (ok flags, the fast codes, sr_store_unit's codes), 8 bytes a unit."""
     from nqdq.gpu.quantize import sr_units
     from nqdq.gpu.quantize.units import store_packed

@@ -95,7 +95,7 @@ def test_sr_nvfp4_three_launches_and_parts(big_640x8192, design, launches):
 
 @pytest.mark.parametrize("name", ["nvfp4", "fp8_tensor"])
 def test_sr_one_launch_grid(name):
-    """64 x 7168: the one-launch kernels whose blocks share the tensor amax (_grid)."""
+    """64 x 7168: the one-launch kernels whose blocks share the tensor amax (quantize.grid)."""
     x = _data((64, 7168), 24).astype(ml_dtypes.bfloat16)
     sch = resolve_scheme(name)
     assert len(kq.get_plan(x.shape, 1, sch, stoch=True).launches) == 1

@@ -124,7 +124,7 @@ class _CupyLib:
 
         self._malloc, self._nd, self._current = cp.cuda.alloc, cp.ndarray, cp.cuda.get_current_stream
         # arrays by ndarray's own __new__ + _init where that builds what the constructor does
-        # (about 1 us less each: _interop.cupy_array_new, as nqdq.quantize's runners)
+        # (about 1 us less each: runtime.interop.cupy_array_new, as nqdq.quantize's runners)
         self._new = cupy_array_new(cp, cp.cuda.alloc(256))
 
     def address(self, a, dev: int, contiguous: bool = True):

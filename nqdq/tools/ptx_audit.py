@@ -13,7 +13,7 @@ sm_90, and checks what exactness depends on:
 * every float32 division is IEEE ``div.rn.f32`` (not ``div.approx`` / ``div.full``);
 * no ``fma`` where the reference rounds a product and a sum separately (NVVM contracts
   ``a * b + c`` by default; the centred dequantize uses libdevice ``fmul_rn``), except the
-  two of each division by a reciprocal (``_division.div_by_recip``: ``q0 = x * r``,
+  two of each division by a reciprocal (``device.division.div_by_recip``: ``q0 = x * r``,
   ``e = fma(q0, s, -x)``, ``q = fma(-e, r, q0)``), which ``recip_div_fmas`` matches
   operand by operand, and the fused RMSNorm's ``fma.rn.f32 y, a, r_hi, t`` whose addend is
   ``t = mul.rn.f32 a, r_lo`` of the same factor ``a`` (``split_product_fmas``: the split
@@ -111,7 +111,7 @@ def sweep_launches():
         ("fp8_128x128", {}, (2048, 2048), ml_dtypes.bfloat16, None),  # one-pass 128 x 128 tiles
         ("fp8_128x128", {}, (2048, 2048), np.float32, None),
         ("fp8_tensor", {"static_scale": True}, (2048, 2048), ml_dtypes.bfloat16, None),  # static: one pass
-        ("fp8_tensor", {}, (4, 256), ml_dtypes.bfloat16, None),  # dynamic, one launch (_grid)
+        ("fp8_tensor", {}, (4, 256), ml_dtypes.bfloat16, None),  # dynamic, one launch (quantize.grid)
         ("nvfp4", {}, (4, 256), ml_dtypes.bfloat16, None),
         ("e4m3", {"granularity": "row", "static_scale": True}, (8, 256), np.float16, None),
         ("int4", {"granularity": "tensor", "static_scale": True}, (8, 256), np.float32, None),
@@ -142,9 +142,9 @@ def sweep_launches():
         ("int4_group", {}, (2048, 2048), bf16, 7),
         ("nvfp4", {}, (2048, 2048), bf16, 7),  # NVFP4: S_enc from the amax partials
         ("nvfp4", {}, (8192, 8192), bf16, 7),  # ... from finalize (three launches)
-        ("nvfp4", {}, (4, 256), bf16, 7),  # ... one launch (_grid)
+        ("nvfp4", {}, (4, 256), bf16, 7),  # ... one launch (quantize.grid)
         ("fp8_tensor", {}, (8192, 8192), bf16, 7),  # dynamic per tensor: two passes
-        ("fp8_tensor", {}, (4, 256), bf16, 7),  # ... one launch (_grid)
+        ("fp8_tensor", {}, (4, 256), bf16, 7),  # ... one launch (quantize.grid)
         ("fp8_tensor", {"static_scale": True}, (2048, 2048), bf16, 7),  # static: one pass
         ("int8_asym", {}, (1024, 8192), bf16, 7),  # asymmetric rows
         ("int4_asym", {}, (2048, 2048), bf16, 7),  # asymmetric groups
@@ -218,7 +218,7 @@ def _defs_and_fmas(body):
 
 
 def recip_div_fmas(body):
-    """(pairs, stray): the fma.f32 of ``body`` that form _division.div_by_recip's pattern
+    """(pairs, stray): the fma.f32 of ``body`` that form device.division.div_by_recip's pattern
     (2 per division: ``mul.f32 q0, x, r``, ``neg.f32 nx, x``, ``fma.rn.f32 e, q0, s, nx``,
     ``neg.f32 ne, e``, ``fma.rn.f32 q, ne, r, q0``; operands of the mul and of the fma's
     product in either order), and the number of fma.f32 that do not."""
@@ -256,7 +256,7 @@ def recip_div_fmas(body):
 def split_product_fmas(body):
     """The fma.rn.f32 of ``body`` of the shape ``fma.rn.f32 y, a, b, t`` (or ``b, a``) with
     ``t`` defined by ``mul.rn.f32 t, a, c`` (either order): the fused RMSNorm's y = a * r_hi +
-    fl(a * r_lo) (the split product of _fused_rows' normalisation)."""
+    fl(a * r_lo) (the split product of fused.rows' normalisation)."""
     defs, fmas = _defs_and_fmas(body)
     n = 0
     for op, _dst, args in fmas:

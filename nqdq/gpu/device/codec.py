@@ -13,7 +13,7 @@ Rules every function here follows, because the reference is the spec:
   column counts what is left);
 * nothing here uses warp shuffles, cooperative groups, fp16/bf16 Numba types or printf;
   libdevice (``mul_rn``, ``fadd_rz``) and inline PTX (``mul_wide_u32``,
-  ``sign_add``, ``sr_e2m1_code_i``) only where ``_target.PTX``: elsewhere (the simulator,
+  ``sign_add``, ``sr_e2m1_code_i``) only where ``runtime.target.PTX``: elsewhere (the simulator,
   AMD) each is its ``*_twin``, integer / float32 code that compiles as a device function.
 """
 
@@ -25,7 +25,7 @@ import numpy as np
 from numba import float32, uint32
 from ..runtime.backend import cuda
 
-# inline PTX on NVIDIA, twins elsewhere (sr_e2m1_code_i: for _rowwise_kernels)
+# inline PTX on NVIDIA, twins elsewhere (sr_e2m1_code_i: for quantize.lastaxis)
 from ..ptx.stochastic import mul_wide_u32, sign_add, sr_e2m1_code_i  # noqa: F401
 from ..runtime.target import PTX, devfn
 
@@ -548,7 +548,7 @@ def sr_e2m1_code_f(q, r):
 # Where c < 0 the magnitude is then 0: right for q = +-0 and every |q| < 2^-33 (floor(f * 2^32)
 # = 0 there: no r carries), not for 2^-33 <= |q| < 2^-10 (94 <= ef <= 116), which the key
 # marks: c + 23 (uint32) >= 23 exactly where the code is the spec's (E2M1_SR_I_KEY).
-# On NVIDIA it is one inline-PTX block (``_ptx.sr_e2m1_code_i``, twin ``sr_e2m1_code_i_twin``)
+# On NVIDIA it is one inline-PTX block (``ptx.sr_e2m1_code_i``, twin ``sr_e2m1_code_i_twin``)
 # whose sign (x's bit 31 times 8), significand (a - (ef - 1) * 2^23) and sums are
 # multiply-adds: the ALU pipe, which stochastic rounding fills (Philox's xors), gets 7
 # instructions an element (the unit's key check included) where the same steps written as

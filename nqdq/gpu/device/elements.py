@@ -39,7 +39,7 @@ def encode_element(x, p0, p1, pz, mode, fmt, stoch, r, cvt):
     reference/quantize.py. ``cvt`` (a compile-time constant: _ptx.fp8_cvt_available() and
     _ptx.fp8_cvt_supports(fmt)) encodes e4m3 / e5m2 by the PTX instruction."""
     if mode == MODE_NVFP4 or mode == MODE_MX:
-        v = x * p0  # NVFP4: the block multiplier; MX: the exact reciprocal of 2^k (see _codec)
+        v = x * p0  # NVFP4: the block multiplier; MX: the exact reciprocal of 2^k (see device.codec)
     elif mode == MODE_CENTRED:
         v = (x - p1) / p0
     else:

@@ -1,4 +1,4 @@
-"""Device functions of the fused ops shared by the row kernel (``_fused_rows``) -- the
+"""Device functions of the fused ops shared by the row kernel (``fused.rows``) -- the
 float64 sum of squares' butterfly and split, the float-float arithmetic of the norm
 (reference/fused, operation for operation), rounding to
 the input's 16-bit dtype -- and the kernels of the MoE sort (three small ones, or one; or the
@@ -625,7 +625,7 @@ def column_cg(counts, nchunks, nb, e, run, c, base, write):
 
 # ----------------------------------------------------------------------------- the local sort
 # gpu.fused.moe.local_path: no sort launch. Each block of the staged rows kernel
-# (_fused_rows, RANK == RANK_LOCAL) takes a contiguous run of tokens, counts every pair's
+# (fused.rows, RANK == RANK_LOCAL) takes a contiguous run of tokens, counts every pair's
 # bucket itself (the ids are npairs words, read by every block from L2) and finds its own
 # pairs' rows from those counts: rows = the bucket's first row + the bucket's pairs before the
 # block's first pair + the rank among the block's own pairs. The same rows as moe_sort's

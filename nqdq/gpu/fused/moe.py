@@ -38,7 +38,7 @@ from ..quantize.slots import fill_bytes
 __all__ = ["moe_sort", "moe_rank", "moe_rows", "moe_plan", "moe_switches", "IdChecks", "id_checks"]
 
 # The MoE sort of a direct call is one launch (moe_sort_kernel, its blocks waiting for each
-# other's counts, by a wait that no residency can turn into a deadlock: _grid.wait_done), of a
+# other's counts, by a wait that no residency can turn into a deadlock: quantize.grid.wait_done), of a
 # call under graph capture three (count, scan, scatter). H100 (docs/design/moe.md), 2048 tokens
 # top-4 of 256, planned calls, one launch against three:
 # called eagerly (host and device) 37.7 -> 36.8 us (and 40.4 -> 37.8 without programmatic dependents), the host's
@@ -54,7 +54,7 @@ __all__ = ["moe_sort", "moe_rank", "moe_rows", "moe_plan", "moe_switches", "IdCh
 # From MOE_RANK_MIN_PAIRS (token, expert) pairs on, where the rows take the staged OP_SCATTER
 # kernel (rank_path), the sort is moe_rank_kernel (one launch: each block ranks its chunk of pairs,
 # the last to finish scans the counts; no grid barrier, no second pass) and the rows kernel
-# finds each pair's row from its rank (_fused_rows.rank_row), storing the op's perm itself.
+# finds each pair's row from its rank (fused.rows.rank_row), storing the op's perm itself.
 # H100, bf16 x 7168 top-4 of 256, MOE_STAGE 8 with pipelined rounds, eager, chunks of 1024 pairs at
 # every size (before rank_chunk_shift): 4096 pairs 24.8 us against 17.5 for moe_sort's one launch,
 # 8192 33.1 against 30.0; 16384 51.5 against 59.0, 32768 99.5 against 107.6.
@@ -66,7 +66,7 @@ MOE_RANK_BLOCKS = 32
 # Up to MOE_LOCAL_MAX_PAIRS (token, expert) pairs, where the staged rows take every token in one
 # round (local_path: at most plan.MOE_STAGE_BLOCKS blocks an SM x the stage), no sort is launched:
 # each block counts every pair's bucket itself while its tokens load and finds its own pairs'
-# rows (_fused_rows.RANK_LOCAL). One launch, no workspace, no block waiting for another. Every
+# rows (fused.rows.RANK_LOCAL). One launch, no workspace, no block waiting for another. Every
 # block reads and counts every id, so it pays only for small calls. H100 (docs/design/moe.md),
 # hidden 7168 of 256 experts, local / the sorts, us: CUDA graphs 64 tokens
 # top-8 5.88 / 8.01, 256 top-8 9.19 / 10.25, 512 top-4 10.45 / 10.60; eager 64 top-8 6.7 / 11.9,
@@ -74,7 +74,7 @@ MOE_RANK_BLOCKS = 32
 # 1024 top-4 19.63 / 14.23, eager 2048 top-4 36.3 / 29.2.
 MOE_LOCAL_MAX_PAIRS = 2048
 # A planned call with check_ids=True passes the sort a word of pinned host memory (IdChecks) for
-# its id check (_fused_kernels.report_ids) and polls that word: it waits for the sort, not for the
+# its id check (fused.kernels.report_ids) and polls that word: it waits for the sort, not for the
 # rows (reading offsets[E] back, CuPy's copy, waited for the whole op). The local path (no sort)
 # reads offsets[E] back.
 
@@ -164,7 +164,7 @@ def moe_rank(ids, npairs: int, num_experts: int, alloc: Allocator, launches=None
     of 2^csh pairs: rank_chunk_shift): packed and cbase (the chunks' first rows of each
     bucket) are what the staged rows kernel reads with RANK (run_rows' ``moe=(packed, k,
     cbase, perm, E + 1, csh)``); perm is written by that kernel; offsets as moe_sort's.
-    ``ws``: a zeroed ``_grid`` workspace (its first word the kernel's ticket, left zero); None:
+    ``ws``: a zeroed ``quantize.grid`` workspace (its first word the kernel's ticket, left zero); None:
     a zeroed one of ``alloc``'s. ``out``: (packed, cbase, offsets, perm) to write instead of
     new arrays. ``flag``: as moe_sort's."""
     if not 1 <= num_experts <= fused_kernels.MOE_MAX_EXPERTS:
@@ -291,7 +291,7 @@ class IdChecks:
                 if v:
                     return v == 1
                 raise RuntimeError("moe_sort_quantize: the stream ended without the sort writing its id "
-                                   "check (_fused_kernels.report_ids)")
+                                   "check (fused.kernels.report_ids)")
 
 
 _ID_CHECKS = None
@@ -369,7 +369,7 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
         # a graph pays no host time a launch, and on the device the three launches are shorter
         # (H100, graphs, dependent launches: 64 tokens top-8 9.0 against 13.3 us a call, 2048 top-4
         # 34.1 against 36.1); and its replays need no workspace of their own (no memset node).
-        # Direct calls take the one launch and the stream's _grid workspace (left zero).
+        # Direct calls take the one launch and the stream's quantize.grid workspace (left zero).
         l3 = []
         moe_sort(ids, tk, k, num_experts, alloc, l3, one=False, out=(perm, offsets, inv))
         seq_graph = sequence(l3 + launches[-1:])
@@ -381,7 +381,7 @@ def moe_plan(device: int, tokens: int, hidden: int, k: int, num_experts: int, ki
     views = [(a.offset, tuple(shape), a.dtype) for a, shape in parts]
     _alloc, _nd, _cur = cp.cuda.alloc, cp.ndarray, cp.cuda.get_current_stream
     # the arrays by ndarray's own __new__ + _init where that builds what the constructor does
-    # (about 1 us less each: _interop.cupy_array_new, as nqdq.quantize's hot path)
+    # (about 1 us less each: runtime.interop.cupy_array_new, as nqdq.quantize's hot path)
     new = cupy_array_new(cp, cp.cuda.alloc(256))
 
     if rank:

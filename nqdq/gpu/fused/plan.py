@@ -48,7 +48,7 @@ MAX_ROW = MAX_ROW_REF  # longest row (reference/fused.row_geometry: 32 warps x 8
 # registers. OP_SCATTER against OP_GATHER: docs/design/moe.md.
 MOE_UNITS = 4
 # OP_SCATTER's blocks load and encode MOE_STAGE tokens into shared memory before they wait for
-# the sort (_fused_rows._scatter_staged_source), over a grid of at most MOE_STAGE_BLOCKS blocks an
+# the sort (fused.rows._scatter_staged_source), over a grid of at most MOE_STAGE_BLOCKS blocks an
 # SM. H100 (docs/design/moe.md), 2048 tokens x 7168 top-4 of 256, against one block per token
 # (which waited for the sort after its token's loads: only the first wave read early), with the
 # lanes' groups below: eager 35.5 -> 32.0 us, graphs 32.4 -> 26.8 us a call (64 tokens top-8
@@ -202,7 +202,7 @@ def run_rows(op, xin, rows, n, sch, *, w=None, wkind=1, res=None, eps=0.0, sscal
     full = _fused_rows.full_rows(op, mode, res is not None) and fast and n == 32 * nw * U * 8
     kern = fused_row_kernel(op, mode, kind, wkind, nw, U, 2 if full else bool(fast), strided, res is not None, fmt,
                             mx, float(maxe), G, SHFL_DEFAULT, kd, stage, lanes, pipe, rank)
-    # dm: the fast strided loader's u // (D / 8) as (u * dm) >> 32 (_fused_rows._loader)
+    # dm: the fast strided loader's u // (D / 8) as (u * dm) >> 32 (fused.rows._loader)
     dm = (1 << 32) // max(D // 8, 1) + 1
     args = (x, res_a, w, nr, yout, codes_a, scales_a, perm_a,
             n, pcols, ngroups, np.float32(eps), np.float32(1.0 if sscale is None else sscale), sb, sh, D, dm,

@@ -412,7 +412,7 @@ def words_fns(MODE, fmt, CVT, MXRC, MAXE, MXR, MXM, MXE, MXI, LL, LLSH, NT, KD, 
     @devfn
     def group_unit_w(w, ok, u, row, n, pcols, si, tid, scratch, codes, c16, c32, scales, qu):
         """group_unit of a unit of bfloat16 words ``w`` (WPAIRS: rows without the norm into
-        MX e2m1), as the quantize kernels' group kernel does it (_rowwise_kernels.
+        MX e2m1), as the quantize kernels' group kernel does it (quantize.lastaxis.
         make_lastaxis_group_kernel, PAIRS): the amax two halves per instruction (word_amax16:
         the same bits as unit_amax of the elements), the codes of a finite group by
         e2m1_unit_bf16 on the words themselves; a non-finite group by put_codes."""

@@ -3,7 +3,7 @@
 One block of NT = 32 * NW threads per row, laid out as reference/fused.row_geometry says
 (a function of the row length only): thread t holds the row's 8-element units t, t + NT,
 ..., t + NT * (U - 1) in registers from the load to the store, the way the row-wise quantize
-kernels (``_rowwise_kernels``) do:
+kernels (``quantize.lastaxis``) do:
 
 * a unit is read by one 16-byte ``ld.global.nc.v4.u32`` (two for float32) and kept as its
   raw words (a bfloat16 unit is 4 registers); a row whose units are not 16-byte aligned

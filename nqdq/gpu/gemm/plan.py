@@ -1,4 +1,4 @@
-"""Launchers of the tensor-core GEMMs (kernel bodies in ``_gemm_kernels``), mirroring
+"""Launchers of the tensor-core GEMMs (kernel bodies in ``gemm.mma_sync``), mirroring
 ``nqdq.reference.matmul.gemm`` argument for argument.
 
 Arrays may be NumPy (the simulator uses them as they are; on a GPU they are copied over
@@ -47,8 +47,8 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from . import mma_sync as gemm_kernels
-from . import wgmma as gemm_wgmma
+from . import mma_sync
+from . import wgmma
 from ..runtime.target import SIMULATOR, device_cc
 from ..runtime.launch import allow_smem, dynamic_smem
 from ..runtime.sequence import Ptr, compile_sequence
@@ -56,7 +56,7 @@ from ..runtime.sequence import Ptr, compile_sequence
 __all__ = ["gemm", "PreparedGemm", "plan_gemm", "gemm_sequence", "TileConfig", "WgmmaConfig", "GemmSpec",
            "default_config", "SIM_CONFIG"]
 
-TileConfig, GemmSpec, WgmmaConfig = gemm_kernels.TileConfig, gemm_kernels.GemmSpec, gemm_wgmma.WgmmaConfig
+TileConfig, GemmSpec, WgmmaConfig = mma_sync.TileConfig, mma_sync.GemmSpec, wgmma.WgmmaConfig
 # the named choices (module docstring)
 SIM_CONFIG = TileConfig(warps_m=1, warps_n=1, mt=1, nt=2, stages=2, group_m=2)
 GPU_CONFIG = TileConfig()
@@ -68,9 +68,9 @@ WGMMA_CONFIG_PERSISTENT_128 = WgmmaConfig(producer=True, direct=True)
 LARGE_OUTPUT = 4096 * 4096  # the large tiles were timed at 4096^3 and 8192^3
 FP8_ROW_MIN_TILES = 640  # output tiles of 128 x 192
 
-_OUT = {"float32": gemm_kernels.OUT_F32, "float16": gemm_kernels.OUT_F16, "bfloat16": gemm_kernels.OUT_BF16}
-_ACT = {None: gemm_kernels.ACT_NONE, "relu": gemm_kernels.ACT_RELU, "gelu": gemm_kernels.ACT_GELU}
-_SCALE = {"tensor": gemm_kernels.SCALE_TENSOR, "row": gemm_kernels.SCALE_ROW, "block": gemm_kernels.SCALE_BLOCK}
+_OUT = {"float32": mma_sync.OUT_F32, "float16": mma_sync.OUT_F16, "bfloat16": mma_sync.OUT_BF16}
+_ACT = {None: mma_sync.ACT_NONE, "relu": mma_sync.ACT_RELU, "gelu": mma_sync.ACT_GELU}
+_SCALE = {"tensor": mma_sync.SCALE_TENSOR, "row": mma_sync.SCALE_ROW, "block": mma_sync.SCALE_BLOCK}
 
 
 def default_config(spec: GemmSpec, shape: tuple[int, int] | None = None):
@@ -90,8 +90,8 @@ def wgmma_config_for(spec: GemmSpec, shape: tuple[int, int] | None = None) -> Wg
     if spec.mma in ("s8s8", "u8s8"):
         if not large:
             return WGMMA_CONFIG_PERSISTENT_128
-        return WGMMA_CONFIG_WIDE_FIXED if spec.asym and spec.act == gemm_kernels.ACT_GELU else WGMMA_CONFIG_WIDE_DIRECT
-    if spec.sa_mode == gemm_kernels.SCALE_BLOCK:
+        return WGMMA_CONFIG_WIDE_FIXED if spec.asym and spec.act == mma_sync.ACT_GELU else WGMMA_CONFIG_WIDE_DIRECT
+    if spec.sa_mode == mma_sync.SCALE_BLOCK:
         return WGMMA_CONFIG_FP8_BLOCK
     if shape is not None and (not large or -(-shape[0] // 128) * -(-shape[1] // WGMMA_CONFIG_FP8_ROW.n) < FP8_ROW_MIN_TILES):
         return WGMMA_CONFIG_PERSISTENT_128
@@ -112,7 +112,7 @@ def get_kernel(cfg, spec: GemmSpec):
     mma.sync for a TileConfig, wgmma (sm_90a) for a WgmmaConfig."""
     k = _KERNELS.get((cfg, spec))
     if k is None:
-        make = gemm_wgmma.make_wgmma_kernel if isinstance(cfg, WgmmaConfig) else gemm_kernels.make_gemm_kernel
+        make = wgmma.make_wgmma_kernel if isinstance(cfg, WgmmaConfig) else mma_sync.make_gemm_kernel
         k = make(cfg, spec)
         k.nqdq_dynamic_smem = cfg.smem_bytes  # launched with its whole tile ring (launch.dynamic_smem)
         _KERNELS[(cfg, spec)] = k
@@ -204,7 +204,7 @@ def plan_gemm(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, out_dty
                     act=_ACT[activation], bias=bool(bias), asym=bool(asym))  # fmt: skip
     cfg = config or default_config(spec, (M, N))
     # one n-block of scales per CTA, or (wgmma) two for N = 256 tiles
-    if spec.sa_mode == gemm_kernels.SCALE_BLOCK and 128 % cfg.bn and not (isinstance(cfg,
+    if spec.sa_mode == mma_sync.SCALE_BLOCK and 128 % cfg.bn and not (isinstance(cfg,
                                                                                      WgmmaConfig) and cfg.bn == 256):
         raise ValueError(f"block scales need a CTA tile N ({cfg.bn}) dividing 128 (or 256 with wgmma)")
     grid = 0
@@ -236,7 +236,7 @@ class PreparedGemm:
             a, b = lib.pad_k(a, M, K, Kp), lib.pad_k(b, N, K, Kp)
         colsum = lib.empty(max(N, 1), np.int32)
         if za is not None and N > 0:
-            gemm_kernels.row_sums_i8[(N + 127) // 128, 128](b.view(np.int8), N, Kp, colsum)
+            mma_sync.row_sums_i8[(N + 127) // 128, 128](b.view(np.int8), N, Kp, colsum)
         self.out = lib.empty(max(M * N, 1), {"float32": np.float32}.get(out_dtype, np.uint16))
         args = (a, b, M, N, Kp, lib.asarray(sa, np.float32), lib.asarray(sb, np.float32), lib.asarray(za, np.uint8),
                 colsum, lib.asarray(bias, np.float32), np.float32(alpha), self.out)  # fmt: skip
@@ -341,7 +341,7 @@ def gemm_sequence(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, alp
             Ptr("out", 0, M * N, out_dt))  # fmt: skip
     launches = [(kern, grid, cfg.threads, args)]
     if asym:  # colsum_b[n] = sum_k qb[n, k], for the zero-point correction
-        launches.insert(0, (gemm_kernels.row_sums_i8, (N + 127) // 128, 128,
+        launches.insert(0, (mma_sync.row_sums_i8, (N + 127) // 128, 128,
                             (Ptr("codes_b", 0, N * K, np.int8), N, K, colsum)))
     if SIMULATOR and entries is None:
         run = _simulated_sequence(launches)
@@ -382,7 +382,7 @@ def kernel_signature(spec: GemmSpec):
     from numba import types as T
 
     u8, f32 = T.Array(T.uint8, 1, "C"), T.Array(T.float32, 1, "C")
-    out = f32 if spec.out == gemm_kernels.OUT_F32 else T.Array(T.uint16, 1, "C")
+    out = f32 if spec.out == mma_sync.OUT_F32 else T.Array(T.uint16, 1, "C")
     return (u8, u8, T.int64, T.int64, T.int64, f32, f32, u8, T.Array(T.int32, 1, "C"), f32, T.float32, out)
 
 

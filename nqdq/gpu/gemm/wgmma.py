@@ -6,7 +6,7 @@ docstring first); what differs is the main loop:
 * CTA tile BM x BN with BM = 64 * warpgroups; each warpgroup owns 64 rows and all BN
   columns (one ``m64nBNk32`` wgmma per 32 of K, accumulators in BN / 2 registers);
 * K advances 128 bytes per stage; tiles are K-major rows of 128 bytes with the 128-byte
-  swizzle (``_mma`` explains the layout), filled by ``cp.async`` (16 bytes per lane,
+  swizzle (``ptx.mma`` explains the layout), filled by ``cp.async`` (16 bytes per lane,
   zero-filled past M, N, K) into a ``stages``-deep ring aligned to 1024 bytes;
 * fp8 partial sums are promoted into float32 registers once per stage (128 of K = one
   scale block).

@@ -12,9 +12,9 @@ module:
 * ``stochastic``: stochastic rounding's integer steps (``mul.wide.u32``, the e2m1 code block);
 * ``mma``: tensor-core MMA, ldmatrix, cp.async and wgmma (the GEMM kernels').
 
-Selection: each inline-PTX intrinsic is defined where ``_target.PTX`` (numba-cuda); where it
+Selection: each inline-PTX intrinsic is defined where ``runtime.target.PTX`` (numba-cuda); where it
 is not, the name is bound to its twin: the Python function itself under the simulator, the
-same function compiled as a device function on AMD (numba-hip; ``_target.device_twin``).
+same function compiled as a device function on AMD (numba-hip; ``runtime.target.device_twin``).
 On AMD every twin is integer / float32 scalar code that compiles as a device function. The
 16-bit pair instructions also have twins in NumPy (``*_twin``: exact over whole arrays, which
 the CPU tests call with every bfloat16 value at once), which the simulator keeps;

@@ -30,7 +30,7 @@ if PTX:
 # nothing, the wait is a block barrier; likewise for the push form below (the store writes
 # the block's own array, the mbarrier wait is a block barrier). On AMD the same twins, compiled: they hold
 # only where a cluster is one block, and the kernels that use clusters are planned only on
-# sm_90+ (``_target.device_has``, never on AMD).
+# sm_90+ (``runtime.target.device_has``, never on AMD).
 if PTX:
     cluster_arrive_relaxed = void_asm("barrier.cluster.arrive.relaxed;")
     cluster_wait = void_asm("barrier.cluster.wait.acquire;")

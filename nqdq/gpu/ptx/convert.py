@@ -3,11 +3,11 @@
 ``cvt_fp8(v, fmt)`` (``cvt_e4m3`` / ``cvt_e5m2``): the float8 code of float32 ``v`` by one
 ``cvt.rn.satfinite.e4m3x2.f32`` (or ``.e5m2x2``) instruction, sm_89 and newer. It rounds to
 nearest even and saturates finite values and +-inf to +-max, exactly as the bit-manipulation
-encoder (``_codec.encode_float_rne``) does; only NaN differs (the instruction writes a
+encoder (``device.codec.encode_float_rne``) does; only NaN differs (the instruction writes a
 canonical NaN, the spec keeps the NaN's sign), so NaN lanes are fixed up after it.
 ``cvt_e4m3x2`` / ``cvt_e5m2x2``: two codes by one instruction (the pair form).
 
-The twin (``_codec.encode_float_rne``) is what the CUDA simulator, numba-hip and GPUs older
+The twin (``device.codec.encode_float_rne``) is what the CUDA simulator, numba-hip and GPUs older
 than sm_89 run (``fp8_cvt_available`` says whether a kernel may use the instruction; the
 names are None where it may not); ``tests/test_kernels.py::test_fp8_cvt_matches_twin``
 compares the two on a GPU over every bfloat16 value and random float32 bit patterns.
@@ -171,7 +171,7 @@ def _pack_rne(m, e, sticky, mbits, ebits):
 
 @devfn  # (under the simulator too: its local array needs the kernel's context)
 def _f32_bits(f):
-    """The 32 bits of float32 ``f`` as an int (``_codec.f32_bits``, which imports this module)."""
+    """The 32 bits of float32 ``f`` as an int (``device.codec.f32_bits``, which imports this module)."""
     a = _cuda.local.array(1, _float32)
     a[0] = f
     return np.int64(a.view(np.uint32)[0])

@@ -17,9 +17,9 @@ if PTX:
     from numba.cuda.extending import intrinsic
 
 
-# Used by _codec (Philox4x32-10, the stochastic element encoders), which describes the rules:
+# Used by device.codec (Philox4x32-10, the stochastic element encoders), which describes the rules:
 # ``mul_wide_u32`` (one ``mul.wide.u32``: both halves of Philox's product), ``sign_add`` (a
-# code's sign by two multiply-adds) and ``sr_e2m1_code_i`` (_codec's comment above
+# code's sign by two multiply-adds) and ``sr_e2m1_code_i`` (device.codec's comment above
 # ``E2M1_SR_I_KEY``). The twins are int64 / uint32 code that a device compiler and Python
 # compute alike (no step leaves the int64 range).
 @_twin
@@ -37,7 +37,7 @@ def sign_add_twin(u, mag, bit):
 def sr_e2m1_code_i_twin(a, r, xb):
     """(code, key): encode_float_sr32's stochastic e2m1 code of q with |q|'s bits ``a``
     (finite, sign clear), random bits ``r`` and q's sign that of the float32 bits ``xb``; the
-    code is the spec's where ``key >= _codec.E2M1_SR_I_KEY``: q = +-0, |q| < 2^-33 or
+    code is the spec's where ``key >= device.codec.E2M1_SR_I_KEY``: q = +-0, |q| < 2^-33 or
     |q| >= 2^-10. The PTX's steps in int64 (none leaves [-2^33, 2^35]: m < 2^24, the
     multiplier 2^c <= 2^10, r < 2^32)."""
     a = np.int64(np.uint32(a))

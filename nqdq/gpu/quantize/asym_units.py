@@ -66,7 +66,7 @@ def enc_int(xb, p0, p1, pz, flo, fhi, clean, mode, fmt, mask, r):
     """An asymmetric / centred element's code. Finite groups (s finite and non-zero, x -
     mean finite: no NaN can arise) by int_code_finite: asym clip(rint(x / s) + zp, 0, qmax)
     = rint(clip(x / s, -zp, qmax - zp)) + zp (integer bounds commute with rint); centred
-    rint(clip((x - mean) / s)); the quotient by the reciprocal r of s (_division; |x| <=
+    rint(clip((x - mean) / s)); the quotient by the reciprocal r of s (device.division; |x| <=
     max(hi, -lo) <= hi - lo = s * qmax, |x - mean| <= s * 127 up to rounding, so no overflow).
     Otherwise encode_element, every NaN rule included. ``flo``, ``fhi``: asym's bounds -zp,
     qmax - zp as float32. ``clean`` is a compile-time branch where the caller passes a
@@ -144,14 +144,14 @@ def unit_ukeys(w):
 @devfn
 def asym_code_r(xb, s, r, pzm, qmax):
     """clip(rint(x / s) + zp, 0, qmax) of an element of a finite asymmetric group whose s has a
-    reciprocal r (recip_guarded(s) != 0: s normal, >= 2^-80), x / s by r (_division); ``pzm`` =
+    reciprocal r (recip_guarded(s) != 0: s normal, >= 2^-80), x / s by r (device.division); ``pzm`` =
     zp - RINT_MAGIC_BITS. The group's range includes 0 (xmin <= 0 <= xmax) and s = RN(RN(xmax -
     xmin) / qmax) (or the halves' formula where xmax - xmin overflows), so s >= (-xmin / qmax)(1 -
     2^-24) and |x / s| <= qmax (1 + 2^-23) < 2^22: the magic-constant rint (int_code_finite) is
     exact before any clip. Only the upper clip can bind: RN(-xmin / s) <= qmax (1 + 2^-23)
     rounds to at most qmax (the float spacing there is far coarser), so zp = rint(-xmin / s)
     unclipped, and x >= xmin gives rint(x / s) >= -zp (RN and rint are monotone and odd; a
-    quotient below _division's small-x bounds has |q| < 2^-20 and rints to 0), i.e. the sum
+    quotient below device.division's small-x bounds has |q| < 2^-20 and rints to 0), i.e. the sum
     is >= 0. One add-and-min instruction."""
     v = div_by_recip(bits_f32(xb), s, r)
     q = np.int32(np.int32(f32_bits(v + RINT_MAGIC)) + pzm)

@@ -19,7 +19,7 @@ wait) makes every block's mbarrier ready before anyone stores into it. Then each
    thread), combines it over the lanes of its unit column (butterfly) and over the warps
    (one shared slot each, one block barrier) into the block's 4W words;
 2. pushes those words into every block of the cluster, itself included, by ``st.async``
-   (``_ptx.st_async_u32``: each store counts its bytes into the receiver's mbarrier) and
+   (``ptx.st_async_u32``: each store counts its bytes into the receiver's mbarrier) and
    waits on its own mbarrier (acquire, cluster scope) until all CL blocks' words are in;
 3. one thread a channel combines that channel's word of the CL blocks, computes the scale
    as ``finalize`` does and its reciprocal (``channel_scale``; rank 0 writes the stripe's
@@ -44,7 +44,7 @@ kernel: ``cuLaunchKernelEx`` with the cluster attribute; rule ``column_cluster``
 ``plan``, ``choices.PerChannel.CLUSTER``) where ``available`` and ``cluster_geometry`` fit;
 else the ring or the kernels of ``columns``. Under the CUDA simulator a cluster is one block (CL = 1: the barriers
 and the mbarrier wait are block barriers, the stores and loads the block's own words,
-``_ptx``'s twins); the GPU tests run CL = 16.
+``ptx``'s twins); the GPU tests run CL = 16.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def comb(a, b, kind):
 @devfn
 def xor_comb(v, off, shfl, scratch, t, kind):
     """comb(v, v of lane t ^ off): a butterfly step (``shfl``: by shuffle; else through
-    shared memory, every thread of the block calling, as in ``_rowwise_kernels.xor_max``)."""
+    shared memory, every thread of the block calling, as in ``quantize.reductions.xor_max``)."""
     if shfl:
         return comb(v, np.uint32(cuda.shfl_xor_sync(0xFFFFFFFF, np.int32(v), off)), kind)
     cuda.syncthreads()

@@ -11,7 +11,7 @@ thread: ``D * U * NT * 16`` bytes of dynamic shared memory). Iteration k of a bl
    k's stripe (``ld.acquire``), both in flight at once; a block barrier; where the stripe
    is complete, the threads of its channels start loading its amaxes (``ld.relaxed``);
 2. the block issues item k + D - 1's loads into the free slot with ``cp.async``
-   (``_mma.cp_async_unit``; zeros for units past the rows or channels), one commit group
+   (``ptx.mma.cp_async_unit``; zeros for units past the rows or channels), one commit group
    per item (empty past the last ticket);
 3. it waits for the group of item k + L (``cp.async.wait_group D - 1 - L``: the D - 1 - L
    newer groups stay in flight), reduces its per-channel amaxes, adds them to the stripe's
@@ -113,7 +113,7 @@ def static_smem(NT, vec):
 # code, every shared offset a constant) and {d} the slot's variable. W (the stripe width),
 # NT, U, D and L are compile-time constants, so t % W, t // W and the row loops fold; the
 # stripe of an item is a multiply-shift by P's reciprocal (``divp``); the shared window's
-# base address is taken once (``_mma.smem_addr``).
+# base address is taken once (``ptx.mma.smem_addr``).
 _STAGE = """
 s_it = np.int64(tk[{d}])
 if s_it < total:

@@ -37,7 +37,7 @@ def fp8_pair(e_lo, e_hi, p0, mode, fmt):
     return np.uint32(cvt_e5m2x2(scaled(e_hi, p0, mode), scaled(e_lo, p0, mode)))
 
 
-# ---- float scales, finite units: x / s by the reciprocal r = recip_guarded(s) (_division:
+# ---- float scales, finite units: x / s by the reciprocal r = recip_guarded(s) (device.division:
 # three instructions per element instead of div.rn's ten and its slow-path branch, and the
 # same quotient bit for bit, so the same codes). Used where r != 0 and every |x| < s * 2^64:
 # dynamic scales (|x| <= amax <= s * max_elem * (1 + 2^-23)), and caller-given scales whose

@@ -10,7 +10,7 @@ every block encodes what it already holds.
 
 Two waits. :func:`grid_max` is a barrier over the grid: it needs every block resident at
 once, so only a cooperative launch (which the driver places whole or refuses) may use it
-(``_tensor_resident``). The plainly launched one-launch kernels (quantize's at decode sizes,
+(``quantize.tensor_resident``). The plainly launched one-launch kernels (quantize's at decode sizes,
 at most one block per SM; the MoE sort's one launch) wait on work items instead
 (:func:`wait_done`, below): a block that waits long computes the missing blocks' maxima (or
 counts) itself, so the wait ends however few of the grid's blocks are resident: beside other

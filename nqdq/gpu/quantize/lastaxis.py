@@ -39,9 +39,9 @@ Exactness is the reference's, by the same device functions as the general kernel
 ``group_params`` for the scale (float ``amax / max`` by IEEE division, MX e8m0 codes,
 NVFP4 ue4m3), ``encode_element`` for the elements (IEEE ``x / s`` for float scales: by
 ``div.rn``, or in finite units from one reciprocal per scale and a correction step that gives
-the same quotient bit for bit, ``_division`` / ``recip_store_unit``;
+the same quotient bit for bit, ``device.division`` / ``recip_store_unit``;
 ``x * 2^-k`` for MX -- the exact reciprocal of a power of two, so the product is
-the same float32 as the quotient, see ``_codec.e8m0_reciprocal``), and the amax as the max
+the same float32 as the quotient, see ``device.codec.e8m0_reciprocal``), and the amax as the max
 of |x|'s float32 bits (order-independent, NaN-propagating). A group whose amax is not
 finite (it holds a NaN or an infinity) takes ``encode_element`` per element, NaN rules
 included; only finite groups, where no NaN can arise, use the shorter encoders
@@ -114,8 +114,8 @@ SENC
     s_dec = ONE / s_enc  # NVFP4's S_dec, once per thread (the pair path's block multiplier uses it)
     chunk_step(CHUNK_ARGS, c0 + {jNT}, nchunks, tid, scratch, codes, c16, c32, scales, s_enc, s_dec)
 '''
-# The grid's max of a one-launch kernel (``_grid``, decode sizes) by done bits instead of a
-# barrier over the grid (_grid.wait_done): block b publishes its block max as item b; a block
+# The grid's max of a one-launch kernel (``quantize.grid``, decode sizes) by done bits instead of a
+# barrier over the grid (quantize.grid.wait_done): block b publishes its block max as item b; a block
 # that waits long computes the missing blocks' maxima itself, from their units (HELP: source
 # lines, at 16 spaces, that leave block g's block max in ``h``), so the wait ends however few
 # of the grid's blocks are resident. VAR: the block max in, the grid max out.
@@ -141,7 +141,7 @@ def _grid_max_src(var, help_lines):
 # (nvfp4_tensor_encode_scale of the max, as finalize does; the max of integers is exact in
 # any order), block 0 writing the tensor scale 1 / S_enc that finalize wrote. The partial
 # loads are issued after the units' loads, so their latency overlaps them.
-# ``senc_grid`` -- NVFP4 at decode sizes, one kernel (``_grid``): the finite amax of the units
+# ``senc_grid`` -- NVFP4 at decode sizes, one kernel (``quantize.grid``): the finite amax of the units
 # the block holds, the grid's max, S_enc from it; block 0 writes the tensor scale
 _SENC_FROM_SPARAMS = ("sparams", "    s_enc = sparams[0] if mode == MODE_NVFP4 else ONE")
 _SENC_FROM_GRID = ("tscale, sync", '''    red = cuda.shared.array(NW, int32)
@@ -445,7 +445,7 @@ def static_encode(x, nunits, upr, codes, scales):
 """
 
 
-# dynamic per-tensor scale in the same kernel (decode sizes; ``_grid``): the block's amax of
+# dynamic per-tensor scale in the same kernel (decode sizes; ``quantize.grid``): the block's amax of
 # the units it holds (NaN and inf count, as tensor_amax's MODE_FLOAT pass), the grid's max,
 # finalize's scale (group_params), block 0 writing it
 _STATIC_DYNAMIC = """    red = cuda.shared.array(NW, int32)
@@ -479,7 +479,7 @@ def static_unit_fns(fmt, VEC, NB, CVT, per_row):
     float scale ``st`` of the tensor (its guarded reciprocal ``rst``), or (``per_row``) under
     scales[u // upr]; by the reciprocal where the unit is finite and the scale allows, else
     element by element (``static_unit_sr``: stochastic rounding, keys last). Used by
-    ``static_encode`` and ``_tensor_resident``; not cached (see group_chunk_fns)."""
+    ``static_encode`` and ``quantize.tensor_resident``; not cached (see group_chunk_fns)."""
 
     @devfn
     def static_unit(e, u, upr, st, rst, scales, c8, c16, c32):

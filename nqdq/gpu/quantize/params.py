@@ -8,7 +8,7 @@ import numpy as np
 
 from ...schemes import Scheme
 from ..device.scales import MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4, MX_EVEN, MX_FLOOR, MX_RCEIL
-from . import general as quantize_kernels
+from . import general
 
 E_TARGET = 8  # elements each thread reduces in the group kernel
 _MX_ROUNDING = {"floor": MX_FLOOR, "rceil": MX_RCEIL, "even": MX_EVEN}
@@ -99,8 +99,8 @@ def group_plan(G_true, cols, ngroups, mode, nt, sub_packed):
     """Geometry of the group kernel, or None when it cannot keep packed bytes in one block."""
     G = G_true if ngroups > 1 else min(G_true, cols)
     P = pow2ceil(G_true if mode == MODE_CENTRED else G)
-    if G <= quantize_kernels.SEG_MAX:
-        gpb = pow2floor(min(quantize_kernels.SEG_MAX // G, max(1, (nt * E_TARGET) // P), nt))
+    if G <= general.SEG_MAX:
+        gpb = pow2floor(min(general.SEG_MAX // G, max(1, (nt * E_TARGET) // P), nt))
         team = nt // gpb
         if team > P:
             team = P

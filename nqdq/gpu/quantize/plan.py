@@ -31,8 +31,8 @@ from ..runtime.interop import Allocator, DeviceInput, device_address, device_inp
 from ..runtime.launch import fast_kernel as _fast_kernel
 from ..runtime.target import SIMULATOR
 from . import dequant_kernels
-from . import general as quantize_kernels
-from . import lastaxis as rowwise_kernels
+from . import general
+from . import lastaxis
 from . import rules, runners
 from .choices import AUTO, KernelChoices
 from .params import E_TARGET, cdiv as _cdiv, geo_args as _geo_args, kernel_mode as _mode, team_log2 as _team_log2
@@ -56,7 +56,7 @@ CHEAP_UNITS = 1  # units per chunk where the encode is the paired fp8 cvt (K > 1
 ROW_UNITS_DEEP = 5
 DEEP_ROWS = 528  # rows from which the row kernel uses deep threads (4 blocks per H100 SM)
 DEEP_UNITS = 4 * 256 * 264  # units from which the group kernel uses GROUP_UNITS per thread
-SHFL = rowwise_kernels.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twin on a GPU
+SHFL = lastaxis.SHFL_DEFAULT  # tests set False to run the shuffle's shared-memory twin on a GPU
 # units per chunk of the centred groups: 4 (the sum's unit levels in the thread; H100, bf16
 # 8192x8192 / 16384x7168: 86 / 87 % of copy with 2, 92 / 93 % with 4)
 CENTRED_UNITS = 4
@@ -409,7 +409,7 @@ def has_nonfinite(x, dtype=None) -> bool:
     pa = alloc.empty(nblocks, np.float32)
     pb = alloc.empty(nblocks, np.float32)
     A = alloc.kernel_arg
-    _launch(quantize_kernels.make_tensor_partials_kernel(xin.kind, MODE_FLOAT, nt), nblocks, nt, None, A(xin.arr), n,
+    _launch(general.make_tensor_partials_kernel(xin.kind, MODE_FLOAT, nt), nblocks, nt, None, A(xin.arr), n,
             A(pi), A(pa), A(pb))
     return bool((host(pi) >= 0x7F800000).any())
 

@@ -78,9 +78,9 @@ from ...reference.packing import packed_length
 from ..device.elements import format_tuple
 from ..device.scales import MODE_ASYM, MODE_CENTRED, MODE_FLOAT, MODE_MX, MODE_NVFP4
 from . import column_cluster, column_ring, columns, tensor_resident
-from . import general as quantize_kernels
+from . import general
 from . import grid as grid_sync
-from . import lastaxis as rowwise_kernels
+from . import lastaxis
 from .choices import PerChannel, PerTensor
 from .params import E_TARGET, cdiv, geo_args, group_plan, kernel_mode, max_elem, mx_config, pow2ceil, team_log2
 from .slots import SEED_HI, SEED_LO, X, Outputs, Recorder
@@ -110,7 +110,7 @@ def fast_tile(shape, kind, sch, mode):
     if mode != MODE_FLOAT or len(shape) < 2:
         return False
     B0, B1 = sch.block_for(shape)[-2:]
-    vec = rowwise_kernels.vec_of(kind)
+    vec = lastaxis.vec_of(kind)
     return B1 % vec == 0 and shape[-1] % B1 == 0 and B0 * (B1 // vec) <= 1024 * 8
 
 
@@ -118,7 +118,7 @@ def fast_column(shape, kind, mode, ax, stoch):
     """Float per-channel scales along the last axis of a C-contiguous input whose rows are
     whole 16-byte units, rounding to nearest even: the kernels of ``columns``,
     ``column_ring`` and ``column_cluster``."""
-    return mode == MODE_FLOAT and not stoch and ax == len(shape) - 1 and shape[-1] % rowwise_kernels.vec_of(kind) == 0
+    return mode == MODE_FLOAT and not stoch and ax == len(shape) - 1 and shape[-1] % lastaxis.vec_of(kind) == 0
 
 
 def fast_static(shape, kind, sch, mode, nt, tune):
@@ -133,7 +133,7 @@ def fast_static(shape, kind, sch, mode, nt, tune):
         return None
     if sch.granularity not in ("tensor", "row"):
         return None
-    vec = rowwise_kernels.vec_of(kind)
+    vec = lastaxis.vec_of(kind)
     n = math.prod(shape)
     if (shape[-1] if per_row else n) % vec:
         return None
@@ -157,7 +157,7 @@ def fast_lastaxis(shape, kind, mode, G, nt, tune, cheap_encode=False):
     C = shape[-1]
     if mode == MODE_CENTRED and (G > C or C % G):
         return None  # the halving sum pads to the scheme's group: whole groups only
-    vec = rowwise_kernels.vec_of(kind)
+    vec = lastaxis.vec_of(kind)
     if C % vec:
         return None
     n = math.prod(shape)
@@ -219,7 +219,7 @@ class _Case:
         self.mode, self.fmt, self.maxe, self.mxc = kernel_mode(sch), format_tuple(sch), max_elem(sch), mx_config(sch)
         self.block = sch.block_for(shape)
         self.ax = sch.axis % self.nd
-        self.vec = rowwise_kernels.vec_of(kind)
+        self.vec = lastaxis.vec_of(kind)
         self.sub_packed = packed and sch.code_bits < 8
         # the general kernels take the seed's halves always (0 under RNE); the 16-byte-unit
         # kernels' stochastic variants take them last, their RNE variants not at all
@@ -272,7 +272,7 @@ class _Case:
     # -- launch steps
     def encode(self):
         """The general ``encode`` with the scales (zero points, means) already written."""
-        k = quantize_kernels.make_encode_kernel(self.kind, self.mode, self.fmt, self.nt, self.packed, self.stoch)
+        k = general.make_encode_kernel(self.kind, self.mode, self.fmt, self.nt, self.packed, self.stoch)
         tpr_log2 = team_log2(cdiv(self.C, 4), self.nt)
         grid = max(1, min(cdiv(self.rows, self.nt >> tpr_log2), 1 << 20))
         self.launch(
@@ -284,7 +284,7 @@ class _Case:
     def group(self, view_rows, view_cols, G_true, plan):
         """The general ``group`` kernel over a (view_rows, view_cols) view, groups of G_true."""
         ngroups = cdiv(view_cols, G_true)
-        k = quantize_kernels.make_group_kernel(
+        k = general.make_group_kernel(
             self.kind, self.mode, self.fmt, self.mxc, self.maxe, plan["G"], plan["P"], plan["team"], plan["gpb"],
             self.nt, plan["stash"], self.packed, self.stoch,
         )  # fmt: skip
@@ -308,11 +308,11 @@ class _Case:
         if self.mode in (MODE_ASYM, MODE_CENTRED):
             if fast[0] == "row":
                 _, NT, U = fast
-                k = rowwise_kernels.make_lastaxis_asym_row_kernel(kind, fmt, maxe, NT, U, packed, shfl, **sr)
+                k = lastaxis.make_lastaxis_asym_row_kernel(kind, fmt, maxe, NT, U, packed, shfl, **sr)
                 self.launch(k, self.rows, NT, X, self.C // vec, self.codes, self.scales, self.zps, self.means, *keys)
             else:
                 _, L, K, NT, U = fast
-                k = rowwise_kernels.make_lastaxis_stat_group_kernel(kind, self.mode, fmt, maxe, L, K, NT, U, packed,
+                k = lastaxis.make_lastaxis_stat_group_kernel(kind, self.mode, fmt, maxe, L, K, NT, U, packed,
                                                                     shfl, **sr)  # fmt: skip
                 nchunks = self.n // vec // K
                 self.launch(k, cdiv(nchunks, NT * U), NT, X, nchunks, self.codes, self.scales, self.zps,
@@ -323,12 +323,12 @@ class _Case:
             # a finite row's units straight-line where the encode is the fp8 cvt (H100, bf16
             # fp8_row 8192x8192: 31.8 -> 27.9 M warp instructions, 71.0-71.4 -> 70.9-71.2 us);
             # int8_row measured 0.5-1 us slower with it, so integer rows keep a branch a unit
-            k = rowwise_kernels.make_lastaxis_row_kernel(kind, self.mode, fmt, self.mxc, maxe, NT, U, packed, shfl,
+            k = lastaxis.make_lastaxis_row_kernel(kind, self.mode, fmt, self.mxc, maxe, NT, U, packed, shfl,
                                                          whole=self.cheap, **sr)  # fmt: skip
             self.launch(k, self.rows, NT, X, self.C // vec, self.codes, self.scales, self.out.sparams, *keys)
         else:
             _, L, K, NT, U = fast
-            k = rowwise_kernels.make_lastaxis_group_kernel(kind, self.mode, fmt, self.mxc, maxe, L, K, NT, U, packed,
+            k = lastaxis.make_lastaxis_group_kernel(kind, self.mode, fmt, self.mxc, maxe, L, K, NT, U, packed,
                                                            shfl, **sr)  # fmt: skip
             nchunks = self.n // vec // K
             self.launch(k, cdiv(nchunks, NT * U), NT, X, nchunks, self.codes, self.scales, self.out.sparams, *keys)
@@ -341,7 +341,7 @@ class _Case:
         """The general tensor statistics pass; returns its partials and their count."""
         nblocks = max(1, min(cdiv(self.n, self.nt * E_TARGET), 1024))
         parts = self.partials(nblocks)
-        k = quantize_kernels.make_tensor_partials_kernel(self.kind, stat_mode, self.nt)
+        k = general.make_tensor_partials_kernel(self.kind, stat_mode, self.nt)
         self.launch(k, nblocks, self.nt, X, self.n, *parts)
         return parts, nblocks
 
@@ -352,7 +352,7 @@ class _Case:
         U = self.tune.GROUP_UNITS
         nblocks = max(1, min(cdiv(nunits, NT * U), max_blocks))
         parts = self.partials(nblocks)
-        k = rowwise_kernels.make_tensor_amax_kernel(self.kind, NT, U, self.tune.SHFL, finite)
+        k = lastaxis.make_tensor_amax_kernel(self.kind, NT, U, self.tune.SHFL, finite)
         self.launch(k, nblocks, NT, X, nunits, *parts)
         return parts, nblocks
 
@@ -364,7 +364,7 @@ class _Case:
     def static(self, NT, U, per_row):
         """``static_encode`` over whole units with the scales in ``scales``."""
         nunits = self.n // self.vec
-        k = rowwise_kernels.make_static_kernel(self.kind, self.fmt, NT, U, self.packed, per_row, **self.sr)
+        k = lastaxis.make_static_kernel(self.kind, self.fmt, NT, U, self.packed, per_row, **self.sr)
         self.launch(k, cdiv(nunits, NT * U), NT, X, nunits, self.C // self.vec, self.codes, self.scales, *self.keys)
 
     def finalize(self, fmode, parts, nchunks, ngroups, I):
@@ -372,7 +372,7 @@ class _Case:
         tsc = self.out.tscale if self.out.tscale is not None else self.out.dummy_f32
         nft = min(self.nt, pow2ceil(nchunks * I))  # threads per group: no more than its partials
         self.launch(
-            quantize_kernels.make_finalize_kernel(fmode, self.maxe, nft), ngroups, nft,
+            general.make_finalize_kernel(fmode, self.maxe, nft), ngroups, nft,
             *parts, nchunks, ngroups, I, self.scales, self.zps, self.out.sparams, tsc,
         )  # fmt: skip
 
@@ -448,7 +448,7 @@ def _build_nvfp4_group(c: _Case, _):
 def _build_nvfp4_one_launch(c: _Case, gs):
     _, L, K, _, _ = c.fast_lastaxis
     NT, U, nblocks = gs
-    k = rowwise_kernels.make_lastaxis_group_kernel(c.kind, c.mode, c.fmt, c.mxc, c.maxe, L, K, NT, U, c.packed,
+    k = lastaxis.make_lastaxis_group_kernel(c.kind, c.mode, c.fmt, c.mxc, c.maxe, L, K, NT, U, c.packed,
                                                    c.tune.SHFL, senc_grid=True, **c.sr)  # fmt: skip
     c.launch(k, nblocks, NT, X, c.n // c.vec // K, c.codes, c.scales, c.out.tscale, c.grid_workspace(), *c.keys)
 
@@ -456,7 +456,7 @@ def _build_nvfp4_one_launch(c: _Case, gs):
 def _build_nvfp4_amax_in_groups(c: _Case, fast):
     parts, nparts = c.tensor_amax_parts(max(32, min(c.nt, 256)), True, c.tune.NVFP4_PARTS_MAX)
     _, L, K, NT, U = fast
-    k = rowwise_kernels.make_lastaxis_group_kernel(c.kind, c.mode, c.fmt, c.mxc, c.maxe, L, K, NT, U, c.packed,
+    k = lastaxis.make_lastaxis_group_kernel(c.kind, c.mode, c.fmt, c.mxc, c.maxe, L, K, NT, U, c.packed,
                                                    c.tune.SHFL, senc_parts=True, **c.sr)  # fmt: skip
     nchunks = c.n // c.vec // K
     c.launch(k, cdiv(nchunks, NT * U), NT, X, nchunks, c.codes, c.scales, parts[0], nparts, c.out.tscale, *c.keys)
@@ -480,7 +480,7 @@ def _build_stats_then(after):
 
 def _build_tensor_one_launch(c: _Case, gs):
     NT, U, nblocks = gs
-    k = rowwise_kernels.make_static_kernel(c.kind, c.fmt, NT, U, c.packed, False, c.maxe, c.tune.SHFL, **c.sr)
+    k = lastaxis.make_static_kernel(c.kind, c.fmt, NT, U, c.packed, False, c.maxe, c.tune.SHFL, **c.sr)
     c.launch(k, nblocks, NT, X, c.n // c.vec, c.C // c.vec, c.codes, c.scales, c.grid_workspace(), *c.keys)
 
 
@@ -497,13 +497,13 @@ def _build_tensor_two_pass_units(c: _Case, fs):
 
 
 def _build_tile_blocks(c: _Case, _):
-    from . import tiles as tile_kernels
+    from . import tiles
 
     R = c.shape[-2]
     B0, B1 = c.block[-2:]
     nR, nC = cdiv(R, B0), c.C // B1
-    k = tile_kernels.make_tile_kernel(c.kind, c.fmt, c.maxe, B0, B1, c.packed, c.tune.SHFL)
-    NT = tile_kernels.tile_geometry(c.kind, B0, B1)[2]
+    k = tiles.make_tile_kernel(c.kind, c.fmt, c.maxe, B0, B1, c.packed, c.tune.SHFL)
+    NT = tiles.tile_geometry(c.kind, B0, B1)[2]
     c.launch(k, (c.n // (R * c.C)) * nR * nC, NT, X, R, c.C, nR, nC, c.codes, c.scales)
 
 
@@ -511,7 +511,7 @@ def _build_tile_general(c: _Case, _):
     R = c.shape[-2]
     B0, B1 = c.sch.block_shape
     ntiles = (c.n // (R * c.C)) * cdiv(R, B0) * cdiv(c.C, B1)
-    k = quantize_kernels.make_tile_params_kernel(c.kind, c.mode, c.maxe, c.nt, B0, B1)
+    k = general.make_tile_params_kernel(c.kind, c.mode, c.maxe, c.nt, B0, B1)
     c.launch(k, ntiles, c.nt, X, R, c.C, c.scales, c.zps)
     c.encode()
 
@@ -557,7 +557,7 @@ def _build_column_general(c: _Case, _):
     oc = cdiv(O, nchunks)
     nchunks = cdiv(O, oc)
     parts = c.partials(nchunks * J)
-    k = quantize_kernels.make_column_partials_kernel(c.kind, c.mode)
+    k = general.make_column_partials_kernel(c.kind, c.mode)
     c.launch(k, (cdiv(J, 128), nchunks), 128, X, O, J, oc, *parts)
     c.finalize(c.mode, parts, nchunks, L, I)
     c.encode()
@@ -567,7 +567,7 @@ def _build_strided(c: _Case, _):
     O, L, I = c.oli()
     G = c.block[c.ax]
     ngr = O * cdiv(L, G) * I
-    k = quantize_kernels.make_strided_params_kernel(c.kind, c.mode, c.fmt, c.mxc, c.maxe)
+    k = general.make_strided_params_kernel(c.kind, c.mode, c.fmt, c.mxc, c.maxe)
     c.launch(k, cdiv(ngr, 128), 128, X, O, L, I, G, pow2ceil(G), c.scales, c.zps, c.means)
     c.encode()
 

@@ -30,7 +30,7 @@ from .units import FINITE, pack4, store_packed
 # thread or launch geometry holds the unit. The encode is encode_element's with stoch=True (the
 # general kernels' encoder, every NaN rule included): the finite-group shortcuts above are
 # round-to-nearest only, and a float scale keeps the IEEE x / s (div.rn) -- the reciprocal
-# division (_division) equals it only where |x / s| >= 2^-125 and |x| >= 2^-102; below, its
+# division (device.division) equals it only where |x / s| >= 2^-125 and |x| >= 2^-102; below, its
 # quotient is only known to be tiny and of x's sign, which round-to-nearest maps to the same zero
 # code but which would move a stochastic rounding's threshold.
 @devfn
@@ -82,7 +82,7 @@ def sr_store_unit(e, unit, p0, p1, pz, key_lo, key_hi, c8, c16, c32, mode, fmt, 
 #   branch-free subnormal range, where much of a group lies) or encode_int_f32 (integers);
 # then checks the unit once: every code's key passes sr_fast_key_bound, and (float scales) every
 # |x| is 0 or at least max(2^-102, s * 2^-124), where div_by_recip is RN(x / s) bit for bit
-# (_division: |x| >= 2^-102 and |x / s| >= 2^-125 hold there, and +-0 is exact; |x| < s * 2^64 holds
+# (device.division: |x| >= 2^-102 and |x / s| >= 2^-125 hold there, and +-0 is exact; |x| < s * 2^64 holds
 # for a dynamic scale's group and is part of ``clean`` for a caller-given one). A unit that fails
 # is encoded again by sr_store_unit (its Philox bits are recomputed: rare). The same codes bit
 # for bit as sr_store_unit (tests/test_sr_encoder.py, tests/test_stochastic_lastaxis.py).

@@ -7,17 +7,17 @@ general path (``tile_params`` then ``encode``) reads the input twice, element by
 One block per tile: thread t holds the tile's units t, t + NT, ... (U of them; a tile row
 is LU = B1 / VEC units, so a warp reads 32 / LU whole rows of 16 * LU bytes: coalesced) in
 registers from the load to the encode. The tile's amax is combined by a warp butterfly and
-one shared slot per warp (``_rowwise_kernels._block_max_fn``), the scale is ``group_params``'
+one shared slot per warp (``quantize.reductions._block_max_fn``), the scale is ``group_params``'
 float scale, and units are encoded and stored by ``encode_store_unit``: the same device
 functions, hence the same exactness argument, as the last-axis kernels (see
-``_rowwise_kernels``).
+``quantize.lastaxis``).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-from . import lastaxis as rowwise_kernels
+from . import lastaxis
 from ..device.codec import F32
 from ..ptx.convert import fp8_cvt_available, fp8_cvt_supports
 from ..ptx.memory import as_u16, as_u32
@@ -26,7 +26,7 @@ __all__ = ["make_tile_kernel"]
 
 # The tile's reciprocal 1 / s once per thread (encode_store_unit_r), not once per unit: each
 # unit's encode sits in its own `if ok{j}` block, so NVVM would compute recip_guarded (a div.rn)
-# U = 8 times per thread. The same quotients (_division), hence the same codes. H100: bf16
+# U = 8 times per thread. The same quotients (device.division), hence the same codes. H100: bf16
 # 8192x8192 / 16384x7168 86 / 88 -> 91 / 93 % of copy (docs/design/last-axis.md). No launch
 # bound: 3 blocks per SM (80 instead of 89 registers, no spills) measured no faster.
 _STORE_UNIT = "encode_store_unit_r(unit_elems(w{j}, kind), g{j}, p0, rp, clean, codes, c16, c32, MODE_FLOAT, fmt, CVT, VEC, NB)"
@@ -68,7 +68,7 @@ def tile_blocks(x, R, C, nR, nC, codes, scales):
 def tile_geometry(kind, B0, B1):
     """(LU, TU, NT, U): units per tile row, per tile, threads per block, units per thread
     (about 8 per thread, at most 1024 threads)."""
-    vec = rowwise_kernels.vec_of(kind)
+    vec = lastaxis.vec_of(kind)
     LU = B1 // vec
     TU = B0 * LU
     NT = 32
@@ -82,10 +82,10 @@ def make_tile_kernel(kind, fmt, max_elem, B0, B1, packed, shfl):
     """The one-pass B0 x B1 tile kernel for float scales (symmetric float / int elements,
     RNE): launched with one block of NT threads per tile, tiles numbered (batch, row tile,
     column tile) in C order, as the scales array."""
-    VEC = rowwise_kernels.vec_of(kind)
+    VEC = lastaxis.vec_of(kind)
     assert B1 % VEC == 0
     LU, TU, NT, U = tile_geometry(kind, B0, B1)
     ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, kind=kind,
               fmt=fmt, VEC=VEC, NB=fmt[5] if packed else 8, CVT=fp8_cvt_available() and fp8_cvt_supports(fmt),
-              MAXE=F32(max_elem), B0=B0, LU=LU, TU=TU, block_max=rowwise_kernels._block_max_fn(NT, shfl))
-    return rowwise_kernels._jit_unrolled("tile_blocks", _TILE_SRC.replace("STORE_UNIT", _STORE_UNIT), ns, U)
+              MAXE=F32(max_elem), B0=B0, LU=LU, TU=TU, block_max=lastaxis._block_max_fn(NT, shfl))
+    return lastaxis._jit_unrolled("tile_blocks", _TILE_SRC.replace("STORE_UNIT", _STORE_UNIT), ns, U)

@@ -11,8 +11,8 @@ otherwise. numba-hip and numba-cuda cannot share an environment (both install
 ``cuda.bindings`` modules), so ``hip`` means an environment built for it:
 ``pip install nqdq[hip]`` (docs/amd.md).
 
-Which intrinsics run on which backend: ``_target.PTX`` (inline PTX allowed) and the
-twins of ``_ptx``.
+Which intrinsics run on which backend: ``runtime.target.PTX`` (inline PTX allowed) and the
+twins of ``ptx``.
 """
 
 from __future__ import annotations

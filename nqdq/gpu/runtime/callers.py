@@ -156,7 +156,7 @@ _HELD = _HeldUntilDone()
 
 def _export(a, as_bfloat16=False):
     """``a`` (the kernels' CuPy or Numba array) offered through DLPack, written on this
-    call's stream (``_interop.DLPackExport``: bfloat16 named as such; no CuPy needed)."""
+    call's stream (``runtime.interop.DLPackExport``: bfloat16 named as such; no CuPy needed)."""
     from .interop import DLPackExport
 
     return DLPackExport(a, launch._stream_handle(None), as_bfloat16=as_bfloat16)

@@ -10,11 +10,11 @@ on that device's current stream. What nqdq caches per GPU is keyed by :func:`cur
   and cluster opt-ins are set per device;
 * ``quantize.get_plan`` plans and their CuPy runners (scratch arrays, SM counts, entries);
   ``nqdq.gpu.fused.moe.moe_plan``; the hot paths' remembered calls (``api._FAST``, ``nqdq.fused._moe._MOE_FAST``);
-* ``_grid.StreamWorkspaces``: the legacy and per-thread default streams have one handle on
+* ``quantize.grid.StreamWorkspaces``: the legacy and per-thread default streams have one handle on
   every device.
 
 The GPUs of one process are taken to be of one architecture: kernels built for the first
-one's compute capability choices (``_ptx.fp8_cvt_available``) serve all of them.
+one's compute capability choices (``ptx.convert.fp8_cvt_available``) serve all of them.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import ctypes
 # cuLaunchKernelEx (cuda.h, CUDA 12+): a launch with attributes, here one: programmatic stream
 # serialization (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6, value: int 1), which
 # lets the grid start while the kernel before it in the stream still runs (programmatic
-# dependent launch, sm_90+: the kernels' griddepcontrol instructions, _ptx.griddep_*).
+# dependent launch, sm_90+: the kernels' griddepcontrol instructions, ptx.griddep_*).
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 

@@ -4,7 +4,7 @@
 kernels run as Python in Numba's CUDA simulator (on NumPy arrays), otherwise they are
 compiled: by NVVM (numba-cuda), or by numba-hip's AMDGPU back end when ``_gpu.HIP``.
 ``PTX``: whether the kernels may use inline PTX and libdevice (compiled for NVIDIA); where
-it is False every intrinsic of ``_ptx`` and every inline-PTX / libdevice helper of ``_codec``
+it is False every intrinsic of ``ptx`` and every inline-PTX / libdevice helper of ``device.codec``
 is its portable twin (``device_twin``).
 """
 
