@@ -2,7 +2,7 @@
 
 tests/test_launch.py launches it through :mod:`nqdq.gpu.runtime.launch`, so the launch path
 is checked apart from the library's own kernels and plans (benchmarks/launch_overhead.py
-times the same kernel, a copy of its own). Its numerics follow the spec of ``fp8_row``
+loads and times this kernel). Its numerics follow the spec of ``fp8_row``
 (``nqdq.reference.quantize``): ``s = amax / 448`` in float32 (1.0 when that is 0),
 ``code = encode_e4m3(x / s)`` with round-to-nearest-even and saturation, so its bits can
 be compared with ``nqdq.quantize(x, "fp8_row")`` on finite inputs.
