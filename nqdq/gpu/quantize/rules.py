@@ -104,6 +104,17 @@ class Tuning(NamedTuple):
 
 
 # ----------------------------------------------------------------------------- what applies
+def block_threads(nt, items=None):
+    """Threads a block of the 16-byte-unit kernels: ``nt`` kept within 32 .. 256 and, given
+    the ``items`` (units or chunks) the blocks share, halved (not below 64) while they would
+    fill fewer than 264 blocks: small inputs get more, smaller blocks."""
+    NT = max(32, min(nt, 256))
+    if items is not None:
+        while NT > 64 and items < NT * 264:
+            NT //= 2
+    return NT
+
+
 def fast_tile(shape, kind, sch, mode):
     """True where ``tile_blocks`` applies: float scales over B0 x B1 tiles of the last two
     axes, rows of whole tiles (C % B1 == 0) of whole 16-byte units (B1 % VEC == 0)."""
@@ -137,11 +148,8 @@ def fast_static(shape, kind, sch, mode, nt, tune):
     n = math.prod(shape)
     if (shape[-1] if per_row else n) % vec:
         return None
-    NT = max(32, min(nt, 256))
     nunits = n // vec
-    while NT > 64 and nunits < NT * 264:
-        NT //= 2
-    return NT, (tune.GROUP_UNITS if nunits >= tune.DEEP_UNITS else 1), per_row
+    return block_threads(nt, nunits), (tune.GROUP_UNITS if nunits >= tune.DEEP_UNITS else 1), per_row
 
 
 def fast_lastaxis(shape, kind, mode, G, nt, tune, cheap_encode=False):
@@ -173,11 +181,8 @@ def fast_lastaxis(shape, kind, mode, G, nt, tune, cheap_encode=False):
         K = min(L, tune.CHEAP_UNITS) if cheap_encode else min(L, tune.GROUP_UNITS)
         if mode == MODE_CENTRED:
             K = min(L, tune.CENTRED_UNITS)
-        nchunks = n // vec // K
-        NT = max(32, min(nt, 256))
-        while NT > 64 and nchunks < NT * 264:  # small inputs: more, smaller blocks
-            NT //= 2
-        return ("group", L, K, NT, max(1, tune.GROUP_UNITS // K) if n // vec >= tune.DEEP_UNITS else 1)
+        U = max(1, tune.GROUP_UNITS // K) if n // vec >= tune.DEEP_UNITS else 1
+        return ("group", L, K, block_threads(nt, n // vec // K), U)
     if G == C and mode != MODE_CENTRED:
         upr = C // vec
         exact = mode == MODE_FLOAT  # (ROW_UNITS_DEEP measured for the float row kernel only)
@@ -197,7 +202,7 @@ def grid_geometry(nitems, nt, sms, max_u):
     """(NT, U, blocks) for a one-launch kernel of ``grid`` over ``nitems`` work items (units
     or chunks) of which a thread holds U <= ``max_u``, at most ``sms`` blocks (one per SM);
     None when the input is too large for that (the streaming paths then)."""
-    NT = max(32, min(nt, 256))
+    NT = block_threads(nt)
     limit = min(sms, grid_sync.MAX_DONE)
     U = cdiv(nitems, NT * limit)
     if U > max_u:
@@ -300,6 +305,10 @@ class _Case:
             X, view_rows, view_cols, ngroups, segs, self.codes, vpcols, self.scales, self.zps, self.means,
             self.out.sparams, self.key_lo, self.key_hi,
         )  # fmt: skip
+
+    def groups(self):
+        """The general ``group`` kernel over the rows, the scheme's last-axis groups."""
+        self.group(self.rows, self.C, self.block[-1], self.lastaxis_group_plan)
 
     def units(self, fast):
         """A last-axis kernel of ``lastaxis`` (see _fast_lastaxis)."""
@@ -441,10 +450,6 @@ def _column_rows(c: _Case):
 
 
 # ----------------------------------------------------------------------------- the rules' builders
-def _build_nvfp4_group(c: _Case, _):
-    c.group(c.rows, c.C, c.block[-1], c.lastaxis_group_plan)
-
-
 def _build_nvfp4_one_launch(c: _Case, gs):
     _, L, K, _, _ = c.fast_lastaxis
     NT, U, nblocks = gs
@@ -454,7 +459,7 @@ def _build_nvfp4_one_launch(c: _Case, gs):
 
 
 def _build_nvfp4_amax_in_groups(c: _Case, fast):
-    parts, nparts = c.tensor_amax_parts(max(32, min(c.nt, 256)), True, c.tune.NVFP4_PARTS_MAX)
+    parts, nparts = c.tensor_amax_parts(block_threads(c.nt), True, c.tune.NVFP4_PARTS_MAX)
     _, L, K, NT, U = fast
     k = lastaxis.make_lastaxis_group_kernel(c.kind, c.mode, c.fmt, c.mxc, c.maxe, L, K, NT, U, c.packed,
                                                    c.tune.SHFL, senc_parts=True, **c.sr)  # fmt: skip
@@ -463,7 +468,7 @@ def _build_nvfp4_amax_in_groups(c: _Case, fast):
 
 
 def _build_nvfp4_two_pass_units(c: _Case, fast):
-    c.tensor_amax(max(32, min(c.nt, 256)), True)
+    c.tensor_amax(block_threads(c.nt), True)
     c.units(fast)
 
 
@@ -590,14 +595,13 @@ RULES = (
     Rule("static_units", lambda c: c.static_scale and c.fast_static, lambda c, fs: c.static(*fs)),
     Rule("nvfp4_given_scale_units", lambda c: c.static_scale and c.mode == MODE_NVFP4 and c.fast_lastaxis,
          lambda c, fast: c.units(fast)),
-    Rule("nvfp4_given_scale", lambda c: c.static_scale and c.mode == MODE_NVFP4, _build_nvfp4_group),
+    Rule("nvfp4_given_scale", lambda c: c.static_scale and c.mode == MODE_NVFP4, lambda c, _: c.groups()),
     Rule("static", lambda c: c.static_scale, lambda c, _: c.encode()),
     Rule("nvfp4_one_launch", lambda c: c.mode == MODE_NVFP4 and _nvfp4_grid(c), _build_nvfp4_one_launch),
     Rule("nvfp4_amax_in_groups", lambda c: c.mode == MODE_NVFP4 and _nvfp4_amax_in_groups(c),
          _build_nvfp4_amax_in_groups),
     Rule("nvfp4_two_pass_units", lambda c: c.mode == MODE_NVFP4 and c.fast_lastaxis, _build_nvfp4_two_pass_units),
-    Rule("nvfp4_general", lambda c: c.mode == MODE_NVFP4,
-         _build_stats_then(lambda c: c.group(c.rows, c.C, c.block[-1], c.lastaxis_group_plan))),
+    Rule("nvfp4_general", lambda c: c.mode == MODE_NVFP4, _build_stats_then(_Case.groups)),
     Rule("tensor_one_launch", _tensor_grid, _build_tensor_one_launch),
     Rule("tensor_resident", _tensor_resident, _build_tensor_resident),
     Rule("tensor_two_pass_units", lambda c: c.granularity("tensor") and c.fast_static, _build_tensor_two_pass_units),
@@ -612,8 +616,7 @@ RULES = (
     Rule("column_rows", _column_rows, _build_column_rows),
     Rule("column_general", lambda c: c.granularity("column"), _build_column_general),
     Rule("lastaxis_units", lambda c: _last(c) and c.fast_lastaxis, lambda c, fast: c.units(fast)),
-    Rule("lastaxis_groups", lambda c: _last(c) and c.lastaxis_group_plan,
-         lambda c, plan: c.group(c.rows, c.C, c.block[-1], plan)),
+    Rule("lastaxis_groups", lambda c: _last(c) and c.lastaxis_group_plan, lambda c, _: c.groups()),
     Rule("strided", lambda c: True, _build_strided),
 )
 
