@@ -22,6 +22,8 @@ import math
 import ml_dtypes
 import numpy as np
 
+from .codec import decode_e8m0
+
 __all__ = ["gemm", "decode_operand", "gelu_erf"]
 
 _FP8 = {
@@ -49,6 +51,9 @@ def _values(codes: np.ndarray, elem: str, za=None, za_mode="tensor") -> np.ndarr
 
 def _scales(s: np.ndarray, mode: str, rows: int, K: int, block_rows: int) -> np.ndarray:
     """float64 scale of every element of a [rows, K] operand."""
+    if mode == "mx":  # e8m0 codes [rows, ceil(K/32)], one per 32 of K (OCP MX)
+        v = decode_e8m0(np.asarray(s).view(np.uint8).reshape(rows, -(-K // 32))).astype(np.float64)
+        return np.repeat(v, 32, axis=1)[:, :K]
     s = np.asarray(s, np.float64)
     if mode == "tensor":
         return np.full((rows, K), s.reshape(-1)[0])
@@ -72,8 +77,10 @@ def gemm(a_codes, b_codes, *, mma, sa, sb, sa_mode, sb_mode, za=None, bias=None,
     a_codes [M, K], b_codes [N, K]; mma "s8s8" / "u8s8" (asymmetric A: uint8 codes, zero
     points ``za``, 1 or M of them) / "<fa>.<fb>" (fp8 formats). sa / sb: float32 scales,
     ``sa_mode`` / ``sb_mode`` "tensor" (1 value), "row" (M / N values: per token, per
-    output channel) or "block" (A: [M, ceil(K/128)] 1x128 groups; B: [ceil(N/128),
-    ceil(K/128)] 128x128 tiles). Returns [M, N] NumPy ``out_dtype`` (float32, float16 or
+    output channel), "block" (A: [M, ceil(K/128)] 1x128 groups; B: [ceil(N/128),
+    ceil(K/128)] 128x128 tiles) or "mx" (uint8 e8m0 codes, [rows, ceil(K/32)]: one
+    power of two 2^(c - 127) per 32 of K, 0xFF NaN; the block-scaled formats' codes
+    converted exactly to e4m3 / e5m2). Returns [M, N] NumPy ``out_dtype`` (float32, float16 or
     bfloat16 as ml_dtypes.bfloat16).
     """
     del config
