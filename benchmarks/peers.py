@@ -202,12 +202,22 @@ def nqdq_launcher(scheme_name, seed=None):
     return lambda x: KQ.quantize(x, sch, dtype="bfloat16", seed=seed)
 
 
+_AMAX_OUT: dict = {}  # "+amax" rows: scheme name -> its amax array (one for all its calls)
+
+
 def _static(scheme_name):
     """"fp8_tensor@0.05": the scheme with a caller-given (static) scale 0.05 -> (name, kw);
+    "fp8_tensor@0.05+amax": also the amax by-product (kw amax_out: a CuPy float32[1]);
     "mxfp4~sr": stochastic rounding with seed SR_SEED (kw rounding, seed)."""
+    full = scheme_name
     scheme_name, sr = _sr_variant(scheme_name)
+    scheme_name, plus, _ = scheme_name.partition("+amax")
     name, _, scale = scheme_name.partition("@")
     kw = {"scale": float(scale)} if scale else {}
+    if plus:
+        import cupy as cp
+
+        kw["amax_out"] = _AMAX_OUT.setdefault(full, cp.zeros(1, cp.float32))
     if sr is not None:
         kw.update(rounding="stochastic", seed=SR_SEED)
     return name, kw
@@ -371,7 +381,8 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
             base, kw = _static(scheme)
             static = "scale" in kw
             sch = resolve_scheme(base, static_scale=True) if static else resolve_scheme(base)
-            plan = KQ.get_plan(tuple(xs[0].shape), 1, sch, static_scale=static, stoch="seed" in kw)
+            plan = KQ.get_plan(tuple(xs[0].shape), 1, sch, static_scale=static, stoch="seed" in kw,
+                               amax="amax_out" in kw)  # fmt: skip
             plan_launches = [k.py_func.__name__ if hasattr(k, "py_func") else str(k) for k, _, _, _ in plan.launches]
         except Exception:
             pass
@@ -381,6 +392,14 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
     out = [getattr(parts, f, None) for f in ("codes", "scales", "zero_points", "tensor_scale", "means")]
     out_bytes = sum(int(a.nbytes) for a in out if a is not None and hasattr(a, "nbytes"))
     note = f"kernels: {'+'.join(plan_launches) if plan_launches else '?'}"
+    amax_out = _static(scheme)[1].pop("amax_out", None)
+    if amax_out is not None:  # the amax of xs[0], whole tensor, against the reference's
+        from nqdq.reference.scales import tensor_amax
+
+        run(xs[0])
+        want = tensor_amax(xs[0].get().view(ml_dtypes.bfloat16), finite=scheme.startswith("nvfp4"))
+        same = amax_out.get().view(np.uint32)[0] == np.float32(want).view(np.uint32)
+        note += f"; amax {'bit-exact' if same else 'DIFFERS from reference'}"
     try:  # row-wise schemes: the first rows alone are a valid input; a scale taken over every row
         # (nvfp4's tensor scale, dynamic per-tensor, per-channel) needs the whole tensor
         check = min(xs[0].shape[0], 128)
@@ -391,6 +410,7 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
             note += "; not checked here (stochastic, whole-tensor scale)"
         elif not whole:
             base, kw = _static(scheme)
+            kw.pop("amax_out", None)
             ref = nqdq.quantize(xs[0][:check].get().view(ml_dtypes.bfloat16), base, device="cpu", **kw)
             got_codes = parts.codes[:check].get()
             got_scales = parts.scales[: ref.scales.shape[0]].get()
@@ -401,6 +421,7 @@ def bench_nqdq(timer, scheme, xs, n_sets, groups, in_bytes, add, skip, log):
         else:  # the whole tensor against the reference
             xh = xs[0].get().view(ml_dtypes.bfloat16)
             base, kw = _static(scheme)
+            kw.pop("amax_out", None)
             ref = nqdq.quantize(xh, base, device="cpu", **kw)
             same = np.array_equal(parts.codes.get(), ref.codes) and np.array_equal(
                 parts.scales.get().view(np.uint8), np.ascontiguousarray(ref.scales).view(np.uint8)
@@ -628,7 +649,8 @@ def main(argv=None):
     ap.add_argument("--sizes", default=None, help="e.g. 64x7168,8192x8192")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer (slow to compile)")
     ap.add_argument("--schemes", default=None,
-                    help="nqdq schemes, comma-separated; NAME@S: a static (caller-given) scale S, e.g. fp8_tensor@0.05; "
+                    help="nqdq schemes, comma-separated; NAME@S: a static (caller-given) scale S, e.g. fp8_tensor@0.05 "
+                         "(NAME@S+amax: with the amax by-product); "
                          "NAME~sr: stochastic rounding (seed --seed)")
     ap.add_argument("--seed", type=int, default=None,
                     help="also time every nqdq scheme under stochastic rounding with this seed (a 'SR' row after each)")

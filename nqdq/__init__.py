@@ -8,6 +8,7 @@
 
 from . import fused
 from .api import decode, dequantize, encode, quantize
+from .delayed import AmaxHistory
 from .formats import element_formats
 from .matmul import matmul
 from .quantized import FORMAT_VERSION, QuantizedTensor, load
@@ -18,6 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "quantize",
     "dequantize",
+    "AmaxHistory",
     "encode",
     "decode",
     "matmul",

@@ -16,6 +16,7 @@ from .reference import codec
 from .reference import quantize as ref
 from .reference.layouts import LAYOUTS, scale_matrix_shape
 from .reference.packing import pack_codes, unpack_codes
+from .reference.scales import tensor_amax
 from .schemes import resolve_scheme
 
 __all__ = ["quantize", "dequantize", "encode", "decode"]
@@ -44,6 +45,7 @@ def quantize(
     nonfinite="propagate",
     dtype=None,
     stream=None,
+    amax_out=None,
 ) -> QuantizedTensor:
     """Quantize a float32 / float16 / bfloat16 array.
 
@@ -82,6 +84,13 @@ def quantize(
     stream : GPU calls: the stream to run on (an int handle, a CuPy or PyTorch stream);
         None: the caller's library's current stream (PyTorch's for a tensor, CuPy's
         otherwise; ``nqdq.gpu.runtime.callers``). A ValueError with NumPy input on the CPU.
+    amax_out : with ``scale=`` of a scheme with one tensor scale (``"fp8_tensor"``, an int
+        per-tensor scale, ``"nvfp4"``): a float32 array of one element (on x's GPU for GPU
+        input; NumPy for NumPy input) that receives x's amax, the statistic the dynamic
+        scheme computes (max |x| as float32; NaN / inf count, except for NVFP4, whose amax
+        is over the finite values), in the same pass over x where the kernels allow it,
+        written in stream order: TransformerEngine's delayed scaling (quantize with the scale
+        of earlier steps, record this step's amax; ``nqdq.AmaxHistory`` keeps the history).
 
     GPU arrays (CuPy, PyTorch, JAX, ``__cuda_array_interface__``, CUDA DLPack) stay on the GPU:
     the result holds arrays of the caller's library (CuPy for CuPy and other CUDA arrays when
@@ -89,7 +98,7 @@ def quantize(
     ``x`` (whichever device is current; the call leaves the current device as it was).
     """
     t = type(x)
-    if scale is None and seed is None and stream is None and (device is None or device == "cuda"):
+    if scale is None and seed is None and stream is None and amax_out is None and (device is None or device == "cuda"):
         if t is _cupy_ndarray:
             # the hot path: a repeated call with a CuPy array on the current GPU (see _fast_quantizer)
             try:
@@ -121,12 +130,12 @@ def quantize(
             if fq is not None and x.is_contiguous() and _torch_gpu() == key[-1]:
                 return fq(x)
     return _quantize(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding, rounding,
-                     seed, scale_layout, device, nonfinite, dtype, stream)  # fmt: skip
+                     seed, scale_layout, device, nonfinite, dtype, stream, amax_out)  # fmt: skip
 
 
-@_arrays.on_gpu_of("x")
+@_arrays.on_gpu_of("x", "amax_out")
 def _quantize(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding, rounding, seed,
-              scale_layout, device, nonfinite, dtype, stream):  # fmt: skip
+              scale_layout, device, nonfinite, dtype, stream, amax_out=None):  # fmt: skip
     """quantize's general path, on x's GPU where x is a GPU array (every check, the plan),
     on the call's stream, with its results in the caller's library."""
     on_device = _arrays.use_device(x, device)
@@ -134,14 +143,14 @@ def _quantize(x, scheme, granularity, axis, group_size, block_shape, scale, symm
         if stream is not None:
             raise ValueError("stream= is for GPU calls; x is a host array (pass device='cuda' to run on the GPU)")
         return _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding,
-                            rounding, seed, scale_layout, False, nonfinite, dtype)  # fmt: skip
+                            rounding, seed, scale_layout, False, nonfinite, dtype, amax_out=amax_out)  # fmt: skip
     from .gpu.runtime import callers as _callers
 
     caller = _callers.caller_of(x)
     handle = _callers.call_stream(caller, stream, _devices_current())
     with _callers.running_on(handle) if handle is not None else _NULL:
         q = _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding,
-                         rounding, seed, scale_layout, True, nonfinite, dtype, caller, stream)  # fmt: skip
+                         rounding, seed, scale_layout, True, nonfinite, dtype, caller, stream, amax_out)  # fmt: skip
         if caller.name == "jax":
             caller.hold(x, _launch_stream())
     return q
@@ -182,8 +191,37 @@ def _nvfp4_tensor_scale(scale, x):
     return s
 
 
+def _amax_out_checked(amax_out, sch, scale, on_device):
+    """``amax_out`` of quantize, checked (None: not asked): with a given scale of a scheme
+    with one tensor scale; a float32 array of one element, writable, on the GPU for a GPU
+    call (as the kernels take it), NumPy for the reference."""
+    if amax_out is None:
+        return None
+    if scale is None:
+        raise ValueError("amax_out records x's amax beside a given tensor scale: pass scale= too (without scale=, "
+                         "the dynamic scheme computes the amax itself and its scale holds it)")  # fmt: skip
+    if not (sch.granularity == "tensor" or sch.is_nvfp4):
+        raise ValueError(f"amax_out is for schemes with one tensor scale ('fp8_tensor', an int tensor scale, "
+                         f"'nvfp4'), not {sch.name!r} ({sch.granularity} scales)")  # fmt: skip
+    if isinstance(amax_out, np.ndarray):
+        a = amax_out
+        if not a.flags.writeable:
+            raise ValueError("amax_out must be writable")
+    elif on_device:
+        if not _arrays.is_device_array(amax_out):
+            raise TypeError(f"amax_out must be a GPU array on x's GPU, got {type(amax_out).__name__}")
+        from .gpu.runtime.interop import kernel_view
+
+        a = kernel_view(amax_out, "amax_out")
+    else:
+        raise TypeError(f"amax_out must be a NumPy array for NumPy x on the CPU, got {type(amax_out).__name__}")
+    if np.dtype(a.dtype) != np.float32 or a.size != 1:
+        raise ValueError(f"amax_out must be float32 with one element, got {np.dtype(a.dtype)} of shape {tuple(a.shape)}")
+    return a
+
+
 def _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, symmetric, scale_rounding, rounding,
-                 seed, scale_layout, on_device, nonfinite, dtype, caller=None, stream=None):  # fmt: skip
+                 seed, scale_layout, on_device, nonfinite, dtype, caller=None, stream=None, amax_out=None):  # fmt: skip
     if on_device:
         from .gpu.quantize import plan as kq
         from .gpu.runtime.interop import device_input
@@ -225,6 +263,7 @@ def _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, s
 
         refuse_capture("scale= is checked on the host and copied to the GPU" if scale is not None else
                        "nonfinite='raise' reads the check's result back to the host")  # fmt: skip
+    amax_out = _amax_out_checked(amax_out, sch, scale, on_device)
     if scale is not None:
         scale = _nvfp4_tensor_scale(scale, x) if sch.is_nvfp4 else _arrays.static_scale(scale, sch.scale_shape(shape))
     if nonfinite == "raise" and (kq.has_nonfinite(xdev) if on_device else not np.isfinite(x32).all()):
@@ -269,13 +308,15 @@ def _quantize_on(x, scheme, granularity, axis, group_size, block_shape, scale, s
                 pass
             return fq(xdev.arr)
     if on_device:
-        parts = kq.quantize(xdev, sch, scale=scale, seed=seed)  # codes come back packed
+        parts = kq.quantize(xdev, sch, scale=scale, seed=seed, amax_out=amax_out)  # codes come back packed
         if caller is not None and caller.name != "cupy":
             parts = ref.QuantParts(*(caller.result(getattr(parts, f)) for f in ARRAY_FIELDS))
         codes = parts.codes
     else:
         parts = ref.quantize(x32, sch, scale=scale, seed=seed)
         codes = parts.codes
+        if amax_out is not None:
+            amax_out.reshape(-1)[0] = tensor_amax(x32, finite=sch.is_nvfp4)
         if sch.code_bits < 8:
             codes = pack_codes(codes, sch.code_bits)
     q = QuantizedTensor(

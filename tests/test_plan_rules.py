@@ -117,7 +117,7 @@ def test_choices_are_part_of_the_plan_key():
     assert kq.get_plan((13, 256), 1, sch, choices=KernelChoices()) is auto
     ring = kq.get_plan((13, 256), 1, sch, choices=KernelChoices(per_channel=PerChannel.RING))
     assert ring is not auto and ring is kq.get_plan((13, 256), 1, sch, choices=KernelChoices(per_channel="ring"))
-    assert ring._build_args[-1] == KernelChoices(per_channel=PerChannel.RING)  # (its refusal fallback keeps it)
+    assert ring._build_args[-2] == KernelChoices(per_channel=PerChannel.RING)  # (its refusal fallback keeps it)
 
 
 def test_choices_by_value_and_errors():

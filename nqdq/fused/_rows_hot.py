@@ -11,6 +11,7 @@ import sys
 import numpy as np
 
 from ..gpu.runtime import callers as _callers
+from ..gpu.runtime.launch_ex import memset32
 from ..quantized import QuantizedTensor
 from ._common import _residual_dtype
 
@@ -158,27 +159,7 @@ class _CupyLib:
         return a
 
     def fill32(self, base: int, offset: int, word: int, count: int, stream: int):
-        _memset32(base + offset, word, count, stream)
-
-
-_cu_memset32 = None  # libcuda's cuMemsetD32Async, loaded at the first fill
-
-
-def _memset32(address: int, word: int, count: int, stream: int):
-    """``count`` 32-bit words ``word`` at ``address``, in ``stream``'s order (a memset node
-    under graph capture; no host copy)."""
-    global _cu_memset32
-    f = _cu_memset32
-    if f is None:
-        import ctypes
-
-        f = ctypes.CDLL("libcuda.so.1").cuMemsetD32Async  # (CUdeviceptr, unsigned int, size_t, CUstream)
-        f.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
-        f.restype = ctypes.c_int
-        _cu_memset32 = f
-    err = f(address, word, count, stream)
-    if err:
-        raise RuntimeError(f"cuMemsetD32Async of the static scales failed: CUresult {err}")
+        memset32(base + offset, word, count, stream)
 
 
 class _TorchLib:
@@ -219,7 +200,7 @@ class _TorchLib:
         return part.view(self._dtypes[dtype]).view(shape)
 
     def fill32(self, base: int, offset: int, word: int, count: int, stream: int):
-        _memset32(base + offset, word, count, stream)
+        memset32(base + offset, word, count, stream)
 
 
 class _SimulatedLib:

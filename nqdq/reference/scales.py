@@ -19,6 +19,7 @@ __all__ = [
     "blocked",
     "expand",
     "block_amax",
+    "tensor_amax",
     "float_scale",
     "finite_top_scale",
     "asym_scale_zero_point",
@@ -66,6 +67,18 @@ def block_amax(x: np.ndarray, block) -> np.ndarray:
     """max |x| per block (NaN if the block holds a NaN); padding contributes 0."""
     v, axes = blocked(np.abs(x), block)
     return np.max(v, axis=axes) if v.size else np.zeros([v.shape[i] for i in range(0, v.ndim, 2)], F32)
+
+
+def tensor_amax(x: np.ndarray, finite: bool = False) -> np.float32:
+    """The amax of the whole tensor as the dynamic per-tensor scales take it, and as
+    ``quantize(..., amax_out=)`` records it: the float32 whose bits are the largest bits of
+    |x| (x as float32; a NaN orders above +inf, so a NaN's payload is kept, as the kernels'
+    integer max of |x|'s bits keeps it), over the finite values only when ``finite``
+    (NVFP4's tensor amax); 0 for an empty x."""
+    b = np.ascontiguousarray(x, F32).reshape(-1).view(np.uint32) & np.uint32(0x7FFFFFFF)
+    if finite:
+        b = b[b < np.uint32(0x7F800000)]
+    return np.array(b.max() if b.size else 0, np.uint32).view(F32)[()]
 
 
 def float_scale(amax: np.ndarray, max_elem: float) -> np.ndarray:

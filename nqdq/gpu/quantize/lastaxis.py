@@ -83,7 +83,8 @@ from .units import FINITE, load_unit, unit_elems, vec_of
 from .unrolled import jit_unrolled, sub_once
 
 __all__ = ["make_lastaxis_group_kernel", "make_lastaxis_row_kernel", "make_lastaxis_asym_row_kernel",
-           "make_lastaxis_stat_group_kernel", "make_static_kernel", "make_tensor_amax_kernel", "vec_of", "SHFL_DEFAULT"]
+           "make_lastaxis_stat_group_kernel", "make_static_kernel", "make_tensor_amax_kernel",
+           "make_amax_from_parts_kernel", "vec_of", "SHFL_DEFAULT"]
 
 SHFL_DEFAULT = not SIMULATOR  # the simulator has no warp shuffle: it runs the twin
 
@@ -173,9 +174,16 @@ _SENC_FROM_PARTS = ("parts, nparts, tscale", '''    red = cuda.shared.array(NW, 
         tscale[0] = ONE / s_enc''')
 
 
+# NVFP4's amax by-product: the finite amax of the units (unit_amax_finite, the dynamic NVFP4
+# pass's statistic) as they arrive, then _AMAX_OUT's reduction and atomic after the encode
+_GROUPS_AMAX_STATS = """    a = np.int32(0)
+    a = max(a, unit_amax_finite(unit_elems(w{j}_{k}, kind), VEC))
+"""
+
+
 @lru_cache(maxsize=None)
 def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, packed, shfl, senc_parts=False,
-                               senc_grid=False, stoch=False):
+                               senc_grid=False, stoch=False, amax=False):  # fmt: skip
     """Groups of L units (G = L * VEC elements, L a power of two <= 32) tiling a flat
     C-contiguous input whose rows hold a whole number of groups: group g covers units
     g*L .. g*L + L - 1 and owns scales[g]. A thread takes *chunks* of K consecutive units
@@ -185,10 +193,13 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     before the first is used. ``senc_parts`` (NVFP4): the kernel takes (parts, nparts,
     tscale) instead of ``sparams`` and computes S_enc itself (see _SENC_FROM_PARTS);
     ``senc_grid`` (NVFP4): it takes (tscale, sync) and computes S_enc from the whole grid's
-    units (_GRID_MAX_SRC: at most one block per SM, _SENC_FROM_GRID). ``stoch``: stochastic
-    rounding (chunk_step_sr; the kernel takes key_lo, key_hi last)."""
+    units (_GRID_MAX_SRC: at most one block per SM, _SENC_FROM_GRID). ``amax`` (NVFP4, S_enc
+    from ``sparams``: a given tensor scale): the kernel takes ``amax_out`` after ``sparams``
+    and records the input's finite amax there (_GROUPS_AMAX_STATS, _AMAX_OUT). ``stoch``:
+    stochastic rounding (chunk_step_sr; the kernel takes key_lo, key_hi last)."""
     assert NT % 32 == 0
     assert not (senc_parts or senc_grid) or mode == MODE_NVFP4
+    assert not amax or (mode == MODE_NVFP4 and not (senc_parts or senc_grid))
     fns = group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl)
     chunk_step, chunk_step_sr, unit_of, ST, IG, VEC = (fns[k] for k in ("chunk_step", "chunk_step_sr", "unit_of", "ST", "IG",
                                                                          "VEC"))
@@ -199,6 +210,12 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
         ns.update(VEC=VEC)
     sargs, senc = _SENC_FROM_GRID if senc_grid else _SENC_FROM_PARTS if senc_parts else _SENC_FROM_SPARAMS
     src = _GROUPS_SRC.replace("CHUNK_ARGS", chunk_args).replace("SENC_ARGS", sargs).replace("SENC", senc)
+    if amax:
+        ns.update(VEC=VEC)
+        sargs = "sparams, amax_out"
+        src = sub_once(src, "scales, sparams):", "scales, sparams, amax_out):")
+        src = sub_once(src, "    s_dec = ONE / s_enc", _GROUPS_AMAX_STATS + "    s_dec = ONE / s_enc")
+        src += _AMAX_OUT
     if stoch:
         ns["chunk_step"] = chunk_step_sr
         src = sub_once(src, f"scales, {sargs}):", f"scales, {sargs}, key_lo, key_hi):")
@@ -303,6 +320,29 @@ def make_tensor_amax_kernel(kind, NT, U, shfl, finite=True):
     ns = dict(NT=NT, U=U, NW=NT // 32, SCRATCH=1 if shfl else NT, kind=kind,
               VEC=vec_of(kind), block_max=_block_max_fn(NT, shfl), amax_of=unit_amax_finite if finite else unit_amax)
     return _jit_unrolled("tensor_amax", _TENSOR_SRC, ns, U)
+
+
+@lru_cache(maxsize=None)
+def make_amax_from_parts_kernel(NT, shfl):
+    """``amax_out[0]``: the float32 whose bits are the max of ``nparts`` partial amax bits
+    (``tensor_partials``' part_i), one block of NT threads: the amax by-product of the
+    shapes whose encode kernels have no amax variant (``rules._Case.amax_pass``)."""
+    block_max = _block_max_fn(NT, shfl)
+    NW, SCRATCH = NT // 32, 1 if shfl else NT
+
+    @cuda.jit
+    def amax_from_parts(part_i, nparts, amax_out):
+        tid = cuda.threadIdx.x
+        scratch = cuda.shared.array(SCRATCH, int32)
+        red = cuda.shared.array(NW, int32)
+        a = np.int32(0)
+        for i in range(tid, nparts, NT):
+            a = max(a, np.int32(part_i[i]))
+        a = block_max(a, tid, scratch, red)
+        if tid == 0:
+            amax_out[0] = bits_f32(np.uint32(a))
+
+    return amax_from_parts
 
 
 # ----------------------------------------------------------------------------- asymmetric / centred
@@ -503,18 +543,40 @@ def static_unit_fns(fmt, VEC, NB, CVT, per_row):
     return static_unit, static_unit_sr
 
 
+# The amax by-product (``amax``: delayed scaling): the units' amax as the dynamic kernels take it
+# (amax_step / amax_done: NaN and inf count), the block's max, one atomic max of its bits into
+# ``amax_out`` (float32[1], zeroed by the plan before the launch: the bits of non-negative floats
+# order as integers, so the max is exact in any order). The statistic is gathered as the units
+# arrive, the reduction after the encode.
+_STATIC_AMAX_STATS = """    a = np.int32(0)
+    a2 = np.uint32(0)
+    a, a2 = amax_step(a, a2, w{j}, kind, VEC)
+"""
+_AMAX_OUT = """    red = cuda.shared.array(NW, int32)
+    a = block_max(a, tid, scratch, red)
+    if tid == 0:
+        cuda.atomic.max(as_u32(amax_out), 0, np.uint32(a))
+"""
+_STATIC_AMAX_OUT = """    scratch = cuda.shared.array(SCRATCH, int32)
+    a = amax_done(a, a2, kind)
+""" + _AMAX_OUT
+
+
 @lru_cache(maxsize=None)
-def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None, shfl=True, stoch=False):
+def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None, shfl=True, stoch=False,
+                       amax=False):  # fmt: skip
     """Static float scales of a flat C-contiguous input of ``nunits`` whole units: one
     scale for the tensor, or (``per_row``) scales[u // upr] for unit u, rows of ``upr``
     units. Block b owns units b*NT*U + j*NT + t, all U loads issued before any is used.
     ``dynamic_max_elem`` (one tensor scale): the kernel takes a ``sync`` workspace too and
     computes the scale itself, amax / max_elem as finalize does, over the whole grid
-    (_GRID_MAX_SRC: at most one block per SM), and writes it to scales[0]. ``stoch``:
-    stochastic rounding (static_unit_sr; the kernel takes key_lo, key_hi last)."""
+    (_GRID_MAX_SRC: at most one block per SM), and writes it to scales[0]. ``amax`` (one
+    given tensor scale): the kernel takes ``amax_out`` after ``scales`` and records the
+    input's amax there (_AMAX_OUT). ``stoch``: stochastic rounding (static_unit_sr; the
+    kernel takes key_lo, key_hi last)."""
     VEC, NB = vec_of(kind), (fmt[5] if packed else 8)
     DYN = dynamic_max_elem is not None
-    assert not (DYN and per_row)
+    assert not (DYN and per_row) and not (amax and (DYN or per_row))
     CVT = fp8_cvt_available() and fp8_cvt_supports(fmt)
     assert NT % 32 == 0
     static_unit, static_unit_sr = static_unit_fns(fmt, VEC, NB, CVT, per_row)
@@ -525,9 +587,13 @@ def make_static_kernel(kind, fmt, NT, U, packed, per_row, dynamic_max_elem=None,
         ns.update(NW=NT // 32, SCRATCH=1 if shfl else NT, VEC=VEC, MAXE=F32(dynamic_max_elem),
                   block_max=_block_max_fn(NT, shfl))
         src = src.replace("codes, scales):", "codes, scales, sync):").replace("    st = scales[0]\n", _STATIC_DYNAMIC)
+    if amax:
+        ns.update(NW=NT // 32, SCRATCH=1 if shfl else NT, VEC=VEC, block_max=_block_max_fn(NT, shfl))
+        src = sub_once(src, "codes, scales):", "codes, scales, amax_out):")
+        src = sub_once(src, "    st = scales[0]\n", _STATIC_AMAX_STATS + "    st = scales[0]\n") + _STATIC_AMAX_OUT
     if stoch:
         ns["static_unit"] = static_unit_sr
-        args = "codes, scales, sync" if DYN else "codes, scales"
+        args = "codes, scales, sync" if DYN else "codes, scales, amax_out" if amax else "codes, scales"
         src = sub_once(src, f"{args}):", f"{args}, key_lo, key_hi):")
         src = sub_once(src, "scales, codes, c16, c32)", "scales, codes, c16, c32, key_lo, key_hi)")
     return _jit_unrolled("static_encode", src, ns, U)

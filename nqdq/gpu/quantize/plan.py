@@ -36,8 +36,8 @@ from . import lastaxis
 from . import rules, runners
 from .choices import AUTO, KernelChoices
 from .params import E_TARGET, cdiv as _cdiv, geo_args as _geo_args, kernel_mode as _mode, team_log2 as _team_log2
-from .slots import SEED_HI as _SEED_HI, SEED_LO as _SEED_LO, X as _X
-from .slots import Outputs, Recorder, Slot, copy_into, fill_bytes, host, split_seed
+from .slots import AMAX as _AMAX, SEED_HI as _SEED_HI, SEED_LO as _SEED_LO, X as _X
+from .slots import Outputs, Recorder, Slot, copy_into, fill_bytes, host, split_seed, zero_word
 
 __all__ = ["quantize", "dequantize", "has_nonfinite", "to_bfloat16_bits", "get_plan", "QuantPlan", "THREADS",
            "KernelChoices"]  # fmt: skip
@@ -98,13 +98,13 @@ def _tuning() -> rules.Tuning:
     )  # fmt: skip
 
 
-def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale, choices) -> QuantPlan:
+def _build_plan(shape, kind, sch, packed, stoch, nt, static_scale, choices, amax=False) -> QuantPlan:
     name, rec, out = rules.build(shape, kind, sch, packed, stoch, nt, static_scale, choices, _tuning(), _sm_count,
-                                 _cheap)  # fmt: skip
+                                 _cheap, amax)  # fmt: skip
     qp = QuantPlan(shape, rec, out, sch, packed, static_scale)
     qp.rule = name
     qp._xdtype = _XDTYPES[kind]
-    qp._build_args = (shape, kind, sch, packed, stoch, nt, static_scale, choices)
+    qp._build_args = (shape, kind, sch, packed, stoch, nt, static_scale, choices, amax)
     return qp
 
 
@@ -129,6 +129,7 @@ class QuantPlan:
             out.codes, out.scales, out.zps, out.tscale, out.means
         )
         self.sparams = out.sparams  # NVFP4's S_enc (with a given tensor scale: written by execute)
+        self.zero_amax = rec.zero_amax  # the caller's amax array zeroed before the launches
         self._runner = None
         self._runner_built = False
         self._lock = threading.Lock()
@@ -149,16 +150,18 @@ class QuantPlan:
         return self._fallback
 
     # -- any library: slots become arrays of the allocator's library, FastKernel launches
-    def execute(self, xarr, alloc: Allocator, seed=None, scale_host=None, out_fill=None) -> QuantParts:
+    def execute(self, xarr, alloc: Allocator, seed=None, scale_host=None, out_fill=None, amax_out=None) -> QuantParts:
+        """Run the plan on ``xarr``; ``amax_out``: the caller's float32[1] kernel array for
+        the amax by-product (a plan built with ``amax``)."""
         if self.ex_kinds & launch._REFUSED:
-            return self.fallback().execute(xarr, alloc, seed, scale_host, out_fill)
+            return self.fallback().execute(xarr, alloc, seed, scale_host, out_fill, amax_out)
         try:
-            return self._execute(xarr, alloc, seed, scale_host, out_fill)
+            return self._execute(xarr, alloc, seed, scale_host, out_fill, amax_out)
         except launch.LaunchRefused as e:  # the fallback runs the whole call again, on arrays of its own
             launch.refuse(e.kind)
-            return self.fallback().execute(xarr, alloc, seed, scale_host, out_fill)
+            return self.fallback().execute(xarr, alloc, seed, scale_host, out_fill, amax_out)
 
-    def _execute(self, xarr, alloc, seed, scale_host, out_fill):
+    def _execute(self, xarr, alloc, seed, scale_host, out_fill, amax_out):
         arrays = [alloc.empty(s.n, s.dtype) for s in self.slots]
         for s in self.slots:
             if s.role in ("zero", "reset"):
@@ -175,9 +178,12 @@ class QuantPlan:
         lo, hi = split_seed(seed)
         A = alloc.kernel_arg
         xa = A(xarr)
+        if self.zero_amax:
+            zero_word(amax_out)
         for kernel, grid, block, args in self.launches:
             real = tuple(
-                A(arrays[a.i]) if type(a) is Slot else xa if a is _X else lo if a is _SEED_LO else hi if a is _SEED_HI else a
+                A(arrays[a.i]) if type(a) is Slot else xa if a is _X else lo if a is _SEED_LO else hi if a is _SEED_HI
+                else amax_out if a is _AMAX else a
                 for a in args
             )
             _launch(kernel, grid, block, None, *real)
@@ -227,13 +233,15 @@ _XDTYPES = {KIND_F32: np.dtype(np.float32), KIND_BF16: np.dtype(np.uint16), KIND
 
 
 def get_plan(shape, kind, sch: Scheme, *, packed=True, stoch=False, threads=None, static_scale=False,
-             choices: KernelChoices | None = None) -> QuantPlan:  # fmt: skip
+             choices: KernelChoices | None = None, amax=False) -> QuantPlan:  # fmt: skip
     """The (LRU-cached) :class:`QuantPlan` of a quantize call on the current GPU (a plan's
     grids follow its SM count, its runner holds its arrays and kernel handles: runtime.devices).
-    ``choices``: the designs to take where more than one remains (default: automatic)."""
+    ``choices``: the designs to take where more than one remains (default: automatic);
+    ``amax``: the plan also records the input's amax (a given tensor scale)."""
     nt = threads or THREADS
     choices = AUTO if choices is None else choices
-    key = (tuple(shape), kind, sch, bool(packed), bool(stoch), nt, bool(static_scale), choices, _devices.current())
+    key = (tuple(shape), kind, sch, bool(packed), bool(stoch), nt, bool(static_scale), choices, _devices.current(),
+           bool(amax))  # fmt: skip
     plan = _PLANS.get(key)
     if plan is not None:
         try:
@@ -241,7 +249,8 @@ def get_plan(shape, kind, sch: Scheme, *, packed=True, stoch=False, threads=None
         except KeyError:
             pass
         return plan
-    plan = _build_plan(tuple(shape), kind, sch, bool(packed), bool(stoch), nt, bool(static_scale), choices)
+    plan = _build_plan(tuple(shape), kind, sch, bool(packed), bool(stoch), nt, bool(static_scale), choices,
+                       bool(amax))  # fmt: skip
     with _PLANS_LOCK:
         _PLANS[key] = plan
         while len(_PLANS) > _PLANS_MAX:
@@ -250,7 +259,7 @@ def get_plan(shape, kind, sch: Scheme, *, packed=True, stoch=False, threads=None
 
 
 def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=None, threads=None, out_fill=None,
-             choices: KernelChoices | None = None):  # fmt: skip
+             choices: KernelChoices | None = None, amax_out=None):  # fmt: skip
     """``nqdq.reference.quantize.quantize`` on the device.
 
     ``x``: a device array (CuPy, ``__cuda_array_interface__``, CUDA DLPack) of float32 /
@@ -259,7 +268,10 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
     and back). Returns a :class:`QuantParts` in the input's library whose codes are packed
     along the last axis when ``packed`` (one per byte, as the reference's, otherwise).
     ``threads`` overrides the block size; ``out_fill`` fills every output byte first (tests);
-    ``choices`` selects kernel designs (``KernelChoices``; default automatic). The planning
+    ``choices`` selects kernel designs (``KernelChoices``; default automatic). ``amax_out``
+    (with ``scale``, a per-tensor scale): a float32 array of one element on x's GPU (NumPy:
+    copied back) that receives the input's amax, the dynamic scheme's statistic, in the same
+    pass where the kernels allow (docs/design/per-tensor-dynamic.md). The planning
     is cached (:func:`get_plan`); CuPy input on a GPU runs the plan's generated launcher
     (:meth:`QuantPlan.cupy_runner`).
     """
@@ -271,7 +283,7 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
     if math.prod(shape) == 0:
         return _empty_parts(alloc, scheme, shape, packed)
     plan = get_plan(shape, xin.kind, scheme, packed=packed, stoch=seed is not None, threads=threads,
-                    static_scale=scale is not None, choices=choices)  # fmt: skip
+                    static_scale=scale is not None, choices=choices, amax=amax_out is not None)  # fmt: skip
     scale_host = None
     if scale is not None and scheme.is_nvfp4:  # the tensor scale S_dec given, and S_enc from it
         s_dec = np.asarray(host(scale), np.float32).reshape(())
@@ -286,7 +298,15 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
             lo, hi = split_seed(seed)
             c, s, z, t, m = run(xin.arr, lo, hi)
             return QuantParts(codes=c, scales=s, zero_points=z, tensor_scale=t, means=m)
-    return plan.execute(xin.arr, alloc, seed=seed, scale_host=scale_host, out_fill=out_fill)
+    if amax_out is None:
+        return plan.execute(xin.arr, alloc, seed=seed, scale_host=scale_host, out_fill=out_fill)
+    host_amax = isinstance(amax_out, np.ndarray) and not SIMULATOR  # NumPy x on a GPU: copied back
+    amax_dev = _to_device_like(alloc, np.zeros(1, np.float32)) if host_amax else amax_out
+    parts = plan.execute(xin.arr, alloc, seed=seed, scale_host=scale_host, out_fill=out_fill,
+                         amax_out=alloc.kernel_arg(amax_dev))  # fmt: skip
+    if host_amax:
+        amax_out.reshape(-1)[:] = host(amax_dev).reshape(-1)
+    return parts
 
 
 def _empty_parts(alloc, sch, shape, packed):

@@ -11,12 +11,15 @@ table against :data:`RULES`, name by name, in order.
 ==========================  ========================================  ===================================
 rule                        case                                      kernels
 ==========================  ========================================  ===================================
-static_units                caller-given float scales per tensor or   ``static_encode`` (one pass)
-                            per last-axis row, whole units
+static_units                caller-given float scales per tensor or   ``static_encode`` (one pass; the
+                            per last-axis row, whole units            amax by-product in it)
 nvfp4_given_scale_units     NVFP4, tensor scale given, last-axis      ``lastaxis_groups`` (S_enc written by
-                            groups of whole units                     the plan: one pass)
-nvfp4_given_scale           NVFP4, tensor scale given, otherwise      ``group``
-static                      caller-given scales otherwise             ``encode``
+                            groups of whole units                     the plan: one pass; the amax
+                                                                      by-product in it)
+nvfp4_given_scale           NVFP4, tensor scale given, otherwise      ``group`` (-> ``tensor_partials`` ->
+                                                                      ``amax_from_parts``: the amax)
+static                      caller-given scales otherwise             ``encode`` (-> ``tensor_partials``
+                                                                      -> ``amax_from_parts``: the amax)
 nvfp4_one_launch            NVFP4, groups of whole units, decode      ``lastaxis_groups`` (S_enc over the
                             sizes (PerTensor.ONE_LAUNCH)              grid, ``grid``)
 nvfp4_amax_in_groups        ... below NVFP4_SENC_MAX_UNITS units      ``tensor_amax`` -> ``lastaxis_groups``
@@ -83,7 +86,7 @@ from . import grid as grid_sync
 from . import lastaxis
 from .choices import PerChannel, PerTensor
 from .params import E_TARGET, cdiv, geo_args, group_plan, kernel_mode, max_elem, mx_config, pow2ceil, team_log2
-from .slots import SEED_HI, SEED_LO, X, Outputs, Recorder
+from .slots import AMAX, SEED_HI, SEED_LO, X, Outputs, Recorder
 
 
 class Tuning(NamedTuple):
@@ -216,9 +219,11 @@ class _Case:
     computed once, when first asked), and the launch steps the builders share, each
     recording its allocations and launches into ``rec``."""
 
-    def __init__(self, shape, kind, sch, packed, stoch, nt, static_scale, choices, tune, sm_count, cheap):
+    def __init__(self, shape, kind, sch, packed, stoch, nt, static_scale, choices, tune, sm_count, cheap, amax=False):
         self.shape, self.kind, self.sch, self.packed, self.stoch = shape, kind, sch, packed, stoch
         self.nt, self.static_scale, self.choices, self.tune = nt, static_scale, choices, tune
+        self.amax = amax  # record the input's amax in the caller's AMAX (a given tensor scale)
+        assert not amax or (static_scale and (sch.granularity == "tensor" or sch.is_nvfp4))
         self._sm_count, self._cheap = sm_count, cheap
         self.n, self.nd, self.C = math.prod(shape), len(shape), shape[-1]
         self.mode, self.fmt, self.maxe, self.mxc = kernel_mode(sch), format_tuple(sch), max_elem(sch), mx_config(sch)
@@ -338,9 +343,10 @@ class _Case:
         else:
             _, L, K, NT, U = fast
             k = lastaxis.make_lastaxis_group_kernel(kind, self.mode, fmt, self.mxc, maxe, L, K, NT, U, packed,
-                                                           shfl, **sr)  # fmt: skip
+                                                           shfl, amax=self.amax, **sr)  # fmt: skip
             nchunks = self.n // vec // K
-            self.launch(k, cdiv(nchunks, NT * U), NT, X, nchunks, self.codes, self.scales, self.out.sparams, *keys)
+            self.launch(k, cdiv(nchunks, NT * U), NT, X, nchunks, self.codes, self.scales, self.out.sparams,
+                        *self.amax_arg(), *keys)  # fmt: skip
 
     def partials(self, count):
         """finalize's partial statistics, ``count`` of each: amax bits, min, max."""
@@ -371,10 +377,29 @@ class _Case:
         self.finalize(self.mode, parts, nblocks, 1, 1)
 
     def static(self, NT, U, per_row):
-        """``static_encode`` over whole units with the scales in ``scales``."""
+        """``static_encode`` over whole units with the scales in ``scales`` (the amax
+        by-product in the same pass where asked)."""
         nunits = self.n // self.vec
-        k = lastaxis.make_static_kernel(self.kind, self.fmt, NT, U, self.packed, per_row, **self.sr)
-        self.launch(k, cdiv(nunits, NT * U), NT, X, nunits, self.C // self.vec, self.codes, self.scales, *self.keys)
+        k = lastaxis.make_static_kernel(self.kind, self.fmt, NT, U, self.packed, per_row, shfl=self.tune.SHFL,
+                                        amax=self.amax, **self.sr)  # fmt: skip
+        self.launch(k, cdiv(nunits, NT * U), NT, X, nunits, self.C // self.vec, self.codes, self.scales,
+                    *self.amax_arg(), *self.keys)  # fmt: skip
+
+    def amax_arg(self):
+        """The AMAX argument of a kernel that records the amax by atomics (none where the
+        amax is not asked): the plan zeroes AMAX before the launches."""
+        if not self.amax:
+            return ()
+        self.rec.zero_amax = True
+        return (AMAX,)
+
+    def amax_pass(self):
+        """The amax by-product for the shapes whose one-pass kernels have no amax variant
+        (rows that are not whole units, strided views): the general statistics pass (the
+        dynamic scheme's: NVFP4 over the finite values) and its partials' max into AMAX."""
+        parts, nblocks = self.tensor_stats(MODE_NVFP4 if self.mode == MODE_NVFP4 else MODE_FLOAT)
+        k = lastaxis.make_amax_from_parts_kernel(block_threads(self.nt), self.tune.SHFL)
+        self.launch(k, 1, block_threads(self.nt), parts[0], nblocks, AMAX)
 
     def finalize(self, fmode, parts, nchunks, ngroups, I):
         """The scales (zero points, S_enc, tensor scale) from ``parts``."""
@@ -595,8 +620,8 @@ RULES = (
     Rule("static_units", lambda c: c.static_scale and c.fast_static, lambda c, fs: c.static(*fs)),
     Rule("nvfp4_given_scale_units", lambda c: c.static_scale and c.mode == MODE_NVFP4 and c.fast_lastaxis,
          lambda c, fast: c.units(fast)),
-    Rule("nvfp4_given_scale", lambda c: c.static_scale and c.mode == MODE_NVFP4, lambda c, _: c.groups()),
-    Rule("static", lambda c: c.static_scale, lambda c, _: c.encode()),
+    Rule("nvfp4_given_scale", lambda c: c.static_scale and c.mode == MODE_NVFP4, lambda c, _: _then_amax(c, c.groups)),
+    Rule("static", lambda c: c.static_scale, lambda c, _: _then_amax(c, c.encode)),
     Rule("nvfp4_one_launch", lambda c: c.mode == MODE_NVFP4 and _nvfp4_grid(c), _build_nvfp4_one_launch),
     Rule("nvfp4_amax_in_groups", lambda c: c.mode == MODE_NVFP4 and _nvfp4_amax_in_groups(c),
          _build_nvfp4_amax_in_groups),
@@ -621,12 +646,19 @@ RULES = (
 )
 
 
-def build(shape, kind, sch, packed, stoch, nt, static_scale, choices, tune, sm_count, cheap):
+def _then_amax(c: _Case, step):
+    """``step()``, then the separate amax pass where the amax is asked."""
+    step()
+    if c.amax:
+        c.amax_pass()
+
+
+def build(shape, kind, sch, packed, stoch, nt, static_scale, choices, tune, sm_count, cheap, amax=False):
     """Record the plan of a quantize call: the first rule of RULES whose condition holds
     builds it. Returns (the rule's name, the recorder, the output slots). ``tune``: the
     plan's tunables; ``sm_count()`` / ``cheap(fmt)``: the device's SM count and whether
     a format's elements encode by the paired fp8 cvt (asked only where a rule needs them)."""
-    c = _Case(shape, kind, sch, packed, stoch, nt, static_scale, choices, tune, sm_count, cheap)
+    c = _Case(shape, kind, sch, packed, stoch, nt, static_scale, choices, tune, sm_count, cheap, amax)
     for rule in RULES:
         value = rule.when(c)
         if value:

@@ -30,7 +30,8 @@ class Slot:
 
 
 class Marker:
-    """A launch argument filled in per call (the input array, the seed's halves)."""
+    """A launch argument filled in per call (the input array, the seed's halves, the
+    caller's amax array)."""
 
     __slots__ = ("name",)
 
@@ -42,6 +43,7 @@ class Marker:
 
 
 X = Marker("x")  # the input array (flat)
+AMAX = Marker("amax_out")  # the caller's float32[1] for the input's amax (the amax by-product)
 SEED_LO = Marker("seed_lo")
 SEED_HI = Marker("seed_hi")
 
@@ -53,6 +55,7 @@ class Recorder:
     def __init__(self):
         self.slots = []
         self.launches = []
+        self.zero_amax = False  # the launches combine into AMAX by atomics: zero it first
 
     def empty(self, n, dtype, role="scratch"):
         s = Slot(len(self.slots), n, dtype, role)
@@ -102,6 +105,20 @@ def fill_bytes(a, value):
         a.view("uint8").fill(value)
     else:
         a.view(np.uint8).copy_to_device(np.full(a.nbytes, value, np.uint8))
+
+
+def zero_word(a):
+    """Zero the one 32-bit word of ``a`` in launch order: NumPy in place (the simulator);
+    a GPU array by ``cuMemsetD32Async`` on the stream the plan's kernels launch on (a
+    memset node under graph capture)."""
+    if isinstance(a, np.ndarray):
+        a.reshape(-1)[:1] = 0
+        return
+    from ..runtime.interop import device_address
+    from ..runtime.launch import _stream_handle
+    from ..runtime.launch_ex import memset32
+
+    memset32(device_address(a), 0, 1, _stream_handle(None))
 
 
 def split_seed(seed):

@@ -1,6 +1,8 @@
 """cuLaunchKernelEx's launch configuration (cuda.h, CUDA 12+), built by ctypes: a grid and a
 block with the attributes nqdq's kernels launch with (programmatic stream serialization, a
 cluster dimension, the cooperative attribute). ``launch`` and ``sequence`` launch with it.
+Also ``memset32``: the one other driver call made in stream order (words a kernel combines
+into by atomics, static scale words), by ctypes as well.
 """
 
 from __future__ import annotations
@@ -62,3 +64,23 @@ def _ex_config(grid, block, smem=0, *, pdl=False, cluster=1, coop=False):
     bx, by, bz = _dim3(block)
     cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, smem, None, attrs, n)
     return cfg, attrs
+
+
+_cu_memset32 = None  # libcuda's cuMemsetD32Async, loaded at the first fill
+
+
+def memset32(address: int, word: int, count: int, stream: int):
+    """``count`` 32-bit words ``word`` at ``address``, in ``stream``'s order (a memset node
+    under graph capture; no host copy)."""
+    global _cu_memset32
+    f = _cu_memset32
+    if f is None:
+        import ctypes
+
+        f = ctypes.CDLL("libcuda.so.1").cuMemsetD32Async  # (CUdeviceptr, unsigned int, size_t, CUstream)
+        f.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
+        f.restype = ctypes.c_int
+        _cu_memset32 = f
+    err = f(address, word, count, stream)
+    if err:
+        raise RuntimeError(f"cuMemsetD32Async failed: CUresult {err}")
