@@ -111,7 +111,8 @@ def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
     def chunk_step(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, s_enc, s_dec):
         """One chunk (units w0 .. w{K-1}; the rest are unused zeros): amax, butterfly over
         the group's LL lanes, parameters, encode. Chunk by chunk, so that only one chunk's
-        parameters are live at a time (registers, hence occupancy)."""
+        parameters are live at a time (registers, hence occupancy). Returns the group's
+        amax bits (NaN above inf), which NVFP4's amax by-product folds in."""
         a = chunk_amax(w0, w1, w2, w3, tid, scratch)
         if chunk < nchunks:
             u = unit_of(chunk)
@@ -125,7 +126,7 @@ def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
                 if K >= 4:
                     c32[np.uint64(u + 2 * ST)] = e2m1_unit_nvfp4(w2, mb)
                     c32[np.uint64(u + 3 * ST)] = e2m1_unit_nvfp4(w3, mb)
-                return
+                return a
             sv, p0, pz = group_params(mode, a, ZERO, ZERO, MAXE, MXR, MXM, MXE, MXI, s_enc)
             if (tid & (LL - 1)) == 0:
                 store_scale(scales, chunk // LL, mode, sv)
@@ -139,7 +140,7 @@ def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
                     l2, h2 = fp6_unit_bf16(w2, p2, F6, CLAMP)
                     l3, h3 = fp6_unit_bf16(w3, p2, F6, CLAMP)
                     store_fp6_chunk(c32, chunk, l0, h0, l1, h1, l2, h2, l3, h3)
-                    return
+                    return a
                 store_packed(l0, h0, u, c8, c16, c32, VEC, NB)
                 if K >= 2:
                     l1, h1 = fp6_unit_bf16(w1, p2, F6, CLAMP)
@@ -149,7 +150,7 @@ def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
                     store_packed(l2, h2, u + 2 * ST, c8, c16, c32, VEC, NB)
                     l3, h3 = fp6_unit_bf16(w3, p2, F6, CLAMP)
                     store_packed(l3, h3, u + 3 * ST, c8, c16, c32, VEC, NB)
-                return
+                return a
             if PAIRS and a < PAIR_CLEAN:
                 hb = np.uint32(f32_bits(p0)) >> np.uint32(16)  # 2^-k as bfloat16 (exact: a normal power of two)
                 p2 = np.uint32(hb | (hb << np.uint32(16)))
@@ -159,7 +160,7 @@ def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
                 if K >= 4:
                     c32[np.uint64(u + 2 * ST)] = e2m1_unit_bf16(w2, p2, CLAMP)
                     c32[np.uint64(u + 3 * ST)] = e2m1_unit_bf16(w3, p2, CLAMP)
-                return
+                return a
             if IG:  # one reciprocal per chunk (encode_store_unit_r)
                 rp = recip_guarded(p0)
                 encode_store_unit_r(unit_elems(w0, kind), u, p0, rp, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
@@ -171,13 +172,14 @@ def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
                                         VEC, NB)
                     encode_store_unit_r(unit_elems(w3, kind), u + 3 * ST, p0, rp, clean, c8, c16, c32, mode, fmt, CVT,
                                         VEC, NB)
-                return
+                return a
             encode_store_unit(unit_elems(w0, kind), u, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
             if K >= 2:
                 encode_store_unit(unit_elems(w1, kind), u + ST, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
             if K >= 4:
                 encode_store_unit(unit_elems(w2, kind), u + 2 * ST, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
                 encode_store_unit(unit_elems(w3, kind), u + 3 * ST, p0, clean, c8, c16, c32, mode, fmt, CVT, VEC, NB)
+        return a
 
     @devfn
     def chunk_step_sr(w0, w1, w2, w3, chunk, nchunks, tid, scratch, c8, c16, c32, scales, s_enc, s_dec, key_lo, key_hi):
@@ -207,5 +209,6 @@ def group_chunk_fns(kind, mode, fmt, mx_cfg, max_elem, L, K, packed, shfl):
                                 fmt, VEC, NB)
                 sr_store_unit_r(unit_elems(w3, kind), u + 3 * ST, p0, rp, clean, key_lo, key_hi, c8, c16, c32, mode,
                                 fmt, VEC, NB)
+        return a
 
     return dict(chunk_step=chunk_step, chunk_step_sr=chunk_step_sr, unit_of=unit_of, ST=ST, IG=IG, VEC=VEC)

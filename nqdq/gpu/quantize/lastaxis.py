@@ -174,11 +174,28 @@ _SENC_FROM_PARTS = ("parts, nparts, tscale", '''    red = cuda.shared.array(NW, 
         tscale[0] = ONE / s_enc''')
 
 
-# NVFP4's amax by-product: the finite amax of the units (unit_amax_finite, the dynamic NVFP4
-# pass's statistic) as they arrive, then _AMAX_OUT's reduction and atomic after the encode
-_GROUPS_AMAX_STATS = """    a = np.int32(0)
-    a = max(a, unit_amax_finite(unit_elems(w{j}_{k}, kind), VEC))
-"""
+# NVFP4's amax by-product: each chunk's group amax (chunk_step returns it) where it is finite,
+# the finite amax of the chunk's own units where the group holds a NaN or inf (every lane of
+# such a group recomputes its units, so the group is covered), then _AMAX_OUT's reduction
+_GROUPS_CHUNK_STEP = "    chunk_step(CHUNK_ARGS, c0 + {jNT}, nchunks, tid, scratch, codes, c16, c32, scales, s_enc, s_dec)\n"
+_GROUPS_AMAX_STEP = ("    a = fold_finite(a, chunk_step(CHUNK_ARGS, c0 + {jNT}, nchunks, tid, scratch, codes, c16, c32, scales, "
+                     "s_enc, s_dec), CHUNK_ARGS)\n")
+
+
+def _fold_finite_fn(kind, K, VEC):
+    @devfn
+    def fold_finite(a, g, w0, w1, w2, w3):
+        """max(a, the finite amax of a chunk whose group amax is g)."""
+        if g < FINITE:
+            return max(a, g)
+        f = unit_amax_finite(unit_elems(w0, kind), VEC)
+        if K >= 2:
+            f = max(f, unit_amax_finite(unit_elems(w1, kind), VEC))
+        if K >= 4:
+            f = max(f, max(unit_amax_finite(unit_elems(w2, kind), VEC), unit_amax_finite(unit_elems(w3, kind), VEC)))
+        return max(a, f)
+
+    return fold_finite
 
 
 @lru_cache(maxsize=None)
@@ -195,7 +212,7 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     ``senc_grid`` (NVFP4): it takes (tscale, sync) and computes S_enc from the whole grid's
     units (_GRID_MAX_SRC: at most one block per SM, _SENC_FROM_GRID). ``amax`` (NVFP4, S_enc
     from ``sparams``: a given tensor scale): the kernel takes ``amax_out`` after ``sparams``
-    and records the input's finite amax there (_GROUPS_AMAX_STATS, _AMAX_OUT). ``stoch``:
+    and records the input's finite amax there (_GROUPS_AMAX_STEP, _AMAX_OUT). ``stoch``:
     stochastic rounding (chunk_step_sr; the kernel takes key_lo, key_hi last)."""
     assert NT % 32 == 0
     assert not (senc_parts or senc_grid) or mode == MODE_NVFP4
@@ -209,13 +226,13 @@ def make_lastaxis_group_kernel(kind, mode, fmt, mx_cfg, max_elem, L, K, NT, U, p
     if senc_grid:
         ns.update(VEC=VEC)
     sargs, senc = _SENC_FROM_GRID if senc_grid else _SENC_FROM_PARTS if senc_parts else _SENC_FROM_SPARAMS
-    src = _GROUPS_SRC.replace("CHUNK_ARGS", chunk_args).replace("SENC_ARGS", sargs).replace("SENC", senc)
+    src = _GROUPS_SRC
     if amax:
-        ns.update(VEC=VEC)
+        ns.update(fold_finite=_fold_finite_fn(kind, K, VEC))
         sargs = "sparams, amax_out"
-        src = sub_once(src, "scales, sparams):", "scales, sparams, amax_out):")
-        src = sub_once(src, "    s_dec = ONE / s_enc", _GROUPS_AMAX_STATS + "    s_dec = ONE / s_enc")
-        src += _AMAX_OUT
+        src = sub_once(src, "scales, SENC_ARGS):", "scales, SENC_ARGS, amax_out):")
+        src = sub_once(src, _GROUPS_CHUNK_STEP, "    a = np.int32(0)\n" + _GROUPS_AMAX_STEP) + _AMAX_OUT
+    src = src.replace("CHUNK_ARGS", chunk_args).replace("SENC_ARGS", sargs if not amax else "sparams").replace("SENC", senc)
     if stoch:
         ns["chunk_step"] = chunk_step_sr
         src = sub_once(src, f"scales, {sargs}):", f"scales, {sargs}, key_lo, key_hi):")

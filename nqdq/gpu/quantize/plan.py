@@ -301,7 +301,7 @@ def quantize(x, scheme: Scheme, *, scale=None, seed=None, packed=True, dtype=Non
     if amax_out is None:
         return plan.execute(xin.arr, alloc, seed=seed, scale_host=scale_host, out_fill=out_fill)
     host_amax = isinstance(amax_out, np.ndarray) and not SIMULATOR  # NumPy x on a GPU: copied back
-    amax_dev = _to_device_like(alloc, np.zeros(1, np.float32)) if host_amax else amax_out
+    amax_dev = alloc.empty(1, np.float32) if host_amax else amax_out
     parts = plan.execute(xin.arr, alloc, seed=seed, scale_host=scale_host, out_fill=out_fill,
                          amax_out=alloc.kernel_arg(amax_dev))  # fmt: skip
     if host_amax:
@@ -337,29 +337,36 @@ def dequant_units_launch(sch: Scheme, shape, nt: int, out: str = "float32"):
     """``(kernel, grid, block, geometry, tpr_log2)`` of the unit decode kernel
     (``dequant_kernels.make_dequant_units_kernel``) for packed codes of ``shape``, writing
     ``out`` ("float32", "bfloat16" or "float16"), or None where it does not apply (the
-    element kernel then decodes). ``geometry``: the kernel's
-    arguments from ``rows`` to ``nc`` (``rows, upr, nseg, spu, C, pcols, d1, d2, b0, b1, b2,
-    bc, bc_log2, n1, n2, nc``). Rows split into segments until there are about four a
-    multiprocessor (64 rows of 7168 on 132: 9 segments of 50 units). The codes and the output
-    must be 16-byte aligned (callers check the codes' address; they allocate the output)."""
+    element kernel then decodes). ``geometry``: the kernel's arguments from ``rows`` to
+    ``col_sh`` (``rows, cpr, nseg, spc, d1, d2, b0, b1, b2, n1, n2, nc, col_m, col_sh``).
+    A row's ``cpr`` chunks (``chunk_elems`` elements each) split into ``nseg`` segments of
+    ``spc``, a whole number of warp steps (32 chunks), where rows are fewer than
+    ``_DEQ_WARPS_PER_SM`` a multiprocessor, down to two steps a lane (64 rows of 7168 to
+    bfloat16 on 132 SMs: 14 segments of 64 chunks); a team of up to a warp decodes a segment.
+    The codes and the output must be 16-byte aligned (callers check the codes' address; they
+    allocate the output)."""
     C = shape[-1]
     geo = _geo_args(shape, sch.block_for(shape))
     bc = geo[5]
     if not dequant_kernels.dequant_units_apply(sch.code_bits, C, bc):
         return None
-    rows = math.prod(shape) // C
-    upr = C // (16 if sch.code_bits == 8 else 32)
-    pcols = packed_length(C, sch.code_bits)
-    bc_log2 = bc.bit_length() - 1 if bc & (bc - 1) == 0 else -1
-    nseg = max(1, min(_cdiv(4 * _sm_count(), rows), upr // 8))  # segments of at least 8 units
-    spu = _cdiv(upr, nseg)
-    nseg = _cdiv(upr, spu)
-    tpr_log2 = _team_log2(spu, nt)
-    grid = max(1, min(_cdiv(rows * nseg, nt >> tpr_log2), 1 << 20))
     out_kind = {"float32": dequant_kernels.DEQ_F32, "bfloat16": dequant_kernels.DEQ_BF16,
                 "float16": dequant_kernels.DEQ_F16}[out]  # fmt: skip
-    k = dequant_kernels.make_dequant_units_kernel(_mode(sch), format_tuple(sch), sch.symmetric, out_kind)
-    return k, grid, nt, (rows, upr, nseg, spu, C, pcols, *geo[:6], bc_log2, *geo[6:]), tpr_log2
+    E = dequant_kernels.chunk_elems(out_kind)
+    rows = math.prod(shape) // C
+    cpr = C // E
+    nseg = max(1, min(_cdiv(_DEQ_WARPS_PER_SM * _sm_count(), rows), cpr // 64))
+    spc = 32 * _cdiv(_cdiv(cpr, nseg), 32) if nseg > 1 else cpr
+    nseg = _cdiv(cpr, spc)
+    tpr_log2 = min(max(spc - 1, 0).bit_length(), 5, nt.bit_length() - 1)  # a team: at most a warp
+    grid = max(1, min(_cdiv(rows * nseg, nt >> tpr_log2), 1 << 20))
+    col_m, col_sh = dequant_kernels.column_divisor(bc, C - 1)
+    wide = rows * cpr >= 1 << 32
+    k = dequant_kernels.make_dequant_units_kernel(_mode(sch), format_tuple(sch), sch.symmetric, out_kind, wide)
+    return k, grid, nt, (rows, cpr, nseg, spc, *geo[:5], *geo[6:], col_m, col_sh), tpr_log2
+
+
+_DEQ_WARPS_PER_SM = 8  # dequant_units_launch: segments (a warp each) aimed at per SM where rows are few
 
 
 def dequant_element_launch(sch: Scheme, shape, nt: int, packed: bool = True):
