@@ -3,7 +3,8 @@
 ``matmul(qa, qb)`` computes ``dequant(qa) @ dequant(qb).T`` for activations ``qa`` [M, K]
 and weights ``qb`` [N, K] (the usual ``nn.Linear`` layout), then ``alpha``, ``bias``,
 an activation and the output rounding, on tensor cores (``nqdq.gpu.gemm.plan``) or by the
-NumPy reference (``nqdq.reference.matmul``).
+NumPy reference (``nqdq.reference.matmul``). ``matmul(x, qw)``, with ``x`` a plain float
+array, is the weight-only GEMM.
 
 Accepted operands (``scheme.block_for(shape)`` decides; preset names for illustration):
 
@@ -18,6 +19,22 @@ INT8               int8 symmetric, scales constant along K:     int8 symmetric, 
 FP8 (e4m3/e5m2,    per tensor or per row (``"fp8_tensor"``,      per tensor or per row of W
 either operand)    ``"fp8_row"``, ``"e5m2"``)                    (``"fp8_tensor"``, ``"fp8_row"``)
 FP8 block          ``"fp8_1x128"`` (1 x 128 groups along K)      ``"fp8_128x128"``
+MX (mixed too)     ``"mxfp8"``, ``"mxfp8_e5m2"``,               any of the same five
+                   ``"mxfp6_e2m3"``, ``"mxfp6_e3m2"``,
+                   ``"mxfp4"``
+NVFP4              ``"nvfp4"``                                  ``"nvfp4"``
+centred INT8       ``"int8_centred"`` with an INT8 qb above,    ``"int8_centred"`` with an
+                   or with a centred qb (same group size)       INT8 qa above
+weight-only        ``x``: float32, float16 or bfloat16          ``qw``: int4 / int8 / fp8
+                   (``ml_dtypes.bfloat16``, or uint16 bits      with scales per row, per
+                   with ``dtype="bfloat16"`` as in              group along K or per tensor
+                   ``nqdq.quantize``)                           (``"int4_group"``,
+                                                                ``"int4_asym"``,
+                                                                ``"int8_row"``,
+                                                                ``"fp8_row"``), fp8
+                                                                128 x 128 tiles
+                                                                (``"fp8_128x128"``), MX,
+                                                                NVFP4
 =================  ===========================================  ==========================
 
 So the scale maps are ``s_a[m]`` (one per token, or one for all) and ``s_b[n]`` (one per
@@ -27,6 +44,20 @@ leave the K sum; use ``"int8_row"`` (or ``granularity="column", axis=0``). Scale
 constant along K but shared by several rows (a ``block`` scheme with K <= its block) are
 expanded to one per row. FP8 block scales are applied per 128 of K, in float32, to the
 tensor core's partial sums (DeepSeek-V3's "promotion").
+
+Block-scaled pairs multiply each element product by what the formats define: 2^(ea + eb) per
+32 of K for MX (any two of the five MX element formats), ue4m3 x ue4m3 per 16 of K times
+both fp32 tensor scales for NVFP4. MX with NVFP4 is refused: the block (32 vs 16) and the
+scale format (e8m0 vs ue4m3) differ, and the tensor cores' block-scaled MMAs take one scale
+vector size and one scale type per instruction for both operands (sm_100 ``tcgen05.mma
+.block_scale``, sm_120 ``mma.sync .block_scale``). K need not be a multiple of the block:
+``quantize`` gives the last, partial block its own scale, and the product runs over the K
+elements there are, which is the product of both operands padded with zero codes to a whole
+block (zero codes add nothing, whatever their block's scale). Centred INT8 adds each group's
+mean back: C[m, n] = sum_g (s_a[m, g] sum_(k in g) q_a b + mu_a[m, g] sum_(k in g) b). The
+rules are data: ``_NEW_PAIRS`` and ``_WEIGHT_PATTERNS``; the GPU kernels of these pairs plug
+in at ``_new_pair_gpu`` (until then ``device="cpu"`` computes them). docs/design/gemm.md has
+the reasons.
 """
 
 from __future__ import annotations
@@ -39,11 +70,33 @@ from . import _arrays
 from .formats import FloatFormat, IntFormat
 from .gpu.runtime.interop import is_cupy
 from .quantized import ARRAY_FIELDS, QuantizedTensor
+from .schemes import Scheme
 
 __all__ = ["matmul"]
 
 _ACTIVATIONS = (None, "relu", "gelu")
 _FP8 = ("e4m3", "e5m2")
+
+# The pairs beyond int8 x int8 and fp8 x fp8, as data. matmul(qa, qb): (family of qa,
+# family of qb) (``_family``: "mx", "nvfp4", "centred", and "int8" / "int8_asym" for int8
+# with scales constant along K). A pair with an MX, NVFP4 or centred operand that is not
+# here is refused.
+_NEW_PAIRS = frozenset({
+    ("mx", "mx"),  # mxfp8 / mxfp6 / mxfp4, mixed: 2^(ea + eb) per 32 of K
+    ("nvfp4", "nvfp4"),  # ue4m3 x ue4m3 per 16 of K, times both tensor scales
+    ("centred", "int8"), ("int8", "centred"), ("int8_asym", "centred"),
+    ("centred", "centred"),  # the same group size
+})  # fmt: skip
+# matmul(x, qw): the scale patterns (``_pattern``) a weight may have, by its scale format;
+# "tile" (128 x 128) for fp8 elements only. Centred weights are refused.
+_WEIGHT_PATTERNS = {
+    "f32": frozenset({"tensor", "row", "group", "tile"}),  # int4, int8 (asym too), fp8
+    "e8m0": frozenset({"group"}),  # MX, along K
+    "ue4m3": frozenset({"group"}),  # NVFP4, along K
+}
+_BLOCK_SCALED = {"mx": "MX: one e8m0 scale per 32 of K",
+                 "nvfp4": "NVFP4: one ue4m3 scale per 16 of K and an fp32 tensor scale"}  # fmt: skip
+_X_DTYPES = ("float32", "float16", "bfloat16")  # a plain x (weight-only): the dtypes nqdq.quantize takes
 
 
 class _Operand:
@@ -77,7 +130,8 @@ def _operand(q, name: str, role: str, xp) -> _Operand:
         raise ValueError(
             f"{name} has scheme {sch.name!r} (element {sch.fmt}, scale format {sch.scale_format}"
             f"{', centred' if sch.centred else ''}); matmul takes int8 or fp8 (e4m3 / e5m2) codes "
-            f"with float32 scales (e.g. 'int8_row', 'int8_asym', 'fp8_row', 'fp8_1x128', 'fp8_128x128')"
+            f"with float32 scales (e.g. 'int8_row', 'int8_asym', 'fp8_row', 'fp8_1x128', 'fp8_128x128'), "
+            "block-scaled MX / NVFP4 pairs or 'int8_centred'; quantized weights with a plain float x: matmul(x, qw)"
         )
     if not sch.symmetric and role == "b":
         raise ValueError(f"{name} is asymmetric ({sch.name!r}); weights must be symmetric int8 (e.g. 'int8_row')")
@@ -107,13 +161,17 @@ def _operand(q, name: str, role: str, xp) -> _Operand:
     return _Operand(q.codes, elem.name, scales.reshape(-1), "block")
 
 
-def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0, device=None):
+def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0, device=None, dtype=None):
     """``act(alpha * dequant(qa) @ dequant(qb).T + bias)`` as ``out_dtype``.
 
     Parameters
     ----------
-    qa : QuantizedTensor [M, K], the activations (see the module docstring for schemes).
-    qb : QuantizedTensor [N, K], the weights.
+    qa : QuantizedTensor [M, K], the activations (see the module docstring for schemes);
+        or ``x``, a plain float32 / float16 / bfloat16 array [M, K]: the weight-only GEMM
+        ``x @ dequant(qw).T`` (``x`` taken as it is, not quantized).
+    qb : QuantizedTensor [N, K], the weights (``qw`` of the weight-only GEMM). K need not be
+        a multiple of a scale block (see the module docstring: the last block is partial,
+        as if padded with zero codes).
     out_dtype : ``"float32"`` (default), ``"float16"`` or ``"bfloat16"`` (a GPU result holds
         bfloat16 as uint16 bits, as ``nqdq.dequantize`` does there).
     bias : None or N float values (float32 after conversion), added after ``alpha``.
@@ -121,12 +179,16 @@ def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0
     alpha : a real scalar multiplying the product.
     device : None (GPU operands run on the GPU, NumPy ones on the CPU reference), ``"cpu"``
         or ``"cuda"`` (tensor-core kernels; NumPy operands are copied over and back, or run
-        in Numba's CUDA simulator under NUMBA_ENABLE_CUDASIM=1).
+        in Numba's CUDA simulator under NUMBA_ENABLE_CUDASIM=1). The block-scaled, centred
+        and weight-only pairs run on the CPU reference only, for now: on the GPU they raise
+        NotImplementedError (``_new_pair_gpu``).
+    dtype : ``"bfloat16"`` / ``"float16"`` to read a uint16 ``x`` as the bits of that type,
+        as ``nqdq.quantize`` does (CuPy has no bfloat16 dtype); weight-only calls only.
 
     A call like an earlier GPU call (same schemes, shapes, dtypes, arguments, GPU: see
     ``_hot_key``) skips the checks and launches the remembered GEMM at once (``_RUNNERS``).
     """
-    if _RUNNERS and type(qa) is QuantizedTensor and type(qb) is QuantizedTensor:
+    if _RUNNERS and dtype is None and type(qa) is QuantizedTensor and type(qb) is QuantizedTensor:
         try:
             run = _RUNNERS.get(_hot_key(qa, qb, out_dtype, bias, activation, alpha, device))
         except (AttributeError, KeyError, TypeError):  # another library, an unhashable argument
@@ -139,11 +201,11 @@ def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0
 
         caller = _callers.caller_of(codes)
         if caller.name != "cupy" and _arrays.is_device_array(codes):
-            return _matmul_for(caller, qa, qb, out_dtype, bias, activation, alpha, device)
-    return _matmul(qa, qb, out_dtype, bias=bias, activation=activation, alpha=alpha, device=device)
+            return _matmul_for(caller, qa, qb, out_dtype, bias, activation, alpha, device, dtype)
+    return _matmul(qa, qb, out_dtype, bias=bias, activation=activation, alpha=alpha, device=device, dtype=dtype)
 
 
-def _matmul_for(caller, qa, qb, out_dtype, bias, activation, alpha, device):
+def _matmul_for(caller, qa, qb, out_dtype, bias, activation, alpha, device, dtype=None):
     """A PyTorch or JAX caller's general path: the operands as the kernels' arrays (zero-copy
     views), the call on that library's current stream of their GPU, the result in the
     caller's library (bfloat16 as its own); a PyTorch call remembers a runner of tensors."""
@@ -163,16 +225,23 @@ def _matmul_for(caller, qa, qb, out_dtype, bias, activation, alpha, device):
     handle = caller.stream(ordinal_of(qa.codes) or 0)
     with _callers.running_on(handle) if handle is not None else _callers._NULL:
         out = _matmul(view(qa), view(qb), out_dtype, bias=bias_v, activation=activation, alpha=alpha, device=device,
-                      _caller=(caller, qa, qb, bias))  # fmt: skip
+                      dtype=dtype, _caller=(caller, qa, qb, bias))  # fmt: skip
         if out.dtype == np.uint16:  # bfloat16 bits
             return caller.result_bfloat16(out)
         return caller.result(out)
 
 
 @_arrays.on_gpu_of("qa.codes", "qb.codes", "bias")
-def _matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0, device=None, _caller=None):
+def _matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0, device=None, dtype=None,
+            _caller=None):  # fmt: skip
     """matmul's general path, on the operands' GPU: every check, then the GEMM; a GPU call
-    remembers a runner for the calls like it (``_remember_runner``)."""
+    remembers a runner for the calls like it (``_remember_runner``). The block-scaled,
+    centred and weight-only pairs go to ``_matmul_new``."""
+    if dtype is not None and isinstance(qa, QuantizedTensor):
+        raise TypeError(f"dtype={dtype!r} reads a plain x's uint16 bits (the weight-only matmul(x, qw)); "
+                        "qa is a QuantizedTensor: leave dtype out")  # fmt: skip
+    if not isinstance(qa, QuantizedTensor) or _new_family(qa) is not None or _new_family(qb) is not None:
+        return _matmul_new(qa, qb, out_dtype, bias, activation, alpha, device, dtype)
     bias_arg = bias
     on_device = _arrays.use_device(getattr(qa, "codes", None), device, argname="qa.codes")
     xp = np
@@ -201,23 +270,7 @@ def _matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.
             "block scaling pairs 'fp8_1x128' activations with 'fp8_128x128' weights"
         )
     mma = ("u8s8" if a.za is not None else "s8s8") if fam else f"{a.elem}.{b.elem}"
-    out_dt = _arrays.float_dtype(out_dtype, "out_dtype")
-    out_name = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}.get(out_dt, "bfloat16")
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation={activation!r} is not one of {_ACTIVATIONS}")
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not np.isfinite(float(alpha)):
-        raise TypeError(f"alpha must be a finite real number, got {alpha!r}")
-    if bias is not None:
-        if _arrays.is_device_array(bias) != on_device and not (on_device and isinstance(bias, np.ndarray)):
-            raise ValueError("bias is a GPU array but the matmul runs on the host; pass bias.get()")
-        if not hasattr(bias, "shape"):
-            bias = np.asarray(bias)
-        bshape = tuple(bias.shape)
-        if bshape != (N,):
-            raise ValueError(f"bias must have shape ({N},) (one per output channel), got {bshape}")
-        bdt = np.dtype(bias.dtype)
-        if bdt.kind != "f":
-            raise TypeError(f"bias must be a float array, got dtype {bdt}")
+    out_name, bias = _epilogue_args(out_dtype, activation, alpha, bias, N, on_device)
     kw = dict(mma=mma, sa=a.scales, sb=b.scales, sa_mode=a.mode, sb_mode=b.mode, za=a.za, bias=bias,
               alpha=float(alpha), out_dtype=out_name, activation=activation)  # fmt: skip
     if on_device:
@@ -236,6 +289,236 @@ def _matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.
     h = _arrays.host
     kw.update(sa=h(kw["sa"]), sb=h(kw["sb"]), za=h(kw["za"]), bias=None if bias is None else h(bias))
     return ref.gemm(h(a.codes), h(b.codes), **kw)
+
+
+def _epilogue_args(out_dtype, activation, alpha, bias, N, on_device):
+    """Check the epilogue's arguments; (out_dtype's name, bias as an array or None)."""
+    out_dt = _arrays.float_dtype(out_dtype, "out_dtype")
+    out_name = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}.get(out_dt, "bfloat16")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation={activation!r} is not one of {_ACTIVATIONS}")
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not np.isfinite(float(alpha)):
+        raise TypeError(f"alpha must be a finite real number, got {alpha!r}")
+    if bias is not None:
+        if _arrays.is_device_array(bias) != on_device and not (on_device and isinstance(bias, np.ndarray)):
+            raise ValueError("bias is a GPU array but the matmul runs on the host; pass bias.get()")
+        if not hasattr(bias, "shape"):
+            bias = np.asarray(bias)
+        bshape = tuple(bias.shape)
+        if bshape != (N,):
+            raise ValueError(f"bias must have shape ({N},) (one per output channel), got {bshape}")
+        bdt = np.dtype(bias.dtype)
+        if bdt.kind != "f":
+            raise TypeError(f"bias must be a float array, got dtype {bdt}")
+    return out_name, bias
+
+
+# ----------------------------------------------------------------------------- the new pairs
+_WEIGHT_F32_ELEMENTS = ("int4", "int8", "e4m3", "e5m2")  # weight-only weights with float32 scales
+
+
+def _new_family(q):
+    """"mx", "nvfp4" or "centred" for a QuantizedTensor of such a scheme; else None (also for
+    anything that is not one: the int8 / fp8 checks report it)."""
+    sch = getattr(q, "scheme", None)
+    if not isinstance(sch, Scheme):
+        return None
+    return "mx" if sch.is_mx else "nvfp4" if sch.is_nvfp4 else "centred" if sch.centred else None
+
+
+def _pattern(sch: Scheme, shape) -> str:
+    """How the scales of a [rows, K] operand vary: "group" (1 x G groups along K, the last
+    one partial where G does not divide K: every group scheme along K, MX, NVFP4 and centred
+    included), "tensor" (one), "row" (constant along K: per row or per group of rows),
+    "tile" (128 x 128) or "other"."""
+    rows, K = shape
+    br, bk = (int(v) for v in sch.block_for(shape))
+    if sch.granularity == "group" and br == 1:
+        return "group"
+    if bk >= K:
+        return "tensor" if br >= rows else "row"
+    if br == 1:
+        return "group"
+    return "tile" if (br, bk) == (128, 128) else "other"
+
+
+def _family(q) -> str | None:
+    """The family of a checked quantized operand in ``_NEW_PAIRS``: "mx", "nvfp4",
+    "centred"; "int8" / "int8_asym" for int8 codes with float32 scales constant along K (the
+    INT8 operands of the int8 pairs); None for any other."""
+    fam = _new_family(q)
+    if fam is not None:
+        return fam
+    sch, elem = q.scheme, q.scheme.element
+    if isinstance(elem, IntFormat) and elem.bits == 8 and _pattern(sch, tuple(q.shape)) in ("tensor", "row"):
+        return "int8" if sch.symmetric else "int8_asym"
+    return None
+
+
+def _checked(q, name: str, rows: str):
+    """``q`` (argument ``name``) as a 2-D QuantizedTensor with linear scales and the arrays
+    its scheme implies, or the error naming it."""
+    if not isinstance(q, QuantizedTensor):
+        hint = "; matmul does not quantize it: pass nqdq.quantize(w, scheme)" if name in ("qb", "qw") else ""
+        raise TypeError(f"{name} must be a QuantizedTensor (from nqdq.quantize), got {type(q).__name__}{hint}")
+    q.check_arrays(name)  # shapes, dtypes, presence
+    shape = tuple(q.shape)
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be 2-D ([{rows}, K]), got shape {shape}")
+    if q.scale_layout != "linear":
+        raise ValueError(f"{name}.scale_layout={q.scale_layout!r}: matmul reads linear scales only; "
+                         f"pass {name}.with_layout('linear')")  # fmt: skip
+    sch = q.scheme
+    if _new_family(q) is not None and int(sch.block_for(shape)[0]) != 1:
+        raise ValueError(f"{name} ({sch.name!r}, scale groups {' x '.join(map(str, sch.block_for(shape)))} on shape "
+                         f"{shape}) has its scale blocks along axis 0; block-scaled and centred operands need them "
+                         "along K: quantize with axis=-1")  # fmt: skip
+    return shape
+
+
+def _new_pair(qa, qb) -> str:
+    """The name of a quantized pair with an MX, NVFP4 or centred operand ("mxfp8 x mxfp4"),
+    if ``_NEW_PAIRS`` has it; else the ValueError naming qa / qb."""
+    fa, fb = _family(qa), _family(qb)
+    na, nb = qa.scheme.name, qb.scheme.name
+    if (fa, fb) in _NEW_PAIRS:
+        ga, gb = int(qa.scheme.block_for(tuple(qa.shape))[1]), int(qb.scheme.block_for(tuple(qb.shape))[1])
+        if fa == fb == "centred" and ga != gb:
+            raise ValueError(f"qb (centred, groups of {gb} along K) and qa (centred, groups of {ga}) must have the "
+                             "same group size: quantize both with the same group_size")  # fmt: skip
+        return f"{na} x {nb}"
+    if fa in _BLOCK_SCALED and fb in _BLOCK_SCALED:
+        raise ValueError(
+            f"qa has scheme {na!r} ({_BLOCK_SCALED[fa]}) and qb has scheme {nb!r} ({_BLOCK_SCALED[fb]}): MX and "
+            "NVFP4 do not pair (blocks of 32 and 16, e8m0 and ue4m3 scales; a block-scaled MMA takes one block and "
+            "one scale format for both operands); quantize both as MX or both as 'nvfp4'"
+        )
+    for name, fam, other, other_scheme in (("qa", fa, "qb", nb), ("qb", fb, "qa", na)):
+        if fam in _BLOCK_SCALED:
+            raise ValueError(
+                f"{name} has scheme {(na if name == 'qa' else nb)!r} ({_BLOCK_SCALED[fam]}) but {other} has scheme "
+                f"{other_scheme!r}; a block-scaled operand pairs with one of its family: MX with MX ('mxfp8', "
+                "'mxfp8_e5m2', 'mxfp6_e2m3', 'mxfp6_e3m2', 'mxfp4', mixed), 'nvfp4' with 'nvfp4'. Float "
+                "activations with block-scaled weights: the weight-only matmul(x, qw)"
+            )
+    if fb == "int8_asym":
+        raise ValueError(f"qb is asymmetric ({nb!r}); weights must be symmetric int8 (e.g. 'int8_row') "
+                         "or 'int8_centred'")  # fmt: skip
+    name, other, other_scheme = ("qa", "qb", nb) if fa == "centred" else ("qb", "qa", na)
+    raise ValueError(
+        f"{name} has scheme 'int8_centred' but {other} has scheme {other_scheme!r}; centred int8 pairs with int8 "
+        "whose scales are constant along K ('int8_row', per tensor; 'int8_asym' as qa) or with 'int8_centred'"
+    )
+
+
+def _weight(qw):
+    """Check ``qw`` as the weights of the weight-only ``matmul(x, qw)`` (``_WEIGHT_PATTERNS``)."""
+    shape = _checked(qw, "qw", "N")
+    sch = qw.scheme
+    if sch.centred:
+        raise ValueError(f"qw has scheme {sch.name!r}: the weight-only matmul(x, qw) takes weights without "
+                         "means; a centred weight pairs with a quantized qa (e.g. nqdq.quantize(x, 'int8_row'))")
+    pattern = _pattern(sch, shape)
+    ok = pattern in _WEIGHT_PATTERNS[sch.scale_format]
+    if sch.scale_format == "f32":
+        ok = ok and sch.fmt in _WEIGHT_F32_ELEMENTS and (pattern != "tile" or sch.fmt in _FP8)
+    if not ok:
+        br, bk = sch.block_for(shape)
+        raise ValueError(
+            f"qw ({sch.name!r}, element {sch.fmt}, scale groups {br} x {bk} on shape {shape}) cannot be the weight "
+            "of matmul(x, qw): it takes int4 / int8 / fp8 with scales per row of the [N, K] weight, per group "
+            "along K or per tensor ('int4_group', 'int4_asym', 'int8_row', 'fp8_row'), fp8 128 x 128 tiles "
+            "('fp8_128x128'), or MX / NVFP4 blocks along K"
+            + ("; 'int8_column' (axis=-1) scales input channels: use 'int8_row'" if sch.granularity == "column" else "")
+        )
+
+
+def _dtype_name(a) -> str:
+    """NumPy's name of an array's dtype, for any array library ("bfloat16" for torch.bfloat16)."""
+    try:
+        return np.dtype(a.dtype).name
+    except TypeError:
+        return str(a.dtype).rpartition(".")[2]
+
+
+def _plain_x(x, dtype, device):
+    """``x`` of the weight-only ``matmul(x, qw)``: (x, whether it runs on the GPU, its dtype's
+    name) after the checks, with x on the host as float32 (float16 and bfloat16 convert
+    exactly)."""
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise TypeError(f"qa must be a QuantizedTensor (from nqdq.quantize), or x a float array for the weight-only "
+                        f"matmul(x, qw); got {type(x).__name__}")  # fmt: skip
+    on_device = _arrays.use_device(x, device, argname="x")
+    name = _dtype_name(x)
+    if dtype is not None:
+        want = _arrays.float_dtype(dtype, "dtype")
+        if not (name in ("uint16", "int16") and want.itemsize == 2) and name != want.name:
+            raise TypeError(f"dtype={dtype!r} does not match x.dtype={name} (dtype= reads uint16 bits)")
+        name = want.name
+    elif name not in _X_DTYPES:
+        hint = " (bits: pass dtype='bfloat16' or 'float16')" if name in ("uint16", "int16") else ""
+        raise TypeError(
+            f"x has dtype {name}{hint}; a plain x (the weight-only matmul(x, qw)) must be float32, float16 or "
+            "bfloat16, else qa must be a QuantizedTensor (from nqdq.quantize)"
+        )
+    if len(x.shape) != 2:
+        raise ValueError(f"x must be 2-D ([M, K]), got shape {tuple(x.shape)}")
+    if on_device:
+        return x, True, name
+    x32, _ = _arrays.float_input(x, "x", dtype=dtype)
+    return x32, False, name
+
+
+def _host_q(q):
+    """``q`` with NumPy arrays (CuPy ones copied), for the reference."""
+    import dataclasses
+
+    return dataclasses.replace(q, **{f: _arrays.host(getattr(q, f)) for f in ARRAY_FIELDS})
+
+
+def _matmul_new(qa, qb, out_dtype, bias, activation, alpha, device, dtype):
+    """matmul of the block-scaled, centred and weight-only pairs: the checks (errors name
+    qa and qb, or x and qw), then the float64 reference (``nqdq.reference.matmul.matmul``)
+    or, on the GPU, ``_new_pair_gpu``."""
+    if isinstance(qa, QuantizedTensor):
+        on_device = _arrays.use_device(qa.codes, device, argname="qa.codes")
+        a_name, b_name = "qa", "qb"
+        shape_a = _checked(qa, "qa", "M")
+        _checked(qb, "qb", "N")
+        pair, a, a_gpu = _new_pair(qa, qb), qa, _arrays.is_device_array(qa.codes)
+    else:
+        a_name, b_name = "x", "qw"
+        a, on_device, x_dtype = _plain_x(qa, dtype, device)
+        _weight(qb)
+        shape_a, a_gpu = tuple(a.shape), _arrays.is_device_array(a)
+        pair = f"{x_dtype} x {qb.scheme.name} (weight-only)"
+    if a_gpu != _arrays.is_device_array(qb.codes):
+        raise ValueError(f"{a_name} and {b_name} must both be on the GPU or both on the host; "
+                         f"move {b_name} (or {a_name}) first")  # fmt: skip
+    K, (N, Kb) = shape_a[1], tuple(qb.shape)
+    if Kb != K:
+        raise ValueError(f"{a_name}.shape {shape_a} and {b_name}.shape {tuple(qb.shape)} disagree on K "
+                         f"({K} != {Kb}); {b_name} is [N, K]")  # fmt: skip
+    if K == 0:
+        raise ValueError(f"{a_name} and {b_name} have K = 0")
+    out_name, bias = _epilogue_args(out_dtype, activation, alpha, bias, N, on_device)
+    if on_device:
+        return _new_pair_gpu(pair, a, qb, bias=bias, alpha=float(alpha), out_dtype=out_name, activation=activation)
+    from .reference import matmul as ref
+
+    a = _host_q(a) if a_name == "qa" else a
+    return ref.matmul(a, _host_q(qb), out_name, bias=_arrays.host(bias), activation=activation, alpha=float(alpha))
+
+
+def _new_pair_gpu(pair: str, a, b, *, bias, alpha, out_dtype, activation):
+    """The GPU GEMM of a pair that ``_matmul_new`` checked: ``a`` the QuantizedTensor qa or
+    the plain x, ``b`` the QuantizedTensor qb / qw (linear scales), the epilogue's arguments
+    as ``nqdq.gpu.gemm.plan.gemm`` takes them. Not built yet: NotImplementedError."""
+    # The block-scaled (MX, NVFP4), centred-INT8 and weight-only kernels of nqdq/gpu/gemm/
+    # plug in here; every check they rely on is made above (_checked, _new_pair, _weight).
+    del a, b, bias, alpha, out_dtype, activation
+    raise NotImplementedError(f"matmul of {pair} has no GPU kernel yet; device=\"cpu\" computes it "
+                              "(the float64 reference on NumPy operands)")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the GPU hot path

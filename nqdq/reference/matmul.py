@@ -13,6 +13,11 @@ computed in float64 (every dequantized value ``code * scale`` is exact in float6
 The kernels accumulate exactly in int32 (int8) or in the tensor core's float32 (fp8), and
 apply the epilogue in float32; the reference rounds once at the end. So int8 results agree
 to float32 rounding of a few operations (rel. ~1e-7), fp8 ones to float32 accumulation.
+
+``matmul`` is the same spec on whole operands, with ``nqdq.matmul``'s signature: any pair
+that ``nqdq.matmul`` accepts (block-scaled MX / NVFP4, centred INT8, a plain float ``x``
+times quantized weights, and the int8 / fp8 pairs), each operand dequantized exactly in
+float64 by ``dequantize_exact``.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ import math
 import ml_dtypes
 import numpy as np
 
-from .codec import decode_e8m0
+from ..formats import E4M3, FloatFormat
+from . import scales as S
+from .codec import decode_e8m0, decode_float, decode_int
 
-__all__ = ["gemm", "decode_operand", "gelu_erf"]
+__all__ = ["gemm", "matmul", "dequantize_exact", "decode_operand", "epilogue", "gelu_erf"]
 
 _FP8 = {
     "e4m3": np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64),
@@ -90,7 +97,13 @@ def gemm(a_codes, b_codes, *, mma, sa, sb, sa_mode, sb_mode, za=None, bias=None,
         fa, fb = mma.split(".")
     A = decode_operand(np.asarray(a_codes), fa, sa, sa_mode, block_rows=1, za=za)
     W = decode_operand(np.asarray(b_codes), fb, sb, sb_mode, block_rows=128)
-    v = float(alpha) * (A @ W.T)
+    return epilogue(A @ W.T, bias=bias, alpha=alpha, out_dtype=out_dtype, activation=activation)
+
+
+def epilogue(product, *, bias=None, alpha=1.0, out_dtype="float32", activation=None):
+    """``round_to(out_dtype, act(alpha * product + bias))`` of the float64 ``product``
+    [M, N]: float64 throughout, one rounding at the end (bias: N values, taken as float32)."""
+    v = float(alpha) * product
     if bias is not None:
         v = v + np.asarray(bias, np.float32).astype(np.float64)[None, :]
     if activation == "relu":
@@ -99,3 +112,72 @@ def gemm(a_codes, b_codes, *, mma, sa, sb, sa_mode, sb_mode, za=None, bias=None,
         v = gelu_erf(v)
     dt = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[out_dtype]
     return v.astype(dt)
+
+
+def dequantize_exact(parts, scheme, shape) -> np.ndarray:
+    """float64 values of unpacked codes ``parts`` (``reference.quantize.QuantParts``) under
+    ``scheme``, for an input of ``shape``; with v the code's value (``decode_float`` /
+    ``decode_int``) and s, zp, mean its group's:
+
+    * float scales:   v * s          (int8, int4, fp8; asymmetric: (v - zp) * s)
+    * centred int8:   v * s + mean
+    * MX:             v * 2^(e - 127)               (e8m0 code e; 0xFF: NaN)
+    * NVFP4:          v * (ue4m3(s_b) * S_dec)      (the fp32 tensor scale S_dec)
+
+    Every product is exact in float64 (a code of at most 8 significant bits times a float32
+    scale, or NVFP4's 2 + 4 + 24 bits; exponents far inside float64's range), where
+    ``reference.quantize.dequantize`` rounds each step to float32; the centred sum is the one
+    rounding. Partial groups (a shape that is not a
+    multiple of the block) take their group's scale like any other element."""
+    shape = tuple(int(d) for d in shape)
+    block = scheme.block_for(shape)
+    elem = scheme.element
+    codes = np.asarray(parts.codes)
+    if isinstance(elem, FloatFormat):
+        v = decode_float(codes, elem).astype(np.float64)
+    else:
+        v = decode_int(codes, elem, symmetric=scheme.symmetric).astype(np.float64)
+
+    def each(a):  # one value per group -> one per element
+        return S.expand(np.asarray(a), block, shape)
+
+    if scheme.is_mx:
+        s = decode_e8m0(np.asarray(parts.scales).view(np.uint8)).astype(np.float64)
+    elif scheme.is_nvfp4:
+        s_dec = float(np.asarray(parts.tensor_scale, np.float32).reshape(-1)[0])
+        s = decode_float(np.asarray(parts.scales).view(np.uint8), E4M3).astype(np.float64) * s_dec
+    else:
+        s = np.asarray(parts.scales, np.float32).astype(np.float64)
+    if not scheme.symmetric:
+        v = v - each(parts.zero_points).astype(np.float64)
+    v = v * each(s)
+    if scheme.centred:
+        v = v + each(np.asarray(parts.means, np.float32)).astype(np.float64)
+    return v
+
+
+def _operand_values(q) -> np.ndarray:
+    """float64 values of a matmul operand: a QuantizedTensor of host arrays, dequantized
+    exactly, or a float array (float32 / float16 / ml_dtypes.bfloat16) as it is."""
+    if not hasattr(q, "scheme"):
+        return np.asarray(q).astype(np.float64)
+    from .quantize import QuantParts
+
+    parts = QuantParts(q.unpacked_codes(), q.scales, q.zero_points, q.tensor_scale, q.means)
+    return dequantize_exact(parts, q.scheme, tuple(q.shape))
+
+
+def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0):
+    """The spec of ``nqdq.matmul(qa, qb, ...)`` (same arguments, less ``device``):
+    ``epilogue(A @ W.T)`` with A = ``dequantize_exact(qa)`` [M, K] (or a plain float ``qa``,
+    the weight-only GEMM's activations ``x``, as they are) and W = ``dequantize_exact(qb)``
+    [N, K]. Host arrays, linear scales; ``nqdq.matmul`` checks the pair first.
+
+    Per element product this is the formats' own scaling: 2^(ea + eb) for two MX operands
+    (mixed element formats alike); ue4m3(s_a) ue4m3(s_b) S_dec,a S_dec,b for two NVFP4 ones.
+    For a centred A (groups g of K, scales s_a, means mu_a) it equals the issue's
+    C[m, n] = sum_g (s_a[m, g] sum_(k in g) q_a[m, k] b[n, k] + mu_a[m, g] sum_(k in g) b[n, k]),
+    with b the dequantized B."""
+    A = _operand_values(qa)
+    W = _operand_values(qb)
+    return epilogue(A @ W.T, bias=bias, alpha=alpha, out_dtype=out_dtype, activation=activation)
