@@ -22,6 +22,9 @@ Epilogue, per element (float32; ``acc`` the exact int32 or float32 sum over K):
 * fp8 tensor/row:  v = alpha * acc * sa[m] * sb[n]
 * fp8 1x128/128x128: acc is promoted every 128 K: tot += part * sa[m, kb] * sb[n // 128, kb],
                    v = alpha * tot
+* fp8 mx (OCP MX): every K step of 32 (one mma) goes into a zeroed partial, promoted at
+                   once: tot += part * 2^(sa[m, ks] - 127) * 2^(sb[n, ks] - 127), with
+                   sa [M, K/32], sb [N, K/32] uint8 e8m0 codes (0xFF: NaN), v = alpha * tot
 * then ``v += bias[n]``, ``relu`` / ``gelu`` (erf form), and rounding to the output
   (float32, float16 or bfloat16 bits, round to nearest even).
 """
@@ -44,7 +47,8 @@ from ..runtime.target import devfn
 BK = 64  # bytes (= elements) of K per pipeline stage
 
 # epilogue modes
-SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK = 0, 1, 2
+SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK, SCALE_MX = 0, 1, 2, 3
+MX_K = 32  # K of one e8m0 scale (OCP MX v1.0 block size) = one m16n8k32 mma
 OUT_F32, OUT_F16, OUT_BF16 = 0, 1, 2
 ACT_NONE, ACT_RELU, ACT_GELU = 0, 1, 2
 
@@ -86,7 +90,7 @@ class GemmSpec:
     """What the kernel computes, all compile-time."""
 
     mma: str  # "s8s8" | "u8s8" | "e4m3.e4m3" | "e4m3.e5m2" | "e5m2.e4m3" | "e5m2.e5m2"
-    sa_mode: int  # SCALE_TENSOR | SCALE_ROW | SCALE_BLOCK
+    sa_mode: int  # SCALE_TENSOR | SCALE_ROW | SCALE_BLOCK | SCALE_MX (fp8 only, both operands)
     sb_mode: int
     out: int  # OUT_F32 | OUT_F16 | OUT_BF16
     act: int
@@ -283,21 +287,71 @@ def make_promote(cfg: TileConfig):
     return promote
 
 
+@devfn
+def e8m0_f32(c):
+    """2^(c - 127) as a float32 for an e8m0 code ``c`` (uint32), without branches: the
+    code is the float32 exponent field, and the mantissa bit 0x400000 makes code 0 the
+    subnormal 2^-127 and code 0xFF a NaN (0x7FC00000); ``device.codec.decode_e8m0``'s values."""
+    extra = np.uint32(0x400000) if ((c + np.uint32(1)) & np.uint32(0xFF)) <= np.uint32(1) else np.uint32(0)
+    return bits_f32((c << np.uint32(23)) | extra)
+
+
+def make_mx_promote(cfg: TileConfig):
+    """(``mx_scales(sa, sb, M, N, KS, m_base, n_base, ks, lane, s_a, s_b)``: the float32 values
+    2^(c - 127) of the e8m0 codes of the thread's fragment rows (``s_a``, 2 MT) and columns
+    (``s_b``, 2 NT) at K step ``ks`` (rows past M / N read the last row's: their sums are
+    never stored); ``mx_promote(tot, part, s_a, s_b)``: ``tot += part * s_a[row] *
+    s_b[col]`` over the fragment)."""
+    MT, NT = cfg.mt, cfg.nt
+
+    @devfn
+    def mx_scales(sa, sb, M, N, KS, m_base, n_base, ks, lane, s_a, s_b):
+        g = lane >> 2
+        t = lane & 3
+        for i in range(MT):
+            for h in range(2):
+                m = min(m_base + i * 16 + g + h * 8, M - 1)
+                s_a[2 * i + h] = e8m0_f32(np.uint32(sa[np.uint64(m * KS + ks)]))
+        for j in range(NT):
+            for e in range(2):
+                n = min(n_base + j * 8 + 2 * t + e, N - 1)
+                s_b[2 * j + e] = e8m0_f32(np.uint32(sb[np.uint64(n * KS + ks)]))
+
+    @devfn
+    def mx_promote(tot, part, s_a, s_b):
+        """tot += part * 2^(ea - 127) * 2^(eb - 127): two multiplies by powers of two, each a
+        float32 (2^-127 a subnormal), exact while part * 2^(ea - 127) stays in float32's
+        normal range; NVVM contracts the second with the add (one FMUL, one FFMA)."""
+        for i in range(MT):
+            for h in range(2):
+                for j in range(NT):
+                    for e in range(2):
+                        x = (i * NT + j) * 4 + h * 2 + e
+                        tot[x] += part[x] * s_a[2 * i + h] * s_b[2 * j + e]
+
+    return mx_scales, mx_promote
+
+
 def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
     """The ``gemm`` kernel of ``cfg`` and ``spec`` (module docstring). One function because the
     kernel is a closure over the compile-time constants computed here (tile sizes, the mma,
-    the scale modes), which Numba folds into the PTX, resolving every ``BLOCK`` / ``ASYM`` /
-    ``SA_ROW`` branch; its helpers that need only the tile configuration are built by
-    ``make_load_tile`` and ``make_promote``."""
+    the scale modes), which Numba folds into the PTX, resolving every ``BLOCK`` / ``MX`` /
+    ``ASYM`` / ``SA_ROW`` branch; its helpers that need only the tile configuration are built
+    by ``make_load_tile``, ``make_promote`` and ``make_mx_promote``."""
     cfg.check()
     BM, BN, MT, NT, WN = cfg.bm, cfg.bn, cfg.mt, cfg.nt, cfg.warps_n
     STAGES, GROUP_M = cfg.stages, cfg.group_m
     A_STAGE, B_STAGE = BM * BK, BN * BK
     NACC = MT * NT * 4
     SA_BYTES = STAGES * A_STAGE  # B's ring starts here
-    NTOT = NACC if spec.sa_mode == SCALE_BLOCK else 1
+    MX = spec.sa_mode == SCALE_MX
+    PROMOTED = spec.sa_mode in (SCALE_BLOCK, SCALE_MX)  # the sum is built in ``tot``
+    NTOT = NACC if PROMOTED else 1
+    NSA, NSB = (MT * 2, NT * 2) if MX else (1, 1)
     NAF, NBF = MT * 4, NT * 2
     FLOAT_ACC = spec.mma not in ("s8s8", "u8s8")
+    if (spec.sb_mode == SCALE_MX) != MX or (MX and not FLOAT_ACC):
+        raise ValueError(f"{spec}: the MX scale mode is for both operands of an fp8 mma")
     if spec.mma == "s8s8":
         mma = _mma.mma_s8s8
     elif spec.mma == "u8s8":
@@ -315,6 +369,7 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
     store_out = make_store_out(spec)
     load_tile = make_load_tile(cfg)
     promote = make_promote(cfg)
+    mx_scales, mx_promote = make_mx_promote(cfg)
 
     @cuda.jit
     def gemm(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out):
@@ -333,7 +388,7 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
         tot = cuda.local.array(NTOT, float32)
         for x in range(NACC):
             acc[x] = ZERO_ACC
-        if BLOCK:
+        if PROMOTED:
             for x in range(NACC):
                 tot[x] = float32(0)
         af = cuda.local.array(NAF, int32)
@@ -341,6 +396,10 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
 
         ktiles = (K + BK - 1) // BK
         KB = (K + 127) // 128
+        if MX:
+            s_a = cuda.local.array(NSA, float32)
+            s_b = cuda.local.array(NSB, float32)
+            KS = K >> 5  # K steps of MX_K = 32 (the launcher requires K % 32 == 0)
         for s in range(STAGES - 1):
             if s < ktiles:
                 load_tile(a, b, smem, M, N, K, m0, n0, s, s, tid)
@@ -359,6 +418,10 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
             commit()
             stage = kt % STAGES
             for kk in range(2):
+                if MX:  # this K step's scales, loaded before its mma's (their latency hides there)
+                    ks = 2 * kt + kk
+                    if ks < KS:  # (K % 64 == 32: the last tile's second step is zero-filled)
+                        mx_scales(sa, sb, M, N, KS, m0 + wm * (MT * 16), n0 + wn * (NT * 8), ks, lane, s_a, s_b)
                 for i in range(MT):
                     r = a_row + i * 16
                     off = stage * A_STAGE + r * BK + (((a_chunk + 2 * kk) ^ ((r >> 1) & 3)) << 4)
@@ -370,11 +433,21 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
                 for i in range(MT):
                     for j in range(NT):
                         x = (i * NT + j) * 4
-                        acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma(
-                            af[4 * i], af[4 * i + 1], af[4 * i + 2], af[4 * i + 3],
-                            bf[2 * j], bf[2 * j + 1],
-                            acc[x], acc[x + 1], acc[x + 2], acc[x + 3],
-                        )  # fmt: skip
+                        if MX:  # a fresh partial per K step of 32: C = 0
+                            acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma(
+                                af[4 * i], af[4 * i + 1], af[4 * i + 2], af[4 * i + 3],
+                                bf[2 * j], bf[2 * j + 1],
+                                ZERO_ACC, ZERO_ACC, ZERO_ACC, ZERO_ACC,
+                            )  # fmt: skip
+                        else:
+                            acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma(
+                                af[4 * i], af[4 * i + 1], af[4 * i + 2], af[4 * i + 3],
+                                bf[2 * j], bf[2 * j + 1],
+                                acc[x], acc[x + 1], acc[x + 2], acc[x + 3],
+                            )  # fmt: skip
+                if MX:
+                    if ks < KS:
+                        mx_promote(tot, acc, s_a, s_b)
             if BLOCK:
                 if (kt & 1) == 1 or kt == ktiles - 1:
                     promote(tot, acc, sa, sb, M, KB, m0 + wm * (MT * 16), n0 >> 7, kt >> 1, lane)
@@ -391,7 +464,7 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
                 m = m_base + i * 16 + g + h * 8
                 if m < M:
                     s_m = alpha
-                    if not BLOCK:
+                    if not PROMOTED:
                         s_m = alpha * (sa[m] if SA_ROW else sa[0])
                     z = int32(0)
                     if ASYM:
@@ -401,7 +474,7 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
                             n = n_base + j * 8 + 2 * t + e
                             if n < N:
                                 x = (i * NT + j) * 4 + h * 2 + e
-                                if BLOCK:
+                                if PROMOTED:
                                     v = alpha * tot[x]
                                 else:
                                     if ASYM:

@@ -12,7 +12,9 @@ of at least ``LARGE_OUTPUT`` = 4096^2 elements):
 * ``SIM_CONFIG``: the CUDA simulator, which runs one Python thread per CUDA thread: one
   warp per CTA, a 16 x 16 tile.
 * ``GPU_CONFIG``: GPUs other than sm_90 (``mma.sync``; wgmma needs sm_90a): 128 x 128 x 64,
-  8 warps of 64 x 32, 3 stages (48 KiB).
+  8 warps of 64 x 32, 3 stages (48 KiB). Also the MX block scales (``"mx"``) on every GPU,
+  sm_90 included: the wgmma kernel has no MX mode yet, and this is Hopper's path that runs
+  (not timed).
 * ``WGMMA_CONFIG_WIDE_DIRECT``: sm_90 int8, large outputs: 128 x 256 tiles (193 KiB; int8
   needs no promotion registers) on the block-barrier ring, direct epilogue: 1235 vs 1201
   for the parked epilogue at 8192^3, 965 vs 893 at 4096^3 (1149 and 1023 with a producer
@@ -70,16 +72,17 @@ FP8_ROW_MIN_TILES = 640  # output tiles of 128 x 192
 
 _OUT = {"float32": mma_sync.OUT_F32, "float16": mma_sync.OUT_F16, "bfloat16": mma_sync.OUT_BF16}
 _ACT = {None: mma_sync.ACT_NONE, "relu": mma_sync.ACT_RELU, "gelu": mma_sync.ACT_GELU}
-_SCALE = {"tensor": mma_sync.SCALE_TENSOR, "row": mma_sync.SCALE_ROW, "block": mma_sync.SCALE_BLOCK}
+_SCALE = {"tensor": mma_sync.SCALE_TENSOR, "row": mma_sync.SCALE_ROW, "block": mma_sync.SCALE_BLOCK,
+          "mx": mma_sync.SCALE_MX}
 
 
 def default_config(spec: GemmSpec, shape: tuple[int, int] | None = None):
     """The tile ``spec`` takes for an output of ``shape`` = (M, N) (the module docstring's
     named choices): the simulator's one-warp tile; wgmma on sm_90 (numba-cuda builds for
-    sm_90a there: ``wgmma_config_for``); mma.sync on other GPUs."""
+    sm_90a there: ``wgmma_config_for``) except MX scales; mma.sync on other GPUs."""
     if SIMULATOR:
         return SIM_CONFIG
-    if device_cc() == (9, 0):
+    if device_cc() == (9, 0) and spec.sa_mode != mma_sync.SCALE_MX:
         return wgmma_config_for(spec, shape)
     return GPU_CONFIG
 
@@ -112,6 +115,8 @@ def get_kernel(cfg, spec: GemmSpec):
     mma.sync for a TileConfig, wgmma (sm_90a) for a WgmmaConfig."""
     k = _KERNELS.get((cfg, spec))
     if k is None:
+        if isinstance(cfg, WgmmaConfig) and spec.sa_mode == mma_sync.SCALE_MX:
+            raise ValueError("the wgmma kernel has no MX scale mode; MX runs on the mma.sync kernel (a TileConfig)")
         make = wgmma.make_wgmma_kernel if isinstance(cfg, WgmmaConfig) else mma_sync.make_gemm_kernel
         k = make(cfg, spec)
         k.nqdq_dynamic_smem = cfg.smem_bytes  # launched with its whole tile ring (launch.dynamic_smem)
@@ -200,6 +205,7 @@ def plan_gemm(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, out_dty
               config=None) -> GemmPlan:  # fmt: skip
     """The kernel and grid of an [M, K] x [N, K]^T GEMM (``gemm``'s arguments; ``asym``: zero
     points given, ``bias``: a bias given). The one place both launchers choose them."""
+    _check_mx(M, N, K, mma, sa_mode, sb_mode, asym, config)
     spec = GemmSpec(mma=mma, sa_mode=_SCALE[sa_mode], sb_mode=_SCALE[sb_mode], out=_OUT[out_dtype],
                     act=_ACT[activation], bias=bool(bias), asym=bool(asym))  # fmt: skip
     cfg = config or default_config(spec, (M, N))
@@ -213,6 +219,25 @@ def plan_gemm(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, out_dty
         if getattr(cfg, "persistent", False):  # one CTA per SM walks the tiles (2 in the simulator)
             grid = min(grid, 2 if SIMULATOR else _sm_count())
     return GemmPlan(spec, cfg, -(-K // 16) * 16, grid)
+
+
+def _check_mx(M, N, K, mma, sa_mode, sb_mode, asym, config):
+    """The MX scale mode's preconditions: both operands in it, fp8 codes, K a whole number of
+    32-element blocks (one mma step each), an mma.sync tile."""
+    if (sa_mode == "mx") != (sb_mode == "mx"):
+        raise ValueError(f"sa_mode={sa_mode!r} and sb_mode={sb_mode!r}: the MX scale mode ('mx', e8m0 codes "
+                         "per 32 of K) applies to both operands together, not mixed with another mode")
+    if sa_mode != "mx":
+        return
+    if mma in ("s8s8", "u8s8") or asym:
+        raise ValueError(f"mma={mma!r}: the MX scale mode takes fp8 codes ('<fa>.<fb>' of e4m3 / e5m2; "
+                         "blockscaled.prepare_mx_operand converts mxfp6 / mxfp4 codes to e4m3)")
+    if K % mma_sync.MX_K:
+        whole = -(-K // mma_sync.MX_K) * mma_sync.MX_K
+        raise ValueError(f"K={K}: the MX scale mode needs K a multiple of {mma_sync.MX_K} (one e8m0 scale per "
+                         f"{mma_sync.MX_K} of K); pad both operands with zero codes to {whole}")
+    if isinstance(config, WgmmaConfig):
+        raise ValueError("config: the wgmma kernel has no MX scale mode; MX runs on the mma.sync kernel (a TileConfig)")
 
 
 class PreparedGemm:
@@ -238,7 +263,10 @@ class PreparedGemm:
         if za is not None and N > 0:
             mma_sync.row_sums_i8[(N + 127) // 128, 128](b.view(np.int8), N, Kp, colsum)
         self.out = lib.empty(max(M * N, 1), {"float32": np.float32}.get(out_dtype, np.uint16))
-        args = (a, b, M, N, Kp, lib.asarray(sa, np.float32), lib.asarray(sb, np.float32), lib.asarray(za, np.uint8),
+        if sa_mode == "mx":  # e8m0 codes, read as they are
+            sa, sb = _mx_scale_bytes(sa, "sa", M, K), _mx_scale_bytes(sb, "sb", N, K)
+        sdt = np.uint8 if sa_mode == "mx" else np.float32
+        args = (a, b, M, N, Kp, lib.asarray(sa, sdt), lib.asarray(sb, sdt), lib.asarray(za, np.uint8),
                 colsum, lib.asarray(bias, np.float32), np.float32(alpha), self.out)  # fmt: skip
         self._launch = None
         if grid:
@@ -270,12 +298,26 @@ class PreparedGemm:
         return out
 
 
+def _mx_scale_bytes(s, name, rows, K):
+    """MX scales ``s`` as uint8: one-byte e8m0 codes (uint8, or ml_dtypes.float8_e8m0fnu
+    viewed as its bits), [rows, K / 32] of them (the kernel indexes them so)."""
+    dt = np.dtype(getattr(s, "dtype", np.float64))
+    if dt.itemsize != 1:
+        raise TypeError(f"{name} (mode 'mx') must hold uint8 e8m0 codes, got dtype {dt}")
+    if int(s.size) != rows * (K // mma_sync.MX_K):
+        raise ValueError(f"{name} (mode 'mx') must hold {rows} x {K // mma_sync.MX_K} e8m0 codes "
+                         f"([rows, K / {mma_sync.MX_K}]), got {int(s.size)}")
+    return s if dt == np.uint8 else s.view(np.uint8)
+
+
 def gemm(a_codes, b_codes, **kw):
     """``epilogue(A @ B^T)`` on tensor cores; arguments as ``nqdq.reference.matmul.gemm``.
 
     a_codes: [M, K] codes (int8, or uint8 for fp8 / asymmetric int8); b_codes: [N, K];
     mma: "s8s8" | "u8s8" | "<fa>.<fb>" (fp8 formats); sa, sb: float32 scales (sizes by
-    mode: tensor 1, row M / N, block [M, ceil(K/128)] / [ceil(N/128), ceil(K/128)]);
+    mode: tensor 1, row M / N, block [M, ceil(K/128)] / [ceil(N/128), ceil(K/128)]), or for
+    ``sa_mode = sb_mode = "mx"`` uint8 e8m0 codes [M, K/32] / [N, K/32] (fp8 codes, K a
+    multiple of 32; mxfp6 / mxfp4 codes go through ``blockscaled.prepare_mx_operand`` first);
     za: uint8 zero points of an asymmetric A (1 or M); ``config``: a TileConfig or a
     WgmmaConfig (default :func:`default_config`). Returns [M, N] out_dtype (bfloat16 as
     uint16 bits on a GPU array library; NumPy results are float16 / ml_dtypes.bfloat16).
@@ -308,7 +350,10 @@ class GemmSequence(NamedTuple):
 
 def scale_count(mode: str, rows: int, K: int, block_rows: int = 1) -> int:
     """How many float32 scales (or zero points) an operand of ``rows`` x ``K`` has in
-    ``mode``: 1, ``rows``, or (block) one per ``block_rows`` x 128 tile (A: 1, B: 128)."""
+    ``mode``: 1, ``rows``, (block) one per ``block_rows`` x 128 tile (A: 1, B: 128), or
+    (mx) one uint8 e8m0 code per row and 32 of K."""
+    if mode == "mx":
+        return rows * -(-K // mma_sync.MX_K)
     return {"tensor": 1, "row": rows, "block": -(-rows // block_rows) * -(-K // 128)}[mode]
 
 
@@ -318,8 +363,8 @@ def gemm_sequence(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, alp
     given, ``bias``: a bias given) as a :class:`GemmSequence`, or None where it needs per-call
     host work or Numba's launch: K not a multiple of 16 (padded copies), an empty output, or
     the fast launch path off (``sequence.compile_sequence``). The arrays must be C-contiguous:
-    codes [M, K] / [N, K] of one byte, float32 scales (``scale_count``), uint8 zero points
-    (as A's scales), float32 bias [N]. ``entries``: compiled entries (tests)."""
+    codes [M, K] / [N, K] of one byte, float32 scales (mx: uint8 e8m0 codes; ``scale_count``),
+    uint8 zero points (as A's scales), float32 bias [N]. ``entries``: compiled entries (tests)."""
     plan = plan_gemm(M, N, K, mma=mma, sa_mode=sa_mode, sb_mode=sb_mode, asym=asym, bias=bias, out_dtype=out_dtype,
                      activation=activation, config=config)  # fmt: skip
     spec, cfg, Kp, grid = plan
@@ -329,13 +374,14 @@ def gemm_sequence(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, alp
     out_bytes = M * N * out_dt.itemsize
     colsum_at = -(-out_bytes // _OUT_ALIGN) * _OUT_ALIGN
     u8, f32, i32 = np.dtype(np.uint8), np.dtype(np.float32), np.dtype(np.int32)
+    s_dt = u8 if sa_mode == "mx" else f32
     # parameters the spec compiles out (no zero points, no bias) point at the output: never read
     unused_u8, unused_i32, unused_f32 = Ptr("out", 0, 1, u8), Ptr("out", 0, 1, i32), Ptr("out", 0, 1, f32)
     colsum = Ptr("out", colsum_at, N, i32) if asym else unused_i32
     kern = get_kernel(cfg, spec)
     args = (Ptr("codes_a", 0, M * K, u8), Ptr("codes_b", 0, N * K, u8), M, N, K,
-            Ptr("scales_a", 0, scale_count(sa_mode, M, K), f32),
-            Ptr("scales_b", 0, scale_count(sb_mode, N, K, 128), f32),
+            Ptr("scales_a", 0, scale_count(sa_mode, M, K), s_dt),
+            Ptr("scales_b", 0, scale_count(sb_mode, N, K, 128), s_dt),
             Ptr("zeros_a", 0, scale_count(sa_mode, M, K), u8) if asym else unused_u8, colsum,
             Ptr("bias", 0, N, f32) if bias else unused_f32, np.float32(alpha),
             Ptr("out", 0, M * N, out_dt))  # fmt: skip
@@ -383,7 +429,8 @@ def kernel_signature(spec: GemmSpec):
 
     u8, f32 = T.Array(T.uint8, 1, "C"), T.Array(T.float32, 1, "C")
     out = f32 if spec.out == mma_sync.OUT_F32 else T.Array(T.uint16, 1, "C")
-    return (u8, u8, T.int64, T.int64, T.int64, f32, f32, u8, T.Array(T.int32, 1, "C"), f32, T.float32, out)
+    s = u8 if spec.sa_mode == mma_sync.SCALE_MX else f32  # e8m0 codes, or float32 scales
+    return (u8, u8, T.int64, T.int64, T.int64, s, s, u8, T.Array(T.int32, 1, "C"), f32, T.float32, out)
 
 
 def compile_ptx(spec: GemmSpec, cc=(9, 0), config: TileConfig | WgmmaConfig | None = None) -> str:
