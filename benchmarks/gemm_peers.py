@@ -10,7 +10,10 @@ For every shape M x N x K (activations [M, K], weights [N, K]) and case:
 * ``fp8_row``: nqdq fp8_row x fp8_row (e4m3) -> bfloat16 vs ``torch._scaled_mm`` with
   row-wise scales -> bfloat16;
 * ``fp8_block``: nqdq fp8_1x128 x fp8_128x128 -> bfloat16 vs ``torch._scaled_mm`` with
-  1x128 / 128x128 scales where this torch supports it, else beside the row-wise figure.
+  1x128 / 128x128 scales where this torch supports it, else beside the row-wise figure;
+* ``mxfp8``: nqdq MX e4m3 x e4m3 (e8m0 scales per 32 of K, the ``"mx"`` scale mode; mxfp6 /
+  mxfp4 operands reach the same kernel as e4m3 codes) -> bfloat16 vs cuBLAS bf16
+  (``torch.matmul`` of the operands dequantized to bfloat16, exact at these scales).
 
 Timing: CUDA events around each launch of the prepared kernel (nqdq.gpu.gemm.plan.
 PreparedGemm.launch: no Python-side argument work), median of ``--reps`` after 3 warm-up
@@ -94,7 +97,12 @@ def make_operands(M, N, K, case, copies, rng):
             b = cp.asarray(rng.integers(0, 256, (N, K), dtype=np.uint8))
             a[(a & 0x7F) == 0x7F] = 0x38
             b[(b & 0x7F) == 0x7F] = 0x38
-            if case == "fp8_row":
+            if case == "mxfp8":
+                KB = -(-K // 32)
+                sa = cp.asarray(rng.integers(120, 135, (M, KB), dtype=np.uint8))
+                sb = cp.asarray(rng.integers(120, 135, (N, KB), dtype=np.uint8))
+                kw = dict(mma="e4m3.e4m3", sa=sa, sb=sb, sa_mode="mx", sb_mode="mx")
+            elif case == "fp8_row":
                 sa = cp.asarray(rng.uniform(0.5, 2, M).astype(np.float32) / 448)
                 sb = cp.asarray(rng.uniform(0.5, 2, N).astype(np.float32) / 448)
                 kw = dict(mma="e4m3.e4m3", sa=sa, sb=sb, sa_mode="row", sb_mode="row")
@@ -107,8 +115,9 @@ def make_operands(M, N, K, case, copies, rng):
     return ops
 
 
-def dequant_ref(a, b, kw, M, N, K):
-    """float32 torch-free reference on the GPU (CuPy): dequantize both, matmul in float32."""
+def dequant_ref(a, b, kw, M, N, K, parts=False):
+    """float32 torch-free reference on the GPU (CuPy): dequantize both, matmul in float32
+    (``parts``: the two dequantized operands instead)."""
     import cupy as cp
     import ml_dtypes
 
@@ -118,13 +127,16 @@ def dequant_ref(a, b, kw, M, N, K):
     else:
         table = cp.asarray(np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32))
         A, B = table[a], table[b]
-        if kw["sa_mode"] == "row":
+        if kw["sa_mode"] == "mx":
+            A *= cp.repeat(cp.exp2(kw["sa"].astype(cp.float32) - 127), 32, axis=1)[:, :K]
+            B *= cp.repeat(cp.exp2(kw["sb"].astype(cp.float32) - 127), 32, axis=1)[:, :K]
+        elif kw["sa_mode"] == "row":
             A *= kw["sa"][:, None]
             B *= kw["sb"][:, None]
         else:
             A *= cp.repeat(kw["sa"], 128, axis=1)[:, :K]
             B *= cp.repeat(cp.repeat(kw["sb"], 128, axis=0), 128, axis=1)[:N, :K]
-    return A @ B.T
+    return (A, B) if parts else A @ B.T
 
 
 def torch_peer(case, a, b, kw, M, N, K):
@@ -141,6 +153,11 @@ def torch_peer(case, a, b, kw, M, N, K):
 
             def run():
                 return torch._int_mm(ta, bt)
+        elif case == "mxfp8":  # cuBLAS bf16 on the same values (e4m3 x 2^k is a bfloat16 here)
+            A, B = (torch.as_tensor(v, device="cuda").to(torch.bfloat16) for v in dequant_ref(a, b, kw, M, N, K, parts=True))
+
+            def run():
+                return torch.matmul(A, B.t())
         else:
             fa, fb = ta.view(torch.float8_e4m3fn), tb.view(torch.float8_e4m3fn).t()
             sa = torch.as_tensor(kw["sa"], device="cuda")

@@ -179,9 +179,9 @@ def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0
     alpha : a real scalar multiplying the product.
     device : None (GPU operands run on the GPU, NumPy ones on the CPU reference), ``"cpu"``
         or ``"cuda"`` (tensor-core kernels; NumPy operands are copied over and back, or run
-        in Numba's CUDA simulator under NUMBA_ENABLE_CUDASIM=1). The block-scaled, centred
-        and weight-only pairs run on the CPU reference only, for now: on the GPU they raise
-        NotImplementedError (``_new_pair_gpu``).
+        in Numba's CUDA simulator under NUMBA_ENABLE_CUDASIM=1). MX x MX pairs run on the
+        GPU (``_new_pair_gpu``); the NVFP4, centred and weight-only pairs on the CPU
+        reference only, for now: on the GPU they raise NotImplementedError.
     dtype : ``"bfloat16"`` / ``"float16"`` to read a uint16 ``x`` as the bits of that type,
         as ``nqdq.quantize`` does (CuPy has no bfloat16 dtype); weight-only calls only.
 
@@ -513,12 +513,35 @@ def _matmul_new(qa, qb, out_dtype, bias, activation, alpha, device, dtype):
 def _new_pair_gpu(pair: str, a, b, *, bias, alpha, out_dtype, activation):
     """The GPU GEMM of a pair that ``_matmul_new`` checked: ``a`` the QuantizedTensor qa or
     the plain x, ``b`` the QuantizedTensor qb / qw (linear scales), the epilogue's arguments
-    as ``nqdq.gpu.gemm.plan.gemm`` takes them. Not built yet: NotImplementedError."""
-    # The block-scaled (MX, NVFP4), centred-INT8 and weight-only kernels of nqdq/gpu/gemm/
-    # plug in here; every check they rely on is made above (_checked, _new_pair, _weight).
-    del a, b, bias, alpha, out_dtype, activation
+    as ``nqdq.gpu.gemm.plan.gemm`` takes them. MX x MX: the codes as fp8 bytes
+    (``gemm.blockscaled.prepare_mx_operand``; K padded with zero codes to whole blocks of 32,
+    which the partial block's scale already covers), the e8m0 scales as they are, the "mx"
+    scale mode. The other pairs have no GPU kernel yet: NotImplementedError."""
+    if isinstance(a, QuantizedTensor) and a.scheme.is_mx and b.scheme.is_mx:
+        from .gpu.gemm import plan as kg
+        from .gpu.gemm.blockscaled import prepare_mx_operand
+
+        (M, K), N = tuple(a.shape), int(b.shape[0])
+        a8, fa = _mx_fp8(prepare_mx_operand(a.codes, a.scheme.element.name, M, K), M, K)
+        b8, fb = _mx_fp8(prepare_mx_operand(b.codes, b.scheme.element.name, N, K), N, K)
+        return kg.gemm(a8, b8, mma=f"{fa}.{fb}", sa=a.scales, sb=b.scales, sa_mode="mx", sb_mode="mx", bias=bias,
+                       alpha=alpha, out_dtype=out_dtype, activation=activation)  # fmt: skip
+    # The NVFP4, centred-INT8 and weight-only kernels of nqdq/gpu/gemm/ plug in here; every
+    # check they rely on is made above (_checked, _new_pair, _weight).
     raise NotImplementedError(f"matmul of {pair} has no GPU kernel yet; device=\"cpu\" computes it "
                               "(the float64 reference on NumPy operands)")  # fmt: skip
+
+
+def _mx_fp8(prepared, rows, K):
+    """(fp8 codes [rows, K rounded up to 32] zero-padded, their element name)."""
+    codes, name = prepared
+    Kp = -(-K // 32) * 32
+    if Kp == K:
+        return codes, name
+    xp = np if isinstance(codes, np.ndarray) else __import__("cupy")  # (GPU codes are CuPy: interop.kernel_view)
+    padded = xp.zeros((rows, Kp), np.uint8)
+    padded[:, :K] = codes.reshape(rows, K)
+    return padded, name
 
 
 # ----------------------------------------------------------------------------- the GPU hot path

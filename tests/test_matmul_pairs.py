@@ -277,8 +277,23 @@ def test_epilogue(case, kw):
 
 
 # ----------------------------------------------------------------------------- the GPU path
-@pytest.mark.parametrize("pair", [("mxfp8", "mxfp4"), ("nvfp4", "nvfp4"), ("int8_row", "int8_centred"),
-                                  ("x", "mxfp4"), ("x", "int4_group")])  # fmt: skip
+@pytest.mark.parametrize("sa,sb,K", [("mxfp8", "mxfp4", 64), ("mxfp6_e3m2", "mxfp4", 40), ("mxfp8_e5m2", "mxfp6_e2m3", 96),
+                                     ("mxfp4", "mxfp4", 33)])  # fmt: skip
+def test_mx_pairs_on_the_gpu_path(sa, sb, K):
+    """MX x MX on the kernels (the simulator here, the GPU with NQDQ_TEST_GPU=1): the float64
+    product of the dequantized operands, to float32 accumulation (rel. L2 < 1e-5, SPEC);
+    K padded to whole blocks of 32."""
+    qa = nqdq.quantize(data((3, K), 30), sa)
+    qb = nqdq.quantize(data((5, K), 31), sb)
+    got = np.asarray(nqdq.matmul(qa, qb, device="cuda", bias=np.arange(5, dtype=np.float32)), np.float64)
+    A = np.asarray(nqdq.dequantize(qa), np.float64)
+    B = np.asarray(nqdq.dequantize(qb), np.float64)
+    want = A @ B.T + np.arange(5)
+    assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("pair", [("nvfp4", "nvfp4"), ("int8_row", "int8_centred"), ("x", "mxfp4"),
+                                  ("x", "int4_group")])  # fmt: skip
 def test_new_pairs_on_the_gpu_path_are_not_built(pair):
     """``device="cuda"`` reaches ``_new_pair_gpu`` (after every check): NotImplementedError
     naming the pair and the CPU path."""
