@@ -338,7 +338,7 @@ def dequant_units_launch(sch: Scheme, shape, nt: int, out: str = "float32"):
     (``dequant_kernels.make_dequant_units_kernel``) for packed codes of ``shape``, writing
     ``out`` ("float32", "bfloat16" or "float16"), or None where it does not apply (the
     element kernel then decodes). ``geometry``: the kernel's arguments from ``rows`` to
-    ``col_sh`` (``rows, cpr, nseg, spc, d1, d2, b0, b1, b2, n1, n2, nc, col_m, col_sh``).
+    ``col_sh`` (``rows, cpr, nseg, spc, d1, d2, b0, b1, b2, n1, n2, nc, gw, col_m, col_sh``).
     A row's ``cpr`` chunks (``chunk_elems`` elements each) split into ``nseg`` segments of
     ``spc``, a whole number of warp steps (32 chunks), where rows are fewer than
     ``_DEQ_WARPS_PER_SM`` a multiprocessor, down to two steps a lane (64 rows of 7168 to
@@ -361,9 +361,12 @@ def dequant_units_launch(sch: Scheme, shape, nt: int, out: str = "float32"):
     tpr_log2 = min(max(spc - 1, 0).bit_length(), 5, nt.bit_length() - 1)  # a team: at most a warp
     grid = max(1, min(_cdiv(rows * nseg, nt >> tpr_log2), 1 << 20))
     col_m, col_sh = dequant_kernels.column_divisor(bc, C - 1)
-    wide = rows * cpr >= 1 << 32
-    k = dequant_kernels.make_dequant_units_kernel(_mode(sch), format_tuple(sch), sch.symmetric, out_kind, wide)
-    return k, grid, nt, (rows, cpr, nseg, spc, *geo[:5], *geo[6:], col_m, col_sh), tpr_log2
+    gw = bc // E  # chunks a scale group
+    wide = (rows + 1) * cpr + gw >= 1 << 32  # (a group's end past the last row's: no u32 wrap)
+    step_scales = (1 << tpr_log2) % gw == 0  # each step of a lane a new group
+    k = dequant_kernels.make_dequant_units_kernel(_mode(sch), format_tuple(sch), sch.symmetric, out_kind, wide,
+                                                  step_scales)  # fmt: skip
+    return k, grid, nt, (rows, cpr, nseg, spc, *geo[:5], *geo[6:], gw, col_m, col_sh), tpr_log2
 
 
 _DEQ_WARPS_PER_SM = 8  # dequant_units_launch: segments (a warp each) aimed at per SM where rows are few
