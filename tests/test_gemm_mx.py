@@ -24,6 +24,7 @@ from nqdq.gpu.gemm import blockscaled as bs
 from nqdq.gpu.gemm import mma_sync
 from nqdq.gpu.gemm import plan as kg
 from nqdq.gpu.runtime.backend import cuda
+from nqdq.gpu.runtime.target import SIMULATOR
 from nqdq.reference import matmul as ref
 from nqdq.reference.packing import pack_codes, packed_length
 
@@ -39,6 +40,9 @@ ELEMENTS = {
     "e5m2": (8, ml_dtypes.float8_e5m2),
 }
 CONVERTERS = [bs.convert_codes, bs.convert_codes_reference]  # the device kernel, its NumPy twin
+# NumPy arrays straight into the kernels and launch sequences: the simulator (on a GPU,
+# tests/test_matmul_pairs.py runs the MX path through nqdq.matmul, conversion included)
+simulator_only = pytest.mark.skipif(not SIMULATOR, reason="NumPy arrays into kernels: the CUDA simulator")
 
 
 def f32_bits(values):
@@ -53,6 +57,8 @@ def test_every_code_converts_to_the_same_e4m3_value(convert, elem, K):
     """Rows of all 2^bits codes (in order, reversed, shuffled; odd K: random codes after
     them), packed (4-bit: two a byte; 6-bit: four in three bytes): each e4m3 byte's value
     equals its code's, signed zero, subnormals and the maximum included."""
+    if convert is bs.convert_codes and not SIMULATOR:
+        pytest.skip("NumPy arrays into kernels: the CUDA simulator")
     bits, mld = ELEMENTS[elem]
     rng = np.random.default_rng([bits, K, 31])
     n = 1 << bits
@@ -66,6 +72,7 @@ def test_every_code_converts_to_the_same_e4m3_value(convert, elem, K):
     np.testing.assert_array_equal(f32_bits(got.view(ml_dtypes.float8_e4m3fn)), f32_bits(codes.view(mld)))
 
 
+@simulator_only
 @pytest.mark.parametrize("elem,rows,K", [("e2m1", 5, 33), ("e2m3", 4, 70), ("e3m2", 1, 32), ("e2m1", 0, 8)])
 def test_conversion_kernel_equals_twin_on_any_bytes(elem, rows, K):
     """Random packed bytes, the padding bits of a partial last group included (ignored)."""
@@ -221,6 +228,7 @@ def test_mx_gemm_epilogue(kw):
         assert np.all(np.abs(g - w) <= 2.0**-7 * np.abs(w))
 
 
+@simulator_only
 def test_mx_launch_sequence_equals_gemm():
     """``gemm_sequence`` (nqdq.matmul's hot path) takes mode "mx": uint8 scale codes, [rows,
     K/32] of them; the same bits as ``gemm``."""
