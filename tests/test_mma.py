@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -39,6 +40,19 @@ def test_mma_twin_matches_numpy(kind):
     got, want = run_probe(kind)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)  # exact: see the module docstring
+
+
+def test_bf16_mma_twin_matches_numpy():
+    """``mma_bf16`` (m16n8k16) through the same probe: its 16 x 16 A and 8 x 16 B bfloat16
+    tiles are the 16 x 32 and 8 x 32 bytes the 8-bit kinds read, with the same addresses;
+    D = the 16 exact products summed in float64, rounded once (the twin's documented sum)."""
+    rng = np.random.default_rng(1616)
+    a = (rng.standard_normal((16, 16)) * 2.0 ** rng.integers(-6, 7, (16, 16))).astype(ml_dtypes.bfloat16)
+    b = (rng.standard_normal((8, 16)) * 2.0 ** rng.integers(-6, 7, (8, 16))).astype(ml_dtypes.bfloat16)
+    d = np.zeros(16 * 8, np.float32)
+    make_mma_probe(_mma.mma_bf16)[1, 32](a.view(np.uint8).reshape(-1), b.view(np.uint8).reshape(-1), d)
+    want = (a.astype(np.float64) @ b.astype(np.float64).T).astype(np.float32)
+    np.testing.assert_array_equal(d.reshape(16, 8), want)
 
 
 def test_twin_cp_async_zero_fills():
@@ -81,6 +95,7 @@ specs = [
     ("e5m2.e4m3", SCALE_ROW, SCALE_TENSOR, OUT_BF16, ACT_NONE, False, False),
     ("e5m2.e5m2", SCALE_TENSOR, SCALE_TENSOR, OUT_F32, ACT_NONE, False, False),
     ("e4m3.e4m3", SCALE_BLOCK, SCALE_BLOCK, OUT_BF16, ACT_NONE, False, False),
+    ("bf16.bf16", SCALE_ROW, SCALE_TENSOR, OUT_BF16, ACT_GELU, True, False),
 ]
 out = []
 for cc in [(8, 9), (9, 0), (9, 0, "a")]:
@@ -89,7 +104,7 @@ for cc in [(8, 9), (9, 0), (9, 0, "a")]:
         ptx = kg.compile_ptx(spec, cc)
         cubin, log = kg.assemble(ptx, cc)
         target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
-        mmas = sorted(set(re.findall(r"mma\.sync\.aligned\.m16n8k32\.row\.col\.[a-z0-9.]+", ptx)))
+        mmas = sorted(set(re.findall(r"mma\.sync\.aligned\.m16n8k\d+\.row\.col\.[a-z0-9.]+", ptx)))
         regs = re.search(r"[Uu]sed (\d+) registers", log)
         spill = re.search(r"(\d+) bytes spill stores", log)
         out.append(dict(cc=list(cc), mma=mma, block=sa == SCALE_BLOCK, target=target, mmas=mmas,
@@ -116,8 +131,8 @@ print(json.dumps(out))
 
 def test_gemm_kernels_assemble_for_sm89_sm90_sm90a():
     rows = compile_rows(_COMPILE_SCRIPT)
-    assert len(rows) == 27
-    for i, row in enumerate(rows[21:]):  # the sm_90a wgmma kernels (default tiles: int8 128 x 256,
+    assert len(rows) == 30
+    for i, row in enumerate(rows[24:]):  # the sm_90a wgmma kernels (default tiles: int8 128 x 256,
         # fp8 row 128 x 192, fp8 block 128 x 128; m64nNk32 per warpgroup; the last two: the
         # 128 x 128 persistent tiles of smaller outputs, int8 and fp8 row)
         want = {"s8s8": "s32.s8.s8", "u8s8": "s32.u8.s8"}.get(row["mma"]) or f"f32.{row['mma']}"
@@ -125,12 +140,13 @@ def test_gemm_kernels_assemble_for_sm89_sm90_sm90a():
         assert row["n"] == n and row["persistent"] == (row["mma"] not in ("s8s8", "u8s8") or i >= 4), row
         assert row["wgmma"] == [f"wgmma.mma_async.sync.aligned.m64n{row['n']}k32.{want}"], row
         assert not row["serialized"] and row["spill"] == 0 and row["cubin"] > 0, row
-    for row in rows[:21]:
+    for row in rows[:24]:
         cc = row["cc"]
         assert row["target"] == f"sm_{cc[0]}{cc[1]}" + (cc[2] if len(cc) > 2 else ""), row
         want = "s32.s8.s8.s32" if row["mma"] == "s8s8" else "s32.u8.s8.s32" if row["mma"] == "u8s8" \
             else f"f32.{row['mma']}.f32"  # fmt: skip
-        assert row["mmas"] == [f"mma.sync.aligned.m16n8k32.row.col.{want}"], row
+        shape = "m16n8k16" if row["mma"] == "bf16.bf16" else "m16n8k32"
+        assert row["mmas"] == [f"mma.sync.aligned.{shape}.row.col.{want}"], row
         # 128 x 128 x 64 tile: per 64 of K, 2 k-steps x (4 A + 2 B) ldmatrix, 2 x 16 mma
         assert row["ldmatrix"] >= 12 and row["cp_async"] >= 4 and row["cubin"] > 0, row
         # the mma.sync fp8-block kernel keeps two 64-float accumulator sets and sits at the

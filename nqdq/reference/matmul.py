@@ -49,6 +49,9 @@ def gelu_erf(v: np.ndarray) -> np.ndarray:
 def _values(codes: np.ndarray, elem: str, za=None, za_mode="tensor") -> np.ndarray:
     if elem in _FP8:
         return _FP8[elem][np.asarray(codes).view(np.uint8)]
+    if elem == "bf16":  # bfloat16 values, or their uint16 bits
+        c = np.asarray(codes)
+        return (c if c.dtype == ml_dtypes.bfloat16 else c.view(np.uint16).view(ml_dtypes.bfloat16)).astype(np.float64)
     v = np.asarray(codes).astype(np.float64)  # int8 codes, or uint8 codes of an asymmetric int8
     if za is not None:
         z = np.asarray(za, np.float64).reshape(-1)

@@ -1,4 +1,4 @@
-"""The GEMM kernel body: ``out = epilogue(A @ B^T)`` on 8-bit codes with tensor cores.
+"""The GEMM kernel body: ``out = epilogue(A @ B^T)`` on 8-bit codes or bfloat16 with tensor cores.
 
 One kernel factory, :func:`make_gemm_kernel`, specialised at compile time (closure
 constants fold every branch away) by a :class:`TileConfig` and a :class:`GemmSpec`.
@@ -6,10 +6,14 @@ constants fold every branch away) by a :class:`TileConfig` and a :class:`GemmSpe
 Data (all 1-D, C order): ``a`` uint8 [M * K] codes (int8 / e4m3 / e5m2 / asymmetric uint8
 bytes), ``b`` uint8 [N * K] (the weight, [N, K] row-major = the mma's "col" B), K a
 multiple of 16 (the launcher pads) so every 16-byte chunk is either wholly inside a row or
-wholly past its end.
+wholly past its end. The ``"bf16.bf16"`` kind (m16n8k16, float32 accumulate) takes the
+bfloat16 bits' bytes, [M * 2K] and [N * 2K], K (elements) a multiple of 8: the kernel works
+in bytes of K throughout (``kbytes`` = 2K), since the 16-bit fragments of m16n8k16 are the
+8-bit ones of m16n8k32 byte for byte (``ptx.mma``'s docstring), so every address below is
+the same, each mma covering 16 elements of K instead of 32.
 
 Tiling: a CTA computes a BM x BN tile of ``out`` with ``warps_m x warps_n`` warps, each a
-``(16 mt) x (8 nt)`` warp tile of m16n8k32 mma's. K advances in BK = 64-byte steps through
+``(16 mt) x (8 nt)`` warp tile of m16n8k32 (bf16: m16n8k16) mma's. K advances in BK = 64-byte steps through
 a ``stages``-deep ring of shared-memory tiles filled by ``cp.async`` (16 bytes per lane,
 zero-filled past M, N or K), read by ``ldmatrix.x4``. Shared rows are 64 bytes (4 chunks
 of 16); chunk ``c`` of row ``r`` is stored at chunk ``c ^ ((r >> 1) & 3)``, so the 8 rows
@@ -19,7 +23,8 @@ Epilogue, per element (float32; ``acc`` the exact int32 or float32 sum over K):
 
 * int8:            v = alpha * (acc - za[m] * colsum_b[n]) * sa[m] * sb[n]   (za: zero point,
                    only for asymmetric A; colsum_b[n] = sum_k qb[n, k])
-* fp8 tensor/row:  v = alpha * acc * sa[m] * sb[n]
+* fp8 / bf16 tensor/row:  v = alpha * acc * sa[m] * sb[n] (tensor: sa[0], sb[0], read on the
+                   device, so a device scalar needs no host read: NVFP4's tensor scales)
 * fp8 1x128/128x128: acc is promoted every 128 K: tot += part * sa[m, kb] * sb[n // 128, kb],
                    v = alpha * tot
 * fp8 mx (OCP MX): every K step of 32 (one mma) goes into a zeroed partial, promoted at
@@ -44,7 +49,7 @@ from ..ptx.convert import cvt_bf16x2, cvt_f16x2
 from ..ptx.memory import st_u32_at
 from ..runtime.target import devfn
 
-BK = 64  # bytes (= elements) of K per pipeline stage
+BK = 64  # bytes of K per pipeline stage (= elements of 8-bit codes, 32 bf16)
 
 # epilogue modes
 SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK, SCALE_MX = 0, 1, 2, 3
@@ -89,13 +94,18 @@ class TileConfig:
 class GemmSpec:
     """What the kernel computes, all compile-time."""
 
-    mma: str  # "s8s8" | "u8s8" | "e4m3.e4m3" | "e4m3.e5m2" | "e5m2.e4m3" | "e5m2.e5m2"
-    sa_mode: int  # SCALE_TENSOR | SCALE_ROW | SCALE_BLOCK | SCALE_MX (fp8 only, both operands)
+    mma: str  # "s8s8" | "u8s8" | "e4m3.e4m3" | "e4m3.e5m2" | "e5m2.e4m3" | "e5m2.e5m2" | "bf16.bf16"
+    sa_mode: int  # SCALE_TENSOR | SCALE_ROW | SCALE_BLOCK | SCALE_MX (fp8 only, both operands); bf16: TENSOR | ROW
     sb_mode: int
     out: int  # OUT_F32 | OUT_F16 | OUT_BF16
     act: int
     bias: bool
     asym: bool  # int8 only: za / colsum_b correction
+
+
+def elem_bytes(mma: str) -> int:
+    """Bytes of one element of K for the ``mma`` kind: 2 for "bf16.bf16", 1 for the 8-bit kinds."""
+    return 2 if mma == "bf16.bf16" else 1
 
 
 # ----------------------------------------------------------------------------- epilogue helpers
@@ -229,7 +239,8 @@ def make_store_at(spec: GemmSpec):
 def make_load_tile(cfg: TileConfig):
     """``load_tile(a, b, smem, M, N, K, m0, n0, kt, stage, tid)``: K step ``kt`` of the CTA's A
     and B tiles (rows from m0 / n0) into ring slot ``stage`` by ``cp.async``, 16 bytes a lane,
-    zero-filled past M, N and K, each chunk at its swizzled place (module docstring)."""
+    zero-filled past M, N and K, each chunk at its swizzled place (module docstring). K here
+    is the rows' length in bytes (the kernel's ``kbytes``)."""
     BM, BN, NTHREADS, STAGES = cfg.bm, cfg.bn, cfg.threads, cfg.stages
     A_ITERS = BM * 4 // NTHREADS
     B_ITERS = BN * 4 // NTHREADS
@@ -345,17 +356,23 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
     NACC = MT * NT * 4
     SA_BYTES = STAGES * A_STAGE  # B's ring starts here
     MX = spec.sa_mode == SCALE_MX
+    BF16_MMA = spec.mma == "bf16.bf16"
+    BYTES_PER_K = elem_bytes(spec.mma)
     PROMOTED = spec.sa_mode in (SCALE_BLOCK, SCALE_MX)  # the sum is built in ``tot``
     NTOT = NACC if PROMOTED else 1
     NSA, NSB = (MT * 2, NT * 2) if MX else (1, 1)
     NAF, NBF = MT * 4, NT * 2
     FLOAT_ACC = spec.mma not in ("s8s8", "u8s8")
-    if (spec.sb_mode == SCALE_MX) != MX or (MX and not FLOAT_ACC):
+    if (spec.sb_mode == SCALE_MX) != MX or (MX and (not FLOAT_ACC or BF16_MMA)):
         raise ValueError(f"{spec}: the MX scale mode is for both operands of an fp8 mma")
+    if BF16_MMA and ({spec.sa_mode, spec.sb_mode} - {SCALE_TENSOR, SCALE_ROW} or spec.asym):
+        raise ValueError(f"{spec}: the bf16 mma takes the tensor and row scale modes, no zero points")
     if spec.mma == "s8s8":
         mma = _mma.mma_s8s8
     elif spec.mma == "u8s8":
         mma = _mma.mma_u8s8
+    elif BF16_MMA:
+        mma = _mma.mma_bf16
     else:
         fa, fb = spec.mma.split(".")
         mma = _mma.mma_fp8(fa, fb)
@@ -394,7 +411,8 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
         af = cuda.local.array(NAF, int32)
         bf = cuda.local.array(NBF, int32)
 
-        ktiles = (K + BK - 1) // BK
+        kbytes = K * BYTES_PER_K  # the rows' length in bytes: the ring, cp.async and ldmatrix work in bytes
+        ktiles = (kbytes + BK - 1) // BK
         KB = (K + 127) // 128
         if MX:
             s_a = cuda.local.array(NSA, float32)
@@ -402,7 +420,7 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
             KS = K >> 5  # K steps of MX_K = 32 (the launcher requires K % 32 == 0)
         for s in range(STAGES - 1):
             if s < ktiles:
-                load_tile(a, b, smem, M, N, K, m0, n0, s, s, tid)
+                load_tile(a, b, smem, M, N, kbytes, m0, n0, s, s, tid)
             commit()
 
         a_row = wm * (MT * 16) + (lane & 7) + ((lane >> 3) & 1) * 8  # + i * 16
@@ -414,7 +432,7 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
             cuda.syncthreads()
             nk = kt + STAGES - 1
             if nk < ktiles:
-                load_tile(a, b, smem, M, N, K, m0, n0, nk, nk % STAGES, tid)
+                load_tile(a, b, smem, M, N, kbytes, m0, n0, nk, nk % STAGES, tid)
             commit()
             stage = kt % STAGES
             for kk in range(2):

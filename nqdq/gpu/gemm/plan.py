@@ -12,9 +12,10 @@ of at least ``LARGE_OUTPUT`` = 4096^2 elements):
 * ``SIM_CONFIG``: the CUDA simulator, which runs one Python thread per CUDA thread: one
   warp per CTA, a 16 x 16 tile.
 * ``GPU_CONFIG``: GPUs other than sm_90 (``mma.sync``; wgmma needs sm_90a): 128 x 128 x 64,
-  8 warps of 64 x 32, 3 stages (48 KiB). Also the MX block scales (``"mx"``) on every GPU,
-  sm_90 included: the wgmma kernel has no MX mode yet, and this is Hopper's path that runs
-  (not timed).
+  8 warps of 64 x 32, 3 stages (48 KiB). Also the MX block scales (``"mx"``) and the
+  bfloat16 operands (``"bf16.bf16"``, NVFP4 pairs after ``blockscaled.prepare_nvfp4_operand``)
+  on every GPU, sm_90 included (``mma_sync_only``): the wgmma kernel has neither yet, and
+  this is Hopper's path that runs (not timed).
 * ``WGMMA_CONFIG_WIDE_DIRECT``: sm_90 int8, large outputs: 128 x 256 tiles (193 KiB; int8
   needs no promotion registers) on the block-barrier ring, direct epilogue: 1235 vs 1201
   for the parked epilogue at 8192^3, 965 vs 893 at 4096^3 (1149 and 1023 with a producer
@@ -76,13 +77,20 @@ _SCALE = {"tensor": mma_sync.SCALE_TENSOR, "row": mma_sync.SCALE_ROW, "block": m
           "mx": mma_sync.SCALE_MX}
 
 
+def mma_sync_only(spec: GemmSpec) -> bool:
+    """Whether ``spec`` runs on the mma.sync kernel only: MX block scales, bfloat16 operands
+    (the wgmma kernel has no MX mode and no bf16 kind yet)."""
+    return spec.sa_mode == mma_sync.SCALE_MX or spec.mma == "bf16.bf16"
+
+
 def default_config(spec: GemmSpec, shape: tuple[int, int] | None = None):
     """The tile ``spec`` takes for an output of ``shape`` = (M, N) (the module docstring's
     named choices): the simulator's one-warp tile; wgmma on sm_90 (numba-cuda builds for
-    sm_90a there: ``wgmma_config_for``) except MX scales; mma.sync on other GPUs."""
+    sm_90a there: ``wgmma_config_for``) except MX scales and bf16 operands
+    (``mma_sync_only``); mma.sync on other GPUs."""
     if SIMULATOR:
         return SIM_CONFIG
-    if device_cc() == (9, 0) and spec.sa_mode != mma_sync.SCALE_MX:
+    if device_cc() == (9, 0) and not mma_sync_only(spec):
         return wgmma_config_for(spec, shape)
     return GPU_CONFIG
 
@@ -115,8 +123,9 @@ def get_kernel(cfg, spec: GemmSpec):
     mma.sync for a TileConfig, wgmma (sm_90a) for a WgmmaConfig."""
     k = _KERNELS.get((cfg, spec))
     if k is None:
-        if isinstance(cfg, WgmmaConfig) and spec.sa_mode == mma_sync.SCALE_MX:
-            raise ValueError("the wgmma kernel has no MX scale mode; MX runs on the mma.sync kernel (a TileConfig)")
+        if isinstance(cfg, WgmmaConfig) and mma_sync_only(spec):
+            raise ValueError("the wgmma kernel has no MX scale mode and no bf16 kind; they run on the mma.sync "
+                             "kernel (a TileConfig)")
         make = wgmma.make_wgmma_kernel if isinstance(cfg, WgmmaConfig) else mma_sync.make_gemm_kernel
         k = make(cfg, spec)
         k.nqdq_dynamic_smem = cfg.smem_bytes  # launched with its whole tile ring (launch.dynamic_smem)
@@ -169,7 +178,8 @@ class _Lib:
         return cuda.device_array(n, dtype)
 
     def pad_k(self, codes, rows, K, Kp):
-        """[rows, K] uint8 codes (1-D) copied into zero-filled [rows, Kp]."""
+        """[rows, K] uint8 codes (1-D) copied into zero-filled [rows, Kp] (bf16: bytes, K and
+        Kp twice the elements)."""
         if self.sim or self.cp is not None:
             xp = np if self.sim else self.cp
             out = xp.zeros((rows, Kp), np.uint8)
@@ -197,7 +207,7 @@ class GemmPlan(NamedTuple):
 
     spec: GemmSpec
     cfg: object  # TileConfig (mma.sync) or WgmmaConfig (sm_90a)
-    Kp: int  # K rounded up to 16 (zero codes fill the rest)
+    Kp: int  # K rounded up to 16 bytes a row: 16 one-byte codes, 8 bf16 (zero codes fill the rest)
     grid: int
 
 
@@ -206,6 +216,7 @@ def plan_gemm(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, out_dty
     """The kernel and grid of an [M, K] x [N, K]^T GEMM (``gemm``'s arguments; ``asym``: zero
     points given, ``bias``: a bias given). The one place both launchers choose them."""
     _check_mx(M, N, K, mma, sa_mode, sb_mode, asym, config)
+    _check_bf16(mma, sa_mode, sb_mode, asym, config)
     spec = GemmSpec(mma=mma, sa_mode=_SCALE[sa_mode], sb_mode=_SCALE[sb_mode], out=_OUT[out_dtype],
                     act=_ACT[activation], bias=bool(bias), asym=bool(asym))  # fmt: skip
     cfg = config or default_config(spec, (M, N))
@@ -218,7 +229,8 @@ def plan_gemm(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, out_dty
         grid = (-(-M // cfg.bm)) * (-(-N // cfg.bn))
         if getattr(cfg, "persistent", False):  # one CTA per SM walks the tiles (2 in the simulator)
             grid = min(grid, 2 if SIMULATOR else _sm_count())
-    return GemmPlan(spec, cfg, -(-K // 16) * 16, grid)
+    align = 16 // mma_sync.elem_bytes(mma)  # whole 16-byte chunks a row (the kernel's cp.async)
+    return GemmPlan(spec, cfg, -(-K // align) * align, grid)
 
 
 def _check_mx(M, N, K, mma, sa_mode, sb_mode, asym, config):
@@ -229,7 +241,7 @@ def _check_mx(M, N, K, mma, sa_mode, sb_mode, asym, config):
                          "per 32 of K) applies to both operands together, not mixed with another mode")
     if sa_mode != "mx":
         return
-    if mma in ("s8s8", "u8s8") or asym:
+    if mma in ("s8s8", "u8s8", "bf16.bf16") or asym:
         raise ValueError(f"mma={mma!r}: the MX scale mode takes fp8 codes ('<fa>.<fb>' of e4m3 / e5m2; "
                          "blockscaled.prepare_mx_operand converts mxfp6 / mxfp4 codes to e4m3)")
     if K % mma_sync.MX_K:
@@ -238,6 +250,36 @@ def _check_mx(M, N, K, mma, sa_mode, sb_mode, asym, config):
                          f"{mma_sync.MX_K} of K); pad both operands with zero codes to {whole}")
     if isinstance(config, WgmmaConfig):
         raise ValueError("config: the wgmma kernel has no MX scale mode; MX runs on the mma.sync kernel (a TileConfig)")
+
+
+def _check_bf16(mma, sa_mode, sb_mode, asym, config):
+    """The bf16 kind's preconditions: float32 scales per tensor or row (the epilogue of the
+    fp8 row kernel), no zero points, an mma.sync tile."""
+    if mma != "bf16.bf16":
+        return
+    for name, mode in (("sa_mode", sa_mode), ("sb_mode", sb_mode)):
+        if mode not in ("tensor", "row"):
+            raise ValueError(f"{name}={mode!r}: mma='bf16.bf16' takes the 'tensor' and 'row' scale modes "
+                             "(NVFP4's block scales are in the converted operands: blockscaled.prepare_nvfp4_operand)")
+    if asym:
+        raise ValueError("za: mma='bf16.bf16' takes no zero points")
+    if isinstance(config, WgmmaConfig):
+        raise ValueError("config: the wgmma kernel has no bf16 kind; bf16 runs on the mma.sync kernel (a TileConfig)")
+
+
+def _bf16_bits(x, name):
+    """bfloat16 operand ``x`` as its uint16 bits: uint16 / int16 arrays as they are (any
+    library), NumPy ml_dtypes.bfloat16 viewed as its bits; anything else a TypeError."""
+    try:
+        dt = np.dtype(getattr(x, "dtype", None))
+    except TypeError:
+        dt = None
+    if dt == np.dtype(ml_dtypes.bfloat16) and isinstance(x, np.ndarray):
+        return x.view(np.uint16)
+    if dt is not None and dt.kind in "iu" and dt.itemsize == 2:
+        return x
+    raise TypeError(f"{name} (mma 'bf16.bf16') must hold bfloat16 bits (uint16) or ml_dtypes.bfloat16 values, "
+                    f"got dtype {getattr(x, 'dtype', type(x).__name__)}")
 
 
 class PreparedGemm:
@@ -255,10 +297,15 @@ class PreparedGemm:
                                         bias=bias is not None, out_dtype=out_dtype, activation=activation,
                                         config=config)  # fmt: skip
         self.cfg = cfg
-        a = lib.asarray(a_codes, np.uint8)
-        b = lib.asarray(b_codes, np.uint8)
-        if Kp != K:  # zero codes contribute nothing (fp8 0x00 is +0.0; int8 0)
-            a, b = lib.pad_k(a, M, K, Kp), lib.pad_k(b, N, K, Kp)
+        eb = mma_sync.elem_bytes(mma)
+        if eb == 2:  # bf16 bits, handed to the kernel as their bytes (it works in bytes of K)
+            a = lib.asarray(_bf16_bits(a_codes, "a_codes"), np.uint16).view(np.uint8)
+            b = lib.asarray(_bf16_bits(b_codes, "b_codes"), np.uint16).view(np.uint8)
+        else:
+            a = lib.asarray(a_codes, np.uint8)
+            b = lib.asarray(b_codes, np.uint8)
+        if Kp != K:  # zero codes contribute nothing (fp8 0x00 is +0.0; int8 0; bf16 0x0000)
+            a, b = lib.pad_k(a, M, K * eb, Kp * eb), lib.pad_k(b, N, K * eb, Kp * eb)
         colsum = lib.empty(max(N, 1), np.int32)
         if za is not None and N > 0:
             mma_sync.row_sums_i8[(N + 127) // 128, 128](b.view(np.int8), N, Kp, colsum)
@@ -313,9 +360,12 @@ def _mx_scale_bytes(s, name, rows, K):
 def gemm(a_codes, b_codes, **kw):
     """``epilogue(A @ B^T)`` on tensor cores; arguments as ``nqdq.reference.matmul.gemm``.
 
-    a_codes: [M, K] codes (int8, or uint8 for fp8 / asymmetric int8); b_codes: [N, K];
-    mma: "s8s8" | "u8s8" | "<fa>.<fb>" (fp8 formats); sa, sb: float32 scales (sizes by
-    mode: tensor 1, row M / N, block [M, ceil(K/128)] / [ceil(N/128), ceil(K/128)]), or for
+    a_codes: [M, K] codes (int8, or uint8 for fp8 / asymmetric int8; "bf16.bf16": uint16
+    bfloat16 bits, or NumPy ml_dtypes.bfloat16); b_codes: [N, K];
+    mma: "s8s8" | "u8s8" | "<fa>.<fb>" (fp8 formats) | "bf16.bf16" (m16n8k16, float32
+    accumulate; scale modes "tensor" / "row"; the mma.sync kernel on every GPU); sa, sb:
+    float32 scales (sizes by mode: tensor 1, read on the device, so a device scalar costs no
+    host read; row M / N; block [M, ceil(K/128)] / [ceil(N/128), ceil(K/128)]), or for
     ``sa_mode = sb_mode = "mx"`` uint8 e8m0 codes [M, K/32] / [N, K/32] (fp8 codes, K a
     multiple of 32; mxfp6 / mxfp4 codes go through ``blockscaled.prepare_mx_operand`` first);
     za: uint8 zero points of an asymmetric A (1 or M); ``config``: a TileConfig or a
@@ -361,10 +411,11 @@ def gemm_sequence(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, alp
                   activation=None, config=None, entries=None) -> GemmSequence | None:  # fmt: skip
     """The GEMM ``gemm`` would launch for these shapes and arguments (``asym``: zero points
     given, ``bias``: a bias given) as a :class:`GemmSequence`, or None where it needs per-call
-    host work or Numba's launch: K not a multiple of 16 (padded copies), an empty output, or
-    the fast launch path off (``sequence.compile_sequence``). The arrays must be C-contiguous:
-    codes [M, K] / [N, K] of one byte, float32 scales (mx: uint8 e8m0 codes; ``scale_count``),
-    uint8 zero points (as A's scales), float32 bias [N]. ``entries``: compiled entries (tests)."""
+    host work or Numba's launch: rows of K not whole 16-byte chunks (16 codes, 8 bf16: padded
+    copies), an empty output, or the fast launch path off (``sequence.compile_sequence``). The
+    arrays must be C-contiguous: codes [M, K] / [N, K] of one byte ("bf16.bf16": uint16 bits),
+    float32 scales (mx: uint8 e8m0 codes; ``scale_count``), uint8 zero points (as A's scales),
+    float32 bias [N]. ``entries``: compiled entries (tests)."""
     plan = plan_gemm(M, N, K, mma=mma, sa_mode=sa_mode, sb_mode=sb_mode, asym=asym, bias=bias, out_dtype=out_dtype,
                      activation=activation, config=config)  # fmt: skip
     spec, cfg, Kp, grid = plan
@@ -379,7 +430,8 @@ def gemm_sequence(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, alp
     unused_u8, unused_i32, unused_f32 = Ptr("out", 0, 1, u8), Ptr("out", 0, 1, i32), Ptr("out", 0, 1, f32)
     colsum = Ptr("out", colsum_at, N, i32) if asym else unused_i32
     kern = get_kernel(cfg, spec)
-    args = (Ptr("codes_a", 0, M * K, u8), Ptr("codes_b", 0, N * K, u8), M, N, K,
+    eb = mma_sync.elem_bytes(mma)  # the kernel reads the codes as bytes
+    args = (Ptr("codes_a", 0, M * K * eb, u8), Ptr("codes_b", 0, N * K * eb, u8), M, N, K,
             Ptr("scales_a", 0, scale_count(sa_mode, M, K), s_dt),
             Ptr("scales_b", 0, scale_count(sb_mode, N, K, 128), s_dt),
             Ptr("zeros_a", 0, scale_count(sa_mode, M, K), u8) if asym else unused_u8, colsum,

@@ -13,6 +13,7 @@ stub                         PTX (sm_80+; the fp8 ``mma`` needs sm_89+)
 ``mma_s8s8(a.., b.., c..)``  ``mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32``
 ``mma_u8s8(...)``            ``... .s32.u8.s8.s32`` (asymmetric uint8 activations)
 ``mma_fp8(fa, fb)(...)``     ``... .f32.{e4m3,e5m2}.{e4m3,e5m2}.f32``
+``mma_bf16(...)``            ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``
 ``cp_async16(...)``          ``cp.async.cg.shared.global [s], [g], 16, src_bytes``
 ``cp_async_commit()``        ``cp.async.commit_group``
 ``cp_async_wait(n)()``       ``cp.async.wait_group n``
@@ -35,6 +36,13 @@ Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k32", 8-bit types), wi
   ``b1`` = B[16+4t:16+4t+4, g];
 * C / D (16 x 8): ``c0, c1`` = D[g, 2t], D[g, 2t+1]; ``c2, c3`` = D[g+8, 2t], D[g+8, 2t+1].
 
+The 16-bit ``m16n8k16`` (PTX ISA, "Matrix fragments for mma.m16n8k16 with floating point
+type"; ``.bf16``) has the same layout *in bytes*: a register holds 2 consecutive elements
+along K (the lower index in the low half), so ``a0`` = A[g, 2t:2t+2] is again bytes 4t..4t+4
+of row g, ``a2`` = A[g, 8+2t:...] bytes 16+4t.., ``b0`` = B[2t:2t+2, g], ``b1`` = B[8+2t:..., g],
+and C / D as above. A 16 x 16 bf16 A tile is the 16 x 32 bytes of an 8-bit one, so the same
+``ldmatrix`` addresses feed either kind.
+
 ``ldmatrix .x4``: lane ``l`` gives the shared address of row ``l % 8`` of matrix ``l // 8``
 (8 rows of 16 bytes each); lane ``l`` receives, for each matrix ``j``, the 32-bit word
 ``l % 4`` of that matrix's row ``l // 4``: exactly the A / B fragment layout above when
@@ -42,9 +50,9 @@ the four matrices are chosen as the kernels do (see ``_gemm_kernels``).
 
 The twins of the warp-wide instructions (``ldmatrix``, ``mma``) exchange the 32 lanes'
 operands through a dictionary and the simulator's block barrier, so every thread of a
-block must reach them the same number of times (true of the GEMM mainloop). The fp8 twin
-sums the 32 exact products in float64 and rounds once to float32 (the hardware's internal
-order and width are not specified; tests allow for that).
+block must reach them the same number of times (true of the GEMM mainloop). The fp8 and
+bf16 twins sum the 32 / 16 exact products in float64 and round once to float32 (the
+hardware's internal order and width are not specified; tests allow for that).
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ import numpy as np
 from ..runtime.target import SIMULATOR
 
 __all__ = [
-    "ldmatrix_x4", "mma_s8s8", "mma_u8s8", "mma_fp8", "cp_async16", "cp_async_commit",
+    "ldmatrix_x4", "mma_s8s8", "mma_u8s8", "mma_fp8", "mma_bf16", "cp_async16", "cp_async_commit",
     "cp_async_wait", "cp_async_unit", "cp_async_unit_l2_256", "ld_shared_u32x4", "FP8_TYPES", "mbarrier_init",
     "mbarrier_arrive", "cp_async_mbarrier_arrive", "mbarrier_try_wait", "setmaxnreg",
 ]
@@ -117,30 +125,32 @@ def _bytes(w, signed):
     return [int(v) for v in b]
 
 
-def _a_matrix(lanes_a, decode):
-    """16 x 32 A from the lanes' (a0, a1, a2, a3)."""
-    A = np.zeros((16, 32), np.float64)
+def _a_matrix(lanes_a, decode, per=4):
+    """A [16, 8 per] from the lanes' (a0, a1, a2, a3), ``per`` elements a register (4 of
+    8 bits: m16n8k32; 2 of 16 bits: m16n8k16)."""
+    A = np.zeros((16, 8 * per), np.float64)
     for lane, regs in enumerate(lanes_a):
         g, t = lane // 4, lane % 4
-        for r, (row, col) in enumerate(((g, 4 * t), (g + 8, 4 * t), (g, 16 + 4 * t), (g + 8, 16 + 4 * t))):
-            A[row, col:col + 4] = decode(regs[r])
+        for r, (row, col) in enumerate(((g, per * t), (g + 8, per * t), (g, 4 * per + per * t),
+                                        (g + 8, 4 * per + per * t))):  # fmt: skip
+            A[row, col:col + per] = decode(regs[r])
     return A
 
 
-def _b_matrix(lanes_b, decode):
-    """32 x 8 B from the lanes' (b0, b1)."""
-    B = np.zeros((32, 8), np.float64)
+def _b_matrix(lanes_b, decode, per=4):
+    """B [8 per, 8] from the lanes' (b0, b1), ``per`` elements a register."""
+    B = np.zeros((8 * per, 8), np.float64)
     for lane, regs in enumerate(lanes_b):
         g, t = lane // 4, lane % 4
-        B[4 * t:4 * t + 4, g] = decode(regs[0])
-        B[16 + 4 * t:16 + 4 * t + 4, g] = decode(regs[1])
+        B[per * t:per * t + per, g] = decode(regs[0])
+        B[4 * per + per * t:4 * per + per * t + per, g] = decode(regs[1])
     return B
 
 
-def _mma_twin(a, b, c, dec_a, dec_b, out):
+def _mma_twin(a, b, c, dec_a, dec_b, out, per=4):
     lanes, lane = _exchange((a, b))
-    A = _a_matrix([x[0] for x in lanes], dec_a)
-    B = _b_matrix([x[1] for x in lanes], dec_b)
+    A = _a_matrix([x[0] for x in lanes], dec_a, per)
+    B = _b_matrix([x[1] for x in lanes], dec_b, per)
     g, t = lane // 4, lane % 4
     d = []
     for i, (row, col) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
@@ -167,6 +177,11 @@ def _dec_fp8(fmt):
         return [table[v] for v in _bytes(w, False)]
 
     return dec
+
+
+def _dec_bf16(w):
+    """The two bfloat16 values of a 32-bit word, the low half first."""
+    return np.asarray([w], np.int32).view(ml_dtypes.bfloat16).astype(np.float64).tolist()
 
 
 # ----------------------------------------------------------------------------- stubs (= twins)
@@ -212,6 +227,14 @@ _FP8_STUBS = {(fa, fb): _make_fp8_stub(fa, fb) for fa in FP8_TYPES for fb in FP8
 def mma_fp8(fa: str, fb: str):
     """The fp8 ``mma`` stub for A in ``fa`` and B in ``fb`` (each "e4m3" or "e5m2")."""
     return _FP8_STUBS[(fa, fb)]
+
+
+def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`` (sm_80+): D = A * B + C with
+    bfloat16 A (16 x 16) and B (16 x 8) fragments, two bf16 bit patterns packed in each
+    int32 (the lower K index in the low half; layout in the module docstring), float32 C /
+    D. Returns (d0, d1, d2, d3) float32. Warp-wide."""
+    return _mma_twin((a0, a1, a2, a3), (b0, b1), (c0, c1, c2, c3), _dec_bf16, _dec_bf16, "f32", per=2)
 
 
 def cp_async16(smem, soff, gmem, goff, nbytes):
@@ -325,7 +348,7 @@ if not SIMULATOR:
     _ldsm_x4 = _shared_x4("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];", types.int32)
     _lds_u32x4 = _shared_x4("ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", types.uint32)
 
-    def _mma_intrinsic(ptx_types, acc):
+    def _mma_intrinsic(ptx_types, acc, shape="m16n8k32"):
         ity = types.int32 if acc == "s32" else types.float32
         lty = _I32 if acc == "s32" else _F32
         cc = "r" if acc == "s32" else "f"
@@ -339,7 +362,7 @@ if not SIMULATOR:
                 fty = ir.FunctionType(st, [_I32] * 6 + [lty] * 4)
                 asm = ir.InlineAsm(
                     fty,
-                    f"mma.sync.aligned.m16n8k32.row.col.{ptx_types} "
+                    f"mma.sync.aligned.{shape}.row.col.{ptx_types} "
                     "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
                     f"={cc},={cc},={cc},={cc},r,r,r,r,r,r,{cc},{cc},{cc},{cc}",
                 )
@@ -361,6 +384,7 @@ if not SIMULATOR:
     _join(mma_u8s8, _mma_intrinsic("s32.u8.s8.s32", "s32"))
     for (_fa, _fb), _stub in _FP8_STUBS.items():
         _join(_stub, _mma_intrinsic(f"f32.{_fa}.{_fb}.f32", "f32"))
+    _join(mma_bf16, _mma_intrinsic("f32.bf16.bf16.f32", "f32", "m16n8k16"))
 
     @overload(ldmatrix_x4, target="cuda")
     def _ol_ldmatrix_x4(smem, off):
