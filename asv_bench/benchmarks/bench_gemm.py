@@ -11,7 +11,8 @@ import numpy as np
 
 from ._gpu import cupy_or_skip
 
-CASES = [("int8_row", "int8_row"), ("fp8_row", "fp8_row"), ("fp8_1x128", "fp8_128x128")]
+CASES = [("int8_row", "int8_row"), ("fp8_row", "fp8_row"), ("fp8_1x128", "fp8_128x128"), ("mxfp8", "mxfp8"),
+         ("mxfp8", "mxfp4")]
 SHAPES = ["4096x4096x4096", "128x14336x4096"]
 
 

@@ -65,6 +65,32 @@ class TimeQuantizeGPU:
         self.cp.cuda.runtime.deviceSynchronize()
 
 
+class TimeQuantizeAmaxGPU:
+    """A given tensor scale with and without the amax by-product (``amax_out``, delayed
+    scaling): the by-product's cost is the difference."""
+
+    params = (["fp8_tensor", "nvfp4"], [False, True], ["8192x8192"])
+    param_names = ["scheme", "amax_out", "shape"]
+    timeout = 300
+
+    def setup(self, scheme, amax_out, shape):
+        import nqdq
+
+        self.cp = cupy_or_skip()
+        rows, cols = (int(v) for v in shape.split("x"))
+        x = bf16_bits(self.cp, (rows, cols))
+        kw = dict(scale=0.05 if scheme == "fp8_tensor" else 0.001, dtype="bfloat16")
+        if amax_out:
+            kw["amax_out"] = self.cp.zeros(1, self.cp.float32)
+        self.run = lambda: nqdq.quantize(x, scheme, **kw)
+        self.run()
+        self.cp.cuda.runtime.deviceSynchronize()
+
+    def time_quantize(self, scheme, amax_out, shape):
+        self.run()
+        self.cp.cuda.runtime.deviceSynchronize()
+
+
 class TimeQuantizeStochasticGPU(TimeQuantizeGPU):
     """Stochastic rounding (seed 1) through the last-axis kernels' stochastic variants: Philox
     bits and the 32-bit encoder per element."""
