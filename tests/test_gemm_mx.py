@@ -9,7 +9,11 @@
   against float64 products of ml_dtypes values (fp6 / fp4 codes, whose conversion is under
   test), rel. L2 < 1e-5 with float32 output. The kernel sums each 32 of K in the tensor core
   (the twin: exact products, one float32 rounding), then adds partial * 2^(ea - 127) *
-  2^(eb - 127) in float32; the references sum in float64 and round once.
+  2^(eb - 127) in float32; the references sum in float64 and round once. The sm_120a variant
+  (``SCALE_MX_HW``: the block-scaled mma applies the codes, the twins of
+  ``ptx.mma_blockscale``) runs the fp8 cases too, forced by ``mx_kernel``.
+* sm_120a (assembled, not run): that variant compiled for ``cc=(12, 0, "a")``, assembled by
+  nvJitLink, its SASS read by nvdisasm; and the plan picks it for compute capability 12.0 only.
 
 Every test makes its data from its own seed.
 """
@@ -30,6 +34,7 @@ from nqdq.reference.packing import pack_codes, packed_length
 
 from helpers.gemm import rel_l2
 from helpers.ptx import compile_rows
+from test_mma_blockscale import nvdisasm_path
 
 # element format -> (bits, the ml_dtypes type of its codes)
 ELEMENTS = {
@@ -40,6 +45,9 @@ ELEMENTS = {
     "e5m2": (8, ml_dtypes.float8_e5m2),
 }
 CONVERTERS = [bs.convert_codes, bs.convert_codes_reference]  # the device kernel, its NumPy twin
+# the MX kernel variants: float32 promotion every 32 of K, sm_120a's block-scaled mma
+MX_KERNELS = pytest.mark.parametrize("mx_kernel", [mma_sync.SCALE_MX, mma_sync.SCALE_MX_HW],
+                                     ids=["promote", "blockscale_mma"])  # fmt: skip
 # NumPy arrays straight into the kernels and launch sequences: the simulator (on a GPU,
 # tests/test_matmul_pairs.py runs the MX path through nqdq.matmul, conversion included)
 simulator_only = pytest.mark.skipif(not SIMULATOR, reason="NumPy arrays into kernels: the CUDA simulator")
@@ -147,17 +155,19 @@ def run_mx(a, sa, ea, b, sb, eb, M, N, K, **kw):
     return kg.gemm(a8, b8, mma=mma, sa=sa, sb=sb, sa_mode="mx", sb_mode="mx", **kw), (a8, b8, mma)
 
 
+@MX_KERNELS
 @pytest.mark.parametrize("ea,eb,shape", [
     ("e4m3", "e4m3", (16, 16, 64)),
     ("e5m2", "e4m3", (17, 24, 96)),  # K = 96: the last 64-wide tile holds one K step
     ("e4m3", "e5m2", (1, 9, 64)),
+    ("e5m2", "e5m2", (3, 7, 128)),
 ])  # fmt: skip
-def test_fp8_mx_gemm_matches_reference(ea, eb, shape):
+def test_fp8_mx_gemm_matches_reference(ea, eb, shape, mx_kernel):
     M, N, K = shape
     rng = np.random.default_rng([M, N, K, 3])
     a, sa, _ = mx_operand(rng, M, K, ea)
     b, sb, _ = mx_operand(rng, N, K, eb)
-    got, (a8, b8, mma) = run_mx(a, sa, ea, b, sb, eb, M, N, K)
+    got, (a8, b8, mma) = run_mx(a, sa, ea, b, sb, eb, M, N, K, mx_kernel=mx_kernel)
     assert mma == f"{ea}.{eb}" and got.dtype == np.float32 and got.shape == (M, N)
     want = ref.gemm(a8, b8, mma=mma, sa=sa, sb=sb, sa_mode="mx", sb_mode="mx")
     assert rel_l2(got, want) < 1e-5
@@ -281,6 +291,24 @@ def test_mx_takes_the_mma_sync_tile_on_sm90(monkeypatch):
     assert kg.default_config(spec(mma_sync.SCALE_MX), (64, 64)) is kg.GPU_CONFIG
 
 
+def test_mx_kernel_by_compute_capability(monkeypatch):
+    """The plan (``MX_KERNEL_BY_CC``) gives MX the block-scaled mma on compute capability 12.0
+    only (sm_120a; assembled, not run); every GPU that runs today keeps the promotion kernel,
+    on the mma.sync tile; the other scale modes are untouched."""
+    assert kg.mx_kernel_mode(None) == mma_sync.SCALE_MX  # the simulator
+    monkeypatch.setattr(kg, "SIMULATOR", False)
+    for cc, want in [((12, 0), mma_sync.SCALE_MX_HW), ((8, 9), mma_sync.SCALE_MX), ((9, 0), mma_sync.SCALE_MX),
+                     ((10, 0), mma_sync.SCALE_MX), ((12, 1), mma_sync.SCALE_MX), ((8, 0), mma_sync.SCALE_MX)]:
+        monkeypatch.setattr(kg, "device_cc", lambda cc=cc: cc)
+        plan = kg.plan_gemm(256, 256, 128, mma="e4m3.e5m2", sa_mode="mx", sb_mode="mx")
+        assert plan.spec.sa_mode == plan.spec.sb_mode == want, cc
+        assert plan.cfg is kg.GPU_CONFIG and kg.default_config(plan.spec, (256, 256)) is kg.GPU_CONFIG, cc
+        row = kg.plan_gemm(256, 256, 128, mma="e4m3.e5m2", sa_mode="row", sb_mode="row", config=kg.GPU_CONFIG)
+        assert row.spec.sa_mode == mma_sync.SCALE_ROW, cc
+    with pytest.raises(ValueError, match="mx_kernel=2: one of"):
+        kg.plan_gemm(16, 16, 64, mma="e4m3.e4m3", sa_mode="mx", sb_mode="mx", mx_kernel=mma_sync.SCALE_BLOCK)
+
+
 # ----------------------------------------------------------------------------- PTX
 _PTX_SCRIPT = r"""
 import json, re
@@ -318,3 +346,56 @@ def test_mx_kernels_assemble():
     for row in rows[:2]:
         assert row["ldg_u8"] == 16 and row["spill"] == 0 and row["cubin"] > 0, row
     assert all(row["cubin"] > 0 for row in rows[2:]), rows
+
+
+_SM120A_SCRIPT = r"""
+import json, re, subprocess, sys, tempfile
+from nqdq.gpu.gemm import plan as kg
+from nqdq.gpu.gemm.mma_sync import ACT_GELU, ACT_NONE, OUT_BF16, OUT_F32, SCALE_MX_HW, GemmSpec
+out = []
+for mma, o, act, bias in [("e4m3.e4m3", OUT_F32, ACT_NONE, False), ("e5m2.e4m3", OUT_BF16, ACT_GELU, True)]:
+    spec = GemmSpec(mma=mma, sa_mode=SCALE_MX_HW, sb_mode=SCALE_MX_HW, out=o, act=act, bias=bias, asym=False)
+    ptx = kg.compile_ptx(spec, (12, 0, "a"))
+    cubin, log = kg.assemble(ptx, (12, 0, "a"))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([sys.argv[1], "-c", f.name], capture_output=True, text=True, check=True).stdout
+    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4})\*/\s+([^;]*);", sass)]
+    labels = {m.group(1): int(m.group(2), 16) for m in re.finditer(r"^\.L_x_(\d+):\n\s+/\*([0-9a-f]+)\*/", sass, re.M)}
+    loops = []  # (first, branch) of every backward branch holding a block-scaled MMA: the K loops
+    for a, t in ins:
+        m = re.search(r"BRA[^`]*`\(\.L_x_(\d+)\)", t)
+        if m and labels[m.group(1)] < a and any(labels[m.group(1)] <= b <= a and "MMA" in u for b, u in ins):
+            loops.append((labels[m.group(1)], a))
+    lo, hi = min(l for l, _ in loops), max(h for _, h in loops)
+    body = [t for a, t in ins if lo <= a <= hi]
+    spill = re.findall(r"(\d+) bytes spill (?:stores|loads)", log)
+    out.append(dict(mma=mma, target=re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1),
+                    ptx_mma=sorted(set(re.findall(r"mma\.sync\.aligned\.[^\s]+", ptx))),
+                    sass_mma=sorted(set(re.findall(r"\b[A-Z]MMA[A-Z0-9._]*", sass))),
+                    loop_mma=sum("MMA" in t for t in body), loop_ldg=sum("LDG.E.U8" in t for t in body),
+                    loop_float=[t for t in body if re.search(r"\bF(FMA|MUL|ADD)\b", t)],
+                    regs=int(re.search(r"Used (\d+) registers", log).group(1)), spill=[int(s) for s in spill],
+                    lmem=re.findall(r"(\d+) bytes lmem", log)))
+print(json.dumps(out))
+"""
+
+
+def test_mx_blockscale_gemm_assembles_for_sm120a():
+    """The sm_120a MX GEMM (GPU_CONFIG's 128 x 128 tile; assembled, not run): compiled for
+    ``cc=(12, 0, "a")`` and assembled by nvJitLink, it holds only block-scaled MMAs
+    (``QMMA.SF.16832.F32.<A>.<B>.E8``), 16 in the K loop (a warp tile of 4 x 4 per K step of
+    32) beside 3 scale-byte loads and no float32 FFMA / FMUL / FADD (no promotion); no spills,
+    no local memory."""
+    nvdisasm = nvdisasm_path()
+    if nvdisasm is None:
+        pytest.skip("nvdisasm not installed: pip install 'nvidia-cuda-nvdisasm>=13' (the test extra)")
+    rows = compile_rows(_SM120A_SCRIPT.replace("sys.argv[1]", repr(nvdisasm)))
+    for row, (fa, fb) in zip(rows, [("E4M3", "E4M3"), ("E5M2", "E4M3")]):
+        ptx_kind = f"mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4.block_scale.scale_vec::1X.f32.{fa.lower()}." \
+                   f"{fb.lower()}.f32.ue8m0"
+        assert row["target"] == "sm_120a" and row["ptx_mma"] == [ptx_kind], row
+        assert row["sass_mma"] == [f"QMMA.SF.16832.F32.{fa}.{fb}.E8"], row
+        assert row["loop_mma"] == 16 and row["loop_ldg"] == 3 and row["loop_float"] == [], row
+        assert row["spill"] == [0, 0] and set(row["lmem"]) <= {"0"} and row["regs"] <= 168, row

@@ -30,6 +30,9 @@ Epilogue, per element (float32; ``acc`` the exact int32 or float32 sum over K):
 * fp8 mx (OCP MX): every K step of 32 (one mma) goes into a zeroed partial, promoted at
                    once: tot += part * 2^(sa[m, ks] - 127) * 2^(sb[n, ks] - 127), with
                    sa [M, K/32], sb [N, K/32] uint8 e8m0 codes (0xFF: NaN), v = alpha * tot
+* fp8 mx_hw (sm_120a, assembled, not run): the same codes applied by the tensor core: each
+                   K step is one block-scaled mma (``ptx.mma_blockscale.mma_mxf8f6f4_1x``)
+                   accumulating into acc, v = alpha * acc (``make_mx_hw``)
 * then ``v += bias[n]``, ``relu`` / ``gelu`` (erf form), and rounding to the output
   (float32, float16 or bfloat16 bits, round to nearest even).
 """
@@ -44,6 +47,7 @@ from numba import float32, int32, uint8
 from ..runtime.backend import cuda
 
 from ..ptx import mma as _mma
+from ..ptx.mma_blockscale import mma_mxf8f6f4_1x
 from ..device.codec import bits_f32, f32_bits
 from ..ptx.convert import cvt_bf16x2, cvt_f16x2
 from ..ptx.memory import st_u32_at
@@ -53,6 +57,8 @@ BK = 64  # bytes of K per pipeline stage (= elements of 8-bit codes, 32 bf16)
 
 # epilogue modes
 SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK, SCALE_MX = 0, 1, 2, 3
+SCALE_MX_HW = 4  # the MX codes applied by sm_120a's block-scaled mma (plan.MX_KERNEL_BY_CC says where)
+MX_MODES = (SCALE_MX, SCALE_MX_HW)
 MX_K = 32  # K of one e8m0 scale (OCP MX v1.0 block size) = one m16n8k32 mma
 OUT_F32, OUT_F16, OUT_BF16 = 0, 1, 2
 ACT_NONE, ACT_RELU, ACT_GELU = 0, 1, 2
@@ -95,7 +101,8 @@ class GemmSpec:
     """What the kernel computes, all compile-time."""
 
     mma: str  # "s8s8" | "u8s8" | "e4m3.e4m3" | "e4m3.e5m2" | "e5m2.e4m3" | "e5m2.e5m2" | "bf16.bf16"
-    sa_mode: int  # SCALE_TENSOR | SCALE_ROW | SCALE_BLOCK | SCALE_MX (fp8 only, both operands); bf16: TENSOR | ROW
+    # SCALE_TENSOR | SCALE_ROW | SCALE_BLOCK | SCALE_MX | SCALE_MX_HW (fp8 only, both operands); bf16: TENSOR | ROW
+    sa_mode: int
     sb_mode: int
     out: int  # OUT_F32 | OUT_F16 | OUT_BF16
     act: int
@@ -343,6 +350,75 @@ def make_mx_promote(cfg: TileConfig):
     return mx_scales, mx_promote
 
 
+def mx_hw_selectors(i, j):
+    """(byte_a, thread_a, byte_b, thread_b) of the block-scaled mma of m16 tile ``i`` and n8
+    tile ``j`` of a warp tile: A's tiles alternate between the two thread pairs of a quad and
+    then take the word's next byte, B's go round the quad's four threads then the next byte,
+    so each lane's two scale words carry every tile's scales (MT <= 8, NT <= 16) and a warp
+    loads ceil(MT / 2) + ceil(NT / 4) scale bytes a K step (``make_mx_hw``)."""
+    return i // 2, i % 2, j // 4, j % 4
+
+
+def make_mx_hw(cfg: TileConfig, fa: str, fb: str):
+    """(``mx_hw_words(sa, sb, M, N, KS, m_base, n_base, ks, lane)``: this lane's (scale-a-data,
+    scale-b-data) int32 words at K step ``ks`` for the selectors of ``mx_hw_selectors``;
+    ``mma_hw(x, a0..a3, b0, b1, c0..c3, sfa, sfb)``: the block-scaled mma of tile pair
+    ``x = i NT + j`` with that pair's immediate selectors).
+
+    The selection rule (``ptx.mma_blockscale.scale_lane_a`` / ``scale_lane_b``): row r of m16
+    tile i is read from lane 4 (r % 8) + 2 thread_a + r // 8, byte byte_a; column c of n8
+    tile j from lane 4 c + thread_b, byte byte_b. So lane (g, t) puts row g + 8 (t & 1) of
+    tile (t >> 1) + 2 b in byte b of its A word and column g of tile t + 4 b in byte b of its
+    B word; a byte no tile selects stays 0 (never read). Rows past M and columns past N read
+    the last row's / column's codes (their sums are never stored).
+
+    ``mma_hw`` is a chain of inlined calls, one stub per pair: the selectors are PTX
+    immediates, and ``x`` is a constant once the kernel's tile loops are unrolled, so the
+    chain folds to the pair's one instruction."""
+    MT, NT = cfg.mt, cfg.nt
+    if MT > 8 or NT > 16:
+        raise ValueError(f"{cfg}: the block-scaled mma's selectors reach 8 m16 tiles (mt) and 16 n8 tiles (nt)")
+    BYTES_A, BYTES_B = (MT + 1) // 2, (NT + 3) // 4
+
+    @devfn
+    def mx_hw_words(sa, sb, M, N, KS, m_base, n_base, ks, lane):
+        g = lane >> 2
+        t = lane & 3
+        wa = np.uint32(0)
+        for b in range(BYTES_A):
+            i = (t >> 1) + 2 * b
+            if i < MT:
+                m = min(m_base + i * 16 + g + (t & 1) * 8, M - 1)
+                wa |= np.uint32(sa[np.uint64(m * KS + ks)]) << np.uint32(8 * b)
+        wb = np.uint32(0)
+        for b in range(BYTES_B):
+            j = t + 4 * b
+            if j < NT:
+                n = min(n_base + j * 8 + g, N - 1)
+                wb |= np.uint32(sb[np.uint64(n * KS + ks)]) << np.uint32(8 * b)
+        return int32(wa), int32(wb)
+
+    def chain(x):
+        stub = mma_mxf8f6f4_1x(fa, fb, *mx_hw_selectors(x // NT, x % NT))
+        if x == MT * NT - 1:
+            @devfn
+            def last(k, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, sfa, sfb):
+                return stub(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, sfa, sfb)
+
+            return last
+        rest = chain(x + 1)
+
+        @devfn
+        def link(k, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, sfa, sfb):
+            if k == x:
+                return stub(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, sfa, sfb)
+            return rest(k, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, sfa, sfb)
+
+        return link
+
+    return mx_hw_words, chain(0)
+
+
 def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
     """The ``gemm`` kernel of ``cfg`` and ``spec`` (module docstring). One function because the
     kernel is a closure over the compile-time constants computed here (tile sizes, the mma,
@@ -356,6 +432,7 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
     NACC = MT * NT * 4
     SA_BYTES = STAGES * A_STAGE  # B's ring starts here
     MX = spec.sa_mode == SCALE_MX
+    MX_HW = spec.sa_mode == SCALE_MX_HW
     BF16_MMA = spec.mma == "bf16.bf16"
     BYTES_PER_K = elem_bytes(spec.mma)
     PROMOTED = spec.sa_mode in (SCALE_BLOCK, SCALE_MX)  # the sum is built in ``tot``
@@ -363,8 +440,10 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
     NSA, NSB = (MT * 2, NT * 2) if MX else (1, 1)
     NAF, NBF = MT * 4, NT * 2
     FLOAT_ACC = spec.mma not in ("s8s8", "u8s8")
-    if (spec.sb_mode == SCALE_MX) != MX or (MX and (not FLOAT_ACC or BF16_MMA)):
-        raise ValueError(f"{spec}: the MX scale mode is for both operands of an fp8 mma")
+    mx_any = spec.sa_mode in MX_MODES
+    mixed = (mx_any or spec.sb_mode in MX_MODES) and spec.sb_mode != spec.sa_mode
+    if mixed or (mx_any and (not FLOAT_ACC or BF16_MMA)):
+        raise ValueError(f"{spec}: the MX scale modes are for both operands of an fp8 mma")
     if BF16_MMA and ({spec.sa_mode, spec.sb_mode} - {SCALE_TENSOR, SCALE_ROW} or spec.asym):
         raise ValueError(f"{spec}: the bf16 mma takes the tensor and row scale modes, no zero points")
     if spec.mma == "s8s8":
@@ -376,6 +455,10 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
     else:
         fa, fb = spec.mma.split(".")
         mma = _mma.mma_fp8(fa, fb)
+        if MX_HW:
+            mx_hw_words, mma_hw = make_mx_hw(cfg, fa, fb)
+    if not MX_HW:  # never called: MX_HW folds its branches away
+        mx_hw_words = mma_hw = None
     wait_ready = _mma.cp_async_wait(STAGES - 2)
     commit, ldsm = _mma.cp_async_commit, _mma.ldmatrix_x4
     ACC_T = float32 if FLOAT_ACC else int32
@@ -418,6 +501,8 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
             s_a = cuda.local.array(NSA, float32)
             s_b = cuda.local.array(NSB, float32)
             KS = K >> 5  # K steps of MX_K = 32 (the launcher requires K % 32 == 0)
+        if MX_HW:
+            KS = K >> 5
         for s in range(STAGES - 1):
             if s < ktiles:
                 load_tile(a, b, smem, M, N, kbytes, m0, n0, s, s, tid)
@@ -440,6 +525,12 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
                     ks = 2 * kt + kk
                     if ks < KS:  # (K % 64 == 32: the last tile's second step is zero-filled)
                         mx_scales(sa, sb, M, N, KS, m0 + wm * (MT * 16), n0 + wn * (NT * 8), ks, lane, s_a, s_b)
+                if MX_HW:  # the scale words, loaded before the mma's; past K (zero-filled data) codes of 1
+                    ks = 2 * kt + kk
+                    sfa = int32(0x7F7F7F7F)
+                    sfb = int32(0x7F7F7F7F)
+                    if ks < KS:
+                        sfa, sfb = mx_hw_words(sa, sb, M, N, KS, m0 + wm * (MT * 16), n0 + wn * (NT * 8), ks, lane)
                 for i in range(MT):
                     r = a_row + i * 16
                     off = stage * A_STAGE + r * BK + (((a_chunk + 2 * kk) ^ ((r >> 1) & 3)) << 4)
@@ -456,6 +547,14 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
                                 af[4 * i], af[4 * i + 1], af[4 * i + 2], af[4 * i + 3],
                                 bf[2 * j], bf[2 * j + 1],
                                 ZERO_ACC, ZERO_ACC, ZERO_ACC, ZERO_ACC,
+                            )  # fmt: skip
+                        elif MX_HW:  # the tensor core scales this K step's products: straight into acc
+                            acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma_hw(
+                                i * NT + j,
+                                af[4 * i], af[4 * i + 1], af[4 * i + 2], af[4 * i + 3],
+                                bf[2 * j], bf[2 * j + 1],
+                                acc[x], acc[x + 1], acc[x + 2], acc[x + 3],
+                                sfa, sfb,
                             )  # fmt: skip
                         else:
                             acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma(
@@ -482,7 +581,7 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
                 m = m_base + i * 16 + g + h * 8
                 if m < M:
                     s_m = alpha
-                    if not PROMOTED:
+                    if not PROMOTED and not MX_HW:
                         s_m = alpha * (sa[m] if SA_ROW else sa[0])
                     z = int32(0)
                     if ASYM:
@@ -494,6 +593,8 @@ def make_gemm_kernel(cfg: TileConfig, spec: GemmSpec):
                                 x = (i * NT + j) * 4 + h * 2 + e
                                 if PROMOTED:
                                     v = alpha * tot[x]
+                                elif MX_HW:
+                                    v = alpha * acc[x]
                                 else:
                                     if ASYM:
                                         q = acc[x] - z * colsum_b[n]

@@ -16,6 +16,10 @@ of at least ``LARGE_OUTPUT`` = 4096^2 elements):
   bfloat16 operands (``"bf16.bf16"``, NVFP4 pairs after ``blockscaled.prepare_nvfp4_operand``)
   on every GPU, sm_90 included (``mma_sync_only``): the wgmma kernel has neither yet, and
   this is Hopper's path that runs (not timed).
+* ``MX_KERNEL_BY_CC``: which kernel the MX scales take, by compute capability: sm_120
+  (Blackwell GeForce, built for sm_120a) the block-scaled mma that applies the e8m0 codes
+  itself (``mma_sync.SCALE_MX_HW``; assembled, not run: no sm_120 GPU here); every other GPU
+  and the simulator the float32 promotion every 32 of K (``SCALE_MX``).
 * ``WGMMA_CONFIG_WIDE_DIRECT``: sm_90 int8, large outputs: 128 x 256 tiles (193 KiB; int8
   needs no promotion registers) on the block-barrier ring, direct epilogue: 1235 vs 1201
   for the parked epilogue at 8192^3, 965 vs 893 at 4096^3 (1149 and 1023 with a producer
@@ -77,10 +81,20 @@ _SCALE = {"tensor": mma_sync.SCALE_TENSOR, "row": mma_sync.SCALE_ROW, "block": m
           "mx": mma_sync.SCALE_MX}
 
 
+# compute capability -> the MX kernel variant (module docstring); absent: SCALE_MX
+MX_KERNEL_BY_CC = {(12, 0): mma_sync.SCALE_MX_HW}
+
+
+def mx_kernel_mode(cc) -> int:
+    """The scale mode (kernel variant) that MX scales take on a GPU of compute capability
+    ``cc`` (None: no GPU, the simulator): ``MX_KERNEL_BY_CC``."""
+    return MX_KERNEL_BY_CC.get(None if cc is None else tuple(cc[:2]), mma_sync.SCALE_MX)
+
+
 def mma_sync_only(spec: GemmSpec) -> bool:
     """Whether ``spec`` runs on the mma.sync kernel only: MX block scales, bfloat16 operands
     (the wgmma kernel has no MX mode and no bf16 kind yet)."""
-    return spec.sa_mode == mma_sync.SCALE_MX or spec.mma == "bf16.bf16"
+    return spec.sa_mode in mma_sync.MX_MODES or spec.mma == "bf16.bf16"
 
 
 def default_config(spec: GemmSpec, shape: tuple[int, int] | None = None):
@@ -212,12 +226,21 @@ class GemmPlan(NamedTuple):
 
 
 def plan_gemm(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, out_dtype="float32", activation=None,
-              config=None) -> GemmPlan:  # fmt: skip
+              config=None, mx_kernel=None) -> GemmPlan:  # fmt: skip
     """The kernel and grid of an [M, K] x [N, K]^T GEMM (``gemm``'s arguments; ``asym``: zero
-    points given, ``bias``: a bias given). The one place both launchers choose them."""
+    points given, ``bias``: a bias given; ``mx_kernel``: for mode "mx", SCALE_MX or
+    SCALE_MX_HW, default ``mx_kernel_mode`` of this GPU). The one place both launchers choose them."""
     _check_mx(M, N, K, mma, sa_mode, sb_mode, asym, config)
     _check_bf16(mma, sa_mode, sb_mode, asym, config)
-    spec = GemmSpec(mma=mma, sa_mode=_SCALE[sa_mode], sb_mode=_SCALE[sb_mode], out=_OUT[out_dtype],
+    if sa_mode == "mx":
+        if mx_kernel is None:
+            mx_kernel = mx_kernel_mode(None if SIMULATOR else device_cc())
+        if mx_kernel not in mma_sync.MX_MODES:
+            raise ValueError(f"mx_kernel={mx_kernel!r}: one of mma_sync.SCALE_MX, mma_sync.SCALE_MX_HW")
+        sa_code = sb_code = mx_kernel
+    else:
+        sa_code, sb_code = _SCALE[sa_mode], _SCALE[sb_mode]
+    spec = GemmSpec(mma=mma, sa_mode=sa_code, sb_mode=sb_code, out=_OUT[out_dtype],
                     act=_ACT[activation], bias=bool(bias), asym=bool(asym))  # fmt: skip
     cfg = config or default_config(spec, (M, N))
     # one n-block of scales per CTA, or (wgmma) two for N = 256 tiles
@@ -287,7 +310,7 @@ class PreparedGemm:
     the kernel alone (benchmarks time this), ``result()`` returns the output as ``gemm``."""
 
     def __init__(self, a_codes, b_codes, *, mma, sa, sb, sa_mode, sb_mode, za=None, bias=None, alpha=1.0,
-                 out_dtype="float32", activation=None, config=None):  # fmt: skip
+                 out_dtype="float32", activation=None, config=None, mx_kernel=None):  # fmt: skip
         M, K = (int(d) for d in a_codes.shape)
         N = int(b_codes.shape[0])
         self.shape, self.out_dtype = (M, N), out_dtype
@@ -295,7 +318,7 @@ class PreparedGemm:
         lib = _Lib(SIMULATOR, None if SIMULATOR else _cupy())
         spec, cfg, Kp, grid = plan_gemm(M, N, K, mma=mma, sa_mode=sa_mode, sb_mode=sb_mode, asym=za is not None,
                                         bias=bias is not None, out_dtype=out_dtype, activation=activation,
-                                        config=config)  # fmt: skip
+                                        config=config, mx_kernel=mx_kernel)  # fmt: skip
         self.cfg = cfg
         eb = mma_sync.elem_bytes(mma)
         if eb == 2:  # bf16 bits, handed to the kernel as their bytes (it works in bytes of K)
@@ -369,7 +392,8 @@ def gemm(a_codes, b_codes, **kw):
     ``sa_mode = sb_mode = "mx"`` uint8 e8m0 codes [M, K/32] / [N, K/32] (fp8 codes, K a
     multiple of 32; mxfp6 / mxfp4 codes go through ``blockscaled.prepare_mx_operand`` first);
     za: uint8 zero points of an asymmetric A (1 or M); ``config``: a TileConfig or a
-    WgmmaConfig (default :func:`default_config`). Returns [M, N] out_dtype (bfloat16 as
+    WgmmaConfig (default :func:`default_config`); ``mx_kernel``: the MX variant
+    (``mma_sync.SCALE_MX`` / ``SCALE_MX_HW``, default :func:`mx_kernel_mode`). Returns [M, N] out_dtype (bfloat16 as
     uint16 bits on a GPU array library; NumPy results are float16 / ml_dtypes.bfloat16).
     """
     g = PreparedGemm(a_codes, b_codes, **kw)
@@ -481,7 +505,7 @@ def kernel_signature(spec: GemmSpec):
 
     u8, f32 = T.Array(T.uint8, 1, "C"), T.Array(T.float32, 1, "C")
     out = f32 if spec.out == mma_sync.OUT_F32 else T.Array(T.uint16, 1, "C")
-    s = u8 if spec.sa_mode == mma_sync.SCALE_MX else f32  # e8m0 codes, or float32 scales
+    s = u8 if spec.sa_mode in mma_sync.MX_MODES else f32  # e8m0 codes, or float32 scales
     return (u8, u8, T.int64, T.int64, T.int64, s, s, u8, T.Array(T.int32, 1, "C"), f32, T.float32, out)
 
 
