@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from nqdq.gpu.ptx import mma as _mma
 from nqdq.gpu.ptx import mma_blockscale as bs
 
+from helpers.probes import stage_fragments, store_fragment
 from helpers.ptx import compile_rows
 
 NAN_E8M0, NAN_UE4M3 = 0xFF, 0x7F
@@ -37,28 +37,12 @@ def make_blockscale_probe(mma):
 
     @cuda.jit
     def probe(a, b, sfa, sfb, d):
-        sm = cuda.shared.array(1024, np.uint8)  # A rows at 0 (32 bytes each), B rows at 512
+        sm = cuda.shared.array(1024, np.uint8)
         lane = cuda.threadIdx.x
-        for c in range(lane, 48, 32):
-            if c < 32:
-                _mma.cp_async16(sm, (c >> 1) * 32 + (c & 1) * 16, a, (c >> 1) * 32 + (c & 1) * 16, 16)
-            else:
-                r = c - 32
-                _mma.cp_async16(sm, 512 + (r >> 1) * 32 + (r & 1) * 16, b, (r >> 1) * 32 + (r & 1) * 16, 16)
-        _mma.cp_async_commit()
-        _mma.cp_async_wait(0)()
-        cuda.syncthreads()
-        a0, a1, a2, a3 = _mma.ldmatrix_x4(sm, ((lane & 7) + ((lane >> 3) & 1) * 8) * 32 + (lane >> 4) * 16)
-        b0, b1, b2, b3 = _mma.ldmatrix_x4(sm, 512 + (lane & 7) * 32 + ((lane >> 3) & 1) * 16)
+        a0, a1, a2, a3, b0, b1 = stage_fragments(sm, a, b, lane)
         z = np.float32(0)
         d0, d1, d2, d3 = mma(a0, a1, a2, a3, b0, b1, z, z, z, z, sfa[lane], sfb[lane])
-        g = lane >> 2
-        t = lane & 3
-        cuda.syncthreads()
-        d[g * 8 + 2 * t] = d0
-        d[g * 8 + 2 * t + 1] = d1
-        d[(g + 8) * 8 + 2 * t] = d2
-        d[(g + 8) * 8 + 2 * t + 1] = d3
+        store_fragment(d, lane, d0, d1, d2, d3)
 
     return probe
 

@@ -17,35 +17,50 @@ FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 WAIT_ALL = _mma.cp_async_wait(0)  # a PTX immediate: one stub per count, taken outside the kernel
 
 
+@cuda.jit(device=True)
+def stage_fragments(sm, a, b, lane):
+    """One warp's A [16, 32 bytes] and B [8, 32 bytes] through cp.async -> shared (A rows at
+    0, 32 bytes each; B rows at 512) -> ldmatrix: (a0, a1, a2, a3, b0, b1), the 8-bit
+    m16n8k32 fragments (the bf16 m16n8k16 and the block-scaled ones have the same bytes)."""
+    for c in range(lane, 48, 32):  # 32 chunks of A (16 rows x 2), 16 of B
+        if c < 32:
+            _mma.cp_async16(sm, (c >> 1) * 32 + (c & 1) * 16, a, (c >> 1) * 32 + (c & 1) * 16, 16)
+        else:
+            r = c - 32
+            _mma.cp_async16(sm, 512 + (r >> 1) * 32 + (r & 1) * 16, b, (r >> 1) * 32 + (r & 1) * 16, 16)
+    _mma.cp_async_commit()
+    WAIT_ALL()
+    cuda.syncthreads()
+    # A: matrices (rows 0-7, k 0-15), (rows 8-15, k 0-15), (rows 0-7, k 16-31), (8-15, 16-31)
+    a0, a1, a2, a3 = _mma.ldmatrix_x4(sm, ((lane & 7) + ((lane >> 3) & 1) * 8) * 32 + (lane >> 4) * 16)
+    # B (8 rows): matrices (k 0-15), (k 16-31); x4 reads them twice (lanes 16-31 repeat)
+    b0, b1, b2, b3 = _mma.ldmatrix_x4(sm, 512 + (lane & 7) * 32 + ((lane >> 3) & 1) * 16)
+    return a0, a1, a2, a3, b0, b1
+
+
+@cuda.jit(device=True)
+def store_fragment(d, lane, d0, d1, d2, d3):
+    """D [16, 8] (row-major) from each lane's C / D fragment."""
+    g = lane >> 2
+    t = lane & 3
+    cuda.syncthreads()
+    d[g * 8 + 2 * t] = d0
+    d[g * 8 + 2 * t + 1] = d1
+    d[(g + 8) * 8 + 2 * t] = d2
+    d[(g + 8) * 8 + 2 * t + 1] = d3
+
+
 def make_mma_probe(mma):
     """A one-warp kernel: D = A @ B.T for A [16, 32], B [8, 32] uint8 bytes, through
     cp.async -> shared -> ldmatrix -> mma; D written from each lane's fragment."""
 
     @cuda.jit
     def probe(a, b, d):
-        sm = cuda.shared.array(1024, uint8)  # A rows at 0 (32 bytes each), B rows at 512
+        sm = cuda.shared.array(1024, uint8)
         lane = cuda.threadIdx.x
-        for c in range(lane, 48, 32):  # 32 chunks of A (16 rows x 2), 16 of B
-            if c < 32:
-                _mma.cp_async16(sm, (c >> 1) * 32 + (c & 1) * 16, a, (c >> 1) * 32 + (c & 1) * 16, 16)
-            else:
-                r = c - 32
-                _mma.cp_async16(sm, 512 + (r >> 1) * 32 + (r & 1) * 16, b, (r >> 1) * 32 + (r & 1) * 16, 16)
-        _mma.cp_async_commit()
-        WAIT_ALL()
-        cuda.syncthreads()
-        # A: matrices (rows 0-7, k 0-15), (rows 8-15, k 0-15), (rows 0-7, k 16-31), (8-15, 16-31)
-        a0, a1, a2, a3 = _mma.ldmatrix_x4(sm, ((lane & 7) + ((lane >> 3) & 1) * 8) * 32 + (lane >> 4) * 16)
-        # B (8 rows): matrices (k 0-15), (k 16-31); x4 reads them twice (lanes 16-31 repeat)
-        b0, b1, b2, b3 = _mma.ldmatrix_x4(sm, 512 + (lane & 7) * 32 + ((lane >> 3) & 1) * 16)
+        a0, a1, a2, a3, b0, b1 = stage_fragments(sm, a, b, lane)
         d0, d1, d2, d3 = mma(a0, a1, a2, a3, b0, b1, d[0], d[0], d[0], d[0])  # C = d[0] = 0
-        g = lane >> 2
-        t = lane & 3
-        cuda.syncthreads()
-        d[g * 8 + 2 * t] = d0
-        d[g * 8 + 2 * t + 1] = d1
-        d[(g + 8) * 8 + 2 * t] = d2
-        d[(g + 8) * 8 + 2 * t + 1] = d3
+        store_fragment(d, lane, d0, d1, d2, d3)
 
     _ = int32
     return probe
