@@ -170,13 +170,17 @@ def _dec_u8(w):
     return _bytes(w, False)
 
 
-def _dec_fp8(fmt):
-    table = _FP8_TABLE[fmt]
+def _dec_table(table):
+    """Decode of a word's 4 bytes (one element each) by a 256-entry value table."""
 
     def dec(w):
         return [table[v] for v in _bytes(w, False)]
 
     return dec
+
+
+def _dec_fp8(fmt):
+    return _dec_table(_FP8_TABLE[fmt])
 
 
 def _dec_bf16(w):

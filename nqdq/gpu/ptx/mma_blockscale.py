@@ -74,7 +74,7 @@ import ml_dtypes
 import numpy as np
 
 from ..runtime.target import SIMULATOR
-from .mma import _FP8_TABLE, _a_matrix, _b_matrix, _bytes, _exchange
+from .mma import _FP8_TABLE, _a_matrix, _b_matrix, _bytes, _dec_table, _exchange
 
 __all__ = ["MXF8F6F4_TYPES", "MXF4NVF4_SCALES", "mma_mxf8f6f4_1x", "mma_mxf4nvf4", "scale_lane_a", "scale_lane_b"]
 
@@ -156,12 +156,7 @@ def _blockscale_twin(a, b, c, sfa, sfb, dec_a, dec_b, per, scale_vec, stype, sel
 
 
 def _dec_container(fmt):
-    table = _MXF8F6F4_TABLE[fmt]
-
-    def dec(w):
-        return [table[v] for v in _bytes(w, False)]
-
-    return dec
+    return _dec_table(_MXF8F6F4_TABLE[fmt])
 
 
 def _dec_e2m1x8(w):
