@@ -502,16 +502,19 @@ def static_encode(x, nunits, upr, codes, scales):
 """
 
 
+# a thread's amax of the units it holds (amax_step / amax_done: NaN and inf count), of the dynamic
+# kernel below and of the amax by-product (_STATIC_AMAX_OUT)
+_STATIC_AMAX_STATS = """    a = np.int32(0)
+    a2 = np.uint32(0)
+    a, a2 = amax_step(a, a2, w{j}, kind, VEC)
+"""
 # dynamic per-tensor scale in the same kernel (decode sizes; ``quantize.grid``): the block's amax of
 # the units it holds (NaN and inf count, as tensor_amax's MODE_FLOAT pass), the grid's max,
 # finalize's scale (group_params), block 0 writing it
 _STATIC_DYNAMIC = """    red = cuda.shared.array(NW, int32)
     gslot = cuda.shared.array(1, int32)
     scratch = cuda.shared.array(SCRATCH, int32)
-    a = np.int32(0)
-    a2 = np.uint32(0)
-    a, a2 = amax_step(a, a2, w{j}, kind, VEC)
-    a = amax_done(a, a2, kind)
+""" + _STATIC_AMAX_STATS + """    a = amax_done(a, a2, kind)
     a = block_max(a, tid, scratch, red)
 """ + _grid_max_src("a", """\
                 h = np.int32(0)
@@ -565,10 +568,6 @@ def static_unit_fns(fmt, VEC, NB, CVT, per_row):
 # ``amax_out`` (float32[1], zeroed by the plan before the launch: the bits of non-negative floats
 # order as integers, so the max is exact in any order). The statistic is gathered as the units
 # arrive, the reduction after the encode.
-_STATIC_AMAX_STATS = """    a = np.int32(0)
-    a2 = np.uint32(0)
-    a, a2 = amax_step(a, a2, w{j}, kind, VEC)
-"""
 _AMAX_OUT = """    red = cuda.shared.array(NW, int32)
     a = block_max(a, tid, scratch, red)
     if tid == 0:
