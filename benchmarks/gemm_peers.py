@@ -13,7 +13,10 @@ For every shape M x N x K (activations [M, K], weights [N, K]) and case:
   1x128 / 128x128 scales where this torch supports it, else beside the row-wise figure;
 * ``mxfp8``: nqdq MX e4m3 x e4m3 (e8m0 scales per 32 of K, the ``"mx"`` scale mode; mxfp6 /
   mxfp4 operands reach the same kernel as e4m3 codes) -> bfloat16 vs cuBLAS bf16
-  (``torch.matmul`` of the operands dequantized to bfloat16, exact at these scales).
+  (``torch.matmul`` of the operands dequantized to bfloat16, exact at these scales);
+* ``bf16``: nqdq's bfloat16 GEMM (``mma="bf16.bf16"``, the kernel NVFP4 x NVFP4 runs on after
+  its exact conversion to bfloat16) on random finite bfloat16 (tensor scales 1) vs cuBLAS
+  bf16 (``torch.matmul``) on the same bits.
 
 Timing: CUDA events around each launch of the prepared kernel (nqdq.gpu.gemm.plan.
 PreparedGemm.launch: no Python-side argument work), median of ``--reps`` after 3 warm-up
@@ -85,7 +88,12 @@ def make_operands(M, N, K, case, copies, rng):
 
     ops = []
     for c in range(copies):
-        if case == "int8":
+        if case == "bf16":  # finite bfloat16 bits of N(0, 1) values
+            a = cp.asarray((rng.standard_normal((M, K), np.float32).view(np.uint32) >> 16).astype(np.uint16))
+            b = cp.asarray((rng.standard_normal((N, K), np.float32).view(np.uint32) >> 16).astype(np.uint16))
+            sa = sb = cp.ones(1, np.float32)  # (the peer is a plain matmul: one kernel)
+            kw = dict(mma="bf16.bf16", sa=sa, sb=sb, sa_mode="tensor", sb_mode="tensor")
+        elif case == "int8":
             a = cp.asarray(rng.integers(-127, 128, (M, K), dtype=np.int8))
             b = cp.asarray(rng.integers(-127, 128, (N, K), dtype=np.int8))
             sa = cp.asarray(rng.uniform(0.5, 2, M).astype(np.float32) / 127)
@@ -121,7 +129,9 @@ def dequant_ref(a, b, kw, M, N, K, parts=False):
     import cupy as cp
     import ml_dtypes
 
-    if kw["mma"] == "s8s8":
+    if kw["mma"] == "bf16.bf16":
+        A, B = bf16_to_f32(a) * kw["sa"][0], bf16_to_f32(b) * kw["sb"][0]
+    elif kw["mma"] == "s8s8":
         A = a.astype(cp.float32) * kw["sa"][:, None]
         B = b.astype(cp.float32) * kw["sb"][:, None]
     else:
@@ -153,6 +163,11 @@ def torch_peer(case, a, b, kw, M, N, K):
 
             def run():
                 return torch._int_mm(ta, bt)
+        elif case == "bf16":  # cuBLAS bf16 on the same bits
+            A, B = ta.view(torch.bfloat16), tb.view(torch.bfloat16)
+
+            def run():
+                return torch.matmul(A, B.t())
         elif case == "mxfp8":  # cuBLAS bf16 on the same values (e4m3 x 2^k is a bfloat16 here)
             A, B = (torch.as_tensor(v, device="cuda").to(torch.bfloat16) for v in dequant_ref(a, b, kw, M, N, K, parts=True))
 
@@ -196,7 +211,7 @@ def _cfg_name(cfg):
 def bench_case(M, N, K, case, reps, rng, cfg):
     import cupy as cp
 
-    nbytes = (M + N) * K
+    nbytes = (M + N) * K * (2 if case == "bf16" else 1)
     copies = int(min(8, max(1, -(-2 * L2_BYTES // nbytes))))
     ops = make_operands(M, N, K, case, copies, rng)
     preps = [kg.PreparedGemm(a, b, out_dtype="bfloat16", config=cfg, **kw) for a, b, kw in ops]
