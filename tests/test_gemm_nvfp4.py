@@ -245,7 +245,6 @@ def test_bf16_launch_sequence_equals_gemm():
     (dict(sa_mode="block"), ValueError, "sa_mode='block': mma='bf16.bf16' takes the 'tensor' and 'row'"),
     (dict(sa_mode="mx", sb_mode="mx"), ValueError, "mma='bf16.bf16': the MX scale mode takes fp8 codes"),
     (dict(za=np.uint8(3)), ValueError, "za: mma='bf16.bf16' takes no zero points"),
-    (dict(config=kg.WgmmaConfig(warpgroups=1, n=16)), ValueError, "config: the wgmma kernel has no bf16 kind"),
     (dict(a_dtype=np.float16), TypeError, r"a_codes \(mma 'bf16.bf16'\) must hold bfloat16 bits"),
     (dict(a_dtype=np.uint8), TypeError, r"a_codes \(mma 'bf16.bf16'\) must hold bfloat16 bits"),
 ])  # fmt: skip
@@ -257,19 +256,42 @@ def test_bf16_errors_name_the_argument(kw, exc, msg):
         kg.gemm(a, np.zeros((4, 16), np.uint16), **args)
 
 
-def test_bf16_takes_the_mma_sync_tile_on_sm90(monkeypatch):
-    """sm_90's wgmma kernel has no bf16 kind: bf16 takes GPU_CONFIG there, as MX does."""
+def test_bf16_takes_the_wgmma_tiles_on_sm90(monkeypatch):
+    """sm_90 runs bf16 on the wgmma kernel: int8's wide tile for large outputs, the
+    persistent 128 x 128 one below (plan's named choices); MX stays on mma.sync."""
     monkeypatch.setattr(kg, "SIMULATOR", False)
     monkeypatch.setattr(kg, "device_cc", lambda: (9, 0))
 
-    def spec(mma):
-        return kg.GemmSpec(mma=mma, sa_mode=mma_sync.SCALE_TENSOR, sb_mode=mma_sync.SCALE_ROW,
-                           out=mma_sync.OUT_BF16, act=mma_sync.ACT_NONE, bias=False, asym=False)  # fmt: skip
+    def spec(mma, mode=mma_sync.SCALE_ROW):
+        return kg.GemmSpec(mma=mma, sa_mode=mode, sb_mode=mode, out=mma_sync.OUT_BF16, act=mma_sync.ACT_NONE,
+                           bias=False, asym=False)  # fmt: skip
 
-    assert kg.default_config(spec("bf16.bf16"), (4096, 4096)) is kg.GPU_CONFIG
-    assert isinstance(kg.default_config(spec("e4m3.e4m3"), (4096, 4096)), kg.WgmmaConfig)
-    with pytest.raises(ValueError, match="no bf16 kind"):
-        kg.get_kernel(kg.WgmmaConfig(), spec("bf16.bf16"))
+    assert kg.default_config(spec("bf16.bf16"), (4096, 4096)) is kg.WGMMA_CONFIG_BF16
+    assert kg.default_config(spec("bf16.bf16"), (16, 14336)) is kg.WGMMA_CONFIG_PERSISTENT_128
+    assert kg.default_config(spec("e4m3.e4m3", mma_sync.SCALE_MX), (4096, 4096)) is kg.GPU_CONFIG
+    with pytest.raises(ValueError, match="no MX scale mode"):
+        kg.get_kernel(kg.WgmmaConfig(), spec("e4m3.e4m3", mma_sync.SCALE_MX))
+
+
+@pytest.mark.parametrize("mode,M,N,K", [("ring", 17, 24, 72), ("ringd", 17, 24, 200), ("ws", 65, 24, 264),
+                                        ("ws", 65, 24, 8)])  # fmt: skip
+def test_bf16_wgmma_matches_reference(mode, M, N, K):
+    """The sm_90a kernel's bf16 kind (m64nNk16 wgmma from the same swizzled 128-byte rows as
+    the 8-bit kinds: 64 elements of K a stage) in the forms of the named choices, a
+    one-warpgroup 64 x 16 tile: the block-barrier ring with the parked ("ring") and the
+    direct ("ringd") epilogue, and a producer warpgroup on a persistent grid ("ws": M = 65,
+    2 CTAs walk 4 tiles; K = 264: 9 stages, the 3-slot ring wraps; K = 8: one partial
+    stage). Row scales on both sides, bias and ReLU. rel. L2 < 1e-5: the twin sums each
+    wgmma's 16 products in float64, the reference the whole row; the hardware's order differs."""
+    rng = np.random.default_rng(M * 1000 + K)
+    a, b = bf16_operand(rng, M, K).view(np.uint16), bf16_operand(rng, N, K).view(np.uint16)
+    kw = dict(mma="bf16.bf16", sa=rng.uniform(0.5, 2, M).astype(np.float32),
+              sb=rng.uniform(0.5, 2, N).astype(np.float32), sa_mode="row", sb_mode="row",
+              bias=rng.standard_normal(N).astype(np.float32), activation="relu")  # fmt: skip
+    cfg = kg.WgmmaConfig(warpgroups=1, n=16, stages=3, group_m=2, producer=mode == "ws", direct=mode != "ring")
+    got = kg.gemm(a, b, config=cfg, **kw)
+    want = ref.gemm(a, b, **kw)
+    assert (got == 0).any() and rel_l2(got, want) < 1e-5
 
 
 # ----------------------------------------------------------------------------- NVFP4 x NVFP4

@@ -12,10 +12,9 @@ of at least ``LARGE_OUTPUT`` = 4096^2 elements):
 * ``SIM_CONFIG``: the CUDA simulator, which runs one Python thread per CUDA thread: one
   warp per CTA, a 16 x 16 tile.
 * ``GPU_CONFIG``: GPUs other than sm_90 (``mma.sync``; wgmma needs sm_90a): 128 x 128 x 64,
-  8 warps of 64 x 32, 3 stages (48 KiB). Also the MX block scales (``"mx"``) and the
-  bfloat16 operands (``"bf16.bf16"``, NVFP4 pairs after ``blockscaled.prepare_nvfp4_operand``)
-  on every GPU, sm_90 included (``mma_sync_only``): the wgmma kernel has neither yet, and
-  this is Hopper's path that runs (not timed).
+  8 warps of 64 x 32, 3 stages (48 KiB). Also the MX block scales (``"mx"``) on every GPU,
+  sm_90 included (``mma_sync_only``): the wgmma kernel has no MX mode yet (H200: 106
+  TFLOP/s at 8192^3).
 * ``MX_KERNEL_BY_CC``: which kernel the MX scales take, by compute capability: sm_120
   (Blackwell GeForce, built for sm_120a) the block-scaled mma that applies the e8m0 codes
   itself (``mma_sync.SCALE_MX_HW``; assembled, not run: no sm_120 GPU here); every other GPU
@@ -40,7 +39,12 @@ of at least ``LARGE_OUTPUT`` = 4096^2 elements):
   accumulators (3 x 64 float32 per thread), direct epilogue, persistent grid. 8192^3: 804
   vs 760 for ping-pong without the producer (4 stages); 876 vs 827 parked (781 vs 670 at
   4096^3); at the shapes below 739, 421, 61 (426, 349, 50 parked, one tile per CTA).
-* ``WGMMA_CONFIG_PERSISTENT_128``: sm_90 int8 and fp8 row / tensor scales below those
+* ``WGMMA_CONFIG_BF16``: sm_90 bfloat16 operands (``"bf16.bf16"``: NVFP4 pairs after
+  ``blockscaled.prepare_nvfp4_operand``), large outputs: int8's tile and ring (no
+  promotion either) with the tensor / row scales' direct epilogue. Below ``LARGE_OUTPUT``
+  ``WGMMA_CONFIG_PERSISTENT_128``. (The mma.sync kernel, ``GPU_CONFIG``: 249 TFLOP/s at
+  8192^3 on an H200, 223 at 4096^3, against cuBLAS bf16's 784 and 604.)
+* ``WGMMA_CONFIG_PERSISTENT_128``: sm_90 int8, bf16 and fp8 row / tensor scales below those
   sizes: 128 x 128 tiles, a producer warpgroup, direct epilogue, persistent grid.
   2048x7168x2048 int8 775, fp8 row 746; 128x14336x4096 443, 447; 16x14336x4096 62, 64
   (vs 394, 249, 42 for int8 128 x 256 tiles and 349, 333, 51 for fp8 128 x 128 tiles, on
@@ -72,6 +76,7 @@ WGMMA_CONFIG_WIDE_FIXED = WgmmaConfig(n=256)
 WGMMA_CONFIG_FP8_ROW = WgmmaConfig(n=192, producer=True, direct=True)
 WGMMA_CONFIG_FP8_BLOCK = WgmmaConfig(stages=6, pingpong=True, producer=True, direct=True)
 WGMMA_CONFIG_PERSISTENT_128 = WgmmaConfig(producer=True, direct=True)
+WGMMA_CONFIG_BF16 = WgmmaConfig(n=256, direct=True)
 LARGE_OUTPUT = 4096 * 4096  # the large tiles were timed at 4096^3 and 8192^3
 FP8_ROW_MIN_TILES = 640  # output tiles of 128 x 192
 
@@ -92,16 +97,16 @@ def mx_kernel_mode(cc) -> int:
 
 
 def mma_sync_only(spec: GemmSpec) -> bool:
-    """Whether ``spec`` runs on the mma.sync kernel only: MX block scales, bfloat16 operands
-    (the wgmma kernel has no MX mode and no bf16 kind yet)."""
-    return spec.sa_mode in mma_sync.MX_MODES or spec.mma == "bf16.bf16"
+    """Whether ``spec`` runs on the mma.sync kernel only: MX block scales (the wgmma kernel
+    has no MX mode yet)."""
+    return spec.sa_mode in mma_sync.MX_MODES
 
 
 def default_config(spec: GemmSpec, shape: tuple[int, int] | None = None):
     """The tile ``spec`` takes for an output of ``shape`` = (M, N) (the module docstring's
     named choices): the simulator's one-warp tile; wgmma on sm_90 (numba-cuda builds for
-    sm_90a there: ``wgmma_config_for``) except MX scales and bf16 operands
-    (``mma_sync_only``); mma.sync on other GPUs."""
+    sm_90a there: ``wgmma_config_for``) except MX scales (``mma_sync_only``); mma.sync on
+    other GPUs."""
     if SIMULATOR:
         return SIM_CONFIG
     if device_cc() == (9, 0) and not mma_sync_only(spec):
@@ -112,6 +117,8 @@ def default_config(spec: GemmSpec, shape: tuple[int, int] | None = None):
 def wgmma_config_for(spec: GemmSpec, shape: tuple[int, int] | None = None) -> WgmmaConfig:
     """The sm_90a tile for ``spec`` and output ``shape`` (no shape: the large-output choice)."""
     large = shape is None or shape[0] * shape[1] >= LARGE_OUTPUT
+    if spec.mma == "bf16.bf16":
+        return WGMMA_CONFIG_BF16 if large else WGMMA_CONFIG_PERSISTENT_128
     if spec.mma in ("s8s8", "u8s8"):
         if not large:
             return WGMMA_CONFIG_PERSISTENT_128
@@ -138,8 +145,7 @@ def get_kernel(cfg, spec: GemmSpec):
     k = _KERNELS.get((cfg, spec))
     if k is None:
         if isinstance(cfg, WgmmaConfig) and mma_sync_only(spec):
-            raise ValueError("the wgmma kernel has no MX scale mode and no bf16 kind; they run on the mma.sync "
-                             "kernel (a TileConfig)")
+            raise ValueError("the wgmma kernel has no MX scale mode; MX runs on the mma.sync kernel (a TileConfig)")
         make = wgmma.make_wgmma_kernel if isinstance(cfg, WgmmaConfig) else mma_sync.make_gemm_kernel
         k = make(cfg, spec)
         k.nqdq_dynamic_smem = cfg.smem_bytes  # launched with its whole tile ring (launch.dynamic_smem)
@@ -277,7 +283,7 @@ def _check_mx(M, N, K, mma, sa_mode, sb_mode, asym, config):
 
 def _check_bf16(mma, sa_mode, sb_mode, asym, config):
     """The bf16 kind's preconditions: float32 scales per tensor or row (the epilogue of the
-    fp8 row kernel), no zero points, an mma.sync tile."""
+    fp8 row kernel), no zero points."""
     if mma != "bf16.bf16":
         return
     for name, mode in (("sa_mode", sa_mode), ("sb_mode", sb_mode)):
@@ -286,8 +292,6 @@ def _check_bf16(mma, sa_mode, sb_mode, asym, config):
                              "(NVFP4's block scales are in the converted operands: blockscaled.prepare_nvfp4_operand)")
     if asym:
         raise ValueError("za: mma='bf16.bf16' takes no zero points")
-    if isinstance(config, WgmmaConfig):
-        raise ValueError("config: the wgmma kernel has no bf16 kind; bf16 runs on the mma.sync kernel (a TileConfig)")
 
 
 def _bf16_bits(x, name):

@@ -9,7 +9,9 @@ docstring first); what differs is the main loop:
   swizzle (``ptx.mma`` explains the layout), filled by ``cp.async`` (16 bytes per lane,
   zero-filled past M, N, K) into a ``stages``-deep ring aligned to 1024 bytes;
 * fp8 partial sums are promoted into float32 registers once per stage (128 of K = one
-  scale block).
+  scale block);
+* bfloat16 operands (``"bf16.bf16"``, their bytes: 64 elements of K a stage, one
+  ``m64nBNk16`` wgmma per 32 bytes) accumulate in float32 without promotion, as int8 does.
 
 Two pipelines, chosen by ``WgmmaConfig.producer`` (``plan.wgmma_config_for`` says which
 input takes which):
@@ -57,7 +59,7 @@ from numba import float32, int32, uint8
 from ..runtime.backend import cuda
 
 from ..ptx import mma as _mma
-from .mma_sync import SCALE_BLOCK, SCALE_ROW, make_store_at, make_store_out, tile_origin  # fmt: skip
+from .mma_sync import SCALE_BLOCK, SCALE_ROW, elem_bytes, make_store_at, make_store_out, tile_origin  # fmt: skip
 from ..runtime.target import SIMULATOR, devfn
 
 BK = 128
@@ -241,7 +243,9 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     # fp8 wgmma accumulates with fewer bits than float32 (DeepSeek-V3 measured ~14 on H800):
     # sum each 128 of K in the tensor core, then add it into float32 registers ("promotion",
     # as cuBLASLt does unless fast accumulation is asked for). Block scales need it anyway.
-    PROMOTE = FLOAT_ACC
+    # bf16 accumulates in float32 (as cuBLAS's bf16 GEMM does): no promotion, like int8.
+    PROMOTE = FLOAT_ACC and spec.mma != "bf16.bf16"
+    BYTES_PER_K = elem_bytes(spec.mma)
     NTOT = NACC if PROMOTE else 1
     wg_wait_all = _mma.wgmma_wait(0)
     wg_wait1 = _mma.wgmma_wait(1)
@@ -543,14 +547,15 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         tile = cuda.blockIdx.x
         m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
 
-        ktiles = int32((K + BK - 1) // BK)  # 32-bit ring steps: cheaper slot / phase arithmetic
+        kbytes = K * BYTES_PER_K  # the rows' length in bytes: the ring, copies and descriptors work in bytes
+        ktiles = int32((kbytes + BK - 1) // BK)  # 32-bit ring steps: cheaper slot / phase arithmetic
         lt = tid - NCONS if PRODUCER else tid  # this thread's index among the loaders
         r0 = lt >> 3
         ch = lt & 7
         ch16 = ch * 16
-        row_step_k = np.int64(RS) * K
-        a_src = (m0 + r0) * K + ch16
-        b_src = (n0 + r0) * K + ch16
+        row_step_k = np.int64(RS) * kbytes
+        a_src = (m0 + r0) * kbytes + ch16
+        b_src = (n0 + r0) * kbytes + ch16
         a_left = int32(M - (m0 + r0))  # 32-bit: one compare per row test, not two
         b_left = int32(N - (n0 + r0))
         dst = r0 * BK + ((ch ^ (r0 & 7)) << 4)
@@ -576,15 +581,15 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
                         slot, phase = ring_pos(gk)
                         while not mbar_try_wait(smem, full0 + 8 * (STAGES + slot), phase ^ 1):
                             pass
-                        load_tile(a, b, smem, K, kt, slot, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst,
+                        load_tile(a, b, smem, kbytes, kt, slot, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst,
                                   row_step_k)  # fmt: skip
                         cp_mbar_arrive(smem, full0 + 8 * slot)
                         gk = int32(gk + 1)
                     tile += tile_step
                     if tile < ntiles:
                         m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
-                        a_src = (m0 + r0) * K + ch16
-                        b_src = (n0 + r0) * K + ch16
+                        a_src = (m0 + r0) * kbytes + ch16
+                        b_src = (n0 + r0) * kbytes + ch16
                         a_left = int32(M - (m0 + r0))
                         b_left = int32(N - (n0 + r0))
                 cp_wait_all()
@@ -593,7 +598,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         else:
             for s in range(STAGES - 2):
                 if s < ktiles:
-                    load_tile(a, b, smem, K, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
+                    load_tile(a, b, smem, kbytes, s, s, ch16, a_src, a_left, a_dst, b_src, b_left, b_dst, row_step_k)
                 commit()
 
         acc = cuda.local.array(NACC, ACC_T)
@@ -606,13 +611,13 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
         if DIRECT:  # (the one-tile direct kernel was measured in this loop form)
             while tile < ntiles:
                 m0, n0 = tile_origin(tile, M, N, BM, BN, GROUP_M)
-                consume_tile(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out, smem, acc, tot, m0, n0, g0,
+                consume_tile(a, b, M, N, kbytes, sa, sb, za, colsum_b, bias, alpha, out, smem, acc, tot, m0, n0, g0,
                              ktiles, full0, da0, db0, a_base, b_base, pad, tid, wg, w, g, q, one, ch16, a_src,
                              a_left, a_dst, b_src, b_left, b_dst, row_step_k)  # fmt: skip
                 g0 = int32(g0 + ktiles)
                 tile += tile_step
         else:  # the parked epilogue, one tile: no loop (loop-carried registers beside it spill)
-            consume_tile(a, b, M, N, K, sa, sb, za, colsum_b, bias, alpha, out, smem, acc, tot, m0, n0, g0,
+            consume_tile(a, b, M, N, kbytes, sa, sb, za, colsum_b, bias, alpha, out, smem, acc, tot, m0, n0, g0,
                          ktiles, full0, da0, db0, a_base, b_base, pad, tid, wg, w, g, q, one, ch16, a_src,
                          a_left, a_dst, b_src, b_left, b_dst, row_step_k)  # fmt: skip
 

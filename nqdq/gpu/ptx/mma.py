@@ -52,7 +52,9 @@ The twins of the warp-wide instructions (``ldmatrix``, ``mma``) exchange the 32 
 operands through a dictionary and the simulator's block barrier, so every thread of a
 block must reach them the same number of times (true of the GEMM mainloop). The fp8 and
 bf16 twins sum the 32 / 16 exact products in float64 and round once to float32 (the
-hardware's internal order and width are not specified; tests allow for that).
+hardware's internal order and width are not specified, and differ: the H200's bf16
+m16n8k16 differed in the last bit on random values; tests allow for that, and the probes
+that compare twin and instruction bit for bit use values whose sums are exact).
 """
 
 from __future__ import annotations
@@ -476,6 +478,10 @@ if not SIMULATOR:
 # layout: 1), 32-45 stride byte offset >> 4 (1024 between 8-row atoms), 62-63 swizzle
 # (1 = 128 B). D fragment (m64nNk32, 32-bit): thread t of the warpgroup, w = t // 32,
 # g = t % 32 // 4, q = t % 4: d[4j + 2h + e] = D[16 w + g + 8 h, 8 j + 2 q + e].
+# The bfloat16 kind (``m64nNk16.f32.bf16.bf16``) reads the same tiles in bytes: a 128-byte
+# row holds 64 bf16 elements of K, one wgmma's 16 of K are its 32 bytes, so descriptors,
+# swizzle and K steps are those of the 8-bit kinds (as m16n8k16 is to m16n8k32 above); the
+# D fragment is the same. Its two transpose immediates are 0 (both operands K-major).
 WGMMA_SBO = 1024
 
 
@@ -500,12 +506,19 @@ def _sw128_read(smem, desc, rows, k32=32):
     return np.asarray(smem).view(np.uint8)[phys]
 
 
+def _wgmma_k(kind: str) -> int:
+    """K (elements) of one wgmma of ``kind``: 16 for bf16, 32 for the 8-bit kinds (32 bytes either way)."""
+    return 16 if kind == "bf16.bf16" else 32
+
+
 def _make_wgmma_stub(kind, n):
-    dec = {"s8": lambda b: b.view(np.int8).astype(np.float64), "u8": lambda b: b.astype(np.float64)}
+    dec = {"s8": lambda b: b.view(np.int8).astype(np.float64), "u8": lambda b: b.astype(np.float64),
+           "bf16": lambda b: np.ascontiguousarray(b).view(ml_dtypes.bfloat16).astype(np.float64)}  # fmt: skip
     for f in FP8_TYPES:
         dec[f] = (lambda t: lambda b: t[b])(_FP8_TABLE[f])
     ta, tb = kind.split(".")
     integer = ta in ("s8", "u8")
+    k = _wgmma_k(kind)
 
     def wgmma_stub(acc, smem, desc_a, desc_b, scale_d):
         ctx = _sim_ctx()
@@ -522,22 +535,25 @@ def _make_wgmma_stub(kind, n):
                     old = acc[x] if scale_d else 0
                     acc[x] = np.int32(int(s) + int(old)) if integer else np.float32(s + float(old))
 
-    wgmma_stub.__name__ = f"wgmma_m64n{n}k32_{kind.replace('.', '_')}"
+    wgmma_stub.__name__ = f"wgmma_m64n{n}k{k}_{kind.replace('.', '_')}"
     wgmma_stub.__doc__ = (
-        f"``wgmma.mma_async.sync.aligned.m64n{n}k32.{'s32' if integer else 'f32'}.{ta}.{tb}``: "
+        f"``wgmma.mma_async.sync.aligned.m64n{n}k{k}.{'s32' if integer else 'f32'}.{ta}.{tb}``: "
         f"acc[{n // 2}] (this thread's D fragment, a local array) = A @ B + (acc if scale_d else 0), "
-        "A [64, 32] and B [N, 32] read from shared memory through descriptors. Warpgroup-wide, "
+        f"A [64, {k}] and B [N, {k}] (32 bytes a row) read from shared memory through descriptors. Warpgroup-wide, "
         "asynchronous: fence before, commit and wait after (the twin is synchronous)."
     )
     return wgmma_stub
 
 
-WGMMA_KINDS = ("s8.s8", "u8.s8") + tuple(f"{a}.{b}" for a in FP8_TYPES for b in FP8_TYPES)
+WGMMA_KINDS = ("s8.s8", "u8.s8", "bf16.bf16") + tuple(f"{a}.{b}" for a in FP8_TYPES for b in FP8_TYPES)
 _WGMMA_STUBS: dict = {}
 
 
 def wgmma(kind: str, n: int):
-    """The wgmma stub for operand types ``kind`` ("s8.s8", "u8.s8", "e4m3.e5m2", ...) and N."""
+    """The wgmma stub for operand types ``kind`` (``WGMMA_KINDS``: "s8.s8", "u8.s8",
+    "e4m3.e5m2", ..., "bf16.bf16") and N."""
+    if kind not in WGMMA_KINDS:
+        raise ValueError(f"wgmma kind {kind!r}: one of {', '.join(WGMMA_KINDS)}")
     key = (kind, n)
     if key not in _WGMMA_STUBS:
         _WGMMA_STUBS[key] = stub = _make_wgmma_stub(kind, n)
@@ -606,10 +622,11 @@ if not SIMULATOR:
         lty = _I32 if integer else _F32
         c = "r" if integer else "f"
         regs = ", ".join(f"${i}" for i in range(nacc))
-        tail = "p" if integer else "p, 1, 1"
+        # scale-d, then (floats) imm-scale-a / -b = 1 and (bf16) imm-trans-a / -b = 0
+        tail = "p" if integer else ("p, 1, 1, 0, 0" if ta == "bf16" else "p, 1, 1")
         text = (
             "{ .reg .pred p; setp.ne.b32 p, $" + str(2 * nacc + 2) + ", 0; "
-            f"wgmma.mma_async.sync.aligned.m64n{n}k32.{'s32' if integer else 'f32'}.{ta}.{tb} "
+            f"wgmma.mma_async.sync.aligned.m64n{n}k{_wgmma_k(kind)}.{'s32' if integer else 'f32'}.{ta}.{tb} "
             "{" + regs + "}, $" + str(2 * nacc) + ", $" + str(2 * nacc + 1) + f", {tail}; }}"
         )
         cons = ",".join([f"={c}"] * nacc + [str(i) for i in range(nacc)] + ["l", "l", "r"])
