@@ -18,6 +18,13 @@ For every shape M x N x K (activations [M, K], weights [N, K]) and case:
   its exact conversion to bfloat16) on random finite bfloat16 (tensor scales 1) vs cuBLAS
   bf16 (``torch.matmul``) on the same bits.
 
+* the whole ``nqdq.matmul`` call, from CuPy operands made by ``nqdq.quantize`` (operand
+  conversions included, as a user runs it), for the pairs that convert their operands:
+  ``nvfp4`` (NVFP4 x NVFP4) and ``wo_<scheme>`` (the weight-only ``matmul(x, qw)``, x
+  bfloat16, e.g. ``wo_int8_row``, ``wo_mxfp4``, ``wo_nvfp4``), vs cuBLAS bf16 on the
+  dequantized operands; besides the CUDA-event time of one call, the wall clock of
+  back-to-back calls with one synchronize at the end.
+
 Timing: CUDA events around each launch of the prepared kernel (nqdq.gpu.gemm.plan.
 PreparedGemm.launch: no Python-side argument work), median of ``--reps`` after 3 warm-up
 launches; operands are fresh random codes and scales (never zeros), and several copies
@@ -242,6 +249,56 @@ def bench_case(M, N, K, case, reps, rng, cfg):
     return row
 
 
+def bench_call(M, N, K, case, reps, rng):
+    """One row for a ``nvfp4`` / ``wo_<scheme>`` case: the whole nqdq.matmul call (module
+    docstring), rotating operand copies past the L2 as bench_case does."""
+    import cupy as cp
+
+    import nqdq
+
+    wbytes = N * K // 2 if case.endswith("fp4") else N * K
+    copies = int(min(8, max(1, -(-2 * L2_BYTES // wbytes))))
+    calls, refs = [], None
+    for c in range(copies):
+        x = cp.asarray(rng.standard_normal((M, K), np.float32))
+        w = cp.asarray(rng.standard_normal((N, K), np.float32) * np.float32(0.05))
+        qb = nqdq.quantize(w, "nvfp4" if case == "nvfp4" else case[3:])
+        if case == "nvfp4":
+            qa = nqdq.quantize(x, "nvfp4")
+            calls.append((lambda qa, qb: lambda: nqdq.matmul(qa, qb, out_dtype="bfloat16"))(qa, qb))
+            A = nqdq.dequantize(qa) if c == 0 else None
+        else:
+            xb = (x.view(cp.uint32) >> 16).astype(cp.uint16)  # bfloat16 bits
+            calls.append((lambda xb, qb: lambda: nqdq.matmul(xb, qb, out_dtype="bfloat16", dtype="bfloat16"))(xb, qb))
+            A = bf16_to_f32(xb) if c == 0 else None
+        if c == 0:
+            refs = (A, nqdq.dequantize(qb))
+    ms = time_launches(lambda i: calls[i % copies](), reps)
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for i in range(reps):
+        calls[i % copies]()
+    cp.cuda.Device().synchronize()
+    wall = (time.perf_counter() - t0) / reps * 1e3
+    A, B = refs
+    got = bf16_to_f32(calls[0]())
+    want = A @ B.T
+    row = dict(shape=f"{M}x{N}x{K}", case=case, nqdq_ms=ms, nqdq_wall_ms=wall, nqdq_tflops=2 * M * N * K / ms / 1e9,
+               err_vs_f32=rel_l2(got, want), copies=copies, tile="matmul call")  # fmt: skip
+    try:
+        import torch
+
+        tA = torch.as_tensor(A, device="cuda").to(torch.bfloat16)
+        tB = torch.as_tensor(B, device="cuda").to(torch.bfloat16)
+        pms = time_launches(lambda i: torch.matmul(tA, tB.t()), reps)
+        row.update(peer_ms=pms, peer_tflops=2 * M * N * K / pms / 1e9, ratio=pms / ms)
+    except Exception as e:  # optional peer
+        row["peer"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    calls.clear()
+    cp.get_default_memory_pool().free_all_blocks()
+    return row
+
+
 def sass_summary(out_dir):
     """Count the tensor-core / copy SASS instructions of each compiled GEMM kernel
     (cuobjdump -sass on Numba's cubin; only the counts are kept, in sass.json)."""
@@ -356,7 +413,12 @@ def main(argv=None):
                 if case not in only.get(cfg, {case}):
                     continue
                 try:
-                    row = bench_case(*shape, case, args.reps, rng, cfg)
+                    if case == "nvfp4" or case.startswith("wo_"):
+                        row = bench_call(*shape, case, args.reps, rng) if cfg is None else None
+                        if row is None:
+                            continue
+                    else:
+                        row = bench_case(*shape, case, args.reps, rng, cfg)
                 except Exception as e:
                     row = dict(shape="x".join(map(str, shape)), case=case, error=f"{type(e).__name__}: {e}"[:300])
                 rows.append(row)
@@ -376,6 +438,8 @@ def main(argv=None):
             print(f"{r['shape']:>18s} {r['case']:>9s} ERROR {r['error']}")
             continue
         tile = r.get("tile") or "-"
+        if "nqdq_wall_ms" in r:
+            tile = f"call, wall {r['nqdq_wall_ms']:.3f}"
         print(f"{r['shape']:>18s} {r['case']:>9s} {tile:>16s} {r['nqdq_ms']:8.3f} {r['nqdq_tflops']:8.1f} "
               f"{r.get('peer_ms', float('nan')):8.3f} {r.get('peer_tflops', float('nan')):8.1f} {r.get('ratio', float('nan')):6.2f} "
               f"{r['err_vs_f32']:8.1e} {r.get('err_vs_peer', float('nan')):8.1e}" + (f"  peer: {r['peer']}" if "peer" in r else ""))  # fmt: skip

@@ -55,9 +55,9 @@ vector size and one scale type per instruction for both operands (sm_100 ``tcgen
 elements there are, which is the product of both operands padded with zero codes to a whole
 block (zero codes add nothing, whatever their block's scale). Centred INT8 adds each group's
 mean back: C[m, n] = sum_g (s_a[m, g] sum_(k in g) q_a b + mu_a[m, g] sum_(k in g) b). The
-rules are data: ``_NEW_PAIRS`` and ``_WEIGHT_PATTERNS``; the GPU kernels of these pairs plug
-in at ``_new_pair_gpu`` (until then ``device="cpu"`` computes them). docs/design/gemm.md has
-the reasons.
+rules are data: ``_NEW_PAIRS`` and ``_WEIGHT_PATTERNS``; their GPU kernels plug in at
+``_new_pair_gpu`` (which says which pairs have one; the others ``device="cpu"`` computes).
+docs/design/gemm.md has the reasons.
 """
 
 from __future__ import annotations
@@ -179,9 +179,11 @@ def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0
     alpha : a real scalar multiplying the product.
     device : None (GPU operands run on the GPU, NumPy ones on the CPU reference), ``"cpu"``
         or ``"cuda"`` (tensor-core kernels; NumPy operands are copied over and back, or run
-        in Numba's CUDA simulator under NUMBA_ENABLE_CUDASIM=1). MX x MX pairs run on the
-        GPU (``_new_pair_gpu``); the NVFP4, centred and weight-only pairs on the CPU
-        reference only, for now: on the GPU they raise NotImplementedError.
+        in Numba's CUDA simulator under NUMBA_ENABLE_CUDASIM=1). MX x MX, NVFP4 x NVFP4 and
+        the weight-only GEMM of a bfloat16 x with weights whose scales are constant along K,
+        MX or NVFP4 run on the GPU (``_new_pair_gpu``); the centred pairs and the other
+        weight-only ones on the CPU reference only, for now: on the GPU they raise
+        NotImplementedError.
     dtype : ``"bfloat16"`` / ``"float16"`` to read a uint16 ``x`` as the bits of that type,
         as ``nqdq.quantize`` does (CuPy has no bfloat16 dtype); weight-only calls only.
 
@@ -195,7 +197,7 @@ def matmul(qa, qb, out_dtype="float32", *, bias=None, activation=None, alpha=1.0
             run = None
         if run is not None:
             return run(qa, qb, bias)
-    codes = getattr(qa, "codes", None)
+    codes = getattr(qa, "codes", getattr(qb, "codes", None))  # (a plain x: the weights' library)
     if codes is not None and not isinstance(codes, np.ndarray) and not is_cupy(codes):
         from .gpu.runtime import callers as _callers
 
@@ -513,10 +515,17 @@ def _matmul_new(qa, qb, out_dtype, bias, activation, alpha, device, dtype):
 def _new_pair_gpu(pair: str, a, b, *, bias, alpha, out_dtype, activation):
     """The GPU GEMM of a pair that ``_matmul_new`` checked: ``a`` the QuantizedTensor qa or
     the plain x, ``b`` the QuantizedTensor qb / qw (linear scales), the epilogue's arguments
-    as ``nqdq.gpu.gemm.plan.gemm`` takes them. MX x MX: the codes as fp8 bytes
-    (``gemm.blockscaled.prepare_mx_operand``; K padded with zero codes to whole blocks of 32,
-    which the partial block's scale already covers), the e8m0 scales as they are, the "mx"
-    scale mode. The other pairs have no GPU kernel yet: NotImplementedError."""
+    as ``nqdq.gpu.gemm.plan.gemm`` takes them.
+
+    * MX x MX: the codes as fp8 bytes (``gemm.blockscaled.prepare_mx_operand``; K padded with
+      zero codes to whole blocks of 32, which the partial block's scale already covers), the
+      e8m0 scales as they are, the "mx" scale mode.
+    * NVFP4 x NVFP4: each operand as the exact bfloat16 of e2m1 x its ue4m3 block scale, the
+      two tensor scales in the epilogue (``gemm.blockscaled.nvfp4_gemm``).
+    * weight-only, x bfloat16 (``_weight_only_gpu``).
+
+    The centred pairs, and weight-only x of float16 / float32 or weights with float32 scales
+    that vary along K, have no GPU kernel yet: NotImplementedError."""
     if isinstance(a, QuantizedTensor) and a.scheme.is_mx and b.scheme.is_mx:
         from .gpu.gemm import plan as kg
         from .gpu.gemm.blockscaled import prepare_mx_operand
@@ -526,10 +535,89 @@ def _new_pair_gpu(pair: str, a, b, *, bias, alpha, out_dtype, activation):
         b8, fb = _mx_fp8(prepare_mx_operand(b.codes, b.scheme.element.name, N, K), N, K)
         return kg.gemm(a8, b8, mma=f"{fa}.{fb}", sa=a.scales, sb=b.scales, sa_mode="mx", sb_mode="mx", bias=bias,
                        alpha=alpha, out_dtype=out_dtype, activation=activation)  # fmt: skip
-    # The NVFP4, centred-INT8 and weight-only kernels of nqdq/gpu/gemm/ plug in here; every
-    # check they rely on is made above (_checked, _new_pair, _weight).
+    epi = dict(bias=bias, alpha=alpha, out_dtype=out_dtype, activation=activation)
+    if isinstance(a, QuantizedTensor) and a.scheme.is_nvfp4 and b.scheme.is_nvfp4:
+        from .gpu.gemm.blockscaled import nvfp4_gemm
+
+        (M, K), N = tuple(a.shape), int(b.shape[0])
+        return nvfp4_gemm(a.codes, a.scales, a.tensor_scale, b.codes, b.scales, b.tensor_scale, M, N, K, **epi)
+    if not isinstance(a, QuantizedTensor):
+        why = _weight_only_gpu_gap(pair, b)
+        if why is None:
+            return _weight_only_gpu(a, b, **epi)
+        raise NotImplementedError(f"matmul of {pair} has no GPU kernel yet ({why}); device=\"cpu\" computes it "
+                                  "(the float64 reference on NumPy operands)")  # fmt: skip
     raise NotImplementedError(f"matmul of {pair} has no GPU kernel yet; device=\"cpu\" computes it "
                               "(the float64 reference on NumPy operands)")  # fmt: skip
+
+
+def _weight_only_gpu_gap(pair: str, qw) -> str | None:
+    """Why the weight-only ``pair`` has no GPU path (None: it has one): ``x`` must be
+    bfloat16 and ``qw``'s scales foldable into bfloat16 weights (``_weight_only_gpu``)."""
+    if not pair.startswith("bfloat16 x "):
+        return "x must be bfloat16 on the GPU: the weights become exact bfloat16 values for a bf16 GEMM"
+    if not (qw.scheme.is_mx or qw.scheme.is_nvfp4 or _pattern(qw.scheme, tuple(qw.shape)) in ("row", "tensor")):
+        return ("weights with float32 scales that vary along K (groups, 128 x 128 tiles) need the scale applied "
+                "inside the K loop")  # fmt: skip
+    return None
+
+
+def _weight_only_gpu(x, qw, **epi):
+    """``x @ dequant(qw).T`` on the bf16 GEMM, x bfloat16 [M, K] on the GPU (uint16 bits or
+    the caller's bfloat16): qw's codes become exact bfloat16 weights [N, K] by nqdq's own
+    dequantize with the factor that bfloat16 could not hold exactly set to 1, and that
+    factor goes to the GEMM's epilogue:
+
+    * scales constant along K (per row of W, per tensor; int4 / int8 / fp8, zero points
+      too): the dequantize of unit scales is ``q`` (or ``q - z``), integers below 2^8 or fp8
+      values, all bfloat16 values; the scales are the GEMM's "row" / "tensor" ``sb``;
+    * NVFP4: e2m1 x ue4m3 is a bfloat16 value (``gemm.blockscaled``); the tensor scale is ``sb``;
+    * MX: an element (at most 4 significant bits) times 2^(e - 127) is a bfloat16 value
+      wherever it is a float32 normal; in float32's subnormal range (below 2^-126)
+      bfloat16 keeps fewer bits and the product is rounded to nearest even there.
+
+    x's dtype was checked by ``_plain_x``; ``qw`` by ``_weight``."""
+    import dataclasses
+
+    from .api import dequantize
+    from .gpu.gemm import plan as kg
+
+    sch = qw.scheme
+    N = int(qw.shape[0])
+    xp = _gpu_xp(qw.codes)
+    one = xp.ones(1, np.float32)
+    if sch.is_mx:
+        w, sb, mode = qw, one, "tensor"
+    elif sch.is_nvfp4:
+        w, sb, mode = dataclasses.replace(qw, tensor_scale=xp.ones_like(qw.tensor_scale)), qw.tensor_scale, "tensor"
+    else:
+        w = dataclasses.replace(qw, scales=xp.ones_like(qw.scales))
+        mode = "tensor" if _pattern(sch, tuple(qw.shape)) == "tensor" else "row"
+        sb = qw.scales.reshape(-1)
+        if mode == "row" and sb.size != N:  # shared by groups of rows: one per row
+            sb = xp.repeat(sb, -(-N // sb.size))[:N]
+    wb = dequantize(w, dtype="bfloat16")
+    return kg.gemm(_bf16_view(x), wb, mma="bf16.bf16", sa=one, sb=sb, sa_mode="tensor", sb_mode=mode, **epi)
+
+
+def _gpu_xp(a):
+    """The array module of a GPU operand's arrays: NumPy under the simulator (NumPy operands
+    with ``device="cuda"``), else CuPy (``kernel_view`` gives the kernels CuPy arrays)."""
+    if isinstance(a, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
+
+
+def _bf16_view(x):
+    """x as the bf16 GEMM takes it: NumPy / CuPy as they are (bfloat16 values or uint16
+    bits), another library's GPU array as a zero-copy CuPy view (bfloat16 as its bits)."""
+    if isinstance(x, np.ndarray) or is_cupy(x):
+        return x
+    from .gpu.runtime.interop import kernel_view
+
+    return kernel_view(x, "x")
 
 
 def _mx_fp8(prepared, rows, K):

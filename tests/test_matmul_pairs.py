@@ -292,16 +292,51 @@ def test_mx_pairs_on_the_gpu_path(sa, sb, K):
     assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
 
 
-@pytest.mark.parametrize("pair", [("nvfp4", "nvfp4"), ("int8_row", "int8_centred"), ("x", "mxfp4"),
-                                  ("x", "int4_group")])  # fmt: skip
-def test_new_pairs_on_the_gpu_path_are_not_built(pair):
-    """``device="cuda"`` reaches ``_new_pair_gpu`` (after every check): NotImplementedError
-    naming the pair and the CPU path."""
-    sa, sb = pair
-    qa = data((3, 64), 20) if sa == "x" else nqdq.quantize(data((3, 64), 20), sa)
-    qb = nqdq.quantize(data((5, 64), 21), sb)
-    name = f"float32 x {sb} (weight-only)" if sa == "x" else f"{sa} x {sb}"
-    with pytest.raises(NotImplementedError, match=re.escape(name) + '.*device="cpu" computes it'):
+@pytest.mark.parametrize("M,N,K", [(3, 5, 64), (1, 9, 40)])
+def test_nvfp4_pair_on_the_gpu_path(M, N, K):
+    """NVFP4 x NVFP4 on the kernels (exact bfloat16 operands, the bf16 GEMM, both tensor
+    scales in the epilogue): the float64 product of the dequantized operands to float32
+    accumulation (rel. L2 < 1e-5); K = 40: a partial block of 16 padded."""
+    qa = nqdq.quantize(data((M, K), 40), "nvfp4")
+    qb = nqdq.quantize(data((N, K), 41) * np.float32(0.01), "nvfp4")
+    got = np.asarray(nqdq.matmul(qa, qb, device="cuda", alpha=0.5, activation="relu"), np.float64)
+    want = np.maximum(0.5 * (dequantized(qa) @ dequantized(qb).T), 0.0)
+    assert (got == 0).any() and np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("scheme,kw", [("int8_row", {}), ("fp8_row", {}), ("fp8_tensor", {}),
+                                       ("int4", dict(granularity="row", symmetric=False)), ("mxfp4", {}),
+                                       ("mxfp6_e3m2", {}), ("nvfp4", {})])  # fmt: skip
+def test_weight_only_on_the_gpu_path(scheme, kw):
+    """matmul(x, qw) with a bfloat16 x on the kernels: qw as exact bfloat16 weights (unit
+    scales dequantized, or MX / NVFP4 blocks folded), its row / tensor scales in the bf16
+    GEMM's epilogue; against the float64 product of x and dequantize(qw) (rel. L2 < 1e-5:
+    float32 accumulation). Odd M, N; K = 72 (a partial MX block)."""
+    M, N, K = 3, 7, 72
+    x = data((M, K), 42).astype(ml_dtypes.bfloat16)
+    qw = nqdq.quantize(data((N, K), 43), scheme, **kw)
+    bias = np.linspace(-1, 1, N).astype(np.float32)
+    got = np.asarray(nqdq.matmul(x, qw, device="cuda", bias=bias), np.float64)
+    want = x.astype(np.float64) @ dequantized(qw).T + bias
+    assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("x_dtype,sb,why", [("float32", "mxfp4", "x must be bfloat16 on the GPU"),
+                                            ("float16", "int8_row", "x must be bfloat16 on the GPU"),
+                                            ("bfloat16", "int4_group", "scales that vary along K"),
+                                            ("bfloat16", "fp8_128x128", "scales that vary along K"),
+                                            ("qa", "int8_centred", None)])  # fmt: skip
+def test_new_pairs_on_the_gpu_path_not_built(x_dtype, sb, why):
+    """``device="cuda"`` reaches ``_new_pair_gpu`` (after every check): the pairs without a
+    kernel raise NotImplementedError naming the pair, what is missing and the CPU path."""
+    qb = nqdq.quantize(data((5, 256), 21), sb)  # (K = 256: two 128 x 128 tiles along K)
+    if x_dtype == "qa":
+        qa, name = nqdq.quantize(data((3, 256), 20), "int8_row"), f"int8_row x {sb}"
+    else:
+        qa = data((3, 256), 20).astype(ml_dtypes.bfloat16 if x_dtype == "bfloat16" else x_dtype)
+        name = f"{x_dtype} x {sb} (weight-only)"
+    with pytest.raises(NotImplementedError, match=re.escape(name) + ".*" + re.escape(why or "") +
+                       '.*device="cpu" computes it'):  # fmt: skip
         nqdq.matmul(qa, qb, device="cuda")
 
 
