@@ -217,14 +217,16 @@ def _matmul_for(caller, qa, qb, out_dtype, bias, activation, alpha, device, dtyp
     from .gpu.runtime.devices import ordinal_of
     from .gpu.runtime.interop import kernel_view
 
+    lead = qb.codes if not isinstance(qa, QuantizedTensor) else qa.codes  # (a plain x: the weights' array)
+
     def view(q):
         if not isinstance(q, QuantizedTensor):
             return q
         return dataclasses.replace(q, **{f: kernel_view(getattr(q, f), f"q.{f}") for f in ARRAY_FIELDS
-                                         if getattr(q, f) is not None and type(getattr(q, f)) is type(qa.codes)})
+                                         if getattr(q, f) is not None and type(getattr(q, f)) is type(lead)})
 
-    bias_v = kernel_view(bias, "bias") if bias is not None and type(bias) is type(qa.codes) else bias
-    handle = caller.stream(ordinal_of(qa.codes) or 0)
+    bias_v = kernel_view(bias, "bias") if bias is not None and type(bias) is type(lead) else bias
+    handle = caller.stream(ordinal_of(lead) or 0)
     with _callers.running_on(handle) if handle is not None else _callers._NULL:
         out = _matmul(view(qa), view(qb), out_dtype, bias=bias_v, activation=activation, alpha=alpha, device=device,
                       dtype=dtype, _caller=(caller, qa, qb, bias))  # fmt: skip
