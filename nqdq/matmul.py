@@ -596,8 +596,8 @@ def _weight_only_gpu(x, qw, **epi):
         w = dataclasses.replace(qw, scales=xp.ones_like(qw.scales))
         mode = "tensor" if _pattern(sch, tuple(qw.shape)) == "tensor" else "row"
         sb = qw.scales.reshape(-1)
-        if mode == "row" and sb.size != N:  # shared by groups of rows: one per row
-            sb = xp.repeat(sb, -(-N // sb.size))[:N]
+        if mode == "row" and sb.size != N:  # one per block of rows: one per row
+            sb = xp.repeat(sb, int(sch.block_for(tuple(qw.shape))[0]))[:N]
     wb = dequantize(w, dtype="bfloat16")
     return kg.gemm(_bf16_view(x), wb, mma="bf16.bf16", sa=one, sb=sb, sa_mode="tensor", sb_mode=mode, **epi)
 

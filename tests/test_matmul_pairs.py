@@ -306,12 +306,14 @@ def test_nvfp4_pair_on_the_gpu_path(M, N, K):
 
 @pytest.mark.parametrize("scheme,kw", [("int8_row", {}), ("fp8_row", {}), ("fp8_tensor", {}),
                                        ("int4", dict(granularity="row", symmetric=False)), ("mxfp4", {}),
+                                       ("int8", dict(granularity="block", block_shape=(5, 128))),
                                        ("mxfp6_e3m2", {}), ("nvfp4", {})])  # fmt: skip
 def test_weight_only_on_the_gpu_path(scheme, kw):
     """matmul(x, qw) with a bfloat16 x on the kernels: qw as exact bfloat16 weights (unit
     scales dequantized, or MX / NVFP4 blocks folded), its row / tensor scales in the bf16
     GEMM's epilogue; against the float64 product of x and dequantize(qw) (rel. L2 < 1e-5:
-    float32 accumulation). Odd M, N; K = 72 (a partial MX block)."""
+    float32 accumulation). Odd M, N; K = 72 (a partial MX block); int8 blocks of 5 rows x
+    all of K: one scale per 5 rows (N = 7: the last block partial), expanded per row."""
     M, N, K = 3, 7, 72
     x = data((M, K), 42).astype(ml_dtypes.bfloat16)
     qw = nqdq.quantize(data((N, K), 43), scheme, **kw)
