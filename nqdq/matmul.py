@@ -522,8 +522,8 @@ def _new_pair_gpu(pair: str, a, b, *, bias, alpha, out_dtype, activation):
     * MX x MX: the codes as fp8 bytes (``gemm.blockscaled.prepare_mx_operand``; K padded with
       zero codes to whole blocks of 32, which the partial block's scale already covers), the
       e8m0 scales as they are, the "mx" scale mode.
-    * NVFP4 x NVFP4: each operand as the exact bfloat16 of e2m1 x its ue4m3 block scale, the
-      two tensor scales in the epilogue (``gemm.blockscaled.nvfp4_gemm``).
+    * NVFP4 x NVFP4: each operand as the exact bfloat16 of e2m1 x its ue4m3 block scale
+      (``_exact_bf16``), the bf16 GEMM with the two tensor scales in its epilogue.
     * weight-only, x bfloat16 (``_weight_only_gpu``).
 
     The centred pairs, and weight-only x of float16 / float32 or weights with float32 scales
@@ -539,10 +539,10 @@ def _new_pair_gpu(pair: str, a, b, *, bias, alpha, out_dtype, activation):
                        alpha=alpha, out_dtype=out_dtype, activation=activation)  # fmt: skip
     epi = dict(bias=bias, alpha=alpha, out_dtype=out_dtype, activation=activation)
     if isinstance(a, QuantizedTensor) and a.scheme.is_nvfp4 and b.scheme.is_nvfp4:
-        from .gpu.gemm.blockscaled import nvfp4_gemm
+        from .gpu.gemm import plan as kg
 
-        (M, K), N = tuple(a.shape), int(b.shape[0])
-        return nvfp4_gemm(a.codes, a.scales, a.tensor_scale, b.codes, b.scales, b.tensor_scale, M, N, K, **epi)
+        (a16, sa, _), (b16, sb, _) = _exact_bf16(a), _exact_bf16(b)
+        return kg.gemm(a16, b16, mma="bf16.bf16", sa=sa, sb=sb, sa_mode="tensor", sb_mode="tensor", **epi)
     if not isinstance(a, QuantizedTensor):
         why = _weight_only_gpu_gap(pair, b)
         if why is None:
@@ -566,40 +566,50 @@ def _weight_only_gpu_gap(pair: str, qw) -> str | None:
 
 def _weight_only_gpu(x, qw, **epi):
     """``x @ dequant(qw).T`` on the bf16 GEMM, x bfloat16 [M, K] on the GPU (uint16 bits or
-    the caller's bfloat16): qw's codes become exact bfloat16 weights [N, K] by nqdq's own
-    dequantize with the factor that bfloat16 could not hold exactly set to 1, and that
-    factor goes to the GEMM's epilogue:
+    the caller's bfloat16), qw as ``_exact_bf16`` gives it. x's dtype was checked by
+    ``_plain_x``, ``qw`` by ``_weight`` and ``_weight_only_gpu_gap``."""
+    from .gpu.gemm import plan as kg
 
-    * scales constant along K (per row of W, per tensor; int4 / int8 / fp8, zero points
-      too): the dequantize of unit scales is ``q`` (or ``q - z``), integers below 2^8 or fp8
-      values, all bfloat16 values; the scales are the GEMM's "row" / "tensor" ``sb``;
-    * NVFP4: e2m1 x ue4m3 is a bfloat16 value (``gemm.blockscaled``); the tensor scale is ``sb``;
+    wb, sb, mode = _exact_bf16(qw)
+    one = _gpu_xp(qw.codes).ones(1, np.float32)
+    return kg.gemm(_bf16_view(x), wb, mma="bf16.bf16", sa=one, sb=sb, sa_mode="tensor", sb_mode=mode, **epi)
+
+
+def _exact_bf16(q):
+    """(bfloat16 [rows, K], s, mode) with ``dequant(q) = diag(s) @ that`` ("row": s per row;
+    "tensor": s one value), the bfloat16 values exact: nqdq's own dequantize of ``q`` with
+    the factor bfloat16 could not hold set to 1, that factor being ``s``:
+
+    * scales constant along K (per row, per block of rows, per tensor; int4 / int8 / fp8,
+      zero points too): the dequantize of unit scales is ``q`` (or ``q - z``), integers of
+      at most 8 bits or fp8 values, all bfloat16 values; ``s`` the scales;
+    * NVFP4: e2m1 x ue4m3 is a bfloat16 value (at most 6 significant bits, magnitudes 2^-10
+      .. 2688: tests/test_gemm_nvfp4.py checks every pair); ``s`` the tensor scale; a NaN
+      block scale gives NaN elements;
     * MX: an element (at most 4 significant bits) times 2^(e - 127) is a bfloat16 value
-      wherever it is a float32 normal; in float32's subnormal range (below 2^-126)
-      bfloat16 keeps fewer bits and the product is rounded to nearest even there.
+      wherever the product is at least 2^-133 in its last bit (every float32 normal);
+      below that bfloat16 keeps fewer bits than float32's subnormals and the product is
+      rounded to nearest even; ``s`` = 1.
 
-    x's dtype was checked by ``_plain_x``; ``qw`` by ``_weight``."""
+    The arrays are q's library's (NumPy under the simulator, CuPy on a GPU: dequantize's
+    unit kernel, bfloat16 as uint16 bits)."""
     import dataclasses
 
     from .api import dequantize
-    from .gpu.gemm import plan as kg
 
-    sch = qw.scheme
-    N = int(qw.shape[0])
-    xp = _gpu_xp(qw.codes)
-    one = xp.ones(1, np.float32)
+    sch = q.scheme
+    xp = _gpu_xp(q.codes)
     if sch.is_mx:
-        w, sb, mode = qw, one, "tensor"
-    elif sch.is_nvfp4:
-        w, sb, mode = dataclasses.replace(qw, tensor_scale=xp.ones_like(qw.tensor_scale)), qw.tensor_scale, "tensor"
-    else:
-        w = dataclasses.replace(qw, scales=xp.ones_like(qw.scales))
-        mode = "tensor" if _pattern(sch, tuple(qw.shape)) == "tensor" else "row"
-        sb = qw.scales.reshape(-1)
-        if mode == "row" and sb.size != N:  # one per block of rows: one per row
-            sb = xp.repeat(sb, int(sch.block_for(tuple(qw.shape))[0]))[:N]
-    wb = dequantize(w, dtype="bfloat16")
-    return kg.gemm(_bf16_view(x), wb, mma="bf16.bf16", sa=one, sb=sb, sa_mode="tensor", sb_mode=mode, **epi)
+        return dequantize(q, dtype="bfloat16"), xp.ones(1, np.float32), "tensor"
+    if sch.is_nvfp4:
+        unit = dataclasses.replace(q, tensor_scale=xp.ones_like(q.tensor_scale))
+        return dequantize(unit, dtype="bfloat16"), q.tensor_scale, "tensor"
+    rows = int(q.shape[0])
+    mode = "tensor" if _pattern(sch, tuple(q.shape)) == "tensor" else "row"
+    s = q.scales.reshape(-1)
+    if mode == "row" and s.size != rows:  # one per block of rows: one per row
+        s = xp.repeat(s, int(sch.block_for(tuple(q.shape))[0]))[:rows]
+    return dequantize(dataclasses.replace(q, scales=xp.ones_like(q.scales)), dtype="bfloat16"), s, mode
 
 
 def _gpu_xp(a):

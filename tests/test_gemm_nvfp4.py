@@ -1,20 +1,20 @@
-"""NVFP4 x NVFP4 on the tensor cores as a bfloat16 GEMM (``nqdq.gpu.gemm``: ``blockscaled``
-``prepare_nvfp4_operand`` / ``nvfp4_gemm``, ``plan``'s ``"bf16.bf16"`` kind, ``mma_sync``), in
-the simulator, plus the conversion kernel assembled for sm_90.
+"""The bfloat16 GEMM (``plan``'s ``"bf16.bf16"`` kind: ``mma_sync`` and the sm_90a ``wgmma``
+kernel) and the NVFP4 operands it takes (``nqdq.matmul._exact_bf16``), in the simulator, plus
+the kernels assembled.
 
-* The claim the design rests on, checked from ml_dtypes alone: every e2m1 value times every
-  ue4m3 value is exactly a bfloat16 value (all 16 x 128 codes: 16 x 127 finite products,
-  ue4m3 0x7F being NaN; and the other 128 e4m3 bytes, the sign bit set, which the reference
-  decodes too).
-* Conversion: the device kernel and its NumPy twin, bit for bit, against float64 products of
-  ml_dtypes values (e2m1 code value x e4m3 scale value, by hand-unpacked nibbles), on codes
-  from ``nqdq.quantize(x, "nvfp4")`` and on hand-picked codes; K not a multiple of 16 or 32
-  (the partial last block, the padding to whole blocks of 16, an odd K's spare nibble).
+* The claim NVFP4 on the bf16 GEMM rests on, checked from ml_dtypes alone: every e2m1 value
+  times every ue4m3 value is exactly a bfloat16 value (all 16 x 128 codes: 16 x 127 finite
+  products, ue4m3 0x7F being NaN; and the other 128 e4m3 bytes, the sign bit set, which the
+  reference decodes too).
+* The operands: ``_exact_bf16`` of an ``nvfp4`` tensor (its dequantize with the tensor scale
+  set to 1) against float64 products of ml_dtypes values (e2m1 code value x e4m3 scale value,
+  by hand-unpacked nibbles), on codes from ``nqdq.quantize(x, "nvfp4")`` and on hand-picked
+  codes; K not a multiple of 16 or 32 (the partial last block, an odd K's spare nibble).
 * GEMM: ``plan.gemm(mma="bf16.bf16")`` against ``reference.matmul.gemm`` (fed
-  ml_dtypes.bfloat16 arrays: it reads operand values with ``astype(float64)``) and
-  ``nvfp4_gemm`` against the float64 product of ``nqdq.dequantize`` outputs, rel. L2 < 1e-5 with
-  float32 output (the kernel: exact bf16 products summed in float32 per K step of 16, the
-  twin rounding once a step; the references: float64, one rounding).
+  ml_dtypes.bfloat16 arrays: it reads operand values with ``astype(float64)``), rel. L2 < 1e-5
+  with float32 output (the kernel: exact bf16 products summed in float32 per K step of 16,
+  the twin rounding once a step; the reference: float64, one rounding). NVFP4 x NVFP4
+  through ``nqdq.matmul``: tests/test_matmul_pairs.py.
 
 Every test makes its data from its own seed.
 """
@@ -26,15 +26,16 @@ import numpy as np
 import pytest
 
 import nqdq
-from nqdq.gpu.gemm import blockscaled as bs
 from nqdq.gpu.gemm import mma_sync
 from nqdq.gpu.gemm import plan as kg
+from nqdq.matmul import _exact_bf16
+from nqdq.quantized import QuantizedTensor
 from nqdq.reference import matmul as ref
+from nqdq.schemes import resolve_scheme
 
 from helpers.gemm import rel_l2
 from helpers.ptx import compile_rows
 
-CONVERTERS = [bs.convert_nvfp4, bs.convert_nvfp4_reference]  # the device kernel, its NumPy twin
 E2M1 = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
 E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
 
@@ -64,15 +65,19 @@ def nvfp4_values(packed, scales, K):
 
 
 def assert_bits_are_values(bits, values):
-    """bf16 ``bits`` [rows, Kp] hold ``values`` [rows, K] exactly (signed zeros, NaN where
-    NaN: the one quiet NaN 0x7FC0), and +0 past K."""
-    K = values.shape[1]
+    """bf16 ``bits`` [rows, K] hold ``values`` [rows, K] exactly (signed zeros; NaN where NaN)."""
     got = bf16_values(bits)
     nan = np.isnan(values)
-    assert np.all(bits[:, :K][nan] == 0x7FC0)
-    np.testing.assert_array_equal(got[:, :K][~nan], values[~nan])
-    np.testing.assert_array_equal(np.signbit(got[:, :K][~nan]), np.signbit(values[~nan]))
-    assert not bits[:, K:].any()
+    assert np.array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan], values[~nan])
+    np.testing.assert_array_equal(np.signbit(got[~nan]), np.signbit(values[~nan]))
+
+
+def exact_bf16(q):
+    """``_exact_bf16`` of an nvfp4 tensor: (uint16 bits [rows, K], the tensor scale), its mode checked."""
+    bits, s, mode = _exact_bf16(q)
+    assert mode == "tensor"
+    return np.asarray(bits).view(np.uint16), s
 
 
 # ----------------------------------------------------------------------------- the claim
@@ -91,42 +96,34 @@ def test_every_e2m1_times_ue4m3_is_a_bfloat16_value():
     assert nz.min() == 2.0**-10 and nz.max() == 2688.0
     mant, _ = np.frexp(nz)
     assert np.all(mant * 64 == np.floor(mant * 64))  # 6 significant bits at most
-    # the conversion's table is these products' bits (NaN: 0x7FC0)
-    table = bs.nvfp4_bf16_table()
-    np.testing.assert_array_equal(table[finite], product[finite].astype(ml_dtypes.bfloat16).view(np.uint16))
-    assert np.all(table[~finite] == 0x7FC0)
 
 
-# ----------------------------------------------------------------------------- conversion
-@pytest.mark.parametrize("convert", CONVERTERS, ids=["kernel", "twin"])
+# ----------------------------------------------------------------------------- the operands
 @pytest.mark.parametrize("rows,K", [(4, 64), (3, 37), (5, 100), (1, 5)])
-def test_conversion_of_quantized_codes(convert, rows, K):
+def test_operands_of_quantized_codes(rows, K):
     """Codes and scales of ``nqdq.quantize(x, "nvfp4")`` (K = 37, 100, 5: a partial last
     block; 37 and 5 odd), with rows of very different magnitudes (block scales across the
-    ue4m3 range, subnormal ones included)."""
+    ue4m3 range, subnormal ones included); the tensor scale is left for the epilogue."""
     rng = np.random.default_rng([rows, K, 16])
     x = rng.standard_normal((rows, K)).astype(np.float32)
     x *= np.float32(2.0) ** rng.integers(-12, 4, (rows, 1)).astype(np.float32)
     x[0, : min(K, 16)] *= np.float32(1e-3)  # a small first block beside the row's large ones
     q = nqdq.quantize(x, "nvfp4")
     assert q.codes.shape == (rows, -(-K // 2)) and q.scales.shape == (rows, -(-K // 16))
-    got = convert(q.codes, q.scales, rows, K)
-    Kp = -(-K // 16) * 16
-    assert isinstance(got, np.ndarray) and got.dtype == np.uint16 and got.shape == (rows, Kp)
+    got, s = exact_bf16(q)
+    assert got.shape == (rows, K) and s is q.tensor_scale
     assert_bits_are_values(got, nvfp4_values(q.codes, q.scales, K))
     # times the tensor scale: nqdq.dequantize's values, to its float32 rounding of scale x S_dec
     deq = nqdq.dequantize(q).astype(np.float64)
-    exact = bf16_values(got)[:, :K] * float(q.tensor_scale)
-    np.testing.assert_allclose(exact, deq, rtol=2.0**-23, atol=0)
+    np.testing.assert_allclose(bf16_values(got) * float(q.tensor_scale), deq, rtol=2.0**-23, atol=0)
 
 
-@pytest.mark.parametrize("convert", CONVERTERS, ids=["kernel", "twin"])
-def test_conversion_of_hand_picked_codes(convert):
+def test_operands_of_hand_picked_codes():
     """Row 0: +0, -0, 6 and -6 under the largest ue4m3 scale 448 (+-2688); row 1: 0.5 and -0.5
     under the smallest subnormal scale 2^-9 (+-2^-10), then a zero scale (+-0 whatever the
-    code); row 2: a NaN scale (0x7F), then every code under scale 1.0; K = 45: three whole
-    blocks of 16 would need 48, and the last byte's spare nibble holds a nonzero code that
-    must be ignored."""
+    code); row 2: a NaN scale (0x7F: NaN elements), then every code under scale 1.0; K = 45:
+    three blocks of 16 would need 48, and the last byte's spare nibble holds a nonzero code
+    that must be ignored."""
     K = 45
     codes = np.zeros((3, K), np.uint8)
     scales = np.zeros((3, 3), np.uint8)
@@ -143,37 +140,14 @@ def test_conversion_of_hand_picked_codes(convert):
     values = nvfp4_values(pack_nibbles(codes), scales, K)
     assert values[0, 2] == 2688.0 and values[0, 3] == -2688.0 and np.signbit(values[0, 1])
     assert values[1, 0] == 2.0**-10 and values[1, 1] == -(2.0**-10) and np.signbit(values[1, 19])
-    got = convert(packed, scales, 3, K)
-    assert got.shape == (3, 48)
+    q = QuantizedTensor(packed, scales, resolve_scheme("nvfp4"), (3, K), "float32", tensor_scale=np.float32(0.25))
+    got, s = exact_bf16(q)
+    assert float(s) == 0.25
     assert_bits_are_values(got, values)
-    np.testing.assert_array_equal(got[2, :16], np.full(16, 0x7FC0, np.uint16))
+    assert np.isnan(bf16_values(got[2, :16])).all()
     np.testing.assert_array_equal(got[0, :4], [0x0000, 0x8000, 0x4528, 0xC528])  # +-2688 = +-1.3125 * 2^11
 
 
-@pytest.mark.parametrize("rows,K", [(3, 33), (2, 64), (0, 16), (4, 1)])
-def test_conversion_kernel_equals_twin_on_any_bytes(rows, K):
-    """Random code and scale bytes (NaN scales, sign-bit scales and spare nibbles included)."""
-    rng = np.random.default_rng([rows, K, 99])
-    packed = rng.integers(0, 256, (rows, -(-K // 2)), dtype=np.uint8)
-    scales = rng.integers(0, 256, (rows, -(-K // 16)), dtype=np.uint8)
-    got = bs.convert_nvfp4(packed, scales, rows, K)
-    np.testing.assert_array_equal(got, bs.convert_nvfp4_reference(packed, scales, rows, K))
-    assert got.shape == (rows, -(-K // 16) * 16)
-
-
-def test_prepare_nvfp4_operand_errors_name_the_argument():
-    codes = np.zeros((2, 16), np.uint8)
-    scales = np.zeros((2, 2), np.uint8)
-    assert bs.prepare_nvfp4_operand(codes, scales, 2, 32).shape == (2, 32)
-    with pytest.raises(ValueError, match=r"codes hold 32 bytes; a \[2, 40\] NVFP4 operand has 2 x 20"):
-        bs.prepare_nvfp4_operand(codes, scales, 2, 40)
-    with pytest.raises(ValueError, match=r"block_scales hold 8 bytes; a \[2, 31\] NVFP4 operand has 2 x 2"):
-        bs.prepare_nvfp4_operand(codes, scales[:, :1].repeat(4, axis=1), 2, 31)
-    with pytest.raises(TypeError, match="block_scales must be bytes"):
-        bs.prepare_nvfp4_operand(codes, scales.astype(np.float32), 2, 32)
-
-
-# ----------------------------------------------------------------------------- bf16 GEMM
 def bf16_operand(rng, rows, K, spread=4):
     """ml_dtypes.bfloat16 [rows, K]: normal values times powers of two in [2^-spread, 2^spread]."""
     v = rng.standard_normal((rows, K)) * 2.0 ** rng.integers(-spread, spread + 1, (rows, K))
@@ -294,62 +268,11 @@ def test_bf16_wgmma_matches_reference(mode, M, N, K):
     assert (got == 0).any() and rel_l2(got, want) < 1e-5
 
 
-# ----------------------------------------------------------------------------- NVFP4 x NVFP4
-def nvfp4_pair(seed, M, N, K):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((M, K)).astype(np.float32)
-    x[:, ::5] *= 8  # uneven blocks: block scales differ
-    w = (rng.standard_normal((N, K)) * 0.05).astype(np.float32)
-    qa, qb = nqdq.quantize(x, "nvfp4"), nqdq.quantize(w, "nvfp4")
-    want = nqdq.dequantize(qa).astype(np.float64) @ nqdq.dequantize(qb).astype(np.float64).T
-    return qa, qb, want, rng
-
-
-def run_nvfp4(qa, qb, M, N, K, **kw):
-    return bs.nvfp4_gemm(qa.codes, qa.scales, qa.tensor_scale, qb.codes, qb.scales, qb.tensor_scale, M, N, K, **kw)
-
-
-@pytest.mark.parametrize("M,N,K", [(1, 16, 64), (7, 9, 37), (18, 17, 96)])
-def test_nvfp4_gemm_matches_dequantized_product(M, N, K):
-    qa, qb, want, _ = nvfp4_pair([M, N, K, 4], M, N, K)
-    got = run_nvfp4(qa, qb, M, N, K)
-    assert got.dtype == np.float32 and got.shape == (M, N)
-    assert rel_l2(got, want) < 1e-5
-
-
-@pytest.mark.parametrize("kw", [dict(bias=True, activation="relu", alpha=2.0),
-                                dict(bias=True, out_dtype="bfloat16")])  # fmt: skip
-def test_nvfp4_gemm_epilogue(kw):
-    M, N, K = 6, 12, 48
-    qa, qb, product, rng = nvfp4_pair(612, M, N, K)
-    kw = dict(kw)
-    bias = kw["bias"] = rng.standard_normal(N).astype(np.float32)
-    want = kw.get("alpha", 1.0) * product + bias
-    if kw.get("activation") == "relu":
-        want = np.maximum(want, 0)
-    got = run_nvfp4(qa, qb, M, N, K, **kw)
-    assert got.shape == (M, N)
-    if kw.get("out_dtype") == "bfloat16":
-        assert got.dtype == ml_dtypes.bfloat16
-        assert np.all(np.abs(got.astype(np.float64) - want) <= 2.0**-7 * np.abs(want) + 1e-30)
-    else:
-        assert (got == 0).any() and rel_l2(got, want) < 1e-5
-
-
-def test_nvfp4_gemm_takes_one_tensor_scale_each():
-    qa, qb, _, _ = nvfp4_pair(1, 2, 8, 32)
-    with pytest.raises(ValueError, match="tscale_b must be one float32 tensor scale"):
-        bs.nvfp4_gemm(qa.codes, qa.scales, qa.tensor_scale, qb.codes, qb.scales, np.ones(2, np.float32), 2, 8, 32)
-
-
 # ----------------------------------------------------------------------------- PTX
 _PTX_SCRIPT = r"""
 import json, re
-import numpy as np
-from numba import cuda, typeof
-from nqdq.gpu.gemm import blockscaled as bs, plan as kg
+from nqdq.gpu.gemm import plan as kg
 from nqdq.gpu.gemm.mma_sync import ACT_GELU, ACT_NONE, OUT_BF16, OUT_F32, SCALE_ROW, SCALE_TENSOR, GemmSpec
-from nqdq.tools.ptx_audit import _no_gpu_compile
 out = []
 for sa, o, act, bias, cc in [(SCALE_TENSOR, OUT_F32, ACT_NONE, False, (9, 0)),
                              (SCALE_ROW, OUT_BF16, ACT_GELU, True, (8, 9))]:
@@ -360,28 +283,19 @@ for sa, o, act, bias, cc in [(SCALE_TENSOR, OUT_F32, ACT_NONE, False, (9, 0)),
     out.append(dict(mma=sorted(set(re.findall(r"mma\.sync\.aligned\.[a-z0-9.]+", ptx))),
                     ldmatrix=ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16"), cubin=len(cubin),
                     spill=int(spill.group(1)) if spill else None))
-with _no_gpu_compile():
-    u8, u32 = typeof(np.zeros(3, np.uint8)), typeof(np.zeros(3, np.uint32))
-    ptx, _ = cuda.compile_ptx(bs.convert_nvfp4_kernel.py_func, (u8, u8, u32) + (typeof(1),) * 5, cc=(9, 0))
-cubin, log = kg.assemble(ptx, (9, 0))
-spill = re.search(r"(\d+) bytes spill stores", log)
-out.append(dict(cubin=len(cubin), f64=len(re.findall(r"\.f64\b", ptx)), spill=int(spill.group(1)) if spill else None,
-                stores=sorted(set(re.findall(r"st\.global\.[a-z0-9]+", ptx)))))
 print(json.dumps(out))
 """
 
 
-def test_nvfp4_kernels_assemble():
-    """The bf16 GEMM (GPU_CONFIG's 128 x 128 tile) for sm_90 and sm_89 and the conversion
-    kernel, compiled by numba-cuda and assembled by nvJitLink without a GPU: the m16n8k16 bf16
-    mma only, the fp8 kernel's 12 ldmatrix a 64-byte tile, no spills; the conversion has no
-    float64 instruction and stores 4 bytes (a pair of outputs) at a time."""
+def test_bf16_mma_sync_kernels_assemble():
+    """The bf16 GEMM on mma.sync (GPU_CONFIG's 128 x 128 tile) for sm_90 and sm_89, compiled
+    by numba-cuda and assembled by nvJitLink without a GPU: the m16n8k16 bf16 mma only, the
+    fp8 kernel's 12 ldmatrix a 64-byte tile, no spills."""
     rows = compile_rows(_PTX_SCRIPT)
-    for row in rows[:2]:
+    assert len(rows) == 2
+    for row in rows:
         assert row["mma"] == ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"], row
         assert row["ldmatrix"] == 12 and row["spill"] == 0 and row["cubin"] > 0, row
-    assert rows[2]["cubin"] > 0 and rows[2]["f64"] == 0 and rows[2]["spill"] == 0, rows[2]
-    assert rows[2]["stores"] == ["st.global.u32"], rows[2]
 
 
 def test_reference_reads_bf16_bits():

@@ -292,16 +292,26 @@ def test_mx_pairs_on_the_gpu_path(sa, sb, K):
     assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
 
 
-@pytest.mark.parametrize("M,N,K", [(3, 5, 64), (1, 9, 40)])
-def test_nvfp4_pair_on_the_gpu_path(M, N, K):
+@pytest.mark.parametrize("M,N,K,kw", [(3, 5, 64, dict(alpha=0.5, activation="relu")), (1, 9, 40, {}),
+                                      (6, 12, 48, dict(bias=True, out_dtype="bfloat16"))])  # fmt: skip
+def test_nvfp4_pair_on_the_gpu_path(M, N, K, kw):
     """NVFP4 x NVFP4 on the kernels (exact bfloat16 operands, the bf16 GEMM, both tensor
     scales in the epilogue): the float64 product of the dequantized operands to float32
-    accumulation (rel. L2 < 1e-5); K = 40: a partial block of 16 padded."""
+    accumulation (rel. L2 < 1e-5); K = 40: a partial block of 16 padded; bfloat16 output:
+    one rounding of each element (2^-8 relative, with 2^-7 for the float32 sums' order)."""
     qa = nqdq.quantize(data((M, K), 40), "nvfp4")
     qb = nqdq.quantize(data((N, K), 41) * np.float32(0.01), "nvfp4")
-    got = np.asarray(nqdq.matmul(qa, qb, device="cuda", alpha=0.5, activation="relu"), np.float64)
-    want = np.maximum(0.5 * (dequantized(qa) @ dequantized(qb).T), 0.0)
-    assert (got == 0).any() and np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
+    kw = dict(kw)
+    bias = np.random.default_rng(44).standard_normal(N).astype(np.float32) if kw.pop("bias", False) else None
+    got = np.asarray(nqdq.matmul(qa, qb, device="cuda", bias=bias, **kw)).astype(np.float64)
+    want = kw.get("alpha", 1.0) * (dequantized(qa) @ dequantized(qb).T) + (0.0 if bias is None else bias)
+    if kw.get("activation") == "relu":
+        want = np.maximum(want, 0.0)
+        assert (got == 0).any()
+    if kw.get("out_dtype") == "bfloat16":
+        assert np.all(np.abs(got - want) <= 2.0**-7 * np.abs(want) + 1e-30)
+    else:
+        assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
 
 
 @pytest.mark.parametrize("scheme,kw", [("int8_row", {}), ("fp8_row", {}), ("fp8_tensor", {}),

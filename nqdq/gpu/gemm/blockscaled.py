@@ -1,5 +1,4 @@
-"""Block-scaled operands for the tensor-core GEMMs, converted exactly: MX element codes to fp8
-bytes, NVFP4 elements times their block scales to bfloat16.
+"""MX operands for the tensor-core GEMMs: element codes converted exactly to fp8 bytes.
 
 MX
 --
@@ -35,55 +34,26 @@ K) do not change: the GEMM applies them (``mma_sync``'s ``"mx"`` mode).
 ``prepare_mx_operand``            what ``nqdq.matmul`` calls: (fp8 bytes, their format)
 ================================  ============================================================
 
-NVFP4
------
-An NVFP4 block is 16 e2m1 codes with one ue4m3 scale (plus one float32 tensor scale
-S_dec per operand): half an fp8 ``m16n8k32`` K step, so the MX route (the scales promoted
-per mma) does not fit. But every e2m1 value (2 significant bits, 0.5 .. 6) times every
-e4m3 value (at most 4 significant bits, 2^-9 .. 448) is exactly a bfloat16 value (8
-significant bits, float32's exponent range): at most 6 significant bits, magnitudes 2^-10
-.. 2688 (``nvfp4_bf16_table`` checks all 16 x 256 when it is built). So an operand becomes
-bfloat16 bits of ``e2m1 value x ue4m3 block scale`` [rows, Kp] (Kp: K rounded up to
-``NVFP4_BLOCK`` = 16, one ``m16n8k16`` K step, zero-padded), and NVFP4 x NVFP4 is the bf16
-GEMM (``mma_sync``'s ``"bf16.bf16"`` kind) of the two with the tensor scales as the
-"tensor" scale mode's ``sa``, ``sb`` (read on the device in the epilogue: a device scalar
-``q.tensor_scale`` costs no host read): ``alpha * S_dec,a * S_dec,b * sum_k a_k b_k``, each
-element product the formats' own, summed in float32.
-
-Scale bytes are read as e4m3fn, as ``reference.matmul.dequantize_exact`` reads them (a ue4m3
-code is an e4m3 byte with the sign bit clear; a set sign bit negates, as there); 0x7F /
-0xFF (NaN) make the block's elements the bfloat16 NaN 0x7FC0.
-
-================================  ============================================================
-``convert_nvfp4``                 the device kernel: packed e2m1 codes [rows, ceil(K/2)] and
-                                  scales [rows, ceil(K/16)] -> bf16 bits [rows, Kp], one
-                                  launch, in the codes' array library
-``convert_nvfp4_reference``       its NumPy twin (``nvfp4_bf16_table``, from the reference codec)
-``prepare_nvfp4_operand``         device kernel or twin, as ``prepare_mx_operand`` chooses
-``nvfp4_gemm``                    both conversions and the bf16 GEMM (``plan.gemm``)
-================================  ============================================================
+NVFP4 operands become exact bfloat16 values through ``nqdq.dequantize`` instead
+(``nqdq.matmul._exact_bf16``; docs/design/gemm.md, "NVFP4 as exact bfloat16 operands").
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-import ml_dtypes
 import numpy as np
 
-from . import plan
 from ...formats import FORMATS, get_format
 from ...reference.codec import decode_float, encode_float
 from ...reference.packing import packed_length, unpack_codes
 from ..runtime.backend import cuda
 from ..runtime.interop import Allocator, lib_of
 from ..runtime.launch import fast_kernel
-from ..device.codec import decode_small_float, f32_bits
 from ..runtime.target import SIMULATOR, devfn
 
 __all__ = ["MX_ELEMENTS", "fp8_format", "e4m3_table", "convert_codes", "convert_codes_reference",
-           "prepare_mx_operand", "NVFP4_BLOCK", "nvfp4_padded_k", "nvfp4_bf16_table", "convert_nvfp4",
-           "convert_nvfp4_reference", "prepare_nvfp4_operand", "nvfp4_gemm"]  # fmt: skip
+           "prepare_mx_operand"]
 
 MX_ELEMENTS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")  # OCP MX v1.0: mxfp8 (two), mxfp6 (two), mxfp4
 NARROW = ("e2m3", "e3m2", "e2m1")  # converted to e4m3
@@ -225,151 +195,3 @@ def prepare_mx_operand(codes, elem_name: str, rows: int, K: int):
     if lib_of(codes) == "numpy" and not SIMULATOR:
         return convert_codes_reference(codes, fmt.name, rows, K), "e4m3"
     return convert_codes(codes, fmt.name, rows, K), "e4m3"
-
-
-# ============================================================================= NVFP4 -> bfloat16
-NVFP4_BLOCK = 16  # elements per ue4m3 scale; also the K of one m16n8k16 bf16 mma
-BF16_NAN = 0x7FC0  # the quiet NaN a NaN block scale gives (the kernel and the twin alike)
-
-
-def nvfp4_padded_k(K: int) -> int:
-    """K rounded up to whole NVFP4 blocks of 16: the converted operands' row length."""
-    return -(-K // NVFP4_BLOCK) * NVFP4_BLOCK
-
-
-@lru_cache(maxsize=None)
-def nvfp4_bf16_table() -> np.ndarray:
-    """uint16 [256, 16]: at [s, c] the bfloat16 bits of e2m1 code ``c`` times e4m3 byte ``s``,
-    from the reference codec (float64 product, converted by ml_dtypes); ``BF16_NAN`` where
-    ``s`` is NaN. Raises if a product were not exactly a bfloat16 value (signed zeros kept)."""
-    e2m1 = decode_float(np.arange(16, dtype=np.uint8), FORMATS["e2m1"]).astype(np.float64)
-    e4m3 = decode_float(np.arange(256, dtype=np.uint8), FORMATS["e4m3"]).astype(np.float64)
-    product = e4m3[:, None] * e2m1[None, :]
-    bits = product.astype(ml_dtypes.bfloat16).view(np.uint16)
-    back = bits.view(ml_dtypes.bfloat16).astype(np.float64)
-    nan = np.isnan(product)
-    if not (np.array_equal(back[~nan], product[~nan]) and np.array_equal(np.signbit(back), np.signbit(product))):
-        raise AssertionError("an e2m1 x e4m3 product is not a bfloat16 value")
-    bits[nan] = BF16_NAN
-    bits.setflags(write=False)  # shared by every caller (lru_cache)
-    return bits
-
-
-def _check_nvfp4(codes, block_scales, rows: int, K: int):
-    """(packed bytes a row, scales a row) of an NVFP4 operand, checked against [rows, K]."""
-    if rows < 0 or K < 0:
-        raise ValueError(f"rows={rows}, K={K}: the operand's shape must be non-negative")
-    pcols, nblocks = packed_length(K, 4), -(-K // NVFP4_BLOCK)
-    for name, a, per in (("codes", codes, pcols), ("block_scales", block_scales, nblocks)):
-        dt = np.dtype(a.dtype)
-        if dt.itemsize != 1:
-            raise TypeError(f"{name} must be bytes (uint8; ue4m3 scale codes for block_scales), got dtype {dt}")
-        if int(a.size) != rows * per:
-            what = "packed e2m1 codes, two a byte" if name == "codes" else f"ue4m3 codes, one per {NVFP4_BLOCK} of K"
-            raise ValueError(f"{name} hold {int(a.size)} bytes; a [{rows}, {K}] NVFP4 operand has {rows} x {per} "
-                             f"({what})")  # fmt: skip
-    return pcols, nblocks
-
-
-def _bytes_view(a, shape=None):
-    a = a if shape is None else a.reshape(shape)
-    return a if np.dtype(a.dtype) == np.uint8 else a.view(np.uint8)
-
-
-def convert_nvfp4_reference(codes, block_scales, rows: int, K: int) -> np.ndarray:
-    """bfloat16 bits (uint16 [rows, nvfp4_padded_k(K)], zeros past K) of ``e2m1 value x
-    e4m3 value of its block's scale`` for NVFP4 ``codes`` packed as nqdq packs them
-    ([rows, ceil(K/2)], element 2i in the low nibble) and ``block_scales`` [rows, ceil(K/16)],
-    by the reference codec's table (``nvfp4_bf16_table``). NumPy arrays."""
-    pcols, nblocks = _check_nvfp4(codes, block_scales, rows, K)
-    c = unpack_codes(_bytes_view(np.asarray(codes), (rows, pcols)), 4, K)
-    s = np.repeat(_bytes_view(np.asarray(block_scales), (rows, nblocks)), NVFP4_BLOCK, axis=1)[:, :K]
-    out = np.zeros((rows, nvfp4_padded_k(K)), np.uint16)
-    out[:, :K] = nvfp4_bf16_table()[s, c]
-    return out
-
-
-@devfn
-def e2m1_times_e4m3_bf16(c, s):
-    """The bfloat16 bits (uint32) of e2m1 code ``c`` times e4m3 byte ``s``: the float32
-    product of the two decoded values is exact (6 significant bits at most) and a bfloat16
-    value, so its top 16 bits are the answer; a NaN scale gives ``BF16_NAN`` (chosen here:
-    the GPU's NaN product would be 0x7FFFFFFF, the simulator's another)."""
-    if (s & 0x7F) == 0x7F:
-        return np.uint32(BF16_NAN)
-    v = decode_small_float(c, 2, 1, 0) * decode_small_float(s, 4, 3, 1)
-    return np.uint32(f32_bits(v)) >> np.uint32(16)
-
-
-@cuda.jit
-def convert_nvfp4_kernel(src, scales, dst, rows, K, pcols, nblocks, half):
-    """bf16 bits of NVFP4 ``src`` [rows * pcols] (packed e2m1) under ``scales`` [rows *
-    nblocks] into ``dst``, uint32 [rows * half] (half = Kp / 2: a pair of bf16 a word, the
-    low half first); a thread a word (one code byte, one scale byte read), zeros past K
-    (a partial last byte's high nibble ignored), block-stride over rows * half."""
-    total = rows * half
-    step = cuda.gridDim.x * cuda.blockDim.x
-    for i in range(cuda.grid(1), total, step):
-        row = i // half
-        pair = i - row * half
-        col = 2 * pair
-        w = np.uint32(0)
-        if col < K:
-            byte = np.uint32(src[np.uint64(row * pcols + pair)])
-            s = np.uint32(scales[np.uint64(row * nblocks + (col >> 4))])
-            w = e2m1_times_e4m3_bf16(byte & np.uint32(0xF), s)
-            if col + 1 < K:
-                w |= e2m1_times_e4m3_bf16(byte >> np.uint32(4), s) << np.uint32(16)
-        dst[np.uint64(i)] = w
-
-
-def convert_nvfp4(codes, block_scales, rows: int, K: int):
-    """``convert_nvfp4_reference`` on the device: one launch, the result uint16 [rows, Kp] in
-    the codes' array library (NumPy arrays as they are under the simulator)."""
-    pcols, nblocks = _check_nvfp4(codes, block_scales, rows, K)
-    lib = lib_of(codes)
-    if lib == "numpy" and not SIMULATOR:
-        raise TypeError("convert_nvfp4 takes GPU arrays (NumPy arrays under the CUDA simulator only); "
-                        "convert_nvfp4_reference converts NumPy codes")  # fmt: skip
-    if (lib_of(block_scales) == "numpy") != (lib == "numpy"):
-        raise TypeError(f"block_scales ({lib_of(block_scales)}) must be on the codes' side ({lib}): both GPU arrays "
-                        "or both NumPy")  # fmt: skip
-    Kp = nvfp4_padded_k(K)
-    half = Kp // 2
-    alloc = Allocator(lib)
-    out = alloc.empty(max(rows * half, 1), np.uint32)
-    n = rows * half
-    if n:
-        src, sc = _bytes_view(codes.reshape(-1)), _bytes_view(block_scales.reshape(-1))
-        grid = max(1, min(-(-n // THREADS), _GRID_MAX))
-        fast_kernel(convert_nvfp4_kernel).launch(grid, THREADS, (src, sc, out, rows, K, pcols, nblocks, half), None)
-    return alloc.to_lib(out.view(np.uint16)[: rows * Kp], (rows, Kp))
-
-
-def prepare_nvfp4_operand(codes, block_scales, rows: int, K: int):
-    """bfloat16 bits [rows, nvfp4_padded_k(K)] (uint16) of an NVFP4 operand (``q.codes``,
-    ``q.scales`` of a linear-layout [rows, K] ``nvfp4`` tensor): on the device
-    (``convert_nvfp4``: GPU arrays, and NumPy arrays under the simulator) or by the NumPy twin
-    (NumPy arrays on a machine with a GPU: the GEMM launcher copies them over)."""
-    if lib_of(codes) == "numpy" and not SIMULATOR:
-        return convert_nvfp4_reference(codes, block_scales, rows, K)
-    return convert_nvfp4(codes, block_scales, rows, K)
-
-
-def nvfp4_gemm(codes_a, scales_a, tscale_a, codes_b, scales_b, tscale_b, M: int, N: int, K: int, *, bias=None,
-               alpha=1.0, out_dtype="float32", activation=None):  # fmt: skip
-    """NVFP4 x NVFP4: ``epilogue(A @ B^T)`` with A [M, K], B [N, K] the dequantized operands,
-    ``codes_*`` / ``scales_*`` / ``tscale_*`` a ``nvfp4`` tensor's ``q.codes``, ``q.scales``
-    (linear) and ``q.tensor_scale`` (one float32, left on the device). Both operands through
-    ``prepare_nvfp4_operand``, then the bf16 GEMM with the tensor scales as scale mode
-    "tensor" (``alpha * S_dec,a * S_dec,b`` applied to the float32 sums). Arguments and result
-    as ``plan.gemm``."""
-    for name, t in (("tscale_a", tscale_a), ("tscale_b", tscale_b)):
-        numel = getattr(t, "numel", None)  # (a torch tensor's size is a method)
-        n = int(numel() if callable(numel) else getattr(t, "size", 1))
-        if n != 1:
-            raise ValueError(f"{name} must be one float32 tensor scale (q.tensor_scale), got {n} values")
-    a = prepare_nvfp4_operand(codes_a, scales_a, M, K)
-    b = prepare_nvfp4_operand(codes_b, scales_b, N, K)
-    return plan.gemm(a, b, mma="bf16.bf16", sa=tscale_a, sb=tscale_b, sa_mode="tensor", sb_mode="tensor", bias=bias,
-                     alpha=alpha, out_dtype=out_dtype, activation=activation)  # fmt: skip
