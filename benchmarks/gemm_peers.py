@@ -21,7 +21,8 @@ For every shape M x N x K (activations [M, K], weights [N, K]) and case:
 * the whole ``nqdq.matmul`` call, from CuPy operands made by ``nqdq.quantize`` (operand
   conversions included, as a user runs it), for the pairs that convert their operands:
   ``nvfp4`` (NVFP4 x NVFP4) and ``wo_<scheme>`` (the weight-only ``matmul(x, qw)``, x
-  bfloat16, e.g. ``wo_int8_row``, ``wo_mxfp4``, ``wo_nvfp4``), vs cuBLAS bf16 on the
+  bfloat16, e.g. ``wo_int4_group`` (the in-register kernel), ``wo_int8_row``, ``wo_mxfp4``,
+  ``wo_nvfp4``), vs cuBLAS bf16 on the
   dequantized operands; besides the CUDA-event time of one call, the wall clock of
   back-to-back calls with one synchronize at the end.
 
@@ -256,7 +257,7 @@ def bench_call(M, N, K, case, reps, rng):
 
     import nqdq
 
-    wbytes = N * K // 2 if case.endswith("fp4") else N * K
+    wbytes = N * K // 2 if case.endswith("fp4") or "int4" in case else N * K
     copies = int(min(8, max(1, -(-2 * L2_BYTES // wbytes))))
     calls, refs = [], None
     for c in range(copies):

@@ -524,10 +524,11 @@ def _new_pair_gpu(pair: str, a, b, *, bias, alpha, out_dtype, activation):
       e8m0 scales as they are, the "mx" scale mode.
     * NVFP4 x NVFP4: each operand as the exact bfloat16 of e2m1 x its ue4m3 block scale
       (``_exact_bf16``), the bf16 GEMM with the two tensor scales in its epilogue.
-    * weight-only, x bfloat16 (``_weight_only_gpu``).
+    * weight-only, x bfloat16 (``_weight_only_gpu``): int4 in groups along K in registers,
+      weights with scales per row / tensor, MX and NVFP4 as exact bfloat16 weights.
 
-    The centred pairs, and weight-only x of float16 / float32 or weights with float32 scales
-    that vary along K, have no GPU kernel yet: NotImplementedError."""
+    The centred pairs, and weight-only x of float16 / float32 or other weights with float32
+    scales that vary along K, have no GPU kernel yet: NotImplementedError."""
     if isinstance(a, QuantizedTensor) and a.scheme.is_mx and b.scheme.is_mx:
         from .gpu.gemm import plan as kg
         from .gpu.gemm.blockscaled import prepare_mx_operand
@@ -554,25 +555,69 @@ def _new_pair_gpu(pair: str, a, b, *, bias, alpha, out_dtype, activation):
 
 
 def _weight_only_gpu_gap(pair: str, qw) -> str | None:
-    """Why the weight-only ``pair`` has no GPU path (None: it has one): ``x`` must be
-    bfloat16 and ``qw``'s scales foldable into bfloat16 weights (``_weight_only_gpu``)."""
+    """Why the weight-only ``pair`` has no GPU path (None: it has one, ``_weight_only_gpu``):
+    ``x`` must be bfloat16, and ``qw`` int4 in groups along K that ``gemm.weight_only``
+    takes, or with scales that fold into exact bfloat16 weights."""
+    from .gpu.gemm import weight_only as wo
+
     if not pair.startswith("bfloat16 x "):
-        return "x must be bfloat16 on the GPU: the weights become exact bfloat16 values for a bf16 GEMM"
-    if not (qw.scheme.is_mx or qw.scheme.is_nvfp4 or _pattern(qw.scheme, tuple(qw.shape)) in ("row", "tensor")):
-        return ("weights with float32 scales that vary along K (groups, 128 x 128 tiles) need the scale applied "
-                "inside the K loop")  # fmt: skip
-    return None
+        return "x must be bfloat16 on the GPU: the kernels multiply bfloat16 x by exact bfloat16 weights"
+    why = wo.supported(qw)
+    if why is None or qw.scheme.is_mx or qw.scheme.is_nvfp4 or _pattern(qw.scheme, tuple(qw.shape)) in ("row",
+                                                                                                       "tensor"):
+        return None
+    if qw.scheme.fmt == "int4":
+        return why
+    return ("weights with float32 scales that vary along K (groups, 128 x 128 tiles) need the scale applied "
+            "inside the K loop, which the in-register kernel does for int4 only")  # fmt: skip
 
 
-def _weight_only_gpu(x, qw, **epi):
-    """``x @ dequant(qw).T`` on the bf16 GEMM, x bfloat16 [M, K] on the GPU (uint16 bits or
-    the caller's bfloat16), qw as ``_exact_bf16`` gives it. x's dtype was checked by
-    ``_plain_x``, ``qw`` by ``_weight`` and ``_weight_only_gpu_gap``."""
+def _weight_only_gpu(x, qw, *, bias, alpha, out_dtype, activation):
+    """``x @ dequant(qw).T`` on the GPU, x bfloat16 [M, K] (uint16 bits or the caller's
+    bfloat16), the pair checked by ``_weight_only_gpu_gap``: int4 weights in groups along K
+    by the in-register kernel (``gemm.weight_only``: the packed weight read once), the others
+    as ``_exact_bf16`` weights on the bf16 GEMM."""
     from .gpu.gemm import plan as kg
+    from .gpu.gemm import weight_only as wo
 
+    epi = dict(bias=bias, alpha=alpha, out_dtype=out_dtype, activation=activation)
+    xp = _gpu_xp(qw.codes)
+    if wo.supported(qw) is None:
+        return _weight_only_int4(_bf16_view(x), qw, xp, **epi)
     wb, sb, mode = _exact_bf16(qw)
-    one = _gpu_xp(qw.codes).ones(1, np.float32)
-    return kg.gemm(_bf16_view(x), wb, mma="bf16.bf16", sa=one, sb=sb, sa_mode="tensor", sb_mode=mode, **epi)
+    return kg.gemm(_bf16_view(x), wb, mma="bf16.bf16", sa=xp.ones(1, np.float32), sb=sb, sa_mode="tensor",
+                   sb_mode=mode, **epi)  # fmt: skip
+
+
+def _weight_only_int4(x, qw, xp, *, bias, alpha, out_dtype, activation):
+    """The in-register int4 kernel's launch (``gemm.weight_only``) on the current stream:
+    x's bits C-contiguous and 16-byte aligned (copied where not), the output [M, N] in q's
+    library (bfloat16 as uint16 bits on the GPU, ml_dtypes.bfloat16 in NumPy)."""
+    import ml_dtypes
+
+    from .gpu.gemm import weight_only as wo
+    from .gpu.runtime.interop import Allocator, lib_of
+    from .gpu.runtime.launch import fast_kernel
+    from .gpu.runtime.target import SIMULATOR
+
+    xb = x.view(np.uint16) if _dtype_name(x) == "bfloat16" else x
+    if not xb.flags.c_contiguous or (xp is not np and xb.data.ptr % 16):
+        xb = xp.ascontiguousarray(xb) if not xb.flags.c_contiguous else xb.copy()
+    b = None if bias is None else xp.asarray(bias, np.float32)
+    lib = lib_of(qw.codes)
+    alloc = Allocator(lib)
+    kern, grid, block, args, o = wo.launch_args(xb, qw, b, alpha, out_dtype, activation, alloc)
+    M, N = int(xb.shape[0]), int(qw.shape[0])
+    if SIMULATOR:
+        kern[grid, block](*args)
+    else:
+        fast_kernel(kern).launch(grid, block, args, None)
+    out = alloc.to_lib(o[: M * N], (M, N))
+    if out_dtype == "float16":
+        return out.view(np.float16)
+    if out_dtype == "bfloat16" and isinstance(out, np.ndarray):
+        return out.view(ml_dtypes.bfloat16)
+    return out
 
 
 def _exact_bf16(q):

@@ -333,15 +333,48 @@ def test_weight_only_on_the_gpu_path(scheme, kw):
     assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
 
 
+@pytest.mark.parametrize("scheme,gs", [("int4_group", 128), ("int4_asym", 128), ("int4_group", 256)])
+@pytest.mark.parametrize("M,kw", [(1, {}), (9, dict(bias=True, activation="gelu", out_dtype="bfloat16")),
+                                  (17, dict(alpha=0.5, activation="relu", out_dtype="float16"))])  # fmt: skip
+def test_weight_only_int4_in_registers(scheme, gs, M, kw):
+    """int4 weights in groups along K on the in-register kernel (gpu.gemm.weight_only): N = 20
+    (a partial 16-row tile), K = 256 (two chunks of 128: one a warp; one group of 256 or two
+    of 128), M = 1 (one n8 token tile), 9 (two, the second partial), 17 (two token blocks).
+    float32 output: rel. L2 < 1e-5 against x @ dequantize(qw).T in float64 (float32 sums);
+    half outputs: one rounding of each element (2^-7 / 2^-10 relative, with the float32
+    sums' order)."""
+    N, K = 20, 256
+    x = data((M, K), 45).astype(ml_dtypes.bfloat16)
+    qw = nqdq.quantize(data((N, K), 46), scheme, group_size=gs)
+    kw = dict(kw)
+    bias = np.linspace(-2, 2, N).astype(np.float32) if kw.pop("bias", False) else None
+    got = nqdq.matmul(x, qw, device="cuda", bias=bias, **kw)
+    want = kw.get("alpha", 1.0) * (x.astype(np.float64) @ dequantized(qw).T) + (0.0 if bias is None else bias)
+    want = {None: want, "relu": np.maximum(want, 0.0), "gelu": gelu(want)}[kw.get("activation")]
+    out = kw.get("out_dtype", "float32")
+    assert got.shape == (M, N) and got.dtype == {"float32": np.float32, "float16": np.float16,
+                                                 "bfloat16": ml_dtypes.bfloat16}[out]  # fmt: skip
+    g = got.astype(np.float64)
+    if out == "float32":
+        assert np.linalg.norm(g - want) <= 1e-5 * np.linalg.norm(want)
+    else:
+        eps = 2.0**-7 if out == "bfloat16" else 2.0**-10
+        assert np.all(np.abs(g - want) <= eps * np.abs(want) + 1e-6 * np.abs(want).max())
+    assert np.count_nonzero(g) > g.size // 4
+
+
 @pytest.mark.parametrize("x_dtype,sb,why", [("float32", "mxfp4", "x must be bfloat16 on the GPU"),
                                             ("float16", "int8_row", "x must be bfloat16 on the GPU"),
-                                            ("bfloat16", "int4_group", "scales that vary along K"),
+                                            ("bfloat16", "int4_group_64", "multiples of 128"),
+                                            ("bfloat16", "int8_group", "scales that vary along K"),
                                             ("bfloat16", "fp8_128x128", "scales that vary along K"),
                                             ("qa", "int8_centred", None)])  # fmt: skip
 def test_new_pairs_on_the_gpu_path_not_built(x_dtype, sb, why):
     """``device="cuda"`` reaches ``_new_pair_gpu`` (after every check): the pairs without a
     kernel raise NotImplementedError naming the pair, what is missing and the CPU path."""
-    qb = nqdq.quantize(data((5, 256), 21), sb)  # (K = 256: two 128 x 128 tiles along K)
+    kw = {"int4_group_64": dict(group_size=64), "int8_group": dict(granularity="group")}.get(sb, {})
+    sb = {"int4_group_64": "int4_group", "int8_group": "int8"}.get(sb, sb)
+    qb = nqdq.quantize(data((5, 256), 21), sb, **kw)  # (K = 256: two 128 x 128 tiles along K)
     if x_dtype == "qa":
         qa, name = nqdq.quantize(data((3, 256), 20), "int8_row"), f"int8_row x {sb}"
     else:

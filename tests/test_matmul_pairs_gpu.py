@@ -56,11 +56,25 @@ def test_weight_only_cupy(scheme, M, N, K):
     assert cp.array_equal(nqdq.matmul(xb, qw, dtype="bfloat16", bias=bias), got)
 
 
+@pytest.mark.parametrize("scheme", ["int4_group", "int4_asym"])
+@pytest.mark.parametrize("M,N,K", [(1, 14336, 4096), (16, 14336, 4096), (64, 4096, 14336), (300, 2000, 1024)])
+def test_weight_only_int4_in_registers(scheme, M, N, K):
+    """The in-register int4 kernel at decode shapes (K = 14336: 112 chunks, 8 warps a CTA)
+    and a larger M over several token blocks (N = 2000: a partial row block)."""
+    x = _data((M, K), K + 1)
+    xb = (x.view(cp.uint32) >> 16).astype(cp.uint16)
+    qw = nqdq.quantize(_data((N, K), N + 1, 0.05), scheme)
+    got = nqdq.matmul(xb, qw, dtype="bfloat16")
+    assert isinstance(got, cp.ndarray) and got.dtype == np.float32 and got.shape == (M, N)
+    _close(got, (xb.astype(cp.uint32) << 16).view(cp.float32), nqdq.dequantize(qw))
+    assert cp.array_equal(nqdq.matmul(xb, qw, dtype="bfloat16"), got)
+
+
 def test_torch_operands_give_torch_results():
     torch = pytest.importorskip("torch")
     x = torch.randn(32, 2048, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1024, 2048, device="cuda") * 0.05
-    for scheme in ("nvfp4", "int8_row"):
+    for scheme in ("nvfp4", "int8_row", "int4_group"):
         qw = nqdq.quantize(w, scheme)
         got = nqdq.matmul(x, qw, out_dtype="bfloat16")
         assert isinstance(got, torch.Tensor) and got.dtype == torch.bfloat16 and got.shape == (32, 1024)
