@@ -601,6 +601,16 @@ def _weight_only_int4(x, qw, xp, *, bias, alpha, out_dtype, activation):
     from .gpu.runtime.target import SIMULATOR
 
     xb = x.view(np.uint16) if _dtype_name(x) == "bfloat16" else x
+    if xp is np and not SIMULATOR:  # NumPy operands with device="cuda": over and back, as kg.gemm does
+        import cupy
+        import dataclasses
+
+        dq = dataclasses.replace(qw, **{f: cupy.asarray(getattr(qw, f)) for f in ARRAY_FIELDS
+                                        if getattr(qw, f) is not None})  # fmt: skip
+        out = _weight_only_int4(cupy.asarray(xb), dq, cupy, bias=None if bias is None else cupy.asarray(bias),
+                                alpha=alpha, out_dtype=out_dtype, activation=activation)  # fmt: skip
+        host = out.get()
+        return host.view(ml_dtypes.bfloat16) if out_dtype == "bfloat16" else host
     if not xb.flags.c_contiguous or (xp is not np and xb.data.ptr % 16):
         xb = xp.ascontiguousarray(xb) if not xb.flags.c_contiguous else xb.copy()
     b = None if bias is None else xp.asarray(bias, np.float32)
