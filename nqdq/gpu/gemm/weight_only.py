@@ -46,6 +46,7 @@ from .mma_sync import ACT_GELU, ACT_RELU, OUT_BF16, OUT_F16, OUT_F32, bf16_bits_
 
 CHUNK = 128  # K elements a lane pair reads per row and chunk (16 bytes of codes)
 RT = 1 if SIMULATOR else 4  # 16-row weight tiles a CTA (and each of its warps) covers
+PREFETCH = False
 WARPS = (2, 1) if SIMULATOR else (8, 4, 2, 1)  # warps a CTA, the first dividing K / CHUNK
 
 
@@ -59,22 +60,92 @@ def int4_pair(word, shift, flip, c):
 
 
 @lru_cache(maxsize=None)
-def make_kernel(nt: int, warps: int, asym: bool, out: int, act: int, bias: bool):
+def make_kernel(nt: int, warps: int, asym: bool, out: int, act: int, bias: bool, rt: int = RT, prefetch: bool = PREFETCH):
     """The kernel for ``nt`` n8 token tiles (1 or 2), ``warps`` warps a CTA, zero points or
     not, output ``out`` (OUT_F32 / OUT_F16 / OUT_BF16), activation and bias: arguments
     ``(xb, wq, s, z, bias, alpha, out, M, N, K, G)`` with ``xb`` the bf16 bits of x (uint16 [M *
     K]), ``wq`` the codes (uint8 [N * K / 2]), ``s`` float32 [N * K / G], ``z`` uint8 [N * K
     / G] (asymmetric; else any uint8 array), ``bias`` float32 [N], ``out`` float32 or uint16
-    [M * N]. K a multiple of 128, G of 128, both arrays 16-byte aligned."""
-    NT, W = nt, warps
+    [M * N]. K a multiple of 128, G of 128, both arrays 16-byte aligned. ``rt``: 16-row
+    tiles a CTA; ``prefetch``: a warp's next chunk is loaded before this one is multiplied."""
+    NT, W, RTK = nt, warps, rt
     FLIP = 0 if asym else 8  # symmetric: two's complement -> offset binary, then minus 8
     C0 = 0 if asym else 8
-    ROWS = RT * 16
+    ROWS = RTK * 16
     COLS = NT * 8
-    NTOT = RT * NT * 4  # (array sizes: constants, not expressions, for Numba's typing)
-    NRED, NW, NX, NP = W * ROWS * COLS, RT * 8, NT * 16, NT * 4
+    NTOT = RTK * NT * 4  # (array sizes: constants, not expressions, for Numba's typing)
+    NRED, NW, NX, NP = W * ROWS * COLS, RTK * 8, NT * 16, NT * 4
     mma = _mma.mma_bf16
     F32 = out == OUT_F32
+
+    @devfn
+    def load_chunk(xw, ww, c, n_base, m_base, gl, t, half_k, K, M, N, wv, xv):
+        """This lane's 16 code bytes of rows gl, gl + 8 of each row tile and 64 bytes of x
+        of token gl of each n8 tile, for chunk c (zeros past N and M)."""
+        k0 = c * CHUNK
+        for r in range(RTK):
+            for h in range(2):
+                n = n_base + 16 * r + gl + 8 * h
+                if n < N:
+                    w0, w1, w2, w3 = load_u32x4(ww, (n * half_k + (k0 >> 1) + 16 * t) >> 4)
+                else:
+                    w0 = w1 = w2 = w3 = uint32(0)  # (its scale is 0)
+                wv[8 * r + 4 * h] = w0
+                wv[8 * r + 4 * h + 1] = w1
+                wv[8 * r + 4 * h + 2] = w2
+                wv[8 * r + 4 * h + 3] = w3
+        for j in range(NT):
+            m = m_base + 8 * j + gl
+            for q in range(4):
+                if m < M:
+                    v0, v1, v2, v3 = load_u32x4(xw, (m * K + k0 + 32 * t + 8 * q) >> 3)
+                else:
+                    v0 = v1 = v2 = v3 = uint32(0)
+                xv[16 * j + 4 * q] = int32(v0)
+                xv[16 * j + 4 * q + 1] = int32(v1)
+                xv[16 * j + 4 * q + 2] = int32(v2)
+                xv[16 * j + 4 * q + 3] = int32(v3)
+
+    @devfn
+    def multiply_chunk(s, z, c, G, groups, n_base, gl, N, wv, xv, part, tot):
+        """tot += the chunk's partial sums times the rows' group scales."""
+        g = (c * CHUNK) // G
+        for r in range(RTK):
+            n0 = n_base + 16 * r + gl
+            c0 = int32(C0)
+            c1 = int32(C0)
+            s0 = float32(0)
+            s1 = float32(0)
+            if n0 < N:
+                s0 = s[n0 * groups + g]
+                if asym:
+                    c0 = int32(z[n0 * groups + g])
+            if n0 + 8 < N:
+                s1 = s[(n0 + 8) * groups + g]
+                if asym:
+                    c1 = int32(z[(n0 + 8) * groups + g])
+            for i in range(NP):
+                part[i] = float32(0)
+            for st in range(8):
+                i = st >> 1
+                sh = 16 * (st & 1)
+                a0 = int4_pair(wv[8 * r + i], sh, FLIP, c0)
+                a2 = int4_pair(wv[8 * r + i], sh + 8, FLIP, c0)
+                a1 = int4_pair(wv[8 * r + 4 + i], sh, FLIP, c1)
+                a3 = int4_pair(wv[8 * r + 4 + i], sh + 8, FLIP, c1)
+                for j in range(NT):
+                    d0, d1, d2, d3 = mma(a0, a1, a2, a3, xv[16 * j + 2 * st], xv[16 * j + 2 * st + 1],
+                                         part[4 * j], part[4 * j + 1], part[4 * j + 2], part[4 * j + 3])
+                    part[4 * j] = d0
+                    part[4 * j + 1] = d1
+                    part[4 * j + 2] = d2
+                    part[4 * j + 3] = d3
+            for j in range(NT):
+                b = 4 * (NT * r + j)
+                tot[b] += part[4 * j] * s0
+                tot[b + 1] += part[4 * j + 1] * s0
+                tot[b + 2] += part[4 * j + 2] * s1
+                tot[b + 3] += part[4 * j + 3] * s1
 
     @cuda.jit
     def weight_only_int4(xb, wq, s, z, bias_v, alpha, out_v, M, N, K, G):
@@ -90,75 +161,31 @@ def make_kernel(nt: int, warps: int, asym: bool, out: int, act: int, bias: bool)
         ww = as_u32(wq)
         half_k = K >> 1
         groups = K // G
+        nchunks = K // CHUNK
         tot = cuda.local.array(NTOT, float32)
         for i in range(NTOT):
             tot[i] = float32(0)
         wv = cuda.local.array(NW, uint32)
         xv = cuda.local.array(NX, int32)
         part = cuda.local.array(NP, float32)
-        for c in range(warp, K // CHUNK, W):
-            k0 = c * CHUNK
-            g = k0 // G
-            for r in range(RT):
-                for h in range(2):
-                    n = n_base + 16 * r + gl + 8 * h
-                    if n < N:
-                        w0, w1, w2, w3 = load_u32x4(ww, (n * half_k + (k0 >> 1) + 16 * t) >> 4)
-                    else:
-                        w0 = w1 = w2 = w3 = uint32(0)  # (its scale is 0 below)
-                    wv[8 * r + 4 * h] = w0
-                    wv[8 * r + 4 * h + 1] = w1
-                    wv[8 * r + 4 * h + 2] = w2
-                    wv[8 * r + 4 * h + 3] = w3
-            for j in range(NT):
-                m = m_base + 8 * j + gl
-                for q in range(4):
-                    if m < M:
-                        v0, v1, v2, v3 = load_u32x4(xw, (m * K + k0 + 32 * t + 8 * q) >> 3)
-                    else:
-                        v0 = v1 = v2 = v3 = uint32(0)
-                    xv[16 * j + 4 * q] = int32(v0)
-                    xv[16 * j + 4 * q + 1] = int32(v1)
-                    xv[16 * j + 4 * q + 2] = int32(v2)
-                    xv[16 * j + 4 * q + 3] = int32(v3)
-            for r in range(RT):
-                n0 = n_base + 16 * r + gl
-                c0 = int32(C0)
-                c1 = int32(C0)
-                s0 = float32(0)
-                s1 = float32(0)
-                if n0 < N:
-                    s0 = s[n0 * groups + g]
-                    if asym:
-                        c0 = int32(z[n0 * groups + g])
-                if n0 + 8 < N:
-                    s1 = s[(n0 + 8) * groups + g]
-                    if asym:
-                        c1 = int32(z[(n0 + 8) * groups + g])
-                for i in range(NT * 4):
-                    part[i] = float32(0)
-                for st in range(8):
-                    i = st >> 1
-                    sh = 16 * (st & 1)
-                    a0 = int4_pair(wv[8 * r + i], sh, FLIP, c0)
-                    a2 = int4_pair(wv[8 * r + i], sh + 8, FLIP, c0)
-                    a1 = int4_pair(wv[8 * r + 4 + i], sh, FLIP, c1)
-                    a3 = int4_pair(wv[8 * r + 4 + i], sh + 8, FLIP, c1)
-                    for j in range(NT):
-                        d0, d1, d2, d3 = mma(a0, a1, a2, a3, xv[16 * j + 2 * st], xv[16 * j + 2 * st + 1],
-                                             part[4 * j], part[4 * j + 1], part[4 * j + 2], part[4 * j + 3])
-                        part[4 * j] = d0
-                        part[4 * j + 1] = d1
-                        part[4 * j + 2] = d2
-                        part[4 * j + 3] = d3
-                for j in range(NT):
-                    b = 4 * (NT * r + j)
-                    tot[b] += part[4 * j] * s0
-                    tot[b + 1] += part[4 * j + 1] * s0
-                    tot[b + 2] += part[4 * j + 2] * s1
-                    tot[b + 3] += part[4 * j + 3] * s1
+        if prefetch:
+            wv2 = cuda.local.array(NW, uint32)
+            xv2 = cuda.local.array(NX, int32)
+            load_chunk(xw, ww, warp, n_base, m_base, gl, t, half_k, K, M, N, wv, xv)
+            for c in range(warp, nchunks, W):
+                if c + W < nchunks:
+                    load_chunk(xw, ww, c + W, n_base, m_base, gl, t, half_k, K, M, N, wv2, xv2)
+                multiply_chunk(s, z, c, G, groups, n_base, gl, N, wv, xv, part, tot)
+                for i in range(NW):
+                    wv[i] = wv2[i]
+                for i in range(NX):
+                    xv[i] = xv2[i]
+        else:
+            for c in range(warp, nchunks, W):
+                load_chunk(xw, ww, c, n_base, m_base, gl, t, half_k, K, M, N, wv, xv)
+                multiply_chunk(s, z, c, G, groups, n_base, gl, N, wv, xv, part, tot)
         # the warps' totals, [warp][row][column], then summed in warp order
-        for r in range(RT):
+        for r in range(RTK):
             for j in range(NT):
                 b = 4 * (NT * r + j)
                 for h in range(2):
@@ -212,7 +239,7 @@ def supported(qw) -> str | None:
     return None
 
 
-def launch_args(x_bits, qw, bias, alpha, out_dtype: str, activation, alloc):
+def launch_args(x_bits, qw, bias, alpha, out_dtype: str, activation, alloc, rt=RT, prefetch=PREFETCH):
     """(kernel, grid, block, args, out [M, N] view) of one call: ``x_bits`` uint16 [M, K]
     (C order, 16-byte aligned), ``qw`` checked by ``supported``, ``alloc`` the output's
     allocator (``runtime.interop.Allocator``)."""
@@ -226,10 +253,10 @@ def launch_args(x_bits, qw, bias, alpha, out_dtype: str, activation, alloc):
     out = {"float32": OUT_F32, "float16": OUT_F16, "bfloat16": OUT_BF16}[out_dtype]
     act = {None: ACT_NONE, "relu": ACT_RELU, "gelu": ACT_GELU}[activation]
     asym = qw.zero_points is not None
-    kern = make_kernel(nt, warps, asym, out, act, bias is not None)
+    kern = make_kernel(nt, warps, asym, out, act, bias is not None, rt, prefetch)
     o = alloc.empty(max(M * N, 1), np.float32 if out == OUT_F32 else np.uint16)
     z = qw.zero_points.reshape(-1) if asym else qw.codes.reshape(-1)[:1]
     b = bias if bias is not None else qw.scales.reshape(-1)[:1]
-    grid = (-(-N // (RT * 16)), -(-M // (nt * 8)))
+    grid = (-(-N // (rt * 16)), -(-M // (nt * 8)))
     args = (x_bits.reshape(-1), qw.codes.reshape(-1), qw.scales.reshape(-1), z, b, np.float32(alpha), o, M, N, K, G)
     return kern, grid, 32 * warps, args, o
