@@ -23,8 +23,8 @@ are multiplied by the rows' group scales and added into float32 totals. The refe
 float64 value differs only by float32 summation.
 
 Work split: a CTA owns ``RT`` x 16 weight rows and ``NT`` x 8 tokens (grid: row blocks x
-token blocks); its ``W`` warps take every W-th chunk of K (every warp the same number: the
-launcher picks W dividing K / 128), each warp all RT row tiles against its x fragments (x
+token blocks); its ``W`` warps take every W-th chunk of K (every warp the same number:
+``warps_for`` picks W dividing K / 128; RT and W are the named choices below), each warp all RT row tiles against its x fragments (x
 read once per warp and chunk), then the warps' totals meet in shared memory and are summed
 in warp order (deterministic), alpha, bias, activation and the output rounding applied as
 ``mma_sync``'s epilogue does (``OUT_*``, ``ACT_*``).
@@ -45,9 +45,19 @@ from ..runtime.target import SIMULATOR, devfn
 from .mma_sync import ACT_GELU, ACT_RELU, OUT_BF16, OUT_F16, OUT_F32, bf16_bits_rne, f16_bits_rne, gelu_erf
 
 CHUNK = 128  # K elements a lane pair reads per row and chunk (16 bytes of codes)
-RT = 1 if SIMULATOR else 4  # 16-row weight tiles a CTA (and each of its warps) covers
-PREFETCH = False
-WARPS = (2, 1) if SIMULATOR else (8, 4, 2, 1)  # warps a CTA, the first dividing K / CHUNK
+# Named choices, from one H200 run (kernel time, int4_group, 4 weight copies rotated past the
+# L2; 1 / 16 / 128 x 14336 x 4096 and 16 x 4096 x 14336):
+# * RT = 2 row tiles a CTA: 33.5 / 40.0 / 229 / 40.6 us against 42.0 / 51.0 / 305 / 77.0 for 4
+#   (fewer registers: 126-148 against 166-168, so more warps a SM) and 39.7 / 53.1 / 369 / 40.1
+#   for 1 (x read by more CTAs);
+# * warps a CTA: the most of WARPS dividing the K / 128 chunks that leaves each warp at least
+#   MIN_CHUNKS (16 x 4096 x 14336: 16 warps of 7 chunks 33.9 us, 8 of 14 40.6; 16 x 14336 x
+#   4096: 8 of 4 40.0 us, 16 of 2 49.3);
+# * no register double-buffering of the next chunk's loads: 33.9 / 52.4 / 328 / 41.5 us with it
+#   (184 registers).
+RT = 1 if SIMULATOR else 2  # 16-row weight tiles a CTA (and each of its warps) covers
+WARPS = (2, 1) if SIMULATOR else (16, 8, 4, 2, 1)
+MIN_CHUNKS = 4
 
 
 @devfn
@@ -60,15 +70,14 @@ def int4_pair(word, shift, flip, c):
 
 
 @lru_cache(maxsize=None)
-def make_kernel(nt: int, warps: int, asym: bool, out: int, act: int, bias: bool, rt: int = RT, prefetch: bool = PREFETCH):
+def make_kernel(nt: int, warps: int, asym: bool, out: int, act: int, bias: bool):
     """The kernel for ``nt`` n8 token tiles (1 or 2), ``warps`` warps a CTA, zero points or
     not, output ``out`` (OUT_F32 / OUT_F16 / OUT_BF16), activation and bias: arguments
     ``(xb, wq, s, z, bias, alpha, out, M, N, K, G)`` with ``xb`` the bf16 bits of x (uint16 [M *
     K]), ``wq`` the codes (uint8 [N * K / 2]), ``s`` float32 [N * K / G], ``z`` uint8 [N * K
     / G] (asymmetric; else any uint8 array), ``bias`` float32 [N], ``out`` float32 or uint16
-    [M * N]. K a multiple of 128, G of 128, both arrays 16-byte aligned. ``rt``: 16-row
-    tiles a CTA; ``prefetch``: a warp's next chunk is loaded before this one is multiplied."""
-    NT, W, RTK = nt, warps, rt
+    [M * N]. K a multiple of 128, G of 128, both arrays 16-byte aligned."""
+    NT, W, RTK = nt, warps, RT
     FLIP = 0 if asym else 8  # symmetric: two's complement -> offset binary, then minus 8
     C0 = 0 if asym else 8
     ROWS = RTK * 16
@@ -168,22 +177,9 @@ def make_kernel(nt: int, warps: int, asym: bool, out: int, act: int, bias: bool,
         wv = cuda.local.array(NW, uint32)
         xv = cuda.local.array(NX, int32)
         part = cuda.local.array(NP, float32)
-        if prefetch:
-            wv2 = cuda.local.array(NW, uint32)
-            xv2 = cuda.local.array(NX, int32)
-            load_chunk(xw, ww, warp, n_base, m_base, gl, t, half_k, K, M, N, wv, xv)
-            for c in range(warp, nchunks, W):
-                if c + W < nchunks:
-                    load_chunk(xw, ww, c + W, n_base, m_base, gl, t, half_k, K, M, N, wv2, xv2)
-                multiply_chunk(s, z, c, G, groups, n_base, gl, N, wv, xv, part, tot)
-                for i in range(NW):
-                    wv[i] = wv2[i]
-                for i in range(NX):
-                    xv[i] = xv2[i]
-        else:
-            for c in range(warp, nchunks, W):
-                load_chunk(xw, ww, c, n_base, m_base, gl, t, half_k, K, M, N, wv, xv)
-                multiply_chunk(s, z, c, G, groups, n_base, gl, N, wv, xv, part, tot)
+        for c in range(warp, nchunks, W):
+            load_chunk(xw, ww, c, n_base, m_base, gl, t, half_k, K, M, N, wv, xv)
+            multiply_chunk(s, z, c, G, groups, n_base, gl, N, wv, xv, part, tot)
         # the warps' totals, [warp][row][column], then summed in warp order
         for r in range(RTK):
             for j in range(NT):
@@ -220,10 +216,12 @@ def make_kernel(nt: int, warps: int, asym: bool, out: int, act: int, bias: bool,
 
 
 def warps_for(K: int) -> int:
-    """Warps a CTA: the most of ``WARPS`` that divides the K / 128 chunks (every warp runs
-    the same number of chunks: the simulator's warp-wide MMA twin needs every thread of a
-    block at each call)."""
-    return next(w for w in WARPS if (K // CHUNK) % w == 0)
+    """Warps a CTA: the most of ``WARPS`` that divides the K / 128 chunks and leaves each warp
+    ``MIN_CHUNKS`` of them, else the most that divides (every warp runs the same number of
+    chunks: the simulator's warp-wide MMA twin needs every thread of a block at each call)."""
+    chunks = K // CHUNK
+    divides = [w for w in WARPS if chunks % w == 0]
+    return next((w for w in divides if chunks // w >= MIN_CHUNKS), divides[0])
 
 
 def supported(qw) -> str | None:
@@ -239,7 +237,7 @@ def supported(qw) -> str | None:
     return None
 
 
-def launch_args(x_bits, qw, bias, alpha, out_dtype: str, activation, alloc, rt=RT, prefetch=PREFETCH):
+def launch_args(x_bits, qw, bias, alpha, out_dtype: str, activation, alloc):
     """(kernel, grid, block, args, out [M, N] view) of one call: ``x_bits`` uint16 [M, K]
     (C order, 16-byte aligned), ``qw`` checked by ``supported``, ``alloc`` the output's
     allocator (``runtime.interop.Allocator``)."""
@@ -253,10 +251,10 @@ def launch_args(x_bits, qw, bias, alpha, out_dtype: str, activation, alloc, rt=R
     out = {"float32": OUT_F32, "float16": OUT_F16, "bfloat16": OUT_BF16}[out_dtype]
     act = {None: ACT_NONE, "relu": ACT_RELU, "gelu": ACT_GELU}[activation]
     asym = qw.zero_points is not None
-    kern = make_kernel(nt, warps, asym, out, act, bias is not None, rt, prefetch)
+    kern = make_kernel(nt, warps, asym, out, act, bias is not None)
     o = alloc.empty(max(M * N, 1), np.float32 if out == OUT_F32 else np.uint16)
     z = qw.zero_points.reshape(-1) if asym else qw.codes.reshape(-1)[:1]
     b = bias if bias is not None else qw.scales.reshape(-1)[:1]
-    grid = (-(-N // (rt * 16)), -(-M // (nt * 8)))
+    grid = (-(-N // (RT * 16)), -(-M // (nt * 8)))
     args = (x_bits.reshape(-1), qw.codes.reshape(-1), qw.scales.reshape(-1), z, b, np.float32(alpha), o, M, N, K, G)
     return kern, grid, 32 * warps, args, o
