@@ -12,7 +12,9 @@ import numpy as np
 from ._gpu import cupy_or_skip
 
 CASES = [("int8_row", "int8_row"), ("fp8_row", "fp8_row"), ("fp8_1x128", "fp8_128x128"), ("mxfp8", "mxfp8"),
-         ("mxfp8", "mxfp4")]
+         ("mxfp8", "mxfp4"), ("nvfp4", "nvfp4")]
+WEIGHTS = ["int4_group", "int4_asym", "int8_row", "mxfp4", "nvfp4"]  # the weight-only matmul(x, qw), x bfloat16
+WEIGHT_SHAPES = ["1x14336x4096", "16x14336x4096", "128x14336x4096"]
 SHAPES = ["4096x4096x4096", "128x14336x4096"]
 
 
@@ -36,4 +38,29 @@ class TimeMatmul:
 
     def time_matmul_bf16(self, schemes, shape):
         self.matmul(self.qa, self.qb, "bfloat16")
+        self.cp.cuda.Device().synchronize()
+
+
+class TimeMatmulWeightOnly:
+    """``matmul(x, qw)`` with a bfloat16 x (uint16 bits, ``dtype="bfloat16"``) at decode sizes."""
+
+    params = (WEIGHTS, WEIGHT_SHAPES)
+    param_names = ["weights", "MxNxK"]
+
+    def setup(self, weights, shape):
+        cp = cupy_or_skip()
+        import nqdq
+        from nqdq.matmul import matmul
+
+        M, N, K = (int(v) for v in shape.split("x"))
+        rng = cp.random.default_rng(0)
+        x = rng.standard_normal((M, K), dtype=cp.float32)
+        self.x = (x.view(cp.uint32) >> 16).astype(cp.uint16)
+        self.qw = nqdq.quantize(rng.standard_normal((N, K), dtype=cp.float32) * np.float32(0.05), weights)
+        self.matmul, self.cp = matmul, cp
+        self.matmul(self.x, self.qw, "bfloat16", dtype="bfloat16")
+        cp.cuda.Device().synchronize()
+
+    def time_matmul_bf16(self, weights, shape):
+        self.matmul(self.x, self.qw, "bfloat16", dtype="bfloat16")
         self.cp.cuda.Device().synchronize()
