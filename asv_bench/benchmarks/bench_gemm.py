@@ -18,21 +18,24 @@ WEIGHT_SHAPES = ["1x14336x4096", "16x14336x4096", "128x14336x4096"]
 SHAPES = ["4096x4096x4096", "128x14336x4096"]
 
 
+def _inputs(shape):
+    """(cupy, x [M, K], w [N, K]) of random float32 for shape "MxNxK" (skips without a GPU)."""
+    cp = cupy_or_skip()
+    M, N, K = (int(v) for v in shape.split("x"))
+    rng = cp.random.default_rng(0)
+    return cp, rng.standard_normal((M, K), dtype=cp.float32), rng.standard_normal((N, K), dtype=cp.float32) * np.float32(0.05)
+
+
 class TimeMatmul:
     params = (CASES, SHAPES)
     param_names = ["schemes", "MxNxK"]
 
     def setup(self, schemes, shape):
-        cp = cupy_or_skip()
         import nqdq
-        from nqdq.matmul import matmul
 
-        M, N, K = (int(v) for v in shape.split("x"))
-        rng = cp.random.default_rng(0)
-        x = rng.standard_normal((M, K), dtype=cp.float32)
-        w = rng.standard_normal((N, K), dtype=cp.float32) * np.float32(0.05)
+        cp, x, w = _inputs(shape)
         self.qa, self.qb = nqdq.quantize(x, schemes[0]), nqdq.quantize(w, schemes[1])
-        self.matmul, self.cp = matmul, cp
+        self.matmul, self.cp = nqdq.matmul, cp
         self.matmul(self.qa, self.qb, "bfloat16")
         cp.cuda.Device().synchronize()
 
@@ -48,16 +51,12 @@ class TimeMatmulWeightOnly:
     param_names = ["weights", "MxNxK"]
 
     def setup(self, weights, shape):
-        cp = cupy_or_skip()
         import nqdq
-        from nqdq.matmul import matmul
 
-        M, N, K = (int(v) for v in shape.split("x"))
-        rng = cp.random.default_rng(0)
-        x = rng.standard_normal((M, K), dtype=cp.float32)
-        self.x = (x.view(cp.uint32) >> 16).astype(cp.uint16)
-        self.qw = nqdq.quantize(rng.standard_normal((N, K), dtype=cp.float32) * np.float32(0.05), weights)
-        self.matmul, self.cp = matmul, cp
+        cp, x, w = _inputs(shape)
+        self.x = (x.view(cp.uint32) >> 16).astype(cp.uint16)  # bfloat16 bits
+        self.qw = nqdq.quantize(w, weights)
+        self.matmul, self.cp = nqdq.matmul, cp
         self.matmul(self.x, self.qw, "bfloat16", dtype="bfloat16")
         cp.cuda.Device().synchronize()
 
