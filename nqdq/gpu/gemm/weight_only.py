@@ -24,8 +24,8 @@ float64 value differs only by float32 summation.
 
 Work split: a CTA owns ``RT`` x 16 weight rows and ``NT`` x 8 tokens (grid: row blocks x
 token blocks); its ``W`` warps take every W-th chunk of K (every warp the same number:
-``warps_for`` picks W dividing K / 128; RT and W are the named choices below), each warp all RT row tiles against its x fragments (x
-read once per warp and chunk), then the warps' totals meet in shared memory and are summed
+``warps_for`` picks W dividing K / 128; RT and W are the named choices below), each warp
+all RT row tiles against its x fragments (x read once per warp and chunk), then the warps' totals meet in shared memory and are summed
 in warp order (deterministic), alpha, bias, activation and the output rounding applied as
 ``mma_sync``'s epilogue does (``OUT_*``, ``ACT_*``).
 """
@@ -49,7 +49,7 @@ CHUNK = 128  # K elements a lane pair reads per row and chunk (16 bytes of codes
 # L2; 1 / 16 / 128 x 14336 x 4096 and 16 x 4096 x 14336):
 # * RT = 2 row tiles a CTA: 33.5 / 40.0 / 229 / 40.6 us against 42.0 / 51.0 / 305 / 77.0 for 4
 #   (fewer registers: 126-148 against 166-168, so more warps a SM) and 39.7 / 53.1 / 369 / 40.1
-#   for 1 (x read by more CTAs);
+#   for 1 (with 16 warps; x read by more CTAs);
 # * warps a CTA: the most of WARPS dividing the K / 128 chunks that leaves each warp at least
 #   MIN_CHUNKS (16 x 4096 x 14336: 16 warps of 7 chunks 33.9 us, 8 of 14 40.6; 16 x 14336 x
 #   4096: 8 of 4 40.0 us, 16 of 2 49.3);
