@@ -659,11 +659,11 @@ def _exact_bf16(q):
     if sch.is_nvfp4:
         unit = dataclasses.replace(q, tensor_scale=xp.ones_like(q.tensor_scale))
         return dequantize(unit, dtype="bfloat16"), q.tensor_scale, "tensor"
-    rows = int(q.shape[0])
-    mode = "tensor" if _pattern(sch, tuple(q.shape)) == "tensor" else "row"
-    s = q.scales.reshape(-1)
-    if mode == "row" and s.size != rows:  # one per block of rows: one per row
-        s = xp.repeat(s, int(sch.block_for(tuple(q.shape))[0]))[:rows]
+    shape = tuple(q.shape)
+    if _pattern(sch, shape) == "tensor":
+        mode, s = "tensor", q.scales.reshape(-1)
+    else:  # one per row, or one per block of rows expanded to one per row
+        mode, s = "row", _expand_rows(q.scales, shape[0], int(sch.block_for(shape)[0]), xp)
     return dequantize(dataclasses.replace(q, scales=xp.ones_like(q.scales)), dtype="bfloat16"), s, mode
 
 
@@ -693,8 +693,7 @@ def _mx_fp8(prepared, rows, K):
     Kp = -(-K // 32) * 32
     if Kp == K:
         return codes, name
-    xp = np if isinstance(codes, np.ndarray) else __import__("cupy")  # (GPU codes are CuPy: interop.kernel_view)
-    padded = xp.zeros((rows, Kp), np.uint8)
+    padded = _gpu_xp(codes).zeros((rows, Kp), np.uint8)
     padded[:, :K] = codes.reshape(rows, K)
     return padded, name
 

@@ -237,7 +237,7 @@ def plan_gemm(M, N, K, *, mma, sa_mode, sb_mode, asym=False, bias=False, out_dty
     points given, ``bias``: a bias given; ``mx_kernel``: for mode "mx", SCALE_MX or
     SCALE_MX_HW, default ``mx_kernel_mode`` of this GPU). The one place both launchers choose them."""
     _check_mx(M, N, K, mma, sa_mode, sb_mode, asym, config)
-    _check_bf16(mma, sa_mode, sb_mode, asym, config)
+    _check_bf16(mma, sa_mode, sb_mode, asym)
     if sa_mode == "mx":
         if mx_kernel is None:
             mx_kernel = mx_kernel_mode(None if SIMULATOR else device_cc())
@@ -281,7 +281,7 @@ def _check_mx(M, N, K, mma, sa_mode, sb_mode, asym, config):
         raise ValueError("config: the wgmma kernel has no MX scale mode; MX runs on the mma.sync kernel (a TileConfig)")
 
 
-def _check_bf16(mma, sa_mode, sb_mode, asym, config):
+def _check_bf16(mma, sa_mode, sb_mode, asym):
     """The bf16 kind's preconditions: float32 scales per tensor or row (the epilogue of the
     fp8 row kernel), no zero points."""
     if mma != "bf16.bf16":
