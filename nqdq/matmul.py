@@ -524,7 +524,7 @@ def _new_pair_gpu(pair: str, a, b, *, bias, alpha, out_dtype, activation):
       e8m0 scales as they are, the "mx" scale mode.
     * NVFP4 x NVFP4: each operand as the exact bfloat16 of e2m1 x its ue4m3 block scale
       (``_exact_bf16``), the bf16 GEMM with the two tensor scales in its epilogue.
-    * weight-only, x bfloat16 (``_weight_only_gpu``): int4 in groups along K in registers,
+    * weight-only, x bfloat16 (``_weight_only_route``): int4 in groups along K in registers,
       weights with scales per row / tensor, MX and NVFP4 as exact bfloat16 weights.
 
     The centred pairs, and weight-only x of float16 / float32 or other weights with float32
@@ -545,54 +545,48 @@ def _new_pair_gpu(pair: str, a, b, *, bias, alpha, out_dtype, activation):
         (a16, sa, _), (b16, sb, _) = _exact_bf16(a), _exact_bf16(b)
         return kg.gemm(a16, b16, mma="bf16.bf16", sa=sa, sb=sb, sa_mode="tensor", sb_mode="tensor", **epi)
     if not isinstance(a, QuantizedTensor):
-        why = _weight_only_gpu_gap(pair, b)
-        if why is None:
-            return _weight_only_gpu(a, b, **epi)
+        route, why = _weight_only_route(pair, b)
+        if route == "int4":
+            return _weight_only_int4(_bf16_view(a), b, **epi)
+        if route == "exact":
+            from .gpu.gemm import plan as kg
+
+            wb, sb, mode = _exact_bf16(b)
+            return kg.gemm(_bf16_view(a), wb, mma="bf16.bf16", sa=_gpu_xp(b.codes).ones(1, np.float32), sb=sb,
+                           sa_mode="tensor", sb_mode=mode, **epi)  # fmt: skip
         raise NotImplementedError(f"matmul of {pair} has no GPU kernel yet ({why}); device=\"cpu\" computes it "
                                   "(the float64 reference on NumPy operands)")  # fmt: skip
     raise NotImplementedError(f"matmul of {pair} has no GPU kernel yet; device=\"cpu\" computes it "
                               "(the float64 reference on NumPy operands)")  # fmt: skip
 
 
-def _weight_only_gpu_gap(pair: str, qw) -> str | None:
-    """Why the weight-only ``pair`` has no GPU path (None: it has one, ``_weight_only_gpu``):
-    ``x`` must be bfloat16, and ``qw`` int4 in groups along K that ``gemm.weight_only``
-    takes, or with scales that fold into exact bfloat16 weights."""
+def _weight_only_route(pair: str, qw) -> tuple[str | None, str | None]:
+    """(route, why) of the weight-only ``pair`` on the GPU, x bfloat16: "int4" (int4 in
+    groups along K that ``gemm.weight_only`` takes: the packed weight read once, dequantized
+    in registers), "exact" (scales per row / tensor, MX, NVFP4: ``_exact_bf16`` weights on
+    the bf16 GEMM), or None and why there is no GPU path."""
     from .gpu.gemm import weight_only as wo
 
     if not pair.startswith("bfloat16 x "):
-        return "x must be bfloat16 on the GPU: the kernels multiply bfloat16 x by exact bfloat16 weights"
+        return None, "x must be bfloat16 on the GPU: the kernels multiply bfloat16 x by exact bfloat16 weights"
     why = wo.supported(qw)
-    if why is None or qw.scheme.is_mx or qw.scheme.is_nvfp4 or _pattern(qw.scheme, tuple(qw.shape)) in ("row",
-                                                                                                       "tensor"):
-        return None
+    if why is None:
+        return "int4", None
+    if qw.scheme.is_mx or qw.scheme.is_nvfp4 or _pattern(qw.scheme, tuple(qw.shape)) in ("row", "tensor"):
+        return "exact", None
     if qw.scheme.fmt == "int4":
-        return why
-    return ("weights with float32 scales that vary along K (groups, 128 x 128 tiles) need the scale applied "
-            "inside the K loop, which the in-register kernel does for int4 only")  # fmt: skip
+        return None, why
+    return None, ("weights with float32 scales that vary along K (groups, 128 x 128 tiles) need the scale applied "
+                  "inside the K loop, which the in-register kernel does for int4 only")  # fmt: skip
 
 
-def _weight_only_gpu(x, qw, *, bias, alpha, out_dtype, activation):
-    """``x @ dequant(qw).T`` on the GPU, x bfloat16 [M, K] (uint16 bits or the caller's
-    bfloat16), the pair checked by ``_weight_only_gpu_gap``: int4 weights in groups along K
-    by the in-register kernel (``gemm.weight_only``: the packed weight read once), the others
-    as ``_exact_bf16`` weights on the bf16 GEMM."""
-    from .gpu.gemm import plan as kg
-    from .gpu.gemm import weight_only as wo
-
-    epi = dict(bias=bias, alpha=alpha, out_dtype=out_dtype, activation=activation)
-    xp = _gpu_xp(qw.codes)
-    if wo.supported(qw) is None:
-        return _weight_only_int4(_bf16_view(x), qw, xp, **epi)
-    wb, sb, mode = _exact_bf16(qw)
-    return kg.gemm(_bf16_view(x), wb, mma="bf16.bf16", sa=xp.ones(1, np.float32), sb=sb, sa_mode="tensor",
-                   sb_mode=mode, **epi)  # fmt: skip
-
-
-def _weight_only_int4(x, qw, xp, *, bias, alpha, out_dtype, activation):
+def _weight_only_int4(x, qw, *, bias, alpha, out_dtype, activation):
     """The in-register int4 kernel's launch (``gemm.weight_only``) on the current stream:
     x's bits C-contiguous and 16-byte aligned (copied where not), the output [M, N] in q's
-    library (bfloat16 as uint16 bits on the GPU, ml_dtypes.bfloat16 in NumPy)."""
+    library (bfloat16 as uint16 bits on the GPU, ml_dtypes.bfloat16 in NumPy). NumPy operands
+    on a GPU (``device="cuda"``) go over and back, as ``plan.gemm``'s do."""
+    import dataclasses
+
     import ml_dtypes
 
     from .gpu.gemm import weight_only as wo
@@ -601,21 +595,18 @@ def _weight_only_int4(x, qw, xp, *, bias, alpha, out_dtype, activation):
     from .gpu.runtime.target import SIMULATOR
 
     xb = x.view(np.uint16) if _dtype_name(x) == "bfloat16" else x
-    if xp is np and not SIMULATOR:  # NumPy operands with device="cuda": over and back, as kg.gemm does
+    round_trip = isinstance(qw.codes, np.ndarray) and not SIMULATOR
+    if round_trip:
         import cupy
-        import dataclasses
 
-        dq = dataclasses.replace(qw, **{f: cupy.asarray(getattr(qw, f)) for f in ARRAY_FIELDS
+        qw = dataclasses.replace(qw, **{f: cupy.asarray(getattr(qw, f)) for f in ARRAY_FIELDS
                                         if getattr(qw, f) is not None})  # fmt: skip
-        out = _weight_only_int4(cupy.asarray(xb), dq, cupy, bias=None if bias is None else cupy.asarray(bias),
-                                alpha=alpha, out_dtype=out_dtype, activation=activation)  # fmt: skip
-        host = out.get()
-        return host.view(ml_dtypes.bfloat16) if out_dtype == "bfloat16" else host
+        xb = cupy.asarray(xb)
+    xp = _gpu_xp(qw.codes)
     if not xb.flags.c_contiguous or (xp is not np and xb.data.ptr % 16):
         xb = xp.ascontiguousarray(xb) if not xb.flags.c_contiguous else xb.copy()
     b = None if bias is None else xp.asarray(bias, np.float32)
-    lib = lib_of(qw.codes)
-    alloc = Allocator(lib)
+    alloc = Allocator(lib_of(qw.codes))
     kern, grid, block, args, o = wo.launch_args(xb, qw, b, alpha, out_dtype, activation, alloc)
     M, N = int(xb.shape[0]), int(qw.shape[0])
     if SIMULATOR:
@@ -623,6 +614,8 @@ def _weight_only_int4(x, qw, xp, *, bias, alpha, out_dtype, activation):
     else:
         fast_kernel(kern).launch(grid, block, args, None)
     out = alloc.to_lib(o[: M * N], (M, N))
+    if round_trip:
+        out = out.get()
     if out_dtype == "float16":
         return out.view(np.float16)
     if out_dtype == "bfloat16" and isinstance(out, np.ndarray):
