@@ -1,12 +1,12 @@
 """The bfloat16 GEMM (``plan``'s ``"bf16.bf16"`` kind: ``mma_sync`` and the sm_90a ``wgmma``
-kernel) and the NVFP4 operands it takes (``nqdq.matmul._exact_bf16``), in the simulator, plus
+kernel) and the NVFP4 operands it takes (``nqdq._pairs_gpu.exact_bf16``), in the simulator, plus
 the kernels assembled.
 
 * The claim NVFP4 on the bf16 GEMM rests on, checked from ml_dtypes alone: every e2m1 value
   times every ue4m3 value is exactly a bfloat16 value (all 16 x 128 codes: 16 x 127 finite
   products, ue4m3 0x7F being NaN; and the other 128 e4m3 bytes, the sign bit set, which the
   reference decodes too).
-* The operands: ``_exact_bf16`` of an ``nvfp4`` tensor (its dequantize with the tensor scale
+* The operands: ``exact_bf16`` of an ``nvfp4`` tensor (its dequantize with the tensor scale
   set to 1) against float64 products of ml_dtypes values (e2m1 code value x e4m3 scale value,
   by hand-unpacked nibbles), on codes from ``nqdq.quantize(x, "nvfp4")`` and on hand-picked
   codes; K not a multiple of 16 or 32 (the partial last block, an odd K's spare nibble).
@@ -28,7 +28,7 @@ import pytest
 import nqdq
 from nqdq.gpu.gemm import mma_sync
 from nqdq.gpu.gemm import plan as kg
-from nqdq.matmul import _exact_bf16
+from nqdq._pairs_gpu import exact_bf16
 from nqdq.quantized import QuantizedTensor
 from nqdq.reference import matmul as ref
 from nqdq.schemes import resolve_scheme
@@ -73,9 +73,9 @@ def assert_bits_are_values(bits, values):
     np.testing.assert_array_equal(np.signbit(got[~nan]), np.signbit(values[~nan]))
 
 
-def exact_bf16(q):
-    """``_exact_bf16`` of an nvfp4 tensor: (uint16 bits [rows, K], the tensor scale), its mode checked."""
-    bits, s, mode = _exact_bf16(q)
+def operand_bits(q):
+    """``exact_bf16`` of an nvfp4 tensor: (uint16 bits [rows, K], the tensor scale), its mode checked."""
+    bits, s, mode = exact_bf16(q)
     assert mode == "tensor"
     return np.asarray(bits).view(np.uint16), s
 
@@ -110,7 +110,7 @@ def test_operands_of_quantized_codes(rows, K):
     x[0, : min(K, 16)] *= np.float32(1e-3)  # a small first block beside the row's large ones
     q = nqdq.quantize(x, "nvfp4")
     assert q.codes.shape == (rows, -(-K // 2)) and q.scales.shape == (rows, -(-K // 16))
-    got, s = exact_bf16(q)
+    got, s = operand_bits(q)
     assert got.shape == (rows, K) and s is q.tensor_scale
     assert_bits_are_values(got, nvfp4_values(q.codes, q.scales, K))
     # times the tensor scale: nqdq.dequantize's values, to its float32 rounding of scale x S_dec
@@ -141,7 +141,7 @@ def test_operands_of_hand_picked_codes():
     assert values[0, 2] == 2688.0 and values[0, 3] == -2688.0 and np.signbit(values[0, 1])
     assert values[1, 0] == 2.0**-10 and values[1, 1] == -(2.0**-10) and np.signbit(values[1, 19])
     q = QuantizedTensor(packed, scales, resolve_scheme("nvfp4"), (3, K), "float32", tensor_scale=np.float32(0.25))
-    got, s = exact_bf16(q)
+    got, s = operand_bits(q)
     assert float(s) == 0.25
     assert_bits_are_values(got, values)
     assert np.isnan(bf16_values(got[2, :16])).all()

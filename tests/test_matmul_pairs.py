@@ -370,7 +370,7 @@ def test_weight_only_int4_in_registers(scheme, gs, M, kw):
                                             ("bfloat16", "fp8_128x128", "scales that vary along K"),
                                             ("qa", "int8_centred", None)])  # fmt: skip
 def test_new_pairs_on_the_gpu_path_not_built(x_dtype, sb, why):
-    """``device="cuda"`` reaches ``_new_pair_gpu`` (after every check): the pairs without a
+    """``device="cuda"`` reaches ``_pairs_gpu.new_pair_gpu`` (after every check): the pairs without a
     kernel raise NotImplementedError naming the pair, what is missing and the CPU path."""
     kw = {"int4_group_64": dict(group_size=64), "int8_group": dict(granularity="group")}.get(sb, {})
     sb = {"int4_group_64": "int4_group", "int8_group": "int8"}.get(sb, sb)

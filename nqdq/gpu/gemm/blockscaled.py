@@ -35,7 +35,7 @@ K) do not change: the GEMM applies them (``mma_sync``'s ``"mx"`` mode).
 ================================  ============================================================
 
 NVFP4 operands become exact bfloat16 values through ``nqdq.dequantize`` instead
-(``nqdq.matmul._exact_bf16``; docs/design/gemm.md, "NVFP4 as exact bfloat16 operands").
+(``nqdq._pairs_gpu.exact_bf16``; docs/design/gemm.md, "NVFP4 as exact bfloat16 operands").
 """
 
 from __future__ import annotations

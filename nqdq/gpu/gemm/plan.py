@@ -40,8 +40,8 @@ of at least ``LARGE_OUTPUT`` = 4096^2 elements):
   vs 760 for ping-pong without the producer (4 stages); 876 vs 827 parked (781 vs 670 at
   4096^3); at the shapes below 739, 421, 61 (426, 349, 50 parked, one tile per CTA).
 * ``WGMMA_CONFIG_BF16``: sm_90 bfloat16 operands (``"bf16.bf16"``: NVFP4 pairs and
-  weight-only GEMMs as exact bfloat16, ``nqdq.matmul._exact_bf16``), large outputs: int8's tile and ring (no
-  promotion either) with the tensor / row scales' direct epilogue. Below ``LARGE_OUTPUT``
+  weight-only GEMMs as exact bfloat16, ``nqdq._pairs_gpu.exact_bf16``), large outputs:
+  int8's tile and ring (no promotion either) with the tensor / row scales' direct epilogue. Below ``LARGE_OUTPUT``
   ``WGMMA_CONFIG_PERSISTENT_128``. (The mma.sync kernel, ``GPU_CONFIG``: 249 TFLOP/s at
   8192^3 on an H200, 223 at 4096^3, against cuBLAS bf16's 784 and 604.)
 * ``WGMMA_CONFIG_PERSISTENT_128``: sm_90 int8, bf16 and fp8 row / tensor scales below those
@@ -289,7 +289,7 @@ def _check_bf16(mma, sa_mode, sb_mode, asym):
     for name, mode in (("sa_mode", sa_mode), ("sb_mode", sb_mode)):
         if mode not in ("tensor", "row"):
             raise ValueError(f"{name}={mode!r}: mma='bf16.bf16' takes the 'tensor' and 'row' scale modes "
-                             "(NVFP4's block scales are in the converted operands: nqdq.matmul._exact_bf16)")
+                             "(NVFP4's block scales are in the converted operands: nqdq._pairs_gpu.exact_bf16)")
     if asym:
         raise ValueError("za: mma='bf16.bf16' takes no zero points")
 
