@@ -1,4 +1,4 @@
-"""The tensor-core intrinsics (nqdq.gpu.ptx.mma): twins vs NumPy, and PTX assembly.
+"""The tensor-core intrinsics (nqdq.gpu.ptx.mma, .wgmma): twins vs NumPy, and PTX assembly.
 
 * In the simulator (CI) the per-lane twins run: one warp stages A [16, 32] and B [8, 32]
   through ``cp_async16`` into shared memory, reads fragments with ``ldmatrix_x4`` and
@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from nqdq.gpu.ptx import mma as _mma
+from nqdq.gpu.ptx import wgmma as _wg
 
 from helpers.probes import (MBAR_THREADS, MMA_CASES, make_mbarrier_probe, make_mma_probe, mbarrier_expected,
                             mma_operands, mma_stub)
@@ -77,11 +78,11 @@ def test_mbarrier_twins_probe():
 
 def test_mbarrier_twin_phase_parity():
     sm = np.zeros(8, np.uint8)
-    _mma.mbarrier_init(sm, 0, 1)
-    _mma.mbarrier_arrive(sm, 0)  # completes phase 0, reloads the count
-    assert _mma.mbarrier_try_wait(sm, 0, 0) and not _mma.mbarrier_try_wait(sm, 0, 1)
-    _mma.mbarrier_arrive(sm, 0)
-    assert _mma.mbarrier_try_wait(sm, 0, 1) and not _mma.mbarrier_try_wait(sm, 0, 0)
+    _wg.mbarrier_init(sm, 0, 1)
+    _wg.mbarrier_arrive(sm, 0)  # completes phase 0, reloads the count
+    assert _wg.mbarrier_try_wait(sm, 0, 0) and not _wg.mbarrier_try_wait(sm, 0, 1)
+    _wg.mbarrier_arrive(sm, 0)
+    assert _wg.mbarrier_try_wait(sm, 0, 1) and not _wg.mbarrier_try_wait(sm, 0, 0)
 
 
 # ----------------------------------------------------------------------------- PTX assembly
@@ -196,7 +197,7 @@ def test_warp_specialised_gemm_assembles_without_spills():
 def test_warp_specialisation_stubs_check_their_immediates():
     """``setmaxnreg`` counts are multiples of 8 in [24, 256] (PTX would reject the rest at
     assembly, far from the cause)."""
-    assert _mma.setmaxnreg("dec", 40) is _mma.setmaxnreg("dec", 40)
+    assert _wg.setmaxnreg("dec", 40) is _wg.setmaxnreg("dec", 40)
     for op, n in [("dec", 36), ("inc", 264), ("add", 40)]:
         with pytest.raises(ValueError, match="setmaxnreg"):
-            _mma.setmaxnreg(op, n)
+            _wg.setmaxnreg(op, n)

@@ -31,6 +31,7 @@ GPU = Path(__file__).resolve().parent.parent / "nqdq" / "gpu"
 BACKEND = "runtime/backend.py"  # (where ``cuda`` is imported from numba or numba-hip)
 # the modules that hold inline PTX, paths under nqdq/gpu/
 INTRINSIC_MODULES = {"ptx/_asm.py", "ptx/cluster.py", "ptx/convert.py", "ptx/griddep.py", "ptx/memory.py", "ptx/mma.py",
+                     "ptx/wgmma.py",
                      "ptx/mma_blockscale.py",
                      "ptx/pairs.py", "ptx/stochastic.py"}
 HALF_NAMES = {"float16", "bfloat16", "fp16"}  # (not "half": kernels name integers so)

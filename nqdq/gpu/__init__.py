@@ -5,7 +5,7 @@ numba-hip), in layers:
 ``runtime/``        backend (numba-cuda / numba-hip), compile target, devices and streams,
                     array interop, launches, the per-library hot paths
 ``ptx/``            inline PTX intrinsics, each with its Python twin; ``ptx.mma``: mma.sync,
-                    wgmma, mbarriers, cp.async
+                    cp.async; ``ptx.wgmma``: wgmma, mbarriers
 ``device/``         device functions, the twins of ``nqdq.reference``
 ``quantize/``       quantize / dequantize: the plan and one file per kernel family
 ``fused/``          the fused ops

@@ -9,6 +9,7 @@ import numpy as np
 from numba import cuda, int32, uint8
 
 from nqdq.gpu.ptx import mma as _mma
+from nqdq.gpu.ptx import wgmma as _wg
 from nqdq.gpu.quantize.grid import grid_max
 
 FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
@@ -107,23 +108,23 @@ def make_mbarrier_probe():
         sm = cuda.shared.array(1040, uint8)  # data [0, 1024), barrier F at 1024, E at 1032
         t = cuda.threadIdx.x
         if t == 0:
-            _mma.mbarrier_init(sm, 1024, MBAR_THREADS)
-            _mma.mbarrier_init(sm, 1032, MBAR_THREADS)
+            _wg.mbarrier_init(sm, 1024, MBAR_THREADS)
+            _wg.mbarrier_init(sm, 1032, MBAR_THREADS)
         cuda.syncthreads()
         _mma.cp_async16(sm, 16 * t, src, 16 * t, 16)
-        _mma.cp_async_mbarrier_arrive(sm, 1024)
-        while not _mma.mbarrier_try_wait(sm, 1024, 0):
+        _wg.cp_async_mbarrier_arrive(sm, 1024)
+        while not _wg.mbarrier_try_wait(sm, 1024, 0):
             pass
         u = MBAR_THREADS - 1 - t
         for i in range(16):
             out[t, i] = sm[16 * u + i]
-        out[t, 16] = 1 if _mma.mbarrier_try_wait(sm, 1024, 1) else 0
+        out[t, 16] = 1 if _wg.mbarrier_try_wait(sm, 1024, 1) else 0
         for ph in range(2):
-            _mma.mbarrier_arrive(sm, 1032)
-            while not _mma.mbarrier_try_wait(sm, 1032, ph):
+            _wg.mbarrier_arrive(sm, 1032)
+            while not _wg.mbarrier_try_wait(sm, 1032, ph):
                 pass
-        out[t, 17] = 1 if _mma.mbarrier_try_wait(sm, 1032, 0) else 0
-        out[t, 18] = 1 if _mma.mbarrier_try_wait(sm, 1032, 1) else 0
+        out[t, 17] = 1 if _wg.mbarrier_try_wait(sm, 1032, 0) else 0
+        out[t, 18] = 1 if _wg.mbarrier_try_wait(sm, 1032, 1) else 0
 
     return probe
 

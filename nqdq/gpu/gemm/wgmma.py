@@ -6,7 +6,7 @@ docstring first); what differs is the main loop:
 * CTA tile BM x BN with BM = 64 * warpgroups; each warpgroup owns 64 rows and all BN
   columns (one ``m64nBNk32`` wgmma per 32 of K, accumulators in BN / 2 registers);
 * K advances 128 bytes per stage; tiles are K-major rows of 128 bytes with the 128-byte
-  swizzle (``ptx.mma`` explains the layout), filled by ``cp.async`` (16 bytes per lane,
+  swizzle (``ptx.wgmma`` explains the layout), filled by ``cp.async`` (16 bytes per lane,
   zero-filled past M, N, K) into a ``stages``-deep ring aligned to 1024 bytes;
 * fp8 partial sums are promoted into float32 registers once per stage (128 of K = one
   scale block);
@@ -59,6 +59,7 @@ from numba import float32, int32, uint8
 from ..runtime.backend import cuda
 
 from ..ptx import mma as _mma
+from ..ptx import wgmma as _wg
 from .mma_sync import SCALE_BLOCK, SCALE_ROW, elem_bytes, make_store_at, make_store_out, tile_origin  # fmt: skip
 from ..runtime.target import SIMULATOR, devfn
 
@@ -232,11 +233,11 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     NACC = BN // 2
     FLOAT_ACC = spec.mma not in ("s8s8", "u8s8")
     kind = {"s8s8": "s8.s8", "u8s8": "u8.s8"}.get(spec.mma, spec.mma)
-    mma = _mma.wgmma(kind, BN)
+    mma = _wg.wgmma(kind, BN)
     wait_ready = _mma.cp_async_wait(STAGES - 3)
     cp_async16, commit = _mma.cp_async16, _mma.cp_async_commit
-    fence, wg_commit, proxy_fence = _mma.wgmma_fence, _mma.wgmma_commit, _mma.fence_proxy_async
-    smem_addr, desc = _mma.smem_addr, _mma.wgmma_desc
+    fence, wg_commit, proxy_fence = _wg.wgmma_fence, _wg.wgmma_commit, _wg.fence_proxy_async
+    smem_addr, desc = _mma.smem_addr, _wg.wgmma_desc
     ACC_T = float32 if FLOAT_ACC else int32
     ZERO_ACC = np.float32(0) if FLOAT_ACC else np.int32(0)
     BLOCK = spec.sa_mode == SCALE_BLOCK
@@ -247,16 +248,16 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     PROMOTE = FLOAT_ACC and spec.mma != "bf16.bf16"
     BYTES_PER_K = elem_bytes(spec.mma)
     NTOT = NACC if PROMOTE else 1
-    wg_wait_all = _mma.wgmma_wait(0)
-    wg_wait1 = _mma.wgmma_wait(1)
+    wg_wait_all = _wg.wgmma_wait(0)
+    wg_wait1 = _wg.wgmma_wait(1)
     SA_ROW, SB_ROW = spec.sa_mode == SCALE_ROW, spec.sb_mode == SCALE_ROW
     ASYM = spec.asym
     store_out = make_store_out(spec)
     if cfg.direct:
         direct_epilogue = _direct_epilogue(NACC, spec, *make_store_at(spec))
     RING = STAGES * (A_STAGE + B_STAGE)  # bytes of the ring; the mbarriers follow it
-    mbar_init, mbar_arrive, mbar_try_wait = _mma.mbarrier_init, _mma.mbarrier_arrive, _mma.mbarrier_try_wait
-    cp_mbar_arrive = _mma.cp_async_mbarrier_arrive
+    mbar_init, mbar_arrive, mbar_try_wait = _wg.mbarrier_init, _wg.mbarrier_arrive, _wg.mbarrier_try_wait
+    cp_mbar_arrive = _wg.cp_async_mbarrier_arrive
     CROW = BN + 4  # float32 words per row of the parked C tile (+4: fewer bank conflicts)
     # block scales: a CTA tile of N = 256 spans two 128-blocks of weight scales (fragment
     # column 8 j + 2 q + e lies in block j // 16)
@@ -270,7 +271,7 @@ def make_wgmma_kernel(cfg: WgmmaConfig, spec):
     R_LAUNCH = min(255, (65536 // NTHREADS) & ~7)
     CONS_REGS = min(232, ((R_LAUNCH * NTHREADS - 40 * 128) // max(NCONS, 1)) & ~7)
     if PRODUCER:
-        nreg_dec, nreg_inc = _mma.setmaxnreg("dec", 40), _mma.setmaxnreg("inc", CONS_REGS)
+        nreg_dec, nreg_inc = _wg.setmaxnreg("dec", 40), _wg.setmaxnreg("inc", CONS_REGS)
         cp_wait_all = _mma.cp_async_wait(0)
 
     @devfn

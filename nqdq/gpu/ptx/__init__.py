@@ -10,7 +10,9 @@ module:
 * ``cluster``: thread-block cluster barriers, mbarriers and ``st.async`` (sm_90+);
 * ``griddep``: programmatic dependent launch (``griddepcontrol``, sm_90+);
 * ``stochastic``: stochastic rounding's integer steps (``mul.wide.u32``, the e2m1 code block);
-* ``mma``: tensor-core MMA, ldmatrix, cp.async and wgmma (the GEMM kernels').
+* ``mma``: tensor-core MMA (``mma.sync``), ldmatrix and cp.async (the GEMM kernels');
+* ``wgmma``: sm_90a's warpgroup MMA, the mbarriers of its warp-specialised ring, ``setmaxnreg``;
+* ``mma_blockscale``: sm_120a's block-scaled ``mma.sync`` (assembled, not run).
 
 Selection: each inline-PTX intrinsic is defined where ``runtime.target.PTX`` (numba-cuda); where it
 is not, the name is bound to its twin: the Python function itself under the simulator, the
